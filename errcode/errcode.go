@@ -1,0 +1,104 @@
+// Package errcode defines the stable, kebab-case error codes that domain packages attach to
+// their errors and that clients switch on. It knows nothing of HTTP: the server alone maps a
+// code to a status. Domain packages return *Error values (or wrap them); callers test them with
+// errors.Is against a Code, or errors.As to read the message.
+package errcode
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is a stable error code, part of the API contract. Never rename one.
+type Code string
+
+// The codes of DESIGN.md's error table, plus the few the HTTP layer itself produces.
+const (
+	InvalidRequest   Code = "invalid-request"
+	Unauthorized     Code = "unauthorized"
+	NotFound         Code = "not-found" // an unknown route
+	MethodNotAllowed Code = "method-not-allowed"
+	PayloadTooLarge  Code = "payload-too-large"
+	NotImplemented   Code = "not-implemented"
+	Internal         Code = "internal"
+	Unavailable      Code = "unavailable" // shutting down
+
+	SandboxNotFound    Code = "sandbox-not-found"
+	TemplateNotFound   Code = "template-not-found"
+	GenerationNotFound Code = "generation-not-found"
+	FileNotFound       Code = "file-not-found"
+	ImageNotFound      Code = "image-not-found"
+
+	AlreadyProvisioned Code = "already-provisioned"
+	ProvisionedAgain   Code = "provisioned-again"
+	AlreadyRunning     Code = "already-running"
+	NotRunning         Code = "not-running"
+	SandboxLaunched    Code = "sandbox-launched"
+	ForeignFiles       Code = "foreign-files"
+	RuntimeMismatch    Code = "runtime-mismatch"
+	TemplateExists     Code = "template-exists"
+	TemplateTombstoned Code = "template-tombstoned"
+	TemplateIneligible Code = "template-ineligible"
+
+	SandboxBusy          Code = "sandbox-busy"
+	TransitionInProgress Code = "transition-in-progress"
+	SandboxLeased        Code = "sandbox-leased"
+	GenerationLeased     Code = "generation-leased"
+
+	StopTimeout  Code = "stop-timeout"
+	StartTimeout Code = "start-timeout"
+)
+
+// Error is a domain error with a stable code and a message that tells the caller what to do.
+type Error struct {
+	Code Code
+	// Msg is a full sentence for the caller; it must not leak host paths or internals.
+	Msg string
+	// Field names the request field at fault, for InvalidRequest.
+	Field string
+	// Err is the underlying cause, kept for logs and errors.Is; never shown to clients.
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Msg, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Msg)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is the same Code, so that errors.Is(err, errcode.SandboxBusy) works
+// through any wrapping.
+func (e *Error) Is(target error) bool {
+	c, ok := target.(Code)
+	return ok && c == e.Code
+}
+
+// Error makes a Code usable as an errors.Is target.
+func (c Code) Error() string { return string(c) }
+
+// New returns an *Error with a message.
+func New(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Wrap returns an *Error with a message and an underlying cause.
+func Wrap(code Code, err error, format string, args ...any) *Error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
+// Invalid returns an InvalidRequest error naming the field at fault.
+func Invalid(field, format string, args ...any) *Error {
+	return &Error{Code: InvalidRequest, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Of returns the code of the first *Error in err's chain, or "" if there is none.
+func Of(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
