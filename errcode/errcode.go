@@ -16,6 +16,7 @@ type Code string
 const (
 	InvalidRequest   Code = "invalid-request"
 	Unauthorized     Code = "unauthorized"
+	Forbidden        Code = "forbidden" // a browser request from a foreign origin or host
 	NotFound         Code = "not-found" // an unknown route
 	MethodNotAllowed Code = "method-not-allowed"
 	PayloadTooLarge  Code = "payload-too-large"
