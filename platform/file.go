@@ -1,0 +1,37 @@
+package platform
+
+import (
+	"errors"
+	"io/fs"
+)
+
+// ErrNotRegular is wrapped by every error that refuses a file because it is not a regular file:
+// a symbolic link (never followed), a FIFO, a socket, a device or a directory. Callers that
+// protect a named file (a lock, a record) test for it with errors.Is.
+var ErrNotRegular = errors.New("not a regular file")
+
+// ErrTooLarge is wrapped by the error of a bounded read whose file is larger than the bound.
+var ErrTooLarge = errors.New("file larger than allowed")
+
+// FileID identifies a file on this host: its device and inode. Two opens, or an open and a
+// directory entry, name the same file exactly when their FileIDs are equal.
+type FileID struct {
+	Dev uint64
+	Ino uint64
+}
+
+// Stat is the part of a file's status that callers here need. It is filled without following a
+// final symbolic link, so Mode tells a link apart from its target.
+type Stat struct {
+	ID    FileID
+	Mode  fs.FileMode
+	UID   uint32
+	Nlink uint64
+	Size  int64
+}
+
+// IsRegular reports whether the status is that of a regular file.
+func (s Stat) IsRegular() bool { return s.Mode.IsRegular() }
+
+// IsDir reports whether the status is that of a directory.
+func (s Stat) IsDir() bool { return s.Mode.IsDir() }

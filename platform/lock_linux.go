@@ -1,0 +1,44 @@
+//go:build linux
+
+package platform
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// TryLock tries once, without blocking, to take an exclusive flock(2) on f. It reports false
+// and no error when another open file description holds the lock. flock locks belong to the
+// open file description, so two opens of one file exclude each other also within one process,
+// and the lock ends when the last descriptor of that description is closed (also when the
+// process dies), which is what lets a crashed holder never wedge a lock.
+func TryLock(f *os.File) (bool, error) {
+	acquired := false
+	err := control(f, func(fd int) error {
+		err := ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) })
+		switch err {
+		case nil:
+			acquired = true
+			return nil
+		case unix.EWOULDBLOCK:
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return false, &os.PathError{Op: "flock", Path: f.Name(), Err: err}
+	}
+	return acquired, nil
+}
+
+// Unlock releases a flock taken with TryLock. Closing f releases it as well.
+func Unlock(f *os.File) error {
+	err := control(f, func(fd int) error {
+		return ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_UN) })
+	})
+	if err != nil {
+		return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
+	}
+	return nil
+}
