@@ -1,0 +1,35 @@
+# sandboxd in a container.
+#
+# Privileges: the namespace runtime creates mount, pid, uts, ipc, network and cgroup namespaces,
+# mounts overlayfs, proc, tmpfs and devpts, writes per-sandbox cgroups and sets seccomp filters.
+# That needs root in the container with CAP_SYS_ADMIN, CAP_SETUID/CAP_SETGID, CAP_SYS_CHROOT,
+# CAP_MKNOD, CAP_KILL, CAP_NET_ADMIN (to bring up loopback in a new network namespace), a
+# writable cgroup filesystem, and no seccomp/AppArmor profile of the engine's that forbids
+# mount(2) and unshare(2). In practice:
+#
+#   docker run --privileged --cgroupns=host -p 127.0.0.1:7780:7780 \
+#     -v sandboxd-state:/var/lib/sandboxd -v /path/to/token:/run/secrets/sandboxd-token:ro sandboxd
+#
+# Off loopback sandboxd refuses to start without a token, hence SANDBOXD_TOKEN_FILE below.
+
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/sandboxd ./cmd/sandboxd \
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/sandboxctl ./cmd/sandboxctl
+
+FROM debian:bookworm-slim
+# The host image of a sandbox is this container's /usr: install here what workloads should find.
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates procps \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/sandboxd /out/sandboxctl /usr/local/bin/
+ENV SANDBOXD_LISTEN=0.0.0.0:7780 \
+    SANDBOXD_ROOT=/var/lib/sandboxd \
+    SANDBOXD_TOKEN_FILE=/run/secrets/sandboxd-token
+VOLUME /var/lib/sandboxd
+EXPOSE 7780
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s CMD ["/usr/local/bin/sandboxd", "healthcheck"]
+ENTRYPOINT ["/usr/local/bin/sandboxd"]

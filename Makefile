@@ -1,0 +1,28 @@
+# Shortcuts for the commands in README.md and .ci/run.
+GOLANGCI_LINT = github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+
+.PHONY: all build test race generate lint bench ci
+
+all: build
+
+build:
+	go build -o bin/sandboxd ./cmd/sandboxd
+	go build -o bin/sandboxctl ./cmd/sandboxctl
+
+test:
+	scripts/test
+
+race:
+	go test -race ./server/... ./store/... ./supervisor/... ./handlers/... ./platform/...
+
+generate:
+	go generate ./...
+
+lint:
+	go run $(GOLANGCI_LINT) run ./...
+
+bench:
+	go test -run '^$$' -bench . -benchmem ./...
+
+ci:
+	bash .ci/run
