@@ -1,0 +1,162 @@
+//go:build linux
+
+package platform
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrProcessGone means the process named by a ProcessID no longer runs: its pid is free, or
+// now belongs to another process, or it is a zombie waiting to be reaped.
+var ErrProcessGone = errors.New("platform: process is gone")
+
+// procStat is what sandboxd needs from /proc/<pid>/stat.
+type procStat struct {
+	State     byte
+	PPid      int
+	StartTime uint64
+}
+
+// parseStat parses the contents of /proc/<pid>/stat. The second field (comm) is the
+// executable name in parentheses and may itself contain spaces and parentheses, so the fields
+// after it are located from the LAST closing parenthesis, which the kernel guarantees ends
+// comm.
+func parseStat(b []byte) (procStat, error) {
+	end := bytes.LastIndexByte(b, ')')
+	if end < 0 || end+2 > len(b) {
+		return procStat{}, fmt.Errorf("platform: malformed stat line %q", b)
+	}
+	// Fields from 3 (state) onward, space separated.
+	fields := bytes.Fields(b[end+1:])
+	// Field 22 (starttime) is index 22-3 = 19 in fields.
+	if len(fields) < 20 {
+		return procStat{}, fmt.Errorf("platform: stat line has %d fields after comm, want at least 20", len(fields))
+	}
+	if len(fields[0]) != 1 {
+		return procStat{}, fmt.Errorf("platform: malformed process state %q", fields[0])
+	}
+	ppid, err := strconv.Atoi(string(fields[1]))
+	if err != nil {
+		return procStat{}, fmt.Errorf("platform: malformed ppid: %w", err)
+	}
+	start, err := strconv.ParseUint(string(fields[19]), 10, 64)
+	if err != nil {
+		return procStat{}, fmt.Errorf("platform: malformed start time: %w", err)
+	}
+	return procStat{State: fields[0][0], PPid: ppid, StartTime: start}, nil
+}
+
+func readStat(pid int) (procStat, error) {
+	if pid <= 0 {
+		return procStat{}, fmt.Errorf("platform: invalid pid %d", pid)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			return procStat{}, fmt.Errorf("%w: pid %d", ErrProcessGone, pid)
+		}
+		return procStat{}, err
+	}
+	return parseStat(b)
+}
+
+// Identify returns the identity of the running process pid. A zombie counts as gone.
+func Identify(pid int) (ProcessID, error) {
+	st, err := readStat(pid)
+	if err != nil {
+		return ProcessID{}, err
+	}
+	if st.State == 'Z' || st.State == 'X' {
+		return ProcessID{}, fmt.Errorf("%w: pid %d has exited", ErrProcessGone, pid)
+	}
+	boot, err := BootID()
+	if err != nil {
+		return ProcessID{}, err
+	}
+	return ProcessID{Pid: pid, StartTime: st.StartTime, BootID: boot}, nil
+}
+
+// ParentPid returns the parent pid of the process pid, as seen from this pid namespace.
+func ParentPid(pid int) (int, error) {
+	st, err := readStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	return st.PPid, nil
+}
+
+// Alive reports whether the process p names still runs: same boot, the pid exists, is not a
+// zombie, and has the recorded start time.
+func (p ProcessID) Alive() bool {
+	if p.Pid <= 0 {
+		return false
+	}
+	cur, err := Identify(p.Pid)
+	return err == nil && cur == p
+}
+
+// SignalVerified sends sig to the process p names, and to no other. It opens a pidfd first,
+// which pins the process, then checks the identity, then signals through the pidfd: a pid
+// reused between the check and the signal cannot receive it. It returns ErrProcessGone if the
+// process no longer runs.
+func SignalVerified(p ProcessID, sig syscall.Signal) error {
+	if p.Pid <= 0 {
+		return fmt.Errorf("platform: invalid pid %d", p.Pid)
+	}
+	fd, err := unix.PidfdOpen(p.Pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("%w: %s", ErrProcessGone, p)
+		}
+		return fmt.Errorf("platform: pidfd_open %d: %w", p.Pid, err)
+	}
+	defer unix.Close(fd)
+	// The pidfd refers to whatever process held the pid when it was opened; the identity check
+	// now tells whether that is the process we mean.
+	if !p.Alive() {
+		return fmt.Errorf("%w: %s", ErrProcessGone, p)
+	}
+	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("%w: %s", ErrProcessGone, p)
+		}
+		return fmt.Errorf("platform: signal %s: %w", p, err)
+	}
+	return nil
+}
+
+// Children returns the pids of the processes whose parent is pid, by scanning /proc (the
+// kernel's per-task children lists are not compiled into every kernel).
+func Children(pid int) ([]int, error) {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, n := range names {
+		child, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		st, err := readStat(child)
+		if err != nil {
+			continue
+		}
+		if st.PPid == pid {
+			out = append(out, child)
+		}
+	}
+	return out, nil
+}

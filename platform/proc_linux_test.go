@@ -1,0 +1,140 @@
+//go:build linux
+
+package platform
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+)
+
+func TestParseStat(t *testing.T) {
+	t.Parallel()
+	tail := " S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 424242 20 21"
+	cases := []struct {
+		name, comm string
+	}{
+		{"plain", "(bash)"},
+		{"spaces", "(my prog)"},
+		{"parens", "(a) S 9 9 (b))"},
+		{"empty", "()"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			st, err := parseStat([]byte("123 " + c.comm + tail + "\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.StartTime != 424242 || st.PPid != 1 || st.State != 'S' {
+				t.Fatalf("got %+v", st)
+			}
+		})
+	}
+	for _, bad := range []string{"", "1 (x", "1 (x) S 1", "1 (x) SS 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"} {
+		if _, err := parseStat([]byte(bad)); err == nil {
+			t.Errorf("parseStat(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestIdentifySelf(t *testing.T) {
+	t.Parallel()
+	id, err := Identify(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !id.Alive() || id.StartTime == 0 || id.BootID == "" {
+		t.Fatalf("self identity %v not alive", id)
+	}
+	other := id
+	other.StartTime++
+	if other.Alive() {
+		t.Fatal("an identity with another start time reads alive")
+	}
+	if err := SignalVerified(other, 0); !errors.Is(err, ErrProcessGone) {
+		t.Fatalf("SignalVerified of a mismatched identity = %v, want ErrProcessGone", err)
+	}
+	other = id
+	other.BootID = "another-boot"
+	if other.Alive() {
+		t.Fatal("an identity of another boot reads alive")
+	}
+}
+
+func TestSignalVerifiedChild(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start sleep: %v", err)
+	}
+	id, err := Identify(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids, err := Children(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, k := range kids {
+		found = found || k == id.Pid
+	}
+	if !found {
+		t.Fatalf("Children(%d) = %v, lacks %d", os.Getpid(), kids, id.Pid)
+	}
+	if err := SignalVerified(id, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if id.Alive() {
+		t.Fatal("a reaped child reads alive")
+	}
+	if err := SignalVerified(id, syscall.SIGKILL); !errors.Is(err, ErrProcessGone) {
+		t.Fatalf("signal to a dead process = %v, want ErrProcessGone", err)
+	}
+}
+
+func TestZombieIsGone(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start true: %v", err)
+	}
+	pid := cmd.Process.Pid
+	// Wait for it to exit without reaping it: waitid with WNOWAIT.
+	var info [128]byte
+	_, _, e := syscall.Syscall6(syscall.SYS_WAITID, 1 /* P_PID */, uintptr(pid), uintptr(unsafePointer(&info[0])), syscall.WEXITED|0x01000000 /* WNOWAIT */, 0, 0)
+	if e != 0 {
+		t.Fatal(e)
+	}
+	if _, err := Identify(pid); !errors.Is(err, ErrProcessGone) {
+		t.Fatalf("Identify(zombie) = %v, want ErrProcessGone", err)
+	}
+	_ = cmd.Wait()
+}
+
+func TestBootAndClocks(t *testing.T) {
+	t.Parallel()
+	b, err := BootID()
+	if err != nil || len(b) < 16 {
+		t.Fatalf("BootID = %q, %v", b, err)
+	}
+	if _, err := MachineID(); err != nil {
+		t.Logf("no machine id on this host: %v", err)
+	}
+	a, err := Boottime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Monotonic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, _ := Boottime()
+	if a <= 0 || m <= 0 || a2 < a || m > a2 {
+		t.Fatalf("clocks boottime %v then %v, monotonic %v", a, a2, m)
+	}
+}

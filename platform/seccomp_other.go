@@ -1,0 +1,17 @@
+//go:build !linux
+
+package platform
+
+// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+
+// SeccompProgram is unsupported off Linux.
+type SeccompProgram struct{}
+
+// Len is zero off Linux.
+func (p *SeccompProgram) Len() int { return 0 }
+
+// DefaultSeccomp is unsupported off Linux.
+func DefaultSeccomp(caps []string) (*SeccompProgram, error) { return nil, ErrUnsupported }
+
+// LoadThread is unsupported off Linux.
+func (p *SeccompProgram) LoadThread() error { return ErrUnsupported }
