@@ -119,6 +119,72 @@ func (e ErrorCode) Valid() bool {
 	}
 }
 
+// Defines values for EventProgressPhase.
+const (
+	EventProgressPhaseCopying  EventProgressPhase = "copying"
+	EventProgressPhaseIndexing EventProgressPhase = "indexing"
+	EventProgressPhaseSyncing  EventProgressPhase = "syncing"
+)
+
+// Valid indicates whether the value is a known member of the EventProgressPhase enum.
+func (e EventProgressPhase) Valid() bool {
+	switch e {
+	case EventProgressPhaseCopying:
+		return true
+	case EventProgressPhaseIndexing:
+		return true
+	case EventProgressPhaseSyncing:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for EventType.
+const (
+	EventTypeCaptureProgress      EventType = "capture.progress"
+	EventTypeGenerationCaptured   EventType = "generation.captured"
+	EventTypeGenerationRetired    EventType = "generation.retired"
+	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
+	EventTypeLeaseAcquired        EventType = "lease.acquired"
+	EventTypeLeaseReleased        EventType = "lease.released"
+	EventTypeSandboxCreated       EventType = "sandbox.created"
+	EventTypeSandboxDeleted       EventType = "sandbox.deleted"
+	EventTypeSandboxExited        EventType = "sandbox.exited"
+	EventTypeSandboxStarted       EventType = "sandbox.started"
+	EventTypeSandboxStopped       EventType = "sandbox.stopped"
+)
+
+// Valid indicates whether the value is a known member of the EventType enum.
+func (e EventType) Valid() bool {
+	switch e {
+	case EventTypeCaptureProgress:
+		return true
+	case EventTypeGenerationCaptured:
+		return true
+	case EventTypeGenerationRetired:
+		return true
+	case EventTypeGenerationTombstoned:
+		return true
+	case EventTypeLeaseAcquired:
+		return true
+	case EventTypeLeaseReleased:
+		return true
+	case EventTypeSandboxCreated:
+		return true
+	case EventTypeSandboxDeleted:
+		return true
+	case EventTypeSandboxExited:
+		return true
+	case EventTypeSandboxStarted:
+		return true
+	case EventTypeSandboxStopped:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for FileEntryType.
 const (
 	FileEntryTypeDirectory FileEntryType = "directory"
@@ -361,6 +427,68 @@ type EnvVar = string
 // added, so clients treat an unknown code by its HTTP status.
 type ErrorCode string
 
+// Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
+// `type` and `at` depend on the type:
+//   - `sandbox.created`, `sandbox.started`, `sandbox.stopped`, `sandbox.deleted`:
+//     `sandbox`, `state`;
+//   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
+//     `exit`;
+//   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
+//     `generation`, and for a capture the `sandbox` it came from;
+//   - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
+//   - `capture.progress`: `template`, `sandbox`, `progress` (the generation id is not known
+//     until `generation.captured`).
+type Event struct {
+	At time.Time `json:"at"`
+
+	// Exit How the sandbox's last run ended.
+	Exit *LastExit `json:"exit,omitempty"`
+
+	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
+	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	//
+	//
+	// Example: g000003
+	Generation *GenerationID `json:"generation,omitempty"`
+
+	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	//
+	// Example: l-build-42
+	Lease    *LeaseID `json:"lease,omitempty"`
+	Progress *struct {
+		BytesDone int64 `json:"bytes_done"`
+
+		// BytesTotal Absent while unknown.
+		BytesTotal *int64             `json:"bytes_total,omitempty"`
+		Phase      EventProgressPhase `json:"phase"`
+	} `json:"progress,omitempty"`
+
+	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: build-42
+	Sandbox *SandboxID `json:"sandbox,omitempty"`
+
+	// Seq Increases by one per event of this server process; also the SSE `id`.
+	Seq int64 `json:"seq"`
+
+	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
+	// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
+	// and ended (see `last_exit`).
+	State *SandboxState `json:"state,omitempty"`
+
+	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: python-base
+	Template *TemplateName `json:"template,omitempty"`
+	Type     EventType     `json:"type"`
+}
+
+// EventProgressPhase defines model for Event.Progress.Phase.
+type EventProgressPhase string
+
+// EventType defines model for Event.Type.
+type EventType string
+
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`.
@@ -539,6 +667,9 @@ type Info struct {
 
 // InfoRuntimeKind defines model for Info.Runtime.Kind.
 type InfoRuntimeKind string
+
+// LabelKey defines model for LabelKey.
+type LabelKey = string
 
 // LabelSelector `key=value`, with a label key and a label value.
 //
@@ -837,10 +968,19 @@ type ListSandboxesParams struct {
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// CreateSandboxParams defines parameters for CreateSandbox.
+type CreateSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // DeleteSandboxParams defines parameters for DeleteSandbox.
 type DeleteSandboxParams struct {
-	// Timeout How long to wait for the transition, in milliseconds: for the lifecycle lock held by
-	// another transition, and for the transition itself.
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
@@ -872,15 +1012,17 @@ type GetSandboxLogsParams struct {
 
 // StartSandboxParams defines parameters for StartSandbox.
 type StartSandboxParams struct {
-	// Timeout How long to wait for the transition, in milliseconds: for the lifecycle lock held by
-	// another transition, and for the transition itself.
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // StopSandboxParams defines parameters for StopSandbox.
 type StopSandboxParams struct {
-	// Timeout How long to wait for the transition, in milliseconds: for the lifecycle lock held by
-	// another transition, and for the transition itself.
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 
 	// Force Kill the sandbox instead of waiting for a clean shutdown.
@@ -900,6 +1042,11 @@ type ListTemplatesParams struct {
 type DeleteTemplateParams struct {
 	// Drain Instead of refusing while clones hold leases, tombstone now and finish later.
 	Drain *Drain `form:"drain,omitempty" json:"drain,omitempty"`
+
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // ListGenerationsParams defines parameters for ListGenerations.
@@ -911,10 +1058,31 @@ type ListGenerationsParams struct {
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// CaptureGenerationParams defines parameters for CaptureGeneration.
+type CaptureGenerationParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // RetireGenerationParams defines parameters for RetireGeneration.
 type RetireGenerationParams struct {
 	// Drain Instead of refusing while clones hold leases, tombstone now and finish later.
 	Drain *Drain `form:"drain,omitempty" json:"drain,omitempty"`
+
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// TombstoneGenerationParams defines parameters for TombstoneGeneration.
+type TombstoneGenerationParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
@@ -942,7 +1110,7 @@ type ServerInterface interface {
 	ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams)
 	// CreateSandbox Create a sandbox
 	// (POST /v1/sandboxes)
-	CreateSandbox(w http.ResponseWriter, r *http.Request)
+	CreateSandbox(w http.ResponseWriter, r *http.Request, params CreateSandboxParams)
 	// DeleteSandbox Delete a stopped sandbox
 	// (DELETE /v1/sandboxes/{id})
 	DeleteSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params DeleteSandboxParams)
@@ -987,7 +1155,7 @@ type ServerInterface interface {
 	ListGenerations(w http.ResponseWriter, r *http.Request, name TemplateNamePath, params ListGenerationsParams)
 	// CaptureGeneration Capture a sandbox as a new generation
 	// (POST /v1/templates/{name}/generations)
-	CaptureGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath)
+	CaptureGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, params CaptureGenerationParams)
 	// RetireGeneration Retire a generation
 	// (DELETE /v1/templates/{name}/generations/{gen})
 	RetireGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath, params RetireGenerationParams)
@@ -999,7 +1167,7 @@ type ServerInterface interface {
 	ListLeases(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath)
 	// TombstoneGeneration Quarantine a generation
 	// (POST /v1/templates/{name}/generations/{gen}/tombstone)
-	TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath)
+	TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath, params TombstoneGenerationParams)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -1026,7 +1194,7 @@ func (_ Unimplemented) ListSandboxes(w http.ResponseWriter, r *http.Request, par
 
 // CreateSandbox Create a sandbox
 // (POST /v1/sandboxes)
-func (_ Unimplemented) CreateSandbox(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) CreateSandbox(w http.ResponseWriter, r *http.Request, params CreateSandboxParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1116,7 +1284,7 @@ func (_ Unimplemented) ListGenerations(w http.ResponseWriter, r *http.Request, n
 
 // CaptureGeneration Capture a sandbox as a new generation
 // (POST /v1/templates/{name}/generations)
-func (_ Unimplemented) CaptureGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath) {
+func (_ Unimplemented) CaptureGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, params CaptureGenerationParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1140,7 +1308,7 @@ func (_ Unimplemented) ListLeases(w http.ResponseWriter, r *http.Request, name T
 
 // TombstoneGeneration Quarantine a generation
 // (POST /v1/templates/{name}/generations/{gen}/tombstone)
-func (_ Unimplemented) TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath) {
+func (_ Unimplemented) TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath, params TombstoneGenerationParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1256,8 +1424,27 @@ func (siw *ServerInterfaceWrapper) ListSandboxes(w http.ResponseWriter, r *http.
 // CreateSandbox operation middleware
 func (siw *ServerInterfaceWrapper) CreateSandbox(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateSandboxParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CreateSandbox(w, r)
+		siw.Handler.CreateSandbox(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1730,6 +1917,19 @@ func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http
 		return
 	}
 
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.DeleteTemplate(w, r, name, params)
 	}))
@@ -1837,8 +2037,24 @@ func (siw *ServerInterfaceWrapper) CaptureGeneration(w http.ResponseWriter, r *h
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CaptureGenerationParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CaptureGeneration(w, r, name)
+		siw.Handler.CaptureGeneration(w, r, name, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1884,6 +2100,19 @@ func (siw *ServerInterfaceWrapper) RetireGeneration(w http.ResponseWriter, r *ht
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "drain"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "drain", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
 		}
 		return
 	}
@@ -1993,8 +2222,24 @@ func (siw *ServerInterfaceWrapper) TombstoneGeneration(w http.ResponseWriter, r 
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params TombstoneGenerationParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.TombstoneGeneration(w, r, name, gen)
+		siw.Handler.TombstoneGeneration(w, r, name, gen, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2466,7 +2711,8 @@ func (response ListSandboxes501ApplicationProblemPlusJSONResponse) VisitListSand
 }
 
 type CreateSandboxRequestObject struct {
-	Body *CreateSandboxJSONRequestBody
+	Params CreateSandboxParams
+	Body   *CreateSandboxJSONRequestBody
 }
 
 type CreateSandboxResponseObject interface {
@@ -4681,8 +4927,9 @@ func (response ListGenerations501ApplicationProblemPlusJSONResponse) VisitListGe
 }
 
 type CaptureGenerationRequestObject struct {
-	Name TemplateNamePath `json:"name"`
-	Body *CaptureGenerationJSONRequestBody
+	Name   TemplateNamePath `json:"name"`
+	Params CaptureGenerationParams
+	Body   *CaptureGenerationJSONRequestBody
 }
 
 type CaptureGenerationResponseObject interface {
@@ -5246,8 +5493,9 @@ func (response ListLeases501ApplicationProblemPlusJSONResponse) VisitListLeasesR
 }
 
 type TombstoneGenerationRequestObject struct {
-	Name TemplateNamePath `json:"name"`
-	Gen  GenerationIDPath `json:"gen"`
+	Name   TemplateNamePath `json:"name"`
+	Gen    GenerationIDPath `json:"gen"`
+	Params TombstoneGenerationParams
 }
 
 type TombstoneGenerationResponseObject interface {
@@ -5570,8 +5818,10 @@ func (sh *strictHandler) ListSandboxes(w http.ResponseWriter, r *http.Request, p
 }
 
 // CreateSandbox operation middleware
-func (sh *strictHandler) CreateSandbox(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) CreateSandbox(w http.ResponseWriter, r *http.Request, params CreateSandboxParams) {
 	var request CreateSandboxRequestObject
+
+	request.Params = params
 
 	var body CreateSandboxJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -5988,10 +6238,11 @@ func (sh *strictHandler) ListGenerations(w http.ResponseWriter, r *http.Request,
 }
 
 // CaptureGeneration operation middleware
-func (sh *strictHandler) CaptureGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath) {
+func (sh *strictHandler) CaptureGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, params CaptureGenerationParams) {
 	var request CaptureGenerationRequestObject
 
 	request.Name = name
+	request.Params = params
 
 	var body CaptureGenerationJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -6103,11 +6354,12 @@ func (sh *strictHandler) ListLeases(w http.ResponseWriter, r *http.Request, name
 }
 
 // TombstoneGeneration operation middleware
-func (sh *strictHandler) TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath) {
+func (sh *strictHandler) TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath, params TombstoneGenerationParams) {
 	var request TombstoneGenerationRequestObject
 
 	request.Name = name
 	request.Gen = gen
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.TombstoneGeneration(ctx, request.(TombstoneGenerationRequestObject))

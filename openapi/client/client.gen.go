@@ -121,6 +121,72 @@ func (e ErrorCode) Valid() bool {
 	}
 }
 
+// Defines values for EventProgressPhase.
+const (
+	EventProgressPhaseCopying  EventProgressPhase = "copying"
+	EventProgressPhaseIndexing EventProgressPhase = "indexing"
+	EventProgressPhaseSyncing  EventProgressPhase = "syncing"
+)
+
+// Valid indicates whether the value is a known member of the EventProgressPhase enum.
+func (e EventProgressPhase) Valid() bool {
+	switch e {
+	case EventProgressPhaseCopying:
+		return true
+	case EventProgressPhaseIndexing:
+		return true
+	case EventProgressPhaseSyncing:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for EventType.
+const (
+	EventTypeCaptureProgress      EventType = "capture.progress"
+	EventTypeGenerationCaptured   EventType = "generation.captured"
+	EventTypeGenerationRetired    EventType = "generation.retired"
+	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
+	EventTypeLeaseAcquired        EventType = "lease.acquired"
+	EventTypeLeaseReleased        EventType = "lease.released"
+	EventTypeSandboxCreated       EventType = "sandbox.created"
+	EventTypeSandboxDeleted       EventType = "sandbox.deleted"
+	EventTypeSandboxExited        EventType = "sandbox.exited"
+	EventTypeSandboxStarted       EventType = "sandbox.started"
+	EventTypeSandboxStopped       EventType = "sandbox.stopped"
+)
+
+// Valid indicates whether the value is a known member of the EventType enum.
+func (e EventType) Valid() bool {
+	switch e {
+	case EventTypeCaptureProgress:
+		return true
+	case EventTypeGenerationCaptured:
+		return true
+	case EventTypeGenerationRetired:
+		return true
+	case EventTypeGenerationTombstoned:
+		return true
+	case EventTypeLeaseAcquired:
+		return true
+	case EventTypeLeaseReleased:
+		return true
+	case EventTypeSandboxCreated:
+		return true
+	case EventTypeSandboxDeleted:
+		return true
+	case EventTypeSandboxExited:
+		return true
+	case EventTypeSandboxStarted:
+		return true
+	case EventTypeSandboxStopped:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for FileEntryType.
 const (
 	FileEntryTypeDirectory FileEntryType = "directory"
@@ -363,6 +429,68 @@ type EnvVar = string
 // added, so clients treat an unknown code by its HTTP status.
 type ErrorCode string
 
+// Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
+// `type` and `at` depend on the type:
+//   - `sandbox.created`, `sandbox.started`, `sandbox.stopped`, `sandbox.deleted`:
+//     `sandbox`, `state`;
+//   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
+//     `exit`;
+//   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
+//     `generation`, and for a capture the `sandbox` it came from;
+//   - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
+//   - `capture.progress`: `template`, `sandbox`, `progress` (the generation id is not known
+//     until `generation.captured`).
+type Event struct {
+	At time.Time `json:"at"`
+
+	// Exit How the sandbox's last run ended.
+	Exit *LastExit `json:"exit,omitempty"`
+
+	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
+	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	//
+	//
+	// Example: g000003
+	Generation *GenerationID `json:"generation,omitempty"`
+
+	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	//
+	// Example: l-build-42
+	Lease    *LeaseID `json:"lease,omitempty"`
+	Progress *struct {
+		BytesDone int64 `json:"bytes_done"`
+
+		// BytesTotal Absent while unknown.
+		BytesTotal *int64             `json:"bytes_total,omitempty"`
+		Phase      EventProgressPhase `json:"phase"`
+	} `json:"progress,omitempty"`
+
+	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: build-42
+	Sandbox *SandboxID `json:"sandbox,omitempty"`
+
+	// Seq Increases by one per event of this server process; also the SSE `id`.
+	Seq int64 `json:"seq"`
+
+	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
+	// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
+	// and ended (see `last_exit`).
+	State *SandboxState `json:"state,omitempty"`
+
+	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: python-base
+	Template *TemplateName `json:"template,omitempty"`
+	Type     EventType     `json:"type"`
+}
+
+// EventProgressPhase defines model for Event.Progress.Phase.
+type EventProgressPhase string
+
+// EventType defines model for Event.Type.
+type EventType string
+
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`.
@@ -541,6 +669,9 @@ type Info struct {
 
 // InfoRuntimeKind defines model for Info.Runtime.Kind.
 type InfoRuntimeKind string
+
+// LabelKey defines model for LabelKey.
+type LabelKey = string
 
 // LabelSelector `key=value`, with a label key and a label value.
 //
@@ -839,10 +970,19 @@ type ListSandboxesParams struct {
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// CreateSandboxParams defines parameters for CreateSandbox.
+type CreateSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // DeleteSandboxParams defines parameters for DeleteSandbox.
 type DeleteSandboxParams struct {
-	// Timeout How long to wait for the transition, in milliseconds: for the lifecycle lock held by
-	// another transition, and for the transition itself.
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
@@ -899,15 +1039,17 @@ type GetSandboxLogsParams struct {
 
 // StartSandboxParams defines parameters for StartSandbox.
 type StartSandboxParams struct {
-	// Timeout How long to wait for the transition, in milliseconds: for the lifecycle lock held by
-	// another transition, and for the transition itself.
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // StopSandboxParams defines parameters for StopSandbox.
 type StopSandboxParams struct {
-	// Timeout How long to wait for the transition, in milliseconds: for the lifecycle lock held by
-	// another transition, and for the transition itself.
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 
 	// Force Kill the sandbox instead of waiting for a clean shutdown.
@@ -927,6 +1069,11 @@ type ListTemplatesParams struct {
 type DeleteTemplateParams struct {
 	// Drain Instead of refusing while clones hold leases, tombstone now and finish later.
 	Drain *Drain `form:"drain,omitempty" json:"drain,omitempty"`
+
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // ListGenerationsParams defines parameters for ListGenerations.
@@ -938,10 +1085,31 @@ type ListGenerationsParams struct {
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// CaptureGenerationParams defines parameters for CaptureGeneration.
+type CaptureGenerationParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // RetireGenerationParams defines parameters for RetireGeneration.
 type RetireGenerationParams struct {
 	// Drain Instead of refusing while clones hold leases, tombstone now and finish later.
 	Drain *Drain `form:"drain,omitempty" json:"drain,omitempty"`
+
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// TombstoneGenerationParams defines parameters for TombstoneGeneration.
+type TombstoneGenerationParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
@@ -1030,6 +1198,14 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
+	// GetDashboard The dashboard
+	//
+	// The small web dashboard, embedded in the binary; its static files are under
+	// `/assets/`. The page itself is open; the API calls it makes carry the token.
+	//
+	// Corresponds with GET / (the `GetDashboard` operationId).
+	GetDashboard(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetHealth Liveness
 	//
 	// Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -1085,7 +1261,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-	CreateSandboxWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateSandboxWithBody(ctx context.Context, params *CreateSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateSandbox Create a sandbox
 	//
@@ -1098,7 +1274,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-	CreateSandbox(ctx context.Context, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateSandbox(ctx context.Context, params *CreateSandboxParams, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteSandbox Delete a stopped sandbox
 	//
@@ -1279,26 +1455,28 @@ type ClientInterface interface {
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` otherwise); a clone cannot be captured while another transition
-	// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// the sandbox, the capture waits up to `timeout`, then fails with
+	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-	CaptureGenerationWithBody(ctx context.Context, name TemplateNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CaptureGenerationWithBody(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CaptureGeneration Capture a sandbox as a new generation
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` otherwise); a clone cannot be captured while another transition
-	// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// the sandbox, the capture waits up to `timeout`, then fails with
+	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-	CaptureGeneration(ctx context.Context, name TemplateNamePath, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CaptureGeneration(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RetireGeneration Retire a generation
 	//
@@ -1326,7 +1504,25 @@ type ClientInterface interface {
 	// working. Tombstoning a tombstoned generation is not an error.
 	//
 	// Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
-	TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+	TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+}
+
+// GetDashboard The dashboard
+//
+// The small web dashboard, embedded in the binary; its static files are under
+// `/assets/`. The page itself is open; the API calls it makes carry the token.
+//
+// Corresponds with GET / (the `GetDashboard` operationId).
+func (c *Client) GetDashboard(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetDashboardRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
 }
 
 // GetHealth Liveness
@@ -1444,8 +1640,8 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-func (c *Client) CreateSandboxWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateSandboxRequestWithBody(c.Server, contentType, body)
+func (c *Client) CreateSandboxWithBody(ctx context.Context, params *CreateSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSandboxRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1467,8 +1663,8 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, contentType string, 
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-func (c *Client) CreateSandbox(ctx context.Context, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateSandboxRequest(c.Server, body)
+func (c *Client) CreateSandbox(ctx context.Context, params *CreateSandboxParams, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSandboxRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1828,14 +2024,15 @@ func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, par
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` otherwise); a clone cannot be captured while another transition
-// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// the sandbox, the capture waits up to `timeout`, then fails with
+// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCaptureGenerationRequestWithBody(c.Server, name, contentType, body)
+func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCaptureGenerationRequestWithBody(c.Server, name, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1851,14 +2048,15 @@ func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNam
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` otherwise); a clone cannot be captured while another transition
-// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// the sandbox, the capture waits up to `timeout`, then fails with
+// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-func (c *Client) CaptureGeneration(ctx context.Context, name TemplateNamePath, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCaptureGenerationRequest(c.Server, name, body)
+func (c *Client) CaptureGeneration(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCaptureGenerationRequest(c.Server, name, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1925,8 +2123,8 @@ func (c *Client) ListLeases(ctx context.Context, name TemplateNamePath, gen Gene
 // working. Tombstoning a tombstoned generation is not an error.
 //
 // Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
-func (c *Client) TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewTombstoneGenerationRequest(c.Server, name, gen)
+func (c *Client) TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewTombstoneGenerationRequest(c.Server, name, gen, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1935,6 +2133,33 @@ func (c *Client) TombstoneGeneration(ctx context.Context, name TemplateNamePath,
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewGetDashboardRequest constructs an http.Request for the GetDashboard method
+func NewGetDashboardRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
 }
 
 // NewGetHealthRequest constructs an http.Request for the GetHealth method
@@ -2163,18 +2388,18 @@ func NewListSandboxesRequest(server string, params *ListSandboxesParams) (*http.
 }
 
 // NewCreateSandboxRequest calls the generic CreateSandbox builder with application/json body
-func NewCreateSandboxRequest(server string, body CreateSandboxJSONRequestBody) (*http.Request, error) {
+func NewCreateSandboxRequest(server string, params *CreateSandboxParams, body CreateSandboxJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreateSandboxRequestWithBody(server, "application/json", bodyReader)
+	return NewCreateSandboxRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewCreateSandboxRequestWithBody constructs an http.Request for the CreateSandbox method, with any body, and a specified content type
-func NewCreateSandboxRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreateSandboxRequestWithBody(server string, params *CreateSandboxParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -2190,6 +2415,33 @@ func NewCreateSandboxRequestWithBody(server string, contentType string, body io.
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
@@ -3046,6 +3298,18 @@ func NewDeleteTemplateRequest(server string, name TemplateNamePath, params *Dele
 
 		}
 
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -3168,18 +3432,18 @@ func NewListGenerationsRequest(server string, name TemplateNamePath, params *Lis
 }
 
 // NewCaptureGenerationRequest calls the generic CaptureGeneration builder with application/json body
-func NewCaptureGenerationRequest(server string, name TemplateNamePath, body CaptureGenerationJSONRequestBody) (*http.Request, error) {
+func NewCaptureGenerationRequest(server string, name TemplateNamePath, params *CaptureGenerationParams, body CaptureGenerationJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCaptureGenerationRequestWithBody(server, name, "application/json", bodyReader)
+	return NewCaptureGenerationRequestWithBody(server, name, params, "application/json", bodyReader)
 }
 
 // NewCaptureGenerationRequestWithBody constructs an http.Request for the CaptureGeneration method, with any body, and a specified content type
-func NewCaptureGenerationRequestWithBody(server string, name TemplateNamePath, contentType string, body io.Reader) (*http.Request, error) {
+func NewCaptureGenerationRequestWithBody(server string, name TemplateNamePath, params *CaptureGenerationParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3202,6 +3466,33 @@ func NewCaptureGenerationRequestWithBody(server string, name TemplateNamePath, c
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
@@ -3259,6 +3550,18 @@ func NewRetireGenerationRequest(server string, name TemplateNamePath, gen Genera
 		if params.Drain != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "drain", *params.Drain, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -3365,7 +3668,7 @@ func NewListLeasesRequest(server string, name TemplateNamePath, gen GenerationID
 }
 
 // NewTombstoneGenerationRequest constructs an http.Request for the TombstoneGeneration method
-func NewTombstoneGenerationRequest(server string, name TemplateNamePath, gen GenerationIDPath) (*http.Request, error) {
+func NewTombstoneGenerationRequest(server string, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3395,6 +3698,33 @@ func NewTombstoneGenerationRequest(server string, name TemplateNamePath, gen Gen
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
@@ -3448,6 +3778,16 @@ func WithBaseURL(baseURL string) ClientOption {
 
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
+
+	// GetDashboardWithResponse The dashboard
+	//
+	// The small web dashboard, embedded in the binary; its static files are under
+	// `/assets/`. The page itself is open; the API calls it makes carry the token.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET / (the `GetDashboard` operationId).
+	GetDashboardWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetDashboardResponse, error)
 
 	// GetHealthWithResponse Liveness
 	//
@@ -3516,7 +3856,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-	CreateSandboxWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error)
+	CreateSandboxWithBodyWithResponse(ctx context.Context, params *CreateSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error)
 
 	// CreateSandboxWithResponse Create a sandbox
 	//
@@ -3529,7 +3869,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-	CreateSandboxWithResponse(ctx context.Context, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error)
+	CreateSandboxWithResponse(ctx context.Context, params *CreateSandboxParams, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error)
 
 	// DeleteSandboxWithResponse Delete a stopped sandbox
 	//
@@ -3734,26 +4074,28 @@ type ClientWithResponsesInterface interface {
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` otherwise); a clone cannot be captured while another transition
-	// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// the sandbox, the capture waits up to `timeout`, then fails with
+	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-	CaptureGenerationWithBodyWithResponse(ctx context.Context, name TemplateNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error)
+	CaptureGenerationWithBodyWithResponse(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error)
 
 	// CaptureGenerationWithResponse Capture a sandbox as a new generation
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` otherwise); a clone cannot be captured while another transition
-	// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// the sandbox, the capture waits up to `timeout`, then fails with
+	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-	CaptureGenerationWithResponse(ctx context.Context, name TemplateNamePath, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error)
+	CaptureGenerationWithResponse(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error)
 
 	// RetireGenerationWithResponse Retire a generation
 	//
@@ -3789,7 +4131,48 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
-	TombstoneGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*TombstoneGenerationResponse, error)
+	TombstoneGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*TombstoneGenerationResponse, error)
+}
+
+type GetDashboardResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetDashboardResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetDashboardResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetDashboardResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetDashboardResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetDashboardResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
 }
 
 type GetHealthResponse struct {
@@ -6265,6 +6648,22 @@ func (r TombstoneGenerationResponse) ContentType() string {
 	return ""
 }
 
+// GetDashboardWithResponse The dashboard
+//
+// The small web dashboard, embedded in the binary; its static files are under
+// `/assets/`. The page itself is open; the API calls it makes carry the token.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET / (the `GetDashboard` operationId).
+func (c *ClientWithResponses) GetDashboardWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetDashboardResponse, error) {
+	rsp, err := c.GetDashboard(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetDashboardResponse(rsp)
+}
+
 // GetHealthWithResponse Liveness
 //
 // Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -6368,8 +6767,8 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error) {
-	rsp, err := c.CreateSandboxWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Context, params *CreateSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error) {
+	rsp, err := c.CreateSandboxWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -6387,8 +6786,8 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
-func (c *ClientWithResponses) CreateSandboxWithResponse(ctx context.Context, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error) {
-	rsp, err := c.CreateSandbox(ctx, body, reqEditors...)
+func (c *ClientWithResponses) CreateSandboxWithResponse(ctx context.Context, params *CreateSandboxParams, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error) {
+	rsp, err := c.CreateSandbox(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -6700,14 +7099,15 @@ func (c *ClientWithResponses) ListGenerationsWithResponse(ctx context.Context, n
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` otherwise); a clone cannot be captured while another transition
-// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// the sandbox, the capture waits up to `timeout`, then fails with
+// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.Context, name TemplateNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error) {
-	rsp, err := c.CaptureGenerationWithBody(ctx, name, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error) {
+	rsp, err := c.CaptureGenerationWithBody(ctx, name, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -6719,14 +7119,15 @@ func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` otherwise); a clone cannot be captured while another transition
-// holds it. Progress is reported as `capture.progress` events on `/v1/events`.
+// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// the sandbox, the capture waits up to `timeout`, then fails with
+// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/templates/{name}/generations (the `CaptureGeneration` operationId).
-func (c *ClientWithResponses) CaptureGenerationWithResponse(ctx context.Context, name TemplateNamePath, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error) {
-	rsp, err := c.CaptureGeneration(ctx, name, body, reqEditors...)
+func (c *ClientWithResponses) CaptureGenerationWithResponse(ctx context.Context, name TemplateNamePath, params *CaptureGenerationParams, body CaptureGenerationJSONRequestBody, reqEditors ...RequestEditorFn) (*CaptureGenerationResponse, error) {
+	rsp, err := c.CaptureGeneration(ctx, name, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -6785,12 +7186,38 @@ func (c *ClientWithResponses) ListLeasesWithResponse(ctx context.Context, name T
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
-func (c *ClientWithResponses) TombstoneGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*TombstoneGenerationResponse, error) {
-	rsp, err := c.TombstoneGeneration(ctx, name, gen, reqEditors...)
+func (c *ClientWithResponses) TombstoneGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*TombstoneGenerationResponse, error) {
+	rsp, err := c.TombstoneGeneration(ctx, name, gen, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParseTombstoneGenerationResponse(rsp)
+}
+
+// ParseGetDashboardResponse parses an HTTP response from a GetDashboardWithResponse call
+func ParseGetDashboardResponse(rsp *http.Response) (*GetDashboardResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetDashboardResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	}
+
+	return response, nil
 }
 
 // ParseGetHealthResponse parses an HTTP response from a GetHealthWithResponse call
