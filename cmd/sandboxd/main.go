@@ -1,0 +1,177 @@
+// Command sandboxd serves the sandboxd API and dashboard. The same binary is also the runtime's
+// shim and the in-sandbox init and agent, as hidden sub-commands, so that one binary is enough.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lmittmann/tint"
+
+	"github.com/sandboxd/sandboxd/handlers"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/server"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// options are the command line, each flag with an environment variable as its default.
+type options struct {
+	listen         string
+	root           string
+	tokenFile      string
+	logFormat      string
+	logLevel       string
+	allowedOrigins stringList
+}
+
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("sandboxd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.listen, "listen", envOr("SANDBOXD_LISTEN", "127.0.0.1:7780"), "address to serve on (env SANDBOXD_LISTEN); off loopback a token is required")
+	fs.StringVar(&o.root, "root", envOr("SANDBOXD_ROOT", ".sandboxd"), "state root (env SANDBOXD_ROOT)")
+	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("SANDBOXD_TOKEN_FILE"), "file holding the API token (env SANDBOXD_TOKEN_FILE)")
+	fs.StringVar(&o.logFormat, "log-format", envOr("SANDBOXD_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, JSON otherwise), text or json (env SANDBOXD_LOG_FORMAT)")
+	fs.StringVar(&o.logLevel, "log-level", envOr("SANDBOXD_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SANDBOXD_LOG_LEVEL)")
+	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return o, nil
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "healthcheck" {
+		return healthcheck(stderr)
+	}
+	o, err := parseOptions(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	log, err := newLogger(o.logFormat, o.logLevel, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	if err := serve(o, log); err != nil {
+		log.Error("sandboxd stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(o *options, log *slog.Logger) error {
+	token, err := readToken(o.tokenFile, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	if err := server.CheckListener(ln, token); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	h, err := handlers.New(handlers.Config{Root: o.root, Version: version, Logger: log})
+	if err != nil {
+		return err
+	}
+	srv, err := server.New(server.Config{
+		Handlers:       h,
+		Token:          token,
+		AllowedOrigins: o.allowedOrigins,
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("sandboxd serving", "addr", ln.Addr().String(), "root", o.root, "version", version, "token", token != "")
+	err = srv.Serve(ctx, ln)
+	log.Info("sandboxd shut down")
+	return err
+}
+
+// readToken reads the API token from a file; an empty path means no token.
+func readToken(path string, log *slog.Logger) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("reading the token file: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Mode().Perm()&0o077 != 0 {
+		log.Warn("the token file is readable by other users; chmod 600 it", "path", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return "", fmt.Errorf("reading the token file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if len(token) < 16 {
+		return "", fmt.Errorf("the token in %s is shorter than 16 characters; use a long random one, e.g. `head -c 32 /dev/urandom | base64`", path)
+	}
+	return token, nil
+}
+
+func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	if format == "auto" {
+		format = "json"
+		if f, ok := w.(*os.File); ok && platform.IsTerminal(f.Fd()) {
+			format = "text"
+		}
+	}
+	switch format {
+	case "text":
+		return slog.New(tint.NewHandler(w, &tint.Options{Level: lvl, TimeFormat: time.TimeOnly})), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want auto, text or json", format)
+	}
+}

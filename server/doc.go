@@ -1,0 +1,29 @@
+// Package server builds sandboxd's http.Handler: the chi router, the middleware (request id,
+// access log, panic recovery, origin and host checks, bearer-token auth, request validation
+// against the OpenAPI contract, body limits), the routes that live outside the generated strict
+// interface, and the one place where errors become application/problem+json responses.
+//
+// It must not know how sandboxes work: it calls the handlers package through the generated
+// interface and maps the typed errors (errcode) that come back.
+//
+// # Errors
+//
+// Every error response, whatever produced it (a malformed JSON body, a bad query parameter, an
+// unknown route, a panic, a domain error from the store), goes through writeProblem. Unknown
+// errors become a bare 500 with no internals; the cause is logged with the request id so an
+// operator can find it. A request whose client went away is not logged as an error.
+//
+// # Route table
+//
+// Routes outside the generated strict interface are listed in routes.go, in one place: the
+// served spec, the exec websocket, the event stream, metrics and the dashboard. They are all
+// still described in openapi.yaml.
+//
+// # Browsers
+//
+// A server without a token listens on loopback only, which a web page in the user's browser
+// can still reach. To keep such pages out, a tokenless server accepts only loopback Host
+// headers (which defeats DNS rebinding), and every server refuses a request whose Origin
+// header names another origin than the one it serves, unless that origin is allowed by
+// configuration.
+package server

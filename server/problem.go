@@ -1,0 +1,120 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/sandboxd/sandboxd/errcode"
+)
+
+// problem is the application/problem+json body (RFC 9457) with sandboxd's extensions.
+type problem struct {
+	Type      string `json:"type"`
+	Title     string `json:"title"`
+	Status    int    `json:"status"`
+	Detail    string `json:"detail"`
+	Code      string `json:"code"`
+	Field     string `json:"field,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// statusOf is the one table from error codes to HTTP statuses.
+var statusOf = map[errcode.Code]int{
+	errcode.InvalidRequest:   http.StatusBadRequest,
+	errcode.Unauthorized:     http.StatusUnauthorized,
+	errcode.Forbidden:        http.StatusForbidden,
+	errcode.NotFound:         http.StatusNotFound,
+	errcode.MethodNotAllowed: http.StatusMethodNotAllowed,
+	errcode.PayloadTooLarge:  http.StatusRequestEntityTooLarge,
+	errcode.NotImplemented:   http.StatusNotImplemented,
+	errcode.Internal:         http.StatusInternalServerError,
+	errcode.Unavailable:      http.StatusServiceUnavailable,
+
+	errcode.SandboxNotFound:    http.StatusNotFound,
+	errcode.TemplateNotFound:   http.StatusNotFound,
+	errcode.GenerationNotFound: http.StatusNotFound,
+	errcode.FileNotFound:       http.StatusNotFound,
+	errcode.ImageNotFound:      http.StatusNotFound,
+
+	errcode.AlreadyProvisioned: http.StatusConflict,
+	errcode.ProvisionedAgain:   http.StatusConflict,
+	errcode.AlreadyRunning:     http.StatusConflict,
+	errcode.NotRunning:         http.StatusConflict,
+	errcode.SandboxLaunched:    http.StatusConflict,
+	errcode.ForeignFiles:       http.StatusConflict,
+	errcode.RuntimeMismatch:    http.StatusConflict,
+	errcode.TemplateExists:     http.StatusConflict,
+	errcode.TemplateTombstoned: http.StatusConflict,
+	errcode.TemplateIneligible: http.StatusConflict,
+
+	errcode.SandboxBusy:          http.StatusLocked,
+	errcode.TransitionInProgress: http.StatusLocked,
+	errcode.SandboxLeased:        http.StatusLocked,
+	errcode.GenerationLeased:     http.StatusLocked,
+
+	errcode.StopTimeout:  http.StatusGatewayTimeout,
+	errcode.StartTimeout: http.StatusGatewayTimeout,
+}
+
+// classify turns any error into the *errcode.Error that the client will see. Errors without a
+// code become a bare internal error: their text may name host paths or internals.
+func classify(err error) *errcode.Error {
+	var coded *errcode.Error
+	if errors.As(err, &coded) {
+		if _, known := statusOf[coded.Code]; known {
+			return coded
+		}
+	}
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return errcode.New(errcode.PayloadTooLarge,
+			"The request body is larger than the %d bytes this operation accepts; send less.", tooLarge.Limit)
+	}
+	return errcode.New(errcode.Internal,
+		"The server failed to handle the request; retry, and report the request id if it persists.")
+}
+
+// writeProblem is the single place where an error becomes an HTTP response.
+func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		// The client went away: nobody reads the answer and nothing failed on our side.
+		s.log.Debug("request cancelled by the client", "request_id", requestIDOf(r), "err", err)
+		return
+	}
+	e := classify(err)
+	status := statusOf[e.Code]
+	if status >= 500 {
+		s.log.Error("request failed", "request_id", requestIDOf(r), "code", e.Code, "err", err)
+	}
+	if e.Code == errcode.Unauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sandboxd"`)
+	}
+	writeProblemBody(w, status, problem{
+		Type:      "urn:sandboxd:problem:" + string(e.Code),
+		Title:     http.StatusText(status),
+		Status:    status,
+		Detail:    e.Msg,
+		Code:      string(e.Code),
+		Field:     e.Field,
+		RequestID: requestIDOf(r),
+	})
+}
+
+func writeProblemBody(w http.ResponseWriter, status int, p problem) {
+	body, err := json.Marshal(p)
+	if err != nil {
+		// A problem holds only strings and an int; this cannot fail, but never answer nothing.
+		slog.Error("encoding a problem", "err", err)
+		body = []byte(`{"type":"urn:sandboxd:problem:internal","title":"Internal Server Error","status":500,"code":"internal"}`)
+		status = http.StatusInternalServerError
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Del("Content-Length")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

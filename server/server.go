@@ -1,0 +1,247 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/openapi"
+)
+
+// Defaults for Config's limits.
+const (
+	DefaultMaxJSONBytes = 1 << 20 // request bodies of the JSON operations
+	DefaultMaxFileBytes = 8 << 30 // a file upload, streamed to the sandbox
+	// shutdownGrace bounds how long a graceful shutdown waits for requests to finish.
+	shutdownGrace = 30 * time.Second
+)
+
+// HandlerFunc is a route outside the strict interface. An error it returns before it has
+// written anything becomes a problem response; after a websocket upgrade it must report
+// failures itself, as close frames.
+type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// Config says what the server serves and how it guards it.
+type Config struct {
+	// Handlers implements the operations of the contract.
+	Handlers openapi.StrictServerInterface
+	// Token, when set, is required on every route but /healthz, /openapi.yaml and the
+	// dashboard's static files.
+	Token string
+	// AllowedOrigins are extra browser origins (scheme://host:port) allowed to call the API.
+	AllowedOrigins []string
+	Logger         *slog.Logger
+	MaxJSONBytes   int64
+	MaxFileBytes   int64
+
+	// Routes outside the strict interface; nil ones answer 501 not-implemented.
+	ExecStream HandlerFunc
+	Events     HandlerFunc
+	Metrics    http.Handler
+	Dashboard  http.Handler
+}
+
+// Server is sandboxd's HTTP handler together with the state it needs to shut down cleanly.
+type Server struct {
+	handler        http.Handler
+	log            *slog.Logger
+	token          string
+	allowedOrigins []string
+	validator      *validator
+
+	mu         sync.Mutex
+	onShutdown []func()
+}
+
+// New builds the server's handler.
+func New(cfg Config) (*Server, error) {
+	if cfg.Handlers == nil {
+		return nil, errors.New("server: Config.Handlers is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxJSONBytes <= 0 {
+		cfg.MaxJSONBytes = DefaultMaxJSONBytes
+	}
+	if cfg.MaxFileBytes <= 0 {
+		cfg.MaxFileBytes = DefaultMaxFileBytes
+	}
+	v, err := newValidator(openapi.Spec)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		log:            cfg.Logger,
+		token:          cfg.Token,
+		allowedOrigins: cfg.AllowedOrigins,
+		validator:      v,
+	}
+	s.handler = s.routes(cfg)
+	return s, nil
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// OnShutdown registers f to run when a graceful shutdown begins: connections that the HTTP
+// server no longer tracks (websockets, event streams) use it to drain.
+func (s *Server) OnShutdown(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onShutdown = append(s.onShutdown, f)
+}
+
+// routes is the route table: the generated operations and, in one place, those outside the
+// strict interface.
+func (s *Server) routes(cfg Config) http.Handler {
+	r := chi.NewRouter()
+	r.Use(requestID, s.accessLog, s.recoverer, s.checkBrowser)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		s.writeProblem(w, r, errcode.New(errcode.NotFound, "There is no route %s; see /openapi.yaml for the API.", r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		s.writeProblem(w, r, errcode.New(errcode.MethodNotAllowed, "%s is not allowed on %s; see /openapi.yaml for the API.", r.Method, r.URL.Path))
+	})
+
+	// Open routes: no token, nothing to validate.
+	r.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(openapi.Spec)
+	})
+	if cfg.Dashboard != nil {
+		r.Handle("/", cfg.Dashboard)
+		r.Handle("/assets/*", cfg.Dashboard)
+	}
+
+	strict := openapi.NewStrictHandlerWithOptions(cfg.Handlers, nil, openapi.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  s.requestError,
+		ResponseErrorHandlerFunc: s.writeProblem,
+	})
+
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticateExcept("/healthz"), s.limitBodies(cfg.MaxJSONBytes, cfg.MaxFileBytes), s.validate)
+		openapi.HandlerWithOptions(strict, openapi.ChiServerOptions{
+			BaseRouter:       r,
+			ErrorHandlerFunc: s.requestError,
+		})
+		r.Get("/v1/events", s.handle(cfg.Events))
+		if cfg.Metrics != nil {
+			r.Handle("/metrics", cfg.Metrics)
+		} else {
+			r.Get("/metrics", s.handle(nil))
+		}
+	})
+	// Browsers cannot set headers on a websocket, so this route also takes ?access_token=.
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate(true), s.validate)
+		r.Get("/v1/sandboxes/{id}/exec/stream", s.handle(cfg.ExecStream))
+	})
+	return r
+}
+
+// handle adapts a HandlerFunc, answering 501 for a route not built yet.
+func (s *Server) handle(h HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h == nil {
+			s.writeProblem(w, r, errcode.New(errcode.NotImplemented, "%s is not implemented in this version of sandboxd.", r.URL.Path))
+			return
+		}
+		if err := h(w, r); err != nil {
+			s.writeProblem(w, r, err)
+		}
+	}
+}
+
+// requestError maps the generated code's decoding errors (a malformed body, a parameter that
+// does not parse) to invalid-request; http.MaxBytesError keeps its 413.
+func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error) {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		s.writeProblem(w, r, err)
+		return
+	}
+	e := errcode.Wrap(errcode.InvalidRequest, err, "The request could not be decoded: %s.", err.Error())
+	s.writeProblem(w, r, e)
+}
+
+func (s *Server) authenticateExcept(open ...string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		guarded := s.authenticate(false)(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for _, p := range open {
+				if r.URL.Path == p {
+					next.ServeHTTP(w, r)
+					return
+				}
+			}
+			guarded.ServeHTTP(w, r)
+		})
+	}
+}
+
+// limitBodies gives file uploads their own, larger limit.
+func (s *Server) limitBodies(jsonLimit, fileLimit int64) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		jsonLimited := s.limitBody(jsonLimit)(next)
+		fileLimited := s.limitBody(fileLimit)(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/files") {
+				fileLimited.ServeHTTP(w, r)
+				return
+			}
+			jsonLimited.ServeHTTP(w, r)
+		})
+	}
+}
+
+// CheckListener refuses to serve a non-loopback address without a token.
+func CheckListener(ln net.Listener, token string) error {
+	addr, ok := ln.Addr().(*net.TCPAddr)
+	if !ok {
+		return nil // a unix socket is guarded by its file mode
+	}
+	if addr.IP.IsLoopback() || token != "" {
+		return nil
+	}
+	return fmt.Errorf("refusing to listen on %s without an API token: give one with --token-file, or listen on 127.0.0.1", addr)
+}
+
+// Serve serves on ln until ctx is cancelled, then shuts down gracefully: it stops accepting,
+// tells long-lived connections to drain, and waits for requests to finish.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	hs.RegisterOnShutdown(func() {
+		s.mu.Lock()
+		hooks := append([]func(){}, s.onShutdown...)
+		s.mu.Unlock()
+		for _, f := range hooks {
+			f()
+		}
+	})
+	done := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		done <- hs.Shutdown(sctx)
+	}()
+	if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return <-done
+}

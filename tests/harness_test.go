@@ -1,0 +1,305 @@
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// sandboxdBin is the binary under test, built once by TestMain.
+var sandboxdBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sandboxd-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	sandboxdBin = filepath.Join(dir, "sandboxd")
+	build := exec.Command("go", "build", "-o", sandboxdBin, "github.com/sandboxd/sandboxd/cmd/sandboxd")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building sandboxd:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// daemon is one running sandboxd.
+type daemon struct {
+	t     testing.TB
+	Root  string
+	URL   string
+	Token string
+	Args  []string
+
+	cmd  *exec.Cmd
+	logs *lineLog
+	done chan error
+}
+
+type daemonOption func(*daemon)
+
+// withToken configures an API token (written to a 0600 file).
+func withToken(token string) daemonOption { return func(d *daemon) { d.Token = token } }
+
+// withRoot starts on an existing state root, e.g. to restart on the same one.
+func withRoot(root string) daemonOption { return func(d *daemon) { d.Root = root } }
+
+// withArgs adds command-line arguments.
+func withArgs(args ...string) daemonOption {
+	return func(d *daemon) { d.Args = append(d.Args, args...) }
+}
+
+// startDaemon starts sandboxd on a free loopback port and waits until /healthz answers.
+// It is stopped (gracefully) when the test ends; its log is printed if the test failed.
+func startDaemon(t testing.TB, opts ...daemonOption) *daemon {
+	t.Helper()
+	d := &daemon{t: t}
+	for _, o := range opts {
+		o(d)
+	}
+	if d.Root == "" {
+		d.Root = filepath.Join(t.TempDir(), "root")
+	}
+	d.start()
+	t.Cleanup(func() {
+		d.Stop()
+		if t.Failed() {
+			t.Logf("sandboxd log:\n%s", d.logs.String())
+		}
+	})
+	return d
+}
+
+func (d *daemon) start() {
+	t := d.t
+	t.Helper()
+	args := []string{"--listen", "127.0.0.1:0", "--root", d.Root, "--log-format", "json", "--log-level", "debug"}
+	if d.Token != "" {
+		tokenFile := filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(tokenFile, []byte(d.Token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--token-file", tokenFile)
+	}
+	args = append(args, d.Args...)
+	d.cmd = exec.Command(sandboxdBin, args...)
+	stderr, err := d.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.logs = &lineLog{}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	go d.logs.consume(stderr, addr)
+	d.done = make(chan error, 1)
+	go func() { d.done <- d.cmd.Wait() }()
+
+	select {
+	case a := <-addr:
+		d.URL = "http://" + a
+	case err := <-d.done:
+		t.Fatalf("sandboxd exited before serving: %v\n%s", err, d.logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("sandboxd did not report its address within 30s\n%s", d.logs.String())
+	}
+	waitFor(t, 10*time.Second, "sandboxd /healthz", func() bool {
+		resp, err := http.Get(d.URL + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// Stop ends sandboxd with SIGTERM and waits for it; it is idempotent.
+func (d *daemon) Stop() {
+	if d.cmd == nil || d.cmd.ProcessState != nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(45 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		d.t.Errorf("sandboxd did not stop within 45s of SIGTERM")
+	}
+}
+
+// Kill ends sandboxd with SIGKILL, as a crash would.
+func (d *daemon) Kill() {
+	if d.cmd == nil || d.cmd.ProcessState != nil {
+		return
+	}
+	_ = d.cmd.Process.Kill()
+	<-d.done
+}
+
+// Restart stops sandboxd (gracefully, or with SIGKILL) and starts it again on the same root.
+func (d *daemon) Restart(kill bool) {
+	if kill {
+		d.Kill()
+	} else {
+		d.Stop()
+	}
+	d.start()
+}
+
+// ExitErr waits for the daemon to exit by itself and returns its exit error.
+func (d *daemon) waitExit(timeout time.Duration) error {
+	select {
+	case err := <-d.done:
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("still running after %s", timeout)
+	}
+}
+
+// lineLog keeps a process's log lines and reports the serving address when it appears.
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lineLog) consume(r io.Reader, addr chan<- string) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sent := false
+	for sc.Scan() {
+		line := sc.Text()
+		l.mu.Lock()
+		l.lines = append(l.lines, line)
+		l.mu.Unlock()
+		if sent {
+			continue
+		}
+		var rec struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "sandboxd serving" && rec.Addr != "" {
+			addr <- rec.Addr
+			sent = true
+		}
+	}
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// response is a finished HTTP exchange.
+type response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// problem is the application/problem+json body.
+type problem struct {
+	Type      string `json:"type"`
+	Title     string `json:"title"`
+	Status    int    `json:"status"`
+	Detail    string `json:"detail"`
+	Code      string `json:"code"`
+	Field     string `json:"field"`
+	RequestID string `json:"request_id"`
+}
+
+// do sends a request to the daemon, with its token unless the header is already set.
+func (d *daemon) do(method, path string, body io.Reader, header http.Header) response {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, d.URL+path, body)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if _, set := header["Authorization"]; d.Token != "" && !set {
+		req.Header.Set("Authorization", "Bearer "+d.Token)
+	}
+	if body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		d.t.Fatalf("%s %s: reading the body: %v", method, path, err)
+	}
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
+func (d *daemon) doJSON(method, path string, in any) response {
+	d.t.Helper()
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		body = bytes.NewReader(b)
+	}
+	return d.do(method, path, body, nil)
+}
+
+// wantProblem checks that r is a problem+json response with the status and code.
+func wantProblem(t testing.TB, r response, status int, code string) problem {
+	t.Helper()
+	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type = %q, want application/problem+json (status %d, body %s)", ct, r.Status, r.Body)
+	}
+	var p problem
+	if err := json.Unmarshal(r.Body, &p); err != nil {
+		t.Fatalf("problem body does not parse: %v: %s", err, r.Body)
+	}
+	if r.Status != status || p.Status != status || p.Code != code {
+		t.Fatalf("got status %d (body status %d) code %q, want %d %q: %s", r.Status, p.Status, p.Code, status, code, r.Body)
+	}
+	if p.Detail == "" || p.Title == "" || p.Type == "" {
+		t.Fatalf("problem lacks detail, title or type: %s", r.Body)
+	}
+	if p.RequestID == "" || p.RequestID != r.Header.Get("X-Request-Id") {
+		t.Fatalf("problem request_id %q does not match X-Request-Id %q", p.RequestID, r.Header.Get("X-Request-Id"))
+	}
+	return p
+}
