@@ -220,4 +220,3 @@ func TestIsLoopbackHost(t *testing.T) {
 		}
 	}
 }
-
