@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"log/slog"
+	"time"
+)
+
+// UserSpec is who a named user of the sandbox is.
+type UserSpec struct {
+	UID  uint32
+	GID  uint32
+	Home string
+}
+
+// Config configures the agent.
+type Config struct {
+	// ListenPath is the unix socket to listen on; its parent directory is created 0700.
+	ListenPath string
+	// Capability is the launch's secret every connection must present in its hello.
+	Capability []byte
+	// DefaultEnv entries (K=V) are set for every workload, over the built-in defaults (PATH,
+	// HOME, USER, LOGNAME, TERM with a tty) and under the request's own.
+	DefaultEnv []string
+	// Hostname is the sandbox's hostname, for the log only (the runtime sets it).
+	Hostname string
+	// Users maps "user" and "root" to ids and homes. Missing entries default to uid/gid 1000
+	// with home /home/user, and 0 with /root.
+	Users map[string]UserSpec
+	// Unprivileged runs every workload and file operation as the agent's own user, whatever
+	// the request names: for tests and for agents not started as root. It is forced on when
+	// the agent's effective uid is not 0.
+	Unprivileged bool
+	// ReapAll makes the agent reap every child (wait4(-1)), as PID 1 or a child subreaper
+	// must. When false it waits only for its own workloads, so that it can share a process
+	// with other code that waits for its children (tests). It is forced on as PID 1. At most
+	// one agent per process may set it.
+	ReapAll bool
+	// ShutdownGrace is how long processes get between TERM and KILL when the agent itself is
+	// told to stop (a TERM or INT signal to Run, or RunContext's context). Default 5 s.
+	ShutdownGrace time.Duration
+	// CgroupDir, if set, is the sandbox's cgroup directory as the agent sees it (v2, or v1's
+	// memory controller directory); it is read for memory usage and OOM kills.
+	CgroupDir string
+	// Logger receives the agent's log; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Version is the agent version reported in hello.
+const Version = "sandboxd-agent/1"
+
+const (
+	defaultPath    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	defaultTerm    = "xterm-256color"
+	defaultGrace   = 5 * time.Second
+	defaultRows    = 24
+	defaultCols    = 80
+	defaultUID     = 1000
+	defaultHome    = "/home/user"
+	defaultRootDir = "/root"
+)

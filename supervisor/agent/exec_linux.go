@@ -1,0 +1,404 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/supervisor/control"
+)
+
+// drainIdle is how long output is still collected after the workload exited while its pipes
+// stay open but silent: a background process that inherited them must not hold the exec
+// open forever, but output already on its way is not cut.
+const drainIdle = 100 * time.Millisecond
+
+// Exec implements control.Handler.
+func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.ExecStream) (control.ExitStatus, error) {
+	if a.stopping.Load() {
+		return control.ExitStatus{}, &control.RemoteError{Code: control.CodeShuttingDown, Message: "The sandbox is shutting down; no new command can start."}
+	}
+	name, u := a.user(req.User)
+	env := a.env(name, u, req)
+	dir := req.Cwd
+	if dir == "" {
+		dir = u.Home
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return control.ExitStatus{}, &control.RemoteError{Code: control.CodeInvalidRequest,
+			Message: fmt.Sprintf("The working directory %q does not exist inside the sandbox.", truncate(dir))}
+	}
+	argv0, err := lookPath(req.Argv[0], envValue(env, "PATH"), dir)
+	if err != nil {
+		return control.ExitStatus{}, err
+	}
+	attr := &syscall.SysProcAttr{}
+	if !a.unprivileged {
+		// An empty (non-nil) group list drops the agent's supplementary groups.
+		attr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
+	}
+
+	w := &workload{a: a, tty: req.TTY}
+	files, err := w.setupIO(req, attr)
+	if err != nil {
+		return control.ExitStatus{}, err
+	}
+	defer w.closeAll()
+	oomBefore, _ := a.oomKills()
+
+	pid, exited, err := a.reaper.start(func() (int, error) {
+		p, err := os.StartProcess(argv0, req.Argv, &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: attr})
+		if err != nil {
+			return 0, err
+		}
+		pid := p.Pid
+		// The reaper collects the status; the handle (a pidfd) is not needed.
+		p.Release()
+		return pid, nil
+	})
+	if err != nil {
+		return control.ExitStatus{}, startError(err, req.Argv[0])
+	}
+	w.pid = pid
+	a.mu.Lock()
+	a.workloads[pid] = struct{}{}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.workloads, pid)
+		a.mu.Unlock()
+	}()
+	w.closeChildEnds()
+	if err := s.Started(pid); err != nil {
+		// The client is already gone.
+		w.kill()
+		<-exited
+		return control.ExitStatus{}, err
+	}
+	pumps := w.startPumps(s)
+
+	var timeout <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var (
+		ws       unix.WaitStatus
+		timedOut bool
+		gone     = ctx.Done()
+	)
+wait:
+	for {
+		select {
+		case ws = <-exited:
+			break wait
+		case <-timeout:
+			timedOut = true
+			timeout = nil
+			w.kill()
+		case <-gone:
+			// The protocol's rule: the client is gone, nobody will read the output, so the
+			// workload ends.
+			gone = nil
+			w.kill()
+		case name := <-s.Signals():
+			w.signal(name)
+		case size := <-s.Resizes():
+			w.resize(size)
+		}
+	}
+	w.exited.Store(true)
+	w.armDrain()
+	pumps.Wait()
+
+	st := control.ExitStatus{TimedOut: timedOut}
+	switch {
+	case ws.Exited():
+		st.ExitCode = ws.ExitStatus()
+	case ws.Signaled():
+		sig := ws.Signal()
+		st.ExitCode = 128 + int(sig)
+		st.Signal = strings.TrimPrefix(unix.SignalName(sig), "SIG")
+		if sig == unix.SIGKILL && !timedOut {
+			if after, ok := a.oomKills(); ok && after > oomBefore {
+				st.OOM = true
+			}
+		}
+	}
+	return st, nil
+}
+
+// workload holds one exec's process and the agent's ends of its stdio.
+type workload struct {
+	a   *agent
+	tty bool
+	pid int
+
+	// Our ends: the pty master with a tty, else the pipes.
+	master                *os.File
+	stdinW, stdoutR, errR *os.File
+	// The child's ends, closed in the agent once the child has them.
+	child []*os.File
+
+	exited atomic.Bool
+}
+
+func (w *workload) setupIO(req *control.ExecRequest, attr *syscall.SysProcAttr) ([]*os.File, error) {
+	if w.tty {
+		master, slave, err := openPTY()
+		if err != nil {
+			return nil, fmt.Errorf("opening a pty: %w", err)
+		}
+		w.master = master
+		w.child = append(w.child, slave)
+		rows, cols := req.Rows, req.Cols
+		if rows == 0 {
+			rows = defaultRows
+		}
+		if cols == 0 {
+			cols = defaultCols
+		}
+		setWinsize(master, rows, cols)
+		// A session of its own with the pty as its controlling terminal (fd 0 in the child),
+		// as a login shell has: job control, ^C and SIGHUP on hang-up work as on a terminal.
+		attr.Setsid = true
+		attr.Setctty = true
+		attr.Ctty = 0
+		return []*os.File{slave, slave, slave}, nil
+	}
+	// Its own process group, so that signals, the timeout and the client-gone kill reach
+	// what the workload forks as well.
+	attr.Setpgid = true
+	var stdin *os.File
+	if req.Stdin {
+		r, wr, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		w.stdinW, stdin = wr, r
+	} else {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, err
+		}
+		stdin = f
+	}
+	w.child = append(w.child, stdin)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		w.closeAll()
+		return nil, err
+	}
+	w.stdoutR = outR
+	w.child = append(w.child, outW)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		w.closeAll()
+		return nil, err
+	}
+	w.errR = errR
+	w.child = append(w.child, errW)
+	return []*os.File{stdin, outW, errW}, nil
+}
+
+func (w *workload) closeChildEnds() {
+	for _, f := range w.child {
+		f.Close()
+	}
+	w.child = nil
+}
+
+func (w *workload) closeAll() {
+	w.closeChildEnds()
+	for _, f := range []*os.File{w.master, w.stdinW, w.stdoutR, w.errR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// startPumps copies the output to the stream and the client's stdin to the workload. The
+// output pumps block while the client does not read (the stream's window is full), and the
+// workload then blocks on its full pipe: memory stays bounded whatever it prints.
+func (w *workload) startPumps(s *control.ExecStream) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	pump := func(dst io.Writer, src *os.File) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			io.Copy(dst, &drainReader{f: src, exited: &w.exited})
+		}()
+	}
+	stdin := s.Stdin()
+	if w.tty {
+		pump(s.Stdout(), w.master)
+		if stdin != nil {
+			go func() {
+				io.Copy(w.master, stdin)
+				// The client's end of input: on a terminal that is the EOF character (^D at
+				// the start of a line), as a user would type it.
+				if !w.exited.Load() {
+					w.master.Write([]byte{4})
+				}
+			}()
+		}
+		return &wg
+	}
+	pump(s.Stdout(), w.stdoutR)
+	pump(s.Stderr(), w.errR)
+	if stdin != nil {
+		go func() {
+			io.Copy(w.stdinW, stdin)
+			w.stdinW.Close()
+		}()
+	}
+	return &wg
+}
+
+// armDrain, called once the workload exited, makes the output pumps give up on pipes that
+// stay silent for drainIdle.
+func (w *workload) armDrain() {
+	for _, f := range []*os.File{w.master, w.stdoutR, w.errR} {
+		if f != nil {
+			f.SetReadDeadline(time.Now().Add(drainIdle))
+		}
+	}
+}
+
+// drainReader re-arms the idle deadline before every read once the workload exited, so a
+// pump stops only when the pipe stayed silent for drainIdle, not while output still flows.
+// A pty master reports EIO once every holder of the terminal closed it: that is its EOF.
+type drainReader struct {
+	f      *os.File
+	exited *atomic.Bool
+}
+
+func (d *drainReader) Read(p []byte) (int, error) {
+	if d.exited.Load() {
+		d.f.SetReadDeadline(time.Now().Add(drainIdle))
+	}
+	n, err := d.f.Read(p)
+	if err != nil && (errors.Is(err, unix.EIO) || errors.Is(err, os.ErrDeadlineExceeded)) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// kill ends the workload with SIGKILL: its process group, and with a tty every process of its
+// session (a shell with job control puts jobs into groups of their own).
+func (w *workload) kill() {
+	unix.Kill(-w.pid, unix.SIGKILL)
+	if w.tty {
+		for _, p := range processes() {
+			if p.sid == w.pid {
+				unix.Kill(p.pid, unix.SIGKILL)
+			}
+		}
+	}
+}
+
+func (w *workload) signal(name string) {
+	sig := unix.SignalNum("SIG" + strings.TrimPrefix(name, "SIG"))
+	if sig == 0 {
+		w.a.log.Info("exec: ignoring an unknown signal", "signal", name)
+		return
+	}
+	unix.Kill(-w.pid, sig)
+}
+
+func (w *workload) resize(ws control.WindowSize) {
+	if w.master != nil && ws.Rows > 0 && ws.Cols > 0 {
+		setWinsize(w.master, ws.Rows, ws.Cols)
+	}
+}
+
+// env builds the workload's environment: built-in defaults, then the agent's, then the
+// request's; a later entry replaces an earlier one of the same name.
+func (a *agent) env(name string, u UserSpec, req *control.ExecRequest) []string {
+	env := []string{"PATH=" + defaultPath, "HOME=" + u.Home, "USER=" + name, "LOGNAME=" + name}
+	if req.TTY {
+		env = append(env, "TERM="+defaultTerm)
+	}
+	env = append(env, a.cfg.DefaultEnv...)
+	env = append(env, req.Env...)
+	seen := map[string]int{}
+	out := env[:0:0]
+	for _, e := range env {
+		k, _, _ := strings.Cut(e, "=")
+		if i, ok := seen[k]; ok {
+			out[i] = e
+			continue
+		}
+		seen[k] = len(out)
+		out = append(out, e)
+	}
+	return out
+}
+
+func envValue(env []string, key string) string {
+	for _, e := range env {
+		if k, v, _ := strings.Cut(e, "="); k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// lookPath finds a command the way a shell would with the workload's PATH (not the agent's).
+// A name with a slash is used as it is, relative to the workload's directory.
+func lookPath(file, path, dir string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" {
+			d = "."
+		}
+		p := filepath.Join(d, file)
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		fi, err := os.Stat(p)
+		if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", &control.RemoteError{Code: control.CodeCommandNotFound,
+		Message: fmt.Sprintf("Command %q was not found in PATH inside the sandbox.", truncate(file))}
+}
+
+// startError explains a failed start. os.StartProcess reports the child's failed chdir and
+// execve alike, so the working directory was checked before.
+func startError(err error, cmd string) error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &control.RemoteError{Code: control.CodeCommandNotFound,
+			Message: fmt.Sprintf("Command %q was not found inside the sandbox.", truncate(cmd))}
+	case errors.Is(err, fs.ErrPermission):
+		return &control.RemoteError{Code: control.CodePermissionDenied,
+			Message: fmt.Sprintf("Command %q may not be executed by this user.", truncate(cmd))}
+	case errors.Is(err, unix.ENOEXEC):
+		return &control.RemoteError{Code: control.CodeInvalidRequest,
+			Message: fmt.Sprintf("Command %q is not an executable this sandbox can run.", truncate(cmd))}
+	}
+	return err
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

@@ -1,0 +1,332 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/supervisor/control"
+)
+
+// asUser runs fn with the file-system identity of the request's user, so the kernel checks
+// every path fn touches against that user's permissions: the agent (root) must not become a
+// way for the sandbox's user to read root-only files.
+//
+// The identity is changed on one OS thread only (setfsuid, setfsgid and an empty group
+// list, all per-thread system calls, unlike the process-wide setuid of the Go runtime), in a
+// goroutine that stays locked to that thread and exits without unlocking: the Go runtime then
+// destroys the thread instead of handing its altered identity to other goroutines. fn must do
+// its system calls itself and not hand work to other goroutines. File descriptors it opens
+// keep working everywhere: permissions are checked at open.
+func (a *agent) asUser(name string, fn func() error) error {
+	_, u := a.user(name)
+	if a.unprivileged || (u.UID == 0 && u.GID == 0) {
+		return fn()
+	}
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Deliberately no UnlockOSThread: see above.
+		if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+			done <- fmt.Errorf("dropping groups: %w", e)
+			return
+		}
+		unix.RawSyscall(unix.SYS_SETFSGID, uintptr(u.GID), 0, 0)
+		unix.RawSyscall(unix.SYS_SETFSUID, uintptr(u.UID), 0, 0)
+		// setfs[ug]id report the previous value, not errors: read back to be sure.
+		prevGID, _, _ := unix.RawSyscall(unix.SYS_SETFSGID, ^uintptr(0), 0, 0)
+		prevUID, _, _ := unix.RawSyscall(unix.SYS_SETFSUID, ^uintptr(0), 0, 0)
+		if uint32(prevUID) != u.UID || uint32(prevGID) != u.GID {
+			done <- errors.New("switching the file-system identity failed")
+			return
+		}
+		done <- fn()
+	}()
+	return <-done
+}
+
+// fileError turns an operating-system error into what the client is told.
+func fileError(err error, path string) error {
+	if err == nil {
+		return nil
+	}
+	var re *control.RemoteError
+	if errors.As(err, &re) {
+		return re
+	}
+	p := truncate(path)
+	mk := func(code, format string) error {
+		return &control.RemoteError{Code: code, Message: fmt.Sprintf(format, p)}
+	}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return mk(control.CodeFileNotFound, "%q does not exist inside the sandbox.")
+	case errors.Is(err, fs.ErrPermission):
+		return mk(control.CodePermissionDenied, "The user may not access %q.")
+	case errors.Is(err, syscall.ENOTDIR):
+		return mk(control.CodeNotADirectory, "A component of %q is not a directory.")
+	case errors.Is(err, syscall.EISDIR):
+		return mk(control.CodeIsADirectory, "%q is a directory.")
+	case errors.Is(err, syscall.ENOTEMPTY):
+		return mk(control.CodeDirectoryNotEmpty, "The directory %q is not empty; remove it recursively.")
+	case errors.Is(err, fs.ErrExist):
+		return mk(control.CodeFileExists, "%q already exists.")
+	case errors.Is(err, syscall.ELOOP):
+		return mk(control.CodeInvalidRequest, "%q has too many levels of symbolic links.")
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return mk(control.CodeInvalidRequest, "%q is too long.")
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return mk(control.CodeInvalidRequest, "No space is left inside the sandbox to write %q.")
+	case errors.Is(err, syscall.EROFS):
+		return mk(control.CodePermissionDenied, "%q is on a read-only file system.")
+	}
+	return err
+}
+
+// ReadFile implements control.Handler. Only regular files are read: a FIFO or a device could
+// block or never end.
+func (a *agent) ReadFile(ctx context.Context, req *control.FileRequest) (io.ReadCloser, error) {
+	var f *os.File
+	err := a.asUser(req.User, func() error {
+		// O_NONBLOCK keeps the open of a FIFO from blocking; it changes nothing for the
+		// regular files we go on to read.
+		fd, err := unix.Open(req.Path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return &fs.PathError{Op: "open", Path: req.Path, Err: err}
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+		case unix.S_IFDIR:
+			unix.Close(fd)
+			return syscall.EISDIR
+		default:
+			unix.Close(fd)
+			return &control.RemoteError{Code: control.CodeNotRegular, Message: fmt.Sprintf("%q is not a regular file.", truncate(req.Path))}
+		}
+		f = os.NewFile(uintptr(fd), req.Path)
+		return nil
+	})
+	if err != nil {
+		return nil, fileError(err, req.Path)
+	}
+	return f, nil
+}
+
+// WriteFile implements control.Handler: temp file in the target's directory, write, fsync,
+// rename over the target, fsync the directory. The target, if it exists, must be a regular
+// file. On failure (the client gone included) the temp file is removed.
+func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Reader) (int64, error) {
+	mode := fs.FileMode(req.Mode)
+	if mode == 0 {
+		mode = 0o644
+	}
+	dir := filepath.Dir(req.Path)
+	tmp := filepath.Join(dir, "."+filepath.Base(req.Path)+"."+randomHex()+".tmp")
+	var f *os.File
+	err := a.asUser(req.User, func() error {
+		if req.MakeParents {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+		}
+		if fi, err := os.Lstat(req.Path); err == nil && !fi.Mode().IsRegular() {
+			if fi.IsDir() {
+				return syscall.EISDIR
+			}
+			return &control.RemoteError{Code: control.CodeNotRegular,
+				Message: fmt.Sprintf("%q exists and is not a regular file; remove it first.", truncate(req.Path))}
+		}
+		fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, uint32(mode.Perm()))
+		if err != nil {
+			return &fs.PathError{Op: "create", Path: req.Path, Err: err}
+		}
+		// The umask may have narrowed the mode; the request's mode is what we promise.
+		if err := unix.Fchmod(fd, uint32(mode)); err != nil {
+			unix.Close(fd)
+			unix.Unlink(tmp)
+			return err
+		}
+		f = os.NewFile(uintptr(fd), tmp)
+		return nil
+	})
+	if err != nil {
+		return 0, fileError(err, req.Path)
+	}
+	fail := func(err error) (int64, error) {
+		f.Close()
+		a.asUser(req.User, func() error { return os.Remove(tmp) })
+		return 0, err
+	}
+	n, err := io.Copy(f, r)
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return fail(&control.RemoteError{Code: control.CodeInvalidRequest, Message: "The upload ended before all of the file arrived; nothing was written."})
+		}
+		return fail(fileError(err, req.Path))
+	}
+	if err := f.Sync(); err != nil {
+		return fail(fileError(err, req.Path))
+	}
+	if err := f.Close(); err != nil {
+		return fail(fileError(err, req.Path))
+	}
+	err = a.asUser(req.User, func() error {
+		if err := os.Rename(tmp, req.Path); err != nil {
+			return err
+		}
+		d, err := os.Open(dir)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		return d.Sync()
+	})
+	if err != nil {
+		a.asUser(req.User, func() error { return os.Remove(tmp) })
+		return 0, fileError(err, req.Path)
+	}
+	return n, nil
+}
+
+func randomHex() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// listBatch is how many entries one list frame carries.
+const listBatch = 256
+
+// List implements control.Handler. The whole listing runs as the user: stat of an entry
+// needs search permission on the directory, which is checked at each call.
+func (a *agent) List(ctx context.Context, req *control.FileRequest, emit func([]control.FileInfo) error) error {
+	err := a.asUser(req.User, func() error {
+		d, err := os.Open(req.Path)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		fi, err := d.Stat()
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			return syscall.ENOTDIR
+		}
+		for {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			ents, err := d.ReadDir(listBatch)
+			batch := make([]control.FileInfo, 0, len(ents))
+			for _, e := range ents {
+				info, ierr := e.Info()
+				if ierr != nil {
+					continue // removed meanwhile
+				}
+				batch = append(batch, fileInfo(info))
+			}
+			if len(batch) > 0 {
+				if eerr := emit(batch); eerr != nil {
+					return eerr
+				}
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	})
+	return fileError(err, req.Path)
+}
+
+// Stat implements control.Handler. It does not follow a final symlink.
+func (a *agent) Stat(ctx context.Context, req *control.FileRequest) (control.FileInfo, error) {
+	var out control.FileInfo
+	err := a.asUser(req.User, func() error {
+		fi, err := os.Lstat(req.Path)
+		if err != nil {
+			return err
+		}
+		out = fileInfo(fi)
+		return nil
+	})
+	return out, fileError(err, req.Path)
+}
+
+// Mkdir implements control.Handler.
+func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
+	mode := fs.FileMode(req.Mode)
+	if mode == 0 {
+		mode = 0o755
+	}
+	err := a.asUser(req.User, func() error {
+		if req.MakeParents {
+			if err := os.MkdirAll(req.Path, mode); err != nil {
+				return err
+			}
+		} else if err := os.Mkdir(req.Path, mode); err != nil {
+			return err
+		}
+		// As with files, the request's mode holds whatever the umask.
+		return os.Chmod(req.Path, mode)
+	})
+	return fileError(err, req.Path)
+}
+
+// Remove implements control.Handler. A missing path is file-not-found, also when recursive.
+func (a *agent) Remove(ctx context.Context, req *control.FileRequest) error {
+	if filepath.Clean(req.Path) == "/" {
+		return &control.RemoteError{Code: control.CodeInvalidRequest, Message: "The root directory cannot be removed."}
+	}
+	err := a.asUser(req.User, func() error {
+		if _, err := os.Lstat(req.Path); err != nil {
+			return err
+		}
+		if req.Recursive {
+			return os.RemoveAll(req.Path)
+		}
+		return os.Remove(req.Path)
+	})
+	return fileError(err, req.Path)
+}
+
+func fileInfo(fi fs.FileInfo) control.FileInfo {
+	t := control.TypeOther
+	switch m := fi.Mode(); {
+	case m.IsRegular():
+		t = control.TypeFile
+	case m.IsDir():
+		t = control.TypeDir
+	case m&fs.ModeSymlink != 0:
+		t = control.TypeSymlink
+	}
+	mode := uint32(fi.Mode().Perm())
+	if fi.Mode()&fs.ModeSetuid != 0 {
+		mode |= 0o4000
+	}
+	if fi.Mode()&fs.ModeSetgid != 0 {
+		mode |= 0o2000
+	}
+	if fi.Mode()&fs.ModeSticky != 0 {
+		mode |= 0o1000
+	}
+	return control.FileInfo{Name: fi.Name(), Type: t, Size: fi.Size(), Mode: mode, ModifiedAt: fi.ModTime().UTC()}
+}

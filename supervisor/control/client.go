@@ -1,0 +1,395 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Client is sandboxd's side of a control connection. It is safe for concurrent use; every
+// operation runs on its own stream.
+type Client struct {
+	sess  *yamux.Session
+	hello HelloResponse
+}
+
+// ErrClosed is returned by operations on a client whose connection ended.
+var ErrClosed = errors.New("control: the connection to the agent is closed")
+
+// Dial starts a session over conn and authenticates with capability. It fails, closing conn,
+// if the agent does not answer within timeout, refuses the capability, speaks another protocol
+// version or lacks one of RequiredFeatures. The client owns conn from then on.
+func Dial(conn io.ReadWriteCloser, capability []byte, timeout time.Duration) (*Client, error) {
+	if timeout <= 0 {
+		conn.Close()
+		return nil, fmt.Errorf("control: dial timeout must be positive")
+	}
+	sess, err := yamux.Client(conn, yamuxConfig())
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	c := &Client{sess: sess}
+	if err := c.doHello(capability, timeout); err != nil {
+		sess.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Client) doHello(capability []byte, timeout time.Duration) error {
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		return fmt.Errorf("control: opening the hello stream: %w", err)
+	}
+	defer st.Close()
+	st.SetDeadline(time.Now().Add(timeout))
+	fw := &frameWriter{w: st}
+	if err := writeJSON(fw, FrameHeader, Header{Op: OpHello, Hello: &HelloRequest{Protocol: ProtocolVersion, Capability: capability}}); err != nil {
+		return fmt.Errorf("control: sending hello: %w", err)
+	}
+	t, p, err := ReadFrame(st, nil)
+	if err != nil {
+		// The agent closes the session on a wrong capability without a word, so that an
+		// intruder learns nothing; to us that reads as an ended stream.
+		return fmt.Errorf("control: no hello answer (wrong capability, or the agent is not ready): %w", err)
+	}
+	switch t {
+	case FrameResult:
+		if err := json.Unmarshal(p, &c.hello); err != nil {
+			return fmt.Errorf("control: bad hello answer: %w", err)
+		}
+	case FrameError:
+		return decodeRemoteError(p)
+	default:
+		return fmt.Errorf("control: unexpected %s frame answering hello", t)
+	}
+	if c.hello.Protocol != ProtocolVersion {
+		return fmt.Errorf("control: the agent speaks protocol %d, want %d", c.hello.Protocol, ProtocolVersion)
+	}
+	for _, f := range RequiredFeatures {
+		if !slices.Contains(c.hello.Features, f) {
+			return fmt.Errorf("control: the agent lacks the %q feature", f)
+		}
+	}
+	return nil
+}
+
+// Features are the features the agent announced.
+func (c *Client) Features() []string { return slices.Clone(c.hello.Features) }
+
+// AgentVersion is the version the agent announced.
+func (c *Client) AgentVersion() string { return c.hello.AgentVersion }
+
+// Done is closed when the connection ended (closed by either side, or dead).
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// Close ends the connection. Per the protocol, every workload still running through it is
+// killed by the agent.
+func (c *Client) Close() error { return c.sess.Close() }
+
+// open opens a stream and sends its header. While ctx is live it may abort the stream: the
+// returned stop detaches ctx and reports whether it was still live.
+func (c *Client) open(ctx context.Context, hdr Header) (*yamux.Stream, *frameWriter, func() bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, nil, err
+	}
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		if c.sess.IsClosed() {
+			return nil, nil, nil, ErrClosed
+		}
+		return nil, nil, nil, fmt.Errorf("control: opening a stream: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() {
+		// Closing tells the agent to give up; the deadline frees our own blocked reads and
+		// writes even if the agent does not answer.
+		st.Close()
+		st.SetDeadline(time.Now())
+	})
+	fw := &frameWriter{w: st}
+	if err := writeJSON(fw, FrameHeader, hdr); err != nil {
+		stop()
+		st.Close()
+		return nil, nil, nil, c.streamErr(ctx, err)
+	}
+	return st, fw, stop, nil
+}
+
+// streamErr explains a failed read or write on a stream: the caller's cancellation, the
+// connection's end, or the transport's error.
+func (c *Client) streamErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if c.sess.IsClosed() {
+		return ErrClosed
+	}
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("control: the agent ended the stream early: %w", io.ErrUnexpectedEOF)
+	}
+	return fmt.Errorf("control: %w", err)
+}
+
+func decodeRemoteError(p []byte) error {
+	var re RemoteError
+	if err := json.Unmarshal(p, &re); err != nil || re.Code == "" {
+		return fmt.Errorf("control: malformed error frame from the agent")
+	}
+	return re.Err()
+}
+
+// roundTrip runs an operation whose answer is one result frame (or an error frame).
+func (c *Client) roundTrip(ctx context.Context, hdr Header, result any) error {
+	st, _, stop, err := c.open(ctx, hdr)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	defer stop()
+	t, p, err := ReadFrame(st, nil)
+	if err != nil {
+		return c.streamErr(ctx, err)
+	}
+	switch t {
+	case FrameResult:
+		if result == nil {
+			return nil
+		}
+		if err := json.Unmarshal(p, result); err != nil {
+			return fmt.Errorf("control: malformed %s answer: %w", hdr.Op, err)
+		}
+		return nil
+	case FrameError:
+		return decodeRemoteError(p)
+	}
+	return fmt.Errorf("control: unexpected %s frame answering %s", t, hdr.Op)
+}
+
+// Stat describes the file at path, as user sees it (a symlink itself, not its target).
+func (c *Client) Stat(ctx context.Context, path, user string) (FileInfo, error) {
+	var fi FileInfo
+	err := c.roundTrip(ctx, Header{Op: OpStat, File: &FileRequest{Path: path, User: user}}, &fi)
+	return fi, err
+}
+
+// Mkdir creates a directory as user; with parents it creates the missing parents too and
+// an existing directory is not an error. mode 0 means 0755.
+func (c *Client) Mkdir(ctx context.Context, path, user string, mode fs.FileMode, parents bool) error {
+	return c.roundTrip(ctx, Header{Op: OpMkdir, File: &FileRequest{Path: path, User: user, Mode: uint32(mode.Perm()), MakeParents: parents}}, nil)
+}
+
+// Remove removes a file or an empty directory as user; with recursive, a directory and its
+// contents.
+func (c *Client) Remove(ctx context.Context, path, user string, recursive bool) error {
+	return c.roundTrip(ctx, Header{Op: OpRemove, File: &FileRequest{Path: path, User: user, Recursive: recursive}}, nil)
+}
+
+// Stats reports the sandbox's resource usage.
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var s Stats
+	err := c.roundTrip(ctx, Header{Op: OpStats}, &s)
+	return s, err
+}
+
+// Shutdown asks the agent to end the sandbox: it sends TERM to every process, waits up to
+// grace, kills what is left, answers and exits. Workloads of running execs end with TERM or
+// KILL. ctx should allow for grace plus a little.
+func (c *Client) Shutdown(ctx context.Context, grace time.Duration) error {
+	if grace < 0 {
+		return fmt.Errorf("control: negative shutdown grace")
+	}
+	return c.roundTrip(ctx, Header{Op: OpShutdown, Shutdown: &ShutdownRequest{GraceMS: grace.Milliseconds()}}, nil)
+}
+
+// List returns the entries of the directory at path as user sees them.
+func (c *Client) List(ctx context.Context, path, user string) ([]FileInfo, error) {
+	st, _, stop, err := c.open(ctx, Header{Op: OpList, File: &FileRequest{Path: path, User: user}})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	defer stop()
+	var out []FileInfo
+	var buf []byte
+	for {
+		t, p, err := ReadFrame(st, buf)
+		if err != nil {
+			return nil, c.streamErr(ctx, err)
+		}
+		buf = p[:0]
+		switch t {
+		case FrameData:
+			var batch []FileInfo
+			if err := json.Unmarshal(p, &batch); err != nil {
+				return nil, fmt.Errorf("control: malformed list batch: %w", err)
+			}
+			out = append(out, batch...)
+		case FrameEnd:
+			return out, nil
+		case FrameError:
+			return nil, decodeRemoteError(p)
+		default:
+			return nil, fmt.Errorf("control: unexpected %s frame answering list", t)
+		}
+	}
+}
+
+// ReadFile opens the file at path as user and streams its content. Errors the agent finds at
+// opening (not found, a directory, permission) are returned here; ctx covers the whole read,
+// and Close ends it early.
+func (c *Client) ReadFile(ctx context.Context, path, user string) (io.ReadCloser, error) {
+	st, _, stop, err := c.open(ctx, Header{Op: OpRead, File: &FileRequest{Path: path, User: user}})
+	if err != nil {
+		return nil, err
+	}
+	fr := &fileReader{c: c, ctx: ctx, st: st, stop: stop}
+	// Read the first frame now so that opening errors surface from ReadFile.
+	if err := fr.next(); err != nil {
+		fr.Close()
+		return nil, err
+	}
+	return fr, nil
+}
+
+type fileReader struct {
+	c    *Client
+	ctx  context.Context
+	st   *yamux.Stream
+	stop func() bool
+	buf  []byte
+	rest []byte
+	err  error
+	once sync.Once
+}
+
+// next reads one frame into rest, or sets err.
+func (r *fileReader) next() error {
+	t, p, err := ReadFrame(r.st, r.buf)
+	if err != nil {
+		r.err = r.c.streamErr(r.ctx, err)
+		return r.err
+	}
+	r.buf = p[:0]
+	switch t {
+	case FrameData:
+		r.rest = p
+	case FrameEnd:
+		r.err = io.EOF
+	case FrameError:
+		r.err = decodeRemoteError(p)
+		return r.err
+	default:
+		r.err = fmt.Errorf("control: unexpected %s frame in a file read", t)
+		return r.err
+	}
+	return nil
+}
+
+func (r *fileReader) Read(p []byte) (int, error) {
+	for len(r.rest) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		r.next()
+	}
+	n := copy(p, r.rest)
+	r.rest = r.rest[n:]
+	return n, nil
+}
+
+func (r *fileReader) Close() error {
+	r.once.Do(func() {
+		r.stop()
+		r.st.Close()
+	})
+	return nil
+}
+
+// WriteRequest says where and how WriteFile stores a file.
+type WriteRequest struct {
+	Path string
+	User string
+	// Mode is the new file's permission bits; 0 means 0644.
+	Mode fs.FileMode
+	// MakeParents creates missing parent directories (mode 0755, owned by User).
+	MakeParents bool
+}
+
+// WriteFile streams r into a file: the agent writes a temporary file next to the target and
+// renames it into place only when everything arrived, so the path holds either the old or the
+// complete new content. It returns the size written.
+func (c *Client) WriteFile(ctx context.Context, req WriteRequest, r io.Reader) (int64, error) {
+	st, fw, stop, err := c.open(ctx, Header{Op: OpWrite, File: &FileRequest{
+		Path: req.Path, User: req.User, Mode: uint32(req.Mode.Perm()), MakeParents: req.MakeParents}})
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	defer stop()
+
+	// The agent may refuse before it read everything (a permission error at open); then it
+	// answers at once and stops reading, and our writes must not wait for window forever.
+	type answer struct {
+		t   FrameType
+		p   []byte
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		t, p, err := ReadFrame(st, nil)
+		if err == nil && t == FrameError {
+			st.SetWriteDeadline(time.Now())
+		}
+		answered <- answer{t, p, err}
+	}()
+
+	buf := make([]byte, frameHeaderSize+chunkSize)
+	var sendErr error
+	for sendErr == nil {
+		n, rerr := r.Read(buf[frameHeaderSize:])
+		if n > 0 {
+			if err := fw.writePrepared(FrameData, buf[:frameHeaderSize+n]); err != nil {
+				sendErr = err
+				break
+			}
+		}
+		if rerr == io.EOF {
+			sendErr = fw.write(FrameEnd, nil)
+			break
+		}
+		if rerr != nil {
+			// Closing without the end frame makes the agent discard the partial file.
+			st.Close()
+			st.SetReadDeadline(time.Now())
+			<-answered
+			return 0, fmt.Errorf("control: reading the data to write: %w", rerr)
+		}
+	}
+	a := <-answered
+	if a.err != nil {
+		return 0, c.streamErr(ctx, a.err)
+	}
+	switch a.t {
+	case FrameError:
+		return 0, decodeRemoteError(a.p)
+	case FrameResult:
+		if sendErr != nil {
+			return 0, c.streamErr(ctx, sendErr)
+		}
+		var wr WriteResult
+		if err := json.Unmarshal(a.p, &wr); err != nil {
+			return 0, fmt.Errorf("control: malformed write answer: %w", err)
+		}
+		return wr.Size, nil
+	}
+	return 0, fmt.Errorf("control: unexpected %s frame answering write", a.t)
+}
