@@ -1,0 +1,353 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// ErrNotPrivate is wrapped by the error of a provision that finds an existing state directory
+// that is not private to the service's user (owned by it, no access for group or others).
+var ErrNotPrivate = errors.New("state directory is not private to the service's user")
+
+// Lock is a held lifecycle lock on one sandbox's state directory. It is not safe for use by
+// several goroutines at once, except that Unlock may be called more than once.
+type Lock struct {
+	s    *Store
+	id   string
+	path string
+	dir  *os.File // the state directory, as opened and checked when the lock was taken
+	f    *os.File // sandbox.lock, flocked
+
+	mu       sync.Mutex
+	released bool
+	ended    bool // the lock stopped excluding others: its file was unlinked or unlocked
+}
+
+// ID returns the sandbox id.
+func (l *Lock) ID() string { return l.id }
+
+// Dir returns the absolute path of the state directory.
+func (l *Lock) Dir() string { return l.path }
+
+// attempt is the result of one try at the lock.
+type attempt int
+
+const (
+	acquired attempt = iota // the lock is held and checked
+	busy                    // another holder has it: wait retryInterval and try again
+	raced                   // a concurrent removal changed the directory or lock file: try again now
+	failed                  // give up with the error
+)
+
+// LockForProvision takes the lifecycle lock of id for a provision: it creates the state
+// directory (mode 0700) if it is missing, and again if a concurrent removal deletes it while
+// the lock is being taken. It refuses an existing directory that is not private to the
+// service's user. Whether the sandbox is already provisioned is the caller's check, under the
+// lock (see Lock.RequireUnprovisioned).
+//
+// The wait is bounded by ctx's deadline, which ctx must have; see LockExisting.
+func (s *Store) LockForProvision(ctx context.Context, id string) (*Lock, error) {
+	return s.lock(ctx, id, true)
+}
+
+// LockExisting takes the lifecycle lock of the provisioned sandbox id. It fails with
+// sandbox-not-found when the state directory is gone or holds no configuration record, also
+// when that is found only after waiting through a concurrent removal.
+//
+// While another transition holds the lock, it tries again every 25 ms until ctx's deadline,
+// starts no attempt after it, and then fails with transition-in-progress. A ctx without a
+// deadline is refused (invalid-request, field "timeout") before anything waits: every wait
+// must be bounded. A deadline that has already passed still gets one attempt, which makes a
+// tiny timeout a "try once". A cancelled ctx ends the wait with ctx's error.
+func (s *Store) LockExisting(ctx context.Context, id string) (*Lock, error) {
+	return s.lock(ctx, id, false)
+}
+
+func (s *Store) lock(ctx context.Context, id string, provision bool) (*Lock, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return nil, errcode.Invalid("timeout", "The operation needs a finite, positive timeout.")
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		return nil, err
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for n := 0; ; n++ {
+		if n > 0 {
+			// No attempt starts once the deadline has passed.
+			if err := ctx.Err(); errors.Is(err, context.Canceled) {
+				return nil, err
+			}
+			if ctx.Err() != nil || !time.Now().Before(deadline) {
+				return nil, transitionInProgress(id)
+			}
+		}
+		s.hook(hookAttempt)
+		l, res, err := s.try(id, provision)
+		switch res {
+		case acquired:
+			return l, nil
+		case failed:
+			return nil, err
+		case raced:
+			continue
+		}
+		wait := min(retryInterval, time.Until(deadline))
+		if wait <= 0 {
+			return nil, transitionInProgress(id)
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, ctx.Err()
+			}
+			return nil, transitionInProgress(id)
+		}
+	}
+}
+
+func transitionInProgress(id string) error {
+	return errcode.New(errcode.TransitionInProgress,
+		"Another operation on sandbox %s is still in progress; try again when it has finished, or give a longer timeout.", id)
+}
+
+func notFound(id string, err error) error {
+	return errcode.Wrap(errcode.SandboxNotFound, err, "There is no sandbox %s.", id)
+}
+
+// try makes one attempt at the lock, never blocking.
+func (s *Store) try(id string, provision bool) (*Lock, attempt, error) {
+	if provision {
+		if err := platform.MkdirAt(s.sbx, id, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, failed, fmt.Errorf("store: create state directory of %s: %w", id, err)
+		}
+	}
+	s.hook(hookMkdir)
+	dir, err := platform.OpenDirAt(s.sbx, id)
+	if errors.Is(err, fs.ErrNotExist) {
+		if provision {
+			// A removal deleted the directory between mkdir and open: create it again.
+			return nil, raced, nil
+		}
+		return nil, failed, notFound(id, err)
+	}
+	if err != nil {
+		return nil, failed, errcode.Wrap(errcode.Internal, err,
+			"The state directory of sandbox %s is not a directory; remove it by hand.", id)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			dir.Close()
+		}
+	}()
+	s.hook(hookDirOpened)
+	if provision {
+		st, err := platform.StatOf(dir)
+		if err != nil {
+			return nil, failed, err
+		}
+		if st.UID != uint32(os.Geteuid()) || st.Mode.Perm()&0o077 != 0 {
+			return nil, failed, errcode.Wrap(errcode.Internal,
+				fmt.Errorf("%w: owner %d, mode %v", ErrNotPrivate, st.UID, st.Mode.Perm()),
+				"The state directory of sandbox %s is not private to sandboxd's user; fix its owner and mode (0700) or remove it.", id)
+		}
+	}
+	// O_RDONLY is enough for flock; with O_CREATE the lock file comes back after a holder
+	// that found no configuration record removed it.
+	f, err := platform.OpenFileAt(dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The directory was removed after we opened it: start over from the name.
+		return nil, raced, nil
+	}
+	if err != nil {
+		return nil, failed, errcode.Wrap(errcode.Internal, err,
+			"The lock file of sandbox %s is not a regular file; remove it by hand.", id)
+	}
+	defer func() {
+		if !ok {
+			f.Close()
+		}
+	}()
+	s.hook(hookOpened)
+	got, err := platform.TryLock(f)
+	if got {
+		s.hook(hookFlocked)
+	}
+	if err != nil {
+		return nil, failed, err
+	}
+	if !got {
+		return nil, busy, nil
+	}
+	// We hold a lock on the file we opened; it counts only if the directory entry still names
+	// that file and the state directory's name still names the directory we opened. A removal
+	// unlinks the lock file (and the directory) while holding the lock, so a waiter that
+	// opened the old file gets it only after it stopped being the lock.
+	if same, err := sameEntry(dir, LockName, f); err != nil {
+		return nil, failed, err
+	} else if !same {
+		return nil, raced, nil
+	}
+	if same, err := sameEntry(s.sbx, id, dir); err != nil {
+		return nil, failed, err
+	} else if !same {
+		return nil, raced, nil
+	}
+	l := &Lock{s: s, id: id, path: filepath.Join(s.root, SandboxesDir, id), dir: dir, f: f}
+	ok = true
+	s.hook(hookLocked)
+	if !provision {
+		has, err := l.hasConfig()
+		if err == nil && !has {
+			err = notFound(id, fs.ErrNotExist)
+		}
+		if err != nil {
+			// Unlock removes the lock file we may have just created, and the directory if
+			// that leaves it empty.
+			if uerr := l.Unlock(); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+			return nil, failed, err
+		}
+	}
+	return l, acquired, nil
+}
+
+// sameEntry reports whether the entry name in dir is the open file f.
+func sameEntry(dir *os.File, name string, f *os.File) (bool, error) {
+	st, err := platform.LstatAt(dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	id, err := platform.IDOf(f)
+	if err != nil {
+		return false, err
+	}
+	return st.ID == id, nil
+}
+
+// hasConfig reports whether the configuration record exists (of any type: a non-regular one
+// is reported when it is read).
+func (l *Lock) hasConfig() (bool, error) {
+	_, err := platform.LstatAt(l.dir, ConfigName)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Provisioned reports whether the sandbox has a configuration record.
+func (l *Lock) Provisioned() (bool, error) { return l.hasConfig() }
+
+// RequireUnprovisioned returns an already-provisioned error if the sandbox has a
+// configuration record: the check a provision makes under the lock.
+func (l *Lock) RequireUnprovisioned() error {
+	has, err := l.hasConfig()
+	if err != nil {
+		return err
+	}
+	if has {
+		return errcode.New(errcode.AlreadyProvisioned, "A sandbox with id %s already exists; choose another id or delete it first.", l.id)
+	}
+	return nil
+}
+
+// Unlock releases the lock. If the directory has no configuration record (a provision that
+// failed, a removal that left foreign files, a not-found), it first removes its lock file —
+// only while the entry is still the file it locked — and then the directory if that left it
+// empty, so that no stale directory keeps a lock file. Calling Unlock again does nothing.
+func (l *Lock) Unlock() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.released {
+		return nil
+	}
+	l.released = true
+	var errs []error
+	has, err := l.hasConfig()
+	if err != nil {
+		errs = append(errs, err)
+	} else if !has {
+		errs = append(errs, l.removeLockFile())
+		errs = append(errs, l.removeDirIfEmpty())
+	}
+	errs = append(errs, l.release())
+	return errors.Join(errs...)
+}
+
+// removeLockFile unlinks sandbox.lock if the entry is still the file this lock holds. Only a
+// holder ever removes a lock file, so between the check and the unlink nobody can replace it.
+func (l *Lock) removeLockFile() error {
+	same, err := sameEntry(l.dir, LockName, l.f)
+	if err != nil || !same {
+		return err
+	}
+	// Once the entry is gone a new lock file can be made and locked: this lock's exclusion ends.
+	l.end()
+	if err := platform.UnlinkAt(l.dir, LockName); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// end marks the moment the lock stops excluding others (for tests that check exclusion).
+func (l *Lock) end() {
+	if !l.ended {
+		l.ended = true
+		l.s.hook(hookEnded)
+	}
+}
+
+// removeDirIfEmpty removes the state directory if its name still names the directory this
+// lock opened and it is empty. Removing an empty directory is harmless to everyone else:
+// whoever opened it to lock finds it gone and starts over.
+func (l *Lock) removeDirIfEmpty() error {
+	same, err := sameEntry(l.s.sbx, l.id, l.dir)
+	if err != nil || !same {
+		return err
+	}
+	err = platform.RmdirAt(l.s.sbx, l.id)
+	switch {
+	case err == nil:
+		return platform.SyncDir(l.s.sbx)
+	case errors.Is(err, fs.ErrNotExist), isNotEmpty(err):
+		return nil
+	}
+	return err
+}
+
+// release drops the flock and closes the handles.
+func (l *Lock) release() error {
+	l.end()
+	uerr := platform.Unlock(l.f)
+	cerr := l.f.Close()
+	l.dir.Close()
+	return errors.Join(uerr, cerr)
+}

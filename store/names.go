@@ -1,0 +1,121 @@
+package store
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/errcode"
+)
+
+// The store's own entries in a state directory. Nothing else may use these names, in any
+// ASCII case (Declare refuses them), so that a case-insensitive file system cannot make a
+// declared file alias a store file.
+const (
+	LockName    = "sandbox.lock"
+	ConfigName  = "config.json"
+	LaunchName  = "launch.json"
+	RuntimeName = "runtime.json"
+	OutcomeName = "outcome.json"
+)
+
+// storeNames lists the store's own entries.
+var storeNames = []string{LockName, ConfigName, LaunchName, RuntimeName, OutcomeName}
+
+// recordNames are the store's entries written with platform.WriteFileDurable, whose temp
+// leftovers (".<name>.<random>.tmp") the store recognises as its own.
+var recordNames = []string{ConfigName, LaunchName, RuntimeName, OutcomeName}
+
+// nfsPrefix starts the names NFS gives to files that were removed while still open (the
+// "silly rename"): the kernel removes them when the last descriptor closes.
+const nfsPrefix = ".nfs"
+
+const (
+	maxIDLen   = 63
+	maxNameLen = 128
+)
+
+// ValidateID checks a sandbox id: 1–63 characters of a-z, 0-9 and '-', starting with a letter
+// or a digit. Every id is checked before it becomes part of a path.
+func ValidateID(id string) error {
+	if id == "" {
+		return errcode.Invalid("id", "The sandbox id is empty; give 1 to 63 characters of a-z, 0-9 and '-'.")
+	}
+	if len(id) > maxIDLen {
+		return errcode.Invalid("id", "The sandbox id has %d characters; give at most %d.", len(id), maxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case c == '-' && i > 0:
+		default:
+			if c == '-' {
+				return errcode.Invalid("id", "The sandbox id starts with '-'; start it with a letter or a digit.")
+			}
+			return errcode.Invalid("id", "The sandbox id contains %q; use only a-z, 0-9 and '-'.", string(rune(c)))
+		}
+	}
+	return nil
+}
+
+// EntryKind says what a declared entry is: a file, removed with unlink, or a directory,
+// removed recursively without following links.
+type EntryKind int
+
+const (
+	EntryFile EntryKind = iota + 1
+	EntryDir
+)
+
+func (k EntryKind) String() string {
+	switch k {
+	case EntryFile:
+		return "file"
+	case EntryDir:
+		return "directory"
+	}
+	return fmt.Sprintf("EntryKind(%d)", int(k))
+}
+
+// validateDeclaredName checks a name that another component declares, against the store's
+// names and the names declared so far (keys lowercased).
+func validateDeclaredName(name string, declared map[string]declaration) error {
+	bad := func(format string, args ...any) error {
+		return errcode.Invalid("name", "The state directory entry %q cannot be declared: "+format, append([]any{name}, args...)...)
+	}
+	if name == "" || len(name) > maxNameLen {
+		return bad("a name has 1 to %d characters.", maxNameLen)
+	}
+	if name == "." || name == ".." {
+		return bad("it names a directory itself.")
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return bad("use only ASCII letters, digits, '.', '_' and '-'.")
+		}
+	}
+	lower := strings.ToLower(name)
+	for _, own := range storeNames {
+		if lower == own {
+			return bad("the store owns %q.", own)
+		}
+	}
+	// Any name shaped like a durable write's temp name is refused, not only the exact form, so
+	// that no declared entry can ever be taken for (or taken over by) a temp leftover.
+	if strings.HasPrefix(lower, ".") && strings.HasSuffix(lower, ".tmp") {
+		return bad("names of the form .<name>.<random>.tmp are the store's temp names.")
+	}
+	if strings.HasPrefix(lower, nfsPrefix) {
+		return bad("names starting with .nfs belong to NFS.")
+	}
+	if d, ok := declared[lower]; ok {
+		return bad("%q is already declared as a %s.", d.name, d.kind)
+	}
+	return nil
+}
+
+type declaration struct {
+	name string
+	kind EntryKind
+}

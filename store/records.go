@@ -1,0 +1,372 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// The format numbers of the records this version writes and reads. A record with another
+// format is refused by name, never guessed at: bump the number when a change is not
+// backward compatible, and teach the reader the old one if it must still be read.
+const (
+	ConfigFormat  = 1
+	LaunchFormat  = 1
+	RuntimeFormat = 1
+	OutcomeFormat = 1
+)
+
+// MaxRecordSize bounds every record read; records are small, and an unbounded read of a file
+// that something else grew would be a way to exhaust memory.
+const MaxRecordSize = 1 << 20
+
+// recordPerm is the mode of every record: private to the service's user.
+const recordPerm = 0o600
+
+// Config is the configuration record, config.json. Its presence means "provisioned".
+type Config struct {
+	Format    int               `json:"format"`
+	ID        string            `json:"id"`
+	Image     string            `json:"image"`
+	Resources Resources         `json:"resources"`
+	Env       map[string]string `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	// Template is set for a sandbox cloned from a template generation. The lease id lives in
+	// the clone binding (clone.json), which the template store owns.
+	Template *TemplateRef `json:"template,omitempty"`
+}
+
+// Resources are a sandbox's resource limits.
+type Resources struct {
+	VCPUs    int `json:"vcpus"`
+	MemoryMB int `json:"memory_mb"`
+	Pids     int `json:"pids"`
+}
+
+// TemplateRef names the template generation a sandbox was cloned from.
+type TemplateRef struct {
+	Template   string `json:"template"`
+	Generation string `json:"generation"`
+}
+
+// LaunchJournal is launch.json: written durably before a runtime process is started (with
+// Pid 0), possibly rewritten once the process exists (with its identity), and removed when
+// the launch commits or is abandoned.
+type LaunchJournal struct {
+	Format       int       `json:"format"`
+	LaunchID     string    `json:"launch_id"`
+	RuntimeID    string    `json:"runtime_id"`
+	StartedAt    time.Time `json:"started_at"`
+	Pid          int       `json:"pid"`
+	PidStartTime uint64    `json:"pid_start_time"`
+	BootID       string    `json:"boot_id"`
+}
+
+// RuntimeRecord is runtime.json: the identity of a committed launch's live runtime process.
+type RuntimeRecord struct {
+	Format        int       `json:"format"`
+	LaunchID      string    `json:"launch_id"`
+	RuntimeKind   string    `json:"runtime_kind"`
+	RuntimeID     string    `json:"runtime_id"`
+	Pid           int       `json:"pid"`
+	PidStartTime  uint64    `json:"pid_start_time"`
+	BootID        string    `json:"boot_id"`
+	ControlSocket string    `json:"control_socket"`
+	StartedAt     time.Time `json:"started_at"`
+}
+
+// The reasons an Outcome gives.
+const (
+	ReasonExited      = "exited"
+	ReasonSignaled    = "signaled"
+	ReasonOOM         = "oom"
+	ReasonStopped     = "stopped"
+	ReasonStartFailed = "start-failed"
+)
+
+// Outcome is outcome.json: how the sandbox's last run ended, written by the runtime process
+// (without the lock) when the sandbox ends.
+type Outcome struct {
+	Format    int       `json:"format"`
+	LaunchID  string    `json:"launch_id"`
+	ExitCode  int       `json:"exit_code"`
+	Signal    string    `json:"signal,omitempty"`
+	OOMKilled bool      `json:"oom_killed"`
+	Reason    string    `json:"reason"`
+	At        time.Time `json:"at"`
+}
+
+// FormatError is wrapped by the error of reading a record whose format this version does not
+// know.
+type FormatError struct {
+	Record string
+	Format int
+}
+
+func (e *FormatError) Error() string {
+	return fmt.Sprintf("%s has format %d, which this version of sandboxd does not know", e.Record, e.Format)
+}
+
+// decodeRecord checks the format number of a record before decoding the rest.
+func decodeRecord(name string, data []byte, want int, v any) error {
+	var probe struct {
+		Format *int `json:"format"`
+	}
+	if err := json.Unmarshal(data, &probe); err != nil {
+		return errcode.Wrap(errcode.Internal, err, "The record %s is not valid JSON.", name)
+	}
+	got := 0
+	if probe.Format != nil {
+		got = *probe.Format
+	}
+	if got != want {
+		return errcode.Wrap(errcode.Internal, &FormatError{Record: name, Format: got},
+			"The record %s has format %d, which this version of sandboxd does not know (it knows %d); run a sandboxd that does.", name, got, want)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return errcode.Wrap(errcode.Internal, err, "The record %s does not decode.", name)
+	}
+	return nil
+}
+
+func encodeRecord(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// readRecord reads and decodes a record under dir. It reports found=false, with no error,
+// when the record does not exist; it never follows a link or blocks on a FIFO.
+func readRecord(dir *os.File, name string, format int, v any) (found bool, err error) {
+	data, err := platform.ReadFileAt(dir, name, MaxRecordSize)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, recordErr(name, err)
+	}
+	return true, decodeRecord(name, data, format, v)
+}
+
+func recordErr(name string, err error) error {
+	if errors.Is(err, platform.ErrNotRegular) {
+		return errcode.Wrap(errcode.Internal, err, "The record %s is not a regular file; remove it by hand.", name)
+	}
+	return fmt.Errorf("store: %s: %w", name, err)
+}
+
+func (l *Lock) writeRecord(name string, v any) error {
+	data, err := encodeRecord(v)
+	if err != nil {
+		return err
+	}
+	if err := platform.WriteFileDurableAt(l.dir, name, data, recordPerm); err != nil {
+		return recordErr(name, err)
+	}
+	return nil
+}
+
+func (l *Lock) removeRecord(name string) error {
+	err := platform.UnlinkAt(l.dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store: remove %s: %w", name, err)
+	}
+	return platform.SyncDir(l.dir)
+}
+
+// Config reads the configuration record. A missing record is a sandbox-not-found error that
+// wraps fs.ErrNotExist.
+func (l *Lock) Config() (*Config, error) {
+	var c Config
+	found, err := readRecord(l.dir, ConfigName, ConfigFormat, &c)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, notFound(l.id, fs.ErrNotExist)
+	}
+	return &c, nil
+}
+
+// WriteConfig writes the configuration record atomically and durably, stamped with the
+// current format. Its ID must be the lock's.
+func (l *Lock) WriteConfig(c *Config) error {
+	if c.ID != l.id {
+		return fmt.Errorf("store: configuration record for %q written under the lock of %q", c.ID, l.id)
+	}
+	rec := *c
+	rec.Format = ConfigFormat
+	return l.writeRecord(ConfigName, &rec)
+}
+
+// LaunchJournal reads the launch journal; (nil, nil) when there is none.
+func (l *Lock) LaunchJournal() (*LaunchJournal, error) {
+	var j LaunchJournal
+	found, err := readRecord(l.dir, LaunchName, LaunchFormat, &j)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// WriteLaunchJournal writes the launch journal atomically and durably, stamped with the
+// current format.
+func (l *Lock) WriteLaunchJournal(j *LaunchJournal) error {
+	rec := *j
+	rec.Format = LaunchFormat
+	return l.writeRecord(LaunchName, &rec)
+}
+
+// RemoveLaunchJournal removes the launch journal durably; no journal is not an error.
+func (l *Lock) RemoveLaunchJournal() error { return l.removeRecord(LaunchName) }
+
+// RuntimeRecord reads the runtime record; (nil, nil) when there is none.
+func (l *Lock) RuntimeRecord() (*RuntimeRecord, error) {
+	var r RuntimeRecord
+	found, err := readRecord(l.dir, RuntimeName, RuntimeFormat, &r)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// WriteRuntimeRecord writes the runtime record atomically and durably, stamped with the
+// current format.
+func (l *Lock) WriteRuntimeRecord(r *RuntimeRecord) error {
+	rec := *r
+	rec.Format = RuntimeFormat
+	return l.writeRecord(RuntimeName, &rec)
+}
+
+// RemoveRuntimeRecord removes the runtime record durably; no record is not an error.
+func (l *Lock) RemoveRuntimeRecord() error { return l.removeRecord(RuntimeName) }
+
+// Outcome reads the outcome report; (nil, nil) when there is none.
+func (l *Lock) Outcome() (*Outcome, error) {
+	var o Outcome
+	found, err := readRecord(l.dir, OutcomeName, OutcomeFormat, &o)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// RemoveOutcome removes the outcome report durably; no report is not an error.
+func (l *Lock) RemoveOutcome() error { return l.removeRecord(OutcomeName) }
+
+// WriteOutcome writes the outcome report into the state directory dir, without the lock: the
+// runtime process calls it when the sandbox ends, while a transition may hold the lock. It
+// stages the report under the store's temp form (".outcome.json.<random>.tmp"), fsyncs it,
+// renames it to outcome.json and fsyncs dir, so a reader sees a whole report or none. A
+// staging file left by a crash is removed by Lock.CleanStaging or by removal, once no process
+// of that launch can run.
+func WriteOutcome(dir string, o *Outcome) error {
+	rec := *o
+	rec.Format = OutcomeFormat
+	data, err := encodeRecord(&rec)
+	if err != nil {
+		return err
+	}
+	if err := platform.WriteFileDurable(dir, OutcomeName, data, recordPerm); err != nil {
+		return recordErr(OutcomeName, err)
+	}
+	return nil
+}
+
+// openUnlocked opens id's state directory for a read without the lock.
+func (s *Store) openUnlocked(id string) (*os.File, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
+	dir, err := platform.OpenDirAt(s.sbx, id)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, notFound(id, err)
+	}
+	if err != nil {
+		return nil, errcode.Wrap(errcode.Internal, err, "The state directory of sandbox %s is not a directory; remove it by hand.", id)
+	}
+	return dir, nil
+}
+
+// ReadConfigUnlocked reads id's configuration record without taking the lock, for listing
+// and reading: records are replaced by rename, so the read sees a whole record. A missing
+// directory or record is sandbox-not-found.
+func (s *Store) ReadConfigUnlocked(id string) (*Config, error) {
+	dir, err := s.openUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	var c Config
+	found, err := readRecord(dir, ConfigName, ConfigFormat, &c)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, notFound(id, fs.ErrNotExist)
+	}
+	return &c, nil
+}
+
+// ReadRuntimeRecordUnlocked reads id's runtime record without the lock; (nil, nil) when the
+// directory exists but has none, sandbox-not-found when the directory is missing.
+func (s *Store) ReadRuntimeRecordUnlocked(id string) (*RuntimeRecord, error) {
+	dir, err := s.openUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	var r RuntimeRecord
+	found, err := readRecord(dir, RuntimeName, RuntimeFormat, &r)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// ReadLaunchJournalUnlocked reads id's launch journal without the lock; (nil, nil) when the
+// directory exists but has none, sandbox-not-found when the directory is missing.
+func (s *Store) ReadLaunchJournalUnlocked(id string) (*LaunchJournal, error) {
+	dir, err := s.openUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	var j LaunchJournal
+	found, err := readRecord(dir, LaunchName, LaunchFormat, &j)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// ReadOutcomeUnlocked reads id's outcome report without the lock; (nil, nil) when the
+// directory exists but has none, sandbox-not-found when the directory is missing.
+func (s *Store) ReadOutcomeUnlocked(id string) (*Outcome, error) {
+	dir, err := s.openUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	var o Outcome
+	found, err := readRecord(dir, OutcomeName, OutcomeFormat, &o)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &o, nil
+}
