@@ -279,10 +279,14 @@ func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
 	}
 	err := a.asUser(req.User, func() error {
 		if req.MakeParents {
-			if err := os.MkdirAll(req.Path, mode); err != nil {
+			if fi, err := os.Stat(req.Path); err == nil && fi.IsDir() {
+				return nil // mkdir -p: an existing directory is left as it is
+			}
+			if err := os.MkdirAll(filepath.Dir(req.Path), 0o755); err != nil {
 				return err
 			}
-		} else if err := os.Mkdir(req.Path, mode); err != nil {
+		}
+		if err := os.Mkdir(req.Path, mode); err != nil {
 			return err
 		}
 		// As with files, the request's mode holds whatever the umask.

@@ -2,10 +2,11 @@ package agent
 
 import (
 	"context"
-	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,7 +18,20 @@ var testCapability = []byte("0123456789abcdef0123456789abcdef")
 type testAgent struct {
 	sock   string
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{}
+	err    error // RunContext's result, once done is closed
+}
+
+// wait waits for RunContext to return and gives its result.
+func (ta *testAgent) wait(t testing.TB) error {
+	t.Helper()
+	select {
+	case <-ta.done:
+		return ta.err
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not stop")
+		return nil
+	}
 }
 
 // startAgent runs an agent on a socket in a temporary directory. As root, "user" is uid 1000
@@ -38,20 +52,20 @@ func startAgent(t testing.TB, mod ...func(*Config)) *testAgent {
 			"root": {UID: 0, GID: 0, Home: "/"},
 		},
 		ShutdownGrace: 2 * time.Second,
+		Logger:        slog.New(slog.DiscardHandler),
 	}
 	for _, m := range mod {
 		m(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ta := &testAgent{sock: cfg.ListenPath, cancel: cancel, done: make(chan error, 1)}
-	go func() { ta.done <- RunContext(ctx, cfg) }()
+	ta := &testAgent{sock: cfg.ListenPath, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		ta.err = RunContext(ctx, cfg)
+		close(ta.done)
+	}()
 	t.Cleanup(func() {
 		cancel()
-		select {
-		case <-ta.done:
-		case <-time.After(30 * time.Second):
-			t.Error("agent did not stop")
-		}
+		ta.wait(t)
 	})
 	// Wait for the socket to appear (the condition), with a deadline.
 	deadline := time.Now().Add(10 * time.Second)
@@ -60,8 +74,8 @@ func startAgent(t testing.TB, mod ...func(*Config)) *testAgent {
 			break
 		}
 		select {
-		case err := <-ta.done:
-			t.Fatalf("agent ended: %v", err)
+		case <-ta.done:
+			t.Fatalf("agent ended: %v", ta.err)
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -99,4 +113,34 @@ func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 
 func isRoot() bool { return os.Geteuid() == 0 }
 
-var _ = errors.Is
+// worldDir is a temporary directory that uid 1000 can enter (t.TempDir's parent is private).
+func worldDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "agtw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func ownerOf(fi os.FileInfo) (uint32, uint32) {
+	st := fi.Sys().(*syscall.Stat_t)
+	return st.Uid, st.Gid
+}
+
+// userDir is a temporary directory owned by uid 1000 when the tests run as root (the agent
+// then works as that user), else by the test's user.
+func userDir(t testing.TB) string {
+	t.Helper()
+	dir := worldDir(t)
+	if isRoot() {
+		if err := os.Chown(dir, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}

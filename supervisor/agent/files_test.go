@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/supervisor/control"
+)
+
+func TestFilesRoundTrip(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	ctx := context.Background()
+	dir := userDir(t)
+	path := filepath.Join(dir, "sub", "deep", "big.bin")
+
+	// 32 MiB streamed in and out, hashed on both ends rather than held.
+	const size = 32 << 20
+	want := sha256.New()
+	n, err := c.WriteFile(ctx, control.WriteRequest{Path: path, Mode: 0o640, MakeParents: true},
+		io.TeeReader(io.LimitReader(rand.Reader, size), want))
+	if err != nil || n != size {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	rc, err := c.ReadFile(ctx, path, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sha256.New()
+	if m, err := io.Copy(got, rc); err != nil || m != size {
+		t.Fatalf("read: %d %v", m, err)
+	}
+	rc.Close()
+	if !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
+		t.Fatal("read back differs")
+	}
+
+	fi, err := c.Stat(ctx, path, "")
+	if err != nil || fi.Type != control.TypeFile || fi.Size != size || fi.Mode != 0o640 || fi.Name != "big.bin" {
+		t.Fatalf("stat: %+v %v", fi, err)
+	}
+
+	// Overwrite: the content is replaced whole, no temp files remain.
+	if _, err := c.WriteFile(ctx, control.WriteRequest{Path: path}, bytes.NewReader([]byte("small"))); err != nil {
+		t.Fatal(err)
+	}
+	rc, err = c.ReadFile(ctx, path, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "small" {
+		t.Fatalf("after overwrite: %q", b)
+	}
+	// An empty file reads as empty.
+	if _, err := c.WriteFile(ctx, control.WriteRequest{Path: filepath.Join(dir, "empty")}, bytes.NewReader(nil)); err != nil {
+		t.Fatal(err)
+	}
+	rc, err = c.ReadFile(ctx, filepath.Join(dir, "empty"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(rc); err != nil || len(b) != 0 {
+		t.Fatalf("empty: %q %v", b, err)
+	}
+	rc.Close()
+
+	if err := c.Mkdir(ctx, filepath.Join(dir, "made"), "", 0o700, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Mkdir(ctx, filepath.Join(dir, "made"), "", 0, false); !errors.Is(err, errcode.InvalidRequest) {
+		t.Fatalf("mkdir existing: %v", err)
+	}
+	if err := c.Mkdir(ctx, filepath.Join(dir, "made"), "", 0, true); err != nil {
+		t.Fatalf("mkdir -p existing: %v", err)
+	}
+	os.Symlink("sub", filepath.Join(dir, "link"))
+
+	list, err := c.List(ctx, dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := map[string]control.FileType{}
+	for _, e := range list {
+		types[e.Name] = e.Type
+	}
+	wantTypes := map[string]control.FileType{"sub": control.TypeDir, "empty": control.TypeFile, "made": control.TypeDir, "link": control.TypeSymlink}
+	if len(types) != len(wantTypes) {
+		t.Fatalf("list: %+v (temp files left?)", list)
+	}
+	for k, v := range wantTypes {
+		if types[k] != v {
+			t.Fatalf("list: %s is %q, want %q (%+v)", k, types[k], v, list)
+		}
+	}
+	if fi, err := c.Stat(ctx, filepath.Join(dir, "made"), ""); err != nil || fi.Mode != 0o700 || fi.Type != control.TypeDir {
+		t.Fatalf("stat made: %+v %v", fi, err)
+	}
+
+	if err := c.Remove(ctx, filepath.Join(dir, "sub"), "", false); err == nil {
+		t.Fatal("removing a non-empty directory without recursive worked")
+	} else if re := new(control.RemoteError); !errors.As(err, &re) || re.Code != control.CodeDirectoryNotEmpty {
+		t.Fatalf("remove non-empty: %v", err)
+	}
+	if err := c.Remove(ctx, filepath.Join(dir, "sub"), "", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Remove(ctx, filepath.Join(dir, "empty"), "", false); err != nil {
+		t.Fatal(err)
+	}
+	list, _ = c.List(ctx, dir, "")
+	names := []string{}
+	for _, e := range list {
+		names = append(names, e.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"link", "made"}) {
+		t.Fatalf("after remove: %v", names)
+	}
+}
+
+func TestFilesErrors(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	ctx := context.Background()
+	dir := worldDir(t)
+	os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644)
+	os.Mkdir(filepath.Join(dir, "d"), 0o755)
+	missing := filepath.Join(dir, "missing")
+
+	read := func(p string) error {
+		rc, err := c.ReadFile(ctx, p, "")
+		if err == nil {
+			rc.Close()
+		}
+		return err
+	}
+	write := func(p string) error {
+		_, err := c.WriteFile(ctx, control.WriteRequest{Path: p}, bytes.NewReader([]byte("data")))
+		return err
+	}
+	list := func(p string) error { _, err := c.List(ctx, p, ""); return err }
+	stat := func(p string) error { _, err := c.Stat(ctx, p, ""); return err }
+	cases := []struct {
+		name   string
+		op     func() error
+		remote string
+		code   errcode.Code
+	}{
+		{"read missing", func() error { return read(missing) }, control.CodeFileNotFound, errcode.FileNotFound},
+		{"stat missing", func() error { return stat(missing) }, control.CodeFileNotFound, errcode.FileNotFound},
+		{"list missing", func() error { return list(missing) }, control.CodeFileNotFound, errcode.FileNotFound},
+		{"remove missing", func() error { return c.Remove(ctx, missing, "", true) }, control.CodeFileNotFound, errcode.FileNotFound},
+		{"write into missing dir", func() error { return write(filepath.Join(missing, "x")) }, control.CodeFileNotFound, errcode.FileNotFound},
+		{"read a directory", func() error { return read(filepath.Join(dir, "d")) }, control.CodeIsADirectory, errcode.InvalidRequest},
+		{"read a device", func() error { return read("/dev/null") }, control.CodeNotRegular, errcode.InvalidRequest},
+		{"write over a directory", func() error { return write(filepath.Join(dir, "d")) }, control.CodeIsADirectory, errcode.InvalidRequest},
+		{"list a file", func() error { return list(filepath.Join(dir, "f")) }, control.CodeNotADirectory, errcode.InvalidRequest},
+		{"relative path", func() error { return read("etc/passwd") }, control.CodeInvalidRequest, errcode.InvalidRequest},
+		{"dot-relative path", func() error { return stat("./x") }, control.CodeInvalidRequest, errcode.InvalidRequest},
+		{"NUL in path", func() error { return stat("/tmp/a\x00b") }, control.CodeInvalidRequest, errcode.InvalidRequest},
+		{"long path", func() error { return stat("/" + string(bytes.Repeat([]byte("a"), 5000))) }, control.CodeInvalidRequest, errcode.InvalidRequest},
+		{"remove root", func() error { return c.Remove(ctx, "/", "", true) }, control.CodeInvalidRequest, errcode.InvalidRequest},
+		{"unknown user", func() error { _, err := c.Stat(ctx, dir, "mallory"); return err }, control.CodeInvalidRequest, errcode.InvalidRequest},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := tc.op()
+			var re *control.RemoteError
+			if !errors.As(err, &re) || re.Code != tc.remote || !errors.Is(err, tc.code) || errcode.Of(err) != tc.code {
+				t.Fatalf("err = %v, want remote %s mapped to %s", err, tc.remote, tc.code)
+			}
+		})
+	}
+}
+
+// TestFilesAsUser checks that the agent does not lend the sandbox user root's permissions.
+func TestFilesAsUser(t *testing.T) {
+	if !isRoot() {
+		t.Skip("needs root: the agent switches to uid 1000 only when it runs as root")
+	}
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	ctx := context.Background()
+	dir := worldDir(t)
+	secret := filepath.Join(dir, "secret")
+	os.WriteFile(secret, []byte("root only"), 0o600)
+	groupOnly := filepath.Join(dir, "group")
+	os.WriteFile(groupOnly, []byte("root group"), 0o640)
+	private := filepath.Join(dir, "private")
+	os.Mkdir(private, 0o700)
+	os.WriteFile(filepath.Join(private, "inner"), []byte("x"), 0o644)
+
+	for _, p := range []string{secret, groupOnly} {
+		if _, err := c.ReadFile(ctx, p, "user"); errcode.Of(err) != errcode.InvalidRequest {
+			t.Fatalf("user read %s: %v", p, err)
+		}
+	}
+	if _, err := c.List(ctx, private, ""); err == nil {
+		t.Fatal("user listed a private root directory")
+	}
+	if _, err := c.Stat(ctx, filepath.Join(private, "inner"), ""); err == nil {
+		t.Fatal("user stat'ed inside a private root directory")
+	}
+	if _, err := c.WriteFile(ctx, control.WriteRequest{Path: filepath.Join(private, "new")}, bytes.NewReader(nil)); err == nil {
+		t.Fatal("user wrote into a private root directory")
+	}
+	if err := c.Remove(ctx, secret, "", false); err != nil {
+		// The directory is root's and not writable by the user.
+		var re *control.RemoteError
+		if !errors.As(err, &re) || re.Code != control.CodePermissionDenied {
+			t.Fatalf("remove: %v", err)
+		}
+	} else {
+		t.Fatal("user removed a file in root's directory")
+	}
+
+	// Root may.
+	rc, err := c.ReadFile(ctx, secret, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "root only" {
+		t.Fatalf("root read %q", b)
+	}
+
+	// What the user writes is the user's.
+	userDir := filepath.Join(dir, "home")
+	os.Mkdir(userDir, 0o755)
+	os.Chown(userDir, 1000, 1000)
+	p := filepath.Join(userDir, "a", "b")
+	if _, err := c.WriteFile(ctx, control.WriteRequest{Path: p, MakeParents: true}, bytes.NewReader([]byte("mine"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{p, filepath.Dir(p)} {
+		var st os.FileInfo
+		if st, err = os.Stat(q); err != nil {
+			t.Fatal(err)
+		}
+		if uid, gid := ownerOf(st); uid != 1000 || gid != 1000 {
+			t.Fatalf("%s owned by %d:%d, want 1000:1000", q, uid, gid)
+		}
+	}
+}
+
+func TestWriteAbortLeavesNothing(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	dir := userDir(t)
+	path := filepath.Join(dir, "partial")
+	_, err := c.WriteFile(context.Background(), control.WriteRequest{Path: path}, io.MultiReader(
+		bytes.NewReader(make([]byte, 100<<10)), errReader{}))
+	if err == nil {
+		t.Fatal("write with a failing reader succeeded")
+	}
+	waitFor(t, "the temp file to go", 10e9, func() bool {
+		ents, _ := os.ReadDir(dir)
+		return len(ents) == 0
+	})
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("source broke") }
