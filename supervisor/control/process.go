@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -40,6 +41,9 @@ type Process struct {
 	status ExitStatus
 	err    error
 	once   sync.Once
+	// closedEarly records a Close before the exit: Wait then reports ErrNoExit even if the
+	// agent's exit frame still arrives, so a caller sees one outcome for one action.
+	closedEarly atomic.Bool
 }
 
 // ErrNoExit is the error Wait returns when the stream ended without an exit status: the
@@ -98,6 +102,9 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 func (p *Process) demux() {
 	defer close(p.done)
 	err := p.readFrames()
+	if err == nil && p.closedEarly.Load() {
+		err = fmt.Errorf("%w: the exec was closed before it ended", ErrNoExit)
+	}
 	p.err = err
 	if err != nil {
 		p.outW.CloseWithError(err)
@@ -162,10 +169,15 @@ func (p *Process) Signal(name string) error {
 }
 
 // Close ends the exec. If the workload still runs the agent kills it (the client is gone, by
-// the protocol's rule); Wait then usually returns ErrNoExit. Close after the exit only frees the
+// the protocol's rule) and Wait returns ErrNoExit. Close after the exit only frees the
 // stream.
 func (p *Process) Close() error {
 	p.once.Do(func() {
+		select {
+		case <-p.done:
+		default:
+			p.closedEarly.Store(true)
+		}
 		p.st.Close()
 		// The agent answers a close within moments; a dead one must not hold demux forever.
 		p.st.SetReadDeadline(time.Now().Add(closeLinger))

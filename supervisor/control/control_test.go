@@ -1,0 +1,365 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/sandboxd/sandboxd/errcode"
+)
+
+var capability = []byte("the-capability-of-this-launch")
+
+// fakeHandler records what the protocol layer hands it; the agent's tests exercise the real
+// operations.
+type fakeHandler struct {
+	execCancelled chan struct{}
+	statCancelled chan struct{}
+}
+
+func newFake() *fakeHandler {
+	return &fakeHandler{execCancelled: make(chan struct{}, 1), statCancelled: make(chan struct{}, 1)}
+}
+
+func (f *fakeHandler) Version() string { return "fake/1" }
+
+func (f *fakeHandler) Exec(ctx context.Context, req *ExecRequest, s *ExecStream) (ExitStatus, error) {
+	switch req.Argv[0] {
+	case "fail":
+		return ExitStatus{}, &RemoteError{Code: CodeCommandNotFound, Message: "No such command."}
+	case "echo":
+		s.Started(42)
+		io.Copy(s.Stdout(), s.Stdin())
+		io.WriteString(s.Stderr(), "done")
+		return ExitStatus{ExitCode: 5}, nil
+	case "control":
+		// Reports the resize and signal it receives on stdout, then exits.
+		s.Started(43)
+		ws := <-s.Resizes()
+		sig := <-s.Signals()
+		io.WriteString(s.Stdout(), sig)
+		return ExitStatus{ExitCode: int(ws.Rows)}, nil
+	case "hang":
+		s.Started(44)
+		<-ctx.Done()
+		f.execCancelled <- struct{}{}
+		return ExitStatus{Signal: "KILL", ExitCode: 137}, nil
+	}
+	return ExitStatus{}, errors.New("unexpected")
+}
+
+func (f *fakeHandler) ReadFile(ctx context.Context, req *FileRequest) (io.ReadCloser, error) {
+	if req.Path == "/missing" {
+		return nil, &RemoteError{Code: CodeFileNotFound, Message: "No such file."}
+	}
+	return io.NopCloser(bytes.NewReader(bytes.Repeat([]byte("x"), 100_000))), nil
+}
+
+func (f *fakeHandler) WriteFile(ctx context.Context, req *FileRequest, r io.Reader) (int64, error) {
+	if req.Path == "/refuse" {
+		return 0, &RemoteError{Code: CodePermissionDenied, Message: "No."}
+	}
+	return io.Copy(io.Discard, r)
+}
+
+func (f *fakeHandler) List(ctx context.Context, req *FileRequest, emit func([]FileInfo) error) error {
+	for i := range 3 {
+		if err := emit([]FileInfo{{Name: string(rune('a' + i)), Type: TypeFile}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *fakeHandler) Stat(ctx context.Context, req *FileRequest) (FileInfo, error) {
+	if req.Path == "/hang" {
+		<-ctx.Done()
+		f.statCancelled <- struct{}{}
+		return FileInfo{}, ctx.Err()
+	}
+	if req.Path == "/internal" {
+		return FileInfo{}, errors.New("secret host detail /var/lib/x")
+	}
+	return FileInfo{Name: "f", Type: TypeFile, Size: 3}, nil
+}
+
+func (f *fakeHandler) Mkdir(ctx context.Context, req *FileRequest) error  { return nil }
+func (f *fakeHandler) Remove(ctx context.Context, req *FileRequest) error { return nil }
+func (f *fakeHandler) Shutdown(ctx context.Context, grace time.Duration) error {
+	return nil
+}
+func (f *fakeHandler) Stats(ctx context.Context) (Stats, error) { return Stats{Pids: 7}, nil }
+
+// serve runs Serve over net.Pipe and returns the client end and Serve's result (the channel
+// yields it once; the cleanup checks Serve returned through a second channel).
+func serve(t *testing.T, h Handler) (net.Conn, <-chan error) {
+	t.Helper()
+	a, b := net.Pipe()
+	done := make(chan error, 1)
+	returned := make(chan struct{})
+	go func() {
+		done <- Serve(b, capability, h)
+		close(returned)
+	}()
+	t.Cleanup(func() {
+		a.Close()
+		select {
+		case <-returned:
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return")
+		}
+	})
+	return a, done
+}
+
+func dial(t *testing.T, h Handler) (*Client, <-chan error) {
+	t.Helper()
+	conn, done := serve(t, h)
+	c, err := Dial(conn, capability, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, done
+}
+
+func TestHello(t *testing.T) {
+	t.Parallel()
+	c, _ := dial(t, newFake())
+	if got := c.Features(); len(got) != 5 || c.AgentVersion() != "fake/1" {
+		t.Fatalf("features %v version %q", got, c.AgentVersion())
+	}
+}
+
+func TestHelloWrongCapability(t *testing.T) {
+	t.Parallel()
+	for _, cap := range [][]byte{nil, []byte("wrong"), append([]byte(nil), capability[:len(capability)-1]...)} {
+		conn, done := serve(t, newFake())
+		if _, err := Dial(conn, cap, 5*time.Second); err == nil {
+			t.Fatalf("capability %q accepted", cap)
+		}
+		if err := <-done; !errors.Is(err, ErrUnauthorized) {
+			t.Fatalf("Serve: %v, want ErrUnauthorized", err)
+		}
+	}
+}
+
+// rawSession opens a yamux session by hand, to speak the protocol wrongly.
+func rawSession(t *testing.T) (*yamux.Session, <-chan error) {
+	conn, done := serve(t, newFake())
+	sess, err := yamux.Client(conn, yamuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sess.Close() })
+	return sess, done
+}
+
+func TestOperationBeforeHelloClosesSession(t *testing.T) {
+	t.Parallel()
+	sess, done := rawSession(t)
+	st, err := sess.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeJSON(&frameWriter{w: st}, FrameHeader, Header{Op: OpStats})
+	if err := <-done; !errors.Is(err, ErrUnauthorized) {
+		t.Fatalf("Serve: %v, want ErrUnauthorized", err)
+	}
+	select {
+	case <-sess.CloseChan():
+	case <-time.After(5 * time.Second):
+		t.Fatal("session not closed")
+	}
+}
+
+func TestHelloProtocolMismatch(t *testing.T) {
+	t.Parallel()
+	sess, done := rawSession(t)
+	st, _ := sess.OpenStream()
+	writeJSON(&frameWriter{w: st}, FrameHeader, Header{Op: OpHello, Hello: &HelloRequest{Protocol: ProtocolVersion + 1, Capability: capability}})
+	typ, p, err := ReadFrame(st, nil)
+	if err != nil || typ != FrameError {
+		t.Fatalf("answer %s %v", typ, err)
+	}
+	var re *RemoteError
+	if decodeErr := decodeRemoteError(p); !errors.As(decodeErr, &re) || re.Code != CodeProtocolMismatch {
+		t.Fatalf("answer: %v", decodeErr)
+	}
+	st.Close()
+	if err := <-done; err == nil {
+		t.Fatal("Serve accepted another protocol")
+	}
+}
+
+func TestOversizedFrameDropsStream(t *testing.T) {
+	t.Parallel()
+	c, _ := dial(t, newFake())
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hdr [frameHeaderSize]byte
+	hdr[0] = byte(FrameHeader)
+	binary.BigEndian.PutUint32(hdr[1:], MaxFramePayload+1)
+	st.Write(hdr[:])
+	st.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := ReadFrame(st, nil); err != io.EOF {
+		t.Fatalf("agent answered an oversized frame: %v", err)
+	}
+	// The connection still works.
+	if s, err := c.Stats(context.Background()); err != nil || s.Pids != 7 {
+		t.Fatalf("stats after: %+v %v", s, err)
+	}
+}
+
+func TestExecProtocol(t *testing.T) {
+	t.Parallel()
+	c, _ := dial(t, newFake())
+	ctx := context.Background()
+
+	p, err := c.Exec(ctx, ExecRequest{Argv: []string{"echo"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.Stdin.Write(bytes.Repeat([]byte("y"), 200_000))
+		p.Stdin.Close()
+	}()
+	errc := make(chan []byte)
+	go func() { b, _ := io.ReadAll(p.Stderr); errc <- b }()
+	out, _ := io.ReadAll(p.Stdout)
+	st, err := p.Wait()
+	if err != nil || st.ExitCode != 5 || len(out) != 200_000 || string(<-errc) != "done" || p.PID != 42 {
+		t.Fatalf("status %+v err %v out %d", st, err, len(out))
+	}
+
+	p, err = c.Exec(ctx, ExecRequest{Argv: []string{"control"}, TTY: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Resize(50, 132)
+	p.Signal("int")
+	go io.Copy(io.Discard, p.Stderr)
+	out, _ = io.ReadAll(p.Stdout)
+	if st, err := p.Wait(); err != nil || st.ExitCode != 50 || string(out) != "INT" {
+		t.Fatalf("control: %+v %v %q", st, err, out)
+	}
+
+	_, err = c.Exec(ctx, ExecRequest{Argv: []string{"fail"}})
+	var re *RemoteError
+	if !errors.As(err, &re) || re.Code != CodeCommandNotFound || errcode.Of(err) != errcode.InvalidRequest {
+		t.Fatalf("failed start: %v", err)
+	}
+}
+
+// TestClientGoneCancels checks the protocol's rule at its source: the handler's context ends
+// when the client closes the stream or the connection before the exit.
+func TestClientGoneCancels(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"process", "client"} {
+		f := newFake()
+		c, _ := dial(t, f)
+		p, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"hang"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if how == "process" {
+			p.Close()
+		} else {
+			c.Close()
+		}
+		select {
+		case <-f.execCancelled:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s close did not cancel the exec", how)
+		}
+		if _, err := p.Wait(); !errors.Is(err, ErrNoExit) {
+			t.Fatalf("wait after close: %v", err)
+		}
+	}
+}
+
+func TestContextCancelsOperation(t *testing.T) {
+	t.Parallel()
+	f := newFake()
+	c, _ := dial(t, f)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := c.Stat(ctx, "/hang", ""); errc <- err }()
+	// Cancel only once the operation reached the handler... which we cannot see from here;
+	// cancelling at any point must end both sides.
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("stat: %v", err)
+	}
+}
+
+func TestSimpleOperations(t *testing.T) {
+	t.Parallel()
+	c, _ := dial(t, newFake())
+	ctx := context.Background()
+	if fi, err := c.Stat(ctx, "/f", ""); err != nil || fi.Size != 3 {
+		t.Fatalf("stat %+v %v", fi, err)
+	}
+	if _, err := c.Stat(ctx, "/internal", ""); errcode.Of(err) != errcode.Internal || bytes.Contains([]byte(err.Error()), []byte("/var/lib")) {
+		t.Fatalf("internal error leaked or mis-coded: %v", err)
+	}
+	if list, err := c.List(ctx, "/", ""); err != nil || len(list) != 3 {
+		t.Fatalf("list %+v %v", list, err)
+	}
+	if err := c.Mkdir(ctx, "/d", "", 0o755, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Remove(ctx, "/d", "root", true); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.ReadFile(ctx, "/f", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(rc); err != nil || len(b) != 100_000 {
+		t.Fatalf("read %d %v", len(b), err)
+	}
+	rc.Close()
+	if _, err := c.ReadFile(ctx, "/missing", ""); !errors.Is(err, errcode.FileNotFound) {
+		t.Fatalf("read missing: %v", err)
+	}
+	if n, err := c.WriteFile(ctx, WriteRequest{Path: "/w"}, bytes.NewReader(make([]byte, 3<<20))); err != nil || n != 3<<20 {
+		t.Fatalf("write %d %v", n, err)
+	}
+	// A refusal while the client still sends must not leave the client blocked on window.
+	if _, err := c.WriteFile(ctx, WriteRequest{Path: "/refuse"}, io.LimitReader(zeros{}, 64<<20)); errcode.Of(err) != errcode.InvalidRequest {
+		t.Fatalf("refused write: %v", err)
+	}
+	if _, err := c.Stat(ctx, "relative", ""); errcode.Of(err) != errcode.InvalidRequest {
+		t.Fatalf("relative: %v", err)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+func TestShutdownEndsServe(t *testing.T) {
+	t.Parallel()
+	c, done := dial(t, newFake())
+	if err := c.Shutdown(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrShutdown) {
+			t.Fatalf("Serve: %v, want ErrShutdown", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after shutdown")
+	}
+}

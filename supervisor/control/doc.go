@@ -1,0 +1,81 @@
+// Package control is the control protocol between sandboxd and the agent inside a sandbox,
+// both ends of it: Dial and Client for sandboxd, Serve and Handler for the agent. It knows
+// frames, streams and messages, and nothing of processes or files: the agent package does the
+// work behind Handler. It must not rely on unix-socket features (no descriptor passing, no
+// peer credentials): the same protocol will run over a virtio serial port, so any
+// io.ReadWriteCloser carries it.
+//
+// # Session
+//
+// One connection carries one hashicorp/yamux session. The client (sandboxd) opens every
+// stream; the agent never does. Each stream is one operation. Per-stream flow control is
+// yamux's window (1 MiB): a side that stops reading stops the other side's writes, so neither
+// end buffers more than a window per stream, however much a workload prints. Keepalives find
+// a peer that vanished without closing the connection.
+//
+// # Frames
+//
+// Inside a stream everything is framed:
+//
+//	+--------+----------------------+-------------------+
+//	| type   | length (big-endian)  | payload           |
+//	| 1 byte | 4 bytes              | length bytes      |
+//	+--------+----------------------+-------------------+
+//
+// A payload is at most MaxFramePayload (1 MiB); a reader refuses a larger length, or an
+// unknown type, before reading the payload and drops the stream. The types (FrameType) are:
+// header, result, error, started and exit, resize and signal (JSON payloads); stdin, stdout,
+// stderr and data (raw bytes; data is JSON for list); eof and end (empty).
+//
+// # Operations
+//
+// The first frame of every stream is a header: JSON {"op": ..., plus the request of that
+// op}. After the header:
+//
+//   - hello ({protocol, capability}): must be the first stream of a connection. The agent
+//     compares the capability in constant time and, if it is wrong or if any other operation
+//     comes first, closes the whole session without a word. It answers a result
+//     {protocol, features, agent_version}, or an error protocol-mismatch.
+//   - exec (ExecRequest): the agent answers started {pid} (or error: the workload did not
+//     start), then stdout/stderr frames, and last exit (ExitStatus) or error. The client may
+//     send stdin frames (if it asked for stdin), eof (stdin closed), resize and signal at any
+//     time before the exit.
+//   - read: data frames, then end; or error (before or part way).
+//   - write ({path, mode, make_parents}): the client sends data frames, then end; the agent
+//     answers a result {size} or an error. The agent may answer an error early and stop
+//     reading; the client stops sending then.
+//   - list: data frames each holding a JSON array of FileInfo, then end; or error.
+//   - stat, mkdir, remove, stats, shutdown ({grace_ms}): one result (or error).
+//
+// Errors are RemoteError {code, message}; the client returns them wrapped in an
+// *errcode.Error (file-not-found is errcode.FileNotFound, a refused request is
+// errcode.InvalidRequest), so callers switch with errors.Is. Internal failures of the agent
+// reach the client as "internal" with a generic message; details stay in the agent's log.
+//
+// # Who closes what
+//
+// The agent writes the final frame of an operation (exit, end, result or error) and then
+// closes its side. The client closes its side after it read the final frame. Closing is a
+// half-close (a yamux FIN), so each side still reads what the other sent before it.
+//
+// The client must not close its side before the final frame unless it gives up on the
+// operation: the agent reads any close (or stray frame, or the session's end) before the
+// final frame as "the client is gone". For exec that is the protocol's rule:
+//
+//	A stream closed by the client before the exit frame, or a connection that ends, kills the
+//	workload (its process group; with a tty its whole session). Nothing survives its client.
+//
+// So a caller that wants a workload to outlive a dropped websocket must keep the exec's stream
+// open itself; Process.Close and Client.Close are the ways to kill. For read, list and the
+// other one-shot operations the same rule cancels the operation; for write, a stream that
+// ends before the end frame leaves no file behind.
+//
+// After answering shutdown the agent ends the session; Serve returns ErrShutdown and the
+// agent exits, which ends the sandbox.
+//
+// # Versions
+//
+// ProtocolVersion names this protocol exactly; there is no negotiation. It is part of a
+// sandbox's runtime identity, so a sandboxd never drives an agent of another version.
+// Unknown JSON fields are ignored, unknown frame types are not.
+package control
