@@ -182,6 +182,7 @@ func (l *Lock) Deprovision(ctx context.Context) error {
 		l.mu.Unlock()
 		return err
 	}
+	l.s.hook(hookUnlinked)
 	dirID, err := platform.IDOf(l.dir)
 	if err != nil {
 		l.mu.Unlock()

@@ -48,6 +48,7 @@ const (
 	hookFlocked   = "flocked"    // the flock is taken; the identity checks are next
 	hookLocked    = "locked"     // the lock is held and checked: exclusion starts
 	hookEnded     = "ended"      // the lock file is about to be unlinked or unlocked: exclusion ends
+	hookUnlinked  = "unlinked"   // a removal unlinked its lock file and will remove the directory
 )
 
 func (s *Store) hook(point string) {

@@ -1,0 +1,267 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// ProblemKind names an inconsistency that Check finds.
+type ProblemKind string
+
+const (
+	// A lease record whose sandbox has no clone binding naming it (a clone that crashed
+	// between lease and binding, or whose removal crashed between binding and release).
+	// Repair removes the record.
+	LeaseWithoutBinding ProblemKind = "lease-without-binding"
+	// A generation directory with a payload but no index entry and no tombstone: no step of
+	// this store leaves one. Repair tombstones it and, if no lease holds it, retires it.
+	PayloadWithoutIndex ProblemKind = "payload-without-index"
+	// An indexed, untombstoned generation whose payload is missing. Repair tombstones it, so
+	// that no new clone uses it.
+	IndexWithoutPayload ProblemKind = "index-without-payload"
+	// A quarantined generation whose retirement was interrupted or waits for no lease any
+	// more. Repair finishes the retirement.
+	InterruptedRetirement ProblemKind = "interrupted-retirement"
+	// A template being deleted with no generation left. Repair removes it.
+	InterruptedDelete ProblemKind = "interrupted-delete"
+	// A staging directory of a dead capture, or a temp file of a dead write. Repair removes it.
+	StagingLeftover ProblemKind = "staging-leftover"
+	// An entry the template store does not own. Never repaired: it is not ours to remove.
+	ForeignEntry ProblemKind = "foreign-entry"
+	// A record that does not read (unknown format, damaged). Never repaired.
+	BadRecord ProblemKind = "bad-record"
+)
+
+// Problem is one inconsistency found by Check.
+type Problem struct {
+	Kind       ProblemKind
+	Template   string
+	Generation string
+	Lease      string
+	Sandbox    string
+	// Entry is the path of the entry at fault, relative to the templates directory.
+	Entry    string
+	Detail   string
+	Repaired bool
+}
+
+func (p Problem) String() string {
+	r := ""
+	if p.Repaired {
+		r = " (repaired)"
+	}
+	return fmt.Sprintf("%s: %s: %s%s", p.Kind, p.Entry, p.Detail, r)
+}
+
+// Check looks for inconsistencies in the template store under its lock and, with repair,
+// repairs those that are safe to repair (see the ProblemKind constants). bindingExists
+// reports whether a sandbox still has a clone binding naming a lease (answer true when unsure);
+// with a nil bindingExists leases are not checked.
+func (s *Store) Check(ctx context.Context, bindingExists func(sandboxID, leaseID string) bool, repair bool) ([]Problem, error) {
+	var out []Problem
+	err := s.withLock(ctx, func(tx *Tx) error {
+		names, err := platform.ReadDirNames(s.dir)
+		if err != nil {
+			return err
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			if name == LockName {
+				continue
+			}
+			st, err := platform.LstatAt(s.dir, name)
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					continue
+				}
+				return err
+			}
+			if !validName(name) || !st.IsDir() {
+				out = append(out, Problem{Kind: ForeignEntry, Entry: name, Detail: "not a template directory"})
+				continue
+			}
+			ps, err := s.checkTemplate(name, bindingExists, repair)
+			if err != nil {
+				return fmt.Errorf("template: check %s: %w", name, err)
+			}
+			out = append(out, ps...)
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (s *Store) checkTemplate(name string, bindingExists func(string, string) bool, repair bool) ([]Problem, error) {
+	tdir, found, err := s.openTemplateDir(name)
+	if err != nil || !found {
+		return nil, err
+	}
+	defer tdir.Close()
+	var out []Problem
+	rec, err := readTemplateRecord(tdir)
+	if err != nil {
+		return append(out, Problem{Kind: BadRecord, Template: name, Entry: name + "/" + TemplateRecordName, Detail: err.Error()}), nil
+	}
+	names, err := platform.ReadDirNames(tdir)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		if n == TemplateRecordName || validGenerationName(n) {
+			continue
+		}
+		if target, ok := platform.IsTempName(n); ok && (target == TemplateRecordName || validGenerationName(target)) {
+			if target != TemplateRecordName {
+				if dead, err := stagingDead(tdir, n); err != nil || !dead {
+					continue // a live capture
+				}
+			}
+			out = append(out, Problem{Kind: StagingLeftover, Template: name, Entry: name + "/" + n, Detail: "left by a write or capture that did not finish", Repaired: repair})
+			continue
+		}
+		out = append(out, Problem{Kind: ForeignEntry, Template: name, Entry: name + "/" + n, Detail: "not an entry of the template store"})
+	}
+	if repair {
+		if err := s.cleanTemplateDir(tdir, name); err != nil {
+			return nil, err
+		}
+	}
+	gens, err := generationNames(tdir)
+	if err != nil {
+		return nil, err
+	}
+	for _, gen := range gens {
+		ps, err := s.checkGeneration(tdir, name, gen, bindingExists, repair)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ps...)
+	}
+	if rec == nil || rec.Deleting {
+		left, err := generationNames(tdir)
+		if err != nil {
+			return nil, err
+		}
+		if len(left) == 0 {
+			p := Problem{Kind: InterruptedDelete, Template: name, Entry: name, Detail: "a deleted template whose directory remains"}
+			if repair {
+				if rec != nil {
+					err = s.removeTemplate(tdir, name)
+				} else {
+					err = s.removeTemplateDirIfEmpty(tdir, name)
+				}
+				if err != nil && errcode.Of(err) != errcode.ForeignFiles {
+					return nil, err
+				}
+				p.Repaired = err == nil
+			}
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) checkGeneration(tdir *os.File, name, gen string, bindingExists func(string, string) bool, repair bool) ([]Problem, error) {
+	entry := name + "/" + gen
+	g, found, err := loadGeneration(tdir, gen)
+	if err != nil {
+		return []Problem{{Kind: BadRecord, Template: name, Generation: gen, Entry: entry, Detail: err.Error()}}, nil
+	}
+	if !found {
+		return nil, nil
+	}
+	var out []Problem
+	gdir, err := platform.OpenDirAt(tdir, gen)
+	if err != nil {
+		return nil, err
+	}
+	defer gdir.Close()
+	names, err := platform.ReadDirNames(gdir)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		switch n {
+		case IndexName, TombstoneName, PayloadDir, LeasesDir:
+			continue
+		}
+		if target, ok := platform.IsTempName(n); ok && (target == IndexName || target == TombstoneName) {
+			out = append(out, Problem{Kind: StagingLeftover, Template: name, Generation: gen, Entry: entry + "/" + n, Detail: "left by a write that did not finish", Repaired: repair})
+			continue
+		}
+		out = append(out, Problem{Kind: ForeignEntry, Template: name, Generation: gen, Entry: entry + "/" + n, Detail: "not an entry of the template store"})
+	}
+	if repair {
+		if err := s.cleanGenerationDir(gdir); err != nil {
+			return nil, err
+		}
+	}
+	leases, err := readLeases(gdir, g.leases)
+	if err != nil {
+		return append(out, Problem{Kind: BadRecord, Template: name, Generation: gen, Entry: entry + "/" + LeasesDir, Detail: err.Error()}), nil
+	}
+	kept := 0
+	for _, l := range leases {
+		if bindingExists == nil || bindingExists(l.Sandbox, l.ID) {
+			kept++
+			continue
+		}
+		p := Problem{Kind: LeaseWithoutBinding, Template: name, Generation: gen, Lease: l.ID, Sandbox: l.Sandbox,
+			Entry: entry + "/" + LeasesDir + "/" + l.ID + leaseExt, Detail: "sandbox " + l.Sandbox + " has no clone binding naming this lease"}
+		if repair {
+			ldir, err := platform.OpenDirAt(gdir, LeasesDir)
+			if err != nil {
+				return nil, err
+			}
+			err = s.removeEntry(ldir, l.ID+leaseExt, StepLeaseSweep)
+			ldir.Close()
+			if err != nil {
+				return nil, err
+			}
+			p.Repaired = true
+		} else {
+			kept++
+		}
+		out = append(out, p)
+	}
+	var p *Problem
+	switch {
+	case g.tomb == nil && g.index == nil && g.payload:
+		p = &Problem{Kind: PayloadWithoutIndex, Detail: "a payload without an index entry or tombstone"}
+	case g.tomb == nil && g.index != nil && !g.payload:
+		p = &Problem{Kind: IndexWithoutPayload, Detail: "an index entry whose payload is missing"}
+	case g.tomb == nil && g.index == nil:
+		p = &Problem{Kind: InterruptedRetirement, Detail: "an empty generation directory"}
+	case g.tomb != nil && (g.index == nil || !g.payload || (g.tomb.Drain && kept == 0)):
+		p = &Problem{Kind: InterruptedRetirement, Detail: "a retirement that did not finish"}
+	}
+	if p == nil {
+		return out, nil
+	}
+	p.Template, p.Generation, p.Entry = name, gen, entry
+	if repair {
+		if g.tomb == nil && (g.index != nil || g.payload) {
+			if _, err := s.writeTombstone(tdir, gen, false); err != nil {
+				return nil, err
+			}
+			p.Repaired = p.Kind == IndexWithoutPayload
+		}
+		if kept == 0 && p.Kind != IndexWithoutPayload {
+			err := s.finishRetire(tdir, name, gen)
+			if err != nil && errcode.Of(err) != errcode.ForeignFiles {
+				return nil, err
+			}
+			p.Repaired = err == nil
+		}
+	}
+	return append(out, *p), nil
+}

@@ -1,0 +1,390 @@
+package template
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// DefaultMaxAge is how long after its capture a generation stays eligible unless
+// Options.MaxAge says otherwise.
+const DefaultMaxAge = 30 * 24 * time.Hour
+
+// retryInterval is how often a waiter tries the busy lock again (as the sandbox store).
+const retryInterval = 25 * time.Millisecond
+
+// Options configure a Store. The zero value is the production configuration.
+type Options struct {
+	// MaxAge is the longest downtime since capture at which a generation is eligible
+	// (DefaultMaxAge when zero).
+	MaxAge time.Duration
+	// Now reads the host's time for eligibility and for the time contract of captures; the
+	// default reads the machine id, the boot id, CLOCK_BOOTTIME and the UTC clock. Tests
+	// inject a clock here.
+	Now func() (TimeContract, error)
+	// OnSync, if set, is called after every durable step (a record written and its directory
+	// fsynced, an entry removed and its directory fsynced, a rename made durable) with the
+	// step's name (the Step* constants). The order of these calls is part of the contract;
+	// tests record it, and crash tests kill the process in it.
+	OnSync func(step string)
+}
+
+// The durable steps reported to Options.OnSync, in the order each operation makes them.
+const (
+	StepTemplateCreate  = "template:create"  // template.json written
+	StepTemplateUpdate  = "template:update"  // template.json rewritten (deleting mark)
+	StepTemplateRemove  = "template:remove"  // template.json removed
+	StepTemplateDir     = "template:dir"     // the template's directory removed
+	StepCaptureReserve  = "capture:reserve"  // next_generation bumped, staging directory made
+	StepCaptureCopied   = "capture:copied"   // the payload is copied and fsynced in staging
+	StepCaptureIndex    = "capture:index"    // index.json written in staging
+	StepCaptureCommit   = "capture:commit"   // staging renamed to the generation, parent fsynced
+	StepLeaseWrite      = "lease:write"      // a lease record written
+	StepLeaseRemove     = "lease:remove"     // a lease record removed (release)
+	StepLeaseSweep      = "lease:sweep"      // a lease record whose binding is gone removed
+	StepTombstone       = "tombstone:write"  // tombstone.json written
+	StepRetirePayload   = "retire:payload"   // the payload removed
+	StepRetireIndex     = "retire:index"     // index.json removed
+	StepRetireTombstone = "retire:tombstone" // tombstone.json removed
+	StepRetireDir       = "retire:dir"       // the generation's directory removed
+	StepCleanStaging    = "clean:staging"    // leftovers of a dead capture or write removed
+)
+
+// Store is the template store under <state root>/templates. Its methods are safe for
+// concurrent use, and any number of processes may open stores on one root: every change is
+// made under the store's lock file, which is an flock shared by all of them.
+type Store struct {
+	path string   // absolute path of the templates directory
+	dir  *os.File // the templates directory, opened once without following links
+	opts Options
+}
+
+// Open opens the template store under the state root stateRoot, creating the root and its
+// templates directory (mode 0700) if they are missing. A templates directory that is a link or
+// not a directory is refused.
+func Open(stateRoot string, opts Options) (*Store, error) {
+	if opts.MaxAge == 0 {
+		opts.MaxAge = DefaultMaxAge
+	}
+	if opts.MaxAge < 0 {
+		return nil, errcode.Invalid("max_age", "The maximum age of a generation must be positive.")
+	}
+	if opts.Now == nil {
+		opts.Now = HostNow
+	}
+	abs, err := filepath.Abs(stateRoot)
+	if err != nil {
+		return nil, fmt.Errorf("template: state root %q: %w", stateRoot, err)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("template: create state root: %w", err)
+	}
+	root, err := platform.OpenDir(abs)
+	if err != nil {
+		return nil, fmt.Errorf("template: state root %s must be a directory, not a link: %w", abs, err)
+	}
+	defer root.Close()
+	if err := platform.MkdirAt(root, TemplatesDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("template: create %s: %w", TemplatesDir, err)
+	}
+	dir, err := platform.OpenDirAt(root, TemplatesDir)
+	if err != nil {
+		return nil, fmt.Errorf("template: %s must be a directory, not a link: %w", TemplatesDir, err)
+	}
+	st, err := platform.StatOf(dir)
+	if err != nil {
+		dir.Close()
+		return nil, err
+	}
+	if st.UID != uint32(os.Geteuid()) || st.Mode.Perm()&0o077 != 0 {
+		dir.Close()
+		return nil, fmt.Errorf("template: %s is not private to sandboxd's user (owner %d, mode %v); fix its owner and mode (0700)", filepath.Join(abs, TemplatesDir), st.UID, st.Mode.Perm())
+	}
+	return &Store{path: filepath.Join(abs, TemplatesDir), dir: dir, opts: opts}, nil
+}
+
+// Close releases the store's directory handle.
+func (s *Store) Close() error { return s.dir.Close() }
+
+// Path returns the absolute path of the templates directory.
+func (s *Store) Path() string { return s.path }
+
+// MaxAge returns the longest downtime at which a generation is eligible.
+func (s *Store) MaxAge() time.Duration { return s.opts.MaxAge }
+
+// Now reads the host's time through the configured clock, for Select, Leasable and views.
+func (s *Store) Now() (TimeContract, error) { return s.opts.Now() }
+
+// HostNow reads this host's time: machine id, boot id, CLOCK_BOOTTIME and UTC.
+func HostNow() (TimeContract, error) {
+	host, err := platform.MachineID()
+	if err != nil {
+		return TimeContract{}, err
+	}
+	boot, err := platform.BootID()
+	if err != nil {
+		return TimeContract{}, err
+	}
+	mono, err := platform.Boottime()
+	if err != nil {
+		return TimeContract{}, err
+	}
+	return TimeContract{HostID: host, BootID: boot, Clock: ClockBoottime, Monotonic: mono, UTC: time.Now().UTC()}, nil
+}
+
+func (s *Store) synced(step string) {
+	if s.opts.OnSync != nil {
+		s.opts.OnSync(step)
+	}
+}
+
+// Tx is a held template store lock. Every change to the store happens under one; a caller
+// that must interleave its own steps (cloning writes the sandbox's clone.json between the
+// lease and the unlock) takes one with Store.Lock. A Tx is for one goroutine; Unlock may be
+// called more than once.
+type Tx struct {
+	s  *Store
+	f  *os.File
+	mu sync.Mutex
+	// done is set by Unlock.
+	done bool
+}
+
+// Lock takes the template store's lock: an exclusive flock on templates/templates.lock,
+// tried every 25 ms until ctx's deadline (which ctx must have; a ctx without one is refused
+// with invalid-request before anything waits), then transition-in-progress. A lock file that
+// is a link, a FIFO or not a regular file is refused.
+func (s *Store) Lock(ctx context.Context) (*Tx, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return nil, errcode.Invalid("timeout", "The operation needs a finite, positive timeout.")
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		return nil, err
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for n := 0; ; n++ {
+		if n > 0 {
+			if err := ctx.Err(); errors.Is(err, context.Canceled) {
+				return nil, err
+			}
+			if ctx.Err() != nil || !time.Now().Before(deadline) {
+				return nil, lockBusy()
+			}
+		}
+		tx, got, err := s.tryLock()
+		if err != nil {
+			return nil, err
+		}
+		if got {
+			return tx, nil
+		}
+		wait := min(retryInterval, time.Until(deadline))
+		if wait <= 0 {
+			return nil, lockBusy()
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, ctx.Err()
+			}
+			return nil, lockBusy()
+		}
+	}
+}
+
+func lockBusy() error {
+	return errcode.New(errcode.TransitionInProgress,
+		"Another template operation is still in progress; try again when it has finished, or give a longer timeout.")
+}
+
+func (s *Store) tryLock() (*Tx, bool, error) {
+	f, err := platform.OpenFileAt(s.dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, false, errcode.Wrap(errcode.Internal, err,
+			"The template store's lock file is not a regular file; remove it by hand.")
+	}
+	got, err := platform.TryLock(f)
+	if err != nil || !got {
+		f.Close()
+		return nil, false, err
+	}
+	// The lock file is never removed, but whoever replaces it by hand must not make two
+	// holders: the lock counts only while the entry still names the file we locked.
+	st, err := platform.LstatAt(s.dir, LockName)
+	id, ierr := platform.IDOf(f)
+	if err != nil || ierr != nil || st.ID != id {
+		_ = platform.Unlock(f)
+		f.Close()
+		if err == nil && ierr == nil {
+			return nil, false, nil
+		}
+		return nil, false, errors.Join(err, ierr)
+	}
+	return &Tx{s: s, f: f}, true, nil
+}
+
+// Unlock releases the lock. Calling it again does nothing.
+func (tx *Tx) Unlock() error {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return nil
+	}
+	tx.done = true
+	uerr := platform.Unlock(tx.f)
+	return errors.Join(uerr, tx.f.Close())
+}
+
+func (tx *Tx) check() error {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return errors.New("template: use of a released template store lock")
+	}
+	return nil
+}
+
+// withLock runs fn under the store's lock.
+func (s *Store) withLock(ctx context.Context, fn func(tx *Tx) error) error {
+	tx, err := s.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	err = fn(tx)
+	return errors.Join(err, tx.Unlock())
+}
+
+func templateNotFound(name string) error {
+	return errcode.New(errcode.TemplateNotFound, "There is no template %s.", name)
+}
+
+func generationNotFound(name, gen string) error {
+	return errcode.New(errcode.GenerationNotFound, "Template %s has no generation %s.", name, gen)
+}
+
+// openTemplateDir opens the template's directory; found is false when it does not exist.
+func (s *Store) openTemplateDir(name string) (*os.File, bool, error) {
+	d, err := platform.OpenDirAt(s.dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, errcode.Wrap(errcode.Internal, err, "The directory of template %s is not a directory; remove it by hand.", name)
+	}
+	return d, true, nil
+}
+
+// openTemplate opens an existing template: its directory and its record. A directory without
+// template.json is a template being created or removed, and does not exist.
+func (s *Store) openTemplate(name string) (*os.File, *templateRecord, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, nil, err
+	}
+	d, found, err := s.openTemplateDir(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !found {
+		return nil, nil, templateNotFound(name)
+	}
+	rec, err := readTemplateRecord(d)
+	if err != nil || rec == nil {
+		d.Close()
+		if err == nil {
+			err = templateNotFound(name)
+		}
+		return nil, nil, err
+	}
+	if rec.Name != name {
+		d.Close()
+		return nil, nil, badRecord(TemplateRecordName, "names template %q in the directory of %q", rec.Name, name)
+	}
+	return d, rec, nil
+}
+
+func readTemplateRecord(d *os.File) (*templateRecord, error) {
+	data, found, err := readRecordFile(d, TemplateRecordName)
+	if err != nil || !found {
+		return nil, err
+	}
+	return decodeTemplate(data)
+}
+
+func (s *Store) writeRecord(dir *os.File, name string, v any, step string) error {
+	data, err := encodeRecord(v)
+	if err != nil {
+		return err
+	}
+	if err := platform.WriteFileDurableAt(dir, name, data, recordPerm); err != nil {
+		return recordErr(name, err)
+	}
+	if step != "" {
+		s.synced(step)
+	}
+	return nil
+}
+
+// removeEntry unlinks name in dir and fsyncs dir; a missing entry is not an error (and makes
+// no step).
+func (s *Store) removeEntry(dir *os.File, name, step string) error {
+	err := platform.UnlinkAt(dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("template: remove %s: %w", name, err)
+	}
+	if err := platform.SyncDir(dir); err != nil {
+		return err
+	}
+	if step != "" {
+		s.synced(step)
+	}
+	return nil
+}
+
+// removeDir removes the directory name in dir and fsyncs dir; missing is not an error.
+func (s *Store) removeDir(dir *os.File, name, step string) error {
+	err := platform.RmdirAt(dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := platform.SyncDir(dir); err != nil {
+		return err
+	}
+	if step != "" {
+		s.synced(step)
+	}
+	return nil
+}
+
+func randomUID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
