@@ -55,6 +55,9 @@ func (s *Server) validate(next http.Handler) http.Handler {
 			Route:      route,
 			Options: &openapi3filter.Options{
 				AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
+				// Handlers apply the defaults; written into the request here, numbers would
+				// come out in float notation ("3.6e+06") that no parameter parser accepts.
+				SkipSettingDefaults: true,
 				// Raw bodies (file uploads) are streamed to the sandbox; reading them here
 				// would hold them in memory. The operation decides, not the client's
 				// Content-Type, so that no client can skip validation by mislabelling.
