@@ -81,7 +81,11 @@ func TestEligibility(t *testing.T) {
 		{"other boot uses UTC", at(func(c *TimeContract) { c.BootID = "b2"; c.Monotonic = time.Second; c.UTC = c.UTC.Add(time.Hour) }), Eligible, time.Hour},
 		{"other boot UTC before capture", at(func(c *TimeContract) { c.BootID = "b2"; c.Monotonic = 10 * time.Hour; c.UTC = c.UTC.Add(-time.Second) }), Early, -time.Second},
 		{"other boot UTC beyond max", at(func(c *TimeContract) { c.BootID = "b2"; c.UTC = c.UTC.Add(max + time.Hour) }), Expired, max + time.Hour},
-		{"other host uses UTC", at(func(c *TimeContract) { c.HostID = "h2"; c.Monotonic += 40 * 24 * time.Hour; c.UTC = c.UTC.Add(time.Hour) }), Eligible, time.Hour},
+		{"other host uses UTC", at(func(c *TimeContract) {
+			c.HostID = "h2"
+			c.Monotonic += 40 * 24 * time.Hour
+			c.UTC = c.UTC.Add(time.Hour)
+		}), Eligible, time.Hour},
 		{"other clock uses UTC", at(func(c *TimeContract) { c.Clock = "monotonic"; c.Monotonic -= time.Minute; c.UTC = c.UTC.Add(time.Hour) }), Eligible, time.Hour},
 	}
 	for _, c := range cases {
