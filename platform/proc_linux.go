@@ -160,3 +160,31 @@ func Children(pid int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// SignalChildren sends sig to every child of the live process parent. Each child is pinned
+// with a pidfd and then checked to still be parent's child, so that a pid freed and reused
+// between the scan and the signal is never signalled. It returns how many it signalled.
+func SignalChildren(parent ProcessID, sig syscall.Signal) (int, error) {
+	if !parent.Alive() {
+		return 0, fmt.Errorf("%w: %s", ErrProcessGone, parent)
+	}
+	kids, err := Children(parent.Pid)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, kid := range kids {
+		fd, err := unix.PidfdOpen(kid, 0)
+		if err != nil {
+			continue
+		}
+		st, err := readStat(kid)
+		if err == nil && st.PPid == parent.Pid && parent.Alive() {
+			if unix.PidfdSendSignal(fd, sig, nil, 0) == nil {
+				n++
+			}
+		}
+		unix.Close(fd)
+	}
+	return n, nil
+}

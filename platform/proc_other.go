@@ -26,3 +26,6 @@ func SignalVerified(p ProcessID, sig syscall.Signal) error { return ErrUnsupport
 
 // Children is unsupported off Linux.
 func Children(pid int) ([]int, error) { return nil, ErrUnsupported }
+
+// SignalChildren is unsupported off Linux.
+func SignalChildren(parent ProcessID, sig syscall.Signal) (int, error) { return 0, ErrUnsupported }

@@ -1,0 +1,208 @@
+//go:build linux
+
+package namespace
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// agentStage is the extra argument of the init's second stage (after the exec that drops its
+// privileges): sandboxd __init <dir> agent.
+const agentStage = "agent"
+
+// agentConfig is what the init's first stage hands the second on fd 3.
+type agentConfig struct {
+	Capability []byte            `json:"capability"`
+	Env        map[string]string `json:"env,omitempty"`
+	Hostname   string            `json:"hostname"`
+}
+
+func initLogf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "sandboxd init: %s\n", fmt.Sprintf(format, args...))
+}
+
+// InitMain is the sandbox's init (sandboxd __init <dir> [agent]). The first stage sets the
+// sandbox up (root file system, host name, loopback), drops privileges on its thread and
+// re-executes itself; the second stage, PID 1 with the sandbox's final privileges, runs the
+// agent. It returns the process exit code.
+func InitMain(args []string) int {
+	runtime.LockOSThread()
+	// Die with the shim: set the signal first, then check that the shim did not die before.
+	if err := platform.SetParentDeathSignal(unix.SIGKILL); err != nil {
+		initLogf("%v", err)
+		return 1
+	}
+	if !lifelineHeld() {
+		initLogf("the shim is gone; exiting")
+		return 1
+	}
+	switch {
+	case len(args) == 1:
+		if err := initStage(args[0]); err != nil {
+			initLogf("%v", err)
+			return 1
+		}
+		return 1 // initStage only returns on error
+	case len(args) == 2 && args[1] == agentStage:
+		return agentStageMain()
+	}
+	initLogf("usage: sandboxd %s <state dir> [%s]", InitCommand, agentStage)
+	return 2
+}
+
+// lifelineHeld reports whether the shim still holds the write end of the lifeline pipe.
+func lifelineHeld() bool {
+	fds := []unix.PollFd{{Fd: fdLifeline, Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	if err != nil {
+		return false
+	}
+	return n == 0 || fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) == 0
+}
+
+func readConfig(v any) error {
+	f := os.NewFile(fdConfig, "config")
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return fmt.Errorf("read configuration: %w", err)
+	}
+	return json.Unmarshal(b, v)
+}
+
+func initStage(dir string) error {
+	var cfg initConfig
+	if err := readConfig(&cfg); err != nil {
+		return err
+	}
+	spec := &cfg.Spec
+	if spec.Dir != dir {
+		return fmt.Errorf("configuration names %s, argv %s", spec.Dir, dir)
+	}
+	// Opened before the old root goes away: the second stage is exec'd from this file.
+	exe, err := openExecutable()
+	if err != nil {
+		return fmt.Errorf("open own executable: %w", err)
+	}
+	if err := setupRoot(spec); err != nil {
+		return err
+	}
+	if err := platform.SetHostname(spec.Hostname); err != nil {
+		return err
+	}
+	if err := platform.LoopbackUp(); err != nil {
+		return err
+	}
+	if err := platform.PivotRoot(rootfsPath(spec.Dir)); err != nil {
+		return err
+	}
+
+	// The second stage's configuration goes on a fresh pipe at fd 3.
+	next, err := json.Marshal(agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname})
+	if err != nil {
+		return err
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	if _, err := pw.Write(next); err != nil {
+		return fmt.Errorf("hand the agent stage its configuration: %w", err)
+	}
+	pw.Close()
+	if int(pr.Fd()) == fdConfig {
+		// Already in place (fd 3 was free); it only must survive the exec.
+		if _, err := unix.FcntlInt(pr.Fd(), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("configuration pipe: %w", err)
+		}
+	} else {
+		if err := unix.Dup3(int(pr.Fd()), fdConfig, 0); err != nil {
+			return fmt.Errorf("dup configuration pipe: %w", err)
+		}
+		pr.Close()
+	}
+
+	// Privileges, on this thread only: the exec that follows replaces every other thread, so
+	// the agent and everything it starts inherit them.
+	prog, err := platform.DefaultSeccomp(platform.DefaultCapabilities)
+	if err != nil {
+		return err
+	}
+	if err := platform.LimitThreadCapabilities(platform.DefaultCapabilities); err != nil {
+		return err
+	}
+	if err := platform.SetNoNewPrivs(); err != nil {
+		return err
+	}
+	if err := prog.LoadThread(); err != nil {
+		return err
+	}
+	argv := []string{"sandboxd", InitCommand, dir, agentStage}
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	err = execveat(int(exe.Fd()), argv, env)
+	// Without this, exe could be collected (closing its descriptor, which another file may
+	// then take) before the exec has used it.
+	runtime.KeepAlive(exe)
+	runtime.KeepAlive(pr)
+	return err
+}
+
+// openExecutable opens the running executable on a descriptor above the fixed ones (3 and
+// 4), which the init reuses for the second stage's configuration.
+func openExecutable() (*os.File, error) {
+	fd, err := unix.Open("/proc/self/exe", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 10)
+	unix.Close(fd)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(high), "sandboxd"), nil
+}
+
+// execveat executes the file open at fd, through its /proc/self/fd link.
+func execveat(fd int, argv, env []string) error {
+	err := unix.Exec(fmt.Sprintf("/proc/self/fd/%d", fd), argv, env)
+	return fmt.Errorf("exec the agent stage: %w", err)
+}
+
+// cStrings converts ss to a NULL-terminated array of C strings.
+func cStrings(ss []string) ([]*byte, error) {
+	out := make([]*byte, len(ss)+1)
+	for i, s := range ss {
+		p, err := unix.BytePtrFromString(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+func agentStageMain() int {
+	var cfg agentConfig
+	if err := readConfig(&cfg); err != nil {
+		initLogf("%v", err)
+		return 1
+	}
+	unix.CloseOnExec(fdLifeline)
+	if RunAgent == nil {
+		initLogf("no agent is linked into this binary")
+		return 1
+	}
+	if err := RunAgent(AgentConfig{ListenPath: ListenPath, Capability: cfg.Capability, Env: cfg.Env, Hostname: cfg.Hostname}); err != nil {
+		initLogf("agent: %v", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,60 @@
+package namespace
+
+import (
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
+)
+
+// The hidden sub-commands of the sandboxd binary that this runtime re-executes:
+// cmd/sandboxd dispatches on os.Args[1] and calls ShimMain or InitMain with os.Args[2:].
+const (
+	ShimCommand = "__shim"
+	InitCommand = "__init"
+)
+
+// Kind is this runtime's kind.
+const Kind = "namespace"
+
+// Names this runtime keeps in a state directory.
+const (
+	entryControl = "control"     // the agent's socket directory, the only part visible inside
+	entryUpper   = "upper"       // the overlay's writable layer: the sandbox's own files
+	entryWork    = "work"        // the overlay's work directory
+	entryRootfs  = "rootfs"      // the overlay's mount point (in the sandbox's mount namespace)
+	entryBase    = "base"        // the generated lowest layer of the host image
+	entryLog     = "sandbox.log" // the shim's and the init's output
+	socketName   = "control.sock"
+	// OutcomeName is the outcome report the shim writes when the sandbox ends.
+	OutcomeName = "outcome.json"
+)
+
+// ListenPath is where the agent listens, inside the sandbox.
+const ListenPath = "/run/sandboxd/" + socketName
+
+// DeclaredEntries lists the names the runtime keeps in a state directory.
+func declaredEntries() []runtime.Entry {
+	return []runtime.Entry{
+		{Name: entryControl, Dir: true},
+		{Name: entryUpper, Dir: true},
+		{Name: entryWork, Dir: true},
+		{Name: entryRootfs, Dir: true},
+		{Name: entryBase, Dir: true},
+		{Name: entryLog},
+	}
+}
+
+// AgentConfig is what the init hands the agent once the sandbox is set up.
+type AgentConfig struct {
+	// ListenPath is the control socket to listen on.
+	ListenPath string
+	// Capability is the launch's secret, required on every control connection.
+	Capability []byte
+	// Env is the default environment of workloads.
+	Env map[string]string
+	// Hostname is the sandbox's host name.
+	Hostname string
+}
+
+// RunAgent runs the in-sandbox agent as PID 1 and returns when it is told to shut down. The
+// init calls it last, with the capabilities, no_new_privs and seccomp filter of the sandbox
+// already in force.
+var RunAgent func(AgentConfig) error

@@ -1,0 +1,279 @@
+//go:build linux
+
+package namespace
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// The workload user of the host image.
+const (
+	userUID  = 1000
+	userGID  = 1000
+	userHome = "/home/user"
+)
+
+func rootfsPath(dir string) string { return filepath.Join(dir, entryRootfs) }
+
+// mergedUsrLinks are the top-level directories that a merged-usr host has as links into /usr.
+var mergedUsrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
+
+// devNodes are the device nodes of the sandbox's /dev, bound from the host's.
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// setupRoot builds the sandbox's root file system on <dir>/rootfs, inside the init's own mount
+// namespace. Nothing here is visible to the host, and all of it goes when the namespace dies.
+func setupRoot(spec *shimSpec) error {
+	// First of all: no mount made from here on may propagate back to the host.
+	if err := platform.MakePrivate("/"); err != nil {
+		return err
+	}
+	root := rootfsPath(spec.Dir)
+	lowest := spec.ImageDir
+	if lowest == "" {
+		lowest = filepath.Join(spec.Dir, entryBase)
+		if err := buildHostBase(lowest, spec.Hostname); err != nil {
+			return fmt.Errorf("build the host image: %w", err)
+		}
+	}
+	lowers := append(append([]string{}, spec.Lowers...), lowest)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+		strings.Join(lowers, ":"), filepath.Join(spec.Dir, entryUpper), filepath.Join(spec.Dir, entryWork))
+	// nodev: no device node on the sandbox's own layers works, whoever made it.
+	if err := platform.Mount("overlay", root, "overlay", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
+		return err
+	}
+	if spec.ImageDir == "" {
+		if err := platform.BindReadOnly("/usr", filepath.Join(root, "usr")); err != nil {
+			return err
+		}
+		for _, name := range mergedUsrLinks {
+			fi, err := os.Lstat("/" + name)
+			if err != nil || fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
+				continue // absent, or a link that the base layer reproduces
+			}
+			if err := platform.BindReadOnly("/"+name, filepath.Join(root, name)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, d := range []string{"proc", "dev", "tmp", "run/sandboxd"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := setupProc(root); err != nil {
+		return err
+	}
+	if err := setupDev(root); err != nil {
+		return err
+	}
+	// The control directory is the only part of the state directory the sandbox sees; it is
+	// root's (0700), so a workload running as user cannot reach the socket.
+	ctl := filepath.Join(root, "run/sandboxd")
+	if err := os.Chmod(ctl, 0o700); err != nil {
+		return err
+	}
+	return platform.Bind(filepath.Join(spec.Dir, entryControl), ctl, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC)
+}
+
+// procMasked are /proc files that give the kernel's innards away or act on the whole host;
+// they are hidden under /dev/null. procReadOnly are /proc directories made read-only, so that
+// root in the sandbox cannot change host-wide kernel settings.
+var (
+	procMasked   = []string{"kcore", "keys", "sysrq-trigger", "timer_list", "latency_stats", "sched_debug", "kmsg"}
+	procReadOnly = []string{"sys", "irq", "bus", "fs", "asound"}
+)
+
+func setupProc(root string) error {
+	p := filepath.Join(root, "proc")
+	// A new proc, of the sandbox's own pid namespace: it lists only the sandbox's processes.
+	if err := platform.Mount("proc", p, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	for _, name := range procReadOnly {
+		t := filepath.Join(p, name)
+		if _, err := os.Lstat(t); err != nil {
+			continue
+		}
+		if err := platform.BindReadOnly(t, t); err != nil {
+			return err
+		}
+	}
+	for _, name := range procMasked {
+		t := filepath.Join(p, name)
+		if _, err := os.Lstat(t); err != nil {
+			continue
+		}
+		if err := platform.Bind("/dev/null", t, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func setupDev(root string) error {
+	dev := filepath.Join(root, "dev")
+	// nodev on the tmpfs itself: the nodes below are bind mounts that keep the host /dev's
+	// flags, and no other node made here ever works.
+	if err := platform.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"); err != nil {
+		return err
+	}
+	for _, n := range devNodes {
+		t := filepath.Join(dev, n)
+		if err := platform.MakeMountPoint(t, false); err != nil {
+			return err
+		}
+		if err := platform.Bind("/dev/"+n, t, 0); err != nil {
+			return err
+		}
+	}
+	pts := filepath.Join(dev, "pts")
+	if err := os.Mkdir(pts, 0o755); err != nil {
+		return err
+	}
+	if err := platform.Mount("devpts", pts, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		return err
+	}
+	shm := filepath.Join(dev, "shm")
+	if err := os.Mkdir(shm, 0o1777); err != nil {
+		return err
+	}
+	if err := platform.Mount("shm", shm, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
+		return err
+	}
+	links := [][2]string{
+		{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
+		{"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
+	}
+	for _, l := range links {
+		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildHostBase writes the lowest layer of the host image into base: the directory skeleton,
+// the merged-usr links, and a generated /etc. It is rebuilt at every start (the host may have
+// changed), and holds nothing secret.
+func buildHostBase(base, hostname string) error {
+	if err := os.RemoveAll(base); err != nil {
+		return err
+	}
+	if err := os.Mkdir(base, 0o755); err != nil {
+		return err
+	}
+	dirs := []struct {
+		name string
+		perm os.FileMode
+	}{
+		{"usr", 0o755}, {"proc", 0o555}, {"dev", 0o755}, {"etc", 0o755}, {"run", 0o755},
+		{"run/sandboxd", 0o700}, {"tmp", 0o1777}, {"var", 0o755}, {"var/tmp", 0o1777},
+		{"home", 0o755}, {"home/user", 0o755}, {"root", 0o700}, {"opt", 0o755}, {"mnt", 0o755},
+		{"srv", 0o755},
+	}
+	for _, d := range dirs {
+		p := filepath.Join(base, d.name)
+		if err := os.Mkdir(p, d.perm); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, d.perm); err != nil { // past the umask
+			return err
+		}
+	}
+	if err := os.Chown(filepath.Join(base, "home/user"), userUID, userGID); err != nil {
+		return err
+	}
+	for _, name := range mergedUsrLinks {
+		fi, err := os.Lstat("/" + name)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink("/" + name)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(target, filepath.Join(base, name)); err != nil {
+				return err
+			}
+		case fi.IsDir():
+			if err := os.Mkdir(filepath.Join(base, name), 0o755); err != nil {
+				return err
+			}
+		}
+	}
+	shell := "/bin/sh"
+	if _, err := os.Stat("/usr/bin/bash"); err == nil {
+		shell = "/bin/bash"
+	}
+	etc := filepath.Join(base, "etc")
+	files := map[string]string{
+		"passwd": "root:x:0:0:root:/root:" + shell + "\n" +
+			fmt.Sprintf("user:x:%d:%d:user:%s:%s\n", userUID, userGID, userHome, shell) +
+			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"group": "root:x:0:\ntty:x:5:\nusers:x:100:\n" +
+			fmt.Sprintf("user:x:%d:\n", userGID) + "nogroup:x:65534:\n",
+		"hosts":         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n",
+		"hostname":      hostname + "\n",
+		"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n",
+		// The sandbox has no network but loopback; a resolver that points nowhere fails fast.
+		"resolv.conf": "nameserver 127.0.0.1\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(etc, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	// Public host files that programs expect, copied by content.
+	for _, name := range []string{"os-release", "ld.so.cache", "ld.so.conf", "protocols", "services", "issue"} {
+		b, err := os.ReadFile(filepath.Join("/etc", name))
+		if err != nil {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(etc, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	if target, err := os.Readlink("/etc/localtime"); err == nil && strings.HasPrefix(target, "/usr/") {
+		_ = os.Symlink(target, filepath.Join(etc, "localtime"))
+	}
+	// Debian's alternatives (awk, editor, ...) are links through /etc/alternatives into /usr.
+	return copyLinks("/etc/alternatives", filepath.Join(etc, "alternatives"))
+}
+
+// copyLinks recreates the symbolic links of src (and nothing else) in dst.
+func copyLinks(src, dst string) error {
+	ents, err := os.ReadDir(src)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Type()&os.ModeSymlink == 0 {
+			continue
+		}
+		target, err := os.Readlink(filepath.Join(src, e.Name()))
+		if err != nil {
+			continue
+		}
+		if err := os.Symlink(target, filepath.Join(dst, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,332 @@
+//go:build linux
+
+package namespace
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
+)
+
+// controlProtocol is the control protocol version that is part of the runtime identity.
+//
+// SEAM: becomes control.ProtocolVersion once supervisor/control is committed.
+const controlProtocol = 1
+
+// Defaults applied to a Spec's zero resources.
+var DefaultResources = runtime.Resources{VCPUs: 1, MemoryMB: 512, Pids: 512}
+
+// Config configures the runtime. Its zero value is the default configuration.
+type Config struct {
+	// Executable is the sandboxd binary to re-execute as shim and init; "" means the running
+	// executable (/proc/self/exe, which keeps working if the file is replaced on disk).
+	Executable string
+	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<id>; "" means
+	// "sandboxd".
+	CgroupParent string
+}
+
+// Runtime is the namespace runtime. Create it with New.
+type Runtime struct {
+	cfg      Config
+	identity func() (string, error)
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns the namespace runtime. It refuses to run without root: the rootless variant
+// (a user namespace with mapped ids) is not implemented.
+func New(cfg Config) (*Runtime, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("namespace runtime: sandboxd must run as root (or with CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID and write access to the cgroup hierarchy); rootless sandboxes in a user namespace are not supported yet")
+	}
+	if cfg.Executable == "" {
+		cfg.Executable = "/proc/self/exe"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "sandboxd"
+	}
+	if _, err := platform.OpenCgroup(cfg.CgroupParent + "/probe"); err != nil {
+		return nil, fmt.Errorf("namespace runtime: %w", err)
+	}
+	r := &Runtime{cfg: cfg}
+	r.identity = sync.OnceValues(r.computeIdentity)
+	return r, nil
+}
+
+// Kind returns "namespace".
+func (r *Runtime) Kind() string { return Kind }
+
+func (r *Runtime) computeIdentity() (string, error) {
+	f, err := os.Open(r.cfg.Executable)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	cfg, _ := json.Marshal(struct {
+		Config
+		Defaults runtime.Resources
+	}{Config{CgroupParent: r.cfg.CgroupParent}, DefaultResources})
+	h.Write([]byte{0})
+	h.Write(cfg)
+	return fmt.Sprintf("%s/p%d/%s", Kind, controlProtocol, hex.EncodeToString(h.Sum(nil))[:24]), nil
+}
+
+// Identity is "namespace/p<control protocol>/<hash of the executable and configuration>".
+func (r *Runtime) Identity() string {
+	id, err := r.identity()
+	if err != nil {
+		// An unreadable executable cannot match any recorded identity; say so in the value.
+		return fmt.Sprintf("%s/p%d/unknown", Kind, controlProtocol)
+	}
+	return id
+}
+
+// DeclaredEntries lists the names the runtime keeps in a state directory.
+func (r *Runtime) DeclaredEntries() []runtime.Entry { return declaredEntries() }
+
+// ControlPath returns the host path of the control socket of the sandbox in dir.
+func (r *Runtime) ControlPath(dir string) string {
+	return filepath.Join(dir, entryControl, socketName)
+}
+
+func (r *Runtime) cgroupName(id string) string { return r.cfg.CgroupParent + "/" + id }
+
+// shimConfig is what Start hands the shim on its fd 3.
+type shimConfig struct {
+	Spec   runtime.Spec `json:"spec"`
+	Cgroup string       `json:"cgroup"`
+}
+
+// ensureDir creates dir/name with perm, or accepts an existing directory that is not a link.
+func ensureDir(dir, name string, perm os.FileMode) error {
+	p := filepath.Join(dir, name)
+	if err := os.Mkdir(p, perm); err == nil {
+		return os.Chmod(p, perm)
+	} else if !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("namespace runtime: %s is not a directory", p)
+	}
+	return os.Chmod(p, perm)
+}
+
+// Start launches the shim for spec, detached, and returns its identity.
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.ProcessID, error) {
+	if err := spec.Validate(); err != nil {
+		return platform.ProcessID{}, err
+	}
+	for _, p := range append(append([]string{}, spec.Lowers...), spec.ImageDir, spec.Dir) {
+		if strings.ContainsAny(p, ":,\n") {
+			return platform.ProcessID{}, fmt.Errorf("namespace runtime: path %q has a character overlayfs cannot take", p)
+		}
+	}
+	if spec.Hostname == "" {
+		spec.Hostname = spec.ID
+	}
+	if spec.Resources.VCPUs == 0 {
+		spec.Resources.VCPUs = DefaultResources.VCPUs
+	}
+	if spec.Resources.MemoryMB == 0 {
+		spec.Resources.MemoryMB = DefaultResources.MemoryMB
+	}
+	if spec.Resources.Pids == 0 {
+		spec.Resources.Pids = DefaultResources.Pids
+	}
+	fi, err := os.Lstat(spec.Dir)
+	if err != nil || !fi.IsDir() {
+		return platform.ProcessID{}, fmt.Errorf("namespace runtime: state directory %s: not a directory (%v)", spec.Dir, err)
+	}
+	for _, e := range []struct {
+		name string
+		perm os.FileMode
+	}{{entryControl, 0o700}, {entryUpper, 0o755}, {entryWork, 0o700}, {entryRootfs, 0o700}} {
+		if err := ensureDir(spec.Dir, e.name, e.perm); err != nil {
+			return platform.ProcessID{}, err
+		}
+	}
+	// A socket left by the previous run would make the agent's listen fail.
+	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return platform.ProcessID{}, err
+	}
+	logf, err := os.OpenFile(filepath.Join(spec.Dir, entryLog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|os.O_APPEND, 0o600)
+	if err != nil {
+		return platform.ProcessID{}, fmt.Errorf("namespace runtime: open sandbox.log: %w", err)
+	}
+	defer logf.Close()
+	if fi, err := logf.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return platform.ProcessID{}, fmt.Errorf("namespace runtime: sandbox.log is not a regular file")
+	}
+	cfg, err := json.Marshal(shimConfig{Spec: spec, Cgroup: r.cgroupName(spec.ID)})
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	defer pw.Close()
+	cmd := exec.Command(r.cfg.Executable, ShimCommand, spec.Dir)
+	cmd.Args[0] = "sandboxd"
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Dir = "/"
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.ExtraFiles = []*os.File{pr}
+	// Its own session: no terminal signal of sandboxd's reaches it, and it outlives sandboxd.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	pr.Close()
+	if err != nil {
+		return platform.ProcessID{}, fmt.Errorf("namespace runtime: start the shim: %w", err)
+	}
+	// Reap the shim if it ends while this sandboxd still runs; after a restart of sandboxd
+	// the host's init (or a subreaper) does.
+	go func() { _ = cmd.Wait() }()
+	id, err := platform.Identify(cmd.Process.Pid)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return platform.ProcessID{}, fmt.Errorf("namespace runtime: identify the shim: %w", err)
+	}
+	if _, err := pw.Write(cfg); err != nil {
+		_ = platform.SignalVerified(id, syscall.SIGKILL)
+		return platform.ProcessID{}, fmt.Errorf("namespace runtime: hand the shim its configuration: %w", err)
+	}
+	return id, nil
+}
+
+// waitGone waits until id no longer runs or ctx ends.
+func waitGone(ctx context.Context, id platform.ProcessID) error {
+	delay := time.Millisecond
+	for id.Alive() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+	return nil
+}
+
+// Kill kills the sandbox's init (the shim's only child) by verified identity and waits for the
+// shim to record the outcome and exit; if the shim lingers past ctx, it is killed too (its
+// init then dies with it by its parent-death signal).
+func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) error {
+	if !id.Alive() {
+		return nil
+	}
+	if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+		return err
+	}
+	if err := waitGone(ctx, id); err == nil {
+		return nil
+	}
+	if err := platform.SignalVerified(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := waitGone(wctx, id); err != nil {
+		return fmt.Errorf("namespace runtime: %s still runs after SIGKILL", id)
+	}
+	return nil
+}
+
+// Cleanup removes the sandbox's cgroup (killing anything left in it) and any mount left below
+// its state directory, once the shim is gone.
+func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error {
+	if id.Alive() {
+		return fmt.Errorf("namespace runtime: the runtime process %s still runs; kill it first", id)
+	}
+	spec := runtime.Spec{ID: sandboxID, Dir: dir, Capability: []byte{1}, LaunchID: "cleanup"}
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	var errs []error
+	cg, err := platform.OpenCgroup(r.cgroupName(sandboxID))
+	if err != nil {
+		errs = append(errs, err)
+	} else if err := cg.Remove(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	// The sandbox's mounts live in its own mount namespace and die with it; this only catches
+	// what a bug or an operator might have mounted on the host.
+	if err := platform.UnmountUnder(dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Processes lists the shims and inits whose marker (argv: sandboxd __shim|__init <dir>)
+// names a state directory below stateRoot.
+func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
+	stateRoot = filepath.Clean(stateRoot)
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []runtime.Process
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		argv := bytes.Split(bytes.TrimSuffix(b, []byte{0}), []byte{0})
+		if len(argv) < 3 {
+			continue
+		}
+		var role string
+		switch string(argv[1]) {
+		case ShimCommand:
+			role = "shim"
+		case InitCommand:
+			role = "init"
+		default:
+			continue
+		}
+		dir := string(argv[2])
+		if !strings.HasPrefix(dir, stateRoot+"/") {
+			continue
+		}
+		id, err := platform.Identify(pid)
+		if err != nil {
+			continue
+		}
+		out = append(out, runtime.Process{ID: id, Role: role, Dir: dir})
+	}
+	return out, nil
+}

@@ -1,0 +1,403 @@
+//go:build linux
+
+package namespace
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
+)
+
+func needRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("the namespace runtime needs root; CI runs these tests as root")
+	}
+}
+
+func newTestRuntime(tb testing.TB) *Runtime {
+	tb.Helper()
+	needRoot(tb)
+	rt, err := New(Config{CgroupParent: testCgroupParent})
+	if err != nil {
+		tb.Skipf("namespace runtime unavailable here: %v", err)
+	}
+	return rt
+}
+
+// newStateRoot makes a state root with a sandboxes/ directory, remembered for the leak check.
+func newStateRoot(tb testing.TB) string {
+	root, err := os.MkdirTemp("", "sandboxd-ns-test-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	testRoots = append(testRoots, root)
+	tb.Cleanup(func() { _ = os.RemoveAll(root) })
+	if err := os.Mkdir(filepath.Join(root, "sandboxes"), 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	return root
+}
+
+type sandbox struct {
+	rt   *Runtime
+	spec runtime.Spec
+	id   platform.ProcessID
+}
+
+var sandboxSeq int
+
+// startSandbox starts a sandbox and waits until its agent answers.
+func startSandbox(tb testing.TB, rt *Runtime, root, name string, res runtime.Resources) *sandbox {
+	tb.Helper()
+	sandboxSeq++
+	id := fmt.Sprintf("%s-%d-%d", name, os.Getpid(), sandboxSeq)
+	dir := filepath.Join(root, "sandboxes", id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	spec := runtime.Spec{ID: id, Dir: dir, LaunchID: "launch-" + id, Image: "host",
+		Resources: res, Capability: []byte("secret-" + id)}
+	pid, err := rt.Start(context.Background(), spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &sandbox{rt: rt, spec: spec, id: pid}
+	tb.Cleanup(func() { s.destroy(tb) })
+	if err := s.waitReady(15 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+func (s *sandbox) log() string {
+	b, _ := os.ReadFile(filepath.Join(s.spec.Dir, entryLog))
+	return string(b)
+}
+
+// destroy kills the sandbox if it still runs and cleans up after it.
+func (s *sandbox) destroy(tb testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.rt.Kill(ctx, s.spec.Dir, s.id); err != nil {
+		tb.Errorf("kill: %v", err)
+	}
+	if err := s.rt.Cleanup(ctx, s.spec.ID, s.spec.Dir, s.id); err != nil {
+		tb.Errorf("cleanup: %v", err)
+	}
+}
+
+func (s *sandbox) call(req agentRequest, timeout time.Duration) (agentResponse, error) {
+	c, err := net.DialTimeout("unix", s.rt.ControlPath(s.spec.Dir), timeout)
+	if err != nil {
+		return agentResponse{}, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	req.Capability = s.spec.Capability
+	b, _ := json.Marshal(req)
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		return agentResponse{}, err
+	}
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		return agentResponse{}, err
+	}
+	var resp agentResponse
+	err = json.Unmarshal(line, &resp)
+	return resp, err
+}
+
+func (s *sandbox) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, err := s.call(agentRequest{Op: "hello"}, time.Second); err == nil {
+			return nil
+		}
+		if !s.id.Alive() {
+			return fmt.Errorf("the shim exited before the agent answered; sandbox.log:\n%s", s.log())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the agent did not answer within %v; sandbox.log:\n%s", timeout, s.log())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// sh runs a shell script inside the sandbox as uid.
+func (s *sandbox) sh(tb testing.TB, uid int, script string) agentResponse {
+	tb.Helper()
+	resp, err := s.call(agentRequest{Op: "exec", Argv: []string{"/bin/sh", "-c", script}, UID: uid}, 60*time.Second)
+	if err != nil {
+		tb.Fatalf("exec %q: %v", script, err)
+	}
+	if resp.Err != "" {
+		tb.Fatalf("exec %q: %s", script, resp.Err)
+	}
+	return resp
+}
+
+func (s *sandbox) waitShimGone(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := waitGone(ctx, s.id); err != nil {
+		tb.Fatalf("the shim did not exit: %v\n%s", err, s.log())
+	}
+}
+
+func (s *sandbox) outcome(tb testing.TB) Outcome {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(s.spec.Dir, OutcomeName))
+	if err != nil {
+		tb.Fatalf("no outcome report: %v\n%s", err, s.log())
+	}
+	var o Outcome
+	if err := json.Unmarshal(b, &o); err != nil {
+		tb.Fatal(err)
+	}
+	if o.LaunchID != s.spec.LaunchID {
+		tb.Fatalf("outcome of launch %q, want %q", o.LaunchID, s.spec.LaunchID)
+	}
+	return o
+}
+
+func (s *sandbox) cgroup(tb testing.TB) *platform.Cgroup {
+	cg, err := platform.OpenCgroup(s.rt.cgroupName(s.spec.ID))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cg
+}
+
+func (s *sandbox) initOf(tb testing.TB) platform.ProcessID {
+	tb.Helper()
+	procs, err := s.rt.Processes(filepath.Dir(filepath.Dir(s.spec.Dir)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, p := range procs {
+		if p.Role == "init" && p.Dir == s.spec.Dir {
+			return p.ID
+		}
+	}
+	tb.Fatalf("no init found for %s", s.spec.Dir)
+	return platform.ProcessID{}
+}
+
+func TestIsolation(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	other := startSandbox(t, rt, root, "other", runtime.Resources{})
+	s := startSandbox(t, rt, root, "iso", runtime.Resources{})
+	// A file of the other sandbox, and the paths of both state directories.
+	if r := other.sh(t, 0, "echo other-secret > /home/user/secret"); r.Code != 0 {
+		t.Fatalf("write in the other sandbox: %+v", r)
+	}
+
+	cases := []struct {
+		name   string
+		uid    int
+		script string
+		check  func(out string) bool
+	}{
+		{"only its own processes", 0, `ls /proc | grep -c '^[0-9]*$'; cat /proc/1/cmdline | tr '\0' ' '`,
+			func(out string) bool {
+				lines := strings.Split(strings.TrimSpace(out), "\n")
+				n, _ := strconv.Atoi(lines[0])
+				return n > 0 && n <= 4 && strings.Contains(out, InitCommand)
+			}},
+		{"no host shadow", 0, `cat /etc/shadow; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") }},
+		{"host root home not visible", 0, `ls -A /root | wc -l`, func(out string) bool { return strings.TrimSpace(out) == "0" }},
+		{"state root not visible", 0, fmt.Sprintf(`test -e %s; echo rc=$?`, root), func(out string) bool { return strings.Contains(out, "rc=1") }},
+		{"other sandbox not visible", 0, fmt.Sprintf(`cat %s/upper/home/user/secret; grep -rs other-secret /home /root /tmp /var /run /etc /mnt /opt /srv; echo rc=$?`, other.spec.Dir),
+			func(out string) bool { return !strings.Contains(out, "other-secret") }},
+		{"usr read-only as root", 0, `touch /usr/x; echo rc=$?; touch /bin/x; echo rc=$?`, func(out string) bool { return strings.Count(out, "rc=1") == 2 }},
+		{"only loopback", 0, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`, func(out string) bool { return strings.TrimSpace(out) == "lo" }},
+		{"hostname is the id", 0, `cat /proc/sys/kernel/hostname`, func(out string) bool { return strings.TrimSpace(out) == s.spec.ID }},
+		{"workload user", 1000, `id -u; id -g; pwd; touch /home/user/f && echo wrote`, func(out string) bool {
+			return strings.HasPrefix(out, "1000\n1000\n") && strings.Contains(out, "/home/user") && strings.Contains(out, "wrote")
+		}},
+		{"user cannot reach the socket", 1000, `ls /run/sandboxd; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=2") }},
+		{"user has no capabilities", 1000, `grep CapEff /proc/self/status`, func(out string) bool { return strings.Contains(out, "0000000000000000") }},
+		{"root capabilities bounded", 0, `grep -E 'CapBnd|NoNewPrivs|Seccomp:' /proc/self/status`, func(out string) bool {
+			return !strings.Contains(out, "000001ffffffffff") && strings.Contains(out, "NoNewPrivs:\t1") && strings.Contains(out, "Seccomp:\t2")
+		}},
+		{"no mount as root", 0, `mkdir -p /tmp/m && mount -t tmpfs x /tmp/m; echo rc=$?`, func(out string) bool { return !strings.Contains(out, "rc=0") }},
+		{"devices", 0, `echo hi > /dev/null && head -c 4 /dev/urandom | wc -c && ls /dev/pts/ptmx /dev/shm && readlink /dev/ptmx`, func(out string) bool {
+			return strings.Contains(out, "4\n") && strings.Contains(out, "pts/ptmx")
+		}},
+		{"no kernel settings", 0, `echo 1 > /proc/sys/vm/drop_caches; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") || strings.Contains(out, "rc=2") }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := s.sh(t, c.uid, c.script)
+			if !c.check(r.Output) {
+				t.Fatalf("script %q as uid %d: exit %d, output:\n%s", c.script, c.uid, r.Code, r.Output)
+			}
+		})
+	}
+}
+
+func TestNormalExitOutcome(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "exit", runtime.Resources{})
+	if _, err := s.call(agentRequest{Op: "shutdown"}, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	s.waitShimGone(t)
+	o := s.outcome(t)
+	if o.Reason != ReasonExited || o.ExitCode != 0 || o.OOMKilled {
+		t.Fatalf("outcome %+v", o)
+	}
+	if s.cgroup(t).Exists() {
+		t.Fatal("cgroup left after the sandbox ended")
+	}
+}
+
+func TestPidsLimit(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "pids", runtime.Resources{Pids: 40})
+	r := s.sh(t, 1000, `i=0; while [ $i -lt 200 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); done 2>&1 | tail -n 1; echo done`)
+	cg := s.cgroup(t)
+	var events []byte
+	for _, d := range cg.Dirs() {
+		if b, err := os.ReadFile(filepath.Join(d, "pids.events")); err == nil {
+			events = b
+		}
+	}
+	if !strings.Contains(string(events), "max ") || strings.Contains(string(events), "max 0") {
+		t.Fatalf("pids limit never hit: pids.events %q; output %q", events, r.Output)
+	}
+	pids, err := cg.Pids()
+	if err != nil || len(pids) > 40 {
+		t.Fatalf("%d processes in the cgroup (%v), limit 40", len(pids), err)
+	}
+}
+
+func TestMemoryLimitOOM(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "oom", runtime.Resources{MemoryMB: 64})
+	// tail buffers a line without end in memory, so it grows until the limit stops it.
+	r := s.sh(t, 1000, `head -c 400000000 /dev/zero | tail -n 1 >/dev/null; echo rc=$?`)
+	if strings.Contains(r.Output, "rc=0") {
+		t.Fatalf("a 400 MB hog survived a 64 MB limit: %q", r.Output)
+	}
+	// The sandbox lives on after the OOM kill of one of its processes.
+	if r := s.sh(t, 0, `echo alive`); strings.TrimSpace(r.Output) != "alive" {
+		t.Fatalf("sandbox after OOM: %+v", r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := rt.Kill(ctx, s.spec.Dir, s.id); err != nil {
+		t.Fatal(err)
+	}
+	if o := s.outcome(t); !o.OOMKilled {
+		t.Fatalf("outcome %+v does not report the OOM kill", o)
+	}
+}
+
+func TestKillInit(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "kill", runtime.Resources{})
+	init := s.initOf(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := rt.Kill(ctx, s.spec.Dir, s.id); err != nil {
+		t.Fatal(err)
+	}
+	if s.id.Alive() || init.Alive() {
+		t.Fatal("shim or init alive after Kill")
+	}
+	o := s.outcome(t)
+	if o.Reason != ReasonSignaled || o.Signal != int(syscall.SIGKILL) {
+		t.Fatalf("outcome %+v, want killed by SIGKILL", o)
+	}
+	if s.cgroup(t).Exists() {
+		t.Fatal("cgroup left after Kill")
+	}
+	// Killing again is not an error.
+	if err := rt.Kill(ctx, s.spec.Dir, s.id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestShimKilledTakesInitAlong(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "orphan", runtime.Resources{})
+	init := s.initOf(t)
+	if err := platform.SignalVerified(s.id, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s.waitShimGone(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := waitGone(ctx, init); err != nil {
+		t.Fatalf("the init outlived its shim: %v", err)
+	}
+	if err := rt.Cleanup(ctx, s.spec.ID, s.spec.Dir, s.id); err != nil {
+		t.Fatal(err)
+	}
+	if s.cgroup(t).Exists() {
+		t.Fatal("cgroup left after Cleanup")
+	}
+	if _, err := os.Stat(filepath.Join(s.spec.Dir, OutcomeName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a killed shim wrote an outcome report? %v", err)
+	}
+}
+
+func TestCleanupRefusesLive(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "live", runtime.Resources{})
+	if err := rt.Cleanup(context.Background(), s.spec.ID, s.spec.Dir, s.id); err == nil {
+		t.Fatal("Cleanup of a live sandbox succeeded")
+	}
+	if _, err := s.call(agentRequest{Op: "hello"}, 5*time.Second); err != nil {
+		t.Fatalf("sandbox harmed by a refused Cleanup: %v", err)
+	}
+}
+
+func TestSpecValidation(t *testing.T) {
+	rt := newTestRuntime(t)
+	t.Parallel()
+	good := runtime.Spec{ID: "a", Dir: "/tmp/x", LaunchID: "l", Capability: []byte("c")}
+	cases := []struct {
+		name   string
+		modify func(*runtime.Spec)
+	}{
+		{"bad id", func(s *runtime.Spec) { s.ID = "../x" }},
+		{"relative dir", func(s *runtime.Spec) { s.Dir = "x" }},
+		{"no capability", func(s *runtime.Spec) { s.Capability = nil }},
+		{"lower with colon", func(s *runtime.Spec) { s.Lowers = []string{"/a:b"} }},
+		{"unclean image dir", func(s *runtime.Spec) { s.ImageDir = "/a/../b" }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := good
+			c.modify(&s)
+			if _, err := rt.Start(context.Background(), s); err == nil {
+				t.Fatal("Start accepted a bad spec")
+			}
+		})
+	}
+}

@@ -1,0 +1,224 @@
+//go:build linux
+
+package namespace
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// cloneFlags are the namespaces of a sandbox. A user namespace is not among them: the runtime
+// requires root (see New).
+const cloneFlags = syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
+	syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET | syscall.CLONE_NEWCGROUP
+
+// initConfig is what the shim hands the init on its fd 3.
+type initConfig struct {
+	Spec shimSpec `json:"spec"`
+}
+
+// shimSpec is the part of the spec the init needs.
+type shimSpec struct {
+	ID         string            `json:"id"`
+	Dir        string            `json:"dir"`
+	ImageDir   string            `json:"image_dir,omitempty"`
+	Lowers     []string          `json:"lowers,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Capability []byte            `json:"capability"`
+	Hostname   string            `json:"hostname"`
+}
+
+// Fds of the init: 3 carries its configuration (then EOF), 4 is the lifeline, a pipe whose
+// write end only the shim holds, so that the init can tell whether the shim still lives.
+const (
+	fdConfig   = 3
+	fdLifeline = 4
+)
+
+// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup,
+// starts the init in new namespaces, waits for it, writes the outcome report, removes the
+// cgroup and exits. It returns the process exit code.
+func ShimMain(args []string) int {
+	// The init's parent-death signal fires when the THREAD that forked it exits, so the init is
+	// forked from the main thread, which lives as long as the shim does.
+	runtime.LockOSThread()
+	if len(args) != 1 {
+		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ShimCommand)
+		return 2
+	}
+	cfgFile := os.NewFile(fdConfig, "config")
+	b, err := io.ReadAll(io.LimitReader(cfgFile, 1<<20))
+	cfgFile.Close()
+	var cfg shimConfig
+	if err == nil {
+		err = json.Unmarshal(b, &cfg)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandboxd shim: read configuration: %v\n", err)
+		return 2
+	}
+	if cfg.Spec.Dir != args[0] {
+		fmt.Fprintf(os.Stderr, "sandboxd shim: configuration names %s, argv %s\n", cfg.Spec.Dir, args[0])
+		return 2
+	}
+	return runShim(&cfg)
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s sandboxd shim: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+}
+
+func runShim(cfg *shimConfig) int {
+	spec := &cfg.Spec
+	outcome := &Outcome{LaunchID: spec.LaunchID}
+	finish := func(cg *platform.Cgroup) int {
+		if cg != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if err := cg.Remove(ctx); err != nil {
+				logf("remove cgroup: %v", err)
+			}
+			cancel()
+		}
+		outcome.At = time.Now().UTC()
+		if err := writeOutcome(spec.Dir, outcome); err != nil {
+			logf("write the outcome report: %v", err)
+			return 1
+		}
+		return 0
+	}
+	fail := func(cg *platform.Cgroup, format string, args ...any) int {
+		logf(format, args...)
+		outcome.Reason = ReasonStartFailed
+		outcome.ExitCode = -1
+		finish(cg)
+		return 1
+	}
+
+	cg, err := platform.OpenCgroup(cfg.Cgroup)
+	if err != nil {
+		return fail(nil, "cgroup: %v", err)
+	}
+	// A cgroup of the same name left by a crashed earlier launch goes first, with anything
+	// still in it, so that its counters (OOM kills) are not taken for this run's.
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err = cg.Remove(rctx)
+	cancel()
+	if err != nil {
+		return fail(nil, "remove a stale cgroup: %v", err)
+	}
+	limits := platform.CgroupLimits{
+		MemoryBytes: int64(spec.Resources.MemoryMB) << 20,
+		VCPUs:       spec.Resources.VCPUs,
+		Pids:        spec.Resources.Pids,
+	}
+	if err := cg.Create(limits); err != nil {
+		return fail(cg, "create cgroup: %v", err)
+	}
+
+	icfg, err := json.Marshal(initConfig{Spec: shimSpec{
+		ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, Lowers: spec.Lowers,
+		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname,
+	}})
+	if err != nil {
+		return fail(cg, "encode init configuration: %v", err)
+	}
+	cr, cw, err := os.Pipe()
+	if err != nil {
+		return fail(cg, "pipe: %v", err)
+	}
+	lr, lw, err := os.Pipe()
+	if err != nil {
+		return fail(cg, "pipe: %v", err)
+	}
+	// lw stays open (close-on-exec) for the shim's whole life: it is the init's lifeline.
+	defer lw.Close()
+
+	cmd := exec.Command("/proc/self/exe", InitCommand, spec.Dir)
+	cmd.Args[0] = "sandboxd"
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.Stdout = os.Stdout
+	cmd.Stderr = os.Stderr
+	cmd.ExtraFiles = []*os.File{cr, lr}
+	// Go's own Pdeathsig cannot be used here: its check against a parent that died early
+	// compares getppid() with the parent's pid, and in a new pid namespace getppid() is 0, so
+	// the child would always kill itself. The init sets the signal itself and checks the
+	// lifeline instead.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneFlags}
+	if cg.V2() {
+		dirf, err := cg.OpenDir()
+		if err != nil {
+			return fail(cg, "open cgroup: %v", err)
+		}
+		defer dirf.Close()
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(dirf.Fd())
+		err = cmd.Start()
+		if err != nil {
+			return fail(cg, "start the init: %v", err)
+		}
+	} else {
+		// On v1 the forking thread enters the cgroup for the fork only: the init is born in
+		// the cgroup, and its new cgroup namespace is rooted there.
+		leave, err := cg.EnterThread()
+		if err != nil {
+			return fail(cg, "enter cgroup: %v", err)
+		}
+		err = cmd.Start()
+		if lerr := leave(); lerr != nil {
+			if err == nil {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
+			return fail(cg, "leave cgroup: %v", lerr)
+		}
+		if err != nil {
+			return fail(cg, "start the init: %v", err)
+		}
+	}
+	cr.Close()
+	lr.Close()
+	_, werr := cw.Write(icfg)
+	cw.Close()
+	if werr != nil {
+		_ = cmd.Process.Kill()
+	}
+
+	waitErr := cmd.Wait()
+	st := cmd.ProcessState
+	switch {
+	case st == nil:
+		return fail(cg, "wait for the init: %v", waitErr)
+	case st.Exited():
+		outcome.Reason = ReasonExited
+		outcome.ExitCode = st.ExitCode()
+	default:
+		ws, _ := st.Sys().(syscall.WaitStatus)
+		outcome.Reason = ReasonSignaled
+		outcome.ExitCode = -1
+		outcome.Signal = int(ws.Signal())
+	}
+	if oom, err := cg.OOMKilled(); err != nil {
+		logf("read OOM state: %v", err)
+	} else if oom {
+		outcome.OOMKilled = true
+		if outcome.Reason == ReasonSignaled {
+			outcome.Reason = ReasonOOM
+		}
+	}
+	logf("the sandbox ended: %s (exit code %d, signal %d, oom %v)", outcome.Reason, outcome.ExitCode, outcome.Signal, outcome.OOMKilled)
+	if werr != nil && !errors.Is(werr, os.ErrClosed) {
+		logf("hand the init its configuration: %v", werr)
+	}
+	return finish(cg)
+}

@@ -1,0 +1,133 @@
+// Package runtime defines the interface between the supervisor and a sandbox runtime: the
+// component that turns a state directory and a Spec into a running sandbox whose agent
+// answers on a control socket, and that reports how the sandbox ended.
+//
+// A runtime knows nothing of records, journals or locks: the supervisor calls it under the
+// sandbox's lifecycle lock and keeps the records. The runtime starts one detached process per
+// launch (the runtime process, whose identity the supervisor records), which outlives
+// sandboxd, waits for the sandbox, writes the outcome report and cleans up after itself; Kill
+// and Cleanup exist for when it cannot (it was killed, or the host crashed).
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// Resources are a sandbox's limits. Zero means the runtime's default.
+type Resources struct {
+	VCPUs    int `json:"vcpus"`
+	MemoryMB int `json:"memory_mb"`
+	Pids     int `json:"pids"`
+}
+
+// Spec says what to launch.
+type Spec struct {
+	// ID is the sandbox id (validated by the store: 1-63 of a-z 0-9 -). It is the hostname
+	// and names the sandbox's cgroup.
+	ID string `json:"id"`
+	// Dir is the sandbox's state directory, absolute.
+	Dir string `json:"dir"`
+	// LaunchID names this launch; the outcome report carries it so that a report of an older
+	// launch is never taken for this one's.
+	LaunchID string `json:"launch_id"`
+	// Image is the image name ("host" for the built-in one); ImageDir is its directory
+	// (absolute), or "" for the built-in host image.
+	Image    string `json:"image"`
+	ImageDir string `json:"image_dir,omitempty"`
+	// Lowers are read-only layers above the image (template generation layers), top first.
+	Lowers    []string  `json:"lowers,omitempty"`
+	Resources Resources `json:"resources"`
+	// Env is the default environment of the sandbox's workloads.
+	Env map[string]string `json:"env,omitempty"`
+	// Capability is the launch's secret that the agent requires on every control
+	// connection. It travels on pipes only, never in a file inside the sandbox.
+	Capability []byte `json:"capability"`
+	// Hostname defaults to ID.
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// Validate checks the parts of a spec that every runtime relies on.
+func (s *Spec) Validate() error {
+	if s.ID == "" || len(s.ID) > 63 {
+		return fmt.Errorf("runtime: sandbox id %q must be 1-63 characters", s.ID)
+	}
+	for i, r := range s.ID {
+		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0
+		if !ok {
+			return fmt.Errorf("runtime: sandbox id %q must be a-z 0-9 - starting with a letter or digit", s.ID)
+		}
+	}
+	if !filepath.IsAbs(s.Dir) || filepath.Clean(s.Dir) != s.Dir {
+		return fmt.Errorf("runtime: state directory %q must be a clean absolute path", s.Dir)
+	}
+	if s.ImageDir != "" && (!filepath.IsAbs(s.ImageDir) || filepath.Clean(s.ImageDir) != s.ImageDir) {
+		return fmt.Errorf("runtime: image directory %q must be a clean absolute path", s.ImageDir)
+	}
+	for _, l := range s.Lowers {
+		if !filepath.IsAbs(l) || filepath.Clean(l) != l {
+			return fmt.Errorf("runtime: layer %q must be a clean absolute path", l)
+		}
+	}
+	if len(s.Capability) == 0 {
+		return fmt.Errorf("runtime: the launch has no capability")
+	}
+	if s.LaunchID == "" {
+		return fmt.Errorf("runtime: the launch has no id")
+	}
+	if s.Resources.VCPUs < 0 || s.Resources.MemoryMB < 0 || s.Resources.Pids < 0 {
+		return fmt.Errorf("runtime: negative resources %+v", s.Resources)
+	}
+	return nil
+}
+
+// Entry is a name a runtime keeps in a state directory, for store.Declare.
+type Entry struct {
+	Name string
+	Dir  bool
+}
+
+// Runtime starts and ends sandboxes of one kind. Methods are safe for concurrent use on
+// different state directories; the supervisor serialises calls on one directory with the
+// lifecycle lock.
+type Runtime interface {
+	// Kind names the runtime ("namespace").
+	Kind() string
+	// Identity is the runtime kind, the control protocol version, and a hash of the sandboxd
+	// executable and the runtime's configuration: a process started under another identity is
+	// never driven (runtime-mismatch).
+	Identity() string
+	// DeclaredEntries are the names the runtime keeps in a state directory.
+	DeclaredEntries() []Entry
+	// Start launches the runtime process for spec, detached (own session, survives sandboxd's
+	// exit, stdout and stderr to <dir>/sandbox.log, replaced at each start), and returns its
+	// identity at once: readiness is the agent answering on ControlPath, which the caller
+	// waits for.
+	Start(ctx context.Context, spec Spec) (platform.ProcessID, error)
+	// ControlPath is the host path of the control socket of the sandbox in dir.
+	ControlPath(dir string) string
+	// Kill forcibly ends the sandbox whose runtime process is id: it kills the sandbox's init
+	// by verified identity, so that the runtime process records the outcome and exits, and
+	// waits until the runtime process is gone (killing it too if it lingers past ctx). A
+	// runtime process that is already gone is not an error.
+	Kill(ctx context.Context, dir string, id platform.ProcessID) error
+	// Cleanup releases what a launch may have left behind once its runtime process is gone
+	// (its cgroup, with any process still in it; mounts), so that nothing leaks even after a
+	// crash of the runtime process. It refuses while id is alive. Idempotent.
+	Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error
+	// Processes lists the live runtime processes (and sandbox inits) of the state root, found
+	// by the marker in their argv, for the consistency checker.
+	Processes(stateRoot string) ([]Process, error)
+}
+
+// Process is a runtime process found by Processes.
+type Process struct {
+	ID platform.ProcessID
+	// Role is "shim" or "init".
+	Role string
+	// Dir is the state directory named in its marker.
+	Dir string
+}
