@@ -50,9 +50,63 @@ func (a *agent) asUser(name string, fn func() error) error {
 			done <- errors.New("switching the file-system identity failed")
 			return
 		}
+		// A non-zero fsuid already clears the file capabilities (DAC override and the
+		// like); drop the rest of the effective set too, so that no capability the agent
+		// holds can stand in for a permission the user lacks.
+		if err := dropEffectiveCaps(); err != nil {
+			done <- fmt.Errorf("dropping capabilities: %w", err)
+			return
+		}
 		done <- fn()
 	}()
 	return <-done
+}
+
+// dropEffectiveCaps empties the calling thread's effective capability set (capset is a
+// per-thread system call).
+func dropEffectiveCaps() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return err
+	}
+	data[0].Effective, data[1].Effective = 0, 0
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	return unix.Capset(&hdr, &data[0])
+}
+
+// openNoMagic opens path relative to dirfd without following /proc's magic links
+// (/proc/<pid>/fd/N, /proc/<pid>/root, ...). Through the agent's own entries those would skip
+// the search permission of directories the agent has open for someone else.
+func openNoMagic(dirfd int, path string, flags int, mode uint32) (int, error) {
+	fd, err := unix.Openat2(dirfd, path, &unix.OpenHow{
+		Flags:   uint64(flags),
+		Mode:    uint64(mode),
+		Resolve: unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err == unix.ENOSYS {
+		// Kernels before 5.6: plain openat.
+		return unix.Openat(dirfd, path, flags, mode)
+	}
+	return fd, err
+}
+
+// refuseProcForUser keeps the sandbox user from reading the agent's own /proc entries
+// (environ, cmdline, ...) through the agent: a process may always inspect itself, and during
+// a file operation the agent is the user's proxy. Root inside the sandbox may read /proc.
+func (a *agent) refuseProcForUser(user string, fd int, path string) error {
+	if name, u := a.user(user); name == control.Root || a.unprivileged || u.UID == 0 {
+		return nil
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil {
+		return err
+	}
+	if sfs.Type == unix.PROC_SUPER_MAGIC {
+		return &control.RemoteError{Code: control.CodePermissionDenied,
+			Message: fmt.Sprintf("%q is in /proc, which the file API serves to root only; read it with exec instead.", truncate(path))}
+	}
+	return nil
 }
 
 // fileError turns an operating-system error into what the client is told.
@@ -100,9 +154,13 @@ func (a *agent) ReadFile(ctx context.Context, req *control.FileRequest) (io.Read
 	err := a.asUser(req.User, func() error {
 		// O_NONBLOCK keeps the open of a FIFO from blocking; it changes nothing for the
 		// regular files we go on to read.
-		fd, err := unix.Open(req.Path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		fd, err := openNoMagic(unix.AT_FDCWD, req.Path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 		if err != nil {
 			return &fs.PathError{Op: "open", Path: req.Path, Err: err}
+		}
+		if err := a.refuseProcForUser(req.User, fd, req.Path); err != nil {
+			unix.Close(fd)
+			return err
 		}
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
@@ -129,47 +187,64 @@ func (a *agent) ReadFile(ctx context.Context, req *control.FileRequest) (io.Read
 
 // WriteFile implements control.Handler: temp file in the target's directory, write, fsync,
 // rename over the target, fsync the directory. The target, if it exists, must be a regular
-// file. On failure (the client gone included) the temp file is removed.
+// file. On failure (the client gone included) the temp file is removed. The directory is
+// opened once and everything after is relative to it, so the file lands where it was checked.
 func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Reader) (int64, error) {
-	mode := fs.FileMode(req.Mode)
+	mode := uint32(req.Mode)
 	if mode == 0 {
 		mode = 0o644
 	}
-	dir := filepath.Dir(req.Path)
-	tmp := filepath.Join(dir, "."+filepath.Base(req.Path)+"."+randomHex()+".tmp")
-	var f *os.File
+	dir, base := filepath.Split(req.Path)
+	if base == "" {
+		return 0, fileError(syscall.EISDIR, req.Path)
+	}
+	tmp := "." + base + "." + randomHex() + ".tmp"
+	dfd, fd := -1, -1
 	err := a.asUser(req.User, func() error {
 		if req.MakeParents {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return err
 			}
 		}
-		if fi, err := os.Lstat(req.Path); err == nil && !fi.Mode().IsRegular() {
-			if fi.IsDir() {
+		var err error
+		dfd, err = openNoMagic(unix.AT_FDCWD, dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &fs.PathError{Op: "open", Path: dir, Err: err}
+		}
+		if err := a.refuseProcForUser(req.User, dfd, req.Path); err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 				return syscall.EISDIR
 			}
 			return &control.RemoteError{Code: control.CodeNotRegular,
 				Message: fmt.Sprintf("%q exists and is not a regular file; remove it first.", truncate(req.Path))}
 		}
-		fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, uint32(mode.Perm()))
+		fd, err = unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, mode)
 		if err != nil {
 			return &fs.PathError{Op: "create", Path: req.Path, Err: err}
 		}
 		// The umask may have narrowed the mode; the request's mode is what we promise.
-		if err := unix.Fchmod(fd, uint32(mode)); err != nil {
+		if err := unix.Fchmod(fd, mode); err != nil {
 			unix.Close(fd)
-			unix.Unlink(tmp)
+			fd = -1
+			unix.Unlinkat(dfd, tmp, 0)
 			return err
 		}
-		f = os.NewFile(uintptr(fd), tmp)
 		return nil
 	})
+	if dfd >= 0 {
+		defer unix.Close(dfd)
+	}
 	if err != nil {
 		return 0, fileError(err, req.Path)
 	}
+	f := os.NewFile(uintptr(fd), tmp)
 	fail := func(err error) (int64, error) {
 		f.Close()
-		a.asUser(req.User, func() error { return os.Remove(tmp) })
+		a.asUser(req.User, func() error { return unix.Unlinkat(dfd, tmp, 0) })
 		return 0, err
 	}
 	n, err := io.Copy(f, r)
@@ -185,19 +260,13 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 	if err := f.Close(); err != nil {
 		return fail(fileError(err, req.Path))
 	}
-	err = a.asUser(req.User, func() error {
-		if err := os.Rename(tmp, req.Path); err != nil {
-			return err
-		}
-		d, err := os.Open(dir)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		return d.Sync()
-	})
+	err = a.asUser(req.User, func() error { return unix.Renameat(dfd, tmp, dfd, base) })
 	if err != nil {
-		a.asUser(req.User, func() error { return os.Remove(tmp) })
+		a.asUser(req.User, func() error { return unix.Unlinkat(dfd, tmp, 0) })
+		return 0, fileError(err, req.Path)
+	}
+	// A failed directory sync means the rename may not survive a crash: report it.
+	if err := unix.Fsync(dfd); err != nil {
 		return 0, fileError(err, req.Path)
 	}
 	return n, nil
@@ -216,10 +285,11 @@ const listBatch = 256
 // needs search permission on the directory, which is checked at each call.
 func (a *agent) List(ctx context.Context, req *control.FileRequest, emit func([]control.FileInfo) error) error {
 	err := a.asUser(req.User, func() error {
-		d, err := os.Open(req.Path)
+		fd, err := openNoMagic(unix.AT_FDCWD, req.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return err
+			return &fs.PathError{Op: "open", Path: req.Path, Err: err}
 		}
+		d := os.NewFile(uintptr(fd), req.Path)
 		defer d.Close()
 		fi, err := d.Stat()
 		if err != nil {

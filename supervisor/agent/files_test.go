@@ -229,6 +229,18 @@ func TestFilesAsUser(t *testing.T) {
 		t.Fatal("user removed a file in root's directory")
 	}
 
+	// The agent's own /proc entries are not the user's to read through it: a process may
+	// always inspect itself, and the magic links would skip directory permissions.
+	if _, err := c.ReadFile(ctx, "/proc/self/environ", "user"); errcode.Of(err) != errcode.InvalidRequest {
+		t.Fatalf("user read the agent's environ: %v", err)
+	}
+	if _, err := c.ReadFile(ctx, "/proc/self/fd/0", "user"); err == nil {
+		t.Fatal("user followed a magic link of the agent")
+	}
+	if _, err := c.List(ctx, "/proc/self/root/", "user"); err == nil {
+		t.Fatal("user listed through a magic link of the agent")
+	}
+
 	// Root may.
 	rc, err := c.ReadFile(ctx, secret, "root")
 	if err != nil {
