@@ -1,0 +1,8 @@
+//go:build !linux
+
+package platform
+
+import "context"
+
+// WaitExit is unsupported: sandboxd runs only on Linux; the stub keeps the module building.
+func WaitExit(ctx context.Context, p ProcessID) error { return ErrUnsupported }
