@@ -109,6 +109,7 @@ func (s *Store) lock(ctx context.Context, id string, provision bool) (*Lock, err
 		case raced:
 			continue
 		}
+		s.hook(hookBusy)
 		wait := min(retryInterval, time.Until(deadline))
 		if wait <= 0 {
 			return nil, transitionInProgress(id)

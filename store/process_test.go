@@ -60,6 +60,8 @@ func TestMain(m *testing.M) {
 		err = holdHelper()
 	case "hammer":
 		err = hammerHelper()
+	case "pingpong":
+		err = pingpongHelper()
 	default:
 		err = fmt.Errorf("unknown helper %q", helper)
 	}
@@ -456,6 +458,47 @@ func hammerHelper() error {
 		cancel()
 		if err != nil {
 			return err
+		}
+		if err := l.Unlock(); err != nil {
+			return err
+		}
+	}
+}
+
+// pingpongHelper takes the lock when told "go" (reporting "waiting" once it found it busy and
+// "got" once it holds it), and releases it when told "release". See BenchmarkContendedHandoff.
+func pingpongHelper() error {
+	s, id, err := helperStore()
+	if err != nil {
+		return err
+	}
+	signalled := false
+	s.testHook = func(point string) {
+		if point == hookBusy && !signalled {
+			signalled = true
+			fmt.Println("waiting")
+		}
+	}
+	in := bufio.NewReader(os.Stdin)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	for {
+		if line, err := in.ReadString('\n'); err == io.EOF {
+			return nil
+		} else if err != nil || line != "go\n" {
+			return fmt.Errorf("told %q, %v; want go", line, err)
+		}
+		signalled = false
+		l, err := s.LockExisting(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !signalled {
+			return errors.New("took the lock without waiting for it")
+		}
+		fmt.Println("got")
+		if line, err := in.ReadString('\n'); err != nil || line != "release\n" {
+			return fmt.Errorf("told %q, %v; want release", line, err)
 		}
 		if err := l.Unlock(); err != nil {
 			return err

@@ -46,6 +46,7 @@ const (
 	hookDirOpened = "dir-opened" // the state directory is open; the lock file is not yet
 	hookOpened    = "opened"     // the lock file is open and about to be flocked
 	hookFlocked   = "flocked"    // the flock is taken; the identity checks are next
+	hookBusy      = "busy"       // an attempt found the lock held by another; a wait follows
 	hookLocked    = "locked"     // the lock is held and checked: exclusion starts
 	hookEnded     = "ended"      // the lock file is about to be unlinked or unlocked: exclusion ends
 	hookUnlinked  = "unlinked"   // a removal unlinked its lock file and will remove the directory

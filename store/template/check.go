@@ -24,7 +24,7 @@ const (
 	// this store leaves one. Repair tombstones it and, if no lease holds it, retires it.
 	PayloadWithoutIndex ProblemKind = "payload-without-index"
 	// An indexed, untombstoned generation whose payload is missing. Repair tombstones it, so
-	// that no new clone uses it.
+	// that no new clone uses it, and retires it if no lease holds it.
 	IndexWithoutPayload ProblemKind = "index-without-payload"
 	// A quarantined generation whose retirement was interrupted or waits for no lease any
 	// more. Repair finishes the retirement.
@@ -255,7 +255,7 @@ func (s *Store) checkGeneration(tdir *os.File, name, gen string, bindingExists f
 			}
 			p.Repaired = p.Kind == IndexWithoutPayload
 		}
-		if kept == 0 && p.Kind != IndexWithoutPayload {
+		if kept == 0 {
 			err := s.finishRetire(tdir, name, gen)
 			if err != nil && errcode.Of(err) != errcode.ForeignFiles {
 				return nil, err

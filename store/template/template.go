@@ -201,17 +201,20 @@ func (s *Store) removeTemplateDirIfEmpty(tdir *os.File, name string) error {
 		return err
 	}
 	var foreign []string
+	staging := false
 	for _, n := range names {
-		if target, ok := platform.IsTempName(n); ok {
-			if _, gen := parseGeneration(target); gen {
-				return nil // a live capture's staging: it removes the directory when it ends
-			}
+		if target, ok := platform.IsTempName(n); ok && validGenerationName(target) {
+			staging = true // a live capture's: it removes the directory when it ends
+			continue
 		}
 		foreign = append(foreign, n)
 	}
 	if len(foreign) > 0 {
 		slices.Sort(foreign)
 		return errcode.New(errcode.ForeignFiles, "Template %s was removed, but its directory holds entries sandboxd does not own (%s); they were kept, remove them by hand.", name, strings.Join(foreign, ", "))
+	}
+	if staging {
+		return nil
 	}
 	return s.removeDir(s.dir, name, StepTemplateDir)
 }

@@ -1,0 +1,278 @@
+package template
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"golang.org/x/sys/unix"
+)
+
+// TestCaptureCopiesLayer checks that a capture keeps what an overlayfs upper layer holds:
+// whiteouts (character devices 0/0), opaque directories (trusted.overlay.opaque), modes,
+// set-id bits, ownership, symbolic links (not followed), hard links, FIFOs, xattrs and times.
+func TestCaptureCopiesLayer(t *testing.T) {
+	t.Parallel()
+	root := os.Geteuid() == 0
+	src := t.TempDir()
+	p := func(name string) string { return filepath.Join(src, name) }
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(p("file"), []byte("content"), 0o600))
+	must(os.Chmod(p("file"), 0o751))
+	must(os.WriteFile(p("empty"), nil, 0o644))
+	must(os.Symlink("file", p("link")))
+	must(os.Symlink("/etc/shadow", p("outside")))
+	must(os.WriteFile(p("hard1"), []byte("shared"), 0o644))
+	must(os.Link(p("hard1"), p("hard2")))
+	must(syscall.Mkfifo(p("fifo"), 0o640))
+	must(os.MkdirAll(p("ro/sub"), 0o755))
+	must(os.WriteFile(p("ro/sub/f"), []byte("deep"), 0o644))
+	must(os.Chmod(p("ro"), 0o555))
+	userXattr := unix.Setxattr(p("file"), "user.note", []byte("kept"), 0) == nil
+	mtime := time.Date(2020, 1, 2, 3, 4, 5, 6000, time.UTC)
+	must(os.Chtimes(p("file"), mtime, mtime))
+	must(unix.Lutimes(p("link"), []unix.Timeval{unix.NsecToTimeval(mtime.UnixNano()), unix.NsecToTimeval(mtime.UnixNano())}))
+	if root {
+		must(unix.Mknod(p("deleted"), unix.S_IFCHR|0o000, 0))
+		must(os.Mkdir(p("opaque"), 0o755))
+		must(unix.Setxattr(p("opaque"), "trusted.overlay.opaque", []byte("y"), 0))
+		must(os.WriteFile(p("suid"), []byte("#!"), 0o755))
+		must(os.Chown(p("suid"), 1234, 5678))
+		must(unix.Chmod(p("suid"), 0o4755))
+		must(os.Lchown(p("link"), 1234, 5678))
+	}
+	must(os.Chtimes(p("ro"), mtime, mtime))
+
+	e := newEnv(t)
+	if _, err := e.s.CreateTemplate(ctxT(t), "py"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.s.Capture(ctxT(t), "py", src, testKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len("content") + len("shared") + len("deep") + map[bool]int{true: 2}[root]); g.SizeBytes != want {
+		t.Fatalf("size %d; want %d", g.SizeBytes, want)
+	}
+	dst, _ := e.s.PayloadDir("py", g.ID)
+	q := func(name string) string { return filepath.Join(dst, name) }
+	lst := func(path string) *unix.Stat_t {
+		t.Helper()
+		var st unix.Stat_t
+		must(unix.Lstat(path, &st))
+		return &st
+	}
+	if b, _ := os.ReadFile(q("file")); string(b) != "content" {
+		t.Fatalf("file content %q", b)
+	}
+	if st := lst(q("file")); st.Mode&0o7777 != 0o751 || time.Unix(st.Mtim.Unix()).UTC() != mtime {
+		t.Fatalf("file mode %o mtime %v", st.Mode&0o7777, time.Unix(st.Mtim.Unix()))
+	}
+	if st := lst(q("ro")); st.Mode&0o7777 != 0o555 || time.Unix(st.Mtim.Unix()).UTC() != mtime {
+		t.Fatalf("dir mode %o mtime %v", st.Mode&0o7777, time.Unix(st.Mtim.Unix()))
+	}
+	if b, _ := os.ReadFile(q("ro/sub/f")); string(b) != "deep" {
+		t.Fatalf("deep file %q", b)
+	}
+	if target, err := os.Readlink(q("outside")); err != nil || target != "/etc/shadow" {
+		t.Fatalf("outside link %q, %v", target, err)
+	}
+	if st := lst(q("link")); st.Mode&unix.S_IFMT != unix.S_IFLNK || time.Unix(st.Mtim.Unix()).UTC() != mtime {
+		t.Fatalf("link %o %v", st.Mode, time.Unix(st.Mtim.Unix()))
+	}
+	if a, b := lst(q("hard1")), lst(q("hard2")); a.Ino != b.Ino || a.Nlink != 2 {
+		t.Fatalf("hard links not kept: %d/%d nlink %d", a.Ino, b.Ino, a.Nlink)
+	}
+	if st := lst(q("fifo")); st.Mode&unix.S_IFMT != unix.S_IFIFO || st.Mode&0o777 != 0o640 {
+		t.Fatalf("fifo %o", st.Mode)
+	}
+	if userXattr {
+		buf := make([]byte, 16)
+		n, err := unix.Getxattr(q("file"), "user.note", buf)
+		if err != nil || string(buf[:n]) != "kept" {
+			t.Fatalf("user xattr %q, %v", buf[:n], err)
+		}
+	}
+	if root {
+		if st := lst(q("deleted")); st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+			t.Fatalf("whiteout %o rdev %d", st.Mode, st.Rdev)
+		}
+		buf := make([]byte, 16)
+		n, err := unix.Getxattr(q("opaque"), "trusted.overlay.opaque", buf)
+		if err != nil || !bytes.Equal(buf[:n], []byte("y")) {
+			t.Fatalf("opaque xattr %q, %v", buf[:n], err)
+		}
+		if st := lst(q("suid")); st.Mode&0o7777 != 0o4755 || st.Uid != 1234 || st.Gid != 5678 {
+			t.Fatalf("suid file mode %o owner %d:%d", st.Mode&0o7777, st.Uid, st.Gid)
+		}
+		if st := lst(q("link")); st.Uid != 1234 {
+			t.Fatalf("link owner %d", st.Uid)
+		}
+	} else {
+		t.Log("not root: whiteouts, trusted xattrs and ownership are not checked (CI runs as root)")
+	}
+	// The source is untouched.
+	if st := lst(p("ro")); st.Mode&0o7777 != 0o555 {
+		t.Fatal("source changed")
+	}
+	// A read-only tree is removed by retirement.
+	if out, err := e.s.Retire(ctxT(t), "py", g.ID, false, nil); err != nil || out != Retired {
+		t.Fatal(out, err)
+	}
+}
+
+func TestCaptureRefusesLinkSource(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if _, err := e.s.CreateTemplate(ctxT(t), "py"); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "upper")
+	if err := os.Symlink(smallLayer(t), link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Capture(ctxT(t), "py", link, testKey, nil); err == nil {
+		t.Fatal("captured through a link")
+	}
+	if gens, _ := e.s.Generations("py", e.clock.get()); len(gens) != 0 {
+		t.Fatalf("generations %+v", gens)
+	}
+}
+
+func TestStagingCleanup(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	gen := e.template(t, "py")
+	tdir := filepath.Join(e.s.Path(), "py")
+	dead := filepath.Join(tdir, ".g000007.0123456789abcdef.tmp")
+	live := filepath.Join(tdir, ".g000008.0123456789abcdef.tmp")
+	for _, d := range []string{dead, live} {
+		if err := os.MkdirAll(filepath.Join(d, "payload", "ro"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(filepath.Join(d, "payload", "ro"), 0o500)
+	}
+	recTemp := filepath.Join(tdir, ".template.json.0123456789abcdef.tmp")
+	os.WriteFile(recTemp, []byte("{"), 0o600)
+	foreign := filepath.Join(tdir, "notes.txt")
+	os.WriteFile(foreign, []byte("mine"), 0o600)
+	// A live capture holds an flock on its staging directory.
+	f, err := os.Open(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	problems, err := e.s.Check(ctxT(t), nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, p := range problems {
+		kinds = append(kinds, string(p.Kind)+" "+p.Entry)
+	}
+	slices.Sort(kinds)
+	want := []string{"foreign-entry py/notes.txt", "staging-leftover py/.g000007.0123456789abcdef.tmp", "staging-leftover py/.template.json.0123456789abcdef.tmp"}
+	if !slices.Equal(kinds, want) {
+		t.Fatalf("check %v; want %v", kinds, want)
+	}
+	e.log.take()
+	if _, err := e.s.Tombstone(ctxT(t), "py", gen); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.log.take(); !slices.Contains(got, StepCleanStaging) {
+		t.Fatalf("steps %v", got)
+	}
+	if exists(dead) || exists(recTemp) || !exists(live) || !exists(foreign) {
+		t.Fatalf("dead %v, temp %v, live %v, foreign %v", exists(dead), exists(recTemp), exists(live), exists(foreign))
+	}
+	// The foreign entry keeps the template's directory, and is named.
+	_, err = e.s.DeleteTemplate(ctxT(t), "py", false, nil)
+	wantCode(t, err, errcode.ForeignFiles)
+	if !strings.Contains(err.Error(), "notes.txt") {
+		t.Fatal(err)
+	}
+}
+
+func TestForeignEntryInGeneration(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	gen := e.template(t, "py")
+	foreign := filepath.Join(e.s.Path(), "py", gen, "core")
+	os.WriteFile(foreign, []byte("x"), 0o600)
+	_, err := e.s.Retire(ctxT(t), "py", gen, false, nil)
+	wantCode(t, err, errcode.ForeignFiles)
+	if !strings.Contains(err.Error(), "core") || !exists(foreign) {
+		t.Fatal(err)
+	}
+	if exists(filepath.Join(e.s.Path(), "py", gen, PayloadDir)) {
+		t.Fatal("payload kept")
+	}
+}
+
+func TestCheckRepairs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g1 := e.template(t, "py")
+	g2 := e.capture(t, "py")
+	g3 := e.capture(t, "py")
+	l := e.mustClone(t, "py", g1, "a")
+	e.mustClone(t, "py", g1, "b")
+	// a's removal crashed after clone.json went.
+	if err := RemoveBinding(filepath.Join(e.root, "sandboxes", "a")); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(e.s.Path(), "py", g2, PayloadDir))
+	os.Remove(filepath.Join(e.s.Path(), "py", g3, IndexName))
+	os.WriteFile(filepath.Join(e.s.Path(), "stray"), nil, 0o600)
+	problems, err := e.s.Check(ctxT(t), e.bindingExists(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[ProblemKind]Problem{}
+	for _, p := range problems {
+		got[p.Kind] = p
+	}
+	if p := got[LeaseWithoutBinding]; p.Lease != l.ID || !p.Repaired {
+		t.Errorf("lease without binding: %+v", p)
+	}
+	if p := got[IndexWithoutPayload]; p.Generation != g2 || !p.Repaired {
+		t.Errorf("index without payload: %+v", p)
+	}
+	if p := got[PayloadWithoutIndex]; p.Generation != g3 || !p.Repaired {
+		t.Errorf("payload without index: %+v", p)
+	}
+	if p := got[ForeignEntry]; p.Entry != "stray" || p.Repaired {
+		t.Errorf("foreign: %+v", p)
+	}
+	if len(problems) != 4 {
+		t.Errorf("problems %v", problems)
+	}
+	problems, err = e.s.Check(ctxT(t), e.bindingExists(), false)
+	if err != nil || len(problems) != 1 || problems[0].Kind != ForeignEntry {
+		t.Fatalf("after repair: %v, %v", problems, err)
+	}
+	if leases, _ := e.s.Leases("py", g1); len(leases) != 1 || leases[0].Sandbox != "b" {
+		t.Fatalf("leases %+v", leases)
+	}
+	if gens, _ := e.s.Generations("py", e.clock.get()); len(gens) != 1 || gens[0].ID != g1 {
+		t.Fatalf("generations %+v", gens)
+	}
+	if !errors.Is(errcode.New(errcode.Internal, ""), errcode.Internal) {
+		t.Fatal("errcode")
+	}
+}
