@@ -99,6 +99,14 @@ func (a *agent) waitGone(ctx context.Context, d time.Duration) bool {
 // Stats implements control.Handler.
 func (a *agent) Stats(ctx context.Context) (control.Stats, error) {
 	procs := a.managed()
+	if a.pid1 {
+		// As PID 1 the agent is part of the sandbox's footprint.
+		for _, p := range processes() {
+			if p.pid == 1 {
+				procs = append(procs, p)
+			}
+		}
+	}
 	var st control.Stats
 	page := uint64(os.Getpagesize())
 	var ticks uint64
@@ -109,7 +117,8 @@ func (a *agent) Stats(ctx context.Context) (control.Stats, error) {
 	st.Pids = len(procs)
 	// /proc counts CPU in USER_HZ ticks, 100 per second on Linux.
 	st.CPUUsec = ticks * 10_000
-	// Add what ended processes used: as their reaper the agent accumulated it.
+	// Add what ended processes used: as their reaper the agent accumulated it. (Outside
+	// PID 1 this also counts whatever else the hosting process waited for.)
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_CHILDREN, &ru) == nil {
 		st.CPUUsec += uint64(ru.Utime.Nano()/1000) + uint64(ru.Stime.Nano()/1000)

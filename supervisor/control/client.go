@@ -244,8 +244,8 @@ func (c *Client) List(ctx context.Context, path, user string) ([]FileInfo, error
 }
 
 // ReadFile opens the file at path as user and streams its content. Errors the agent finds at
-// opening (not found, a directory, permission) are returned here; ctx covers the whole read,
-// and Close ends it early.
+// opening (not found, a directory, permission) are returned here; ctx covers the whole read.
+// The caller must Close the reader, also to end the read early.
 func (c *Client) ReadFile(ctx context.Context, path, user string) (io.ReadCloser, error) {
 	st, _, stop, err := c.open(ctx, Header{Op: OpRead, File: &FileRequest{Path: path, User: user}})
 	if err != nil {

@@ -70,6 +70,11 @@
 // other one-shot operations the same rule cancels the operation; for write, a stream that
 // ends before the end frame leaves no file behind.
 //
+// Stdin is the one place where the agent's reading of a stream waits for the workload: it
+// queues at most a few stdin frames the workload has not read, then stops reading the
+// stream until it does. Resize, signal and close frames sent behind unread stdin wait with
+// it; the timeout and the connection's end still kill the workload.
+//
 // After answering shutdown the agent ends the session; Serve returns ErrShutdown and the
 // agent exits, which ends the sandbox.
 //
