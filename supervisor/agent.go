@@ -1,0 +1,101 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor/control"
+)
+
+// Agent returns a control session with a running sandbox's agent, for file operations. It
+// takes no lock: a session that a concurrent stop ends fails its operations, which is the
+// right answer for them.
+func (s *Supervisor) Agent(ctx context.Context, id string) (*control.Client, error) {
+	st, err := s.Status(id)
+	if err != nil {
+		return nil, err
+	}
+	if st.RuntimeMismatch {
+		return nil, mismatchError(id)
+	}
+	if st.State != StateRunning {
+		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is %s; start it first.", id, st.State)
+	}
+	rec, err := s.store.ReadRuntimeRecordUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running; start it first.", id)
+	}
+	dir, err := s.store.Dir(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.agent(ctx, dir, id, rec)
+}
+
+// agent returns the cached session with the agent of rec's launch, or dials a new one (after
+// a restart of sandboxd, or when the last one died).
+func (s *Supervisor) agent(ctx context.Context, dir, id string, rec *store.RuntimeRecord) (*control.Client, error) {
+	s.mu.Lock()
+	if c, ok := s.clients[id]; ok {
+		select {
+		case <-c.client.Done():
+			delete(s.clients, id)
+		default:
+			if c.launchID == rec.LaunchID {
+				s.mu.Unlock()
+				return c.client, nil
+			}
+			delete(s.clients, id)
+			c.client.Close()
+		}
+	}
+	s.mu.Unlock()
+
+	capability, err := readCapability(dir)
+	if err != nil {
+		return nil, err
+	}
+	client, err := s.dialAgent(ctx, s.rt.ControlPath(dir), capability)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the agent of sandbox %s: %w", id, err)
+	}
+	s.keepClient(id, rec.LaunchID, client)
+	return client, nil
+}
+
+func (s *Supervisor) keepClient(id, launchID string, client *control.Client) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.clients[id]; ok && old.client != client {
+		old.client.Close()
+	}
+	s.clients[id] = &agentConn{launchID: launchID, client: client}
+}
+
+func (s *Supervisor) dropClient(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.clients[id]; ok {
+		c.client.Close()
+		delete(s.clients, id)
+	}
+}
+
+// Close stops the watchers and ends every control session (not the sandboxes: they outlive
+// sandboxd).
+func (s *Supervisor) Close() {
+	s.mu.Lock()
+	s.closed = true
+	for id, c := range s.clients {
+		c.client.Close()
+		delete(s.clients, id)
+	}
+	s.mu.Unlock()
+	s.stopLife()
+	s.wg.Wait()
+}

@@ -1,0 +1,107 @@
+package supervisor
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/control"
+)
+
+// admissionRetry is how often a waiting exec tries the exec lock again.
+const admissionRetry = 25 * time.Millisecond
+
+// Admission is an admitted exec: it holds the sandbox's exec lock until Release.
+type Admission struct {
+	// Agent is the control session to run the workload on.
+	Agent *control.Client
+	// Waited is how long admission took.
+	Waited time.Duration
+	lock   *os.File
+}
+
+// Release gives the exec lock back. It is idempotent.
+func (a *Admission) Release() {
+	if a.lock != nil {
+		_ = platform.Unlock(a.lock)
+		a.lock.Close()
+		a.lock = nil
+	}
+}
+
+// AdmitExec admits one exec into a running sandbox (see "Exec admission" in the package doc).
+// wait bounds the whole admission: the lifecycle lock and the exec lock.
+func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duration) (_ *Admission, err error) {
+	defer s.observe("exec-admission", time.Now(), &err)
+	if wait <= 0 {
+		return nil, errcode.Invalid("wait_ms", "The admission wait must be positive.")
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		a, busy, err := s.tryAdmit(ctx, id)
+		if err != nil || !busy {
+			if a != nil {
+				a.Waited = time.Since(start)
+			}
+			return a, err
+		}
+		// Start no new attempt after the deadline.
+		if d, _ := ctx.Deadline(); time.Until(d) < admissionRetry {
+			return nil, errcode.New(errcode.SandboxBusy,
+				"Another exec is running in sandbox %s and did not end within %s; retry later or raise wait_ms.", id, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(admissionRetry):
+		}
+	}
+}
+
+// tryAdmit makes one attempt under the lifecycle lock; busy says the exec lock was taken.
+func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, busy bool, err error) {
+	l, _, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	defer s.unlock(l)
+	state, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, false, err
+	}
+	switch state {
+	case runtimeMismatch:
+		return nil, false, mismatchError(id)
+	case StateRunning:
+	default:
+		return nil, false, errcode.New(errcode.NotRunning, "Sandbox %s is not running; start it first.", id)
+	}
+	f, err := platform.OpenFile(filepath.Join(l.Dir(), ExecLockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, false, err
+	}
+	ok, err := platform.TryLock(f)
+	if err != nil || !ok {
+		f.Close()
+		return nil, err == nil, err
+	}
+	rec, err := l.RuntimeRecord()
+	if err == nil && rec == nil {
+		err = errcode.New(errcode.NotRunning, "Sandbox %s is not running; start it first.", id)
+	}
+	var client *control.Client
+	if err == nil {
+		client, err = s.agent(ctx, l.Dir(), id, rec)
+	}
+	if err != nil {
+		_ = platform.Unlock(f)
+		f.Close()
+		return nil, false, err
+	}
+	return &Admission{Agent: client, lock: f}, false, nil
+}

@@ -1,0 +1,246 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
+)
+
+// requiredFeatures are what the server needs of an agent before a launch commits.
+var requiredFeatures = []string{"exec", "files", "shutdown"}
+
+// Start launches a provisioned sandbox. ctx's deadline bounds the wait for the lock and the
+// wait for the agent.
+func (s *Supervisor) Start(ctx context.Context, id string, lowers []string) (_ *Status, err error) {
+	defer s.observe("start", time.Now(), &err)
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	state, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	switch state {
+	case StateRunning:
+		return nil, errcode.New(errcode.AlreadyRunning, "Sandbox %s is already running.", id)
+	case runtimeMismatch:
+		return nil, mismatchError(id)
+	}
+	s.setTransient(id, StateStarting)
+	defer s.setTransient(id, "")
+	if err := s.launch(ctx, l, cfg, lowers); err != nil {
+		return nil, err
+	}
+	s.setTransient(id, "")
+	s.emit(Event{Type: EventStarted, Sandbox: id, State: StateRunning})
+	return s.Status(id)
+}
+
+// launch runs the launch protocol (see the package doc) under l.
+func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Config, lowers []string) error {
+	imageDir, err := s.imageDir(cfg.Image)
+	if err != nil {
+		return err
+	}
+	// No process of an earlier launch can run now (reattach made sure), so staging leftovers
+	// of its outcome report are garbage.
+	if err := l.CleanStaging(); err != nil {
+		return err
+	}
+	launchID := randomHex(8)
+	capability := []byte(randomHex(32))
+	if err := platform.WriteFileDurable(l.Dir(), CapabilityName, capability, 0o600); err != nil {
+		return fmt.Errorf("writing the control capability: %w", err)
+	}
+	journal := &store.LaunchJournal{
+		Format:    store.LaunchFormat,
+		LaunchID:  launchID,
+		RuntimeID: s.rt.Identity(),
+		StartedAt: time.Now().UTC(),
+	}
+	if err := l.WriteLaunchJournal(journal); err != nil {
+		return err
+	}
+	spec := runtime.Spec{
+		ID:       cfg.ID,
+		Dir:      l.Dir(),
+		LaunchID: launchID,
+		Image:    cfg.Image,
+		ImageDir: imageDir,
+		Lowers:   lowers,
+		Resources: runtime.Resources{
+			VCPUs: cfg.Resources.VCPUs, MemoryMB: cfg.Resources.MemoryMB, Pids: cfg.Resources.Pids,
+		},
+		Env:        cfg.Env,
+		Capability: capability,
+		Hostname:   cfg.ID,
+	}
+	proc, err := s.rt.Start(ctx, spec)
+	if err != nil {
+		s.abandon(ctx, l, launchID, platform.ProcessID{}, store.ReasonStartFailed)
+		return fmt.Errorf("starting the runtime: %w", err)
+	}
+	// Name the process in the journal, so that a crash from here on leaves an interrupted
+	// start whose process the next transition can end by identity.
+	journal.Pid, journal.PidStartTime, journal.BootID = proc.Pid, proc.StartTime, proc.BootID
+	if err := l.WriteLaunchJournal(journal); err != nil {
+		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
+		return err
+	}
+	client, err := s.awaitAgent(ctx, l.Dir(), capability, proc)
+	if err != nil {
+		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
+		return errcode.Wrap(errcode.StartTimeout, err,
+			"Sandbox %s did not come up: %v. The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
+	}
+	rec := &store.RuntimeRecord{
+		Format:        store.RuntimeFormat,
+		LaunchID:      launchID,
+		RuntimeKind:   s.rt.Kind(),
+		RuntimeID:     s.rt.Identity(),
+		Pid:           proc.Pid,
+		PidStartTime:  proc.StartTime,
+		BootID:        proc.BootID,
+		ControlSocket: s.rt.ControlPath(l.Dir()),
+		StartedAt:     journal.StartedAt,
+	}
+	if err := l.WriteRuntimeRecord(rec); err != nil {
+		client.Close()
+		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
+		return err
+	}
+	if err := l.RemoveLaunchJournal(); err != nil {
+		// The runtime record is durable, so the launch has committed: reattach removes a
+		// journal that a runtime record of the same launch supersedes.
+		s.log.Warn("removing the launch journal after commit", "sandbox", cfg.ID, "err", err)
+	}
+	s.keepClient(cfg.ID, launchID, client)
+	s.watch(cfg.ID, rec)
+	return nil
+}
+
+// awaitAgent dials the control socket until the agent answers hello with the features the
+// server needs, the runtime process exits, or ctx ends.
+func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []byte, proc platform.ProcessID) (*control.Client, error) {
+	path := s.rt.ControlPath(dir)
+	backoff := time.Millisecond
+	for {
+		client, err := s.dialAgent(ctx, path, capability)
+		if err == nil {
+			return client, nil
+		}
+		if !proc.Alive() {
+			return nil, errors.New("the sandbox exited before its agent answered")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("its agent did not answer in time (last error: %v)", err)
+		case <-time.After(backoff):
+		}
+		if backoff < 10*time.Millisecond {
+			backoff += time.Millisecond
+		}
+	}
+}
+
+// dialAgent connects to an agent's control socket and says hello.
+func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []byte) (*control.Client, error) {
+	conn, err := platform.DialUnix(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	timeout := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(d), time.Millisecond)
+	}
+	client, err := control.Dial(conn, capability, timeout)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range requiredFeatures {
+		if !hasFeature(client.Features(), f) {
+			client.Close()
+			return nil, fmt.Errorf("the agent lacks the %q feature", f)
+		}
+	}
+	return client, nil
+}
+
+func hasFeature(features []string, f string) bool {
+	for _, have := range features {
+		if have == f {
+			return true
+		}
+	}
+	return false
+}
+
+// abandon undoes a launch that did not commit: it ends the runtime process if there is one,
+// releases what the runtime left, records the outcome and removes the journal. It runs even
+// after the caller's deadline passed.
+func (s *Supervisor) abandon(ctx context.Context, l *store.Lock, launchID string, proc platform.ProcessID, reason string) {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if err := s.endLaunch(cctx, l, proc); err != nil {
+		s.log.Error("abandoning a launch", "sandbox", l.ID(), "launch", launchID, "err", err)
+		return // keep the journal: the next transition retries
+	}
+	_ = store.WriteOutcome(l.Dir(), &store.Outcome{
+		Format: store.OutcomeFormat, LaunchID: launchID, Reason: reason, ExitCode: -1, At: time.Now().UTC(),
+	})
+	if err := l.RemoveLaunchJournal(); err != nil {
+		s.log.Error("removing the launch journal of an abandoned launch", "sandbox", l.ID(), "err", err)
+	}
+}
+
+// endLaunch kills a launch's runtime process (by verified identity, and any other runtime
+// process whose marker names this state directory) and cleans up after it.
+func (s *Supervisor) endLaunch(ctx context.Context, l *store.Lock, proc platform.ProcessID) error {
+	procs := []platform.ProcessID{}
+	if !proc.IsZero() {
+		procs = append(procs, proc)
+	}
+	found, err := s.rt.Processes(s.store.Root())
+	if err != nil {
+		return err
+	}
+	for _, p := range found {
+		if p.Role == "shim" && p.Dir == l.Dir() && p.ID != proc {
+			procs = append(procs, p.ID)
+		}
+	}
+	for _, p := range procs {
+		if err := s.rt.Kill(ctx, l.Dir(), p); err != nil {
+			return err
+		}
+	}
+	if len(procs) == 0 {
+		procs = append(procs, platform.ProcessID{})
+	}
+	for _, p := range procs {
+		if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), p); err != nil {
+			return err
+		}
+	}
+	return l.CleanStaging()
+}
+
+// readCapability reads a launch's control capability.
+func readCapability(dir string) ([]byte, error) {
+	b, err := platform.ReadFile(filepath.Join(dir, CapabilityName), 4096)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errors.New("the control capability is missing")
+	}
+	return b, err
+}

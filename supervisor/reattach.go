@@ -1,0 +1,137 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// runtimeMismatch is reattach's answer for a live process of another runtime identity.
+const runtimeMismatch = "runtime-mismatch"
+
+func mismatchError(id string) error {
+	return errcode.New(errcode.RuntimeMismatch,
+		"Sandbox %s runs under another sandboxd build or runtime configuration; this server will not drive it. Stop it with force=true, or use the sandboxd that started it.", id)
+}
+
+// reattach reconciles a locked sandbox's records with its processes (see the package doc) and
+// returns its state: StateRunning, runtimeMismatch, StateStopped or StateProvisioned.
+func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, error) {
+	journal, err := l.LaunchJournal()
+	if err != nil {
+		return "", err
+	}
+	rec, err := l.RuntimeRecord()
+	if err != nil {
+		return "", err
+	}
+	if journal != nil {
+		if rec != nil && rec.LaunchID == journal.LaunchID {
+			// The launch committed; only the journal's removal was interrupted.
+			if err := l.RemoveLaunchJournal(); err != nil {
+				return "", err
+			}
+		} else {
+			s.log.Warn("ending an interrupted start", "sandbox", l.ID(), "launch", journal.LaunchID, "pid", journal.Pid)
+			proc := journalProcess(journal)
+			if err := s.endLaunch(ctx, l, proc); err != nil {
+				return "", err
+			}
+			_ = store.WriteOutcome(l.Dir(), &store.Outcome{
+				Format: store.OutcomeFormat, LaunchID: journal.LaunchID, Reason: store.ReasonStartFailed,
+				ExitCode: -1, At: time.Now().UTC(),
+			})
+			if err := l.RemoveLaunchJournal(); err != nil {
+				return "", err
+			}
+		}
+	}
+	if rec == nil {
+		s.dropClient(l.ID())
+		return s.restingState(l)
+	}
+	proc := processOf(rec)
+	if proc.Alive() {
+		if rec.RuntimeID != s.rt.Identity() {
+			return runtimeMismatch, nil
+		}
+		s.watch(l.ID(), rec)
+		return StateRunning, nil
+	}
+	// The runtime process is gone: the sandbox ended while nobody held the lock. The outcome
+	// report (if the runtime process wrote one) says how.
+	s.log.Info("sandbox ended", "sandbox", l.ID(), "launch", rec.LaunchID)
+	s.dropClient(l.ID())
+	if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
+		return "", err
+	}
+	if err := l.CleanStaging(); err != nil {
+		return "", err
+	}
+	if err := l.RemoveRuntimeRecord(); err != nil {
+		return "", err
+	}
+	return StateStopped, nil
+}
+
+func (s *Supervisor) restingState(l *store.Lock) (string, error) {
+	o, err := l.Outcome()
+	if err != nil {
+		return "", err
+	}
+	if o != nil {
+		return StateStopped, nil
+	}
+	return StateProvisioned, nil
+}
+
+func journalProcess(j *store.LaunchJournal) (p platform.ProcessID) {
+	if j.Pid == 0 {
+		return p
+	}
+	p.Pid, p.StartTime, p.BootID = j.Pid, j.PidStartTime, j.BootID
+	return p
+}
+
+// ReattachAll reconciles every sandbox of the state root, as sandboxd does at start-up
+// before it serves: interrupted starts are ended, stale records cleared, running sandboxes
+// kept. A sandbox whose lock another process holds past timeout is skipped and reported.
+func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) error {
+	ids, err := s.store.List()
+	if err != nil {
+		return err
+	}
+	running := 0
+	for _, id := range ids {
+		lctx, cancel := context.WithTimeout(ctx, timeout)
+		l, err := s.store.LockExisting(lctx, id)
+		if err != nil {
+			cancel()
+			if errcode.Of(err) != errcode.SandboxNotFound {
+				s.log.Warn("reattach: cannot lock sandbox", "sandbox", id, "err", err)
+			}
+			continue
+		}
+		cfg, err := l.Config()
+		if err == nil && cfg != nil {
+			var state string
+			state, err = s.reattach(lctx, l)
+			if state == StateRunning {
+				running++
+			}
+			if state == runtimeMismatch {
+				s.log.Warn("reattach: sandbox runs under another runtime identity", "sandbox", id)
+			}
+		}
+		if err != nil {
+			s.log.Error("reattach failed", "sandbox", id, "err", err)
+		}
+		s.unlock(l)
+		cancel()
+	}
+	s.log.Info("reattached sandboxes", "sandboxes", len(ids), "running", running)
+	return nil
+}

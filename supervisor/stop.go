@@ -1,0 +1,132 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// Stop ends a running sandbox: gracefully through its agent (TERM every process, wait a
+// grace period, KILL the rest), or, with force, by killing its init by verified identity. A
+// graceful stop that does not finish by ctx's deadline reports stop-timeout and leaves the
+// sandbox running.
+func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status, err error) {
+	defer s.observe("stop", time.Now(), &err)
+	l, _, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	state, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case state == runtimeMismatch && !force:
+		return nil, mismatchError(id)
+	case state != StateRunning && state != runtimeMismatch:
+		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running.", id)
+	}
+	rec, err := l.RuntimeRecord()
+	if err != nil {
+		return nil, err
+	}
+	proc := processOf(rec)
+	s.setTransient(id, StateStopping)
+	defer s.setTransient(id, "")
+
+	if force {
+		if err := s.rt.Kill(ctx, l.Dir(), proc); err != nil {
+			return nil, err
+		}
+	} else if err := s.shutdown(ctx, l, rec); err != nil {
+		return nil, err
+	}
+	s.dropClient(id)
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if err := s.rt.Cleanup(cctx, id, l.Dir(), proc); err != nil {
+		return nil, err
+	}
+	if err := l.CleanStaging(); err != nil {
+		return nil, err
+	}
+	if err := l.RemoveRuntimeRecord(); err != nil {
+		return nil, err
+	}
+	// The runtime process reported how the sandbox ended; that it ended on request is ours
+	// to add. Nothing else writes the report now: its writer has exited.
+	o, err := l.Outcome()
+	if err == nil && o != nil && o.LaunchID == rec.LaunchID {
+		o.Reason = store.ReasonStopped
+		_ = store.WriteOutcome(l.Dir(), o)
+	}
+	s.setTransient(id, "")
+	s.emit(Event{Type: EventStopped, Sandbox: id, State: StateStopped, Exit: o})
+	return s.Status(id)
+}
+
+// shutdown asks the agent to end the sandbox and waits for the runtime process to exit.
+func (s *Supervisor) shutdown(ctx context.Context, l *store.Lock, rec *store.RuntimeRecord) error {
+	grace := s.grace
+	if d, ok := ctx.Deadline(); ok {
+		// Leave half of the time for the KILL and the exit to be seen.
+		grace = min(grace, time.Until(d)/2)
+	}
+	proc := processOf(rec)
+	client, err := s.agent(ctx, l.Dir(), l.ID(), rec)
+	if err == nil {
+		err = client.Shutdown(ctx, grace)
+	}
+	if err != nil && proc.Alive() {
+		if ctx.Err() != nil {
+			return errcode.Wrap(errcode.StopTimeout, err,
+				"Sandbox %s did not stop in time and is still running; retry with a longer timeout, or with force=true.", l.ID())
+		}
+		return fmt.Errorf("asking the agent to shut down: %w", err)
+	}
+	for proc.Alive() {
+		select {
+		case <-ctx.Done():
+			return errcode.New(errcode.StopTimeout,
+				"Sandbox %s did not stop in time and is still running; retry with a longer timeout, or with force=true.", l.ID())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Deprovision removes a sandbox that is not running. A clone's template binding is released
+// first, by release (nil when templates are not in use).
+func (s *Supervisor) Deprovision(ctx context.Context, id string, release func(ctx context.Context, l *store.Lock) error) (err error) {
+	defer s.observe("deprovision", time.Now(), &err)
+	l, _, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return err
+	}
+	state, err := s.reattach(ctx, l)
+	if err != nil {
+		s.unlock(l)
+		return err
+	}
+	if state == StateRunning || state == runtimeMismatch {
+		s.unlock(l)
+		return errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before deleting it.", id)
+	}
+	if release != nil {
+		if err := release(ctx, l); err != nil {
+			s.unlock(l)
+			return err
+		}
+	}
+	// Once Deprovision removed the lock file it has released the lock; Unlock is then a no-op.
+	err = l.Deprovision(ctx)
+	s.unlock(l)
+	if err == nil {
+		s.emit(Event{Type: EventDeleted, Sandbox: id})
+	}
+	return err
+}

@@ -1,0 +1,362 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
+)
+
+// Names the supervisor keeps in a state directory besides the runtime's.
+const (
+	// ExecLockName is the exec admission lock.
+	ExecLockName = "exec.lock"
+	// CapabilityName holds the launch's control capability, so that a restarted sandboxd can
+	// dial the agent again. It is outside the part of the state directory the sandbox sees.
+	CapabilityName = "control.capability"
+	// CloneBindingName is the template binding of a cloned sandbox (owned by store/template).
+	CloneBindingName = "clone.json"
+	// LogName is the runtime's log, read by Logs.
+	LogName = "sandbox.log"
+)
+
+// The states a sandbox reads as.
+const (
+	StateProvisioned = "provisioned"
+	StateStarting    = "starting"
+	StateRunning     = "running"
+	StateStopping    = "stopping"
+	StateStopped     = "stopped"
+)
+
+// HostImage is the built-in image: the host's /usr, read-only.
+const HostImage = "host"
+
+var imageName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// Options configure a Supervisor.
+type Options struct {
+	Store   *store.Store
+	Runtime runtime.Runtime
+	Logger  *slog.Logger
+	// StopGrace is how long the agent waits after TERM before it KILLs what is left.
+	StopGrace time.Duration
+	// OnEvent, if set, is told of every state change this supervisor makes or notices. It
+	// must not block.
+	OnEvent func(Event)
+	// OnTransition, if set, is told of every transition's duration and result (op is
+	// provision, start, stop, deprovision or exec-admission). It must not block.
+	OnTransition func(op string, d time.Duration, err error)
+}
+
+// Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
+// several supervisors (in several processes) may share a state root: the store's locks
+// serialise them.
+type Supervisor struct {
+	store *store.Store
+	rt    runtime.Runtime
+	log   *slog.Logger
+	grace time.Duration
+
+	onEvent      func(Event)
+	onTransition func(string, time.Duration, error)
+
+	// life ends when the supervisor closes; watchers stop with it.
+	life     context.Context
+	stopLife context.CancelFunc
+	wg       sync.WaitGroup
+
+	mu        sync.Mutex
+	closed    bool
+	clients   map[string]*agentConn // by sandbox id
+	transient map[string]string     // sandbox id → starting or stopping, while this process drives it
+	watched   map[string]string     // sandbox id → the launch a watcher follows
+}
+
+// agentConn is a control session with one launch's agent.
+type agentConn struct {
+	launchID string
+	client   *control.Client
+}
+
+// New returns a supervisor and declares the names it and its runtime keep in state
+// directories.
+func New(opts Options) (*Supervisor, error) {
+	if opts.Store == nil || opts.Runtime == nil {
+		return nil, errors.New("supervisor: a store and a runtime are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.StopGrace <= 0 {
+		opts.StopGrace = 5 * time.Second
+	}
+	life, stopLife := context.WithCancel(context.Background())
+	s := &Supervisor{
+		store:        opts.Store,
+		rt:           opts.Runtime,
+		log:          opts.Logger,
+		grace:        opts.StopGrace,
+		onEvent:      opts.OnEvent,
+		onTransition: opts.OnTransition,
+		life:         life,
+		stopLife:     stopLife,
+		clients:      map[string]*agentConn{},
+		transient:    map[string]string{},
+		watched:      map[string]string{},
+	}
+	declared := map[string]bool{}
+	declare := func(name string, kind store.EntryKind) error {
+		if declared[name] {
+			return nil
+		}
+		declared[name] = true
+		return s.store.Declare(name, kind)
+	}
+	for _, name := range []string{ExecLockName, CapabilityName, CloneBindingName, LogName} {
+		if err := declare(name, store.EntryFile); err != nil {
+			return nil, err
+		}
+	}
+	for _, e := range s.rt.DeclaredEntries() {
+		kind := store.EntryFile
+		if e.Dir {
+			kind = store.EntryDir
+		}
+		if err := declare(e.Name, kind); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Store returns the sandbox store.
+func (s *Supervisor) Store() *store.Store { return s.store }
+
+// Runtime returns the runtime.
+func (s *Supervisor) Runtime() runtime.Runtime { return s.rt }
+
+// Status is what a caller may know of a sandbox.
+type Status struct {
+	Config store.Config
+	State  string
+	// StartedAt is when the current (or last committed) launch started.
+	StartedAt *time.Time
+	// LastExit is how the last run ended, if one did.
+	LastExit *store.Outcome
+	// RuntimeMismatch says a live process of another runtime identity holds the sandbox.
+	RuntimeMismatch bool
+}
+
+func (s *Supervisor) setTransient(id, state string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if state == "" {
+		delete(s.transient, id)
+	} else {
+		s.transient[id] = state
+	}
+}
+
+// Status reads a sandbox's state without taking its lock: records are replaced atomically,
+// so each read is consistent, and a transition in progress shows as starting or stopping.
+func (s *Supervisor) Status(id string) (*Status, error) {
+	if err := store.ValidateID(id); err != nil {
+		return nil, err
+	}
+	cfg, err := s.store.ReadConfigUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		return nil, sandboxNotFound(id)
+	}
+	st := &Status{Config: *cfg, State: StateProvisioned}
+	outcome, err := s.store.ReadOutcomeUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	if outcome != nil {
+		st.LastExit = outcome
+		st.State = StateStopped
+	}
+	journal, err := s.store.ReadLaunchJournalUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.store.ReadRuntimeRecordUnlocked(id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rec != nil:
+		started := rec.StartedAt
+		st.StartedAt = &started
+		if processOf(rec).Alive() {
+			st.State = StateRunning
+			st.RuntimeMismatch = rec.RuntimeID != s.rt.Identity()
+			if outcome != nil && outcome.LaunchID == rec.LaunchID {
+				// The sandbox ended; its runtime process is finishing up.
+				st.State = StateStopped
+			}
+		} else {
+			st.State = StateStopped
+		}
+	case journal != nil:
+		st.State = StateStarting
+	}
+	s.mu.Lock()
+	if t, ok := s.transient[id]; ok {
+		st.State = t
+	}
+	s.mu.Unlock()
+	return st, nil
+}
+
+// List returns the status of every sandbox, in id order.
+func (s *Supervisor) List() ([]*Status, error) {
+	ids, err := s.store.List()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Status, 0, len(ids))
+	for _, id := range ids {
+		st, err := s.Status(id)
+		if errcode.Of(err) == errcode.SandboxNotFound {
+			continue // removed meanwhile, or a directory that is not (or no longer) provisioned
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// Provision creates a sandbox's state directory and configuration record.
+func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status, err error) {
+	defer s.observe("provision", time.Now(), &err)
+	if err := store.ValidateID(cfg.ID); err != nil {
+		return nil, err
+	}
+	if cfg.Image == "" {
+		cfg.Image = HostImage
+	}
+	if _, err := s.imageDir(cfg.Image); err != nil {
+		return nil, err
+	}
+	l, err := s.store.LockForProvision(ctx, cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	if err := l.RequireUnprovisioned(); err != nil {
+		return nil, err
+	}
+	cfg.Format = store.ConfigFormat
+	if cfg.CreatedAt.IsZero() {
+		cfg.CreatedAt = time.Now().UTC()
+	}
+	if err := l.WriteConfig(&cfg); err != nil {
+		return nil, err
+	}
+	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
+	return &Status{Config: cfg, State: StateProvisioned}, nil
+}
+
+// imageDir resolves an image name to its directory ("" for the host image).
+func (s *Supervisor) imageDir(name string) (string, error) {
+	if name == HostImage {
+		return "", nil
+	}
+	if !imageName.MatchString(name) {
+		return "", errcode.Invalid("image", "The image name %q is not valid: use 1-63 of a-z 0-9 . _ - starting with a letter or digit.", name)
+	}
+	dir := filepath.Join(s.store.Root(), "images", name)
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return "", errcode.New(errcode.ImageNotFound, "There is no image %q; use %q or put a root filesystem directory under the state root's images/.", name, HostImage)
+	}
+	return dir, nil
+}
+
+// lockRunning locks an existing, provisioned sandbox and reattaches it.
+func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Lock, *store.Config, error) {
+	if err := store.ValidateID(id); err != nil {
+		return nil, nil, err
+	}
+	l, err := s.store.LockExisting(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := l.Config()
+	if err != nil {
+		s.unlock(l)
+		return nil, nil, err
+	}
+	if cfg == nil {
+		s.unlock(l)
+		return nil, nil, sandboxNotFound(id)
+	}
+	return l, cfg, nil
+}
+
+func (s *Supervisor) unlock(l *store.Lock) {
+	if err := l.Unlock(); err != nil {
+		s.log.Warn("releasing a sandbox lock", "sandbox", l.ID(), "err", err)
+	}
+}
+
+func sandboxNotFound(id string) error {
+	return errcode.New(errcode.SandboxNotFound, "There is no sandbox %q; create it first.", id)
+}
+
+func processOf(rec *store.RuntimeRecord) platform.ProcessID {
+	return platform.ProcessID{Pid: rec.Pid, StartTime: rec.PidStartTime, BootID: rec.BootID}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err)) // cannot happen on Linux ≥ 3.17
+	}
+	return hex.EncodeToString(b)
+}
+
+// cleanupContext is for the work that must finish even though the caller's deadline passed:
+// undoing a failed launch, clearing records.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+}
+
+// Images lists the images a sandbox can use: the host image, then the directories under the
+// state root's images/ whose names are valid.
+func (s *Supervisor) Images() ([]string, error) {
+	images := []string{HostImage}
+	entries, err := os.ReadDir(filepath.Join(s.store.Root(), "images"))
+	if errors.Is(err, os.ErrNotExist) {
+		return images, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != HostImage && imageName.MatchString(e.Name()) {
+			images = append(images, e.Name())
+		}
+	}
+	return images, nil
+}
