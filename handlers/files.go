@@ -2,18 +2,93 @@ package handlers
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/supervisor/control"
 )
 
-func (h *Handlers) ReadFile(context.Context, openapi.ReadFileRequestObject) (openapi.ReadFileResponseObject, error) {
-	return nil, notImplemented("Reading files")
+// fileUser is the user file operations act as: the same default user as exec, so that
+// files written through the API belong to the workloads that use them, and the sandbox's
+// own permissions apply.
+const fileUser = "user"
+
+// maxListEntries bounds a directory listing.
+const maxListEntries = 10000
+
+func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObject) (openapi.ReadFileResponseObject, error) {
+	agent, err := h.sup.Agent(ctx, req.ID)
+	if err != nil {
+		return nil, err
+	}
+	if req.Params.List != nil && *req.Params.List {
+		infos, err := agent.List(ctx, req.Params.Path, fileUser)
+		if err != nil {
+			return nil, err
+		}
+		out := openapi.FileList{Items: make([]openapi.FileEntry, 0, min(len(infos), maxListEntries))}
+		for i, fi := range infos {
+			if i == maxListEntries {
+				break
+			}
+			out.Items = append(out.Items, apiFileEntry(fi))
+		}
+		return openapi.ReadFile200JSONResponse(out), nil
+	}
+	info, err := agent.Stat(ctx, req.Params.Path, fileUser)
+	if err != nil {
+		return nil, err
+	}
+	// The file's content belongs to the response, not to this call: the generated code
+	// streams it to the client and closes it.
+	rc, err := agent.ReadFile(context.WithoutCancel(ctx), req.Params.Path, fileUser)
+	if err != nil {
+		return nil, err
+	}
+	resp := openapi.ReadFile200ApplicationOctetStreamResponse{Body: rc}
+	if info.Type == control.TypeFile {
+		resp.ContentLength = info.Size
+	}
+	return resp, nil
 }
 
-func (h *Handlers) WriteFile(context.Context, openapi.WriteFileRequestObject) (openapi.WriteFileResponseObject, error) {
-	return nil, notImplemented("Writing files")
+func (h *Handlers) WriteFile(ctx context.Context, req openapi.WriteFileRequestObject) (openapi.WriteFileResponseObject, error) {
+	agent, err := h.sup.Agent(ctx, req.ID)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := agent.WriteFile(ctx, control.WriteRequest{Path: req.Params.Path, User: fileUser, Mode: 0o644, MakeParents: true}, req.Body); err != nil {
+		return nil, err
+	}
+	return openapi.WriteFile204Response{}, nil
 }
 
-func (h *Handlers) RemoveFile(context.Context, openapi.RemoveFileRequestObject) (openapi.RemoveFileResponseObject, error) {
-	return nil, notImplemented("Removing files")
+func (h *Handlers) RemoveFile(ctx context.Context, req openapi.RemoveFileRequestObject) (openapi.RemoveFileResponseObject, error) {
+	agent, err := h.sup.Agent(ctx, req.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := agent.Remove(ctx, req.Params.Path, fileUser, true); err != nil {
+		return nil, err
+	}
+	return openapi.RemoveFile204Response{}, nil
+}
+
+func apiFileEntry(fi control.FileInfo) openapi.FileEntry {
+	t := openapi.FileEntryTypeOther
+	switch fi.Type {
+	case control.TypeFile:
+		t = openapi.FileEntryTypeFile
+	case control.TypeDir:
+		t = openapi.FileEntryTypeDirectory
+	case control.TypeSymlink:
+		t = openapi.FileEntryTypeSymlink
+	}
+	return openapi.FileEntry{
+		Name:       fi.Name,
+		Type:       t,
+		Size:       fi.Size,
+		Mode:       fmt.Sprintf("%04o", fi.Mode),
+		ModifiedAt: fi.ModifiedAt,
+	}
 }

@@ -2,34 +2,270 @@ package handlers
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"regexp"
+	"slices"
+	"strings"
 
+	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor"
 )
 
-func (h *Handlers) ListSandboxes(context.Context, openapi.ListSandboxesRequestObject) (openapi.ListSandboxesResponseObject, error) {
-	return nil, notImplemented("Listing sandboxes")
+// labelKey is the rule for label keys, which OpenAPI 3.0 cannot express for map keys.
+var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
+
+func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxRequestObject) (openapi.CreateSandboxResponseObject, error) {
+	body := req.Body
+	if body == nil {
+		body = &openapi.CreateSandboxRequest{}
+	}
+	if body.Template != nil || body.Generation != nil {
+		return nil, notImplemented("Cloning a sandbox from a template")
+	}
+	cfg := store.Config{Resources: h.cfg.DefaultResources}
+	if body.ID != nil {
+		cfg.ID = *body.ID
+	} else {
+		cfg.ID = newSandboxID()
+	}
+	if body.Image != nil {
+		cfg.Image = *body.Image
+	}
+	if r := body.Resources; r != nil {
+		if r.Vcpus != nil {
+			cfg.Resources.VCPUs = *r.Vcpus
+		}
+		if r.MemoryMb != nil {
+			cfg.Resources.MemoryMB = *r.MemoryMb
+		}
+		if r.Pids != nil {
+			cfg.Resources.Pids = *r.Pids
+		}
+	}
+	env, err := envMap("env", body.Env)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Env = env
+	if body.Labels != nil {
+		for k := range *body.Labels {
+			if !labelKey.MatchString(k) {
+				return nil, errcode.Invalid("labels", "The label key %q is not valid: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
+			}
+		}
+		cfg.Labels = *body.Labels
+	}
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	st, err := h.sup.Provision(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if body.Start != nil && *body.Start {
+		if st, err = h.sup.Start(ctx, cfg.ID, nil); err != nil {
+			return nil, err
+		}
+	}
+	location := "/v1/sandboxes/" + cfg.ID
+	return openapi.CreateSandbox201JSONResponse{
+		Body:    apiSandbox(st),
+		Headers: openapi.CreateSandbox201ResponseHeaders{Location: &location},
+	}, nil
 }
 
-func (h *Handlers) CreateSandbox(context.Context, openapi.CreateSandboxRequestObject) (openapi.CreateSandboxResponseObject, error) {
-	return nil, notImplemented("Creating a sandbox")
+// newSandboxID makes an id for a sandbox created without one: "sb-" and 12 characters of
+// a-z 0-9 (62 bits), unlikely to collide and refused by the store if it does.
+func newSandboxID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return "sb-" + string(b)
 }
 
-func (h *Handlers) GetSandbox(context.Context, openapi.GetSandboxRequestObject) (openapi.GetSandboxResponseObject, error) {
-	return nil, notImplemented("Getting a sandbox")
+// envMap turns KEY=VALUE entries (their form checked by the contract) into a map.
+func envMap(field string, env *[]string) (map[string]string, error) {
+	if env == nil || len(*env) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(*env))
+	for _, kv := range *env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, errcode.Invalid(field, "The environment entry %q is not of the form KEY=VALUE.", kv)
+		}
+		m[k] = v
+	}
+	return m, nil
 }
 
-func (h *Handlers) DeleteSandbox(context.Context, openapi.DeleteSandboxRequestObject) (openapi.DeleteSandboxResponseObject, error) {
-	return nil, notImplemented("Deleting a sandbox")
+func (h *Handlers) GetSandbox(_ context.Context, req openapi.GetSandboxRequestObject) (openapi.GetSandboxResponseObject, error) {
+	st, err := h.sup.Status(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.GetSandbox200JSONResponse(apiSandbox(st)), nil
 }
 
-func (h *Handlers) StartSandbox(context.Context, openapi.StartSandboxRequestObject) (openapi.StartSandboxResponseObject, error) {
-	return nil, notImplemented("Starting a sandbox")
+func (h *Handlers) ListSandboxes(_ context.Context, req openapi.ListSandboxesRequestObject) (openapi.ListSandboxesResponseObject, error) {
+	p := req.Params
+	selectors := map[string]string{}
+	if p.Label != nil {
+		for _, sel := range *p.Label {
+			k, v, ok := strings.Cut(sel, "=")
+			if !ok || !labelKey.MatchString(k) {
+				return nil, errcode.Invalid("label", "The label selector %q is not of the form key=value.", sel)
+			}
+			selectors[k] = v
+		}
+	}
+	after := ""
+	if p.Cursor != nil {
+		b, err := base64.RawURLEncoding.DecodeString(*p.Cursor)
+		if err != nil || store.ValidateID(string(b)) != nil {
+			return nil, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
+		}
+		after = string(b)
+	}
+	limit := defaultListLimit
+	if p.Limit != nil {
+		limit = *p.Limit
+	}
+	all, err := h.sup.List()
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.SandboxList{Items: []openapi.Sandbox{}}
+	for _, st := range all {
+		if st.Config.ID <= after {
+			continue
+		}
+		if p.State != nil && st.State != string(*p.State) {
+			continue
+		}
+		if !matchLabels(st.Config.Labels, selectors) {
+			continue
+		}
+		if len(out.Items) == limit {
+			cursor := base64.RawURLEncoding.EncodeToString([]byte(out.Items[len(out.Items)-1].ID))
+			out.NextCursor = &cursor
+			break
+		}
+		out.Items = append(out.Items, apiSandbox(st))
+	}
+	return openapi.ListSandboxes200JSONResponse(out), nil
 }
 
-func (h *Handlers) StopSandbox(context.Context, openapi.StopSandboxRequestObject) (openapi.StopSandboxResponseObject, error) {
-	return nil, notImplemented("Stopping a sandbox")
+func matchLabels(labels, selectors map[string]string) bool {
+	for k, v := range selectors {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
-func (h *Handlers) GetSandboxLogs(context.Context, openapi.GetSandboxLogsRequestObject) (openapi.GetSandboxLogsResponseObject, error) {
-	return nil, notImplemented("Reading a sandbox's log")
+func (h *Handlers) DeleteSandbox(ctx context.Context, req openapi.DeleteSandboxRequestObject) (openapi.DeleteSandboxResponseObject, error) {
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	if err := h.sup.Deprovision(ctx, req.ID, nil); err != nil {
+		return nil, err
+	}
+	return openapi.DeleteSandbox204Response{}, nil
+}
+
+func (h *Handlers) StartSandbox(ctx context.Context, req openapi.StartSandboxRequestObject) (openapi.StartSandboxResponseObject, error) {
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	st, err := h.sup.Start(ctx, req.ID, nil)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.StartSandbox200JSONResponse(apiSandbox(st)), nil
+}
+
+func (h *Handlers) StopSandbox(ctx context.Context, req openapi.StopSandboxRequestObject) (openapi.StopSandboxResponseObject, error) {
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	force := req.Params.Force != nil && *req.Params.Force
+	st, err := h.sup.Stop(ctx, req.ID, force)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.StopSandbox200JSONResponse(apiSandbox(st)), nil
+}
+
+func (h *Handlers) GetSandboxLogs(_ context.Context, req openapi.GetSandboxLogsRequestObject) (openapi.GetSandboxLogsResponseObject, error) {
+	tail := 0
+	if req.Params.Tail != nil {
+		tail = *req.Params.Tail
+	}
+	b, err := h.sup.Logs(req.ID, tail)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.GetSandboxLogs200TextResponse(b), nil
+}
+
+// apiSandbox is the contract's view of a sandbox.
+func apiSandbox(st *supervisor.Status) openapi.Sandbox {
+	c := st.Config
+	sb := openapi.Sandbox{
+		ID:        c.ID,
+		State:     openapi.SandboxState(st.State),
+		Image:     c.Image,
+		Labels:    c.Labels,
+		Resources: apiResources(c.Resources),
+		CreatedAt: c.CreatedAt,
+		StartedAt: st.StartedAt,
+	}
+	if sb.Labels == nil {
+		sb.Labels = map[string]string{}
+	}
+	if len(c.Env) > 0 {
+		keys := make([]string, 0, len(c.Env))
+		for k := range c.Env {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		sb.EnvKeys = &keys
+	}
+	if o := st.LastExit; o != nil {
+		le := &openapi.LastExit{At: o.At, Reason: exitReason(o)}
+		if o.ExitCode >= 0 && o.Signal == "" {
+			code := o.ExitCode
+			le.Code = &code
+		}
+		if o.Signal != "" {
+			sig := o.Signal
+			le.Signal = &sig
+		}
+		sb.LastExit = le
+	}
+	return sb
+}
+
+func exitReason(o *store.Outcome) openapi.LastExitReason {
+	switch o.Reason {
+	case store.ReasonSignaled:
+		return openapi.LastExitReasonKilled
+	case store.ReasonOOM:
+		return openapi.LastExitReasonOom
+	case store.ReasonStopped:
+		return openapi.LastExitReasonStopped
+	case store.ReasonStartFailed:
+		return openapi.LastExitReasonStartFailed
+	case store.ReasonExited:
+		return openapi.LastExitReasonExited
+	}
+	return openapi.LastExitReasonLost
+}
+
+func apiResources(r store.Resources) openapi.Resources {
+	return openapi.Resources{Vcpus: r.VCPUs, MemoryMb: r.MemoryMB, Pids: r.Pids}
 }

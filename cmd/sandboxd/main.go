@@ -21,12 +21,18 @@ import (
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/server"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	if code, ran := supervisor.RunHidden(os.Args[1:]); ran {
+		os.Exit(code)
+	}
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
@@ -112,7 +118,33 @@ func serve(o *options, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	h, err := handlers.New(handlers.Config{Root: o.root, Version: version, Logger: log})
+	st, err := store.Open(o.root)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rt, err := namespace.New(namespace.Config{})
+	if err != nil {
+		return err
+	}
+	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: rt, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer sup.Close()
+	// Reconcile every sandbox before serving: interrupted starts end, stale records clear,
+	// running sandboxes are found again.
+	if err := sup.ReattachAll(ctx, 10*time.Second); err != nil {
+		return err
+	}
+	h, err := handlers.New(handlers.Config{
+		Supervisor:       sup,
+		DefaultResources: store.Resources(namespace.DefaultResources),
+		Version:          version,
+		MaxJSONBytes:     server.DefaultMaxJSONBytes,
+		MaxFileBytes:     server.DefaultMaxFileBytes,
+		Logger:           log,
+	})
 	if err != nil {
 		return err
 	}
@@ -121,10 +153,12 @@ func serve(o *options, log *slog.Logger) error {
 		Token:          token,
 		AllowedOrigins: o.allowedOrigins,
 		Logger:         log,
+		ExecStream:     h.ExecStream,
 	})
 	if err != nil {
 		return err
 	}
+	srv.OnShutdown(h.CloseStreams)
 	log.Info("sandboxd serving", "addr", ln.Addr().String(), "root", o.root, "version", version, "token", token != "")
 	err = srv.Serve(ctx, ln)
 	log.Info("sandboxd shut down")

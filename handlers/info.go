@@ -1,0 +1,44 @@
+package handlers
+
+import (
+	"context"
+
+	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/supervisor"
+)
+
+// maxExecOutput caps each of a buffered exec's stdout and stderr; the rest is discarded and
+// the result says it was cut. The websocket has no cap.
+const maxExecOutput = 1 << 20
+
+// maxGenerationAge is the default window in which a template generation can be cloned.
+const maxGenerationAge = 30 * 24 * 3600
+
+func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (openapi.GetInfoResponseObject, error) {
+	var info openapi.Info
+	info.Version = h.cfg.Version
+	rt := h.sup.Runtime()
+	info.Runtime.Kind = openapi.InfoRuntimeKind(rt.Kind())
+	info.Runtime.Identity = rt.Identity()
+	images, err := h.sup.Images()
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range images {
+		desc := "A root filesystem directory under the state root's images/."
+		if name == supervisor.HostImage {
+			desc = "The host's /usr, read-only, with a generated /etc."
+		}
+		info.Images = append(info.Images, struct {
+			Description *string `json:"description,omitempty"`
+			Name        string  `json:"name"`
+		}{Description: &desc, Name: name})
+	}
+	info.Limits.DefaultResources = apiResources(h.cfg.DefaultResources)
+	info.Limits.MaxResources = openapi.Resources{Vcpus: 64, MemoryMb: 65536, Pids: 32768}
+	info.Limits.MaxBodyBytes = h.cfg.MaxJSONBytes
+	info.Limits.MaxFileBytes = h.cfg.MaxFileBytes
+	info.Limits.MaxExecOutputBytes = maxExecOutput
+	info.Limits.MaxGenerationAgeSeconds = maxGenerationAge
+	return openapi.GetInfo200JSONResponse(info), nil
+}
