@@ -23,6 +23,7 @@ type agentConfig struct {
 	Capability []byte            `json:"capability"`
 	Env        map[string]string `json:"env,omitempty"`
 	Hostname   string            `json:"hostname"`
+	CgroupDir  string            `json:"cgroup_dir,omitempty"`
 }
 
 func initLogf(format string, args ...any) {
@@ -92,7 +93,8 @@ func initStage(dir string) error {
 	if err != nil {
 		return fmt.Errorf("open own executable: %w", err)
 	}
-	if err := setupRoot(spec); err != nil {
+	cgroupDir, err := setupRoot(spec)
+	if err != nil {
 		return err
 	}
 	if err := platform.SetHostname(spec.Hostname); err != nil {
@@ -106,7 +108,7 @@ func initStage(dir string) error {
 	}
 
 	// The second stage's configuration goes on a fresh pipe at fd 3.
-	next, err := json.Marshal(agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname})
+	next, err := json.Marshal(agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir})
 	if err != nil {
 		return err
 	}
@@ -200,7 +202,7 @@ func agentStageMain() int {
 		initLogf("no agent is linked into this binary")
 		return 1
 	}
-	if err := RunAgent(AgentConfig{ListenPath: ListenPath, Capability: cfg.Capability, Env: cfg.Env, Hostname: cfg.Hostname}); err != nil {
+	if err := RunAgent(AgentConfig{ListenPath: ListenPath, Capability: cfg.Capability, Env: cfg.Env, Hostname: cfg.Hostname, CgroupDir: cfg.CgroupDir}); err != nil {
 		initLogf("agent: %v", err)
 		return 1
 	}

@@ -3,20 +3,15 @@
 package namespace
 
 import (
-	"bufio"
-	"crypto/subtle"
-	"encoding/json"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/agent"
 )
 
 // testCgroupParent keeps the tests' cgroups apart from a real sandboxd's.
@@ -31,7 +26,7 @@ func TestMain(m *testing.M) {
 		case ShimCommand:
 			os.Exit(ShimMain(os.Args[2:]))
 		case InitCommand:
-			RunAgent = standInAgent
+			RunAgent = testAgent
 			os.Exit(InitMain(os.Args[2:]))
 		}
 	}
@@ -93,75 +88,18 @@ func checkNoLeaks() error {
 	}
 }
 
-// The stand-in agent speaks JSON lines over the control socket: just enough for these tests
-// to look at the sandbox from inside until the real agent and its control client are linked.
-type agentRequest struct {
-	Capability []byte   `json:"capability"`
-	Op         string   `json:"op"` // hello, exec, shutdown
-	Argv       []string `json:"argv,omitempty"`
-	UID        int      `json:"uid,omitempty"`
-}
-
-type agentResponse struct {
-	OK     bool   `json:"ok"`
-	Output string `json:"output,omitempty"`
-	Code   int    `json:"code"`
-	Signal int    `json:"signal,omitempty"`
-	Err    string `json:"err,omitempty"`
-}
-
-func standInAgent(cfg AgentConfig) error {
-	ln, err := net.Listen("unix", cfg.ListenPath)
-	if err != nil {
-		return err
+// testAgent runs the real agent as the sandbox's PID 1, as cmd/sandboxd wires it.
+func testAgent(c AgentConfig) error {
+	env := make([]string, 0, len(c.Env))
+	for k, v := range c.Env {
+		env = append(env, k+"="+v)
 	}
-	done := make(chan struct{})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				sc := bufio.NewScanner(c)
-				enc := json.NewEncoder(c)
-				for sc.Scan() {
-					var req agentRequest
-					if err := json.Unmarshal(sc.Bytes(), &req); err != nil || subtle.ConstantTimeCompare(req.Capability, cfg.Capability) != 1 {
-						return
-					}
-					switch req.Op {
-					case "hello":
-						_ = enc.Encode(agentResponse{OK: true})
-					case "exec":
-						cmd := exec.Command(req.Argv[0], req.Argv[1:]...)
-						cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
-						cmd.Dir = "/"
-						if req.UID != 0 {
-							cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(req.UID), Gid: uint32(req.UID)}}
-							cmd.Dir = userHome
-						}
-						out, err := cmd.CombinedOutput()
-						resp := agentResponse{OK: true, Output: string(out)}
-						if cmd.ProcessState != nil {
-							resp.Code = cmd.ProcessState.ExitCode()
-							if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-								resp.Signal = int(ws.Signal())
-							}
-						} else if err != nil {
-							resp = agentResponse{Err: err.Error()}
-						}
-						_ = enc.Encode(resp)
-					case "shutdown":
-						_ = enc.Encode(agentResponse{OK: true})
-						close(done)
-						return
-					}
-				}
-			}()
-		}
-	}()
-	<-done
-	return nil
+	return agent.Run(agent.Config{
+		ListenPath: c.ListenPath,
+		Capability: c.Capability,
+		DefaultEnv: env,
+		Hostname:   c.Hostname,
+		ReapAll:    true,
+		CgroupDir:  c.CgroupDir,
+	})
 }

@@ -52,6 +52,9 @@ type AgentConfig struct {
 	Env map[string]string
 	// Hostname is the sandbox's host name.
 	Hostname string
+	// CgroupDir is the sandbox's own cgroup as mounted read-only inside (v2, or v1's memory
+	// hierarchy), for memory statistics and OOM counts; "" if it could not be mounted.
+	CgroupDir string
 }
 
 // RunAgent runs the in-sandbox agent as PID 1 and returns when it is told to shut down. The

@@ -31,7 +31,39 @@ var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // setupRoot builds the sandbox's root file system on <dir>/rootfs, inside the init's own mount
 // namespace. Nothing here is visible to the host, and all of it goes when the namespace dies.
-func setupRoot(spec *shimSpec) error {
+// It returns where the sandbox's own cgroup is mounted inside ("" if nowhere).
+func setupRoot(spec *shimSpec) (string, error) {
+	err := setupRootMounts(spec)
+	if err != nil {
+		return "", err
+	}
+	return mountOwnCgroup(rootfsPath(spec.Dir))
+}
+
+// mountOwnCgroup mounts the sandbox's own cgroup read-only at /sys/fs/cgroup (v2) or
+// /sys/fs/cgroup/memory (v1's memory hierarchy), for the agent's statistics. The init's
+// cgroup namespace is rooted at the sandbox's cgroup, so nothing above it shows.
+func mountOwnCgroup(root string) (string, error) {
+	v, err := platform.CgroupVersion()
+	if err != nil {
+		return "", nil // no cgroups to show; the agent then reports no memory figures
+	}
+	inside, fstype, data := "/sys/fs/cgroup", "cgroup2", ""
+	if v == 1 {
+		inside, fstype, data = "/sys/fs/cgroup/memory", "cgroup", "memory"
+	}
+	target := filepath.Join(root, inside)
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return "", err
+	}
+	flags := uintptr(unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if err := platform.Mount(fstype, target, fstype, flags, data); err != nil {
+		return "", err
+	}
+	return inside, nil
+}
+
+func setupRootMounts(spec *shimSpec) error {
 	// First of all: no mount made from here on may propagate back to the host.
 	if err := platform.MakePrivate("/"); err != nil {
 		return err

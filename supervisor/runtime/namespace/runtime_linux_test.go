@@ -3,11 +3,12 @@
 package namespace
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor/control"
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
 
@@ -53,9 +56,10 @@ func newStateRoot(tb testing.TB) string {
 }
 
 type sandbox struct {
-	rt   *Runtime
-	spec runtime.Spec
-	id   platform.ProcessID
+	rt     *Runtime
+	spec   runtime.Spec
+	id     platform.ProcessID
+	client *control.Client
 }
 
 var sandboxSeq int
@@ -90,6 +94,9 @@ func (s *sandbox) log() string {
 
 // destroy kills the sandbox if it still runs and cleans up after it.
 func (s *sandbox) destroy(tb testing.TB) {
+	if s.client != nil {
+		s.client.Close()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := s.rt.Kill(ctx, s.spec.Dir, s.id); err != nil {
@@ -100,54 +107,67 @@ func (s *sandbox) destroy(tb testing.TB) {
 	}
 }
 
-func (s *sandbox) call(req agentRequest, timeout time.Duration) (agentResponse, error) {
-	c, err := net.DialTimeout("unix", s.rt.ControlPath(s.spec.Dir), timeout)
+// dial connects to the sandbox's agent.
+func (s *sandbox) dial(timeout time.Duration) (*control.Client, error) {
+	conn, err := net.DialTimeout("unix", s.rt.ControlPath(s.spec.Dir), timeout)
 	if err != nil {
-		return agentResponse{}, err
+		return nil, err
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(timeout))
-	req.Capability = s.spec.Capability
-	b, _ := json.Marshal(req)
-	if _, err := c.Write(append(b, '\n')); err != nil {
-		return agentResponse{}, err
-	}
-	line, err := bufio.NewReader(c).ReadBytes('\n')
-	if err != nil {
-		return agentResponse{}, err
-	}
-	var resp agentResponse
-	err = json.Unmarshal(line, &resp)
-	return resp, err
+	return control.Dial(conn, s.spec.Capability, timeout)
 }
 
 func (s *sandbox) waitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if _, err := s.call(agentRequest{Op: "hello"}, time.Second); err == nil {
+		c, err := s.dial(time.Second)
+		if err == nil {
+			s.client = c
 			return nil
 		}
 		if !s.id.Alive() {
 			return fmt.Errorf("the shim exited before the agent answered; sandbox.log:\n%s", s.log())
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the agent did not answer within %v; sandbox.log:\n%s", timeout, s.log())
+			return fmt.Errorf("the agent did not answer within %v (%v); sandbox.log:\n%s", timeout, err, s.log())
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 }
 
-// sh runs a shell script inside the sandbox as uid.
-func (s *sandbox) sh(tb testing.TB, uid int, script string) agentResponse {
+type execResult struct {
+	Output string
+	Code   int
+	Signal string
+}
+
+// sh runs a shell script inside the sandbox as user ("user" or "root").
+func (s *sandbox) sh(tb testing.TB, user, script string) execResult {
 	tb.Helper()
-	resp, err := s.call(agentRequest{Op: "exec", Argv: []string{"/bin/sh", "-c", script}, UID: uid}, 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := s.client.Exec(ctx, control.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, User: user, TimeoutMS: 60000})
 	if err != nil {
 		tb.Fatalf("exec %q: %v", script, err)
 	}
-	if resp.Err != "" {
-		tb.Fatalf("exec %q: %s", script, resp.Err)
+	var out bytes.Buffer
+	errc := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(p.Stderr); errc <- b }()
+	_, _ = io.Copy(&out, p.Stdout)
+	out.Write(<-errc)
+	st, err := p.Wait()
+	if err != nil {
+		tb.Fatalf("exec %q: %v", script, err)
 	}
-	return resp
+	return execResult{Output: out.String(), Code: st.ExitCode, Signal: st.Signal}
+}
+
+func (s *sandbox) shutdown(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.client.Shutdown(ctx, time.Second); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 func (s *sandbox) waitShimGone(tb testing.TB) {
@@ -159,13 +179,13 @@ func (s *sandbox) waitShimGone(tb testing.TB) {
 	}
 }
 
-func (s *sandbox) outcome(tb testing.TB) Outcome {
+func (s *sandbox) outcome(tb testing.TB) store.Outcome {
 	tb.Helper()
 	b, err := os.ReadFile(filepath.Join(s.spec.Dir, OutcomeName))
 	if err != nil {
 		tb.Fatalf("no outcome report: %v\n%s", err, s.log())
 	}
-	var o Outcome
+	var o store.Outcome
 	if err := json.Unmarshal(b, &o); err != nil {
 		tb.Fatal(err)
 	}
@@ -204,49 +224,52 @@ func TestIsolation(t *testing.T) {
 	other := startSandbox(t, rt, root, "other", runtime.Resources{})
 	s := startSandbox(t, rt, root, "iso", runtime.Resources{})
 	// A file of the other sandbox, and the paths of both state directories.
-	if r := other.sh(t, 0, "echo other-secret > /home/user/secret"); r.Code != 0 {
+	if r := other.sh(t, "root", "echo other-secret > /home/user/secret"); r.Code != 0 {
 		t.Fatalf("write in the other sandbox: %+v", r)
 	}
 
 	cases := []struct {
 		name   string
-		uid    int
+		user   string
 		script string
 		check  func(out string) bool
 	}{
-		{"only its own processes", 0, `ls /proc | grep -c '^[0-9]*$'; cat /proc/1/cmdline | tr '\0' ' '`,
+		{"only its own processes", "root", `ls /proc | grep -c '^[0-9]*$'; cat /proc/1/cmdline | tr '\0' ' '`,
 			func(out string) bool {
 				lines := strings.Split(strings.TrimSpace(out), "\n")
 				n, _ := strconv.Atoi(lines[0])
 				return n > 0 && n <= 4 && strings.Contains(out, InitCommand)
 			}},
-		{"no host shadow", 0, `cat /etc/shadow; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") }},
-		{"host root home not visible", 0, `ls -A /root | wc -l`, func(out string) bool { return strings.TrimSpace(out) == "0" }},
-		{"state root not visible", 0, fmt.Sprintf(`test -e %s; echo rc=$?`, root), func(out string) bool { return strings.Contains(out, "rc=1") }},
-		{"other sandbox not visible", 0, fmt.Sprintf(`cat %s/upper/home/user/secret; grep -rs other-secret /home /root /tmp /var /run /etc /mnt /opt /srv; echo rc=$?`, other.spec.Dir),
+		{"no host shadow", "root", `cat /etc/shadow; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") }},
+		{"host root home not visible", "root", `ls -A /root | wc -l`, func(out string) bool { return strings.TrimSpace(out) == "0" }},
+		{"state root not visible", "root", fmt.Sprintf(`test -e %s; echo rc=$?`, root), func(out string) bool { return strings.Contains(out, "rc=1") }},
+		{"other sandbox not visible", "root", fmt.Sprintf(`cat %s/upper/home/user/secret; grep -rs other-secret /home /root /tmp /var /run /etc /mnt /opt /srv; echo rc=$?`, other.spec.Dir),
 			func(out string) bool { return !strings.Contains(out, "other-secret") }},
-		{"usr read-only as root", 0, `touch /usr/x; echo rc=$?; touch /bin/x; echo rc=$?`, func(out string) bool { return strings.Count(out, "rc=1") == 2 }},
-		{"only loopback", 0, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`, func(out string) bool { return strings.TrimSpace(out) == "lo" }},
-		{"hostname is the id", 0, `cat /proc/sys/kernel/hostname`, func(out string) bool { return strings.TrimSpace(out) == s.spec.ID }},
-		{"workload user", 1000, `id -u; id -g; pwd; touch /home/user/f && echo wrote`, func(out string) bool {
+		{"usr read-only as root", "root", `touch /usr/x; echo rc=$?; touch /bin/x; echo rc=$?`, func(out string) bool { return strings.Count(out, "rc=1") == 2 }},
+		{"only loopback", "root", `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`, func(out string) bool { return strings.TrimSpace(out) == "lo" }},
+		{"hostname is the id", "root", `cat /proc/sys/kernel/hostname`, func(out string) bool { return strings.TrimSpace(out) == s.spec.ID }},
+		{"workload user", "user", `id -u; id -g; pwd; touch /home/user/f && echo wrote`, func(out string) bool {
 			return strings.HasPrefix(out, "1000\n1000\n") && strings.Contains(out, "/home/user") && strings.Contains(out, "wrote")
 		}},
-		{"user cannot reach the socket", 1000, `ls /run/sandboxd; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=2") }},
-		{"user has no capabilities", 1000, `grep CapEff /proc/self/status`, func(out string) bool { return strings.Contains(out, "0000000000000000") }},
-		{"root capabilities bounded", 0, `grep -E 'CapBnd|NoNewPrivs|Seccomp:' /proc/self/status`, func(out string) bool {
+		{"user cannot reach the socket", "user", `ls /run/sandboxd; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=2") }},
+		{"user has no capabilities", "user", `grep CapEff /proc/self/status`, func(out string) bool { return strings.Contains(out, "0000000000000000") }},
+		{"root capabilities bounded", "root", `grep -E 'CapBnd|NoNewPrivs|Seccomp:' /proc/self/status`, func(out string) bool {
 			return !strings.Contains(out, "000001ffffffffff") && strings.Contains(out, "NoNewPrivs:\t1") && strings.Contains(out, "Seccomp:\t2")
 		}},
-		{"no mount as root", 0, `mkdir -p /tmp/m && mount -t tmpfs x /tmp/m; echo rc=$?`, func(out string) bool { return !strings.Contains(out, "rc=0") }},
-		{"devices", 0, `echo hi > /dev/null && head -c 4 /dev/urandom | wc -c && ls /dev/pts/ptmx /dev/shm && readlink /dev/ptmx`, func(out string) bool {
+		{"no mount as root", "root", `mkdir -p /tmp/m && mount -t tmpfs x /tmp/m; echo rc=$?`, func(out string) bool { return !strings.Contains(out, "rc=0") }},
+		{"devices", "root", `echo hi > /dev/null && head -c 4 /dev/urandom | wc -c && ls /dev/pts/ptmx /dev/shm && readlink /dev/ptmx`, func(out string) bool {
 			return strings.Contains(out, "4\n") && strings.Contains(out, "pts/ptmx")
 		}},
-		{"no kernel settings", 0, `echo 1 > /proc/sys/vm/drop_caches; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") || strings.Contains(out, "rc=2") }},
+		{"own cgroup read-only", "root", `cat /sys/fs/cgroup/memory/memory.limit_in_bytes; echo 1 > /sys/fs/cgroup/memory/memory.limit_in_bytes; echo rc=$?`, func(out string) bool {
+			return strings.HasPrefix(out, strconv.Itoa(DefaultResources.MemoryMB<<20)+"\n") && !strings.Contains(out, "rc=0")
+		}},
+		{"no kernel settings", "root", `echo 1 > /proc/sys/vm/drop_caches; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") || strings.Contains(out, "rc=2") }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := s.sh(t, c.uid, c.script)
+			r := s.sh(t, c.user, c.script)
 			if !c.check(r.Output) {
-				t.Fatalf("script %q as uid %d: exit %d, output:\n%s", c.script, c.uid, r.Code, r.Output)
+				t.Fatalf("script %q as %s: exit %d, output:\n%s", c.script, c.user, r.Code, r.Output)
 			}
 		})
 	}
@@ -256,12 +279,10 @@ func TestNormalExitOutcome(t *testing.T) {
 	rt := newTestRuntime(t)
 	root := newStateRoot(t)
 	s := startSandbox(t, rt, root, "exit", runtime.Resources{})
-	if _, err := s.call(agentRequest{Op: "shutdown"}, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	s.shutdown(t)
 	s.waitShimGone(t)
 	o := s.outcome(t)
-	if o.Reason != ReasonExited || o.ExitCode != 0 || o.OOMKilled {
+	if o.Reason != store.ReasonExited || o.ExitCode != 0 || o.OOMKilled {
 		t.Fatalf("outcome %+v", o)
 	}
 	if s.cgroup(t).Exists() {
@@ -273,7 +294,7 @@ func TestPidsLimit(t *testing.T) {
 	rt := newTestRuntime(t)
 	root := newStateRoot(t)
 	s := startSandbox(t, rt, root, "pids", runtime.Resources{Pids: 40})
-	r := s.sh(t, 1000, `i=0; while [ $i -lt 200 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); done 2>&1 | tail -n 1; echo done`)
+	r := s.sh(t, "user", `i=0; while [ $i -lt 200 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); done 2>&1 | tail -n 1; echo done`)
 	cg := s.cgroup(t)
 	var events []byte
 	for _, d := range cg.Dirs() {
@@ -295,12 +316,19 @@ func TestMemoryLimitOOM(t *testing.T) {
 	root := newStateRoot(t)
 	s := startSandbox(t, rt, root, "oom", runtime.Resources{MemoryMB: 64})
 	// tail buffers a line without end in memory, so it grows until the limit stops it.
-	r := s.sh(t, 1000, `head -c 400000000 /dev/zero | tail -n 1 >/dev/null; echo rc=$?`)
+	r := s.sh(t, "user", `head -c 400000000 /dev/zero | tail -n 1 >/dev/null; echo rc=$?`)
 	if strings.Contains(r.Output, "rc=0") {
 		t.Fatalf("a 400 MB hog survived a 64 MB limit: %q", r.Output)
 	}
+	ctxs, cancels := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancels()
+	if st, err := s.client.Stats(ctxs); err != nil {
+		t.Fatalf("stats after OOM: %v", err)
+	} else {
+		t.Logf("stats after OOM: %+v", st)
+	}
 	// The sandbox lives on after the OOM kill of one of its processes.
-	if r := s.sh(t, 0, `echo alive`); strings.TrimSpace(r.Output) != "alive" {
+	if r := s.sh(t, "root", `echo alive`); strings.TrimSpace(r.Output) != "alive" {
 		t.Fatalf("sandbox after OOM: %+v", r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -327,7 +355,7 @@ func TestKillInit(t *testing.T) {
 		t.Fatal("shim or init alive after Kill")
 	}
 	o := s.outcome(t)
-	if o.Reason != ReasonSignaled || o.Signal != int(syscall.SIGKILL) {
+	if o.Reason != store.ReasonSignaled || o.Signal != "SIGKILL" || o.ExitCode != -1 {
 		t.Fatalf("outcome %+v, want killed by SIGKILL", o)
 	}
 	if s.cgroup(t).Exists() {
@@ -371,8 +399,8 @@ func TestCleanupRefusesLive(t *testing.T) {
 	if err := rt.Cleanup(context.Background(), s.spec.ID, s.spec.Dir, s.id); err == nil {
 		t.Fatal("Cleanup of a live sandbox succeeded")
 	}
-	if _, err := s.call(agentRequest{Op: "hello"}, 5*time.Second); err != nil {
-		t.Fatalf("sandbox harmed by a refused Cleanup: %v", err)
+	if r := s.sh(t, "root", "echo ok"); strings.TrimSpace(r.Output) != "ok" {
+		t.Fatalf("sandbox harmed by a refused Cleanup: %+v", r)
 	}
 }
 

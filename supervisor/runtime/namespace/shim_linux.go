@@ -14,7 +14,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // cloneFlags are the namespaces of a sandbox. A user namespace is not among them: the runtime
@@ -80,7 +83,7 @@ func logf(format string, args ...any) {
 
 func runShim(cfg *shimConfig) int {
 	spec := &cfg.Spec
-	outcome := &Outcome{LaunchID: spec.LaunchID}
+	outcome := &store.Outcome{LaunchID: spec.LaunchID}
 	finish := func(cg *platform.Cgroup) int {
 		if cg != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -98,7 +101,7 @@ func runShim(cfg *shimConfig) int {
 	}
 	fail := func(cg *platform.Cgroup, format string, args ...any) int {
 		logf(format, args...)
-		outcome.Reason = ReasonStartFailed
+		outcome.Reason = store.ReasonStartFailed
 		outcome.ExitCode = -1
 		finish(cg)
 		return 1
@@ -200,23 +203,23 @@ func runShim(cfg *shimConfig) int {
 	case st == nil:
 		return fail(cg, "wait for the init: %v", waitErr)
 	case st.Exited():
-		outcome.Reason = ReasonExited
+		outcome.Reason = store.ReasonExited
 		outcome.ExitCode = st.ExitCode()
 	default:
 		ws, _ := st.Sys().(syscall.WaitStatus)
-		outcome.Reason = ReasonSignaled
+		outcome.Reason = store.ReasonSignaled
 		outcome.ExitCode = -1
-		outcome.Signal = int(ws.Signal())
+		outcome.Signal = unix.SignalName(ws.Signal())
 	}
 	if oom, err := cg.OOMKilled(); err != nil {
 		logf("read OOM state: %v", err)
 	} else if oom {
 		outcome.OOMKilled = true
-		if outcome.Reason == ReasonSignaled {
-			outcome.Reason = ReasonOOM
+		if outcome.Reason == store.ReasonSignaled {
+			outcome.Reason = store.ReasonOOM
 		}
 	}
-	logf("the sandbox ended: %s (exit code %d, signal %d, oom %v)", outcome.Reason, outcome.ExitCode, outcome.Signal, outcome.OOMKilled)
+	logf("the sandbox ended: %s (exit code %d, signal %q, oom %v)", outcome.Reason, outcome.ExitCode, outcome.Signal, outcome.OOMKilled)
 	if werr != nil && !errors.Is(werr, os.ErrClosed) {
 		logf("hand the init its configuration: %v", werr)
 	}
