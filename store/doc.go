@@ -41,6 +41,11 @@
 // leftovers are removed (Lock.CleanStaging, removal) only when no process of that launch can
 // still run.
 //
+// The store removes its own temp leftovers and only those, each when no write that could own
+// one can be in flight: those of config.json, launch.json and runtime.json whenever a lock is
+// taken (only holders write them), the outcome's by CleanStaging, and at removal also those
+// of declared files. A name merely resembling the temp form is foreign.
+//
 // # The lock protocol
 //
 // Every transition holds an exclusive flock(2) on <dir>/sandbox.lock for its whole duration.
@@ -59,7 +64,8 @@
 //     unlinks the lock file, and then the directory, while holding the lock: a waiter that had
 //     opened the old file gets its lock only after it stopped being the lock, and this check
 //     sends it back to step 1, where it finds the sandbox gone or (provision) makes it again;
-//  6. (lock-existing only) without a configuration record the sandbox does not exist:
+//  6. remove the temp leftovers of records that only holders write;
+//  7. (lock-existing only) without a configuration record the sandbox does not exist:
 //     release as in Unlock below and fail with sandbox-not-found.
 //
 // Busy attempts are repeated every 25 ms until the caller's deadline (the context's deadline,

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -221,6 +222,9 @@ func (s *Store) try(id string, provision bool) (*Lock, attempt, error) {
 	l := &Lock{s: s, id: id, path: filepath.Join(s.root, SandboxesDir, id), dir: dir, f: f}
 	ok = true
 	s.hook(hookLocked)
+	if err := l.removeLockedTemps(); err != nil {
+		return nil, failed, errors.Join(err, l.Unlock())
+	}
 	if !provision {
 		has, err := l.hasConfig()
 		if err == nil && !has {
@@ -236,6 +240,33 @@ func (s *Store) try(id string, provision bool) (*Lock, attempt, error) {
 		}
 	}
 	return l, acquired, nil
+}
+
+// lockedRecords are the records written only under the lock (not outcome.json, which the
+// runtime process writes without it).
+var lockedRecords = []string{ConfigName, LaunchName, RuntimeName}
+
+// removeLockedTemps removes the temp leftovers of writes of records that only a lock holder
+// writes: now that we hold the lock, no such write can be in flight, so any is a leftover of a
+// holder that crashed mid-write.
+func (l *Lock) removeLockedTemps() error {
+	names, err := platform.ReadDirNames(l.dir)
+	if err != nil {
+		return err
+	}
+	removed := false
+	for _, name := range names {
+		if target, ok := platform.IsTempName(name); ok && slices.Contains(lockedRecords, target) {
+			if err := platform.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			removed = true
+		}
+	}
+	if removed {
+		return platform.SyncDir(l.dir)
+	}
+	return nil
 }
 
 // sameEntry reports whether the entry name in dir is the open file f.

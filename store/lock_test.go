@@ -539,3 +539,59 @@ func TestRequireUnprovisioned(t *testing.T) {
 		t.Fatalf("Provisioned() = %v, %v", has, err)
 	}
 }
+
+func TestLockRemovesLeftoverTempsOfLockedRecords(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	provision(t, s, "a")
+	dir := filepath.Join(s.Root(), SandboxesDir, "a")
+	gone := []string{platform.TempName(ConfigName), platform.TempName(LaunchName), platform.TempName(RuntimeName)}
+	// The outcome is staged without the lock, and clone.json belongs to another component.
+	kept := []string{platform.TempName(OutcomeName), platform.TempName("clone.json")}
+	for _, name := range append(append([]string{}, gone...), kept...) {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lockExisting(t, s, "a")
+	for _, name := range gone {
+		if exists(filepath.Join(dir, name)) {
+			t.Errorf("leftover %s kept", name)
+		}
+	}
+	for _, name := range kept {
+		if !exists(filepath.Join(dir, name)) {
+			t.Errorf("%s removed", name)
+		}
+	}
+}
+
+func TestStateDirectoryThatIsALink(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	elsewhere := t.TempDir()
+	if err := os.Symlink(elsewhere, filepath.Join(s.Root(), SandboxesDir, "a")); err != nil {
+		t.Fatal(err)
+	}
+	var a attempts
+	a.install(s, "", nil)
+	for name, lock := range map[string]func(context.Context, string) (*Lock, error){
+		"provision": s.LockForProvision, "existing": s.LockExisting,
+	} {
+		if l, err := lock(timeout(t, time.Minute), "a"); err == nil {
+			l.Unlock()
+			t.Fatalf("%s locked through a link", name)
+		} else if errcode.Of(err) != errcode.Internal {
+			t.Fatalf("%s = %v; want an internal error", name, err)
+		}
+	}
+	if a.count() != 2 {
+		t.Fatalf("%d attempts; the refusals must not be retried", a.count())
+	}
+	if _, err := s.ReadConfigUnlocked("a"); errcode.Of(err) != errcode.Internal {
+		t.Fatalf("ReadConfigUnlocked through a link = %v", err)
+	}
+	if got := entriesOf(t, elsewhere); len(got) != 0 {
+		t.Fatalf("the link's target got %v", got)
+	}
+}
