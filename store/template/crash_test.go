@@ -52,7 +52,9 @@ func (e *env) checkInvariants(t *testing.T) {
 	}
 }
 
-func errcodeOrNotExist(err error) bool { return err != nil && os.IsNotExist(err) || err == ErrNoBinding }
+func errcodeOrNotExist(err error) bool {
+	return err != nil && os.IsNotExist(err) || err == ErrNoBinding
+}
 
 // TestCrashAtEveryStep kills a process with SIGKILL at each durable step of capture, clone
 // (acquire), release and retire, then checks the invariants and that the next operation
