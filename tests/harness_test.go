@@ -18,8 +18,8 @@ import (
 	"time"
 )
 
-// sandboxdBin is the binary under test, built once by TestMain.
-var sandboxdBin string
+// sandboxdBin and sandboxctlBin are the binaries under test, built once by TestMain.
+var sandboxdBin, sandboxctlBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "sandboxd-e2e-")
@@ -28,7 +28,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	sandboxdBin = filepath.Join(dir, "sandboxd")
-	build := exec.Command("go", "build", "-o", sandboxdBin, "github.com/sandboxd/sandboxd/cmd/sandboxd")
+	sandboxctlBin = filepath.Join(dir, "sandboxctl")
+	build := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sandboxctl")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building sandboxd:", err)

@@ -1,0 +1,68 @@
+package tests
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ctl runs sandboxctl against a daemon and returns its stdout, stderr and exit code.
+func (d *daemon) ctl(stdin string, args ...string) (string, string, int) {
+	d.t.Helper()
+	cmd := exec.Command(sandboxctlBin, args...)
+	cmd.Env = append(os.Environ(), "SANDBOXD_URL="+d.URL)
+	if d.Token != "" {
+		f := filepath.Join(d.t.TempDir(), "token")
+		if err := os.WriteFile(f, []byte(d.Token), 0o600); err != nil {
+			d.t.Fatal(err)
+		}
+		cmd.Env = append(cmd.Env, "SANDBOXD_TOKEN_FILE="+f)
+	}
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	} else if err != nil {
+		d.t.Fatal(err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+func TestSandboxctl(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t, withToken("ctl-token-0123456789abcdef"))
+	if _, stderr, code := d.ctl("", "create", "--id", "cli", "--start", "--label", "via=ctl"); code != 0 {
+		t.Fatalf("create: %d %s", code, stderr)
+	}
+	if out, _, _ := d.ctl("", "ls", "--label", "via=ctl"); !strings.Contains(out, "cli") || !strings.Contains(out, "running") {
+		t.Fatalf("ls:\n%s", out)
+	}
+	if out, _, code := d.ctl("", "exec", "cli", "--", "sh", "-c", "echo out; exit 5"); out != "out\n" || code != 5 {
+		t.Fatalf("exec: %q, exit %d", out, code)
+	}
+	if out, _, code := d.ctl("echo piped $((2*21))\n", "shell", "cli"); !strings.Contains(out, "piped 42") || code != 0 {
+		t.Fatalf("shell: %q, exit %d", out, code)
+	}
+	if _, stderr, code := d.ctl("file body", "put", "cli", "-", "/tmp/f"); code != 0 {
+		t.Fatalf("put: %s", stderr)
+	}
+	if out, _, _ := d.ctl("", "fetch", "cli", "/tmp/f", "-"); out != "file body" {
+		t.Fatalf("fetch: %q", out)
+	}
+	if _, stderr, code := d.ctl("", "rm", "cli"); code != 1 || !strings.Contains(stderr, "sandbox-launched") {
+		t.Fatalf("rm of a running sandbox: exit %d, %s", code, stderr)
+	}
+	d.ctl("", "stop", "cli")
+	if _, stderr, code := d.ctl("", "rm", "cli"); code != 0 {
+		t.Fatalf("rm: %s", stderr)
+	}
+}
