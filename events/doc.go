@@ -1,0 +1,20 @@
+// Package events is sandboxd's in-process event bus and its server-sent-events endpoint,
+// GET /v1/events. It knows nothing of sandboxes or templates beyond the contract's Event: the
+// supervisor's hook and the template handlers publish; the SSE handler and tests subscribe.
+//
+// # Ordering and replay
+//
+// Publish numbers events with a sequence that increases by one per event of the process, and
+// stamps them with the time of publication. The last events (History of them) are kept in a
+// ring, so that a client that reconnects with the standard Last-Event-ID header is first sent
+// what it missed, then the live stream, with no gap and no duplicate. An id that the ring no
+// longer covers, or one from an earlier process (greater than the current sequence), replays
+// the whole ring: the client has missed events and should list what it shows afresh.
+//
+// # Slow subscribers
+//
+// Publish never blocks. Each subscriber has a bounded buffer; one that falls behind by more
+// than that is dropped: its stream ends, and the client reconnects with Last-Event-ID and
+// catches up from the ring. Publishers, among them the supervisor's transitions, are thus
+// never slowed down by a stalled browser tab.
+package events
