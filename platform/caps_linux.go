@@ -3,10 +3,12 @@
 package platform
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -89,6 +91,70 @@ func LimitThreadCapabilities(keep []string) error {
 // inherited across fork and exec.
 func SetNoNewPrivs() error {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("platform: PR_SET_NO_NEW_PRIVS: %w", err)
+	}
+	return nil
+}
+
+// ErrAllThreadsUnsupported is returned by the whole-process variants below in a binary that
+// links cgo: Go can then not run a system call on every thread (syscall.AllThreadsSyscall).
+// Callers fall back to the per-thread variants and an exec.
+var ErrAllThreadsUnsupported = errors.New("platform: per-process credential changes need a binary built without cgo")
+
+func allThreads(trap, a1, a2, a3 uintptr) error {
+	_, _, errno := syscall.AllThreadsSyscall(trap, a1, a2, a3)
+	if errno == syscall.ENOTSUP {
+		return ErrAllThreadsUnsupported
+	}
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// LimitProcessCapabilities is LimitThreadCapabilities for every thread of the process at once
+// (and so for every thread it makes later). It returns ErrAllThreadsUnsupported, having
+// changed nothing, in a binary that links cgo.
+func LimitProcessCapabilities(keep []string) error {
+	var mask [2]uint32
+	want := map[uintptr]bool{}
+	for _, name := range keep {
+		n, ok := capNumbers[name]
+		if !ok {
+			return fmt.Errorf("platform: unknown capability %q", name)
+		}
+		want[n] = true
+		mask[n/32] |= 1 << (n % 32)
+	}
+	for c := uintptr(0); c <= lastCap(); c++ {
+		if want[c] {
+			continue
+		}
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, c, 0); err != nil {
+			if errors.Is(err, ErrAllThreadsUnsupported) {
+				return err
+			}
+			return fmt.Errorf("platform: drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	if err := allThreads(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0); err != nil {
+		return fmt.Errorf("platform: clear ambient capabilities: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	for i := range data {
+		data[i] = unix.CapUserData{Effective: mask[i], Permitted: mask[i], Inheritable: mask[i]}
+	}
+	err := allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0)
+	if err != nil {
+		return fmt.Errorf("platform: capset: %w", err)
+	}
+	return nil
+}
+
+// SetProcessNoNewPrivs is SetNoNewPrivs for every thread of the process.
+func SetProcessNoNewPrivs() error {
+	if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {
 		return fmt.Errorf("platform: PR_SET_NO_NEW_PRIVS: %w", err)
 	}
 	return nil

@@ -2,6 +2,8 @@
 
 package platform
 
+import "errors"
+
 // These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
 
 // LimitThreadCapabilities is unsupported off Linux.
@@ -9,3 +11,12 @@ func LimitThreadCapabilities(keep []string) error { return ErrUnsupported }
 
 // SetNoNewPrivs is unsupported off Linux.
 func SetNoNewPrivs() error { return ErrUnsupported }
+
+// ErrAllThreadsUnsupported is returned by the whole-process variants.
+var ErrAllThreadsUnsupported = errors.New("platform: per-process credential changes need Linux")
+
+// LimitProcessCapabilities is unsupported off Linux.
+func LimitProcessCapabilities(keep []string) error { return ErrUnsupported }
+
+// SetProcessNoNewPrivs is unsupported off Linux.
+func SetProcessNoNewPrivs() error { return ErrUnsupported }

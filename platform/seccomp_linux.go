@@ -170,3 +170,20 @@ func (p *SeccompProgram) LoadThread() error {
 	}
 	return nil
 }
+
+// LoadProcess installs the filter on every thread of the process (SECCOMP_FILTER_FLAG_TSYNC).
+// Every thread must have no_new_privs set first (SetProcessNoNewPrivs).
+func (p *SeccompProgram) LoadProcess() error {
+	if len(p.filter) == 0 {
+		return fmt.Errorf("platform: empty seccomp program")
+	}
+	fprog := unix.SockFprog{Len: uint16(len(p.filter)), Filter: &p.filter[0]}
+	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
+	if errno != 0 {
+		return fmt.Errorf("platform: seccomp(SET_MODE_FILTER, TSYNC): %w", errno)
+	}
+	if r != 0 {
+		return fmt.Errorf("platform: seccomp TSYNC failed on thread %d", r)
+	}
+	return nil
+}

@@ -15,3 +15,6 @@ func DefaultSeccomp(caps []string) (*SeccompProgram, error) { return nil, ErrUns
 
 // LoadThread is unsupported off Linux.
 func (p *SeccompProgram) LoadThread() error { return ErrUnsupported }
+
+// LoadProcess is unsupported off Linux.
+func (p *SeccompProgram) LoadProcess() error { return ErrUnsupported }

@@ -4,6 +4,7 @@ package namespace
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -51,7 +52,7 @@ func InitMain(args []string) int {
 			initLogf("%v", err)
 			return 1
 		}
-		return 1 // initStage only returns on error
+		return 0
 	case len(args) == 2 && args[1] == agentStage:
 		return agentStageMain()
 	}
@@ -107,8 +108,31 @@ func initStage(dir string) error {
 		return err
 	}
 
+	acfg := agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir}
+	prog, err := platform.DefaultSeccomp(platform.DefaultCapabilities)
+	if err != nil {
+		return err
+	}
+
+	// A binary built without cgo (sandboxd's release build) can change the credentials of
+	// every thread at once: the init then drops its privileges in place and becomes the agent
+	// without another exec. Otherwise it drops them on this thread and re-executes itself.
+	switch err := platform.LimitProcessCapabilities(platform.DefaultCapabilities); {
+	case err == nil:
+		if err := platform.SetProcessNoNewPrivs(); err != nil {
+			return err
+		}
+		if err := prog.LoadProcess(); err != nil {
+			return err
+		}
+		exe.Close()
+		return runAgent(acfg)
+	case !errors.Is(err, platform.ErrAllThreadsUnsupported):
+		return err
+	}
+
 	// The second stage's configuration goes on a fresh pipe at fd 3.
-	next, err := json.Marshal(agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir})
+	next, err := json.Marshal(acfg)
 	if err != nil {
 		return err
 	}
@@ -134,10 +158,6 @@ func initStage(dir string) error {
 
 	// Privileges, on this thread only: the exec that follows replaces every other thread, so
 	// the agent and everything it starts inherit them.
-	prog, err := platform.DefaultSeccomp(platform.DefaultCapabilities)
-	if err != nil {
-		return err
-	}
 	if err := platform.LimitThreadCapabilities(platform.DefaultCapabilities); err != nil {
 		return err
 	}
@@ -197,14 +217,21 @@ func agentStageMain() int {
 		initLogf("%v", err)
 		return 1
 	}
-	unix.CloseOnExec(fdLifeline)
-	if RunAgent == nil {
-		initLogf("no agent is linked into this binary")
-		return 1
-	}
-	if err := RunAgent(AgentConfig{ListenPath: ListenPath, Capability: cfg.Capability, Env: cfg.Env, Hostname: cfg.Hostname, CgroupDir: cfg.CgroupDir}); err != nil {
-		initLogf("agent: %v", err)
+	if err := runAgent(cfg); err != nil {
+		initLogf("%v", err)
 		return 1
 	}
 	return 0
+}
+
+// runAgent runs the agent in this process, the sandbox's PID 1.
+func runAgent(cfg agentConfig) error {
+	unix.CloseOnExec(fdLifeline)
+	if RunAgent == nil {
+		return fmt.Errorf("no agent is linked into this binary")
+	}
+	if err := RunAgent(AgentConfig{ListenPath: ListenPath, Capability: cfg.Capability, Env: cfg.Env, Hostname: cfg.Hostname, CgroupDir: cfg.CgroupDir}); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
 }

@@ -3,7 +3,6 @@
 package namespace
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -69,12 +68,10 @@ func setupRootMounts(spec *shimSpec) error {
 		return err
 	}
 	root := rootfsPath(spec.Dir)
+	// The shim has built the host image's base layer (see runShim).
 	lowest := spec.ImageDir
 	if lowest == "" {
 		lowest = filepath.Join(spec.Dir, entryBase)
-		if err := buildHostBase(lowest, spec.Hostname); err != nil {
-			return fmt.Errorf("build the host image: %w", err)
-		}
 	}
 	lowers := append(append([]string{}, spec.Lowers...), lowest)
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
@@ -93,6 +90,11 @@ func setupRootMounts(spec *shimSpec) error {
 				continue // absent, or a link that the base layer reproduces
 			}
 			if err := platform.BindReadOnly("/"+name, filepath.Join(root, name)); err != nil {
+				return err
+			}
+		}
+		if fi, err := os.Lstat(filepath.Join(root, "etc/alternatives")); err == nil && fi.IsDir() {
+			if err := platform.BindReadOnly("/etc/alternatives", filepath.Join(root, "etc/alternatives")); err != nil {
 				return err
 			}
 		}
@@ -194,10 +196,24 @@ func setupDev(root string) error {
 	return nil
 }
 
+// baseStampName marks a complete host base layer; its content says for what it was built.
+const baseStampName = ".sandboxd-base"
+
+// hostBaseStamp identifies what buildHostBase writes: a change of layout (baseFormat) or of
+// host name rebuilds the layer. Host files copied into it are refreshed on such a rebuild
+// only; they are public and change rarely (os-release, ld.so.cache).
+func hostBaseStamp(hostname string) string {
+	return fmt.Sprintf("format 1\nhostname %s\n", hostname)
+}
+
 // buildHostBase writes the lowest layer of the host image into base: the directory skeleton,
 // the merged-usr links, and a generated /etc. It is rebuilt at every start (the host may have
 // changed), and holds nothing secret.
 func buildHostBase(base, hostname string) error {
+	stamp := hostBaseStamp(hostname)
+	if b, err := os.ReadFile(filepath.Join(base, baseStampName)); err == nil && string(b) == stamp {
+		return nil // built by an earlier start of this sandbox, for the same host name
+	}
 	if err := os.RemoveAll(base); err != nil {
 		return err
 	}
@@ -279,33 +295,12 @@ func buildHostBase(base, hostname string) error {
 	if target, err := os.Readlink("/etc/localtime"); err == nil && strings.HasPrefix(target, "/usr/") {
 		_ = os.Symlink(target, filepath.Join(etc, "localtime"))
 	}
-	// Debian's alternatives (awk, editor, ...) are links through /etc/alternatives into /usr.
-	return copyLinks("/etc/alternatives", filepath.Join(etc, "alternatives"))
-}
-
-// copyLinks recreates the symbolic links of src (and nothing else) in dst.
-func copyLinks(src, dst string) error {
-	ents, err := os.ReadDir(src)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Mkdir(dst, 0o755); err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if e.Type()&os.ModeSymlink == 0 {
-			continue
-		}
-		target, err := os.Readlink(filepath.Join(src, e.Name()))
-		if err != nil {
-			continue
-		}
-		if err := os.Symlink(target, filepath.Join(dst, e.Name())); err != nil {
+	// Debian's alternatives (awk, editor, ...) are links through /etc/alternatives into /usr;
+	// the host's directory of links is bound read-only over this mount point.
+	if fi, err := os.Lstat("/etc/alternatives"); err == nil && fi.IsDir() {
+		if err := os.Mkdir(filepath.Join(etc, "alternatives"), 0o755); err != nil {
 			return err
 		}
 	}
-	return nil
+	return os.WriteFile(filepath.Join(base, baseStampName), []byte(stamp), 0o644)
 }

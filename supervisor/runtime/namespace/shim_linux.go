@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"syscall"
 	"time"
@@ -107,6 +108,15 @@ func runShim(cfg *shimConfig) int {
 		return 1
 	}
 
+	// The host image's base layer is built while the init starts, and handed over (with the
+	// init's configuration) once complete.
+	baseDone := make(chan error, 1)
+	if spec.ImageDir == "" {
+		go func() { baseDone <- buildHostBase(filepath.Join(spec.Dir, entryBase), spec.Hostname) }()
+	} else {
+		baseDone <- nil
+	}
+
 	cg, err := platform.OpenCgroup(cfg.Cgroup)
 	if err != nil {
 		return fail(nil, "cgroup: %v", err)
@@ -191,7 +201,13 @@ func runShim(cfg *shimConfig) int {
 	}
 	cr.Close()
 	lr.Close()
-	_, werr := cw.Write(icfg)
+	var werr error
+	if err := <-baseDone; err != nil {
+		logf("build the host image: %v", err)
+		werr = err
+	} else {
+		_, werr = cw.Write(icfg)
+	}
 	cw.Close()
 	if werr != nil {
 		_ = cmd.Process.Kill()
@@ -221,7 +237,8 @@ func runShim(cfg *shimConfig) int {
 	}
 	logf("the sandbox ended: %s (exit code %d, signal %q, oom %v)", outcome.Reason, outcome.ExitCode, outcome.Signal, outcome.OOMKilled)
 	if werr != nil && !errors.Is(werr, os.ErrClosed) {
-		logf("hand the init its configuration: %v", werr)
+		logf("the init was not started: %v", werr)
+		outcome.Reason = store.ReasonStartFailed
 	}
 	return finish(cg)
 }

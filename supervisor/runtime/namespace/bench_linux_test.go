@@ -1,0 +1,136 @@
+//go:build linux
+
+package namespace
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
+)
+
+// rssKiB returns the resident set size of pid in KiB.
+func rssKiB(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			if len(f) >= 2 {
+				n, _ := strconv.Atoi(f[1])
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// BenchmarkStart measures Start until the agent answers hello on the control socket. Stopping
+// the sandbox is outside the timer. It also reports the memory of an idle sandbox: the summed
+// RSS of the shim and every process in the sandbox's cgroup, right after hello.
+func BenchmarkStart(b *testing.B) {
+	rt := newTestRuntime(b)
+	root := newStateRoot(b)
+	var rssTotal, rssN int
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		id := fmt.Sprintf("bench-%d-%d", os.Getpid(), i)
+		dir := filepath.Join(root, "sandboxes", id)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		spec := runtime.Spec{ID: id, Dir: dir, LaunchID: "l" + id, Image: "host", Capability: []byte("cap-" + id)}
+		b.StartTimer()
+		pid, err := rt.Start(context.Background(), spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var c *control.Client
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			conn, err := net.Dial("unix", rt.ControlPath(dir))
+			if err == nil {
+				c, err = control.Dial(conn, spec.Capability, 5*time.Second)
+				if err == nil {
+					break
+				}
+			}
+			if time.Now().After(deadline) || !pid.Alive() {
+				b.Fatalf("no hello: %v", err)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		b.StopTimer()
+		if i < 5 {
+			sum := rssKiB(pid.Pid)
+			if cg, err := platform.OpenCgroup(rt.cgroupName(id)); err == nil {
+				pids, _ := cg.Pids()
+				for _, p := range pids {
+					sum += rssKiB(p)
+				}
+			}
+			rssTotal += sum
+			rssN++
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := c.Shutdown(ctx, time.Second); err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+		if err := waitGone(ctx, pid); err != nil {
+			b.Fatal(err)
+		}
+		if err := rt.Cleanup(ctx, id, dir, pid); err != nil {
+			b.Fatal(err)
+		}
+		cancel()
+		_ = os.RemoveAll(dir)
+		b.StartTimer()
+	}
+	if rssN > 0 {
+		b.ReportMetric(float64(rssTotal)/float64(rssN)/1024, "idle-MiB")
+	}
+}
+
+// BenchmarkBwrapBaseline spawns a bare bubblewrap sandbox running true: the floor Start is
+// compared against.
+func BenchmarkBwrapBaseline(b *testing.B) {
+	needRoot(b)
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Skip("bwrap is not installed (apt-get install -y bubblewrap); skipping the baseline")
+	}
+	args := []string{"--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+		"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "true"}
+	for b.Loop() {
+		if out, err := exec.Command(bwrap, args...).CombinedOutput(); err != nil {
+			b.Fatalf("bwrap: %v: %s", err, out)
+		}
+	}
+}
+
+// BenchmarkUnshareBaseline spawns true in new namespaces with util-linux's unshare.
+func BenchmarkUnshareBaseline(b *testing.B) {
+	needRoot(b)
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		b.Skip("unshare is not installed")
+	}
+	for b.Loop() {
+		if out, err := exec.Command(unshare, "-m", "-p", "-u", "-i", "-n", "-f", "--mount-proc", "true").CombinedOutput(); err != nil {
+			b.Fatalf("unshare: %v: %s", err, out)
+		}
+	}
+}
