@@ -109,16 +109,26 @@ func listen(path string) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
 		os.Remove(path)
 	}
-	ln, err := net.Listen("unix", path)
+	// Bind under a temporary name and rename into place once listening: the socket path
+	// appears only when connecting to it works, so a launcher can wait for the path and dial
+	// once, without a window where the path exists but refuses connections.
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+"."+randomHex()+".tmp")
+	ln, err := net.Listen("unix", tmp)
 	if err != nil {
 		return nil, fmt.Errorf("agent: listening: %w", err)
 	}
 	// Closing the listener must not unlink a socket a later agent may own; we remove stale
 	// ones at start instead.
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := os.Chmod(path, 0o600); err != nil {
+	if err := os.Chmod(tmp, 0o600); err != nil {
 		ln.Close()
+		os.Remove(tmp)
 		return nil, fmt.Errorf("agent: restricting the socket: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("agent: publishing the socket: %w", err)
 	}
 	return ln, nil
 }

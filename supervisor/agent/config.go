@@ -14,7 +14,8 @@ type UserSpec struct {
 
 // Config configures the agent.
 type Config struct {
-	// ListenPath is the unix socket to listen on; its parent directory is created 0700.
+	// ListenPath is the unix socket to listen on; its parent directory is created 0700. The
+	// socket appears there (by rename) only once it accepts connections.
 	ListenPath string
 	// Capability is the launch's secret every connection must present in its hello.
 	Capability []byte

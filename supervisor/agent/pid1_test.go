@@ -64,7 +64,9 @@ func TestAsPID1(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestPID1Helper$", "-test.count=1")
 	cmd.Env = append(os.Environ(), pid1Env+"="+sock)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS, Pdeathsig: unix.SIGKILL}
+	// No Pdeathsig: it fires when the forking OS thread ends, and the agent's file
+	// operations end threads on purpose.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -65,10 +65,14 @@ func Serve(conn io.ReadWriteCloser, capability []byte, h Handler) error {
 		<-sess.CloseChan()
 		cancel()
 	}()
-	srv := &server{h: h, sess: sess}
+	// After a shutdown the accept loop stops, the operations still running (whose workloads
+	// the shutdown ended) send their exits, and only then does the session close.
+	acceptCtx, stopAccepting := context.WithCancel(ctx)
+	defer stopAccepting()
+	srv := &server{h: h, sess: sess, stopAccepting: stopAccepting}
 	var wg sync.WaitGroup
 	for {
-		st, err := sess.AcceptStream()
+		st, err := sess.AcceptStreamWithContext(acceptCtx)
 		if err != nil {
 			break
 		}
@@ -78,12 +82,29 @@ func Serve(conn io.ReadWriteCloser, capability []byte, h Handler) error {
 			srv.serveStream(ctx, st)
 		}()
 	}
-	cancel()
-	wg.Wait()
 	if srv.shutdown.Load() {
+		waitTimeout(&wg, shutdownDrain)
 		return ErrShutdown
 	}
+	cancel()
+	wg.Wait()
 	return nil
+}
+
+// shutdownDrain bounds how long Serve waits, after a shutdown, for the other operations of
+// the connection to send their final frames.
+const shutdownDrain = 10 * time.Second
+
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }
 
 func serveHello(sess *yamux.Session, capability []byte, h Handler) error {
@@ -130,9 +151,10 @@ func serveHello(sess *yamux.Session, capability []byte, h Handler) error {
 }
 
 type server struct {
-	h        Handler
-	sess     *yamux.Session
-	shutdown atomic.Bool
+	h             Handler
+	sess          *yamux.Session
+	shutdown      atomic.Bool
+	stopAccepting context.CancelFunc
 }
 
 func (s *server) serveStream(ctx context.Context, st *yamux.Stream) {
@@ -224,14 +246,13 @@ func (s *server) serveSimple(ctx context.Context, st *yamux.Stream, fw *frameWri
 		err = s.h.Shutdown(ctx, time.Duration(hdr.Shutdown.GraceMS)*time.Millisecond)
 		if err == nil {
 			s.shutdown.Store(true)
+			// No new operation: the client learns it from GoAway, and Serve stops
+			// accepting, then returns ErrShutdown once the other operations (whose
+			// workloads the shutdown ended) have sent their exits.
+			s.sess.GoAway()
+			s.stopAccepting()
 			writeJSON(fw, FrameResult, result)
 			lingerClose(st)
-			// Ending the session makes Serve return ErrShutdown once the other operations
-			// (whose workloads the shutdown ended) have sent their exits.
-			go func() {
-				s.sess.GoAway()
-				s.sess.Close()
-			}()
 			return
 		}
 	}
