@@ -203,7 +203,8 @@ func (l *Lock) Config() (*Config, error) {
 	return &c, nil
 }
 
-// WriteConfig writes the configuration record atomically and durably, stamped with the
+// WriteConfig writes the configuration record atomically and durably (the record, the state
+// directory and the state directory's entry in the sandboxes directory), stamped with the
 // current format. Its ID must be the lock's.
 func (l *Lock) WriteConfig(c *Config) error {
 	if c.ID != l.id {
@@ -211,7 +212,13 @@ func (l *Lock) WriteConfig(c *Config) error {
 	}
 	rec := *c
 	rec.Format = ConfigFormat
-	return l.writeRecord(ConfigName, &rec)
+	if err := l.writeRecord(ConfigName, &rec); err != nil {
+		return err
+	}
+	// The record is durable only if the state directory's own entry is: a crash after a
+	// provision made the directory, before anything synced the sandboxes directory, could
+	// otherwise lose the directory with the record in it.
+	return platform.SyncDir(l.s.sbx)
 }
 
 // LaunchJournal reads the launch journal; (nil, nil) when there is none.
