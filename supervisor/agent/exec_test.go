@@ -54,9 +54,10 @@ func TestExec(t *testing.T) {
 	t.Parallel()
 	ta := startAgent(t)
 	c := ta.dial(t)
-	uid := "1000"
+	uid, rootUID := "1000", "0"
 	if !isRoot() {
 		uid = strconv.Itoa(os.Getuid())
+		rootUID = uid
 	}
 	cases := []struct {
 		name       string
@@ -72,6 +73,7 @@ func TestExec(t *testing.T) {
 		{name: "stdin closed without data", req: control.ExecRequest{Argv: []string{"wc", "-c"}, Stdin: true}, out: "0\n"},
 		{name: "no stdin reads /dev/null", req: control.ExecRequest{Argv: []string{"cat"}}, out: ""},
 		{name: "runs as user", req: control.ExecRequest{Argv: []string{"id", "-u"}}, out: uid + "\n"},
+		{name: "root on request", req: control.ExecRequest{Argv: []string{"id", "-u"}, User: "root"}, out: rootUID + "\n"},
 		{name: "no supplementary groups", req: control.ExecRequest{Argv: []string{"sh", "-c", "id -G | wc -w"}}, out: "1\n"},
 		{name: "cwd", req: control.ExecRequest{Argv: []string{"pwd"}, Cwd: "/usr"}, out: "/usr\n"},
 		{name: "default cwd is home", req: control.ExecRequest{Argv: []string{"pwd"}}, out: "/tmp\n"},

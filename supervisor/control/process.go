@@ -56,7 +56,7 @@ var ErrNoExit = errors.New("control: the exec ended without an exit status")
 // status.
 func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 	if err := req.Validate(); err != nil {
-		return nil, err.(*RemoteError).Err()
+		return nil, asRemote(err).Err()
 	}
 	st, fw, stop, err := c.open(ctx, Header{Op: OpExec, Exec: &req})
 	if err != nil {
