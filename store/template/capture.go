@@ -130,7 +130,7 @@ func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Ke
 	}
 
 	cctx := ctx
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < commitGrace && ctx.Err() != context.Canceled {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < commitGrace && !errors.Is(ctx.Err(), context.Canceled) {
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), commitGrace)
 		defer cancel()

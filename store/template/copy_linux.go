@@ -221,11 +221,11 @@ func (c *copier) copyData(sf, df *os.File) error {
 		var err error
 		if useRange {
 			n, err = unix.CopyFileRange(sfd, nil, dfd, nil, chunk, 0)
-			if err == unix.EXDEV || err == unix.ENOSYS || err == unix.EINVAL || err == unix.EOPNOTSUPP {
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) {
 				useRange = false
 				continue
 			}
-			if err == unix.EINTR {
+			if errors.Is(err, unix.EINTR) {
 				continue
 			}
 		} else {
@@ -238,7 +238,7 @@ func (c *copier) copyData(sf, df *os.File) error {
 					return werr
 				}
 			}
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				return nil
 			}
 		}
@@ -316,7 +316,7 @@ func (c *copier) copyXattrs(sf *os.File, srcPath string, df *os.File, dstPath st
 	}
 	names, err := xattrRead(list)
 	if err != nil {
-		if err == unix.ENOTSUP || err == unix.EOPNOTSUPP {
+		if errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.EOPNOTSUPP) {
 			return nil
 		}
 		return err
@@ -326,14 +326,14 @@ func (c *copier) copyXattrs(sf *os.File, srcPath string, df *os.File, dstPath st
 			continue
 		}
 		val, err := xattrRead(func(buf []byte) (int, error) { return get(attr, buf) })
-		if err == unix.ENODATA {
+		if errors.Is(err, unix.ENODATA) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("get %s: %w", attr, err)
 		}
 		if err := set(attr, val); err != nil {
-			if !strings.HasPrefix(attr, overlayXattrPrefix) && (err == unix.EPERM || err == unix.ENOTSUP || err == unix.EOPNOTSUPP || err == unix.EACCES) {
+			if !strings.HasPrefix(attr, overlayXattrPrefix) && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EACCES)) {
 				continue
 			}
 			return fmt.Errorf("set %s: %w", attr, err)
@@ -354,7 +354,7 @@ func xattrRead(call func(buf []byte) (int, error)) ([]byte, error) {
 		}
 		buf := make([]byte, n)
 		m, err := call(buf)
-		if err == unix.ERANGE {
+		if errors.Is(err, unix.ERANGE) {
 			continue // it grew meanwhile
 		}
 		if err != nil {
@@ -423,7 +423,7 @@ func pathErr(op string, dir *os.File, name string, err error) error {
 // renameAt renames old to new within dir; new must not exist.
 func renameAt(dir *os.File, old, new string) error {
 	if err := unix.Renameat2(int(dir.Fd()), old, int(dir.Fd()), new, unix.RENAME_NOREPLACE); err != nil {
-		if err == unix.EINVAL || err == unix.ENOSYS {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 			if _, serr := os.Lstat(filepath.Join(dir.Name(), new)); serr == nil {
 				return pathErr("rename", dir, new, unix.EEXIST)
 			}
@@ -441,10 +441,10 @@ func renameAt(dir *os.File, old, new string) error {
 // that a copied read-only directory can be removed also without root.
 func removeTree(dir *os.File, name string) error {
 	err := unix.Unlinkat(int(dir.Fd()), name, 0)
-	if err == nil || err == unix.ENOENT {
+	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil
 	}
-	if err != unix.EISDIR && err != unix.EPERM {
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
 		return pathErr("remove", dir, name, err)
 	}
 	var st unix.Stat_t
@@ -475,7 +475,7 @@ func removeTree(dir *os.File, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := unix.Unlinkat(int(dir.Fd()), name, unix.AT_REMOVEDIR); err != nil && err != unix.ENOENT {
+	if err := unix.Unlinkat(int(dir.Fd()), name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
 		return pathErr("rmdir", dir, name, err)
 	}
 	return nil

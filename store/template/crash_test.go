@@ -1,6 +1,7 @@
 package template
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -53,7 +54,7 @@ func (e *env) checkInvariants(t *testing.T) {
 }
 
 func errcodeOrNotExist(err error) bool {
-	return err != nil && os.IsNotExist(err) || err == ErrNoBinding
+	return errors.Is(err, ErrNoBinding)
 }
 
 // TestCrashAtEveryStep kills a process with SIGKILL at each durable step of capture, clone
