@@ -86,6 +86,35 @@ func LimitThreadCapabilities(keep []string) error {
 	return nil
 }
 
+// inBoundingSet reports whether capability c is in the calling thread's bounding set.
+func inBoundingSet(c uintptr) bool {
+	r, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, c, 0, 0, 0)
+	return err != nil || r == 1
+}
+
+// BoundThreadCapabilities drops every capability but keep from the calling THREAD's bounding
+// set, and nothing else: the thread keeps its own capabilities, but a process it forks and
+// execs can never hold more than keep. The caller holds runtime.LockOSThread.
+func BoundThreadCapabilities(keep []string) error {
+	want := map[uintptr]bool{}
+	for _, name := range keep {
+		n, ok := capNumbers[name]
+		if !ok {
+			return fmt.Errorf("platform: unknown capability %q", name)
+		}
+		want[n] = true
+	}
+	for c := uintptr(0); c <= lastCap(); c++ {
+		if want[c] {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
+			return fmt.Errorf("platform: drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	return nil
+}
+
 // SetNoNewPrivs sets the calling thread's no_new_privs bit: from then on no exec can grant
 // privileges (set-user-ID bits and file capabilities are ignored). It is per thread and
 // inherited across fork and exec.
@@ -127,7 +156,9 @@ func LimitProcessCapabilities(keep []string) error {
 		mask[n/32] |= 1 << (n % 32)
 	}
 	for c := uintptr(0); c <= lastCap(); c++ {
-		if want[c] {
+		// Every call stops the world, so only capabilities still in the bounding set (the
+		// same on every thread) are dropped.
+		if want[c] || !inBoundingSet(c) {
 			continue
 		}
 		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, c, 0); err != nil {

@@ -20,3 +20,6 @@ func LimitProcessCapabilities(keep []string) error { return ErrUnsupported }
 
 // SetProcessNoNewPrivs is unsupported off Linux.
 func SetProcessNoNewPrivs() error { return ErrUnsupported }
+
+// BoundThreadCapabilities is unsupported off Linux.
+func BoundThreadCapabilities(keep []string) error { return ErrUnsupported }

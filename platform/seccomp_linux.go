@@ -3,6 +3,7 @@
 package platform
 
 import (
+	"encoding/binary"
 	"fmt"
 	"unsafe"
 
@@ -17,6 +18,31 @@ import (
 // SeccompProgram is a compiled seccomp BPF filter.
 type SeccompProgram struct {
 	filter []unix.SockFilter
+}
+
+// MarshalBinary encodes the program (8 bytes an instruction, little endian), so that it can
+// be compiled once and handed to the processes that load it.
+func (p *SeccompProgram) MarshalBinary() ([]byte, error) {
+	out := make([]byte, 0, 8*len(p.filter))
+	for _, f := range p.filter {
+		out = binary.LittleEndian.AppendUint16(out, f.Code)
+		out = append(out, f.Jt, f.Jf)
+		out = binary.LittleEndian.AppendUint32(out, f.K)
+	}
+	return out, nil
+}
+
+// UnmarshalBinary decodes what MarshalBinary encoded.
+func (p *SeccompProgram) UnmarshalBinary(b []byte) error {
+	if len(b) == 0 || len(b)%8 != 0 || len(b)/8 > 0xffff {
+		return fmt.Errorf("platform: a seccomp program of %d bytes is malformed", len(b))
+	}
+	p.filter = make([]unix.SockFilter, len(b)/8)
+	for i := range p.filter {
+		r := b[8*i:]
+		p.filter[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(r), Jt: r[2], Jf: r[3], K: binary.LittleEndian.Uint32(r[4:])}
+	}
+	return nil
 }
 
 // Len returns the number of BPF instructions.

@@ -18,3 +18,9 @@ func (p *SeccompProgram) LoadThread() error { return ErrUnsupported }
 
 // LoadProcess is unsupported off Linux.
 func (p *SeccompProgram) LoadProcess() error { return ErrUnsupported }
+
+// MarshalBinary is unsupported off Linux.
+func (p *SeccompProgram) MarshalBinary() ([]byte, error) { return nil, ErrUnsupported }
+
+// UnmarshalBinary is unsupported off Linux.
+func (p *SeccompProgram) UnmarshalBinary(b []byte) error { return ErrUnsupported }

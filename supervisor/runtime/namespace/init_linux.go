@@ -109,7 +109,7 @@ func initStage(dir string) error {
 	}
 
 	acfg := agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir}
-	prog, err := platform.DefaultSeccomp(platform.DefaultCapabilities)
+	prog, err := seccompProgram(cfg.Seccomp)
 	if err != nil {
 		return err
 	}
@@ -175,6 +175,18 @@ func initStage(dir string) error {
 	runtime.KeepAlive(exe)
 	runtime.KeepAlive(pr)
 	return err
+}
+
+// seccompProgram decodes the filter the runtime compiled, or compiles it if none came.
+func seccompProgram(b []byte) (*platform.SeccompProgram, error) {
+	if len(b) == 0 {
+		return platform.DefaultSeccomp(platform.DefaultCapabilities)
+	}
+	var p platform.SeccompProgram
+	if err := p.UnmarshalBinary(b); err != nil {
+		return nil, err
+	}
+	return &p, nil
 }
 
 // openExecutable opens the running executable on a descriptor above the fixed ones (3 and

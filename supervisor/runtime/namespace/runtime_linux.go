@@ -48,6 +48,9 @@ type Config struct {
 type Runtime struct {
 	cfg      Config
 	identity func() (string, error)
+	// seccomp is the compiled filter of every sandbox, compiled once here rather than in each
+	// sandbox's init.
+	seccomp []byte
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -67,7 +70,15 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := platform.OpenCgroup(cfg.CgroupParent + "/probe"); err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
-	r := &Runtime{cfg: cfg}
+	prog, err := platform.DefaultSeccomp(platform.DefaultCapabilities)
+	if err != nil {
+		return nil, fmt.Errorf("namespace runtime: %w", err)
+	}
+	bpf, err := prog.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	r := &Runtime{cfg: cfg, seccomp: bpf}
 	r.identity = sync.OnceValues(r.computeIdentity)
 	return r, nil
 }
@@ -118,6 +129,8 @@ func (r *Runtime) cgroupName(id string) string { return r.cfg.CgroupParent + "/"
 type shimConfig struct {
 	Spec   runtime.Spec `json:"spec"`
 	Cgroup string       `json:"cgroup"`
+	// Seccomp is the compiled seccomp filter (platform.SeccompProgram's binary form).
+	Seccomp []byte `json:"seccomp"`
 }
 
 // ensureDir creates dir/name with perm, or accepts an existing directory that is not a link.
@@ -184,7 +197,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if fi, err := logf.Stat(); err != nil || !fi.Mode().IsRegular() {
 		return platform.ProcessID{}, fmt.Errorf("namespace runtime: sandbox.log is not a regular file")
 	}
-	cfg, err := json.Marshal(shimConfig{Spec: spec, Cgroup: r.cgroupName(spec.ID)})
+	cfg, err := json.Marshal(shimConfig{Spec: spec, Cgroup: r.cgroupName(spec.ID), Seccomp: r.seccomp})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}

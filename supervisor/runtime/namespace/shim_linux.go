@@ -28,7 +28,8 @@ const cloneFlags = syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NE
 
 // initConfig is what the shim hands the init on its fd 3.
 type initConfig struct {
-	Spec shimSpec `json:"spec"`
+	Spec    shimSpec `json:"spec"`
+	Seccomp []byte   `json:"seccomp,omitempty"`
 }
 
 // shimSpec is the part of the spec the init needs.
@@ -41,6 +42,11 @@ type shimSpec struct {
 	Capability []byte            `json:"capability"`
 	Hostname   string            `json:"hostname"`
 }
+
+// initCapabilities bound the init: the sandbox's own set (platform.DefaultCapabilities),
+// plus CAP_SYS_ADMIN for its mounts, pivot_root and host name and CAP_NET_ADMIN to bring
+// loopback up, both dropped before the agent runs.
+var initCapabilities = append([]string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN"}, platform.DefaultCapabilities...)
 
 // Fds of the init: 3 carries its configuration (then EOF), 4 is the lifeline, a pipe whose
 // write end only the shim holds, so that the init can tell whether the shim still lives.
@@ -141,7 +147,7 @@ func runShim(cfg *shimConfig) int {
 	icfg, err := json.Marshal(initConfig{Spec: shimSpec{
 		ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, Lowers: spec.Lowers,
 		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname,
-	}})
+	}, Seccomp: cfg.Seccomp})
 	if err != nil {
 		return fail(cg, "encode init configuration: %v", err)
 	}
@@ -168,6 +174,13 @@ func runShim(cfg *shimConfig) int {
 	// the child would always kill itself. The init sets the signal itself and checks the
 	// lifeline instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneFlags}
+	// The init can never hold more than it needs to set the sandbox up: the forking thread's
+	// bounding set goes first, so that the init has only a few capabilities left to drop
+	// (each drop stops all its threads).
+	if err := platform.BoundThreadCapabilities(initCapabilities); err != nil {
+		return fail(cg, "%v", err)
+	}
+	leaveCgroup := func() error { return nil }
 	if cg.V2() {
 		dirf, err := cg.OpenDir()
 		if err != nil {
@@ -182,22 +195,20 @@ func runShim(cfg *shimConfig) int {
 		}
 	} else {
 		// On v1 the forking thread enters the cgroup for the fork only: the init is born in
-		// the cgroup, and its new cgroup namespace is rooted there.
+		// the cgroup, and its new cgroup namespace is rooted there. The thread leaves again
+		// once the init has its configuration, off the init's critical path.
 		leave, err := cg.EnterThread()
 		if err != nil {
 			return fail(cg, "enter cgroup: %v", err)
 		}
 		err = cmd.Start()
-		if lerr := leave(); lerr != nil {
-			if err == nil {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}
-			return fail(cg, "leave cgroup: %v", lerr)
-		}
 		if err != nil {
+			if lerr := leave(); lerr != nil {
+				logf("leave cgroup: %v", lerr)
+			}
 			return fail(cg, "start the init: %v", err)
 		}
+		leaveCgroup = leave
 	}
 	cr.Close()
 	lr.Close()
@@ -211,6 +222,14 @@ func runShim(cfg *shimConfig) int {
 	cw.Close()
 	if werr != nil {
 		_ = cmd.Process.Kill()
+	}
+	if err := leaveCgroup(); err != nil {
+		// The shim's own thread would stay in the sandbox's cgroup, where removing the cgroup
+		// at the end would kill the shim itself: end the sandbox, and leave the cgroup to the
+		// supervisor's Cleanup once the shim is gone.
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fail(nil, "leave cgroup: %v", err)
 	}
 
 	waitErr := cmd.Wait()
