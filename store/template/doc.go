@@ -56,13 +56,15 @@
 //
 // Cloning follows DESIGN.md's order exactly:
 //
-//	tx, _ := ts.Lock(ctx)                 // 1. the template store's lock
-//	sl, _ := sandboxes.LockForProvision() // 2. then the new sandbox's lifecycle lock
-//	g, _ := tx.Select(...)/tx.Leasable()  // 3. the generation: indexed, not tombstoned, eligible
-//	CheckUnbound(dir, id) + store checks  //    and the sandbox: provisioned, no runtime
-//	                                      //    record, no journal, no lease (clone.json)
-//	l, _ := tx.WriteLease(name, gen, id)  // 4. the lease record, durably
-//	WriteBinding(dir, NewBinding(l))      // 5. then the sandbox's clone.json, durably
+//	tx, _ := ts.Lock(ctx)                    // 1. the template store's lock
+//	sl, _ := sandboxes.LockExisting(ctx, id) // 2. then the new sandbox's lifecycle lock
+//	now, _ := ts.Now()
+//	g, _ := tx.Select(name, key, now)        // 3. the generation: indexed, not tombstoned,
+//	   // or tx.Leasable(name, gen, now)     //    eligible (and, by Select, of the key)
+//	CheckUnbound(sl.Dir(), id)               //    and the sandbox: provisioned, no runtime
+//	   // + the sandbox store's own checks   //    record, no journal, no lease (clone.json)
+//	l, _ := tx.WriteLease(name, g.ID, id)    // 4. the lease record, durably
+//	WriteBinding(sl.Dir(), NewBinding(l))    // 5. then the sandbox's clone.json, durably
 //	sl.Unlock(); tx.Unlock()
 //
 // Removal reverses it: RemoveBinding (durably) first, then Release removes the lease record.

@@ -636,3 +636,74 @@ func TestBindingFile(t *testing.T) {
 		t.Fatalf("fifo: %v", err)
 	}
 }
+
+// TestCaptureRacesDelete deletes (and makes again) the template while a capture copies: the
+// capture must not commit into the deleted template nor into its successor, and must leave no
+// staging directory behind.
+func TestCaptureRacesDelete(t *testing.T) {
+	t.Parallel()
+	for _, again := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deleted", true: "made-again"}[again], func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			if _, err := e.s.CreateTemplate(ctxT(t), "py"); err != nil {
+				t.Fatal(err)
+			}
+			done := false
+			_, err := e.s.Capture(ctxT(t), "py", bigLayer(t), testKey, func(copied, total int64) {
+				if copied == 0 || done {
+					return
+				}
+				done = true
+				// The copy runs without the store's lock, so a delete proceeds meanwhile.
+				if out, err := e.s.DeleteTemplate(ctxT(t), "py", false, nil); err != nil || out != Retired {
+					t.Errorf("delete during capture: %v, %v", out, err)
+				}
+				if again {
+					if _, err := e.s.CreateTemplate(ctxT(t), "py"); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+			wantCode(t, err, errcode.TemplateNotFound)
+			tdir := filepath.Join(e.s.Path(), "py")
+			if !again {
+				if exists(tdir) {
+					t.Fatal("the deleted template's directory remains")
+				}
+				return
+			}
+			gens, err := e.s.Generations("py", e.clock.get())
+			if err != nil || len(gens) != 0 {
+				t.Fatalf("the new template got %+v, %v", gens, err)
+			}
+			names, _ := os.ReadDir(tdir)
+			if len(names) != 1 || names[0].Name() != TemplateRecordName {
+				t.Fatalf("template directory holds %v", names)
+			}
+		})
+	}
+}
+
+func TestSelectUnderLock(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	gen := e.template(t, "py")
+	tx, err := e.s.Lock(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := tx.Select("py", testKey, e.clock.get())
+	if err != nil || g.ID != gen {
+		t.Fatalf("select %+v, %v", g, err)
+	}
+	// Nothing can tombstone it while the lock is held.
+	ctx, cancel := contextTimeout(50 * time.Millisecond)
+	defer cancel()
+	_, err = e.s.Tombstone(ctx, "py", gen)
+	wantCode(t, err, errcode.TransitionInProgress)
+	if _, err := tx.WriteLease("py", g.ID, "a"); err != nil {
+		t.Fatal(err)
+	}
+	tx.Unlock()
+}
