@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -232,6 +233,8 @@ func runShim(cfg *shimConfig) int {
 		return fail(nil, "leave cgroup: %v", err)
 	}
 
+	// The shim now only waits, possibly for weeks: give the memory of the set-up back.
+	debug.FreeOSMemory()
 	waitErr := cmd.Wait()
 	st := cmd.ProcessState
 	switch {
