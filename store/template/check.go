@@ -115,7 +115,7 @@ func (s *Store) checkTemplate(name string, bindingExists func(string, string) bo
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		if n == TemplateRecordName || validGenerationName(n) {
+		if n == TemplateRecordName || (validGenerationName(n) && isDirAt(tdir, n)) {
 			continue
 		}
 		if target, ok := platform.IsTempName(n); ok && (target == TemplateRecordName || validGenerationName(target)) {

@@ -276,3 +276,48 @@ func TestCheckRepairs(t *testing.T) {
 		t.Fatal("errcode")
 	}
 }
+
+// TestLinksInStoreNotFollowed puts links where a template and a generation directory would
+// be: they are skipped by listings, reported by Check, and never followed.
+func TestLinksInStoreNotFollowed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	gen := e.template(t, "py")
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(e.s.Path(), "evil")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(e.s.Path(), "py", gen), filepath.Join(e.s.Path(), "py", "g000009")); err != nil {
+		t.Fatal(err)
+	}
+	list, err := e.s.Templates(e.clock.get())
+	if err != nil || len(list) != 1 || list[0].Name != "py" || list[0].Generations != 1 {
+		t.Fatalf("templates %+v, %v", list, err)
+	}
+	if _, err := e.s.Template("evil", e.clock.get()); err == nil {
+		t.Fatal("a link was followed as a template")
+	}
+	if _, err := e.s.Generation("py", "g000009", e.clock.get()); err == nil {
+		t.Fatal("a link was followed as a generation")
+	}
+	if _, err := e.s.CreateTemplate(ctxT(t), "evil"); err == nil {
+		t.Fatal("a template was created through a link")
+	}
+	if names, _ := os.ReadDir(outside); len(names) != 0 {
+		t.Fatalf("something was written through the link: %v", names)
+	}
+	problems, err := e.s.Check(ctxT(t), nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries []string
+	for _, p := range problems {
+		if p.Kind != ForeignEntry || p.Repaired {
+			t.Fatalf("problem %v", p)
+		}
+		entries = append(entries, p.Entry)
+	}
+	if !slices.Equal(entries, []string{"evil", "py/g000009"}) {
+		t.Fatalf("check %v", entries)
+	}
+}

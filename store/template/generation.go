@@ -193,7 +193,7 @@ func generationNames(tdir *os.File) ([]string, error) {
 	}
 	var gens []string
 	for _, name := range names {
-		if _, ok := parseGeneration(name); ok {
+		if _, ok := parseGeneration(name); ok && isDirAt(tdir, name) {
 			gens = append(gens, name)
 		}
 	}
@@ -203,6 +203,12 @@ func generationNames(tdir *os.File) ([]string, error) {
 		return cmpUint(na, nb)
 	})
 	return gens, nil
+}
+
+// isDirAt reports whether the entry name in dir is a directory (a link to one is not).
+func isDirAt(dir *os.File, name string) bool {
+	st, err := platform.LstatAt(dir, name)
+	return err == nil && st.IsDir()
 }
 
 func cmpUint(a, b uint64) int {

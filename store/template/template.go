@@ -84,8 +84,8 @@ func (s *Store) Templates(now TimeContract) ([]Template, error) {
 	slices.Sort(names)
 	out := []Template{}
 	for _, name := range names {
-		if !validName(name) {
-			continue
+		if !validName(name) || !isDirAt(s.dir, name) {
+			continue // Check reports it
 		}
 		t, err := s.Template(name, now)
 		if errcode.Of(err) == errcode.TemplateNotFound {
