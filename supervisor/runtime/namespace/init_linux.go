@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"runtime/debug"
 
 	"golang.org/x/sys/unix"
 
@@ -243,8 +242,6 @@ func runAgent(cfg agentConfig) error {
 	if RunAgent == nil {
 		return fmt.Errorf("no agent is linked into this binary")
 	}
-	// The set-up's garbage goes back to the kernel before the agent settles to wait.
-	debug.FreeOSMemory()
 	if err := RunAgent(AgentConfig{ListenPath: ListenPath, Capability: cfg.Capability, Env: cfg.Env, Hostname: cfg.Hostname, CgroupDir: cfg.CgroupDir}); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

@@ -36,19 +36,15 @@ func setupRoot(spec *shimSpec) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return mountOwnCgroup(rootfsPath(spec.Dir))
+	return mountOwnCgroup(rootfsPath(spec.Dir), spec.CgroupV2)
 }
 
 // mountOwnCgroup mounts the sandbox's own cgroup read-only at /sys/fs/cgroup (v2) or
 // /sys/fs/cgroup/memory (v1's memory hierarchy), for the agent's statistics. The init's
 // cgroup namespace is rooted at the sandbox's cgroup, so nothing above it shows.
-func mountOwnCgroup(root string) (string, error) {
-	v, err := platform.CgroupVersion()
-	if err != nil {
-		return "", nil // no cgroups to show; the agent then reports no memory figures
-	}
+func mountOwnCgroup(root string, v2 bool) (string, error) {
 	inside, fstype, data := "/sys/fs/cgroup", "cgroup2", ""
-	if v == 1 {
+	if !v2 {
 		inside, fstype, data = "/sys/fs/cgroup/memory", "cgroup", "memory"
 	}
 	target := filepath.Join(root, inside)

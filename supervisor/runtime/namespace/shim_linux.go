@@ -42,6 +42,8 @@ type shimSpec struct {
 	Env        map[string]string `json:"env,omitempty"`
 	Capability []byte            `json:"capability"`
 	Hostname   string            `json:"hostname"`
+	// CgroupV2 says which kind of cgroup to mount inside for the agent.
+	CgroupV2 bool `json:"cgroup_v2,omitempty"`
 }
 
 // initCapabilities bound the init: the sandbox's own set (platform.DefaultCapabilities),
@@ -147,7 +149,7 @@ func runShim(cfg *shimConfig) int {
 
 	icfg, err := json.Marshal(initConfig{Spec: shimSpec{
 		ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, Lowers: spec.Lowers,
-		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname,
+		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: cg.V2(),
 	}, Seccomp: cfg.Seccomp})
 	if err != nil {
 		return fail(cg, "encode init configuration: %v", err)
