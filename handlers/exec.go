@@ -46,6 +46,7 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	start := time.Now()
 	proc, err := admission.Agent.Exec(ctx, creq)
 	if err != nil {
+		h.execDone("buffered", start, false, err)
 		return nil, err
 	}
 	defer proc.Close()
@@ -65,6 +66,7 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	go func() { defer wg.Done(); _, _ = io.Copy(&stderr, proc.Stderr) }()
 	wg.Wait()
 	status, err := proc.Wait()
+	h.execDone("buffered", start, err == nil && status.TimedOut, err)
 	if err != nil {
 		return nil, err
 	}

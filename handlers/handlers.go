@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/openapi"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor"
@@ -32,6 +33,13 @@ type Config struct {
 	MaxJSONBytes     int64
 	MaxFileBytes     int64
 	Logger           *slog.Logger
+	// Events, if set, is where handlers publish the events they cause (the supervisor's own
+	// reach the bus through its OnEvent hook; see EventOf). A nil bus drops events.
+	Events *events.Bus
+	// OnExec, if set, is told of every admitted exec when it ends: mode is "buffered" or
+	// "stream", d how long it ran, timedOut whether its timeout killed it, err why it failed.
+	// It must not block.
+	OnExec func(mode string, d time.Duration, timedOut bool, err error)
 }
 
 // Handlers implements openapi.StrictServerInterface.
@@ -70,4 +78,25 @@ func deadline(ctx context.Context, ms *int, def time.Duration) (context.Context,
 
 func (h *Handlers) GetHealth(context.Context, openapi.GetHealthRequestObject) (openapi.GetHealthResponseObject, error) {
 	return openapi.GetHealth200JSONResponse{Status: "ok"}, nil
+}
+
+// EventOf is the contract's view of a supervisor event, ready for events.Bus.Publish (which
+// numbers and stamps it). The exit is converted exactly as a sandbox's last_exit is.
+func EventOf(e supervisor.Event) openapi.Event {
+	id, state := e.Sandbox, openapi.SandboxState(e.State)
+	ev := openapi.Event{Type: openapi.EventType(e.Type), Sandbox: &id}
+	if e.State != "" {
+		ev.State = &state
+	}
+	if e.Exit != nil {
+		ev.Exit = apiSandbox(&supervisor.Status{LastExit: e.Exit}).LastExit
+	}
+	return ev
+}
+
+// execDone reports an admitted exec's end to the OnExec hook.
+func (h *Handlers) execDone(mode string, start time.Time, timedOut bool, err error) {
+	if h.cfg.OnExec != nil {
+		h.cfg.OnExec(mode, time.Since(start), timedOut, err)
+	}
 }

@@ -74,8 +74,10 @@ func (h *Handlers) ExecStream(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer admission.Release()
+	start := time.Now()
 	proc, err := admission.Agent.Exec(r.Context(), creq)
 	if err != nil {
+		h.execDone("stream", start, false, err)
 		return err
 	}
 	defer proc.Close()
@@ -99,7 +101,8 @@ func (h *Handlers) ExecStream(w http.ResponseWriter, r *http.Request) error {
 	}
 	h.streams.add(conn)
 	defer h.streams.remove(conn)
-	runStream(conn, proc, h.log.With("sandbox", id))
+	timedOut, err := runStream(conn, proc, h.log.With("sandbox", id))
+	h.execDone("stream", start, timedOut, err)
 	return nil
 }
 
@@ -164,10 +167,11 @@ type outgoing struct {
 }
 
 // runStream pumps a workload's streams over an upgraded connection until the workload ends
-// (exit message, normal close) or the client goes away (the workload is killed).
+// (exit message, normal close) or the client goes away (the workload is killed). It returns
+// how the workload ended, for the exec metrics.
 func runStream(conn *websocket.Conn, proc *control.Process, log interface {
 	Debug(string, ...any)
-}) {
+}) (timedOut bool, _ error) {
 	defer conn.Close()
 	out := make(chan outgoing, 8)
 	done := make(chan struct{}) // closed when the writer stops
@@ -284,6 +288,7 @@ func runStream(conn *websocket.Conn, proc *control.Process, log interface {
 	<-done
 	// Give the client a moment to answer the close before the connection goes.
 	_ = conn.SetReadDeadline(time.Now().Add(closeGrace))
+	return err == nil && status.TimedOut, err
 }
 
 // streamSet tracks open websockets so that a shutdown can tell them to go away.
