@@ -86,6 +86,9 @@ func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, err error)
 	}
 	e := classify(err)
 	status := statusOf[e.Code]
+	if s.onProblem != nil {
+		s.onProblem(e.Code, status)
+	}
 	if status >= 500 {
 		s.log.Error("request failed", "request_id", requestIDOf(r), "code", e.Code, "err", err)
 	}

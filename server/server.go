@@ -48,6 +48,10 @@ type Config struct {
 	Events     HandlerFunc
 	Metrics    http.Handler
 	Dashboard  http.Handler
+
+	// OnProblem, if set, is told of every problem response (for the errors-by-code metric).
+	// It must not block.
+	OnProblem func(code errcode.Code, status int)
 }
 
 // Server is sandboxd's HTTP handler together with the state it needs to shut down cleanly.
@@ -57,6 +61,7 @@ type Server struct {
 	token          string
 	allowedOrigins []string
 	validator      *validator
+	onProblem      func(errcode.Code, int)
 
 	mu         sync.Mutex
 	onShutdown []func()
@@ -85,6 +90,7 @@ func New(cfg Config) (*Server, error) {
 		token:          cfg.Token,
 		allowedOrigins: cfg.AllowedOrigins,
 		validator:      v,
+		onProblem:      cfg.OnProblem,
 	}
 	s.handler = s.routes(cfg)
 	return s, nil
@@ -133,17 +139,18 @@ func (s *Server) routes(cfg Config) http.Handler {
 			BaseRouter:       r,
 			ErrorHandlerFunc: s.requestError,
 		})
-		r.Get("/v1/events", s.handle(cfg.Events))
 		if cfg.Metrics != nil {
 			r.Handle("/metrics", cfg.Metrics)
 		} else {
 			r.Get("/metrics", s.handle(nil))
 		}
 	})
-	// Browsers cannot set headers on a websocket, so this route also takes ?access_token=.
+	// Browsers cannot set headers on a websocket or an EventSource, so these routes also take
+	// ?access_token=.
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate(true), s.validate)
 		r.Get("/v1/sandboxes/{id}/exec/stream", s.handle(cfg.ExecStream))
+		r.Get("/v1/events", s.handle(cfg.Events))
 	})
 	return r
 }
