@@ -18,12 +18,15 @@ import (
 
 	"github.com/lmittmann/tint"
 
+	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/handlers"
+	"github.com/sandboxd/sandboxd/metrics"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor"
 	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+	"github.com/sandboxd/sandboxd/web"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -127,7 +130,19 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: rt, Logger: log})
+	// The event bus and the metrics observe the supervisor through its hooks; the metrics
+	// count sandboxes by state from the supervisor itself, at scrape time.
+	bus := events.New(events.Options{})
+	var sup *supervisor.Supervisor
+	mx := metrics.New(func() ([]*supervisor.Status, error) { return sup.List() }, log)
+	sup, err = supervisor.New(supervisor.Options{
+		Store: st, Runtime: rt, Logger: log,
+		OnEvent: func(e supervisor.Event) {
+			mx.OnEvent(e.Type)
+			bus.Publish(handlers.EventOf(e))
+		},
+		OnTransition: mx.OnTransition,
+	})
 	if err != nil {
 		return err
 	}
@@ -144,6 +159,8 @@ func serve(o *options, log *slog.Logger) error {
 		MaxJSONBytes:     server.DefaultMaxJSONBytes,
 		MaxFileBytes:     server.DefaultMaxFileBytes,
 		Logger:           log,
+		Events:           bus,
+		OnExec:           mx.OnExec,
 	})
 	if err != nil {
 		return err
@@ -154,11 +171,16 @@ func serve(o *options, log *slog.Logger) error {
 		AllowedOrigins: o.allowedOrigins,
 		Logger:         log,
 		ExecStream:     h.ExecStream,
+		Events:         (&events.Handler{Bus: bus, Logger: log}).ServeEvents,
+		Metrics:        mx.Handler(),
+		Dashboard:      web.Handler(),
+		OnProblem:      mx.OnProblem,
 	})
 	if err != nil {
 		return err
 	}
 	srv.OnShutdown(h.CloseStreams)
+	srv.OnShutdown(bus.Close)
 	log.Info("sandboxd serving", "addr", ln.Addr().String(), "root", o.root, "version", version, "token", token != "")
 	err = srv.Serve(ctx, ln)
 	log.Info("sandboxd shut down")
