@@ -39,7 +39,9 @@ const (
 // host). Negative downtime is Early; more than max is Expired.
 func EligibilityAt(c, now TimeContract, max time.Duration) (Eligibility, time.Duration) {
 	var down time.Duration
-	if c.Clock != "" && c.HostID != "" && c.BootID != "" &&
+	// The boot id alone names one boot of one kernel; the host id (which a container may lack,
+	// and then is empty on both sides) guards against a copied state root read elsewhere.
+	if c.Clock != "" && c.BootID != "" &&
 		c.HostID == now.HostID && c.BootID == now.BootID && c.Clock == now.Clock {
 		down = now.Monotonic - c.Monotonic
 	} else {

@@ -125,11 +125,13 @@ func (s *Store) MaxAge() time.Duration { return s.opts.MaxAge }
 // Now reads the host's time through the configured clock, for Select, Leasable and views.
 func (s *Store) Now() (TimeContract, error) { return s.opts.Now() }
 
-// HostNow reads this host's time: machine id, boot id, CLOCK_BOOTTIME and UTC.
+// HostNow reads this host's time: machine id, boot id, CLOCK_BOOTTIME and UTC. A host without
+// a machine id (a slim container) reads an empty host id rather than failing: the boot id
+// still names the boot.
 func HostNow() (TimeContract, error) {
 	host, err := platform.MachineID()
 	if err != nil {
-		return TimeContract{}, err
+		host = ""
 	}
 	boot, err := platform.BootID()
 	if err != nil {

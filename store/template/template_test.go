@@ -88,6 +88,18 @@ func TestEligibility(t *testing.T) {
 		}), Eligible, time.Hour},
 		{"other clock uses UTC", at(func(c *TimeContract) { c.Clock = "monotonic"; c.Monotonic -= time.Minute; c.UTC = c.UTC.Add(time.Hour) }), Eligible, time.Hour},
 	}
+	// A host without a machine id: the boot id still names the boot.
+	noHost := base
+	noHost.HostID = ""
+	later := noHost
+	later.Monotonic += time.Minute
+	later.UTC = later.UTC.Add(-time.Hour)
+	if got, down := EligibilityAt(noHost, later, max); got != Eligible || down != time.Minute {
+		t.Fatalf("no host id, same boot: %s, %v; want monotonic", got, down)
+	}
+	if got, down := EligibilityAt(base, later, max); got != Early || down != -time.Hour {
+		t.Fatalf("host id on one side only: %s, %v; want UTC", got, down)
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
