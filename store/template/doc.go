@@ -50,7 +50,9 @@
 // CLOCK_MONOTONIC because a suspended host's downtime is real time for the captured state
 // (its caches, its tokens, its clocks): MONOTONIC stops during suspend and would call a
 // generation fresh that is not. Neither can be set, so within one boot a wrong or stepped
-// wall clock cannot make a generation early or expired; across boots only UTC remains.
+// wall clock cannot make a generation early or expired; across boots only UTC remains. A host
+// without a machine id (a slim container) records an empty host id; the boot id, random per
+// boot, still tells whether a monotonic reading can be compared.
 //
 // # The lease protocol
 //
