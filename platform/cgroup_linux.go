@@ -40,7 +40,8 @@ type mountEntry struct {
 
 // readMountinfo parses /proc/self/mountinfo.
 func readMountinfo() ([]mountEntry, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	// thread-self: the mount namespace is per thread, and this thread's is the one that counts.
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}

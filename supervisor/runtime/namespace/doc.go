@@ -8,31 +8,43 @@
 //
 //	sandboxd                      the server; need not be anyone's parent
 //	└─ sandboxd __shim <dir>      the runtime process: own session, detached, outlives sandboxd
-//	   └─ sandboxd __init <dir>   PID 1 of the sandbox, in new namespaces and the sandbox's cgroup
-//	      (exec'd in place as "sandboxd __init <dir> agent": the agent, with dropped privileges)
+//	   └─ sandboxd __init <dir>   PID 1 of the sandbox, in new namespaces and the sandbox's
+//	      │                       cgroup; sets the sandbox up, then runs the agent
 //	      └─ workloads            run by the agent as "user" (uid 1000) or "root"
 //
 // Start re-executes sandboxd as the shim (stdout and stderr to <dir>/sandbox.log, replaced at
-// each start) and hands it the spec, capability included, on a pipe (fd 3); the shim's
-// identity (pid, start time, boot id) is what the supervisor records. The shim creates the
-// cgroup and starts the init with clone flags for the new namespaces, handing it its part of
-// the spec on another pipe (fd 3) and a lifeline pipe (fd 4) whose write end only the shim
-// holds. The shim is the init's parent, so it always learns how the sandbox ended, also while
-// sandboxd is down: it then writes outcome.json, removes the cgroup and exits.
+// each start) and hands it the spec, capability included, and the seccomp filter (compiled
+// once by New) on a pipe (fd 3); the shim's identity (pid, start time, boot id) is what the
+// supervisor records. The shim creates the cgroup, builds the host image's base layer while
+// the init starts, and starts the init with clone flags for the new namespaces, handing it its
+// configuration on another pipe (fd 3) and a lifeline pipe (fd 4) whose write end only the
+// shim holds. The shim is the init's parent, so it always learns how the sandbox ended, also
+// while sandboxd is down: it then writes outcome.json (store.WriteOutcome), removes the
+// cgroup and exits.
 //
-// The init runs in two stages. The first, with full privileges, builds the root file system,
-// sets the host name, brings loopback up and pivots into the new root; then, on its own
-// thread, it bounds its capabilities, sets no_new_privs, installs the seccomp filter and
-// re-executes itself from a descriptor of the sandboxd executable opened before the pivot.
-// The exec replaces every other thread, so the second stage — the agent — and everything it
-// starts carry exactly those privileges (capabilities and no_new_privs are per thread in
-// Linux, which a multi-threaded Go process could not otherwise drop for good). The agent
-// receives the capability on a pipe: no file inside the sandbox holds it.
+// The init, with the privileges it needs to set the sandbox up (the shim bounded them to the
+// sandbox's set plus CAP_SYS_ADMIN and CAP_NET_ADMIN), builds the root file system, sets the
+// host name, brings loopback up and pivots into the new root. Then it drops to the sandbox's
+// privileges and runs the agent (RunAgent) as PID 1. Capabilities and no_new_privs are per
+// thread in Linux, and a Go process has many threads, so the drop must reach all of them: a
+// binary built without cgo (the release build) does it in place with
+// syscall.AllThreadsSyscall and a TSYNC seccomp filter; a binary with cgo, where that is
+// impossible, drops them on its main thread and re-executes itself from a descriptor of the
+// sandboxd executable opened before the pivot ("sandboxd __init <dir> agent"), since the exec
+// replaces every other thread. Either way the agent and everything it starts carry exactly
+// the sandbox's privileges. The agent receives the capability on a pipe: no file inside the
+// sandbox holds it.
 //
-// cmd/sandboxd must dispatch the hidden sub-commands before anything else:
+// cmd/sandboxd must dispatch the hidden sub-commands before anything else, and link the
+// agent:
 //
-//	switch os.Args[1] { case namespace.ShimCommand: os.Exit(namespace.ShimMain(os.Args[2:]))
-//	case namespace.InitCommand: os.Exit(namespace.InitMain(os.Args[2:])) }
+//	switch os.Args[1] {
+//	case namespace.ShimCommand:
+//		os.Exit(namespace.ShimMain(os.Args[2:]))
+//	case namespace.InitCommand:
+//		namespace.RunAgent = runAgent // wraps agent.Run
+//		os.Exit(namespace.InitMain(os.Args[2:]))
+//	}
 //
 // # What is mounted where, and why
 //
@@ -43,13 +55,15 @@
 //   - / is an overlay on <dir>/rootfs: lower layers are the spec's Lowers (template
 //     generations, top first) then the image; the upper layer is <dir>/upper (work dir
 //     <dir>/work). It is nodev and nosuid. An image is a directory under <root>/images/<name>/;
-//     the built-in "host" image is <dir>/base, generated at each start: the directory
-//     skeleton, the merged-usr links (/bin, /sbin, /lib, /lib64 as the host has them), and a
-//     generated /etc (passwd with root and user, group, hosts with the host name, hostname,
-//     resolv.conf, nsswitch.conf, and public host files: os-release, ld.so.cache, the
-//     /etc/alternatives links). /tmp and /home/user (owned by 1000) live on the upper layer.
+//     the built-in "host" image is <dir>/base, generated by the shim at the first start (and
+//     again when its format or the host name changes): the directory skeleton, the merged-usr
+//     links (/bin, /sbin, /lib, /lib64 as the host has them), and a generated /etc (passwd
+//     with root and user, group, hosts with the host name, hostname, resolv.conf,
+//     nsswitch.conf, and public host files: os-release, ld.so.cache, ld.so.conf). /tmp and
+//     /home/user (owned by 1000) live on the upper layer, so they persist with the sandbox.
 //   - /usr (host image only) is the host's /usr, bound read-only, nosuid, nodev; so are the
-//     top-level /bin, /lib... of a host where they are directories rather than links.
+//     top-level /bin, /lib... of a host where they are directories rather than links, and
+//     the host's /etc/alternatives (Debian's links to the chosen awk, editor, ...).
 //   - /proc is a new proc of the sandbox's pid namespace, so only its own processes show;
 //     /proc/sys, /proc/irq, /proc/bus and /proc/fs are read-only binds (root in the sandbox
 //     cannot change host-wide kernel settings), and /proc/kcore, keys, sysrq-trigger,
@@ -57,6 +71,9 @@
 //   - /dev is a small tmpfs (nodev itself) with null, zero, full, random, urandom and tty
 //     bound from the host's nodes, a new devpts instance at /dev/pts with /dev/ptmx linking
 //     into it, a tmpfs at /dev/shm, and the /dev/fd, stdin, stdout, stderr links.
+//   - /sys/fs/cgroup/memory (cgroup v1) or /sys/fs/cgroup (v2) is the sandbox's own cgroup,
+//     read-only, for the agent's memory figures; the init's cgroup namespace is rooted at the
+//     sandbox's cgroup, so nothing above it shows. No other part of /sys is mounted.
 //   - /run/sandboxd is a bind of <dir>/control, the only part of the state directory visible
 //     inside: it holds the agent's control.sock and is root's alone (0700), so a workload
 //     running as user cannot reach the socket.

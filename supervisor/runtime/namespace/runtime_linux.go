@@ -173,9 +173,18 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if spec.Resources.Pids == 0 {
 		spec.Resources.Pids = DefaultResources.Pids
 	}
-	fi, err := os.Lstat(spec.Dir)
-	if err != nil || !fi.IsDir() {
-		return platform.ProcessID{}, fmt.Errorf("namespace runtime: state directory %s: not a directory (%v)", spec.Dir, err)
+	if err := ctx.Err(); err != nil {
+		return platform.ProcessID{}, err
+	}
+	// Layers are mounted by path: each must be a directory itself, not a link to one.
+	for _, p := range append(append([]string{spec.Dir}, spec.Lowers...), spec.ImageDir) {
+		if p == "" {
+			continue
+		}
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.IsDir() {
+			return platform.ProcessID{}, fmt.Errorf("namespace runtime: %s is not a directory (%v)", p, err)
+		}
 	}
 	for _, e := range []struct {
 		name string
@@ -255,15 +264,27 @@ func waitGone(ctx context.Context, id platform.ProcessID) error {
 // shim to record the outcome and exit; if the shim lingers past ctx, it is killed too (its
 // init then dies with it by its parent-death signal).
 func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) error {
-	if !id.Alive() {
-		return nil
+	// The init is signalled again at every poll: a shim caught before it started its init
+	// would otherwise start one after the first signal went out.
+	delay := time.Millisecond
+	for id.Alive() {
+		if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return r.killShim(id)
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
 	}
-	if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
-		return err
-	}
-	if err := waitGone(ctx, id); err == nil {
-		return nil
-	}
+	return nil
+}
+
+// killShim kills the shim itself, for a shim that did not exit after its init was killed.
+func (r *Runtime) killShim(id platform.ProcessID) error {
 	if err := platform.SignalVerified(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
 		return err
 	}

@@ -429,3 +429,69 @@ func TestSpecValidation(t *testing.T) {
 		})
 	}
 }
+
+// copyFile copies a host file into an image directory, following links.
+func copyFile(tb testing.TB, src, dst string, perm os.FileMode) {
+	tb.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		tb.Skipf("cannot build a test image: %v", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, perm); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func TestImageAndLayers(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	// A minimal image: dash and the C library, and a marker; a layer above it with another.
+	img := filepath.Join(root, "images", "mini")
+	copyFile(t, "/usr/bin/dash", filepath.Join(img, "bin/sh"), 0o755)
+	copyFile(t, "/lib/x86_64-linux-gnu/libc.so.6", filepath.Join(img, "lib/x86_64-linux-gnu/libc.so.6"), 0o755)
+	copyFile(t, "/lib64/ld-linux-x86-64.so.2", filepath.Join(img, "lib64/ld-linux-x86-64.so.2"), 0o755)
+	if err := os.MkdirAll(filepath.Join(img, "root"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(img, "image-marker"), []byte("from the image\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	layer := filepath.Join(root, "layer")
+	if err := os.MkdirAll(layer, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(layer, "image-marker"), []byte("from the layer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sandboxSeq++
+	id := fmt.Sprintf("img-%d-%d", os.Getpid(), sandboxSeq)
+	dir := filepath.Join(root, "sandboxes", id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	spec := runtime.Spec{ID: id, Dir: dir, LaunchID: "l-" + id, Image: "mini", ImageDir: img,
+		Lowers: []string{layer}, Capability: []byte("cap-" + id)}
+	pid, err := rt.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &sandbox{rt: rt, spec: spec, id: pid}
+	t.Cleanup(func() { s.destroy(t) })
+	if err := s.waitReady(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r := s.sh(t, "root", `read l < /image-marker; echo "$l"; test -e /usr/bin; echo usr=$?; echo x > /new && echo wrote`)
+	if !strings.Contains(r.Output, "from the layer") || !strings.Contains(r.Output, "usr=1") || !strings.Contains(r.Output, "wrote") {
+		t.Fatalf("inside the image: %+v", r)
+	}
+	// Writes land in the sandbox's upper layer, never in the image or the layer.
+	if _, err := os.Stat(filepath.Join(img, "new")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the sandbox wrote into its image: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, entryUpper, "new")); err != nil {
+		t.Fatalf("the write is not in the upper layer: %v", err)
+	}
+}
