@@ -105,6 +105,8 @@
 //   - sandboxd dies: nothing happens to the sandbox; the shim is in its own session and not
 //     sandboxd's child in any way that matters. A restarted sandboxd finds it by the runtime
 //     record and reattaches.
+//   - The shim gets TERM, INT or HUP: it forwards TERM to the init, whose agent ends the
+//     sandbox gracefully; the shim records the outcome and exits as usual.
 //   - The shim dies (even SIGKILL): the init has PR_SET_PDEATHSIG=SIGKILL, set before it
 //     checks the lifeline (so a shim that died before the signal was armed is noticed too);
 //     the init's death ends its pid namespace, killing every workload. No outcome report is

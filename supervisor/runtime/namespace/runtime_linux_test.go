@@ -495,3 +495,20 @@ func TestImageAndLayers(t *testing.T) {
 		t.Fatalf("the write is not in the upper layer: %v", err)
 	}
 }
+
+func TestShimForwardsTerm(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "term", runtime.Resources{})
+	if err := platform.SignalVerified(s.id, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	s.waitShimGone(t)
+	// The agent shut the sandbox down and exited: a clean exit, recorded by the shim.
+	if o := s.outcome(t); o.Reason != store.ReasonExited {
+		t.Fatalf("outcome %+v after TERM to the shim, want a recorded exit", o)
+	}
+	if s.cgroup(t).Exists() {
+		t.Fatal("cgroup left after a TERM to the shim")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -235,9 +236,22 @@ func runShim(cfg *shimConfig) int {
 		return fail(nil, "leave cgroup: %v", err)
 	}
 
+	// A TERM or INT for the shim (an operator, a service manager stopping everything) asks
+	// the sandbox to shut down gracefully: it goes to the init, whose agent ends the sandbox's
+	// processes; the shim stays to record the outcome. Dying instead would take the init
+	// along (its parent-death signal) with no outcome written.
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	go func() {
+		for sig := range sigc {
+			logf("forwarding %v to the sandbox", sig)
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}()
 	// The shim now only waits, possibly for weeks: give the memory of the set-up back.
 	debug.FreeOSMemory()
 	waitErr := cmd.Wait()
+	signal.Stop(sigc)
 	st := cmd.ProcessState
 	switch {
 	case st == nil:
