@@ -96,7 +96,9 @@
 // DefaultCapabilities) as bounding, permitted and effective set: enough to switch to the
 // workload user and to signal workloads. A workload run as user gets no capability (the uid
 // change clears them; ambient is empty); one run as root gets that same set. no_new_privs
-// makes set-user-ID binaries and file capabilities inert. The seccomp filter is Docker's
+// makes set-user-ID binaries and file capabilities inert. The agent is not dumpable, so that no
+// workload, even root, can reach its memory (the capability), its descriptors (sandbox.log on
+// the host) or its executable through /proc/1. The seccomp filter is Docker's
 // default profile (github.com/moby/profiles/seccomp) for that capability set, compiled to
 // BPF in pure Go; it covers the agent and every workload.
 //

@@ -239,6 +239,12 @@ func agentStageMain() int {
 // runAgent runs the agent in this process, the sandbox's PID 1.
 func runAgent(cfg agentConfig) error {
 	unix.CloseOnExec(fdLifeline)
+	// Not dumpable: a workload, even as root, cannot then reach the agent through /proc/1
+	// (its memory holds the capability; its descriptors include sandbox.log on the host and
+	// the sandboxd executable), since that needs CAP_SYS_PTRACE, which no workload has.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("PR_SET_DUMPABLE: %w", err)
+	}
 	if RunAgent == nil {
 		return fmt.Errorf("no agent is linked into this binary")
 	}

@@ -263,6 +263,9 @@ func TestIsolation(t *testing.T) {
 		{"own cgroup read-only", "root", `cat /sys/fs/cgroup/memory/memory.limit_in_bytes; echo 1 > /sys/fs/cgroup/memory/memory.limit_in_bytes; echo rc=$?`, func(out string) bool {
 			return strings.HasPrefix(out, strconv.Itoa(DefaultResources.MemoryMB<<20)+"\n") && !strings.Contains(out, "rc=0")
 		}},
+		{"agent unreachable through /proc/1", "root", `echo x >> /proc/1/fd/1; echo rc=$?; cat /proc/1/environ; echo rc=$?; readlink /proc/1/exe; echo rc=$?; head -c1 /proc/1/mem; echo rc=$?`, func(out string) bool {
+			return !strings.Contains(out, "rc=0")
+		}},
 		{"no kernel settings", "root", `echo 1 > /proc/sys/vm/drop_caches; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") || strings.Contains(out, "rc=2") }},
 	}
 	for _, c := range cases {
