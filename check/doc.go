@@ -1,0 +1,59 @@
+// Package check is sandboxd's consistency checker: it verifies a state root offline or beside
+// a running server, and with repair fixes what is safe to fix. cmd/sandboxd serves it as
+// `sandboxd check`.
+//
+// It reads the sandbox store, the runtime's processes, the host's mounts and cgroups, and the
+// template store, through their exported functions; it keeps no rules of its own about what a
+// state directory holds beyond what those packages declare. It must never delete a sandbox,
+// a template generation or user data, and never signal a process whose identity it has not
+// verified.
+//
+// # What is checked
+//
+//   - The sandboxes directory holds only state directories named by valid ids.
+//   - Each state directory is a directory (not a link), owned by sandboxd's user, mode 0700,
+//     holding only the store's entries, the names declared to the store (by the supervisor
+//     and its runtime), the store's temp names and NFS's ".nfs*" names; records and declared
+//     files are regular files, declared directories are directories; config.json reads and
+//     names its directory. A directory without config.json is left over.
+//   - Every runtime record names a live process (pid, start time, boot id) that carries the
+//     runtime's marker for that directory; otherwise it is stale. A live process of another
+//     runtime identity is noted (runtime-mismatch), not a problem.
+//   - A launch journal without a runtime record of its launch is an interrupted start; one
+//     beside the record of its own launch is a journal whose removal was interrupted.
+//   - Every runtime process (shim or init) that the runtime finds by its marker under the
+//     state root is named by a runtime record (a shim by its identity, an init as the child
+//     of the recorded shim).
+//   - No host mount lies below the state root (the runtime mounts only inside sandboxes'
+//     own mount namespaces), and no sandbox cgroup exists for a sandbox of this root that is
+//     not running.
+//   - Every clone binding names a lease record that exists, and the template store's own
+//     check passes: every lease record is matched by a clone binding, no generation payload
+//     lacks its index entry or the reverse, no retirement or capture was left half done.
+//
+// # Beside a running server
+//
+// The checker reads records without the lifecycle lock, as the server's list does, but first
+// tries the sandbox's lock once without waiting, and holds it while it looks: a sandbox whose
+// lock another process holds is in a transition, and its records are noted, not judged.
+// Processes are listed before any directory is looked at and judged after, so that a launch
+// that commits meanwhile is seen with its record, and one that was abandoned is seen dead.
+//
+// # Repair
+//
+// Repair takes each sandbox's lifecycle lock (so it is safe beside a running server) and runs
+// the supervisor's own start-up reconciliation (Supervisor.ReattachAll): interrupted starts
+// are ended, stale records cleared. It then kills, under the sandbox's lock and by verified
+// identity, runtime processes that no record names; releases the cgroups and mounts of
+// sandboxes that are not running (Runtime.Cleanup); takes the lock of left-over directories
+// without config.json once, which lets the store remove them; and runs the template store's
+// check with repair. It never removes a sandbox, a foreign entry or a record it cannot read.
+// The state root is then checked again, and a problem is reported as repaired when the second
+// pass no longer finds it.
+//
+// # Limits
+//
+// Sandbox cgroups are named by sandbox id alone (<parent>/<id>), so a cgroup whose id has no
+// state directory in this root may belong to another state root on the same host; such
+// cgroups are not reported.
+package check
