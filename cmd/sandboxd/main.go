@@ -84,6 +84,9 @@ func run(args []string, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "healthcheck" {
 		return healthcheck(stderr)
 	}
+	if len(args) > 0 && args[0] == "check" {
+		return checkCommand(args[1:], os.Stdout, stderr)
+	}
 	o, err := parseOptions(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
