@@ -77,16 +77,32 @@ func TestLockWaitsForRelease(t *testing.T) {
 	provision(t, s, "a")
 	l := lockExisting(t, s, "a")
 	s2 := openStore(t, s.Root())
-	var a attempts
+	var mu sync.Mutex
+	busy, attempts := 0, 0
+	s2.testHook = func(p string) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch p {
+		case hookBusy:
+			busy++
+		case hookAttempt:
+			attempts++
+		}
+	}
 	released := make(chan struct{})
-	// Release once the waiter has tried twice: it must then get the lock on a later retry.
-	a.install(s2, hookAttempt, nil)
+	// Release once the waiter has found the lock busy: it must get it on a later retry.
 	go func() {
-		for a.count() < 2 {
+		defer close(released)
+		for {
+			mu.Lock()
+			n := busy
+			mu.Unlock()
+			if n > 0 {
+				break
+			}
 			time.Sleep(time.Millisecond)
 		}
 		l.Unlock()
-		close(released)
 	}()
 	l2, err := s2.LockExisting(timeout(t, 10*time.Second), "a")
 	if err != nil {
@@ -94,8 +110,10 @@ func TestLockWaitsForRelease(t *testing.T) {
 	}
 	l2.Unlock()
 	<-released
-	if n := a.count(); n < 3 {
-		t.Fatalf("acquired after %d attempts; want a retry after the release", n)
+	mu.Lock()
+	defer mu.Unlock()
+	if busy < 1 || attempts < busy+1 {
+		t.Fatalf("busy %d times in %d attempts; want a successful retry after finding it busy", busy, attempts)
 	}
 }
 
