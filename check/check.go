@@ -141,7 +141,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer sup.Close()
-	c := &checker{o: o, root: root, st: st, sup: sup, rt: o.Runtime, declared: declaredNames(o.Runtime)}
+	c := &checker{o: o, root: root, st: st, sup: sup, rt: o.Runtime, declared: declaredNames(o.Runtime), probed: map[string]bool{}}
 
 	first, err := c.scan(ctx)
 	if err != nil {
@@ -180,11 +180,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	return r, nil
 }
 
-// declaredNames are the names that supervisor.New declares to the store: the supervisor's
-// own (exported constants) and the runtime's DeclaredEntries, with their kinds.
+// declaredNames are the names that supervisor.New declares to the store, with their kinds:
+// the supervisor's own (exported constants), the clone binding, and the runtime's
+// DeclaredEntries. A name missing here is still recognised as declared by asking the store
+// (see isDeclared), so this list only adds the kinds.
 func declaredNames(rt runtime.Runtime) map[string]store.EntryKind {
 	m := map[string]store.EntryKind{}
-	for _, n := range []string{supervisor.ExecLockName, supervisor.CapabilityName, supervisor.CloneBindingName, supervisor.LogName} {
+	for _, n := range []string{supervisor.ExecLockName, supervisor.CapabilityName, template.BindingFile, supervisor.LogName} {
 		m[n] = store.EntryFile
 	}
 	for _, e := range rt.DeclaredEntries() {
@@ -207,6 +209,7 @@ type checker struct {
 	sup      *supervisor.Supervisor
 	rt       runtime.Runtime
 	declared map[string]store.EntryKind
+	probed   map[string]bool // isDeclared's verdicts
 }
 
 // sandboxState is what one pass learnt of one state directory.
@@ -346,6 +349,9 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	c.checkEntries(dir, id, entry, p)
 
 	cfg, cerr := c.st.ReadConfigUnlocked(id)
+	if errcode.Of(cerr) == errcode.SandboxNotFound {
+		cfg, cerr = nil, nil // no config.json
+	}
 	journal, jerr := c.st.ReadLaunchJournalUnlocked(id)
 	rec, rerr := c.st.ReadRuntimeRecordUnlocked(id)
 	for _, r := range []struct {
@@ -448,6 +454,8 @@ func (c *checker) checkEntries(dir *os.File, id, entry string, p *pass) {
 		case c.ownTemp(n), strings.HasPrefix(n, ".nfs"):
 			// A durable write's temp name (its owner removes it once no write can be in
 			// flight), or a removed file that NFS keeps while someone holds it open.
+		case c.isDeclared(n):
+			// Declared by the supervisor under a name this checker does not know the kind of.
 		default:
 			foreign++
 			if foreign <= maxReportedDirEntries {
@@ -458,6 +466,26 @@ func (c *checker) checkEntries(dir *os.File, id, entry string, p *pass) {
 	if foreign > maxReportedDirEntries {
 		p.add(ForeignEntry, id, entry, "%d more foreign entries", foreign-maxReportedDirEntries)
 	}
+}
+
+// isDeclared asks the store whether n was declared to it (by supervisor.New): a name that a
+// fresh store would accept but the supervisor's store refuses can only have been declared
+// already. The verdict is remembered, since asking declares n to this private store.
+func (c *checker) isDeclared(n string) bool {
+	if v, ok := c.probed[n]; ok {
+		return v
+	}
+	fresh, err := store.Open(c.root)
+	if err != nil {
+		return false
+	}
+	defer fresh.Close()
+	declared := false
+	if fresh.Declare(n, store.EntryFile) == nil {
+		declared = c.st.Declare(n, store.EntryFile) != nil
+	}
+	c.probed[n] = declared
+	return declared
 }
 
 func (c *checker) ownTemp(n string) bool {

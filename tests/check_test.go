@@ -1,0 +1,312 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+)
+
+// checkReport is the part of `sandboxd check --json` the tests look at.
+type checkReport struct {
+	Sandboxes int            `json:"sandboxes"`
+	Running   int            `json:"running"`
+	Processes int            `json:"processes"`
+	Problems  []checkProblem `json:"problems"`
+	Notes     []checkProblem `json:"notes"`
+	Remaining int            `json:"remaining"`
+	OK        bool           `json:"ok"`
+}
+
+type checkProblem struct {
+	Kind     string `json:"kind"`
+	Sandbox  string `json:"sandbox"`
+	Entry    string `json:"entry"`
+	Detail   string `json:"detail"`
+	Repaired bool   `json:"repaired"`
+}
+
+// runCheck runs the built `sandboxd check --json` on root and returns its report and exit
+// status.
+func runCheck(t testing.TB, root string, extra ...string) (checkReport, int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sandboxdBin, append([]string{"check", "--root", root, "--json"}, extra...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("sandboxd check: %v", err)
+	}
+	var r checkReport
+	if code != 2 {
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("sandboxd check --json printed %q (stderr %s): %v", out, stderr.String(), err)
+		}
+	}
+	return r, code, stderr.String()
+}
+
+// mustCheckClean runs the checker and fails the test, printing the report, unless it passes.
+func mustCheckClean(t testing.TB, root, when string) checkReport {
+	t.Helper()
+	r, code, stderr := runCheck(t, root)
+	if code != 0 || !r.OK {
+		b, _ := json.MarshalIndent(r, "", "  ")
+		t.Fatalf("%s: sandboxd check exited %d:\n%s\n%s", when, code, b, stderr)
+	}
+	return r
+}
+
+func (r checkReport) kinds() map[string][]string {
+	m := map[string][]string{}
+	for _, p := range r.Problems {
+		m[p.Kind] = append(m[p.Kind], p.Sandbox)
+	}
+	return m
+}
+
+func TestCheckUsage(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"unknown flag", []string{"check", "--frobnicate"}, 2},
+		{"extra argument", []string{"check", "--root", t.TempDir(), "extra"}, 2},
+		{"missing root", []string{"check", "--root", filepath.Join(t.TempDir(), "nope")}, 2},
+		{"help", []string{"check", "-h"}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(sandboxdBin, c.args...)
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+			if code != c.want {
+				t.Fatalf("exit %d, want %d: %s", code, c.want, out)
+			}
+		})
+	}
+}
+
+// TestCheckCleanBesideServer: a state root in use passes, offline and beside the server,
+// while sandboxes start, run execs and stop; no transition is ever taken for a problem.
+func TestCheckCleanBesideServer(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("ckrun", true)
+	d.create("ckidle", false)
+	d.create("ckflip", false)
+	r := mustCheckClean(t, d.Root, "beside the server")
+	if r.Sandboxes != 3 || r.Running != 1 || r.Processes != 2 {
+		t.Fatalf("report counts %+v, want 3 sandboxes, 1 running, 2 processes (shim and init)", r)
+	}
+
+	// Transitions beside the checker: starts, execs and stops of one sandbox.
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			d.doJSON("POST", "/v1/sandboxes/ckflip/start", nil)
+			d.doJSON("POST", "/v1/sandboxes/ckflip/exec", map[string]any{"command": []string{"true"}})
+			d.doJSON("POST", fmt.Sprintf("/v1/sandboxes/ckflip/stop?force=%v", i%2 == 0), nil)
+		}
+	}()
+	for range 8 {
+		r, code, stderr := runCheck(t, d.Root)
+		if code != 0 {
+			close(done)
+			wg.Wait()
+			t.Fatalf("beside transitions, check exited %d: %+v %s", code, r, stderr)
+		}
+	}
+	close(done)
+	wg.Wait()
+	d.Stop()
+	mustCheckClean(t, d.Root, "offline")
+	d.start() // for the harness's clean-up
+}
+
+// TestCheckFindsAndRepairs damages a state root in every way the checker knows and checks
+// that it finds each, repairs what is safe to repair, and leaves the rest (and every sandbox)
+// alone.
+func TestCheckFindsAndRepairs(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("stale", true)    // its shim is killed while the server is down
+	d.create("orphan", true)   // its runtime record is removed: its processes are unrecorded
+	d.create("journal", false) // gets a launch journal of a launch that never committed
+	d.create("foreign", false) // gets a foreign file, and a binding to a lease that does not exist
+	d.Kill()
+
+	rt, err := namespace.New(namespace.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := rt.Processes(d.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbx := filepath.Join(d.Root, store.SandboxesDir)
+	for _, p := range procs {
+		if p.Role == "shim" && p.Dir == filepath.Join(sbx, "stale") {
+			if err := platform.SignalVerified(p.ID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := platform.WaitExit(ctx, p.ID); err != nil {
+				t.Fatal(err)
+			}
+			cancel()
+		}
+	}
+	if err := os.Remove(filepath.Join(sbx, "orphan", store.RuntimeName)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(d.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := st.LockExisting(ctx, "journal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WriteLaunchJournal(&store.LaunchJournal{Format: store.LaunchFormat, LaunchID: "0123456789abcdef", RuntimeID: rt.Identity(), StartedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if err := os.WriteFile(filepath.Join(sbx, "foreign", "junk"), []byte("not ours"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(sbx, "leftover"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	// The template store: a lease whose clone has no binding (repairable), and a binding that
+	// names a lease that does not exist (not repairable: it is a bug to report).
+	ts, err := template.Open(d.Root, template.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.CreateTemplate(ctx, "tpl"); err != nil {
+		t.Fatal(err)
+	}
+	layer := t.TempDir()
+	if err := os.WriteFile(filepath.Join(layer, "file"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g, err := ts.Capture(ctx, "tpl", layer, template.Key{Runtime: rt.Identity(), Image: "host"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ts.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.WriteLease("tpl", g.ID, "ghost"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	ts.Close()
+	if err := template.WriteBinding(filepath.Join(sbx, "foreign"), &template.Binding{Template: "tpl", Generation: g.ID, Lease: "l-00000000000000ff", AcquiredAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[string][]string{
+		"stale-runtime-record":  {"stale"},
+		"leaked-cgroup":         {"orphan", "stale"},  // the orphan's is used by unrecorded processes
+		"unrecorded-process":    {"orphan", "orphan"}, // its shim and its init
+		"interrupted-start":     {"journal"},
+		"foreign-entry":         {"foreign"},
+		"leftover-directory":    {"leftover"},
+		"binding-without-lease": {"foreign"},
+		"lease-without-binding": {"ghost"},
+	}
+	r, code, stderr := runCheck(t, d.Root)
+	if code != 1 || r.OK {
+		t.Fatalf("check of a damaged root exited %d (ok %v): %+v %s", code, r.OK, r, stderr)
+	}
+	got := r.kinds()
+	for k := range got {
+		slices.Sort(got[k])
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("check found %v\nwant %v\nreport %+v", got, want, r)
+	}
+
+	r, code, stderr = runCheck(t, d.Root, "--repair")
+	if code != 1 {
+		t.Fatalf("repair exited %d, want 1 (a foreign file and a binding without lease are not ours to fix): %+v %s", code, r, stderr)
+	}
+	for _, p := range r.Problems {
+		wantRepaired := p.Kind != "foreign-entry" && p.Kind != "binding-without-lease"
+		if p.Repaired != wantRepaired {
+			t.Errorf("%s of %s: repaired %v, want %v", p.Kind, p.Sandbox, p.Repaired, wantRepaired)
+		}
+	}
+	if n := runtimeProcesses(t, d.Root); len(n) != 0 {
+		t.Fatalf("runtime processes left after repair: %v", n)
+	}
+	r, code, _ = runCheck(t, d.Root)
+	if got := r.kinds(); code != 1 || len(got) != 2 || len(got["foreign-entry"]) != 1 || len(got["binding-without-lease"]) != 1 {
+		t.Fatalf("after repair, check exited %d and found %v", code, got)
+	}
+	if _, err := os.Lstat(filepath.Join(sbx, "foreign", "junk")); err != nil {
+		t.Fatalf("repair touched a foreign file: %v", err)
+	}
+
+	// Every sandbox is still there, and usable.
+	d.start()
+	for _, id := range []string{"stale", "orphan", "journal", "foreign"} {
+		sb := decode[sandboxJSON](t, d.do("GET", "/v1/sandboxes/"+id, nil, nil), 200)
+		if sb.State == "running" {
+			t.Fatalf("%s reads as running after repair", id)
+		}
+	}
+	if r := d.doJSON("POST", "/v1/sandboxes/orphan/start", nil); r.Status != 200 {
+		t.Fatalf("starting the repaired orphan: %d %s", r.Status, r.Body)
+	}
+	if got := d.exec("orphan", map[string]any{"command": []string{"true"}}); got.ExitCode != 0 {
+		t.Fatalf("exec in the repaired orphan: %+v", got)
+	}
+	// Clean up what the harness cannot: the foreign file and the dangling binding.
+	os.Remove(filepath.Join(sbx, "foreign", "junk"))
+	template.RemoveBinding(filepath.Join(sbx, "foreign"))
+}
