@@ -18,13 +18,24 @@ const (
 	EventDeleted = "sandbox.deleted"
 )
 
-// Event is a change of a sandbox's state that this supervisor made or noticed.
+// Event is a change that this supervisor made or noticed: of a sandbox's state, or of a
+// template generation or lease.
 type Event struct {
 	Type    string
 	Sandbox string
 	State   string
 	// Exit is how the sandbox ended, for EventExited and EventStopped.
 	Exit *store.Outcome
+	// Template, Generation and Lease name what a template event is about.
+	Template, Generation, Lease string
+	// Progress is a capture's progress, for EventProgress.
+	Progress *Progress
+}
+
+// Progress is how far a capture has come.
+type Progress struct {
+	Phase       string // copying
+	Done, Total int64  // bytes
 }
 
 // emit reports an event to the OnEvent hook.

@@ -20,7 +20,7 @@ var requiredFeatures = []string{"exec", "files", "shutdown"}
 
 // Start launches a provisioned sandbox. ctx's deadline bounds the wait for the lock and the
 // wait for the agent.
-func (s *Supervisor) Start(ctx context.Context, id string, lowers []string) (_ *Status, err error) {
+func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error) {
 	defer s.observe("start", time.Now(), &err)
 	l, cfg, err := s.lockProvisioned(ctx, id)
 	if err != nil {
@@ -36,6 +36,10 @@ func (s *Supervisor) Start(ctx context.Context, id string, lowers []string) (_ *
 		return nil, errcode.New(errcode.AlreadyRunning, "Sandbox %s is already running.", id)
 	case runtimeMismatch:
 		return nil, mismatchError(id)
+	}
+	lowers, err := s.cloneLowers(l, cfg)
+	if err != nil {
+		return nil, err
 	}
 	s.setTransient(id, StateStarting)
 	defer s.setTransient(id, "")

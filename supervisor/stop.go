@@ -99,9 +99,9 @@ func (s *Supervisor) shutdown(ctx context.Context, l *store.Lock, rec *store.Run
 	return nil
 }
 
-// Deprovision removes a sandbox that is not running. A clone's template binding is released
-// first, by release (nil when templates are not in use).
-func (s *Supervisor) Deprovision(ctx context.Context, id string, release func(ctx context.Context, l *store.Lock) error) (err error) {
+// Deprovision removes a sandbox that is not running. A clone's binding is removed first,
+// durably, under the lock; its lease is released once the lock is gone.
+func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 	defer s.observe("deprovision", time.Now(), &err)
 	l, _, err := s.lockProvisioned(ctx, id)
 	if err != nil {
@@ -116,15 +116,16 @@ func (s *Supervisor) Deprovision(ctx context.Context, id string, release func(ct
 		s.unlock(l)
 		return errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before deleting it.", id)
 	}
-	if release != nil {
-		if err := release(ctx, l); err != nil {
-			s.unlock(l)
-			return err
-		}
+	binding, err := releaseBinding(l)
+	if err != nil {
+		s.unlock(l)
+		return err
 	}
 	// Once Deprovision removed the lock file it has released the lock; Unlock is then a no-op.
 	err = l.Deprovision(ctx)
 	s.unlock(l)
+	// The binding is gone whatever the removal did, so the lease goes too.
+	s.releaseLease(ctx, id, binding)
 	if err == nil {
 		s.emit(Event{Type: EventDeleted, Sandbox: id})
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
 	"github.com/sandboxd/sandboxd/supervisor/control"
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
@@ -27,8 +28,6 @@ const (
 	// CapabilityName holds the launch's control capability, so that a restarted sandboxd can
 	// dial the agent again. It is outside the part of the state directory the sandbox sees.
 	CapabilityName = "control.capability"
-	// CloneBindingName is the template binding of a cloned sandbox (owned by store/template).
-	CloneBindingName = "clone.json"
 	// LogName is the runtime's log, read by Logs.
 	LogName = "sandbox.log"
 )
@@ -51,7 +50,9 @@ var imageName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 type Options struct {
 	Store   *store.Store
 	Runtime runtime.Runtime
-	Logger  *slog.Logger
+	// Templates is the template store; nil disables capture and clone.
+	Templates *template.Store
+	Logger    *slog.Logger
 	// StopGrace is how long the agent waits after TERM before it KILLs what is left.
 	StopGrace time.Duration
 	// OnEvent, if set, is told of every state change this supervisor makes or notices. It
@@ -66,10 +67,11 @@ type Options struct {
 // several supervisors (in several processes) may share a state root: the store's locks
 // serialise them.
 type Supervisor struct {
-	store *store.Store
-	rt    runtime.Runtime
-	log   *slog.Logger
-	grace time.Duration
+	store     *store.Store
+	templates *template.Store
+	rt        runtime.Runtime
+	log       *slog.Logger
+	grace     time.Duration
 
 	onEvent      func(Event)
 	onTransition func(string, time.Duration, error)
@@ -107,6 +109,7 @@ func New(opts Options) (*Supervisor, error) {
 	life, stopLife := context.WithCancel(context.Background())
 	s := &Supervisor{
 		store:        opts.Store,
+		templates:    opts.Templates,
 		rt:           opts.Runtime,
 		log:          opts.Logger,
 		grace:        opts.StopGrace,
@@ -126,7 +129,7 @@ func New(opts Options) (*Supervisor, error) {
 		declared[name] = true
 		return s.store.Declare(name, kind)
 	}
-	for _, name := range []string{ExecLockName, CapabilityName, CloneBindingName, LogName} {
+	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName} {
 		if err := declare(name, store.EntryFile); err != nil {
 			return nil, err
 		}
@@ -159,6 +162,8 @@ type Status struct {
 	LastExit *store.Outcome
 	// RuntimeMismatch says a live process of another runtime identity holds the sandbox.
 	RuntimeMismatch bool
+	// Binding is a clone's template binding (its lease), nil for other sandboxes.
+	Binding *template.Binding
 }
 
 func (s *Supervisor) setTransient(id, state string) {
@@ -185,6 +190,15 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 		return nil, sandboxNotFound(id)
 	}
 	st := &Status{Config: *cfg, State: StateProvisioned}
+	if cfg.Template != nil {
+		dir, err := s.store.Dir(id)
+		if err != nil {
+			return nil, err
+		}
+		if b, err := template.ReadBinding(dir); err == nil {
+			st.Binding = b
+		}
+	}
 	outcome, err := s.store.ReadOutcomeUnlocked(id)
 	if err != nil {
 		return nil, err

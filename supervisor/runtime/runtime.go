@@ -109,6 +109,10 @@ type Runtime interface {
 	Start(ctx context.Context, spec Spec) (platform.ProcessID, error)
 	// ControlPath is the host path of the control socket of the sandbox in dir.
 	ControlPath(dir string) string
+	// LayerDir is the host path of the sandbox's own writable layer (overlayfs upper
+	// directory: whiteouts as 0/0 character devices, opaque directories as xattrs), which
+	// a capture copies into a template generation while the sandbox is stopped.
+	LayerDir(dir string) string
 	// Kill forcibly ends the sandbox whose runtime process is id: it kills the sandbox's init
 	// by verified identity, so that the runtime process records the outcome and exits, and
 	// waits until the runtime process is gone (killing it too if it lingers past ctx). A

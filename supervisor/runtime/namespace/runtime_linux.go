@@ -118,6 +118,9 @@ func (r *Runtime) Identity() string {
 // DeclaredEntries lists the names the runtime keeps in a state directory.
 func (r *Runtime) DeclaredEntries() []runtime.Entry { return declaredEntries() }
 
+// LayerDir returns the host path of the sandbox's writable layer: the overlay's upper.
+func (r *Runtime) LayerDir(dir string) string { return filepath.Join(dir, entryUpper) }
+
 // ControlPath returns the host path of the control socket of the sandbox in dir.
 func (r *Runtime) ControlPath(dir string) string {
 	return filepath.Join(dir, entryControl, socketName)

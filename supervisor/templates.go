@@ -1,0 +1,308 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
+)
+
+// The types of the template events.
+const (
+	EventCaptured   = "generation.captured"
+	EventTombstoned = "generation.tombstoned"
+	EventRetired    = "generation.retired"
+	EventAcquired   = "lease.acquired"
+	EventReleased   = "lease.released"
+	EventProgress   = "capture.progress"
+)
+
+// progressInterval is the least time between two progress events of one capture.
+const progressInterval = 250 * time.Millisecond
+
+// Templates returns the template store, or nil when templates are not configured.
+func (s *Supervisor) Templates() *template.Store { return s.templates }
+
+func (s *Supervisor) requireTemplates() error {
+	if s.templates == nil {
+		return errcode.New(errcode.NotImplemented, "This server has no template store configured.")
+	}
+	return nil
+}
+
+// bindingExists tells the template store whether a lease's clone still names it, for the
+// retirement's sweep.
+func (s *Supervisor) bindingExists() func(sandboxID, leaseID string) bool {
+	return template.BindingChecker(s.store.Dir)
+}
+
+// Capture copies a stopped sandbox's writable layer into a new generation of a template, with
+// the compatibility key the sandbox runs under. The sandbox stays locked, so that it cannot
+// start while its layer is copied, and stays as it was.
+func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *template.Generation, err error) {
+	defer s.observe("capture", time.Now(), &err)
+	if err := s.requireTemplates(); err != nil {
+		return nil, err
+	}
+	if err := template.ValidateName(templateName); err != nil {
+		return nil, err
+	}
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	state, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	if state == StateRunning || state == runtimeMismatch {
+		return nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before capturing it, so that its files are consistent.", id)
+	}
+	if cfg.Template != nil {
+		return nil, errcode.Invalid("sandbox", "Sandbox %s is a clone of template %s; capturing a clone (a layer over another generation) is not supported: capture the sandbox the template was built from.", id, cfg.Template.Template)
+	}
+	key := template.Key{
+		Runtime:   s.rt.Identity(),
+		Image:     cfg.Image,
+		Resources: template.Resources(cfg.Resources),
+	}
+	// Progress is reported a few times a second at most, and at the end: a layer of many
+	// small files would otherwise flood the event stream.
+	var last time.Time
+	progress := func(copied, total int64) {
+		if now := time.Now(); now.Sub(last) >= progressInterval || copied == total {
+			last = now
+			s.emit(Event{Type: EventProgress, Sandbox: id, Template: templateName, Progress: &Progress{Phase: "copying", Done: copied, Total: total}})
+		}
+	}
+	g, err := s.templates.Capture(ctx, templateName, s.rt.LayerDir(l.Dir()), key, progress)
+	if err != nil {
+		return nil, err
+	}
+	s.emit(Event{Type: EventCaptured, Sandbox: id, Template: templateName, Generation: g.ID})
+	return g, nil
+}
+
+// CloneRequest says which generation a new sandbox is cloned from. Image and Resources, when
+// set, must match the generation's key; when unset the clone takes the generation's.
+type CloneRequest struct {
+	Template   string
+	Generation string // "" for the latest eligible, non-tombstoned generation of a matching key
+	Image      string
+	Resources  *store.Resources
+}
+
+// Clone provisions a sandbox whose lower layer is a template generation, and leases that
+// generation for as long as the sandbox exists. It follows DESIGN.md's order: the template
+// store's lock, then the sandbox's lifecycle lock; check the generation and the sandbox; the
+// lease record durably, then the sandbox's clone binding durably.
+func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneRequest) (_ *Status, err error) {
+	defer s.observe("clone", time.Now(), &err)
+	if err := s.requireTemplates(); err != nil {
+		return nil, err
+	}
+	if err := store.ValidateID(cfg.ID); err != nil {
+		return nil, err
+	}
+	if err := template.ValidateName(req.Template); err != nil {
+		return nil, err
+	}
+	tx, err := s.templates.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Unlock()
+	now, err := s.templates.Now()
+	if err != nil {
+		return nil, err
+	}
+	g, err := s.pickGeneration(tx, req, now)
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.store.LockForProvision(ctx, cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	if err := l.RequireUnprovisioned(); err != nil {
+		return nil, err
+	}
+	if err := template.CheckUnbound(l.Dir(), cfg.ID); err != nil {
+		return nil, err
+	}
+	cfg.Format = store.ConfigFormat
+	cfg.Image = g.Key.Image
+	cfg.Resources = store.Resources(g.Key.Resources)
+	cfg.Template = &store.TemplateRef{Template: req.Template, Generation: g.ID}
+	if cfg.CreatedAt.IsZero() {
+		cfg.CreatedAt = time.Now().UTC()
+	}
+	if err := l.WriteConfig(&cfg); err != nil {
+		return nil, err
+	}
+	lease, err := tx.WriteLease(req.Template, g.ID, cfg.ID)
+	if err == nil {
+		if err = template.WriteBinding(l.Dir(), template.NewBinding(lease)); err != nil {
+			// The lease without a binding is swept by the next retirement; release it now.
+			_ = tx.Release(req.Template, g.ID, lease.ID)
+		}
+	}
+	if err != nil {
+		// Undo the provision: a clone without its lease must not exist.
+		cctx, cancel := cleanupContext(ctx)
+		defer cancel()
+		if rerr := l.Deprovision(cctx); rerr != nil {
+			s.log.Error("undoing a clone that could not lease its generation", "sandbox", cfg.ID, "err", rerr)
+		}
+		return nil, err
+	}
+	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
+	s.emit(Event{Type: EventAcquired, Sandbox: cfg.ID, Template: req.Template, Generation: g.ID, Lease: lease.ID})
+	return &Status{Config: cfg, State: StateProvisioned, Binding: template.NewBinding(lease)}, nil
+}
+
+// pickGeneration chooses the generation a clone leases, under the template store's lock.
+func (s *Supervisor) pickGeneration(tx *template.Tx, req CloneRequest, now template.TimeContract) (*template.Generation, error) {
+	if req.Generation != "" {
+		g, err := tx.Leasable(req.Template, req.Generation, now)
+		if err != nil {
+			return nil, err
+		}
+		if why := s.keyMismatch(g.Key, req); why != "" {
+			return nil, errcode.New(errcode.TemplateIneligible, "Generation %s of template %s cannot be cloned here: %s.", g.ID, req.Template, why)
+		}
+		return g, nil
+	}
+	gens, err := s.templates.Generations(req.Template, now)
+	if err != nil {
+		return nil, err
+	}
+	// Newest first: generation ids grow with each capture.
+	slices.SortFunc(gens, func(a, b template.Generation) int { return strings.Compare(b.ID, a.ID) })
+	var skipped []string
+	for _, g := range gens {
+		switch {
+		case g.State != template.StateActive:
+			skipped = append(skipped, fmt.Sprintf("%s is %s", g.ID, g.State))
+		case g.Eligibility != template.Eligible:
+			skipped = append(skipped, fmt.Sprintf("%s is %s", g.ID, g.Eligibility))
+		default:
+			if why := s.keyMismatch(g.Key, req); why != "" {
+				skipped = append(skipped, fmt.Sprintf("%s: %s", g.ID, why))
+				continue
+			}
+			return tx.Leasable(req.Template, g.ID, now)
+		}
+	}
+	if len(gens) == 0 {
+		return nil, errcode.New(errcode.TemplateIneligible, "Template %s has no generations; capture one first.", req.Template)
+	}
+	return nil, errcode.New(errcode.TemplateIneligible, "No generation of template %s can be cloned here (%s); capture a new one.", req.Template, strings.Join(skipped, "; "))
+}
+
+// keyMismatch says why a generation's key does not fit this server and the request, or "".
+func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
+	switch {
+	case k.Runtime != s.rt.Identity():
+		return "it was captured under another sandboxd build or runtime configuration"
+	case req.Image != "" && req.Image != k.Image:
+		return fmt.Sprintf("it was captured from image %q, not %q", k.Image, req.Image)
+	case req.Resources != nil && template.Resources(*req.Resources) != k.Resources:
+		return fmt.Sprintf("it was captured with resources %+v, not %+v", k.Resources, *req.Resources)
+	}
+	return ""
+}
+
+// cloneLowers returns the layers of a clone (its generation's payload), or nil for a sandbox
+// that is not a clone.
+func (s *Supervisor) cloneLowers(l *store.Lock, cfg *store.Config) ([]string, error) {
+	if cfg.Template == nil {
+		return nil, nil
+	}
+	if err := s.requireTemplates(); err != nil {
+		return nil, err
+	}
+	b, err := template.ReadBinding(l.Dir())
+	if errors.Is(err, template.ErrNoBinding) {
+		return nil, errcode.New(errcode.GenerationNotFound, "Sandbox %s was cloned from template %s but holds no lease (its clone was interrupted); delete it and clone again.", cfg.ID, cfg.Template.Template)
+	}
+	if err != nil {
+		return nil, err
+	}
+	dir, err := s.templates.PayloadDir(b.Template, b.Generation)
+	if err != nil {
+		return nil, err
+	}
+	return []string{dir}, nil
+}
+
+// releaseBinding removes a clone's binding durably, under its lifecycle lock, and returns it,
+// so that the lease is released once the lock is gone (never the template lock inside a
+// sandbox lock: clones take them in the other order).
+func releaseBinding(l *store.Lock) (*template.Binding, error) {
+	b, err := template.ReadBinding(l.Dir())
+	if errors.Is(err, template.ErrNoBinding) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return b, template.RemoveBinding(l.Dir())
+}
+
+// releaseLease releases a clone's lease after its binding is gone. A failure leaves a lease
+// without binding, which retirement sweeps; it is logged, not returned.
+func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Binding) {
+	if b == nil || s.templates == nil {
+		return
+	}
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if err := s.templates.Release(cctx, b.Template, b.Generation, b.Lease); err != nil {
+		s.log.Warn("releasing a lease; retirement will sweep it", "sandbox", id, "lease", b.Lease, "err", err)
+		return
+	}
+	s.emit(Event{Type: EventReleased, Sandbox: id, Template: b.Template, Generation: b.Generation, Lease: b.Lease})
+}
+
+// Tombstone quarantines a generation: no new lease, selection skips it, clones keep working.
+func (s *Supervisor) Tombstone(ctx context.Context, name, gen string) (*template.Generation, error) {
+	if err := s.requireTemplates(); err != nil {
+		return nil, err
+	}
+	g, err := s.templates.Tombstone(ctx, name, gen)
+	if err != nil {
+		return nil, err
+	}
+	s.emit(Event{Type: EventTombstoned, Template: name, Generation: gen})
+	return g, nil
+}
+
+// Retire retires a generation (see template.Store.Retire); with drain it finishes when the
+// last lease goes.
+func (s *Supervisor) Retire(ctx context.Context, name, gen string, drain bool) (template.Outcome, error) {
+	if err := s.requireTemplates(); err != nil {
+		return 0, err
+	}
+	out, err := s.templates.Retire(ctx, name, gen, drain, s.bindingExists())
+	if err == nil && out == template.Retired {
+		s.emit(Event{Type: EventRetired, Template: name, Generation: gen})
+	}
+	return out, err
+}
+
+// DeleteTemplate retires every generation of a template, then the template.
+func (s *Supervisor) DeleteTemplate(ctx context.Context, name string, drain bool) (template.Outcome, error) {
+	if err := s.requireTemplates(); err != nil {
+		return 0, err
+	}
+	return s.templates.DeleteTemplate(ctx, name, drain, s.bindingExists())
+}
