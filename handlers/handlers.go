@@ -30,6 +30,8 @@ type Config struct {
 	// DefaultResources fill in what a create request leaves out.
 	DefaultResources store.Resources
 	Version          string // sandboxd's version, reported by /v1/info
+	// MaxGenerationAge is how long after capture a generation can be cloned.
+	MaxGenerationAge time.Duration
 	MaxJSONBytes     int64
 	MaxFileBytes     int64
 	Logger           *slog.Logger
@@ -83,13 +85,40 @@ func (h *Handlers) GetHealth(context.Context, openapi.GetHealthRequestObject) (o
 // EventOf is the contract's view of a supervisor event, ready for events.Bus.Publish (which
 // numbers and stamps it). The exit is converted exactly as a sandbox's last_exit is.
 func EventOf(e supervisor.Event) openapi.Event {
-	id, state := e.Sandbox, openapi.SandboxState(e.State)
-	ev := openapi.Event{Type: openapi.EventType(e.Type), Sandbox: &id}
+	ev := openapi.Event{Type: openapi.EventType(e.Type)}
+	if e.Sandbox != "" {
+		id := e.Sandbox
+		ev.Sandbox = &id
+	}
 	if e.State != "" {
+		state := openapi.SandboxState(e.State)
 		ev.State = &state
 	}
 	if e.Exit != nil {
 		ev.Exit = apiSandbox(&supervisor.Status{LastExit: e.Exit}).LastExit
+	}
+	if e.Template != "" {
+		t := e.Template
+		ev.Template = &t
+	}
+	if e.Generation != "" {
+		g := e.Generation
+		ev.Generation = &g
+	}
+	if e.Lease != "" {
+		l := e.Lease
+		ev.Lease = &l
+	}
+	if p := e.Progress; p != nil {
+		ev.Progress = &struct {
+			BytesDone  int64                      `json:"bytes_done"`
+			BytesTotal *int64                     `json:"bytes_total,omitempty"`
+			Phase      openapi.EventProgressPhase `json:"phase"`
+		}{BytesDone: p.Done, Phase: openapi.EventProgressPhase(p.Phase)}
+		if p.Total > 0 {
+			total := p.Total
+			ev.Progress.BytesTotal = &total
+		}
 	}
 	return ev
 }

@@ -11,9 +11,6 @@ import (
 // the result says it was cut. The websocket has no cap.
 const maxExecOutput = 1 << 20
 
-// maxGenerationAge is the default window in which a template generation can be cloned.
-const maxGenerationAge = 30 * 24 * 3600
-
 func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (openapi.GetInfoResponseObject, error) {
 	var info openapi.Info
 	info.Version = h.cfg.Version
@@ -39,6 +36,6 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	info.Limits.MaxBodyBytes = h.cfg.MaxJSONBytes
 	info.Limits.MaxFileBytes = h.cfg.MaxFileBytes
 	info.Limits.MaxExecOutputBytes = maxExecOutput
-	info.Limits.MaxGenerationAgeSeconds = maxGenerationAge
+	info.Limits.MaxGenerationAgeSeconds = int64(h.cfg.MaxGenerationAge.Seconds())
 	return openapi.GetInfo200JSONResponse(info), nil
 }

@@ -3,7 +3,6 @@ package handlers
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"regexp"
 	"slices"
 	"strings"
@@ -22,8 +21,8 @@ func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxR
 	if body == nil {
 		body = &openapi.CreateSandboxRequest{}
 	}
-	if body.Template != nil || body.Generation != nil {
-		return nil, notImplemented("Cloning a sandbox from a template")
+	if body.Generation != nil && body.Template == nil {
+		return nil, errcode.Invalid("generation", "A generation belongs to a template: name the template too.")
 	}
 	cfg := store.Config{Resources: h.cfg.DefaultResources}
 	if body.ID != nil {
@@ -60,12 +59,27 @@ func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxR
 	}
 	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
 	defer cancel()
-	st, err := h.sup.Provision(ctx, cfg)
+	var st *supervisor.Status
+	if body.Template != nil {
+		clone := supervisor.CloneRequest{Template: *body.Template}
+		if body.Generation != nil {
+			clone.Generation = *body.Generation
+		}
+		if body.Image != nil {
+			clone.Image = *body.Image
+		}
+		if body.Resources != nil {
+			clone.Resources = &cfg.Resources
+		}
+		st, err = h.sup.Clone(ctx, cfg, clone)
+	} else {
+		st, err = h.sup.Provision(ctx, cfg)
+	}
 	if err != nil {
 		return nil, err
 	}
 	if body.Start != nil && *body.Start {
-		if st, err = h.sup.Start(ctx, cfg.ID, nil); err != nil {
+		if st, err = h.sup.Start(ctx, cfg.ID); err != nil {
 			return nil, err
 		}
 	}
@@ -124,38 +138,26 @@ func (h *Handlers) ListSandboxes(_ context.Context, req openapi.ListSandboxesReq
 			selectors[k] = v
 		}
 	}
-	after := ""
-	if p.Cursor != nil {
-		b, err := base64.RawURLEncoding.DecodeString(*p.Cursor)
-		if err != nil || store.ValidateID(string(b)) != nil {
-			return nil, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
-		}
-		after = string(b)
-	}
-	limit := defaultListLimit
-	if p.Limit != nil {
-		limit = *p.Limit
-	}
 	all, err := h.sup.List()
 	if err != nil {
 		return nil, err
 	}
-	out := openapi.SandboxList{Items: []openapi.Sandbox{}}
+	matching := all[:0]
 	for _, st := range all {
-		if st.Config.ID <= after {
-			continue
-		}
 		if p.State != nil && st.State != string(*p.State) {
 			continue
 		}
 		if !matchLabels(st.Config.Labels, selectors) {
 			continue
 		}
-		if len(out.Items) == limit {
-			cursor := base64.RawURLEncoding.EncodeToString([]byte(out.Items[len(out.Items)-1].ID))
-			out.NextCursor = &cursor
-			break
-		}
+		matching = append(matching, st)
+	}
+	page, next, err := paginate(matching, p.Cursor, p.Limit, func(st *supervisor.Status) string { return st.Config.ID })
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.SandboxList{Items: make([]openapi.Sandbox, 0, len(page)), NextCursor: next}
+	for _, st := range page {
 		out.Items = append(out.Items, apiSandbox(st))
 	}
 	return openapi.ListSandboxes200JSONResponse(out), nil
@@ -173,7 +175,7 @@ func matchLabels(labels, selectors map[string]string) bool {
 func (h *Handlers) DeleteSandbox(ctx context.Context, req openapi.DeleteSandboxRequestObject) (openapi.DeleteSandboxResponseObject, error) {
 	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
 	defer cancel()
-	if err := h.sup.Deprovision(ctx, req.ID, nil); err != nil {
+	if err := h.sup.Deprovision(ctx, req.ID); err != nil {
 		return nil, err
 	}
 	return openapi.DeleteSandbox204Response{}, nil
@@ -182,7 +184,7 @@ func (h *Handlers) DeleteSandbox(ctx context.Context, req openapi.DeleteSandboxR
 func (h *Handlers) StartSandbox(ctx context.Context, req openapi.StartSandboxRequestObject) (openapi.StartSandboxResponseObject, error) {
 	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
 	defer cancel()
-	st, err := h.sup.Start(ctx, req.ID, nil)
+	st, err := h.sup.Start(ctx, req.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +228,9 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
+	}
+	if b := st.Binding; b != nil {
+		sb.Template = &openapi.TemplateBinding{Template: b.Template, Generation: b.Generation, Lease: b.Lease}
 	}
 	if len(c.Env) > 0 {
 		keys := make([]string, 0, len(c.Env))

@@ -2,46 +2,242 @@ package handlers
 
 import (
 	"context"
+	"encoding/base64"
+	"slices"
+	"strings"
 
+	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/store/template"
 )
 
-func (h *Handlers) ListTemplates(context.Context, openapi.ListTemplatesRequestObject) (openapi.ListTemplatesResponseObject, error) {
-	return nil, notImplemented("Listing templates")
+// templates returns the template store, or the not-implemented error when none is configured.
+func (h *Handlers) templates() (*template.Store, error) {
+	ts := h.sup.Templates()
+	if ts == nil {
+		return nil, notImplemented("Templates")
+	}
+	return ts, nil
 }
 
-func (h *Handlers) CreateTemplate(context.Context, openapi.CreateTemplateRequestObject) (openapi.CreateTemplateResponseObject, error) {
-	return nil, notImplemented("Creating a template")
+func (h *Handlers) CreateTemplate(ctx context.Context, req openapi.CreateTemplateRequestObject) (openapi.CreateTemplateResponseObject, error) {
+	ts, err := h.templates()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := deadline(ctx, nil, defaultTimeout)
+	defer cancel()
+	t, err := ts.CreateTemplate(ctx, req.Body.Name)
+	if err != nil {
+		return nil, err
+	}
+	location := "/v1/templates/" + t.Name
+	return openapi.CreateTemplate201JSONResponse{
+		Body:    apiTemplate(t),
+		Headers: openapi.CreateTemplate201ResponseHeaders{Location: &location},
+	}, nil
 }
 
-func (h *Handlers) GetTemplate(context.Context, openapi.GetTemplateRequestObject) (openapi.GetTemplateResponseObject, error) {
-	return nil, notImplemented("Getting a template")
+func (h *Handlers) ListTemplates(_ context.Context, req openapi.ListTemplatesRequestObject) (openapi.ListTemplatesResponseObject, error) {
+	ts, err := h.templates()
+	if err != nil {
+		return nil, err
+	}
+	now, err := ts.Now()
+	if err != nil {
+		return nil, err
+	}
+	all, err := ts.Templates(now)
+	if err != nil {
+		return nil, err
+	}
+	page, next, err := paginate(all, req.Params.Cursor, req.Params.Limit, func(t template.Template) string { return t.Name })
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.TemplateList{Items: make([]openapi.Template, 0, len(page)), NextCursor: next}
+	for i := range page {
+		out.Items = append(out.Items, apiTemplate(&page[i]))
+	}
+	return openapi.ListTemplates200JSONResponse(out), nil
 }
 
-func (h *Handlers) DeleteTemplate(context.Context, openapi.DeleteTemplateRequestObject) (openapi.DeleteTemplateResponseObject, error) {
-	return nil, notImplemented("Deleting a template")
+func (h *Handlers) GetTemplate(_ context.Context, req openapi.GetTemplateRequestObject) (openapi.GetTemplateResponseObject, error) {
+	ts, err := h.templates()
+	if err != nil {
+		return nil, err
+	}
+	now, err := ts.Now()
+	if err != nil {
+		return nil, err
+	}
+	t, err := ts.Template(req.Name, now)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.GetTemplate200JSONResponse(apiTemplate(t)), nil
 }
 
-func (h *Handlers) ListGenerations(context.Context, openapi.ListGenerationsRequestObject) (openapi.ListGenerationsResponseObject, error) {
-	return nil, notImplemented("Listing generations")
+func (h *Handlers) DeleteTemplate(ctx context.Context, req openapi.DeleteTemplateRequestObject) (openapi.DeleteTemplateResponseObject, error) {
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	out, err := h.sup.DeleteTemplate(ctx, req.Name, req.Params.Drain != nil && *req.Params.Drain)
+	if err != nil {
+		return nil, err
+	}
+	if out == template.Draining {
+		return openapi.DeleteTemplate202Response{}, nil
+	}
+	return openapi.DeleteTemplate204Response{}, nil
 }
 
-func (h *Handlers) CaptureGeneration(context.Context, openapi.CaptureGenerationRequestObject) (openapi.CaptureGenerationResponseObject, error) {
-	return nil, notImplemented("Capturing a generation")
+func (h *Handlers) CaptureGeneration(ctx context.Context, req openapi.CaptureGenerationRequestObject) (openapi.CaptureGenerationResponseObject, error) {
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	g, err := h.sup.Capture(ctx, req.Name, req.Body.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	location := "/v1/templates/" + req.Name + "/generations/" + g.ID
+	return openapi.CaptureGeneration201JSONResponse{
+		Body:    apiGeneration(g),
+		Headers: openapi.CaptureGeneration201ResponseHeaders{Location: &location},
+	}, nil
 }
 
-func (h *Handlers) GetGeneration(context.Context, openapi.GetGenerationRequestObject) (openapi.GetGenerationResponseObject, error) {
-	return nil, notImplemented("Getting a generation")
+func (h *Handlers) ListGenerations(_ context.Context, req openapi.ListGenerationsRequestObject) (openapi.ListGenerationsResponseObject, error) {
+	ts, err := h.templates()
+	if err != nil {
+		return nil, err
+	}
+	now, err := ts.Now()
+	if err != nil {
+		return nil, err
+	}
+	all, err := ts.Generations(req.Name, now)
+	if err != nil {
+		return nil, err
+	}
+	page, next, err := paginate(all, req.Params.Cursor, req.Params.Limit, func(g template.Generation) string { return g.ID })
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.GenerationList{Items: make([]openapi.Generation, 0, len(page)), NextCursor: next}
+	for i := range page {
+		out.Items = append(out.Items, apiGeneration(&page[i]))
+	}
+	return openapi.ListGenerations200JSONResponse(out), nil
 }
 
-func (h *Handlers) TombstoneGeneration(context.Context, openapi.TombstoneGenerationRequestObject) (openapi.TombstoneGenerationResponseObject, error) {
-	return nil, notImplemented("Tombstoning a generation")
+func (h *Handlers) GetGeneration(_ context.Context, req openapi.GetGenerationRequestObject) (openapi.GetGenerationResponseObject, error) {
+	ts, err := h.templates()
+	if err != nil {
+		return nil, err
+	}
+	now, err := ts.Now()
+	if err != nil {
+		return nil, err
+	}
+	g, err := ts.Generation(req.Name, req.Gen, now)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.GetGeneration200JSONResponse(apiGeneration(g)), nil
 }
 
-func (h *Handlers) RetireGeneration(context.Context, openapi.RetireGenerationRequestObject) (openapi.RetireGenerationResponseObject, error) {
-	return nil, notImplemented("Retiring a generation")
+func (h *Handlers) TombstoneGeneration(ctx context.Context, req openapi.TombstoneGenerationRequestObject) (openapi.TombstoneGenerationResponseObject, error) {
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	g, err := h.sup.Tombstone(ctx, req.Name, req.Gen)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.TombstoneGeneration200JSONResponse(apiGeneration(g)), nil
 }
 
-func (h *Handlers) ListLeases(context.Context, openapi.ListLeasesRequestObject) (openapi.ListLeasesResponseObject, error) {
-	return nil, notImplemented("Listing leases")
+func (h *Handlers) RetireGeneration(ctx context.Context, req openapi.RetireGenerationRequestObject) (openapi.RetireGenerationResponseObject, error) {
+	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
+	defer cancel()
+	out, err := h.sup.Retire(ctx, req.Name, req.Gen, req.Params.Drain != nil && *req.Params.Drain)
+	if err != nil {
+		return nil, err
+	}
+	if out == template.Draining {
+		return openapi.RetireGeneration202Response{}, nil
+	}
+	return openapi.RetireGeneration204Response{}, nil
+}
+
+func (h *Handlers) ListLeases(_ context.Context, req openapi.ListLeasesRequestObject) (openapi.ListLeasesResponseObject, error) {
+	ts, err := h.templates()
+	if err != nil {
+		return nil, err
+	}
+	leases, err := ts.Leases(req.Name, req.Gen)
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.LeaseList{Items: make([]openapi.Lease, 0, len(leases))}
+	for _, l := range leases {
+		out.Items = append(out.Items, openapi.Lease{ID: l.ID, Sandbox: l.Sandbox, AcquiredAt: l.AcquiredAt})
+	}
+	return openapi.ListLeases200JSONResponse(out), nil
+}
+
+func apiTemplate(t *template.Template) openapi.Template {
+	out := openapi.Template{Name: t.Name, CreatedAt: t.CreatedAt, Generations: t.Generations}
+	if t.Latest != "" {
+		latest := t.Latest
+		out.Latest = &latest
+	}
+	return out
+}
+
+func apiGeneration(g *template.Generation) openapi.Generation {
+	return openapi.Generation{
+		ID:          g.ID,
+		Template:    g.Template,
+		State:       openapi.GenerationState(g.State),
+		Eligibility: openapi.GenerationEligibility(g.Eligibility),
+		CapturedAt:  g.CapturedAt,
+		SizeBytes:   g.SizeBytes,
+		Leases:      g.Leases,
+		Key: openapi.CompatibilityKey{
+			Runtime:   g.Key.Runtime,
+			Image:     g.Key.Image,
+			Resources: openapi.Resources{Vcpus: g.Key.Resources.VCPUs, MemoryMb: g.Key.Resources.MemoryMB, Pids: g.Key.Resources.Pids},
+		},
+	}
+}
+
+// paginate returns the page of items (sorted by key) after the cursor, and the cursor of the
+// next page. A cursor is the last key of a page, base64url-encoded: opaque to clients, and
+// stable while items come and go.
+func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) ([]T, *string, error) {
+	after := ""
+	if cursor != nil {
+		b, err := base64.RawURLEncoding.DecodeString(*cursor)
+		if err != nil || len(b) == 0 {
+			return nil, nil, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
+		}
+		after = string(b)
+	}
+	n := defaultListLimit
+	if limit != nil {
+		n = *limit
+	}
+	sorted := slices.Clone(items)
+	slices.SortFunc(sorted, func(a, b T) int { return strings.Compare(key(a), key(b)) })
+	var page []T
+	for _, it := range sorted {
+		if strings.Compare(key(it), after) <= 0 {
+			continue
+		}
+		if len(page) == n {
+			next := base64.RawURLEncoding.EncodeToString([]byte(key(page[len(page)-1])))
+			return page, &next, nil
+		}
+		page = append(page, it)
+	}
+	return page, nil, nil
 }

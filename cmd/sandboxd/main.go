@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
 	"github.com/sandboxd/sandboxd/supervisor"
 	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 	"github.com/sandboxd/sandboxd/web"
@@ -47,6 +48,7 @@ type options struct {
 	logFormat      string
 	logLevel       string
 	allowedOrigins stringList
+	templateMaxAge time.Duration
 }
 
 type stringList []string
@@ -63,6 +65,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("SANDBOXD_TOKEN_FILE"), "file holding the API token (env SANDBOXD_TOKEN_FILE)")
 	fs.StringVar(&o.logFormat, "log-format", envOr("SANDBOXD_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, JSON otherwise), text or json (env SANDBOXD_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", envOr("SANDBOXD_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SANDBOXD_LOG_LEVEL)")
+	maxAge := template.DefaultMaxAge
+	if v, ok := os.LookupEnv("SANDBOXD_TEMPLATE_MAX_AGE"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, fmt.Errorf("SANDBOXD_TEMPLATE_MAX_AGE=%q: %v", v, err)
+		}
+		maxAge = d
+	}
+	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -138,8 +149,15 @@ func serve(o *options, log *slog.Logger) error {
 	bus := events.New(events.Options{})
 	var sup *supervisor.Supervisor
 	mx := metrics.New(func() ([]*supervisor.Status, error) { return sup.List() }, log)
+	if o.templateMaxAge <= 0 {
+		return fmt.Errorf("--template-max-age must be positive")
+	}
+	ts, err := template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+	if err != nil {
+		return err
+	}
 	sup, err = supervisor.New(supervisor.Options{
-		Store: st, Runtime: rt, Logger: log,
+		Store: st, Runtime: rt, Templates: ts, Logger: log,
 		OnEvent: func(e supervisor.Event) {
 			mx.OnEvent(e.Type)
 			bus.Publish(handlers.EventOf(e))
@@ -159,6 +177,7 @@ func serve(o *options, log *slog.Logger) error {
 		Supervisor:       sup,
 		DefaultResources: store.Resources(namespace.DefaultResources),
 		Version:          version,
+		MaxGenerationAge: o.templateMaxAge,
 		MaxJSONBytes:     server.DefaultMaxJSONBytes,
 		MaxFileBytes:     server.DefaultMaxFileBytes,
 		Logger:           log,
