@@ -1,0 +1,195 @@
+package tests
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+type generationJSON struct {
+	ID          string `json:"id"`
+	State       string `json:"state"`
+	Eligibility string `json:"eligibility"`
+	Leases      int    `json:"leases"`
+	SizeBytes   int64  `json:"size_bytes"`
+}
+
+type cloneJSON struct {
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Template *struct {
+		Template   string `json:"template"`
+		Generation string `json:"generation"`
+		Lease      string `json:"lease"`
+	} `json:"template"`
+}
+
+// buildTemplate makes a sandbox, installs a tool and removes a file in it, stops it, and
+// captures it as a generation of a new template.
+func (d *daemon) buildTemplate(name string) generationJSON {
+	d.t.Helper()
+	src := name + "-src"
+	d.create(src, true)
+	got := d.exec(src, map[string]any{"user": "root", "command": []string{"sh", "-c",
+		"mkdir -p /opt/tool && printf '#!/bin/sh\\necho tool says $1\\n' > /opt/tool/run && chmod 755 /opt/tool/run && rm /etc/hostname"}})
+	if got.ExitCode != 0 {
+		d.t.Fatalf("preparing the template source: %+v", got)
+	}
+	if r := d.doJSON("POST", "/v1/sandboxes/"+src+"/stop", nil); r.Status != 200 {
+		d.t.Fatalf("stop: %d %s", r.Status, r.Body)
+	}
+	if r := d.doJSON("POST", "/v1/templates", map[string]any{"name": name}); r.Status != 201 {
+		d.t.Fatalf("create template: %d %s", r.Status, r.Body)
+	}
+	return decode[generationJSON](d.t, d.doJSON("POST", "/v1/templates/"+name+"/generations", map[string]any{"sandbox": src}), 201)
+}
+
+// TestTemplateWalkthrough is the README's: build a template, clone 10 sandboxes, retire.
+func TestTemplateWalkthrough(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	g := d.buildTemplate("tools")
+	if g.State != "active" || g.Eligibility != "eligible" || g.SizeBytes <= 0 {
+		t.Fatalf("captured generation %+v", g)
+	}
+
+	const clones = 10
+	for i := range clones {
+		id := fmt.Sprintf("clone%d", i)
+		c := decode[cloneJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": id, "template": "tools", "start": true}), 201)
+		if c.State != "running" || c.Template == nil || c.Template.Generation != g.ID || c.Template.Lease == "" {
+			t.Fatalf("clone %+v", c)
+		}
+		got := d.exec(id, map[string]any{"command": []string{"sh", "-c", "/opt/tool/run " + id + "; test -e /etc/hostname && echo hostname-is-back"}})
+		if got.Stdout != "tool says "+id+"\n" {
+			t.Fatalf("%s sees %q: the generation's files (or its whiteout) did not come through", id, got.Stdout)
+		}
+		// A clone's changes are its own.
+		d.exec(id, map[string]any{"command": []string{"sh", "-c", "echo mine > /home/user/" + id}})
+	}
+	if got := d.exec("clone0", map[string]any{"command": []string{"sh", "-c", "ls /home/user"}}); strings.TrimSpace(got.Stdout) != "clone0" {
+		t.Fatalf("clone0 sees other clones' files: %q", got.Stdout)
+	}
+	leases := decode[struct {
+		Items []struct{ Sandbox string } `json:"items"`
+	}](t, d.do("GET", "/v1/templates/tools/generations/"+g.ID+"/leases", nil, nil), 200)
+	if len(leases.Items) != clones {
+		t.Fatalf("%d leases, want %d", len(leases.Items), clones)
+	}
+
+	// Retiring while clones lease it: 423 naming them, and the generation is quarantined.
+	p := wantProblem(t, d.doJSON("DELETE", "/v1/templates/tools/generations/"+g.ID, nil), 423, "generation-leased")
+	if !strings.Contains(p.Detail, "clone3") {
+		t.Fatalf("generation-leased does not name the clones: %s", p.Detail)
+	}
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "late", "template": "tools", "generation": g.ID}), 409, "template-tombstoned")
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "late", "template": "tools"}), 409, "template-ineligible")
+	// Existing clones keep working.
+	if got := d.exec("clone5", map[string]any{"command": []string{"/opt/tool/run", "still"}}); got.Stdout != "tool says still\n" {
+		t.Fatalf("a clone of a quarantined generation: %+v", got)
+	}
+
+	// Drain: 202 now, and the generation goes when the last clone does.
+	if r := d.doJSON("DELETE", "/v1/templates/tools/generations/"+g.ID+"?drain=true", nil); r.Status != 202 {
+		t.Fatalf("retire with drain: %d %s", r.Status, r.Body)
+	}
+	for i := range clones {
+		id := fmt.Sprintf("clone%d", i)
+		d.doJSON("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+		if r := d.doJSON("DELETE", "/v1/sandboxes/"+id, nil); r.Status != 204 {
+			t.Fatalf("delete %s: %d %s", id, r.Status, r.Body)
+		}
+		if i < clones-1 {
+			if r := d.do("GET", "/v1/templates/tools/generations/"+g.ID, nil, nil); r.Status != 200 {
+				t.Fatalf("the generation went while %d clones remain: %d", clones-1-i, r.Status)
+			}
+		}
+	}
+	wantProblem(t, d.do("GET", "/v1/templates/tools/generations/"+g.ID, nil, nil), 404, "generation-not-found")
+	if r := d.doJSON("DELETE", "/v1/templates/tools", nil); r.Status != 204 {
+		t.Fatalf("delete template: %d %s", r.Status, r.Body)
+	}
+	wantProblem(t, d.do("GET", "/v1/templates/tools", nil, nil), 404, "template-not-found")
+}
+
+// TestTemplateErrors covers the template codes of the error table.
+func TestTemplateErrors(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	g := d.buildTemplate("errs")
+
+	wantProblem(t, d.doJSON("POST", "/v1/templates", map[string]any{"name": "errs"}), 409, "template-exists")
+	wantProblem(t, d.do("GET", "/v1/templates/nope", nil, nil), 404, "template-not-found")
+	wantProblem(t, d.do("GET", "/v1/templates/errs/generations/g999999", nil, nil), 404, "generation-not-found")
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "nope"}), 404, "template-not-found")
+	wantProblem(t, d.doJSON("POST", "/v1/templates/errs/generations", map[string]any{"sandbox": "nope"}), 404, "sandbox-not-found")
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "errs", "resources": map[string]any{"memory_mb": 64}}), 409, "template-ineligible")
+
+	// Capturing a running sandbox is refused: its files are not consistent.
+	d.create("live", true)
+	wantProblem(t, d.doJSON("POST", "/v1/templates/errs/generations", map[string]any{"sandbox": "live"}), 409, "sandbox-launched")
+
+	// A clone's generation cannot be deleted with its template while the clone exists.
+	d.create("unused", false)
+	c := decode[cloneJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "kid", "template": "errs"}), 201)
+	if c.Template == nil || c.Template.Generation != g.ID {
+		t.Fatalf("clone %+v", c)
+	}
+	wantProblem(t, d.doJSON("DELETE", "/v1/templates/errs", nil), 423, "generation-leased")
+
+	// Tombstone: no new clones of it; existing ones keep their lease.
+	tomb := decode[generationJSON](t, d.doJSON("POST", "/v1/templates/errs/generations/"+g.ID+"/tombstone", nil), 200)
+	if tomb.State != "tombstoned" || tomb.Leases != 1 {
+		t.Fatalf("tombstoned generation %+v", tomb)
+	}
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "errs", "generation": g.ID}), 409, "template-tombstoned")
+	if r := d.doJSON("POST", "/v1/sandboxes/kid/start", nil); r.Status != 200 {
+		t.Fatalf("a clone of a tombstoned generation must still start: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestTemplateIneligibleWhenExpired: a generation past the server's maximum age is shown as
+// expired and cannot be cloned.
+func TestTemplateIneligibleWhenExpired(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t, withArgs("--template-max-age", "1s"))
+	g := d.buildTemplate("old")
+	waitFor(t, 20*time.Second, "the generation to expire", func() bool {
+		var got generationJSON
+		return json.Unmarshal(d.do("GET", "/v1/templates/old/generations/"+g.ID, nil, nil).Body, &got) == nil && got.Eligibility == "expired"
+	})
+	p := wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "old"}), 409, "template-ineligible")
+	if !strings.Contains(p.Detail, "expired") {
+		t.Fatalf("the refusal does not say the generation expired: %s", p.Detail)
+	}
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "old", "generation": g.ID}), 409, "template-ineligible")
+}
+
+// TestClonesSurviveRestart: leases and bindings are durable; a restarted server starts a
+// clone and releases its lease on delete.
+func TestClonesSurviveRestart(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	g := d.buildTemplate("durable")
+	decode[cloneJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "c1", "template": "durable", "start": true}), 201)
+	d.Restart(true)
+	if got := d.exec("c1", map[string]any{"command": []string{"/opt/tool/run", "after"}}); got.Stdout != "tool says after\n" {
+		t.Fatalf("clone after restart: %+v", got)
+	}
+	d.doJSON("POST", "/v1/sandboxes/c1/stop", nil)
+	if r := d.doJSON("DELETE", "/v1/sandboxes/c1", nil); r.Status != 204 {
+		t.Fatalf("delete: %d %s", r.Status, r.Body)
+	}
+	if got := decode[generationJSON](t, d.do("GET", "/v1/templates/durable/generations/"+g.ID, nil, nil), 200); got.Leases != 0 {
+		t.Fatalf("the lease outlived its clone: %+v", got)
+	}
+	if r := d.doJSON("DELETE", "/v1/templates/durable/generations/"+g.ID, nil); r.Status != 204 {
+		t.Fatalf("retire: %d %s", r.Status, r.Body)
+	}
+}
