@@ -266,6 +266,7 @@ func TestIsolation(t *testing.T) {
 		{"agent unreachable through /proc/1", "root", `echo x >> /proc/1/fd/1; echo rc=$?; cat /proc/1/environ; echo rc=$?; readlink /proc/1/exe; echo rc=$?; head -c1 /proc/1/mem; echo rc=$?`, func(out string) bool {
 			return !strings.Contains(out, "rc=0")
 		}},
+		{"no user namespaces as root", "root", `unshare -U true; echo rc=$?`, func(out string) bool { return !strings.Contains(out, "rc=0") }},
 		{"no kernel settings", "root", `echo 1 > /proc/sys/vm/drop_caches; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") || strings.Contains(out, "rc=2") }},
 	}
 	for _, c := range cases {
