@@ -1,0 +1,202 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+)
+
+// chromiumPath is Debian's chromium, which scripts/setup installs.
+const chromiumPath = "/usr/bin/chromium"
+
+// browser starts a headless Chromium with a fresh profile and returns a tab's context; the
+// browser ends with the test.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath(chromiumPath)
+	if err != nil {
+		t.Skipf("the dashboard tests need Chromium at %s (scripts/setup installs it): %v", chromiumPath, err)
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox, // root cannot use Chromium's sandbox; the page is our own
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1000),
+	)
+	ctx, cancelTab := chromedp.NewContext(alloc)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(func() { cancelTimeout(); cancelTab(); cancelAlloc() })
+	return ctx
+}
+
+// until waits for a JavaScript condition in the page.
+func until(ctx context.Context, t *testing.T, what, expr string) {
+	t.Helper()
+	_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second)))
+	if err != nil {
+		msg, _ := chromedp.Run(ctx, pageError())
+		saveScreenshot(ctx, t, "failed")
+		t.Fatalf("waiting for %s: %v (the page shows the error %q)", what, err, msg)
+	}
+}
+
+// saveScreenshot saves the page as tests/artifacts/<test>-<suffix>.png, for a person to look at.
+func saveScreenshot(ctx context.Context, t *testing.T, suffix string) {
+	t.Helper()
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Logf("screenshot: %v", err)
+		return
+	}
+	if err := os.MkdirAll("artifacts", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := filepath.Join("artifacts", strings.ReplaceAll(t.Name(), "/", "-")+"-"+suffix+".png")
+	if err := os.WriteFile(name, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: tests/%s", name)
+}
+
+// typeKeys types into the focused element as a keyboard does: one keyDown carrying the text,
+// then keyUp. chromedp's KeyEvent adds a separate char event, which an editor that takes
+// printable keys on keydown (xterm.js does) would type a second time.
+func typeKeys(keys string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		for _, r := range keys {
+			var down, up *input.DispatchKeyEventParams
+			text := ""
+			for _, k := range kb.Encode(r) {
+				switch k.Type {
+				case kb.KeyDown:
+					down = k
+				case kb.KeyChar:
+					text = k.Text
+				case kb.KeyUp:
+					up = k
+				}
+			}
+			if down == nil || up == nil {
+				return fmt.Errorf("no key for %q", r)
+			}
+			down.Text, down.UnmodifiedText = text, text
+			for _, k := range []*input.DispatchKeyEventParams{down, up} {
+				if _, err := cdp.Call(ctx, t, input.DispatchKeyEvent, *k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// pageError is the error banner's text, or "" while it is hidden.
+func pageError() chromedp.Action[string] {
+	return chromedp.Evaluate[string](`document.querySelector("#error").hidden ? "" : document.querySelector("#error-text").textContent`)
+}
+
+// run runs browser actions, failing the test on an error.
+func run(ctx context.Context, t *testing.T, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// TestDashboard drives the dashboard in a real browser: create a sandbox, start it, open its
+// terminal and run a command, see a refusal explained, stop and delete it; with and without a
+// token. A screenshot of each run is saved under tests/artifacts/.
+func TestDashboard(t *testing.T) {
+	requireRoot(t)
+	cases := []struct{ name, token string }{
+		{"no-token", ""},
+		{"token", "dashboard-token-0123456789abcdef"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var opts []daemonOption
+			if tc.token != "" {
+				opts = append(opts, withToken(tc.token))
+			}
+			d := startDaemon(t, opts...)
+			ctx := browser(t)
+			id := "dash-" + tc.name
+			row := `document.querySelector('tr[data-id="` + id + `"]')`
+
+			run(ctx, t, "opening the dashboard", chromedp.Navigate(d.URL+"/"))
+			if tc.token != "" {
+				// The first API call is refused, and the page asks for the token.
+				until(ctx, t, "the token form", `!document.querySelector("#token-panel").hidden`)
+				run(ctx, t, "entering the token",
+					chromedp.SendKeys(chromedp.CSS("#token-input"), tc.token),
+					chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)))
+			}
+			until(ctx, t, "live events", `document.querySelector("#live").textContent === "live"`)
+
+			// Create without starting, then start from the row.
+			run(ctx, t, "creating a sandbox",
+				chromedp.SendKeys(chromedp.CSS("#create-id"), id),
+				chromedp.SendKeys(chromedp.CSS("#create-labels"), "team=web"),
+				chromedp.Click(chromedp.CSS("#create-start")),
+				chromedp.Click(chromedp.CSS("#create-submit")))
+			until(ctx, t, "the provisioned sandbox", row+`?.dataset.state === "provisioned"`)
+			run(ctx, t, "starting it", chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] button[data-action="start"]`)))
+			until(ctx, t, "the running sandbox", row+`?.dataset.state === "running"`)
+
+			// A refusal is shown as the problem's detail and code.
+			run(ctx, t, "creating it again",
+				chromedp.SendKeys(chromedp.CSS("#create-id"), id),
+				chromedp.Click(chromedp.CSS("#create-submit")))
+			until(ctx, t, "the conflict explained", `!document.querySelector("#error").hidden && document.querySelector("#error-text").textContent.includes("(already-provisioned)")`)
+			run(ctx, t, "dismissing it", chromedp.Click(chromedp.CSS("#error-close")))
+
+			// The terminal: a shell on a pseudo-terminal over the exec websocket.
+			run(ctx, t, "opening the terminal", chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] button[data-action="terminal"]`)))
+			until(ctx, t, "the terminal to connect", `document.querySelector("#terminal-status").textContent === "connected"`)
+			run(ctx, t, "typing into the terminal",
+				chromedp.Click(chromedp.CSS("#terminal .xterm-screen")),
+				typeKeys("echo hello\r"))
+			// The output line, not the echoed command line, reads exactly "hello".
+			until(ctx, t, "hello in the terminal",
+				`[...document.querySelectorAll("#terminal .xterm-rows > div")].some(r => r.textContent.trim() === "hello")`)
+
+			saveScreenshot(ctx, t, "terminal")
+
+			// Stop, then delete (a destructive button asks for a second click).
+			run(ctx, t, "stopping it", chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] button[data-action="stop"]`)))
+			until(ctx, t, "the stopped sandbox", row+`?.dataset.state === "stopped"`)
+			del := chromedp.CSS(`tr[data-id="` + id + `"] button[data-action="delete"]`)
+			run(ctx, t, "deleting it", chromedp.Click(del))
+			until(ctx, t, "the delete button to ask again", `document.querySelector('tr[data-id="`+id+`"] button[data-action="delete"]').textContent === "Sure?"`)
+			run(ctx, t, "confirming", chromedp.Click(del))
+			until(ctx, t, "the row to go", row+` === null`)
+			until(ctx, t, "the deletion in the event log", `[...document.querySelectorAll("#events li")].some(li => li.dataset.type === "sandbox.deleted" && li.textContent.includes("`+id+`"))`)
+
+			if errText, err := chromedp.Run(ctx, pageError()); err != nil || errText != "" {
+				t.Fatalf("the page shows an error at the end: %q (%v)", errText, err)
+			}
+			if sb := d.do("GET", "/v1/sandboxes/"+id, nil, nil); sb.Status != 404 {
+				t.Fatalf("the sandbox still exists: %d %s", sb.Status, sb.Body)
+			}
+		})
+	}
+}
