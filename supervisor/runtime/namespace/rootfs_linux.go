@@ -174,7 +174,7 @@ func setupDev(root string) error {
 		return err
 	}
 	shm := filepath.Join(dev, "shm")
-	if err := os.Mkdir(shm, 0o1777); err != nil {
+	if err := os.Mkdir(shm, os.ModeSticky|0o777); err != nil {
 		return err
 	}
 	if err := platform.Mount("shm", shm, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
@@ -199,7 +199,7 @@ const baseStampName = ".sandboxd-base"
 // host name rebuilds the layer. Host files copied into it are refreshed on such a rebuild
 // only; they are public and change rarely (os-release, ld.so.cache).
 func hostBaseStamp(hostname string) string {
-	return fmt.Sprintf("format 1\nhostname %s\n", hostname)
+	return fmt.Sprintf("format 2\nhostname %s\n", hostname)
 }
 
 // buildHostBase writes the lowest layer of the host image into base: the directory skeleton,
@@ -221,16 +221,14 @@ func buildHostBase(base, hostname string) error {
 		perm os.FileMode
 	}{
 		{"usr", 0o755}, {"proc", 0o555}, {"dev", 0o755}, {"etc", 0o755}, {"run", 0o755},
-		{"run/sandboxd", 0o700}, {"tmp", 0o1777}, {"var", 0o755}, {"var/tmp", 0o1777},
+		{"run/sandboxd", 0o700}, {"tmp", os.ModeSticky | 0o777}, {"var", 0o755}, {"var/tmp", os.ModeSticky | 0o777},
 		{"home", 0o755}, {"home/user", 0o755}, {"root", 0o700}, {"opt", 0o755}, {"mnt", 0o755},
 		{"srv", 0o755},
 	}
 	for _, d := range dirs {
 		p := filepath.Join(base, d.name)
+		// The shim runs with umask 0, so the mode is exact without a chmod.
 		if err := os.Mkdir(p, d.perm); err != nil {
-			return err
-		}
-		if err := os.Chmod(p, d.perm); err != nil { // past the umask
 			return err
 		}
 	}

@@ -66,6 +66,9 @@ func ShimMain(args []string) int {
 	// The init's parent-death signal fires when the THREAD that forked it exits, so the init is
 	// forked from the main thread, which lives as long as the shim does.
 	runtime.LockOSThread()
+	// Every file the shim creates gets exactly the mode it asks for (the base layer's /tmp
+	// 1777, /etc files 0644, records 0600).
+	unix.Umask(0)
 	if len(args) != 1 {
 		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ShimCommand)
 		return 2
