@@ -521,3 +521,23 @@ func TestShimForwardsTerm(t *testing.T) {
 		t.Fatal("cgroup left after a TERM to the shim")
 	}
 }
+
+func TestTTY(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "tty", runtime.Resources{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := s.client.Exec(ctx, control.ExecRequest{Argv: []string{"/bin/sh", "-c", "tty; stty size"}, TTY: true, Rows: 30, Cols: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, p.Stderr) }()
+	out, _ := io.ReadAll(p.Stdout)
+	if _, err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "/dev/pts/") || !strings.Contains(string(out), "30 100") {
+		t.Fatalf("a tty exec saw %q, want a /dev/pts terminal of 30x100", out)
+	}
+}
