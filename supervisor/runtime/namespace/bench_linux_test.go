@@ -5,6 +5,7 @@ package namespace
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -153,6 +154,28 @@ func BenchmarkUnshareBaseline(b *testing.B) {
 	for b.Loop() {
 		if out, err := exec.Command(unshare, "-m", "-p", "-u", "-i", "-n", "-f", "--mount-proc", "true").CombinedOutput(); err != nil {
 			b.Fatalf("unshare: %v: %s", err, out)
+		}
+	}
+}
+
+// BenchmarkExecTrue measures the round trip of running true in a sandbox through the control
+// session: the agent's fork and exec under the sandbox's seccomp filter, cgroup and
+// namespaces.
+func BenchmarkExecTrue(b *testing.B) {
+	rt := newTestRuntime(b)
+	root := newStateRoot(b)
+	s := startSandbox(b, rt, root, "execbench", runtime.Resources{})
+	ctx := context.Background()
+	for b.Loop() {
+		p, err := s.client.Exec(ctx, control.ExecRequest{Argv: []string{"/bin/true"}, User: "user"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() { _, _ = io.Copy(io.Discard, p.Stderr) }()
+		_, _ = io.Copy(io.Discard, p.Stdout)
+		st, err := p.Wait()
+		if err != nil || st.ExitCode != 0 {
+			b.Fatalf("true: %+v, %v", st, err)
 		}
 	}
 }
