@@ -15,8 +15,8 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 )
 
-// agentStage is the extra argument of the init's second stage (after the exec that drops its
-// privileges): sandboxd __init <dir> agent.
+// agentStage is the extra argument of the init's second stage, in binaries with cgo (after the
+// exec that drops its privileges): sandboxd __init <dir> agent.
 const agentStage = "agent"
 
 // agentConfig is what the init's first stage hands the second on fd 3.
@@ -31,10 +31,11 @@ func initLogf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "sandboxd init: %s\n", fmt.Sprintf(format, args...))
 }
 
-// InitMain is the sandbox's init (sandboxd __init <dir> [agent]). The first stage sets the
-// sandbox up (root file system, host name, loopback), drops privileges on its thread and
-// re-executes itself; the second stage, PID 1 with the sandbox's final privileges, runs the
-// agent. It returns the process exit code.
+// InitMain is the sandbox's init (sandboxd __init <dir> [agent]), PID 1 of the sandbox. It
+// sets the sandbox up (root file system, host name, loopback), drops to the sandbox's
+// privileges and runs the agent (RunAgent). A binary built without cgo drops them on every
+// thread in place; one with cgo drops them on its thread and re-executes itself as the
+// "agent" stage, which runs the agent. It returns the process exit code.
 func InitMain(args []string) int {
 	runtime.LockOSThread()
 	// Die with the shim: set the signal first, then check that the shim did not die before.
