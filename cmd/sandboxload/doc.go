@@ -1,0 +1,35 @@
+// Command sandboxload puts a bounded load on a running sandboxd over its HTTP API and reports,
+// per operation, how many ran, which error codes came back, latency percentiles and
+// throughput. It must never run without an end: every run stops after --duration or --cycles,
+// and it cleans up the sandboxes and the template it made.
+//
+// # Mixes
+//
+// A mix names the kinds of cycle the clients run, with optional weights
+// (`--mix lifecycle=1,exec=3`):
+//
+//   - lifecycle: create, start, exec `true`, stop, delete of a fresh sandbox.
+//   - exec: a buffered exec of `true` in one of a few sandboxes started before the load.
+//   - stream: a websocket exec of `head -c N /dev/zero` in such a sandbox, read to the end.
+//   - clone: clone (create from a template, started), exec `true`, stop, delete; the template
+//     is captured before the load from a sandbox holding --clone-size bytes.
+//
+// Each client draws its next cycle from the mix with its own generator seeded from --seed, so
+// a run is reproducible in what it asks for (not in how the server interleaves it).
+//
+// # Levels of concurrency
+//
+// --clients takes one number or a list (1,2,4,8,16,32); each level is a phase of its own with
+// the same duration or cycle budget, and the report has one table per phase.
+//
+// # Leaks
+//
+// With --pid, the tool samples the server's resident memory and open file descriptors from
+// /proc before the load, during it, and after it (after cleanup, once the idle connections are
+// closed), so that a report shows whether they return to their baseline.
+//
+// # Safety
+//
+// The tool talks to loopback addresses only, unless --allow-remote is given: a load run is not
+// something to point at someone else's server by accident.
+package main
