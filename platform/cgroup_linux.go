@@ -280,6 +280,12 @@ func (c *Cgroup) createV2(l CgroupLimits) error {
 	parts := strings.Split(c.name, "/")
 	for _, part := range parts {
 		if err := writeCgroupFile(cur, "cgroup.subtree_control", "+memory +cpu +pids"); err != nil {
+			if errors.Is(err, unix.EBUSY) {
+				// cgroup v2 lets no cgroup but the root both hold processes and delegate
+				// controllers: typically sandboxd runs in the root of a container's cgroup
+				// namespace.
+				return fmt.Errorf("%w: the cgroup %s holds processes, so it cannot delegate controllers; run sandboxd in a leaf cgroup of its own (move it, and everything else in %s, into a child cgroup first)", err, cur, cur)
+			}
 			return err
 		}
 		cur = filepath.Join(cur, part)

@@ -4,6 +4,7 @@ package platform
 
 import (
 	"fmt"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,4 +46,22 @@ func SetParentDeathSignal(sig unix.Signal) error {
 		return fmt.Errorf("platform: PR_SET_PDEATHSIG: %w", err)
 	}
 	return nil
+}
+
+// UnshareCgroupNamespace gives the process a new cgroup namespace rooted at its current
+// cgroup. Namespaces are per thread: in a binary without cgo every thread moves; with cgo only
+// the calling thread does (wholeProcess false), and the caller must hold runtime.LockOSThread
+// and exec from that thread for the whole process to follow.
+func UnshareCgroupNamespace() (wholeProcess bool, err error) {
+	_, _, errno := syscall.AllThreadsSyscall(unix.SYS_UNSHARE, unix.CLONE_NEWCGROUP, 0, 0)
+	switch errno {
+	case 0:
+		return true, nil
+	case syscall.ENOTSUP:
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			return false, fmt.Errorf("platform: unshare cgroup namespace: %w", err)
+		}
+		return false, nil
+	}
+	return false, fmt.Errorf("platform: unshare cgroup namespace: %w", errno)
 }

@@ -14,3 +14,6 @@ func LoopbackUp() error { return ErrUnsupported }
 
 // SetParentDeathSignal is unsupported off Linux.
 func SetParentDeathSignal(sig syscall.Signal) error { return ErrUnsupported }
+
+// UnshareCgroupNamespace is unsupported off Linux.
+func UnshareCgroupNamespace() (bool, error) { return false, ErrUnsupported }

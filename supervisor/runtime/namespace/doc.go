@@ -89,7 +89,11 @@
 // pids hierarchies; on cgroup v2 (where memory, cpu and pids are enabled) one directory. On v1
 // the shim's forking thread alone enters the cgroup for the fork, so the init is born inside
 // it and its cgroup namespace is rooted there; on v2 the init is cloned into it
-// (CLONE_INTO_CGROUP). An out-of-memory kill is read from memory.oom_control (v1) or
+// (CLONE_INTO_CGROUP) and makes its cgroup namespace once inside (clone3 would root one made at
+// clone at the shim's cgroup). The v2 path cannot run on the v1 CI machine and is untested
+// there. On v2, every ancestor of the cgroup delegates memory, cpu and pids; a cgroup that
+// holds processes cannot, so sandboxd must not run in the root of a container's cgroup
+// namespace (it says so when it fails). An out-of-memory kill is read from memory.oom_control (v1) or
 // memory.events (v2) into the outcome.
 //
 // The agent keeps Docker's default capability set minus CAP_MKNOD (platform.

@@ -43,6 +43,14 @@ func setupRoot(spec *shimSpec) (string, error) {
 // /sys/fs/cgroup/memory (v1's memory hierarchy), for the agent's statistics. The init's
 // cgroup namespace is rooted at the sandbox's cgroup, so nothing above it shows.
 func mountOwnCgroup(root string, v2 bool) (string, error) {
+	if v2 {
+		// The init was cloned into its cgroup without a cgroup namespace (see runShim); the
+		// namespace made now is rooted at the sandbox's cgroup. This thread mounts, and
+		// with cgo it is also the one that execs, so the whole sandbox gets it either way.
+		if _, err := platform.UnshareCgroupNamespace(); err != nil {
+			return "", err
+		}
+	}
 	inside, fstype, data := "/sys/fs/cgroup", "cgroup2", ""
 	if !v2 {
 		inside, fstype, data = "/sys/fs/cgroup/memory", "cgroup", "memory"

@@ -189,6 +189,10 @@ func runShim(cfg *shimConfig) int {
 	}
 	leaveCgroup := func() error { return nil }
 	if cg.V2() {
+		// clone3 creates the new namespaces before it places the child into the cgroup, so a
+		// cgroup namespace made at clone would be rooted at the shim's cgroup: the init makes
+		// its own once it is in the sandbox's cgroup (see mountOwnCgroup).
+		cmd.SysProcAttr.Cloneflags &^= syscall.CLONE_NEWCGROUP
 		dirf, err := cg.OpenDir()
 		if err != nil {
 			return fail(cg, "open cgroup: %v", err)
