@@ -1,0 +1,542 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+)
+
+// The chaos suite's size. The short form (the default) runs in CI in about a minute; the long
+// form runs on demand: go test ./tests -run TestChaos -chaos.long (or SANDBOXD_CHAOS_ROUNDS=N).
+// SANDBOXD_CHAOS_SEED=N replays a seed: the same clients, operations, ids and kill schedule
+// (the interleaving of goroutines and processes is the machine's).
+var chaosLong = flag.Bool("chaos.long", false, "run the long form of the chaos suite (many more rounds)")
+
+const (
+	chaosShortRounds = 6
+	chaosLongRounds  = 60
+	chaosClients     = 4
+	chaosIDs         = 8
+	chaosRoundTime   = 3 * time.Second
+)
+
+// existence is what a client knows of whether a sandbox exists.
+type existence int
+
+const (
+	absent existence = iota
+	present
+	unknown // a request that could have changed it broke mid-flight
+)
+
+// chaosLedger is the clients' view: which sandboxes they saw created (201) and not deleted
+// (204). Creates and deletes of one id are serialised by its lock (write side); starts, stops
+// and execs of one id run concurrently (read side), so they contend inside the server.
+type chaosLedger struct {
+	mu    sync.Mutex
+	state map[string]existence
+	locks map[string]*sync.RWMutex
+}
+
+func (l *chaosLedger) set(id string, e existence) {
+	l.mu.Lock()
+	l.state[id] = e
+	l.mu.Unlock()
+}
+
+func (l *chaosLedger) get(id string) existence {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state[id]
+}
+
+// chaosServer is where clients send requests; it changes at each restart (a new port).
+type chaosServer struct {
+	url string
+	up  chan struct{} // closed when this server is replaced
+}
+
+// chaosStats counts what happened, for the report and for the checks at the end.
+type chaosStats struct {
+	mu         sync.Mutex
+	ops        map[string]int // "op status" → count
+	unexpected []string
+}
+
+func (s *chaosStats) count(op, outcome string) {
+	s.mu.Lock()
+	s.ops[op+" "+outcome]++
+	s.mu.Unlock()
+}
+
+func (s *chaosStats) bad(format string, args ...any) {
+	s.mu.Lock()
+	s.unexpected = append(s.unexpected, fmt.Sprintf(format, args...))
+	s.mu.Unlock()
+}
+
+// chaosAllowed lists the statuses each operation may answer under chaos; anything else (a 500
+// above all) is a finding.
+var chaosAllowed = map[string][]int{
+	"create":     {201, 409, 423, 504}, // 504: created, and its start failed (a killed init)
+	"start":      {200, 404, 409, 423, 504},
+	"stop":       {200, 404, 409, 423, 504},
+	"stop-force": {200, 404, 409, 423, 504},
+	"exec":       {200, 404, 409, 423},
+	"delete":     {204, 404, 409, 423},
+	"get":        {200, 404},
+}
+
+// TestChaos: clients issue random lifecycle operations while sandboxd is killed with SIGKILL
+// at random moments and restarted, and sandbox shims and inits are killed; after each round
+// `sandboxd check` passes beside the restarted server, every sandbox a client saw created and
+// not deleted still exists (and none it saw deleted came back), and no runtime process runs
+// without its sandbox. At the end everything is deleted and nothing is left.
+func TestChaos(t *testing.T) {
+	requireRoot(t)
+	seed := time.Now().UnixNano()
+	if s := os.Getenv("SANDBOXD_CHAOS_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
+			t.Fatalf("SANDBOXD_CHAOS_SEED=%q: %v", s, err)
+		}
+	}
+	rounds := chaosShortRounds
+	if *chaosLong {
+		rounds = chaosLongRounds
+	}
+	if s := os.Getenv("SANDBOXD_CHAOS_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("SANDBOXD_CHAOS_ROUNDS=%q: want a positive number", s)
+		}
+		rounds = n
+	}
+	t.Logf("chaos seed %d, %d rounds (reproduce with SANDBOXD_CHAOS_SEED=%d SANDBOXD_CHAOS_ROUNDS=%d)", seed, rounds, seed, rounds)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+
+	d := startDaemon(t, withArgs("--log-level", "info"))
+	rt, err := namespace.New(namespace.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ids unique to this run: sandbox cgroups are named by id alone, host-wide.
+	prefix := fmt.Sprintf("chaos%04x", uint16(seed))
+	ids := make([]string, chaosIDs)
+	ledger := &chaosLedger{state: map[string]existence{}, locks: map[string]*sync.RWMutex{}}
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
+		ledger.locks[ids[i]] = &sync.RWMutex{}
+	}
+	stats := &chaosStats{ops: map[string]int{}}
+	var server atomic.Pointer[chaosServer]
+	server.Store(&chaosServer{url: d.URL, up: make(chan struct{})})
+	// Each restart starts a new log; keep the warnings and errors of every server, to show
+	// with a failure.
+	var serverErrors []string
+	keepErrors := func() {
+		for _, line := range strings.Split(d.logs.String(), "\n") {
+			if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"level":"WARN"`) {
+				serverErrors = append(serverErrors, line)
+			}
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			keepErrors()
+			t.Logf("the servers' warnings and errors:\n%s", strings.Join(serverErrors, "\n"))
+		}
+	})
+	restart := func() {
+		old := server.Load()
+		keepErrors()
+		d.Restart(true)
+		server.Store(&chaosServer{url: d.URL, up: make(chan struct{})})
+		close(old.up)
+	}
+	httpc := &http.Client{Timeout: 60 * time.Second}
+	kills := map[string]int{}
+	retried := 0
+
+	for round := 1; round <= rounds; round++ {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for c := range chaosClients {
+			crng := rand.New(rand.NewPCG(uint64(seed), uint64(round*100+c)))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				chaosClient(crng, httpc, &server, ids, ledger, stats, stop)
+			}()
+		}
+		// The kill schedule: one to three events at random moments of the round.
+		type event struct {
+			at   time.Duration
+			what string
+		}
+		var events []event
+		for range 1 + rng.IntN(3) {
+			what := []string{"server", "shim", "init"}[rng.IntN(3)]
+			events = append(events, event{time.Duration(rng.Int64N(int64(chaosRoundTime))), what})
+		}
+		slices.SortFunc(events, func(a, b event) int { return int(a.at - b.at) })
+		begin := time.Now()
+		for _, e := range events {
+			// The schedule itself is the chaos: wait for the event's moment.
+			time.Sleep(time.Until(begin.Add(e.at)))
+			switch e.what {
+			case "server":
+				restart()
+				kills["server"]++
+			default:
+				if chaosKillRuntime(t, rt, d.Root, e.what, rng) {
+					kills[e.what]++
+				}
+			}
+		}
+		time.Sleep(time.Until(begin.Add(chaosRoundTime)))
+		close(stop)
+		wg.Wait()
+
+		// End of round: a crash, a restart (which reattaches before it serves), then the
+		// checker beside the server, then the ledger.
+		restart()
+		kills["server"]++
+		if chaosCheck(t, d.Root, round) {
+			retried++
+		}
+		chaosVerify(t, d, rt, ids, ledger, round)
+		if t.Failed() {
+			break
+		}
+	}
+
+	// The end: stop and delete everything; nothing may be left.
+	for _, id := range ids {
+		d.doJSON("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+		if r := d.doJSON("DELETE", "/v1/sandboxes/"+id, nil); r.Status != 204 && r.Status != 404 {
+			t.Errorf("deleting %s at the end: %d %s", id, r.Status, r.Body)
+		}
+	}
+	if procs, err := rt.Processes(d.Root); err != nil || len(procs) != 0 {
+		t.Errorf("runtime processes left at the end: %v %v", procs, err)
+	}
+	if points, err := platform.MountsUnder(d.Root + "/"); err != nil || len(points) != 0 {
+		t.Errorf("mounts left under the state root: %v %v", points, err)
+	}
+	for _, id := range ids {
+		if cg, err := platform.OpenCgroup("sandboxd/" + id); err == nil && cg.Exists() {
+			t.Errorf("the cgroup of %s is left", id)
+		}
+	}
+	d.Stop()
+	mustCheckClean(t, d.Root, "offline at the end")
+
+	var lines []string
+	for k, n := range stats.ops {
+		lines = append(lines, fmt.Sprintf("%s: %d", k, n))
+	}
+	slices.Sort(lines)
+	t.Logf("chaos seed %d: %d rounds; killed sandboxd %d times, %d shims, %d inits; check needed a second look in %d rounds\n%s",
+		seed, rounds, kills["server"], kills["shim"], kills["init"], retried, strings.Join(lines, "\n"))
+	// A 500 is a finding. Those of known, reported bugs are logged (and fail the test only
+	// with SANDBOXD_CHAOS_STRICT=1, or once fixed they disappear); any other fails it.
+	keepErrors()
+	strict := os.Getenv("SANDBOXD_CHAOS_STRICT") != ""
+	for _, u := range stats.unexpected {
+		cause := ""
+		if _, rid, ok := strings.Cut(u, `"request_id":"`); ok {
+			rid, _, _ = strings.Cut(rid, `"`)
+			for _, line := range serverErrors {
+				if strings.Contains(line, rid) {
+					cause = line
+				}
+			}
+		}
+		known := ""
+		for _, k := range chaosKnownBugs {
+			if strings.Contains(cause, k.cause) {
+				known = k.where
+			}
+		}
+		if known != "" && !strict {
+			t.Logf("known bug (%s): %s\n\tserver: %s", known, u, cause)
+			continue
+		}
+		t.Errorf("unexpected answer: %s\n\tserver: %s", u, cause)
+	}
+}
+
+// chaosKnownBugs are reported bugs whose 500s the suite logs rather than fails on (see
+// TestExecRacingStopIsNotInternal and TestStopRacingAgentDeathIsNotInternal).
+var chaosKnownBugs = []struct{ cause, where string }{
+	// An exec whose sandbox ends under it (a stop, a killed init) answers 500 instead of an
+	// exit or a not-running problem: handlers/exec.go returns proc.Wait's error as it is.
+	{"the exec ended without an exit status", "handlers/exec.go: exec racing the sandbox's end"},
+	{"control: the connection to the agent is closed", "handlers/exec.go: exec racing the sandbox's end"},
+	// A graceful stop whose agent dies under it answers 500: supervisor/stop.go's shutdown
+	// returns "asking the agent to shut down" while the runtime process is still exiting.
+	{"asking the agent to shut down", "supervisor/stop.go: stop racing the agent's death"},
+}
+
+// chaosClient issues random operations on random ids until stop closes.
+func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chaosServer], ids []string, ledger *chaosLedger, stats *chaosStats, stop <-chan struct{}) {
+	ops := []string{"create", "create", "start", "start", "exec", "exec", "exec", "stop", "stop-force", "delete", "delete", "get"}
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		op := ops[rng.IntN(len(ops))]
+		id := ids[rng.IntN(len(ids))]
+		lock := ledger.locks[id]
+		var method, path string
+		var body any
+		switch op {
+		case "create":
+			method, path, body = "POST", "/v1/sandboxes", map[string]any{"id": id, "start": rng.IntN(2) == 0}
+		case "start":
+			method, path = "POST", "/v1/sandboxes/"+id+"/start?timeout=20000"
+		case "stop":
+			method, path = "POST", "/v1/sandboxes/"+id+"/stop?timeout=10000"
+		case "stop-force":
+			method, path = "POST", "/v1/sandboxes/"+id+"/stop?force=true"
+		case "exec":
+			cmd := []string{"sh", "-c", "echo hi > /tmp/x; cat /tmp/x"}
+			if rng.IntN(4) == 0 {
+				cmd = []string{"sleep", "0.3"}
+			}
+			method, path, body = "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": cmd, "wait_ms": 2000}
+		case "delete":
+			method, path = "DELETE", "/v1/sandboxes/"+id
+		case "get":
+			method, path = "GET", "/v1/sandboxes/"+id
+		}
+		changes := op == "create" || op == "delete"
+		if changes {
+			lock.Lock()
+		} else {
+			lock.RLock()
+		}
+		srv := server.Load()
+		status, respBody, err := chaosDo(httpc, srv.url, method, path, body)
+		switch {
+		case err != nil && errors.Is(err, syscall.ECONNREFUSED):
+			// Never sent: the server is down. Wait for the next one (or a while).
+			stats.count(op, "refused")
+		case err != nil:
+			// Broke mid-flight: it may or may not have happened.
+			stats.count(op, "broken")
+			if changes {
+				ledger.set(id, unknown)
+			}
+		default:
+			stats.count(op, strconv.Itoa(status))
+			if !slices.Contains(chaosAllowed[op], status) {
+				stats.bad("%s %s answered %d: %s", method, path, status, respBody)
+				if changes {
+					ledger.set(id, unknown)
+				}
+				break
+			}
+			switch {
+			case op == "create" && status == 504:
+				ledger.set(id, unknown) // provisioned, then the start failed; or the id existed
+			case op == "create" && (status == 201 || status == 409 && bytes.Contains(respBody, []byte("already-provisioned"))):
+				ledger.set(id, present)
+			case op == "delete" && (status == 204 || status == 404):
+				ledger.set(id, absent)
+			case op == "delete" && status == 409 && bytes.Contains(respBody, []byte("provisioned-again")):
+				ledger.set(id, unknown)
+			}
+		}
+		if changes {
+			lock.Unlock()
+		} else {
+			lock.RUnlock()
+		}
+		if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
+			select {
+			case <-srv.up:
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func chaosDo(httpc *http.Client, base, method, path string, body any) (int, []byte, error) {
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(context.Background(), method, base+path, r)
+	if err != nil {
+		return 0, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := httpc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode, b, nil
+}
+
+// chaosKillRuntime SIGKILLs one random runtime process of the given role (shim or init), by
+// verified identity. It reports whether it killed one.
+func chaosKillRuntime(t *testing.T, rt *namespace.Runtime, root, role string, rng *rand.Rand) bool {
+	t.Helper()
+	procs, err := rt.Processes(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pick []platform.ProcessID
+	for _, p := range procs {
+		if p.Role == role {
+			pick = append(pick, p.ID)
+		}
+	}
+	if len(pick) == 0 {
+		return false
+	}
+	slices.SortFunc(pick, func(a, b platform.ProcessID) int { return a.Pid - b.Pid })
+	return platform.SignalVerified(pick[rng.IntN(len(pick))], syscall.SIGKILL) == nil
+}
+
+// chaosCheck runs `sandboxd check` beside the restarted server until it passes. The restart
+// reattached every sandbox before serving, but a runtime process told to shut down before the
+// crash may exit just after, and the server reconciles it a moment later; a check that looks
+// in between sees a stale record. It must converge within the deadline. It reports whether it
+// needed more than one look.
+func chaosCheck(t *testing.T, root string, round int) bool {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for attempt := 1; ; attempt++ {
+		r, code, stderr := runCheck(t, root)
+		if code == 0 && r.OK {
+			return attempt > 1
+		}
+		b, _ := json.MarshalIndent(r, "", "  ")
+		if time.Now().After(deadline) {
+			t.Fatalf("round %d: sandboxd check still fails after the restart (exit %d):\n%s\n%s", round, code, b, stderr)
+		}
+		t.Logf("round %d: check attempt %d found (exit %d):\n%s", round, attempt, code, b)
+		time.Sleep(200 * time.Millisecond) // the server's reconciliation is what is awaited
+	}
+}
+
+// chaosVerify checks the ledger against the server, and that every runtime process belongs
+// to a sandbox that exists.
+func chaosVerify(t *testing.T, d *daemon, rt *namespace.Runtime, ids []string, ledger *chaosLedger, round int) {
+	t.Helper()
+	exists := map[string]bool{}
+	for _, id := range ids {
+		r := d.do("GET", "/v1/sandboxes/"+id, nil, nil)
+		switch {
+		case r.Status == 200:
+			exists[id] = true
+		case r.Status != 404:
+			t.Fatalf("round %d: GET %s answered %d: %s", round, id, r.Status, r.Body)
+		}
+		switch ledger.get(id) {
+		case present:
+			if !exists[id] {
+				t.Errorf("round %d: LOST: %s was created (201) and never deleted, and is gone", round, id)
+			}
+		case absent:
+			if exists[id] {
+				t.Errorf("round %d: RESURRECTED: %s was deleted (204) or never created, and exists", round, id)
+			}
+		}
+		if exists[id] {
+			ledger.set(id, present)
+		} else {
+			ledger.set(id, absent)
+		}
+	}
+	var list struct {
+		Items []sandboxJSON `json:"items"`
+	}
+	if err := json.Unmarshal(d.do("GET", "/v1/sandboxes?limit=1000", nil, nil).Body, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list.Items {
+		if strings.HasPrefix(sb.ID, strings.Split(ids[0], "-")[0]+"-") && !exists[sb.ID] {
+			t.Errorf("round %d: %s is listed but GET does not find it", round, sb.ID)
+		}
+	}
+	procs, err := rt.Processes(d.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		if id := p.Dir[strings.LastIndex(p.Dir, "/")+1:]; !exists[id] && p.ID.Alive() {
+			t.Errorf("round %d: a runtime process (%s %s) runs for %s, which does not exist", round, p.Role, p.ID, id)
+		}
+	}
+}
+
+// requireKnownBugs skips a regression test of a reported, unfixed bug unless
+// SANDBOXD_KNOWN_BUGS=1; whoever fixes the bug removes the call.
+func requireKnownBugs(t *testing.T, bug string) {
+	t.Helper()
+	if os.Getenv("SANDBOXD_KNOWN_BUGS") == "" {
+		t.Skipf("known bug, reported and not fixed yet: %s (SANDBOXD_KNOWN_BUGS=1 runs this test)", bug)
+	}
+}
+
+// TestExecRacingStopIsNotInternal: an exec whose sandbox is stopped under it ends with a
+// defined answer (an exit by signal, or a problem that says the sandbox stopped), never 500.
+func TestExecRacingStopIsNotInternal(t *testing.T) {
+	requireRoot(t)
+	requireKnownBugs(t, "handlers/exec.go returns proc.Wait's error as it is, so the exec answers 500 internal")
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("racestop", true)
+	for _, force := range []bool{true, false} {
+		res := make(chan response, 1)
+		go func() {
+			res <- d.doJSON("POST", "/v1/sandboxes/racestop/exec", map[string]any{"command": []string{"sh", "-c", "touch /tmp/started; exec sleep 60"}})
+		}()
+		waitFor(t, 20*time.Second, "the exec to start", func() bool {
+			return d.do("GET", "/v1/sandboxes/racestop/files?path=/tmp/started", nil, nil).Status == 200
+		})
+		if r := d.doJSON("POST", fmt.Sprintf("/v1/sandboxes/racestop/stop?force=%v", force), nil); r.Status != 200 {
+			t.Fatalf("stop: %d %s", r.Status, r.Body)
+		}
+		if r := <-res; r.Status >= 500 {
+			t.Errorf("force=%v: the exec whose sandbox stopped answered %d: %s", force, r.Status, r.Body)
+		}
+		if r := d.doJSON("POST", "/v1/sandboxes/racestop/start", nil); r.Status != 200 {
+			t.Fatalf("start: %d %s", r.Status, r.Body)
+		}
+	}
+}
