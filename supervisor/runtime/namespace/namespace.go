@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
 
@@ -23,9 +24,10 @@ const (
 	entryBase    = "base"        // the generated lowest layer of the host image
 	entryLog     = "sandbox.log" // the shim's and the init's output
 	socketName   = "control.sock"
-	// OutcomeName is the outcome report the shim writes when the sandbox ends.
-	OutcomeName = "outcome.json"
 )
+
+// OutcomeName is the outcome report the shim writes (through the store) when the sandbox ends.
+const OutcomeName = store.OutcomeName
 
 // ListenPath is where the agent listens, inside the sandbox.
 const ListenPath = "/run/sandboxd/" + socketName
