@@ -78,7 +78,10 @@ func setupRootMounts(spec *shimSpec) error {
 		lowest = filepath.Join(spec.Dir, entryBase)
 	}
 	lowers := append(append([]string{}, spec.Lowers...), lowest)
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+	// The upper layer must stand on its own once captured as a template generation: no
+	// metadata-only copies that point into a lower (metacopy), no renamed directories that
+	// refer to lower paths (redirect_dir), no inode index tied to these lowers (index).
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,redirect_dir=off,metacopy=off",
 		strings.Join(lowers, ":"), filepath.Join(spec.Dir, entryUpper), filepath.Join(spec.Dir, entryWork))
 	// nodev: no device node on the sandbox's own layers works, whoever made it.
 	if err := platform.Mount("overlay", root, "overlay", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
