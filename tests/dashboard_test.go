@@ -200,3 +200,71 @@ func TestDashboard(t *testing.T) {
 		})
 	}
 }
+
+// TestDashboardTemplates drives the template views: create a template, capture a stopped
+// sandbox into it, clone the generation, tombstone and retire it (draining until its clone is
+// deleted), and delete the template.
+func TestDashboardTemplates(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	// Capture takes a sandbox that has run and stopped.
+	d.create("tpl-src", true)
+	if r := d.doJSON("POST", "/v1/sandboxes/tpl-src/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Body)
+	}
+	ctx := browser(t)
+	click := func(what, sel string) { run(ctx, t, what, chromedp.Click(chromedp.CSS(sel))) }
+	gen := `document.querySelector('[data-template="tools"] tr[data-generation]')`
+
+	run(ctx, t, "opening the dashboard", chromedp.Navigate(d.URL+"/"))
+	until(ctx, t, "live events", `document.querySelector("#live").textContent === "live"`)
+	run(ctx, t, "creating a template",
+		chromedp.SendKeys(chromedp.CSS("#template-name"), "tools"),
+		chromedp.Click(chromedp.CSS(`#template-form button[type="submit"]`)))
+	until(ctx, t, "the template", `document.querySelector('[data-template="tools"]') !== null`)
+
+	click("choosing the sandbox to capture", `tr[data-id="tpl-src"] button[data-action="capture"]`)
+	run(ctx, t, "capturing it",
+		chromedp.SendKeys(chromedp.CSS("#capture-template"), "tools"),
+		chromedp.Click(chromedp.CSS(`#capture-form button[type="submit"]`)))
+	until(ctx, t, "an eligible generation", gen+`?.textContent.includes("eligible")`)
+
+	click("cloning it", `[data-template="tools"] button[data-action="clone"]`)
+	until(ctx, t, "a running clone", `[...document.querySelectorAll("#sandboxes tr[data-id]")].some(r => r.dataset.id !== "tpl-src" && r.dataset.state === "running" && r.textContent.includes("tools @ "))`)
+	until(ctx, t, "the lease counted", gen+`?.children[5].textContent === "1"`)
+	clone, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("#sandboxes tr[data-id]")].find(r => r.dataset.id !== "tpl-src").dataset.id`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.doJSON("POST", "/v1/sandboxes/"+clone+"/stop?force=true", nil)
+		d.doJSON("DELETE", "/v1/sandboxes/"+clone, nil)
+	})
+
+	for _, action := range []string{"tombstone", "retire"} {
+		sel := `[data-template="tools"] button[data-action="` + action + `"]`
+		click(action, sel)
+		until(ctx, t, action+" to ask again", `document.querySelector('`+sel+`').textContent === "Sure?"`)
+		click("confirming "+action, sel)
+		want := map[string]string{"tombstone": "tombstoned", "retire": "retiring"}[action]
+		until(ctx, t, "the generation "+want, gen+`?.textContent.includes("`+want+`")`)
+	}
+	saveScreenshot(ctx, t, "templates")
+
+	// Deleting the clone releases the lease, and the drained generation goes.
+	click("stopping the clone", `tr[data-id="`+clone+`"] button[data-action="stop"]`)
+	until(ctx, t, "the stopped clone", `document.querySelector('tr[data-id="`+clone+`"]')?.dataset.state === "stopped"`)
+	click("deleting the clone", `tr[data-id="`+clone+`"] button[data-action="delete"]`)
+	click("confirming", `tr[data-id="`+clone+`"] button[data-action="delete"]`)
+	until(ctx, t, "the generation to go", `document.querySelector('[data-template="tools"]') !== null && `+gen+` === null`)
+
+	del := `[data-template="tools"] button[data-action="delete-template"]`
+	click("deleting the template", del)
+	until(ctx, t, "delete to ask again", `document.querySelector('`+del+`').textContent === "Sure?"`)
+	click("confirming", del)
+	until(ctx, t, "the template to go", `document.querySelector('[data-template="tools"]') === null`)
+	if msg, err := chromedp.Run(ctx, pageError()); err != nil || msg != "" {
+		t.Fatalf("the page shows an error at the end: %q (%v)", msg, err)
+	}
+}

@@ -138,6 +138,14 @@
     return `${Math.floor(s / 86400)}d`;
   }
 
+  function size(bytes) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let n = bytes;
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return i === 0 ? `${n} B` : `${n.toFixed(1)} ${units[i]}`;
+  }
+
   function sandboxRow(sb) {
     const id = sb.id;
     const enc = encodeURIComponent(id);
@@ -282,6 +290,7 @@
           add("Clone", "clone", async () => {
             await api("POST", "/v1/sandboxes", { template: t.name, generation: g.id, start: true });
             await refreshSandboxes();
+            await refreshTemplates();
           });
           add("Tombstone", "tombstone", async () => {
             await api("POST", `/v1/templates/${name}/generations/${gen}/tombstone`);
@@ -297,7 +306,7 @@
           el("td", {}, el("span", { class: "badge " + g.state }, g.state)),
           el("td", {}, el("span", { class: "badge " + g.eligibility }, g.eligibility)),
           el("td", { title: g.captured_at }, age(g.captured_at)),
-          el("td", {}, `${(g.size_bytes / 1048576).toFixed(1)} MiB`),
+          el("td", {}, size(g.size_bytes)),
           el("td", {}, String(g.leases)),
           actions);
       });
@@ -478,7 +487,8 @@
         let e;
         try { e = JSON.parse(m.data); } catch (_) { return; }
         logEvent(e);
-        scheduleRefresh(!type.startsWith("sandbox."));
+        // Any change may move lease counts (a clone created or deleted): refresh both lists.
+        scheduleRefresh(true);
       });
     }
   }
