@@ -179,7 +179,11 @@ func TestEventsOfALifecycle(t *testing.T) {
 	}
 
 	// A sandbox whose init is killed from the host is reported as exited, with how.
-	d.create("ev-exit", true)
+	// Not d.create: its cleanup would call the daemon that this test stops; the sandbox is
+	// stopped when the test ends, and its state root goes with the test's.
+	if r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "ev-exit", "start": true}); r.Status != 201 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
 	if e := s.next("ev-exit"); e.Type != "sandbox.created" {
 		t.Fatalf("got %s, want sandbox.created", e.Type)
 	}
@@ -208,4 +212,17 @@ func TestEventsOfALifecycle(t *testing.T) {
 	if e.Event.Exit == nil || e.Event.Exit.Reason != openapi.LastExitReasonKilled {
 		t.Fatalf("exit of a killed init: %+v", e.Event.Exit)
 	}
+
+	// A graceful shutdown ends open streams (rather than waiting out its grace for them).
+	stopped := make(chan struct{})
+	go func() { d.Stop(); close(stopped) }()
+	deadline := time.After(20 * time.Second)
+	for open := true; open; {
+		select {
+		case _, open = <-s.events:
+		case <-deadline:
+			t.Fatal("the event stream did not end within 20s of SIGTERM")
+		}
+	}
+	<-stopped
 }
