@@ -1,0 +1,376 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// The end-to-end benchmarks drive the real binary through HTTP, like a client would; the
+// baselines (bwrap, unshare) run in the same `go test -bench` invocation so that a figure can be
+// read as a ratio measured under the same load of the machine. docs/performance.md has the
+// commands and the figures.
+
+// benchDaemon starts sandboxd for a benchmark at the default log level (the harness logs at
+// debug, which would time the logging too).
+func benchDaemon(b *testing.B) *daemon {
+	b.Helper()
+	requireRoot(b)
+	return startDaemon(b, withArgs("--log-level", "info"))
+}
+
+// latencies collects one duration per iteration and reports its median and p90 in ms, which on
+// a shared machine say more than the mean that ns/op is.
+type latencies []time.Duration
+
+func (l latencies) report(b *testing.B, prefix string) {
+	if len(l) == 0 {
+		return
+	}
+	s := slices.Clone(l)
+	slices.Sort(s)
+	b.ReportMetric(float64(s[len(s)/2].Microseconds())/1000, prefix+"median-ms")
+	b.ReportMetric(float64(s[len(s)*9/10].Microseconds())/1000, prefix+"p90-ms")
+}
+
+// mustStatus sends a JSON request and fails the benchmark unless the answer has status want.
+func (d *daemon) mustStatus(want int, method, path string, body any) response {
+	d.t.Helper()
+	r := d.doJSON(method, path, body)
+	if r.Status != want {
+		d.t.Fatalf("%s %s: status %d, want %d: %s", method, path, r.Status, want, r.Body)
+	}
+	return r
+}
+
+// dispose stops a sandbox (forcibly) and deletes it.
+func (d *daemon) dispose(id string) {
+	d.t.Helper()
+	d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+	d.mustStatus(204, "DELETE", "/v1/sandboxes/"+id, nil)
+}
+
+// execTrue runs `true` buffered and fails unless it exits 0.
+func (d *daemon) execTrue(id string) {
+	d.t.Helper()
+	got := decode[execJSON](d.t, d.doJSON("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": []string{"true"}}), 200)
+	if got.ExitCode != 0 || got.Signal != nil {
+		d.t.Fatalf("true: %+v", got)
+	}
+}
+
+// BenchmarkLifecycle is one sandbox's whole life through HTTP: create, start, the first exec
+// (of true), stop, delete. The aim (issue 5) is a median of at most 15 ms.
+func BenchmarkLifecycle(b *testing.B) {
+	d := benchDaemon(b)
+	var lat latencies
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		id := fmt.Sprintf("life%d", i)
+		d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id})
+		d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/start", nil)
+		d.execTrue(id)
+		d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/stop", nil)
+		d.mustStatus(204, "DELETE", "/v1/sandboxes/"+id, nil)
+		lat = append(lat, time.Since(t0))
+	}
+	lat.report(b, "")
+}
+
+// BenchmarkLifecycleClients runs lifecycle cycles from 1 to 32 concurrent clients and reports
+// cycles per second (aim, issue 5: at least 100/s on 2 cores). The b.N cycles of a
+// sub-benchmark are shared out among its clients.
+func BenchmarkLifecycleClients(b *testing.B) {
+	d := benchDaemon(b)
+	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	for _, clients := range []int{1, 2, 4, 8, 16, 32} {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			var next atomic.Int64
+			var mu sync.Mutex
+			var firstErr error
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			t0 := time.Now()
+			for c := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						n := next.Add(1)
+						if n > int64(b.N) {
+							return
+						}
+						if err := lifecycleCycle(httpc, d.URL, fmt.Sprintf("cc%d-%d-%d", clients, c, n)); err != nil {
+							mu.Lock()
+							firstErr = cmpOr(firstErr, err)
+							mu.Unlock()
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			elapsed := time.Since(t0)
+			b.StopTimer()
+			if firstErr != nil {
+				b.Fatal(firstErr)
+			}
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "cycles/s")
+		})
+	}
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// lifecycleCycle is BenchmarkLifecycle's cycle for a goroutine: it returns errors instead of
+// failing the benchmark.
+func lifecycleCycle(httpc *http.Client, base, id string) error {
+	steps := []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"POST", "/v1/sandboxes", map[string]any{"id": id}, 201},
+		{"POST", "/v1/sandboxes/" + id + "/start", nil, 200},
+		{"POST", "/v1/sandboxes/" + id + "/exec", map[string]any{"command": []string{"true"}}, 200},
+		{"POST", "/v1/sandboxes/" + id + "/stop", nil, 200},
+		{"DELETE", "/v1/sandboxes/" + id, nil, 204},
+	}
+	for _, s := range steps {
+		var body io.Reader
+		if s.body != nil {
+			j, _ := json.Marshal(s.body)
+			body = bytes.NewReader(j)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		req, err := http.NewRequestWithContext(ctx, s.method, base+s.path, body)
+		if err != nil {
+			cancel()
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := httpc.Do(req)
+		if err != nil {
+			cancel()
+			return err
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != s.want {
+			return fmt.Errorf("%s %s: status %d, want %d: %s", s.method, s.path, resp.StatusCode, s.want, out)
+		}
+		if strings.HasSuffix(s.path, "/exec") && !bytes.Contains(out, []byte(`"exit_code":0`)) {
+			return fmt.Errorf("true in %s did not exit 0: %s", id, out)
+		}
+	}
+	return nil
+}
+
+// BenchmarkExecTrue is a buffered exec round trip of `true` through HTTP in a running sandbox
+// (aim, issue 5: median at most 3 ms).
+func BenchmarkExecTrue(b *testing.B) {
+	d := benchDaemon(b)
+	d.create("ex", true)
+	d.execTrue("ex") // the first exec pays for page-ins; time the steady state
+	var lat latencies
+	for b.Loop() {
+		t0 := time.Now()
+		d.execTrue("ex")
+		lat = append(lat, time.Since(t0))
+	}
+	lat.report(b, "")
+}
+
+// BenchmarkStreamThroughput reads a workload's stdout of 256 MiB over the exec websocket (aim,
+// issue 5: at least 1 GB/s; the issue names 1 GiB, 256 MiB keeps an iteration short on this
+// machine and the rate is the same figure).
+func BenchmarkStreamThroughput(b *testing.B) {
+	const size = 256 << 20
+	d := benchDaemon(b)
+	d.create("st", true)
+	u := strings.Replace(d.URL, "http://", "ws://", 1) + "/v1/sandboxes/st/exec/stream?" +
+		url.Values{"command": {"head", "-c", "256M", "/dev/zero"}}.Encode()
+	dialer := websocket.Dialer{ReadBufferSize: 64 << 10}
+	b.SetBytes(size)
+	for b.Loop() {
+		conn, _, err := dialer.Dial(u, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, code, err := drainStream(conn)
+		conn.Close()
+		if err != nil || code != 0 || n != size {
+			b.Fatalf("streamed %d bytes, exit %d, %v", n, code, err)
+		}
+	}
+}
+
+// drainStream reads an exec websocket to its normal close, counting stdout bytes without
+// keeping them.
+func drainStream(conn *websocket.Conn) (int64, int, error) {
+	var n int64
+	code := -1
+	var first [1]byte
+	for {
+		kind, r, err := conn.NextReader()
+		if err != nil {
+			if websocket.IsCloseError(err, websocket.CloseNormalClosure) && code >= 0 {
+				return n, code, nil
+			}
+			return n, code, err
+		}
+		switch kind {
+		case websocket.BinaryMessage:
+			if _, err := io.ReadFull(r, first[:]); err != nil {
+				return n, code, err
+			}
+			m, err := io.Copy(io.Discard, r)
+			if err != nil {
+				return n, code, err
+			}
+			if first[0] == 1 {
+				n += m
+			}
+		case websocket.TextMessage:
+			var e wsExit
+			if err := json.NewDecoder(r).Decode(&e); err != nil {
+				return n, code, err
+			}
+			code = e.ExitCode
+		}
+	}
+}
+
+// prepareGeneration captures a template whose generation holds size bytes of data in the
+// user's home.
+func (d *daemon) prepareGeneration(name string, size int64) {
+	d.t.Helper()
+	src := name + "-src"
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": src, "start": true})
+	got := decode[execJSON](d.t, d.doJSON("POST", "/v1/sandboxes/"+src+"/exec", map[string]any{
+		"command": []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero > /home/user/blob && sync", size)}, "timeout_ms": 600000}), 200)
+	if got.ExitCode != 0 {
+		d.t.Fatalf("writing the generation's data: %+v", got)
+	}
+	d.mustStatus(200, "POST", "/v1/sandboxes/"+src+"/stop", nil)
+	d.mustStatus(201, "POST", "/v1/templates", map[string]any{"name": name})
+	g := decode[generationJSON](d.t, d.doJSON("POST", "/v1/templates/"+name+"/generations", map[string]any{"sandbox": src}), 201)
+	if g.SizeBytes < size {
+		d.t.Fatalf("generation %+v is smaller than the %d bytes written", g, size)
+	}
+}
+
+// benchCreateStart times POST /v1/sandboxes with start=true, with body's other fields; stop
+// and delete are outside the timer.
+func benchCreateStart(b *testing.B, d *daemon, body map[string]any) {
+	var lat latencies
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprintf("cs%d", i)
+		req := map[string]any{"id": id, "start": true}
+		for k, v := range body {
+			req[k] = v
+		}
+		t0 := time.Now()
+		d.mustStatus(201, "POST", "/v1/sandboxes", req)
+		lat = append(lat, time.Since(t0))
+		b.StopTimer()
+		d.dispose(id)
+		b.StartTimer()
+	}
+	lat.report(b, "")
+}
+
+// BenchmarkCreateStart is a plain create+start: the baseline of BenchmarkCloneStart.
+func BenchmarkCreateStart(b *testing.B) {
+	d := benchDaemon(b)
+	benchCreateStart(b, d, nil)
+}
+
+// BenchmarkCloneStart is a clone of a template (1 MiB generation) and its start in one call
+// (aim, issue 6: at most 1.5× BenchmarkCreateStart).
+func BenchmarkCloneStart(b *testing.B) {
+	d := benchDaemon(b)
+	d.prepareGeneration("tpl", 1<<20)
+	benchCreateStart(b, d, map[string]any{"template": "tpl"})
+}
+
+// benchClone times a clone (create from the template, not started) and then its start,
+// separately; ns/op is both.
+func benchClone(b *testing.B, size int64) {
+	d := benchDaemon(b)
+	d.prepareGeneration("tpl", size)
+	var clone, start latencies
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprintf("cl%d", i)
+		t0 := time.Now()
+		d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "template": "tpl"})
+		t1 := time.Now()
+		d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/start", nil)
+		clone, start = append(clone, t1.Sub(t0)), append(start, time.Since(t1))
+		b.StopTimer()
+		d.dispose(id)
+		b.StartTimer()
+	}
+	clone.report(b, "clone-")
+	start.report(b, "start-")
+}
+
+// BenchmarkClone1MiB and BenchmarkClone1GiB clone generations of very different sizes (aim,
+// issue 6: the same within noise, since a clone's root is an overlay over the generation).
+func BenchmarkClone1MiB(b *testing.B) { benchClone(b, 1<<20) }
+func BenchmarkClone1GiB(b *testing.B) { benchClone(b, 1<<30) }
+
+// bwrapArgs is the bare bubblewrap sandbox the issues compare a start with.
+var bwrapArgs = []string{"--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+	"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "true"}
+
+// BenchmarkBaselineBwrap spawns `true` in a bare bubblewrap sandbox: the floor of a start.
+func BenchmarkBaselineBwrap(b *testing.B) {
+	requireRoot(b)
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); skipping the baseline")
+	}
+	benchSpawn(b, bwrap, bwrapArgs...)
+}
+
+// BenchmarkBaselineUnshare spawns `true` in new namespaces with util-linux's unshare.
+func BenchmarkBaselineUnshare(b *testing.B) {
+	requireRoot(b)
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		b.Skip("unshare (util-linux) is not installed; skipping the baseline")
+	}
+	benchSpawn(b, unshare, "-m", "-p", "-u", "-i", "-n", "-f", "--mount-proc", "true")
+}
+
+func benchSpawn(b *testing.B, prog string, args ...string) {
+	var lat latencies
+	for b.Loop() {
+		t0 := time.Now()
+		if out, err := exec.Command(prog, args...).CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v: %s", prog, err, out)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	lat.report(b, "")
+}
