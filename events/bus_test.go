@@ -3,6 +3,8 @@ package events
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,22 +154,32 @@ func TestCloseEndsSubscriptions(t *testing.T) {
 	b.Publish(sandboxEvent("a")) // must not panic or block
 }
 
+// BenchmarkPublish publishes to 8 subscribers that read as fast as they can; drops/op says
+// how often one fell a whole buffer behind (and would have reconnected).
 func BenchmarkPublish(b *testing.B) {
 	bus := New(Options{})
-	subs := make([]*Subscription, 8)
-	for i := range subs {
-		subs[i] = bus.Subscribe(false, 0)
-		go func(s *Subscription) {
+	var drops atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		s := bus.Subscribe(false, 0)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for {
 				if _, err := s.Next(context.Background()); err != nil {
+					if errors.Is(err, ErrDropped) {
+						drops.Add(1)
+					}
 					return
 				}
 			}
-		}(subs[i])
+		}()
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		bus.Publish(sandboxEvent("a"))
 	}
 	bus.Close()
+	wg.Wait()
+	b.ReportMetric(float64(drops.Load())/float64(b.N), "drops/op")
 }
