@@ -37,6 +37,7 @@ func runAgent(c namespace.AgentConfig) error {
 		Capability: c.Capability,
 		DefaultEnv: env,
 		Hostname:   c.Hostname,
+		CgroupDir:  c.CgroupDir,
 		ReapAll:    true,
 	})
 }
