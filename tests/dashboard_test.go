@@ -151,6 +151,11 @@ func TestDashboard(t *testing.T) {
 					chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)))
 			}
 			until(ctx, t, "live events", `document.querySelector("#live").textContent === "live"`)
+			if tc.token != "" {
+				// The token was entered once: a reload finds it in the browser.
+				run(ctx, t, "reloading", chromedp.Navigate(d.URL+"/"))
+				until(ctx, t, "live events after the reload", `document.querySelector("#live").textContent === "live" && document.querySelector("#token-panel").hidden`)
+			}
 
 			// Create without starting, then start from the row.
 			run(ctx, t, "creating a sandbox",
@@ -179,7 +184,24 @@ func TestDashboard(t *testing.T) {
 			until(ctx, t, "hello in the terminal",
 				`[...document.querySelectorAll("#terminal .xterm-rows > div")].some(r => r.textContent.trim() === "hello")`)
 
+			// The shell has the terminal's size, and follows it when the window changes.
+			rowsOf := `[...document.querySelectorAll("#terminal .xterm-rows > div")].map(r => r.textContent.trim())`
+			sized := func(what string) {
+				t.Helper()
+				size, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#terminal").dataset.size`))
+				if err != nil || size == "" {
+					t.Fatalf("the terminal's size: %q %v", size, err)
+				}
+				run(ctx, t, "asking the size", typeKeys("clear; stty size\r"))
+				until(ctx, t, what+" ("+size+")", rowsOf+`.includes("`+size+`")`)
+			}
+			sized("stty size to match the terminal")
 			saveScreenshot(ctx, t, "terminal")
+			before, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#terminal").dataset.size`))
+			run(ctx, t, "narrowing the window", chromedp.EmulateViewport(900, 1000))
+			until(ctx, t, "the terminal to refit", `document.querySelector("#terminal").dataset.size !== "`+before+`"`)
+			sized("stty size to follow the resize")
+			run(ctx, t, "restoring the window", chromedp.EmulateViewport(1280, 1000))
 
 			// Stop, then delete (a destructive button asks for a second click).
 			run(ctx, t, "stopping it", chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] button[data-action="stop"]`)))

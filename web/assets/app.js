@@ -160,7 +160,13 @@
     };
     if (sb.state === "running") {
       button("Terminal", "terminal", async () => openTerminal(id));
-      button("Stop", "stop", async () => { await api("POST", `/v1/sandboxes/${enc}/stop`); await refreshSandboxes(); });
+      button("Stop", "stop", async () => {
+        // An interactive shell ignores the stop's SIGTERM and would hold the stop for its
+        // whole grace period; hanging up the terminal ends it at once.
+        if (terminalFor === id) closeTerminal();
+        await api("POST", `/v1/sandboxes/${enc}/stop`);
+        await refreshSandboxes();
+      });
     } else if (sb.state === "provisioned" || sb.state === "stopped") {
       button("Start", "start", async () => { await api("POST", `/v1/sandboxes/${enc}/start`); await refreshSandboxes(); });
     }
@@ -414,7 +420,10 @@
       frame.set(data, 1);
       ws.send(frame);
     });
+    // The size the shell was given, for people and tests to compare with `stty size`.
+    container.dataset.size = `${term.rows} ${term.cols}`;
     const onResize = term.onResize(({ rows, cols }) => {
+      container.dataset.size = `${rows} ${cols}`;
       if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "resize", rows, cols }));
     });
     const refit = () => fit.fit();
