@@ -184,6 +184,8 @@ func TestDashboard(t *testing.T) {
 			until(ctx, t, "hello in the terminal",
 				`[...document.querySelectorAll("#terminal .xterm-rows > div")].some(r => r.textContent.trim() === "hello")`)
 
+			saveScreenshot(ctx, t, "terminal")
+
 			// The shell has the terminal's size, and follows it when the window changes.
 			rowsOf := `[...document.querySelectorAll("#terminal .xterm-rows > div")].map(r => r.textContent.trim())`
 			sized := func(what string) {
@@ -196,7 +198,6 @@ func TestDashboard(t *testing.T) {
 				until(ctx, t, what+" ("+size+")", rowsOf+`.includes("`+size+`")`)
 			}
 			sized("stty size to match the terminal")
-			saveScreenshot(ctx, t, "terminal")
 			before, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#terminal").dataset.size`))
 			run(ctx, t, "narrowing the window", chromedp.EmulateViewport(900, 1000))
 			until(ctx, t, "the terminal to refit", `document.querySelector("#terminal").dataset.size !== "`+before+`"`)
