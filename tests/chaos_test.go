@@ -292,6 +292,9 @@ var chaosKnownBugs = []struct{ cause, where string }{
 	// exit or a not-running problem: handlers/exec.go returns proc.Wait's error as it is.
 	{"the exec ended without an exit status", "handlers/exec.go: exec racing the sandbox's end"},
 	{"control: the connection to the agent is closed", "handlers/exec.go: exec racing the sandbox's end"},
+	// Exec admission of a sandbox whose agent died while its shim still runs answers 500:
+	// supervisor/agent.go's dial error is returned as it is, not as not-running.
+	{"connecting to the agent of sandbox", "supervisor/agent.go: exec admitted to a dying sandbox"},
 	// A graceful stop whose agent dies under it answers 500: supervisor/stop.go's shutdown
 	// returns "asking the agent to shut down" while the runtime process is still exiting.
 	{"asking the agent to shut down", "supervisor/stop.go: stop racing the agent's death"},
