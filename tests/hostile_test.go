@@ -320,7 +320,7 @@ func TestHostileWorkloads(t *testing.T) {
 		go func() {
 			res <- d.doJSON("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
 				// Open as many files as the limit allows, unlink them, and hold them.
-				"command": []string{"perl", "-e", `my @h; for my $i (1..20000) { open(my $f, ">", "/tmp/f$i") or last; print $f "x"; unlink "/tmp/f$i"; push @h, $f } close(pop @h); open(my $m, ">", "/tmp/holding") or die; print $m scalar(@h); close $m; sleep 600`},
+				"command":    []string{"perl", "-e", `my @h; for my $i (1..20000) { open(my $f, ">", "/tmp/f$i") or last; print $f "x"; unlink "/tmp/f$i"; push @h, $f } close(pop @h); open(my $m, ">", "/tmp/holding") or die; print $m scalar(@h); close $m; sleep 600`},
 				"timeout_ms": 600000,
 			})
 		}()
