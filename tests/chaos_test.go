@@ -138,6 +138,13 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Templates (capture, clone, tombstone, retire) are not among the operations yet: the
+	// suite was written while their API answered 501. Say which case this is.
+	if r := d.do("GET", "/v1/templates", nil, nil); r.Status == 501 {
+		t.Logf("the template API answers 501: capture, clone, tombstone and retire are not exercised")
+	} else {
+		t.Logf("the template API answers %d, but this suite does not exercise capture, clone, tombstone and retire yet", r.Status)
+	}
 	// Ids unique to this run: sandbox cgroups are named by id alone, host-wide.
 	prefix := fmt.Sprintf("chaos%04x", uint16(seed))
 	ids := make([]string, chaosIDs)

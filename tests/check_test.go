@@ -310,3 +310,26 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 	os.Remove(filepath.Join(sbx, "foreign", "junk"))
 	template.RemoveBinding(filepath.Join(sbx, "foreign"))
 }
+
+// TestSameIDInTwoStateRoots: two servers on one host, each with its own state root, may both
+// have a sandbox of the same id; stopping one must not touch the other. The namespace runtime
+// names cgroups <parent>/<id> without the state root, so both sandboxes share one cgroup.
+func TestSameIDInTwoStateRoots(t *testing.T) {
+	requireRoot(t)
+	requireKnownBugs(t, "supervisor/runtime/namespace/runtime_linux.go cgroupName is <parent>/<id> for every state root, so same-id sandboxes of two roots share a cgroup, and ending one kills the other")
+	t.Parallel()
+	a, b := startDaemon(t), startDaemon(t)
+	id := fmt.Sprintf("twin%04x", uint16(time.Now().UnixNano()))
+	a.create(id, true)
+	b.create(id, true)
+	if r := a.doJSON("POST", "/v1/sandboxes/"+id+"/stop", nil); r.Status != 200 {
+		t.Fatalf("stopping the first: %d %s", r.Status, r.Body)
+	}
+	sb := decode[sandboxJSON](t, b.do("GET", "/v1/sandboxes/"+id, nil, nil), 200)
+	if sb.State != "running" {
+		t.Fatalf("stopping %s in one state root ended its namesake in another: %+v", id, sb)
+	}
+	if r := b.doJSON("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": []string{"true"}}); r.Status != 200 {
+		t.Fatalf("exec in the second after the first stopped: %d %s", r.Status, r.Body)
+	}
+}

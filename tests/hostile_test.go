@@ -329,7 +329,8 @@ func TestHostileWorkloads(t *testing.T) {
 		})
 		held := string(d.do("GET", "/v1/sandboxes/"+id+"/files?path=/tmp/holding", nil, nil).Body)
 		w.check(t, "the sandbox held files open")
-		t.Logf("the workload holds %s files open (its descriptor limit)", held)
+		limit := d.exec(id, map[string]any{"command": []string{"sh", "-c", "ulimit -n"}})
+		t.Logf("the workload holds %s files open (of 20000 tried; its descriptor limit is %s)", held, strings.TrimSpace(limit.Stdout))
 		// Stopping ends the holder; its exec ends with the sandbox (answering what it may:
 		// see TestExecRacingStopIsNotInternal), and deletion removes the unlinked files' layer.
 		if r := d.doJSON("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil); r.Status != 200 {
