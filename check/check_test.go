@@ -1,0 +1,55 @@
+package check
+
+import (
+	"os"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+)
+
+// TestDeclaredNamesMatchTheSupervisor: every name the checker knows the kind of is one that
+// supervisor.New declares to the store (a second Declare of it is refused), and isDeclared
+// recognises a declared name and refuses a foreign one. If the supervisor stops declaring a
+// name, this fails; if it declares a new one, isDeclared still finds it.
+func TestDeclaredNamesMatchTheSupervisor(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the namespace runtime needs root; CI runs as root")
+	}
+	rt, err := namespace.New(namespace.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	st, err := store.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sup.Close()
+	names := declaredNames(rt)
+	if len(names) == 0 {
+		t.Fatal("no declared names")
+	}
+	for name, kind := range names {
+		if err := st.Declare(name, kind); err == nil {
+			t.Errorf("%q: the checker takes it for declared, but the supervisor does not declare it", name)
+		}
+	}
+	c := &checker{root: root, st: st, probed: map[string]bool{}}
+	for name := range names {
+		if !c.isDeclared(name) {
+			t.Errorf("isDeclared(%q) = false for a declared name", name)
+		}
+	}
+	for _, name := range []string{"junk", "notes.txt", store.ConfigName, ".nfs0001", "a/b"} {
+		if c.isDeclared(name) {
+			t.Errorf("isDeclared(%q) = true for a name nobody declared", name)
+		}
+	}
+}
