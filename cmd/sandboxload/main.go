@@ -214,11 +214,15 @@ type Report struct {
 
 // Phase is one level of concurrency.
 type Phase struct {
-	Clients         int        `json:"clients"`
-	ElapsedSeconds  float64    `json:"elapsed_seconds"`
-	Cycles          int        `json:"cycles"`
-	CyclesPerSecond float64    `json:"cycles_per_second"`
-	Ops             []OpReport `json:"ops"`
+	Clients         int     `json:"clients"`
+	ElapsedSeconds  float64 `json:"elapsed_seconds"`
+	Cycles          int     `json:"cycles"`
+	CyclesPerSecond float64 `json:"cycles_per_second"`
+	// ServerCPUMSPerCycle is the CPU time of sandboxd and its reaped sandbox processes over the
+	// phase, per cycle (with --pid): unlike latency, it hardly depends on what else the machine
+	// runs. Sandboxes still running at the end (pools) are not counted.
+	ServerCPUMSPerCycle float64    `json:"server_cpu_ms_per_cycle,omitempty"`
+	Ops                 []OpReport `json:"ops"`
 }
 
 // ProcReport is the server's memory and descriptors around the load.
@@ -232,7 +236,11 @@ type ProcReport struct {
 func (r *Report) print(w io.Writer) {
 	fmt.Fprintf(w, "sandboxload %s mix=%s seed=%d\n", r.URL, r.Mix, r.Seed)
 	for _, p := range r.Phases {
-		fmt.Fprintf(w, "\nclients=%d: %d cycles in %.1fs = %.1f cycles/s\n", p.Clients, p.Cycles, p.ElapsedSeconds, p.CyclesPerSecond)
+		fmt.Fprintf(w, "\nclients=%d: %d cycles in %.1fs = %.1f cycles/s", p.Clients, p.Cycles, p.ElapsedSeconds, p.CyclesPerSecond)
+		if p.ServerCPUMSPerCycle > 0 {
+			fmt.Fprintf(w, ", sandboxd CPU %.1f ms per cycle", p.ServerCPUMSPerCycle)
+		}
+		fmt.Fprintln(w)
 		printTable(w, p.Ops)
 	}
 	if r.Proc != nil {
@@ -338,6 +346,10 @@ func (l *load) phases(ctx context.Context, rep *Report) error {
 			}
 		}
 		rec := newRecorder()
+		var cpu0 time.Duration
+		if l.o.pid > 0 {
+			cpu0, _ = cpuTime(l.o.pid)
+		}
 		var claimed, done atomic.Int64
 		var deadline time.Time
 		if l.o.cycles == 0 {
@@ -371,16 +383,22 @@ func (l *load) phases(ctx context.Context, rep *Report) error {
 		}
 		wg.Wait()
 		elapsed := time.Since(start)
-		for _, id := range pool {
-			l.dispose(id)
-		}
-		rep.Phases = append(rep.Phases, Phase{
+		phase := Phase{
 			Clients:         clients,
 			ElapsedSeconds:  elapsed.Seconds(),
 			Cycles:          int(done.Load()),
 			CyclesPerSecond: float64(done.Load()) / elapsed.Seconds(),
 			Ops:             rec.report(elapsed),
-		})
+		}
+		if l.o.pid > 0 && phase.Cycles > 0 {
+			if cpu1, err := cpuTime(l.o.pid); err == nil && cpu0 > 0 {
+				phase.ServerCPUMSPerCycle = float64((cpu1 - cpu0).Microseconds()) / 1000 / float64(phase.Cycles)
+			}
+		}
+		for _, id := range pool {
+			l.dispose(id)
+		}
+		rep.Phases = append(rep.Phases, phase)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

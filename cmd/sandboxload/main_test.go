@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -129,5 +130,38 @@ func TestAPIErrorKey(t *testing.T) {
 		if got := errKey(tt.err); got != tt.want {
 			t.Errorf("errKey(%v) = %q, want %q", tt.err, got, tt.want)
 		}
+	}
+}
+
+func TestProcSampling(t *testing.T) {
+	t.Parallel()
+	pid := os.Getpid()
+	s, err := sampleProc(pid)
+	if err != nil || s.RSSKiB <= 0 || s.FDs < 3 {
+		t.Fatalf("sampleProc = %+v, %v", s, err)
+	}
+	before, err := cpuTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Burn CPU until the clock ticks it shows move (they count in 10 ms steps).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		after, err := cpuTime(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cpuTime stayed at %v while this test spun", before)
+		}
+		for i := 0; i < 1e6; i++ {
+			_ = strings.Repeat("x", i%3)
+		}
+	}
+	if _, err := sampleProc(1 << 30); err == nil {
+		t.Fatal("sampleProc of a pid that cannot exist succeeded")
 	}
 }

@@ -99,3 +99,36 @@ func (w *procWatch) end() (ProcSample, error) {
 	}
 	return w.peak, nil
 }
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every Linux
+// architecture Go supports.
+const clockTicks = 100
+
+// cpuTime is the CPU time of pid and of its reaped children (user and system), from
+// /proc/<pid>/stat. sandboxd reaps its sandboxes' shims, and each shim its sandbox's init, so
+// after a sandbox ends its CPU time is in sandboxd's children's.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; the fields after it are plain.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime, stime, cutime and cstime are fields 14 to 17.
+	if len(f) < 15 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	var ticks int64
+	for _, s := range f[11:15] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
