@@ -36,6 +36,13 @@ func benchDaemon(b *testing.B) *daemon {
 // a shared machine say more than the mean that ns/op is.
 type latencies []time.Duration
 
+// median is the median in seconds.
+func (l latencies) median() float64 {
+	s := slices.Clone(l)
+	slices.Sort(s)
+	return s[len(s)/2].Seconds()
+}
+
 func (l latencies) report(b *testing.B, prefix string) {
 	if len(l) == 0 {
 		return
@@ -338,6 +345,44 @@ func benchClone(b *testing.B, size int64) {
 // issue 6: the same within noise, since a clone's root is an overlay over the generation).
 func BenchmarkClone1MiB(b *testing.B) { benchClone(b, 1<<20) }
 func BenchmarkClone1GiB(b *testing.B) { benchClone(b, 1<<30) }
+
+// BenchmarkCloneSizes clones from a 1 MiB and a 1 GiB generation of one server in alternating
+// order, so that both sizes see the same machine (page cache, writeback, other load): the
+// separate benchmarks above cannot promise that on a shared machine. It reports each size's
+// clone and start medians and the ratios large/small.
+func BenchmarkCloneSizes(b *testing.B) {
+	d := benchDaemon(b)
+	sizes := []struct {
+		name string
+		size int64
+	}{{"1MiB", 1 << 20}, {"1GiB", 1 << 30}}
+	for _, s := range sizes {
+		d.prepareGeneration("tpl-"+strings.ToLower(s.name), s.size)
+	}
+	clone := map[string]latencies{}
+	start := map[string]latencies{}
+	for i := 0; b.Loop(); i++ {
+		for j := range sizes {
+			s := sizes[(i+j)%len(sizes)]
+			id := fmt.Sprintf("cz%d-%d", i, j)
+			t0 := time.Now()
+			d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "template": "tpl-" + strings.ToLower(s.name)})
+			t1 := time.Now()
+			d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/start", nil)
+			clone[s.name] = append(clone[s.name], t1.Sub(t0))
+			start[s.name] = append(start[s.name], time.Since(t1))
+			b.StopTimer()
+			d.dispose(id)
+			b.StartTimer()
+		}
+	}
+	for _, s := range sizes {
+		clone[s.name].report(b, "clone-"+s.name+"-")
+		start[s.name].report(b, "start-"+s.name+"-")
+	}
+	b.ReportMetric(clone["1GiB"].median()/clone["1MiB"].median(), "clone-1GiB/1MiB")
+	b.ReportMetric(start["1GiB"].median()/start["1MiB"].median(), "start-1GiB/1MiB")
+}
 
 // bwrapArgs is the bare bubblewrap sandbox the issues compare a start with.
 var bwrapArgs = []string{"--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
