@@ -68,7 +68,7 @@ func open(t *testing.T, url string, lastID string) (<-chan sseEvent, <-chan stri
 	}
 	events, comments := make(chan sseEvent, 16), make(chan string, 16)
 	go readSSE(t, bufio.NewReader(resp.Body), events, comments)
-	return events, comments, func() { cancel(); resp.Body.Close() }
+	return events, comments, func() { cancel(); _ = resp.Body.Close() }
 }
 
 func recv(t *testing.T, c <-chan sseEvent) sseEvent {
@@ -145,7 +145,7 @@ func TestServeEvents(t *testing.T) {
 func TestServeEventsRefusesABadLastEventID(t *testing.T) {
 	t.Parallel()
 	h := &Handler{Bus: New(Options{})}
-	req := httptest.NewRequest("GET", "/v1/events", nil)
+	req := httptest.NewRequestWithContext(t.Context(), "GET", "/v1/events", nil)
 	req.Header.Set("Last-Event-ID", "x1")
 	if err := h.ServeEvents(httptest.NewRecorder(), req); err == nil {
 		t.Fatal("a malformed Last-Event-ID was accepted")

@@ -99,7 +99,7 @@ func TestMetrics(t *testing.T) {
 	}
 
 	rec := httptest.NewRecorder()
-	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	m.Handler().ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), "GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
 	for _, want := range []string{`sandboxd_sandboxes{state="running"} 2`, "go_goroutines", "process_start_time_seconds"} {
 		if !strings.Contains(string(body), want) {
@@ -116,7 +116,7 @@ func TestSandboxListFailure(t *testing.T) {
 		t.Fatal("a failing list gathered without an error")
 	}
 	rec := httptest.NewRecorder()
-	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	m.Handler().ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), "GET", "/metrics", nil))
 	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "go_goroutines") {
 		t.Fatalf("the other metrics are still served: %d", rec.Code)
 	}

@@ -66,11 +66,11 @@ func saveScreenshot(ctx context.Context, t *testing.T, suffix string) {
 		t.Logf("screenshot: %v", err)
 		return
 	}
-	if err := os.MkdirAll("artifacts", 0o755); err != nil {
+	if err := os.MkdirAll("artifacts", 0o750); err != nil {
 		t.Fatal(err)
 	}
 	name := filepath.Join("artifacts", strings.ReplaceAll(t.Name(), "/", "-")+"-"+suffix+".png")
-	if err := os.WriteFile(name, shot, 0o644); err != nil {
+	if err := os.WriteFile(name, shot, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: tests/%s", name)

@@ -61,7 +61,7 @@ func (d *daemon) subscribe(lastID string, queryToken bool) *sse {
 	s := &sse{t: d.t, events: make(chan sseEvent, 64), cancel: cancel}
 	opened := make(chan struct{})
 	go func() {
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		defer close(s.events)
 		r := bufio.NewReader(resp.Body)
 		var cur sseEvent
