@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/sandboxd/sandboxd/errcode"
 )
 
 // Defaults of the SSE handler.
@@ -37,15 +35,21 @@ type Handler struct {
 // ServeEvents streams events as text/event-stream until the client goes away, the subscriber
 // is dropped for falling behind, or the bus closes. A Last-Event-ID header (sent by
 // EventSource when it reconnects) first replays what the client missed. Its signature is the
-// server's HandlerFunc: an error returned before anything is written becomes a problem.
+// server's HandlerFunc; it never fails before writing, so it always returns nil.
 func (h *Handler) ServeEvents(w http.ResponseWriter, r *http.Request) error {
+	log := h.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	// Only ids this server sent are meaningful; anything else (the contract has no error for
+	// it) is ignored, and the stream starts from now, as for a first connection.
 	replay, lastID := false, int64(0)
 	if v := r.Header.Get("Last-Event-ID"); v != "" {
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || n < 0 {
-			return errcode.Invalid("Last-Event-ID", "Last-Event-ID must be the id of an event this server sent (a whole number).")
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n >= 0 {
+			replay, lastID = true, n
+		} else {
+			log.Debug("event stream: ignoring a Last-Event-ID this server did not send", "last_event_id", v)
 		}
-		replay, lastID = true, n
 	}
 	rc := http.NewResponseController(w)
 	sub := h.Bus.Subscribe(replay, lastID)
@@ -57,10 +61,6 @@ func (h *Handler) ServeEvents(w http.ResponseWriter, r *http.Request) error {
 	hdr.Set("X-Accel-Buffering", "no") // tell a buffering reverse proxy to pass events on at once
 	w.WriteHeader(http.StatusOK)
 
-	log := h.Logger
-	if log == nil {
-		log = slog.Default()
-	}
 	heartbeat := h.Heartbeat
 	if heartbeat <= 0 {
 		heartbeat = DefaultHeartbeat
