@@ -252,6 +252,7 @@ func TestDashboardTemplates(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS("#capture-template"), "tools"),
 		chromedp.Click(chromedp.CSS(`#capture-form button[type="submit"]`)))
 	until(ctx, t, "an eligible generation", gen+`?.textContent.includes("eligible")`)
+	until(ctx, t, "the capture reported", `document.querySelector("#capture-status").textContent === "tpl-src → tools: captured as " + `+gen+`.dataset.generation`)
 
 	click("cloning it", `[data-template="tools"] button[data-action="clone"]`)
 	until(ctx, t, "a running clone", `[...document.querySelectorAll("#sandboxes tr[data-id]")].some(r => r.dataset.id !== "tpl-src" && r.dataset.state === "running" && r.textContent.includes("tools @ "))`)

@@ -95,14 +95,38 @@
     fn().catch(showError);
   }
 
-  // confirmed makes a destructive button ask for a second click within a few seconds.
-  function confirmed(button) {
-    if (button.classList.contains("confirm")) return true;
-    const label = button.textContent;
-    button.classList.add("confirm");
-    button.textContent = "Sure?";
-    setTimeout(() => { button.classList.remove("confirm"); button.textContent = label; }, 4000);
-    return false;
+  // actionButton makes a button that runs fn. A destructive one asks for a second click
+  // within a few seconds; the pending confirmation is kept by key (action and target), so that
+  // it survives the lists being re-rendered by a live update between the two clicks.
+  const CONFIRM_MS = 4000;
+  let pending = null; // { key, timer }
+
+  function disarmAll() {
+    for (const b of document.querySelectorAll("button.confirm")) {
+      b.classList.remove("confirm");
+      b.textContent = b.dataset.label;
+    }
+  }
+
+  function actionButton(label, action, key, fn, destructive) {
+    const b = el("button", { type: "button", "data-action": action, "data-label": label }, label);
+    const arm = () => { b.classList.add("confirm"); b.textContent = "Sure?"; };
+    if (destructive && pending && pending.key === key) arm();
+    b.addEventListener("click", () => {
+      if (destructive) {
+        if (!pending || pending.key !== key) {
+          if (pending) clearTimeout(pending.timer);
+          pending = { key, timer: setTimeout(() => { pending = null; disarmAll(); }, CONFIRM_MS) };
+          disarmAll();
+          arm();
+          return;
+        }
+        clearTimeout(pending.timer);
+        pending = null;
+      }
+      act(b, fn);
+    });
+    return b;
   }
 
   // --- token ---
@@ -151,12 +175,7 @@
     const enc = encodeURIComponent(id);
     const actions = el("td", { class: "actions" });
     const button = (label, action, fn, destructive) => {
-      const b = el("button", { type: "button", "data-action": action }, label);
-      b.addEventListener("click", () => {
-        if (destructive && !confirmed(b)) return;
-        act(b, fn);
-      });
-      actions.append(b);
+      actions.append(actionButton(label, action, `${action} sandbox ${id}`, fn, destructive));
     };
     if (sb.state === "running") {
       button("Terminal", "terminal", async () => openTerminal(id));
@@ -276,21 +295,15 @@
       } catch (err) {
         problem = err.message;
       }
-      const del = el("button", { type: "button", "data-action": "delete-template" }, "Delete template");
-      del.addEventListener("click", () => {
-        if (!confirmed(del)) return;
-        act(del, async () => { await api("DELETE", `/v1/templates/${name}`); await refreshTemplates(); });
-      });
+      const del = actionButton("Delete template", "delete-template", `delete template ${t.name}`, async () => {
+        await api("DELETE", `/v1/templates/${name}`);
+        await refreshTemplates();
+      }, true);
       const rows = gens.map((g) => {
         const gen = encodeURIComponent(g.id);
         const actions = el("td", { class: "actions" });
         const add = (label, action, fn, destructive) => {
-          const b = el("button", { type: "button", "data-action": action }, label);
-          b.addEventListener("click", () => {
-            if (destructive && !confirmed(b)) return;
-            act(b, fn);
-          });
-          actions.append(b);
+          actions.append(actionButton(label, action, `${action} ${t.name} ${g.id}`, fn, destructive));
         };
         if (g.state === "active") {
           add("Clone", "clone", async () => {
@@ -473,6 +486,17 @@
     while (list.children.length > MAX_EVENTS) list.lastChild.remove();
   }
 
+  // showCapture follows a capture's progress next to the capture form.
+  function showCapture(e) {
+    const status = $("#capture-status");
+    if (e.type === "capture.progress" && e.progress) {
+      const total = e.progress.bytes_total ? ` of ${size(e.progress.bytes_total)}` : "";
+      status.textContent = `${e.sandbox} → ${e.template}: ${e.progress.phase} ${size(e.progress.bytes_done)}${total}`;
+    } else if (e.type === "generation.captured") {
+      status.textContent = `${e.sandbox} → ${e.template}: captured as ${e.generation}`;
+    }
+  }
+
   function connectEvents() {
     if (source) source.close();
     clearTimeout(reconnectTimer);
@@ -496,6 +520,7 @@
         let e;
         try { e = JSON.parse(m.data); } catch (_) { return; }
         logEvent(e);
+        showCapture(e);
         // Any change may move lease counts (a clone created or deleted): refresh both lists.
         scheduleRefresh(true);
       });
