@@ -225,15 +225,20 @@
     $("#sandboxes-empty").hidden = sandboxes.length > 0;
   }
 
-  async function refreshSandboxes() {
+  // listAll follows a list's pages (next_cursor) to the end.
+  async function listAll(path) {
     const items = [];
     let cursor = "";
     do {
-      const page = await api("GET", "/v1/sandboxes?limit=500" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""));
+      const page = await api("GET", `${path}?limit=500` + (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""));
       items.push(...page.items);
       cursor = page.next_cursor || "";
     } while (cursor);
-    sandboxes = items.sort((a, b) => a.id.localeCompare(b.id));
+    return items;
+  }
+
+  async function refreshSandboxes() {
+    sandboxes = (await listAll("/v1/sandboxes")).sort((a, b) => a.id.localeCompare(b.id));
     renderSandboxes();
   }
 
@@ -273,9 +278,9 @@
   // --- templates ---
   async function refreshTemplates() {
     const msg = $("#templates-message");
-    let list;
+    let templates;
     try {
-      list = await api("GET", "/v1/templates");
+      templates = await listAll("/v1/templates");
     } catch (err) {
       $("#templates").replaceChildren();
       msg.textContent = err.status === 501
@@ -284,14 +289,14 @@
       msg.hidden = false;
       return;
     }
-    msg.hidden = list.items.length > 0;
+    msg.hidden = templates.length > 0;
     msg.textContent = "No templates yet.";
-    const blocks = await Promise.all(list.items.map(async (t) => {
+    const blocks = await Promise.all(templates.map(async (t) => {
       const name = encodeURIComponent(t.name);
       let gens = [];
       let problem = null;
       try {
-        gens = (await api("GET", `/v1/templates/${name}/generations`)).items;
+        gens = await listAll(`/v1/templates/${name}/generations`);
       } catch (err) {
         problem = err.message;
       }
