@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/store/template"
 	"github.com/sandboxd/sandboxd/supervisor"
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // The kinds of problem the checker reports besides the template store's own
@@ -597,8 +598,11 @@ func (c *checker) checkCgroups(p *pass) {
 			continue // no sandbox cgroup made yet in this hierarchy
 		}
 		for _, e := range ents {
-			if e.IsDir() && store.ValidateID(e.Name()) == nil {
-				ids[e.Name()] = true
+			// A sandbox's cgroup is namespace.CgroupLeaf(id, dir); another root's differs.
+			id, _, ok := strings.Cut(e.Name(), ".")
+			if e.IsDir() && ok && store.ValidateID(id) == nil &&
+				e.Name() == namespace.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)) {
+				ids[id] = true
 			}
 		}
 	}
@@ -611,10 +615,10 @@ func (c *checker) checkCgroups(p *pass) {
 	}) {
 		s := p.states[filepath.Join(c.root, store.SandboxesDir, id)]
 		if s == nil || s.busy || s.alive {
-			continue // another root's, in a transition, or running
+			continue // removed, in a transition, or running
 		}
 		p.leakedCgroups[id] = true
-		p.add(LeakedCgroup, id, c.o.CgroupParent+"/"+id, "the cgroup of a sandbox that is not running")
+		p.add(LeakedCgroup, id, c.o.CgroupParent+"/"+namespace.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)), "the cgroup of a sandbox that is not running")
 	}
 }
 

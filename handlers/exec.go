@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
 	"github.com/sandboxd/sandboxd/supervisor/control"
 )
@@ -66,6 +67,9 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	go func() { defer wg.Done(); _, _ = io.Copy(&stderr, proc.Stderr) }()
 	wg.Wait()
 	status, err := proc.Wait()
+	if err != nil {
+		err = workloadLost(req.ID, admission.Agent, err)
+	}
 	h.execDone("buffered", start, err == nil && status.TimedOut, err)
 	if err != nil {
 		return nil, err
@@ -103,4 +107,17 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.Builder.Write(p)
+}
+
+// workloadLost explains a workload that ended without an exit status. When its control
+// session is gone, the sandbox stopped (or its agent died) under it: that is the caller's
+// answer, not a server fault.
+func workloadLost(id string, agent *control.Client, err error) error {
+	select {
+	case <-agent.Done():
+		return errcode.Wrap(errcode.NotRunning, err,
+			"Sandbox %s stopped while the command ran, and the command ended with it; its output is lost.", id)
+	default:
+		return err
+	}
 }

@@ -101,7 +101,7 @@ func (h *Handlers) ExecStream(w http.ResponseWriter, r *http.Request) error {
 	}
 	h.streams.add(conn)
 	defer h.streams.remove(conn)
-	timedOut, err := runStream(conn, proc, h.log.With("sandbox", id))
+	timedOut, err := runStream(conn, admission.Agent, proc, h.log.With("sandbox", id))
 	h.execDone("stream", start, timedOut, err)
 	return nil
 }
@@ -169,7 +169,7 @@ type outgoing struct {
 // runStream pumps a workload's streams over an upgraded connection until the workload ends
 // (exit message, normal close) or the client goes away (the workload is killed). It returns
 // how the workload ended, for the exec metrics.
-func runStream(conn *websocket.Conn, proc *control.Process, log interface {
+func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Process, log interface {
 	Debug(string, ...any)
 }) (timedOut bool, _ error) {
 	defer conn.Close()
@@ -282,7 +282,13 @@ func runStream(conn *websocket.Conn, proc *control.Process, log interface {
 		out <- outgoing{websocket.TextMessage, b}
 		out <- outgoing{websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "")}
 	} else {
-		out <- outgoing{websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseInternalServerErr, string(errcode.Internal))}
+		// Close codes other than 1000 carry the problem code as their reason: a workload
+		// whose sandbox stopped under it goes away with not-running.
+		code, reason := websocket.CloseInternalServerErr, string(errcode.Internal)
+		if c := errcode.Of(workloadLost("", agent, err)); c == errcode.NotRunning {
+			code, reason = websocket.CloseGoingAway, string(c)
+		}
+		out <- outgoing{websocket.CloseMessage, websocket.FormatCloseMessage(code, reason)}
 	}
 	close(out)
 	<-done

@@ -103,7 +103,7 @@ func hostileSandbox(t *testing.T, d *daemon, id string, resources map[string]any
 				t.Errorf("a runtime process of %s is left after its deletion", id)
 			}
 		}
-		if cg, err := platform.OpenCgroup("sandboxd/" + id); err == nil && cg.Exists() {
+		if cg, err := platform.OpenCgroup(d.cgroupName(id)); err == nil && cg.Exists() {
 			t.Errorf("the cgroup of %s is left after its deletion", id)
 		}
 	}
@@ -111,9 +111,9 @@ func hostileSandbox(t *testing.T, d *daemon, id string, resources map[string]any
 
 // cgroupFile reads a file of the sandbox's cgroup from the host (the first of its
 // directories that has it: on cgroup v1 each controller has its own).
-func cgroupFile(t *testing.T, id, name string) string {
+func cgroupFile(t *testing.T, d *daemon, id, name string) string {
 	t.Helper()
-	cg, err := platform.OpenCgroup("sandboxd/" + id)
+	cg, err := platform.OpenCgroup(d.cgroupName(id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestHostileWorkloads(t *testing.T) {
 	t.Run("forks without end", func(t *testing.T) {
 		id := prefix + "-forks"
 		defer hostileSandbox(t, d, id, map[string]any{"pids": 128})()
-		if max := cgroupFile(t, id, "pids.max"); max != "128" {
+		if max := cgroupFile(t, d, id, "pids.max"); max != "128" {
 			t.Fatalf("pids.max of the sandbox is %q, want 128", max)
 		}
 		w := startWatchdog(d, calm)
@@ -205,9 +205,9 @@ func TestHostileWorkloads(t *testing.T) {
 		}()
 		// The pids controller counts every fork it refused: the bomb hit the limit.
 		waitFor(t, 30*time.Second, "a fork refused at the pids limit", func() bool {
-			return keyed(cgroupFile(t, id, "pids.events"), "max") > 0
+			return keyed(cgroupFile(t, d, id, "pids.events"), "max") > 0
 		})
-		cur, _ := strconv.Atoi(cgroupFile(t, id, "pids.current"))
+		cur, _ := strconv.Atoi(cgroupFile(t, d, id, "pids.current"))
 		if cur > 128 {
 			t.Errorf("pids.current %d exceeds the limit 128", cur)
 		}
@@ -234,7 +234,7 @@ func TestHostileWorkloads(t *testing.T) {
 		if got.TimedOut || got.Signal == nil || *got.Signal != "SIGKILL" {
 			t.Fatalf("the allocator was not killed: %+v", got)
 		}
-		if n := keyed(cgroupFile(t, id, "memory.oom_control")+"\n"+cgroupFile(t, id, "memory.events"), "oom_kill"); n < 1 {
+		if n := keyed(cgroupFile(t, d, id, "memory.oom_control")+"\n"+cgroupFile(t, d, id, "memory.events"), "oom_kill"); n < 1 {
 			t.Errorf("the sandbox's cgroup counts %d OOM kills, want at least 1", n)
 		}
 		sb := decode[sandboxJSON](t, d.do("GET", "/v1/sandboxes/"+id, nil, nil), 200)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -87,6 +88,11 @@ func (d *daemon) create(id string, start bool) sandboxJSON {
 func (d *daemon) exec(id string, body map[string]any) execJSON {
 	d.t.Helper()
 	return decode[execJSON](d.t, d.doJSON("POST", "/v1/sandboxes/"+id+"/exec", body), 200)
+}
+
+// cgroupName is the cgroup of a sandbox of this daemon (below the default parent).
+func (d *daemon) cgroupName(id string) string {
+	return "sandboxd/" + namespace.CgroupLeaf(id, filepath.Join(d.Root, "sandboxes", id))
 }
 
 // runtimeProcesses counts the live runtime processes (shims) of a state root.

@@ -96,7 +96,7 @@ func BenchmarkStart(b *testing.B) {
 		b.StopTimer()
 		if i < 5 {
 			procs := []int{pid.Pid}
-			if cg, err := platform.OpenCgroup(rt.cgroupName(id)); err == nil {
+			if cg, err := platform.OpenCgroup(rt.cgroupName(id, spec.Dir)); err == nil {
 				pids, _ := cg.Pids()
 				procs = append(procs, pids...)
 			}

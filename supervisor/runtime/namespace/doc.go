@@ -84,7 +84,7 @@
 //
 // # Limits and privileges inside
 //
-// The cgroup is <CgroupParent>/<id> ("sandboxd/<id>"): on cgroup v1 one directory in each of
+// The cgroup is <CgroupParent>/<id>.<hash of the state directory> ("sandboxd/<id>.1a2b3c4d"): on cgroup v1 one directory in each of
 // the memory (limit, and memory+swap where accounted), cpu (CFS quota = vcpus × period) and
 // pids hierarchies; on cgroup v2 (where memory, cpu and pids are enabled) one directory. On v1
 // the shim's forking thread alone enters the cgroup for the fork, so the init is born inside

@@ -1,6 +1,9 @@
 package namespace
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
@@ -11,6 +14,14 @@ const (
 	ShimCommand = "__shim"
 	InitCommand = "__init"
 )
+
+// CgroupLeaf names a sandbox's cgroup below the runtime's parent: its id, a dot (which no id
+// contains), and a hash of its state directory, so that sandboxes of one id in two state roots
+// (two sandboxd instances, or tests) never share a cgroup, where ending one would end both.
+func CgroupLeaf(id, dir string) string {
+	sum := sha256.Sum256([]byte(dir))
+	return id + "." + hex.EncodeToString(sum[:4])
+}
 
 // Kind is this runtime's kind.
 const Kind = "namespace"

@@ -39,7 +39,7 @@ type Config struct {
 	// Executable is the sandboxd binary to re-execute as shim and init; "" means the running
 	// executable (/proc/self/exe, which keeps working if the file is replaced on disk).
 	Executable string
-	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<id>; "" means
+	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<CgroupLeaf>; "" means
 	// "sandboxd".
 	CgroupParent string
 }
@@ -126,7 +126,9 @@ func (r *Runtime) ControlPath(dir string) string {
 	return filepath.Join(dir, entryControl, socketName)
 }
 
-func (r *Runtime) cgroupName(id string) string { return r.cfg.CgroupParent + "/" + id }
+func (r *Runtime) cgroupName(id, dir string) string {
+	return r.cfg.CgroupParent + "/" + CgroupLeaf(id, dir)
+}
 
 // shimConfig is what Start hands the shim on its fd 3.
 type shimConfig struct {
@@ -209,7 +211,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if fi, err := logf.Stat(); err != nil || !fi.Mode().IsRegular() {
 		return platform.ProcessID{}, fmt.Errorf("namespace runtime: sandbox.log is not a regular file")
 	}
-	cfg, err := json.Marshal(shimConfig{Spec: spec, Cgroup: r.cgroupName(spec.ID), Seccomp: r.seccomp})
+	cfg, err := json.Marshal(shimConfig{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -310,7 +312,7 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 		return err
 	}
 	var errs []error
-	cg, err := platform.OpenCgroup(r.cgroupName(sandboxID))
+	cg, err := platform.OpenCgroup(r.cgroupName(sandboxID, dir))
 	if err != nil {
 		errs = append(errs, err)
 	} else if err := cg.Remove(ctx); err != nil {

@@ -196,7 +196,7 @@ func (s *sandbox) outcome(tb testing.TB) store.Outcome {
 }
 
 func (s *sandbox) cgroup(tb testing.TB) *platform.Cgroup {
-	cg, err := platform.OpenCgroup(s.rt.cgroupName(s.spec.ID))
+	cg, err := platform.OpenCgroup(s.rt.cgroupName(s.spec.ID, s.spec.Dir))
 	if err != nil {
 		tb.Fatal(err)
 	}
