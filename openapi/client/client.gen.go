@@ -956,6 +956,15 @@ type ServiceUnavailable = Problem
 // Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
+// StreamEventsParams defines parameters for StreamEvents.
+type StreamEventsParams struct {
+	// AccessToken The API token, for clients that cannot set the `Authorization` header (EventSource).
+	AccessToken *string `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// LastEventID The `id` of the last event received; the stream replays those after it.
+	LastEventID *string `json:"Last-Event-ID,omitempty"`
+}
+
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {
 	State *SandboxState `form:"state,omitempty" json:"state,omitempty"`
@@ -1228,14 +1237,19 @@ type ClientInterface interface {
 	// StreamEvents Follow lifecycle events (server-sent events)
 	//
 	// A `text/event-stream` (server-sent events) of lifecycle events, from the moment of
-	// connection on (there is no replay). Each event is
+	// connection on. Each event is
 	// `event: <type>`, `id: <sequence>`, `data: <Event as one line of JSON>`, then a blank
 	// line; the server sends a `: ping` comment line every 15 seconds so that idle
 	// connections stay open. The event types are those of `Event.type`; clients ignore
 	// types they do not know.
 	//
+	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
+	// gets the events it missed, from the last 1024 of this server process; an id this
+	// process did not send is ignored. A client that falls more than 256 events behind is
+	// disconnected, and catches up by reconnecting.
+	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
-	StreamEvents(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetInfo Server version, runtime, images and limits
 	//
@@ -1577,15 +1591,20 @@ func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditor
 // StreamEvents Follow lifecycle events (server-sent events)
 //
 // A `text/event-stream` (server-sent events) of lifecycle events, from the moment of
-// connection on (there is no replay). Each event is
+// connection on. Each event is
 // `event: <type>`, `id: <sequence>`, `data: <Event as one line of JSON>`, then a blank
 // line; the server sends a `: ping` comment line every 15 seconds so that idle
 // connections stay open. The event types are those of `Event.type`; clients ignore
 // types they do not know.
 //
+// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
+// gets the events it missed, from the last 1024 of this server process; an id this
+// process did not send is ignored. A client that falls more than 256 events behind is
+// disconnected, and catches up by reconnecting.
+//
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
-func (c *Client) StreamEvents(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewStreamEventsRequest(c.Server)
+func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStreamEventsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2244,7 +2263,7 @@ func NewGetOpenAPISpecRequest(server string) (*http.Request, error) {
 }
 
 // NewStreamEventsRequest constructs an http.Request for the StreamEvents method
-func NewStreamEventsRequest(server string) (*http.Request, error) {
+func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -2262,9 +2281,51 @@ func NewStreamEventsRequest(server string) (*http.Request, error) {
 		return nil, err
 	}
 
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccessToken != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "access_token", *params.AccessToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		if params.LastEventID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Last-Event-ID", *params.LastEventID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Last-Event-ID", headerParam0)
+		}
+
 	}
 
 	return req, nil
@@ -3817,16 +3878,21 @@ type ClientWithResponsesInterface interface {
 	// StreamEventsWithResponse Follow lifecycle events (server-sent events)
 	//
 	// A `text/event-stream` (server-sent events) of lifecycle events, from the moment of
-	// connection on (there is no replay). Each event is
+	// connection on. Each event is
 	// `event: <type>`, `id: <sequence>`, `data: <Event as one line of JSON>`, then a blank
 	// line; the server sends a `: ping` comment line every 15 seconds so that idle
 	// connections stay open. The event types are those of `Event.type`; clients ignore
 	// types they do not know.
 	//
+	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
+	// gets the events it missed, from the last 1024 of this server process; an id this
+	// process did not send is ignored. A client that falls more than 256 events behind is
+	// disconnected, and catches up by reconnecting.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
-	StreamEventsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error)
+	StreamEventsWithResponse(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error)
 
 	// GetInfoWithResponse Server version, runtime, images and limits
 	//
@@ -4348,6 +4414,8 @@ type StreamEventsResponse401Headers struct {
 type StreamEventsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationProblemJSON401 *Unauthorized
 	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -4358,6 +4426,11 @@ type StreamEventsResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *StreamEventsResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r StreamEventsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6710,17 +6783,22 @@ func (c *ClientWithResponses) GetOpenAPISpecWithResponse(ctx context.Context, re
 // StreamEventsWithResponse Follow lifecycle events (server-sent events)
 //
 // A `text/event-stream` (server-sent events) of lifecycle events, from the moment of
-// connection on (there is no replay). Each event is
+// connection on. Each event is
 // `event: <type>`, `id: <sequence>`, `data: <Event as one line of JSON>`, then a blank
 // line; the server sends a `: ping` comment line every 15 seconds so that idle
 // connections stay open. The event types are those of `Event.type`; clients ignore
 // types they do not know.
 //
+// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
+// gets the events it missed, from the last 1024 of this server process; an id this
+// process did not send is ignored. A client that falls more than 256 events behind is
+// disconnected, and catches up by reconnecting.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
-func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error) {
-	rsp, err := c.StreamEvents(ctx, reqEditors...)
+func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error) {
+	rsp, err := c.StreamEvents(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -7360,6 +7438,13 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
