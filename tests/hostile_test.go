@@ -198,10 +198,15 @@ func TestHostileWorkloads(t *testing.T) {
 		w := startWatchdog(d, calm)
 		res := make(chan response, 1)
 		go func() {
-			res <- d.doJSON("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
+			// Not d.doJSON: a failure here must not end the test from another goroutine.
+			status, body, err := chaosDo(&http.Client{Timeout: 2 * time.Minute}, d.URL, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
 				"command":    []string{"sh", "-c", "b() { b | b & }; b; wait"},
 				"timeout_ms": 4000,
 			})
+			if err != nil {
+				body = []byte(err.Error())
+			}
+			res <- response{Status: status, Body: body}
 		}()
 		// The pids controller counts every fork it refused: the bomb hit the limit.
 		waitFor(t, 30*time.Second, "a fork refused at the pids limit", func() bool {
@@ -265,7 +270,7 @@ func TestHostileWorkloads(t *testing.T) {
 
 		// A websocket client that does not read holds the workload back: what the workload
 		// wrote can run ahead of what the client read only by the buffers in between.
-		const chunks, chunk = 2048, 64 << 10 // 128 MiB
+		const chunks, chunk = 256, 256 << 10 // 64 MiB
 		q := url.Values{"command": {"sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do head -c %d /dev/zero; i=$((i+1)); echo $i > /tmp/p; mv /tmp/p /tmp/progress; done", chunks, chunk)}, "timeout_ms": {"120000"}}
 		s, resp, err := d.dialStream(id, q)
 		if err != nil {
@@ -278,7 +283,7 @@ func TestHostileWorkloads(t *testing.T) {
 			return n * chunk
 		}
 		waitFor(t, 20*time.Second, "the flood to start", func() bool { return produced() > 0 })
-		const slack = 32 << 20 // pipes, the control session's window, websocket and TCP buffers
+		const slack = 16 << 20 // pipes, the control session's window, websocket and TCP buffers
 		var read, lead int64
 		for i := 0; ; i++ {
 			if i%64 == 0 {
@@ -315,28 +320,34 @@ func TestHostileWorkloads(t *testing.T) {
 	t.Run("holds files open", func(t *testing.T) {
 		id := prefix + "-files"
 		defer hostileSandbox(t, d, id, nil)()
+		limit := strings.TrimSpace(d.exec(id, map[string]any{"command": []string{"sh", "-c", "ulimit -n"}}).Stdout)
 		w := startWatchdog(d, calm)
-		res := make(chan response, 1)
+		res := make(chan error, 1)
 		go func() {
-			res <- d.doJSON("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
+			// Not d.doJSON: a failure here must not end the test from another goroutine.
+			_, _, err := chaosDo(&http.Client{Timeout: 5 * time.Minute}, d.URL, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
 				// Open as many files as the limit allows, unlink them, and hold them.
 				"command":    []string{"perl", "-e", `my @h; for my $i (1..20000) { open(my $f, ">", "/tmp/f$i") or last; print $f "x"; unlink "/tmp/f$i"; push @h, $f } close(pop @h); open(my $m, ">", "/tmp/holding") or die; print $m scalar(@h); close $m; sleep 600`},
 				"timeout_ms": 600000,
 			})
+			res <- err
 		}()
 		waitFor(t, 60*time.Second, "the files to be held", func() bool {
 			return d.do("GET", "/v1/sandboxes/"+id+"/files?path=/tmp/holding", nil, nil).Status == 200
 		})
 		held := string(d.do("GET", "/v1/sandboxes/"+id+"/files?path=/tmp/holding", nil, nil).Body)
 		w.check(t, "the sandbox held files open")
-		limit := d.exec(id, map[string]any{"command": []string{"sh", "-c", "ulimit -n"}})
-		t.Logf("the workload holds %s files open (of 20000 tried; its descriptor limit is %s)", held, strings.TrimSpace(limit.Stdout))
+		t.Logf("the workload holds %s files open (of 20000 tried; its descriptor limit is %s)", held, limit)
 		// Stopping ends the holder; its exec ends with the sandbox (answering what it may:
 		// see TestExecRacingStopIsNotInternal), and deletion removes the unlinked files' layer.
 		if r := d.doJSON("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil); r.Status != 200 {
 			t.Fatalf("force-stopping the holder: %d %s", r.Status, r.Body)
 		}
-		<-res
+		select {
+		case <-res:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the holder's exec did not end within 60s of its sandbox's stop")
+		}
 	})
 
 	t.Run("kills its own agent", func(t *testing.T) {
