@@ -76,6 +76,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	if err := l.WriteLaunchJournal(journal); err != nil {
 		return err
 	}
+	s.crash("journaled")
 	spec := runtime.Spec{
 		ID:       cfg.ID,
 		Dir:      l.Dir(),
@@ -93,8 +94,12 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	proc, err := s.rt.Start(ctx, spec)
 	if err != nil {
 		s.abandon(ctx, l, launchID, platform.ProcessID{}, store.ReasonStartFailed)
+		if ctx.Err() != nil {
+			return errcode.Wrap(errcode.StartTimeout, err, "Sandbox %s did not start within its deadline; retry with a longer timeout.", cfg.ID)
+		}
 		return fmt.Errorf("starting the runtime: %w", err)
 	}
+	s.crash("spawned")
 	// Name the process in the journal, so that a crash from here on leaves an interrupted
 	// start whose process the next transition can end by identity.
 	journal.Pid, journal.PidStartTime, journal.BootID = proc.Pid, proc.StartTime, proc.BootID
@@ -102,6 +107,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
 		return err
 	}
+	s.crash("named")
 	client, err := s.awaitAgent(ctx, l.Dir(), capability, proc)
 	if err != nil {
 		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
@@ -124,6 +130,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
 		return err
 	}
+	s.crash("recorded")
 	if err := l.RemoveLaunchJournal(); err != nil {
 		// The runtime record is durable, so the launch has committed: reattach removes a
 		// journal that a runtime record of the same launch supersedes.

@@ -75,6 +75,9 @@ type Supervisor struct {
 
 	onEvent      func(Event)
 	onTransition func(string, time.Duration, error)
+	// crashPoint, set by tests, is called at the named steps of a launch, where a test
+	// process kills itself to leave what a crash there leaves.
+	crashPoint func(step string)
 
 	// life ends when the supervisor closes; watchers stop with it.
 	life     context.Context
@@ -348,6 +351,13 @@ func randomHex(n int) string {
 		panic(fmt.Sprintf("crypto/rand failed: %v", err)) // cannot happen on Linux ≥ 3.17
 	}
 	return hex.EncodeToString(b)
+}
+
+// crash calls the test's crash point, if any.
+func (s *Supervisor) crash(step string) {
+	if s.crashPoint != nil {
+		s.crashPoint(step)
+	}
 }
 
 // cleanupContext is for the work that must finish even though the caller's deadline passed:

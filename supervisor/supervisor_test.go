@@ -1,0 +1,319 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+)
+
+// Environment of the crash helper: the test binary re-executed to start a sandbox and die
+// with SIGKILL at a named step of the launch.
+const (
+	envCrashRoot = "SUPERVISOR_TEST_CRASH_ROOT"
+	envCrashID   = "SUPERVISOR_TEST_CRASH_ID"
+	envCrashAt   = "SUPERVISOR_TEST_CRASH_AT"
+)
+
+// testCgroupParent keeps the tests' cgroups apart from a real sandboxd's.
+const testCgroupParent = "sandboxd-test-supervisor"
+
+func TestMain(m *testing.M) {
+	if code, ran := RunHidden(os.Args[1:]); ran {
+		os.Exit(code)
+	}
+	if os.Getenv(envCrashAt) != "" {
+		crashHelper()
+		os.Exit(3) // the helper dies by SIGKILL before it gets here
+	}
+	os.Exit(m.Run())
+}
+
+// crashHelper starts a sandbox and kills itself at the step envCrashAt names.
+func crashHelper() {
+	s, err := open(os.Getenv(envCrashRoot), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	at := os.Getenv(envCrashAt)
+	s.crashPoint = func(step string) {
+		if step == at {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // SIGKILL cannot be caught; wait for it to land
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = s.Start(ctx, os.Getenv(envCrashID))
+	fmt.Fprintf(os.Stderr, "crash helper: the launch did not reach %q: %v\n", at, err)
+	os.Exit(2)
+}
+
+// open makes a supervisor on a state root with the namespace runtime, or with wrap around it.
+func open(root string, wrap func(runtime.Runtime) runtime.Runtime) (*Supervisor, error) {
+	st, err := store.Open(root)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := namespace.New(namespace.Config{CgroupParent: testCgroupParent})
+	if err != nil {
+		return nil, err
+	}
+	var r runtime.Runtime = rt
+	if wrap != nil {
+		r = wrap(rt)
+	}
+	return New(Options{Store: st, Runtime: r, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), StopGrace: time.Second})
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (the namespace runtime); CI runs as root")
+	}
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newSupervisor opens a supervisor on a fresh root; every sandbox is force-stopped and
+// deleted when the test ends, and the test fails if a runtime process is left.
+func newSupervisor(t *testing.T) (*Supervisor, string) {
+	t.Helper()
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	s, err := open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		ids, _ := s.store.List()
+		for _, id := range ids {
+			_, _ = s.Stop(ctx, id, true)
+			_ = s.Deprovision(ctx, id)
+		}
+		s.Close()
+		if n := shims(t, s, root); n != 0 {
+			t.Errorf("%d runtime processes left after the test", n)
+		}
+	})
+	return s, root
+}
+
+// shims counts the live runtime processes of a state root.
+func shims(t *testing.T, s *Supervisor, root string) int {
+	t.Helper()
+	procs, err := s.rt.Processes(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range procs {
+		if p.Role == "shim" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCrashMidLaunch kills a process at each step of a launch with SIGKILL; the next
+// transition (from another supervisor, as after a restart) ends the interrupted start, and
+// the sandbox then starts exactly once.
+func TestCrashMidLaunch(t *testing.T) {
+	for _, step := range []string{"journaled", "spawned", "named", "recorded"} {
+		t.Run(step, func(t *testing.T) {
+			s, root := newSupervisor(t)
+			ctx := testContext(t)
+			id := "crash-" + step
+			if _, err := s.Provision(ctx, store.Config{ID: id}); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envCrashRoot+"="+root, envCrashID+"="+id, envCrashAt+"="+step)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("the helper did not die by SIGKILL at %s: %v\n%s", step, err, out)
+			}
+
+			st, err := s.Start(ctx, id)
+			switch step {
+			case "recorded":
+				// The launch committed before the crash: the sandbox runs, and a second
+				// start is refused.
+				if errcode.Of(err) != errcode.AlreadyRunning {
+					t.Fatalf("start after a crash past the commit: %v, want already-running", err)
+				}
+			default:
+				if err != nil {
+					t.Fatalf("start after a crash at %s: %v", step, err)
+				}
+				if st.State != StateRunning {
+					t.Fatalf("state %s after the start", st.State)
+				}
+			}
+			if n := shims(t, s, root); n != 1 {
+				t.Fatalf("%d runtime processes after the crash at %s and a start, want exactly 1", n, step)
+			}
+			if err := execTrue(ctx, s, id); err != nil {
+				t.Fatalf("exec: %v", err)
+			}
+		})
+	}
+}
+
+func execTrue(ctx context.Context, s *Supervisor, id string) error {
+	a, err := s.AdmitExec(ctx, id, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	defer a.Release()
+	p, err := a.Agent.Exec(ctx, control.ExecRequest{Argv: []string{"true"}})
+	if err != nil {
+		return err
+	}
+	go io.Copy(io.Discard, p.Stderr)
+	_, _ = io.Copy(io.Discard, p.Stdout)
+	st, err := p.Wait()
+	if err == nil && st.ExitCode != 0 {
+		err = fmt.Errorf("exit %d", st.ExitCode)
+	}
+	return err
+}
+
+// otherBuild is a runtime that claims another identity, as another sandboxd build would.
+type otherBuild struct{ runtime.Runtime }
+
+func (otherBuild) Identity() string { return "namespace/p1/another-build" }
+
+// TestRuntimeMismatch: a sandbox started by another runtime identity is reported and never
+// driven, except by a forced stop.
+func TestRuntimeMismatch(t *testing.T) {
+	s, root := newSupervisor(t)
+	ctx := testContext(t)
+	if _, err := s.Provision(ctx, store.Config{ID: "foreign"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, "foreign"); err != nil {
+		t.Fatal(err)
+	}
+	other, err := open(root, func(r runtime.Runtime) runtime.Runtime { return otherBuild{r} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	st, err := other.Status("foreign")
+	if err != nil || !st.RuntimeMismatch || st.State != StateRunning {
+		t.Fatalf("status from another build: %+v, %v", st, err)
+	}
+	for name, op := range map[string]func() error{
+		"start":       func() error { _, err := other.Start(ctx, "foreign"); return err },
+		"stop":        func() error { _, err := other.Stop(ctx, "foreign", false); return err },
+		"exec":        func() error { _, err := other.AdmitExec(ctx, "foreign", time.Second); return err },
+		"files":       func() error { _, err := other.Agent(ctx, "foreign"); return err },
+		"deprovision": func() error { return other.Deprovision(ctx, "foreign") },
+	} {
+		err := op()
+		want := errcode.RuntimeMismatch
+		if name == "deprovision" {
+			want = errcode.SandboxLaunched
+		}
+		if errcode.Of(err) != want {
+			t.Errorf("%s from another build: %v, want %s", name, err, want)
+		}
+	}
+	if n := shims(t, s, root); n != 1 {
+		t.Fatalf("%d runtime processes after the refusals, want the one still running", n)
+	}
+	st, err = other.Stop(ctx, "foreign", true)
+	if err != nil || st.State != StateStopped {
+		t.Fatalf("a forced stop from another build: %+v, %v", st, err)
+	}
+	if n := shims(t, s, root); n != 0 {
+		t.Fatalf("%d runtime processes after the forced stop", n)
+	}
+}
+
+// TestReattachAfterRestart: a new supervisor on the same root (a restarted sandboxd) finds
+// the running sandbox, dials its agent with the launch's capability, and stops it.
+func TestReattachAfterRestart(t *testing.T) {
+	s, root := newSupervisor(t)
+	ctx := testContext(t)
+	if _, err := s.Provision(ctx, store.Config{ID: "keep"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, "keep"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close() // the old server goes; its sandbox stays
+
+	again, err := open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if err := again.ReattachAll(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := again.Status("keep"); err != nil || st.State != StateRunning {
+		t.Fatalf("after the restart: %+v, %v", st, err)
+	}
+	if err := execTrue(ctx, again, "keep"); err != nil {
+		t.Fatalf("exec after the restart: %v", err)
+	}
+	if _, err := again.Stop(ctx, "keep", false); err != nil {
+		t.Fatalf("stop after the restart: %v", err)
+	}
+	if n := shims(t, again, root); n != 0 {
+		t.Fatalf("%d runtime processes after the stop", n)
+	}
+}
+
+// TestStartTimeout: an agent that does not answer by the deadline ends the launch with
+// start-timeout, kills the runtime process and leaves no journal.
+func TestStartTimeout(t *testing.T) {
+	s, root := newSupervisor(t)
+	ctx := testContext(t)
+	if _, err := s.Provision(ctx, store.Config{ID: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	_, err := s.Start(short, "slow")
+	if errcode.Of(err) != errcode.StartTimeout && errcode.Of(err) != errcode.TransitionInProgress {
+		t.Fatalf("start with a 1 ms deadline: %v, want start-timeout", err)
+	}
+	if n := shims(t, s, root); n != 0 {
+		t.Fatalf("%d runtime processes after a start that timed out", n)
+	}
+	if j, err := s.store.ReadLaunchJournalUnlocked("slow"); err != nil || j != nil {
+		t.Fatalf("launch journal after the timeout: %+v, %v", j, err)
+	}
+	st, err := s.Status("slow")
+	if err != nil || st.State == StateRunning || st.State == StateStarting {
+		t.Fatalf("status after the timeout: %+v, %v", st, err)
+	}
+	if _, err := s.Start(ctx, "slow"); err != nil {
+		t.Fatalf("a start with time enough after the timeout: %v", err)
+	}
+}
