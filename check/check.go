@@ -613,9 +613,17 @@ func (c *checker) checkCgroups(p *pass) {
 			}
 		}
 	}) {
-		s := p.states[filepath.Join(c.root, store.SandboxesDir, id)]
-		if s == nil || s.busy || s.alive {
-			continue // removed, in a transition, or running
+		dir := filepath.Join(c.root, store.SandboxesDir, id)
+		s := p.states[dir]
+		if s == nil {
+			// The cgroup names this root's state directory, which was not there when the
+			// directories were read: a sandbox deleted without its cgroup, unless one of that
+			// id was provisioned since.
+			if _, err := os.Lstat(dir); err == nil {
+				continue
+			}
+		} else if s.busy || s.alive {
+			continue // in a transition, or running
 		}
 		p.leakedCgroups[id] = true
 		p.add(LeakedCgroup, id, c.o.CgroupParent+"/"+namespace.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)), "the cgroup of a sandbox that is not running")

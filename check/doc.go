@@ -51,9 +51,9 @@
 // The state root is then checked again, and a problem is reported as repaired when the second
 // pass no longer finds it.
 //
-// # Limits
+// # Cgroups of other state roots
 //
-// Sandbox cgroups are named by sandbox id alone (<parent>/<id>), so a cgroup whose id has no
-// state directory in this root may belong to another state root on the same host; such
-// cgroups are not reported.
+// A sandbox's cgroup is <parent>/<id>.<hash of its state directory> (namespace.CgroupLeaf), so
+// the cgroups of other state roots on the same host are told apart and never reported, and a
+// cgroup of this root whose sandbox is gone is.
 package check

@@ -216,6 +216,15 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(sbx, "leftover"), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// The cgroup of a sandbox of this root that is gone.
+	gone, err := platform.OpenCgroup(d.cgroupName("gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Create(platform.CgroupLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gone.Remove(context.Background()) })
 
 	// The template store: a lease whose clone has no binding (repairable), and a binding that
 	// names a lease that does not exist (not repairable: it is a bug to report).
@@ -251,8 +260,8 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 
 	want := map[string][]string{
 		"stale-runtime-record":  {"stale"},
-		"leaked-cgroup":         {"orphan", "stale"},  // the orphan's is used by unrecorded processes
-		"unrecorded-process":    {"orphan", "orphan"}, // its shim and its init
+		"leaked-cgroup":         {"gone", "orphan", "stale"}, // the orphan's is used by unrecorded processes
+		"unrecorded-process":    {"orphan", "orphan"},        // its shim and its init
 		"interrupted-start":     {"journal"},
 		"foreign-entry":         {"foreign"},
 		"leftover-directory":    {"leftover"},
@@ -287,6 +296,9 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 	r, code, _ = runCheck(t, d.Root)
 	if got := r.kinds(); code != 1 || len(got) != 2 || len(got["foreign-entry"]) != 1 || len(got["binding-without-lease"]) != 1 {
 		t.Fatalf("after repair, check exited %d and found %v", code, got)
+	}
+	if gone.Exists() {
+		t.Errorf("repair left the cgroup of a sandbox that is gone")
 	}
 	if _, err := os.Lstat(filepath.Join(sbx, "foreign", "junk")); err != nil {
 		t.Fatalf("repair touched a foreign file: %v", err)
