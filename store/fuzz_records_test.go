@@ -32,7 +32,7 @@ func FuzzDecodeRecords(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, k := range kinds {
 			v := k.new()
-			err := decodeRecord(k.name, data, k.format, v)
+			err := DecodeRecord(k.name, data, k.format, v)
 			var fe *FormatError
 			if errors.As(err, &fe) && fe.Format == k.format {
 				t.Fatalf("%s: refused its own format %d", k.name, k.format)
@@ -45,7 +45,7 @@ func FuzzDecodeRecords(f *testing.F) {
 				t.Fatalf("%s: accepted %q but cannot encode it: %v", k.name, data, err)
 			}
 			again := k.new()
-			if err := decodeRecord(k.name, b, k.format, again); err != nil {
+			if err := DecodeRecord(k.name, b, k.format, again); err != nil {
 				// The decoder accepted a record whose own format field it ignored (a
 				// mismatched field type); the re-encoding must at least carry the format.
 				if errors.As(err, &fe) {

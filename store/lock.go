@@ -44,7 +44,7 @@ type attempt int
 
 const (
 	acquired attempt = iota // the lock is held and checked
-	busy                    // another holder has it: wait retryInterval and try again
+	busy                    // another holder has it: wait RetryInterval and try again
 	raced                   // a concurrent removal changed the directory or lock file: try again now
 	failed                  // give up with the error
 )
@@ -77,12 +77,38 @@ func (s *Store) lock(ctx context.Context, id string, provision bool) (*Lock, err
 	if err := ValidateID(id); err != nil {
 		return nil, err
 	}
+	var l *Lock
+	err := Retry(ctx, func() error { return transitionInProgress(id) }, func() (bool, bool, error) {
+		s.hook(hookAttempt)
+		got, res, err := s.try(id, provision)
+		switch res {
+		case acquired:
+			l = got
+			return true, false, nil
+		case failed:
+			return false, false, err
+		case raced:
+			return false, true, nil
+		}
+		s.hook(hookBusy)
+		return false, false, nil
+	})
+	return l, err
+}
+
+// Retry is the waiting rule of every lock of sandboxd (the lifecycle lock, the template
+// store's lock, exec admission): try at once, then every RetryInterval until attempt reports
+// done or fails, or ctx's deadline passes; no attempt starts after the deadline, and an
+// attempt whose lock file raced away (again) is made again at once. ctx must have a deadline:
+// without one Retry refuses with invalid-request before anything waits. When the deadline
+// passes it returns busy(); a cancelled ctx returns ctx.Err().
+func Retry(ctx context.Context, busy func() error, attempt func() (done, again bool, err error)) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		return nil, errcode.Invalid("timeout", "The operation needs a finite, positive timeout.")
+		return errcode.Invalid("timeout", "The operation needs a finite, positive timeout.")
 	}
 	if err := ctx.Err(); errors.Is(err, context.Canceled) {
-		return nil, err
+		return err
 	}
 	var timer *time.Timer
 	defer func() {
@@ -94,26 +120,22 @@ func (s *Store) lock(ctx context.Context, id string, provision bool) (*Lock, err
 		if n > 0 {
 			// No attempt starts once the deadline has passed.
 			if err := ctx.Err(); errors.Is(err, context.Canceled) {
-				return nil, err
+				return err
 			}
 			if ctx.Err() != nil || !time.Now().Before(deadline) {
-				return nil, transitionInProgress(id)
+				return busy()
 			}
 		}
-		s.hook(hookAttempt)
-		l, res, err := s.try(id, provision)
-		switch res {
-		case acquired:
-			return l, nil
-		case failed:
-			return nil, err
-		case raced:
+		done, again, err := attempt()
+		if err != nil || done {
+			return err
+		}
+		if again {
 			continue
 		}
-		s.hook(hookBusy)
-		wait := min(retryInterval, time.Until(deadline))
+		wait := min(RetryInterval, time.Until(deadline))
 		if wait <= 0 {
-			return nil, transitionInProgress(id)
+			return busy()
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -124,9 +146,9 @@ func (s *Store) lock(ctx context.Context, id string, provision bool) (*Lock, err
 		case <-timer.C:
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.Canceled) {
-				return nil, ctx.Err()
+				return ctx.Err()
 			}
-			return nil, transitionInProgress(id)
+			return busy()
 		}
 	}
 }

@@ -116,12 +116,15 @@ func (e *FormatError) Error() string {
 }
 
 // decodeRecord checks the format number of a record before decoding the rest.
-func decodeRecord(name string, data []byte, want int, v any) error {
+// DecodeRecord checks a record's format number before decoding the rest into v, and refuses
+// a format other than want with a FormatError naming it. The template store's records use it
+// too: one rule for every record sandboxd reads from disk.
+func DecodeRecord(name string, data []byte, want int, v any) error {
 	var probe struct {
 		Format *int `json:"format"`
 	}
 	if err := json.Unmarshal(data, &probe); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The record %s is not valid JSON.", name)
+		return errcode.Wrap(errcode.Internal, err, "The record %s is not valid JSON; run sandboxd check.", name)
 	}
 	got := 0
 	if probe.Format != nil {
@@ -132,7 +135,7 @@ func decodeRecord(name string, data []byte, want int, v any) error {
 			"The record %s has format %d, which this version of sandboxd does not know (it knows %d); run a sandboxd that does.", name, got, want)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The record %s does not decode.", name)
+		return errcode.Wrap(errcode.Internal, err, "The record %s does not decode; run sandboxd check.", name)
 	}
 	return nil
 }
@@ -157,7 +160,7 @@ func readRecord(dir *os.File, name string, format int, v any) (found bool, err e
 	if err != nil {
 		return false, recordErr(name, err)
 	}
-	return true, decodeRecord(name, data, format, v)
+	return true, DecodeRecord(name, data, format, v)
 }
 
 func recordErr(name string, err error) error {

@@ -249,7 +249,7 @@ func (s *Store) awaitRemoval(ctx context.Context, id string, dirID platform.File
 		// The name already names another directory: ours is gone.
 		return err
 	}
-	timer := time.NewTimer(retryInterval)
+	timer := time.NewTimer(RetryInterval)
 	timer.Stop()
 	for {
 		st, err := platform.LstatAt(s.sbx, id)
@@ -294,7 +294,7 @@ func (s *Store) awaitRemoval(ctx context.Context, id string, dirID platform.File
 			}
 			// Busy, raced or not found: look again after the interval.
 		}
-		wait := min(retryInterval, time.Until(deadline))
+		wait := min(RetryInterval, time.Until(deadline))
 		if wait <= 0 {
 			return removalPending(id)
 		}

@@ -18,9 +18,9 @@ import (
 // SandboxesDir is the directory under the state root that holds one state directory per sandbox.
 const SandboxesDir = "sandboxes"
 
-// retryInterval is how often a waiter tries a busy lock again, and how often a removal that
+// RetryInterval is how often a waiter tries a busy lock again, and how often a removal that
 // waits for its directory to empty looks again.
-const retryInterval = 25 * time.Millisecond
+const RetryInterval = 25 * time.Millisecond
 
 // Store is the sandbox store under one state root. Its methods are safe for concurrent use,
 // and any number of processes may open stores on the same root: all coordination goes

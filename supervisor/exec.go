@@ -8,11 +8,9 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor/control"
 )
-
-// admissionRetry is how often a waiting exec tries the exec lock again.
-const admissionRetry = 25 * time.Millisecond
 
 // Admission is an admitted exec: it holds the sandbox's exec lock until Release.
 type Admission struct {
@@ -42,25 +40,19 @@ func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duratio
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	for {
-		a, busy, err := s.tryAdmit(ctx, id)
-		if err != nil || !busy {
-			if a != nil {
-				a.Waited = time.Since(start)
-			}
-			return a, err
+	var a *Admission
+	err = store.Retry(ctx, func() error {
+		return errcode.New(errcode.SandboxBusy,
+			"Another exec is running in sandbox %s and did not end within %s; retry later or raise wait_ms.", id, wait)
+	}, func() (bool, bool, error) {
+		got, busy, err := s.tryAdmit(ctx, id)
+		if got != nil {
+			got.Waited = time.Since(start)
+			a = got
 		}
-		// Start no new attempt after the deadline.
-		if d, _ := ctx.Deadline(); time.Until(d) < admissionRetry {
-			return nil, errcode.New(errcode.SandboxBusy,
-				"Another exec is running in sandbox %s and did not end within %s; retry later or raise wait_ms.", id, wait)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(admissionRetry):
-		}
-	}
+		return !busy, false, err
+	})
+	return a, err
 }
 
 // tryAdmit makes one attempt under the lifecycle lock; busy says the exec lock was taken.

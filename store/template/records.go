@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // The format numbers of the records this version writes and reads. A record with another
@@ -120,39 +121,15 @@ type Binding struct {
 }
 
 // FormatError is wrapped by the error of reading a record whose format this version does not
-// know.
-type FormatError struct {
-	Record string
-	Format int
-}
-
-func (e *FormatError) Error() string {
-	return fmt.Sprintf("%s has format %d, which this version of sandboxd does not know", e.Record, e.Format)
-}
+// know: the store's, since the two stores decode their records by one rule (store.DecodeRecord).
+type FormatError = store.FormatError
 
 // ErrBadRecord is wrapped by the error of a record that decodes but names invalid ids.
 var ErrBadRecord = errors.New("record holds an invalid field")
 
 // decodeRecord checks the format number of a record before decoding the rest.
 func decodeRecord(name string, data []byte, want int, v any) error {
-	var probe struct {
-		Format *int `json:"format"`
-	}
-	if err := json.Unmarshal(data, &probe); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The template store record %s is not valid JSON; run sandboxd check.", name)
-	}
-	got := 0
-	if probe.Format != nil {
-		got = *probe.Format
-	}
-	if got != want {
-		return errcode.Wrap(errcode.Internal, &FormatError{Record: name, Format: got},
-			"The template store record %s has format %d, which this version of sandboxd does not know (it knows %d); run a sandboxd that does.", name, got, want)
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The template store record %s does not decode.", name)
-	}
-	return nil
+	return store.DecodeRecord("templates/"+name, data, want, v)
 }
 
 func badRecord(name, format string, args ...any) error {

@@ -14,14 +14,12 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // DefaultMaxAge is how long after its capture a generation stays eligible unless
 // Options.MaxAge says otherwise.
 const DefaultMaxAge = 30 * 24 * time.Hour
-
-// retryInterval is how often a waiter tries the busy lock again (as the sandbox store).
-const retryInterval = 25 * time.Millisecond
 
 // Options configure a Store. The zero value is the production configuration.
 type Options struct {
@@ -167,53 +165,15 @@ type Tx struct {
 // with invalid-request before anything waits), then transition-in-progress. A lock file that
 // is a link, a FIFO or not a regular file is refused.
 func (s *Store) Lock(ctx context.Context) (*Tx, error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		return nil, errcode.Invalid("timeout", "The operation needs a finite, positive timeout.")
-	}
-	if err := ctx.Err(); errors.Is(err, context.Canceled) {
-		return nil, err
-	}
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for n := 0; ; n++ {
-		if n > 0 {
-			if err := ctx.Err(); errors.Is(err, context.Canceled) {
-				return nil, err
-			}
-			if ctx.Err() != nil || !time.Now().Before(deadline) {
-				return nil, lockBusy()
-			}
-		}
-		tx, got, err := s.tryLock()
-		if err != nil {
-			return nil, err
-		}
+	var tx *Tx
+	err := store.Retry(ctx, lockBusy, func() (bool, bool, error) {
+		t, got, err := s.tryLock()
 		if got {
-			return tx, nil
+			tx = t
 		}
-		wait := min(retryInterval, time.Until(deadline))
-		if wait <= 0 {
-			return nil, lockBusy()
-		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.Canceled) {
-				return nil, ctx.Err()
-			}
-			return nil, lockBusy()
-		}
-	}
+		return got, false, err
+	})
+	return tx, err
 }
 
 func lockBusy() error {
