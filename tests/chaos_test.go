@@ -142,7 +142,7 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Ids unique to this run: sandbox cgroups are named by id alone, host-wide.
+	// Ids unique to this run, so that its sandboxes are easy to tell apart in the host's process list.
 	prefix := fmt.Sprintf("chaos%04x", uint16(seed))
 	ids := make([]string, chaosIDs)
 	ledger := &chaosLedger{state: map[string]existence{}, locks: map[string]*sync.RWMutex{}}

@@ -20,8 +20,8 @@ import (
 
 // The hostile-workload suite: each workload runs in a sandbox of its own while a second,
 // well-behaved sandbox keeps answering exec and the server keeps answering /healthz; the
-// hostile sandbox must be stopped and deleted cleanly afterwards. Sandbox ids carry a prefix
-// unique to the run, since sandbox cgroups are named by id host-wide.
+// hostile sandbox must be stopped and deleted cleanly afterwards. Subtests run one after
+// another, so that each hostile workload has the machine to itself besides the calm sandbox.
 
 // watchdog execs in the calm sandbox and asks /healthz, over and over, until stopped.
 type watchdog struct {
