@@ -84,17 +84,34 @@ func (d *daemon) execTrue(id string) {
 func BenchmarkLifecycle(b *testing.B) {
 	d := benchDaemon(b)
 	var lat latencies
+	stepNames := []string{"create", "start", "exec", "stop", "delete"}
+	steps := make([]latencies, len(stepNames))
 	for i := 0; b.Loop(); i++ {
-		t0 := time.Now()
 		id := fmt.Sprintf("life%d", i)
+		t0 := time.Now()
+		last := t0
+		lap := func(step int) {
+			now := time.Now()
+			steps[step] = append(steps[step], now.Sub(last))
+			last = now
+		}
 		d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id})
+		lap(0)
 		d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/start", nil)
+		lap(1)
 		d.execTrue(id)
+		lap(2)
 		d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/stop", nil)
+		lap(3)
 		d.mustStatus(204, "DELETE", "/v1/sandboxes/"+id, nil)
+		lap(4)
 		lat = append(lat, time.Since(t0))
 	}
 	lat.report(b, "")
+	// Each step's median says where a cycle spends its time.
+	for i, name := range stepNames {
+		b.ReportMetric(steps[i].median()*1000, name+"-median-ms")
+	}
 }
 
 // BenchmarkLifecycleClients runs lifecycle cycles from 1 to 32 concurrent clients and reports
