@@ -136,6 +136,10 @@ func TestTemplateErrors(t *testing.T) {
 	// A clone's generation cannot be deleted with its template while the clone exists.
 	d.create("unused", false)
 	c := decode[cloneJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "kid", "template": "errs"}), 201)
+	t.Cleanup(func() {
+		d.doJSON("POST", "/v1/sandboxes/kid/stop?force=true", nil)
+		d.doJSON("DELETE", "/v1/sandboxes/kid", nil)
+	})
 	if c.Template == nil || c.Template.Generation != g.ID {
 		t.Fatalf("clone %+v", c)
 	}
