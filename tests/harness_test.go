@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // sandboxdBin and sandboxctlBin are the binaries under test, built once by TestMain.
@@ -83,6 +85,7 @@ func startDaemon(t testing.TB, opts ...daemonOption) *daemon {
 		if t.Failed() {
 			t.Logf("sandboxd log:\n%s", d.logs.String())
 		}
+		reapSandboxes(t, d.Root)
 	})
 	return d
 }
@@ -303,4 +306,36 @@ func wantProblem(t testing.TB, r response, status int, code string) problem {
 		t.Fatalf("problem request_id %q does not match X-Request-Id %q", p.RequestID, r.Header.Get("X-Request-Id"))
 	}
 	return p
+}
+
+// reapSandboxes ends every sandbox still running under a state root once its test is over, so
+// that a test that failed half-way (or that leaves sandboxes on purpose) leaks no process or
+// cgroup onto the machine: sandboxes outlive sandboxd by design.
+func reapSandboxes(t testing.TB, root string) {
+	if os.Geteuid() != 0 {
+		return
+	}
+	rt, err := namespace.New(namespace.Config{})
+	if err != nil {
+		return
+	}
+	procs, err := rt.Processes(root)
+	if err != nil {
+		t.Logf("listing the sandboxes left under %s: %v", root, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, p := range procs {
+		if p.Role != "shim" {
+			continue
+		}
+		if err := rt.Kill(ctx, p.Dir, p.ID); err != nil {
+			t.Logf("ending a sandbox left in %s: %v", p.Dir, err)
+			continue
+		}
+		if err := rt.Cleanup(ctx, filepath.Base(p.Dir), p.Dir, p.ID); err != nil {
+			t.Logf("cleaning up after a sandbox left in %s: %v", p.Dir, err)
+		}
+	}
 }
