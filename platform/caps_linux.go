@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -37,8 +38,10 @@ var capNumbers = map[string]uintptr{
 	"CAP_CHECKPOINT_RESTORE": unix.CAP_CHECKPOINT_RESTORE,
 }
 
-// lastCap returns the highest capability number this kernel knows.
-func lastCap() uintptr {
+// lastCap returns the highest capability number this kernel knows. It is read once: the
+// loops over capabilities call it at every step, and a sandbox start drops capabilities in
+// several places.
+var lastCap = sync.OnceValue(func() uintptr {
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
 	if err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
@@ -46,7 +49,7 @@ func lastCap() uintptr {
 		}
 	}
 	return unix.CAP_LAST_CAP
-}
+})
 
 // LimitThreadCapabilities reduces the calling THREAD's capabilities to keep (names such as
 // "CAP_KILL"): the bounding set, permitted, effective and inheritable sets, and clears the

@@ -88,7 +88,11 @@ func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, bus
 	}
 	var client *control.Client
 	if err == nil {
-		client, err = s.agent(ctx, l.Dir(), id, rec)
+		// Admitted: the dial is the exec's, not the admission wait's, so a wait that ends
+		// during it must not fail the exec.
+		dctx, cancel := cleanupContext(ctx)
+		client, err = s.agent(dctx, l.Dir(), id, rec)
+		cancel()
 	}
 	if err != nil {
 		_ = platform.Unlock(f)

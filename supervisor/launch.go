@@ -145,7 +145,10 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 // server needs, the runtime process exits, or ctx ends.
 func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []byte, proc platform.ProcessID) (*control.Client, error) {
 	path := s.rt.ControlPath(dir)
-	backoff := time.Millisecond
+	// The agent renames its socket into place once it accepts connections, a few
+	// milliseconds after the start: a failed dial costs a syscall, so look every
+	// millisecond rather than back off and answer late.
+	const poll = time.Millisecond
 	for {
 		client, err := s.dialAgent(ctx, path, capability)
 		if err == nil {
@@ -157,10 +160,7 @@ func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []by
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("its agent did not answer in time (last error: %v)", err)
-		case <-time.After(backoff):
-		}
-		if backoff < 10*time.Millisecond {
-			backoff += time.Millisecond
+		case <-time.After(poll):
 		}
 	}
 }
