@@ -253,7 +253,22 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 	if err := tx.Unlock(); err != nil {
 		t.Fatal(err)
 	}
+	// A second generation whose payload is gone: indexed, and nothing to clone from.
+	g2, err := ts.Capture(ctx, "tpl", layer, template.Key{Runtime: rt.Identity(), Image: "host"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(d.Root, template.TemplatesDir, "tpl", g2.ID, template.PayloadDir)); err != nil {
+		t.Fatal(err)
+	}
 	ts.Close()
+	// A host mount inside a state directory (the runtime mounts only in sandboxes' own
+	// namespaces, so this is a leak).
+	leak := filepath.Join(sbx, "stale", "rootfs")
+	if err := platform.Mount("tmpfs", leak, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { platform.UnmountUnder(leak) })
 	if err := template.WriteBinding(filepath.Join(sbx, "foreign"), &template.Binding{Template: "tpl", Generation: g.ID, Lease: "l-00000000000000ff", AcquiredAt: time.Now().UTC()}); err != nil {
 		t.Fatal(err)
 	}
@@ -267,6 +282,8 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 		"leftover-directory":    {"leftover"},
 		"binding-without-lease": {"foreign"},
 		"lease-without-binding": {"ghost"},
+		"index-without-payload": {""},
+		"leaked-mount":          {"stale"},
 	}
 	r, code, stderr := runCheck(t, d.Root)
 	if code != 1 || r.OK {
@@ -296,6 +313,9 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 	r, code, _ = runCheck(t, d.Root)
 	if got := r.kinds(); code != 1 || len(got) != 2 || len(got["foreign-entry"]) != 1 || len(got["binding-without-lease"]) != 1 {
 		t.Fatalf("after repair, check exited %d and found %v", code, got)
+	}
+	if points, _ := platform.MountsUnder(leak); len(points) != 0 {
+		t.Errorf("repair left the leaked mount %v", points)
 	}
 	if gone.Exists() {
 		t.Errorf("repair left the cgroup of a sandbox that is gone")
