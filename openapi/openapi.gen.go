@@ -2890,6 +2890,22 @@ func (response CreateSandbox501ApplicationProblemPlusJSONResponse) VisitCreateSa
 	return err
 }
 
+type CreateSandbox503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSandbox503ApplicationProblemPlusJSONResponse) VisitCreateSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateSandbox504ApplicationProblemPlusJSONResponse struct {
 	GatewayTimeoutApplicationProblemPlusJSONResponse
 }
@@ -4101,6 +4117,22 @@ func (response StartSandbox501ApplicationProblemPlusJSONResponse) VisitStartSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartSandbox503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response StartSandbox503ApplicationProblemPlusJSONResponse) VisitStartSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }

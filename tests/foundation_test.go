@@ -167,3 +167,22 @@ func TestRefusesNonLoopbackWithoutToken(t *testing.T) {
 		t.Fatalf("the refusal does not say why:\n%s", out)
 	}
 }
+
+// TestWithoutRoot: a sandboxd that is not root serves its API, and refuses only to start
+// sandboxes, with 503 unavailable saying why.
+func TestWithoutRoot(t *testing.T) {
+	requireRoot(t) // to switch to another user
+	t.Parallel()
+	const nobody = 65534
+	d := startDaemon(t, asUser(nobody))
+	if r := d.do("GET", "/v1/info", nil, nil); r.Status != 200 {
+		t.Fatalf("/v1/info: %d %s", r.Status, r.Body)
+	}
+	p := wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "plain", "start": true}), 503, "unavailable")
+	if !strings.Contains(p.Detail, "root") {
+		t.Fatalf("the refusal does not say why: %s", p.Detail)
+	}
+	if r := d.doJSON("DELETE", "/v1/sandboxes/plain", nil); r.Status != 204 {
+		t.Fatalf("delete: %d %s", r.Status, r.Body)
+	}
+}

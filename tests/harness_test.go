@@ -29,6 +29,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// Other users run the binaries too (TestWithoutRoot).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	sandboxdBin = filepath.Join(dir, "sandboxd")
 	sandboxctlBin = filepath.Join(dir, "sandboxctl")
 	build := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sandboxctl")
@@ -53,6 +58,8 @@ type daemon struct {
 	cmd  *exec.Cmd
 	logs *lineLog
 	done chan error
+	// uid, when not zero, is the user sandboxd runs as.
+	uid int
 }
 
 type daemonOption func(*daemon)
@@ -62,6 +69,9 @@ func withToken(token string) daemonOption { return func(d *daemon) { d.Token = t
 
 // withRoot starts on an existing state root, e.g. to restart on the same one.
 func withRoot(root string) daemonOption { return func(d *daemon) { d.Root = root } }
+
+// asUser runs sandboxd as another user, with a state root that user owns.
+func asUser(uid int) daemonOption { return func(d *daemon) { d.uid = uid } }
 
 // withArgs adds command-line arguments.
 func withArgs(args ...string) daemonOption {
@@ -78,6 +88,18 @@ func startDaemon(t testing.TB, opts ...daemonOption) *daemon {
 	}
 	if d.Root == "" {
 		d.Root = filepath.Join(t.TempDir(), "root")
+	}
+	if d.uid != 0 {
+		// t.TempDir is private to root; the user needs a way in to its state root.
+		dir := filepath.Dir(d.Root)
+		for _, p := range []string{filepath.Dir(dir), dir} {
+			if err := os.Chmod(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chown(dir, d.uid, d.uid); err != nil {
+			t.Fatal(err)
+		}
 	}
 	d.start()
 	t.Cleanup(func() {
@@ -103,6 +125,9 @@ func (d *daemon) start() {
 	}
 	args = append(args, d.Args...)
 	d.cmd = exec.Command(sandboxdBin, args...)
+	if d.uid != 0 {
+		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(d.uid), Gid: uint32(d.uid)}}
+	}
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
@@ -51,15 +52,20 @@ type Runtime struct {
 	// seccomp is the compiled filter of every sandbox, compiled once here rather than in each
 	// sandbox's init.
 	seccomp []byte
+	// refusal, when set, is why this runtime cannot start sandboxes (no root).
+	refusal error
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
 
-// New returns the namespace runtime. It refuses to run without root: the rootless variant
-// (a user namespace with mapped ids) is not implemented.
+// New returns the namespace runtime. Without root it still serves everything but Start, which
+// it refuses with errcode.Unavailable: the rootless variant (a user namespace with mapped ids)
+// is not implemented, and a server that cannot start sandboxes is still useful to look at its
+// state root, its templates and its API.
 func New(cfg Config) (*Runtime, error) {
+	var refusal error
 	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("namespace runtime: sandboxd must run as root (or with CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID and write access to the cgroup hierarchy); rootless sandboxes in a user namespace are not supported yet")
+		refusal = errcode.New(errcode.Unavailable, "This sandboxd runs without root, so it cannot start sandboxes; run it as root (or with CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID and write access to the cgroup hierarchy). Rootless sandboxes are not supported yet.")
 	}
 	if cfg.Executable == "" {
 		cfg.Executable = "/proc/self/exe"
@@ -78,7 +84,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: cfg, seccomp: bpf}
+	r := &Runtime{cfg: cfg, seccomp: bpf, refusal: refusal}
 	r.identity = sync.OnceValues(r.computeIdentity)
 	return r, nil
 }
@@ -158,6 +164,9 @@ func ensureDir(dir, name string, perm os.FileMode) error {
 
 // Start launches the shim for spec, detached, and returns its identity.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.ProcessID, error) {
+	if r.refusal != nil {
+		return platform.ProcessID{}, r.refusal
+	}
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
