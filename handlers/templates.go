@@ -20,6 +20,16 @@ func (h *Handlers) templates() (*template.Store, error) {
 	return ts, nil
 }
 
+// templatesNow returns the template store and the host's time, for eligibility.
+func (h *Handlers) templatesNow() (*template.Store, template.TimeContract, error) {
+	ts, err := h.templates()
+	if err != nil {
+		return nil, template.TimeContract{}, err
+	}
+	now, err := ts.Now()
+	return ts, now, err
+}
+
 func (h *Handlers) CreateTemplate(ctx context.Context, req openapi.CreateTemplateRequestObject) (openapi.CreateTemplateResponseObject, error) {
 	ts, err := h.templates()
 	if err != nil {
@@ -39,11 +49,7 @@ func (h *Handlers) CreateTemplate(ctx context.Context, req openapi.CreateTemplat
 }
 
 func (h *Handlers) ListTemplates(_ context.Context, req openapi.ListTemplatesRequestObject) (openapi.ListTemplatesResponseObject, error) {
-	ts, err := h.templates()
-	if err != nil {
-		return nil, err
-	}
-	now, err := ts.Now()
+	ts, now, err := h.templatesNow()
 	if err != nil {
 		return nil, err
 	}
@@ -63,11 +69,7 @@ func (h *Handlers) ListTemplates(_ context.Context, req openapi.ListTemplatesReq
 }
 
 func (h *Handlers) GetTemplate(_ context.Context, req openapi.GetTemplateRequestObject) (openapi.GetTemplateResponseObject, error) {
-	ts, err := h.templates()
-	if err != nil {
-		return nil, err
-	}
-	now, err := ts.Now()
+	ts, now, err := h.templatesNow()
 	if err != nil {
 		return nil, err
 	}
@@ -106,11 +108,7 @@ func (h *Handlers) CaptureGeneration(ctx context.Context, req openapi.CaptureGen
 }
 
 func (h *Handlers) ListGenerations(_ context.Context, req openapi.ListGenerationsRequestObject) (openapi.ListGenerationsResponseObject, error) {
-	ts, err := h.templates()
-	if err != nil {
-		return nil, err
-	}
-	now, err := ts.Now()
+	ts, now, err := h.templatesNow()
 	if err != nil {
 		return nil, err
 	}
@@ -130,11 +128,7 @@ func (h *Handlers) ListGenerations(_ context.Context, req openapi.ListGeneration
 }
 
 func (h *Handlers) GetGeneration(_ context.Context, req openapi.GetGenerationRequestObject) (openapi.GetGenerationResponseObject, error) {
-	ts, err := h.templates()
-	if err != nil {
-		return nil, err
-	}
-	now, err := ts.Now()
+	ts, now, err := h.templatesNow()
 	if err != nil {
 		return nil, err
 	}
