@@ -19,13 +19,15 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/sandboxd ./cmd/sandboxd \
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/sandboxd-runtime ./cmd/sandboxd-runtime \
  && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/sandboxctl ./cmd/sandboxctl
 
 FROM debian:bookworm-slim
 # The host image of a sandbox is this container's /usr: install here what workloads should find.
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates procps \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/sandboxd /out/sandboxctl /usr/local/bin/
+# sandboxd-runtime beside sandboxd: sandboxes start from the small binary.
+COPY --from=build /out/sandboxd /out/sandboxd-runtime /out/sandboxctl /usr/local/bin/
 ENV SANDBOXD_LISTEN=0.0.0.0:7780 \
     SANDBOXD_ROOT=/var/lib/sandboxd \
     SANDBOXD_TOKEN_FILE=/run/secrets/sandboxd-token

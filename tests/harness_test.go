@@ -36,7 +36,10 @@ func TestMain(m *testing.M) {
 	}
 	sandboxdBin = filepath.Join(dir, "sandboxd")
 	sandboxctlBin = filepath.Join(dir, "sandboxctl")
-	build := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sandboxctl")
+	// sandboxd-runtime beside sandboxd: the installed layout, whose sandboxes start from the
+	// small binary (TestSingleBinary covers sandboxd alone).
+	build := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd",
+		"github.com/sandboxd/sandboxd/cmd/sandboxctl", "github.com/sandboxd/sandboxd/cmd/sandboxd-runtime")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building sandboxd:", err)
@@ -60,6 +63,8 @@ type daemon struct {
 	done chan error
 	// uid, when not zero, is the user sandboxd runs as.
 	uid int
+	// bin, when set, is the sandboxd binary to run instead of sandboxdBin.
+	bin string
 }
 
 type daemonOption func(*daemon)
@@ -72,6 +77,9 @@ func withRoot(root string) daemonOption { return func(d *daemon) { d.Root = root
 
 // asUser runs sandboxd as another user, with a state root that user owns.
 func asUser(uid int) daemonOption { return func(d *daemon) { d.uid = uid } }
+
+// withBinary runs another sandboxd binary.
+func withBinary(path string) daemonOption { return func(d *daemon) { d.bin = path } }
 
 // withArgs adds command-line arguments.
 func withArgs(args ...string) daemonOption {
@@ -124,7 +132,11 @@ func (d *daemon) start() {
 		args = append(args, "--token-file", tokenFile)
 	}
 	args = append(args, d.Args...)
-	d.cmd = exec.Command(sandboxdBin, args...)
+	bin := sandboxdBin
+	if d.bin != "" {
+		bin = d.bin
+	}
+	d.cmd = exec.Command(bin, args...)
 	if d.uid != 0 {
 		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(d.uid), Gid: uint32(d.uid)}}
 	}

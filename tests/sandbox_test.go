@@ -439,3 +439,62 @@ func TestSandboxExitIsSeen(t *testing.T) {
 		t.Fatalf("exec after the new start: %+v", got)
 	}
 }
+
+// TestSingleBinary: sandboxd alone, without sandboxd-runtime beside it, runs sandboxes by
+// re-executing itself; one binary is enough.
+func TestSingleBinary(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	dir := t.TempDir()
+	alone := filepath.Join(dir, "sandboxd")
+	b, err := os.ReadFile(sandboxdBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(alone, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, withBinary(alone))
+	if !strings.Contains(d.logs.String(), `"executable":""`) {
+		t.Fatalf("sandboxd alone did not choose to re-execute itself:\n%s", d.logs.String())
+	}
+	d.create("alone", true)
+	if got := d.exec("alone", map[string]any{"command": []string{"echo", "one binary"}}); got.Stdout != "one binary\n" {
+		t.Fatalf("exec: %+v", got)
+	}
+	if r := d.doJSON("POST", "/v1/sandboxes/alone/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestRuntimeBinaryIsUsed: with sandboxd-runtime beside sandboxd (the test binaries' layout),
+// sandboxes run the small binary.
+func TestRuntimeBinaryIsUsed(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("small", true)
+	for dir := range runtimeProcesses(t, d.Root) {
+		if filepath.Base(dir) != "small" {
+			continue
+		}
+		procs, _ := os.ReadDir("/proc")
+		found := false
+		for _, p := range procs {
+			cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+			if err != nil || !strings.Contains(string(cmdline), "__shim\x00"+dir) {
+				continue
+			}
+			exe, _ := os.Readlink(filepath.Join("/proc", p.Name(), "exe"))
+			if filepath.Base(exe) != "sandboxd-runtime" {
+				t.Fatalf("the shim runs %s, not sandboxd-runtime", exe)
+			}
+			found = true
+		}
+		if !found {
+			t.Fatal("no shim of the sandbox found in /proc")
+		}
+		return
+	}
+	t.Fatal("the sandbox has no runtime process")
+}

@@ -49,6 +49,7 @@ type options struct {
 	logLevel       string
 	allowedOrigins stringList
 	templateMaxAge time.Duration
+	runtimeBinary  string
 }
 
 type stringList []string
@@ -74,6 +75,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		maxAge = d
 	}
 	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
+	fs.StringVar(&o.runtimeBinary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else sandboxd itself")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -140,7 +142,12 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	rt, err := namespace.New(namespace.Config{})
+	exe, err := runtimeExecutable(o.runtimeBinary)
+	if err != nil {
+		return err
+	}
+	log.Info("sandbox runtime", "executable", exe)
+	rt, err := namespace.New(namespace.Config{Executable: exe})
 	if err != nil {
 		return err
 	}

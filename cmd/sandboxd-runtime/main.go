@@ -1,0 +1,24 @@
+// Command sandboxd-runtime is the sandbox side of sandboxd: the runtime's shim, and the
+// sandbox's init and agent, which sandboxd starts for every sandbox. It is optional: without
+// it sandboxd re-executes itself for these roles, so that one binary is enough. With it
+// installed beside sandboxd, every sandbox start is faster, because this binary links none of
+// the server's packages (the HTTP stack, the request validator, the metrics), whose package
+// initialisers would otherwise run in each of a start's two or three processes.
+//
+// It is not meant to be run by hand.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/sandboxd/sandboxd/supervisor"
+)
+
+func main() {
+	if code, ran := supervisor.RunHidden(os.Args[1:]); ran {
+		os.Exit(code)
+	}
+	fmt.Fprintln(os.Stderr, "sandboxd-runtime is started by sandboxd for each sandbox; it is not run by hand.")
+	os.Exit(2)
+}
