@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -56,6 +57,18 @@ func until(ctx context.Context, t *testing.T, what, expr string) {
 		saveScreenshot(ctx, t, "failed")
 		t.Fatalf("waiting for %s: %v (the page shows the error %q)", what, err, msg)
 	}
+}
+
+// clickLive clicks the element sel as soon as it exists, in one evaluation in the page: rows
+// are re-rendered by live updates, so a node found by one call can be gone by the next (a
+// chromedp.Click finds, then clicks).
+func clickLive(ctx context.Context, t *testing.T, what, sel string) {
+	t.Helper()
+	q, err := json.Marshal(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(ctx, t, what, `(() => { const el = document.querySelector(`+string(q)+`); if (!el) return false; el.click(); return true })()`)
 }
 
 // saveScreenshot saves the page as tests/artifacts/<test>-<suffix>.png, for a person to look at.
@@ -164,7 +177,7 @@ func TestDashboard(t *testing.T) {
 				chromedp.Click(chromedp.CSS("#create-start")),
 				chromedp.Click(chromedp.CSS("#create-submit")))
 			until(ctx, t, "the provisioned sandbox", row+`?.dataset.state === "provisioned"`)
-			run(ctx, t, "starting it", chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] button[data-action="start"]`)))
+			clickLive(ctx, t, "starting it", `tr[data-id="`+id+`"] button[data-action="start"]`)
 			until(ctx, t, "the running sandbox", row+`?.dataset.state === "running"`)
 
 			// A refusal is shown as the problem's detail and code.
@@ -175,7 +188,7 @@ func TestDashboard(t *testing.T) {
 			run(ctx, t, "dismissing it", chromedp.Click(chromedp.CSS("#error-close")))
 
 			// The terminal: a shell on a pseudo-terminal over the exec websocket.
-			run(ctx, t, "opening the terminal", chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] button[data-action="terminal"]`)))
+			clickLive(ctx, t, "opening the terminal", `tr[data-id="`+id+`"] button[data-action="terminal"]`)
 			until(ctx, t, "the terminal to connect", `document.querySelector("#terminal-status").textContent === "connected"`)
 			run(ctx, t, "typing into the terminal",
 				chromedp.Click(chromedp.CSS("#terminal .xterm-screen")),
@@ -205,12 +218,12 @@ func TestDashboard(t *testing.T) {
 			run(ctx, t, "restoring the window", chromedp.EmulateViewport(1280, 1000))
 
 			// Stop, then delete (a destructive button asks for a second click).
-			run(ctx, t, "stopping it", chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] button[data-action="stop"]`)))
+			clickLive(ctx, t, "stopping it", `tr[data-id="`+id+`"] button[data-action="stop"]`)
 			until(ctx, t, "the stopped sandbox", row+`?.dataset.state === "stopped"`)
-			del := chromedp.CSS(`tr[data-id="` + id + `"] button[data-action="delete"]`)
-			run(ctx, t, "deleting it", chromedp.Click(del))
+			del := `tr[data-id="` + id + `"] button[data-action="delete"]`
+			clickLive(ctx, t, "deleting it", del)
 			until(ctx, t, "the delete button to ask again", `document.querySelector('tr[data-id="`+id+`"] button[data-action="delete"]').textContent === "Sure?"`)
-			run(ctx, t, "confirming", chromedp.Click(del))
+			clickLive(ctx, t, "confirming", del)
 			until(ctx, t, "the row to go", row+` === null`)
 			until(ctx, t, "the deletion in the event log", `[...document.querySelectorAll("#events li")].some(li => li.dataset.type === "sandbox.deleted" && li.textContent.includes("`+id+`"))`)
 
@@ -237,7 +250,7 @@ func TestDashboardTemplates(t *testing.T) {
 		t.Fatalf("stop: %d %s", r.Status, r.Body)
 	}
 	ctx := browser(t)
-	click := func(what, sel string) { run(ctx, t, what, chromedp.Click(chromedp.CSS(sel))) }
+	click := func(what, sel string) { clickLive(ctx, t, what, sel) }
 	gen := `document.querySelector('[data-template="tools"] tr[data-generation]')`
 
 	run(ctx, t, "opening the dashboard", chromedp.Navigate(d.URL+"/"))
