@@ -329,10 +329,14 @@ func TestChaos(t *testing.T) {
 // chaosKnownBugs are reported bugs whose 500s the suite logs rather than fails on (see
 // TestExecRacingStopIsNotInternal and TestStopRacingAgentDeathIsNotInternal).
 var chaosKnownBugs = []struct{ cause, where string }{
-	// An exec whose sandbox ends under it (a stop, a killed init) answers 500 instead of an
-	// exit or a not-running problem: handlers/exec.go returns proc.Wait's error as it is.
+	// An exec whose sandbox ends under it: handlers/exec.go returns the error of
+	// admission.Agent.Exec (the control connection closed before the exec began) as it is.
+	// (The error of proc.Wait, the other half, was fixed: TestExecRacingStopIsNotInternal.)
 	{"the exec ended without an exit status", "handlers/exec.go: exec racing the sandbox's end"},
 	{"control: the connection to the agent is closed", "handlers/exec.go: exec racing the sandbox's end"},
+	// A graceful stop whose agent dies under it answers 500: supervisor/stop.go's shutdown
+	// returns "asking the agent to shut down" while the runtime process is still exiting.
+	{"asking the agent to shut down", "supervisor/stop.go: stop racing the agent's death"},
 	// Exec admission of a sandbox whose agent died while its shim still runs answers 500:
 	// supervisor/agent.go's dial error is returned as it is, not as not-running.
 	{"connecting to the agent of sandbox", "supervisor/agent.go: exec admitted to a dying sandbox"},
@@ -340,9 +344,6 @@ var chaosKnownBugs = []struct{ cause, where string }{
 	// supervisor/templates.go passes the missing upper/ to store/template's Capture, which
 	// wraps the open error as internal (TestCaptureNeverStartedIsNotInternal).
 	{"writable layer cannot be opened", "supervisor/templates.go: capture of a never-started sandbox"},
-	// A graceful stop whose agent dies under it answers 500: supervisor/stop.go's shutdown
-	// returns "asking the agent to shut down" while the runtime process is still exiting.
-	{"asking the agent to shut down", "supervisor/stop.go: stop racing the agent's death"},
 }
 
 // chaosClient issues random operations on random ids until stop closes.
