@@ -47,6 +47,7 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	start := time.Now()
 	proc, err := admission.Agent.Exec(ctx, creq)
 	if err != nil {
+		err = workloadLost(req.ID, admission.Agent, err)
 		h.execDone("buffered", start, false, err)
 		return nil, err
 	}

@@ -77,6 +77,7 @@ func (h *Handlers) ExecStream(w http.ResponseWriter, r *http.Request) error {
 	start := time.Now()
 	proc, err := admission.Agent.Exec(r.Context(), creq)
 	if err != nil {
+		err = workloadLost(id, admission.Agent, err)
 		h.execDone("stream", start, false, err)
 		return err
 	}

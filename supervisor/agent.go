@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/store"
@@ -62,7 +61,10 @@ func (s *Supervisor) agent(ctx context.Context, dir, id string, rec *store.Runti
 	}
 	client, err := s.dialAgent(ctx, s.rt.ControlPath(dir), capability)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to the agent of sandbox %s: %w", id, err)
+		// The runtime process lives (the caller checked) but its agent does not answer:
+		// the sandbox is ending, or was ended from inside.
+		return nil, errcode.Wrap(errcode.NotRunning, err,
+			"Sandbox %s does not answer: its agent is gone and the sandbox is ending; start it again once it has stopped.", id)
 	}
 	s.keepClient(id, rec.LaunchID, client)
 	return client, nil

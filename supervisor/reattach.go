@@ -55,6 +55,16 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, error
 	}
 	proc := processOf(rec)
 	if proc.Alive() {
+		// A report naming this launch means the sandbox has ended and its runtime process
+		// is finishing up: wait for it (briefly), so that a sandbox never reads as stopped
+		// to Status and as running to a transition.
+		if o, err := l.Outcome(); err == nil && o != nil && o.LaunchID == rec.LaunchID {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = platform.WaitExit(wctx, proc)
+			cancel()
+		}
+	}
+	if proc.Alive() {
 		if rec.RuntimeID != s.rt.Identity() {
 			return runtimeMismatch, nil
 		}

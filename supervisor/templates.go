@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -68,6 +69,10 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 	if cfg.Template != nil {
 		return nil, errcode.Invalid("sandbox", "Sandbox %s is a clone of template %s; capturing a clone (a layer over another generation) is not supported: capture the sandbox the template was built from.", id, cfg.Template.Template)
 	}
+	layer := s.rt.LayerDir(l.Dir())
+	if _, err := os.Lstat(layer); errors.Is(err, os.ErrNotExist) {
+		return nil, errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
+	}
 	key := template.Key{
 		Runtime:   s.rt.Identity(),
 		Image:     cfg.Image,
@@ -82,7 +87,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 			s.emit(Event{Type: EventProgress, Sandbox: id, Template: templateName, Progress: &Progress{Phase: "copying", Done: copied, Total: total}})
 		}
 	}
-	g, err := s.templates.Capture(ctx, templateName, s.rt.LayerDir(l.Dir()), key, progress)
+	g, err := s.templates.Capture(ctx, templateName, layer, key, progress)
 	if err != nil {
 		return nil, err
 	}

@@ -326,25 +326,10 @@ func TestChaos(t *testing.T) {
 	}
 }
 
-// chaosKnownBugs are reported bugs whose 500s the suite logs rather than fails on (see
-// TestExecRacingStopIsNotInternal and TestStopRacingAgentDeathIsNotInternal).
-var chaosKnownBugs = []struct{ cause, where string }{
-	// An exec whose sandbox ends under it: handlers/exec.go returns the error of
-	// admission.Agent.Exec (the control connection closed before the exec began) as it is.
-	// (The error of proc.Wait, the other half, was fixed: TestExecRacingStopIsNotInternal.)
-	{"the exec ended without an exit status", "handlers/exec.go: exec racing the sandbox's end"},
-	{"control: the connection to the agent is closed", "handlers/exec.go: exec racing the sandbox's end"},
-	// A graceful stop whose agent dies under it answers 500: supervisor/stop.go's shutdown
-	// returns "asking the agent to shut down" while the runtime process is still exiting.
-	{"asking the agent to shut down", "supervisor/stop.go: stop racing the agent's death"},
-	// Exec admission of a sandbox whose agent died while its shim still runs answers 500:
-	// supervisor/agent.go's dial error is returned as it is, not as not-running.
-	{"connecting to the agent of sandbox", "supervisor/agent.go: exec admitted to a dying sandbox"},
-	// Capturing a sandbox that never started (it has no writable layer yet) answers 500:
-	// supervisor/templates.go passes the missing upper/ to store/template's Capture, which
-	// wraps the open error as internal (TestCaptureNeverStartedIsNotInternal).
-	{"writable layer cannot be opened", "supervisor/templates.go: capture of a never-started sandbox"},
-}
+// chaosKnownBugs are reported bugs whose 500s the suite logs rather than fails on; the ones
+// found so far are fixed (TestExecRacingStopIsNotInternal, TestCaptureNeverStartedIsNotInternal,
+// and the admission, stop and reattach races the chaos rounds hit).
+var chaosKnownBugs = []struct{ cause, where string }{}
 
 // chaosClient issues random operations on random ids until stop closes.
 // chaosTemplate is the template the clients share, and the generations they saw captured.
@@ -616,15 +601,6 @@ func chaosVerify(t *testing.T, d *daemon, rt *namespace.Runtime, ids []string, l
 	}
 }
 
-// requireKnownBugs skips a regression test of a reported, unfixed bug unless
-// SANDBOXD_KNOWN_BUGS=1; whoever fixes the bug removes the call.
-func requireKnownBugs(t *testing.T, bug string) {
-	t.Helper()
-	if os.Getenv("SANDBOXD_KNOWN_BUGS") == "" {
-		t.Skipf("known bug, reported and not fixed yet: %s (SANDBOXD_KNOWN_BUGS=1 runs this test)", bug)
-	}
-}
-
 // TestExecRacingStopIsNotInternal: an exec whose sandbox is stopped under it ends with a
 // defined answer (an exit by signal, or a problem that says the sandbox stopped), never 500.
 func TestExecRacingStopIsNotInternal(t *testing.T) {
@@ -656,14 +632,11 @@ func TestExecRacingStopIsNotInternal(t *testing.T) {
 // started (so it has no writable layer yet) answers a defined status, not 500.
 func TestCaptureNeverStartedIsNotInternal(t *testing.T) {
 	requireRoot(t)
-	requireKnownBugs(t, "supervisor/templates.go Capture hands store/template a writable layer that does not exist yet, which answers 500 internal")
 	t.Parallel()
 	d := startDaemon(t)
 	d.create("fresh", false)
 	if r := d.doJSON("POST", "/v1/templates", map[string]any{"name": "fromfresh"}); r.Status != 201 {
 		t.Fatalf("create template: %d %s", r.Status, r.Body)
 	}
-	if r := d.doJSON("POST", "/v1/templates/fromfresh/generations", map[string]any{"sandbox": "fresh"}); r.Status >= 500 {
-		t.Fatalf("capturing a never-started sandbox answered %d: %s", r.Status, r.Body)
-	}
+	wantProblem(t, d.doJSON("POST", "/v1/templates/fromfresh/generations", map[string]any{"sandbox": "fresh"}), 409, "not-running")
 }
