@@ -51,21 +51,29 @@ var lastCap = sync.OnceValue(func() uintptr {
 	return unix.CAP_LAST_CAP
 })
 
+// capabilitySet parses capability names into a set and the two 32-bit words of capset(2).
+func capabilitySet(keep []string) (want map[uintptr]bool, mask [2]uint32, err error) {
+	want = map[uintptr]bool{}
+	for _, name := range keep {
+		n, ok := capNumbers[name]
+		if !ok {
+			return nil, mask, fmt.Errorf("platform: unknown capability %q", name)
+		}
+		want[n] = true
+		mask[n/32] |= 1 << (n % 32)
+	}
+	return want, mask, nil
+}
+
 // LimitThreadCapabilities reduces the calling THREAD's capabilities to keep (names such as
 // "CAP_KILL"): the bounding set, permitted, effective and inheritable sets, and clears the
 // ambient set. Capabilities are per thread, so the caller must hold runtime.LockOSThread and
 // exec right after on the same thread: the exec'd program then starts, on every thread it
 // ever makes, with at most keep.
 func LimitThreadCapabilities(keep []string) error {
-	var mask [2]uint32
-	want := map[uintptr]bool{}
-	for _, name := range keep {
-		n, ok := capNumbers[name]
-		if !ok {
-			return fmt.Errorf("platform: unknown capability %q", name)
-		}
-		want[n] = true
-		mask[n/32] |= 1 << (n % 32)
+	want, mask, err := capabilitySet(keep)
+	if err != nil {
+		return err
 	}
 	for c := uintptr(0); c <= lastCap(); c++ {
 		if want[c] {
@@ -148,15 +156,9 @@ func allThreads(trap, a1, a2, a3 uintptr) error {
 // (and so for every thread it makes later). It returns ErrAllThreadsUnsupported, having
 // changed nothing, in a binary that links cgo.
 func LimitProcessCapabilities(keep []string) error {
-	var mask [2]uint32
-	want := map[uintptr]bool{}
-	for _, name := range keep {
-		n, ok := capNumbers[name]
-		if !ok {
-			return fmt.Errorf("platform: unknown capability %q", name)
-		}
-		want[n] = true
-		mask[n/32] |= 1 << (n % 32)
+	want, mask, err := capabilitySet(keep)
+	if err != nil {
+		return err
 	}
 	for c := uintptr(0); c <= lastCap(); c++ {
 		// Every call stops the world, so only capabilities still in the bounding set (the
@@ -179,7 +181,7 @@ func LimitProcessCapabilities(keep []string) error {
 	for i := range data {
 		data[i] = unix.CapUserData{Effective: mask[i], Permitted: mask[i], Inheritable: mask[i]}
 	}
-	err := allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0)
+	err = allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0)
 	if err != nil {
 		return fmt.Errorf("platform: capset: %w", err)
 	}
