@@ -36,14 +36,19 @@ func TestMain(m *testing.M) {
 	}
 	sandboxdBin = filepath.Join(dir, "sandboxd")
 	sandboxctlBin = filepath.Join(dir, "sandboxctl")
-	// sandboxd-runtime beside sandboxd: the installed layout, whose sandboxes start from the
-	// small binary (TestSingleBinary covers sandboxd alone).
 	build := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd",
-		"github.com/sandboxd/sandboxd/cmd/sandboxctl", "github.com/sandboxd/sandboxd/cmd/sandboxd-runtime")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building sandboxd:", err)
-		os.Exit(1)
+		"github.com/sandboxd/sandboxd/cmd/sandboxctl")
+	// sandboxd-runtime beside sandboxd, built without cgo as `make build` and the image do:
+	// the installed layout (TestSingleBinary covers sandboxd alone; the namespace package's
+	// own tests cover a runtime that links cgo).
+	buildRuntime := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd-runtime")
+	buildRuntime.Env = append(os.Environ(), "CGO_ENABLED=0")
+	for _, b := range []*exec.Cmd{build, buildRuntime} {
+		b.Stdout, b.Stderr = os.Stderr, os.Stderr
+		if err := b.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building sandboxd:", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
