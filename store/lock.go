@@ -272,13 +272,19 @@ var lockedRecords = []string{ConfigName, LaunchName, RuntimeName}
 // writes: now that we hold the lock, no such write can be in flight, so any is a leftover of a
 // holder that crashed mid-write.
 func (l *Lock) removeLockedTemps() error {
+	return l.removeTemps(func(target string) bool { return slices.Contains(lockedRecords, target) })
+}
+
+// removeTemps removes the store's temp files (the fixed temp-name form, and nothing else)
+// of the records that of says, and syncs the directory if it removed any.
+func (l *Lock) removeTemps(of func(target string) bool) error {
 	names, err := platform.ReadDirNames(l.dir)
 	if err != nil {
 		return err
 	}
 	removed := false
 	for _, name := range names {
-		if target, ok := platform.IsTempName(name); ok && slices.Contains(lockedRecords, target) {
+		if target, ok := platform.IsTempName(name); ok && of(target) {
 			if err := platform.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err
 			}

@@ -20,23 +20,7 @@ import (
 // launch can still be running — when the next launch begins, when a recovery ends a launch —
 // because a running one may be staging its report right now.
 func (l *Lock) CleanStaging() error {
-	names, err := platform.ReadDirNames(l.dir)
-	if err != nil {
-		return err
-	}
-	removed := false
-	for _, name := range names {
-		if target, ok := platform.IsTempName(name); ok && target == OutcomeName {
-			if err := platform.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
-			}
-			removed = true
-		}
-	}
-	if removed {
-		return platform.SyncDir(l.dir)
-	}
-	return nil
+	return l.removeTemps(func(target string) bool { return target == OutcomeName })
 }
 
 // ForeignFilesError is wrapped by a foreign-files error and names the entries.

@@ -76,7 +76,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 	key := template.Key{
 		Runtime:   s.rt.Identity(),
 		Image:     cfg.Image,
-		Resources: template.Resources(cfg.Resources),
+		Resources: cfg.Resources,
 	}
 	// Progress is reported a few times a second at most, and at the end: a layer of many
 	// small files would otherwise flood the event stream.
@@ -145,7 +145,7 @@ func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneReque
 	}
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
-	cfg.Resources = store.Resources(g.Key.Resources)
+	cfg.Resources = g.Key.Resources
 	cfg.Template = &store.TemplateRef{Template: req.Template, Generation: g.ID}
 	if cfg.CreatedAt.IsZero() {
 		cfg.CreatedAt = time.Now().UTC()
@@ -220,7 +220,7 @@ func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
 		return "it was captured under another sandboxd build or runtime configuration"
 	case req.Image != "" && req.Image != k.Image:
 		return fmt.Sprintf("it was captured from image %q, not %q", k.Image, req.Image)
-	case req.Resources != nil && template.Resources(*req.Resources) != k.Resources:
+	case req.Resources != nil && *req.Resources != k.Resources:
 		return fmt.Sprintf("it was captured with resources %+v, not %+v", k.Resources, *req.Resources)
 	}
 	return ""

@@ -26,18 +26,14 @@ const (
 	BindingFormat   = 1
 )
 
-// MaxRecordSize bounds every record read.
-const MaxRecordSize = 1 << 20
+// MaxRecordSize bounds every record read, as the sandbox store's.
+const MaxRecordSize = store.MaxRecordSize
 
 // recordPerm is the mode of every record: private to the service's user.
 const recordPerm = 0o600
 
-// Resources are the resource limits that are part of a compatibility key.
-type Resources struct {
-	VCPUs    int `json:"vcpus"`
-	MemoryMB int `json:"memory_mb"`
-	Pids     int `json:"pids"`
-}
+// Resources are the resource limits that are part of a compatibility key: a sandbox's.
+type Resources = store.Resources
 
 // Key is a generation's compatibility key: a clone may use the generation only if its own key
 // is equal, field by field.
