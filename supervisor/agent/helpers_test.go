@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -143,4 +144,30 @@ func userDir(t testing.TB) string {
 		}
 	}
 	return dir
+}
+
+// startHelperAgent re-executes the test binary to run the helper test named test, which serves
+// an agent on the socket path it finds in the environment variable env, and dials it. The
+// helper is killed and the connection closed when the test ends.
+func startHelperAgent(t *testing.T, test, env string, attr *syscall.SysProcAttr) (*control.Client, *exec.Cmd) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "agt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ta := &testAgent{sock: filepath.Join(dir, "c.sock")}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+ta.sock)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, "the helper's socket", 20*time.Second, func() bool {
+		_, err := os.Stat(ta.sock)
+		return err == nil
+	})
+	return ta.dial(t), cmd
 }

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -149,32 +147,7 @@ func TestSubreaperHelper(t *testing.T) {
 
 func TestReapsOrphans(t *testing.T) {
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "agtr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "c.sock")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSubreaperHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), helperEnv+"="+sock)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	waitFor(t, "the helper's socket", 20*time.Second, func() bool {
-		_, err := os.Stat(sock)
-		return err == nil
-	})
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := control.Dial(conn, testCapability, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, cmd := startHelperAgent(t, "TestSubreaperHelper", helperEnv, nil)
 
 	// Each subshell exits at once, so its sleep is orphaned to the helper and dies there a
 	// moment later; the workload's own status must still reach its exec.

@@ -5,10 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -55,35 +52,9 @@ func TestAsPID1(t *testing.T) {
 		t.Skip("needs root to create a pid namespace")
 	}
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "agt1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "c.sock")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestPID1Helper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), pid1Env+"="+sock)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	// No Pdeathsig: it fires when the forking OS thread ends, and the agent's file
 	// operations end threads on purpose.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	waitFor(t, "the agent's socket", 20*time.Second, func() bool {
-		_, err := os.Stat(sock)
-		return err == nil
-	})
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := control.Dial(conn, testCapability, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, cmd := startHelperAgent(t, "TestPID1Helper", pid1Env, &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS})
 	ctx := context.Background()
 
 	// Orphans are reaped: five subshells leave their sleeps to PID 1.
