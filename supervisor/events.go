@@ -97,7 +97,7 @@ func (s *Supervisor) noticeExit(id, launchID string) {
 		rec, err := l.RuntimeRecord()
 		if err == nil && rec != nil && rec.LaunchID == launchID && !processOf(rec).Alive() {
 			var state string
-			if state, err = s.reattach(ctx, l); err == nil {
+			if state, _, err = s.reattach(ctx, l); err == nil {
 				outcome, _ := l.Outcome()
 				s.emit(Event{Type: EventExited, Sandbox: id, State: state, Exit: outcome})
 			}

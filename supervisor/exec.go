@@ -62,7 +62,7 @@ func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, bus
 		return nil, false, err
 	}
 	defer s.unlock(l)
-	state, err := s.reattach(ctx, l)
+	state, rec, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, false, err
 	}
@@ -82,18 +82,11 @@ func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, bus
 		f.Close()
 		return nil, err == nil, err
 	}
-	rec, err := l.RuntimeRecord()
-	if err == nil && rec == nil {
-		err = errcode.New(errcode.NotRunning, "Sandbox %s is not running; start it first.", id)
-	}
-	var client *control.Client
-	if err == nil {
-		// Admitted: the dial is the exec's, not the admission wait's, so a wait that ends
-		// during it must not fail the exec.
-		dctx, cancel := cleanupContext(ctx)
-		client, err = s.agent(dctx, l.Dir(), id, rec)
-		cancel()
-	}
+	// Admitted: the dial is the exec's, not the admission wait's, so a wait that ends during
+	// it must not fail the exec.
+	dctx, cancel := cleanupContext(ctx)
+	client, err := s.agent(dctx, l.Dir(), id, rec)
+	cancel()
 	if err != nil {
 		_ = platform.Unlock(f)
 		f.Close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
@@ -27,7 +28,7 @@ func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error
 		return nil, err
 	}
 	defer s.unlock(l)
-	state, err := s.reattach(ctx, l)
+	state, _, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
 	}
@@ -180,21 +181,12 @@ func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []by
 		return nil, err
 	}
 	for _, f := range requiredFeatures {
-		if !hasFeature(client.Features(), f) {
+		if !slices.Contains(client.Features(), f) {
 			client.Close()
 			return nil, fmt.Errorf("the agent lacks the %q feature", f)
 		}
 	}
 	return client, nil
-}
-
-func hasFeature(features []string, f string) bool {
-	for _, have := range features {
-		if have == f {
-			return true
-		}
-	}
-	return false
 }
 
 // abandon undoes a launch that did not commit: it ends the runtime process if there is one,

@@ -18,40 +18,42 @@ func mismatchError(id string) error {
 }
 
 // reattach reconciles a locked sandbox's records with its processes (see the package doc) and
-// returns its state: StateRunning, runtimeMismatch, StateStopped or StateProvisioned.
-func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, error) {
+// returns its state: StateRunning, runtimeMismatch, StateStopped or StateProvisioned; for the
+// first two also the runtime record of the live launch, so that callers need not read it again.
+func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, *store.RuntimeRecord, error) {
 	journal, err := l.LaunchJournal()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	rec, err := l.RuntimeRecord()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if journal != nil {
 		if rec != nil && rec.LaunchID == journal.LaunchID {
 			// The launch committed; only the journal's removal was interrupted.
 			if err := l.RemoveLaunchJournal(); err != nil {
-				return "", err
+				return "", nil, err
 			}
 		} else {
 			s.log.Warn("ending an interrupted start", "sandbox", l.ID(), "launch", journal.LaunchID, "pid", journal.Pid)
 			proc := journalProcess(journal)
 			if err := s.endLaunch(ctx, l, proc); err != nil {
-				return "", err
+				return "", nil, err
 			}
 			_ = store.WriteOutcome(l.Dir(), &store.Outcome{
 				Format: store.OutcomeFormat, LaunchID: journal.LaunchID, Reason: store.ReasonStartFailed,
 				ExitCode: -1, At: time.Now().UTC(),
 			})
 			if err := l.RemoveLaunchJournal(); err != nil {
-				return "", err
+				return "", nil, err
 			}
 		}
 	}
 	if rec == nil {
 		s.dropClient(l.ID())
-		return s.restingState(l)
+		state, err := s.restingState(l)
+		return state, nil, err
 	}
 	proc := processOf(rec)
 	if proc.Alive() {
@@ -66,25 +68,25 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, error
 	}
 	if proc.Alive() {
 		if rec.RuntimeID != s.rt.Identity() {
-			return runtimeMismatch, nil
+			return runtimeMismatch, rec, nil
 		}
 		s.watch(l.ID(), rec)
-		return StateRunning, nil
+		return StateRunning, rec, nil
 	}
 	// The runtime process is gone: the sandbox ended while nobody held the lock. The outcome
 	// report (if the runtime process wrote one) says how.
 	s.log.Info("sandbox ended", "sandbox", l.ID(), "launch", rec.LaunchID)
 	s.dropClient(l.ID())
 	if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := l.CleanStaging(); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := l.RemoveRuntimeRecord(); err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return StateStopped, nil
+	return StateStopped, nil, nil
 }
 
 func (s *Supervisor) restingState(l *store.Lock) (string, error) {
@@ -128,7 +130,7 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 		cfg, err := l.Config()
 		if err == nil && cfg != nil {
 			var state string
-			state, err = s.reattach(lctx, l)
+			state, _, err = s.reattach(lctx, l)
 			if state == StateRunning {
 				running++
 			}

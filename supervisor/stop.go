@@ -20,7 +20,7 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 		return nil, err
 	}
 	defer s.unlock(l)
-	state, err := s.reattach(ctx, l)
+	state, rec, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
 	}
@@ -29,10 +29,6 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 		return nil, mismatchError(id)
 	case state != StateRunning && state != runtimeMismatch:
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running.", id)
-	}
-	rec, err := l.RuntimeRecord()
-	if err != nil {
-		return nil, err
 	}
 	proc := processOf(rec)
 	s.setTransient(id, StateStopping)
@@ -101,7 +97,7 @@ func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 	if err != nil {
 		return err
 	}
-	state, err := s.reattach(ctx, l)
+	state, _, err := s.reattach(ctx, l)
 	if err != nil {
 		s.unlock(l)
 		return err

@@ -310,7 +310,7 @@ func (s *Supervisor) imageDir(name string) (string, error) {
 	return dir, nil
 }
 
-// lockRunning locks an existing, provisioned sandbox and reattaches it.
+// lockProvisioned locks an existing, provisioned sandbox and returns its configuration.
 func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Lock, *store.Config, error) {
 	if err := store.ValidateID(id); err != nil {
 		return nil, nil, err

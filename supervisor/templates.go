@@ -59,7 +59,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 		return nil, err
 	}
 	defer s.unlock(l)
-	state, err := s.reattach(ctx, l)
+	state, _, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
 	}
