@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -170,9 +171,7 @@ type outgoing struct {
 // runStream pumps a workload's streams over an upgraded connection until the workload ends
 // (exit message, normal close) or the client goes away (the workload is killed). It returns
 // how the workload ended, for the exec metrics.
-func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Process, log interface {
-	Debug(string, ...any)
-}) (timedOut bool, _ error) {
+func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Process, log *slog.Logger) (timedOut bool, _ error) {
 	defer conn.Close()
 	out := make(chan outgoing, 8)
 	done := make(chan struct{}) // closed when the writer stops
