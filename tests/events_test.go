@@ -7,13 +7,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // sse is a subscriber of /v1/events.
@@ -190,21 +187,7 @@ func TestEventsOfALifecycle(t *testing.T) {
 	if e := s.next("ev-exit"); e.Type != "sandbox.started" {
 		t.Fatalf("got %s, want sandbox.started", e.Type)
 	}
-	rt, err := namespace.New(namespace.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	procs, err := rt.Processes(d.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range procs {
-		if p.Role == "init" && strings.HasSuffix(p.Dir, "/ev-exit") {
-			if err := platform.SignalVerified(p.ID, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	d.killInit("ev-exit")
 	e := s.next("ev-exit")
 	if e.Type != "sandbox.exited" || e.Event.State == nil || *e.Event.State != "stopped" {
 		t.Fatalf("after killing the init: %+v", e)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/openapi/client"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
 	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
@@ -95,8 +96,8 @@ func (d *daemon) cgroupName(id string) string {
 	return "sandboxd/" + namespace.CgroupLeaf(id, filepath.Join(d.Root, "sandboxes", id))
 }
 
-// runtimeProcesses counts the live runtime processes (shims) of a state root.
-func runtimeProcesses(t testing.TB, root string) map[string]int {
+// listProcesses lists the live runtime processes (shims and inits) of a state root.
+func listProcesses(t testing.TB, root string) []runtime.Process {
 	t.Helper()
 	rt, err := namespace.New(namespace.Config{})
 	if err != nil {
@@ -106,8 +107,33 @@ func runtimeProcesses(t testing.TB, root string) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byDir := map[string]int{}
+	return procs
+}
+
+// killInit kills a sandbox's init from the host with SIGKILL, as a crash or the OOM killer
+// would; the test fails unless there was exactly one.
+func (d *daemon) killInit(id string) {
+	d.t.Helper()
+	procs := listProcesses(d.t, d.Root)
+	killed := 0
 	for _, p := range procs {
+		if p.Role == "init" && filepath.Base(p.Dir) == id {
+			if err := platform.SignalVerified(p.ID, syscall.SIGKILL); err != nil {
+				d.t.Fatal(err)
+			}
+			killed++
+		}
+	}
+	if killed != 1 {
+		d.t.Fatalf("found %d inits of sandbox %s in %v", killed, id, procs)
+	}
+}
+
+// runtimeProcesses counts the live runtime processes (shims) of a state root.
+func runtimeProcesses(t testing.TB, root string) map[string]int {
+	t.Helper()
+	byDir := map[string]int{}
+	for _, p := range listProcesses(t, root) {
 		if p.Role == "shim" {
 			byDir[p.Dir]++
 		}
@@ -403,26 +429,7 @@ func TestSandboxExitIsSeen(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t)
 	d.create("exits", true)
-	rt, err := namespace.New(namespace.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	procs, err := rt.Processes(d.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	killed := 0
-	for _, p := range procs {
-		if p.Role == "init" && strings.HasSuffix(p.Dir, "/exits") {
-			if err := platform.SignalVerified(p.ID, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			killed++
-		}
-	}
-	if killed != 1 {
-		t.Fatalf("found %d inits of the sandbox in %v", killed, procs)
-	}
+	d.killInit("exits")
 	waitFor(t, 20*time.Second, "the sandbox to read as stopped", func() bool {
 		var sb sandboxJSON
 		return json.Unmarshal(d.do("GET", "/v1/sandboxes/exits", nil, nil).Body, &sb) == nil && sb.State == "stopped"
