@@ -77,9 +77,6 @@ type daemonOption func(*daemon)
 // withToken configures an API token (written to a 0600 file).
 func withToken(token string) daemonOption { return func(d *daemon) { d.Token = token } }
 
-// withRoot starts on an existing state root, e.g. to restart on the same one.
-func withRoot(root string) daemonOption { return func(d *daemon) { d.Root = root } }
-
 // asUser runs sandboxd as another user, with a state root that user owns.
 func asUser(uid int) daemonOption { return func(d *daemon) { d.uid = uid } }
 
@@ -208,16 +205,6 @@ func (d *daemon) Restart(kill bool) {
 		d.Stop()
 	}
 	d.start()
-}
-
-// ExitErr waits for the daemon to exit by itself and returns its exit error.
-func (d *daemon) waitExit(timeout time.Duration) error {
-	select {
-	case err := <-d.done:
-		return err
-	case <-time.After(timeout):
-		return fmt.Errorf("still running after %s", timeout)
-	}
 }
 
 // lineLog keeps a process's log lines and reports the serving address when it appears.

@@ -7,12 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os/signal"
 	"syscall"
-	"time"
-
-	"github.com/lmittmann/tint"
 
 	"github.com/sandboxd/sandboxd/check"
 	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
@@ -43,7 +39,12 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	log := slog.New(tint.NewHandler(stderr, &tint.Options{Level: slog.LevelWarn, TimeFormat: time.TimeOnly}))
+	// The report is the output; the log only carries warnings, coloured like the server's.
+	log, err := newLogger("text", "warn", stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd check:", err)
+		return 2
+	}
 	rt, err := namespace.New(namespace.Config{})
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)

@@ -253,7 +253,7 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 	}
 	switch format {
 	case "text":
-		return slog.New(tint.NewHandler(w, &tint.Options{Level: lvl, TimeFormat: time.TimeOnly})), nil
+		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: lvl, TimeFormat: time.TimeOnly})), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 	default:

@@ -45,7 +45,7 @@ func TestCaptureCopiesLayer(t *testing.T) {
 	must(os.Chtimes(p("file"), mtime, mtime))
 	must(unix.Lutimes(p("link"), []unix.Timeval{unix.NsecToTimeval(mtime.UnixNano()), unix.NsecToTimeval(mtime.UnixNano())}))
 	if root {
-		must(unix.Mknod(p("deleted"), unix.S_IFCHR|0o000, 0))
+		must(unix.Mknod(p("deleted"), unix.S_IFCHR, 0))
 		must(os.Mkdir(p("opaque"), 0o755))
 		must(unix.Setxattr(p("opaque"), "trusted.overlay.opaque", []byte("y"), 0))
 		must(os.WriteFile(p("suid"), []byte("#!"), 0o755))

@@ -211,19 +211,6 @@ func execveat(fd int, argv, env []string) error {
 	return fmt.Errorf("exec the agent stage: %w", err)
 }
 
-// cStrings converts ss to a NULL-terminated array of C strings.
-func cStrings(ss []string) ([]*byte, error) {
-	out := make([]*byte, len(ss)+1)
-	for i, s := range ss {
-		p, err := unix.BytePtrFromString(s)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = p
-	}
-	return out, nil
-}
-
 func agentStageMain() int {
 	var cfg agentConfig
 	if err := readConfig(&cfg); err != nil {
