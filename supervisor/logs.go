@@ -16,7 +16,8 @@ const maxLogRead = 4 << 20
 // Logs returns the last tail lines of a sandbox's log (agent and runtime output); tail <= 0
 // means all of the last maxLogRead bytes.
 func (s *Supervisor) Logs(id string, tail int) ([]byte, error) {
-	if _, err := s.Status(id); err != nil {
+	// Only whether the sandbox exists matters here, not its state.
+	if _, err := s.store.ReadConfigUnlocked(id); err != nil {
 		return nil, err
 	}
 	dir, err := s.store.Dir(id)
