@@ -185,12 +185,9 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 	if err := store.ValidateID(id); err != nil {
 		return nil, err
 	}
-	cfg, err := s.store.ReadConfigUnlocked(id)
+	cfg, err := s.store.ReadConfigUnlocked(id) // sandbox-not-found when there is none
 	if err != nil {
 		return nil, err
-	}
-	if cfg == nil {
-		return nil, sandboxNotFound(id)
 	}
 	st := &Status{Config: *cfg, State: StateProvisioned}
 	if cfg.Template != nil {
