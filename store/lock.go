@@ -159,7 +159,7 @@ func transitionInProgress(id string) error {
 }
 
 func notFound(id string, err error) error {
-	return errcode.Wrap(errcode.SandboxNotFound, err, "There is no sandbox %s.", id)
+	return errcode.Wrap(errcode.SandboxNotFound, err, "There is no sandbox %s; create it first, or check the id.", id)
 }
 
 // try makes one attempt at the lock, never blocking.

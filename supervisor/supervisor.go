@@ -309,10 +309,7 @@ func (s *Supervisor) imageDir(name string) (string, error) {
 
 // lockProvisioned locks an existing, provisioned sandbox and returns its configuration.
 func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Lock, *store.Config, error) {
-	if err := store.ValidateID(id); err != nil {
-		return nil, nil, err
-	}
-	l, err := s.store.LockExisting(ctx, id)
+	l, err := s.store.LockExisting(ctx, id) // validates the id; sandbox-not-found without config
 	if err != nil {
 		return nil, nil, err
 	}
@@ -321,10 +318,6 @@ func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Loc
 		s.unlock(l)
 		return nil, nil, err
 	}
-	if cfg == nil {
-		s.unlock(l)
-		return nil, nil, sandboxNotFound(id)
-	}
 	return l, cfg, nil
 }
 
@@ -332,10 +325,6 @@ func (s *Supervisor) unlock(l *store.Lock) {
 	if err := l.Unlock(); err != nil {
 		s.log.Warn("releasing a sandbox lock", "sandbox", l.ID(), "err", err)
 	}
-}
-
-func sandboxNotFound(id string) error {
-	return errcode.New(errcode.SandboxNotFound, "There is no sandbox %q; create it first.", id)
 }
 
 func processOf(rec *store.RuntimeRecord) platform.ProcessID {
