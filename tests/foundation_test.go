@@ -77,6 +77,7 @@ func TestEveryErrorIsAProblem(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			d := d.in(t)
 			t.Parallel()
 			var body io.Reader
 			if tc.body != "" {
@@ -116,10 +117,12 @@ func TestOversizedBodyIs413(t *testing.T) {
 	d := startDaemon(t)
 	big := `{"labels":{"a":"` + strings.Repeat("x", 2<<20) + `"}}`
 	t.Run("declared length", func(t *testing.T) {
+		d := d.in(t)
 		r := d.do("POST", "/v1/sandboxes", strings.NewReader(big), nil)
 		wantProblem(t, r, http.StatusRequestEntityTooLarge, "payload-too-large")
 	})
 	t.Run("chunked", func(t *testing.T) {
+		d := d.in(t)
 		// io.MultiReader hides the length, so the client sends the body chunked.
 		r := d.do("POST", "/v1/sandboxes", io.MultiReader(bytes.NewReader([]byte(big))), nil)
 		wantProblem(t, r, http.StatusRequestEntityTooLarge, "payload-too-large")

@@ -122,6 +122,16 @@ func startDaemon(t testing.TB, opts ...daemonOption) *daemon {
 	return d
 }
 
+// in returns the daemon as seen from a subtest: its requests fail t, not the test that started
+// the daemon. (A subtest that calls FailNow on its parent ends the parent abruptly, without its
+// remaining subtests and with the real failure misreported.) Start, stop and restart the
+// daemon through the value startDaemon returned, not through this view.
+func (d *daemon) in(t testing.TB) *daemon {
+	view := *d
+	view.t = t
+	return &view
+}
+
 func (d *daemon) start() {
 	t := d.t
 	t.Helper()

@@ -164,6 +164,7 @@ func TestHostileWorkloads(t *testing.T) {
 	// besides the calm sandbox.
 
 	t.Run("fills its disk", func(t *testing.T) {
+		d := d.in(t)
 		id := prefix + "-disk"
 		defer hostileSandbox(t, d, id, nil)()
 		const limitMiB = 512 // the bound of this test, so that it never harms the machine
@@ -190,6 +191,7 @@ func TestHostileWorkloads(t *testing.T) {
 	})
 
 	t.Run("forks without end", func(t *testing.T) {
+		d := d.in(t)
 		id := prefix + "-forks"
 		defer hostileSandbox(t, d, id, map[string]any{"pids": 128})()
 		if max := cgroupFile(t, d, id, "pids.max"); max != "128" {
@@ -228,6 +230,7 @@ func TestHostileWorkloads(t *testing.T) {
 	})
 
 	t.Run("allocates without end", func(t *testing.T) {
+		d := d.in(t)
 		id := prefix + "-mem"
 		defer hostileSandbox(t, d, id, map[string]any{"memory_mb": 128})()
 		w := startWatchdog(d, calm)
@@ -255,6 +258,7 @@ func TestHostileWorkloads(t *testing.T) {
 	})
 
 	t.Run("floods stdout", func(t *testing.T) {
+		d := d.in(t)
 		id := prefix + "-flood"
 		defer hostileSandbox(t, d, id, nil)()
 		pid := d.cmd.Process.Pid
@@ -318,6 +322,7 @@ func TestHostileWorkloads(t *testing.T) {
 	})
 
 	t.Run("holds files open", func(t *testing.T) {
+		d := d.in(t)
 		id := prefix + "-files"
 		defer hostileSandbox(t, d, id, nil)()
 		limit := strings.TrimSpace(d.exec(id, map[string]any{"command": []string{"sh", "-c", "ulimit -n"}}).Stdout)
@@ -351,6 +356,7 @@ func TestHostileWorkloads(t *testing.T) {
 	})
 
 	t.Run("kills its own agent", func(t *testing.T) {
+		d := d.in(t)
 		id := prefix + "-killer"
 		defer hostileSandbox(t, d, id, nil)()
 		w := startWatchdog(d, calm)

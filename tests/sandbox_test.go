@@ -249,6 +249,7 @@ func TestErrorCodes(t *testing.T) {
 	d.create("idle", false)
 
 	t.Run("not found", func(t *testing.T) {
+		d := d.in(t)
 		for _, c := range []struct{ method, path string }{
 			{"GET", "/v1/sandboxes/nope"},
 			{"POST", "/v1/sandboxes/nope/start"},
@@ -263,6 +264,7 @@ func TestErrorCodes(t *testing.T) {
 		wantProblem(t, d.do("GET", "/v1/sandboxes/run/files?path=/no/such/file", nil, nil), 404, "file-not-found")
 	})
 	t.Run("conflicts", func(t *testing.T) {
+		d := d.in(t)
 		wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "run"}), 409, "already-provisioned")
 		wantProblem(t, d.doJSON("POST", "/v1/sandboxes/run/start", nil), 409, "already-running")
 		wantProblem(t, d.doJSON("POST", "/v1/sandboxes/idle/stop", nil), 409, "not-running")
@@ -271,6 +273,7 @@ func TestErrorCodes(t *testing.T) {
 		wantProblem(t, d.doJSON("DELETE", "/v1/sandboxes/run", nil), 409, "sandbox-launched")
 	})
 	t.Run("bad input", func(t *testing.T) {
+		d := d.in(t)
 		p := wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"labels": map[string]string{"Bad Key": "x"}}), 400, "invalid-request")
 		if p.Field != "labels" {
 			t.Fatalf("field %q, want labels", p.Field)

@@ -134,6 +134,7 @@ func TestStreamInteractiveShell(t *testing.T) {
 	}
 
 	t.Run("eof closes stdin", func(t *testing.T) {
+		d := d.in(t)
 		s, _, err := d.dialStream("ws", url.Values{"command": {"wc", "-c"}})
 		if err != nil {
 			t.Fatal(err)
