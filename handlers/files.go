@@ -35,19 +35,16 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 		}
 		return openapi.ReadFile200JSONResponse(out), nil
 	}
-	info, err := agent.Stat(ctx, req.Params.Path, fileUser)
-	if err != nil {
-		return nil, err
-	}
 	// The file's content belongs to the response, not to this call: the generated code
-	// streams it to the client and closes it.
-	rc, err := agent.ReadFile(context.WithoutCancel(ctx), req.Params.Path, fileUser)
+	// streams it to the client and closes it. Its length is that of the file the agent
+	// opened, so a file renamed over meanwhile cannot make the two disagree.
+	rc, size, err := agent.ReadFile(context.WithoutCancel(ctx), req.Params.Path, fileUser)
 	if err != nil {
 		return nil, err
 	}
 	resp := openapi.ReadFile200ApplicationOctetStreamResponse{Body: rc}
-	if info.Type == control.TypeFile {
-		resp.ContentLength = info.Size
+	if size > 0 {
+		resp.ContentLength = size
 	}
 	return resp, nil
 }

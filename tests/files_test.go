@@ -107,3 +107,56 @@ func TestLargeFileIsStreamed(t *testing.T) {
 		t.Logf("sandboxd's peak memory: %d MiB before, %d MiB after moving 1 GiB each way", before>>20, after>>20)
 	}
 }
+
+// TestFileReadWhileReplaced: a workload replaces a file by rename over and over (as one
+// publishing its progress does) while a client reads it through the API: every response is
+// whole, its body as long as its Content-Length and one complete version of the file.
+func TestFileReadWhileReplaced(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("publisher", true)
+	// Version i is `seq i`: every version has another length, so a length taken from one
+	// version and the content of another cannot agree.
+	loop := "i=0; while :; do i=$((i+1)); seq $i > /tmp/p; mv /tmp/p /tmp/progress; done"
+	res := make(chan response, 1)
+	go func() {
+		status, body, err := chaosDo(&http.Client{Timeout: 2 * time.Minute}, d.URL, "POST", "/v1/sandboxes/publisher/exec",
+			map[string]any{"command": []string{"sh", "-c", loop}, "timeout_ms": 60000})
+		if err != nil {
+			body = []byte(err.Error())
+		}
+		res <- response{Status: status, Body: body}
+	}()
+	waitFor(t, 20*time.Second, "the first version", func() bool {
+		return d.do("GET", "/v1/sandboxes/publisher/files?path=/tmp/progress", nil, nil).Status == 200
+	})
+	first, last := 0, 0
+	for range 200 {
+		r := d.do("GET", "/v1/sandboxes/publisher/files?path=/tmp/progress", nil, nil)
+		lines := strings.Split(strings.TrimSuffix(string(r.Body), "\n"), "\n")
+		n, err := strconv.Atoi(lines[len(lines)-1])
+		var seq strings.Builder
+		for i := 1; i <= n; i++ {
+			fmt.Fprintf(&seq, "%d\n", i)
+		}
+		if r.Status != 200 || err != nil || string(r.Body) != seq.String() {
+			t.Fatalf("a read while the file is replaced: %d %.200q", r.Status, r.Body)
+		}
+		if cl := r.Header.Get("Content-Length"); cl != strconv.Itoa(len(r.Body)) {
+			t.Fatalf("Content-Length %q for a body of %d bytes", cl, len(r.Body))
+		}
+		if first == 0 {
+			first = n
+		}
+		last = n
+	}
+	if last == first {
+		t.Fatalf("the file was not replaced while it was read (version %d throughout)", first)
+	}
+	t.Logf("200 whole reads while the workload published versions %d to %d", first, last)
+	if r := d.doJSON("POST", "/v1/sandboxes/publisher/stop?force=true", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Body)
+	}
+	<-res
+}

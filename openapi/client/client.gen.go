@@ -1378,6 +1378,12 @@ type ClientInterface interface {
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
 	//
+	// The answer is the file as it was opened: `Content-Length` is its size then (absent
+	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// A file that grows while it is read is read up to that size; one that shrinks ends the
+	// response early (the connection closes before `Content-Length` bytes), so a short body
+	// is never taken for the whole file.
+	//
 	// Corresponds with GET /v1/sandboxes/{id}/files (the `ReadFile` operationId).
 	ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -1841,6 +1847,12 @@ func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *Remov
 // Streams the content of a regular file as `application/octet-stream`. With
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
+//
+// The answer is the file as it was opened: `Content-Length` is its size then (absent
+// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// A file that grows while it is read is read up to that size; one that shrinks ends the
+// response early (the connection closes before `Content-Length` bytes), so a short body
+// is never taken for the whole file.
 //
 // Corresponds with GET /v1/sandboxes/{id}/files (the `ReadFile` operationId).
 func (c *Client) ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4032,6 +4044,12 @@ type ClientWithResponsesInterface interface {
 	// Streams the content of a regular file as `application/octet-stream`. With
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
+	//
+	// The answer is the file as it was opened: `Content-Length` is its size then (absent
+	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// A file that grows while it is read is read up to that size; one that shrinks ends the
+	// response early (the connection closes before `Content-Length` bytes), so a short body
+	// is never taken for the whole file.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7017,6 +7035,12 @@ func (c *ClientWithResponses) RemoveFileWithResponse(ctx context.Context, id San
 // Streams the content of a regular file as `application/octet-stream`. With
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
+//
+// The answer is the file as it was opened: `Content-Length` is its size then (absent
+// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// A file that grows while it is read is read up to that size; one that shrinks ends the
+// response early (the connection closes before `Content-Length` bytes), so a short body
+// is never taken for the whole file.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -149,8 +149,9 @@ func fileError(err error, path string) error {
 
 // ReadFile implements control.Handler. Only regular files are read: a FIFO or a device could
 // block or never end.
-func (a *agent) ReadFile(ctx context.Context, req *control.FileRequest) (io.ReadCloser, error) {
+func (a *agent) ReadFile(ctx context.Context, req *control.FileRequest) (io.ReadCloser, int64, error) {
 	var f *os.File
+	var size int64
 	err := a.asUser(req.User, func() error {
 		// O_NONBLOCK keeps the open of a FIFO from blocking; it changes nothing for the
 		// regular files we go on to read.
@@ -177,12 +178,34 @@ func (a *agent) ReadFile(ctx context.Context, req *control.FileRequest) (io.Read
 			return &control.RemoteError{Code: control.CodeNotRegular, Message: fmt.Sprintf("%q is not a regular file.", truncate(req.Path))}
 		}
 		f = os.NewFile(uintptr(fd), req.Path)
+		size = st.Size
+		if !sizeIsContent(fd, st.Size) {
+			size = control.UnknownSize
+		}
 		return nil
 	})
 	if err != nil {
-		return nil, fileError(err, req.Path)
+		return nil, 0, fileError(err, req.Path)
 	}
-	return f, nil
+	return f, size, nil
+}
+
+// sizeIsContent says whether a regular file's size is the length of its content. It is not
+// for the kernel's pseudo files: /proc's read as size 0, /sys's as 4096, whatever they hold.
+func sizeIsContent(fd int, size int64) bool {
+	if size == 0 {
+		return false // nothing lost by reading to the end: an empty file ends at once
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return false
+	}
+	switch fs.Type {
+	case unix.PROC_SUPER_MAGIC, unix.SYSFS_MAGIC, unix.CGROUP_SUPER_MAGIC, unix.CGROUP2_SUPER_MAGIC,
+		unix.DEBUGFS_MAGIC, unix.TRACEFS_MAGIC, unix.SECURITYFS_MAGIC, unix.BPF_FS_MAGIC:
+		return false
+	}
+	return true
 }
 
 // WriteFile implements control.Handler: temp file in the target's directory, write, fsync,

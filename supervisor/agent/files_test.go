@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errcode"
@@ -32,7 +33,7 @@ func TestFilesRoundTrip(t *testing.T) {
 	if err != nil || n != size {
 		t.Fatalf("write: %d %v", n, err)
 	}
-	rc, err := c.ReadFile(ctx, path, "")
+	rc, _, err := c.ReadFile(ctx, path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestFilesRoundTrip(t *testing.T) {
 	if _, err := c.WriteFile(ctx, control.WriteRequest{Path: path}, bytes.NewReader([]byte("small"))); err != nil {
 		t.Fatal(err)
 	}
-	rc, err = c.ReadFile(ctx, path, "")
+	rc, _, err = c.ReadFile(ctx, path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestFilesRoundTrip(t *testing.T) {
 	if _, err := c.WriteFile(ctx, control.WriteRequest{Path: filepath.Join(dir, "empty")}, bytes.NewReader(nil)); err != nil {
 		t.Fatal(err)
 	}
-	rc, err = c.ReadFile(ctx, filepath.Join(dir, "empty"), "")
+	rc, _, err = c.ReadFile(ctx, filepath.Join(dir, "empty"), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func TestFilesErrors(t *testing.T) {
 	missing := filepath.Join(dir, "missing")
 
 	read := func(p string) error {
-		rc, err := c.ReadFile(ctx, p, "")
+		rc, _, err := c.ReadFile(ctx, p, "")
 		if err == nil {
 			rc.Close()
 		}
@@ -206,7 +207,7 @@ func TestFilesAsUser(t *testing.T) {
 	os.WriteFile(filepath.Join(private, "inner"), []byte("x"), 0o644)
 
 	for _, p := range []string{secret, groupOnly} {
-		if _, err := c.ReadFile(ctx, p, "user"); errcode.Of(err) != errcode.InvalidRequest {
+		if _, _, err := c.ReadFile(ctx, p, "user"); errcode.Of(err) != errcode.InvalidRequest {
 			t.Fatalf("user read %s: %v", p, err)
 		}
 	}
@@ -231,10 +232,10 @@ func TestFilesAsUser(t *testing.T) {
 
 	// The agent's own /proc entries are not the user's to read through it: a process may
 	// always inspect itself, and the magic links would skip directory permissions.
-	if _, err := c.ReadFile(ctx, "/proc/self/environ", "user"); errcode.Of(err) != errcode.InvalidRequest {
+	if _, _, err := c.ReadFile(ctx, "/proc/self/environ", "user"); errcode.Of(err) != errcode.InvalidRequest {
 		t.Fatalf("user read the agent's environ: %v", err)
 	}
-	if _, err := c.ReadFile(ctx, "/proc/self/fd/0", "user"); err == nil {
+	if _, _, err := c.ReadFile(ctx, "/proc/self/fd/0", "user"); err == nil {
 		t.Fatal("user followed a magic link of the agent")
 	}
 	if _, err := c.List(ctx, "/proc/self/root/", "user"); err == nil {
@@ -242,7 +243,7 @@ func TestFilesAsUser(t *testing.T) {
 	}
 
 	// Root may.
-	rc, err := c.ReadFile(ctx, secret, "root")
+	rc, _, err := c.ReadFile(ctx, secret, "root")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,3 +292,71 @@ func TestWriteAbortLeavesNothing(t *testing.T) {
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("source broke") }
+
+// TestReadRacingRename: a file renamed over again and again while it is read (as a workload
+// publishing progress does) always reads as one whole version, of the size ReadFile reported:
+// the size comes from the file the agent opened, not from another lookup of the path.
+func TestReadRacingRename(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	ctx := context.Background()
+	dir := userDir(t)
+	path := filepath.Join(dir, "progress")
+	// Versions of growing length, so that a size taken from one and content from another
+	// could not agree.
+	version := func(i int) []byte { return bytes.Repeat([]byte{'a' + byte(i%26)}, 1+i%4000) }
+	if err := os.WriteFile(path, version(0), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop) // ends the writer however the test ends
+	var published atomic.Int64
+	go func() {
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tmp := filepath.Join(dir, "progress.tmp")
+			if os.WriteFile(tmp, version(i), 0o644) != nil || os.Rename(tmp, path) != nil {
+				t.Error("publishing a version failed")
+				return
+			}
+			published.Add(1)
+		}
+	}()
+	for range 300 {
+		rc, size, err := c.ReadFile(ctx, path, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || int64(len(b)) != size || len(b) == 0 || !bytes.Equal(b, bytes.Repeat(b[:1], len(b))) {
+			t.Fatalf("read %d bytes (%v) of a version reported as %d bytes: %.40q", len(b), err, size, b)
+		}
+	}
+	if published.Load() == 0 {
+		t.Fatal("no version was published while the file was read")
+	}
+	t.Logf("300 reads while the file was replaced %d times", published.Load())
+}
+
+// TestReadPseudoFile: a /proc file, whose size reads as 0 whatever it holds, is read to its
+// end, its size reported as unknown.
+func TestReadPseudoFile(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	rc, size, err := c.ReadFile(context.Background(), "/proc/self/status", "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || size != control.UnknownSize || !bytes.Contains(b, []byte("Pid:")) {
+		t.Fatalf("read /proc/self/status: size %d, %v: %q", size, err, b)
+	}
+}

@@ -243,21 +243,38 @@ func (c *Client) List(ctx context.Context, path, user string) ([]FileInfo, error
 	}
 }
 
-// ReadFile opens the file at path as user and streams its content. Errors the agent finds at
-// opening (not found, a directory, permission) are returned here; ctx covers the whole read.
-// The caller must Close the reader, also to end the read early.
-func (c *Client) ReadFile(ctx context.Context, path, user string) (io.ReadCloser, error) {
+// ReadFile opens the file at path as user and streams its content, exactly size bytes: the
+// size the file had when the agent opened it (or UnknownSize: a /proc or /sys file, read to
+// its end). Errors the agent finds at opening (not found, a
+// directory, permission) are returned here; ctx covers the whole read. The reader fails
+// rather than end early if the file shrank while it was read. The caller must Close the
+// reader, also to end the read early.
+func (c *Client) ReadFile(ctx context.Context, path, user string) (_ io.ReadCloser, size int64, err error) {
 	st, _, stop, err := c.open(ctx, Header{Op: OpRead, File: &FileRequest{Path: path, User: user}})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	fr := &fileReader{c: c, ctx: ctx, st: st, stop: stop}
-	// Read the first frame now so that opening errors surface from ReadFile.
-	if err := fr.next(); err != nil {
-		fr.Close()
-		return nil, err
+	defer func() {
+		if err != nil {
+			fr.Close()
+		}
+	}()
+	t, p, err := ReadFrame(st, nil)
+	if err != nil {
+		return nil, 0, c.streamErr(ctx, err)
 	}
-	return fr, nil
+	switch t {
+	case FrameResult:
+		var res ReadResult
+		if err := json.Unmarshal(p, &res); err != nil || res.Size < UnknownSize {
+			return nil, 0, fmt.Errorf("control: malformed read answer")
+		}
+		return fr, res.Size, nil
+	case FrameError:
+		return nil, 0, decodeRemoteError(p)
+	}
+	return nil, 0, fmt.Errorf("control: unexpected %s frame answering read", t)
 }
 
 type fileReader struct {

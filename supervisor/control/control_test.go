@@ -55,11 +55,19 @@ func (f *fakeHandler) Exec(ctx context.Context, req *ExecRequest, s *ExecStream)
 	return ExitStatus{}, errors.New("unexpected")
 }
 
-func (f *fakeHandler) ReadFile(ctx context.Context, req *FileRequest) (io.ReadCloser, error) {
-	if req.Path == "/missing" {
-		return nil, &RemoteError{Code: CodeFileNotFound, Message: "No such file."}
+func (f *fakeHandler) ReadFile(ctx context.Context, req *FileRequest) (io.ReadCloser, int64, error) {
+	content := io.NopCloser(bytes.NewReader(bytes.Repeat([]byte("x"), 100_000)))
+	switch req.Path {
+	case "/missing":
+		return nil, 0, &RemoteError{Code: CodeFileNotFound, Message: "No such file."}
+	case "/grew": // it had 1000 bytes when it was opened
+		return content, 1000, nil
+	case "/shrank": // it had 200 000 bytes when it was opened
+		return content, 200_000, nil
+	case "/proc":
+		return content, UnknownSize, nil
 	}
-	return io.NopCloser(bytes.NewReader(bytes.Repeat([]byte("x"), 100_000))), nil
+	return content, 100_000, nil
 }
 
 func (f *fakeHandler) WriteFile(ctx context.Context, req *FileRequest, r io.Reader) (int64, error) {
@@ -321,15 +329,34 @@ func TestSimpleOperations(t *testing.T) {
 	if err := c.Remove(ctx, "/d", "root", true); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := c.ReadFile(ctx, "/f", "")
-	if err != nil {
-		t.Fatal(err)
+	// A read yields exactly the size the file had when it was opened, or fails; a file of
+	// unknown size is read to its end.
+	for _, tc := range []struct {
+		path  string
+		size  int64
+		read  int
+		fails bool
+	}{
+		{"/f", 100_000, 100_000, false},
+		{"/grew", 1000, 1000, false},
+		{"/shrank", 200_000, 100_000, true},
+		{"/proc", UnknownSize, 100_000, false},
+	} {
+		rc, size, err := c.ReadFile(ctx, tc.path, "")
+		if err != nil || size != tc.size {
+			t.Fatalf("read %s: size %d %v, want %d", tc.path, size, err, tc.size)
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if len(b) != tc.read || (err != nil) != tc.fails {
+			t.Fatalf("read %s: %d bytes, %v; want %d bytes, failing %v", tc.path, len(b), err, tc.read, tc.fails)
+		}
+		var re *RemoteError
+		if tc.fails && (!errors.As(err, &re) || re.Code != CodeFileChanged) {
+			t.Fatalf("read %s: %v, want %s", tc.path, err, CodeFileChanged)
+		}
 	}
-	if b, err := io.ReadAll(rc); err != nil || len(b) != 100_000 {
-		t.Fatalf("read %d %v", len(b), err)
-	}
-	rc.Close()
-	if _, err := c.ReadFile(ctx, "/missing", ""); !errors.Is(err, errcode.FileNotFound) {
+	if _, _, err := c.ReadFile(ctx, "/missing", ""); !errors.Is(err, errcode.FileNotFound) {
 		t.Fatalf("read missing: %v", err)
 	}
 	if n, err := c.WriteFile(ctx, WriteRequest{Path: "/w"}, bytes.NewReader(make([]byte, 3<<20))); err != nil || n != 3<<20 {

@@ -40,7 +40,10 @@
 //     start), then stdout/stderr frames, and last exit (ExitStatus) or error. The client may
 //     send stdin frames (if it asked for stdin), eof (stdin closed), resize and signal at any
 //     time before the exit.
-//   - read: data frames, then end; or error (before or part way).
+//   - read: a result {size} (of the file as opened), exactly size bytes in data frames, then
+//     end; or error (before the result, or part way: the file shrank or could not be read).
+//     A file that grows while it is read is read up to the size it had when opened. A size
+//     of -1 (a /proc or /sys file) means data frames until the file's end.
 //   - write ({path, mode, make_parents}): the client sends data frames, then end; the agent
 //     answers a result {size} or an error. The agent may answer an error early and stop
 //     reading; the client stops sending then.

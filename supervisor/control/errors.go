@@ -19,10 +19,12 @@ const (
 	CodeDirectoryNotEmpty = "directory-not-empty"
 	CodeFileExists        = "file-exists"
 	CodeCommandNotFound   = "command-not-found"
-	CodeUnauthorized      = string(errcode.Unauthorized)
-	CodeProtocolMismatch  = "protocol-mismatch"
-	CodeShuttingDown      = "shutting-down"
-	CodeInternal          = string(errcode.Internal)
+	// CodeFileChanged ends a read part way: the file shrank while it was read.
+	CodeFileChanged      = "file-changed"
+	CodeUnauthorized     = string(errcode.Unauthorized)
+	CodeProtocolMismatch = "protocol-mismatch"
+	CodeShuttingDown     = "shutting-down"
+	CodeInternal         = string(errcode.Internal)
 )
 
 // RemoteError is an error the agent reported in an error frame. The client returns it wrapped

@@ -12,7 +12,7 @@ import (
 // ProtocolVersion is the version of this protocol. Client and agent must agree on it exactly;
 // it is part of a sandbox's runtime identity, so a sandbox started by a build with another
 // version is never driven by this one.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // The features an agent of this version announces in its hello answer.
 const (
@@ -284,6 +284,16 @@ type FileInfo struct {
 	Mode       uint32    `json:"mode"`
 	ModifiedAt time.Time `json:"modified_at"`
 }
+
+// ReadResult opens the answer to a read: the size of the file the agent opened, taken from
+// that open file, so that exactly this many data bytes follow; or -1 (UnknownSize) for a file
+// whose size says nothing of its content (those of /proc and /sys), read until its end.
+type ReadResult struct {
+	Size int64 `json:"size"`
+}
+
+// UnknownSize is ReadResult.Size for a file read until its end.
+const UnknownSize = -1
 
 // WriteResult is the result of a write.
 type WriteResult struct {

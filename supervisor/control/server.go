@@ -25,8 +25,9 @@ type Handler interface {
 	// written. When ctx is cancelled (the client closed the stream or the session ended: the
 	// client is gone) it must kill the workload and return.
 	Exec(ctx context.Context, req *ExecRequest, s *ExecStream) (ExitStatus, error)
-	// ReadFile opens a file for a streamed read.
-	ReadFile(ctx context.Context, req *FileRequest) (io.ReadCloser, error)
+	// ReadFile opens a file for a streamed read and returns its size as opened (not by a
+	// second lookup of the path, which a rename could point at another file).
+	ReadFile(ctx context.Context, req *FileRequest) (io.ReadCloser, int64, error)
 	// WriteFile stores everything r yields at req.Path and returns the size. r ends with
 	// io.ErrUnexpectedEOF if the client went away before the end; nothing may then be left
 	// at the path.
@@ -264,21 +265,36 @@ func (s *server) serveSimple(ctx context.Context, st *yamux.Stream, fw *frameWri
 }
 
 func (s *server) serveRead(ctx context.Context, fw *frameWriter, req *FileRequest) error {
-	rc, err := s.h.ReadFile(ctx, req)
+	rc, size, err := s.h.ReadFile(ctx, req)
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
+	if err := writeJSON(fw, FrameResult, ReadResult{Size: size}); err != nil {
+		return nil
+	}
+	// Exactly size bytes: what the file gained since it was opened is not sent, and a file
+	// that lost bytes is an error, not a short read the client would take for the whole.
+	var content io.Reader = rc
+	left := int64(0)
+	if size != UnknownSize {
+		content, left = io.LimitReader(rc, size), size
+	}
 	buf := make([]byte, frameHeaderSize+chunkSize)
 	for {
 		if ctx.Err() != nil {
 			return nil // the client is gone: nobody to tell
 		}
-		n, err := io.ReadFull(rc, buf[frameHeaderSize:])
+		n, err := io.ReadFull(content, buf[frameHeaderSize:])
 		if n > 0 {
+			left -= int64(n)
 			if werr := fw.writePrepared(FrameData, buf[:frameHeaderSize+n]); werr != nil {
 				return nil
 			}
+		}
+		if (err == io.EOF || err == io.ErrUnexpectedEOF) && left > 0 {
+			writeError(fw, &RemoteError{Code: CodeFileChanged, Message: fmt.Sprintf("The file shrank by %d bytes while it was read.", left)})
+			return nil
 		}
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			fw.write(FrameEnd, nil)
