@@ -622,12 +622,32 @@ func (c *checker) checkCgroups(p *pass) {
 			if _, err := os.Lstat(dir); err == nil {
 				continue
 			}
-		} else if s.busy || s.alive {
+		} else if s.busy || s.alive || !c.cgroupStillLeaked(dir, id) {
 			continue // in a transition, or running
 		}
 		p.leakedCgroups[id] = true
 		p.add(LeakedCgroup, id, c.o.CgroupParent+"/"+namespace.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)), "the cgroup of a sandbox that is not running")
 	}
+}
+
+// cgroupStillLeaked looks again, under the sandbox's lifecycle lock, at a sandbox that was not
+// running when its directory was examined: a start may have made its cgroup since. It is
+// leaked only if the cgroup is still there while the lock is free and no runtime process of
+// the sandbox lives.
+func (c *checker) cgroupStillLeaked(dir, id string) bool {
+	lf, err := platform.OpenFile(filepath.Join(dir, store.LockName), os.O_RDONLY, 0)
+	if err != nil {
+		return true // no lock file: no transition can be under way
+	}
+	defer lf.Close() // closing releases the lock
+	if got, err := platform.TryLock(lf); err != nil || !got {
+		return false // a transition holds it now
+	}
+	if rec, err := c.st.ReadRuntimeRecordUnlocked(id); err == nil && rec != nil && platformID(rec).Alive() {
+		return false // started since
+	}
+	cg, err := platform.OpenCgroup(c.o.CgroupParent + "/" + namespace.CgroupLeaf(id, dir))
+	return err == nil && cg.Exists()
 }
 
 // checkTemplates runs the template store's own check (read-only).
