@@ -309,10 +309,12 @@ func TestReadRacingRename(t *testing.T) {
 	if err := os.WriteFile(path, version(0), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	defer close(stop) // ends the writer however the test ends
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	// However the test ends, the writer ends before it (and before its directory goes).
+	defer func() { close(stop); <-stopped }()
 	var published atomic.Int64
 	go func() {
+		defer close(stopped)
 		for i := 1; ; i++ {
 			select {
 			case <-stop:
