@@ -5,7 +5,9 @@
 # That needs root in the container with CAP_SYS_ADMIN, CAP_SETUID/CAP_SETGID, CAP_SYS_CHROOT,
 # CAP_MKNOD, CAP_KILL, CAP_NET_ADMIN (to bring up loopback in a new network namespace), a
 # writable cgroup filesystem, and no seccomp/AppArmor profile of the engine's that forbids
-# mount(2) and unshare(2). In practice:
+# mount(2) and unshare(2). Sandboxes with a disk of their own (resources.disk_mb) also need the
+# host's loop devices (/dev/loop-control and /dev/loop*, which --privileged passes) and mke2fs,
+# installed below. In practice:
 #
 #   docker run --privileged --cgroupns=host -p 127.0.0.1:7780:7780 \
 #     -v sandboxd-state:/var/lib/sandboxd -v /path/to/token:/run/secrets/sandboxd-token:ro sandboxd
@@ -24,7 +26,7 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 
 FROM debian:bookworm-slim
 # The host image of a sandbox is this container's /usr: install here what workloads should find.
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates procps \
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates procps e2fsprogs \
  && rm -rf /var/lib/apt/lists/*
 # sandboxd-runtime beside sandboxd: sandboxes start from the small binary.
 COPY --from=build /out/sandboxd /out/sandboxd-runtime /out/sandboxctl /usr/local/bin/

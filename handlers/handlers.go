@@ -29,7 +29,10 @@ type Config struct {
 	Supervisor *supervisor.Supervisor
 	// DefaultResources fill in what a create request leaves out.
 	DefaultResources store.Resources
-	Version          string // sandboxd's version, reported by /v1/info
+	// DefaultDiskMB is the disk of their own that sandboxes get when a create request names
+	// none (0: none).
+	DefaultDiskMB int
+	Version       string // sandboxd's version, reported by /v1/info
 	// MaxGenerationAge is how long after capture a generation can be cloned.
 	MaxGenerationAge time.Duration
 	MaxJSONBytes     int64

@@ -31,8 +31,8 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 			Name        string  `json:"name"`
 		}{Description: &desc, Name: name})
 	}
-	info.Limits.DefaultResources = apiResources(h.cfg.DefaultResources)
-	info.Limits.MaxResources = openapi.Resources{Vcpus: 64, MemoryMb: 65536, Pids: 32768}
+	info.Limits.DefaultResources = apiResources(h.cfg.DefaultResources, h.cfg.DefaultDiskMB)
+	info.Limits.MaxResources = openapi.Resources{Vcpus: 64, MemoryMb: 65536, Pids: 32768, DiskMb: 1 << 20}
 	info.Limits.MaxBodyBytes = h.cfg.MaxJSONBytes
 	info.Limits.MaxFileBytes = h.cfg.MaxFileBytes
 	info.Limits.MaxExecOutputBytes = maxExecOutput

@@ -24,7 +24,7 @@ func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxR
 	if body.Generation != nil && body.Template == nil {
 		return nil, errcode.Invalid("generation", "A generation belongs to a template: name the template too.")
 	}
-	cfg := store.Config{Resources: h.cfg.DefaultResources}
+	cfg := store.Config{Resources: h.cfg.DefaultResources, DiskMB: h.cfg.DefaultDiskMB}
 	if body.ID != nil {
 		cfg.ID = *body.ID
 	} else {
@@ -42,6 +42,9 @@ func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxR
 		}
 		if r.Pids != nil {
 			cfg.Resources.Pids = *r.Pids
+		}
+		if r.DiskMb != nil {
+			cfg.DiskMB = *r.DiskMb
 		}
 	}
 	env, err := envMap("env", body.Env)
@@ -68,7 +71,8 @@ func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxR
 		if body.Image != nil {
 			clone.Image = *body.Image
 		}
-		if body.Resources != nil {
+		// The disk is the clone's own; the rest must match the generation's.
+		if r := body.Resources; r != nil && (r.Vcpus != nil || r.MemoryMb != nil || r.Pids != nil) {
 			clone.Resources = &cfg.Resources
 		}
 		st, err = h.sup.Clone(ctx, cfg, clone)
@@ -222,7 +226,7 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 		State:     openapi.SandboxState(st.State),
 		Image:     c.Image,
 		Labels:    c.Labels,
-		Resources: apiResources(c.Resources),
+		Resources: apiResources(c.Resources, c.DiskMB),
 		CreatedAt: c.CreatedAt,
 		StartedAt: st.StartedAt,
 	}
@@ -271,6 +275,6 @@ func exitReason(o *store.Outcome) openapi.LastExitReason {
 	return openapi.LastExitReasonLost
 }
 
-func apiResources(r store.Resources) openapi.Resources {
-	return openapi.Resources{Vcpus: r.VCPUs, MemoryMb: r.MemoryMB, Pids: r.Pids}
+func apiResources(r store.Resources, diskMB int) openapi.Resources {
+	return openapi.Resources{Vcpus: r.VCPUs, MemoryMb: r.MemoryMB, Pids: r.Pids, DiskMb: diskMB}
 }

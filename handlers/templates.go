@@ -199,7 +199,7 @@ func apiGeneration(g *template.Generation) openapi.Generation {
 		Key: openapi.CompatibilityKey{
 			Runtime:   g.Key.Runtime,
 			Image:     g.Key.Image,
-			Resources: openapi.Resources{Vcpus: g.Key.Resources.VCPUs, MemoryMb: g.Key.Resources.MemoryMB, Pids: g.Key.Resources.Pids},
+			Resources: apiResources(g.Key.Resources, 0), // a clone's disk is its own, not the key's
 		},
 	}
 }

@@ -762,6 +762,12 @@ type Problem struct {
 
 // Resources Resource limits, applied through the sandbox's cgroup.
 type Resources struct {
+	// DiskMb Size in MiB of the sandbox's own disk, which holds everything it writes (its
+	// writable layer); writes beyond it fail with "No space left on device". 0: no disk
+	// of its own, so the writable layer shares the file system of the server's state
+	// root, unbounded.
+	DiskMb int `json:"disk_mb"`
+
 	// MemoryMb Memory limit in MiB.
 	MemoryMb int `json:"memory_mb"`
 
@@ -774,6 +780,12 @@ type Resources struct {
 
 // ResourcesRequest Resource limits; an absent field takes the server's default (see `/v1/info`).
 type ResourcesRequest struct {
+	// DiskMb Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
+	// sparse image in its state directory), bounding what it can write. Fixed at
+	// creation. Needs loop devices and mke2fs on the host; without them the create is
+	// refused with `unavailable`. A sandbox with a disk cannot be captured as a template
+	// generation yet.
+	DiskMb   *int `json:"disk_mb,omitempty"`
 	MemoryMb *int `json:"memory_mb,omitempty"`
 	Pids     *int `json:"pids,omitempty"`
 	Vcpus    *int `json:"vcpus,omitempty"`

@@ -32,10 +32,15 @@ const recordPerm = 0o600
 
 // Config is the configuration record, config.json. Its presence means "provisioned".
 type Config struct {
-	Format    int               `json:"format"`
-	ID        string            `json:"id"`
-	Image     string            `json:"image"`
-	Resources Resources         `json:"resources"`
+	Format    int       `json:"format"`
+	ID        string    `json:"id"`
+	Image     string    `json:"image"`
+	Resources Resources `json:"resources"`
+	// DiskMB is the size of the sandbox's own disk, which holds its writable layer; 0 means
+	// none (the layer lives in the state directory, bounded only by the state root's file
+	// system). It is not among Resources because it is no part of a template generation's
+	// compatibility key: a clone's disk holds only what the clone writes.
+	DiskMB    int               `json:"disk_mb,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`

@@ -88,6 +88,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Resources: runtime.Resources{
 			VCPUs: cfg.Resources.VCPUs, MemoryMB: cfg.Resources.MemoryMB, Pids: cfg.Resources.Pids,
 		},
+		DiskMB:     cfg.DiskMB,
 		Env:        cfg.Env,
 		Capability: capability,
 		Hostname:   cfg.ID,

@@ -272,6 +272,9 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 	if _, err := s.imageDir(cfg.Image); err != nil {
 		return nil, err
 	}
+	if err := s.checkDisk(cfg.DiskMB); err != nil {
+		return nil, err
+	}
 	l, err := s.store.LockForProvision(ctx, cfg.ID)
 	if err != nil {
 		return nil, err
@@ -289,6 +292,24 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 	}
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
 	return &Status{Config: cfg, State: StateProvisioned}, nil
+}
+
+// checkDisk refuses a disk of the sandbox's own (diskMB > 0) that the runtime cannot give.
+func (s *Supervisor) checkDisk(diskMB int) error {
+	if diskMB == 0 {
+		return nil
+	}
+	if diskMB < 0 {
+		return errcode.Invalid("resources.disk_mb", "The disk size must be positive.")
+	}
+	dl, ok := s.rt.(runtime.DiskLimiter)
+	if !ok {
+		return errcode.New(errcode.Unavailable, "The %s runtime cannot give a sandbox a disk of its own; leave out resources.disk_mb.", s.rt.Kind())
+	}
+	if err := dl.DiskSupport(); err != nil {
+		return errcode.Wrap(errcode.Unavailable, err, "This host cannot give a sandbox a disk of its own (%v); leave out resources.disk_mb.", err)
+	}
+	return nil
 }
 
 // imageDir resolves an image name to its directory ("" for the host image).

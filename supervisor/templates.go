@@ -66,6 +66,9 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 	if state == StateRunning || state == runtimeMismatch {
 		return nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before capturing it, so that its files are consistent.", id)
 	}
+	if cfg.DiskMB > 0 {
+		return nil, errcode.Invalid("sandbox", "Sandbox %s has a disk of its own (resources.disk_mb); capturing such a sandbox is not supported yet: capture a sandbox created without disk_mb.", id)
+	}
 	if cfg.Template != nil {
 		return nil, errcode.Invalid("sandbox", "Sandbox %s is a clone of template %s; capturing a clone (a layer over another generation) is not supported: capture the sandbox the template was built from.", id, cfg.Template.Template)
 	}
@@ -117,6 +120,9 @@ func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneReque
 		return nil, err
 	}
 	if err := template.ValidateName(req.Template); err != nil {
+		return nil, err
+	}
+	if err := s.checkDisk(cfg.DiskMB); err != nil {
 		return nil, err
 	}
 	tx, err := s.templates.Lock(ctx)

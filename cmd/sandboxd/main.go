@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -50,6 +51,7 @@ type options struct {
 	allowedOrigins stringList
 	templateMaxAge time.Duration
 	runtimeBinary  string
+	defaultDiskMB  int
 }
 
 type stringList []string
@@ -76,12 +78,24 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
 	fs.StringVar(&o.runtimeBinary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else sandboxd itself")
+	diskMB := 0
+	if v, ok := os.LookupEnv("SANDBOXD_DEFAULT_DISK_MB"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("SANDBOXD_DEFAULT_DISK_MB=%q: %v", v, err)
+		}
+		diskMB = n
+	}
+	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded (env SANDBOXD_DEFAULT_DISK_MB)")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
+		return nil, fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
 	}
 	return o, nil
 }
@@ -183,6 +197,7 @@ func serve(o *options, log *slog.Logger) error {
 	h, err := handlers.New(handlers.Config{
 		Supervisor:       sup,
 		DefaultResources: store.Resources(namespace.DefaultResources),
+		DefaultDiskMB:    o.defaultDiskMB,
 		Version:          version,
 		MaxGenerationAge: o.templateMaxAge,
 		MaxJSONBytes:     server.DefaultMaxJSONBytes,

@@ -41,6 +41,9 @@ type Spec struct {
 	// Lowers are read-only layers above the image (template generation layers), top first.
 	Lowers    []string  `json:"lowers,omitempty"`
 	Resources Resources `json:"resources"`
+	// DiskMB, when not zero, gives the sandbox a disk of its own of that many MiB for its
+	// writable layer (see DiskLimiter).
+	DiskMB int `json:"disk_mb,omitempty"`
 	// Env is the default environment of the sandbox's workloads.
 	Env map[string]string `json:"env,omitempty"`
 	// Capability is the launch's secret that the agent requires on every control
@@ -78,10 +81,16 @@ func (s *Spec) Validate() error {
 	if s.LaunchID == "" {
 		return fmt.Errorf("runtime: the launch has no id")
 	}
-	if s.Resources.VCPUs < 0 || s.Resources.MemoryMB < 0 || s.Resources.Pids < 0 {
+	if s.Resources.VCPUs < 0 || s.Resources.MemoryMB < 0 || s.Resources.Pids < 0 || s.DiskMB < 0 {
 		return fmt.Errorf("runtime: negative resources %+v", s.Resources)
 	}
 	return nil
+}
+
+// DiskLimiter is a Runtime that can give a sandbox a disk of its own (Spec.DiskMB).
+type DiskLimiter interface {
+	// DiskSupport says why this host cannot, or nil if it can.
+	DiskSupport() error
 }
 
 // Entry is a name a runtime keeps in a state directory, for store.Declare.

@@ -34,7 +34,12 @@ const (
 	entryRootfs  = "rootfs"      // the overlay's mount point (in the sandbox's mount namespace)
 	entryBase    = "base"        // the generated lowest layer of the host image
 	entryLog     = "sandbox.log" // the shim's and the init's output
-	socketName   = "control.sock"
+	// With a disk of its own (Spec.DiskMB), the sandbox's writable layer (upper and work)
+	// lives on an ext4 file system in entryDiskImage, which the init mounts on entryDisk
+	// inside its own mount namespace.
+	entryDisk      = "disk"
+	entryDiskImage = "disk.img"
+	socketName     = "control.sock"
 )
 
 // OutcomeName is the outcome report the shim writes (through the store) when the sandbox ends.
@@ -52,6 +57,8 @@ func declaredEntries() []runtime.Entry {
 		{Name: entryRootfs, Dir: true},
 		{Name: entryBase, Dir: true},
 		{Name: entryLog},
+		{Name: entryDisk, Dir: true},
+		{Name: entryDiskImage},
 	}
 }
 

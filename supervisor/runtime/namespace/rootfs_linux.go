@@ -66,6 +66,31 @@ func mountOwnCgroup(root string, v2 bool) (string, error) {
 	return inside, nil
 }
 
+// mountDisk mounts the sandbox's own disk on <dir>/disk, in this mount namespace only, and
+// returns the directory that holds the writable layer's upper and work directories. The loop
+// device clears itself when the mount goes, which it does with the namespace: however the
+// sandbox ends, nothing of its disk stays attached on the host.
+func mountDisk(dir string) (string, error) {
+	dev, err := platform.AttachLoop(filepath.Join(dir, entryDiskImage))
+	if err != nil {
+		return "", err
+	}
+	defer dev.Close() // once mounted, the mount holds the device
+	target := filepath.Join(dir, entryDisk)
+	if err := platform.Mount(dev.Name(), target, "ext4", unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
+		return "", err
+	}
+	for _, e := range []struct {
+		name string
+		perm os.FileMode
+	}{{entryUpper, 0o755}, {entryWork, 0o700}} {
+		if err := ensureDir(target, e.name, e.perm); err != nil {
+			return "", err
+		}
+	}
+	return target, nil
+}
+
 func setupRootMounts(spec *shimSpec) error {
 	// First of all: no mount made from here on may propagate back to the host.
 	if err := platform.MakePrivate("/"); err != nil {
@@ -78,11 +103,18 @@ func setupRootMounts(spec *shimSpec) error {
 		lowest = filepath.Join(spec.Dir, entryBase)
 	}
 	lowers := append(append([]string{}, spec.Lowers...), lowest)
+	layerDir := spec.Dir
+	if spec.Disk {
+		var err error
+		if layerDir, err = mountDisk(spec.Dir); err != nil {
+			return err
+		}
+	}
 	// The upper layer must stand on its own once captured as a template generation: no
 	// metadata-only copies that point into a lower (metacopy), no renamed directories that
 	// refer to lower paths (redirect_dir), no inode index tied to these lowers (index).
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,redirect_dir=off,metacopy=off",
-		strings.Join(lowers, ":"), filepath.Join(spec.Dir, entryUpper), filepath.Join(spec.Dir, entryWork))
+		strings.Join(lowers, ":"), filepath.Join(layerDir, entryUpper), filepath.Join(layerDir, entryWork))
 	// nodev: no device node on the sandbox's own layers works, whoever made it.
 	if err := platform.Mount("overlay", root, "overlay", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
 		return err

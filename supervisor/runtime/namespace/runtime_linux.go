@@ -24,13 +24,9 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/control"
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
-
-// controlProtocol is the control protocol version that is part of the runtime identity.
-//
-// SEAM: becomes control.ProtocolVersion once supervisor/control is committed.
-const controlProtocol = 1
 
 // Defaults applied to a Spec's zero resources.
 var DefaultResources = runtime.Resources{VCPUs: 1, MemoryMB: 512, Pids: 512}
@@ -108,7 +104,7 @@ func (r *Runtime) computeIdentity() (string, error) {
 	}{Config{CgroupParent: r.cfg.CgroupParent}, DefaultResources})
 	h.Write([]byte{0})
 	h.Write(cfg)
-	return fmt.Sprintf("%s/p%d/%s", Kind, controlProtocol, hex.EncodeToString(h.Sum(nil))[:24]), nil
+	return fmt.Sprintf("%s/p%d/%s", Kind, control.ProtocolVersion, hex.EncodeToString(h.Sum(nil))[:24]), nil
 }
 
 // Identity is "namespace/p<control protocol>/<hash of the executable and configuration>".
@@ -116,7 +112,7 @@ func (r *Runtime) Identity() string {
 	id, err := r.identity()
 	if err != nil {
 		// An unreadable executable cannot match any recorded identity; say so in the value.
-		return fmt.Sprintf("%s/p%d/unknown", Kind, controlProtocol)
+		return fmt.Sprintf("%s/p%d/unknown", Kind, control.ProtocolVersion)
 	}
 	return id
 }
@@ -142,6 +138,94 @@ type shimConfig struct {
 	Cgroup string       `json:"cgroup"`
 	// Seccomp is the compiled seccomp filter (platform.SeccompProgram's binary form).
 	Seccomp []byte `json:"seccomp"`
+}
+
+// DiskSupport implements runtime.DiskLimiter: a sandbox's own disk is an ext4 file system
+// (made by mke2fs) in a sparse image, mounted through a loop device inside the sandbox.
+func (r *Runtime) DiskSupport() error {
+	if r.refusal != nil {
+		return r.refusal
+	}
+	if fi, err := os.Stat(platform.LoopControl); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return fmt.Errorf("no loop devices: %s is missing", platform.LoopControl)
+	}
+	if _, err := mke2fs(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// mke2fs finds the mke2fs program (e2fsprogs), also where a PATH without sbin would miss it.
+func mke2fs() (string, error) {
+	if p, err := exec.LookPath("mke2fs"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/mke2fs", "/sbin/mke2fs"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", errors.New("mke2fs (e2fsprogs) is not installed")
+}
+
+// ensureDiskImage makes the sandbox's disk image, an empty ext4 file system of sizeMB in a
+// sparse file, unless it exists. It is made under a temporary name and renamed into place
+// once complete and synced, so that a crash never leaves a half-made image under the real
+// name; leftovers of an interrupted attempt go first.
+func ensureDiskImage(ctx context.Context, dir string, sizeMB int) error {
+	img := filepath.Join(dir, entryDiskImage)
+	if fi, err := os.Lstat(img); err == nil {
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("namespace runtime: %s is not a regular file", img)
+		}
+		return nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if name, ok := platform.IsTempName(e.Name()); ok && name == entryDiskImage {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	prog, err := mke2fs()
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, platform.TempName(entryDiskImage))
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp) // a no-op once renamed
+	defer f.Close()
+	if err := f.Truncate(int64(sizeMB) << 20); err != nil {
+		return err
+	}
+	// No reserved blocks (the sandbox's root may use the whole disk), inodes for small files,
+	// and the inode tables and journal initialised lazily: a sparse image stays small.
+	out, err := exec.CommandContext(ctx, prog, "-q", "-F", "-t", "ext4", "-m", "0", "-i", "8192",
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", tmp).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("namespace runtime: mke2fs of the sandbox's disk: %v: %s", err, bytes.TrimSpace(out))
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, img); err != nil {
+		return err
+	}
+	d, err := platform.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return platform.SyncDir(d)
 }
 
 // ensureDir creates dir/name with perm, or accepts an existing directory that is not a link.
@@ -205,6 +289,17 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		perm os.FileMode
 	}{{entryControl, 0o700}, {entryUpper, 0o755}, {entryWork, 0o700}, {entryRootfs, 0o700}} {
 		if err := ensureDir(spec.Dir, e.name, e.perm); err != nil {
+			return platform.ProcessID{}, err
+		}
+	}
+	if spec.DiskMB > 0 {
+		if err := r.DiskSupport(); err != nil {
+			return platform.ProcessID{}, err
+		}
+		if err := ensureDir(spec.Dir, entryDisk, 0o700); err != nil {
+			return platform.ProcessID{}, err
+		}
+		if err := ensureDiskImage(ctx, spec.Dir, spec.DiskMB); err != nil {
 			return platform.ProcessID{}, err
 		}
 	}

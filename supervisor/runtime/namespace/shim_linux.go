@@ -45,6 +45,8 @@ type shimSpec struct {
 	Hostname   string            `json:"hostname"`
 	// CgroupV2 says which kind of cgroup to mount inside for the agent.
 	CgroupV2 bool `json:"cgroup_v2,omitempty"`
+	// Disk says the writable layer lives on the sandbox's own disk (entryDiskImage).
+	Disk bool `json:"disk,omitempty"`
 }
 
 // initCapabilities bound the init: the sandbox's own set (platform.DefaultCapabilities),
@@ -153,7 +155,7 @@ func runShim(cfg *shimConfig) int {
 
 	icfg, err := json.Marshal(initConfig{Spec: shimSpec{
 		ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, Lowers: spec.Lowers,
-		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: cg.V2(),
+		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: cg.V2(), Disk: spec.DiskMB > 0,
 	}, Seccomp: cfg.Seccomp})
 	if err != nil {
 		return fail(cg, "encode init configuration: %v", err)
