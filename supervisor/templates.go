@@ -66,16 +66,17 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 	if state == StateRunning || state == runtimeMismatch {
 		return nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before capturing it, so that its files are consistent.", id)
 	}
-	if cfg.DiskMB > 0 {
-		return nil, errcode.Invalid("sandbox", "Sandbox %s has a disk of its own (resources.disk_mb); capturing such a sandbox is not supported yet: capture a sandbox created without disk_mb.", id)
-	}
 	if cfg.Template != nil {
 		return nil, errcode.Invalid("sandbox", "Sandbox %s is a clone of template %s; capturing a clone (a layer over another generation) is not supported: capture the sandbox the template was built from.", id, cfg.Template.Template)
 	}
-	layer := s.rt.LayerDir(l.Dir())
-	if _, err := os.Lstat(layer); errors.Is(err, os.ErrNotExist) {
+	layer, err := s.rt.OpenLayer(l.Dir(), cfg.DiskMB > 0)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
 	}
+	if err != nil {
+		return nil, errcode.Wrap(errcode.Internal, err, "The writable layer of sandbox %s cannot be opened.", id)
+	}
+	defer layer.Close()
 	key := template.Key{
 		Runtime:   s.rt.Identity(),
 		Image:     cfg.Image,
@@ -90,7 +91,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 			s.emit(Event{Type: EventProgress, Sandbox: id, Template: templateName, Progress: &Progress{Phase: "copying", Done: copied, Total: total}})
 		}
 	}
-	g, err := s.templates.Capture(ctx, templateName, layer, key, progress)
+	g, err := s.templates.CaptureDir(ctx, templateName, layer, key, progress)
 	if err != nil {
 		return nil, err
 	}

@@ -52,8 +52,8 @@ func (d *daemon) diskMiB(id string) int {
 
 // TestDiskOfItsOwn: a sandbox created with resources.disk_mb writes to a disk of that size,
 // which keeps its files across a stop and a start; its loop device is attached only while it
-// runs, however it ends; and the sandbox cannot be captured (not supported yet). Bounds are
-// refused; a server default applies to creates that name none.
+// runs (or is captured), however it ends; its capture clones like any other, and a clone gets
+// a disk of its own. Bounds are refused; a server default applies to creates that name none.
 func TestDiskOfItsOwn(t *testing.T) {
 	requireRoot(t)
 	requireLoopDevices(t)
@@ -100,11 +100,14 @@ func TestDiskOfItsOwn(t *testing.T) {
 		return json.Unmarshal(d.do("GET", "/v1/sandboxes/dk", nil, nil).Body, &st) == nil && st.State == "stopped"
 	})
 
-	// Not capturable yet: refused with what to do.
+	// Captured from its disk (mounted for the copy on the side, then let go), and cloned.
 	d.mustStatus(201, "POST", "/v1/templates", map[string]any{"name": "dkt"})
-	p := wantProblem(t, d.doJSON("POST", "/v1/templates/dkt/generations", map[string]any{"sandbox": "dk"}), 400, "invalid-request")
-	if !strings.Contains(p.Detail, "disk") {
-		t.Fatalf("the refusal does not say why: %+v", p)
+	d.mustStatus(201, "POST", "/v1/templates/dkt/generations", map[string]any{"sandbox": "dk"})
+	released("a capture")
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "dkcopy", "template": "dkt", "start": true})
+	t.Cleanup(func() { d.dispose("dkcopy") })
+	if got := d.exec("dkcopy", map[string]any{"command": []string{"cat", "/home/user/kept"}}); got.Stdout != "kept\n" {
+		t.Fatalf("a clone of the disk sandbox's generation: %+v", got)
 	}
 
 	// A clone gets a disk of its own too.

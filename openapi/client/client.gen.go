@@ -785,8 +785,7 @@ type ResourcesRequest struct {
 	// DiskMb Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
 	// sparse image in its state directory), bounding what it can write. Fixed at
 	// creation. Needs loop devices and mke2fs on the host; without them the create is
-	// refused with `unavailable`. A sandbox with a disk cannot be captured as a template
-	// generation yet.
+	// refused with `unavailable`.
 	DiskMb   *int `json:"disk_mb,omitempty"`
 	MemoryMb *int `json:"memory_mb,omitempty"`
 	Pids     *int `json:"pids,omitempty"`

@@ -35,6 +35,18 @@ const commitGrace = 10 * time.Second
 // short (the commit waits at least commitGrace for the lock). Errors: template-not-found,
 // template-tombstoned (the template is being deleted).
 func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Key, progress func(copied, total int64)) (*Generation, error) {
+	src, err := platform.OpenDir(sourceLayerDir)
+	if err != nil {
+		return nil, errcode.Wrap(errcode.Internal, err, "The sandbox's writable layer cannot be opened; it must be a directory, not a link.")
+	}
+	defer src.Close()
+	return s.CaptureDir(ctx, name, src, key, progress)
+}
+
+// CaptureDir is Capture of the directory src is open on, which the caller closes. Everything
+// below src is reached through it, so src may lie on a mount that only its descriptor reaches
+// (a sandbox's own disk, mounted in a mount namespace of its own for the copy).
+func (s *Store) CaptureDir(ctx context.Context, name string, src *os.File, key Key, progress func(copied, total int64)) (*Generation, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -42,11 +54,6 @@ func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Ke
 	if err != nil {
 		return nil, err
 	}
-	src, err := platform.OpenDir(sourceLayerDir)
-	if err != nil {
-		return nil, errcode.Wrap(errcode.Internal, err, "The sandbox's writable layer cannot be opened; it must be a directory, not a link.")
-	}
-	defer src.Close()
 
 	// Reserve the id and make the staging directory under the lock.
 	var (

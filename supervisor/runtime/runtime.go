@@ -12,6 +12,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/sandboxd/sandboxd/platform"
@@ -118,10 +119,13 @@ type Runtime interface {
 	Start(ctx context.Context, spec Spec) (platform.ProcessID, error)
 	// ControlPath is the host path of the control socket of the sandbox in dir.
 	ControlPath(dir string) string
-	// LayerDir is the host path of the sandbox's own writable layer (overlayfs upper
-	// directory: whiteouts as 0/0 character devices, opaque directories as xattrs), which
-	// a capture copies into a template generation while the sandbox is stopped.
-	LayerDir(dir string) string
+	// OpenLayer opens the sandbox's own writable layer (an overlayfs upper directory:
+	// whiteouts as 0/0 character devices, opaque directories as xattrs), which a capture
+	// copies into a template generation while the sandbox is stopped; disk says the sandbox
+	// has a disk of its own (Spec.DiskMB). The directory may lie on a mount that only the
+	// returned descriptor reaches: read below it through the descriptor. A sandbox that never
+	// ran has no layer (an error wrapping fs.ErrNotExist). The caller closes the file.
+	OpenLayer(dir string, disk bool) (*os.File, error)
 	// Kill forcibly ends the sandbox whose runtime process is id: it kills the sandbox's init
 	// by verified identity, so that the runtime process records the outcome and exits, and
 	// waits until the runtime process is gone (killing it too if it lingers past ctx). A

@@ -120,8 +120,14 @@ func (r *Runtime) Identity() string {
 // DeclaredEntries lists the names the runtime keeps in a state directory.
 func (r *Runtime) DeclaredEntries() []runtime.Entry { return declaredEntries() }
 
-// LayerDir returns the host path of the sandbox's writable layer: the overlay's upper.
-func (r *Runtime) LayerDir(dir string) string { return filepath.Join(dir, entryUpper) }
+// OpenLayer implements runtime.Runtime: the overlay's upper, in the state directory or on the
+// sandbox's own disk.
+func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
+	if disk {
+		return openDiskLayer(dir)
+	}
+	return platform.OpenDir(filepath.Join(dir, entryUpper))
+}
 
 // ControlPath returns the host path of the control socket of the sandbox in dir.
 func (r *Runtime) ControlPath(dir string) string {
