@@ -68,23 +68,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("SANDBOXD_TOKEN_FILE"), "file holding the API token (env SANDBOXD_TOKEN_FILE)")
 	fs.StringVar(&o.logFormat, "log-format", envOr("SANDBOXD_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, JSON otherwise), text or json (env SANDBOXD_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", envOr("SANDBOXD_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SANDBOXD_LOG_LEVEL)")
-	maxAge := template.DefaultMaxAge
-	if v, ok := os.LookupEnv("SANDBOXD_TEMPLATE_MAX_AGE"); ok {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return nil, fmt.Errorf("SANDBOXD_TEMPLATE_MAX_AGE=%q: %v", v, err)
-		}
-		maxAge = d
+	maxAge, err := envParsed("SANDBOXD_TEMPLATE_MAX_AGE", template.DefaultMaxAge, time.ParseDuration)
+	if err != nil {
+		return nil, err
 	}
 	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
 	fs.StringVar(&o.runtimeBinary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else sandboxd itself")
-	diskMB := 0
-	if v, ok := os.LookupEnv("SANDBOXD_DEFAULT_DISK_MB"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, fmt.Errorf("SANDBOXD_DEFAULT_DISK_MB=%q: %v", v, err)
-		}
-		diskMB = n
+	diskMB, err := envParsed("SANDBOXD_DEFAULT_DISK_MB", 0, strconv.Atoi)
+	if err != nil {
+		return nil, err
 	}
 	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded (env SANDBOXD_DEFAULT_DISK_MB)")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
@@ -98,6 +90,19 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
 	}
 	return o, nil
+}
+
+// envParsed is the environment variable name parsed by parse, or def when it is not set.
+func envParsed[T any](name string, def T, parse func(string) (T, error)) (T, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def, nil
+	}
+	x, err := parse(v)
+	if err != nil {
+		return def, fmt.Errorf("%s=%q: %v", name, v, err)
+	}
+	return x, nil
 }
 
 func envOr(name, def string) string {
