@@ -372,7 +372,11 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 		var body any
 		switch op {
 		case "create":
-			method, path, body = "POST", "/v1/sandboxes", map[string]any{"id": id, "start": rng.IntN(2) == 0}
+			req := map[string]any{"id": id, "start": rng.IntN(2) == 0}
+			if rng.IntN(3) == 0 {
+				req["resources"] = map[string]any{"disk_mb": 32} // a disk of its own: mke2fs and a loop device in the crash path
+			}
+			method, path, body = "POST", "/v1/sandboxes", req
 		case "start":
 			method, path = "POST", "/v1/sandboxes/"+id+"/start?timeout=20000"
 		case "stop":
@@ -588,6 +592,13 @@ func chaosVerify(t *testing.T, d *daemon, rt *namespace.Runtime, ids []string, l
 	for _, sb := range list.Items {
 		if strings.HasPrefix(sb.ID, strings.Split(ids[0], "-")[0]+"-") && !exists[sb.ID] {
 			t.Errorf("round %d: %s is listed but GET does not find it", round, sb.ID)
+		}
+	}
+	if _, err := os.Stat(platform.LoopControl); err == nil {
+		for id := range d.attachedImages() {
+			if !exists[id] {
+				t.Errorf("round %d: a loop device holds the disk of %s, which does not exist", round, id)
+			}
 		}
 	}
 	procs, err := rt.Processes(d.Root)

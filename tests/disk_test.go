@@ -30,6 +30,7 @@ func (d *daemon) attachedImages() map[string]int {
 	}
 	out := map[string]int{}
 	for _, f := range files {
+		f = strings.TrimSuffix(f, " (deleted)") // the image of a deleted sandbox
 		if rest, ok := strings.CutPrefix(f, filepath.Join(d.Root, "sandboxes")+"/"); ok {
 			if id, ok := strings.CutSuffix(rest, "/disk.img"); ok {
 				out[id]++
