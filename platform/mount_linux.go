@@ -20,6 +20,33 @@ func Mount(source, target, fstype string, flags uintptr, data string) error {
 	return nil
 }
 
+// MountDetached mounts the file system of type fstype from source, read-only, as a detached
+// mount (fsopen, fsmount: Linux 5.2) with the MOUNT_ATTR_* attrs, and returns a descriptor of
+// its root. No mount namespace holds it: it lives as long as a descriptor on or below it.
+func MountDetached(fstype, source string, attrs int) (*os.File, error) {
+	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("platform: fsopen %s: %w", fstype, err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigSetString(fs, "source", source); err != nil {
+		return nil, fmt.Errorf("platform: mount %s: source %s: %w", fstype, source, err)
+	}
+	if attrs&unix.MOUNT_ATTR_RDONLY != 0 {
+		if err := unix.FsconfigSetFlag(fs, "ro"); err != nil {
+			return nil, fmt.Errorf("platform: mount %s read-only: %w", source, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return nil, fmt.Errorf("platform: mount %s (type %s): %w", source, fstype, err)
+	}
+	mfd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
+	if err != nil {
+		return nil, fmt.Errorf("platform: fsmount %s: %w", source, err)
+	}
+	return os.NewFile(uintptr(mfd), source), nil
+}
+
 // MakePrivate makes every mount at and below target private (MS_PRIVATE|MS_REC), so that
 // mounts made in this mount namespace never propagate to the host and vice versa.
 func MakePrivate(target string) error {

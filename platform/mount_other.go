@@ -2,9 +2,12 @@
 
 package platform
 
+import "os"
+
 // These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
 
 func Mount(source, target, fstype string, flags uintptr, data string) error { return ErrUnsupported }
+func MountDetached(fstype, source string, attrs int) (*os.File, error)      { return nil, ErrUnsupported }
 func MakePrivate(target string) error                                       { return ErrUnsupported }
 func BindReadOnly(source, target string) error                              { return ErrUnsupported }
 func Bind(source, target string, flags uintptr) error                       { return ErrUnsupported }

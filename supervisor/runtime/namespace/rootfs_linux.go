@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -93,45 +92,29 @@ func mountDisk(dir string) (string, error) {
 }
 
 // openDiskLayer opens the writable layer on a stopped sandbox's own disk, for a capture. The
-// disk is mounted read-only in a mount namespace of a thread's own, which ends with that
-// thread; the returned descriptor alone keeps the mount (and so the loop device) alive, and
-// with the last descriptor below it closed, both go. Nothing is mounted on the host's side.
+// disk is mounted read-only as a detached mount (fsopen, fsmount), which no mount namespace
+// holds: the returned descriptor alone keeps it (and so the loop device) alive, and once the
+// last descriptor below it is closed, both go. Nothing is mounted anywhere.
+//
+// (A mount in a mount namespace of a thread's own would need the thread to die with its
+// namespace; Go never ends the main thread, which a locked goroutine may run on, so the mount
+// could outlive the capture.)
 func openDiskLayer(dir string) (*os.File, error) {
 	img := filepath.Join(dir, entryDiskImage)
 	if _, err := os.Lstat(img); err != nil {
 		return nil, err // never started: no disk yet
 	}
-	type opened struct {
-		f   *os.File
-		err error
+	dev, err := platform.AttachLoop(img)
+	if err != nil {
+		return nil, err
 	}
-	done := make(chan opened, 1)
-	go func() {
-		// Never unlocked: the thread, whose mount namespace is its own from here, is
-		// destroyed when this goroutine returns instead of going back to the scheduler.
-		goruntime.LockOSThread()
-		f, err := func() (*os.File, error) {
-			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-				return nil, fmt.Errorf("namespace runtime: a mount namespace for the capture: %w", err)
-			}
-			if err := platform.MakePrivate("/"); err != nil {
-				return nil, err
-			}
-			dev, err := platform.AttachLoop(img)
-			if err != nil {
-				return nil, err
-			}
-			defer dev.Close()
-			target := filepath.Join(dir, entryDisk)
-			if err := platform.Mount(dev.Name(), target, "ext4", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOEXEC, ""); err != nil {
-				return nil, err
-			}
-			return platform.OpenDir(filepath.Join(target, entryUpper))
-		}()
-		done <- opened{f, err}
-	}()
-	o := <-done
-	return o.f, o.err
+	defer dev.Close()
+	mnt, err := platform.MountDetached("ext4", dev.Name(), unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	defer mnt.Close()
+	return platform.OpenDirAt(mnt, entryUpper)
 }
 
 func setupRootMounts(spec *shimSpec) error {
