@@ -203,6 +203,7 @@ func (w *workload) setupIO(req *control.ExecRequest, attr *syscall.SysProcAttr) 
 	}
 	w.stdoutR = outR
 	w.child = append(w.child, outW)
+	growPipe(outR)
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		w.closeAll()
@@ -210,7 +211,25 @@ func (w *workload) setupIO(req *control.ExecRequest, attr *syscall.SysProcAttr) 
 	}
 	w.errR = errR
 	w.child = append(w.child, errW)
+	growPipe(errR)
 	return []*os.File{stdin, outW, errW}, nil
+}
+
+// outputPipeSize is the capacity asked for the workload's stdout and stderr pipes. The
+// default 64 KiB lets a pump take at most that much per read, however far the workload is
+// ahead; a larger pipe lets it fill whole output frames with one read. It is part of what
+// the workload may write ahead of a client that does not read.
+const outputPipeSize = 1 << 20
+
+// growPipe raises a pipe's capacity to outputPipeSize. It is only an optimisation: the
+// kernel refuses it past fs.pipe-max-size or once the user holds many pipe pages, and the
+// pipe then keeps its size.
+func growPipe(f *os.File) {
+	if sc, err := f.SyscallConn(); err == nil {
+		sc.Control(func(fd uintptr) {
+			unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeSize)
+		})
+	}
 }
 
 func (w *workload) closeChildEnds() {

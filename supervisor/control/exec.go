@@ -86,8 +86,8 @@ func (s *server) serveExec(ctx context.Context, st *yamux.Stream, fw *frameWrite
 	done := make(chan struct{})
 	es := &ExecStream{
 		fw:      fw,
-		stdout:  frameStreamWriter{fw: fw, typ: FrameStdout},
-		stderr:  frameStreamWriter{fw: fw, typ: FrameStderr},
+		stdout:  frameStreamWriter{fw: fw, typ: FrameStdout, chunk: outputChunkSize},
+		stderr:  frameStreamWriter{fw: fw, typ: FrameStderr, chunk: outputChunkSize},
 		resize:  make(chan WindowSize, 1),
 		signals: make(chan string, 16),
 	}

@@ -68,10 +68,15 @@ const (
 	// MaxFramePayload bounds one frame's payload. A reader refuses a larger frame before
 	// allocating anything, so a peer cannot make the other side buffer more than this.
 	MaxFramePayload = 1 << 20
-	// chunkSize is how much output or file data one frame carries when we produce it. It is
-	// well below MaxFramePayload so that stdout and stderr interleave finely and a frame never
-	// holds more than a few yamux window updates.
+	// chunkSize is how much file data or stdin one frame carries when we produce it, and
+	// what output is read into first (see outputBuffer). It is well below MaxFramePayload so
+	// that a frame never holds more than a few yamux window updates.
 	chunkSize = 32 << 10
+	// outputChunkSize is how much of a workload's output one stdout or stderr frame carries
+	// at most. Output is the bulk path: larger frames cost fewer frame headers, yamux writes
+	// and wake-ups per byte, and a quarter of MaxFramePayload still lets stdout and stderr
+	// interleave within a yamux window.
+	outputChunkSize = 256 << 10
 )
 
 // ErrFrameTooLarge is returned by ReadFrame for a frame whose declared length exceeds
@@ -151,16 +156,17 @@ func (fw *frameWriter) writePrepared(t FrameType, b []byte) error {
 	return err
 }
 
-// frameStreamWriter turns Write calls into frames of one type, chunked to chunkSize.
+// frameStreamWriter turns Write calls into frames of one type, chunked to chunk bytes.
 type frameStreamWriter struct {
-	fw  *frameWriter
-	typ FrameType
+	fw    *frameWriter
+	typ   FrameType
+	chunk int
 }
 
 func (s *frameStreamWriter) Write(p []byte) (int, error) {
 	total := 0
 	for len(p) > 0 {
-		n := min(len(p), chunkSize)
+		n := min(len(p), s.chunk)
 		if err := s.fw.write(s.typ, p[:n]); err != nil {
 			return total, err
 		}
@@ -170,14 +176,17 @@ func (s *frameStreamWriter) Write(p []byte) (int, error) {
 	return total, nil
 }
 
-// ReadFrom lets io.Copy read straight into a frame buffer, without an intermediate copy.
+// ReadFrom lets io.Copy read straight into a frame buffer, without an intermediate copy. It
+// serves the output streams, so its frames carry up to outputChunkSize bytes.
 func (s *frameStreamWriter) ReadFrom(r io.Reader) (int64, error) {
-	buf := make([]byte, frameHeaderSize+chunkSize)
+	var buf outputBuffer
+	defer buf.release()
 	var total int64
 	for {
-		n, err := r.Read(buf[frameHeaderSize:])
+		b := buf.bytes()
+		n, err := r.Read(b[frameHeaderSize:])
 		if n > 0 {
-			if werr := s.fw.writePrepared(s.typ, buf[:frameHeaderSize+n]); werr != nil {
+			if werr := s.fw.writePrepared(s.typ, b[:frameHeaderSize+n]); werr != nil {
 				return total, werr
 			}
 			total += int64(n)
@@ -188,5 +197,56 @@ func (s *frameStreamWriter) ReadFrom(r io.Reader) (int64, error) {
 		if err != nil {
 			return total, err
 		}
+		buf.used(n)
+	}
+}
+
+// Output buffers: room for a frame header, then the payload.
+var (
+	smallBuffers = sync.Pool{New: func() any { return new([frameHeaderSize + chunkSize]byte) }}
+	largeBuffers = sync.Pool{New: func() any { return new([frameHeaderSize + outputChunkSize]byte) }}
+)
+
+// outputBuffer is what a workload's output is read into, after frameHeaderSize bytes of room
+// for a frame header. It starts small and takes a large buffer while reads fill the small
+// one, giving it back once they no longer do: a flood of output moves in large frames (fewer
+// writes and wake-ups per byte), while an idle or interactive stream, blocked in a read most
+// of the time, holds little memory. Both come from pools shared by all streams.
+type outputBuffer struct {
+	small *[frameHeaderSize + chunkSize]byte
+	large *[frameHeaderSize + outputChunkSize]byte
+}
+
+// bytes is the buffer to read the next piece into, from its frameHeaderSize'th byte.
+func (b *outputBuffer) bytes() []byte {
+	if b.large != nil {
+		return b.large[:]
+	}
+	if b.small == nil {
+		b.small = smallBuffers.Get().(*[frameHeaderSize + chunkSize]byte)
+	}
+	return b.small[:]
+}
+
+// used adapts the buffer to a read of n bytes into bytes().
+func (b *outputBuffer) used(n int) {
+	switch {
+	case b.large == nil && n == chunkSize:
+		b.large = largeBuffers.Get().(*[frameHeaderSize + outputChunkSize]byte)
+	case b.large != nil && n < chunkSize:
+		largeBuffers.Put(b.large)
+		b.large = nil
+	}
+}
+
+// release gives the buffers back.
+func (b *outputBuffer) release() {
+	if b.large != nil {
+		largeBuffers.Put(b.large)
+		b.large = nil
+	}
+	if b.small != nil {
+		smallBuffers.Put(b.small)
+		b.small = nil
 	}
 }

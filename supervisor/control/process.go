@@ -199,7 +199,7 @@ func (w *stdinWriter) Write(b []byte) (int, error) {
 	if w.closed {
 		return 0, io.ErrClosedPipe
 	}
-	sw := frameStreamWriter{fw: w.fw, typ: FrameStdin}
+	sw := frameStreamWriter{fw: w.fw, typ: FrameStdin, chunk: chunkSize}
 	return sw.Write(b)
 }
 
