@@ -89,19 +89,11 @@ var ErrFrameTooLarge = fmt.Errorf("control: frame payload exceeds %d bytes", Max
 // dropped. A clean end of stream before the first header byte is io.EOF; one inside a frame is
 // io.ErrUnexpectedEOF.
 func ReadFrame(r io.Reader, buf []byte) (FrameType, []byte, error) {
-	var hdr [frameHeaderSize]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	t, n, err := readFrameHeader(r)
+	if err != nil {
 		return 0, nil, err
 	}
-	t := FrameType(hdr[0])
-	if !t.valid() {
-		return 0, nil, fmt.Errorf("control: unknown frame type %d", hdr[0])
-	}
-	n := binary.BigEndian.Uint32(hdr[1:])
-	if n > MaxFramePayload {
-		return 0, nil, ErrFrameTooLarge
-	}
-	if uint32(cap(buf)) < n {
+	if cap(buf) < n {
 		buf = make([]byte, n)
 	}
 	buf = buf[:n]
@@ -112,6 +104,24 @@ func ReadFrame(r io.Reader, buf []byte) (FrameType, []byte, error) {
 		return 0, nil, err
 	}
 	return t, buf, nil
+}
+
+// readFrameHeader reads a frame's header and checks it, as ReadFrame does, leaving the payload
+// of n bytes to read.
+func readFrameHeader(r io.Reader) (FrameType, int, error) {
+	var hdr [frameHeaderSize]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, 0, err
+	}
+	t := FrameType(hdr[0])
+	if !t.valid() {
+		return 0, 0, fmt.Errorf("control: unknown frame type %d", hdr[0])
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxFramePayload {
+		return 0, 0, ErrFrameTooLarge
+	}
+	return t, int(n), nil
 }
 
 // WriteFrame writes one frame with a single Write call, so that a frame is never split when

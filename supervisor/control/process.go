@@ -15,10 +15,13 @@ import (
 
 // Process is a running workload started by Exec.
 //
-// Stdout and Stderr must both be read (concurrently, or Stderr discarded) until EOF: output
-// is delivered in the order the agent sent it over one stream, so a reader that stops
-// stalls the other and, through the flow control, the workload itself. Wait returns once
-// both reached EOF and the exit status arrived.
+// Its output can be read in one of two ways, not both. Stdout and Stderr are two readers,
+// which must both be read (concurrently, or Stderr discarded) until EOF: output is delivered
+// in the order the agent sent it over one stream, so a reader that stops stalls the other
+// and, through the flow control, the workload itself. ReadOutput instead hands out both
+// streams' output from one goroutine, in the agent's order and without the pipes' copy and
+// hand-off: the way to relay output elsewhere. Wait returns once the output was read to its
+// end and the exit status arrived.
 type Process struct {
 	// PID is the workload's pid inside the sandbox.
 	PID int
@@ -30,25 +33,44 @@ type Process struct {
 	// Stderr is the workload's stderr; with TTY it is empty.
 	Stderr io.Reader
 
-	c      *Client
-	st     *yamux.Stream
-	fw     *frameWriter
-	outR   *io.PipeReader
-	errR   *io.PipeReader
-	outW   *io.PipeWriter
-	errW   *io.PipeWriter
-	done   chan struct{}
-	status ExitStatus
-	err    error
-	once   sync.Once
+	c    *Client
+	st   *yamux.Stream
+	fw   *frameWriter
+	outR *io.PipeReader
+	errR *io.PipeReader
+	outW *io.PipeWriter
+	errW *io.PipeWriter
+	done chan struct{}
+	// mode is how the output is read (modePipes or modeDirect), chosen once by the first
+	// Read of Stdout or Stderr, ReadOutput, Wait or Done.
+	mode     int
+	modeOnce sync.Once
+	status   ExitStatus
+	err      error
+	once     sync.Once
 	// closedEarly records a Close before the exit: Wait then reports ErrNoExit even if the
 	// agent's exit frame still arrives, so a caller sees one outcome for one action.
 	closedEarly atomic.Bool
+
+	// The frame being read: its type and how many of its payload bytes are still unread.
+	frameType FrameType
+	frameLeft int
+	buf       []byte // payloads of frames other than output
+	ended     bool   // ReadOutput reached the end; err says how
 }
+
+const (
+	modePipes  = 1
+	modeDirect = 2
+)
 
 // ErrNoExit is the error Wait returns when the stream ended without an exit status: the
 // process was closed, or the agent or the connection died.
 var ErrNoExit = errors.New("control: the exec ended without an exit status")
+
+// errOutputMode is the error of reading the output both through Stdout and Stderr and through
+// ReadOutput.
+var errOutputMode = errors.New("control: the output is read either through Stdout and Stderr or through ReadOutput, not both")
 
 // Exec starts a workload. ctx bounds only the start: once Exec returned, the workload runs
 // until it exits, its timeout passes, or Close (or the connection's end) makes the agent kill
@@ -88,22 +110,152 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 	pr := &Process{PID: s.PID, c: c, st: st, fw: fw, done: make(chan struct{})}
 	pr.outR, pr.outW = io.Pipe()
 	pr.errR, pr.errW = io.Pipe()
-	pr.Stdout, pr.Stderr = pr.outR, pr.errR
+	pr.Stdout, pr.Stderr = &pipeOutput{p: pr, r: pr.outR}, &pipeOutput{p: pr, r: pr.errR}
 	if req.Stdin {
 		pr.Stdin = &stdinWriter{fw: fw}
 	}
-	go pr.demux()
 	return pr, nil
 }
 
-// demux hands the output frames to the pipes (blocking while the caller does not read, which
-// stops reading the stream and so, through yamux's window, the agent and the workload) until
-// the exit frame.
+// useMode chooses how the output is read, the first time anything reads it, and reports
+// whether mode is the one in use. The pipes start their demultiplexer then.
+func (p *Process) useMode(mode int) bool {
+	p.modeOnce.Do(func() {
+		p.mode = mode
+		if mode == modePipes {
+			go p.demux()
+		}
+	})
+	return p.mode == mode
+}
+
+// pipeOutput is Stdout or Stderr: the first Read starts the demultiplexer that feeds them.
+type pipeOutput struct {
+	p *Process
+	r *io.PipeReader
+}
+
+func (o *pipeOutput) Read(b []byte) (int, error) {
+	if !o.p.useMode(modePipes) {
+		return 0, errOutputMode
+	}
+	return o.r.Read(b)
+}
+
+// demux hands the output to the pipes (blocking while the caller does not read, which stops
+// reading the stream and so, through yamux's window, the agent and the workload) until the
+// exit frame.
 func (p *Process) demux() {
-	defer close(p.done)
-	err := p.readFrames()
-	if err == nil && p.closedEarly.Load() {
-		err = fmt.Errorf("%w: the exec was closed before it ended", ErrNoExit)
+	var buf outputBuffer
+	defer buf.release()
+	for {
+		b := buf.bytes()[frameHeaderSize:]
+		t, n, err := p.next(b)
+		if n > 0 {
+			w, name := p.outW, "stdout"
+			if t == FrameStderr {
+				w, name = p.errW, "stderr"
+			}
+			if _, werr := w.Write(b[:n]); werr != nil {
+				err = fmt.Errorf("%w: %s closed", ErrNoExit, name)
+			}
+		}
+		if err != nil {
+			p.finish(err)
+			return
+		}
+		buf.used(n)
+	}
+}
+
+// ReadOutput reads the workload's output into b, the next piece of it in the order the agent
+// sent it, and says whose it is: FrameStdout (the terminal's output with TTY) or FrameStderr.
+// A piece is part of one frame of the agent, read straight into b. At the exit ReadOutput
+// returns io.EOF and Wait has the status; on any other error the exec is over as well (Wait
+// returns the same error). Like Stdout and Stderr it blocks while the agent sends nothing,
+// and a caller that stops calling it stalls the workload. It must not be called concurrently
+// with itself, nor once Stdout or Stderr was read.
+func (p *Process) ReadOutput(b []byte) (FrameType, int, error) {
+	if !p.useMode(modeDirect) {
+		return 0, 0, errOutputMode
+	}
+	if p.ended {
+		return 0, 0, p.endErr()
+	}
+	if p.closedEarly.Load() {
+		p.finish(fmt.Errorf("%w: the exec was closed before it ended", ErrNoExit))
+	} else {
+		t, n, err := p.next(b)
+		if err == nil {
+			return t, n, nil
+		}
+		p.finish(err)
+	}
+	p.ended = true
+	return 0, 0, p.endErr()
+}
+
+func (p *Process) endErr() error {
+	if p.err != nil {
+		return p.err
+	}
+	return io.EOF
+}
+
+// next reads the next piece of output into b (at least one byte of it, at most len(b)). At the
+// exit frame it records the status and returns io.EOF; any other end is an error.
+func (p *Process) next(b []byte) (FrameType, int, error) {
+	for p.frameLeft == 0 {
+		t, n, err := readFrameHeader(p.st)
+		if err != nil {
+			return 0, 0, p.readErr(err)
+		}
+		switch t {
+		case FrameStdout, FrameStderr:
+			p.frameType, p.frameLeft = t, n
+			continue
+		case FrameExit, FrameError:
+		default:
+			return 0, 0, fmt.Errorf("control: unexpected %s frame in an exec", t)
+		}
+		if cap(p.buf) < n {
+			p.buf = make([]byte, n)
+		}
+		payload := p.buf[:n]
+		if _, err := io.ReadFull(p.st, payload); err != nil {
+			return 0, 0, p.readErr(noEOF(err))
+		}
+		if t == FrameError {
+			return 0, 0, decodeRemoteError(payload)
+		}
+		if err := json.Unmarshal(payload, &p.status); err != nil {
+			return 0, 0, fmt.Errorf("control: malformed exit frame: %w", err)
+		}
+		return 0, 0, io.EOF
+	}
+	n, err := io.ReadFull(p.st, b[:min(len(b), p.frameLeft)])
+	p.frameLeft -= n
+	if err != nil {
+		return 0, 0, p.readErr(noEOF(err))
+	}
+	return p.frameType, n, nil
+}
+
+// readErr explains a failed read of the stream.
+func (p *Process) readErr(err error) error {
+	if p.c.sess.IsClosed() {
+		return fmt.Errorf("%w: %w", ErrNoExit, ErrClosed)
+	}
+	return fmt.Errorf("%w: %w", ErrNoExit, err)
+}
+
+// finish ends the exec with err: io.EOF at the exit frame, or what went wrong.
+func (p *Process) finish(err error) {
+	if err == io.EOF {
+		err = nil
+		if p.closedEarly.Load() {
+			err = fmt.Errorf("%w: the exec was closed before it ended", ErrNoExit)
+		}
 	}
 	p.err = err
 	if err != nil {
@@ -114,49 +266,29 @@ func (p *Process) demux() {
 		p.errW.Close()
 	}
 	p.st.Close()
+	close(p.done)
 }
 
-func (p *Process) readFrames() error {
-	var buf []byte
-	for {
-		t, payload, err := ReadFrame(p.st, buf)
-		if err != nil {
-			if p.c.sess.IsClosed() {
-				return fmt.Errorf("%w: %w", ErrNoExit, ErrClosed)
-			}
-			return fmt.Errorf("%w: %w", ErrNoExit, err)
-		}
-		buf = payload[:0]
-		switch t {
-		case FrameStdout:
-			if _, err := p.outW.Write(payload); err != nil {
-				return fmt.Errorf("%w: stdout closed", ErrNoExit)
-			}
-		case FrameStderr:
-			if _, err := p.errW.Write(payload); err != nil {
-				return fmt.Errorf("%w: stderr closed", ErrNoExit)
-			}
-		case FrameExit:
-			if err := json.Unmarshal(payload, &p.status); err != nil {
-				return fmt.Errorf("control: malformed exit frame: %w", err)
-			}
-			return nil
-		case FrameError:
-			return decodeRemoteError(payload)
-		default:
-			return fmt.Errorf("control: unexpected %s frame in an exec", t)
-		}
+func noEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
 	}
+	return err
 }
 
-// Wait waits for the exit status. Stdout and Stderr must be drained for it to return.
+// Wait waits for the exit status. Stdout and Stderr must be drained for it to return, or
+// ReadOutput called until it returned an error.
 func (p *Process) Wait() (ExitStatus, error) {
+	p.useMode(modePipes)
 	<-p.done
 	return p.status, p.err
 }
 
 // Done is closed when the exec ended (Wait will not block).
-func (p *Process) Done() <-chan struct{} { return p.done }
+func (p *Process) Done() <-chan struct{} {
+	p.useMode(modePipes)
+	return p.done
+}
 
 // Resize changes the terminal size of a TTY exec.
 func (p *Process) Resize(rows, cols uint16) error {
