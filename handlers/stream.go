@@ -3,7 +3,6 @@ package handlers
 import (
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -24,7 +23,7 @@ const (
 	pongWait       = 60 * time.Second   // a client silent this long is gone
 	pingPeriod     = pongWait * 9 / 10  // pings keep a healthy client within pongWait
 	maxMessageSize = 1<<20 + 1          // one stdin frame: a stream byte and up to 1 MiB
-	outputChunk    = 32 << 10           // output is sent in frames of at most this much
+	outputChunk    = 256 << 10          // output is sent in frames of at most this much
 	streamTimeout  = 3600 * time.Second // the default and largest timeout_ms of a stream
 	closeGrace     = 100 * time.Millisecond
 )
@@ -86,8 +85,11 @@ func (h *Handlers) ExecStream(w http.ResponseWriter, r *http.Request) error {
 
 	var upgradeErr error
 	upgrader := websocket.Upgrader{
-		ReadBufferSize:  outputChunk,
-		WriteBufferSize: outputChunk + 1,
+		ReadBufferSize: 32 << 10,
+		// Output frames are written straight from their chunk buffers (WriteMessage copies
+		// only what fits the write buffer and hands the rest to writev), so the write buffer
+		// need only hold headers and the small text frames.
+		WriteBufferSize: 4 << 10,
 		// The server's middleware has checked Origin for every route, with its allow-list.
 		CheckOrigin: func(*http.Request) bool { return true },
 		Error: func(_ http.ResponseWriter, _ *http.Request, status int, reason error) {
@@ -162,45 +164,39 @@ func parseStreamQuery(r *http.Request) (control.ExecRequest, time.Duration, erro
 	return req, wait, nil
 }
 
-// outgoing is one message for the connection's single writer.
-type outgoing struct {
-	kind int
-	data []byte
-}
+// Output buffers: a stream byte and the payload. A stream reads into a small one and moves
+// to a large one while its reads fill the small one, so that a flood goes out in large frames
+// (fewer writes and wake-ups per byte) and an idle or interactive stream holds little memory.
+// Both are recycled across streams.
+const smallChunk = 32 << 10
+
+var (
+	smallChunks = sync.Pool{New: func() any { return new([1 + smallChunk]byte) }}
+	largeChunks = sync.Pool{New: func() any { return new([1 + outputChunk]byte) }}
+)
 
 // runStream pumps a workload's streams over an upgraded connection until the workload ends
 // (exit message, normal close) or the client goes away (the workload is killed). It returns
 // how the workload ended, for the exec metrics.
 func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Process, log *slog.Logger) (timedOut bool, _ error) {
 	defer conn.Close()
-	out := make(chan outgoing, 8)
-	done := make(chan struct{}) // closed when the writer stops
 	var clientGone sync.Once
 	gone := func() { clientGone.Do(func() { proc.Close() }) }
 
-	// The one writer: data frames from the pumps, pings on a timer.
+	// Pings, on a timer. WriteControl may run concurrently with the one writer below.
+	stopPings, pingsDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		defer close(done)
+		defer close(pingsDone)
 		ping := time.NewTicker(pingPeriod)
 		defer ping.Stop()
 		for {
 			select {
-			case m, ok := <-out:
-				if !ok {
-					return
-				}
-				_ = conn.SetWriteDeadline(time.Now().Add(writeWait))
-				if err := conn.WriteMessage(m.kind, m.data); err != nil {
-					gone()
-					// Keep draining so that the pumps never block on a dead connection.
-					for range out {
-					}
-					return
-				}
 			case <-ping.C:
 				if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
 					gone()
 				}
+			case <-stopPings:
+				return
 			}
 		}
 	}()
@@ -251,25 +247,48 @@ func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Proces
 		}
 	}()
 
-	var pumps sync.WaitGroup
-	pump := func(stream byte, r io.Reader) {
-		defer pumps.Done()
-		for {
-			buf := make([]byte, 1+outputChunk)
-			buf[0] = stream
-			n, err := r.Read(buf[1:])
-			if n > 0 {
-				out <- outgoing{websocket.BinaryMessage, buf[:1+n]}
-			}
-			if err != nil {
-				return
-			}
+	// The one writer: the output in the order the agent sent it, straight from the read
+	// buffer, then the exit. Once a write failed the client is gone; the output is still
+	// read to its end (which Close makes quick) so that the exec ends.
+	var writeErr error
+	write := func(kind int, data []byte) {
+		if writeErr != nil {
+			return
+		}
+		_ = conn.SetWriteDeadline(time.Now().Add(writeWait))
+		if writeErr = conn.WriteMessage(kind, data); writeErr != nil {
+			gone()
 		}
 	}
-	pumps.Add(2)
-	go pump(streamStdout, proc.Stdout)
-	go pump(streamStderr, proc.Stderr)
-	pumps.Wait()
+	small := smallChunks.Get().(*[1 + smallChunk]byte)
+	defer smallChunks.Put(small)
+	var large *[1 + outputChunk]byte
+	buf := small[:]
+	for {
+		t, n, err := proc.ReadOutput(buf[1:])
+		if n > 0 {
+			buf[0] = streamStdout
+			if t == control.FrameStderr {
+				buf[0] = streamStderr
+			}
+			write(websocket.BinaryMessage, buf[:1+n])
+		}
+		if err != nil {
+			break
+		}
+		switch {
+		case n == len(buf)-1 && large == nil:
+			large = largeChunks.Get().(*[1 + outputChunk]byte)
+			buf = large[:]
+		case n < smallChunk && large != nil:
+			largeChunks.Put(large)
+			large = nil
+			buf = small[:]
+		}
+	}
+	if large != nil {
+		largeChunks.Put(large)
+	}
 
 	status, err := proc.Wait()
 	if err == nil {
@@ -279,8 +298,8 @@ func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Proces
 			msg.Signal = &sig
 		}
 		b, _ := json.Marshal(msg)
-		out <- outgoing{websocket.TextMessage, b}
-		out <- outgoing{websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "")}
+		write(websocket.TextMessage, b)
+		write(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 	} else {
 		// Close codes other than 1000 carry the problem code as their reason: a workload
 		// whose sandbox stopped under it goes away with not-running.
@@ -288,10 +307,10 @@ func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Proces
 		if c := errcode.Of(workloadLost("", agent, err)); c == errcode.NotRunning {
 			code, reason = websocket.CloseGoingAway, string(c)
 		}
-		out <- outgoing{websocket.CloseMessage, websocket.FormatCloseMessage(code, reason)}
+		write(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason))
 	}
-	close(out)
-	<-done
+	close(stopPings)
+	<-pingsDone
 	// Give the client a moment to answer the close before the connection goes.
 	_ = conn.SetReadDeadline(time.Now().Add(closeGrace))
 	return err == nil && status.TimedOut, err

@@ -207,6 +207,37 @@ func TestStreamLargeOutputInOrder(t *testing.T) {
 	}
 }
 
+// TestStreamBothStreamsInterleaved: stdout and stderr flooding at once arrive whole, each in
+// order, each on its own stream, through the one relay that carries both.
+func TestStreamBothStreamsInterleaved(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("both", true)
+	const nOut, nErr = 400000, 300000
+	s, _, err := d.dialStream("both", url.Values{"command": {"sh", "-c",
+		fmt.Sprintf("seq 1 %d >&2 & seq 1 %d; wait", nErr, nOut)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit := s.wait(); exit.ExitCode != 0 {
+		t.Fatalf("exit %+v", exit)
+	}
+	seq := func(n int) string {
+		var b strings.Builder
+		for i := 1; i <= n; i++ {
+			fmt.Fprintf(&b, "%d\n", i)
+		}
+		return b.String()
+	}
+	if s.stdout.String() != seq(nOut) {
+		t.Errorf("stdout is %d bytes and differs from seq's", s.stdout.Len())
+	}
+	if s.stderr.String() != seq(nErr) {
+		t.Errorf("stderr is %d bytes and differs from seq's", s.stderr.Len())
+	}
+}
+
 // TestStreamRefusalsAreProblems: validation and admission happen before the upgrade.
 func TestStreamRefusalsAreProblems(t *testing.T) {
 	requireRoot(t)
