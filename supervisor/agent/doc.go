@@ -28,8 +28,9 @@
 // process of the session). Signals from the client go to the process group. The exit status
 // follows the shell's convention: a signal's death is 128+n with the signal's name.
 //
-// Output flows from the pipes (or the pty) into the stream in 32 KiB frames and no faster
-// than the client reads: the workload blocks on a full pipe rather than the agent buffering.
+// Output flows from the pipes (1 MiB where the kernel allows, or the pty) into the stream in
+// frames of 32 KiB, growing to 256 KiB while the workload keeps them full, and no faster than
+// the client reads: the workload blocks on a full pipe rather than the agent buffering.
 // After the workload exits its output is drained until the pipes close or stay silent for
 // 100 ms, so a background process that inherited them does not hold the exec open.
 //
