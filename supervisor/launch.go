@@ -84,6 +84,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		LaunchID: launchID,
 		Image:    cfg.Image,
 		ImageDir: imageDir,
+		HostBase: s.hostBase(),
 		Lowers:   lowers,
 		Resources: runtime.Resources{
 			VCPUs: cfg.Resources.VCPUs, MemoryMB: cfg.Resources.MemoryMB, Pids: cfg.Resources.Pids,

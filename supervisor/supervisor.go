@@ -312,6 +312,12 @@ func (s *Supervisor) checkDisk(diskMB int) error {
 	return nil
 }
 
+// hostBase is where the runtime keeps the host image's shared base layer: under images/, in
+// a name no image can have (image names start with a letter or digit).
+func (s *Supervisor) hostBase() string {
+	return filepath.Join(s.store.Root(), "images", ".host")
+}
+
 // imageDir resolves an image name to its directory ("" for the host image).
 func (s *Supervisor) imageDir(name string) (string, error) {
 	if name == HostImage {

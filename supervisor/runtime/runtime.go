@@ -39,6 +39,10 @@ type Spec struct {
 	// (absolute), or "" for the built-in host image.
 	Image    string `json:"image"`
 	ImageDir string `json:"image_dir,omitempty"`
+	// HostBase is a directory, absolute, where the runtime may keep what the host image
+	// needs beyond the host's own files, shared by every sandbox that names it (the
+	// supervisor gives one per state root); "" keeps it in the sandbox's state directory.
+	HostBase string `json:"host_base,omitempty"`
 	// Lowers are read-only layers above the image (template generation layers), top first.
 	Lowers    []string  `json:"lowers,omitempty"`
 	Resources Resources `json:"resources"`
@@ -70,6 +74,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.ImageDir != "" && (!filepath.IsAbs(s.ImageDir) || filepath.Clean(s.ImageDir) != s.ImageDir) {
 		return fmt.Errorf("runtime: image directory %q must be a clean absolute path", s.ImageDir)
+	}
+	if s.HostBase != "" && (!filepath.IsAbs(s.HostBase) || filepath.Clean(s.HostBase) != s.HostBase) {
+		return fmt.Errorf("runtime: host base directory %q must be a clean absolute path", s.HostBase)
 	}
 	for _, l := range s.Lowers {
 		if !filepath.IsAbs(l) || filepath.Clean(l) != l {

@@ -28,12 +28,15 @@ const Kind = "namespace"
 
 // Names this runtime keeps in a state directory.
 const (
-	entryControl = "control"     // the agent's socket directory, the only part visible inside
-	entryUpper   = "upper"       // the overlay's writable layer: the sandbox's own files
-	entryWork    = "work"        // the overlay's work directory
-	entryRootfs  = "rootfs"      // the overlay's mount point (in the sandbox's mount namespace)
-	entryBase    = "base"        // the generated lowest layer of the host image
-	entryLog     = "sandbox.log" // the shim's and the init's output
+	entryControl = "control" // the agent's socket directory, the only part visible inside
+	entryUpper   = "upper"   // the overlay's writable layer: the sandbox's own files
+	entryWork    = "work"    // the overlay's work directory
+	entryRootfs  = "rootfs"  // the overlay's mount point (in the sandbox's mount namespace)
+	entryBase    = "base"    // the host image's base layer when it is not shared (Spec.HostBase "")
+	// entryHostFiles is the sandbox's own /etc/hostname and /etc/hosts, a layer right above
+	// the host image's shared base.
+	entryHostFiles = "hostfiles"
+	entryLog       = "sandbox.log" // the shim's and the init's output
 	// With a disk of its own (Spec.DiskMB), the sandbox's writable layer (upper and work)
 	// lives on an ext4 file system in entryDiskImage, which the init mounts on entryDisk
 	// inside its own mount namespace.
@@ -56,6 +59,7 @@ func declaredEntries() []runtime.Entry {
 		{Name: entryWork, Dir: true},
 		{Name: entryRootfs, Dir: true},
 		{Name: entryBase, Dir: true},
+		{Name: entryHostFiles, Dir: true},
 		{Name: entryLog},
 		{Name: entryDisk, Dir: true},
 		{Name: entryDiskImage},

@@ -123,12 +123,13 @@ func setupRootMounts(spec *shimSpec) error {
 		return err
 	}
 	root := rootfsPath(spec.Dir)
-	// The shim has built the host image's base layer (see runShim).
-	lowest := spec.ImageDir
-	if lowest == "" {
-		lowest = filepath.Join(spec.Dir, entryBase)
+	// The shim has made the host image's base layer (see runShim).
+	lowers := append([]string{}, spec.Lowers...)
+	if spec.ImageDir != "" {
+		lowers = append(lowers, spec.ImageDir)
+	} else {
+		lowers = append(lowers, filepath.Join(spec.Dir, entryHostFiles), spec.BaseDir)
 	}
-	lowers := append(append([]string{}, spec.Lowers...), lowest)
 	layerDir := spec.Dir
 	if spec.Disk {
 		var err error
@@ -259,111 +260,4 @@ func setupDev(root string) error {
 		}
 	}
 	return nil
-}
-
-// baseStampName marks a complete host base layer; its content says for what it was built.
-const baseStampName = ".sandboxd-base"
-
-// hostBaseStamp identifies what buildHostBase writes: a change of layout (baseFormat) or of
-// host name rebuilds the layer. Host files copied into it are refreshed on such a rebuild
-// only; they are public and change rarely (os-release, ld.so.cache).
-func hostBaseStamp(hostname string) string {
-	return fmt.Sprintf("format 2\nhostname %s\n", hostname)
-}
-
-// buildHostBase writes the lowest layer of the host image into base: the directory skeleton,
-// the merged-usr links, and a generated /etc. It is rebuilt at every start (the host may have
-// changed), and holds nothing secret.
-func buildHostBase(base, hostname string) error {
-	stamp := hostBaseStamp(hostname)
-	if b, err := os.ReadFile(filepath.Join(base, baseStampName)); err == nil && string(b) == stamp {
-		return nil // built by an earlier start of this sandbox, for the same host name
-	}
-	if err := os.RemoveAll(base); err != nil {
-		return err
-	}
-	if err := os.Mkdir(base, 0o755); err != nil {
-		return err
-	}
-	dirs := []struct {
-		name string
-		perm os.FileMode
-	}{
-		{"usr", 0o755}, {"proc", 0o555}, {"dev", 0o755}, {"etc", 0o755}, {"run", 0o755},
-		{"run/sandboxd", 0o700}, {"tmp", os.ModeSticky | 0o777}, {"var", 0o755}, {"var/tmp", os.ModeSticky | 0o777},
-		{"home", 0o755}, {"home/user", 0o755}, {"root", 0o700}, {"opt", 0o755}, {"mnt", 0o755},
-		{"srv", 0o755},
-	}
-	for _, d := range dirs {
-		p := filepath.Join(base, d.name)
-		// The shim runs with umask 0, so the mode is exact without a chmod.
-		if err := os.Mkdir(p, d.perm); err != nil {
-			return err
-		}
-	}
-	if err := os.Chown(filepath.Join(base, "home/user"), userUID, userGID); err != nil {
-		return err
-	}
-	for _, name := range mergedUsrLinks {
-		fi, err := os.Lstat("/" + name)
-		switch {
-		case err != nil:
-			continue
-		case fi.Mode()&os.ModeSymlink != 0:
-			target, err := os.Readlink("/" + name)
-			if err != nil {
-				return err
-			}
-			if err := os.Symlink(target, filepath.Join(base, name)); err != nil {
-				return err
-			}
-		case fi.IsDir():
-			if err := os.Mkdir(filepath.Join(base, name), 0o755); err != nil {
-				return err
-			}
-		}
-	}
-	shell := "/bin/sh"
-	if _, err := os.Stat("/usr/bin/bash"); err == nil {
-		shell = "/bin/bash"
-	}
-	etc := filepath.Join(base, "etc")
-	files := map[string]string{
-		"passwd": "root:x:0:0:root:/root:" + shell + "\n" +
-			fmt.Sprintf("user:x:%d:%d:user:%s:%s\n", userUID, userGID, userHome, shell) +
-			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		"group": "root:x:0:\ntty:x:5:\nusers:x:100:\n" +
-			fmt.Sprintf("user:x:%d:\n", userGID) + "nogroup:x:65534:\n",
-		"hosts":         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n",
-		"hostname":      hostname + "\n",
-		"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n",
-		// The sandbox has no network but loopback; a resolver that points nowhere fails fast.
-		"resolv.conf": "nameserver 127.0.0.1\n",
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(etc, name), []byte(content), 0o644); err != nil {
-			return err
-		}
-	}
-	// Public host files that programs expect, copied by content.
-	for _, name := range []string{"os-release", "ld.so.cache", "ld.so.conf", "protocols", "services", "issue"} {
-		b, err := os.ReadFile(filepath.Join("/etc", name))
-		if err != nil {
-			continue
-		}
-		if err := os.WriteFile(filepath.Join(etc, name), b, 0o644); err != nil {
-			return err
-		}
-	}
-	if target, err := os.Readlink("/etc/localtime"); err == nil && strings.HasPrefix(target, "/usr/") {
-		_ = os.Symlink(target, filepath.Join(etc, "localtime"))
-	}
-	// Debian's alternatives (awk, editor, ...) are links through /etc/alternatives into /usr;
-	// the host's directory of links is bound read-only over this mount point.
-	if fi, err := os.Lstat("/etc/alternatives"); err == nil && fi.IsDir() {
-		if err := os.Mkdir(filepath.Join(etc, "alternatives"), 0o755); err != nil {
-			return err
-		}
-	}
-	return os.WriteFile(filepath.Join(base, baseStampName), []byte(stamp), 0o644)
 }

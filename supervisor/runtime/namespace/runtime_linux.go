@@ -260,7 +260,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	for _, p := range append(append([]string{}, spec.Lowers...), spec.ImageDir, spec.Dir) {
+	for _, p := range append(append([]string{}, spec.Lowers...), spec.ImageDir, spec.Dir, spec.HostBase) {
 		if strings.ContainsAny(p, ":,\n") {
 			return platform.ProcessID{}, fmt.Errorf("namespace runtime: path %q has a character overlayfs cannot take", p)
 		}
@@ -347,14 +347,16 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	// Reap the shim if it ends while this sandboxd still runs; after a restart of sandboxd
 	// the host's init (or a subreaper) does.
 	go func() { _ = cmd.Wait() }()
+	// The shim may be gone already (killed from outside): the sandbox did not come up, as
+	// when its init dies before the agent answers, and a new start may be tried.
 	id, err := platform.Identify(cmd.Process.Pid)
 	if err != nil {
 		_ = cmd.Process.Kill()
-		return platform.ProcessID{}, fmt.Errorf("namespace runtime: identify the shim: %w", err)
+		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended as it started (identify: %v); start it again.", err)
 	}
 	if _, err := pw.Write(cfg); err != nil {
 		_ = platform.SignalVerified(id, syscall.SIGKILL)
-		return platform.ProcessID{}, fmt.Errorf("namespace runtime: hand the shim its configuration: %w", err)
+		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended before it took its configuration (%v); start it again.", err)
 	}
 	return id, nil
 }

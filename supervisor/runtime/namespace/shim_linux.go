@@ -36,9 +36,11 @@ type initConfig struct {
 
 // shimSpec is the part of the spec the init needs.
 type shimSpec struct {
-	ID         string            `json:"id"`
-	Dir        string            `json:"dir"`
-	ImageDir   string            `json:"image_dir,omitempty"`
+	ID       string `json:"id"`
+	Dir      string `json:"dir"`
+	ImageDir string `json:"image_dir,omitempty"`
+	// BaseDir is the host image's base layer when ImageDir is "".
+	BaseDir    string            `json:"base_dir,omitempty"`
 	Lowers     []string          `json:"lowers,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	Capability []byte            `json:"capability"`
@@ -123,11 +125,28 @@ func runShim(cfg *shimConfig) int {
 		return 1
 	}
 
-	// The host image's base layer is built while the init starts, and handed over (with the
-	// init's configuration) once complete.
+	// The host image's base layer, shared by the sandboxes of a state root, is made (if it
+	// is not there yet) while the init starts, and handed over (with the init's
+	// configuration) once complete.
 	baseDone := make(chan error, 1)
+	var baseDir string
 	if spec.ImageDir == "" {
-		go func() { baseDone <- buildHostBase(filepath.Join(spec.Dir, entryBase), spec.Hostname) }()
+		hb, err := readHostBase()
+		if err != nil {
+			return fail(nil, "read the host image: %v", err)
+		}
+		parent := spec.HostBase
+		if parent == "" {
+			parent = filepath.Join(spec.Dir, entryBase)
+		}
+		baseDir = filepath.Join(parent, hb.name())
+		go func() {
+			_, err := hb.ensure(parent)
+			if err == nil {
+				err = writeHostFiles(filepath.Join(spec.Dir, entryHostFiles), spec.Hostname)
+			}
+			baseDone <- err
+		}()
 	} else {
 		baseDone <- nil
 	}
@@ -154,7 +173,7 @@ func runShim(cfg *shimConfig) int {
 	}
 
 	icfg, err := json.Marshal(initConfig{Spec: shimSpec{
-		ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, Lowers: spec.Lowers,
+		ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: baseDir, Lowers: spec.Lowers,
 		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: cg.V2(), Disk: spec.DiskMB > 0,
 	}, Seccomp: cfg.Seccomp})
 	if err != nil {

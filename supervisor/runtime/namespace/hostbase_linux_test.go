@@ -1,0 +1,77 @@
+//go:build linux
+
+package namespace
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestHostBaseShared: concurrent starts make the shared base layer once, under one name,
+// leaving no temporary directory; other host content makes another name; a sandbox's own
+// host files are written once and left alone when they are as wanted.
+func TestHostBaseShared(t *testing.T) {
+	needRoot(t) // the layer's home/user belongs to the workload user
+	parent := filepath.Join(t.TempDir(), "host")
+	h, err := readHostBase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	dirs := make([]string, 4)
+	errs := make([]error, 4)
+	for i := range dirs {
+		wg.Go(func() { dirs[i], errs[i] = h.ensure(parent) })
+	}
+	wg.Wait()
+	for i := range dirs {
+		if errs[i] != nil || dirs[i] != dirs[0] {
+			t.Fatalf("start %d: %q %v; want %q", i, dirs[i], errs[i], dirs[0])
+		}
+	}
+	ents, err := os.ReadDir(parent)
+	if err != nil || len(ents) != 1 || ents[0].Name() != h.name() {
+		t.Fatalf("the parent holds %v (%v); want the layer alone", ents, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dirs[0], "etc", "passwd")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("etc/passwd: %v %v", fi, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dirs[0], "tmp")); err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
+		t.Fatalf("tmp: %v %v", fi, err)
+	}
+
+	other := *h
+	other.files = map[string][]byte{"os-release": []byte("ID=other\n")}
+	if other.name() == h.name() {
+		t.Fatal("other host content has the same layer name")
+	}
+
+	own := filepath.Join(t.TempDir(), entryHostFiles)
+	if err := writeHostFiles(own, "box"); err != nil {
+		t.Fatal(err)
+	}
+	hosts := filepath.Join(own, "etc", "hosts")
+	b, err := os.ReadFile(hosts)
+	if err != nil || string(b) != "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tbox\n" {
+		t.Fatalf("hosts %q %v", b, err)
+	}
+	old := time.Unix(1, 0)
+	if err := os.Chtimes(hosts, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeHostFiles(own, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(hosts); err != nil || !fi.ModTime().Equal(old) {
+		t.Fatalf("a second start rewrote hosts: %v %v", fi, err)
+	}
+	if err := writeHostFiles(own, "renamed"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(own, "etc", "hostname")); err != nil || string(b) != "renamed\n" {
+		t.Fatalf("hostname after a new name %q %v", b, err)
+	}
+}
