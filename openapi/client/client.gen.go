@@ -1363,8 +1363,9 @@ type ClientInterface interface {
 	//   `0` stdin (client to server), `1` stdout and `2` stderr (server to client). With
 	//   `tty=true` all output arrives on stdout.
 	// - Text frames carry one JSON control message each, `{"type": ..., ...}`:
-	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only),
-	//     `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
+	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
+	//     effect in its place among the stdin frames, so input sent after it sees the new
+	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
 	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000).
@@ -1813,8 +1814,9 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //     `0` stdin (client to server), `1` stdout and `2` stderr (server to client). With
 //     `tty=true` all output arrives on stdout.
 //   - Text frames carry one JSON control message each, `{"type": ..., ...}`:
-//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only),
-//     `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
+//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
+//     effect in its place among the stdin frames, so input sent after it sees the new
+//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
 //   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000).
@@ -4026,8 +4028,9 @@ type ClientWithResponsesInterface interface {
 	//   `0` stdin (client to server), `1` stdout and `2` stderr (server to client). With
 	//   `tty=true` all output arrives on stdout.
 	// - Text frames carry one JSON control message each, `{"type": ..., ...}`:
-	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only),
-	//     `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
+	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
+	//     effect in its place among the stdin frames, so input sent after it sees the new
+	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
 	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000).
@@ -7005,8 +7008,9 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //     `0` stdin (client to server), `1` stdout and `2` stderr (server to client). With
 //     `tty=true` all output arrives on stdout.
 //   - Text frames carry one JSON control message each, `{"type": ..., ...}`:
-//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only),
-//     `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
+//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
+//     effect in its place among the stdin frames, so input sent after it sees the new
+//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
 //   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000).

@@ -264,6 +264,8 @@ func (w *workload) startPumps(s *control.ExecStream) *sync.WaitGroup {
 	if w.tty {
 		pump(s.Stdout(), w.master)
 		if stdin != nil {
+			// A resize takes effect between the keystrokes sent before and after it.
+			s.OnResize(w.resize)
 			go func() {
 				io.Copy(w.master, stdin)
 				// The client's end of input: on a terminal that is the EOF character (^D at

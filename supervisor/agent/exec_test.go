@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -166,19 +167,18 @@ func TestExecSignal(t *testing.T) {
 	}
 }
 
+// TestExecTTYResize: a resize takes effect in its place among the keystrokes: a command sent
+// right after it sees the new size, every time.
 func TestExecTTYResize(t *testing.T) {
 	t.Parallel()
 	ta := startAgent(t)
 	c := ta.dial(t)
 	p, err := c.Exec(context.Background(), control.ExecRequest{
-		Argv: []string{"sh", "-c", "while read x; do stty size; done"}, TTY: true, Stdin: true, Rows: 24, Cols: 80})
+		Argv: []string{"sh", "-c", "stty -echo; echo ready; while read x; do stty size; done"}, TTY: true, Stdin: true, Rows: 24, Cols: 80})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if err := p.Resize(40, 120); err != nil {
-		t.Fatal(err)
-	}
 	lines := make(chan string, 100)
 	go func() {
 		sc := bufio.NewScanner(p.Stdout)
@@ -187,22 +187,29 @@ func TestExecTTYResize(t *testing.T) {
 		}
 		close(lines)
 	}()
-	// The resize and the input travel different paths inside the agent, so ask until the
-	// new size shows (the condition), with a deadline.
-	deadline := time.After(10 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for found := false; !found; {
+	next := func() string {
 		select {
 		case l, ok := <-lines:
 			if !ok {
 				t.Fatal("output ended")
 			}
-			found = l == "40 120"
-		case <-tick.C:
-			io.WriteString(p.Stdin, "\n")
-		case <-deadline:
-			t.Fatal("never saw the new size")
+			return l
+		case <-time.After(10 * time.Second):
+			t.Fatal("no output within 10s")
+		}
+		return ""
+	}
+	for next() != "ready" {
+	}
+	for _, size := range [][2]uint16{{40, 120}, {25, 70}, {50, 200}, {40, 120}} {
+		if err := p.Resize(size[0], size[1]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(p.Stdin, "\n"); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := next(), fmt.Sprintf("%d %d", size[0], size[1]); got != want {
+			t.Fatalf("a command sent right after a resize to %s saw %q", want, got)
 		}
 	}
 	p.Stdin.Close() // ^D ends the read loop

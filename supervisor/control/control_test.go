@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +48,13 @@ func (f *fakeHandler) Exec(ctx context.Context, req *ExecRequest, s *ExecStream)
 		sig := <-s.Signals()
 		io.WriteString(s.Stdout(), sig)
 		return ExitStatus{ExitCode: int(ws.Rows)}, nil
+	case "order":
+		// Writes what it reads of stdin, and each resize as "[rows]", in the order it sees
+		// them.
+		s.Started(45)
+		s.OnResize(func(ws WindowSize) { fmt.Fprintf(s.Stdout(), "[%d]", ws.Rows) })
+		io.Copy(s.Stdout(), s.Stdin())
+		return ExitStatus{}, nil
 	case "hang":
 		s.Started(44)
 		<-ctx.Done()
@@ -259,6 +268,30 @@ func TestExecProtocol(t *testing.T) {
 	out, _ = io.ReadAll(p.Stdout)
 	if st, err := p.Wait(); err != nil || st.ExitCode != 50 || string(out) != "INT" {
 		t.Fatalf("control: %+v %v %q", st, err, out)
+	}
+
+	// Resizes sent between stdin writes reach the handler in their place among them.
+	p, err = c.Exec(ctx, ExecRequest{Argv: []string{"order"}, TTY: true, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for i := range 20 {
+			io.WriteString(p.Stdin, "ab")
+			p.Resize(uint16(i+1), 80)
+		}
+		io.WriteString(p.Stdin, "end")
+		p.Stdin.Close()
+	}()
+	go io.Copy(io.Discard, p.Stderr)
+	out, _ = io.ReadAll(p.Stdout)
+	var want strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&want, "ab[%d]", i+1)
+	}
+	want.WriteString("end")
+	if st, err := p.Wait(); err != nil || string(out) != want.String() {
+		t.Fatalf("order: %+v %v\n got %q\nwant %q", st, err, out, want.String())
 	}
 
 	_, err = c.Exec(ctx, ExecRequest{Argv: []string{"fail"}})

@@ -76,7 +76,9 @@
 // Stdin is the one place where the agent's reading of a stream waits for the workload: it
 // queues at most a few stdin frames the workload has not read, then stops reading the
 // stream until it does. Resize, signal and close frames sent behind unread stdin wait with
-// it; the timeout and the connection's end still kill the workload.
+// it; the timeout and the connection's end still kill the workload. A resize sent while stdin
+// is open is handed over in its place among the stdin bytes (ExecStream.OnResize), so a
+// command typed after a resize runs at the new size.
 //
 // After answering shutdown the agent ends the session; Serve returns ErrShutdown and the
 // agent exits, which ends the sandbox.

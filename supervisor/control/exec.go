@@ -43,8 +43,20 @@ func (s *ExecStream) Stdout() io.Writer { return &s.stdout }
 func (s *ExecStream) Stderr() io.Writer { return &s.stderr }
 
 // Resizes delivers the client's terminal size changes; when they come faster than the handler
-// applies them, only the latest is kept.
+// applies them, only the latest is kept. With OnResize set, those sent while stdin is open go
+// there instead.
 func (s *ExecStream) Resizes() <-chan WindowSize { return s.resize }
+
+// OnResize makes the stdin reader apply the client's terminal size changes itself, in their
+// place among the stdin bytes: fn is called from Stdin's Read once everything sent before the
+// change was returned (and so written by the caller's copy loop), and before anything sent
+// after it. A client that resizes and then types sees its command run at the new size. Set it
+// before reading Stdin.
+func (s *ExecStream) OnResize(fn func(WindowSize)) {
+	if s.stdin != nil {
+		s.stdin.onResize = fn
+	}
+}
 
 // Signals delivers the names of the signals the client sends, as it spelled them (validate
 // them); the handler sends them to the workload.
@@ -56,21 +68,38 @@ func (s *ExecStream) Started(pid int) error {
 	return writeJSON(s.fw, FrameStarted, Started{PID: pid})
 }
 
-// stdinReader hands the stdin frames the stream reader queued to the handler's stdin pump.
+// stdinReader hands the stdin frames the stream reader queued to the handler's stdin pump,
+// and the resizes queued among them to onResize.
 type stdinReader struct {
-	ch   chan []byte
-	done <-chan struct{}
-	rest []byte
+	ch       chan stdinItem
+	done     <-chan struct{}
+	rest     []byte
+	onResize func(WindowSize)
+	resize   chan WindowSize // where resizes go without onResize
+}
+
+// stdinItem is a stdin frame's bytes, or a resize sent between stdin frames.
+type stdinItem struct {
+	data []byte
+	size *WindowSize
 }
 
 func (r *stdinReader) Read(p []byte) (int, error) {
 	for len(r.rest) == 0 {
 		select {
-		case b, ok := <-r.ch:
+		case it, ok := <-r.ch:
 			if !ok {
 				return 0, io.EOF
 			}
-			r.rest = b
+			if it.size != nil {
+				if r.onResize != nil {
+					r.onResize(*it.size)
+				} else {
+					keepLatest(r.resize, *it.size)
+				}
+				continue
+			}
+			r.rest = it.data
 		case <-r.done:
 			return 0, io.EOF
 		}
@@ -92,7 +121,7 @@ func (s *server) serveExec(ctx context.Context, st *yamux.Stream, fw *frameWrite
 		signals: make(chan string, 16),
 	}
 	if req.Stdin {
-		es.stdin = &stdinReader{ch: make(chan []byte, stdinQueueLen), done: done}
+		es.stdin = &stdinReader{ch: make(chan stdinItem, stdinQueueLen), done: done, resize: es.resize}
 	}
 	var readerDone sync.WaitGroup
 	readerDone.Add(1)
@@ -133,7 +162,7 @@ func readExecFrames(st io.Reader, es *ExecStream, done <-chan struct{}) {
 			}
 			b := append([]byte(nil), p...)
 			select {
-			case es.stdin.ch <- b:
+			case es.stdin.ch <- stdinItem{data: b}:
 			case <-done:
 				return
 			}
@@ -147,12 +176,16 @@ func readExecFrames(st io.Reader, es *ExecStream, done <-chan struct{}) {
 			if json.Unmarshal(p, &ws) != nil {
 				return
 			}
-			// Keep only the latest size.
-			select {
-			case <-es.resize:
-			default:
+			if es.stdin != nil && !stdinClosed {
+				// In its place among the stdin bytes (see OnResize).
+				select {
+				case es.stdin.ch <- stdinItem{size: &ws}:
+				case <-done:
+					return
+				}
+				continue
 			}
-			es.resize <- ws
+			keepLatest(es.resize, ws)
 		case FrameSignal:
 			var sr SignalRequest
 			if json.Unmarshal(p, &sr) != nil || sr.Name == "" || len(sr.Name) > 16 {
@@ -165,6 +198,22 @@ func readExecFrames(st io.Reader, es *ExecStream, done <-chan struct{}) {
 			}
 		default:
 			return
+		}
+	}
+}
+
+// keepLatest puts ws into the one-slot channel c, replacing a size not taken yet. Only the
+// stream reader and, with stdin, the stdin reader put; the handler takes.
+func keepLatest(c chan WindowSize, ws WindowSize) {
+	for {
+		select {
+		case c <- ws:
+			return
+		default:
+		}
+		select {
+		case <-c:
+		default:
 		}
 	}
 }
