@@ -88,7 +88,7 @@ func (s *wsSession) next() bool {
 	kind, data, err := s.conn.ReadMessage()
 	if err != nil {
 		if !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
-			s.t.Fatalf("the stream ended with %v", err)
+			s.t.Fatalf("the stream ended with %v; stdout so far %q", err, s.stdout.String())
 		}
 		return true
 	}
