@@ -11,8 +11,6 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandboxd/sandboxd/platform"
 )
 
@@ -170,7 +168,7 @@ func (h *hostBase) write(base string) error {
 	}
 	etc := filepath.Join(base, "etc")
 	for name, content := range h.files {
-		if err := writeSynced(filepath.Join(etc, name), content); err != nil {
+		if err := platform.WriteFileDurable(etc, name, content, 0o644); err != nil {
 			return err
 		}
 	}
@@ -186,8 +184,10 @@ func (h *hostBase) write(base string) error {
 			return err
 		}
 	}
-	for _, d := range []string{"etc", ""} {
-		f, err := platform.OpenDir(filepath.Join(base, d))
+	// The files are durable, each synced with etc; the links and directories made since are
+	// entries of etc and base, synced last.
+	for _, d := range []string{etc, base} {
+		f, err := platform.OpenDir(d)
 		if err != nil {
 			return err
 		}
@@ -198,26 +198,6 @@ func (h *hostBase) write(base string) error {
 		}
 	}
 	return nil
-}
-
-func writeSynced(path string, content []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
-	if err != nil {
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(content); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // writeHostFiles writes the sandbox's own /etc/hostname and /etc/hosts into dir (the
