@@ -15,6 +15,8 @@ import (
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
+
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // chromiumPath is Debian's chromium, which scripts/setup installs.
@@ -170,13 +172,22 @@ func TestDashboard(t *testing.T) {
 				until(ctx, t, "live events after the reload", `document.querySelector("#live").textContent === "live" && document.querySelector("#token-panel").hidden`)
 			}
 
-			// Create without starting, then start from the row.
-			run(ctx, t, "creating a sandbox",
+			// Create without starting (with a disk of its own where the host can give one),
+			// then start from the row.
+			create := []chromedp.Action[chromedp.Void]{
 				chromedp.SendKeys(chromedp.CSS("#create-id"), id),
 				chromedp.SendKeys(chromedp.CSS("#create-labels"), "team=web"),
 				chromedp.Click(chromedp.CSS("#create-start")),
-				chromedp.Click(chromedp.CSS("#create-submit")))
+			}
+			_, noLoop := os.Stat(platform.LoopControl)
+			if noLoop == nil {
+				create = append(create, chromedp.SendKeys(chromedp.CSS("#create-disk"), "64"))
+			}
+			run(ctx, t, "creating a sandbox", append(create, chromedp.Click(chromedp.CSS("#create-submit")))...)
 			until(ctx, t, "the provisioned sandbox", row+`?.dataset.state === "provisioned"`)
+			if noLoop == nil {
+				until(ctx, t, "its disk in its row", row+`?.textContent.includes("64 MiB disk")`)
+			}
 			clickLive(ctx, t, "starting it", `tr[data-id="`+id+`"] button[data-action="start"]`)
 			until(ctx, t, "the running sandbox", row+`?.dataset.state === "running"`)
 

@@ -24,7 +24,7 @@ const usage = `usage: sandboxctl [--url URL] [--token-file FILE] COMMAND [ARGS]
 commands:
   ls [--state STATE] [--label K=V]...       list sandboxes
   create [--id ID] [--image NAME] [--start] [--label K=V]... [--env K=V]...
-         [--vcpus N] [--memory-mb N] [--pids N]
+         [--vcpus N] [--memory-mb N] [--pids N] [--disk-mb N]
   get ID                                    show a sandbox
   start ID | stop [--force] ID | rm ID      lifecycle
   exec [--user U] [--cwd DIR] ID -- CMD...  run a command, print its output, exit with its code
@@ -218,6 +218,7 @@ func (c *cli) create(args []string) error {
 	vcpus := fs.Int("vcpus", 0, "CPUs")
 	memory := fs.Int("memory-mb", 0, "memory limit in MiB")
 	pids := fs.Int("pids", 0, "process limit")
+	disk := fs.Int("disk-mb", 0, "a disk of its own, in MiB, bounding what it writes")
 	var labels, env repeated
 	fs.Var(&labels, "label", "a label K=V; repeatable")
 	fs.Var(&env, "env", "an environment variable K=V; repeatable")
@@ -246,7 +247,7 @@ func (c *cli) create(args []string) error {
 		}
 		body.Labels = &l
 	}
-	if *vcpus > 0 || *memory > 0 || *pids > 0 {
+	if *vcpus > 0 || *memory > 0 || *pids > 0 || *disk > 0 {
 		res := &client.ResourcesRequest{}
 		if *vcpus > 0 {
 			res.Vcpus = vcpus
@@ -256,6 +257,9 @@ func (c *cli) create(args []string) error {
 		}
 		if *pids > 0 {
 			res.Pids = pids
+		}
+		if *disk > 0 {
+			res.DiskMb = disk
 		}
 		body.Resources = res
 	}

@@ -214,7 +214,7 @@
       el("td", {}, el("span", { class: "badge " + sb.state }, sb.state), exit),
       el("td", {}, origin),
       el("td", { title: sb.created_at }, age(sb.created_at)),
-      el("td", {}, `${r.vcpus} vCPU, ${r.memory_mb} MiB, ${r.pids} pids`),
+      el("td", {}, `${r.vcpus} vCPU, ${r.memory_mb} MiB, ${r.pids} pids` + (r.disk_mb ? `, ${r.disk_mb} MiB disk` : "")),
       el("td", {}, labels),
       actions);
   }
@@ -259,6 +259,7 @@
       if (num("#create-vcpus") !== undefined) res.vcpus = num("#create-vcpus");
       if (num("#create-memory") !== undefined) res.memory_mb = num("#create-memory");
       if (num("#create-pids") !== undefined) res.pids = num("#create-pids");
+      if (num("#create-disk") !== undefined) res.disk_mb = num("#create-disk");
       if (Object.keys(res).length) body.resources = res;
       const labels = {};
       for (const pair of $("#create-labels").value.split(",")) {
