@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
 )
@@ -66,8 +67,24 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 	if state == StateRunning || state == runtimeMismatch {
 		return nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before capturing it, so that its files are consistent.", id)
 	}
-	if cfg.Template != nil {
-		return nil, errcode.Invalid("sandbox", "Sandbox %s is a clone of template %s; capturing a clone (a layer over another generation) is not supported: capture the sandbox the template was built from.", id, cfg.Template.Template)
+	// A clone's capture is its generation's payload with the clone's own layer merged over
+	// it. The clone's lease keeps that payload while the lock keeps the clone stopped.
+	lowers, err := s.cloneLowers(l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var layers []*os.File
+	defer func() {
+		for _, f := range layers {
+			f.Close()
+		}
+	}()
+	for i := len(lowers) - 1; i >= 0; i-- { // lowers are top first; layers bottom first
+		f, err := platform.OpenDir(lowers[i])
+		if err != nil {
+			return nil, errcode.Wrap(errcode.Internal, err, "The generation sandbox %s was cloned from cannot be opened.", id)
+		}
+		layers = append(layers, f)
 	}
 	layer, err := s.rt.OpenLayer(l.Dir(), cfg.DiskMB > 0)
 	if errors.Is(err, os.ErrNotExist) {
@@ -76,7 +93,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 	if err != nil {
 		return nil, errcode.Wrap(errcode.Internal, err, "The writable layer of sandbox %s cannot be opened.", id)
 	}
-	defer layer.Close()
+	layers = append(layers, layer)
 	key := template.Key{
 		Runtime:   s.rt.Identity(),
 		Image:     cfg.Image,
@@ -91,7 +108,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 			s.emit(Event{Type: EventProgress, Sandbox: id, Template: templateName, Progress: &Progress{Phase: "copying", Done: copied, Total: total}})
 		}
 	}
-	g, err := s.templates.CaptureDir(ctx, templateName, layer, key, progress)
+	g, err := s.templates.CaptureLayers(ctx, templateName, layers, key, progress)
 	if err != nil {
 		return nil, err
 	}

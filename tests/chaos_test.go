@@ -103,7 +103,7 @@ var chaosAllowed = map[string][]int{
 	"exec":       {200, 404, 409, 423},
 	"delete":     {204, 404, 409, 423},
 	"get":        {200, 404},
-	"capture":    {201, 400, 404, 409, 423}, // 400: capturing a clone is not supported
+	"capture":    {201, 404, 409, 423},
 	"clone":      {201, 404, 409, 423, 504},
 	"tombstone":  {200, 404, 423},
 	"retire":     {202, 204, 404, 423},

@@ -197,3 +197,45 @@ func TestClonesSurviveRestart(t *testing.T) {
 		t.Fatalf("retire: %d %s", r.Status, r.Body)
 	}
 }
+
+// TestCaptureOfAClone: a clone changed and captured makes a generation that stands alone: its
+// clones see the first generation's files with the clone's changes over them, deletions
+// included (of the generation's files and of the host image's), and the first generation can
+// be retired while they run.
+func TestCaptureOfAClone(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	first := d.buildTemplate("tools") // /opt/tool/run, and /etc/hostname deleted
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "layer", "template": "tools", "start": true})
+	if got := d.exec("layer", map[string]any{"user": "root", "command": []string{"sh", "-c",
+		"mkdir -p /opt/more && echo second > /opt/more/file && printf '#!/bin/sh\\necho tool v2 says $1\\n' > /opt/tool/run && rm /etc/os-release"}}); got.ExitCode != 0 {
+		t.Fatalf("changing the clone: %+v", got)
+	}
+	d.mustStatus(200, "POST", "/v1/sandboxes/layer/stop", nil)
+	d.mustStatus(201, "POST", "/v1/templates", map[string]any{"name": "tools2"})
+	second := decode[generationJSON](t, d.doJSON("POST", "/v1/templates/tools2/generations", map[string]any{"sandbox": "layer"}), 201)
+	if second.SizeBytes <= first.SizeBytes {
+		t.Fatalf("the clone's generation (%d bytes) holds no more than the first (%d)", second.SizeBytes, first.SizeBytes)
+	}
+	d.mustStatus(204, "DELETE", "/v1/sandboxes/layer", nil)
+
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "grandchild", "template": "tools2", "start": true})
+	t.Cleanup(func() { d.dispose("grandchild") })
+	check := func(when string) {
+		t.Helper()
+		got := d.exec("grandchild", map[string]any{"command": []string{"sh", "-c",
+			"/opt/tool/run x; cat /opt/more/file; test -e /etc/hostname && echo hostname-is-back; test -e /etc/os-release && echo os-release-is-back; true"}})
+		if got.Stdout != "tool v2 says x\nsecond\n" {
+			t.Fatalf("%s, a clone of the clone's generation sees %q", when, got.Stdout)
+		}
+	}
+	check("at once")
+	// It leases only its own generation: the first one retires now, and nothing changes.
+	if r := d.doJSON("DELETE", "/v1/templates/tools/generations/"+first.ID, nil); r.Status != 204 && r.Status != 202 {
+		t.Fatalf("retiring the first generation: %d %s", r.Status, r.Body)
+	}
+	d.mustStatus(200, "POST", "/v1/sandboxes/grandchild/stop", nil)
+	d.mustStatus(200, "POST", "/v1/sandboxes/grandchild/start", nil)
+	check("after the first generation was retired")
+}

@@ -1487,7 +1487,9 @@ type ClientInterface interface {
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// generation holds its generation's files with the clone's changes over them, and
+	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
 	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
@@ -1501,7 +1503,9 @@ type ClientInterface interface {
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// generation holds its generation's files with the clone's changes over them, and
+	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
 	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
@@ -2068,7 +2072,9 @@ func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, par
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// generation holds its generation's files with the clone's changes over them, and
+// stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
 // `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //
@@ -2092,7 +2098,9 @@ func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNam
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// generation holds its generation's files with the clone's changes over them, and
+// stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
 // `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //
@@ -4172,7 +4180,9 @@ type ClientWithResponsesInterface interface {
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// generation holds its generation's files with the clone's changes over them, and
+	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
 	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
@@ -4186,7 +4196,9 @@ type ClientWithResponsesInterface interface {
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
 	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// generation holds its generation's files with the clone's changes over them, and
+	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
 	// `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 	//
@@ -7230,7 +7242,9 @@ func (c *ClientWithResponses) ListGenerationsWithResponse(ctx context.Context, n
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// generation holds its generation's files with the clone's changes over them, and
+// stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
 // `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //
@@ -7250,7 +7264,9 @@ func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
 // contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). While another transition holds
+// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// generation holds its generation's files with the clone's changes over them, and
+// stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
 // `transition-in-progress`. Progress is reported as `capture.progress` events on `/v1/events`.
 //

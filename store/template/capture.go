@@ -40,15 +40,22 @@ func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Ke
 		return nil, errcode.Wrap(errcode.Internal, err, "The sandbox's writable layer cannot be opened; it must be a directory, not a link.")
 	}
 	defer src.Close()
-	return s.CaptureDir(ctx, name, src, key, progress)
+	return s.CaptureLayers(ctx, name, []*os.File{src}, key, progress)
 }
 
-// CaptureDir is Capture of the directory src is open on, which the caller closes. Everything
-// below src is reached through it, so src may lie on a mount that only its descriptor reaches
-// (a sandbox's own disk, mounted in a mount namespace of its own for the copy).
-func (s *Store) CaptureDir(ctx context.Context, name string, src *os.File, key Key, progress func(copied, total int64)) (*Generation, error) {
+// CaptureLayers is Capture of a stack of open directories, lowest first, which the caller
+// closes. Everything below each is reached through its descriptor, so a layer may lie on a
+// mount that only the descriptor reaches (a sandbox's own disk, mounted on the side for the
+// copy). The generation holds the lowest copied, then each layer above merged over it as
+// overlayfs would show it (its whiteouts kept, so that they still hide what lies below the
+// stack). A clone's capture is its generation's payload with the clone's own layer above: a
+// generation that stands alone, so that it leases nothing.
+func (s *Store) CaptureLayers(ctx context.Context, name string, layers []*os.File, key Key, progress func(copied, total int64)) (*Generation, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
+	}
+	if len(layers) == 0 {
+		return nil, errors.New("template: a capture of no layer")
 	}
 	now, err := s.Now()
 	if err != nil {
@@ -120,15 +127,36 @@ func (s *Store) CaptureDir(ctx context.Context, name string, src *os.File, key K
 	}()
 
 	c := &copier{ctx: ctx, progress: progress, links: map[inode]string{}, dstRoot: filepath.Join(s.path, name, staging), euid: os.Geteuid(), egid: os.Getegid()}
-	if c.total, err = sizeTree(src, map[inode]bool{}); err != nil {
-		return nil, err
+	for _, l := range layers {
+		n, err := sizeTree(l, map[inode]bool{})
+		if err != nil {
+			return nil, err
+		}
+		c.total += n
 	}
 	if progress != nil {
 		progress(0, c.total)
 	}
-	size, err := c.copyRoot(src, sdir, PayloadDir)
+	size, err := c.copyRoot(layers[0], sdir, PayloadDir)
 	if err != nil {
 		return nil, err
+	}
+	if len(layers) > 1 {
+		for _, l := range layers[1:] {
+			if _, err := c.mergeRoot(l, sdir, PayloadDir); err != nil {
+				return nil, err
+			}
+		}
+		// What the merge replaced or hid was copied but is not in the payload.
+		payload, err := openDirAt(sdir, PayloadDir)
+		if err != nil {
+			return nil, err
+		}
+		size, err = sizeTree(payload, map[inode]bool{})
+		payload.Close()
+		if err != nil {
+			return nil, err
+		}
 	}
 	s.synced(StepCaptureCopied)
 	entry := &indexEntry{Format: IndexFormat, ID: gen, Template: name, Key: key, Time: now, CapturedAt: now.UTC, SizeBytes: size}

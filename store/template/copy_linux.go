@@ -107,6 +107,114 @@ func (c *copier) copyRoot(src, dst *os.File, name string) (int64, error) {
 	return c.copied, dst.Sync()
 }
 
+// mergeRoot lays the tree of src, an overlayfs upper layer, over the copy already in name
+// under dst, so that name holds what overlayfs would show with src above that copy: an entry
+// of src replaces the one below (a whiteout, kept, hides it), a directory of src merges into
+// the one below unless it is opaque (then it replaces it), and src's root metadata becomes
+// name's. It fsyncs what it changes and returns the bytes of regular files copied so far.
+func (c *copier) mergeRoot(src, dst *os.File, name string) (int64, error) {
+	var st unix.Stat_t
+	if err := fstat(src, &st); err != nil {
+		return 0, err
+	}
+	sub, err := openDirAt(dst, name)
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Close()
+	if err := c.mergeDir(src, sub, name); err != nil {
+		return 0, err
+	}
+	if err := c.applyMeta(dst, name, sub, &st, src, ""); err != nil {
+		return 0, err
+	}
+	if err := sub.Sync(); err != nil {
+		return 0, err
+	}
+	return c.copied, dst.Sync()
+}
+
+func (c *copier) mergeDir(src, dst *os.File, rel string) error {
+	if err := c.ctx.Err(); errors.Is(err, context.Canceled) {
+		return err
+	}
+	names, err := readNames(src)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		var st, bst unix.Stat_t // the entry in src, and the one below it in dst
+		if err := fstatat(src, name, &st); err != nil {
+			return err
+		}
+		err := fstatat(dst, name, &bst)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+		below := err == nil
+		if below && st.Mode&unix.S_IFMT == unix.S_IFDIR && bst.Mode&unix.S_IFMT == unix.S_IFDIR {
+			ssub, err := openDirAt(src, name)
+			if err != nil {
+				return err
+			}
+			opaque, err := isOpaque(ssub)
+			if err != nil {
+				ssub.Close()
+				return err
+			}
+			if !opaque {
+				err = c.mergeInto(ssub, dst, name, rel+"/"+name, &st)
+				ssub.Close()
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			ssub.Close()
+		}
+		if below {
+			if err := removeTree(dst, name); err != nil {
+				return err
+			}
+		}
+		if err := c.copyEntry(src, dst, name, rel+"/"+name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mergeInto merges the directory ssub into dst's directory name, then gives it ssub's
+// metadata (st).
+func (c *copier) mergeInto(ssub, dst *os.File, name, rel string, st *unix.Stat_t) error {
+	dsub, err := openDirAt(dst, name)
+	if err != nil {
+		return err
+	}
+	defer dsub.Close()
+	if err := c.mergeDir(ssub, dsub, rel); err != nil {
+		return err
+	}
+	if err := c.applyMeta(dst, name, dsub, st, ssub, ""); err != nil {
+		return err
+	}
+	return dsub.Sync()
+}
+
+// isOpaque says whether an upper layer's directory hides everything below it (overlayfs's
+// trusted.overlay.opaque "y").
+func isOpaque(dir *os.File) (bool, error) {
+	var b [4]byte
+	n, err := unix.Fgetxattr(int(dir.Fd()), overlayXattrPrefix+"opaque", b[:])
+	switch {
+	case err == nil:
+		return n == 1 && b[0] == 'y', nil
+	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ERANGE):
+		return false, nil
+	}
+	return false, fmt.Errorf("template: read the opaque mark of %s: %w", dir.Name(), err)
+}
+
 func (c *copier) copyDir(src, dst *os.File, rel string) error {
 	if err := c.ctx.Err(); errors.Is(err, context.Canceled) {
 		return err

@@ -321,3 +321,89 @@ func TestLinksInStoreNotFollowed(t *testing.T) {
 		t.Fatalf("check %v", entries)
 	}
 }
+
+// TestCaptureLayersMerges checks a capture of a layer over another (a clone's own layer over
+// its generation's payload): the upper's files replace the lower's, its directories merge into
+// the lower's unless opaque, its whiteouts hide and are kept, and the size is the result's.
+func TestCaptureLayersMerges(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("whiteouts and opaque marks need root")
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	lower, upper := t.TempDir(), t.TempDir()
+	l := func(name string) string { return filepath.Join(lower, name) }
+	u := func(name string) string { return filepath.Join(upper, name) }
+	must(os.MkdirAll(l("a"), 0o755))
+	must(os.WriteFile(l("a/kept"), []byte("kept"), 0o644))
+	must(os.WriteFile(l("a/changed"), []byte("old content"), 0o644))
+	must(os.WriteFile(l("gone"), []byte("gone"), 0o644))
+	must(os.MkdirAll(l("opaque/sub"), 0o755))
+	must(os.WriteFile(l("opaque/sub/hidden"), []byte("hidden"), 0o644))
+	must(os.WriteFile(l("became-dir"), []byte("file"), 0o644))
+	must(os.MkdirAll(l("became-file/deep"), 0o755))
+	must(unix.Mknod(l("deleted-below"), unix.S_IFCHR, 0)) // the generation's own whiteout
+
+	must(os.MkdirAll(u("a"), 0o700))
+	must(os.WriteFile(u("a/changed"), []byte("new"), 0o600))
+	must(os.WriteFile(u("a/added"), []byte("added"), 0o644))
+	must(unix.Mknod(u("gone"), unix.S_IFCHR, 0))
+	must(os.Mkdir(u("opaque"), 0o755))
+	must(unix.Setxattr(u("opaque"), "trusted.overlay.opaque", []byte("y"), 0))
+	must(os.WriteFile(u("opaque/only"), []byte("only"), 0o644))
+	must(os.MkdirAll(u("became-dir"), 0o755))
+	must(os.WriteFile(u("became-dir/in"), []byte("in"), 0o644))
+	must(os.WriteFile(u("became-file"), []byte("f"), 0o644))
+
+	e := newEnv(t)
+	if _, err := e.s.CreateTemplate(ctxT(t), "py"); err != nil {
+		t.Fatal(err)
+	}
+	lf, err := os.Open(lower)
+	must(err)
+	defer lf.Close()
+	uf, err := os.Open(upper)
+	must(err)
+	defer uf.Close()
+	g, err := e.s.CaptureLayers(ctxT(t), "py", []*os.File{lf, uf}, testKey, nil)
+	must(err)
+	dst, _ := e.s.PayloadDir("py", g.ID)
+	q := func(name string) string { return filepath.Join(dst, name) }
+	content := map[string]string{"a/kept": "kept", "a/changed": "new", "a/added": "added", "opaque/only": "only", "became-dir/in": "in", "became-file": "f"}
+	var size int64
+	for name, want := range content {
+		if b, err := os.ReadFile(q(name)); err != nil || string(b) != want {
+			t.Errorf("%s: %q %v; want %q", name, b, err, want)
+		}
+		size += int64(len(want))
+	}
+	if g.SizeBytes != size {
+		t.Errorf("size %d; want %d, the merged payload's", g.SizeBytes, size)
+	}
+	if fi, err := os.Stat(q("a/changed")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("a/changed keeps the upper's mode: %v %v", fi, err)
+	}
+	if fi, err := os.Stat(q("a")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("a merged directory takes the upper's mode: %v %v", fi, err)
+	}
+	for _, name := range []string{"gone", "deleted-below"} {
+		var st unix.Stat_t
+		if err := unix.Lstat(q(name), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+			t.Errorf("%s is not a whiteout: %+v %v", name, st, err)
+		}
+	}
+	for _, name := range []string{"opaque/sub", "became-file/deep"} {
+		if _, err := os.Lstat(q(name)); !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			t.Errorf("%s should be hidden: %v", name, err)
+		}
+	}
+	b := make([]byte, 4)
+	if n, err := unix.Getxattr(q("opaque"), "trusted.overlay.opaque", b); err != nil || string(b[:n]) != "y" {
+		t.Errorf("the opaque mark is lost: %v", err)
+	}
+}
