@@ -201,6 +201,10 @@ func TestDashboard(t *testing.T) {
 			// The terminal: a shell on a pseudo-terminal over the exec websocket.
 			clickLive(ctx, t, "opening the terminal", `tr[data-id="`+id+`"] button[data-action="terminal"]`)
 			until(ctx, t, "the terminal to connect", `document.querySelector("#terminal-status").textContent === "connected"`)
+			// The shell's prompt first: keys typed before it are echoed ahead of it, and the
+			// output then shares the prompt's line.
+			until(ctx, t, "the shell's prompt",
+				`[...document.querySelectorAll("#terminal .xterm-rows > div")].some(r => r.textContent.trim().endsWith("$"))`)
 			run(ctx, t, "typing into the terminal",
 				chromedp.Click(chromedp.CSS("#terminal .xterm-screen")),
 				typeKeys("echo hello\r"))
