@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,6 +37,7 @@ const (
 	UnrecordedProcess     = "unrecorded-process"      // a runtime process that no runtime record names
 	LeakedMount           = "leaked-mount"            // a host mount below the state root
 	LeakedCgroup          = "leaked-cgroup"           // the cgroup of a sandbox that is not running
+	LeakedLoop            = "leaked-loop"             // a loop device holding a disk image of a sandbox that is not running
 	BindingWithoutLease   = "binding-without-lease"   // clone.json names a lease record that does not exist
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
@@ -314,6 +316,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkProcesses(p)
 	c.checkMounts(p)
 	c.checkCgroups(p)
+	c.checkLoops(p)
 	c.checkTemplates(ctx, p)
 	return p, nil
 }
@@ -584,6 +587,34 @@ func (c *checker) checkMounts(p *pass) {
 	}
 }
 
+// checkLoops reports loop devices whose backing file lies under the state root while no
+// sandbox runs there to use it: a sandbox's disk is attached by its init with autoclear, so
+// the device goes with the sandbox's mount namespace, and one left means something else
+// holds it (a mount in another namespace). It is not repaired: detaching a device that is
+// mounted would fail, and whoever holds it must let go first.
+func (c *checker) checkLoops(p *pass) {
+	files, err := platform.LoopBackingFiles()
+	if err != nil {
+		return // no /sys/block: no loop devices to look at
+	}
+	for _, dev := range slices.Sorted(maps.Keys(files)) {
+		f := strings.TrimSuffix(files[dev], " (deleted)")
+		rest, ok := strings.CutPrefix(f, c.root+"/")
+		if !ok {
+			continue
+		}
+		id := ""
+		if r, ok := strings.CutPrefix(rest, store.SandboxesDir+"/"); ok {
+			id, _, _ = strings.Cut(r, "/")
+			dir := filepath.Join(c.root, store.SandboxesDir, id)
+			if s := p.states[dir]; s != nil && (s.busy || s.alive) || !c.stillIdle(dir, id) {
+				continue // in a transition, or running (or being captured): its disk is in use
+			}
+		}
+		p.add(LeakedLoop, id, rest, "loop device /dev/%s holds it while no sandbox runs there; find what mounts it (findmnt /dev/%s in every mount namespace) and unmount it", dev, dev)
+	}
+}
+
 // checkCgroups reports the cgroups of this root's sandboxes that are not running.
 func (c *checker) checkCgroups(p *pass) {
 	cg, err := platform.OpenCgroup(c.o.CgroupParent + "/probe")
@@ -606,13 +637,7 @@ func (c *checker) checkCgroups(p *pass) {
 			}
 		}
 	}
-	for _, id := range slices.Sorted(func(yield func(string) bool) {
-		for id := range ids {
-			if !yield(id) {
-				return
-			}
-		}
-	}) {
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		dir := filepath.Join(c.root, store.SandboxesDir, id)
 		s := p.states[dir]
 		if s == nil {
@@ -630,11 +655,10 @@ func (c *checker) checkCgroups(p *pass) {
 	}
 }
 
-// cgroupStillLeaked looks again, under the sandbox's lifecycle lock, at a sandbox that was not
-// running when its directory was examined: a start may have made its cgroup since. It is
-// leaked only if the cgroup is still there while the lock is free and no runtime process of
-// the sandbox lives.
-func (c *checker) cgroupStillLeaked(dir, id string) bool {
+// stillIdle looks again, under the sandbox's lifecycle lock, at a sandbox that was not running
+// when its directory was examined: a start may have come since. It is idle if the lock is free
+// and no runtime process of the sandbox lives.
+func (c *checker) stillIdle(dir, id string) bool {
 	lf, err := platform.OpenFile(filepath.Join(dir, store.LockName), os.O_RDONLY, 0)
 	if err != nil {
 		return true // no lock file: no transition can be under way
@@ -643,8 +667,15 @@ func (c *checker) cgroupStillLeaked(dir, id string) bool {
 	if got, err := platform.TryLock(lf); err != nil || !got {
 		return false // a transition holds it now
 	}
-	if rec, err := c.st.ReadRuntimeRecordUnlocked(id); err == nil && rec != nil && platformID(rec).Alive() {
-		return false // started since
+	rec, err := c.st.ReadRuntimeRecordUnlocked(id)
+	return !(err == nil && rec != nil && platformID(rec).Alive())
+}
+
+// cgroupStillLeaked says whether the cgroup of a sandbox that was not running is still there
+// while the sandbox is idle.
+func (c *checker) cgroupStillLeaked(dir, id string) bool {
+	if !c.stillIdle(dir, id) {
+		return false
 	}
 	cg, err := platform.OpenCgroup(c.o.CgroupParent + "/" + namespace.CgroupLeaf(id, dir))
 	return err == nil && cg.Exists()

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,24 +81,14 @@ func readHostBase() (*hostBase, error) {
 func (h *hostBase) name() string {
 	sum := sha256.New()
 	fmt.Fprintf(sum, "%s\n%s\n%v\n", hostBaseFormat, h.localtime, h.alternatives)
-	for _, k := range slices.Sorted(mapKeys(h.links)) {
+	for _, k := range slices.Sorted(maps.Keys(h.links)) {
 		fmt.Fprintf(sum, "link %q %q\n", k, h.links[k])
 	}
-	for _, k := range slices.Sorted(mapKeys(h.files)) {
+	for _, k := range slices.Sorted(maps.Keys(h.files)) {
 		fmt.Fprintf(sum, "file %q %d\n", k, len(h.files[k]))
 		sum.Write(h.files[k])
 	}
 	return "host-" + hex.EncodeToString(sum.Sum(nil))[:16]
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // ensure makes the layer in parent/h.name() unless it is there, and returns its path. It is
