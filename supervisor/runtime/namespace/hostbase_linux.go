@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
 )
@@ -102,6 +103,7 @@ func (h *hostBase) ensure(parent string) (string, error) {
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return "", err
 	}
+	removeStaleTemps(parent)
 	tmp := filepath.Join(parent, platform.TempName(filepath.Base(dir)))
 	defer os.RemoveAll(tmp) // a no-op once renamed
 	if err := h.write(tmp); err != nil {
@@ -119,6 +121,26 @@ func (h *hostBase) ensure(parent string) (string, error) {
 	}
 	defer pd.Close()
 	return dir, platform.SyncDir(pd)
+}
+
+// staleTempAge is how old a half-built layer must be to be taken for a crashed build's: a
+// build takes milliseconds, so one this old has no builder left.
+const staleTempAge = 10 * time.Minute
+
+// removeStaleTemps removes what builds that crashed left in parent.
+func removeStaleTemps(parent string) {
+	ents, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if _, ok := platform.IsTempName(e.Name()); !ok {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleTempAge {
+			_ = os.RemoveAll(filepath.Join(parent, e.Name()))
+		}
+	}
 }
 
 // write builds the layer in the new directory base.

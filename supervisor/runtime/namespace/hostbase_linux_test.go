@@ -20,6 +20,20 @@ func TestHostBaseShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A crashed build's leftover goes with the next build; a fresh one may be another's.
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(parent, ".host-x.0123456789abcdef.tmp")
+	fresh := filepath.Join(parent, ".host-y.0123456789abcdef.tmp")
+	for _, p := range []string{stale, fresh} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chtimes(stale, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	dirs := make([]string, 4)
 	errs := make([]error, 4)
@@ -31,6 +45,12 @@ func TestHostBaseShared(t *testing.T) {
 		if errs[i] != nil || dirs[i] != dirs[0] {
 			t.Fatalf("start %d: %q %v; want %q", i, dirs[i], errs[i], dirs[0])
 		}
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("a crashed build's leftover is still there: %v", err)
+	}
+	if err := os.Remove(fresh); err != nil {
+		t.Fatalf("a fresh build's directory went: %v", err)
 	}
 	ents, err := os.ReadDir(parent)
 	if err != nil || len(ents) != 1 || ents[0].Name() != h.name() {
