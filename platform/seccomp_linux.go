@@ -198,7 +198,7 @@ func compileSeccomp(prof *specs.LinuxSeccomp) (*SeccompProgram, error) {
 	if err != nil {
 		return nil, err
 	}
-	var defErrno uint = uint(unix.EPERM)
+	defErrno := uint(unix.EPERM)
 	if prof.DefaultErrnoRet != nil {
 		defErrno = *prof.DefaultErrnoRet
 	}

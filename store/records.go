@@ -120,7 +120,6 @@ func (e *FormatError) Error() string {
 	return fmt.Sprintf("%s has format %d, which this version of sandboxd does not know", e.Record, e.Format)
 }
 
-// decodeRecord checks the format number of a record before decoding the rest.
 // DecodeRecord checks a record's format number before decoding the rest into v, and refuses
 // a format other than want with a FormatError naming it. The template store's records use it
 // too: one rule for every record sandboxd reads from disk.

@@ -69,7 +69,7 @@ func (c *cli) shell(args []string) error {
 		if err != nil {
 			return err
 		}
-		defer term.Restore(stdinFD, old)
+		defer func() { _ = term.Restore(stdinFD, old) }()
 	}
 	var writeMu sync.Mutex // gorilla allows one writer at a time
 	write := func(kind int, data []byte) error {

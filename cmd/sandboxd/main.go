@@ -144,7 +144,7 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", o.listen)
+	ln, err := net.Listen("tcp", o.listen) //nolint:noctx // start-up: no request to end it
 	if err != nil {
 		return err
 	}

@@ -190,7 +190,7 @@ func checkTarget(raw string, allowRemote bool) error {
 	host := u.Hostname()
 	ips := []net.IP{net.ParseIP(host)}
 	if ips[0] == nil {
-		if ips, err = net.LookupIP(host); err != nil {
+		if ips, err = net.LookupIP(host); err != nil { //nolint:noctx // once, before the load
 			return fmt.Errorf("--url: resolving %s: %w", host, err)
 		}
 	}

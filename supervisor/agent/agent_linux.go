@@ -113,7 +113,7 @@ func listen(path string) (net.Listener, error) {
 	// appears only when connecting to it works, so a launcher can wait for the path and dial
 	// once, without a window where the path exists but refuses connections.
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+"."+randomHex()+".tmp")
-	ln, err := net.Listen("unix", tmp)
+	ln, err := net.Listen("unix", tmp) //nolint:noctx // the agent's lifetime listener
 	if err != nil {
 		return nil, fmt.Errorf("agent: listening: %w", err)
 	}

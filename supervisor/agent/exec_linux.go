@@ -170,7 +170,7 @@ func (w *workload) setupIO(req *control.ExecRequest, attr *syscall.SysProcAttr) 
 		if cols == 0 {
 			cols = defaultCols
 		}
-		setWinsize(master, rows, cols)
+		_ = setWinsize(master, rows, cols) // a size the terminal refuses leaves its default
 		// A session of its own with the pty as its controlling terminal (fd 0 in the child),
 		// as a login shell has: job control, ^C and SIGHUP on hang-up work as on a terminal.
 		attr.Setsid = true
@@ -226,8 +226,8 @@ const outputPipeSize = 1 << 20
 // pipe then keeps its size.
 func growPipe(f *os.File) {
 	if sc, err := f.SyscallConn(); err == nil {
-		sc.Control(func(fd uintptr) {
-			unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeSize)
+		_ = sc.Control(func(fd uintptr) {
+			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeSize) // refused: the default size
 		})
 	}
 }
@@ -271,7 +271,7 @@ func (w *workload) startPumps(s *control.ExecStream) *sync.WaitGroup {
 				// The client's end of input: on a terminal that is the EOF character (^D at
 				// the start of a line), as a user would type it.
 				if !w.exited.Load() {
-					w.master.Write([]byte{4})
+					_, _ = w.master.Write([]byte{4})
 				}
 			}()
 		}
@@ -341,7 +341,7 @@ func (w *workload) signal(name string) {
 
 func (w *workload) resize(ws control.WindowSize) {
 	if w.master != nil && ws.Rows > 0 && ws.Cols > 0 {
-		setWinsize(w.master, ws.Rows, ws.Cols)
+		_ = setWinsize(w.master, ws.Rows, ws.Cols)
 	}
 }
 

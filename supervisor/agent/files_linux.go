@@ -213,7 +213,7 @@ func sizeIsContent(fd int, size int64) bool {
 // file. On failure (the client gone included) the temp file is removed. The directory is
 // opened once and everything after is relative to it, so the file lands where it was checked.
 func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Reader) (int64, error) {
-	mode := uint32(req.Mode)
+	mode := req.Mode
 	if mode == 0 {
 		mode = 0o644
 	}
@@ -267,7 +267,7 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 	f := os.NewFile(uintptr(fd), tmp)
 	fail := func(err error) (int64, error) {
 		f.Close()
-		a.asUser(req.User, func() error { return unix.Unlinkat(dfd, tmp, 0) })
+		_ = a.asUser(req.User, func() error { return unix.Unlinkat(dfd, tmp, 0) })
 		return 0, err
 	}
 	n, err := io.Copy(f, r)
@@ -285,7 +285,7 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 	}
 	err = a.asUser(req.User, func() error { return unix.Renameat(dfd, tmp, dfd, base) })
 	if err != nil {
-		a.asUser(req.User, func() error { return unix.Unlinkat(dfd, tmp, 0) })
+		_ = a.asUser(req.User, func() error { return unix.Unlinkat(dfd, tmp, 0) })
 		return 0, fileError(err, req.Path)
 	}
 	// A failed directory sync means the rename may not survive a crash: report it.

@@ -316,7 +316,7 @@ func (r *fileReader) Read(p []byte) (int, error) {
 		if r.err != nil {
 			return 0, r.err
 		}
-		r.next()
+		_ = r.next() // sets r.err, read above
 	}
 	n := copy(p, r.rest)
 	r.rest = r.rest[n:]

@@ -138,7 +138,7 @@ func (s *server) serveExec(ctx context.Context, st *yamux.Stream, fw *frameWrite
 	if err != nil {
 		writeError(fw, err)
 	} else {
-		writeJSON(fw, FrameExit, status)
+		_ = writeJSON(fw, FrameExit, status)
 	}
 	// Unblock the frame reader if the client keeps the stream open: lingerClose in
 	// serveStream gives the client a moment to close.

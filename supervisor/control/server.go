@@ -206,7 +206,7 @@ func watchClient(ctx context.Context, st *yamux.Stream) (context.Context, contex
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		var b [1]byte
-		st.Read(b[:]) // returns at the client's close, a stray frame, or our close deadline
+		_, _ = st.Read(b[:]) // returns at the client's close, a stray frame, or our close deadline
 		cancel(errClientGone)
 	}()
 	return ctx, func() { cancel(nil) }
@@ -252,7 +252,7 @@ func (s *server) serveSimple(ctx context.Context, st *yamux.Stream, fw *frameWri
 			// workloads the shutdown ended) have sent their exits.
 			s.sess.GoAway()
 			s.stopAccepting()
-			writeJSON(fw, FrameResult, result)
+			_ = writeJSON(fw, FrameResult, result)
 			lingerClose(st)
 			return
 		}
@@ -261,7 +261,7 @@ func (s *server) serveSimple(ctx context.Context, st *yamux.Stream, fw *frameWri
 		writeError(fw, err)
 		return
 	}
-	writeJSON(fw, FrameResult, result)
+	_ = writeJSON(fw, FrameResult, result)
 }
 
 func (s *server) serveRead(ctx context.Context, fw *frameWriter, req *FileRequest) error {
@@ -353,7 +353,7 @@ func (s *server) serveWrite(ctx context.Context, st *yamux.Stream, fw *frameWrit
 		writeError(fw, err)
 		return
 	}
-	writeJSON(fw, FrameResult, WriteResult{Size: n})
+	_ = writeJSON(fw, FrameResult, WriteResult{Size: n})
 }
 
 func writeJSON(fw *frameWriter, t FrameType, v any) error {
@@ -369,5 +369,5 @@ func writeError(fw *frameWriter, err error) {
 	if re.Code == CodeInternal {
 		slog.Warn("control: operation failed", "err", err)
 	}
-	writeJSON(fw, FrameError, re)
+	_ = writeJSON(fw, FrameError, re)
 }

@@ -28,7 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
 
-// Defaults applied to a Spec's zero resources.
+// DefaultResources are applied to a Spec's zero resources.
 var DefaultResources = runtime.Resources{VCPUs: 1, MemoryMB: 512, Pids: 512}
 
 // Config configures the runtime. Its zero value is the default configuration.
@@ -330,7 +330,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	defer pw.Close()
-	cmd := exec.Command(r.cfg.Executable, ShimCommand, spec.Dir)
+	cmd := exec.Command(r.cfg.Executable, ShimCommand, spec.Dir) //nolint:noctx // the shim outlives every request, and sandboxd
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"

@@ -190,7 +190,7 @@ func runShim(cfg *shimConfig) int {
 	// lw stays open (close-on-exec) for the shim's whole life: it is the init's lifeline.
 	defer lw.Close()
 
-	cmd := exec.Command("/proc/self/exe", InitCommand, spec.Dir)
+	cmd := exec.Command("/proc/self/exe", InitCommand, spec.Dir) //nolint:noctx // the init lives as long as the sandbox
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{}
 	cmd.Dir = "/"
