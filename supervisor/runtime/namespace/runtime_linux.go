@@ -298,6 +298,12 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 			return platform.ProcessID{}, err
 		}
 	}
+	if spec.ImageDir == "" && spec.HostBase != "" {
+		// A base layer of the sandbox's own, made before the base was shared, is garbage.
+		if err := os.RemoveAll(filepath.Join(spec.Dir, entryBase)); err != nil {
+			return platform.ProcessID{}, err
+		}
+	}
 	if spec.DiskMB > 0 {
 		if err := r.DiskSupport(); err != nil {
 			return platform.ProcessID{}, err
