@@ -83,28 +83,10 @@ func sizeTree(dir *os.File, seen map[inode]bool) (int64, error) {
 // becomes name's), fsyncing every file and directory, and returns the bytes of regular files
 // copied.
 func (c *copier) copyRoot(src, dst *os.File, name string) (int64, error) {
-	var st unix.Stat_t
-	if err := fstat(src, &st); err != nil {
-		return 0, err
-	}
 	if err := unix.Mkdirat(int(dst.Fd()), name, 0o700); err != nil {
 		return 0, pathErr("mkdir", dst, name, err)
 	}
-	sub, err := openDirAt(dst, name)
-	if err != nil {
-		return 0, err
-	}
-	defer sub.Close()
-	if err := c.copyDir(src, sub, name); err != nil {
-		return 0, err
-	}
-	if err := c.applyMeta(dst, name, sub, &st, src, ""); err != nil {
-		return 0, err
-	}
-	if err := sub.Sync(); err != nil {
-		return 0, err
-	}
-	return c.copied, dst.Sync()
+	return c.fillRoot(src, dst, name, c.copyDir)
 }
 
 // mergeRoot lays the tree of src, an overlayfs upper layer, over the copy already in name
@@ -113,6 +95,12 @@ func (c *copier) copyRoot(src, dst *os.File, name string) (int64, error) {
 // the one below unless it is opaque (then it replaces it), and src's root metadata becomes
 // name's. It fsyncs what it changes and returns the bytes of regular files copied so far.
 func (c *copier) mergeRoot(src, dst *os.File, name string) (int64, error) {
+	return c.fillRoot(src, dst, name, c.mergeDir)
+}
+
+// fillRoot fills the directory name under dst from src with fill, then gives it src's
+// metadata and fsyncs it and dst.
+func (c *copier) fillRoot(src, dst *os.File, name string, fill func(src, dst *os.File, rel string) error) (int64, error) {
 	var st unix.Stat_t
 	if err := fstat(src, &st); err != nil {
 		return 0, err
@@ -122,7 +110,7 @@ func (c *copier) mergeRoot(src, dst *os.File, name string) (int64, error) {
 		return 0, err
 	}
 	defer sub.Close()
-	if err := c.mergeDir(src, sub, name); err != nil {
+	if err := fill(src, sub, name); err != nil {
 		return 0, err
 	}
 	if err := c.applyMeta(dst, name, sub, &st, src, ""); err != nil {
