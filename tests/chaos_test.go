@@ -373,7 +373,7 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 		switch op {
 		case "create":
 			req := map[string]any{"id": id, "start": rng.IntN(2) == 0}
-			if rng.IntN(3) == 0 {
+			if rng.IntN(3) == 0 && disksSupported() {
 				req["resources"] = map[string]any{"disk_mb": 32} // a disk of its own: mke2fs and a loop device in the crash path
 			}
 			method, path, body = "POST", "/v1/sandboxes", req

@@ -2,21 +2,44 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
 )
 
-// requireLoopDevices skips a test of sandboxes' own disks on a host without loop devices.
+// disksUnsupported says why sandboxes cannot have disks of their own on this host (no loop
+// devices, or no mke2fs), or "" if they can: sandboxd then answers such a create 503.
+func disksUnsupported() string {
+	if _, err := os.Stat(platform.LoopControl); err != nil {
+		return fmt.Sprintf("no loop devices (%v)", err)
+	}
+	if _, err := exec.LookPath("mke2fs"); err != nil {
+		for _, p := range []string{"/usr/sbin/mke2fs", "/sbin/mke2fs"} {
+			if _, serr := os.Stat(p); serr == nil {
+				return ""
+			}
+		}
+		return "no mke2fs (e2fsprogs)"
+	}
+	return ""
+}
+
+// disksSupported is disksUnsupported() == "", looked up once.
+var disksSupported = sync.OnceValue(func() bool { return disksUnsupported() == "" })
+
+// requireLoopDevices skips a test of sandboxes' own disks on a host that cannot give them.
 func requireLoopDevices(t *testing.T) {
 	t.Helper()
-	if _, err := os.Stat(platform.LoopControl); err != nil {
-		t.Skipf("no loop devices here (%v): sandboxes cannot have disks of their own", err)
+	if why := disksUnsupported(); why != "" {
+		t.Skipf("%s here: sandboxes cannot have disks of their own", why)
 	}
 }
 
