@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
 
 // hostBaseFormat names the layout hostBase.write produces; a change of it makes a new layer.
@@ -211,6 +212,25 @@ func (h *hostBase) write(base string) error {
 		}
 	}
 	return nil
+}
+
+// hostBaseFor finds (and makes, if need be) the host base layer for spec, under
+// spec.HostBase (or the sandbox's own directory), and writes the sandbox's own host files; it
+// returns the layer's directory.
+func hostBaseFor(spec *runtime.Spec) (string, error) {
+	hb, err := readHostBase()
+	if err != nil {
+		return "", fmt.Errorf("read the host image: %w", err)
+	}
+	parent := spec.HostBase
+	if parent == "" {
+		parent = filepath.Join(spec.Dir, entryBase)
+	}
+	dir, err := hb.ensure(parent)
+	if err != nil {
+		return "", err
+	}
+	return dir, writeHostFiles(filepath.Join(spec.Dir, entryHostFiles), spec.Hostname)
 }
 
 // writeHostFiles writes the sandbox's own /etc/hostname and /etc/hosts into dir (the

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"syscall"
@@ -125,30 +124,21 @@ func runShim(cfg *shimConfig) int {
 		return 1
 	}
 
-	// The host image's base layer, shared by the sandboxes of a state root, is made (if it
-	// is not there yet) while the init starts, and handed over (with the init's
-	// configuration) once complete.
-	baseDone := make(chan error, 1)
-	var baseDir string
+	// The host image's base layer, shared by the sandboxes of a state root, is found (read
+	// from the host and hashed) and made if it is not there yet while the init starts; the
+	// init gets it with its configuration.
+	type base struct {
+		dir string
+		err error
+	}
+	baseDone := make(chan base, 1)
 	if spec.ImageDir == "" {
-		hb, err := readHostBase()
-		if err != nil {
-			return fail(nil, "read the host image: %v", err)
-		}
-		parent := spec.HostBase
-		if parent == "" {
-			parent = filepath.Join(spec.Dir, entryBase)
-		}
-		baseDir = filepath.Join(parent, hb.name())
 		go func() {
-			_, err := hb.ensure(parent)
-			if err == nil {
-				err = writeHostFiles(filepath.Join(spec.Dir, entryHostFiles), spec.Hostname)
-			}
-			baseDone <- err
+			dir, err := hostBaseFor(spec)
+			baseDone <- base{dir, err}
 		}()
 	} else {
-		baseDone <- nil
+		baseDone <- base{}
 	}
 
 	cg, err := platform.OpenCgroup(cfg.Cgroup)
@@ -172,13 +162,6 @@ func runShim(cfg *shimConfig) int {
 		return fail(cg, "create cgroup: %v", err)
 	}
 
-	icfg, err := json.Marshal(initConfig{Spec: shimSpec{
-		ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: baseDir, Lowers: spec.Lowers,
-		Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: cg.V2(), Disk: spec.DiskMB > 0,
-	}, Seccomp: cfg.Seccomp})
-	if err != nil {
-		return fail(cg, "encode init configuration: %v", err)
-	}
 	cr, cw, err := os.Pipe()
 	if err != nil {
 		return fail(cg, "pipe: %v", err)
@@ -244,12 +227,19 @@ func runShim(cfg *shimConfig) int {
 	}
 	cr.Close()
 	lr.Close()
-	var werr error
-	if err := <-baseDone; err != nil {
-		logf("build the host image: %v", err)
-		werr = err
+	b := <-baseDone
+	werr := b.err
+	if werr != nil {
+		logf("build the host image: %v", werr)
 	} else {
-		_, werr = cw.Write(icfg)
+		var icfg []byte
+		icfg, werr = json.Marshal(initConfig{Spec: shimSpec{
+			ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: b.dir, Lowers: spec.Lowers,
+			Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: cg.V2(), Disk: spec.DiskMB > 0,
+		}, Seccomp: cfg.Seccomp})
+		if werr == nil {
+			_, werr = cw.Write(icfg)
+		}
 	}
 	cw.Close()
 	if werr != nil {
