@@ -2,9 +2,6 @@ package tests
 
 import (
 	"encoding/json"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,21 +10,19 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
-// disksUnsupported says why sandboxes cannot have disks of their own on this host (no loop
-// devices, or no mke2fs), or "" if they can: sandboxd then answers such a create 503.
+// disksUnsupported says why sandboxes cannot have disks of their own on this host (the
+// runtime's own DiskSupport: no loop devices, or no mke2fs), or "" if they can: sandboxd
+// then answers such a create 503.
 func disksUnsupported() string {
-	if _, err := os.Stat(platform.LoopControl); err != nil {
-		return fmt.Sprintf("no loop devices (%v)", err)
+	rt, err := namespace.New(namespace.Config{})
+	if err == nil {
+		err = rt.DiskSupport()
 	}
-	if _, err := exec.LookPath("mke2fs"); err != nil {
-		for _, p := range []string{"/usr/sbin/mke2fs", "/sbin/mke2fs"} {
-			if _, serr := os.Stat(p); serr == nil {
-				return ""
-			}
-		}
-		return "no mke2fs (e2fsprogs)"
+	if err != nil {
+		return err.Error()
 	}
 	return ""
 }

@@ -15,7 +15,8 @@ import (
 // TestEnsureDiskImage: the image is made once, of the size asked, sparse; a later call keeps it
 // as it is (the sandbox's files are in it); a leftover of an interrupted attempt goes.
 func TestEnsureDiskImage(t *testing.T) {
-	if _, err := mke2fs(); err != nil {
+	prog, err := mke2fs()
+	if err != nil {
 		t.Skipf("no mke2fs here: %v", err)
 	}
 	dir := t.TempDir()
@@ -24,7 +25,7 @@ func TestEnsureDiskImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := ensureDiskImage(ctx, dir, 64); err != nil {
+	if err := ensureDiskImage(ctx, dir, 64, prog); err != nil {
 		t.Fatal(err)
 	}
 	img := filepath.Join(dir, entryDiskImage)
@@ -39,7 +40,7 @@ func TestEnsureDiskImage(t *testing.T) {
 		t.Fatalf("the leftover of an interrupted attempt is still there: %v", err)
 	}
 	before := fi.Sys().(*syscall.Stat_t).Ino
-	if err := ensureDiskImage(ctx, dir, 128); err != nil {
+	if err := ensureDiskImage(ctx, dir, 128, prog); err != nil {
 		t.Fatal(err)
 	}
 	fi, err = os.Stat(img)

@@ -149,16 +149,19 @@ type shimConfig struct {
 // DiskSupport implements runtime.DiskLimiter: a sandbox's own disk is an ext4 file system
 // (made by mke2fs) in a sparse image, mounted through a loop device inside the sandbox.
 func (r *Runtime) DiskSupport() error {
+	_, err := r.diskTool()
+	return err
+}
+
+// diskTool checks what a disk of a sandbox's own needs and returns the mke2fs to make one.
+func (r *Runtime) diskTool() (string, error) {
 	if r.refusal != nil {
-		return r.refusal
+		return "", r.refusal
 	}
 	if fi, err := os.Stat(platform.LoopControl); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
-		return fmt.Errorf("no loop devices: %s is missing", platform.LoopControl)
+		return "", fmt.Errorf("no loop devices: %s is missing", platform.LoopControl)
 	}
-	if _, err := mke2fs(); err != nil {
-		return err
-	}
-	return nil
+	return mke2fs()
 }
 
 // mke2fs finds the mke2fs program (e2fsprogs), also where a PATH without sbin would miss it.
@@ -175,10 +178,10 @@ func mke2fs() (string, error) {
 }
 
 // ensureDiskImage makes the sandbox's disk image, an empty ext4 file system of sizeMB in a
-// sparse file, unless it exists. It is made under a temporary name and renamed into place
+// sparse file made by the mke2fs at prog, unless it exists. It is made under a temporary name and renamed into place
 // once complete and synced, so that a crash never leaves a half-made image under the real
 // name; leftovers of an interrupted attempt go first.
-func ensureDiskImage(ctx context.Context, dir string, sizeMB int) error {
+func ensureDiskImage(ctx context.Context, dir string, sizeMB int, prog string) error {
 	img := filepath.Join(dir, entryDiskImage)
 	if fi, err := os.Lstat(img); err == nil {
 		if !fi.Mode().IsRegular() {
@@ -198,10 +201,6 @@ func ensureDiskImage(ctx context.Context, dir string, sizeMB int) error {
 				return err
 			}
 		}
-	}
-	prog, err := mke2fs()
-	if err != nil {
-		return err
 	}
 	tmp := filepath.Join(dir, platform.TempName(entryDiskImage))
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -305,13 +304,14 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		}
 	}
 	if spec.DiskMB > 0 {
-		if err := r.DiskSupport(); err != nil {
+		prog, err := r.diskTool()
+		if err != nil {
 			return platform.ProcessID{}, err
 		}
 		if err := ensureDir(spec.Dir, entryDisk, 0o700); err != nil {
 			return platform.ProcessID{}, err
 		}
-		if err := ensureDiskImage(ctx, spec.Dir, spec.DiskMB); err != nil {
+		if err := ensureDiskImage(ctx, spec.Dir, spec.DiskMB, prog); err != nil {
 			return platform.ProcessID{}, err
 		}
 	}
