@@ -40,7 +40,7 @@ func FuzzDecodeRecords(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			b, err := encodeRecord(v)
+			b, err := EncodeRecord(v)
 			if err != nil {
 				t.Fatalf("%s: accepted %q but cannot encode it: %v", k.name, data, err)
 			}
@@ -54,7 +54,7 @@ func FuzzDecodeRecords(f *testing.F) {
 				t.Fatalf("%s: the re-encoding of %q does not decode: %v", k.name, data, err)
 			}
 			// Compare encodings: an empty map and an absent one encode alike (omitempty).
-			if b2, _ := encodeRecord(again); !bytes.Equal(b, b2) {
+			if b2, _ := EncodeRecord(again); !bytes.Equal(b, b2) {
 				t.Fatalf("%s: round trip changed %s into %s", k.name, b, b2)
 			}
 		}

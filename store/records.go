@@ -144,7 +144,9 @@ func DecodeRecord(name string, data []byte, want int, v any) error {
 	return nil
 }
 
-func encodeRecord(v any) ([]byte, error) {
+// EncodeRecord is the form of every record sandboxd writes (the template store's too):
+// indented JSON with a final newline, so that an operator can read it.
+func EncodeRecord(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
@@ -175,7 +177,7 @@ func recordErr(name string, err error) error {
 }
 
 func (l *Lock) writeRecord(name string, v any) error {
-	data, err := encodeRecord(v)
+	data, err := EncodeRecord(v)
 	if err != nil {
 		return err
 	}
@@ -292,7 +294,7 @@ func (l *Lock) RemoveOutcome() error { return l.removeRecord(OutcomeName) }
 func WriteOutcome(dir string, o *Outcome) error {
 	rec := *o
 	rec.Format = OutcomeFormat
-	data, err := encodeRecord(&rec)
+	data, err := EncodeRecord(&rec)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // FuzzDecodeRecords feeds arbitrary bytes to every record decoder: none may panic, every
@@ -75,7 +76,7 @@ func FuzzDecodeRecords(f *testing.F) {
 				t.Fatalf("accepted %+v", r)
 			}
 		}
-		enc, err := encodeRecord(v)
+		enc, err := store.EncodeRecord(v)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +84,7 @@ func FuzzDecodeRecords(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a re-encoded record does not decode: %v", err)
 		}
-		enc2, _ := encodeRecord(v2)
+		enc2, _ := store.EncodeRecord(v2)
 		if !bytes.Equal(enc, enc2) {
 			t.Fatalf("round trip changed the record:\n%s\n%s", enc, enc2)
 		}

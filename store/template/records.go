@@ -1,8 +1,6 @@
 package template
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -187,16 +185,6 @@ func DecodeBinding(data []byte) (*Binding, error) {
 	return &r, nil
 }
 
-func encodeRecord(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
 // readRecordFile reads a record under dir; found is false, with no error, when it does not
 // exist. It never follows a link or blocks on a FIFO.
 func readRecordFile(dir *os.File, name string) (data []byte, found bool, err error) {
@@ -231,7 +219,7 @@ func WriteBinding(dir string, b *Binding) error {
 	if _, ok := parseGeneration(rec.Generation); !ok || !validLeaseID(rec.Lease) || !validName(rec.Template) {
 		return fmt.Errorf("template: clone binding names template %q, generation %q, lease %q: %w", rec.Template, rec.Generation, rec.Lease, ErrBadRecord)
 	}
-	data, err := encodeRecord(&rec)
+	data, err := store.EncodeRecord(&rec)
 	if err != nil {
 		return err
 	}

@@ -295,7 +295,7 @@ func readTemplateRecord(d *os.File) (*templateRecord, error) {
 }
 
 func (s *Store) writeRecord(dir *os.File, name string, v any, step string) error {
-	data, err := encodeRecord(v)
+	data, err := store.EncodeRecord(v)
 	if err != nil {
 		return err
 	}
