@@ -13,13 +13,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
 	"github.com/sandboxd/sandboxd/supervisor"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // The kinds of problem the checker reports besides the template store's own
@@ -629,10 +630,10 @@ func (c *checker) checkCgroups(p *pass) {
 			continue // no sandbox cgroup made yet in this hierarchy
 		}
 		for _, e := range ents {
-			// A sandbox's cgroup is namespace.CgroupLeaf(id, dir); another root's differs.
+			// A sandbox's cgroup is shim.CgroupLeaf(id, dir); another root's differs.
 			id, _, ok := strings.Cut(e.Name(), ".")
 			if e.IsDir() && ok && store.ValidateID(id) == nil &&
-				e.Name() == namespace.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)) {
+				e.Name() == shim.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)) {
 				ids[id] = true
 			}
 		}
@@ -651,7 +652,7 @@ func (c *checker) checkCgroups(p *pass) {
 			continue // in a transition, or running
 		}
 		p.leakedCgroups[id] = true
-		p.add(LeakedCgroup, id, c.o.CgroupParent+"/"+namespace.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)), "the cgroup of a sandbox that is not running")
+		p.add(LeakedCgroup, id, c.o.CgroupParent+"/"+shim.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)), "the cgroup of a sandbox that is not running")
 	}
 }
 
@@ -677,7 +678,7 @@ func (c *checker) cgroupStillLeaked(dir, id string) bool {
 	if !c.stillIdle(dir, id) {
 		return false
 	}
-	cg, err := platform.OpenCgroup(c.o.CgroupParent + "/" + namespace.CgroupLeaf(id, dir))
+	cg, err := platform.OpenCgroup(c.o.CgroupParent + "/" + shim.CgroupLeaf(id, dir))
 	return err == nil && cg.Exists()
 }
 

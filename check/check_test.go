@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // TestDeclaredNamesMatchTheSupervisor: every name the checker knows the kind of is one that

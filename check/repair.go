@@ -9,9 +9,9 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
 
 // repair fixes what the first pass found and what is safe to fix (see the package doc).

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor/control"
 )
 
 // ExecCommand runs a command to completion and returns its output. The workload belongs to

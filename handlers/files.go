@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor/control"
 )
 
 // fileUser is the user file operations act as: the same default user as exec, so that

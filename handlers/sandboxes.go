@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
@@ -259,17 +260,17 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 	return sb
 }
 
-func exitReason(o *store.Outcome) openapi.LastExitReason {
+func exitReason(o *runtime.Outcome) openapi.LastExitReason {
 	switch o.Reason {
-	case store.ReasonSignaled:
+	case runtime.ReasonSignaled:
 		return openapi.LastExitReasonKilled
-	case store.ReasonOOM:
+	case runtime.ReasonOOM:
 		return openapi.LastExitReasonOom
-	case store.ReasonStopped:
+	case runtime.ReasonStopped:
 		return openapi.LastExitReasonStopped
-	case store.ReasonStartFailed:
+	case runtime.ReasonStartFailed:
 		return openapi.LastExitReasonStartFailed
-	case store.ReasonExited:
+	case runtime.ReasonExited:
 		return openapi.LastExitReasonExited
 	}
 	return openapi.LastExitReasonLost

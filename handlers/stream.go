@@ -12,9 +12,9 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/gorilla/websocket"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/supervisor/control"
 )
 
 // Websocket timing and sizes (see gorilla/websocket's command example for the pattern).

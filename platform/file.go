@@ -2,7 +2,10 @@ package platform
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 )
 
 // ErrNotRegular is wrapped by every error that refuses a file because it is not a regular file:
@@ -35,3 +38,21 @@ func (s Stat) IsRegular() bool { return s.Mode.IsRegular() }
 
 // IsDir reports whether the status is that of a directory.
 func (s Stat) IsDir() bool { return s.Mode.IsDir() }
+
+// EnsureDir creates dir/name with perm, or accepts an existing directory that is not a link.
+func EnsureDir(dir, name string, perm os.FileMode) error {
+	p := filepath.Join(dir, name)
+	if err := os.Mkdir(p, perm); err == nil {
+		return os.Chmod(p, perm)
+	} else if !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", p)
+	}
+	return os.Chmod(p, perm)
+}

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/record"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // FuzzDecodeRecords feeds arbitrary bytes to the decoder of every record the store reads from
@@ -27,25 +30,25 @@ func FuzzDecodeRecords(f *testing.F) {
 		{ConfigName, ConfigFormat, func() any { return &Config{} }},
 		{LaunchName, LaunchFormat, func() any { return &LaunchJournal{} }},
 		{RuntimeName, RuntimeFormat, func() any { return &RuntimeRecord{} }},
-		{OutcomeName, OutcomeFormat, func() any { return &Outcome{} }},
+		{OutcomeName, runtime.OutcomeFormat, func() any { return &runtime.Outcome{} }},
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, k := range kinds {
 			v := k.new()
-			err := DecodeRecord(k.name, data, k.format, v)
-			var fe *FormatError
+			err := record.Decode(k.name, data, k.format, v)
+			var fe *record.FormatError
 			if errors.As(err, &fe) && fe.Format == k.format {
 				t.Fatalf("%s: refused its own format %d", k.name, k.format)
 			}
 			if err != nil {
 				continue
 			}
-			b, err := EncodeRecord(v)
+			b, err := record.Encode(v)
 			if err != nil {
 				t.Fatalf("%s: accepted %q but cannot encode it: %v", k.name, data, err)
 			}
 			again := k.new()
-			if err := DecodeRecord(k.name, b, k.format, again); err != nil {
+			if err := record.Decode(k.name, b, k.format, again); err != nil {
 				// The decoder accepted a record whose own format field it ignored (a
 				// mismatched field type); the re-encoding must at least carry the format.
 				if errors.As(err, &fe) {
@@ -54,7 +57,7 @@ func FuzzDecodeRecords(f *testing.F) {
 				t.Fatalf("%s: the re-encoding of %q does not decode: %v", k.name, data, err)
 			}
 			// Compare encodings: an empty map and an absent one encode alike (omitempty).
-			if b2, _ := EncodeRecord(again); !bytes.Equal(b, b2) {
+			if b2, _ := record.Encode(again); !bytes.Equal(b, b2) {
 				t.Fatalf("%s: round trip changed %s into %s", k.name, b, b2)
 			}
 		}

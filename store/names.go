@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // The store's own entries in a state directory. Nothing else may use these names, in any
@@ -15,7 +16,7 @@ const (
 	ConfigName  = "config.json"
 	LaunchName  = "launch.json"
 	RuntimeName = "runtime.json"
-	OutcomeName = "outcome.json"
+	OutcomeName = runtime.OutcomeName
 )
 
 // storeNames lists the store's own entries.

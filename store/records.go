@@ -1,8 +1,6 @@
 package store
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,6 +9,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/record"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // The format numbers of the records this version writes and reads. A record with another
@@ -20,15 +20,14 @@ const (
 	ConfigFormat  = 1
 	LaunchFormat  = 1
 	RuntimeFormat = 1
-	OutcomeFormat = 1
 )
 
 // MaxRecordSize bounds every record read; records are small, and an unbounded read of a file
 // that something else grew would be a way to exhaust memory.
-const MaxRecordSize = 1 << 20
+const MaxRecordSize = record.MaxSize
 
 // recordPerm is the mode of every record: private to the service's user.
-const recordPerm = 0o600
+const recordPerm = record.Perm
 
 // Config is the configuration record, config.json. Its presence means "provisioned".
 type Config struct {
@@ -88,74 +87,6 @@ type RuntimeRecord struct {
 	StartedAt     time.Time `json:"started_at"`
 }
 
-// The reasons an Outcome gives.
-const (
-	ReasonExited      = "exited"
-	ReasonSignaled    = "signaled"
-	ReasonOOM         = "oom"
-	ReasonStopped     = "stopped"
-	ReasonStartFailed = "start-failed"
-)
-
-// Outcome is outcome.json: how the sandbox's last run ended, written by the runtime process
-// (without the lock) when the sandbox ends.
-type Outcome struct {
-	Format    int       `json:"format"`
-	LaunchID  string    `json:"launch_id"`
-	ExitCode  int       `json:"exit_code"`
-	Signal    string    `json:"signal,omitempty"`
-	OOMKilled bool      `json:"oom_killed"`
-	Reason    string    `json:"reason"`
-	At        time.Time `json:"at"`
-}
-
-// FormatError is wrapped by the error of reading a record whose format this version does not
-// know.
-type FormatError struct {
-	Record string
-	Format int
-}
-
-func (e *FormatError) Error() string {
-	return fmt.Sprintf("%s has format %d, which this version of sandboxd does not know", e.Record, e.Format)
-}
-
-// DecodeRecord checks a record's format number before decoding the rest into v, and refuses
-// a format other than want with a FormatError naming it. The template store's records use it
-// too: one rule for every record sandboxd reads from disk.
-func DecodeRecord(name string, data []byte, want int, v any) error {
-	var probe struct {
-		Format *int `json:"format"`
-	}
-	if err := json.Unmarshal(data, &probe); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The record %s is not valid JSON; run sandboxd check.", name)
-	}
-	got := 0
-	if probe.Format != nil {
-		got = *probe.Format
-	}
-	if got != want {
-		return errcode.Wrap(errcode.Internal, &FormatError{Record: name, Format: got},
-			"The record %s has format %d, which this version of sandboxd does not know (it knows %d); run a sandboxd that does.", name, got, want)
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The record %s does not decode; run sandboxd check.", name)
-	}
-	return nil
-}
-
-// EncodeRecord is the form of every record sandboxd writes (the template store's too):
-// indented JSON with a final newline, so that an operator can read it.
-func EncodeRecord(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
 // readRecord reads and decodes a record under dir. It reports found=false, with no error,
 // when the record does not exist; it never follows a link or blocks on a FIFO.
 func readRecord(dir *os.File, name string, format int, v any) (found bool, err error) {
@@ -166,7 +97,7 @@ func readRecord(dir *os.File, name string, format int, v any) (found bool, err e
 	if err != nil {
 		return false, recordErr(name, err)
 	}
-	return true, DecodeRecord(name, data, format, v)
+	return true, record.Decode(name, data, format, v)
 }
 
 func recordErr(name string, err error) error {
@@ -177,7 +108,7 @@ func recordErr(name string, err error) error {
 }
 
 func (l *Lock) writeRecord(name string, v any) error {
-	data, err := EncodeRecord(v)
+	data, err := record.Encode(v)
 	if err != nil {
 		return err
 	}
@@ -273,9 +204,9 @@ func (l *Lock) WriteRuntimeRecord(r *RuntimeRecord) error {
 func (l *Lock) RemoveRuntimeRecord() error { return l.removeRecord(RuntimeName) }
 
 // Outcome reads the outcome report; (nil, nil) when there is none.
-func (l *Lock) Outcome() (*Outcome, error) {
-	var o Outcome
-	found, err := readRecord(l.dir, OutcomeName, OutcomeFormat, &o)
+func (l *Lock) Outcome() (*runtime.Outcome, error) {
+	var o runtime.Outcome
+	found, err := readRecord(l.dir, OutcomeName, runtime.OutcomeFormat, &o)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -284,25 +215,6 @@ func (l *Lock) Outcome() (*Outcome, error) {
 
 // RemoveOutcome removes the outcome report durably; no report is not an error.
 func (l *Lock) RemoveOutcome() error { return l.removeRecord(OutcomeName) }
-
-// WriteOutcome writes the outcome report into the state directory dir, without the lock: the
-// runtime process calls it when the sandbox ends, while a transition may hold the lock. It
-// stages the report under the store's temp form (".outcome.json.<random>.tmp"), fsyncs it,
-// renames it to outcome.json and fsyncs dir, so a reader sees a whole report or none. A
-// staging file left by a crash is removed by Lock.CleanStaging or by removal, once no process
-// of that launch can run.
-func WriteOutcome(dir string, o *Outcome) error {
-	rec := *o
-	rec.Format = OutcomeFormat
-	data, err := EncodeRecord(&rec)
-	if err != nil {
-		return err
-	}
-	if err := platform.WriteFileDurable(dir, OutcomeName, data, recordPerm); err != nil {
-		return recordErr(OutcomeName, err)
-	}
-	return nil
-}
 
 // openUnlocked opens id's state directory for a read without the lock.
 func (s *Store) openUnlocked(id string) (*os.File, error) {
@@ -373,14 +285,14 @@ func (s *Store) ReadLaunchJournalUnlocked(id string) (*LaunchJournal, error) {
 
 // ReadOutcomeUnlocked reads id's outcome report without the lock; (nil, nil) when the
 // directory exists but has none, sandbox-not-found when the directory is missing.
-func (s *Store) ReadOutcomeUnlocked(id string) (*Outcome, error) {
+func (s *Store) ReadOutcomeUnlocked(id string) (*runtime.Outcome, error) {
 	dir, err := s.openUnlocked(id)
 	if err != nil {
 		return nil, err
 	}
 	defer dir.Close()
-	var o Outcome
-	found, err := readRecord(dir, OutcomeName, OutcomeFormat, &o)
+	var o runtime.Outcome
+	found, err := readRecord(dir, OutcomeName, runtime.OutcomeFormat, &o)
 	if err != nil || !found {
 		return nil, err
 	}

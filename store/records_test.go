@@ -13,6 +13,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/record"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 func TestRecordsRoundTrip(t *testing.T) {
@@ -61,11 +63,11 @@ func TestRecordsRoundTrip(t *testing.T) {
 		t.Fatalf("ReadRuntimeRecordUnlocked = %+v, %v", got, err)
 	}
 
-	o := &Outcome{LaunchID: "l1", ExitCode: 137, Signal: "KILL", OOMKilled: true, Reason: ReasonOOM, At: at}
-	if err := WriteOutcome(l.Dir(), o); err != nil {
+	o := &runtime.Outcome{LaunchID: "l1", ExitCode: 137, Signal: "KILL", OOMKilled: true, Reason: runtime.ReasonOOM, At: at}
+	if err := runtime.WriteOutcome(l.Dir(), o); err != nil {
 		t.Fatal(err)
 	}
-	o.Format = OutcomeFormat
+	o.Format = runtime.OutcomeFormat
 	if got, err := l.Outcome(); err != nil || !reflect.DeepEqual(got, o) {
 		t.Fatalf("Outcome() = %+v, %v", got, err)
 	}
@@ -165,7 +167,7 @@ func TestUnknownFormatRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := fn()
-			var fe *FormatError
+			var fe *record.FormatError
 			if !errors.As(err, &fe) || fe.Format != format || fe.Record != name {
 				t.Fatalf("%s with %s: %v; want a FormatError for format %d", name, content, err, format)
 			}
@@ -175,7 +177,7 @@ func TestUnknownFormatRefused(t *testing.T) {
 		}
 	}
 	_, err := s.ReadConfigUnlocked("a")
-	var fe *FormatError
+	var fe *record.FormatError
 	if !errors.As(err, &fe) {
 		t.Fatalf("ReadConfigUnlocked = %v; want a FormatError", err)
 	}
@@ -228,7 +230,7 @@ func TestRecordNotRegularFailsAtOnce(t *testing.T) {
 					ConfigName:  func() error { return l.WriteConfig(config("a")) },
 					LaunchName:  func() error { return l.WriteLaunchJournal(&LaunchJournal{}) },
 					RuntimeName: func() error { return l.WriteRuntimeRecord(&RuntimeRecord{}) },
-					OutcomeName: func() error { return WriteOutcome(l.Dir(), &Outcome{}) },
+					OutcomeName: func() error { return runtime.WriteOutcome(l.Dir(), &runtime.Outcome{}) },
 				}[name]
 				if err := write(); !errors.Is(err, platform.ErrNotRegular) {
 					t.Fatalf("write = %v; want ErrNotRegular", err)

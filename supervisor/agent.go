@@ -3,9 +3,9 @@ package supervisor
 import (
 	"context"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/supervisor/control"
 )
 
 // Agent returns a control session with a running sandbox's agent, for file operations. It

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -25,7 +26,7 @@ type Event struct {
 	Sandbox string
 	State   string
 	// Exit is how the sandbox ended, for EventExited and EventStopped.
-	Exit *store.Outcome
+	Exit *runtime.Outcome
 	// Template, Generation and Lease name what a template event is about.
 	Template, Generation, Lease string
 	// Progress is a capture's progress, for EventProgress.

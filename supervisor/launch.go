@@ -9,11 +9,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/supervisor/control"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
 
 // requiredFeatures are what the server needs of an agent before a launch commits.
@@ -96,7 +96,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	}
 	proc, err := s.rt.Start(ctx, spec)
 	if err != nil {
-		s.abandon(ctx, l, launchID, platform.ProcessID{}, store.ReasonStartFailed)
+		s.abandon(ctx, l, launchID, platform.ProcessID{}, runtime.ReasonStartFailed)
 		if ctx.Err() != nil {
 			return errcode.Wrap(errcode.StartTimeout, err, "Sandbox %s did not start within its deadline; retry with a longer timeout.", cfg.ID)
 		}
@@ -107,13 +107,13 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	// start whose process the next transition can end by identity.
 	journal.Pid, journal.PidStartTime, journal.BootID = proc.Pid, proc.StartTime, proc.BootID
 	if err := l.WriteLaunchJournal(journal); err != nil {
-		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
+		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return err
 	}
 	s.crash("named")
 	client, err := s.awaitAgent(ctx, l.Dir(), capability, proc)
 	if err != nil {
-		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
+		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: %v. The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
 	}
@@ -130,7 +130,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	}
 	if err := l.WriteRuntimeRecord(rec); err != nil {
 		client.Close()
-		s.abandon(ctx, l, launchID, proc, store.ReasonStartFailed)
+		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return err
 	}
 	s.crash("recorded")
@@ -194,15 +194,15 @@ func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []by
 // abandon undoes a launch that did not commit: it ends the runtime process if there is one,
 // releases what the runtime left, records the outcome and removes the journal. It runs even
 // after the caller's deadline passed.
-func (s *Supervisor) abandon(ctx context.Context, l *store.Lock, launchID string, proc platform.ProcessID, reason string) {
+func (s *Supervisor) abandon(ctx context.Context, l *store.Lock, launchID string, proc platform.ProcessID, reason runtime.Reason) {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	if err := s.endLaunch(cctx, l, proc); err != nil {
 		s.log.Error("abandoning a launch", "sandbox", l.ID(), "launch", launchID, "err", err)
 		return // keep the journal: the next transition retries
 	}
-	_ = store.WriteOutcome(l.Dir(), &store.Outcome{
-		Format: store.OutcomeFormat, LaunchID: launchID, Reason: reason, ExitCode: -1, At: time.Now().UTC(),
+	_ = runtime.WriteOutcome(l.Dir(), &runtime.Outcome{
+		Format: runtime.OutcomeFormat, LaunchID: launchID, Reason: reason, ExitCode: -1, At: time.Now().UTC(),
 	})
 	if err := l.RemoveLaunchJournal(); err != nil {
 		s.log.Error("removing the launch journal of an abandoned launch", "sandbox", l.ID(), "err", err)

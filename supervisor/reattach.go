@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -41,8 +42,8 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, *stor
 			if err := s.endLaunch(ctx, l, proc); err != nil {
 				return "", nil, err
 			}
-			_ = store.WriteOutcome(l.Dir(), &store.Outcome{
-				Format: store.OutcomeFormat, LaunchID: journal.LaunchID, Reason: store.ReasonStartFailed,
+			_ = runtime.WriteOutcome(l.Dir(), &runtime.Outcome{
+				Format: runtime.OutcomeFormat, LaunchID: journal.LaunchID, Reason: runtime.ReasonStartFailed,
 				ExitCode: -1, At: time.Now().UTC(),
 			})
 			if err := l.RemoveLaunchJournal(); err != nil {

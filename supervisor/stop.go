@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -57,8 +58,8 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 	// to add. Nothing else writes the report now: its writer has exited.
 	o, err := l.Outcome()
 	if err == nil && o != nil && o.LaunchID == rec.LaunchID {
-		o.Reason = store.ReasonStopped
-		_ = store.WriteOutcome(l.Dir(), o)
+		o.Reason = runtime.ReasonStopped
+		_ = runtime.WriteOutcome(l.Dir(), o)
 	}
 	s.setTransient(id, "")
 	s.emit(Event{Type: EventStopped, Sandbox: id, State: StateStopped, Exit: o})

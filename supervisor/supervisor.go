@@ -13,12 +13,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
-	"github.com/sandboxd/sandboxd/supervisor/control"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
 )
 
 // Names the supervisor keeps in a state directory besides the runtime's.
@@ -162,7 +162,7 @@ type Status struct {
 	// StartedAt is when the current (or last committed) launch started.
 	StartedAt *time.Time
 	// LastExit is how the last run ended, if one did.
-	LastExit *store.Outcome
+	LastExit *runtime.Outcome
 	// RuntimeMismatch says a live process of another runtime identity holds the sandbox.
 	RuntimeMismatch bool
 	// Binding is a clone's template binding (its lease), nil for other sandboxes.

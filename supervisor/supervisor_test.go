@@ -13,11 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/supervisor/control"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // Environment of the crash helper: the test binary re-executed to start a sandbox and die
@@ -32,7 +34,7 @@ const (
 const testCgroupParent = "sandboxd-test-supervisor"
 
 func TestMain(m *testing.M) {
-	if code, ran := RunHidden(os.Args[1:]); ran {
+	if code, ran := shim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
 	if os.Getenv(envCrashAt) != "" {

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
 // The chaos suite's size. The short form (the default) runs in CI in about a minute; the long

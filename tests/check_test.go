@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 )
 
 // checkReport is the part of `sandboxd check --json` the tests look at.

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
 // disksUnsupported says why sandboxes cannot have disks of their own on this host (the

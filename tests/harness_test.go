@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
 // sandboxdBin and sandboxctlBin are the binaries under test, built once by TestMain.

@@ -15,8 +15,9 @@ import (
 
 	"github.com/sandboxd/sandboxd/openapi/client"
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 // requireRoot skips a test that starts sandboxes when it cannot: the namespace runtime needs
@@ -93,7 +94,7 @@ func (d *daemon) exec(id string, body map[string]any) execJSON {
 
 // cgroupName is the cgroup of a sandbox of this daemon (below the default parent).
 func (d *daemon) cgroupName(id string) string {
-	return "sandboxd/" + namespace.CgroupLeaf(id, filepath.Join(d.Root, "sandboxes", id))
+	return "sandboxd/" + shim.CgroupLeaf(id, filepath.Join(d.Root, "sandboxes", id))
 }
 
 // listProcesses lists the live runtime processes (shims and inits) of a state root.

@@ -12,11 +12,11 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 func main() {
-	if code, ran := supervisor.RunHidden(os.Args[1:]); ran {
+	if code, ran := shim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
 	fmt.Fprintln(os.Stderr, "sandboxd-runtime is started by sandboxd for each sandbox; it is not run by hand.")

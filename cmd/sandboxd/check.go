@@ -11,7 +11,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/check"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
 // checkCommand is `sandboxd check [--root DIR] [--repair] [--json]`: the consistency checker.

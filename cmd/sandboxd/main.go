@@ -17,17 +17,19 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+
 	"github.com/lmittmann/tint"
 
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/metrics"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
 	"github.com/sandboxd/sandboxd/supervisor"
-	"github.com/sandboxd/sandboxd/supervisor/runtime/namespace"
 	"github.com/sandboxd/sandboxd/web"
 )
 
@@ -35,7 +37,7 @@ import (
 var version = "dev"
 
 func main() {
-	if code, ran := supervisor.RunHidden(os.Args[1:]); ran {
+	if code, ran := shim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
 	os.Exit(run(os.Args[1:], os.Stderr))

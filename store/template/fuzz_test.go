@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/record"
 )
 
 // FuzzDecodeRecords feeds arbitrary bytes to every record decoder: none may panic, every
@@ -52,7 +52,7 @@ func FuzzDecodeRecords(f *testing.F) {
 			if errcode.Of(err) != errcode.Internal {
 				t.Fatalf("refusal %v is not an internal error", err)
 			}
-			var fe *FormatError
+			var fe *record.FormatError
 			if errors.As(err, &fe) && fe.Format == 1 {
 				t.Fatalf("format 1 refused as unknown: %v", err)
 			}
@@ -76,7 +76,7 @@ func FuzzDecodeRecords(f *testing.F) {
 				t.Fatalf("accepted %+v", r)
 			}
 		}
-		enc, err := store.EncodeRecord(v)
+		enc, err := record.Encode(v)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +84,7 @@ func FuzzDecodeRecords(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a re-encoded record does not decode: %v", err)
 		}
-		enc2, _ := store.EncodeRecord(v2)
+		enc2, _ := record.Encode(v2)
 		if !bytes.Equal(enc, enc2) {
 			t.Fatalf("round trip changed the record:\n%s\n%s", enc, enc2)
 		}

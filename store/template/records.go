@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -25,7 +26,7 @@ const (
 )
 
 // MaxRecordSize bounds every record read, as the sandbox store's.
-const MaxRecordSize = store.MaxRecordSize
+const MaxRecordSize = record.MaxSize
 
 // recordPerm is the mode of every record: private to the service's user.
 const recordPerm = 0o600
@@ -115,15 +116,15 @@ type Binding struct {
 }
 
 // FormatError is wrapped by the error of reading a record whose format this version does not
-// know: the store's, since the two stores decode their records by one rule (store.DecodeRecord).
-type FormatError = store.FormatError
+// know: the store's, since the two stores decode their records by one rule ([record.Decode]).
+type FormatError = record.FormatError
 
 // ErrBadRecord is wrapped by the error of a record that decodes but names invalid ids.
 var ErrBadRecord = errors.New("record holds an invalid field")
 
 // decodeRecord checks the format number of a record before decoding the rest.
 func decodeRecord(name string, data []byte, want int, v any) error {
-	return store.DecodeRecord("templates/"+name, data, want, v)
+	return record.Decode("templates/"+name, data, want, v)
 }
 
 func badRecord(name, format string, args ...any) error {
@@ -219,7 +220,7 @@ func WriteBinding(dir string, b *Binding) error {
 	if _, ok := parseGeneration(rec.Generation); !ok || !validLeaseID(rec.Lease) || !validName(rec.Template) {
 		return fmt.Errorf("template: clone binding names template %q, generation %q, lease %q: %w", rec.Template, rec.Generation, rec.Lease, ErrBadRecord)
 	}
-	data, err := store.EncodeRecord(&rec)
+	data, err := record.Encode(&rec)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -295,7 +296,7 @@ func readTemplateRecord(d *os.File) (*templateRecord, error) {
 }
 
 func (s *Store) writeRecord(dir *os.File, name string, v any, step string) error {
-	data, err := store.EncodeRecord(v)
+	data, err := record.Encode(v)
 	if err != nil {
 		return err
 	}

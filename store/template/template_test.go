@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/record"
 )
 
 func TestValidate(t *testing.T) {
@@ -595,7 +596,7 @@ func TestUnknownFormatRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := e.s.Generation("py", gen, e.clock.get())
-	var fe *FormatError
+	var fe *record.FormatError
 	if !errors.As(err, &fe) || fe.Format != 99 || !strings.Contains(err.Error(), "format 99") {
 		t.Fatalf("unknown format: %v", err)
 	}

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/control"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // rssKiB returns the resident set size of pid in KiB.

@@ -1,6 +1,6 @@
 //go:build linux
 
-package namespace
+package shim
 
 import (
 	"fmt"
@@ -20,7 +20,7 @@ const (
 	userHome = "/home/user"
 )
 
-func rootfsPath(dir string) string { return filepath.Join(dir, entryRootfs) }
+func rootfsPath(dir string) string { return filepath.Join(dir, EntryRootfs) }
 
 // mergedUsrLinks are the top-level directories that a merged-usr host has as links into /usr.
 var mergedUsrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
@@ -71,50 +71,24 @@ func mountOwnCgroup(root string, v2 bool) (string, error) {
 // device clears itself when the mount goes, which it does with the namespace: however the
 // sandbox ends, nothing of its disk stays attached on the host.
 func mountDisk(dir string) (string, error) {
-	dev, err := platform.AttachLoop(filepath.Join(dir, entryDiskImage))
+	dev, err := platform.AttachLoop(filepath.Join(dir, EntryDiskImage))
 	if err != nil {
 		return "", err
 	}
 	defer dev.Close() // once mounted, the mount holds the device
-	target := filepath.Join(dir, entryDisk)
+	target := filepath.Join(dir, EntryDisk)
 	if err := platform.Mount(dev.Name(), target, "ext4", unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
 		return "", err
 	}
 	for _, e := range []struct {
 		name string
 		perm os.FileMode
-	}{{entryUpper, 0o755}, {entryWork, 0o700}} {
-		if err := ensureDir(target, e.name, e.perm); err != nil {
+	}{{EntryUpper, 0o755}, {EntryWork, 0o700}} {
+		if err := platform.EnsureDir(target, e.name, e.perm); err != nil {
 			return "", err
 		}
 	}
 	return target, nil
-}
-
-// openDiskLayer opens the writable layer on a stopped sandbox's own disk, for a capture. The
-// disk is mounted read-only as a detached mount (fsopen, fsmount), which no mount namespace
-// holds: the returned descriptor alone keeps it (and so the loop device) alive, and once the
-// last descriptor below it is closed, both go. Nothing is mounted anywhere.
-//
-// (A mount in a mount namespace of a thread's own would need the thread to die with its
-// namespace; Go never ends the main thread, which a locked goroutine may run on, so the mount
-// could outlive the capture.)
-func openDiskLayer(dir string) (*os.File, error) {
-	img := filepath.Join(dir, entryDiskImage)
-	if _, err := os.Lstat(img); err != nil {
-		return nil, err // never started: no disk yet
-	}
-	dev, err := platform.AttachLoop(img)
-	if err != nil {
-		return nil, err
-	}
-	defer dev.Close()
-	mnt, err := platform.MountDetached("ext4", dev.Name(), unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)
-	if err != nil {
-		return nil, err
-	}
-	defer mnt.Close()
-	return platform.OpenDirAt(mnt, entryUpper)
 }
 
 func setupRootMounts(spec *shimSpec) error {
@@ -128,7 +102,7 @@ func setupRootMounts(spec *shimSpec) error {
 	if spec.ImageDir != "" {
 		lowers = append(lowers, spec.ImageDir)
 	} else {
-		lowers = append(lowers, filepath.Join(spec.Dir, entryHostFiles), spec.BaseDir)
+		lowers = append(lowers, filepath.Join(spec.Dir, EntryHostFiles), spec.BaseDir)
 	}
 	layerDir := spec.Dir
 	if spec.Disk {
@@ -141,7 +115,7 @@ func setupRootMounts(spec *shimSpec) error {
 	// metadata-only copies that point into a lower (metacopy), no renamed directories that
 	// refer to lower paths (redirect_dir), no inode index tied to these lowers (index).
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,redirect_dir=off,metacopy=off",
-		strings.Join(lowers, ":"), filepath.Join(layerDir, entryUpper), filepath.Join(layerDir, entryWork))
+		strings.Join(lowers, ":"), filepath.Join(layerDir, EntryUpper), filepath.Join(layerDir, EntryWork))
 	// nodev: no device node on the sandbox's own layers works, whoever made it.
 	if err := platform.Mount("overlay", root, "overlay", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
 		return err
@@ -182,7 +156,7 @@ func setupRootMounts(spec *shimSpec) error {
 	if err := os.Chmod(ctl, 0o700); err != nil {
 		return err
 	}
-	return platform.Bind(filepath.Join(spec.Dir, entryControl), ctl, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC)
+	return platform.Bind(filepath.Join(spec.Dir, EntryControl), ctl, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC)
 }
 
 // procMasked are /proc files that give the kernel's innards away or act on the whole host;

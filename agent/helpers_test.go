@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/control"
 )
 
 var testCapability = []byte("0123456789abcdef0123456789abcdef")

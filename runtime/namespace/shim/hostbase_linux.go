@@ -1,6 +1,6 @@
 //go:build linux
 
-package namespace
+package shim
 
 import (
 	"crypto/sha256"
@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // hostBaseFormat names the layout hostBase.write produces; a change of it makes a new layer.
@@ -224,17 +224,17 @@ func hostBaseFor(spec *runtime.Spec) (string, error) {
 	}
 	parent := spec.HostBase
 	if parent == "" {
-		parent = filepath.Join(spec.Dir, entryBase)
+		parent = filepath.Join(spec.Dir, EntryBase)
 	}
 	dir, err := hb.ensure(parent)
 	if err != nil {
 		return "", err
 	}
-	return dir, writeHostFiles(filepath.Join(spec.Dir, entryHostFiles), spec.Hostname)
+	return dir, writeHostFiles(filepath.Join(spec.Dir, EntryHostFiles), spec.Hostname)
 }
 
 // writeHostFiles writes the sandbox's own /etc/hostname and /etc/hosts into dir (the
-// sandbox's entryHostFiles layer, which lies right above the shared base: a template
+// sandbox's EntryHostFiles layer, which lies right above the shared base: a template
 // generation's files, whiteouts included, and the sandbox's own changes come above it, as
 // when these files were part of a base layer of each sandbox). A file already as wanted is
 // left alone, so a restart writes nothing. Nothing is synced: the files are remade from the

@@ -1,6 +1,6 @@
 //go:build linux
 
-package namespace
+package shim
 
 import (
 	"encoding/json"
@@ -9,6 +9,9 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
+
+	"github.com/sandboxd/sandboxd/agent"
 
 	"golang.org/x/sys/unix"
 
@@ -33,7 +36,7 @@ func initLogf(format string, args ...any) {
 
 // InitMain is the sandbox's init (sandboxd __init <dir> [agent]), PID 1 of the sandbox. It
 // sets the sandbox up (root file system, host name, loopback), drops to the sandbox's
-// privileges and runs the agent (RunAgent). A binary built without cgo drops them on every
+// privileges and runs the agent ([agent.Run]). A binary built without cgo drops them on every
 // thread in place; one with cgo drops them on its thread and re-executes itself as the
 // "agent" stage, which runs the agent. It returns the process exit code.
 func InitMain(args []string) int {
@@ -233,10 +236,20 @@ func runAgent(cfg agentConfig) error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("PR_SET_DUMPABLE: %w", err)
 	}
-	if RunAgent == nil {
-		return fmt.Errorf("no agent is linked into this binary")
+	env := make([]string, 0, len(cfg.Env))
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
 	}
-	if err := RunAgent(AgentConfig{ListenPath: ListenPath, Capability: cfg.Capability, Env: cfg.Env, Hostname: cfg.Hostname, CgroupDir: cfg.CgroupDir}); err != nil {
+	slices.Sort(env)
+	err := agent.Run(agent.Config{
+		ListenPath: ListenPath,
+		Capability: cfg.Capability,
+		DefaultEnv: env,
+		Hostname:   cfg.Hostname,
+		CgroupDir:  cfg.CgroupDir,
+		ReapAll:    true,
+	})
+	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil

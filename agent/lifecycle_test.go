@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/control"
 )
 
 func TestShutdown(t *testing.T) {

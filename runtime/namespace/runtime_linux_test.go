@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/supervisor/control"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 func needRoot(tb testing.TB) {
@@ -88,7 +88,7 @@ func startSandbox(tb testing.TB, rt *Runtime, root, name string, res runtime.Res
 }
 
 func (s *sandbox) log() string {
-	b, _ := os.ReadFile(filepath.Join(s.spec.Dir, entryLog))
+	b, _ := os.ReadFile(filepath.Join(s.spec.Dir, shim.EntryLog))
 	return string(b)
 }
 
@@ -179,13 +179,13 @@ func (s *sandbox) waitShimGone(tb testing.TB) {
 	}
 }
 
-func (s *sandbox) outcome(tb testing.TB) store.Outcome {
+func (s *sandbox) outcome(tb testing.TB) runtime.Outcome {
 	tb.Helper()
-	b, err := os.ReadFile(filepath.Join(s.spec.Dir, OutcomeName))
+	b, err := os.ReadFile(filepath.Join(s.spec.Dir, runtime.OutcomeName))
 	if err != nil {
 		tb.Fatalf("no outcome report: %v\n%s", err, s.log())
 	}
-	var o store.Outcome
+	var o runtime.Outcome
 	if err := json.Unmarshal(b, &o); err != nil {
 		tb.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestIsolation(t *testing.T) {
 			func(out string) bool {
 				lines := strings.Split(strings.TrimSpace(out), "\n")
 				n, _ := strconv.Atoi(lines[0])
-				return n > 0 && n <= 4 && strings.Contains(out, InitCommand)
+				return n > 0 && n <= 4 && strings.Contains(out, shim.InitCommand)
 			}},
 		{"no host shadow", "root", `cat /etc/shadow; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=1") }},
 		{"host root home not visible", "root", `ls -A /root | wc -l`, func(out string) bool { return strings.TrimSpace(out) == "0" }},
@@ -291,7 +291,7 @@ func TestNormalExitOutcome(t *testing.T) {
 	s.shutdown(t)
 	s.waitShimGone(t)
 	o := s.outcome(t)
-	if o.Reason != store.ReasonExited || o.ExitCode != 0 || o.OOMKilled {
+	if o.Reason != runtime.ReasonExited || o.ExitCode != 0 || o.OOMKilled {
 		t.Fatalf("outcome %+v", o)
 	}
 	if s.cgroup(t).Exists() {
@@ -364,7 +364,7 @@ func TestKillInit(t *testing.T) {
 		t.Fatal("shim or init alive after Kill")
 	}
 	o := s.outcome(t)
-	if o.Reason != store.ReasonSignaled || o.Signal != "SIGKILL" || o.ExitCode != -1 {
+	if o.Reason != runtime.ReasonSignaled || o.Signal != "SIGKILL" || o.ExitCode != -1 {
 		t.Fatalf("outcome %+v, want killed by SIGKILL", o)
 	}
 	if s.cgroup(t).Exists() {
@@ -396,7 +396,7 @@ func TestShimKilledTakesInitAlong(t *testing.T) {
 	if s.cgroup(t).Exists() {
 		t.Fatal("cgroup left after Cleanup")
 	}
-	if _, err := os.Stat(filepath.Join(s.spec.Dir, OutcomeName)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(s.spec.Dir, runtime.OutcomeName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a killed shim wrote an outcome report? %v", err)
 	}
 }
@@ -500,7 +500,7 @@ func TestImageAndLayers(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(img, "new")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the sandbox wrote into its image: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, entryUpper, "new")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, shim.EntryUpper, "new")); err != nil {
 		t.Fatalf("the write is not in the upper layer: %v", err)
 	}
 }
@@ -514,7 +514,7 @@ func TestShimForwardsTerm(t *testing.T) {
 	}
 	s.waitShimGone(t)
 	// The agent shut the sandbox down and exited: a clean exit, recorded by the shim.
-	if o := s.outcome(t); o.Reason != store.ReasonExited {
+	if o := s.outcome(t); o.Reason != runtime.ReasonExited {
 		t.Fatalf("outcome %+v after TERM to the shim, want a recorded exit", o)
 	}
 	if s.cgroup(t).Exists() {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 // TestEnsureDiskImage: the image is made once, of the size asked, sparse; a later call keeps it
@@ -20,7 +21,7 @@ func TestEnsureDiskImage(t *testing.T) {
 		t.Skipf("no mke2fs here: %v", err)
 	}
 	dir := t.TempDir()
-	leftover := filepath.Join(dir, platform.TempName(entryDiskImage))
+	leftover := filepath.Join(dir, platform.TempName(shim.EntryDiskImage))
 	if err := os.WriteFile(leftover, []byte("half made"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +29,7 @@ func TestEnsureDiskImage(t *testing.T) {
 	if err := ensureDiskImage(ctx, dir, 64, prog); err != nil {
 		t.Fatal(err)
 	}
-	img := filepath.Join(dir, entryDiskImage)
+	img := filepath.Join(dir, shim.EntryDiskImage)
 	fi, err := os.Stat(img)
 	if err != nil || fi.Size() != 64<<20 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("image %v %v, want 64 MiB, mode 0600", fi, err)

@@ -1,6 +1,6 @@
 //go:build linux
 
-package namespace
+package shim
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
+	goruntime "runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // cloneFlags are the namespaces of a sandbox. A user namespace is not among them: the runtime
@@ -46,7 +46,7 @@ type shimSpec struct {
 	Hostname   string            `json:"hostname"`
 	// CgroupV2 says which kind of cgroup to mount inside for the agent.
 	CgroupV2 bool `json:"cgroup_v2,omitempty"`
-	// Disk says the writable layer lives on the sandbox's own disk (entryDiskImage).
+	// Disk says the writable layer lives on the sandbox's own disk (EntryDiskImage).
 	Disk bool `json:"disk,omitempty"`
 }
 
@@ -68,7 +68,7 @@ const (
 func ShimMain(args []string) int {
 	// The init's parent-death signal fires when the THREAD that forked it exits, so the init is
 	// forked from the main thread, which lives as long as the shim does.
-	runtime.LockOSThread()
+	goruntime.LockOSThread()
 	// Every file the shim creates gets exactly the mode it asks for (the base layer's /tmp
 	// 1777, /etc files 0644, records 0600).
 	unix.Umask(0)
@@ -79,7 +79,7 @@ func ShimMain(args []string) int {
 	cfgFile := os.NewFile(fdConfig, "config")
 	b, err := io.ReadAll(io.LimitReader(cfgFile, 1<<20))
 	cfgFile.Close()
-	var cfg shimConfig
+	var cfg Config
 	if err == nil {
 		err = json.Unmarshal(b, &cfg)
 	}
@@ -98,9 +98,9 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s sandboxd shim: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
-func runShim(cfg *shimConfig) int {
+func runShim(cfg *Config) int {
 	spec := &cfg.Spec
-	outcome := &store.Outcome{LaunchID: spec.LaunchID}
+	outcome := &runtime.Outcome{LaunchID: spec.LaunchID}
 	finish := func(cg *platform.Cgroup) int {
 		if cg != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -110,7 +110,7 @@ func runShim(cfg *shimConfig) int {
 			cancel()
 		}
 		outcome.At = time.Now().UTC()
-		if err := writeOutcome(spec.Dir, outcome); err != nil {
+		if err := runtime.WriteOutcome(spec.Dir, outcome); err != nil {
 			logf("write the outcome report: %v", err)
 			return 1
 		}
@@ -118,7 +118,7 @@ func runShim(cfg *shimConfig) int {
 	}
 	fail := func(cg *platform.Cgroup, format string, args ...any) int {
 		logf(format, args...)
-		outcome.Reason = store.ReasonStartFailed
+		outcome.Reason = runtime.ReasonStartFailed
 		outcome.ExitCode = -1
 		finish(cg)
 		return 1
@@ -275,11 +275,11 @@ func runShim(cfg *shimConfig) int {
 	case st == nil:
 		return fail(cg, "wait for the init: %v", waitErr)
 	case st.Exited():
-		outcome.Reason = store.ReasonExited
+		outcome.Reason = runtime.ReasonExited
 		outcome.ExitCode = st.ExitCode()
 	default:
 		ws, _ := st.Sys().(syscall.WaitStatus)
-		outcome.Reason = store.ReasonSignaled
+		outcome.Reason = runtime.ReasonSignaled
 		outcome.ExitCode = -1
 		outcome.Signal = unix.SignalName(ws.Signal())
 	}
@@ -287,14 +287,14 @@ func runShim(cfg *shimConfig) int {
 		logf("read OOM state: %v", err)
 	} else if oom {
 		outcome.OOMKilled = true
-		if outcome.Reason == store.ReasonSignaled {
-			outcome.Reason = store.ReasonOOM
+		if outcome.Reason == runtime.ReasonSignaled {
+			outcome.Reason = runtime.ReasonOOM
 		}
 	}
 	logf("the sandbox ended: %s (exit code %d, signal %q, oom %v)", outcome.Reason, outcome.ExitCode, outcome.Signal, outcome.OOMKilled)
 	if werr != nil && !errors.Is(werr, os.ErrClosed) {
 		logf("the init was not started: %v", werr)
-		outcome.Reason = store.ReasonStartFailed
+		outcome.Reason = runtime.ReasonStartFailed
 	}
 	return finish(cg)
 }

@@ -22,10 +22,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/control"
-	"github.com/sandboxd/sandboxd/supervisor/runtime"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 // DefaultResources are applied to a Spec's zero resources.
@@ -36,7 +37,7 @@ type Config struct {
 	// Executable is the sandboxd binary to re-execute as shim and init; "" means the running
 	// executable (/proc/self/exe, which keeps working if the file is replaced on disk).
 	Executable string
-	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<CgroupLeaf>; "" means
+	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<shim.CgroupLeaf>; "" means
 	// "sandboxd".
 	CgroupParent string
 }
@@ -126,24 +127,16 @@ func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
 	if disk {
 		return openDiskLayer(dir)
 	}
-	return platform.OpenDir(filepath.Join(dir, entryUpper))
+	return platform.OpenDir(filepath.Join(dir, shim.EntryUpper))
 }
 
 // ControlPath returns the host path of the control socket of the sandbox in dir.
 func (r *Runtime) ControlPath(dir string) string {
-	return filepath.Join(dir, entryControl, socketName)
+	return filepath.Join(dir, shim.EntryControl, shim.SocketName)
 }
 
 func (r *Runtime) cgroupName(id, dir string) string {
-	return r.cfg.CgroupParent + "/" + CgroupLeaf(id, dir)
-}
-
-// shimConfig is what Start hands the shim on its fd 3.
-type shimConfig struct {
-	Spec   runtime.Spec `json:"spec"`
-	Cgroup string       `json:"cgroup"`
-	// Seccomp is the compiled seccomp filter (platform.SeccompProgram's binary form).
-	Seccomp []byte `json:"seccomp"`
+	return r.cfg.CgroupParent + "/" + shim.CgroupLeaf(id, dir)
 }
 
 // DiskSupport implements runtime.DiskLimiter: a sandbox's own disk is an ext4 file system
@@ -182,7 +175,7 @@ func mke2fs() (string, error) {
 // once complete and synced, so that a crash never leaves a half-made image under the real
 // name; leftovers of an interrupted attempt go first.
 func ensureDiskImage(ctx context.Context, dir string, sizeMB int, prog string) error {
-	img := filepath.Join(dir, entryDiskImage)
+	img := filepath.Join(dir, shim.EntryDiskImage)
 	if fi, err := os.Lstat(img); err == nil {
 		if !fi.Mode().IsRegular() {
 			return fmt.Errorf("namespace runtime: %s is not a regular file", img)
@@ -196,13 +189,13 @@ func ensureDiskImage(ctx context.Context, dir string, sizeMB int, prog string) e
 		return err
 	}
 	for _, e := range ents {
-		if name, ok := platform.IsTempName(e.Name()); ok && name == entryDiskImage {
+		if name, ok := platform.IsTempName(e.Name()); ok && name == shim.EntryDiskImage {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
-	tmp := filepath.Join(dir, platform.TempName(entryDiskImage))
+	tmp := filepath.Join(dir, platform.TempName(shim.EntryDiskImage))
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -231,24 +224,6 @@ func ensureDiskImage(ctx context.Context, dir string, sizeMB int, prog string) e
 	}
 	defer d.Close()
 	return platform.SyncDir(d)
-}
-
-// ensureDir creates dir/name with perm, or accepts an existing directory that is not a link.
-func ensureDir(dir, name string, perm os.FileMode) error {
-	p := filepath.Join(dir, name)
-	if err := os.Mkdir(p, perm); err == nil {
-		return os.Chmod(p, perm)
-	} else if !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	fi, err := os.Lstat(p)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("namespace runtime: %s is not a directory", p)
-	}
-	return os.Chmod(p, perm)
 }
 
 // Start launches the shim for spec, detached, and returns its identity.
@@ -292,14 +267,14 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	for _, e := range []struct {
 		name string
 		perm os.FileMode
-	}{{entryControl, 0o700}, {entryUpper, 0o755}, {entryWork, 0o700}, {entryRootfs, 0o700}} {
-		if err := ensureDir(spec.Dir, e.name, e.perm); err != nil {
+	}{{shim.EntryControl, 0o700}, {shim.EntryUpper, 0o755}, {shim.EntryWork, 0o700}, {shim.EntryRootfs, 0o700}} {
+		if err := platform.EnsureDir(spec.Dir, e.name, e.perm); err != nil {
 			return platform.ProcessID{}, err
 		}
 	}
 	if spec.ImageDir == "" && spec.HostBase != "" {
 		// A base layer of the sandbox's own, made before the base was shared, is garbage.
-		if err := os.RemoveAll(filepath.Join(spec.Dir, entryBase)); err != nil {
+		if err := os.RemoveAll(filepath.Join(spec.Dir, shim.EntryBase)); err != nil {
 			return platform.ProcessID{}, err
 		}
 	}
@@ -308,7 +283,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		if err != nil {
 			return platform.ProcessID{}, err
 		}
-		if err := ensureDir(spec.Dir, entryDisk, 0o700); err != nil {
+		if err := platform.EnsureDir(spec.Dir, shim.EntryDisk, 0o700); err != nil {
 			return platform.ProcessID{}, err
 		}
 		if err := ensureDiskImage(ctx, spec.Dir, spec.DiskMB, prog); err != nil {
@@ -319,7 +294,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return platform.ProcessID{}, err
 	}
-	logf, err := os.OpenFile(filepath.Join(spec.Dir, entryLog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|os.O_APPEND, 0o600)
+	logf, err := os.OpenFile(filepath.Join(spec.Dir, shim.EntryLog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|os.O_APPEND, 0o600)
 	if err != nil {
 		return platform.ProcessID{}, fmt.Errorf("namespace runtime: open sandbox.log: %w", err)
 	}
@@ -327,7 +302,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if fi, err := logf.Stat(); err != nil || !fi.Mode().IsRegular() {
 		return platform.ProcessID{}, fmt.Errorf("namespace runtime: sandbox.log is not a regular file")
 	}
-	cfg, err := json.Marshal(shimConfig{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp})
+	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -336,7 +311,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	defer pw.Close()
-	cmd := exec.Command(r.cfg.Executable, ShimCommand, spec.Dir) //nolint:noctx // the shim outlives every request, and sandboxd
+	cmd := exec.Command(r.cfg.Executable, shim.ShimCommand, spec.Dir) //nolint:noctx // the shim outlives every request, and sandboxd
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
@@ -468,9 +443,9 @@ func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 		}
 		var role string
 		switch string(argv[1]) {
-		case ShimCommand:
+		case shim.ShimCommand:
 			role = "shim"
-		case InitCommand:
+		case shim.InitCommand:
 			role = "init"
 		default:
 			continue
@@ -486,4 +461,30 @@ func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 		out = append(out, runtime.Process{ID: id, Role: role, Dir: dir})
 	}
 	return out, nil
+}
+
+// openDiskLayer opens the writable layer on a stopped sandbox's own disk, for a capture. The
+// disk is mounted read-only as a detached mount (fsopen, fsmount), which no mount namespace
+// holds: the returned descriptor alone keeps it (and so the loop device) alive, and once the
+// last descriptor below it is closed, both go. Nothing is mounted anywhere.
+//
+// (A mount in a mount namespace of a thread's own would need the thread to die with its
+// namespace; Go never ends the main thread, which a locked goroutine may run on, so the mount
+// could outlive the capture.)
+func openDiskLayer(dir string) (*os.File, error) {
+	img := filepath.Join(dir, shim.EntryDiskImage)
+	if _, err := os.Lstat(img); err != nil {
+		return nil, err // never started: no disk yet
+	}
+	dev, err := platform.AttachLoop(img)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close()
+	mnt, err := platform.MountDetached("ext4", dev.Name(), unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	defer mnt.Close()
+	return platform.OpenDirAt(mnt, shim.EntryUpper)
 }

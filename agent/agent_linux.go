@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/control"
 )
 
 // Run runs the agent until it is asked to shut down over the control session (it then

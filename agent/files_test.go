@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/supervisor/control"
 )
 
 func TestFilesRoundTrip(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/supervisor/agent"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 // testCgroupParent keeps the tests' cgroups apart from a real sandboxd's.
@@ -21,14 +21,8 @@ const testCgroupParent = "sandboxd-test"
 // re-executes this test binary as shim and init; then it runs the tests and checks that
 // nothing was left behind.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case ShimCommand:
-			os.Exit(ShimMain(os.Args[2:]))
-		case InitCommand:
-			RunAgent = testAgent
-			os.Exit(InitMain(os.Args[2:]))
-		}
+	if code, ran := shim.Main(os.Args[1:]); ran {
+		os.Exit(code)
 	}
 	code := m.Run()
 	if code == 0 && os.Geteuid() == 0 {
@@ -86,20 +80,4 @@ func checkNoLeaks() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// testAgent runs the real agent as the sandbox's PID 1, as cmd/sandboxd wires it.
-func testAgent(c AgentConfig) error {
-	env := make([]string, 0, len(c.Env))
-	for k, v := range c.Env {
-		env = append(env, k+"="+v)
-	}
-	return agent.Run(agent.Config{
-		ListenPath: c.ListenPath,
-		Capability: c.Capability,
-		DefaultEnv: env,
-		Hostname:   c.Hostname,
-		ReapAll:    true,
-		CgroupDir:  c.CgroupDir,
-	})
 }

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/control"
 )
 
 // asUser runs fn with the file-system identity of the request's user, so the kernel checks

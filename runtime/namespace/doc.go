@@ -19,13 +19,13 @@
 // the init starts, and starts the init with clone flags for the new namespaces, handing it its
 // configuration on another pipe (fd 3) and a lifeline pipe (fd 4) whose write end only the
 // shim holds. The shim is the init's parent, so it always learns how the sandbox ended, also
-// while sandboxd is down: it then writes outcome.json (store.WriteOutcome), removes the
+// while sandboxd is down: it then writes outcome.json ([runtime.WriteOutcome]), removes the
 // cgroup and exits.
 //
 // The init, with the privileges it needs to set the sandbox up (the shim bounded them to the
 // sandbox's set plus CAP_SYS_ADMIN and CAP_NET_ADMIN), builds the root file system, sets the
 // host name, brings loopback up and pivots into the new root. Then it drops to the sandbox's
-// privileges and runs the agent (RunAgent) as PID 1. Capabilities and no_new_privs are per
+// privileges and runs the agent ([agent.Run]) as PID 1. Capabilities and no_new_privs are per
 // thread in Linux, and a Go process has many threads, so the drop must reach all of them: a
 // binary built without cgo (the release build) does it in place with
 // syscall.AllThreadsSyscall and a TSYNC seccomp filter; a binary with cgo, where that is
@@ -35,15 +35,12 @@
 // the sandbox's privileges. The agent receives the capability on a pipe: no file inside the
 // sandbox holds it.
 //
-// cmd/sandboxd must dispatch the hidden sub-commands before anything else, and link the
-// agent:
+// The shim and the init are package [shim], the sandbox side of this runtime, which imports
+// nothing of the host side; this package is the host-side driver. Every binary that this
+// runtime executes calls [shim.Main] first thing in main:
 //
-//	switch os.Args[1] {
-//	case namespace.ShimCommand:
-//		os.Exit(namespace.ShimMain(os.Args[2:]))
-//	case namespace.InitCommand:
-//		namespace.RunAgent = runAgent // wraps agent.Run
-//		os.Exit(namespace.InitMain(os.Args[2:]))
+//	if code, ran := shim.Main(os.Args[1:]); ran {
+//		os.Exit(code)
 //	}
 //
 // # What is mounted where, and why

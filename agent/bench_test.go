@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/supervisor/control"
+	"github.com/sandboxd/sandboxd/control"
 )
 
 // BenchmarkExecTrue measures an exec round trip of `true` over a unix socket: open the stream,

@@ -1,0 +1,73 @@
+package shim
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+
+	"github.com/sandboxd/sandboxd/runtime"
+)
+
+// The sub-commands of the runtime binary (sandboxd, or sandboxd-runtime) that the namespace
+// runtime runs as: cmd/ dispatches os.Args[1] to [Main] before anything else.
+const (
+	ShimCommand = "__shim"
+	InitCommand = "__init"
+)
+
+// Names the namespace runtime keeps in a state directory. The host-side driver creates some
+// of them before a start and reads others (the writable layer, for a capture); the shim and
+// the init use them all.
+const (
+	EntryControl = "control" // the agent's socket directory, the only part visible inside
+	EntryUpper   = "upper"   // the overlay's writable layer: the sandbox's own files
+	EntryWork    = "work"    // the overlay's work directory
+	EntryRootfs  = "rootfs"  // the overlay's mount point (in the sandbox's mount namespace)
+	EntryBase    = "base"    // the host image's base layer when it is not shared (Spec.HostBase "")
+	// EntryHostFiles is the sandbox's own /etc/hostname and /etc/hosts, a layer right above
+	// the host image's shared base.
+	EntryHostFiles = "hostfiles"
+	EntryLog       = "sandbox.log" // the shim's and the init's output
+	// With a disk of its own (Spec.DiskMB), the sandbox's writable layer (upper and work)
+	// lives on an ext4 file system in EntryDiskImage, which the init mounts on EntryDisk
+	// inside its own mount namespace.
+	EntryDisk      = "disk"
+	EntryDiskImage = "disk.img"
+	SocketName     = "control.sock"
+)
+
+// ListenPath is where the agent listens, inside the sandbox.
+const ListenPath = "/run/sandboxd/" + SocketName
+
+// Config is what the host-side driver hands the shim on its fd 3.
+type Config struct {
+	Spec   runtime.Spec `json:"spec"`
+	Cgroup string       `json:"cgroup"`
+	// Seccomp is the compiled seccomp filter (platform.SeccompProgram's binary form).
+	Seccomp []byte `json:"seccomp"`
+}
+
+// CgroupLeaf names a sandbox's cgroup below the runtime's parent: its id, a dot (which no id
+// contains), and a hash of its state directory, so that sandboxes of one id in two state roots
+// (two sandboxd instances, or tests) never share a cgroup, where ending one would end both.
+func CgroupLeaf(id, dir string) string {
+	sum := sha256.Sum256([]byte(dir))
+	return id + "." + hex.EncodeToString(sum[:4])
+}
+
+// Main runs the sub-command that args (os.Args[1:]) names, if it names one of this runtime's:
+// the shim ([ShimCommand]) or the sandbox's init ([InitCommand]), which becomes the agent. It
+// returns the process's exit code and whether args named a sub-command. Every binary that the
+// runtime executes as shim and init (sandboxd, sandboxd-runtime, and test binaries that
+// re-execute themselves) calls it first thing in main or TestMain.
+func Main(args []string) (code int, ran bool) {
+	if len(args) == 0 {
+		return 0, false
+	}
+	switch args[0] {
+	case ShimCommand:
+		return ShimMain(args[1:]), true
+	case InitCommand:
+		return InitMain(args[1:]), true
+	}
+	return 0, false
+}
