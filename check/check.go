@@ -400,7 +400,7 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 			p.running++
 			marked := false
 			for _, pr := range p.procs {
-				if pr.Role == "shim" && pr.ID == proc && pr.Dir == dirPath {
+				if pr.Role == runtime.RoleShim && pr.ID == proc && pr.Dir == dirPath {
 					marked = true
 				}
 			}
@@ -543,10 +543,10 @@ func (c *checker) checkProcesses(p *pass) {
 		}
 		if s != nil && s.alive {
 			rp := platformID(s.rec)
-			if pr.Role == "shim" && pr.ID == rp {
+			if pr.Role == runtime.RoleShim && pr.ID == rp {
 				continue
 			}
-			if pr.Role == "init" {
+			if pr.Role == runtime.RoleInit {
 				if ppid, err := platform.ParentPid(pr.ID.Pid); err == nil && ppid == rp.Pid {
 					continue
 				}

@@ -115,7 +115,7 @@ func (c *checker) repairSandbox(ctx context.Context, id string, procs []runtime.
 		}
 	}
 	for _, pr := range procs {
-		if !recorded.IsZero() && (pr.ID == recorded || pr.Role == "init" && isChildOf(pr.ID, recorded)) {
+		if !recorded.IsZero() && (pr.ID == recorded || pr.Role == runtime.RoleInit && isChildOf(pr.ID, recorded)) {
 			continue // recorded meanwhile
 		}
 		if err := c.kill(lctx, pr); err != nil {
@@ -134,7 +134,7 @@ func (c *checker) repairSandbox(ctx context.Context, id string, procs []runtime.
 // init first, then the shim), an init directly.
 func (c *checker) kill(ctx context.Context, pr runtime.Process) error {
 	c.o.Logger.Warn("check: killing an unrecorded runtime process", "role", pr.Role, "process", pr.ID.String(), "dir", pr.Dir)
-	if pr.Role == "shim" {
+	if pr.Role == runtime.RoleShim {
 		return c.rt.Kill(ctx, pr.Dir, pr.ID)
 	}
 	err := platform.SignalVerified(pr.ID, syscall.SIGKILL)

@@ -150,8 +150,18 @@ type Runtime interface {
 // Process is a runtime process found by Processes.
 type Process struct {
 	ID platform.ProcessID
-	// Role is "shim" or "init".
-	Role string
+	Role Role
 	// Dir is the state directory named in its marker.
 	Dir string
 }
+
+// Role is what a runtime process is to its sandbox.
+type Role string
+
+// The roles of runtime processes.
+const (
+	// RoleShim is a launch's runtime process, whose identity the supervisor records.
+	RoleShim Role = "shim"
+	// RoleInit is the sandbox's init (its PID 1, the agent), the runtime process's child.
+	RoleInit Role = "init"
+)

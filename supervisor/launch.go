@@ -221,7 +221,7 @@ func (s *Supervisor) endLaunch(ctx context.Context, l *store.Lock, proc platform
 		return err
 	}
 	for _, p := range found {
-		if p.Role == "shim" && p.Dir == l.Dir() && p.ID != proc {
+		if p.Role == runtime.RoleShim && p.Dir == l.Dir() && p.ID != proc {
 			procs = append(procs, p.ID)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
@@ -237,7 +238,7 @@ func TestChaos(t *testing.T) {
 				restartWith(rng.IntN(2) == 0)
 				kills["server"]++
 			default:
-				if chaosKillRuntime(t, rt, d.Root, e.what, rng) {
+				if chaosKillRuntime(t, rt, d.Root, runtime.Role(e.what), rng) {
 					kills[e.what]++
 				}
 			}
@@ -501,7 +502,7 @@ func chaosDo(httpc *http.Client, base, method, path string, body any) (int, []by
 
 // chaosKillRuntime SIGKILLs one random runtime process of the given role (shim or init), by
 // verified identity. It reports whether it killed one.
-func chaosKillRuntime(t *testing.T, rt *namespace.Runtime, root, role string, rng *rand.Rand) bool {
+func chaosKillRuntime(t *testing.T, rt *namespace.Runtime, root string, role runtime.Role, rng *rand.Rand) bool {
 	t.Helper()
 	procs, err := rt.Processes(root)
 	if err != nil {

@@ -441,12 +441,12 @@ func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 		if len(argv) < 3 {
 			continue
 		}
-		var role string
+		var role runtime.Role
 		switch string(argv[1]) {
 		case shim.ShimCommand:
-			role = "shim"
+			role = runtime.RoleShim
 		case shim.InitCommand:
-			role = "init"
+			role = runtime.RoleInit
 		default:
 			continue
 		}
