@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/namespace/seccomp"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
@@ -73,7 +74,7 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := platform.OpenCgroup(cfg.CgroupParent + "/probe"); err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
-	prog, err := platform.DefaultSeccomp(platform.DefaultCapabilities)
+	prog, err := seccomp.Default(platform.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}

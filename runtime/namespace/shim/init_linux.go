@@ -181,10 +181,12 @@ func initStage(dir string) error {
 	return err
 }
 
-// seccompProgram decodes the filter the runtime compiled, or compiles it if none came.
+// seccompProgram decodes the filter that the host-side driver compiled. The sandbox side
+// cannot compile one (it links no profile library), and a sandbox never runs unfiltered: a
+// configuration without a filter is refused.
 func seccompProgram(b []byte) (*platform.SeccompProgram, error) {
 	if len(b) == 0 {
-		return platform.DefaultSeccomp(platform.DefaultCapabilities)
+		return nil, errors.New("the configuration carries no seccomp filter")
 	}
 	var p platform.SeccompProgram
 	if err := p.UnmarshalBinary(b); err != nil {

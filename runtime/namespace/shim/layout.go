@@ -42,7 +42,8 @@ const ListenPath = "/run/sandboxd/" + SocketName
 type Config struct {
 	Spec   runtime.Spec `json:"spec"`
 	Cgroup string       `json:"cgroup"`
-	// Seccomp is the compiled seccomp filter (platform.SeccompProgram's binary form).
+	// Seccomp is the sandbox's seccomp filter, compiled by the host-side driver, in the binary
+	// form of [github.com/sandboxd/sandboxd/platform.SeccompProgram].
 	Seccomp []byte `json:"seccomp"`
 }
 
