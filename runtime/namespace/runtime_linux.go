@@ -47,8 +47,8 @@ type Config struct {
 type Runtime struct {
 	cfg      Config
 	identity func() (string, error)
-	// seccomp is the compiled filter of every sandbox, compiled once here rather than in each
-	// sandbox's init.
+	// seccomp is the compiled filter of every sandbox, in its binary form: compiled once
+	// here, since the sandbox side links no compiler.
 	seccomp []byte
 	// refusal, when set, is why this runtime cannot start sandboxes (no root).
 	refusal error
