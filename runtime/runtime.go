@@ -149,7 +149,7 @@ type Runtime interface {
 
 // Process is a runtime process found by Processes.
 type Process struct {
-	ID platform.ProcessID
+	ID   platform.ProcessID
 	Role Role
 	// Dir is the state directory named in its marker.
 	Dir string
