@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 )
 
@@ -83,7 +84,7 @@ func (s *Store) Check(ctx context.Context, bindingExists func(sandboxID, leaseID
 				}
 				return err
 			}
-			if !validName(name) || !st.IsDir() {
+			if !naming.ValidID(name) || !st.IsDir() {
 				out = append(out, Problem{Kind: ForeignEntry, Entry: name, Detail: "not a template directory"})
 				continue
 			}

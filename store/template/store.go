@@ -2,8 +2,6 @@ package template
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/store"
@@ -346,8 +345,4 @@ func (s *Store) removeDir(dir *os.File, name, step string) error {
 	return nil
 }
 
-func randomUID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+func randomUID() string { return naming.RandomHex(8) }
