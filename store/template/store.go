@@ -166,12 +166,16 @@ type Tx struct {
 // is a link, a FIFO or not a regular file is refused.
 func (s *Store) Lock(ctx context.Context) (*Tx, error) {
 	var tx *Tx
-	err := store.Retry(ctx, lockBusy, func() (bool, bool, error) {
+	err := store.Retry(ctx, lockBusy, func() (store.Attempt, error) {
 		t, got, err := s.tryLock()
-		if got {
-			tx = t
+		switch {
+		case err != nil:
+			return store.Failed, err
+		case !got:
+			return store.Busy, nil
 		}
-		return got, false, err
+		tx = t
+		return store.Acquired, nil
 	})
 	return tx, err
 }
