@@ -11,10 +11,11 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 )
 
@@ -60,28 +61,11 @@ type Spec struct {
 
 // Validate checks the parts of a spec that every runtime relies on.
 func (s *Spec) Validate() error {
-	if s.ID == "" || len(s.ID) > 63 {
-		return fmt.Errorf("runtime: sandbox id %q must be 1-63 characters", s.ID)
+	if err := validateID(s.ID); err != nil {
+		return err
 	}
-	for i, r := range s.ID {
-		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0
-		if !ok {
-			return fmt.Errorf("runtime: sandbox id %q must be a-z 0-9 - starting with a letter or digit", s.ID)
-		}
-	}
-	if !filepath.IsAbs(s.Dir) || filepath.Clean(s.Dir) != s.Dir {
-		return fmt.Errorf("runtime: state directory %q must be a clean absolute path", s.Dir)
-	}
-	if s.ImageDir != "" && (!filepath.IsAbs(s.ImageDir) || filepath.Clean(s.ImageDir) != s.ImageDir) {
-		return fmt.Errorf("runtime: image directory %q must be a clean absolute path", s.ImageDir)
-	}
-	if s.HostBase != "" && (!filepath.IsAbs(s.HostBase) || filepath.Clean(s.HostBase) != s.HostBase) {
-		return fmt.Errorf("runtime: host base directory %q must be a clean absolute path", s.HostBase)
-	}
-	for _, l := range s.Lowers {
-		if !filepath.IsAbs(l) || filepath.Clean(l) != l {
-			return fmt.Errorf("runtime: layer %q must be a clean absolute path", l)
-		}
+	if err := s.validatePaths(); err != nil {
+		return err
 	}
 	if len(s.Capability) == 0 {
 		return fmt.Errorf("runtime: the launch has no capability")
@@ -91,6 +75,40 @@ func (s *Spec) Validate() error {
 	}
 	if s.Resources.VCPUs < 0 || s.Resources.MemoryMB < 0 || s.Resources.Pids < 0 || s.DiskMB < 0 {
 		return fmt.Errorf("runtime: negative resources %+v", s.Resources)
+	}
+	return nil
+}
+
+// validateID checks the sandbox id against the id rule the store checked it with
+// ([naming.CheckID]): it becomes a hostname and a cgroup's name.
+func validateID(id string) error {
+	var e *naming.IDError
+	if !errors.As(naming.CheckID(id), &e) {
+		return nil
+	}
+	if e.Fault == naming.Empty || e.Fault == naming.TooLong {
+		return fmt.Errorf("runtime: sandbox id %q must be 1-%d characters", id, naming.MaxIDLen)
+	}
+	return fmt.Errorf("runtime: sandbox id %q must be a-z 0-9 - starting with a letter or digit", id)
+}
+
+// validatePaths checks that every directory of the spec is a clean absolute path, so that it
+// names the same directory to the runtime process, whatever its working directory, as to the
+// supervisor that wrote it.
+func (s *Spec) validatePaths() error {
+	if !naming.IsCleanAbs(s.Dir) {
+		return fmt.Errorf("runtime: state directory %q must be a clean absolute path", s.Dir)
+	}
+	if s.ImageDir != "" && !naming.IsCleanAbs(s.ImageDir) {
+		return fmt.Errorf("runtime: image directory %q must be a clean absolute path", s.ImageDir)
+	}
+	if s.HostBase != "" && !naming.IsCleanAbs(s.HostBase) {
+		return fmt.Errorf("runtime: host base directory %q must be a clean absolute path", s.HostBase)
+	}
+	for _, l := range s.Lowers {
+		if !naming.IsCleanAbs(l) {
+			return fmt.Errorf("runtime: layer %q must be a clean absolute path", l)
+		}
 	}
 	return nil
 }

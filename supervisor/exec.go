@@ -44,13 +44,19 @@ func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duratio
 	err = store.Retry(ctx, func() error {
 		return errcode.New(errcode.SandboxBusy,
 			"Another exec is running in sandbox %s and did not end within %s; retry later or raise wait_ms.", id, wait)
-	}, func() (bool, bool, error) {
+	}, func() (store.Attempt, error) {
 		got, busy, err := s.tryAdmit(ctx, id)
 		if got != nil {
 			got.Waited = time.Since(start)
 			a = got
 		}
-		return !busy, false, err
+		switch {
+		case err != nil:
+			return store.Failed, err
+		case busy:
+			return store.Busy, nil
+		}
+		return store.Acquired, nil
 	})
 	return a, err
 }
