@@ -2,6 +2,7 @@ package layers
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -245,8 +246,8 @@ func walk(g *Graph, start string, r Rule, pkg func(string) Pkg) []Violation {
 // `go list -deps -json ./...` run there sees it, with env (such as "GOOS=darwin") added to
 // the environment. A package that fails to load is an error: a rule must not pass because
 // part of the graph is missing.
-func Load(dir string, env ...string) (*Graph, error) {
-	cmd := exec.Command("go", "list", "-deps", "-json", "./...")
+func Load(ctx context.Context, dir string, env ...string) (*Graph, error) {
+	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "-json", "./...")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer

@@ -18,7 +18,7 @@ var platforms = []struct{ goos, goarch string }{
 // moduleRoot is the directory of the go.mod this test belongs to.
 func moduleRoot(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	out, err := exec.CommandContext(t.Context(), "go", "env", "GOMOD").Output()
 	if err != nil {
 		t.Fatalf("go env GOMOD: %v", err)
 	}
@@ -36,7 +36,7 @@ func TestModule(t *testing.T) {
 	for _, p := range platforms {
 		t.Run(p.goos+"/"+p.goarch, func(t *testing.T) {
 			t.Parallel()
-			g, err := Load(root, "GOOS="+p.goos, "GOARCH="+p.goarch, "CGO_ENABLED=0")
+			g, err := Load(t.Context(), root, "GOOS="+p.goos, "GOARCH="+p.goarch, "CGO_ENABLED=0")
 			if err != nil {
 				t.Fatal(err)
 			}
