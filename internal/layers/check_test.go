@@ -230,6 +230,11 @@ func TestCheck(t *testing.T) {
 			want: []string{"sandboxd-runtime-links: cmd/sandboxd-runtime -> net/http"},
 		},
 		{
+			name: "the server imports the end-to-end suite",
+			edit: func(g map[string][]string, _ map[string]Class) { g["sb/server"] = append(g["sb/server"], "sb/tests") },
+			want: []string{"tools-apart: server -> tests"},
+		},
+		{
 			name: "a host package may import what the sandbox side has",
 			edit: func(g map[string][]string, _ map[string]Class) {
 				g["sb/store"] = append(g["sb/store"], "sb/agent", "sb/control")

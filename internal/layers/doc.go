@@ -29,6 +29,7 @@
 //     knows a runtime only through the runtime.Runtime interface.
 //   - The handlers reach templates, the control protocol and the agent through the
 //     supervisor, not directly.
+//   - Nothing imports a [Tool] package (the end-to-end suite, this package).
 //   - cmd/sandboxd-runtime links only sandbox-side packages of the module (checked on its
 //     whole link set, not just its imports) and no HTTP library.
 //

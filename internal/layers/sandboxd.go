@@ -122,6 +122,12 @@ var Rules = []Rule{
 		},
 	},
 	{
+		Name:    "tools-apart",
+		Why:     "test and build tooling (tests, internal/layers) is imported by nothing: what the product links must not depend on it",
+		Applies: func(Pkg) bool { return true },
+		Forbids: func(_, dep Pkg) bool { return dep.Module && dep.Class == Tool },
+	},
+	{
 		Name: "sandboxd-runtime-links",
 		Why: "sandboxd-runtime runs the shim and init of every sandbox start: it links only sandbox-side packages " +
 			"(no server, handlers, store, template store, supervisor, API, events, metrics or checker) and no HTTP library",
