@@ -9,23 +9,25 @@ import (
 // syntheticClasses classifies the packages of the synthetic module "sb" the way [Classes]
 // classifies sandboxd's, plus a new leaf.
 var syntheticClasses = map[string]Class{
-	"agent":                  Sandbox,
-	"control":                Sandbox,
-	"platform":               Sandbox,
-	"runtime":                Sandbox,
-	"runtime/namespace/shim": Sandbox,
-	"ids":                    Sandbox,
-	"store":                  Host,
-	"store/template":         Host,
-	"supervisor":             Host,
-	"runtime/namespace":      Host,
-	"check":                  Host,
-	"events":                 HTTP,
-	"handlers":               HTTP,
-	"server":                 HTTP,
-	"cmd/sandboxd":           Command,
-	"cmd/sandboxd-runtime":   Command,
-	"tests":                  Tool,
+	"agent":                     Sandbox,
+	"control":                   Sandbox,
+	"platform":                  Sandbox,
+	"runtime":                   Sandbox,
+	"runtime/namespace/shim":    Sandbox,
+	"ids":                       Sandbox,
+	"naming":                    Sandbox,
+	"runtime/namespace/seccomp": Host,
+	"store":                     Host,
+	"store/template":            Host,
+	"supervisor":                Host,
+	"runtime/namespace":         Host,
+	"check":                     Host,
+	"events":                    HTTP,
+	"handlers":                  HTTP,
+	"server":                    HTTP,
+	"cmd/sandboxd":              Command,
+	"cmd/sandboxd-runtime":      Command,
+	"tests":                     Tool,
 }
 
 // cleanGraph is a synthetic module that keeps every rule; each case below adds edges to it.
@@ -33,14 +35,16 @@ func cleanGraph() map[string][]string {
 	return map[string][]string{
 		"sb/agent":                            {"sb/control", "sb/platform", "os"},
 		"sb/control":                          {"github.com/hashicorp/yamux"},
-		"sb/platform":                         {"golang.org/x/sys/unix", "github.com/moby/profiles/seccomp"},
+		"sb/platform":                         {"golang.org/x/sys/unix", "sb/naming"},
+		"sb/naming":                           {"crypto/rand"},
+		"sb/runtime/namespace/seccomp":        {"sb/platform", "github.com/moby/profiles/seccomp"},
 		"sb/runtime":                          {"sb/platform"},
 		"sb/runtime/namespace/shim":           {"sb/agent", "sb/runtime", "sb/ids"},
 		"sb/ids":                              {"strings"},
 		"sb/store":                            {"sb/runtime", "sb/platform", "sb/ids"},
 		"sb/store/template":                   {"sb/store"},
 		"sb/supervisor":                       {"sb/runtime", "sb/store", "sb/store/template", "sb/control"},
-		"sb/runtime/namespace":                {"sb/runtime", "sb/runtime/namespace/shim", "sb/control"},
+		"sb/runtime/namespace":                {"sb/runtime", "sb/runtime/namespace/shim", "sb/runtime/namespace/seccomp", "sb/control"},
 		"sb/check":                            {"sb/store", "sb/supervisor"},
 		"sb/events":                           {"net/http"},
 		"sb/handlers":                         {"sb/supervisor", "sb/store", "sb/events", "github.com/go-chi/chi/v5", "github.com/gorilla/websocket"},
@@ -228,6 +232,25 @@ func TestCheck(t *testing.T) {
 				g["sb/cmd/sandboxd-runtime"] = append(g["sb/cmd/sandboxd-runtime"], "github.com/some/httplib")
 			},
 			want: []string{"sandboxd-runtime-links: cmd/sandboxd-runtime -> net/http"},
+		},
+		{
+			name: "platform links the seccomp profile library again",
+			edit: func(g map[string][]string, _ map[string]Class) {
+				g["sb/platform"] = append(g["sb/platform"], "github.com/moby/profiles/seccomp")
+			},
+			want:  []string{"sandboxd-runtime-links: cmd/sandboxd-runtime -> github.com/moby/profiles/seccomp"},
+			chain: []string{"cmd/sandboxd-runtime", "runtime/namespace/shim", "agent", "platform", "github.com/moby/profiles/seccomp"},
+		},
+		{
+			name: "the shim imports the seccomp compiler",
+			edit: func(g map[string][]string, _ map[string]Class) {
+				g["sb/runtime/namespace/shim"] = append(g["sb/runtime/namespace/shim"], "sb/runtime/namespace/seccomp")
+			},
+			// The compiler is the namespace runtime's own package, but it is host-side.
+			want: []string{
+				"sandbox-side: runtime/namespace/shim -> runtime/namespace/seccomp",
+				"sandboxd-runtime-links: cmd/sandboxd-runtime -> runtime/namespace/seccomp",
+			},
 		},
 		{
 			name: "the server imports the end-to-end suite",

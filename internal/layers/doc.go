@@ -31,7 +31,8 @@
 //     supervisor, not directly.
 //   - Nothing imports a [Tool] package (the end-to-end suite, this package).
 //   - cmd/sandboxd-runtime links only sandbox-side packages of the module (checked on its
-//     whole link set, not just its imports) and no HTTP library.
+//     whole link set, not just its imports), no HTTP library and not the seccomp profile
+//     libraries that only the host-side compiler needs.
 //
 // Only non-test imports count: a test may import whatever it needs to set a scene.
 //

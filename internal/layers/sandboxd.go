@@ -10,16 +10,18 @@ var Classes = map[string]Class{
 	"agent":                  Sandbox,
 	"control":                Sandbox,
 	"errcode":                Sandbox,
+	"naming":                 Sandbox,
 	"platform":               Sandbox,
 	"record":                 Sandbox,
 	"runtime":                Sandbox,
 	"runtime/namespace/shim": Sandbox,
 
-	"check":             Host,
-	"runtime/namespace": Host,
-	"store":             Host,
-	"store/template":    Host,
-	"supervisor":        Host,
+	"check":                     Host,
+	"runtime/namespace":         Host,
+	"runtime/namespace/seccomp": Host,
+	"store":                     Host,
+	"store/template":            Host,
+	"supervisor":                Host,
 
 	"events":         HTTP,
 	"handlers":       HTTP,
@@ -42,11 +44,18 @@ var Classes = map[string]Class{
 // of them if its path is one of these or below one.
 var httpLibraries = []string{"net/http", "github.com/go-chi/chi/v5", "github.com/gorilla/websocket"}
 
-func isHTTPLibrary(p Pkg) bool {
+// seccompLibraries are what the host-side seccomp compiler (runtime/namespace/seccomp) builds
+// on; the sandbox side receives a compiled filter and must not pay for their initialisers.
+var seccompLibraries = []string{"github.com/moby/profiles/seccomp", "github.com/opencontainers/runtime-spec"}
+
+func isHTTPLibrary(p Pkg) bool { return isLibrary(p, httpLibraries) }
+
+// isLibrary reports whether p is outside the module and one of libs or below one.
+func isLibrary(p Pkg, libs []string) bool {
 	if p.Module {
 		return false
 	}
-	for _, lib := range httpLibraries {
+	for _, lib := range libs {
 		if p.Path == lib || strings.HasPrefix(p.Path, lib+"/") {
 			return true
 		}
@@ -130,11 +139,12 @@ var Rules = []Rule{
 	{
 		Name: "sandboxd-runtime-links",
 		Why: "sandboxd-runtime runs the shim and init of every sandbox start: it links only sandbox-side packages " +
-			"(no server, handlers, store, template store, supervisor, API, events, metrics or checker) and no HTTP library",
+			"(no server, handlers, store, template store, supervisor, API, events, metrics, checker or seccomp compiler), " +
+			"no HTTP library and not the seccomp profile libraries",
 		Applies:    func(from Pkg) bool { return from.Path == "cmd/sandboxd-runtime" },
 		Transitive: true,
 		Forbids: func(_, dep Pkg) bool {
-			return (dep.Module && dep.Class != Sandbox) || isHTTPLibrary(dep)
+			return (dep.Module && dep.Class != Sandbox) || isHTTPLibrary(dep) || isLibrary(dep, seccompLibraries)
 		},
 	},
 }
