@@ -142,16 +142,17 @@ type Runtime interface {
 	// (its cgroup, with any process still in it; mounts), so that nothing leaks even after a
 	// crash of the runtime process. It refuses while id is alive. Idempotent.
 	Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error
-	// Processes lists the live runtime processes (and sandbox inits) of the state root, found
-	// by the marker in their argv, for the consistency checker.
+	// Processes lists the live runtime processes (and sandbox inits) of the state root, for the
+	// consistency checker. It identifies them by facts that no process inside a sandbox can
+	// forge, not by a marker in argv alone, which any process can give itself.
 	Processes(stateRoot string) ([]Process, error)
 }
 
 // Process is a runtime process found by Processes.
 type Process struct {
-	ID platform.ProcessID
+	ID   platform.ProcessID
 	Role Role
-	// Dir is the state directory named in its marker.
+	// Dir is the state directory of its sandbox (an init's is its shim's).
 	Dir string
 }
 
