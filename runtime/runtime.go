@@ -146,7 +146,37 @@ type Runtime interface {
 	// consistency checker. It identifies them by facts that no process inside a sandbox can
 	// forge, not by a marker in argv alone, which any process can give itself.
 	Processes(stateRoot string) ([]Process, error)
+	// HostResources lists what the runtime holds on the host, outside state directories (the
+	// cgroups), for the sandboxes whose state directories are <sandboxesDir>/<id>, whether
+	// they run or not and whether the directory still exists or not, for the consistency
+	// checker: Cleanup releases those of a sandbox that is not running. An error means the
+	// runtime could not look.
+	HostResources(sandboxesDir string) ([]HostResource, error)
 }
+
+// HostResource is something a runtime holds on the host for one sandbox, outside its state
+// directory, found by HostResources.
+type HostResource struct {
+	Kind ResourceKind
+	// SandboxID and Dir name the sandbox it belongs to (Dir is its state directory).
+	SandboxID string
+	Dir       string
+	// Name is what an operator knows it by (a cgroup's path below the hierarchy's root,
+	// "sandboxd/demo.1a2b3c4d").
+	Name string
+	// Paths are where it lies on the host (a cgroup's directory, on cgroup v1 one in each
+	// hierarchy): it exists while any of them does.
+	Paths []string
+}
+
+// ResourceKind is what a HostResource is.
+type ResourceKind string
+
+// The kinds of host resources.
+const (
+	// ResourceCgroup is a sandbox's cgroup.
+	ResourceCgroup ResourceKind = "cgroup"
+)
 
 // Process is a runtime process found by Processes.
 type Process struct {

@@ -176,3 +176,40 @@ func (st procStatus) ownedBy(uid int) bool {
 func (st procStatus) namespaceInit() bool {
 	return len(st.nsPids) >= 2 && st.nsPids[len(st.nsPids)-1] == "1"
 }
+
+// HostResources implements runtime.Runtime: the cgroups named <CgroupParent>/<id>.<hash of
+// sandboxesDir/id> (shim.CgroupLeaf), which are those of this state root's sandboxes; other
+// state roots' hash differently.
+func (r *Runtime) HostResources(sandboxesDir string) ([]runtime.HostResource, error) {
+	sandboxesDir = filepath.Clean(sandboxesDir)
+	parent, err := platform.OpenCgroup(r.cfg.CgroupParent)
+	if err != nil {
+		return nil, err
+	}
+	byID := map[string]*runtime.HostResource{}
+	for _, d := range parent.Dirs() {
+		ents, err := os.ReadDir(d)
+		if err != nil {
+			continue // no sandbox cgroup made yet in this hierarchy
+		}
+		for _, e := range ents {
+			id, _, ok := strings.Cut(e.Name(), ".")
+			dir := filepath.Join(sandboxesDir, id)
+			if !ok || !e.IsDir() || e.Name() != shim.CgroupLeaf(id, dir) {
+				continue
+			}
+			res := byID[id]
+			if res == nil {
+				res = &runtime.HostResource{Kind: runtime.ResourceCgroup, SandboxID: id, Dir: dir, Name: r.cgroupName(id, dir)}
+				byID[id] = res
+			}
+			res.Paths = append(res.Paths, filepath.Join(d, e.Name()))
+		}
+	}
+	out := make([]runtime.HostResource, 0, len(byID))
+	for _, res := range byID {
+		out = append(out, *res)
+	}
+	slices.SortFunc(out, func(a, b runtime.HostResource) int { return strings.Compare(a.SandboxID, b.SandboxID) })
+	return out, nil
+}
