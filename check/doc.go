@@ -19,14 +19,15 @@
 //     and its runtime), the store's temp names and NFS's ".nfs*" names; records and declared
 //     files are regular files, declared directories are directories; config.json reads and
 //     names its directory. A directory without config.json is left over.
-//   - Every runtime record names a live process (pid, start time, boot id) that the runtime
-//     knows as that directory's shim (Runtime.Processes); otherwise it is stale. A live process of another
-//     runtime identity is noted (runtime-mismatch), not a problem.
+//   - Every runtime record names a live process (pid, start time, boot id), or it is stale,
+//     and that process is the one the runtime knows as that directory's shim
+//     (Runtime.Processes), or it is unmarked. A live process of another runtime identity is
+//     noted (runtime-mismatch), not a problem.
 //   - A launch journal without a runtime record of its launch is an interrupted start; one
 //     beside the record of its own launch is a journal whose removal was interrupted.
 //   - Every runtime process (shim or init) that the runtime finds under the state root (by
-//     facts a sandbox cannot forge, not by the marker in argv alone) is named by a runtime record (a shim by its identity, an init as the child
-//     of the recorded shim).
+//     facts a sandbox cannot forge, not by the marker in argv alone) is named by a runtime
+//     record (a shim by its identity, an init as the child of the recorded shim).
 //   - No host mount lies below the state root (the runtime mounts only inside sandboxes'
 //     own mount namespaces), and no sandbox cgroup exists for a sandbox of this root that is
 //     not running.
