@@ -36,9 +36,9 @@ import (
 // server using sandboxd-runtime) is still a runtime process, whose identity the supervisor
 // and the checker judge (runtime-mismatch).
 //
-// Each process is identified (pid and start time) before its facts are read and checked to
-// be alive after, so that facts of a process that ended meanwhile are never attributed to
-// another one that reuses its pid.
+// Each process is identified (pid and start time) before its facts are read, and checked to
+// be alive after, with the first fact read again: facts of a process that ended meanwhile are
+// never attributed to another one that reuses its pid.
 func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 	stateRoot = filepath.Clean(stateRoot)
 	ownNS, err := os.Readlink("/proc/self/ns/pid")
@@ -86,21 +86,13 @@ func procPids() ([]int, error) {
 // verifiedShim returns pid as a shim of a state directory below stateRoot if its argv says it
 // is one and it runs in the pid namespace ownNS as this process's user.
 func verifiedShim(pid int, stateRoot, ownNS string) (runtime.Process, bool) {
+	proc := "/proc/" + strconv.Itoa(pid)
+	dir, ok := shimClaim(proc, stateRoot)
+	if !ok {
+		return runtime.Process{}, false
+	}
 	id, err := platform.Identify(pid)
 	if err != nil {
-		return runtime.Process{}, false
-	}
-	proc := "/proc/" + strconv.Itoa(pid)
-	b, err := os.ReadFile(proc + "/cmdline")
-	if err != nil {
-		return runtime.Process{}, false
-	}
-	argv := bytes.Split(bytes.TrimSuffix(b, []byte{0}), []byte{0})
-	if len(argv) < 3 || string(argv[1]) != shim.ShimCommand {
-		return runtime.Process{}, false
-	}
-	dir := string(argv[2])
-	if !strings.HasPrefix(dir, stateRoot+"/") {
 		return runtime.Process{}, false
 	}
 	ns, err := os.Readlink(proc + "/ns/pid")
@@ -108,19 +100,35 @@ func verifiedShim(pid int, stateRoot, ownNS string) (runtime.Process, bool) {
 		return runtime.Process{}, false
 	}
 	st, err := readProcStatus(pid)
-	if err != nil || !st.ownedBy(os.Geteuid()) || !id.Alive() {
+	if err != nil || !st.ownedBy(os.Geteuid()) {
+		return runtime.Process{}, false
+	}
+	// The claim read before the identity may have been another process's, at a pid reused
+	// since: read it again, from the process identified (alive after the read).
+	if again, ok := shimClaim(proc, stateRoot); !ok || again != dir || !id.Alive() {
 		return runtime.Process{}, false
 	}
 	return runtime.Process{ID: id, Role: runtime.RoleShim, Dir: dir}, true
 }
 
+// shimClaim returns the state directory that the process at proc (its /proc directory) names
+// in a shim's marker (argv: sandboxd __shim <dir>), if it is one below stateRoot.
+func shimClaim(proc, stateRoot string) (string, bool) {
+	b, err := os.ReadFile(proc + "/cmdline")
+	if err != nil {
+		return "", false
+	}
+	argv := bytes.Split(bytes.TrimSuffix(b, []byte{0}), []byte{0})
+	if len(argv) < 3 || string(argv[1]) != shim.ShimCommand {
+		return "", false
+	}
+	dir := string(argv[2])
+	return dir, strings.HasPrefix(dir, stateRoot+"/")
+}
+
 // verifiedInit returns pid as an init if it is PID 1 of a pid namespace of its own and the
 // child of one of shims (by pid), which is still the process that was found.
 func verifiedInit(pid int, shims map[int]runtime.Process) (runtime.Process, bool) {
-	id, err := platform.Identify(pid)
-	if err != nil {
-		return runtime.Process{}, false
-	}
 	ppid, err := platform.ParentPid(pid)
 	if err != nil {
 		return runtime.Process{}, false
@@ -129,8 +137,16 @@ func verifiedInit(pid int, shims map[int]runtime.Process) (runtime.Process, bool
 	if !ok {
 		return runtime.Process{}, false
 	}
+	id, err := platform.Identify(pid)
+	if err != nil {
+		return runtime.Process{}, false
+	}
 	st, err := readProcStatus(pid)
-	if err != nil || !st.namespaceInit() || !id.Alive() || !parent.ID.Alive() {
+	if err != nil || !st.namespaceInit() {
+		return runtime.Process{}, false
+	}
+	// As for a shim's claim: the parent read before the identity is read again.
+	if again, err := platform.ParentPid(pid); err != nil || again != ppid || !id.Alive() || !parent.ID.Alive() {
 		return runtime.Process{}, false
 	}
 	return runtime.Process{ID: id, Role: runtime.RoleInit, Dir: parent.Dir}, true
