@@ -160,16 +160,47 @@ type Runtime interface {
 	// (its cgroup, with any process still in it; mounts), so that nothing leaks even after a
 	// crash of the runtime process. It refuses while id is alive. Idempotent.
 	Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error
-	// Processes lists the live runtime processes (and sandbox inits) of the state root, found
-	// by the marker in their argv, for the consistency checker.
+	// Processes lists the live runtime processes (and sandbox inits) of the state root, for the
+	// consistency checker. It identifies them by facts that no process inside a sandbox can
+	// forge, not by a marker in argv alone, which any process can give itself.
 	Processes(stateRoot string) ([]Process, error)
+	// HostResources lists what the runtime holds on the host, outside state directories (the
+	// cgroups), for the sandboxes whose state directories are <sandboxesDir>/<id>, whether
+	// they run or not and whether the directory still exists or not, for the consistency
+	// checker: Cleanup releases those of a sandbox that is not running. An error means the
+	// runtime could not look.
+	HostResources(sandboxesDir string) ([]HostResource, error)
 }
+
+// HostResource is something a runtime holds on the host for one sandbox, outside its state
+// directory, found by HostResources.
+type HostResource struct {
+	Kind ResourceKind
+	// SandboxID and Dir name the sandbox it belongs to (Dir is its state directory).
+	SandboxID string
+	Dir       string
+	// Name is what an operator knows it by (a cgroup's path below the hierarchy's root,
+	// "sandboxd/demo.1a2b3c4d").
+	Name string
+	// Paths are where it lies on the host (a cgroup's directory, on cgroup v1 one in each
+	// hierarchy): it exists while any of them does.
+	Paths []string
+}
+
+// ResourceKind is what a HostResource is.
+type ResourceKind string
+
+// The kinds of host resources.
+const (
+	// ResourceCgroup is a sandbox's cgroup.
+	ResourceCgroup ResourceKind = "cgroup"
+)
 
 // Process is a runtime process found by Processes.
 type Process struct {
 	ID   platform.ProcessID
 	Role Role
-	// Dir is the state directory named in its marker.
+	// Dir is the state directory of its sandbox (an init's is its shim's).
 	Dir string
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/errcode"
@@ -114,3 +115,11 @@ type declaration struct {
 	name string
 	kind EntryKind
 }
+
+// OwnNames returns the store's own entries in a state directory: its lock and its records.
+func OwnNames() []string { return slices.Clone(storeNames) }
+
+// RecordNames returns the store's records that are written durably through a temp name
+// (".<name>.<random>.tmp"), whose temp leftovers are the store's own: every entry of
+// [OwnNames] but the lock.
+func RecordNames() []string { return slices.Clone(recordNames) }

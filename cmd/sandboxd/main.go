@@ -163,15 +163,11 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	exe, err := runtimeExecutable(o.runtimeBinary)
+	rt, exe, err := newRuntime(o.runtimeBinary)
 	if err != nil {
 		return err
 	}
 	log.Info("sandbox runtime", "executable", exe)
-	rt, err := namespace.New(namespace.Config{Executable: exe})
-	if err != nil {
-		return err
-	}
 	// The event bus and the metrics observe the supervisor through its hooks; the metrics
 	// count sandboxes by state from the supervisor itself, at scrape time.
 	bus := events.New(events.Options{})

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -477,50 +476,6 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// Processes lists the shims and inits whose marker (argv: sandboxd __shim|__init <dir>)
-// names a state directory below stateRoot.
-func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
-	stateRoot = filepath.Clean(stateRoot)
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	var out []runtime.Process
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		argv := bytes.Split(bytes.TrimSuffix(b, []byte{0}), []byte{0})
-		if len(argv) < 3 {
-			continue
-		}
-		var role runtime.Role
-		switch string(argv[1]) {
-		case shim.ShimCommand:
-			role = runtime.RoleShim
-		case shim.InitCommand:
-			role = runtime.RoleInit
-		default:
-			continue
-		}
-		dir := string(argv[2])
-		if !strings.HasPrefix(dir, stateRoot+"/") {
-			continue
-		}
-		id, err := platform.Identify(pid)
-		if err != nil {
-			continue
-		}
-		out = append(out, runtime.Process{ID: id, Role: role, Dir: dir})
-	}
-	return out, nil
 }
 
 // openDiskLayer opens the writable layer on a stopped sandbox's own disk, for a capture. The
