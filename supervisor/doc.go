@@ -22,8 +22,9 @@
 // by the identity in the journal, or by the runtime's marker when the crash came before the
 // journal named it) is killed and whose launch is abandoned; a runtime record whose process is
 // alive is held; one whose process is gone is cleared, so the sandbox reads as stopped; a live
-// process of another runtime identity is reported as runtime-mismatch and never driven, except
-// by a forced stop. sandboxd reattaches every sandbox at start-up.
+// process of another runtime identity is running, flagged [Status.RuntimeMismatch], and never
+// driven (runtime-mismatch), except by a forced stop. sandboxd reattaches every sandbox at
+// start-up.
 //
 // # Exec admission
 //
