@@ -271,9 +271,8 @@ type problem struct {
 	Field string `json:"field"`
 }
 
-// do sends one request to s and returns the response's status and body.
-func do(t *testing.T, s http.Handler, method, target, body string, header ...string) (int, []byte) {
-	t.Helper()
+// newRequest is a request to the server under test, with a JSON body if body is set.
+func newRequest(method, target, body string, header ...string) *http.Request {
 	var r io.Reader
 	if body != "" {
 		r = strings.NewReader(body)
@@ -285,8 +284,20 @@ func do(t *testing.T, s http.Handler, method, target, body string, header ...str
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
+	return req
+}
+
+// serve serves one request.
+func serve(s http.Handler, req *http.Request) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
 	s.ServeHTTP(rec, req)
+	return rec
+}
+
+// do sends one request to s and returns the response's status and body.
+func do(t *testing.T, s http.Handler, method, target, body string, header ...string) (int, []byte) {
+	t.Helper()
+	rec := serve(s, newRequest(method, target, body, header...))
 	return rec.Code, rec.Body.Bytes()
 }
 
