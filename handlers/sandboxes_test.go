@@ -22,42 +22,10 @@ func TestCreateRequest(t *testing.T) {
 		body  string
 		check func(t *testing.T, r supervisor.CreateRequest)
 	}{
-		{"empty", `{}`, func(t *testing.T, r supervisor.CreateRequest) {
-			if !strings.HasPrefix(r.ID, "sb-") || len(r.ID) != 15 {
-				t.Errorf("generated id %q", r.ID)
-			}
-			if r.Resources != testDefaults || r.DiskMB != 0 || r.Image != "" || r.Clone != nil || r.Env != nil || r.Labels != nil {
-				t.Errorf("defaults: %+v", r)
-			}
-		}},
-		{"partial resources", `{"id":"a1","image":"py","resources":{"memory_mb":1024,"disk_mb":64},"env":["A=1","B=x=y"],"labels":{"team":"ci"}}`,
-			func(t *testing.T, r supervisor.CreateRequest) {
-				want := testDefaults
-				want.MemoryMB = 1024
-				if r.ID != "a1" || r.Image != "py" || r.Resources != want || r.DiskMB != 64 {
-					t.Errorf("mapped as %+v", r)
-				}
-				if r.Env["A"] != "1" || r.Env["B"] != "x=y" || len(r.Env) != 2 || r.Labels["team"] != "ci" {
-					t.Errorf("env %v, labels %v", r.Env, r.Labels)
-				}
-			}},
-		{"clone takes the generation's resources", `{"id":"c1","template":"base","resources":{"disk_mb":32}}`,
-			func(t *testing.T, r supervisor.CreateRequest) {
-				if r.Clone == nil || r.Clone.Template != "base" || r.Clone.Generation != "" || r.Clone.Resources != nil || r.Clone.Image != "" {
-					t.Errorf("clone %+v", r.Clone)
-				}
-				if r.DiskMB != 32 {
-					t.Errorf("a clone's own disk: %d", r.DiskMB)
-				}
-			}},
-		{"clone asks for resources", `{"id":"c2","template":"base","generation":"g000001","image":"py","resources":{"vcpus":2}}`,
-			func(t *testing.T, r supervisor.CreateRequest) {
-				want := testDefaults
-				want.VCPUs = 2
-				if c := r.Clone; c == nil || c.Generation != "g000001" || c.Image != "py" || c.Resources == nil || *c.Resources != want {
-					t.Errorf("clone %+v", r.Clone)
-				}
-			}},
+		{"empty", `{}`, checkCreateDefaults},
+		{"partial resources", `{"id":"a1","image":"py","resources":{"memory_mb":1024,"disk_mb":64},"env":["A=1","B=x=y"],"labels":{"team":"ci"}}`, checkCreateOverrides},
+		{"clone takes the generation's resources", `{"id":"c1","template":"base","resources":{"disk_mb":32}}`, checkCloneOwnDisk},
+		{"clone asks for resources", `{"id":"c2","template":"base","generation":"g000001","image":"py","resources":{"vcpus":2}}`, checkCloneResources},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,6 +41,43 @@ func TestCreateRequest(t *testing.T) {
 				t.Errorf("started without start=true")
 			}
 		})
+	}
+}
+
+func checkCreateDefaults(t *testing.T, r supervisor.CreateRequest) {
+	if !strings.HasPrefix(r.ID, "sb-") || len(r.ID) != 15 {
+		t.Errorf("generated id %q", r.ID)
+	}
+	if r.Resources != testDefaults || r.DiskMB != 0 || r.Image != "" || r.Clone != nil || r.Env != nil || r.Labels != nil {
+		t.Errorf("defaults: %+v", r)
+	}
+}
+
+func checkCreateOverrides(t *testing.T, r supervisor.CreateRequest) {
+	want := testDefaults
+	want.MemoryMB = 1024
+	if r.ID != "a1" || r.Image != "py" || r.Resources != want || r.DiskMB != 64 {
+		t.Errorf("mapped as %+v", r)
+	}
+	if r.Env["A"] != "1" || r.Env["B"] != "x=y" || len(r.Env) != 2 || r.Labels["team"] != "ci" {
+		t.Errorf("env %v, labels %v", r.Env, r.Labels)
+	}
+}
+
+func checkCloneOwnDisk(t *testing.T, r supervisor.CreateRequest) {
+	if r.Clone == nil || r.Clone.Template != "base" || r.Clone.Generation != "" || r.Clone.Resources != nil || r.Clone.Image != "" {
+		t.Errorf("clone %+v", r.Clone)
+	}
+	if r.DiskMB != 32 {
+		t.Errorf("a clone's own disk: %d", r.DiskMB)
+	}
+}
+
+func checkCloneResources(t *testing.T, r supervisor.CreateRequest) {
+	want := testDefaults
+	want.VCPUs = 2
+	if c := r.Clone; c == nil || c.Generation != "g000001" || c.Image != "py" || c.Resources == nil || *c.Resources != want {
+		t.Errorf("clone %+v", r.Clone)
 	}
 }
 
