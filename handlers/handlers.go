@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/openapi"
 	"github.com/sandboxd/sandboxd/supervisor"
@@ -106,11 +105,6 @@ func New(cfg Config) (*Handlers, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Handlers{cfg: cfg, sup: cfg.Supervisor, log: cfg.Logger}, nil
-}
-
-// notImplemented is the answer of operations that later work will build.
-func notImplemented(operation string) error {
-	return errcode.New(errcode.NotImplemented, "%s is not implemented in this version of sandboxd.", operation)
 }
 
 // deadline turns an optional timeout in milliseconds (validated by the contract: 1..3600000)
