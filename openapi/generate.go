@@ -10,3 +10,4 @@ package openapi
 
 //go:generate go tool oapi-codegen -config server.cfg.yaml openapi.yaml
 //go:generate go tool oapi-codegen -config client/client.cfg.yaml openapi.yaml
+//go:generate go tool oapi-codegen -config stream/stream.cfg.yaml openapi.yaml

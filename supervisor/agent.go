@@ -8,10 +8,10 @@ import (
 	"github.com/sandboxd/sandboxd/store"
 )
 
-// Agent returns a control session with a running sandbox's agent, for file operations. It
-// takes no lock: a session that a concurrent stop ends fails its operations, which is the
-// right answer for them.
-func (s *Supervisor) Agent(ctx context.Context, id string) (*control.Client, error) {
+// runningAgent returns a control session with a running sandbox's agent, for file
+// operations. It takes no lock: a session that a concurrent stop ends fails its operations,
+// which is the right answer for them.
+func (s *Supervisor) runningAgent(ctx context.Context, id string) (*control.Client, error) {
 	st, err := s.Status(id)
 	if err != nil {
 		return nil, err

@@ -25,13 +25,14 @@
 //
 // Every transition but provision starts by reconciling the records with the processes
 // (reattach): a journal without a runtime record of its launch is an interrupted start, whose
-// process (found by the identity in the journal, or by the runtime's marker when the crash
-// came before the journal named it) is killed and whose launch is abandoned; a runtime record
-// whose process is alive is held; one whose process is gone is cleared, so the sandbox reads
-// as stopped; a live process of another runtime identity is reported as runtime-mismatch and
-// never driven, except by a forced stop. sandboxd reattaches every sandbox at start-up
-// ([Supervisor.ReattachAll]). A committed launch is also watched through a pidfd, and the
-// sandbox is reconciled as soon as its runtime process exits.
+// process (found by the identity in the journal, or among the runtime's processes when the
+// crash came before the journal named it) is killed and whose launch is abandoned; a runtime
+// record whose process is alive is held; one whose process is gone is cleared, so the sandbox
+// reads as stopped; a live process of another runtime identity is running, flagged
+// [Status.RuntimeMismatch], and never driven (runtime-mismatch), except by a forced stop.
+// sandboxd reattaches every sandbox at start-up ([Supervisor.ReattachAll]). A committed launch
+// is also watched through a pidfd, and the sandbox is reconciled as soon as its runtime process
+// exits.
 //
 // # Exec admission
 //

@@ -28,15 +28,15 @@ func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error
 		return nil, err
 	}
 	defer s.unlock(l)
-	state, _, err := s.reattach(ctx, l)
+	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	switch state {
-	case StateRunning:
-		return nil, errcode.New(errcode.AlreadyRunning, "Sandbox %s is already running.", id)
-	case runtimeMismatch:
+	switch {
+	case r.mismatch:
 		return nil, mismatchError(id)
+	case r.state == StateRunning:
+		return nil, errcode.New(errcode.AlreadyRunning, "Sandbox %s is already running.", id)
 	}
 	lowers, err := s.cloneLowers(l, cfg)
 	if err != nil {

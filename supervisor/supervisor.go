@@ -32,13 +32,18 @@ const (
 	LogName = "sandbox.log"
 )
 
+// State is a sandbox's lifecycle state, as [Supervisor.Status] reads it. A sandbox that
+// another runtime identity runs is StateRunning with [Status.RuntimeMismatch] set: the
+// mismatch says who may drive it, not where it is in its life.
+type State string
+
 // The states a sandbox reads as.
 const (
-	StateProvisioned = "provisioned"
-	StateStarting    = "starting"
-	StateRunning     = "running"
-	StateStopping    = "stopping"
-	StateStopped     = "stopped"
+	StateProvisioned State = "provisioned"
+	StateStarting    State = "starting"
+	StateRunning     State = "running"
+	StateStopping    State = "stopping"
+	StateStopped     State = "stopped"
 )
 
 // HostImage is the built-in image: the host's /usr, read-only.
@@ -87,7 +92,7 @@ type Supervisor struct {
 	mu        sync.Mutex
 	closed    bool
 	clients   map[string]*agentConn // by sandbox id
-	transient map[string]string     // sandbox id → starting or stopping, while this process drives it
+	transient map[string]State      // sandbox id → starting or stopping, while this process drives it
 	watched   map[string]string     // sandbox id → the launch a watcher follows
 }
 
@@ -121,7 +126,7 @@ func New(opts Options) (*Supervisor, error) {
 		life:         life,
 		stopLife:     stopLife,
 		clients:      map[string]*agentConn{},
-		transient:    map[string]string{},
+		transient:    map[string]State{},
 		watched:      map[string]string{},
 	}
 	declared := map[string]bool{}
@@ -152,24 +157,35 @@ func New(opts Options) (*Supervisor, error) {
 // Store returns the sandbox store.
 func (s *Supervisor) Store() *store.Store { return s.store }
 
-// Runtime returns the runtime.
-func (s *Supervisor) Runtime() runtime.Runtime { return s.rt }
+// RuntimeInfo names the runtime sandboxes run under.
+type RuntimeInfo struct {
+	// Kind is the runtime's kind ("namespace").
+	Kind string
+	// Identity is the runtime identity: its kind, sandboxd's build and the runtime's
+	// configuration. Template generations are captured under it and clone only under it.
+	Identity string
+}
+
+// RuntimeInfo names the runtime.
+func (s *Supervisor) RuntimeInfo() RuntimeInfo {
+	return RuntimeInfo{Kind: s.rt.Kind(), Identity: s.rt.Identity()}
+}
 
 // Status is what a caller may know of a sandbox.
 type Status struct {
-	Config store.Config
-	State  string
+	Config Config
+	State  State
 	// StartedAt is when the current (or last committed) launch started.
 	StartedAt *time.Time
 	// LastExit is how the last run ended, if one did.
-	LastExit *runtime.Outcome
+	LastExit *Exit
 	// RuntimeMismatch says a live process of another runtime identity holds the sandbox.
 	RuntimeMismatch bool
 	// Binding is a clone's template binding (its lease), nil for other sandboxes.
-	Binding *template.Binding
+	Binding *Binding
 }
 
-func (s *Supervisor) setTransient(id, state string) {
+func (s *Supervisor) setTransient(id string, state State) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if state == "" {
