@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
@@ -63,8 +64,8 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	if err := l.CleanStaging(); err != nil {
 		return err
 	}
-	launchID := randomHex(8)
-	capability := []byte(randomHex(32))
+	launchID := naming.RandomHex(8)
+	capability := []byte(naming.RandomHex(32))
 	if err := platform.WriteFileDurable(l.Dir(), CapabilityName, capability, 0o600); err != nil {
 		return fmt.Errorf("writing the control capability: %w", err)
 	}
@@ -210,7 +211,7 @@ func (s *Supervisor) abandon(ctx context.Context, l *store.Lock, launchID string
 }
 
 // endLaunch kills a launch's runtime process (by verified identity, and any other runtime
-// process whose marker names this state directory) and cleans up after it.
+// runtime process that names this state directory) and cleans up after it.
 func (s *Supervisor) endLaunch(ctx context.Context, l *store.Lock, proc platform.ProcessID) error {
 	procs := []platform.ProcessID{}
 	if !proc.IsZero() {

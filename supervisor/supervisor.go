@@ -2,10 +2,7 @@ package supervisor
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -129,25 +126,8 @@ func New(opts Options) (*Supervisor, error) {
 		transient:    map[string]State{},
 		watched:      map[string]string{},
 	}
-	declared := map[string]bool{}
-	declare := func(name string, kind store.EntryKind) error {
-		if declared[name] {
-			return nil
-		}
-		declared[name] = true
-		return s.store.Declare(name, kind)
-	}
-	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName} {
-		if err := declare(name, store.EntryFile); err != nil {
-			return nil, err
-		}
-	}
-	for _, e := range s.rt.DeclaredEntries() {
-		kind := store.EntryFile
-		if e.Dir {
-			kind = store.EntryDir
-		}
-		if err := declare(e.Name, kind); err != nil {
+	for _, d := range DeclaredEntries(s.rt) {
+		if err := s.store.Declare(d.Name, d.Kind); err != nil {
 			return nil, err
 		}
 	}
@@ -372,14 +352,6 @@ func (s *Supervisor) unlock(l *store.Lock) {
 
 func processOf(rec *store.RuntimeRecord) platform.ProcessID {
 	return platform.ProcessID{Pid: rec.Pid, StartTime: rec.PidStartTime, BootID: rec.BootID}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(fmt.Sprintf("crypto/rand failed: %v", err)) // cannot happen on Linux ≥ 3.17
-	}
-	return hex.EncodeToString(b)
 }
 
 // crash calls the test's crash point, if any.

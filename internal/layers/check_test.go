@@ -47,7 +47,7 @@ func cleanGraph() map[string][]string {
 		"sb/runtime/namespace":                {"sb/runtime", "sb/runtime/namespace/shim", "sb/runtime/namespace/seccomp", "sb/control"},
 		"sb/check":                            {"sb/store", "sb/supervisor"},
 		"sb/events":                           {"net/http"},
-		"sb/handlers":                         {"sb/supervisor", "sb/store", "sb/events", "github.com/go-chi/chi/v5", "github.com/gorilla/websocket"},
+		"sb/handlers":                         {"sb/supervisor", "sb/events", "github.com/go-chi/chi/v5", "github.com/gorilla/websocket"},
 		"sb/server":                           {"sb/handlers", "net/http", "github.com/go-chi/chi/v5/middleware"},
 		"sb/cmd/sandboxd":                     {"sb/server", "sb/runtime/namespace", "sb/runtime/namespace/shim", "sb/check"},
 		"sb/cmd/sandboxd-runtime":             {"sb/runtime/namespace/shim", "os"},
@@ -191,13 +191,15 @@ func TestCheck(t *testing.T) {
 			want: []string{"no-concrete-runtime: runtime/vm -> runtime/namespace"},
 		},
 		{
-			name: "handlers import the template store, the control protocol and the agent",
+			name: "handlers import the stores, the runtime, the control protocol and the agent",
 			edit: func(g map[string][]string, _ map[string]Class) {
-				g["sb/handlers"] = append(g["sb/handlers"], "sb/store/template", "sb/control", "sb/agent")
+				g["sb/handlers"] = append(g["sb/handlers"], "sb/store", "sb/store/template", "sb/runtime", "sb/control", "sb/agent")
 			},
 			want: []string{
 				"handlers-through-supervisor: handlers -> agent",
 				"handlers-through-supervisor: handlers -> control",
+				"handlers-through-supervisor: handlers -> runtime",
+				"handlers-through-supervisor: handlers -> store",
 				"handlers-through-supervisor: handlers -> store/template",
 			},
 		},
