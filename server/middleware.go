@@ -91,6 +91,9 @@ func (s *statusRecorder) Flush() {
 func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, rw, err := http.NewResponseController(s.ResponseWriter).Hijack()
 	if err == nil {
+		// A body deadline (guardBody) must not outlive the upgrade: a websocket paces its
+		// reads itself.
+		_ = conn.SetReadDeadline(time.Time{})
 		s.hijacked = true
 		if s.status == 0 {
 			s.status = http.StatusSwitchingProtocols
