@@ -76,8 +76,13 @@ type Server struct {
 	validator      *validator
 	onProblem      func(errcode.Code, int)
 
-	mu         sync.Mutex
-	onShutdown []func()
+	// now is the clock of login codes' expiry; tests replace it.
+	now func() time.Time
+
+	mu           sync.Mutex
+	onShutdown   []func()
+	loginCode    string // the outstanding one-time login code, or ""
+	loginExpires time.Time
 }
 
 // New builds the server's handler.
@@ -110,6 +115,7 @@ func New(cfg Config) (*Server, error) {
 		allowedOrigins: cfg.AllowedOrigins,
 		validator:      v,
 		onProblem:      cfg.OnProblem,
+		now:            time.Now,
 	}
 	s.handler = s.routes(cfg)
 	return s, nil
@@ -157,11 +163,13 @@ func (s *Server) routes(cfg Config) http.Handler {
 	r.Group(func(r chi.Router) {
 		// Authentication comes before anything that reads a body: a refused client is
 		// answered at once, whatever it declared it would send.
-		r.Use(s.authenticateExcept("/healthz"), s.limitBodies(cfg.MaxJSONBytes, cfg.MaxFileBytes), s.validate)
+		r.Use(s.authenticateExcept("/healthz", "/login"), s.limitBodies(cfg.MaxJSONBytes, cfg.MaxFileBytes), s.validate)
 		openapi.HandlerWithOptions(strict, openapi.ChiServerOptions{
 			BaseRouter:       r,
 			ErrorHandlerFunc: s.requestError,
 		})
+		// The dashboard's one-time login: open, since its code is the credential.
+		r.Post("/login", s.handle(s.login))
 		if cfg.Metrics != nil {
 			r.Handle("/metrics", cfg.Metrics)
 		} else {
