@@ -559,10 +559,17 @@
     }
   }
 
+  // start logs in if the URL asks to, then connects.
+  function start() {
+    login().finally(() => {
+      connectEvents();
+      refreshAll();
+    });
+  }
+
   // Ages move on while nothing happens.
   setInterval(renderSandboxes, 15000);
-  login().finally(() => {
-    connectEvents();
-    refreshAll();
-  });
+  // A login URL opened over the page itself changes only its fragment: no new page load.
+  window.addEventListener("hashchange", () => { if (location.hash.startsWith("#login=")) start(); });
+  start();
 })();
