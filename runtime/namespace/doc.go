@@ -31,14 +31,22 @@
 // # The root file system
 //
 // The init makes every mount inside its own mount namespace, after making / private: nothing
-// propagates to the host, and every mount ends with the namespace.
+// propagates to the host, and every mount ends with the namespace. It is host root until
+// pivot_root, and the tree it mounts on is the sandbox's, links included: every directory,
+// file and link it makes below the new root, and every mount target, is resolved through a
+// handle of the root as if the root were "/" (openat2 RESOLVE_IN_ROOT), and every mount is
+// made detached and attached onto a handle of its target (move_mount), so that a link
+// planted inside (a /sys pointing at a host directory) is followed inside or fails the
+// start, and never leads out. The overlay's layers are given to it as handles of detached
+// clones of their mounts, so the sandbox's mount table names them "/", "/upper" and "/work",
+// not by their host paths.
 //
 //   - / is a nodev, nosuid overlay on <dir>/rootfs. Its lowers are, top first, Spec.Lowers
 //     (template generations) and then Spec.ImageDir, or, for the built-in host image
 //     (ImageDir ""), <dir>/hostfiles (the sandbox's /etc/hostname and /etc/hosts) over the
 //     host base layer. Its upper and work directories are <dir>/upper and <dir>/work, or, with
 //     a disk of its own (Spec.DiskMB), the same names on an ext4 image <dir>/disk.img that
-//     Start makes and the init loop-mounts on <dir>/disk.
+//     Start makes and the init loop-mounts as a detached mount, at no path.
 //   - The host base layer holds the directory skeleton, the host's merged-usr links and a
 //     generated /etc (passwd, group, nsswitch.conf, resolv.conf, and public host files such
 //     as os-release and ld.so.cache). It holds nothing of any sandbox, so one copy is shared

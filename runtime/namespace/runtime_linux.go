@@ -336,13 +336,10 @@ func (r *Runtime) prepareStateDir(ctx context.Context, spec runtime.Spec) error 
 	return nil
 }
 
-// prepareDisk makes the mount point and the image of the sandbox's own disk (Spec.DiskMB).
+// prepareDisk makes the image of the sandbox's own disk (Spec.DiskMB).
 func (r *Runtime) prepareDisk(ctx context.Context, spec runtime.Spec) error {
 	prog, err := r.diskTool()
 	if err != nil {
-		return err
-	}
-	if err := platform.EnsureDir(spec.Dir, shim.EntryDisk, 0o700); err != nil {
 		return err
 	}
 	return ensureDiskImage(ctx, spec.Dir, spec.DiskMB, prog)

@@ -28,8 +28,9 @@ const (
 	EntryHostFiles = "hostfiles"
 	EntryLog       = "sandbox.log" // the shim's and the init's output
 	// With a disk of its own (Spec.DiskMB), the sandbox's writable layer (upper and work)
-	// lives on an ext4 file system in EntryDiskImage, which the init mounts on EntryDisk
-	// inside its own mount namespace.
+	// lives on an ext4 file system in EntryDiskImage, which the init mounts detached, at no
+	// path. EntryDisk, its mount point before, is no longer made; a state directory of an
+	// earlier version may hold it (empty).
 	EntryDisk      = "disk"
 	EntryDiskImage = "disk.img"
 	SocketName     = "control.sock"
