@@ -62,8 +62,16 @@
 //     host, a new devpts instance, and a tmpfs /dev/shm.
 //   - The sandbox's own cgroup, read-only, at /sys/fs/cgroup/memory (v1) or /sys/fs/cgroup
 //     (v2); the cgroup namespace is rooted at it. Nothing else of /sys.
-//   - /run/sandboxd is <dir>/control (root's alone, 0700), with the agent's socket: the only
-//     part of the state directory visible inside.
+//   - /run/sandboxd is a small, empty tmpfs, root's alone (0700). Nothing of the state
+//     directory is visible inside.
+//
+// The control socket is <dir>/control/control.sock ([Runtime.ControlPath]). The shim makes
+// it and listens on it before it starts the init, and hands the listening descriptor down
+// (fd 5); the agent accepts on it. The directory is never mounted inside, so nothing in the
+// sandbox can rename, replace or add the entry that sandboxd connects to, and nothing it
+// writes reaches the host's state root. A connection's peer credentials (SO_PEERCRED) are
+// the shim's, the process that listened, whose identity Start returns: sandboxd can check
+// them before it sends the capability.
 //
 // The old root is detached after pivot_root: nothing else of the host (its /root, /home,
 // /etc/shadow, the state root, other sandboxes) is reachable. The network namespace has only

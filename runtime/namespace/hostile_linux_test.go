@@ -111,3 +111,31 @@ func TestDanglingPlantedLinkFailsCleanly(t *testing.T) {
 		t.Fatalf("outcome %+v", o)
 	}
 }
+
+// TestControlDirectoryUnreachable: the host's control directory, where sandboxd connects, is
+// nowhere inside: root in the sandbox cannot rename, replace or add anything there, and what
+// it writes to /run/sandboxd stays in the sandbox.
+func TestControlDirectoryUnreachable(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "ctl", runtime.Resources{})
+	r := s.sh(t, "root", "ls -A /run/sandboxd | wc -l; echo x > /run/sandboxd/planted; echo rc=$?")
+	if !strings.HasPrefix(r.Output, "0\n") {
+		t.Fatalf("/run/sandboxd inside is not empty: %+v", r)
+	}
+	ents, err := os.ReadDir(filepath.Join(s.spec.Dir, shim.EntryControl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() != shim.SocketName {
+			t.Fatalf("a write inside landed in the host's control directory: %s", e.Name())
+		}
+	}
+	// The agent still answers on the host's path.
+	c, err := s.dial(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
 	"slices"
@@ -229,9 +230,16 @@ func agentStageMain() int {
 	return 0
 }
 
-// runAgent runs the agent in this process, the sandbox's PID 1.
+// runAgent runs the agent in this process, the sandbox's PID 1, accepting on the control
+// socket that the shim made (fd 5).
 func runAgent(cfg agentConfig) error {
 	unix.CloseOnExec(fdLifeline)
+	lf := os.NewFile(fdListener, "control socket")
+	ln, err := net.FileListener(lf)
+	lf.Close() // FileListener holds a duplicate, close-on-exec: no workload inherits it
+	if err != nil {
+		return fmt.Errorf("the control socket (fd %d): %w", fdListener, err)
+	}
 	// Not dumpable: a workload, even as root, cannot then reach the agent through /proc/1
 	// (its memory holds the capability; its descriptors include sandbox.log on the host and
 	// the sandboxd executable), since that needs CAP_SYS_PTRACE, which no workload has.
@@ -243,8 +251,8 @@ func runAgent(cfg agentConfig) error {
 		env = append(env, k+"="+v)
 	}
 	slices.Sort(env)
-	err := agent.Run(agent.Config{
-		ListenPath: ListenPath,
+	err = agent.Run(agent.Config{
+		Listener:   ln,
 		Capability: cfg.Capability,
 		DefaultEnv: env,
 		Hostname:   cfg.Hostname,

@@ -282,17 +282,11 @@ func setupRootTree(spec *shimSpec, root *os.File) error {
 	if err := setupDev(root); err != nil {
 		return err
 	}
-	// The control directory is the only part of the state directory the sandbox sees; it is
-	// root's (0700), so a workload running as user cannot reach the socket.
-	ctl, err := platform.CloneMount(nil, filepath.Join(spec.Dir, EntryControl), false)
-	if err != nil {
-		return err
-	}
-	defer ctl.Close()
-	if err := platform.SetMountAttrs(ctl, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC, false); err != nil {
-		return err
-	}
-	return attachDir(root, "run/sandboxd", ctl)
+	// The control socket is not in the sandbox: the shim listens on the host, and the agent
+	// accepts on the descriptor it inherits. /run/sandboxd stays, an empty, small tmpfs of
+	// root's alone, so that nothing written there reaches the host or lasts.
+	return mountNew(root, "run/sandboxd", "tmpfs", "mode=700,size=16k,nr_inodes=16",
+		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 }
 
 // procMasked are /proc files that give the kernel's innards away or act on the whole host;
