@@ -14,7 +14,7 @@
 // # Processes
 //
 //	sandboxd __shim <dir>      the runtime process: own session, outlives sandboxd
-//	└─ sandboxd __init <dir>   PID 1 of the sandbox, in its namespaces and cgroup; sets the
+//	└─ sandboxd __init         PID 1 of the sandbox, in its namespaces and cgroup; sets the
 //	   │                       sandbox up, drops to its privileges, runs the agent
 //	   └─ workloads            run by the agent as "user" (uid 1000) or "root"
 //

@@ -112,6 +112,23 @@ func TestDanglingPlantedLinkFailsCleanly(t *testing.T) {
 	}
 }
 
+// TestNoHostPathInside: nothing a sandbox can read names its state directory on the host:
+// not the mount table (overlay options, bind sources), nor any process's command line.
+func TestNoHostPathInside(t *testing.T) {
+	rt := newTestRuntime(t)
+	root := newStateRoot(t)
+	s := startSandbox(t, rt, root, "paths", runtime.Resources{})
+	r := s.sh(t, "root", "cat /proc/self/mountinfo /proc/1/mountinfo; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done")
+	if r.Code != 0 || !strings.Contains(r.Output, " / / ") {
+		t.Fatalf("reading the mount table: %+v", r)
+	}
+	for _, line := range strings.Split(r.Output, "\n") {
+		if strings.Contains(line, root) {
+			t.Errorf("the sandbox sees its host path %s: %s", root, line)
+		}
+	}
+}
+
 // TestControlDirectoryUnreachable: the host's control directory, where sandboxd connects, is
 // nowhere inside: root in the sandbox cannot rename, replace or add anything there, and what
 // it writes to /run/sandboxd stays in the sandbox.

@@ -281,7 +281,7 @@ func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
 		cw.Close()
 		return nil, fmt.Errorf("pipe: %w", err)
 	}
-	p := &initProcess{cmd: initCommand(dir, cr, lr, ln), config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
+	p := &initProcess{cmd: initCommand(cr, lr, ln), config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
 	err = p.start(cg)
 	cr.Close()
 	lr.Close()
@@ -294,9 +294,10 @@ func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
 }
 
 // initCommand is the init's command, its configuration on fd 3 (cr), its lifeline on fd 4
-// (lr) and the control socket on fd 5 (ln).
-func initCommand(dir string, cr, lr, ln *os.File) *exec.Cmd {
-	cmd := exec.Command("/proc/self/exe", InitCommand, dir) //nolint:noctx // the init lives as long as the sandbox
+// (lr) and the control socket on fd 5 (ln). Its argv names no host path (the state directory
+// is in its configuration): a sandbox can read it.
+func initCommand(cr, lr, ln *os.File) *exec.Cmd {
+	cmd := exec.Command("/proc/self/exe", InitCommand) //nolint:noctx // the init lives as long as the sandbox
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{}
 	cmd.Dir = "/"
