@@ -14,7 +14,7 @@
 // # Processes
 //
 //	sandboxd __shim <dir>      the runtime process: own session, outlives sandboxd
-//	└─ sandboxd __init <dir>   PID 1 of the sandbox, in its namespaces and cgroup; sets the
+//	└─ sandboxd __init         PID 1 of the sandbox, in its namespaces and cgroup; sets the
 //	   │                       sandbox up, drops to its privileges, runs the agent
 //	   └─ workloads            run by the agent as "user" (uid 1000) or "root"
 //
@@ -31,14 +31,22 @@
 // # The root file system
 //
 // The init makes every mount inside its own mount namespace, after making / private: nothing
-// propagates to the host, and every mount ends with the namespace.
+// propagates to the host, and every mount ends with the namespace. It is host root until
+// pivot_root, and the tree it mounts on is the sandbox's, links included: every directory,
+// file and link it makes below the new root, and every mount target, is resolved through a
+// handle of the root as if the root were "/" (openat2 RESOLVE_IN_ROOT), and every mount is
+// made detached and attached onto a handle of its target (move_mount), so that a link
+// planted inside (a /sys pointing at a host directory) is followed inside or fails the
+// start, and never leads out. The overlay's layers are given to it as handles of detached
+// clones of their mounts, so the sandbox's mount table names them "/", "/upper" and "/work",
+// not by their host paths.
 //
 //   - / is a nodev, nosuid overlay on <dir>/rootfs. Its lowers are, top first, Spec.Lowers
 //     (template generations) and then Spec.ImageDir, or, for the built-in host image
 //     (ImageDir ""), <dir>/hostfiles (the sandbox's /etc/hostname and /etc/hosts) over the
 //     host base layer. Its upper and work directories are <dir>/upper and <dir>/work, or, with
 //     a disk of its own (Spec.DiskMB), the same names on an ext4 image <dir>/disk.img that
-//     Start makes and the init loop-mounts on <dir>/disk.
+//     Start makes and the init loop-mounts as a detached mount, at no path.
 //   - The host base layer holds the directory skeleton, the host's merged-usr links and a
 //     generated /etc (passwd, group, nsswitch.conf, resolv.conf, and public host files such
 //     as os-release and ld.so.cache). It holds nothing of any sandbox, so one copy is shared
@@ -54,8 +62,16 @@
 //     host, a new devpts instance, and a tmpfs /dev/shm.
 //   - The sandbox's own cgroup, read-only, at /sys/fs/cgroup/memory (v1) or /sys/fs/cgroup
 //     (v2); the cgroup namespace is rooted at it. Nothing else of /sys.
-//   - /run/sandboxd is <dir>/control (root's alone, 0700), with the agent's socket: the only
-//     part of the state directory visible inside.
+//   - /run/sandboxd is a small, empty tmpfs, root's alone (0700). Nothing of the state
+//     directory is visible inside.
+//
+// The control socket is <dir>/control/control.sock ([Runtime.ControlPath]). The shim makes
+// it and listens on it before it starts the init, and hands the listening descriptor down
+// (fd 5); the agent accepts on it. The directory is never mounted inside, so nothing in the
+// sandbox can rename, replace or add the entry that sandboxd connects to, and nothing it
+// writes reaches the host's state root. A connection's peer credentials (SO_PEERCRED) are
+// the shim's, the process that listened, whose identity Start returns: sandboxd can check
+// them before it sends the capability.
 //
 // The old root is detached after pivot_root: nothing else of the host (its /root, /home,
 // /etc/shadow, the state root, other sandboxes) is reachable. The network namespace has only

@@ -130,7 +130,10 @@ func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
 	return platform.OpenDir(filepath.Join(dir, shim.EntryUpper))
 }
 
-// ControlPath returns the host path of the control socket of the sandbox in dir.
+// ControlPath returns the host path of the control socket of the sandbox in dir. The shim
+// makes it, in a directory that is nowhere inside the sandbox, and listens on it (the agent
+// accepts on the inherited descriptor), so the peer credentials of a connection to it are
+// the shim's, the process whose identity Start returns.
 func (r *Runtime) ControlPath(dir string) string {
 	return filepath.Join(dir, shim.EntryControl, shim.SocketName)
 }
@@ -328,20 +331,18 @@ func (r *Runtime) prepareStateDir(ctx context.Context, spec runtime.Spec) error 
 			return err
 		}
 	}
-	// A socket left by the previous run would make the agent's listen fail.
+	// A socket left by the previous run answers nobody: gone, sandboxd waits for the shim's
+	// new one rather than dialling a dead one.
 	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return nil
 }
 
-// prepareDisk makes the mount point and the image of the sandbox's own disk (Spec.DiskMB).
+// prepareDisk makes the image of the sandbox's own disk (Spec.DiskMB).
 func (r *Runtime) prepareDisk(ctx context.Context, spec runtime.Spec) error {
 	prog, err := r.diskTool()
 	if err != nil {
-		return err
-	}
-	if err := platform.EnsureDir(spec.Dir, shim.EntryDisk, 0o700); err != nil {
 		return err
 	}
 	return ensureDiskImage(ctx, spec.Dir, spec.DiskMB, prog)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	goruntime "runtime"
 	"runtime/debug"
 	"syscall"
@@ -56,14 +57,16 @@ type shimSpec struct {
 var initCapabilities = append([]string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN"}, platform.DefaultCapabilities...)
 
 // Fds of the init: 3 carries its configuration (then EOF), 4 is the lifeline, a pipe whose
-// write end only the shim holds, so that the init can tell whether the shim still lives.
+// write end only the shim holds, so that the init can tell whether the shim still lives, and
+// 5 is the control socket, listening, on which the agent accepts sandboxd's connections.
 const (
 	fdConfig   = 3
 	fdLifeline = 4
+	fdListener = 5
 )
 
-// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup,
-// starts the init in new namespaces, waits for it, writes the outcome report, removes the
+// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup
+// and its control socket, starts the init in new namespaces, waits for it, writes the outcome report, removes the
 // cgroup and exits. It returns the process exit code.
 func ShimMain(args []string) int {
 	// The init's parent-death signal fires when the THREAD that forked it exits, so the init is
@@ -253,8 +256,21 @@ type initProcess struct {
 }
 
 // startInit starts the sandbox's init in new namespaces and in the cgroup cg, with its
-// configuration pipe and its lifeline.
+// configuration pipe, its lifeline and the control socket.
+//
+// The control socket is made here, on the host, at <dir>/control/control.sock, before the
+// init exists: the sandbox never sees that directory (nothing of the state directory is
+// mounted inside), so nothing inside can rename, replace or add what sandboxd connects to.
+// The agent accepts on the listening descriptor it inherits. Its peer credentials, which
+// sandboxd may check, are the shim's: the process that listened. Once the init has it, the
+// shim's own descriptor goes, so that the socket dies with the agent and a client waiting
+// in its queue learns so at once.
 func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
+	ln, err := platform.ListenUnix(filepath.Join(dir, EntryControl, SocketName), 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	defer ln.Close()
 	cr, cw, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("pipe: %w", err)
@@ -265,7 +281,7 @@ func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
 		cw.Close()
 		return nil, fmt.Errorf("pipe: %w", err)
 	}
-	p := &initProcess{cmd: initCommand(dir, cr, lr), config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
+	p := &initProcess{cmd: initCommand(cr, lr, ln), config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
 	err = p.start(cg)
 	cr.Close()
 	lr.Close()
@@ -277,16 +293,17 @@ func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
 	return p, nil
 }
 
-// initCommand is the init's command, its configuration on fd 3 (cr) and its lifeline on
-// fd 4 (lr).
-func initCommand(dir string, cr, lr *os.File) *exec.Cmd {
-	cmd := exec.Command("/proc/self/exe", InitCommand, dir) //nolint:noctx // the init lives as long as the sandbox
+// initCommand is the init's command, its configuration on fd 3 (cr), its lifeline on fd 4
+// (lr) and the control socket on fd 5 (ln). Its argv names no host path (the state directory
+// is in its configuration): a sandbox can read it.
+func initCommand(cr, lr, ln *os.File) *exec.Cmd {
+	cmd := exec.Command("/proc/self/exe", InitCommand) //nolint:noctx // the init lives as long as the sandbox
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stderr
-	cmd.ExtraFiles = []*os.File{cr, lr}
+	cmd.ExtraFiles = []*os.File{cr, lr, ln}
 	// Go's own Pdeathsig cannot be used here: its check against a parent that died early
 	// compares getppid() with the parent's pid, and in a new pid namespace getppid() is 0, so
 	// the child would always kill itself. The init sets the signal itself and checks the
