@@ -154,7 +154,7 @@ func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []by
 	// millisecond rather than back off and answer late.
 	const poll = time.Millisecond
 	for {
-		client, err := s.dialAgent(ctx, path, capability)
+		client, err := s.dialAgent(ctx, path, capability, proc.Pid)
 		if err == nil {
 			return client, nil
 		}
@@ -169,11 +169,18 @@ func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []by
 	}
 }
 
-// dialAgent connects to an agent's control socket and says hello.
-func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []byte) (*control.Client, error) {
-	conn, err := platform.DialUnix(ctx, path)
+// dialAgent connects to an agent's control socket and says hello, once the socket is known
+// to be the one the runtime process shimPid listens on: reached without following a link,
+// and with that process as its peer (SO_PEERCRED names the process that listened).
+func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []byte, shimPid int) (*control.Client, error) {
+	conn, err := platform.DialUnixNoFollow(ctx, path)
 	if err != nil {
 		return nil, err
+	}
+	pid, uid, _, err := platform.PeerCred(conn)
+	if err != nil || pid != shimPid || uid != os.Geteuid() {
+		conn.Close()
+		return nil, fmt.Errorf("the control socket's listener is pid %d uid %d (%v), not the sandbox's runtime process %d", pid, uid, err, shimPid)
 	}
 	timeout := 5 * time.Second
 	if d, ok := ctx.Deadline(); ok {
