@@ -631,6 +631,9 @@ func (c *checker) checkLoops(p *pass) {
 			if s := p.states[dir]; s != nil && (s.busy || s.alive) || !c.stillIdle(dir, id) {
 				continue // in a transition, or running (or being captured): its disk is in use
 			}
+			if slices.ContainsFunc(p.unrecorded, func(pr runtime.Process) bool { return pr.Dir == dir }) {
+				continue // its unrecorded processes use it, and ending them (a repair) releases it
+			}
 		}
 		p.add(LeakedLoop, id, rest, "loop device /dev/%s holds it while no sandbox runs there; find what mounts it (findmnt /dev/%s in every mount namespace) and unmount it", dev, dev)
 	}
