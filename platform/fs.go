@@ -1,6 +1,7 @@
 package platform
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -52,18 +53,28 @@ func (f FS) fault(op Op, dir *os.File, name string) error {
 	return nil
 }
 
+// creates reports whether making name in dir would create an entry, for Fault: the kernel
+// looks a name up before it allocates anything, so a mkdir or an O_CREATE open of an entry
+// that exists behaves the same on a full or read-only disk, and Fault is not asked about it.
+func (f FS) creates(dir *os.File, name string) bool {
+	_, err := LstatAt(dir, name)
+	return errors.Is(err, fs.ErrNotExist)
+}
+
 // MkdirAt is [MkdirAt] through f.
 func (f FS) MkdirAt(dir *os.File, name string, perm fs.FileMode) error {
-	if err := f.fault(OpMkdir, dir, name); err != nil {
-		return err
+	if f.Fault != nil && f.creates(dir, name) {
+		if err := f.fault(OpMkdir, dir, name); err != nil {
+			return err
+		}
 	}
 	return MkdirAt(dir, name, perm)
 }
 
-// OpenFileAt is [OpenFileAt] through f; only an open with os.O_CREATE is a change that Fault
-// is asked about.
+// OpenFileAt is [OpenFileAt] through f; only an open with os.O_CREATE of a missing file is a
+// change that Fault is asked about.
 func (f FS) OpenFileAt(dir *os.File, name string, flag int, perm fs.FileMode) (*os.File, error) {
-	if flag&os.O_CREATE != 0 {
+	if flag&os.O_CREATE != 0 && f.Fault != nil && f.creates(dir, name) {
 		if err := f.fault(OpCreate, dir, name); err != nil {
 			return nil, err
 		}
