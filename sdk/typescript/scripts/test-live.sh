@@ -3,7 +3,8 @@
 # checkout into a temporary directory, starts sandboxd as root on a free loopback port with a
 # temporary state root and a token file that this script writes (so the tests do not depend on
 # the server's default token), waits for /healthz, runs `npm test`, and stops the server.
-# Extra arguments go to node --test (for example --test-name-pattern=exec).
+# SDK_TEST_TOKEN=none starts the server without a token instead, to check that the SDK works
+# against both. Extra arguments go to node --test (for example --test-name-pattern=exec).
 set -euo pipefail
 sdk=$(cd "$(dirname "$0")/.." && pwd)
 repo=$(cd "$sdk/../.." && pwd)
@@ -45,10 +46,15 @@ echo "test-live: building sandboxd and sandboxd-runtime" >&2
 # this script, loudly.
 port=$(node -e 'const s = require("node:net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); });')
 url="http://127.0.0.1:$port"
-token=$(node -e 'console.log(require("node:crypto").randomBytes(24).toString("hex"))')
-(umask 077 && printf '%s\n' "$token" >"$tmp/token")
+token=""
+auth=()
+if [ "${SDK_TEST_TOKEN:-file}" != none ]; then
+	token=$(node -e 'console.log(require("node:crypto").randomBytes(24).toString("hex"))')
+	(umask 077 && printf '%s\n' "$token" >"$tmp/token")
+	auth=(--token-file "$tmp/token")
+fi
 
-"$tmp/bin/sandboxd" --listen "127.0.0.1:$port" --root "$tmp/root" --token-file "$tmp/token" \
+"$tmp/bin/sandboxd" --listen "127.0.0.1:$port" --root "$tmp/root" "${auth[@]}" \
 	--log-format json --log-level info >"$tmp/sandboxd.log" 2>&1 &
 pid=$!
 
@@ -68,5 +74,14 @@ node -e 'fetch(process.argv[1]).then((r) => process.exit(r.ok ? 0 : 1), () => pr
 	exit 1
 }
 
-echo "test-live: sandboxd $url (token from $tmp/token)" >&2
+# A server started without --token-file may make a token of its own in its state root; then
+# the tests use that one.
+if [ -z "$token" ] && [ -f "$tmp/root/token" ]; then
+	token=$(tr -d '[:space:]' <"$tmp/root/token")
+fi
+if [ -n "$token" ]; then
+	echo "test-live: sandboxd at $url, with a token" >&2
+else
+	echo "test-live: sandboxd at $url, without a token" >&2
+fi
 SANDBOXD_URL=$url SANDBOXD_TOKEN=$token node --test --test-concurrency=1 "$@" dist/test/

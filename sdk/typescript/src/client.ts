@@ -428,7 +428,12 @@ export class Sandboxd {
             throw err;
           }
           if (ac.signal.aborted) return;
-          body = await open();
+          try {
+            body = await open();
+          } catch (err) {
+            if (ac.signal.aborted) return;
+            throw err;
+          }
           opts.onReconnect?.();
         }
       } finally {
@@ -452,7 +457,6 @@ export class Sandboxd {
     const timer = setTimeout(() => ac.abort(), timeoutMs);
     const onAbort = (): void => ac.abort();
     opts.signal?.addEventListener("abort", onAbort, { once: true });
-    let recheck = false;
     let last: Sandbox | undefined;
     const give = (): Error => {
       if (opts.signal?.aborted === true) {
@@ -461,22 +465,36 @@ export class Sandboxd {
       }
       return new WaitTimeoutError(id, want, last?.state ?? "provisioned", timeoutMs);
     };
+    if (opts.signal?.aborted === true) throw give();
+    // A lost and reopened stream may have missed the change: the reconnection wakes the loop
+    // below to read the sandbox again, without waiting for an unrelated event.
+    let reconnected = deferred();
     let sub: EventSubscription | undefined;
     try {
-      sub = await this.subscribe({ signal: ac.signal, onReconnect: () => (recheck = true) });
+      sub = await this.subscribe({ signal: ac.signal, onReconnect: () => reconnected.resolve() });
       last = await this.getSandbox(id);
       if (want.includes(last.state)) return last;
-      for await (const e of sub) {
-        if (e.sandbox !== id && !recheck) continue;
-        if (e.sandbox === id && e.type === "sandbox.deleted") {
-          throw new SandboxdError({
-            code: "sandbox-not-found",
-            status: 404,
-            detail: `Sandbox ${id} was deleted while waiting for it to be ${want.join(" or ")}.`,
-          });
+      const events = sub[Symbol.asyncIterator]();
+      let next = events.next();
+      for (;;) {
+        const woke = await Promise.race([next, reconnected.promise]);
+        if (woke === undefined) {
+          reconnected = deferred();
+        } else if (woke.done === true) {
+          break;
+        } else {
+          next = events.next();
+          const e = woke.value;
+          if (e.sandbox !== id) continue;
+          if (e.type === "sandbox.deleted") {
+            throw new SandboxdError({
+              code: "sandbox-not-found",
+              status: 404,
+              detail: `Sandbox ${id} was deleted while waiting for it to be ${want.join(" or ")}.`,
+            });
+          }
+          if (e.state === undefined || !want.includes(e.state)) continue;
         }
-        if (!recheck && (e.state === undefined || !want.includes(e.state))) continue;
-        recheck = false;
         last = await this.getSandbox(id);
         if (want.includes(last.state)) return last;
       }
@@ -490,6 +508,15 @@ export class Sandboxd {
       sub?.close();
     }
   }
+}
+
+/** A promise of nothing with its resolve function, as Promise.withResolvers (Node 22) gives. */
+function deferred(): { promise: Promise<undefined>; resolve: () => void } {
+  let resolve: () => void = () => undefined;
+  const promise = new Promise<undefined>((res) => {
+    resolve = () => res(undefined);
+  });
+  return { promise, resolve };
 }
 
 /** Validates a FileList body into its entries. */
