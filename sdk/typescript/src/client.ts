@@ -7,7 +7,8 @@ import createClient, { type Client } from "openapi-fetch";
 import { ConnectionError, SandboxdError, problemError } from "./errors.js";
 import { parseEvent, parseServerSentEvents } from "./events.js";
 import { ExecStream, type ExecStreamOptions } from "./exec.js";
-import type { paths } from "./schema.gen.js";
+import { isRecord, numberField, oneOf, stringField } from "./guards.js";
+import { fileEntryTypeValues, type paths } from "./schema.gen.js";
 import type {
   CreateSandboxRequest,
   Event,
@@ -241,12 +242,15 @@ export class Sandboxd {
       wait_ms: opts.waitMs,
     });
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
-    return ExecStream.open(u, this.#headers);
+    return ExecStream.open(u, this.#headers, this.#base.origin);
   }
 
   // ---- files ---------------------------------------------------------------------------------
 
-  /** A file's bytes as a stream, read as the server sends them. */
+  /**
+   * A file's bytes as a stream, read as the server sends them. A caller that stops reading
+   * early cancels the stream, which closes the connection.
+   */
   async readFile(id: string, path: string, opts: { signal?: AbortSignal } = {}): Promise<ReadableStream<Uint8Array>> {
     const init: RequestInit = { method: "GET" };
     if (opts.signal !== undefined) init.signal = opts.signal;
@@ -519,28 +523,22 @@ function deferred(): { promise: Promise<undefined>; resolve: () => void } {
   return { promise, resolve };
 }
 
-/** Validates a FileList body into its entries. */
+/** Validates a FileList body into its entries; an entry of an unknown shape is skipped. */
 function fileEntries(v: unknown): FileEntry[] {
+  const items = isRecord(v) ? v["items"] : undefined;
+  if (!Array.isArray(items)) return [];
   const out: FileEntry[] = [];
-  if (typeof v !== "object" || v === null || !("items" in v) || !Array.isArray(v.items)) return out;
-  for (const item of v.items) {
-    const e = fileEntry(item);
-    if (e !== undefined) out.push(e);
+  for (const item of items) {
+    if (!isRecord(item)) continue;
+    const name = stringField(item, "name");
+    const type = oneOf(fileEntryTypeValues, item["type"]);
+    const size = numberField(item, "size");
+    const mode = stringField(item, "mode");
+    const modified = stringField(item, "modified_at");
+    if (name === undefined || type === undefined || size === undefined || mode === undefined || modified === undefined) {
+      continue;
+    }
+    out.push({ name, type, size, mode, modified_at: modified });
   }
   return out;
-}
-
-function fileEntry(v: unknown): FileEntry | undefined {
-  if (typeof v !== "object" || v === null) return undefined;
-  const get = (k: string): unknown => (k in v ? Reflect.get(v, k) : undefined);
-  const name = get("name");
-  const type = get("type");
-  const size = get("size");
-  const mode = get("mode");
-  const modified = get("modified_at");
-  if (typeof name !== "string" || typeof size !== "number" || typeof mode !== "string" || typeof modified !== "string") {
-    return undefined;
-  }
-  if (type !== "file" && type !== "directory" && type !== "symlink" && type !== "other") return undefined;
-  return { name, type, size, mode, modified_at: modified };
 }

@@ -127,6 +127,7 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
   readonly exit: Promise<ExecExit>;
 
   readonly #ws: WebSocket;
+  readonly #origin: string;
   readonly #queue: OutputChunk[] = [];
   #queued = 0;
   #paused = false;
@@ -137,8 +138,9 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
   readonly #exitSettle = deferred<ExecExit>();
   #exit: ExecExit | undefined;
 
-  private constructor(ws: WebSocket) {
+  private constructor(ws: WebSocket, origin: string) {
     this.#ws = ws;
+    this.#origin = origin;
     this.exit = this.#exitSettle.promise;
     // A caller that only iterates must not see an unhandled rejection of exit; the failure
     // reaches it through the iterator instead.
@@ -152,7 +154,7 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
    * Opens the websocket at url and resolves once the server has upgraded it. A refusal before
    * the upgrade rejects with the problem's SandboxdError.
    */
-  static open(url: URL, headers: Record<string, string>): Promise<ExecStream> {
+  static open(url: URL, headers: Record<string, string>, origin: string): Promise<ExecStream> {
     return new Promise((resolve, reject) => {
       const ws = new WebSocket(url, { headers, perMessageDeflate: false });
       let settled = false;
@@ -166,12 +168,12 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
       ws.once("error", (err) => {
         if (!settled) {
           settled = true;
-          reject(new ConnectionError(url.origin, err));
+          reject(new ConnectionError(origin, err));
         }
       });
       ws.once("open", () => {
         settled = true;
-        resolve(new ExecStream(ws));
+        resolve(new ExecStream(ws, origin));
       });
     });
   }
@@ -282,7 +284,7 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
   #fail(err: Error): void {
     if (this.#done) return;
     this.#done = true;
-    this.#failure = err instanceof SandboxdError || err instanceof ConnectionError ? err : new ConnectionError("exec stream", err);
+    this.#failure = err instanceof SandboxdError || err instanceof ConnectionError ? err : new ConnectionError(this.#origin, err);
     this.#exitSettle.reject(this.#failure);
     this.#notify();
   }
