@@ -42,6 +42,8 @@ const (
 	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
 	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
 	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
+	ErrorCodeStorageFull          ErrorCode = "storage-full"
+	ErrorCodeStorageUnavailable   ErrorCode = "storage-unavailable"
 	ErrorCodeTemplateExists       ErrorCode = "template-exists"
 	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
 	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
@@ -99,6 +101,10 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeStartTimeout:
 		return true
 	case ErrorCodeStopTimeout:
+		return true
+	case ErrorCodeStorageFull:
+		return true
+	case ErrorCodeStorageUnavailable:
 		return true
 	case ErrorCodeTemplateExists:
 		return true

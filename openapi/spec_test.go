@@ -31,15 +31,17 @@ const maxDeadlineMS = 3600000
 // statusOfCode is docs/design.md's error table plus the codes the HTTP layer itself produces. It
 // checks that an operation's x-error-codes lists each code under the status it is sent with.
 var statusOfCode = map[string]int{
-	"invalid-request":    400,
-	"unauthorized":       401,
-	"forbidden":          403,
-	"not-found":          404,
-	"method-not-allowed": 405,
-	"payload-too-large":  413,
-	"not-implemented":    501,
-	"internal":           500,
-	"unavailable":        503,
+	"invalid-request":     400,
+	"unauthorized":        401,
+	"forbidden":           403,
+	"not-found":           404,
+	"method-not-allowed":  405,
+	"payload-too-large":   413,
+	"not-implemented":     501,
+	"internal":            500,
+	"unavailable":         503,
+	"storage-full":        507,
+	"storage-unavailable": 503,
 
 	"sandbox-not-found":    404,
 	"template-not-found":   404,

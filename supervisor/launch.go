@@ -67,7 +67,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	launchID := naming.RandomHex(8)
 	capability := []byte(naming.RandomHex(32))
 	if err := platform.WriteFileDurable(l.Dir(), CapabilityName, capability, 0o600); err != nil {
-		return fmt.Errorf("writing the control capability: %w", err)
+		return errcode.Storage(fmt.Errorf("writing the control capability: %w", err), s.store.Root())
 	}
 	journal := &store.LaunchJournal{
 		Format:    store.LaunchFormat,

@@ -44,6 +44,8 @@ const (
 	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
 	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
 	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
+	ErrorCodeStorageFull          ErrorCode = "storage-full"
+	ErrorCodeStorageUnavailable   ErrorCode = "storage-unavailable"
 	ErrorCodeTemplateExists       ErrorCode = "template-exists"
 	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
 	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
@@ -101,6 +103,10 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeStartTimeout:
 		return true
 	case ErrorCodeStopTimeout:
+		return true
+	case ErrorCodeStorageFull:
+		return true
+	case ErrorCodeStorageUnavailable:
 		return true
 	case ErrorCodeTemplateExists:
 		return true

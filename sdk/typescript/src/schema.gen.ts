@@ -520,6 +520,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/login": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Exchange the dashboard's one-time login code for the token
+         * @description sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+         *     fragment (which browsers do not send). The dashboard posts the code here and keeps the
+         *     token it gets back. A code is good once, for 15 minutes, and only on the server that
+         *     printed it; the token itself is never printed. Open without a token, since the code is
+         *     the credential.
+         */
+        post: operations["dashboardLogin"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -917,7 +941,7 @@ export interface components {
          *     added, so clients treat an unknown code by its HTTP status.
          * @enum {string}
          */
-        ErrorCode: "invalid-request" | "unauthorized" | "forbidden" | "not-found" | "method-not-allowed" | "payload-too-large" | "not-implemented" | "internal" | "unavailable" | "sandbox-not-found" | "template-not-found" | "generation-not-found" | "file-not-found" | "image-not-found" | "already-provisioned" | "provisioned-again" | "already-running" | "not-running" | "sandbox-launched" | "foreign-files" | "runtime-mismatch" | "template-exists" | "template-tombstoned" | "template-ineligible" | "sandbox-busy" | "transition-in-progress" | "sandbox-leased" | "generation-leased" | "stop-timeout" | "start-timeout";
+        ErrorCode: "invalid-request" | "unauthorized" | "forbidden" | "not-found" | "method-not-allowed" | "payload-too-large" | "not-implemented" | "internal" | "unavailable" | "storage-full" | "storage-unavailable" | "sandbox-not-found" | "template-not-found" | "generation-not-found" | "file-not-found" | "image-not-found" | "already-provisioned" | "provisioned-again" | "already-running" | "not-running" | "sandbox-launched" | "foreign-files" | "runtime-mismatch" | "template-exists" | "template-tombstoned" | "template-ineligible" | "sandbox-busy" | "transition-in-progress" | "sandbox-leased" | "generation-leased" | "stop-timeout" | "start-timeout";
         /** @description An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`. */
         Problem: {
             /**
@@ -2022,6 +2046,40 @@ export interface operations {
             500: components["responses"]["InternalError"];
         };
     };
+    dashboardLogin: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @description The code from the login URL. */
+                    code: string;
+                };
+            };
+        };
+        responses: {
+            /** @description The API token, to send as a bearer token. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        token: string;
+                    };
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            500: components["responses"]["InternalError"];
+        };
+    };
     getMetrics: {
         parameters: {
             query?: never;
@@ -2065,4 +2123,4 @@ export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<componen
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
-export const errorCodeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ErrorCode"]> = ["invalid-request", "unauthorized", "forbidden", "not-found", "method-not-allowed", "payload-too-large", "not-implemented", "internal", "unavailable", "sandbox-not-found", "template-not-found", "generation-not-found", "file-not-found", "image-not-found", "already-provisioned", "provisioned-again", "already-running", "not-running", "sandbox-launched", "foreign-files", "runtime-mismatch", "template-exists", "template-tombstoned", "template-ineligible", "sandbox-busy", "transition-in-progress", "sandbox-leased", "generation-leased", "stop-timeout", "start-timeout"];
+export const errorCodeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ErrorCode"]> = ["invalid-request", "unauthorized", "forbidden", "not-found", "method-not-allowed", "payload-too-large", "not-implemented", "internal", "unavailable", "storage-full", "storage-unavailable", "sandbox-not-found", "template-not-found", "generation-not-found", "file-not-found", "image-not-found", "already-provisioned", "provisioned-again", "already-running", "not-running", "sandbox-launched", "foreign-files", "runtime-mismatch", "template-exists", "template-tombstoned", "template-ineligible", "sandbox-busy", "transition-in-progress", "sandbox-leased", "generation-leased", "stop-timeout", "start-timeout"];
