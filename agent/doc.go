@@ -24,6 +24,9 @@
 // "root"), with no supplementary groups, in its own process group, or with a tty in its own
 // session with the pty as controlling terminal. Its environment is PATH, HOME, USER,
 // LOGNAME (and TERM=xterm-256color with a tty), then Config.DefaultEnv, then the request's.
+// Its umask is the request's, or control.DefaultUmask (022): never the agent's own, which as
+// the sandbox's init is 0. The umask is process-wide, so it is set around the fork only; the
+// agent's own file operations set every mode exactly and do not depend on it.
 // The timeout and the client's going away SIGKILL the process group (with a tty, every
 // process of the session). Signals from the client go to the process group. The exit status
 // follows the shell's convention: a signal's death is 128+n with the signal's name.

@@ -225,7 +225,7 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 	dfd, fd := -1, -1
 	err := a.asUser(req.User, func() error {
 		if req.MakeParents {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := mkdirAll(dir); err != nil {
 				return err
 			}
 		}
@@ -375,7 +375,7 @@ func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
 			if fi, err := os.Stat(req.Path); err == nil && fi.IsDir() {
 				return nil // mkdir -p: an existing directory is left as it is
 			}
-			if err := os.MkdirAll(filepath.Dir(req.Path), 0o755); err != nil {
+			if err := mkdirAll(filepath.Dir(req.Path)); err != nil {
 				return err
 			}
 		}
@@ -386,6 +386,33 @@ func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
 		return os.Chmod(req.Path, mode)
 	})
 	return fileError(err, req.Path)
+}
+
+// parentMode is the mode of the parent directories that write and mkdir create.
+const parentMode = 0o755
+
+// mkdirAll is os.MkdirAll with parentMode set exactly on every directory it creates: the
+// process's umask is not the agent's to rely on (an exec may have set it for its fork; see
+// startWithUmask).
+func mkdirAll(path string) error {
+	if fi, err := os.Stat(path); err == nil {
+		if fi.IsDir() {
+			return nil
+		}
+		return &fs.PathError{Op: "mkdir", Path: path, Err: syscall.ENOTDIR}
+	}
+	if parent := filepath.Dir(path); parent != path {
+		if err := mkdirAll(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(path, parentMode); err != nil {
+		if fi, serr := os.Lstat(path); serr == nil && fi.IsDir() {
+			return nil // made meanwhile
+		}
+		return err
+	}
+	return os.Chmod(path, parentMode)
 }
 
 // Remove implements control.Handler. A missing path is file-not-found, also when recursive.

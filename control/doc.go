@@ -36,7 +36,7 @@
 //     compares the capability in constant time and, if it is wrong or if any other operation
 //     comes first, closes the whole session without a word. It answers a result
 //     {protocol, features, agent_version}, or an error protocol-mismatch.
-//   - exec (ExecRequest): the agent answers started {pid} (or error: the workload did not
+//   - exec (ExecRequest; an absent umask means DefaultUmask): the agent answers started {pid} (or error: the workload did not
 //     start), then stdout/stderr frames, and last exit (ExitStatus) or error. The client may
 //     send stdin frames (if it asked for stdin), eof (stdin closed), resize and signal at any
 //     time before the exit.

@@ -145,6 +145,22 @@ type ExecRequest struct {
 	// Stdin says the client will send stdin frames; without it the workload's stdin is
 	// /dev/null (or, with TTY, a terminal nobody types into).
 	Stdin bool `json:"stdin,omitempty"`
+	// Umask is the workload's file mode creation mask (0 to 0777). Absent, it is DefaultUmask:
+	// a workload never inherits the agent's own mask, so that what root creates is not
+	// writable by the sandbox's user unless the request asks for it.
+	Umask *uint32 `json:"umask,omitempty"`
+}
+
+// DefaultUmask is the workload's umask when the exec request names none: files 0644 and
+// directories 0755, as a login shell makes them.
+const DefaultUmask = 0o022
+
+// EffectiveUmask is the umask the workload runs with: the request's, or DefaultUmask.
+func (r *ExecRequest) EffectiveUmask() uint32 {
+	if r.Umask == nil {
+		return DefaultUmask
+	}
+	return *r.Umask
 }
 
 // Validate checks the request's shape; whether the command, cwd or user exist is for the agent
@@ -180,6 +196,9 @@ func (r *ExecRequest) Validate() error {
 	}
 	if r.TimeoutMS < 0 || r.TimeoutMS > maxTimeoutMS {
 		return invalidf("The timeout must be between 0 and %d milliseconds.", int64(maxTimeoutMS))
+	}
+	if r.Umask != nil && *r.Umask > 0o777 {
+		return invalidf("The umask %#o has bits beyond permissions; give one between 0 and 0777.", *r.Umask)
 	}
 	return nil
 }

@@ -1,0 +1,93 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/control"
+)
+
+// The tests of this file run the agent the way the sandbox's init does, through Run in a
+// process of its own that starts with the shim's umask 0, and attack it as a hostile root
+// inside the sandbox would.
+
+const runEnv = "SANDBOXD_AGENT_RUN_SOCKET"
+
+func TestRunHelper(t *testing.T) {
+	sock := os.Getenv(runEnv)
+	if sock == "" {
+		t.Skip("helper process for the tests that run the agent through Run")
+	}
+	// The shim creates everything with exact modes and leaves the init, and so the agent,
+	// with this umask.
+	unix.Umask(0)
+	err := Run(Config{
+		ListenPath: sock,
+		Capability: testCapability,
+		Users:      map[string]UserSpec{"user": {UID: 1000, GID: 1000, Home: "/tmp"}},
+		Logger:     slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// execOut runs argv as user (with umask, if not nil) in dir and returns its stdout, failing
+// the test if it does not end within a deadline or exits non-zero.
+func execOut(t *testing.T, c *control.Client, user, dir string, umask *uint32, argv ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := c.Exec(ctx, control.ExecRequest{Argv: argv, User: user, Cwd: dir, Umask: umask})
+	if err != nil {
+		t.Fatalf("exec %v: %v", argv, err)
+	}
+	defer p.Close()
+	var out, errb bytes.Buffer
+	go io.Copy(&errb, p.Stderr)
+	io.Copy(&out, p.Stdout)
+	st, err := p.Wait()
+	if err != nil || st.ExitCode != 0 {
+		t.Fatalf("exec %v: %+v %v (stderr %q)", argv, st, err, errb.String())
+	}
+	return out.String()
+}
+
+// TestWorkloadUmask: a workload's files and directories are not world-writable because the
+// agent's own umask is 0; it gets DefaultUmask, or the one its request names.
+func TestWorkloadUmask(t *testing.T) {
+	t.Parallel()
+	c, _ := startHelperAgent(t, "TestRunHelper", runEnv, nil)
+	mask := func(m uint32) *uint32 { return &m }
+	cases := []struct {
+		name  string
+		umask *uint32
+		want  string
+	}{
+		{name: "default", umask: nil, want: "0022 755 644\n"},
+		{name: "asked 077", umask: mask(0o077), want: "0077 700 600\n"},
+		{name: "asked 0", umask: mask(0), want: "0000 777 666\n"},
+	}
+	for _, tc := range cases {
+		for _, user := range []string{"user", "root"} {
+			t.Run(tc.name+" as "+user, func(t *testing.T) {
+				dir := userDir(t)
+				got := execOut(t, c, user, dir, tc.umask, "sh", "-c", `mkdir d && : > f && echo "$(umask) $(stat -c %a d) $(stat -c %a f)"`)
+				if got != tc.want {
+					t.Fatalf("umask, directory and file modes = %q, want %q", got, tc.want)
+				}
+			})
+		}
+	}
+	// A umask beyond permission bits is refused before anything runs.
+	if _, err := c.Exec(context.Background(), control.ExecRequest{Argv: []string{"true"}, Umask: mask(0o1022)}); err == nil {
+		t.Fatal("an exec with umask 01022 was accepted")
+	}
+}
