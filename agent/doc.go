@@ -14,7 +14,10 @@
 // section that forks it, so its status cannot be stolen. os/exec's Wait is never used.
 //
 // TERM and INT to the agent (Run) end the sandbox: every process gets TERM, then KILL after
-// Config.ShutdownGrace, and Run returns. The shutdown operation does the same with the
+// Config.ShutdownGrace, and Run returns. Every other signal a process can catch is caught
+// and dropped by Run, but those the Go runtime needs (CHLD, URG, PROF, PIPE and the C
+// libraries' thread signals): root inside the sandbox may signal PID 1, and QUIT, ABRT, HUP
+// or a SEGV sent with kill must neither end the sandbox nor dump the agent's stacks. The shutdown operation does the same with the
 // grace it names; as PID 1 the signals go out with kill(-1), which reaches every process of
 // the pid namespace but the agent.
 //

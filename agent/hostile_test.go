@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,5 +90,49 @@ func TestWorkloadUmask(t *testing.T) {
 	// A umask beyond permission bits is refused before anything runs.
 	if _, err := c.Exec(context.Background(), control.ExecRequest{Argv: []string{"true"}, Umask: mask(0o1022)}); err == nil {
 		t.Fatal("an exec with umask 01022 was accepted")
+	}
+}
+
+// TestRunSurvivesSignals: every signal a hostile root can send the agent but TERM (the shim's
+// way to ask for shutdown) and INT leaves it serving; TERM then still shuts it down.
+func TestRunSurvivesSignals(t *testing.T) {
+	t.Parallel()
+	c, cmd := startHelperAgent(t, "TestRunHelper", runEnv, nil)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var sigs []unix.Signal
+	for _, s := range ignoredSignals() {
+		sigs = append(sigs, s.(unix.Signal))
+	}
+	// The ones the runtime keeps must not hurt either when sent by a process.
+	sigs = append(sigs, unix.SIGCHLD, unix.SIGURG, unix.SIGPIPE)
+	for _, sig := range sigs {
+		if err := unix.Kill(cmd.Process.Pid, sig); err != nil {
+			t.Fatalf("kill %v: %v", sig, err)
+		}
+		// A round trip after the signal: the agent has long handled it by the time it answers.
+		if got := execOut(t, c, "user", "", nil, "echo", "still here"); got != "still here\n" {
+			t.Fatalf("after %v the agent answered %q", unix.SignalName(sig), got)
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the agent ended after %v: %v", sig, err)
+		default:
+		}
+	}
+	if got := execOut(t, c, "user", "", nil, "echo", "still here"); !strings.Contains(got, "still here") {
+		t.Fatalf("after every signal the agent answered %q", got)
+	}
+	// TERM is the shutdown request.
+	if err := unix.Kill(cmd.Process.Pid, unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("the agent's exit after TERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent did not shut down on TERM")
 	}
 }
