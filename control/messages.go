@@ -246,6 +246,34 @@ type FileRequest struct {
 	MakeParents bool `json:"make_parents,omitempty"`
 	// Recursive removes a directory with its contents.
 	Recursive bool `json:"recursive,omitempty"`
+	// Limit is, for list, the most entries the agent sends (0 means DefaultListLimit, at most
+	// MaxListLimit). A listing cut at the limit ends with a ListEnd that says so.
+	Limit int `json:"limit,omitempty"`
+}
+
+// Bounds of a listing: what one list makes both sides hold. DefaultListLimit is the cap the
+// API has always applied to a listing.
+const (
+	DefaultListLimit = 10000
+	MaxListLimit     = 100000
+	// maxNameLen is the longest name a directory entry can have (NAME_MAX); a listing with a
+	// longer one is malformed, which bounds the bytes a listing of Limit entries holds.
+	maxNameLen = 255
+)
+
+// EffectiveLimit is the most entries a list answers.
+func (r *FileRequest) EffectiveLimit() int {
+	if r.Limit == 0 {
+		return DefaultListLimit
+	}
+	return r.Limit
+}
+
+// ListEnd is the payload of the end frame of a list; an empty payload means a complete
+// listing.
+type ListEnd struct {
+	// Truncated says the directory has more entries than the request's limit.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Validate checks the path and user.
@@ -255,6 +283,9 @@ func (r *FileRequest) Validate() error {
 	}
 	if r.Mode&^uint32(fs.ModePerm|0o7000) != 0 {
 		return invalidf("The mode %#o has bits beyond permissions.", r.Mode)
+	}
+	if r.Limit < 0 || r.Limit > MaxListLimit {
+		return invalidf("The listing limit must be between 0 and %d entries.", MaxListLimit)
 	}
 	return validateUser(r.User)
 }
