@@ -305,7 +305,9 @@ func randomHex() string {
 const listBatch = 256
 
 // List implements control.Handler. The whole listing runs as the user: stat of an entry
-// needs search permission on the directory, which is checked at each call.
+// needs search permission on the directory, which is checked at each call. It reads and
+// emits listBatch entries at a time, so it holds no more than that whatever the directory's
+// size; control.Serve stops it at the request's limit.
 func (a *agent) List(ctx context.Context, req *control.FileRequest, emit func([]control.FileInfo) error) error {
 	err := a.asUser(req.User, func() error {
 		fd, err := openNoMagic(unix.AT_FDCWD, req.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -314,6 +316,11 @@ func (a *agent) List(ctx context.Context, req *control.FileRequest, emit func([]
 		}
 		d := os.NewFile(uintptr(fd), req.Path)
 		defer d.Close()
+		// Listing refuses what reading refuses: /proc/self/fd would list the agent's own
+		// descriptors, /proc/self/task its threads.
+		if err := a.refuseProcForUser(req.User, fd, req.Path); err != nil {
+			return err
+		}
 		fi, err := d.Stat()
 		if err != nil {
 			return err

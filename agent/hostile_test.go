@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/control"
+	"github.com/sandboxd/sandboxd/errcode"
 )
 
 // The tests of this file run the agent the way the sandbox's init does, through Run in a
@@ -134,5 +136,40 @@ func TestRunSurvivesSignals(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the agent did not shut down on TERM")
+	}
+}
+
+// TestListBoundsAndProc: a directory's listing stops at the request's limit, and listing
+// refuses the user what reading does: the agent's own /proc entries, its descriptors above
+// all.
+func TestListBoundsAndProc(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	ctx := context.Background()
+	dir := userDir(t)
+	const n = 1500
+	for i := range n {
+		if err := os.WriteFile(fmt.Sprintf("%s/f%04d", dir, i), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if list, truncated, err := c.ListLimit(ctx, dir, "user", 1000); err != nil || len(list) != 1000 || !truncated {
+		t.Fatalf("listing %d entries with limit 1000: %d entries, truncated %v, %v", n, len(list), truncated, err)
+	}
+	if list, truncated, err := c.ListLimit(ctx, dir, "user", n); err != nil || len(list) != n || truncated {
+		t.Fatalf("listing %d entries with limit %d: %d entries, truncated %v, %v", n, n, len(list), truncated, err)
+	}
+
+	if !isRoot() {
+		t.Skip("the user is the agent's own user without root: /proc is its to list")
+	}
+	for _, p := range []string{"/proc/self/fd", "/proc/self/fd/", "/proc/thread-self/fd", "/proc/self/task", "/proc/self"} {
+		if list, err := c.List(ctx, p, "user"); errcode.Of(err) != errcode.InvalidRequest {
+			t.Errorf("user listed %s through the agent: %d entries, %v", p, len(list), err)
+		}
+	}
+	if list, err := c.List(ctx, "/proc/self/fd", "root"); err != nil || len(list) == 0 {
+		t.Fatalf("root listing /proc/self/fd: %d entries, %v", len(list), err)
 	}
 }
