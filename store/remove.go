@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -204,9 +202,10 @@ func (l *Lock) removeEntries(e entries) error {
 		if st.IsDir() && st.ID.Dev != dirStat.ID.Dev {
 			return errcode.New(errcode.SandboxLaunched, "Sandbox %s still has %s mounted; stop it before deleting it.", l.id, name)
 		}
-		// os.RemoveAll removes with unlinkat and opens with O_NOFOLLOW: it removes links, never
-		// what they point to, and removes a non-directory under the name as well.
-		if err := os.RemoveAll(filepath.Join(l.path, name)); err != nil {
+		// RemoveTreeAt removes links, never what they point to, removes a non-directory under
+		// the name as well, and holds a bounded number of descriptors however deep the
+		// sandbox made its tree.
+		if err := platform.RemoveTreeAt(l.dir, name); err != nil {
 			return fmt.Errorf("store: remove %s of %s: %w", name, l.id, err)
 		}
 	}
