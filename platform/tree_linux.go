@@ -42,6 +42,7 @@ var ErrOtherDevice = errors.New("a mount point in the tree")
 //
 // A DirPath is not safe for concurrent use.
 type DirPath struct {
+	rootFile *os.File // held so that it stays open (not collected) while the walk uses root
 	root     int
 	rootName string
 	levels   []dirLevel
@@ -57,7 +58,7 @@ type dirLevel struct {
 // NewDirPath starts a walk in dir, which stays the caller's: the DirPath neither closes it
 // nor changes its offset.
 func NewDirPath(dir *os.File) *DirPath {
-	return &DirPath{root: int(dir.Fd()), rootName: dir.Name()}
+	return &DirPath{rootFile: dir, root: int(dir.Fd()), rootName: dir.Name()}
 }
 
 // Depth is how many directories the walk went down from its root.
