@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/control"
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // asUser runs fn with the file-system identity of the request's user, so the kernel checks
@@ -143,6 +144,10 @@ func fileError(err error, path string) error {
 		return mk(control.CodeInvalidRequest, "No space is left inside the sandbox to write %q.")
 	case errors.Is(err, syscall.EROFS):
 		return mk(control.CodePermissionDenied, "%q is on a read-only file system.")
+	case errors.Is(err, platform.ErrOtherDevice):
+		return mk(control.CodeInvalidRequest, "%q has a file system mounted inside it, which a recursive removal does not enter; remove what is mounted there first.")
+	case errors.Is(err, platform.ErrTreeChanged):
+		return mk(control.CodeInvalidRequest, "%q was moved while it was removed; remove it again.")
 	}
 	return err
 }
@@ -432,11 +437,26 @@ func (a *agent) Remove(ctx context.Context, req *control.FileRequest) error {
 			return err
 		}
 		if req.Recursive {
-			return os.RemoveAll(req.Path)
+			return removeTree(req.Path)
 		}
 		return os.Remove(req.Path)
 	})
 	return fileError(err, req.Path)
+}
+
+// removeTree removes path and everything under it with platform.RemoveTreeAt, which holds a
+// bounded number of descriptors however deep the tree (os.RemoveAll holds one per level and
+// fails with "too many open files" in a tree a mkdir loop makes 22 000 deep). The parent is
+// opened with O_PATH: like unlink, removing needs search permission on it, not read.
+func removeTree(path string) error {
+	dir, base := filepath.Split(filepath.Clean(path))
+	fd, err := openNoMagic(unix.AT_FDCWD, dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	parent := os.NewFile(uintptr(fd), dir)
+	defer parent.Close()
+	return platform.RemoveTreeAt(parent, base)
 }
 
 func fileInfo(fi fs.FileInfo) control.FileInfo {

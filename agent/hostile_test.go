@@ -173,3 +173,53 @@ func TestListBoundsAndProc(t *testing.T) {
 		t.Fatalf("root listing /proc/self/fd: %d entries, %v", len(list), err)
 	}
 }
+
+// TestRemoveDeepTree: a recursive remove of a tree 22 000 directories deep, under a limit of
+// 1024 descriptors, succeeds; os.RemoveAll, which it replaced, fails with "too many open
+// files". Not parallel: the descriptor limit is the process's.
+func TestRemoveDeepTree(t *testing.T) {
+	ta := startAgent(t)
+	c := ta.dial(t)
+	dir := userDir(t)
+	const depth = 22000
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tree is the user's, as one the user made by a mkdir loop would be.
+	for range depth {
+		if err := unix.Mkdirat(fd, "d", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		fd = next
+		if isRoot() {
+			if err := unix.Fchown(fd, 1000, 1000); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	unix.Close(fd)
+
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := old
+	low.Cur = min(1024, old.Max)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	err = c.Remove(context.Background(), dir+"/d", "user", true)
+	unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	if err != nil {
+		t.Fatalf("removing a tree %d deep: %.300v", depth, err)
+	}
+	if _, err := os.Lstat(dir + "/d"); !os.IsNotExist(err) {
+		t.Fatalf("the tree is still there: %v", err)
+	}
+}
