@@ -250,6 +250,18 @@ const removeBatch = 1024
 func RemoveTreeAt(dir *os.File, name string) error {
 	p := NewDirPath(dir)
 	defer p.Close()
+	return p.removeTree(name)
+}
+
+// RemoveTree removes the entry name of the directory the walk is in as RemoveTreeAt does,
+// with a walk of its own (at most DirPathOpen more descriptors), and leaves p where it is.
+func (p *DirPath) RemoveTree(name string) error {
+	q := &DirPath{root: p.Fd(), rootName: p.Path("")}
+	defer q.Close()
+	return q.removeTree(name)
+}
+
+func (p *DirPath) removeTree(name string) error {
 	if done, err := removeOrEnter(p, name); done || err != nil {
 		return err
 	}
