@@ -14,12 +14,14 @@
 // section that forks it, so its status cannot be stolen. os/exec's Wait is never used.
 //
 // TERM and INT to the agent (Run) end the sandbox: every process gets TERM, then KILL after
-// Config.ShutdownGrace, and Run returns. Every other signal a process can catch is caught
-// and dropped by Run, but those the Go runtime needs (CHLD, URG, PROF, PIPE and the C
-// libraries' thread signals): root inside the sandbox may signal PID 1, and QUIT, ABRT, HUP
-// or a SEGV sent with kill must neither end the sandbox nor dump the agent's stacks. The shutdown operation does the same with the
+// Config.ShutdownGrace, and Run returns. The shutdown operation does the same with the
 // grace it names; as PID 1 the signals go out with kill(-1), which reaches every process of
 // the pid namespace but the agent.
+//
+// Every other signal a process can catch is caught and dropped by Run, but those the Go
+// runtime needs (CHLD, URG, PROF, PIPE and the C libraries' thread signals): root inside the
+// sandbox may signal PID 1, and QUIT, ABRT, HUP or a SEGV sent with kill must neither end
+// the sandbox nor dump the agent's stacks into its log.
 //
 // # Exec
 //
@@ -47,6 +49,10 @@
 // afterwards. The kernel thus checks every path as it would for the user, symbolic links
 // included, and the agent lends no root permission. Writes go to a temporary file in the
 // target's directory that is synced and renamed into place; only regular files are read.
+// Reading and listing refuse the user /proc, where the agent's own entries would show. A
+// listing stops at the request's limit (control.Serve enforces it). A recursive remove walks
+// the tree with platform.RemoveTreeAt: a bounded number of descriptors however deep the
+// tree, no link followed, no mount point entered.
 //
 // # Unprivileged
 //
