@@ -1,7 +1,7 @@
 # Shortcuts for the commands in README.md and .ci/run.
 GOLANGCI_LINT = github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: all build test race generate lint bench ci
+.PHONY: all build test race generate lint layers bench ci
 
 all: build
 
@@ -21,8 +21,13 @@ race:
 generate:
 	go generate ./...
 
-lint:
+# lint is golangci-lint (.golangci.yml) and the import rules between packages
+# (internal/layers). ci runs both; test runs the rules with the rest of go test ./....
+lint: layers
 	go run $(GOLANGCI_LINT) run ./...
+
+layers:
+	go test -count=1 ./internal/layers
 
 bench:
 	go test -run '^$$' -bench . -benchmem ./...

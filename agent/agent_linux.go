@@ -44,11 +44,13 @@ func RunContext(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer a.reaper.close()
-	ln, err := listen(cfg.ListenPath)
-	if err != nil {
-		return err
+	ln := cfg.Listener
+	if ln == nil {
+		if ln, err = listen(cfg.ListenPath); err != nil {
+			return err
+		}
 	}
-	a.log.Info("agent listening", "socket", cfg.ListenPath, "hostname", cfg.Hostname,
+	a.log.Info("agent listening", "socket", ln.Addr().String(), "hostname", cfg.Hostname,
 		"pid", os.Getpid(), "reap_all", a.reaper.all, "unprivileged", a.unprivileged)
 
 	var (

@@ -1,20 +1,23 @@
 // Package agent is the program that runs as PID 1 inside a sandbox: it serves the control
 // protocol (package control) on a unix socket, runs the workloads exec requests ask for,
 // serves files, reaps zombies, and ends the sandbox on request. The namespace runtime's init
-// calls Run after it set up the root file system; tests call RunContext without namespaces.
+// calls [Run] after it set up the root file system; tests call [RunContext] without namespaces.
 // It does not set up namespaces, mounts, cgroups, seccomp or no_new_privs: the runtime has
 // done all of that before the agent starts, so it applies to the agent and every workload.
+// It imports no host-side package of sandboxd: it runs inside the sandbox, from
+// sandboxd-runtime as well as sandboxd. It refuses to serve without a capability
+// ([Config].Capability), which every control connection must present.
 //
 // # PID 1 duties
 //
 // A reaper collects every child's exit status with wait4 on SIGCHLD. As PID 1 (or with
-// Config.ReapAll, as a child subreaper) it waits for any child (wait4(-1)), so orphans the
+// [Config].ReapAll, as a child subreaper) it waits for any child (wait4(-1)), so orphans the
 // workloads leave behind do not linger as zombies; statuses of workloads are handed to the
 // exec that started them, others are dropped. A workload is registered in the same critical
 // section that forks it, so its status cannot be stolen. os/exec's Wait is never used.
 //
 // TERM and INT to the agent (Run) end the sandbox: every process gets TERM, then KILL after
-// Config.ShutdownGrace, and Run returns. The shutdown operation does the same with the
+// [Config].ShutdownGrace, and Run returns. The shutdown operation does the same with the
 // grace it names; as PID 1 the signals go out with kill(-1), which reaches every process of
 // the pid namespace but the agent.
 //
@@ -28,10 +31,10 @@
 // A workload runs as the request's user ("user": uid/gid 1000 with home /home/user, or
 // "root"), with no supplementary groups, in its own process group, or with a tty in its own
 // session with the pty as controlling terminal. Its environment is PATH, HOME, USER,
-// LOGNAME (and TERM=xterm-256color with a tty), then Config.DefaultEnv, then the request's.
-// Its umask is the request's, or control.DefaultUmask (022): never the agent's own, which as
-// the sandbox's init is 0. The umask is process-wide, so it is set around the fork only; the
-// agent's own file operations set every mode exactly and do not depend on it.
+// LOGNAME (and TERM=xterm-256color with a tty), then [Config].DefaultEnv, then the request's.
+// Its umask is the request's, or [control.DefaultUmask] (022): never the agent's own, which
+// as the sandbox's init is 0. The umask is process-wide, so it is set around the fork only;
+// the agent's own file operations set every mode exactly and do not depend on it.
 // The timeout and the client's going away SIGKILL the process group (with a tty, every
 // process of the session). Signals from the client go to the process group. The exit status
 // follows the shell's convention: a signal's death is 128+n with the signal's name.
@@ -56,7 +59,7 @@
 //
 // # Unprivileged
 //
-// When the agent is not root (or Config.Unprivileged is set) it cannot switch users: every
+// When the agent is not root (or [Config].Unprivileged is set) it cannot switch users: every
 // workload and file operation runs as the agent's own user. Outside PID 1 without ReapAll, it
 // waits only for its own workloads and shuts down only their process trees, so that tests can
 // run several agents in one process.

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/control"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 )
 
@@ -300,11 +299,8 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 	return n, nil
 }
 
-func randomHex() string {
-	var b [8]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// randomHex is the random part of the agent's temp names: 16 hex digits.
+func randomHex() string { return naming.RandomHex(8) }
 
 // listBatch is how many entries one list frame carries.
 const listBatch = 256

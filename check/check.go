@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
-
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
@@ -43,7 +41,6 @@ const (
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
-	defaultCgroupParent   = "sandboxd"
 	defaultLockTimeout    = 10 * time.Second
 	maxReportedDirEntries = 20
 )
@@ -97,12 +94,10 @@ type Report struct {
 type Options struct {
 	// Root is the state root.
 	Root string
-	// Runtime is the runtime the server uses (the namespace runtime); its declared entries,
-	// process marker, identity and Cleanup are the checker's reference.
+	// Runtime is the runtime the server uses, configured as the server configures it: its
+	// declared entries, processes, host resources, identity and Cleanup are the checker's
+	// reference.
 	Runtime runtime.Runtime
-	// CgroupParent is the cgroup below which the runtime makes sandbox cgroups; "" means the
-	// namespace runtime's default, "sandboxd".
-	CgroupParent string
 	// Repair fixes what is safe to fix (see the package doc).
 	Repair bool
 	// LockTimeout bounds each wait for a sandbox's lock during repair (default 10 s).
@@ -116,9 +111,6 @@ type Options struct {
 func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Runtime == nil {
 		return nil, errors.New("check: a runtime is required")
-	}
-	if o.CgroupParent == "" {
-		o.CgroupParent = defaultCgroupParent
 	}
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = defaultLockTimeout
@@ -138,14 +130,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer st.Close()
-	// supervisor.New declares the names it and its runtime keep in state directories; the
-	// checker learns them from the same source (see declaredNames).
+	// The supervisor runs the repair's reconciliation; the names it declares to the store are
+	// what a state directory may hold besides the store's own entries.
 	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: o.Runtime, Logger: o.Logger})
 	if err != nil {
 		return nil, err
 	}
 	defer sup.Close()
-	c := &checker{o: o, root: root, st: st, sup: sup, rt: o.Runtime, declared: declaredNames(o.Runtime), probed: map[string]bool{}}
+	c := newChecker(o, root, st, sup)
 
 	first, err := c.scan(ctx)
 	if err != nil {
@@ -184,36 +176,26 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	return r, nil
 }
 
-// declaredNames are the names that supervisor.New declares to the store, with their kinds:
-// the supervisor's own (exported constants), the clone binding, and the runtime's
-// DeclaredEntries. A name missing here is still recognised as declared by asking the store
-// (see isDeclared), so this list only adds the kinds.
-func declaredNames(rt runtime.Runtime) map[string]store.EntryKind {
-	m := map[string]store.EntryKind{}
-	for _, n := range []string{supervisor.ExecLockName, supervisor.CapabilityName, template.BindingFile, supervisor.LogName} {
-		m[n] = store.EntryFile
-	}
-	for _, e := range rt.DeclaredEntries() {
-		if e.Dir {
-			m[e.Name] = store.EntryDir
-		} else {
-			m[e.Name] = store.EntryFile
-		}
-	}
-	return m
+type checker struct {
+	o    Options
+	root string
+	st   *store.Store
+	sup  *supervisor.Supervisor
+	rt   runtime.Runtime
+	// own are the store's own entries, records those of them whose temp names are the
+	// store's, and declared the names the supervisor declares to the store, with their kinds.
+	own      []string
+	records  []string
+	declared map[string]store.EntryKind
 }
 
-// storeRecords are the store's own regular files.
-var storeRecords = []string{store.LockName, store.ConfigName, store.LaunchName, store.RuntimeName, store.OutcomeName}
-
-type checker struct {
-	o        Options
-	root     string
-	st       *store.Store
-	sup      *supervisor.Supervisor
-	rt       runtime.Runtime
-	declared map[string]store.EntryKind
-	probed   map[string]bool // isDeclared's verdicts
+func newChecker(o Options, root string, st *store.Store, sup *supervisor.Supervisor) *checker {
+	c := &checker{o: o, root: root, st: st, sup: sup, rt: o.Runtime,
+		own: store.OwnNames(), records: store.RecordNames(), declared: map[string]store.EntryKind{}}
+	for _, d := range supervisor.DeclaredEntries(o.Runtime) {
+		c.declared[d.Name] = d.Kind
+	}
+	return c
 }
 
 // sandboxState is what one pass learnt of one state directory.
@@ -337,22 +319,59 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 		return
 	}
 	defer dir.Close()
+	checkPrivate(dir, id, entry, p)
+	if lf := tryLock(dir, s); lf != nil {
+		defer lf.Close() // closing releases the lock
+	}
+	c.checkEntries(dir, id, entry, p)
+	recs := c.readRecords(id, entry, p)
+	if s.busy {
+		noteBusy(s, recs.rec, entry, p)
+		return
+	}
+	checkConfig(s, recs, entry, p)
+	c.checkRuntimeRecord(s, recs.rec, entry, p)
+	checkJournal(id, recs, entry, p)
+	if recs.cfg != nil {
+		c.checkBinding(id, entry, p)
+	}
+}
+
+// checkPrivate reports a state directory that is not private to sandboxd's user.
+func checkPrivate(dir *os.File, id, entry string, p *pass) {
 	if fst, err := platform.StatOf(dir); err == nil {
 		if fst.UID != uint32(os.Geteuid()) || fst.Mode.Perm() != 0o700 {
 			p.add(BadDirectory, id, entry, "not private to sandboxd's user: owner %d, mode %v (want %d, 0700)", fst.UID, fst.Mode.Perm(), os.Geteuid())
 		}
 	}
-	// Try the lifecycle lock once: while another holds it, a transition is changing the
-	// records, and they are noted rather than judged.
-	if lf, err := platform.OpenFileAt(dir, store.LockName, os.O_RDONLY, 0); err == nil {
-		got, lerr := platform.TryLock(lf)
-		if lerr == nil && !got {
-			s.busy = true
-		}
-		defer lf.Close() // closing releases the lock
-	}
-	c.checkEntries(dir, id, entry, p)
+}
 
+// tryLock tries the lifecycle lock once: while another holds it, a transition is changing the
+// records, and they are noted rather than judged (s.busy). It returns the lock file, which
+// the caller closes when done (releasing the lock if it got it), or nil if there is none.
+func tryLock(dir *os.File, s *sandboxState) *os.File {
+	lf, err := platform.OpenFileAt(dir, store.LockName, os.O_RDONLY, 0)
+	if err != nil {
+		return nil
+	}
+	if got, err := platform.TryLock(lf); err == nil && !got {
+		s.busy = true
+	}
+	return lf
+}
+
+// records are a state directory's records as one pass read them; a record that is missing
+// is nil, and one that does not read is reported and nil.
+type records struct {
+	cfg     *store.Config
+	cfgErr  error // config.json does not read (it is not missing)
+	journal *store.LaunchJournal
+	rec     *store.RuntimeRecord
+}
+
+// readRecords reads the store's records of a sandbox without its lock, reporting those that
+// do not read.
+func (c *checker) readRecords(id, entry string, p *pass) records {
 	cfg, cerr := c.st.ReadConfigUnlocked(id)
 	if errcode.Of(cerr) == errcode.SandboxNotFound {
 		cfg, cerr = nil, nil // no config.json
@@ -370,57 +389,78 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	if _, err := c.st.ReadOutcomeUnlocked(id); err != nil && errcode.Of(err) != errcode.SandboxNotFound {
 		p.add(BadRecord, id, filepath.Join(entry, store.OutcomeName), "does not read: %v", err)
 	}
-	if s.busy {
-		p.note(InTransition, id, entry, "another process holds the lifecycle lock; its records are changing and were not judged")
-		p.sandboxes++
-		if rec != nil && platformID(rec).Alive() {
-			s.rec, s.alive = rec, true
-			p.running++
-		}
-		return
+	return records{cfg: cfg, cfgErr: cerr, journal: journal, rec: rec}
+}
+
+// noteBusy notes a sandbox in a transition, counting it, and as running if its runtime record
+// names a live process.
+func noteBusy(s *sandboxState, rec *store.RuntimeRecord, entry string, p *pass) {
+	p.note(InTransition, s.id, entry, "another process holds the lifecycle lock; its records are changing and were not judged")
+	p.sandboxes++
+	if rec != nil && platformID(rec).Alive() {
+		s.rec, s.alive = rec, true
+		p.running++
 	}
-	if cfg == nil && cerr == nil {
+}
+
+// checkConfig reports a state directory without config.json, and a config.json that names
+// another sandbox.
+func checkConfig(s *sandboxState, recs records, entry string, p *pass) {
+	switch {
+	case recs.cfg == nil && recs.cfgErr == nil:
 		s.provisioned = false
-		p.leftovers = append(p.leftovers, id)
-		p.add(LeftoverDirectory, id, entry, "a state directory without config.json (an interrupted provision or removal)")
-	} else if cfg != nil {
+		p.leftovers = append(p.leftovers, s.id)
+		p.add(LeftoverDirectory, s.id, entry, "a state directory without config.json (an interrupted provision or removal)")
+	case recs.cfg != nil:
 		s.provisioned = true
 		p.sandboxes++
-		if cfg.ID != id {
-			p.add(BadRecord, id, filepath.Join(entry, store.ConfigName), "names sandbox %q, not its directory's %q", cfg.ID, id)
+		if recs.cfg.ID != s.id {
+			p.add(BadRecord, s.id, filepath.Join(entry, store.ConfigName), "names sandbox %q, not its directory's %q", recs.cfg.ID, s.id)
 		}
 	}
-	if rec != nil {
-		s.rec = rec
-		proc := platformID(rec)
-		if !proc.Alive() {
-			p.add(StaleRecord, id, filepath.Join(entry, store.RuntimeName), "names runtime process %s, which is gone", proc)
-		} else {
-			s.alive = true
-			p.running++
-			marked := false
-			for _, pr := range p.procs {
-				if pr.Role == runtime.RoleShim && pr.ID == proc && pr.Dir == dirPath {
-					marked = true
-				}
-			}
-			if !marked {
-				p.add(UnmarkedProcess, id, filepath.Join(entry, store.RuntimeName), "names live process %s, which is not this sandbox's runtime process", proc)
-			}
-			if rec.RuntimeID != c.rt.Identity() {
-				p.note(RuntimeMismatchNote, id, entry, "runs under runtime %s, not this sandboxd's %s; a forced stop ends it", rec.RuntimeID, c.rt.Identity())
-			}
-		}
+}
+
+// checkRuntimeRecord reports a runtime record whose process is gone, or is not the sandbox's
+// runtime process, and notes one of another runtime identity.
+func (c *checker) checkRuntimeRecord(s *sandboxState, rec *store.RuntimeRecord, entry string, p *pass) {
+	if rec == nil {
+		return
 	}
-	if journal != nil {
-		if rec != nil && rec.LaunchID == journal.LaunchID {
-			p.add(CommittedJournal, id, filepath.Join(entry, store.LaunchName), "the launch %s committed, but its journal was not removed", journal.LaunchID)
-		} else {
-			p.add(InterruptedStart, id, filepath.Join(entry, store.LaunchName), "launch %s (pid %d) never committed", journal.LaunchID, journal.Pid)
-		}
+	s.rec = rec
+	proc := platformID(rec)
+	re := filepath.Join(entry, store.RuntimeName)
+	if !proc.Alive() {
+		p.add(StaleRecord, s.id, re, "names runtime process %s, which is gone", proc)
+		return
 	}
-	if cfg != nil {
-		c.checkBinding(id, entry, p)
+	s.alive = true
+	p.running++
+	if !isShimOf(p.procs, proc, s.dir) {
+		p.add(UnmarkedProcess, s.id, re, "names live process %s, which is not this sandbox's runtime process", proc)
+	}
+	if rec.RuntimeID != c.rt.Identity() {
+		p.note(RuntimeMismatchNote, s.id, entry, "runs under runtime %s, not this sandboxd's %s; a forced stop ends it", rec.RuntimeID, c.rt.Identity())
+	}
+}
+
+// isShimOf says whether procs has proc as the shim of the state directory dir.
+func isShimOf(procs []runtime.Process, proc platform.ProcessID, dir string) bool {
+	return slices.ContainsFunc(procs, func(pr runtime.Process) bool {
+		return pr.Role == runtime.RoleShim && pr.ID == proc && pr.Dir == dir
+	})
+}
+
+// checkJournal reports a launch journal: one beside the runtime record of its own launch
+// committed, any other never did.
+func checkJournal(id string, recs records, entry string, p *pass) {
+	j := recs.journal
+	if j == nil {
+		return
+	}
+	if recs.rec != nil && recs.rec.LaunchID == j.LaunchID {
+		p.add(CommittedJournal, id, filepath.Join(entry, store.LaunchName), "the launch %s committed, but its journal was not removed", j.LaunchID)
+	} else {
+		p.add(InterruptedStart, id, filepath.Join(entry, store.LaunchName), "launch %s (pid %d) never committed", j.LaunchID, j.Pid)
 	}
 }
 
@@ -444,7 +484,7 @@ func (c *checker) checkEntries(dir *os.File, id, entry string, p *pass) {
 			continue
 		}
 		switch {
-		case slices.Contains(storeRecords, n):
+		case slices.Contains(c.own, n):
 			if !st.IsRegular() {
 				p.add(BadEntry, id, filepath.Join(entry, n), "a store record must be a regular file, and this is a %v", st.Mode.Type())
 			}
@@ -459,8 +499,6 @@ func (c *checker) checkEntries(dir *os.File, id, entry string, p *pass) {
 		case c.ownTemp(n), strings.HasPrefix(n, ".nfs"):
 			// A durable write's temp name (its owner removes it once no write can be in
 			// flight), or a removed file that NFS keeps while someone holds it open.
-		case c.isDeclared(n):
-			// Declared by the supervisor under a name this checker does not know the kind of.
 		default:
 			foreign++
 			if foreign <= maxReportedDirEntries {
@@ -473,29 +511,11 @@ func (c *checker) checkEntries(dir *os.File, id, entry string, p *pass) {
 	}
 }
 
-// isDeclared asks the store whether n was declared to it (by supervisor.New): a name that a
-// fresh store would accept but the supervisor's store refuses can only have been declared
-// already. The verdict is remembered, since asking declares n to this private store.
-func (c *checker) isDeclared(n string) bool {
-	if v, ok := c.probed[n]; ok {
-		return v
-	}
-	fresh, err := store.Open(c.root)
-	if err != nil {
-		return false
-	}
-	defer fresh.Close()
-	declared := false
-	if fresh.Declare(n, store.EntryFile) == nil {
-		declared = c.st.Declare(n, store.EntryFile) != nil
-	}
-	c.probed[n] = declared
-	return declared
-}
-
+// ownTemp says whether n is the temp name of a durable write of a store record or of a
+// declared file.
 func (c *checker) ownTemp(n string) bool {
 	target, ok := platform.IsTempName(n)
-	return ok && (slices.Contains(storeRecords, target) && target != store.LockName || c.declared[target] == store.EntryFile)
+	return ok && (slices.Contains(c.records, target) || c.declared[target] == store.EntryFile)
 }
 
 // checkBinding checks that a clone's binding names a lease record that exists. The lease is
@@ -616,30 +636,20 @@ func (c *checker) checkLoops(p *pass) {
 	}
 }
 
-// checkCgroups reports the cgroups of this root's sandboxes that are not running.
+// checkCgroups reports the cgroups of this root's sandboxes that are not running. The runtime
+// finds them (Runtime.HostResources); those of other state roots are not among them.
 func (c *checker) checkCgroups(p *pass) {
-	cg, err := platform.OpenCgroup(c.o.CgroupParent + "/probe")
+	found, err := c.rt.HostResources(filepath.Join(c.root, store.SandboxesDir))
 	if err != nil {
 		p.note(LeakedCgroup, "", "", "cannot find the cgroup hierarchy: %v", err)
 		return
 	}
-	ids := map[string]bool{}
-	for _, d := range cg.Dirs() {
-		ents, err := os.ReadDir(filepath.Dir(d))
-		if err != nil {
-			continue // no sandbox cgroup made yet in this hierarchy
+	slices.SortStableFunc(found, func(a, b runtime.HostResource) int { return strings.Compare(a.SandboxID, b.SandboxID) })
+	for _, res := range found {
+		if res.Kind != runtime.ResourceCgroup || store.ValidateID(res.SandboxID) != nil {
+			continue
 		}
-		for _, e := range ents {
-			// A sandbox's cgroup is shim.CgroupLeaf(id, dir); another root's differs.
-			id, _, ok := strings.Cut(e.Name(), ".")
-			if e.IsDir() && ok && store.ValidateID(id) == nil &&
-				e.Name() == shim.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)) {
-				ids[id] = true
-			}
-		}
-	}
-	for _, id := range slices.Sorted(maps.Keys(ids)) {
-		dir := filepath.Join(c.root, store.SandboxesDir, id)
+		id, dir := res.SandboxID, res.Dir
 		s := p.states[dir]
 		if s == nil {
 			// The cgroup names this root's state directory, which was not there when the
@@ -648,11 +658,11 @@ func (c *checker) checkCgroups(p *pass) {
 			if _, err := os.Lstat(dir); err == nil {
 				continue
 			}
-		} else if s.busy || s.alive || !c.cgroupStillLeaked(dir, id) {
+		} else if s.busy || s.alive || !c.cgroupStillLeaked(res) {
 			continue // in a transition, or running
 		}
 		p.leakedCgroups[id] = true
-		p.add(LeakedCgroup, id, c.o.CgroupParent+"/"+shim.CgroupLeaf(id, filepath.Join(c.root, store.SandboxesDir, id)), "the cgroup of a sandbox that is not running")
+		p.add(LeakedCgroup, id, res.Name, "the cgroup of a sandbox that is not running")
 	}
 }
 
@@ -674,12 +684,14 @@ func (c *checker) stillIdle(dir, id string) bool {
 
 // cgroupStillLeaked says whether the cgroup of a sandbox that was not running is still there
 // while the sandbox is idle.
-func (c *checker) cgroupStillLeaked(dir, id string) bool {
-	if !c.stillIdle(dir, id) {
+func (c *checker) cgroupStillLeaked(res runtime.HostResource) bool {
+	if !c.stillIdle(res.Dir, res.SandboxID) {
 		return false
 	}
-	cg, err := platform.OpenCgroup(c.o.CgroupParent + "/" + shim.CgroupLeaf(id, dir))
-	return err == nil && cg.Exists()
+	return slices.ContainsFunc(res.Paths, func(path string) bool {
+		_, err := os.Lstat(path)
+		return err == nil
+	})
 }
 
 // checkTemplates runs the template store's own check (read-only).

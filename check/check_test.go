@@ -10,9 +10,9 @@ import (
 )
 
 // TestDeclaredNamesMatchTheSupervisor: every name the checker knows the kind of is one that
-// supervisor.New declares to the store (a second Declare of it is refused), and isDeclared
-// recognises a declared name and refuses a foreign one. If the supervisor stops declaring a
-// name, this fails; if it declares a new one, isDeclared still finds it.
+// supervisor.New declares to the store (a second Declare of it is refused), and the checker
+// recognises each declared name and refuses a foreign one. If the supervisor stops declaring
+// a name, this fails.
 func TestDeclaredNamesMatchTheSupervisor(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the namespace runtime needs root; CI runs as root")
@@ -32,7 +32,8 @@ func TestDeclaredNamesMatchTheSupervisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sup.Close()
-	names := declaredNames(rt)
+	c := newChecker(Options{Root: root, Runtime: rt}, root, st, sup)
+	names := c.declared
 	if len(names) == 0 {
 		t.Fatal("no declared names")
 	}
@@ -41,15 +42,14 @@ func TestDeclaredNamesMatchTheSupervisor(t *testing.T) {
 			t.Errorf("%q: the checker takes it for declared, but the supervisor does not declare it", name)
 		}
 	}
-	c := &checker{root: root, st: st, probed: map[string]bool{}}
-	for name := range names {
-		if !c.isDeclared(name) {
-			t.Errorf("isDeclared(%q) = false for a declared name", name)
+	for _, d := range supervisor.DeclaredEntries(rt) {
+		if names[d.Name] != d.Kind {
+			t.Errorf("the checker takes %q for a %v, not a declared %v", d.Name, names[d.Name], d.Kind)
 		}
 	}
 	for _, name := range []string{"junk", "notes.txt", store.ConfigName, ".nfs0001", "a/b"} {
-		if c.isDeclared(name) {
-			t.Errorf("isDeclared(%q) = true for a name nobody declared", name)
+		if _, ok := names[name]; ok {
+			t.Errorf("the checker takes %q for declared, and nobody declared it", name)
 		}
 	}
 }

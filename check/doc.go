@@ -2,9 +2,12 @@
 // a running server, and with repair fixes what is safe to fix. cmd/sandboxd serves it as
 // `sandboxd check`.
 //
-// It reads the sandbox store, the runtime's processes, the host's mounts and cgroups, and the
-// template store, through their exported functions; it keeps no rules of its own about what a
-// state directory holds beyond what those packages declare. It must never delete a sandbox,
+// It reads the sandbox store, the runtime's processes and host resources, the host's mounts,
+// and the template store, through their exported functions and the runtime.Runtime interface
+// (cmd/sandboxd gives it the runtime the server uses, configured as the server configures
+// it); it keeps no rules of its own about what a state directory holds beyond what those
+// packages declare (store.OwnNames, supervisor.DeclaredEntries), and knows no concrete
+// runtime. It must never delete a sandbox,
 // a template generation or user data, and never signal a process whose identity it has not
 // verified.
 //
@@ -16,14 +19,15 @@
 //     and its runtime), the store's temp names and NFS's ".nfs*" names; records and declared
 //     files are regular files, declared directories are directories; config.json reads and
 //     names its directory. A directory without config.json is left over.
-//   - Every runtime record names a live process (pid, start time, boot id) that carries the
-//     runtime's marker for that directory; otherwise it is stale. A live process of another
-//     runtime identity is noted (runtime-mismatch), not a problem.
+//   - Every runtime record names a live process (pid, start time, boot id), or it is stale,
+//     and that process is the one the runtime knows as that directory's shim
+//     (Runtime.Processes), or it is unmarked. A live process of another runtime identity is
+//     noted (runtime-mismatch), not a problem.
 //   - A launch journal without a runtime record of its launch is an interrupted start; one
 //     beside the record of its own launch is a journal whose removal was interrupted.
-//   - Every runtime process (shim or init) that the runtime finds by its marker under the
-//     state root is named by a runtime record (a shim by its identity, an init as the child
-//     of the recorded shim).
+//   - Every runtime process (shim or init) that the runtime finds under the state root (by
+//     facts a sandbox cannot forge, not by the marker in argv alone) is named by a runtime
+//     record (a shim by its identity, an init as the child of the recorded shim).
 //   - No host mount lies below the state root (the runtime mounts only inside sandboxes'
 //     own mount namespaces), and no sandbox cgroup exists for a sandbox of this root that is
 //     not running.
@@ -53,7 +57,8 @@
 //
 // # Cgroups of other state roots
 //
-// A sandbox's cgroup is <parent>/<id>.<hash of its state directory> (namespace.CgroupLeaf), so
-// the cgroups of other state roots on the same host are told apart and never reported, and a
-// cgroup of this root whose sandbox is gone is.
+// The runtime lists the cgroups of this root's sandboxes (Runtime.HostResources): the
+// namespace runtime names one <parent>/<id>.<hash of its state directory>, so the cgroups of
+// other state roots on the same host are told apart and never reported, and a cgroup of this
+// root whose sandbox is gone is.
 package check

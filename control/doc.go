@@ -1,9 +1,10 @@
-// Package control is the control protocol between sandboxd and the agent inside a sandbox,
-// both ends of it: Dial and Client for sandboxd, Serve and Handler for the agent. It knows
+// Package control is the control protocol between sandboxd and the agent inside a sandbox, both
+// ends of it: [Dial] and [Client] for sandboxd, [Serve] and [Handler] for the agent. It knows
 // frames, streams and messages, and nothing of processes or files: the agent package does the
-// work behind Handler. It must not rely on unix-socket features (no descriptor passing, no
-// peer credentials): the same protocol will run over a virtio serial port, so any
-// io.ReadWriteCloser carries it.
+// work behind Handler. It must not rely on unix-socket features (no descriptor passing, no peer
+// credentials): the same protocol will run over a virtio serial port, so any io.ReadWriteCloser
+// carries it. It is shared by both sides and imports no host-side package of sandboxd.
+// docs/design.md says where it sits between the supervisor and the agent.
 //
 // # Session
 //
@@ -22,8 +23,8 @@
 //	| 1 byte | 4 bytes              | length bytes      |
 //	+--------+----------------------+-------------------+
 //
-// A payload is at most MaxFramePayload (1 MiB); a reader refuses a larger length, or an
-// unknown type, before reading the payload and drops the stream. The types (FrameType) are:
+// A payload is at most [MaxFramePayload] (1 MiB); a reader refuses a larger length, or an
+// unknown type, before reading the payload and drops the stream. The types ([FrameType]) are:
 // header, result, error, started and exit, resize and signal (JSON payloads); stdin, stdout,
 // stderr and data (raw bytes; data is JSON for list); eof and end (empty).
 //
@@ -36,8 +37,9 @@
 //     compares the capability in constant time and, if it is wrong or if any other operation
 //     comes first, closes the whole session without a word. It answers a result
 //     {protocol, features, agent_version}, or an error protocol-mismatch.
-//   - exec (ExecRequest; an absent umask means DefaultUmask): the agent answers started {pid} (or error: the workload did not
-//     start), then stdout/stderr frames, and last exit (ExitStatus) or error. The client may
+//   - exec ([ExecRequest]; an absent umask means [DefaultUmask]): the agent answers started
+//     {pid} (or error: the workload did not start), then stdout/stderr frames, and last exit
+//     ([ExitStatus]) or error. The client may
 //     send stdin frames (if it asked for stdin), eof (stdin closed), resize and signal at any
 //     time before the exit.
 //   - read: a result {size} (of the file as opened), exactly size bytes in data frames, then
@@ -47,16 +49,16 @@
 //   - write ({path, mode, make_parents}): the client sends data frames, then end; the agent
 //     answers a result {size} or an error. The agent may answer an error early and stop
 //     reading; the client stops sending then.
-//   - list ({limit}; 0 means DefaultListLimit): data frames each holding a JSON array of
-//     FileInfo, no more than limit entries in all, then end, whose payload is empty or a
-//     JSON ListEnd ({"truncated": true} when the directory has more than limit entries); or
-//     error. Serve enforces the limit whatever the Handler emits, and the client stops
+//   - list ({limit}; 0 means [DefaultListLimit]): data frames each holding a JSON array of
+//     [FileInfo], no more than limit entries in all, then end, whose payload is empty or a
+//     JSON [ListEnd] ({"truncated": true} when the directory has more than limit entries);
+//     or error. [Serve] enforces the limit whatever the [Handler] emits, and the client stops
 //     reading at it whatever the agent sends, so neither side holds more.
 //   - stat, mkdir, remove, stats, shutdown ({grace_ms}): one result (or error).
 //
-// Errors are RemoteError {code, message}; the client returns them wrapped in an
-// *errcode.Error (file-not-found is errcode.FileNotFound, a refused request is
-// errcode.InvalidRequest), so callers switch with errors.Is. Internal failures of the agent
+// Errors are [RemoteError] {code, message}; the client returns them wrapped in an
+// [*errcode.Error] (file-not-found is [errcode.FileNotFound], a refused request is
+// [errcode.InvalidRequest]), so callers switch with errors.Is. Internal failures of the agent
 // reach the client as "internal" with a generic message; details stay in the agent's log.
 //
 // # Who closes what
@@ -73,7 +75,7 @@
 //	workload (its process group; with a tty its whole session). Nothing survives its client.
 //
 // So a caller that wants a workload to outlive a dropped websocket must keep the exec's stream
-// open itself; Process.Close and Client.Close are the ways to kill. For read, list and the
+// open itself; [Process.Close] and [Client.Close] are the ways to kill. For read, list and the
 // other one-shot operations the same rule cancels the operation; for write, a stream that
 // ends before the end frame leaves no file behind.
 //
@@ -81,15 +83,15 @@
 // queues at most a few stdin frames the workload has not read, then stops reading the
 // stream until it does. Resize, signal and close frames sent behind unread stdin wait with
 // it; the timeout and the connection's end still kill the workload. A resize sent while stdin
-// is open is handed over in its place among the stdin bytes (ExecStream.OnResize), so a
+// is open is handed over in its place among the stdin bytes ([ExecStream.OnResize]), so a
 // command typed after a resize runs at the new size.
 //
-// After answering shutdown the agent ends the session; Serve returns ErrShutdown and the
+// After answering shutdown the agent ends the session; [Serve] returns [ErrShutdown] and the
 // agent exits, which ends the sandbox.
 //
 // # Versions
 //
-// ProtocolVersion names this protocol exactly; there is no negotiation. It is part of a
+// [ProtocolVersion] names this protocol exactly; there is no negotiation. It is part of a
 // sandbox's runtime identity, so a sandboxd never drives an agent of another version.
 // Unknown JSON fields are ignored, unknown frame types are not.
 package control

@@ -1,7 +1,11 @@
 // Package errcode defines the stable, kebab-case error codes that domain packages attach to
 // their errors and that clients switch on. It knows nothing of HTTP: the server alone maps a
-// code to a status. Domain packages return *Error values (or wrap them); callers test them with
-// errors.Is against a Code, or errors.As to read the message.
+// code to a status. Domain packages return [*Error] values ([New], [Wrap], [Invalid]) or wrap
+// them; callers test them with errors.Is against a [Code], or read the code with [Of].
+//
+// It is a leaf, imported by both sides of sandboxd, and imports only the standard library. A
+// code is part of the API contract: it is never renamed, and a new one also needs a status in
+// the server and an entry in openapi.yaml (CONTRIBUTING.md, "Adding an error code").
 package errcode
 
 import (
@@ -12,7 +16,7 @@ import (
 // Code is a stable error code, part of the API contract. Never rename one.
 type Code string
 
-// The codes of DESIGN.md's error table, plus the few the HTTP layer itself produces.
+// The codes of docs/design.md's error table, including the few the HTTP layer itself produces.
 const (
 	InvalidRequest   Code = "invalid-request"
 	Unauthorized     Code = "unauthorized"

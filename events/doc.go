@@ -1,11 +1,13 @@
 // Package events is sandboxd's in-process event bus and its server-sent-events endpoint,
-// GET /v1/events. It knows nothing of sandboxes or templates beyond the contract's Event: the
-// supervisor's hook and the template handlers publish; the SSE handler and tests subscribe.
+// GET /v1/events. It knows nothing of sandboxes or templates beyond the contract's
+// [openapi.Event]: cmd/sandboxd publishes what the supervisor's OnEvent hook reports, and the
+// SSE [Handler] and tests subscribe ([Bus.Subscribe]).
 //
 // # Ordering and replay
 //
-// Publish numbers events with a sequence that increases by one per event of the process, and
-// stamps them with the time of publication. The last events (History of them) are kept in a
+// [Bus.Publish] numbers events with a sequence that increases by one per event of the process,
+// and stamps them with the time of publication. The last events ([Options].History of them,
+// [DefaultHistory] by default) are kept in a
 // ring, so that a client that reconnects with the standard Last-Event-ID header is first sent
 // what it missed, then the live stream, with no gap and no duplicate. An id that the ring no
 // longer covers, or one from an earlier process (greater than the current sequence), replays
@@ -13,8 +15,8 @@
 //
 // # Slow subscribers
 //
-// Publish never blocks. Each subscriber has a bounded buffer; one that falls behind by more
-// than that is dropped: its stream ends, and the client reconnects with Last-Event-ID and
-// catches up from the ring. Publishers, among them the supervisor's transitions, are thus
-// never slowed down by a stalled browser tab.
+// Publish never blocks. Each subscriber has a bounded buffer ([DefaultBuffer] events); one that
+// falls behind by more than that is dropped: its stream ends, and the client reconnects with
+// Last-Event-ID and catches up from the ring. Publishers, among them the supervisor's
+// transitions, are thus never slowed down by a stalled browser tab.
 package events

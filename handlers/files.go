@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/supervisor"
 )
 
 // fileUser is the user file operations act as: the same default user as exec, so that
@@ -17,12 +17,8 @@ const fileUser = "user"
 const maxListEntries = 10000
 
 func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObject) (openapi.ReadFileResponseObject, error) {
-	agent, err := h.sup.Agent(ctx, req.ID)
-	if err != nil {
-		return nil, err
-	}
 	if req.Params.List != nil && *req.Params.List {
-		infos, err := agent.List(ctx, req.Params.Path, fileUser)
+		infos, err := h.sup.ListFiles(ctx, req.ID, req.Params.Path, fileUser)
 		if err != nil {
 			return nil, err
 		}
@@ -38,7 +34,7 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 	// The file's content belongs to the response, not to this call: the generated code
 	// streams it to the client and closes it. Its length is that of the file the agent
 	// opened, so a file renamed over meanwhile cannot make the two disagree.
-	rc, size, err := agent.ReadFile(context.WithoutCancel(ctx), req.Params.Path, fileUser)
+	rc, size, err := h.sup.ReadFile(context.WithoutCancel(ctx), req.ID, req.Params.Path, fileUser)
 	if err != nil {
 		return nil, err
 	}
@@ -50,35 +46,28 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 }
 
 func (h *Handlers) WriteFile(ctx context.Context, req openapi.WriteFileRequestObject) (openapi.WriteFileResponseObject, error) {
-	agent, err := h.sup.Agent(ctx, req.ID)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := agent.WriteFile(ctx, control.WriteRequest{Path: req.Params.Path, User: fileUser, Mode: 0o644, MakeParents: true}, req.Body); err != nil {
+	w := supervisor.WriteRequest{Path: req.Params.Path, User: fileUser, Mode: 0o644, MakeParents: true}
+	if _, err := h.sup.WriteFile(ctx, req.ID, w, req.Body); err != nil {
 		return nil, err
 	}
 	return openapi.WriteFile204Response{}, nil
 }
 
 func (h *Handlers) RemoveFile(ctx context.Context, req openapi.RemoveFileRequestObject) (openapi.RemoveFileResponseObject, error) {
-	agent, err := h.sup.Agent(ctx, req.ID)
-	if err != nil {
-		return nil, err
-	}
-	if err := agent.Remove(ctx, req.Params.Path, fileUser, true); err != nil {
+	if err := h.sup.RemoveFile(ctx, req.ID, req.Params.Path, fileUser, true); err != nil {
 		return nil, err
 	}
 	return openapi.RemoveFile204Response{}, nil
 }
 
-func apiFileEntry(fi control.FileInfo) openapi.FileEntry {
+func apiFileEntry(fi supervisor.FileInfo) openapi.FileEntry {
 	t := openapi.FileEntryTypeOther
 	switch fi.Type {
-	case control.TypeFile:
+	case supervisor.FileRegular:
 		t = openapi.FileEntryTypeFile
-	case control.TypeDir:
+	case supervisor.FileDir:
 		t = openapi.FileEntryTypeDirectory
-	case control.TypeSymlink:
+	case supervisor.FileSymlink:
 		t = openapi.FileEntryTypeSymlink
 	}
 	return openapi.FileEntry{

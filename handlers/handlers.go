@@ -3,18 +3,59 @@ package handlers
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
 
-// The handlers must implement every operation of the contract.
-var _ openapi.StrictServerInterface = (*Handlers)(nil)
+// The handlers must implement every operation of the contract, and the supervisor must be
+// one they can use.
+var (
+	_ openapi.StrictServerInterface = (*Handlers)(nil)
+	_ Supervisor                    = (*supervisor.Supervisor)(nil)
+)
+
+// Supervisor is what the handlers need of the supervisor ([supervisor.Supervisor]): all they
+// reach of sandboxes, workloads, files and templates goes through it.
+type Supervisor interface {
+	// Sandboxes.
+	Create(ctx context.Context, req supervisor.CreateRequest) (*supervisor.Status, error)
+	Status(id string) (*supervisor.Status, error)
+	List() ([]*supervisor.Status, error)
+	Start(ctx context.Context, id string) (*supervisor.Status, error)
+	Stop(ctx context.Context, id string, force bool) (*supervisor.Status, error)
+	Deprovision(ctx context.Context, id string) error
+	Logs(id string, tail int) ([]byte, error)
+	Images() ([]string, error)
+	RuntimeInfo() supervisor.RuntimeInfo
+
+	// Workloads.
+	AdmitExec(ctx context.Context, id string, wait time.Duration) (*supervisor.Admission, error)
+	RunExec(ctx context.Context, a *supervisor.Admission, req supervisor.ExecRequest, stdin io.Reader) (*supervisor.ExecResult, error)
+	StartExec(ctx context.Context, a *supervisor.Admission, req supervisor.ExecRequest) (*supervisor.Session, error)
+
+	// Files.
+	ListFiles(ctx context.Context, id, path, user string) ([]supervisor.FileInfo, error)
+	ReadFile(ctx context.Context, id, path, user string) (io.ReadCloser, int64, error)
+	WriteFile(ctx context.Context, id string, req supervisor.WriteRequest, r io.Reader) (int64, error)
+	RemoveFile(ctx context.Context, id, path, user string, recursive bool) error
+
+	// Templates.
+	CreateTemplate(ctx context.Context, name string) (*supervisor.Template, error)
+	ListTemplates() ([]supervisor.Template, error)
+	Template(name string) (*supervisor.Template, error)
+	DeleteTemplate(ctx context.Context, name string, drain bool) (supervisor.RetireOutcome, error)
+	Capture(ctx context.Context, template, sandbox string) (*supervisor.Generation, error)
+	ListGenerations(template string) ([]supervisor.Generation, error)
+	Generation(template, gen string) (*supervisor.Generation, error)
+	Tombstone(ctx context.Context, template, gen string) (*supervisor.Generation, error)
+	Retire(ctx context.Context, template, gen string, drain bool) (supervisor.RetireOutcome, error)
+	Leases(template, gen string) ([]supervisor.Lease, error)
+}
 
 // Defaults of the contract's optional parameters.
 const (
@@ -26,9 +67,9 @@ const (
 
 // Config is what the handlers need.
 type Config struct {
-	Supervisor *supervisor.Supervisor
+	Supervisor Supervisor
 	// DefaultResources fill in what a create request leaves out.
-	DefaultResources store.Resources
+	DefaultResources supervisor.Resources
 	// DefaultDiskMB is the disk of their own that sandboxes get when a create request names
 	// none (0: none).
 	DefaultDiskMB int
@@ -50,7 +91,7 @@ type Config struct {
 // Handlers implements openapi.StrictServerInterface.
 type Handlers struct {
 	cfg     Config
-	sup     *supervisor.Supervisor
+	sup     Supervisor
 	log     *slog.Logger
 	streams streamSet
 }
@@ -64,11 +105,6 @@ func New(cfg Config) (*Handlers, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Handlers{cfg: cfg, sup: cfg.Supervisor, log: cfg.Logger}, nil
-}
-
-// notImplemented is the answer of operations that later work will build.
-func notImplemented(operation string) error {
-	return errcode.New(errcode.NotImplemented, "%s is not implemented in this version of sandboxd.", operation)
 }
 
 // deadline turns an optional timeout in milliseconds (validated by the contract: 1..3600000)

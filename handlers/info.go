@@ -7,16 +7,12 @@ import (
 	"github.com/sandboxd/sandboxd/supervisor"
 )
 
-// maxExecOutput caps each of a buffered exec's stdout and stderr; the rest is discarded and
-// the result says it was cut. The websocket has no cap.
-const maxExecOutput = 1 << 20
-
 func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (openapi.GetInfoResponseObject, error) {
 	var info openapi.Info
 	info.Version = h.cfg.Version
-	rt := h.sup.Runtime()
-	info.Runtime.Kind = openapi.InfoRuntimeKind(rt.Kind())
-	info.Runtime.Identity = rt.Identity()
+	rt := h.sup.RuntimeInfo()
+	info.Runtime.Kind = openapi.InfoRuntimeKind(rt.Kind)
+	info.Runtime.Identity = rt.Identity
 	images, err := h.sup.Images()
 	if err != nil {
 		return nil, err
@@ -35,7 +31,7 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	info.Limits.MaxResources = openapi.Resources{Vcpus: 64, MemoryMb: 65536, Pids: 32768, DiskMb: 1 << 20}
 	info.Limits.MaxBodyBytes = h.cfg.MaxJSONBytes
 	info.Limits.MaxFileBytes = h.cfg.MaxFileBytes
-	info.Limits.MaxExecOutputBytes = maxExecOutput
+	info.Limits.MaxExecOutputBytes = supervisor.MaxExecOutput
 	info.Limits.MaxGenerationAgeSeconds = int64(h.cfg.MaxGenerationAge.Seconds())
 	return openapi.GetInfo200JSONResponse(info), nil
 }

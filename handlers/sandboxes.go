@@ -9,8 +9,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
 
@@ -22,77 +20,104 @@ func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxR
 	if body == nil {
 		body = &openapi.CreateSandboxRequest{}
 	}
-	if body.Generation != nil && body.Template == nil {
-		return nil, errcode.Invalid("generation", "A generation belongs to a template: name the template too.")
-	}
-	cfg := store.Config{Resources: h.cfg.DefaultResources, DiskMB: h.cfg.DefaultDiskMB}
-	if body.ID != nil {
-		cfg.ID = *body.ID
-	} else {
-		cfg.ID = newSandboxID()
-	}
-	if body.Image != nil {
-		cfg.Image = *body.Image
-	}
-	if r := body.Resources; r != nil {
-		if r.Vcpus != nil {
-			cfg.Resources.VCPUs = *r.Vcpus
-		}
-		if r.MemoryMb != nil {
-			cfg.Resources.MemoryMB = *r.MemoryMb
-		}
-		if r.Pids != nil {
-			cfg.Resources.Pids = *r.Pids
-		}
-		if r.DiskMb != nil {
-			cfg.DiskMB = *r.DiskMb
-		}
-	}
-	env, err := envMap("env", body.Env)
+	creq, err := h.createRequest(body)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Env = env
-	if body.Labels != nil {
-		for k := range *body.Labels {
-			if !labelKey.MatchString(k) {
-				return nil, errcode.Invalid("labels", "The label key %q is not valid: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
-			}
-		}
-		cfg.Labels = *body.Labels
-	}
 	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
 	defer cancel()
-	var st *supervisor.Status
-	if body.Template != nil {
-		clone := supervisor.CloneRequest{Template: *body.Template}
-		if body.Generation != nil {
-			clone.Generation = *body.Generation
-		}
-		if body.Image != nil {
-			clone.Image = *body.Image
-		}
-		// The disk is the clone's own; the rest must match the generation's.
-		if r := body.Resources; r != nil && (r.Vcpus != nil || r.MemoryMb != nil || r.Pids != nil) {
-			clone.Resources = &cfg.Resources
-		}
-		st, err = h.sup.Clone(ctx, cfg, clone)
-	} else {
-		st, err = h.sup.Provision(ctx, cfg)
-	}
+	st, err := h.sup.Create(ctx, creq)
 	if err != nil {
 		return nil, err
 	}
 	if body.Start != nil && *body.Start {
-		if st, err = h.sup.Start(ctx, cfg.ID); err != nil {
+		if st, err = h.sup.Start(ctx, creq.ID); err != nil {
 			return nil, err
 		}
 	}
-	location := "/v1/sandboxes/" + cfg.ID
+	location := "/v1/sandboxes/" + creq.ID
 	return openapi.CreateSandbox201JSONResponse{
 		Body:    apiSandbox(st),
 		Headers: openapi.CreateSandbox201ResponseHeaders{Location: &location},
 	}, nil
+}
+
+// createRequest maps a create request onto the supervisor's, with the server's defaults for
+// what it leaves out, and checks what the contract cannot say (label keys, a generation
+// without its template).
+func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor.CreateRequest, error) {
+	if body.Generation != nil && body.Template == nil {
+		return supervisor.CreateRequest{}, errcode.Invalid("generation", "A generation belongs to a template: name the template too.")
+	}
+	creq := supervisor.CreateRequest{
+		ID:        deref(body.ID),
+		Image:     deref(body.Image),
+		Resources: h.cfg.DefaultResources,
+		DiskMB:    h.cfg.DefaultDiskMB,
+	}
+	if creq.ID == "" {
+		creq.ID = newSandboxID()
+	}
+	chosen := applyResources(&creq, body.Resources)
+	env, err := envMap("env", body.Env)
+	if err != nil {
+		return supervisor.CreateRequest{}, err
+	}
+	creq.Env = env
+	if body.Labels != nil {
+		if err := checkLabels(*body.Labels); err != nil {
+			return supervisor.CreateRequest{}, err
+		}
+		creq.Labels = *body.Labels
+	}
+	if body.Template != nil {
+		creq.Clone = &supervisor.CloneRequest{Template: *body.Template, Generation: deref(body.Generation), Image: creq.Image}
+		// The disk is the clone's own; the rest must match the generation's.
+		if chosen {
+			res := creq.Resources
+			creq.Clone.Resources = &res
+		}
+	}
+	return creq, nil
+}
+
+// applyResources overrides the defaults in creq with the limits r names, and reports whether
+// it named any but the disk.
+func applyResources(creq *supervisor.CreateRequest, r *openapi.ResourcesRequest) (chosen bool) {
+	if r == nil {
+		return false
+	}
+	if r.Vcpus != nil {
+		creq.Resources.VCPUs = *r.Vcpus
+	}
+	if r.MemoryMb != nil {
+		creq.Resources.MemoryMB = *r.MemoryMb
+	}
+	if r.Pids != nil {
+		creq.Resources.Pids = *r.Pids
+	}
+	if r.DiskMb != nil {
+		creq.DiskMB = *r.DiskMb
+	}
+	return r.Vcpus != nil || r.MemoryMb != nil || r.Pids != nil
+}
+
+// checkLabels refuses a label key that is not valid.
+func checkLabels(labels map[string]string) error {
+	for k := range labels {
+		if !labelKey.MatchString(k) {
+			return errcode.Invalid("labels", "The label key %q is not valid: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
+		}
+	}
+	return nil
+}
+
+// deref is a pointer's string, or "" for nil.
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // newSandboxID makes an id for a sandbox created without one: "sb-" and 12 characters of
@@ -149,7 +174,7 @@ func (h *Handlers) ListSandboxes(_ context.Context, req openapi.ListSandboxesReq
 	}
 	matching := all[:0]
 	for _, st := range all {
-		if p.State != nil && st.State != string(*p.State) {
+		if p.State != nil && string(st.State) != string(*p.State) {
 			continue
 		}
 		if !matchLabels(st.Config.Labels, selectors) {
@@ -260,22 +285,22 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 	return sb
 }
 
-func exitReason(o *runtime.Outcome) openapi.LastExitReason {
+func exitReason(o *supervisor.Exit) openapi.LastExitReason {
 	switch o.Reason {
-	case runtime.ReasonSignaled:
+	case supervisor.ReasonSignaled:
 		return openapi.LastExitReasonKilled
-	case runtime.ReasonOOM:
+	case supervisor.ReasonOOM:
 		return openapi.LastExitReasonOom
-	case runtime.ReasonStopped:
+	case supervisor.ReasonStopped:
 		return openapi.LastExitReasonStopped
-	case runtime.ReasonStartFailed:
+	case supervisor.ReasonStartFailed:
 		return openapi.LastExitReasonStartFailed
-	case runtime.ReasonExited:
+	case supervisor.ReasonExited:
 		return openapi.LastExitReasonExited
 	}
 	return openapi.LastExitReasonLost
 }
 
-func apiResources(r store.Resources, diskMB int) openapi.Resources {
+func apiResources(r supervisor.Resources, diskMB int) openapi.Resources {
 	return openapi.Resources{Vcpus: r.VCPUs, MemoryMb: r.MemoryMB, Pids: r.Pids, DiskMb: diskMB}
 }

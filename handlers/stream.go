@@ -5,27 +5,34 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/gorilla/websocket"
 
-	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/openapi/stream"
+	"github.com/sandboxd/sandboxd/supervisor"
 )
 
 // Websocket timing and sizes (see gorilla/websocket's command example for the pattern).
 const (
-	writeWait      = 10 * time.Second   // to write one message
-	pongWait       = 60 * time.Second   // a client silent this long is gone
-	pingPeriod     = pongWait * 9 / 10  // pings keep a healthy client within pongWait
-	maxMessageSize = 1<<20 + 1          // one stdin frame: a stream byte and up to 1 MiB
-	outputChunk    = 256 << 10          // output is sent in frames of at most this much
-	streamTimeout  = 3600 * time.Second // the default and largest timeout_ms of a stream
+	writeWait      = 10 * time.Second  // to write one message
+	pongWait       = 60 * time.Second  // a client silent this long is gone
+	pingPeriod     = pongWait * 9 / 10 // pings keep a healthy client within pongWait
+	maxMessageSize = 1<<20 + 1         // one stdin frame: a stream byte and up to 1 MiB
+	outputChunk    = 256 << 10         // output is sent in frames of at most this much
 	closeGrace     = 100 * time.Millisecond
+)
+
+// Defaults of the stream's optional query parameters, as openapi.yaml declares them: the
+// server's validator enforces the contract's bounds before the handler runs, but applies no
+// defaults. TestStreamDefaultsAreTheContracts holds them to the spec.
+const (
+	defaultStreamRows    = 24
+	defaultStreamCols    = 80
+	defaultStreamTimeout = 3600 * time.Second
+	// wait_ms defaults to defaultExecWait, as a buffered exec's does.
 )
 
 // The first byte of a binary frame names its stream.
@@ -52,36 +59,99 @@ type exitMessage struct {
 }
 
 // ExecStream serves GET /v1/sandboxes/{id}/exec/stream. The request is validated against the
-// contract and admitted (exec lock taken, workload started) before the upgrade, so that every
-// refusal is an ordinary problem response. After the upgrade, the workload belongs to the
-// connection: when the client goes away (or stops answering pings), the workload is killed,
-// as a terminal's hang-up would. Use the buffered exec, or nohup inside the sandbox, for work
-// that must outlive its client.
+// contract (by the server, before this runs), bound from the query by the code generated for
+// the operation (package openapi/stream), and admitted (exec lock taken, workload started)
+// before the upgrade, so that every refusal is an ordinary problem response. After the
+// upgrade, the workload belongs to the connection: when the client goes away (or stops
+// answering pings), the workload is killed, as a terminal's hang-up would. Use the buffered
+// exec, or nohup inside the sandbox, for work that must outlive its client.
 func (h *Handlers) ExecStream(w http.ResponseWriter, r *http.Request) error {
 	if !websocket.IsWebSocketUpgrade(r) {
 		return errcode.Invalid("Upgrade", "This route is a websocket; connect with a websocket client.")
 	}
-	id := chi.URLParam(r, "id")
-	if err := store.ValidateID(id); err != nil {
-		return err
+	var err error
+	bind := stream.ServerInterfaceWrapper{
+		Handler: streamFunc(func(w http.ResponseWriter, r *http.Request, id string, p stream.ExecStreamParams) {
+			err = h.execStream(w, r, id, p)
+		}),
+		ErrorHandlerFunc: func(_ http.ResponseWriter, _ *http.Request, bindErr error) { err = paramError(bindErr) },
 	}
-	creq, wait, err := parseStreamQuery(r)
-	if err != nil {
-		return err
+	bind.ExecStream(w, r)
+	return err
+}
+
+// streamFunc adapts a function to the generated stream.ServerInterface.
+type streamFunc func(w http.ResponseWriter, r *http.Request, id string, p stream.ExecStreamParams)
+
+func (f streamFunc) ExecStream(w http.ResponseWriter, r *http.Request, id stream.SandboxIDPath, p stream.ExecStreamParams) {
+	f(w, r, id, p)
+}
+
+// paramError explains a query parameter that does not bind to its declared type.
+func paramError(err error) error {
+	var required *stream.RequiredParamError
+	var invalid *stream.InvalidParamFormatError
+	switch {
+	case errors.As(err, &required):
+		e := errcode.Invalid(required.ParamName, "The query parameter %q is required; add it.", required.ParamName)
+		e.Err = err
+		return e
+	case errors.As(err, &invalid):
+		e := errcode.Invalid(invalid.ParamName, "The query parameter %q is not of its type (see /openapi.yaml): %v.", invalid.ParamName, invalid.Err)
+		e.Err = err
+		return e
 	}
+	return errcode.Wrap(errcode.InvalidRequest, err, "The query could not be decoded: %v.", err)
+}
+
+// streamRequest is the workload and admission wait of a stream, with the contract's defaults
+// for what the query leaves out. Its bounds are the contract's, checked before binding.
+func streamRequest(p stream.ExecStreamParams) (supervisor.ExecRequest, time.Duration) {
+	req := supervisor.ExecRequest{
+		Argv:    p.Command,
+		Cwd:     deref(p.Cwd),
+		User:    deref(p.User),
+		Rows:    defaultStreamRows,
+		Cols:    defaultStreamCols,
+		Timeout: defaultStreamTimeout,
+	}
+	if p.Env != nil {
+		req.Env = *p.Env
+	}
+	if p.Tty != nil {
+		req.TTY = *p.Tty
+	}
+	if p.Rows != nil {
+		req.Rows = uint16(*p.Rows)
+	}
+	if p.Cols != nil {
+		req.Cols = uint16(*p.Cols)
+	}
+	if p.TimeoutMs != nil {
+		req.Timeout = time.Duration(*p.TimeoutMs) * time.Millisecond
+	}
+	wait := defaultExecWait
+	if p.WaitMs != nil {
+		wait = time.Duration(*p.WaitMs) * time.Millisecond
+	}
+	return req, wait
+}
+
+// execStream admits and starts the workload, upgrades the connection and runs the stream.
+func (h *Handlers) execStream(w http.ResponseWriter, r *http.Request, id string, p stream.ExecStreamParams) error {
+	req, wait := streamRequest(p)
 	admission, err := h.sup.AdmitExec(r.Context(), id, wait)
 	if err != nil {
 		return err
 	}
 	defer admission.Release()
 	start := time.Now()
-	proc, err := admission.Agent.Exec(r.Context(), creq)
+	session, err := h.sup.StartExec(r.Context(), admission, req)
 	if err != nil {
-		err = workloadLost(id, admission.Agent, err)
 		h.execDone("stream", start, false, err)
 		return err
 	}
-	defer proc.Close()
+	defer session.Close()
 
 	var upgradeErr error
 	upgrader := websocket.Upgrader{
@@ -105,63 +175,9 @@ func (h *Handlers) ExecStream(w http.ResponseWriter, r *http.Request) error {
 	}
 	h.streams.add(conn)
 	defer h.streams.remove(conn)
-	timedOut, err := runStream(conn, admission.Agent, proc, h.log.With("sandbox", id))
+	timedOut, err := runStream(conn, session, h.log.With("sandbox", id))
 	h.execDone("stream", start, timedOut, err)
 	return nil
-}
-
-func parseStreamQuery(r *http.Request) (control.ExecRequest, time.Duration, error) {
-	q := r.URL.Query()
-	req := control.ExecRequest{
-		Argv:      q["command"],
-		Env:       q["env"],
-		Cwd:       q.Get("cwd"),
-		User:      q.Get("user"),
-		Stdin:     true,
-		TimeoutMS: streamTimeout.Milliseconds(),
-	}
-	if len(req.Argv) == 0 {
-		return req, 0, errcode.Invalid("command", "Name the program to run with one or more command parameters.")
-	}
-	var err error
-	if v := q.Get("tty"); v != "" {
-		if req.TTY, err = strconv.ParseBool(v); err != nil {
-			return req, 0, errcode.Invalid("tty", "tty must be true or false.")
-		}
-	}
-	num := func(name string, min, max int64) (int64, bool, error) {
-		v := q.Get(name)
-		if v == "" {
-			return 0, false, nil
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < min || n > max {
-			return 0, false, errcode.Invalid(name, "%s must be a whole number from %d to %d.", name, min, max)
-		}
-		return n, true, nil
-	}
-	if n, ok, err := num("rows", 1, 1000); err != nil {
-		return req, 0, err
-	} else if ok {
-		req.Rows = uint16(n)
-	}
-	if n, ok, err := num("cols", 1, 1000); err != nil {
-		return req, 0, err
-	} else if ok {
-		req.Cols = uint16(n)
-	}
-	if n, ok, err := num("timeout_ms", 1, streamTimeout.Milliseconds()); err != nil {
-		return req, 0, err
-	} else if ok {
-		req.TimeoutMS = n
-	}
-	wait := defaultExecWait
-	if n, ok, err := num("wait_ms", 1, 3600000); err != nil {
-		return req, 0, err
-	} else if ok {
-		wait = time.Duration(n) * time.Millisecond
-	}
-	return req, wait, nil
 }
 
 // Output buffers: a stream byte and the payload. A stream reads into a small one and moves
@@ -175,106 +191,159 @@ var (
 	largeChunks = sync.Pool{New: func() any { return new([1 + outputChunk]byte) }}
 )
 
+// workload is what a stream relays: a [supervisor.Session].
+type workload interface {
+	WriteStdin(p []byte) error
+	CloseStdin() error
+	Resize(rows, cols uint16) error
+	Signal(name string) error
+	ReadOutput(p []byte) (supervisor.Stream, int, error)
+	Wait() (supervisor.ExitStatus, error)
+	Close() error
+}
+
+// streamConn is one upgraded connection and the workload it relays. Three goroutines share
+// it: the pinger (WriteControl, which may run concurrently with the writer), the reader
+// (stdin and control messages), and the writer, the caller of runStream, which alone writes
+// data and close frames.
+type streamConn struct {
+	conn *websocket.Conn
+	work workload
+	log  *slog.Logger
+	// gone kills the workload, once: the client is gone, or a write to it failed.
+	gone     func()
+	writeErr error // the writer's first failed write
+}
+
 // runStream pumps a workload's streams over an upgraded connection until the workload ends
 // (exit message, normal close) or the client goes away (the workload is killed). It returns
 // how the workload ended, for the exec metrics.
-func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Process, log *slog.Logger) (timedOut bool, _ error) {
+func runStream(conn *websocket.Conn, work workload, log *slog.Logger) (timedOut bool, _ error) {
 	defer conn.Close()
-	var clientGone sync.Once
-	gone := func() { clientGone.Do(func() { proc.Close() }) }
+	var once sync.Once
+	c := &streamConn{conn: conn, work: work, log: log}
+	c.gone = func() { once.Do(func() { work.Close() }) }
 
-	// Pings, on a timer. WriteControl may run concurrently with the one writer below.
+	stopPings := c.ping()
+	go c.read()
+	c.pump()
+	status, err := work.Wait()
+	c.finish(status, err)
+	stopPings()
+	// Give the client a moment to answer the close before the connection goes.
+	_ = conn.SetReadDeadline(time.Now().Add(closeGrace))
+	return err == nil && status.TimedOut, err
+}
+
+// ping sends pings on a timer until the returned function is called; that function returns
+// once the pinger has stopped.
+func (c *streamConn) ping() (stop func()) {
 	stopPings, pingsDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(pingsDone)
-		ping := time.NewTicker(pingPeriod)
-		defer ping.Stop()
+		ticker := time.NewTicker(pingPeriod)
+		defer ticker.Stop()
 		for {
 			select {
-			case <-ping.C:
-				if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
-					gone()
+			case <-ticker.C:
+				if err := c.conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+					c.gone()
 				}
 			case <-stopPings:
 				return
 			}
 		}
 	}()
+	return func() {
+		close(stopPings)
+		<-pingsDone
+	}
+}
 
-	// The reader: stdin and control messages from the client.
-	go func() {
-		conn.SetReadLimit(maxMessageSize)
-		_ = conn.SetReadDeadline(time.Now().Add(pongWait))
-		conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(pongWait)) })
-		for {
-			kind, data, err := conn.ReadMessage()
-			if err != nil {
-				var ce *websocket.CloseError
-				if !errors.As(err, &ce) || ce.Code != websocket.CloseNormalClosure {
-					log.Debug("exec stream: client gone", "err", err)
-				}
-				gone()
-				return
+// read relays stdin and control messages from the client until the connection fails or
+// closes, and then kills the workload.
+func (c *streamConn) read() {
+	c.conn.SetReadLimit(maxMessageSize)
+	_ = c.conn.SetReadDeadline(time.Now().Add(pongWait))
+	c.conn.SetPongHandler(func(string) error { return c.conn.SetReadDeadline(time.Now().Add(pongWait)) })
+	for {
+		kind, data, err := c.conn.ReadMessage()
+		if err != nil {
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != websocket.CloseNormalClosure {
+				c.log.Debug("exec stream: client gone", "err", err)
 			}
-			switch kind {
-			case websocket.BinaryMessage:
-				if len(data) == 0 || data[0] != streamStdin {
-					continue // only stdin flows from the client; ignore the rest
-				}
-				if proc.Stdin != nil {
-					if _, err := proc.Stdin.Write(data[1:]); err != nil {
-						log.Debug("exec stream: stdin", "err", err)
-					}
-				}
-			case websocket.TextMessage:
-				var m controlMessage
-				if json.Unmarshal(data, &m) != nil {
-					continue
-				}
-				switch m.Type {
-				case "resize":
-					if m.Rows > 0 && m.Cols > 0 {
-						_ = proc.Resize(m.Rows, m.Cols)
-					}
-				case "signal":
-					_ = proc.Signal(m.Signal)
-				case "eof":
-					if proc.Stdin != nil {
-						_ = proc.Stdin.Close()
-					}
-				}
-			}
-		}
-	}()
-
-	// The one writer: the output in the order the agent sent it, straight from the read
-	// buffer, then the exit. Once a write failed the client is gone; the output is still
-	// read to its end (which Close makes quick) so that the exec ends.
-	var writeErr error
-	write := func(kind int, data []byte) {
-		if writeErr != nil {
+			c.gone()
 			return
 		}
-		_ = conn.SetWriteDeadline(time.Now().Add(writeWait))
-		if writeErr = conn.WriteMessage(kind, data); writeErr != nil {
-			gone()
+		switch kind {
+		case websocket.BinaryMessage:
+			// Only stdin flows from the client; the rest is ignored.
+			if len(data) > 0 && data[0] == streamStdin {
+				if err := c.work.WriteStdin(data[1:]); err != nil {
+					c.log.Debug("exec stream: stdin", "err", err)
+				}
+			}
+		case websocket.TextMessage:
+			c.control(data)
 		}
 	}
+}
+
+// control applies a control message of the client's; one it cannot read is ignored.
+func (c *streamConn) control(data []byte) {
+	var m controlMessage
+	if json.Unmarshal(data, &m) != nil {
+		return
+	}
+	switch m.Type {
+	case "resize":
+		if m.Rows > 0 && m.Cols > 0 {
+			_ = c.work.Resize(m.Rows, m.Cols)
+		}
+	case "signal":
+		_ = c.work.Signal(m.Signal)
+	case "eof":
+		_ = c.work.CloseStdin()
+	}
+}
+
+// write sends one message. Once a write failed the client is gone: the workload is killed,
+// and later writes are dropped.
+func (c *streamConn) write(kind int, data []byte) {
+	if c.writeErr != nil {
+		return
+	}
+	_ = c.conn.SetWriteDeadline(time.Now().Add(writeWait))
+	if c.writeErr = c.conn.WriteMessage(kind, data); c.writeErr != nil {
+		c.gone()
+	}
+}
+
+// pump sends the output in the order the agent sent it, straight from the read buffer, until
+// the workload's output ends. After a failed write the output is still read to its end
+// (which killing the workload makes quick), so that the exec ends.
+func (c *streamConn) pump() {
 	small := smallChunks.Get().(*[1 + smallChunk]byte)
 	defer smallChunks.Put(small)
 	var large *[1 + outputChunk]byte
+	defer func() {
+		if large != nil {
+			largeChunks.Put(large)
+		}
+	}()
 	buf := small[:]
 	for {
-		t, n, err := proc.ReadOutput(buf[1:])
+		s, n, err := c.work.ReadOutput(buf[1:])
 		if n > 0 {
 			buf[0] = streamStdout
-			if t == control.FrameStderr {
+			if s == supervisor.Stderr {
 				buf[0] = streamStderr
 			}
-			write(websocket.BinaryMessage, buf[:1+n])
+			c.write(websocket.BinaryMessage, buf[:1+n])
 		}
 		if err != nil {
-			break
+			return
 		}
 		switch {
 		case n == len(buf)-1 && large == nil:
@@ -286,34 +355,25 @@ func runStream(conn *websocket.Conn, agent *control.Client, proc *control.Proces
 			buf = small[:]
 		}
 	}
-	if large != nil {
-		largeChunks.Put(large)
-	}
+}
 
-	status, err := proc.Wait()
+// finish sends the exit message and a normal close, or, for a workload that ended without
+// an exit status, a close whose code says why.
+func (c *streamConn) finish(status supervisor.ExitStatus, err error) {
 	if err == nil {
-		msg := exitMessage{Type: "exit", ExitCode: status.ExitCode, TimedOut: status.TimedOut}
-		if status.Signal != "" {
-			sig := "SIG" + status.Signal
-			msg.Signal = &sig
-		}
+		msg := exitMessage{Type: "exit", ExitCode: status.ExitCode, TimedOut: status.TimedOut, Signal: signalName(status)}
 		b, _ := json.Marshal(msg)
-		write(websocket.TextMessage, b)
-		write(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
-	} else {
-		// Close codes other than 1000 carry the problem code as their reason: a workload
-		// whose sandbox stopped under it goes away with not-running.
-		code, reason := websocket.CloseInternalServerErr, string(errcode.Internal)
-		if c := errcode.Of(workloadLost("", agent, err)); c == errcode.NotRunning {
-			code, reason = websocket.CloseGoingAway, string(c)
-		}
-		write(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason))
+		c.write(websocket.TextMessage, b)
+		c.write(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+		return
 	}
-	close(stopPings)
-	<-pingsDone
-	// Give the client a moment to answer the close before the connection goes.
-	_ = conn.SetReadDeadline(time.Now().Add(closeGrace))
-	return err == nil && status.TimedOut, err
+	// Close codes other than 1000 carry the problem code as their reason: a workload whose
+	// sandbox stopped under it goes away with not-running.
+	code, reason := websocket.CloseInternalServerErr, string(errcode.Internal)
+	if errcode.Of(err) == errcode.NotRunning {
+		code, reason = websocket.CloseGoingAway, string(errcode.NotRunning)
+	}
+	c.write(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason))
 }
 
 // streamSet tracks open websockets so that a shutdown can tell them to go away.

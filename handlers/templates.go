@@ -8,36 +8,13 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/sandboxd/sandboxd/supervisor"
 )
 
-// templates returns the template store, or the not-implemented error when none is configured.
-func (h *Handlers) templates() (*template.Store, error) {
-	ts := h.sup.Templates()
-	if ts == nil {
-		return nil, notImplemented("Templates")
-	}
-	return ts, nil
-}
-
-// templatesNow returns the template store and the host's time, for eligibility.
-func (h *Handlers) templatesNow() (*template.Store, template.TimeContract, error) {
-	ts, err := h.templates()
-	if err != nil {
-		return nil, template.TimeContract{}, err
-	}
-	now, err := ts.Now()
-	return ts, now, err
-}
-
 func (h *Handlers) CreateTemplate(ctx context.Context, req openapi.CreateTemplateRequestObject) (openapi.CreateTemplateResponseObject, error) {
-	ts, err := h.templates()
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := deadline(ctx, nil, defaultTimeout)
 	defer cancel()
-	t, err := ts.CreateTemplate(ctx, req.Body.Name)
+	t, err := h.sup.CreateTemplate(ctx, req.Body.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -49,15 +26,11 @@ func (h *Handlers) CreateTemplate(ctx context.Context, req openapi.CreateTemplat
 }
 
 func (h *Handlers) ListTemplates(_ context.Context, req openapi.ListTemplatesRequestObject) (openapi.ListTemplatesResponseObject, error) {
-	ts, now, err := h.templatesNow()
+	all, err := h.sup.ListTemplates()
 	if err != nil {
 		return nil, err
 	}
-	all, err := ts.Templates(now)
-	if err != nil {
-		return nil, err
-	}
-	page, next, err := paginate(all, req.Params.Cursor, req.Params.Limit, func(t template.Template) string { return t.Name })
+	page, next, err := paginate(all, req.Params.Cursor, req.Params.Limit, func(t supervisor.Template) string { return t.Name })
 	if err != nil {
 		return nil, err
 	}
@@ -69,11 +42,7 @@ func (h *Handlers) ListTemplates(_ context.Context, req openapi.ListTemplatesReq
 }
 
 func (h *Handlers) GetTemplate(_ context.Context, req openapi.GetTemplateRequestObject) (openapi.GetTemplateResponseObject, error) {
-	ts, now, err := h.templatesNow()
-	if err != nil {
-		return nil, err
-	}
-	t, err := ts.Template(req.Name, now)
+	t, err := h.sup.Template(req.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +56,7 @@ func (h *Handlers) DeleteTemplate(ctx context.Context, req openapi.DeleteTemplat
 	if err != nil {
 		return nil, err
 	}
-	if out == template.Draining {
+	if out == supervisor.Draining {
 		return openapi.DeleteTemplate202Response{}, nil
 	}
 	return openapi.DeleteTemplate204Response{}, nil
@@ -108,15 +77,11 @@ func (h *Handlers) CaptureGeneration(ctx context.Context, req openapi.CaptureGen
 }
 
 func (h *Handlers) ListGenerations(_ context.Context, req openapi.ListGenerationsRequestObject) (openapi.ListGenerationsResponseObject, error) {
-	ts, now, err := h.templatesNow()
+	all, err := h.sup.ListGenerations(req.Name)
 	if err != nil {
 		return nil, err
 	}
-	all, err := ts.Generations(req.Name, now)
-	if err != nil {
-		return nil, err
-	}
-	page, next, err := paginate(all, req.Params.Cursor, req.Params.Limit, func(g template.Generation) string { return g.ID })
+	page, next, err := paginate(all, req.Params.Cursor, req.Params.Limit, func(g supervisor.Generation) string { return g.ID })
 	if err != nil {
 		return nil, err
 	}
@@ -128,11 +93,7 @@ func (h *Handlers) ListGenerations(_ context.Context, req openapi.ListGeneration
 }
 
 func (h *Handlers) GetGeneration(_ context.Context, req openapi.GetGenerationRequestObject) (openapi.GetGenerationResponseObject, error) {
-	ts, now, err := h.templatesNow()
-	if err != nil {
-		return nil, err
-	}
-	g, err := ts.Generation(req.Name, req.Gen, now)
+	g, err := h.sup.Generation(req.Name, req.Gen)
 	if err != nil {
 		return nil, err
 	}
@@ -156,18 +117,14 @@ func (h *Handlers) RetireGeneration(ctx context.Context, req openapi.RetireGener
 	if err != nil {
 		return nil, err
 	}
-	if out == template.Draining {
+	if out == supervisor.Draining {
 		return openapi.RetireGeneration202Response{}, nil
 	}
 	return openapi.RetireGeneration204Response{}, nil
 }
 
 func (h *Handlers) ListLeases(_ context.Context, req openapi.ListLeasesRequestObject) (openapi.ListLeasesResponseObject, error) {
-	ts, err := h.templates()
-	if err != nil {
-		return nil, err
-	}
-	leases, err := ts.Leases(req.Name, req.Gen)
+	leases, err := h.sup.Leases(req.Name, req.Gen)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +135,7 @@ func (h *Handlers) ListLeases(_ context.Context, req openapi.ListLeasesRequestOb
 	return openapi.ListLeases200JSONResponse(out), nil
 }
 
-func apiTemplate(t *template.Template) openapi.Template {
+func apiTemplate(t *supervisor.Template) openapi.Template {
 	out := openapi.Template{Name: t.Name, CreatedAt: t.CreatedAt, Generations: t.Generations}
 	if t.Latest != "" {
 		latest := t.Latest
@@ -187,7 +144,7 @@ func apiTemplate(t *template.Template) openapi.Template {
 	return out
 }
 
-func apiGeneration(g *template.Generation) openapi.Generation {
+func apiGeneration(g *supervisor.Generation) openapi.Generation {
 	return openapi.Generation{
 		ID:          g.ID,
 		Template:    g.Template,

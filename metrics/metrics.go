@@ -16,7 +16,7 @@ import (
 
 // The states reported by sandboxd_sandboxes, all of them on every scrape (zeros included), so
 // that a query sees a state go to zero rather than vanish.
-var states = []string{
+var states = []supervisor.State{
 	supervisor.StateProvisioned,
 	supervisor.StateStarting,
 	supervisor.StateRunning,
@@ -169,16 +169,16 @@ func (c *sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(sandboxesDesc, err)
 		return
 	}
-	counts := make(map[string]int, len(states))
+	counts := make(map[supervisor.State]int, len(states))
 	for _, st := range all {
 		counts[st.State]++
 	}
 	for _, s := range states {
-		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[s]), s)
+		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[s]), string(s))
 		delete(counts, s)
 	}
 	// A state this list does not know yet is still reported.
 	for s, n := range counts {
-		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(n), s)
+		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(n), string(s))
 	}
 }

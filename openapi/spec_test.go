@@ -28,7 +28,7 @@ const problemRef = "#/components/schemas/Problem"
 // maxDeadlineMS is the longest deadline the contract accepts: every deadline is finite.
 const maxDeadlineMS = 3600000
 
-// statusOfCode is DESIGN.md's error table plus the codes the HTTP layer itself produces. It
+// statusOfCode is docs/design.md's error table plus the codes the HTTP layer itself produces. It
 // checks that an operation's x-error-codes lists each code under the status it is sent with.
 var statusOfCode = map[string]int{
 	"invalid-request":    400,

@@ -1,9 +1,9 @@
 package platform
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/naming"
 )
 
 // The temporary names of durable writes have one fixed form, ".<name>.<random>.tmp", where
@@ -17,10 +17,7 @@ const (
 
 // TempName returns a fresh temporary name for a durable write of name.
 func TempName(name string) string {
-	var b [tempRandomLen / 2]byte
-	// crypto/rand.Read never fails (it panics if the kernel cannot supply randomness).
-	_, _ = rand.Read(b[:])
-	return tempPrefix + name + "." + hex.EncodeToString(b[:]) + tempSuffix
+	return tempPrefix + name + "." + naming.RandomHex(tempRandomLen/2) + tempSuffix
 }
 
 // IsTempName reports whether entry has exactly the form TempName gives, and for which name.

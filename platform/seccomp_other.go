@@ -10,9 +10,6 @@ type SeccompProgram struct{}
 // Len is zero off Linux.
 func (p *SeccompProgram) Len() int { return 0 }
 
-// DefaultSeccomp is unsupported off Linux.
-func DefaultSeccomp(caps []string) (*SeccompProgram, error) { return nil, ErrUnsupported }
-
 // LoadThread is unsupported off Linux.
 func (p *SeccompProgram) LoadThread() error { return ErrUnsupported }
 

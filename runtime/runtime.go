@@ -11,10 +11,11 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 )
 
@@ -60,28 +61,11 @@ type Spec struct {
 
 // Validate checks the parts of a spec that every runtime relies on.
 func (s *Spec) Validate() error {
-	if s.ID == "" || len(s.ID) > 63 {
-		return fmt.Errorf("runtime: sandbox id %q must be 1-63 characters", s.ID)
+	if err := validateID(s.ID); err != nil {
+		return err
 	}
-	for i, r := range s.ID {
-		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0
-		if !ok {
-			return fmt.Errorf("runtime: sandbox id %q must be a-z 0-9 - starting with a letter or digit", s.ID)
-		}
-	}
-	if !filepath.IsAbs(s.Dir) || filepath.Clean(s.Dir) != s.Dir {
-		return fmt.Errorf("runtime: state directory %q must be a clean absolute path", s.Dir)
-	}
-	if s.ImageDir != "" && (!filepath.IsAbs(s.ImageDir) || filepath.Clean(s.ImageDir) != s.ImageDir) {
-		return fmt.Errorf("runtime: image directory %q must be a clean absolute path", s.ImageDir)
-	}
-	if s.HostBase != "" && (!filepath.IsAbs(s.HostBase) || filepath.Clean(s.HostBase) != s.HostBase) {
-		return fmt.Errorf("runtime: host base directory %q must be a clean absolute path", s.HostBase)
-	}
-	for _, l := range s.Lowers {
-		if !filepath.IsAbs(l) || filepath.Clean(l) != l {
-			return fmt.Errorf("runtime: layer %q must be a clean absolute path", l)
-		}
+	if err := s.validatePaths(); err != nil {
+		return err
 	}
 	if len(s.Capability) == 0 {
 		return fmt.Errorf("runtime: the launch has no capability")
@@ -91,6 +75,40 @@ func (s *Spec) Validate() error {
 	}
 	if s.Resources.VCPUs < 0 || s.Resources.MemoryMB < 0 || s.Resources.Pids < 0 || s.DiskMB < 0 {
 		return fmt.Errorf("runtime: negative resources %+v", s.Resources)
+	}
+	return nil
+}
+
+// validateID checks the sandbox id against the id rule the store checked it with
+// ([naming.CheckID]): it becomes a hostname and a cgroup's name.
+func validateID(id string) error {
+	var e *naming.IDError
+	if !errors.As(naming.CheckID(id), &e) {
+		return nil
+	}
+	if e.Fault == naming.Empty || e.Fault == naming.TooLong {
+		return fmt.Errorf("runtime: sandbox id %q must be 1-%d characters", id, naming.MaxIDLen)
+	}
+	return fmt.Errorf("runtime: sandbox id %q must be a-z 0-9 - starting with a letter or digit", id)
+}
+
+// validatePaths checks that every directory of the spec is a clean absolute path, so that it
+// names the same directory to the runtime process, whatever its working directory, as to the
+// supervisor that wrote it.
+func (s *Spec) validatePaths() error {
+	if !naming.IsCleanAbs(s.Dir) {
+		return fmt.Errorf("runtime: state directory %q must be a clean absolute path", s.Dir)
+	}
+	if s.ImageDir != "" && !naming.IsCleanAbs(s.ImageDir) {
+		return fmt.Errorf("runtime: image directory %q must be a clean absolute path", s.ImageDir)
+	}
+	if s.HostBase != "" && !naming.IsCleanAbs(s.HostBase) {
+		return fmt.Errorf("runtime: host base directory %q must be a clean absolute path", s.HostBase)
+	}
+	for _, l := range s.Lowers {
+		if !naming.IsCleanAbs(l) {
+			return fmt.Errorf("runtime: layer %q must be a clean absolute path", l)
+		}
 	}
 	return nil
 }
@@ -124,7 +142,10 @@ type Runtime interface {
 	// identity at once: readiness is the agent answering on ControlPath, which the caller
 	// waits for.
 	Start(ctx context.Context, spec Spec) (platform.ProcessID, error)
-	// ControlPath is the host path of the control socket of the sandbox in dir.
+	// ControlPath is the host path of the control socket of the sandbox in dir. Nothing inside
+	// the sandbox may reach that path, and the socket's listener must be the runtime process
+	// itself (the one Start returns): the supervisor dials it without following links and
+	// sends the capability only to a peer whose credentials (SO_PEERCRED) name that process.
 	ControlPath(dir string) string
 	// OpenLayer opens the sandbox's own writable layer (an overlayfs upper directory:
 	// whiteouts as 0/0 character devices, opaque directories as xattrs), which a capture
@@ -142,16 +163,47 @@ type Runtime interface {
 	// (its cgroup, with any process still in it; mounts), so that nothing leaks even after a
 	// crash of the runtime process. It refuses while id is alive. Idempotent.
 	Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error
-	// Processes lists the live runtime processes (and sandbox inits) of the state root, found
-	// by the marker in their argv, for the consistency checker.
+	// Processes lists the live runtime processes (and sandbox inits) of the state root, for the
+	// consistency checker. It identifies them by facts that no process inside a sandbox can
+	// forge, not by a marker in argv alone, which any process can give itself.
 	Processes(stateRoot string) ([]Process, error)
+	// HostResources lists what the runtime holds on the host, outside state directories (the
+	// cgroups), for the sandboxes whose state directories are <sandboxesDir>/<id>, whether
+	// they run or not and whether the directory still exists or not, for the consistency
+	// checker: Cleanup releases those of a sandbox that is not running. An error means the
+	// runtime could not look.
+	HostResources(sandboxesDir string) ([]HostResource, error)
 }
+
+// HostResource is something a runtime holds on the host for one sandbox, outside its state
+// directory, found by HostResources.
+type HostResource struct {
+	Kind ResourceKind
+	// SandboxID and Dir name the sandbox it belongs to (Dir is its state directory).
+	SandboxID string
+	Dir       string
+	// Name is what an operator knows it by (a cgroup's path below the hierarchy's root,
+	// "sandboxd/demo.1a2b3c4d").
+	Name string
+	// Paths are where it lies on the host (a cgroup's directory, on cgroup v1 one in each
+	// hierarchy): it exists while any of them does.
+	Paths []string
+}
+
+// ResourceKind is what a HostResource is.
+type ResourceKind string
+
+// The kinds of host resources.
+const (
+	// ResourceCgroup is a sandbox's cgroup.
+	ResourceCgroup ResourceKind = "cgroup"
+)
 
 // Process is a runtime process found by Processes.
 type Process struct {
-	ID platform.ProcessID
+	ID   platform.ProcessID
 	Role Role
-	// Dir is the state directory named in its marker.
+	// Dir is the state directory of its sandbox (an init's is its shim's).
 	Dir string
 }
 

@@ -4,20 +4,24 @@
 // interface, and the one place where errors become application/problem+json responses.
 //
 // It must not know how sandboxes work: it calls the handlers package through the generated
-// interface and maps the typed errors (errcode) that come back.
+// interface ([openapi.StrictServerInterface], in [Config].Handlers) and maps the typed errors
+// ([errcode.Error]) that come back. docs/design.md has the error table.
 //
 // # Errors
 //
 // Every error response, whatever produced it (a malformed JSON body, a bad query parameter, an
-// unknown route, a panic, a domain error from the store), goes through writeProblem. Unknown
-// errors become a bare 500 with no internals; the cause is logged with the request id so an
-// operator can find it. A request whose client went away is not logged as an error.
+// unknown route, a panic, a domain error from the store), goes through one function,
+// writeProblem in problem.go, and one table from codes to statuses, statusOf beside it; a code
+// without a status there is a test failure, not a 500 in production. Unknown errors become a
+// bare 500 with no internals; the cause is logged with the request id so an operator can find
+// it. A request whose client went away is not logged as an error.
 //
 // # Route table
 //
-// Routes outside the generated strict interface are listed in routes.go, in one place: the
-// served spec, the exec websocket, the event stream, metrics and the dashboard. They are all
-// still described in openapi.yaml.
+// Routes outside the generated strict interface are listed in one place, the route table in
+// server.go (the routes method), and are handed in through [Config]: the served spec, the exec
+// websocket ([Config].ExecStream), the event stream, metrics and the dashboard. They are all
+// still described in openapi.yaml, and validated against it like the others.
 //
 // # Browsers
 //

@@ -3,9 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 )
 
 type ctxKey int
@@ -47,9 +46,7 @@ func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("X-Request-Id")
 		if !validRequestID(id) {
-			var b [12]byte
-			_, _ = rand.Read(b[:])
-			id = hex.EncodeToString(b[:])
+			id = naming.RandomHex(12)
 		}
 		w.Header().Set("X-Request-Id", id)
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
@@ -91,6 +88,9 @@ func (s *statusRecorder) Flush() {
 func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, rw, err := http.NewResponseController(s.ResponseWriter).Hijack()
 	if err == nil {
+		// A body deadline (guardBody) must not outlive the upgrade: a websocket paces its
+		// reads itself.
+		_ = conn.SetReadDeadline(time.Time{})
 		s.hijacked = true
 		if s.status == 0 {
 			s.status = http.StatusSwitchingProtocols
@@ -101,8 +101,9 @@ func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// accessLog logs one line per request, after it ends. The query is logged with its
-// access_token removed: tokens never reach a log.
+// accessLog logs one line per request, after it ends. The query is logged with the values of
+// its secrets removed (see [redactedQuery]): tokens and sandbox environments never reach a
+// log.
 func (s *Server) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -125,13 +126,20 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 	})
 }
 
+// redactedQuery is the query with the value of every access_token replaced, and of every env
+// entry (K=V, the exec websocket's environment, where callers pass API keys) the value after
+// the name: the name is kept, since it helps to read the log and is not the secret.
 func redactedQuery(u *url.URL) string {
 	if u.RawQuery == "" {
 		return ""
 	}
 	q := u.Query()
-	if q.Has("access_token") {
-		q.Set("access_token", "REDACTED")
+	for i := range q["access_token"] {
+		q["access_token"][i] = "REDACTED"
+	}
+	for i, kv := range q["env"] {
+		name, _, _ := strings.Cut(kv, "=")
+		q["env"][i] = name + "=REDACTED"
 	}
 	return q.Encode()
 }

@@ -95,6 +95,10 @@ func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, err error)
 	if e.Code == errcode.Unauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandboxd"`)
 	}
+	if abandonBody(r) {
+		// Answer now and close, rather than wait for a body that may never come.
+		w.Header().Set("Connection", "close")
+	}
 	writeProblemBody(w, status, problem{
 		Type:      "urn:sandboxd:problem:" + string(e.Code),
 		Title:     http.StatusText(status),

@@ -21,6 +21,15 @@ import (
 const (
 	DefaultMaxJSONBytes = 1 << 20 // request bodies of the JSON operations
 	DefaultMaxFileBytes = 8 << 30 // a file upload, streamed to the sandbox
+	// DefaultBodyTimeout bounds the time from a request's headers to the end of its body, for
+	// every body but a file upload's: 1 MiB in a minute is 17 KiB/s.
+	DefaultBodyTimeout = time.Minute
+	// DefaultBodyIdleTimeout bounds a pause in a file upload. An upload of up to 8 GiB takes
+	// as long as the link needs; only a client that stops sending is cut off.
+	DefaultBodyIdleTimeout = time.Minute
+	// readHeaderTimeout bounds the time a client may take to send a request's headers,
+	// authenticated or not.
+	readHeaderTimeout = 10 * time.Second
 	// shutdownGrace bounds how long a graceful shutdown waits for requests to finish.
 	shutdownGrace = 30 * time.Second
 )
@@ -42,6 +51,10 @@ type Config struct {
 	Logger         *slog.Logger
 	MaxJSONBytes   int64
 	MaxFileBytes   int64
+	// BodyTimeout bounds the time a request body, but a file upload's, takes to arrive after
+	// the headers; BodyIdleTimeout bounds a pause in a file upload. Zero: the defaults.
+	BodyTimeout     time.Duration
+	BodyIdleTimeout time.Duration
 
 	// Routes outside the strict interface; nil ones answer 501 not-implemented.
 	ExecStream HandlerFunc
@@ -63,8 +76,13 @@ type Server struct {
 	validator      *validator
 	onProblem      func(errcode.Code, int)
 
-	mu         sync.Mutex
-	onShutdown []func()
+	// now is the clock of login codes' expiry; tests replace it.
+	now func() time.Time
+
+	mu           sync.Mutex
+	onShutdown   []func()
+	loginCode    string // the outstanding one-time login code, or ""
+	loginExpires time.Time
 }
 
 // New builds the server's handler.
@@ -81,6 +99,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxFileBytes <= 0 {
 		cfg.MaxFileBytes = DefaultMaxFileBytes
 	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.BodyIdleTimeout <= 0 {
+		cfg.BodyIdleTimeout = DefaultBodyIdleTimeout
+	}
 	v, err := newValidator(openapi.Spec)
 	if err != nil {
 		return nil, err
@@ -91,6 +115,7 @@ func New(cfg Config) (*Server, error) {
 		allowedOrigins: cfg.AllowedOrigins,
 		validator:      v,
 		onProblem:      cfg.OnProblem,
+		now:            time.Now,
 	}
 	s.handler = s.routes(cfg)
 	return s, nil
@@ -110,7 +135,9 @@ func (s *Server) OnShutdown(f func()) {
 // strict interface.
 func (s *Server) routes(cfg Config) http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID, s.accessLog, s.recoverer, s.checkBrowser)
+	// The body guard comes before anything that could answer, so that every answer to a
+	// request whose body is unread closes the connection (writeProblem).
+	r.Use(requestID, s.accessLog, s.recoverer, s.guardBody(cfg.BodyTimeout, cfg.BodyIdleTimeout), s.checkBrowser)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, errcode.New(errcode.NotFound, "There is no route %s; see /openapi.yaml for the API.", r.URL.Path))
 	})
@@ -134,11 +161,15 @@ func (s *Server) routes(cfg Config) http.Handler {
 	})
 
 	r.Group(func(r chi.Router) {
-		r.Use(s.authenticateExcept("/healthz"), s.limitBodies(cfg.MaxJSONBytes, cfg.MaxFileBytes), s.validate)
+		// Authentication comes before anything that reads a body: a refused client is
+		// answered at once, whatever it declared it would send.
+		r.Use(s.authenticateExcept("/healthz", "/login"), s.limitBodies(cfg.MaxJSONBytes, cfg.MaxFileBytes), s.validate)
 		openapi.HandlerWithOptions(strict, openapi.ChiServerOptions{
 			BaseRouter:       r,
 			ErrorHandlerFunc: s.requestError,
 		})
+		// The dashboard's one-time login: open, since its code is the credential.
+		r.Post("/login", s.handle(s.login))
 		if cfg.Metrics != nil {
 			r.Handle("/metrics", cfg.Metrics)
 		} else {
@@ -169,10 +200,12 @@ func (s *Server) handle(h HandlerFunc) http.HandlerFunc {
 }
 
 // requestError maps the generated code's decoding errors (a malformed body, a parameter that
-// does not parse) to invalid-request; http.MaxBytesError keeps its 413.
+// does not parse) to invalid-request; http.MaxBytesError keeps its 413, and a body that did not
+// arrive in time its own explanation.
 func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error) {
 	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
+	var coded *errcode.Error
+	if errors.As(err, &tooLarge) || errors.As(err, &coded) {
 		s.writeProblem(w, r, err)
 		return
 	}
@@ -226,8 +259,11 @@ func CheckListener(ln net.Listener, token string) error {
 // tells long-lived connections to drain, and waits for requests to finish.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
-		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler: s,
+		// Headers are bounded here; bodies per request, by guardBody, since an upload may
+		// take long but a pause in it may not. There is no ReadTimeout: it would cut
+		// websockets and event streams, which live as long as their clients.
+		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },

@@ -216,3 +216,18 @@ func TestIsLoopbackHost(t *testing.T) {
 		}
 	}
 }
+
+// TestAccessLogRedactsEnv: the exec websocket takes the command's environment in its query,
+// where callers pass secrets; the access log keeps the names and drops the values.
+func TestAccessLogRedactsEnv(t *testing.T) {
+	t.Parallel()
+	s, logs := newTestServer(t, Config{})
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/a1/exec/stream?command=env&env=API_KEY%3Dhunter2-secret&env=B%3Dsecond%3Dpart", nil))
+	if strings.Contains(logs.String(), "hunter2") || strings.Contains(logs.String(), "second") {
+		t.Fatalf("an env value reached the log:\n%s", logs)
+	}
+	if !strings.Contains(logs.String(), "API_KEY%3DREDACTED") {
+		t.Fatalf("the access log does not name the redacted variable:\n%s", logs)
+	}
+}

@@ -92,7 +92,9 @@ func takesJSON(op *openapi3.Operation) bool {
 // requestProblem explains a validation failure in terms of the request, never the schema.
 func requestProblem(err error) error {
 	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
+	var coded *errcode.Error
+	if errors.As(err, &tooLarge) || errors.As(err, &coded) {
+		// The body's own failure (too large, too slow) says more than the schema would.
 		return err
 	}
 	var reqErr *openapi3filter.RequestError

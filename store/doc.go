@@ -3,7 +3,8 @@
 // across threads and processes, the sandbox's durable records, and the removal protocol.
 //
 // It knows nothing about HTTP, runtimes or templates: it hands out locks and records and
-// returns typed errors (package errcode) that the server maps to statuses. It must never
+// returns typed errors ([errcode.Error]) that the server maps to statuses. docs/design.md
+// says how the store fits with the supervisor and the template store. It must never
 // follow a link or block on a FIFO inside a state directory, and it removes only entries it
 // owns or that other components declared to it.
 //
@@ -13,7 +14,7 @@
 // is validated before it becomes part of any path. A state directory is created with mode
 // 0700 and holds only named entries: the store's own (sandbox.lock, config.json, launch.json,
 // runtime.json, outcome.json and the temp names of durable writes, ".<name>.<random>.tmp"),
-// and the names other components declare with Store.Declare at start-up (exec.lock,
+// and the names other components declare with [Store.Declare] at start-up (exec.lock,
 // clone.json, sandbox.log, the runtime's directories, ...). Declared names are checked when
 // declared, before any directory is touched: one plain name of ASCII letters, digits, '.',
 // '_' and '-' that, ignoring ASCII case, collides with no store name, no temp-name form, no
@@ -32,26 +33,27 @@
 // a "format" number first; a record with a format this version does not know is refused with
 // an error naming the format, never guessed at. Every write is atomic and durable: a temp
 // file in the same directory, fsync, rename over the record, fsync of the directory (package
-// platform, WriteFileDurableAt). Readers therefore see a whole record or none, which is why
-// list and get may read records without the lock (Store.ReadConfigUnlocked and friends).
-// Reads are bounded (MaxRecordSize).
+// [platform.WriteFileDurableAt]). Readers therefore see a whole record or none, which is why
+// list and get may read records without the lock ([Store.ReadConfigUnlocked] and friends).
+// Reads are bounded ([MaxRecordSize]).
 //
 // outcome.json is the exception to "written under the lock": the runtime's shim writes it
-// with WriteOutcome when the sandbox ends, whatever transition holds the lock. Its staging
-// leftovers are removed (Lock.CleanStaging, removal) only when no process of that launch can
-// still run.
+// with [runtime.WriteOutcome] when the sandbox ends, whatever transition holds the lock. Its
+// staging leftovers are removed ([Lock.CleanStaging], removal) only when no process of that
+// launch can still run.
 //
 // The store removes its own temp leftovers and only those, each when no write that could own
 // one can be in flight: those of config.json, launch.json and runtime.json whenever a lock is
-// taken (only holders write them), the outcome's by CleanStaging, and at removal also those
-// of declared files. A name merely resembling the temp form is foreign.
+// taken (only holders write them), the outcome's by [Lock.CleanStaging], and at removal also
+// those of declared files. A name merely resembling the temp form is foreign.
 //
 // # The lock protocol
 //
 // Every transition holds an exclusive flock(2) on <dir>/sandbox.lock for its whole duration.
 // flock belongs to an open file description and dies with its process, so a crashed holder
 // never wedges a sandbox, and two opens in one process exclude each other like two processes.
-// One attempt, never blocking, is:
+// A provision locks with [Store.LockForProvision], every other transition with
+// [Store.LockExisting], and [Lock.Unlock] releases. One attempt, never blocking, is:
 //
 //  1. (provision only) mkdir the state directory, tolerating that it exists;
 //  2. open the directory by name, without following a link; if it is missing a provision
@@ -68,9 +70,10 @@
 //  7. (lock-existing only) without a configuration record the sandbox does not exist:
 //     release as in Unlock below and fail with sandbox-not-found.
 //
-// Busy attempts are repeated every 25 ms until the caller's deadline (the context's deadline,
-// which must exist; a context without one is refused with invalid-request before anything
-// waits); no attempt starts after the deadline, and the caller gets transition-in-progress.
+// Busy attempts are repeated every [RetryInterval] (25 ms) until the caller's deadline (the
+// context's deadline, which must exist; a context without one is refused with
+// invalid-request before anything waits); no attempt starts after the deadline, and the
+// caller gets transition-in-progress. [Retry] is that rule, shared by every lock of sandboxd.
 // Attempts that lost a race with a removal (step 2 or 5) are repeated at once.
 //
 // Only a holder ever removes a lock file, so a holder's identity check followed by unlink
@@ -82,7 +85,7 @@
 //
 // # The removal protocol
 //
-// Lock.Deprovision runs under the lock:
+// [Lock.Deprovision] runs under the lock:
 //
 //  1. it needs the configuration record (else sandbox-not-found), and refuses with
 //     sandbox-launched while runtime.json or launch.json exists: stop first;

@@ -39,16 +39,6 @@ func (l *Lock) ID() string { return l.id }
 // Dir returns the absolute path of the state directory.
 func (l *Lock) Dir() string { return l.path }
 
-// attempt is the result of one try at the lock.
-type attempt int
-
-const (
-	acquired attempt = iota // the lock is held and checked
-	busy                    // another holder has it: wait RetryInterval and try again
-	raced                   // a concurrent removal changed the directory or lock file: try again now
-	failed                  // give up with the error
-)
-
 // LockForProvision takes the lifecycle lock of id for a provision: it creates the state
 // directory (mode 0700) if it is missing, and again if a concurrent removal deletes it while
 // the lock is being taken. It refuses an existing directory that is not private to the
@@ -78,31 +68,64 @@ func (s *Store) lock(ctx context.Context, id string, provision bool) (*Lock, err
 		return nil, err
 	}
 	var l *Lock
-	err := Retry(ctx, func() error { return transitionInProgress(id) }, func() (bool, bool, error) {
+	err := Retry(ctx, func() error { return transitionInProgress(id) }, func() (Attempt, error) {
 		s.hook(hookAttempt)
 		got, res, err := s.try(id, provision)
-		switch res {
-		case acquired:
+		switch {
+		case err != nil:
+			return Failed, err
+		case res == Acquired:
 			l = got
-			return true, false, nil
-		case failed:
-			return false, false, err
-		case raced:
-			return false, true, nil
+		case res == Busy:
+			s.hook(hookBusy)
 		}
-		s.hook(hookBusy)
-		return false, false, nil
+		return res, nil
 	})
 	return l, err
 }
 
+// Attempt is what one try at a lock reports to [Retry].
+type Attempt int
+
+const (
+	// Failed: give up. An attempt that returns an error reports Failed with it, and Retry
+	// returns that error; the zero Attempt is Failed, so that an attempt that forgets to say
+	// otherwise never passes for Acquired.
+	Failed Attempt = iota
+	// Acquired: the lock is held (and whatever the attempt checks under it holds); Retry
+	// returns nil.
+	Acquired
+	// Busy: another holder has the lock; Retry tries again after RetryInterval, unless the
+	// deadline passed.
+	Busy
+	// Raced: a concurrent change (a removal of the state directory or of the lock file) made
+	// the attempt moot; Retry tries again at once.
+	Raced
+)
+
+func (a Attempt) String() string {
+	switch a {
+	case Failed:
+		return "failed"
+	case Acquired:
+		return "acquired"
+	case Busy:
+		return "busy"
+	case Raced:
+		return "raced"
+	}
+	return fmt.Sprintf("Attempt(%d)", int(a))
+}
+
 // Retry is the waiting rule of every lock of sandboxd (the lifecycle lock, the template
-// store's lock, exec admission): try at once, then every RetryInterval until attempt reports
-// done or fails, or ctx's deadline passes; no attempt starts after the deadline, and an
-// attempt whose lock file raced away (again) is made again at once. ctx must have a deadline:
-// without one Retry refuses with invalid-request before anything waits. When the deadline
-// passes it returns busy(); a cancelled ctx returns ctx.Err().
-func Retry(ctx context.Context, busy func() error, attempt func() (done, again bool, err error)) error {
+// store's lock, exec admission): try at once, then every RetryInterval while attempt reports
+// [Busy], until it reports [Acquired] or fails (an error, or [Failed]), or ctx's deadline
+// passes; no attempt starts after the deadline, and an attempt that reports [Raced] is made
+// again at once. ctx must have a deadline: without one Retry refuses with invalid-request
+// before anything waits. When the deadline passes it returns busy(); a cancelled ctx returns
+// ctx.Err(). An attempt's error is returned as it is, whatever the attempt reports with it; a
+// Failed without an error is a bug of the attempt, returned as an internal error.
+func Retry(ctx context.Context, busy func() error, attempt func() (Attempt, error)) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return errcode.Invalid("timeout", "The operation needs a finite, positive timeout.")
@@ -126,12 +149,17 @@ func Retry(ctx context.Context, busy func() error, attempt func() (done, again b
 				return busy()
 			}
 		}
-		done, again, err := attempt()
-		if err != nil || done {
+		res, err := attempt()
+		switch {
+		case err != nil:
 			return err
-		}
-		if again {
+		case res == Acquired:
+			return nil
+		case res == Raced:
 			continue
+		case res != Busy:
+			return errcode.Wrap(errcode.Internal, fmt.Errorf("store: a lock attempt reported %v without an error", res),
+				"A lock attempt failed without saying why; report this as a bug.")
 		}
 		wait := min(RetryInterval, time.Until(deadline))
 		if wait <= 0 {
@@ -162,90 +190,22 @@ func notFound(id string, err error) error {
 	return errcode.Wrap(errcode.SandboxNotFound, err, "There is no sandbox %s; create it first, or check the id.", id)
 }
 
-// try makes one attempt at the lock, never blocking.
-func (s *Store) try(id string, provision bool) (*Lock, attempt, error) {
-	if provision {
-		if err := platform.MkdirAt(s.sbx, id, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return nil, failed, fmt.Errorf("store: create state directory of %s: %w", id, err)
-		}
+// try makes one attempt at the lock, never blocking, in three phases: open the state
+// directory, flock its lock file, and check under the lock what the lock promises.
+func (s *Store) try(id string, provision bool) (*Lock, Attempt, error) {
+	dir, res, err := s.openStateDir(id, provision)
+	if dir == nil {
+		return nil, res, err
 	}
-	s.hook(hookMkdir)
-	dir, err := platform.OpenDirAt(s.sbx, id)
-	if errors.Is(err, fs.ErrNotExist) {
-		if provision {
-			// A removal deleted the directory between mkdir and open: create it again.
-			return nil, raced, nil
-		}
-		return nil, failed, notFound(id, err)
-	}
-	if err != nil {
-		return nil, failed, errcode.Wrap(errcode.Internal, err,
-			"The state directory of sandbox %s is not a directory; remove it by hand.", id)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			dir.Close()
-		}
-	}()
-	s.hook(hookDirOpened)
-	if provision {
-		st, err := platform.StatOf(dir)
-		if err != nil {
-			return nil, failed, err
-		}
-		if st.UID != uint32(os.Geteuid()) || st.Mode.Perm()&0o077 != 0 {
-			return nil, failed, errcode.Wrap(errcode.Internal,
-				fmt.Errorf("%w: owner %d, mode %v", ErrNotPrivate, st.UID, st.Mode.Perm()),
-				"The state directory of sandbox %s is not private to sandboxd's user; fix its owner and mode (0700) or remove it.", id)
-		}
-	}
-	// O_RDONLY is enough for flock; with O_CREATE the lock file comes back after a holder
-	// that found no configuration record removed it.
-	f, err := platform.OpenFileAt(dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
-	if errors.Is(err, fs.ErrNotExist) {
-		// The directory was removed after we opened it: start over from the name.
-		return nil, raced, nil
-	}
-	if err != nil {
-		return nil, failed, errcode.Wrap(errcode.Internal, err,
-			"The lock file of sandbox %s is not a regular file; remove it by hand.", id)
-	}
-	defer func() {
-		if !ok {
-			f.Close()
-		}
-	}()
-	s.hook(hookOpened)
-	got, err := platform.TryLock(f)
-	if got {
-		s.hook(hookFlocked)
-	}
-	if err != nil {
-		return nil, failed, err
-	}
-	if !got {
-		return nil, busy, nil
-	}
-	// We hold a lock on the file we opened; it counts only if the directory entry still names
-	// that file and the state directory's name still names the directory we opened. A removal
-	// unlinks the lock file (and the directory) while holding the lock, so a waiter that
-	// opened the old file gets it only after it stopped being the lock.
-	if same, err := sameEntry(dir, LockName, f); err != nil {
-		return nil, failed, err
-	} else if !same {
-		return nil, raced, nil
-	}
-	if same, err := sameEntry(s.sbx, id, dir); err != nil {
-		return nil, failed, err
-	} else if !same {
-		return nil, raced, nil
+	f, res, err := s.flockLockFile(id, dir)
+	if f == nil {
+		dir.Close()
+		return nil, res, err
 	}
 	l := &Lock{s: s, id: id, path: filepath.Join(s.root, SandboxesDir, id), dir: dir, f: f}
-	ok = true
 	s.hook(hookLocked)
 	if err := l.removeLockedTemps(); err != nil {
-		return nil, failed, errors.Join(err, l.Unlock())
+		return nil, Failed, errors.Join(err, l.Unlock())
 	}
 	if !provision {
 		has, err := l.hasConfig()
@@ -258,10 +218,114 @@ func (s *Store) try(id string, provision bool) (*Lock, attempt, error) {
 			if uerr := l.Unlock(); uerr != nil {
 				err = errors.Join(err, uerr)
 			}
-			return nil, failed, err
+			return nil, Failed, err
 		}
 	}
-	return l, acquired, nil
+	return l, Acquired, nil
+}
+
+// openStateDir opens the state directory of id, for a provision after creating it if it is
+// missing, and refuses one that is not private to the service's user. A nil directory comes
+// with what the attempt amounts to: Raced or Failed.
+func (s *Store) openStateDir(id string, provision bool) (*os.File, Attempt, error) {
+	if provision {
+		if err := platform.MkdirAt(s.sbx, id, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, Failed, fmt.Errorf("store: create state directory of %s: %w", id, err)
+		}
+	}
+	s.hook(hookMkdir)
+	dir, err := platform.OpenDirAt(s.sbx, id)
+	if errors.Is(err, fs.ErrNotExist) {
+		if provision {
+			// A removal deleted the directory between mkdir and open: create it again.
+			return nil, Raced, nil
+		}
+		return nil, Failed, notFound(id, err)
+	}
+	if err != nil {
+		return nil, Failed, errcode.Wrap(errcode.Internal, err,
+			"The state directory of sandbox %s is not a directory; remove it by hand.", id)
+	}
+	s.hook(hookDirOpened)
+	if provision {
+		if err := requirePrivate(id, dir); err != nil {
+			dir.Close()
+			return nil, Failed, err
+		}
+	}
+	return dir, Acquired, nil
+}
+
+// requirePrivate refuses a state directory that is not owned by the service's user or that
+// its group or others can access.
+func requirePrivate(id string, dir *os.File) error {
+	st, err := platform.StatOf(dir)
+	if err != nil {
+		return err
+	}
+	if st.UID != uint32(os.Geteuid()) || st.Mode.Perm()&0o077 != 0 {
+		return errcode.Wrap(errcode.Internal,
+			fmt.Errorf("%w: owner %d, mode %v", ErrNotPrivate, st.UID, st.Mode.Perm()),
+			"The state directory of sandbox %s is not private to sandboxd's user; fix its owner and mode (0700) or remove it.", id)
+	}
+	return nil
+}
+
+// flockLockFile opens the lock file in dir, the state directory of id (creating the file if
+// it is missing), takes its flock without waiting, and checks that the file and dir are still
+// the lock of id. It returns the flocked file, or nil with what the attempt amounts to: Busy,
+// Raced or Failed.
+func (s *Store) flockLockFile(id string, dir *os.File) (*os.File, Attempt, error) {
+	// O_RDONLY is enough for flock; with O_CREATE the lock file comes back after a holder
+	// that found no configuration record removed it.
+	f, err := platform.OpenFileAt(dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The directory was removed after we opened it: start over from the name.
+		return nil, Raced, nil
+	}
+	if err != nil {
+		return nil, Failed, errcode.Wrap(errcode.Internal, err,
+			"The lock file of sandbox %s is not a regular file; remove it by hand.", id)
+	}
+	s.hook(hookOpened)
+	got, err := platform.TryLock(f)
+	if got {
+		s.hook(hookFlocked)
+	}
+	var res Attempt
+	switch {
+	case err != nil:
+		res = Failed
+	case !got:
+		res = Busy
+	default:
+		res, err = s.stillTheLock(id, dir, f)
+	}
+	if res != Acquired {
+		// Closing drops the flock, if we took it.
+		f.Close()
+		return nil, res, err
+	}
+	return f, Acquired, nil
+}
+
+// stillTheLock reports whether the flocked f is still the lock of id: the lock counts only if
+// the directory entry still names that file and the state directory's name still names the
+// directory dir we opened. A removal unlinks the lock file (and the directory) while holding
+// the lock, so a waiter that opened the old file gets it only after it stopped being the
+// lock; that waiter's attempt Raced.
+func (s *Store) stillTheLock(id string, dir, f *os.File) (Attempt, error) {
+	if same, err := sameEntry(dir, LockName, f); err != nil {
+		return Failed, err
+	} else if !same {
+		return Raced, nil
+	}
+	if same, err := sameEntry(s.sbx, id, dir); err != nil {
+		return Failed, err
+	} else if !same {
+		return Raced, nil
+	}
+	return Acquired, nil
 }
 
 // lockedRecords are the records written only under the lock (not outcome.json, which the

@@ -1,10 +1,13 @@
 package store
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/runtime"
 )
 
@@ -30,33 +33,25 @@ var recordNames = []string{ConfigName, LaunchName, RuntimeName, OutcomeName}
 // "silly rename"): the kernel removes them when the last descriptor closes.
 const nfsPrefix = ".nfs"
 
-const (
-	maxIDLen   = 63
-	maxNameLen = 128
-)
+const maxNameLen = 128
 
-// ValidateID checks a sandbox id: 1–63 characters of a-z, 0-9 and '-', starting with a letter
-// or a digit. Every id is checked before it becomes part of a path.
+// ValidateID checks a sandbox id against [naming.CheckID]: 1–63 characters of a-z, 0-9 and '-',
+// starting with a letter or a digit. Every id is checked before it becomes part of a path. Its
+// errors are invalid-request on the field "id", with a message that says how to fix the id.
 func ValidateID(id string) error {
-	if id == "" {
+	var e *naming.IDError
+	if !errors.As(naming.CheckID(id), &e) {
+		return nil
+	}
+	switch e.Fault {
+	case naming.Empty:
 		return errcode.Invalid("id", "The sandbox id is empty; give 1 to 63 characters of a-z, 0-9 and '-'.")
+	case naming.TooLong:
+		return errcode.Invalid("id", "The sandbox id has %d characters; give at most %d.", len(id), naming.MaxIDLen)
+	case naming.LeadingDash:
+		return errcode.Invalid("id", "The sandbox id starts with '-'; start it with a letter or a digit.")
 	}
-	if len(id) > maxIDLen {
-		return errcode.Invalid("id", "The sandbox id has %d characters; give at most %d.", len(id), maxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case c == '-' && i > 0:
-		default:
-			if c == '-' {
-				return errcode.Invalid("id", "The sandbox id starts with '-'; start it with a letter or a digit.")
-			}
-			return errcode.Invalid("id", "The sandbox id contains %q; use only a-z, 0-9 and '-'.", string(rune(c)))
-		}
-	}
-	return nil
+	return errcode.Invalid("id", "The sandbox id contains %q; use only a-z, 0-9 and '-'.", string(rune(e.Char)))
 }
 
 // EntryKind says what a declared entry is: a file, removed with unlink, or a directory,
@@ -120,3 +115,11 @@ type declaration struct {
 	name string
 	kind EntryKind
 }
+
+// OwnNames returns the store's own entries in a state directory: its lock and its records.
+func OwnNames() []string { return slices.Clone(storeNames) }
+
+// RecordNames returns the store's records that are written durably through a temp name
+// (".<name>.<random>.tmp"), whose temp leftovers are the store's own: every entry of
+// [OwnNames] but the lock.
+func RecordNames() []string { return slices.Clone(recordNames) }

@@ -48,6 +48,28 @@ func TestValidateID(t *testing.T) {
 	}
 }
 
+// TestValidateIDMessages pins the messages of ValidateID, which the API returns to clients as
+// they are.
+func TestValidateIDMessages(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		id, msg string
+	}{
+		{"", "The sandbox id is empty; give 1 to 63 characters of a-z, 0-9 and '-'."},
+		{strings.Repeat("a", 70), "The sandbox id has 70 characters; give at most 63."},
+		{"-abc", "The sandbox id starts with '-'; start it with a letter or a digit."},
+		{"a-B", `The sandbox id contains "B"; use only a-z, 0-9 and '-'.`},
+		{"a/-", `The sandbox id contains "/"; use only a-z, 0-9 and '-'.`},
+		{"caf\u00e9", "The sandbox id contains \"\u00c3\"; use only a-z, 0-9 and '-'."},
+	}
+	for _, tt := range tests {
+		var e *errcode.Error
+		if err := ValidateID(tt.id); !errors.As(err, &e) || e.Msg != tt.msg {
+			t.Errorf("ValidateID(%q) = %v; want the message %q", tt.id, err, tt.msg)
+		}
+	}
+}
+
 func TestDeclare(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

@@ -260,7 +260,7 @@ func (s *Store) awaitRemoval(ctx context.Context, id string, dirID platform.File
 		if _, err := platform.LstatAt(dir, LockName); err == nil {
 			l, res, err := s.try(id, false)
 			switch {
-			case res == acquired:
+			case res == Acquired:
 				cur, ierr := platform.IDOf(l.dir)
 				uerr := l.Unlock()
 				if ierr != nil || uerr != nil {
@@ -272,7 +272,7 @@ func (s *Store) awaitRemoval(ctx context.Context, id string, dirID platform.File
 				// A configuration record appeared: a provision took the lock meanwhile.
 				return errcode.New(errcode.ProvisionedAgain,
 					"Sandbox %s was removed, but a new sandbox with the same id was created meanwhile; it was left alone.", id)
-			case res == failed && errcode.Of(err) != errcode.SandboxNotFound:
+			case res == Failed && errcode.Of(err) != errcode.SandboxNotFound:
 				return err
 			}
 			// Busy, raced or not found: look again after the interval.

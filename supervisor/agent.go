@@ -8,10 +8,10 @@ import (
 	"github.com/sandboxd/sandboxd/store"
 )
 
-// Agent returns a control session with a running sandbox's agent, for file operations. It
-// takes no lock: a session that a concurrent stop ends fails its operations, which is the
-// right answer for them.
-func (s *Supervisor) Agent(ctx context.Context, id string) (*control.Client, error) {
+// runningAgent returns a control session with a running sandbox's agent, for file
+// operations. It takes no lock: a session that a concurrent stop ends fails its operations,
+// which is the right answer for them.
+func (s *Supervisor) runningAgent(ctx context.Context, id string) (*control.Client, error) {
 	st, err := s.Status(id)
 	if err != nil {
 		return nil, err
@@ -59,7 +59,7 @@ func (s *Supervisor) agent(ctx context.Context, dir, id string, rec *store.Runti
 	if err != nil {
 		return nil, err
 	}
-	client, err := s.dialAgent(ctx, s.rt.ControlPath(dir), capability)
+	client, err := s.dialAgent(ctx, s.rt.ControlPath(dir), capability, rec.Pid)
 	if err != nil {
 		// The runtime process lives (the caller checked) but its agent does not answer:
 		// the sandbox is ending, or was ended from inside.

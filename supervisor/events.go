@@ -6,7 +6,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -24,9 +23,9 @@ const (
 type Event struct {
 	Type    string
 	Sandbox string
-	State   string
+	State   State
 	// Exit is how the sandbox ended, for EventExited and EventStopped.
-	Exit *runtime.Outcome
+	Exit *Exit
 	// Template, Generation and Lease name what a template event is about.
 	Template, Generation, Lease string
 	// Progress is a capture's progress, for EventProgress.
@@ -97,10 +96,10 @@ func (s *Supervisor) noticeExit(id, launchID string) {
 		}
 		rec, err := l.RuntimeRecord()
 		if err == nil && rec != nil && rec.LaunchID == launchID && !processOf(rec).Alive() {
-			var state string
-			if state, _, err = s.reattach(ctx, l); err == nil {
+			var r reconciled
+			if r, err = s.reattach(ctx, l); err == nil {
 				outcome, _ := l.Outcome()
-				s.emit(Event{Type: EventExited, Sandbox: id, State: state, Exit: outcome})
+				s.emit(Event{Type: EventExited, Sandbox: id, State: r.state, Exit: outcome})
 			}
 		}
 		if err != nil {

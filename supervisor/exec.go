@@ -12,12 +12,13 @@ import (
 	"github.com/sandboxd/sandboxd/store"
 )
 
-// Admission is an admitted exec: it holds the sandbox's exec lock until Release.
+// Admission is an admitted exec: it holds the sandbox's exec lock until Release. Its workload
+// is started with [Supervisor.RunExec] or [Supervisor.StartExec].
 type Admission struct {
-	// Agent is the control session to run the workload on.
-	Agent *control.Client
 	// Waited is how long admission took.
 	Waited time.Duration
+	id     string
+	agent  *control.Client // the control session to run the workload on
 	lock   *os.File
 }
 
@@ -44,13 +45,19 @@ func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duratio
 	err = store.Retry(ctx, func() error {
 		return errcode.New(errcode.SandboxBusy,
 			"Another exec is running in sandbox %s and did not end within %s; retry later or raise wait_ms.", id, wait)
-	}, func() (bool, bool, error) {
+	}, func() (store.Attempt, error) {
 		got, busy, err := s.tryAdmit(ctx, id)
 		if got != nil {
 			got.Waited = time.Since(start)
 			a = got
 		}
-		return !busy, false, err
+		switch {
+		case err != nil:
+			return store.Failed, err
+		case busy:
+			return store.Busy, nil
+		}
+		return store.Acquired, nil
 	})
 	return a, err
 }
@@ -62,17 +69,17 @@ func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, bus
 		return nil, false, err
 	}
 	defer s.unlock(l)
-	state, rec, err := s.reattach(ctx, l)
+	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, false, err
 	}
-	switch state {
-	case runtimeMismatch:
+	switch {
+	case r.mismatch:
 		return nil, false, mismatchError(id)
-	case StateRunning:
-	default:
+	case r.state != StateRunning:
 		return nil, false, errcode.New(errcode.NotRunning, "Sandbox %s is not running; start it first.", id)
 	}
+	rec := r.rec
 	f, err := platform.OpenFile(filepath.Join(l.Dir(), ExecLockName), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, false, err
@@ -92,5 +99,5 @@ func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, bus
 		f.Close()
 		return nil, false, err
 	}
-	return &Admission{Agent: client, lock: f}, false, nil
+	return &Admission{id: id, agent: client, lock: f}, false, nil
 }

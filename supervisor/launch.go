@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
@@ -28,15 +29,15 @@ func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error
 		return nil, err
 	}
 	defer s.unlock(l)
-	state, _, err := s.reattach(ctx, l)
+	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	switch state {
-	case StateRunning:
-		return nil, errcode.New(errcode.AlreadyRunning, "Sandbox %s is already running.", id)
-	case runtimeMismatch:
+	switch {
+	case r.mismatch:
 		return nil, mismatchError(id)
+	case r.state == StateRunning:
+		return nil, errcode.New(errcode.AlreadyRunning, "Sandbox %s is already running.", id)
 	}
 	lowers, err := s.cloneLowers(l, cfg)
 	if err != nil {
@@ -63,8 +64,8 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	if err := l.CleanStaging(); err != nil {
 		return err
 	}
-	launchID := randomHex(8)
-	capability := []byte(randomHex(32))
+	launchID := naming.RandomHex(8)
+	capability := []byte(naming.RandomHex(32))
 	if err := platform.WriteFileDurable(l.Dir(), CapabilityName, capability, 0o600); err != nil {
 		return fmt.Errorf("writing the control capability: %w", err)
 	}
@@ -153,7 +154,7 @@ func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []by
 	// millisecond rather than back off and answer late.
 	const poll = time.Millisecond
 	for {
-		client, err := s.dialAgent(ctx, path, capability)
+		client, err := s.dialAgent(ctx, path, capability, proc.Pid)
 		if err == nil {
 			return client, nil
 		}
@@ -168,11 +169,18 @@ func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []by
 	}
 }
 
-// dialAgent connects to an agent's control socket and says hello.
-func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []byte) (*control.Client, error) {
-	conn, err := platform.DialUnix(ctx, path)
+// dialAgent connects to an agent's control socket and says hello, once the socket is known
+// to be the one the runtime process shimPid listens on: reached without following a link,
+// and with that process as its peer (SO_PEERCRED names the process that listened).
+func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []byte, shimPid int) (*control.Client, error) {
+	conn, err := platform.DialUnixNoFollow(ctx, path)
 	if err != nil {
 		return nil, err
+	}
+	pid, uid, _, err := platform.PeerCred(conn)
+	if err != nil || pid != shimPid || uid != os.Geteuid() {
+		conn.Close()
+		return nil, fmt.Errorf("the control socket's listener is pid %d uid %d (%v), not the sandbox's runtime process %d", pid, uid, err, shimPid)
 	}
 	timeout := 5 * time.Second
 	if d, ok := ctx.Deadline(); ok {
@@ -210,7 +218,7 @@ func (s *Supervisor) abandon(ctx context.Context, l *store.Lock, launchID string
 }
 
 // endLaunch kills a launch's runtime process (by verified identity, and any other runtime
-// process whose marker names this state directory) and cleans up after it.
+// runtime process that names this state directory) and cleans up after it.
 func (s *Supervisor) endLaunch(ctx context.Context, l *store.Lock, proc platform.ProcessID) error {
 	procs := []platform.ProcessID{}
 	if !proc.IsZero() {

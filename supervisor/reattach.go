@@ -10,51 +10,61 @@ import (
 	"github.com/sandboxd/sandboxd/store"
 )
 
-// runtimeMismatch is reattach's answer for a live process of another runtime identity.
-const runtimeMismatch = "runtime-mismatch"
-
 func mismatchError(id string) error {
 	return errcode.New(errcode.RuntimeMismatch,
 		"Sandbox %s runs under another sandboxd build or runtime configuration; this server will not drive it. Stop it with force=true, or use the sandboxd that started it.", id)
 }
 
+// reconciled is what reattach found. A live launch is StateRunning with its runtime record;
+// mismatch says that another runtime identity runs it, which callers refuse to drive (all but
+// a forced stop) while it still counts as running: it cannot be deleted or captured.
+type reconciled struct {
+	state    State
+	rec      *store.RuntimeRecord // the live launch's, for StateRunning
+	mismatch bool
+}
+
+// drivable reports a live launch that this server may drive.
+func (r reconciled) drivable() bool { return r.state == StateRunning && !r.mismatch }
+
 // reattach reconciles a locked sandbox's records with its processes (see the package doc) and
-// returns its state: StateRunning, runtimeMismatch, StateStopped or StateProvisioned; for the
-// first two also the runtime record of the live launch, so that callers need not read it again.
-func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, *store.RuntimeRecord, error) {
+// returns what it found: StateRunning (with the live launch's runtime record, so that callers
+// need not read it again, and whether another runtime identity runs it), StateStopped or
+// StateProvisioned.
+func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, error) {
 	journal, err := l.LaunchJournal()
 	if err != nil {
-		return "", nil, err
+		return reconciled{}, err
 	}
 	rec, err := l.RuntimeRecord()
 	if err != nil {
-		return "", nil, err
+		return reconciled{}, err
 	}
 	if journal != nil {
 		if rec != nil && rec.LaunchID == journal.LaunchID {
 			// The launch committed; only the journal's removal was interrupted.
 			if err := l.RemoveLaunchJournal(); err != nil {
-				return "", nil, err
+				return reconciled{}, err
 			}
 		} else {
 			s.log.Warn("ending an interrupted start", "sandbox", l.ID(), "launch", journal.LaunchID, "pid", journal.Pid)
 			proc := journalProcess(journal)
 			if err := s.endLaunch(ctx, l, proc); err != nil {
-				return "", nil, err
+				return reconciled{}, err
 			}
 			_ = runtime.WriteOutcome(l.Dir(), &runtime.Outcome{
 				Format: runtime.OutcomeFormat, LaunchID: journal.LaunchID, Reason: runtime.ReasonStartFailed,
 				ExitCode: -1, At: time.Now().UTC(),
 			})
 			if err := l.RemoveLaunchJournal(); err != nil {
-				return "", nil, err
+				return reconciled{}, err
 			}
 		}
 	}
 	if rec == nil {
 		s.dropClient(l.ID())
 		state, err := s.restingState(l)
-		return state, nil, err
+		return reconciled{state: state}, err
 	}
 	proc := processOf(rec)
 	if proc.Alive() {
@@ -69,28 +79,28 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (string, *stor
 	}
 	if proc.Alive() {
 		if rec.RuntimeID != s.rt.Identity() {
-			return runtimeMismatch, rec, nil
+			return reconciled{state: StateRunning, rec: rec, mismatch: true}, nil
 		}
 		s.watch(l.ID(), rec)
-		return StateRunning, rec, nil
+		return reconciled{state: StateRunning, rec: rec}, nil
 	}
 	// The runtime process is gone: the sandbox ended while nobody held the lock. The outcome
 	// report (if the runtime process wrote one) says how.
 	s.log.Info("sandbox ended", "sandbox", l.ID(), "launch", rec.LaunchID)
 	s.dropClient(l.ID())
 	if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
-		return "", nil, err
+		return reconciled{}, err
 	}
 	if err := l.CleanStaging(); err != nil {
-		return "", nil, err
+		return reconciled{}, err
 	}
 	if err := l.RemoveRuntimeRecord(); err != nil {
-		return "", nil, err
+		return reconciled{}, err
 	}
-	return StateStopped, nil, nil
+	return reconciled{state: StateStopped}, nil
 }
 
-func (s *Supervisor) restingState(l *store.Lock) (string, error) {
+func (s *Supervisor) restingState(l *store.Lock) (State, error) {
 	o, err := l.Outcome()
 	if err != nil {
 		return "", err
@@ -130,12 +140,12 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 		}
 		cfg, err := l.Config()
 		if err == nil && cfg != nil {
-			var state string
-			state, _, err = s.reattach(lctx, l)
-			if state == StateRunning {
+			var r reconciled
+			r, err = s.reattach(lctx, l)
+			if r.drivable() {
 				running++
 			}
-			if state == runtimeMismatch {
+			if r.mismatch {
 				s.log.Warn("reattach: sandbox runs under another runtime identity", "sandbox", id)
 			}
 		}

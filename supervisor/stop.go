@@ -21,16 +21,17 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 		return nil, err
 	}
 	defer s.unlock(l)
-	state, rec, err := s.reattach(ctx, l)
+	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
 	}
 	switch {
-	case state == runtimeMismatch && !force:
+	case r.mismatch && !force:
 		return nil, mismatchError(id)
-	case state != StateRunning && state != runtimeMismatch:
+	case r.state != StateRunning: // under any runtime identity
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running.", id)
 	}
+	rec := r.rec
 	proc := processOf(rec)
 	s.setTransient(id, StateStopping)
 	defer s.setTransient(id, "")
@@ -98,12 +99,12 @@ func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 	if err != nil {
 		return err
 	}
-	state, _, err := s.reattach(ctx, l)
+	r, err := s.reattach(ctx, l)
 	if err != nil {
 		s.unlock(l)
 		return err
 	}
-	if state == StateRunning || state == runtimeMismatch {
+	if r.state == StateRunning { // under any runtime identity
 		s.unlock(l)
 		return errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before deleting it.", id)
 	}

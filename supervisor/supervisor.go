@@ -2,10 +2,7 @@ package supervisor
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -32,13 +29,18 @@ const (
 	LogName = "sandbox.log"
 )
 
+// State is a sandbox's lifecycle state, as [Supervisor.Status] reads it. A sandbox that
+// another runtime identity runs is StateRunning with [Status.RuntimeMismatch] set: the
+// mismatch says who may drive it, not where it is in its life.
+type State string
+
 // The states a sandbox reads as.
 const (
-	StateProvisioned = "provisioned"
-	StateStarting    = "starting"
-	StateRunning     = "running"
-	StateStopping    = "stopping"
-	StateStopped     = "stopped"
+	StateProvisioned State = "provisioned"
+	StateStarting    State = "starting"
+	StateRunning     State = "running"
+	StateStopping    State = "stopping"
+	StateStopped     State = "stopped"
 )
 
 // HostImage is the built-in image: the host's /usr, read-only.
@@ -87,7 +89,7 @@ type Supervisor struct {
 	mu        sync.Mutex
 	closed    bool
 	clients   map[string]*agentConn // by sandbox id
-	transient map[string]string     // sandbox id → starting or stopping, while this process drives it
+	transient map[string]State      // sandbox id → starting or stopping, while this process drives it
 	watched   map[string]string     // sandbox id → the launch a watcher follows
 }
 
@@ -121,28 +123,11 @@ func New(opts Options) (*Supervisor, error) {
 		life:         life,
 		stopLife:     stopLife,
 		clients:      map[string]*agentConn{},
-		transient:    map[string]string{},
+		transient:    map[string]State{},
 		watched:      map[string]string{},
 	}
-	declared := map[string]bool{}
-	declare := func(name string, kind store.EntryKind) error {
-		if declared[name] {
-			return nil
-		}
-		declared[name] = true
-		return s.store.Declare(name, kind)
-	}
-	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName} {
-		if err := declare(name, store.EntryFile); err != nil {
-			return nil, err
-		}
-	}
-	for _, e := range s.rt.DeclaredEntries() {
-		kind := store.EntryFile
-		if e.Dir {
-			kind = store.EntryDir
-		}
-		if err := declare(e.Name, kind); err != nil {
+	for _, d := range DeclaredEntries(s.rt) {
+		if err := s.store.Declare(d.Name, d.Kind); err != nil {
 			return nil, err
 		}
 	}
@@ -152,24 +137,35 @@ func New(opts Options) (*Supervisor, error) {
 // Store returns the sandbox store.
 func (s *Supervisor) Store() *store.Store { return s.store }
 
-// Runtime returns the runtime.
-func (s *Supervisor) Runtime() runtime.Runtime { return s.rt }
+// RuntimeInfo names the runtime sandboxes run under.
+type RuntimeInfo struct {
+	// Kind is the runtime's kind ("namespace").
+	Kind string
+	// Identity is the runtime identity: its kind, sandboxd's build and the runtime's
+	// configuration. Template generations are captured under it and clone only under it.
+	Identity string
+}
+
+// RuntimeInfo names the runtime.
+func (s *Supervisor) RuntimeInfo() RuntimeInfo {
+	return RuntimeInfo{Kind: s.rt.Kind(), Identity: s.rt.Identity()}
+}
 
 // Status is what a caller may know of a sandbox.
 type Status struct {
-	Config store.Config
-	State  string
+	Config Config
+	State  State
 	// StartedAt is when the current (or last committed) launch started.
 	StartedAt *time.Time
 	// LastExit is how the last run ended, if one did.
-	LastExit *runtime.Outcome
+	LastExit *Exit
 	// RuntimeMismatch says a live process of another runtime identity holds the sandbox.
 	RuntimeMismatch bool
 	// Binding is a clone's template binding (its lease), nil for other sandboxes.
-	Binding *template.Binding
+	Binding *Binding
 }
 
-func (s *Supervisor) setTransient(id, state string) {
+func (s *Supervisor) setTransient(id string, state State) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if state == "" {
@@ -356,14 +352,6 @@ func (s *Supervisor) unlock(l *store.Lock) {
 
 func processOf(rec *store.RuntimeRecord) platform.ProcessID {
 	return platform.ProcessID{Pid: rec.Pid, StartTime: rec.PidStartTime, BootID: rec.BootID}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(fmt.Sprintf("crypto/rand failed: %v", err)) // cannot happen on Linux ≥ 3.17
-	}
-	return hex.EncodeToString(b)
 }
 
 // crash calls the test's crash point, if any.

@@ -15,7 +15,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 
-	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
@@ -189,13 +188,7 @@ func execTrue(ctx context.Context, s *Supervisor, id string) error {
 		return err
 	}
 	defer a.Release()
-	p, err := a.Agent.Exec(ctx, control.ExecRequest{Argv: []string{"true"}})
-	if err != nil {
-		return err
-	}
-	go io.Copy(io.Discard, p.Stderr)
-	_, _ = io.Copy(io.Discard, p.Stdout)
-	st, err := p.Wait()
+	st, err := s.RunExec(ctx, a, ExecRequest{Argv: []string{"true"}}, nil)
 	if err == nil && st.ExitCode != 0 {
 		err = fmt.Errorf("exit %d", st.ExitCode)
 	}
@@ -232,7 +225,7 @@ func TestRuntimeMismatch(t *testing.T) {
 		"start":       func() error { _, err := other.Start(ctx, "foreign"); return err },
 		"stop":        func() error { _, err := other.Stop(ctx, "foreign", false); return err },
 		"exec":        func() error { _, err := other.AdmitExec(ctx, "foreign", time.Second); return err },
-		"files":       func() error { _, err := other.Agent(ctx, "foreign"); return err },
+		"files":       func() error { _, err := other.ListFiles(ctx, "foreign", "/", "user"); return err },
 		"deprovision": func() error { return other.Deprovision(ctx, "foreign") },
 	} {
 		err := op()

@@ -28,9 +28,6 @@ const (
 // progressInterval is the least time between two progress events of one capture.
 const progressInterval = 250 * time.Millisecond
 
-// Templates returns the template store, or nil when templates are not configured.
-func (s *Supervisor) Templates() *template.Store { return s.templates }
-
 func (s *Supervisor) requireTemplates() error {
 	if s.templates == nil {
 		return errcode.New(errcode.NotImplemented, "This server has no template store configured.")
@@ -60,11 +57,11 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 		return nil, err
 	}
 	defer s.unlock(l)
-	state, _, err := s.reattach(ctx, l)
+	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	if state == StateRunning || state == runtimeMismatch {
+	if r.state == StateRunning { // under any runtime identity
 		return nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before capturing it, so that its files are consistent.", id)
 	}
 	// A clone's capture is its generation's payload with the clone's own layer merged over

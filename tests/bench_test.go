@@ -191,6 +191,7 @@ func lifecycleCycle(httpc *http.Client, base, id string) error {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		authorize(req)
 		resp, err := httpc.Do(req)
 		if err != nil {
 			cancel()
@@ -236,7 +237,7 @@ func BenchmarkStreamThroughput(b *testing.B) {
 	dialer := websocket.Dialer{ReadBufferSize: 64 << 10}
 	b.SetBytes(size)
 	for b.Loop() {
-		conn, _, err := dialer.Dial(u, nil)
+		conn, _, err := dialer.Dial(u, http.Header{"Authorization": {"Bearer " + d.Token}})
 		if err != nil {
 			b.Fatal(err)
 		}

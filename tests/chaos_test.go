@@ -488,6 +488,7 @@ func chaosDo(httpc *http.Client, base, method, path string, body any) (int, []by
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	authorize(req)
 	resp, err := httpc.Do(req)
 	if err != nil {
 		return 0, nil, err

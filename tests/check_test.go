@@ -156,6 +156,41 @@ func TestCheckCleanBesideServer(t *testing.T) {
 	d.start() // for the harness's clean-up
 }
 
+// TestCheckJudgesRuntimeAsServer: `sandboxd check` makes its runtime as the server does
+// (here: sandboxd-runtime beside sandboxd), so a sandbox the server runs is no runtime
+// mismatch; given another runtime binary (--runtime-binary, sandboxd itself), it notes one.
+// Without the shared choice, the checker run from sandboxd always used sandboxd itself and
+// noted every running sandbox of a server using sandboxd-runtime as a mismatch.
+func TestCheckJudgesRuntimeAsServer(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("ckrt", true)
+	mismatches := func(r checkReport) []string {
+		var ids []string
+		for _, n := range r.Notes {
+			if n.Kind == "runtime-mismatch" {
+				ids = append(ids, n.Sandbox)
+			}
+		}
+		return ids
+	}
+	r := mustCheckClean(t, d.Root, "beside the server")
+	if r.Running != 1 {
+		t.Fatalf("report counts %+v, want 1 running", r)
+	}
+	if m := mismatches(r); len(m) != 0 {
+		t.Errorf("the checker takes the server's sandboxes %v for ones of another runtime: %+v", m, r.Notes)
+	}
+	r, code, stderr := runCheck(t, d.Root, "--runtime-binary", sandboxdBin)
+	if code != 0 {
+		t.Fatalf("check --runtime-binary %s exited %d: %+v %s", sandboxdBin, code, r, stderr)
+	}
+	if m := mismatches(r); len(m) != 1 || m[0] != "ckrt" {
+		t.Errorf("with another runtime binary, the checker notes runtime mismatches %v, want [ckrt]: %+v", m, r.Notes)
+	}
+}
+
 // TestCheckFindsAndRepairs damages a state root in every way the checker knows and checks
 // that it finds each, repairs what is safe to repair, and leaves the rest (and every sandbox)
 // alone.

@@ -146,9 +146,9 @@ func TestDashboard(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var opts []daemonOption
+			opts := []daemonOption{withoutAuth()}
 			if tc.token != "" {
-				opts = append(opts, withToken(tc.token))
+				opts = []daemonOption{withToken(tc.token)}
 			}
 			d := startDaemon(t, opts...)
 			ctx := browser(t)
@@ -266,7 +266,7 @@ func TestDashboardTemplates(t *testing.T) {
 	click := func(what, sel string) { clickLive(ctx, t, what, sel) }
 	gen := `document.querySelector('[data-template="tools"] tr[data-generation]')`
 
-	run(ctx, t, "opening the dashboard", chromedp.Navigate(d.URL+"/"))
+	run(ctx, t, "opening the dashboard by its login URL", chromedp.Navigate(d.LoginURL()))
 	until(ctx, t, "live events", `document.querySelector("#live").textContent === "live"`)
 	run(ctx, t, "creating a template",
 		chromedp.SendKeys(chromedp.CSS("#template-name"), "tools"),
@@ -317,4 +317,33 @@ func TestDashboardTemplates(t *testing.T) {
 	if msg, err := chromedp.Run(ctx, pageError()); err != nil || msg != "" {
 		t.Fatalf("the page shows an error at the end: %q (%v)", msg, err)
 	}
+}
+
+// TestDashboardLogin: the login URL that a default sandboxd prints logs the dashboard in once.
+// The page trades the code for the token, keeps the token, and takes the code out of the
+// address bar; the same URL a second time is refused, and the kept token still works.
+func TestDashboardLogin(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	ctx := browser(t)
+	login := d.LoginURL()
+	if strings.Contains(login, d.Token) || strings.Contains(d.logs.String(), d.Token) {
+		t.Fatal("the token itself is in sandboxd's log")
+	}
+
+	run(ctx, t, "opening the login URL", chromedp.Navigate(login))
+	until(ctx, t, "live events", `document.querySelector("#live").textContent === "live" && document.querySelector("#token-panel").hidden`)
+	until(ctx, t, "the code out of the address bar", `location.hash === ""`)
+	kept, err := chromedp.Run(ctx, chromedp.Evaluate[string](`localStorage.getItem("sandboxd.token")`))
+	if err != nil || kept != d.Token {
+		t.Fatalf("the page kept %q (%v), not the server's token", kept, err)
+	}
+
+	run(ctx, t, "opening the login URL again", chromedp.Navigate(login))
+	until(ctx, t, "the second use refused", `!document.querySelector("#error").hidden && document.querySelector("#error-text").textContent.includes("(unauthorized)")`)
+	run(ctx, t, "dismissing it", chromedp.Click(chromedp.CSS("#error-close")))
+	until(ctx, t, "live events with the kept token", `document.querySelector("#live").textContent === "live"`)
+	d.create("after-login", false)
+	until(ctx, t, "the sandbox listed", `document.querySelector('tr[data-id="after-login"]') !== null`)
 }

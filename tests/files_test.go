@@ -70,6 +70,7 @@ func TestLargeFileIsStreamed(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "PUT", d.URL+"/v1/sandboxes/big/files?path=/home/user/big.bin", body)
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.ContentLength = size
+	authorize(req)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +84,7 @@ func TestLargeFileIsStreamed(t *testing.T) {
 	}
 
 	req, _ = http.NewRequestWithContext(ctx, "GET", d.URL+"/v1/sandboxes/big/files?path=/home/user/big.bin", nil)
+	authorize(req)
 	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -47,7 +47,8 @@ func TestHealthAndSpec(t *testing.T) {
 // answer is problem+json with the right status and code, never plain text.
 func TestEveryErrorIsAProblem(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	// Without a token, for the foreign Host header: only a tokenless server refuses it.
+	d := startDaemon(t, withoutAuth())
 	json := http.Header{"Content-Type": {"application/json"}}
 	cases := []struct {
 		name   string
@@ -158,7 +159,7 @@ func TestTokenIsRequired(t *testing.T) {
 
 func TestRefusesNonLoopbackWithoutToken(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(sandboxdBin, "--listen", "0.0.0.0:0", "--root", t.TempDir(), "--log-format", "json")
+	cmd := exec.Command(sandboxdBin, "--listen", "0.0.0.0:0", "--root", t.TempDir(), "--log-format", "json", "--insecure-no-auth")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)

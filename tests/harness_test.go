@@ -70,12 +70,24 @@ type daemon struct {
 	uid int
 	// bin, when set, is the sandboxd binary to run instead of sandboxdBin.
 	bin string
+	// givenToken says that Token was chosen by the test and is passed with --token-file;
+	// otherwise Token is the one sandboxd generated into its state root (or none, noAuth).
+	givenToken bool
+	noAuth     bool
 }
 
 type daemonOption func(*daemon)
 
-// withToken configures an API token (written to a 0600 file).
-func withToken(token string) daemonOption { return func(d *daemon) { d.Token = token } }
+// withToken configures an API token (written to a 0600 file). Without it, sandboxd generates
+// its own into the state root, as it does by default, and the daemon's Token is that one.
+func withToken(token string) daemonOption {
+	return func(d *daemon) { d.Token, d.givenToken = token, true }
+}
+
+// withoutAuth runs sandboxd with --insecure-no-auth: no token at all.
+func withoutAuth() daemonOption {
+	return func(d *daemon) { d.noAuth = true; d.Args = append(d.Args, "--insecure-no-auth") }
+}
 
 // asUser runs sandboxd as another user, with a state root that user owns.
 func asUser(uid int) daemonOption { return func(d *daemon) { d.uid = uid } }
@@ -136,7 +148,7 @@ func (d *daemon) start() {
 	t := d.t
 	t.Helper()
 	args := []string{"--listen", "127.0.0.1:0", "--root", d.Root, "--log-format", "json", "--log-level", "debug"}
-	if d.Token != "" {
+	if d.givenToken {
 		tokenFile := filepath.Join(t.TempDir(), "token")
 		if err := os.WriteFile(tokenFile, []byte(d.Token+"\n"), 0o600); err != nil {
 			t.Fatal(err)
@@ -181,6 +193,35 @@ func (d *daemon) start() {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+	if !d.givenToken && !d.noAuth {
+		// sandboxd made it before it listened; as root the harness can read it whoever owns it.
+		b, err := os.ReadFile(filepath.Join(d.Root, "token"))
+		if err != nil {
+			t.Fatalf("the token sandboxd generated: %v", err)
+		}
+		d.Token = strings.TrimSpace(string(b))
+	}
+	daemonTokens.Store(d.URL, d.Token)
+}
+
+// daemonTokens maps each started daemon's URL to its token, for the helpers that are given a
+// URL only (chaosDo, lifecycleCycle).
+var daemonTokens sync.Map
+
+// authorize gives req the token of the daemon it is addressed to, if it has one.
+func authorize(req *http.Request) {
+	base := req.URL.Scheme + "://" + req.URL.Host
+	if tok, ok := daemonTokens.Load(base); ok && tok.(string) != "" && req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", "Bearer "+tok.(string))
+	}
+}
+
+// LoginURL is the dashboard's one-time login URL that sandboxd printed at its last start.
+func (d *daemon) LoginURL() string {
+	d.t.Helper()
+	// It is logged just before sandboxd serves, but read from its log by another goroutine.
+	waitFor(d.t, 10*time.Second, "the dashboard login URL in sandboxd's log", func() bool { return d.logs.loginURL() != "" })
+	return d.logs.loginURL()
 }
 
 // Stop ends sandboxd with SIGTERM and waits for it; it is idempotent.
@@ -221,6 +262,13 @@ func (d *daemon) Restart(kill bool) {
 type lineLog struct {
 	mu    sync.Mutex
 	lines []string
+	login string // the last dashboard login URL
+}
+
+func (l *lineLog) loginURL() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.login
 }
 
 func (l *lineLog) consume(r io.Reader, addr chan<- string) {
@@ -232,14 +280,17 @@ func (l *lineLog) consume(r io.Reader, addr chan<- string) {
 		l.mu.Lock()
 		l.lines = append(l.lines, line)
 		l.mu.Unlock()
-		if sent {
-			continue
-		}
 		var rec struct {
 			Msg  string `json:"msg"`
 			Addr string `json:"addr"`
+			URL  string `json:"url"`
 		}
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "sandboxd serving" && rec.Addr != "" {
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "dashboard login" {
+			l.mu.Lock()
+			l.login = rec.URL
+			l.mu.Unlock()
+		}
+		if !sent && json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "sandboxd serving" && rec.Addr != "" {
 			addr <- rec.Addr
 			sent = true
 		}

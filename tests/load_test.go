@@ -90,7 +90,7 @@ func TestLoadReturnsToBaseline(t *testing.T) {
 	d.dispose("warm")
 	before := readProcUsage(t, d.Pid())
 
-	cmd := exec.Command(bin, "--url", d.URL, "--clients", "8", "--duration", "10s",
+	cmd := exec.Command(bin, "--url", d.URL, "--token-file", filepath.Join(d.Root, "token"), "--clients", "8", "--duration", "10s",
 		"--mix", "lifecycle=1,exec=3", "--sandboxes", "4", "--wait-ms", "200",
 		"--seed", "8", "--prefix", "lt", "--pid", strconv.Itoa(d.Pid()), "--json",
 		"--expect", "423 sandbox-busy,423 transition-in-progress")

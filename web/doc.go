@@ -1,8 +1,8 @@
 // Package web is sandboxd's dashboard: a small hand-written page (HTML, CSS and JavaScript
 // under assets/, with xterm.js vendored into assets/vendor/ by `npm run build`), embedded in
-// the binary and served at / and /assets/. It talks to the API like any other client, with
-// the token the operator enters once (kept in the browser's localStorage); it holds no state
-// and has no route of its own beyond its static files.
+// the binary and served at / and /assets/ by [Handler]. It talks to the API like any other
+// client, with the token the operator enters once (kept in the browser's localStorage); it
+// holds no state and has no route of its own beyond its static files.
 //
 // # Security
 //

@@ -11,15 +11,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/openapi/client"
 )
 
-const usage = `usage: sandboxctl [--url URL] [--token-file FILE] COMMAND [ARGS]
+const usage = `usage: sandboxctl [--url URL] [--token-file FILE | --root DIR] COMMAND [ARGS]
 
 commands:
   ls [--state STATE] [--label K=V]...       list sandboxes
@@ -32,7 +34,8 @@ commands:
   put ID LOCAL REMOTE | fetch ID REMOTE LOCAL   copy a file in or out ("-" is stdin/stdout)
   logs [--tail N] ID                        the sandbox's log
 
-The server is $SANDBOXD_URL (default http://127.0.0.1:7780); the token file $SANDBOXD_TOKEN_FILE.
+The server is $SANDBOXD_URL (default http://127.0.0.1:7780); the token file $SANDBOXD_TOKEN_FILE,
+or else the one sandboxd generated in its state root, $SANDBOXD_ROOT (default .sandboxd).
 `
 
 func main() {
@@ -51,6 +54,7 @@ func run(args []string) int {
 	global.Usage = func() { fmt.Fprint(os.Stderr, usage) }
 	url := global.String("url", envOr("SANDBOXD_URL", "http://127.0.0.1:7780"), "sandboxd's URL")
 	tokenFile := global.String("token-file", os.Getenv("SANDBOXD_TOKEN_FILE"), "file holding the API token")
+	root := global.String("root", envOr("SANDBOXD_ROOT", ".sandboxd"), "sandboxd's state root, where it keeps the token it generated")
 	if err := global.Parse(args); err != nil {
 		return 2
 	}
@@ -59,13 +63,11 @@ func run(args []string) int {
 		return 2
 	}
 	c := &cli{url: strings.TrimSuffix(*url, "/")}
-	if *tokenFile != "" {
-		b, err := os.ReadFile(*tokenFile)
-		if err != nil {
-			return fail(err)
-		}
-		c.token = strings.TrimSpace(string(b))
+	token, err := readToken(*tokenFile, *root)
+	if err != nil {
+		return fail(err)
 	}
+	c.token = token
 	api, err := client.NewClientWithResponses(c.url, client.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
 		if c.token != "" {
 			req.Header.Set("Authorization", "Bearer "+c.token)
@@ -100,6 +102,27 @@ func run(args []string) int {
 type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+// readToken is the API token: from file when one is given, else the one sandboxd generated in
+// its state root. No token file there is no token (a server run with --insecure-no-auth); one
+// that this user cannot read is an error that says whose it is.
+func readToken(file, root string) (string, error) {
+	explicit := file != ""
+	if !explicit {
+		file = filepath.Join(root, "token")
+	}
+	b, err := os.ReadFile(file)
+	switch {
+	case err == nil:
+		return strings.TrimSpace(string(b)), nil
+	case !explicit && errors.Is(err, fs.ErrNotExist):
+		return "", nil
+	case !explicit && errors.Is(err, fs.ErrPermission):
+		return "", fmt.Errorf("cannot read sandboxd's token at %s: only the user that runs sandboxd can (use sudo if it runs as root), or give --token-file", file)
+	default:
+		return "", err
+	}
+}
 
 func fail(err error) int {
 	fmt.Fprintln(os.Stderr, "sandboxctl:", err)

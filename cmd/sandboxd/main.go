@@ -48,6 +48,7 @@ type options struct {
 	listen         string
 	root           string
 	tokenFile      string
+	insecureNoAuth bool
 	logFormat      string
 	logLevel       string
 	allowedOrigins stringList
@@ -67,7 +68,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.listen, "listen", envOr("SANDBOXD_LISTEN", "127.0.0.1:7780"), "address to serve on (env SANDBOXD_LISTEN); off loopback a token is required")
 	fs.StringVar(&o.root, "root", envOr("SANDBOXD_ROOT", ".sandboxd"), "state root (env SANDBOXD_ROOT)")
-	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("SANDBOXD_TOKEN_FILE"), "file holding the API token (env SANDBOXD_TOKEN_FILE)")
+	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("SANDBOXD_TOKEN_FILE"), "file holding the API token (env SANDBOXD_TOKEN_FILE); default: one generated into <root>/token")
+	fs.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "serve without a token, on loopback only: any user of this host can then drive sandboxes; for a trusted single-user host")
 	fs.StringVar(&o.logFormat, "log-format", envOr("SANDBOXD_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, JSON otherwise), text or json (env SANDBOXD_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", envOr("SANDBOXD_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SANDBOXD_LOG_LEVEL)")
 	maxAge, err := envParsed("SANDBOXD_TEMPLATE_MAX_AGE", template.DefaultMaxAge, time.ParseDuration)
@@ -142,7 +144,7 @@ func run(args []string, stderr io.Writer) int {
 }
 
 func serve(o *options, log *slog.Logger) error {
-	token, err := readToken(o.tokenFile, log)
+	token, auth, err := apiToken(o, log)
 	if err != nil {
 		return err
 	}
@@ -163,15 +165,11 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	exe, err := runtimeExecutable(o.runtimeBinary)
+	rt, exe, err := newRuntime(o.runtimeBinary)
 	if err != nil {
 		return err
 	}
 	log.Info("sandbox runtime", "executable", exe)
-	rt, err := namespace.New(namespace.Config{Executable: exe})
-	if err != nil {
-		return err
-	}
 	// The event bus and the metrics observe the supervisor through its hooks; the metrics
 	// count sandboxes by state from the supervisor itself, at scrape time.
 	bus := events.New(events.Options{})
@@ -232,7 +230,12 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	srv.OnShutdown(h.CloseStreams)
 	srv.OnShutdown(bus.Close)
-	log.Info("sandboxd serving", "addr", ln.Addr().String(), "root", o.root, "version", version, "token", token != "")
+	log.Info("sandboxd serving", "addr", ln.Addr().String(), "root", o.root, "version", version, "token", token != "", "auth", auth)
+	if token != "" {
+		if err := logLogin(srv, ln.Addr(), log); err != nil {
+			return err
+		}
+	}
 	err = srv.Serve(ctx, ln)
 	log.Info("sandboxd shut down")
 	return err

@@ -6,10 +6,29 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
 // runtimeBinaryName is the optional binary of the sandbox side (cmd/sandboxd-runtime).
 const runtimeBinaryName = "sandboxd-runtime"
+
+// newRuntime returns the runtime as the server configures it, running the runtime binary
+// that runtimeExecutable chooses for binary (the --runtime-binary flag), and that
+// executable. `sandboxd check` makes its runtime here too: a runtime's identity hashes its
+// executable and configuration, so a checker configured otherwise than the server would take
+// every running sandbox for one of another runtime.
+func newRuntime(binary string) (*namespace.Runtime, string, error) {
+	exe, err := runtimeExecutable(binary)
+	if err != nil {
+		return nil, "", err
+	}
+	rt, err := namespace.New(namespace.Config{Executable: exe})
+	if err != nil {
+		return nil, "", err
+	}
+	return rt, exe, nil
+}
 
 // runtimeExecutable chooses what sandboxes run as their shim, init and agent: the binary
 // given, else sandboxd-runtime beside this executable, else this executable itself ("" lets

@@ -103,6 +103,7 @@ func run(args []string, stdout, stderr io.Writer) (int, error) {
 	return 0, nil
 }
 
+// parseFlags reads the command line; a bad one is an error naming the flag to fix.
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("sandboxload", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -133,42 +134,15 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	for f := range strings.SplitSeq(clients, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > 1024 {
-			return o, fmt.Errorf("--clients: %q is not a number from 1 to 1024", f)
-		}
-		o.clients = append(o.clients, n)
+	var err error
+	if o.clients, err = parseClients(clients); err != nil {
+		return o, err
 	}
-	for f := range strings.SplitSeq(mix, ",") {
-		kind, w, hasW := strings.Cut(strings.TrimSpace(f), "=")
-		e := mixEntry{kind: kind, weight: 1}
-		if !slices.Contains(kinds, kind) {
-			return o, fmt.Errorf("--mix: unknown kind %q (want %s)", kind, strings.Join(kinds, ", "))
-		}
-		if hasW {
-			n, err := strconv.Atoi(w)
-			if err != nil || n < 1 {
-				return o, fmt.Errorf("--mix: weight of %s must be a positive number", kind)
-			}
-			e.weight = n
-		}
-		o.mix = append(o.mix, e)
+	if o.mix, err = parseMix(mix); err != nil {
+		return o, err
 	}
-	if o.cycles < 0 || (o.cycles == 0 && o.duration <= 0) {
-		return o, errors.New("give a positive --duration or --cycles: a load run must end by itself")
-	}
-	if o.duration > 24*time.Hour {
-		return o, errors.New("--duration is capped at 24h")
-	}
-	if o.streamBytes < 1 || o.cloneSize < 0 || o.timeout <= 0 || o.sandboxes < 0 || o.waitMS < 0 {
-		return o, errors.New("--stream-bytes, --request-timeout must be positive; --clone-size, --sandboxes, --wait-ms not negative")
-	}
-	if o.prefix == "" {
-		o.prefix = fmt.Sprintf("load-%04x", rand.Uint32()&0xffff)
-	}
-	if len(o.prefix) > 30 || strings.Trim(o.prefix, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
-		return o, errors.New("--prefix: at most 30 characters of a-z, 0-9 and -")
+	if err := o.validate(); err != nil {
+		return o, err
 	}
 	for e := range strings.SplitSeq(expected, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -176,6 +150,61 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 	}
 	return o, nil
+}
+
+// parseClients reads --clients: one phase per number in the list.
+func parseClients(list string) ([]int, error) {
+	var clients []int
+	for f := range strings.SplitSeq(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 1024 {
+			return nil, fmt.Errorf("--clients: %q is not a number from 1 to 1024", f)
+		}
+		clients = append(clients, n)
+	}
+	return clients, nil
+}
+
+// parseMix reads --mix: cycle kinds, each with an optional weight (1 by default).
+func parseMix(list string) ([]mixEntry, error) {
+	var mix []mixEntry
+	for f := range strings.SplitSeq(list, ",") {
+		kind, w, hasW := strings.Cut(strings.TrimSpace(f), "=")
+		e := mixEntry{kind: kind, weight: 1}
+		if !slices.Contains(kinds, kind) {
+			return nil, fmt.Errorf("--mix: unknown kind %q (want %s)", kind, strings.Join(kinds, ", "))
+		}
+		if hasW {
+			n, err := strconv.Atoi(w)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("--mix: weight of %s must be a positive number", kind)
+			}
+			e.weight = n
+		}
+		mix = append(mix, e)
+	}
+	return mix, nil
+}
+
+// validate checks the bounds of the numeric flags and the prefix, choosing a random prefix
+// when none was given.
+func (o *options) validate() error {
+	if o.cycles < 0 || (o.cycles == 0 && o.duration <= 0) {
+		return errors.New("give a positive --duration or --cycles: a load run must end by itself")
+	}
+	if o.duration > 24*time.Hour {
+		return errors.New("--duration is capped at 24h")
+	}
+	if o.streamBytes < 1 || o.cloneSize < 0 || o.timeout <= 0 || o.sandboxes < 0 || o.waitMS < 0 {
+		return errors.New("--stream-bytes, --request-timeout must be positive; --clone-size, --sandboxes, --wait-ms not negative")
+	}
+	if o.prefix == "" {
+		o.prefix = fmt.Sprintf("load-%04x", rand.Uint32()&0xffff)
+	}
+	if len(o.prefix) > 30 || strings.Trim(o.prefix, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+		return errors.New("--prefix: at most 30 characters of a-z, 0-9 and -")
+	}
+	return nil
 }
 
 // checkTarget refuses a URL whose host is not a loopback address, unless allowed.
@@ -315,6 +344,8 @@ func (l *load) run(ctx context.Context) (*Report, error) {
 	return rep, runErr
 }
 
+// phases runs one phase per --clients entry, after preparing the template when the mix
+// clones, and appends each phase's result to rep.
 func (l *load) phases(ctx context.Context, rep *Report) error {
 	needPool, needTemplate := false, false
 	for _, e := range l.o.mix {
@@ -329,72 +360,12 @@ func (l *load) phases(ctx context.Context, rep *Report) error {
 	for pi, clients := range l.o.clients {
 		var pool []string
 		if needPool {
-			n := l.o.sandboxes
-			if n == 0 {
-				n = clients
-			}
-			for i := range n {
-				id := fmt.Sprintf("%s-p%d-%d", l.o.prefix, pi, i)
-				l.leftover.Store(id, true)
-				rctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-				err := l.api.create(rctx, map[string]any{"id": id, "start": true})
-				cancel()
-				if err != nil {
-					return fmt.Errorf("starting pool sandbox %s: %w", id, err)
-				}
-				pool = append(pool, id)
+			var err error
+			if pool, err = l.startPool(ctx, pi, clients); err != nil {
+				return err
 			}
 		}
-		rec := newRecorder()
-		var cpu0 time.Duration
-		if l.o.pid > 0 {
-			cpu0, _ = cpuTime(l.o.pid)
-		}
-		var claimed, done atomic.Int64
-		var deadline time.Time
-		if l.o.cycles == 0 {
-			deadline = time.Now().Add(l.o.duration)
-		}
-		start := time.Now()
-		var wg sync.WaitGroup
-		for c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(l.o.seed, uint64(pi)<<32|uint64(c)))
-				for n := 0; ctx.Err() == nil; n++ {
-					if l.o.cycles > 0 {
-						if claimed.Add(1) > int64(l.o.cycles) {
-							return
-						}
-					} else if time.Now().After(deadline) {
-						return
-					}
-					id := fmt.Sprintf("%s-%d-%d-%d", l.o.prefix, pi, c, n)
-					var target string
-					if len(pool) > 0 {
-						target = pool[c%len(pool)]
-					}
-					if l.cycle(ctx, rec, l.pick(rng), id, target) {
-						done.Add(1)
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
-		phase := Phase{
-			Clients:         clients,
-			ElapsedSeconds:  elapsed.Seconds(),
-			Cycles:          int(done.Load()),
-			CyclesPerSecond: float64(done.Load()) / elapsed.Seconds(),
-			Ops:             rec.report(elapsed),
-		}
-		if l.o.pid > 0 && phase.Cycles > 0 {
-			if cpu1, err := cpuTime(l.o.pid); err == nil && cpu0 > 0 {
-				phase.ServerCPUMSPerCycle = float64((cpu1 - cpu0).Microseconds()) / 1000 / float64(phase.Cycles)
-			}
-		}
+		phase := l.phase(ctx, pi, clients, pool)
 		for _, id := range pool {
 			l.dispose(id)
 		}
@@ -404,6 +375,89 @@ func (l *load) phases(ctx context.Context, rep *Report) error {
 		}
 	}
 	return nil
+}
+
+// startPool starts the running sandboxes that phase pi's exec and stream cycles use: as many
+// as --sandboxes, or one per client. Each is a leftover until disposed of, so that a failure
+// half-way leaves nothing behind after cleanup.
+func (l *load) startPool(ctx context.Context, pi, clients int) ([]string, error) {
+	n := l.o.sandboxes
+	if n == 0 {
+		n = clients
+	}
+	var pool []string
+	for i := range n {
+		id := fmt.Sprintf("%s-p%d-%d", l.o.prefix, pi, i)
+		l.leftover.Store(id, true)
+		rctx, cancel := context.WithTimeout(ctx, l.o.timeout)
+		err := l.api.create(rctx, map[string]any{"id": id, "start": true})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("starting pool sandbox %s: %w", id, err)
+		}
+		pool = append(pool, id)
+	}
+	return pool, nil
+}
+
+// phase runs phase pi: clients concurrent clients cycling until --cycles cycles were
+// claimed or --duration passed, and measures it.
+func (l *load) phase(ctx context.Context, pi, clients int, pool []string) Phase {
+	rec := newRecorder()
+	var cpu0 time.Duration
+	if l.o.pid > 0 {
+		cpu0, _ = cpuTime(l.o.pid)
+	}
+	var claimed, done atomic.Int64
+	var deadline time.Time
+	if l.o.cycles == 0 {
+		deadline = time.Now().Add(l.o.duration)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() { l.client(ctx, rec, pi, c, pool, deadline, &claimed, &done) })
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	phase := Phase{
+		Clients:         clients,
+		ElapsedSeconds:  elapsed.Seconds(),
+		Cycles:          int(done.Load()),
+		CyclesPerSecond: float64(done.Load()) / elapsed.Seconds(),
+		Ops:             rec.report(elapsed),
+	}
+	if l.o.pid > 0 && phase.Cycles > 0 {
+		if cpu1, err := cpuTime(l.o.pid); err == nil && cpu0 > 0 {
+			phase.ServerCPUMSPerCycle = float64((cpu1 - cpu0).Microseconds()) / 1000 / float64(phase.Cycles)
+		}
+	}
+	return phase
+}
+
+// client is client c of phase pi: it runs cycles of kinds drawn from its own seeded stream
+// until the phase's cycles are all claimed (with --cycles), its deadline passes, or ctx
+// ends, and counts in done those that succeeded. Its exec and stream cycles use one pool
+// sandbox.
+func (l *load) client(ctx context.Context, rec *recorder, pi, c int, pool []string, deadline time.Time, claimed, done *atomic.Int64) {
+	rng := rand.New(rand.NewPCG(l.o.seed, uint64(pi)<<32|uint64(c)))
+	for n := 0; ctx.Err() == nil; n++ {
+		if l.o.cycles > 0 {
+			if claimed.Add(1) > int64(l.o.cycles) {
+				return
+			}
+		} else if time.Now().After(deadline) {
+			return
+		}
+		id := fmt.Sprintf("%s-%d-%d-%d", l.o.prefix, pi, c, n)
+		var target string
+		if len(pool) > 0 {
+			target = pool[c%len(pool)]
+		}
+		if l.cycle(ctx, rec, l.pick(rng), id, target) {
+			done.Add(1)
+		}
+	}
 }
 
 // pick draws a cycle kind by weight.

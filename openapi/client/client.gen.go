@@ -967,6 +967,12 @@ type ServiceUnavailable = Problem
 // Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
+// DashboardLoginJSONBody defines parameters for DashboardLogin.
+type DashboardLoginJSONBody struct {
+	// Code The code from the login URL.
+	Code string `json:"code"`
+}
+
 // StreamEventsParams defines parameters for StreamEvents.
 type StreamEventsParams struct {
 	// AccessToken The API token, for clients that cannot set the `Authorization` header (EventSource).
@@ -1132,6 +1138,9 @@ type TombstoneGenerationParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// DashboardLoginJSONRequestBody defines body for DashboardLogin for application/json ContentType.
+type DashboardLoginJSONRequestBody DashboardLoginJSONBody
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
@@ -1232,6 +1241,32 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DashboardLoginWithBody Exchange the dashboard's one-time login code for the token
+	//
+	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+	// token it gets back. A code is good once, for 15 minutes, and only on the server that
+	// printed it; the token itself is never printed. Open without a token, since the code is
+	// the credential.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /login (the `DashboardLogin` operationId).
+	DashboardLoginWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DashboardLogin Exchange the dashboard's one-time login code for the token
+	//
+	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+	// token it gets back. A code is good once, for 15 minutes, and only on the server that
+	// printed it; the token itself is never printed. Open without a token, since the code is
+	// the credential.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /login (the `DashboardLogin` operationId).
+	DashboardLogin(ctx context.Context, body DashboardLoginJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetMetrics Prometheus metrics
 	//
@@ -1568,6 +1603,52 @@ func (c *Client) GetDashboard(ctx context.Context, reqEditors ...RequestEditorFn
 // Corresponds with GET /healthz (the `GetHealth` operationId).
 func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetHealthRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DashboardLoginWithBody Exchange the dashboard's one-time login code for the token
+//
+// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+// token it gets back. A code is good once, for 15 minutes, and only on the server that
+// printed it; the token itself is never printed. Open without a token, since the code is
+// the credential.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /login (the `DashboardLogin` operationId).
+func (c *Client) DashboardLoginWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDashboardLoginRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DashboardLogin Exchange the dashboard's one-time login code for the token
+//
+// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+// token it gets back. A code is good once, for 15 minutes, and only on the server that
+// printed it; the token itself is never printed. Open without a token, since the code is
+// the credential.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /login (the `DashboardLogin` operationId).
+func (c *Client) DashboardLogin(ctx context.Context, body DashboardLoginJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDashboardLoginRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2237,6 +2318,46 @@ func NewGetHealthRequest(server string) (*http.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewDashboardLoginRequest calls the generic DashboardLogin builder with application/json body
+func NewDashboardLoginRequest(server string, body DashboardLoginJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewDashboardLoginRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewDashboardLoginRequestWithBody constructs an http.Request for the DashboardLogin method, with any body, and a specified content type
+func NewDashboardLoginRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/login")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3892,6 +4013,32 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
 
+	// DashboardLoginWithBodyWithResponse Exchange the dashboard's one-time login code for the token
+	//
+	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+	// token it gets back. A code is good once, for 15 minutes, and only on the server that
+	// printed it; the token itself is never printed. Open without a token, since the code is
+	// the credential.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /login (the `DashboardLogin` operationId).
+	DashboardLoginWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DashboardLoginResponse, error)
+
+	// DashboardLoginWithResponse Exchange the dashboard's one-time login code for the token
+	//
+	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+	// token it gets back. A code is good once, for 15 minutes, and only on the server that
+	// printed it; the token itself is never printed. Open without a token, since the code is
+	// the credential.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /login (the `DashboardLogin` operationId).
+	DashboardLoginWithResponse(ctx context.Context, body DashboardLoginJSONRequestBody, reqEditors ...RequestEditorFn) (*DashboardLoginResponse, error)
+
 	// GetMetricsWithResponse Prometheus metrics
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -4334,6 +4481,93 @@ func (r GetHealthResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetHealthResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DashboardLoginResponse401Headers the declared response headers of an HTTP 401 response for DashboardLogin
+type DashboardLoginResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type DashboardLoginResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *struct {
+		Token string `json:"token"`
+	}
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DashboardLoginResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DashboardLoginResponse) GetJSON200() *struct {
+	Token string `json:"token"`
+} {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r DashboardLoginResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DashboardLoginResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DashboardLoginResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r DashboardLoginResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r DashboardLoginResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r DashboardLoginResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DashboardLoginResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DashboardLoginResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DashboardLoginResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -6810,6 +7044,44 @@ func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEdit
 	return ParseGetHealthResponse(rsp)
 }
 
+// DashboardLoginWithBodyWithResponse Exchange the dashboard's one-time login code for the token
+//
+// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+// token it gets back. A code is good once, for 15 minutes, and only on the server that
+// printed it; the token itself is never printed. Open without a token, since the code is
+// the credential.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /login (the `DashboardLogin` operationId).
+func (c *ClientWithResponses) DashboardLoginWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DashboardLoginResponse, error) {
+	rsp, err := c.DashboardLoginWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDashboardLoginResponse(rsp)
+}
+
+// DashboardLoginWithResponse Exchange the dashboard's one-time login code for the token
+//
+// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// fragment (which browsers do not send). The dashboard posts the code here and keeps the
+// token it gets back. A code is good once, for 15 minutes, and only on the server that
+// printed it; the token itself is never printed. Open without a token, since the code is
+// the credential.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /login (the `DashboardLogin` operationId).
+func (c *ClientWithResponses) DashboardLoginWithResponse(ctx context.Context, body DashboardLoginJSONRequestBody, reqEditors ...RequestEditorFn) (*DashboardLoginResponse, error) {
+	rsp, err := c.DashboardLogin(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDashboardLoginResponse(rsp)
+}
+
 // GetMetricsWithResponse Prometheus metrics
 //
 // Returns a wrapper object for the known response body format(s).
@@ -7402,6 +7674,82 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 		}
 		response.ApplicationProblemJSON503 = &dest
 
+	}
+
+	return response, nil
+}
+
+// ParseDashboardLoginResponse parses an HTTP response from a DashboardLoginWithResponse call
+func ParseDashboardLoginResponse(rsp *http.Response) (*DashboardLoginResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DashboardLoginResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest struct {
+			Token string `json:"token"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers DashboardLoginResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
 	}
 
 	return response, nil

@@ -1,136 +1,118 @@
-// Package namespace is sandboxd's default runtime: each sandbox is a tree of processes in its
-// own Linux mount, pid, uts, ipc, network and cgroup namespaces, on an overlay root, with its
-// limits in a cgroup, its capabilities bounded, no_new_privs and a seccomp filter. It starts
-// in milliseconds and needs nothing but the sandboxd binary. It must not keep records or take
-// locks: the supervisor does, under the sandbox's lifecycle lock.
+// Package namespace is the host-side driver of sandboxd's default runtime ([runtime.Runtime]):
+// each sandbox is a tree of processes in its own Linux mount, pid, uts, ipc, network and
+// cgroup namespaces, on an overlay root, with its limits in a cgroup, its capabilities
+// bounded, no_new_privs and a seccomp filter. It needs the sandboxd binary alone (and mke2fs
+// for a sandbox with a disk of its own).
 //
-// # The process tree
+// The driver starts, kills, finds and cleans up after runtime processes; it keeps no records
+// and takes no locks (the supervisor does both, under the sandbox's lifecycle lock). The
+// processes themselves are package [shim], the sandbox side, which imports nothing of the
+// host side; every binary that this runtime executes calls [shim.Main] first thing in main.
+// Without root, [New] still returns a runtime, so that such a server still serves its state;
+// its [Runtime.Start] and [Runtime.DiskSupport] then fail with [errcode.Unavailable].
 //
-//	sandboxd                      the server; need not be anyone's parent
-//	└─ sandboxd __shim <dir>      the runtime process: own session, detached, outlives sandboxd
-//	   └─ sandboxd __init <dir>   PID 1 of the sandbox, in new namespaces and the sandbox's
-//	      │                       cgroup; sets the sandbox up, then runs the agent
-//	      └─ workloads            run by the agent as "user" (uid 1000) or "root"
+// # Processes
 //
-// Start re-executes sandboxd as the shim (stdout and stderr to <dir>/sandbox.log, replaced at
-// each start) and hands it the spec, capability included, and the seccomp filter (compiled
-// once by New) on a pipe (fd 3); the shim's identity (pid, start time, boot id) is what the
-// supervisor records. The shim creates the cgroup, builds the host image's base layer while
-// the init starts, and starts the init with clone flags for the new namespaces, handing it its
-// configuration on another pipe (fd 3) and a lifeline pipe (fd 4) whose write end only the
-// shim holds. The shim is the init's parent, so it always learns how the sandbox ended, also
-// while sandboxd is down: it then writes outcome.json ([runtime.WriteOutcome]), removes the
-// cgroup and exits.
+//	sandboxd __shim <dir>      the runtime process: own session, outlives sandboxd
+//	└─ sandboxd __init         PID 1 of the sandbox, in its namespaces and cgroup; sets the
+//	   │                       sandbox up, drops to its privileges, runs the agent
+//	   └─ workloads            run by the agent as "user" (uid 1000) or "root"
 //
-// The init, with the privileges it needs to set the sandbox up (the shim bounded them to the
-// sandbox's set plus CAP_SYS_ADMIN and CAP_NET_ADMIN), builds the root file system, sets the
-// host name, brings loopback up and pivots into the new root. Then it drops to the sandbox's
-// privileges and runs the agent ([agent.Run]) as PID 1. Capabilities and no_new_privs are per
-// thread in Linux, and a Go process has many threads, so the drop must reach all of them: a
-// binary built without cgo (the release build) does it in place with
-// syscall.AllThreadsSyscall and a TSYNC seccomp filter; a binary with cgo, where that is
-// impossible, drops them on its main thread and re-executes itself from a descriptor of the
-// sandboxd executable opened before the pivot ("sandboxd __init <dir> agent"), since the exec
-// replaces every other thread. Either way the agent and everything it starts carry exactly
-// the sandbox's privileges. The agent receives the capability on a pipe: no file inside the
-// sandbox holds it.
+// Start prepares the state directory <dir>, execs [Config.Executable] as the shim, with its
+// output to <dir>/sandbox.log (replaced at each start), and hands it a [shim.Config] (the
+// spec, capability included, and the seccomp filter that New compiled once, package
+// [seccomp]) on fd 3. It returns the shim's identity ([platform.ProcessID]), which is what the
+// supervisor records. The shim is the init's parent, so it learns how the sandbox ended also
+// while sandboxd is down: it writes outcome.json ([runtime.WriteOutcome]), removes the
+// cgroup and exits. Capabilities, no_new_privs and the filter reach every thread of the agent
+// before it runs, so the agent and everything it starts carry exactly the sandbox's
+// privileges. The capability travels on pipes only, never in a file inside the sandbox.
 //
-// The shim and the init are package [shim], the sandbox side of this runtime, which imports
-// nothing of the host side; this package is the host-side driver. Every binary that this
-// runtime executes calls [shim.Main] first thing in main:
+// # The root file system
 //
-//	if code, ran := shim.Main(os.Args[1:]); ran {
-//		os.Exit(code)
-//	}
+// The init makes every mount inside its own mount namespace, after making / private: nothing
+// propagates to the host, and every mount ends with the namespace. It is host root until
+// pivot_root, and the tree it mounts on is the sandbox's, links included: every directory,
+// file and link it makes below the new root, and every mount target, is resolved through a
+// handle of the root as if the root were "/" (openat2 RESOLVE_IN_ROOT), and every mount is
+// made detached and attached onto a handle of its target (move_mount), so that a link
+// planted inside (a /sys pointing at a host directory) is followed inside or fails the
+// start, and never leads out. The overlay's layers are given to it as handles of detached
+// clones of their mounts, so the sandbox's mount table names them "/", "/upper" and "/work",
+// not by their host paths.
 //
-// # What is mounted where, and why
+//   - / is a nodev, nosuid overlay on <dir>/rootfs. Its lowers are, top first, Spec.Lowers
+//     (template generations) and then Spec.ImageDir, or, for the built-in host image
+//     (ImageDir ""), <dir>/hostfiles (the sandbox's /etc/hostname and /etc/hosts) over the
+//     host base layer. Its upper and work directories are <dir>/upper and <dir>/work, or, with
+//     a disk of its own (Spec.DiskMB), the same names on an ext4 image <dir>/disk.img that
+//     Start makes and the init loop-mounts as a detached mount, at no path.
+//   - The host base layer holds the directory skeleton, the host's merged-usr links and a
+//     generated /etc (passwd, group, nsswitch.conf, resolv.conf, and public host files such
+//     as os-release and ld.so.cache). It holds nothing of any sandbox, so one copy is shared
+//     read-only by every sandbox that names the same Spec.HostBase (the supervisor gives one
+//     per state root; "" means <dir>/base). Its directory is named by a hash of its format and
+//     content, so a changed host gets a new layer; it is built under a temporary name and
+//     renamed into place, so that no start sees a partial one.
+//   - Host image only: the host's /usr, top-level /bin, /lib... where they are directories,
+//     and /etc/alternatives, bound read-only, nosuid, nodev.
+//   - /proc is the sandbox's own, with /proc/sys, irq, bus, fs and asound read-only and
+//     kcore, keys, sysrq-trigger, kmsg and the like masked by /dev/null.
+//   - /dev is a small nodev tmpfs with null, zero, full, random, urandom and tty bound from the
+//     host, a new devpts instance, and a tmpfs /dev/shm.
+//   - The sandbox's own cgroup, read-only, at /sys/fs/cgroup/memory (v1) or /sys/fs/cgroup
+//     (v2); the cgroup namespace is rooted at it. Nothing else of /sys.
+//   - /run/sandboxd is a small, empty tmpfs, root's alone (0700). Nothing of the state
+//     directory is visible inside.
 //
-// All mounts are made by the init inside its own mount namespace, after making every mount
-// private (MS_PRIVATE|MS_REC on /): nothing propagates to the host, and everything vanishes
-// when the namespace's last process dies, so no mount can leak.
+// The control socket is <dir>/control/control.sock ([Runtime.ControlPath]). The shim makes
+// it and listens on it before it starts the init, and hands the listening descriptor down
+// (fd 5); the agent accepts on it. The directory is never mounted inside, so nothing in the
+// sandbox can rename, replace or add the entry that sandboxd connects to, and nothing it
+// writes reaches the host's state root. A connection's peer credentials (SO_PEERCRED) are
+// the shim's, the process that listened, whose identity Start returns: sandboxd can check
+// them before it sends the capability.
 //
-//   - / is an overlay on <dir>/rootfs: lower layers are the spec's Lowers (template
-//     generations, top first) then the image; the upper layer is <dir>/upper (work dir
-//     <dir>/work). It is nodev and nosuid. An image is a directory under <root>/images/<name>/;
-//     the built-in "host" image is <dir>/base, generated by the shim at the first start (and
-//     again when its format or the host name changes): the directory skeleton, the merged-usr
-//     links (/bin, /sbin, /lib, /lib64 as the host has them), and a generated /etc (passwd
-//     with root and user, group, hosts with the host name, hostname, resolv.conf,
-//     nsswitch.conf, and public host files: os-release, ld.so.cache, ld.so.conf). /tmp and
-//     /home/user (owned by 1000) live on the upper layer, so they persist with the sandbox.
-//   - /usr (host image only) is the host's /usr, bound read-only, nosuid, nodev; so are the
-//     top-level /bin, /lib... of a host where they are directories rather than links, and
-//     the host's /etc/alternatives (Debian's links to the chosen awk, editor, ...).
-//   - /proc is a new proc of the sandbox's pid namespace, so only its own processes show;
-//     /proc/sys, /proc/irq, /proc/bus and /proc/fs are read-only binds (root in the sandbox
-//     cannot change host-wide kernel settings), and /proc/kcore, keys, sysrq-trigger,
-//     timer_list and the like are masked with /dev/null.
-//   - /dev is a small tmpfs (nodev itself) with null, zero, full, random, urandom and tty
-//     bound from the host's nodes, a new devpts instance at /dev/pts with /dev/ptmx linking
-//     into it, a tmpfs at /dev/shm, and the /dev/fd, stdin, stdout, stderr links.
-//   - /sys/fs/cgroup/memory (cgroup v1) or /sys/fs/cgroup (v2) is the sandbox's own cgroup,
-//     read-only, for the agent's memory figures; the init's cgroup namespace is rooted at the
-//     sandbox's cgroup, so nothing above it shows. No other part of /sys is mounted.
-//   - /run/sandboxd is a bind of <dir>/control, the only part of the state directory visible
-//     inside: it holds the agent's control.sock and is root's alone (0700), so a workload
-//     running as user cannot reach the socket.
+// The old root is detached after pivot_root: nothing else of the host (its /root, /home,
+// /etc/shadow, the state root, other sandboxes) is reachable. The network namespace has only
+// loopback.
 //
-// Nothing else of the host is visible: the old root is detached after pivot_root, so the
-// host's /root, /home, /etc/shadow, the state root and other sandboxes are unreachable. The
-// network namespace has only loopback, brought up by the init.
+// # Limits and privileges
 //
-// # Limits and privileges inside
+// The cgroup is <Config.CgroupParent>/<[shim.CgroupLeaf]>: on v1 a directory in each of the
+// memory (with memory+swap where accounted), cpu (CFS quota) and pids hierarchies, on v2 one
+// directory whose ancestors all delegate memory, cpu and pids (so sandboxd must not run in a
+// cgroup that holds processes). On v1 the shim's forking thread enters the cgroup for the
+// fork alone; on v2 the init is cloned into it (CLONE_INTO_CGROUP) and makes its cgroup
+// namespace once inside. An out-of-memory kill goes into the outcome.
 //
-// The cgroup is <CgroupParent>/<id>.<hash of the state directory> ("sandboxd/<id>.1a2b3c4d"): on cgroup v1 one directory in each of
-// the memory (limit, and memory+swap where accounted), cpu (CFS quota = vcpus × period) and
-// pids hierarchies; on cgroup v2 (where memory, cpu and pids are enabled) one directory. On v1
-// the shim's forking thread alone enters the cgroup for the fork, so the init is born inside
-// it and its cgroup namespace is rooted there; on v2 the init is cloned into it
-// (CLONE_INTO_CGROUP) and makes its cgroup namespace once inside (clone3 would root one made at
-// clone at the shim's cgroup). The v2 path cannot run on the v1 CI machine and is untested
-// there. On v2, every ancestor of the cgroup delegates memory, cpu and pids; a cgroup that
-// holds processes cannot, so sandboxd must not run in the root of a container's cgroup
-// namespace (it says so when it fails). An out-of-memory kill is read from memory.oom_control (v1) or
-// memory.events (v2) into the outcome.
-//
-// The agent keeps Docker's default capability set minus CAP_MKNOD (platform.
-// DefaultCapabilities) as bounding, permitted and effective set: enough to switch to the
-// workload user and to signal workloads. A workload run as user gets no capability (the uid
-// change clears them; ambient is empty); one run as root gets that same set. no_new_privs
-// makes set-user-ID binaries and file capabilities inert. The agent is not dumpable, so that no
-// workload, even root, can reach its memory (the capability), its descriptors (sandbox.log on
-// the host) or its executable through /proc/1. The seccomp filter is Docker's
-// default profile (github.com/moby/profiles/seccomp) for that capability set, compiled to
-// BPF in pure Go; it covers the agent and every workload.
+// The init holds the sandbox's capability set plus CAP_SYS_ADMIN and CAP_NET_ADMIN, which it
+// drops before the agent runs. The agent keeps [platform.DefaultCapabilities] (Docker's
+// default set minus CAP_MKNOD); a workload run as user gets none, one run as root gets that
+// set. no_new_privs makes set-user-ID binaries and file capabilities inert; the agent is not
+// dumpable, so no workload reaches its memory or descriptors through /proc/1. The seccomp
+// filter is Docker's default profile for that capability set; it covers the agent and every
+// workload.
 //
 // # Crashes
 //
-//   - sandboxd dies: nothing happens to the sandbox; the shim is in its own session and not
-//     sandboxd's child in any way that matters. A restarted sandboxd finds it by the runtime
-//     record and reattaches.
+//   - sandboxd dies: the sandbox runs on; a restarted sandboxd finds the shim by its recorded
+//     identity.
 //   - The shim gets TERM, INT or HUP: it forwards TERM to the init, whose agent ends the
-//     sandbox gracefully; the shim records the outcome and exits as usual.
-//   - The shim dies (even SIGKILL): the init has PR_SET_PDEATHSIG=SIGKILL, set before it
-//     checks the lifeline (so a shim that died before the signal was armed is noticed too);
-//     the init's death ends its pid namespace, killing every workload. No outcome report is
-//     written; the supervisor sees the runtime process gone and calls Cleanup, which removes
-//     the cgroup (killing anything left in it). Mounts need no cleanup: they lived in the
-//     dead mount namespace.
-//   - The init or agent dies: the pid namespace ends with it; the shim writes the outcome
-//     (exit code or signal, OOM), removes the cgroup and exits.
-//   - The host crashes: the boot id changes, so every recorded identity reads as gone; the
-//     cgroup and mounts were in memory and are gone too.
-//   - A sandbox is killed (Kill): its init is killed by verified identity (a pidfd, checked to
-//     still be the shim's child); the shim records the outcome. If the shim lingers, it is
-//     killed too.
+//     sandbox gracefully, and records the outcome as usual.
+//   - The shim dies, even by SIGKILL: the init dies by its parent-death signal (armed before
+//     it checks that the shim still holds its lifeline, fd 4), and with it its pid namespace
+//     and mounts. No outcome is written; the supervisor calls [Runtime.Cleanup], which removes
+//     the cgroup and anything mounted below the state directory on the host.
+//   - The init or agent dies: the shim writes the outcome, removes the cgroup and exits.
+//   - The host crashes: the boot id changes, so every recorded identity reads as gone.
+//   - [Runtime.Kill] kills the init by verified identity (a pidfd of a process checked to be
+//     the shim's child), and the shim too if it lingers.
 //
 // # Privileges required
 //
-// sandboxd must run as root (uid 0 with a full capability set: CAP_SYS_ADMIN for mounts,
-// namespaces and seccomp, CAP_SYS_CHROOT for pivot_root, CAP_SETUID/CAP_SETGID, CAP_SETPCAP to
-// bound capabilities, CAP_DAC_OVERRIDE for state directories) with write access to the cgroup
-// hierarchy (/sys/fs/cgroup mounted read-write). In a container that means --privileged, or
-// at least CAP_SYS_ADMIN, an unconfined seccomp and AppArmor profile, and a writable cgroup
-// mount. Rootless operation (a user namespace with mapped ids) is not implemented: New
-// refuses to run without root, with an error that says so.
+// Root with a full capability set (CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID,
+// CAP_SETPCAP, CAP_DAC_OVERRIDE) and a writable cgroup hierarchy; in a container, that means
+// --privileged or the equivalent. Rootless sandboxes (a user namespace with mapped ids) are
+// not implemented.
 package namespace

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/namespace/seccomp"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
@@ -46,8 +46,8 @@ type Config struct {
 type Runtime struct {
 	cfg      Config
 	identity func() (string, error)
-	// seccomp is the compiled filter of every sandbox, compiled once here rather than in each
-	// sandbox's init.
+	// seccomp is the compiled filter of every sandbox, in its binary form: compiled once
+	// here, since the sandbox side links no compiler.
 	seccomp []byte
 	// refusal, when set, is why this runtime cannot start sandboxes (no root).
 	refusal error
@@ -73,7 +73,7 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := platform.OpenCgroup(cfg.CgroupParent + "/probe"); err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
-	prog, err := platform.DefaultSeccomp(platform.DefaultCapabilities)
+	prog, err := seccomp.Default(platform.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
@@ -130,7 +130,10 @@ func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
 	return platform.OpenDir(filepath.Join(dir, shim.EntryUpper))
 }
 
-// ControlPath returns the host path of the control socket of the sandbox in dir.
+// ControlPath returns the host path of the control socket of the sandbox in dir. The shim
+// makes it, in a directory that is nowhere inside the sandbox, and listens on it (the agent
+// accepts on the inherited descriptor), so the peer credentials of a connection to it are
+// the shim's, the process whose identity Start returns.
 func (r *Runtime) ControlPath(dir string) string {
 	return filepath.Join(dir, shim.EntryControl, shim.SocketName)
 }
@@ -226,19 +229,55 @@ func ensureDiskImage(ctx context.Context, dir string, sizeMB int, prog string) e
 	return platform.SyncDir(d)
 }
 
-// Start launches the shim for spec, detached, and returns its identity.
+// Start launches the shim for spec, detached, and returns its identity. Its steps run in this
+// order, each only once the one before succeeded: the spec's checks, its defaults, the layers'
+// checks, the state directory (with the sandbox's disk), the log, the shim's configuration,
+// and the spawn.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.ProcessID, error) {
 	if r.refusal != nil {
 		return platform.ProcessID{}, r.refusal
 	}
-	if err := spec.Validate(); err != nil {
+	if err := checkSpec(spec); err != nil {
 		return platform.ProcessID{}, err
+	}
+	spec = withDefaults(spec)
+	if err := ctx.Err(); err != nil {
+		return platform.ProcessID{}, err
+	}
+	if err := checkLayers(spec); err != nil {
+		return platform.ProcessID{}, err
+	}
+	if err := r.prepareStateDir(ctx, spec); err != nil {
+		return platform.ProcessID{}, err
+	}
+	logf, err := openLog(spec.Dir)
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	defer logf.Close()
+	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp})
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	return r.spawn(spec.Dir, logf, cfg)
+}
+
+// checkSpec validates spec and refuses paths that an overlayfs mount option cannot carry.
+func checkSpec(spec runtime.Spec) error {
+	if err := spec.Validate(); err != nil {
+		return err
 	}
 	for _, p := range append(append([]string{}, spec.Lowers...), spec.ImageDir, spec.Dir, spec.HostBase) {
 		if strings.ContainsAny(p, ":,\n") {
-			return platform.ProcessID{}, fmt.Errorf("namespace runtime: path %q has a character overlayfs cannot take", p)
+			return fmt.Errorf("namespace runtime: path %q has a character overlayfs cannot take", p)
 		}
 	}
+	return nil
+}
+
+// withDefaults returns spec with its host name (the id) and zero resources
+// ([DefaultResources]) filled in.
+func withDefaults(spec runtime.Spec) runtime.Spec {
 	if spec.Hostname == "" {
 		spec.Hostname = spec.ID
 	}
@@ -251,67 +290,88 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if spec.Resources.Pids == 0 {
 		spec.Resources.Pids = DefaultResources.Pids
 	}
-	if err := ctx.Err(); err != nil {
-		return platform.ProcessID{}, err
-	}
-	// Layers are mounted by path: each must be a directory itself, not a link to one.
+	return spec
+}
+
+// checkLayers checks that the state directory and every layer are directories themselves:
+// layers are mounted by path, and a link to a directory would mount whatever it points to.
+func checkLayers(spec runtime.Spec) error {
 	for _, p := range append(append([]string{spec.Dir}, spec.Lowers...), spec.ImageDir) {
 		if p == "" {
 			continue
 		}
 		fi, err := os.Lstat(p)
 		if err != nil || !fi.IsDir() {
-			return platform.ProcessID{}, fmt.Errorf("namespace runtime: %s is not a directory (%v)", p, err)
+			return fmt.Errorf("namespace runtime: %s is not a directory (%v)", p, err)
 		}
 	}
+	return nil
+}
+
+// prepareStateDir makes the entries of the state directory that the shim and init expect,
+// removes what an earlier run left that would get in the way, and prepares the sandbox's
+// own disk if it has one.
+func (r *Runtime) prepareStateDir(ctx context.Context, spec runtime.Spec) error {
 	for _, e := range []struct {
 		name string
 		perm os.FileMode
 	}{{shim.EntryControl, 0o700}, {shim.EntryUpper, 0o755}, {shim.EntryWork, 0o700}, {shim.EntryRootfs, 0o700}} {
 		if err := platform.EnsureDir(spec.Dir, e.name, e.perm); err != nil {
-			return platform.ProcessID{}, err
+			return err
 		}
 	}
 	if spec.ImageDir == "" && spec.HostBase != "" {
 		// A base layer of the sandbox's own, made before the base was shared, is garbage.
 		if err := os.RemoveAll(filepath.Join(spec.Dir, shim.EntryBase)); err != nil {
-			return platform.ProcessID{}, err
+			return err
 		}
 	}
 	if spec.DiskMB > 0 {
-		prog, err := r.diskTool()
-		if err != nil {
-			return platform.ProcessID{}, err
-		}
-		if err := platform.EnsureDir(spec.Dir, shim.EntryDisk, 0o700); err != nil {
-			return platform.ProcessID{}, err
-		}
-		if err := ensureDiskImage(ctx, spec.Dir, spec.DiskMB, prog); err != nil {
-			return platform.ProcessID{}, err
+		if err := r.prepareDisk(ctx, spec); err != nil {
+			return err
 		}
 	}
-	// A socket left by the previous run would make the agent's listen fail.
+	// A socket left by the previous run answers nobody: gone, sandboxd waits for the shim's
+	// new one rather than dialling a dead one.
 	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return platform.ProcessID{}, err
+		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(spec.Dir, shim.EntryLog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|os.O_APPEND, 0o600)
+	return nil
+}
+
+// prepareDisk makes the image of the sandbox's own disk (Spec.DiskMB).
+func (r *Runtime) prepareDisk(ctx context.Context, spec runtime.Spec) error {
+	prog, err := r.diskTool()
 	if err != nil {
-		return platform.ProcessID{}, fmt.Errorf("namespace runtime: open sandbox.log: %w", err)
+		return err
 	}
-	defer logf.Close()
+	return ensureDiskImage(ctx, spec.Dir, spec.DiskMB, prog)
+}
+
+// openLog opens the state directory's sandbox.log for the shim's output, emptied: each start
+// replaces the log of the one before.
+func openLog(dir string) (*os.File, error) {
+	logf, err := os.OpenFile(filepath.Join(dir, shim.EntryLog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("namespace runtime: open sandbox.log: %w", err)
+	}
 	if fi, err := logf.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return platform.ProcessID{}, fmt.Errorf("namespace runtime: sandbox.log is not a regular file")
+		logf.Close()
+		return nil, fmt.Errorf("namespace runtime: sandbox.log is not a regular file")
 	}
-	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp})
-	if err != nil {
-		return platform.ProcessID{}, err
-	}
+	return logf, nil
+}
+
+// spawn starts the shim for the state directory dir, detached, with its output to logf, and
+// hands it cfg on its fd 3. It returns the shim's identity once the shim has its
+// configuration.
+func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.ProcessID, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
 	defer pw.Close()
-	cmd := exec.Command(r.cfg.Executable, shim.ShimCommand, spec.Dir) //nolint:noctx // the shim outlives every request, and sandboxd
+	cmd := exec.Command(r.cfg.Executable, shim.ShimCommand, dir) //nolint:noctx // the shim outlives every request, and sandboxd
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
@@ -417,50 +477,6 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// Processes lists the shims and inits whose marker (argv: sandboxd __shim|__init <dir>)
-// names a state directory below stateRoot.
-func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
-	stateRoot = filepath.Clean(stateRoot)
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	var out []runtime.Process
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		argv := bytes.Split(bytes.TrimSuffix(b, []byte{0}), []byte{0})
-		if len(argv) < 3 {
-			continue
-		}
-		var role runtime.Role
-		switch string(argv[1]) {
-		case shim.ShimCommand:
-			role = runtime.RoleShim
-		case shim.InitCommand:
-			role = runtime.RoleInit
-		default:
-			continue
-		}
-		dir := string(argv[2])
-		if !strings.HasPrefix(dir, stateRoot+"/") {
-			continue
-		}
-		id, err := platform.Identify(pid)
-		if err != nil {
-			continue
-		}
-		out = append(out, runtime.Process{ID: id, Role: role, Dir: dir})
-	}
-	return out, nil
 }
 
 // openDiskLayer opens the writable layer on a stopped sandbox's own disk, for a capture. The

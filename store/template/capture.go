@@ -61,109 +61,159 @@ func (s *Store) CaptureLayers(ctx context.Context, name string, layers []*os.Fil
 	if err != nil {
 		return nil, err
 	}
-
-	// Reserve the id and make the staging directory under the lock.
-	var (
-		gen, staging string
-		uid          string
-		tdir, sdir   *os.File
-	)
-	err = s.withLock(ctx, func(tx *Tx) error {
-		d, rec, err := s.openTemplate(name)
-		if err != nil {
-			return err
-		}
-		ok := false
-		defer func() {
-			if !ok {
-				d.Close()
-			}
-		}()
-		if rec.Deleting {
-			return errcode.New(errcode.TemplateTombstoned, "Template %s is being deleted and takes no new captures.", name)
-		}
-		if err := s.cleanTemplateDir(d, name); err != nil {
-			return err
-		}
-		gen = generationID(rec.NextGeneration)
-		rec.NextGeneration++
-		if err := s.writeRecord(d, TemplateRecordName, rec, ""); err != nil {
-			return err
-		}
-		staging = platform.TempName(gen)
-		if err := platform.MkdirAt(d, staging, 0o700); err != nil {
-			return err
-		}
-		sd, err := platform.OpenDirAt(d, staging)
-		if err != nil {
-			return err
-		}
-		// The flock tells cleaners that this staging directory is alive; it is taken before
-		// the store's lock is released, so no cleaner ever sees it unlocked while we live.
-		if got, err := platform.TryLock(sd); err != nil || !got {
-			sd.Close()
-			return errors.Join(err, errors.New("template: a fresh staging directory is locked by another process"))
-		}
-		if err := platform.SyncDir(d); err != nil {
-			sd.Close()
-			return err
-		}
-		s.synced(StepCaptureReserve)
-		tdir, sdir, uid, ok = d, sd, rec.UID, true
-		return nil
-	})
+	c, err := s.reserve(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	defer tdir.Close()
-	committed := false
-	defer func() {
-		if !committed {
-			// Ours to remove: we hold its flock. Closing releases the flock afterwards.
-			_ = removeTree(tdir, staging)
-			_ = platform.SyncDir(tdir)
-		}
-		sdir.Close()
-	}()
+	defer c.close()
+	size, err := s.copyLayers(ctx, c, layers, progress)
+	if err != nil {
+		return nil, err
+	}
+	s.synced(StepCaptureCopied)
+	entry := &indexEntry{Format: IndexFormat, ID: c.gen, Template: name, Key: key, Time: now, CapturedAt: now.UTC, SizeBytes: size}
+	if err := s.writeRecord(c.sdir, IndexName, entry, StepCaptureIndex); err != nil {
+		return nil, err
+	}
+	return s.commit(ctx, c, entry, now)
+}
 
-	c := &copier{ctx: ctx, progress: progress, links: map[inode]string{}, dstRoot: filepath.Join(s.path, name, staging), euid: os.Geteuid(), egid: os.Getegid()}
+// capture is a capture in flight: the generation id it reserved and its staging directory,
+// which it holds an flock on from the reservation until close.
+type capture struct {
+	name    string
+	gen     string   // the reserved generation id
+	staging string   // the staging directory's name in tdir
+	uid     string   // the template's UID at the reservation: the commit checks it is the same template
+	tdir    *os.File // the template's directory
+	sdir    *os.File // the staging directory, flocked
+	// done is set once the staging directory is no longer ours to remove: renamed to the
+	// generation, or removed already.
+	done bool
+}
+
+// close removes the staging directory unless the capture committed or removed it, then
+// closes the directories; closing the staging directory releases its flock, after the removal.
+func (c *capture) close() {
+	c.removeStaging()
+	c.sdir.Close()
+	c.tdir.Close()
+}
+
+// removeStaging removes the staging directory, once. It is ours to remove: we hold its flock.
+func (c *capture) removeStaging() {
+	if c.done {
+		return
+	}
+	c.done = true
+	_ = removeTree(c.tdir, c.staging)
+	_ = platform.SyncDir(c.tdir)
+}
+
+// reserve is the first phase of a capture: under the lock, it bumps the template's generation
+// counter durably, so that the id is never reused, and makes and flocks the staging directory.
+func (s *Store) reserve(ctx context.Context, name string) (*capture, error) {
+	var c *capture
+	err := s.withLock(ctx, func(tx *Tx) error {
+		var err error
+		c, err = s.reserveLocked(name)
+		return err
+	})
+	if err != nil && c != nil {
+		// The reservation was made but the unlock failed: give the staging directory up.
+		c.close()
+		c = nil
+	}
+	return c, err
+}
+
+func (s *Store) reserveLocked(name string) (*capture, error) {
+	d, rec, err := s.openTemplate(name)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Close()
+		}
+	}()
+	if rec.Deleting {
+		return nil, tombstoned(name)
+	}
+	if err := s.cleanTemplateDir(d, name); err != nil {
+		return nil, err
+	}
+	gen := generationID(rec.NextGeneration)
+	rec.NextGeneration++
+	if err := s.writeRecord(d, TemplateRecordName, rec, ""); err != nil {
+		return nil, err
+	}
+	staging := platform.TempName(gen)
+	if err := platform.MkdirAt(d, staging, 0o700); err != nil {
+		return nil, err
+	}
+	sd, err := platform.OpenDirAt(d, staging)
+	if err != nil {
+		return nil, err
+	}
+	// The flock tells cleaners that this staging directory is alive; it is taken before
+	// the store's lock is released, so no cleaner ever sees it unlocked while we live.
+	if got, err := platform.TryLock(sd); err != nil || !got {
+		sd.Close()
+		return nil, errors.Join(err, errors.New("template: a fresh staging directory is locked by another process"))
+	}
+	if err := platform.SyncDir(d); err != nil {
+		sd.Close()
+		return nil, err
+	}
+	s.synced(StepCaptureReserve)
+	ok = true
+	return &capture{name: name, gen: gen, staging: staging, uid: rec.UID, tdir: d, sdir: sd}, nil
+}
+
+func tombstoned(name string) error {
+	return errcode.New(errcode.TemplateTombstoned, "Template %s is being deleted and takes no new captures.", name)
+}
+
+// copyLayers is the second phase of a capture, without the lock: it copies the lowest layer
+// into the staging directory's payload and merges each layer above over it, every file and
+// directory fsynced, and returns the payload's size.
+func (s *Store) copyLayers(ctx context.Context, c *capture, layers []*os.File, progress func(copied, total int64)) (int64, error) {
+	cp := &copier{ctx: ctx, progress: progress, links: map[inode]string{}, dstRoot: filepath.Join(s.path, c.name, c.staging), euid: os.Geteuid(), egid: os.Getegid()}
 	for _, l := range layers {
 		n, err := sizeTree(l, map[inode]bool{})
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		c.total += n
+		cp.total += n
 	}
 	if progress != nil {
-		progress(0, c.total)
+		progress(0, cp.total)
 	}
-	size, err := c.copyRoot(layers[0], sdir, PayloadDir)
+	size, err := cp.copyRoot(layers[0], c.sdir, PayloadDir)
+	if err != nil || len(layers) == 1 {
+		return size, err
+	}
+	for _, l := range layers[1:] {
+		if _, err := cp.mergeRoot(l, c.sdir, PayloadDir); err != nil {
+			return 0, err
+		}
+	}
+	// What the merge replaced or hid was copied but is not in the payload.
+	payload, err := openDirAt(c.sdir, PayloadDir)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	if len(layers) > 1 {
-		for _, l := range layers[1:] {
-			if _, err := c.mergeRoot(l, sdir, PayloadDir); err != nil {
-				return nil, err
-			}
-		}
-		// What the merge replaced or hid was copied but is not in the payload.
-		payload, err := openDirAt(sdir, PayloadDir)
-		if err != nil {
-			return nil, err
-		}
-		size, err = sizeTree(payload, map[inode]bool{})
-		payload.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	s.synced(StepCaptureCopied)
-	entry := &indexEntry{Format: IndexFormat, ID: gen, Template: name, Key: key, Time: now, CapturedAt: now.UTC, SizeBytes: size}
-	if err := s.writeRecord(sdir, IndexName, entry, StepCaptureIndex); err != nil {
-		return nil, err
-	}
+	defer payload.Close()
+	return sizeTree(payload, map[inode]bool{})
+}
 
+// commit is the last phase of a capture: under the lock, unless the template was deleted or
+// is being deleted meanwhile, it renames the staging directory to the generation's id, so
+// that the generation appears whole, with its index entry. ctx's deadline does not cut it
+// short: it waits at least commitGrace for the lock, since giving up would throw the copy away.
+func (s *Store) commit(ctx context.Context, c *capture, entry *indexEntry, now TimeContract) (*Generation, error) {
 	cctx := ctx
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < commitGrace && !errors.Is(ctx.Err(), context.Canceled) {
 		var cancel context.CancelFunc
@@ -171,45 +221,48 @@ func (s *Store) CaptureLayers(ctx context.Context, name string, layers []*os.Fil
 		defer cancel()
 	}
 	var out *Generation
-	err = s.withLock(cctx, func(tx *Tx) error {
-		rec, err := readTemplateRecord(tdir)
-		if err != nil {
-			return err
-		}
-		if rec == nil || rec.UID != uid {
-			return errcode.New(errcode.TemplateNotFound, "Template %s was deleted during the capture.", name)
-		}
-		if rec.Deleting {
-			return errcode.New(errcode.TemplateTombstoned, "Template %s is being deleted and takes no new captures.", name)
-		}
-		if err := renameAt(tdir, staging, gen); err != nil {
-			return err
-		}
-		committed = true
-		if err := platform.SyncDir(tdir); err != nil {
-			return err
-		}
-		s.synced(StepCaptureCommit)
-		g := &genState{id: gen, index: entry, payload: true}
-		g.n, _ = parseGeneration(gen)
-		v := s.view(name, g, now)
-		out = &v
-		return nil
+	err := s.withLock(cctx, func(tx *Tx) error {
+		var err error
+		out, err = s.commitLocked(c, entry, now)
+		return err
 	})
-	if err != nil && !committed {
+	if err != nil && !c.done {
 		// The template went away meanwhile: remove the staging now, and the template's
 		// directory if that was all that kept it.
-		_ = removeTree(tdir, staging)
-		_ = platform.SyncDir(tdir)
-		committed = true
+		c.removeStaging()
 		if errcode.Of(err) == errcode.TemplateNotFound {
 			_ = s.withLock(cctx, func(tx *Tx) error {
-				if rec, rerr := readTemplateRecord(tdir); rerr == nil && rec == nil {
-					return s.removeTemplateDirIfEmpty(tdir, name)
+				if rec, rerr := readTemplateRecord(c.tdir); rerr == nil && rec == nil {
+					return s.removeTemplateDirIfEmpty(c.tdir, c.name)
 				}
 				return nil
 			})
 		}
 	}
 	return out, err
+}
+
+func (s *Store) commitLocked(c *capture, entry *indexEntry, now TimeContract) (*Generation, error) {
+	rec, err := readTemplateRecord(c.tdir)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil || rec.UID != c.uid {
+		return nil, errcode.New(errcode.TemplateNotFound, "Template %s was deleted during the capture.", c.name)
+	}
+	if rec.Deleting {
+		return nil, tombstoned(c.name)
+	}
+	if err := renameAt(c.tdir, c.staging, c.gen); err != nil {
+		return nil, err
+	}
+	c.done = true
+	if err := platform.SyncDir(c.tdir); err != nil {
+		return nil, err
+	}
+	s.synced(StepCaptureCommit)
+	g := &genState{id: c.gen, index: entry, payload: true}
+	g.n, _ = parseGeneration(c.gen)
+	v := s.view(c.name, g, now)
+	return &v, nil
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 )
 
@@ -83,7 +84,7 @@ func (s *Store) Check(ctx context.Context, bindingExists func(sandboxID, leaseID
 				}
 				return err
 			}
-			if !validName(name) || !st.IsDir() {
+			if !naming.ValidID(name) || !st.IsDir() {
 				out = append(out, Problem{Kind: ForeignEntry, Entry: name, Detail: "not a template directory"})
 				continue
 			}
@@ -98,22 +99,53 @@ func (s *Store) Check(ctx context.Context, bindingExists func(sandboxID, leaseID
 	return out, err
 }
 
+// checkTemplate checks one template's directory: its record, its entries, each generation,
+// and a delete that did not finish.
 func (s *Store) checkTemplate(name string, bindingExists func(string, string) bool, repair bool) ([]Problem, error) {
 	tdir, found, err := s.openTemplateDir(name)
 	if err != nil || !found {
 		return nil, err
 	}
 	defer tdir.Close()
-	var out []Problem
 	rec, err := readTemplateRecord(tdir)
 	if err != nil {
-		return append(out, Problem{Kind: BadRecord, Template: name, Entry: name + "/" + TemplateRecordName, Detail: err.Error()}), nil
+		return []Problem{{Kind: BadRecord, Template: name, Entry: name + "/" + TemplateRecordName, Detail: err.Error()}}, nil
 	}
+	out, err := s.checkTemplateEntries(tdir, name, repair)
+	if err != nil {
+		return nil, err
+	}
+	gens, err := generationNames(tdir)
+	if err != nil {
+		return nil, err
+	}
+	for _, gen := range gens {
+		ps, err := s.checkGeneration(tdir, name, gen, bindingExists, repair)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ps...)
+	}
+	p, err := s.checkInterruptedDelete(tdir, name, rec, repair)
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		out = append(out, *p)
+	}
+	return out, nil
+}
+
+// checkTemplateEntries reports the entries of a template's directory that are not its record
+// or a generation: leftovers of dead writes and captures (removed with repair; a live
+// capture's staging is left alone) and foreign entries.
+func (s *Store) checkTemplateEntries(tdir *os.File, name string, repair bool) ([]Problem, error) {
 	names, err := platform.ReadDirNames(tdir)
 	if err != nil {
 		return nil, err
 	}
 	slices.Sort(names)
+	var out []Problem
 	for _, n := range names {
 		if n == TemplateRecordName || (validGenerationName(n) && isDirAt(tdir, n)) {
 			continue
@@ -134,41 +166,38 @@ func (s *Store) checkTemplate(name string, bindingExists func(string, string) bo
 			return nil, err
 		}
 	}
-	gens, err := generationNames(tdir)
-	if err != nil {
-		return nil, err
-	}
-	for _, gen := range gens {
-		ps, err := s.checkGeneration(tdir, name, gen, bindingExists, repair)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, ps...)
-	}
-	if rec == nil || rec.Deleting {
-		left, err := generationNames(tdir)
-		if err != nil {
-			return nil, err
-		}
-		if len(left) == 0 {
-			p := Problem{Kind: InterruptedDelete, Template: name, Entry: name, Detail: "a deleted template whose directory remains"}
-			if repair {
-				if rec != nil {
-					err = s.removeTemplate(tdir, name)
-				} else {
-					err = s.removeTemplateDirIfEmpty(tdir, name)
-				}
-				if err != nil && errcode.Of(err) != errcode.ForeignFiles {
-					return nil, err
-				}
-				p.Repaired = err == nil
-			}
-			out = append(out, p)
-		}
-	}
 	return out, nil
 }
 
+// checkInterruptedDelete reports a template that is deleted or being deleted (rec is nil or
+// marked) and has no generation left; with repair it finishes the delete, unless foreign
+// entries keep the directory.
+func (s *Store) checkInterruptedDelete(tdir *os.File, name string, rec *templateRecord, repair bool) (*Problem, error) {
+	if rec != nil && !rec.Deleting {
+		return nil, nil
+	}
+	left, err := generationNames(tdir)
+	if err != nil || len(left) > 0 {
+		return nil, err
+	}
+	p := &Problem{Kind: InterruptedDelete, Template: name, Entry: name, Detail: "a deleted template whose directory remains"}
+	if repair {
+		if rec != nil {
+			err = s.removeTemplate(tdir, name)
+		} else {
+			err = s.removeTemplateDirIfEmpty(tdir, name)
+		}
+		if err != nil && errcode.Of(err) != errcode.ForeignFiles {
+			return nil, err
+		}
+		p.Repaired = err == nil
+	}
+	return p, nil
+}
+
+// checkGeneration checks one generation: its records, its entries, its leases against their
+// sandboxes' bindings, and whether its records and payload are in a state that some step of
+// this store leaves.
 func (s *Store) checkGeneration(tdir *os.File, name, gen string, bindingExists func(string, string) bool, repair bool) ([]Problem, error) {
 	entry := name + "/" + gen
 	g, found, err := loadGeneration(tdir, gen)
@@ -178,17 +207,47 @@ func (s *Store) checkGeneration(tdir *os.File, name, gen string, bindingExists f
 	if !found {
 		return nil, nil
 	}
-	var out []Problem
 	gdir, err := platform.OpenDirAt(tdir, gen)
 	if err != nil {
 		return nil, err
 	}
 	defer gdir.Close()
+	out, err := s.checkGenerationEntries(gdir, name, gen, repair)
+	if err != nil {
+		return nil, err
+	}
+	leases, err := readLeases(gdir, g.leases)
+	if err != nil {
+		return append(out, Problem{Kind: BadRecord, Template: name, Generation: gen, Entry: entry + "/" + LeasesDir, Detail: err.Error()}), nil
+	}
+	ps, kept, err := s.checkLeases(gdir, name, gen, leases, bindingExists, repair)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, ps...)
+	p := generationProblem(g, kept)
+	if p == nil {
+		return out, nil
+	}
+	p.Template, p.Generation, p.Entry = name, gen, entry
+	if repair {
+		if err := s.repairGeneration(tdir, name, g, kept, p); err != nil {
+			return nil, err
+		}
+	}
+	return append(out, *p), nil
+}
+
+// checkGenerationEntries reports the entries of a generation's directory that are not its
+// own: temp leftovers of its records (removed with repair) and foreign entries.
+func (s *Store) checkGenerationEntries(gdir *os.File, name, gen string, repair bool) ([]Problem, error) {
+	entry := name + "/" + gen
 	names, err := platform.ReadDirNames(gdir)
 	if err != nil {
 		return nil, err
 	}
 	slices.Sort(names)
+	var out []Problem
 	for _, n := range names {
 		switch n {
 		case IndexName, TombstoneName, PayloadDir, LeasesDir:
@@ -205,27 +264,23 @@ func (s *Store) checkGeneration(tdir *os.File, name, gen string, bindingExists f
 			return nil, err
 		}
 	}
-	leases, err := readLeases(gdir, g.leases)
-	if err != nil {
-		return append(out, Problem{Kind: BadRecord, Template: name, Generation: gen, Entry: entry + "/" + LeasesDir, Detail: err.Error()}), nil
-	}
-	kept := 0
+	return out, nil
+}
+
+// checkLeases reports the leases whose sandbox has no clone binding naming them, and with
+// repair removes their records. kept is how many leases still hold the generation: all of
+// them when bindingExists is nil, and without repair.
+func (s *Store) checkLeases(gdir *os.File, name, gen string, leases []Lease, bindingExists func(string, string) bool, repair bool) (out []Problem, kept int, err error) {
 	for _, l := range leases {
 		if bindingExists == nil || bindingExists(l.Sandbox, l.ID) {
 			kept++
 			continue
 		}
 		p := Problem{Kind: LeaseWithoutBinding, Template: name, Generation: gen, Lease: l.ID, Sandbox: l.Sandbox,
-			Entry: entry + "/" + LeasesDir + "/" + l.ID + leaseExt, Detail: "sandbox " + l.Sandbox + " has no clone binding naming this lease"}
+			Entry: name + "/" + gen + "/" + LeasesDir + "/" + l.ID + leaseExt, Detail: "sandbox " + l.Sandbox + " has no clone binding naming this lease"}
 		if repair {
-			ldir, err := platform.OpenDirAt(gdir, LeasesDir)
-			if err != nil {
-				return nil, err
-			}
-			err = s.removeEntry(ldir, l.ID+leaseExt, StepLeaseSweep)
-			ldir.Close()
-			if err != nil {
-				return nil, err
+			if err := s.sweepLease(gdir, l.ID); err != nil {
+				return nil, 0, err
 			}
 			p.Repaired = true
 		} else {
@@ -233,35 +288,52 @@ func (s *Store) checkGeneration(tdir *os.File, name, gen string, bindingExists f
 		}
 		out = append(out, p)
 	}
-	var p *Problem
+	return out, kept, nil
+}
+
+// sweepLease removes the record of the lease id from the generation's directory gdir.
+func (s *Store) sweepLease(gdir *os.File, id string) error {
+	ldir, err := platform.OpenDirAt(gdir, LeasesDir)
+	if err != nil {
+		return err
+	}
+	defer ldir.Close()
+	return s.removeEntry(ldir, id+leaseExt, StepLeaseSweep)
+}
+
+// generationProblem returns the problem of a generation whose records and payload are in a
+// state that no step of this store leaves, or that an interrupted retirement left; kept is
+// how many leases still hold it. It returns nil for a consistent generation.
+func generationProblem(g *genState, kept int) *Problem {
 	switch {
 	case g.tomb == nil && g.index == nil && g.payload:
-		p = &Problem{Kind: PayloadWithoutIndex, Detail: "a payload without an index entry or tombstone"}
+		return &Problem{Kind: PayloadWithoutIndex, Detail: "a payload without an index entry or tombstone"}
 	case g.tomb == nil && g.index != nil && !g.payload:
-		p = &Problem{Kind: IndexWithoutPayload, Detail: "an index entry whose payload is missing"}
+		return &Problem{Kind: IndexWithoutPayload, Detail: "an index entry whose payload is missing"}
 	case g.tomb == nil && g.index == nil:
-		p = &Problem{Kind: InterruptedRetirement, Detail: "an empty generation directory"}
+		return &Problem{Kind: InterruptedRetirement, Detail: "an empty generation directory"}
 	case g.tomb != nil && (g.index == nil || !g.payload || (g.tomb.Drain && kept == 0)):
-		p = &Problem{Kind: InterruptedRetirement, Detail: "a retirement that did not finish"}
+		return &Problem{Kind: InterruptedRetirement, Detail: "a retirement that did not finish"}
 	}
-	if p == nil {
-		return out, nil
-	}
-	p.Template, p.Generation, p.Entry = name, gen, entry
-	if repair {
-		if g.tomb == nil && (g.index != nil || g.payload) {
-			if _, err := s.writeTombstone(tdir, gen, false); err != nil {
-				return nil, err
-			}
-			p.Repaired = p.Kind == IndexWithoutPayload
+	return nil
+}
+
+// repairGeneration repairs the problem p of generation g: it tombstones an untombstoned
+// generation, so that no new clone uses it, and retires it if no lease holds it (unless
+// foreign entries keep it). It sets p.Repaired.
+func (s *Store) repairGeneration(tdir *os.File, name string, g *genState, kept int, p *Problem) error {
+	if g.tomb == nil && (g.index != nil || g.payload) {
+		if _, err := s.writeTombstone(tdir, g.id, false); err != nil {
+			return err
 		}
-		if kept == 0 {
-			err := s.finishRetire(tdir, name, gen)
-			if err != nil && errcode.Of(err) != errcode.ForeignFiles {
-				return nil, err
-			}
-			p.Repaired = err == nil
-		}
+		p.Repaired = p.Kind == IndexWithoutPayload
 	}
-	return append(out, *p), nil
+	if kept == 0 {
+		err := s.finishRetire(tdir, name, g.id)
+		if err != nil && errcode.Of(err) != errcode.ForeignFiles {
+			return err
+		}
+		p.Repaired = err == nil
+	}
+	return nil
 }

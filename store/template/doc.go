@@ -4,7 +4,7 @@
 // <state root>/templates.
 //
 // It knows nothing about HTTP, runtimes or the sandbox store: it hands out a lock, records
-// and payload paths, and returns typed errors (package errcode). It must never delete a
+// and payload paths, and returns typed errors ([errcode.Error]). It must never delete a
 // generation that a clone's binding names, never follow a link inside the store, and never
 // remove an entry it does not own.
 //
@@ -22,16 +22,16 @@
 //	      leases/<lease-id>.json       one lease record per clone
 //
 // Every record is JSON with a "format" number first; a record with a format this version does
-// not know is refused with an error naming the format (FormatError). Records are written
+// not know is refused with an error naming the format ([FormatError]). Records are written
 // atomically and durably (a temp file ".<name>.<random>.tmp" in the same directory, fsync,
-// rename, fsync of the directory), so lock-free readers (Templates, Generations, Leases) see
-// whole records. Names are validated before they touch a path: template names as sandbox ids,
-// generation ids as "g" and at least six digits (never reused within a template: the counter
-// in template.json only grows), lease ids as "l-" and 16 hex digits. All access goes through
-// directory handles with O_NOFOLLOW; a record that is a link, FIFO or device is refused. Temp
-// files and staging directories have the one temp-name form, and only those this store makes
-// are removed (by the next operation on the template, or by Check); any other entry is
-// foreign, reported by name and kept.
+// rename, fsync of the directory), so lock-free readers ([Store.Templates],
+// [Store.Generations], [Store.Leases]) see whole records. Names are validated before they touch
+// a path: template names as sandbox ids, generation ids as "g" and at least six digits (never
+// reused within a template: the counter in template.json only grows), lease ids as "l-" and 16
+// hex digits. All access goes through directory handles with O_NOFOLLOW; a record that is a
+// link, FIFO or device is refused. Temp files and staging directories have the one temp-name
+// form, and only those this store makes are removed (by the next operation on the template, or
+// by [Store.Check]); any other entry is foreign, reported by name and kept.
 //
 // # The lock
 //
@@ -46,7 +46,7 @@
 // A generation's time contract is the host's machine id, its boot id, a CLOCK_BOOTTIME
 // reading and UTC at capture. The downtime at a later host time is measured by the monotonic
 // clock when host, boot and clock name are the capture's, and by UTC otherwise; negative is
-// early, more than Options.MaxAge (30 days) is expired. CLOCK_BOOTTIME rather than
+// early, more than [Options.MaxAge] (30 days) is expired. CLOCK_BOOTTIME rather than
 // CLOCK_MONOTONIC because a suspended host's downtime is real time for the captured state
 // (its caches, its tokens, its clocks): MONOTONIC stops during suspend and would call a
 // generation fresh that is not. Neither can be set, so within one boot a wrong or stepped
@@ -56,64 +56,68 @@
 //
 // # The lease protocol
 //
-// Cloning follows DESIGN.md's order exactly:
+// Cloning (the supervisor's Clone, docs/design.md) follows this order:
 //
-//	tx, _ := ts.Lock(ctx)                    // 1. the template store's lock
-//	sl, _ := sandboxes.LockExisting(ctx, id) // 2. then the new sandbox's lifecycle lock
+//	tx, _ := ts.Lock(ctx)                         // 1. the template store's lock
 //	now, _ := ts.Now()
-//	g, _ := tx.Select(name, key, now)        // 3. the generation: indexed, not tombstoned,
-//	   // or tx.Leasable(name, gen, now)     //    eligible (and, by Select, of the key)
-//	CheckUnbound(sl.Dir(), id)               //    and the sandbox: provisioned, no runtime
-//	   // + the sandbox store's own checks   //    record, no journal, no lease (clone.json)
-//	l, _ := tx.WriteLease(name, g.ID, id)    // 4. the lease record, durably
-//	WriteBinding(sl.Dir(), NewBinding(l))    // 5. then the sandbox's clone.json, durably
+//	g, _ := tx.Leasable(name, gen, now)           // 2. the generation: indexed, not tombstoned,
+//	   // or tx.Select(name, key, now)            //    eligible (and, by Select, of the key)
+//	sl, _ := sandboxes.LockForProvision(ctx, id)  // 3. then the new sandbox's lifecycle lock
+//	sl.RequireUnprovisioned()                     // 4. the sandbox: not provisioned, and no
+//	CheckUnbound(sl.Dir(), id)                    //    lease (clone.json)
+//	sl.WriteConfig(cfg)                           // 5. its configuration, naming the template
+//	l, _ := tx.WriteLease(name, g.ID, id)         // 6. the lease record, durably
+//	WriteBinding(sl.Dir(), NewBinding(l))         // 7. then the sandbox's clone.json, durably
 //	sl.Unlock(); tx.Unlock()
 //
-// Removal reverses it: RemoveBinding (durably) first, then Release removes the lease record.
-// So at every instant, and after a crash at any point, every clone.json names a lease record
-// that exists: the lease is written before the binding and removed after it. The converse
-// does not hold: a crash between the two steps leaves a lease record without a binding. Such
-// a lease only delays a retirement; retirement sweeps it, asking bindingExists (BindingChecker)
-// under the store's lock. Because cloning holds the store's lock from its checks until its
-// binding is durable, a retirement never sees a lease whose binding is still to come.
+// If step 6 or 7 fails, the provision is undone before the locks are released.
 //
-// The lock order is the template store's lock, then a sandbox's lifecycle lock. A removal
-// that holds a sandbox's lock must not wait for the template store's lock: remove clone.json
-// under the sandbox lock, release that lock, then call Release (the lease left meanwhile is
+// Removal reverses it: [RemoveBinding] (durably) first, then [Store.Release] removes the lease
+// record. So at every instant, and after a crash at any point, every clone.json names a lease
+// record that exists: the lease is written before the binding and removed after it. The
+// converse does not hold: a crash between the two steps leaves a lease record without a
+// binding. Such a lease only delays a retirement; retirement sweeps it, asking bindingExists
+// ([BindingChecker]) under the store's lock. Because cloning holds the store's lock from its
+// checks until its binding is durable, a retirement never sees a lease whose binding is still
+// to come.
+//
+// The lock order is the template store's lock, then a sandbox's lifecycle lock. A removal that
+// holds a sandbox's lock must not wait for the template store's lock: remove clone.json under
+// the sandbox lock, release that lock, then call [Store.Release] (the lease left meanwhile is
 // harmless, see above); or take the template store's lock first.
 //
 // # Retirement
 //
-// Tombstone writes tombstone.json: Leasable and WriteLease refuse the generation
-// (template-tombstoned), Select skips it, and existing clones keep their lower layer. Retire
-// tombstones first (durably), then sweeps stale leases; if leases remain it answers
-// generation-leased naming them (drain: it marks the tombstone "retire when drained" and
-// answers Draining, and Release of the last lease finishes). With no lease left it deletes
-// the payload, then the index entry, then the tombstone, each step durable before the next,
-// then the generation's directory.
+// [Store.Tombstone] writes tombstone.json: [Tx.Leasable] and [Tx.WriteLease] refuse the
+// generation (template-tombstoned), [Tx.Select] skips it, and existing clones keep their lower
+// layer. [Store.Retire] tombstones first (durably), then sweeps stale leases; if leases remain
+// it answers generation-leased naming them (drain: it marks the tombstone "retire when drained"
+// and answers [Draining], and [Store.Release] of the last lease finishes). With no lease left
+// it deletes the payload, then the index entry, then the tombstone, each step durable before
+// the next, then the generation's directory.
 //
-// Why this order: the tombstone comes first and is durable before anything is deleted, so
-// from that point no new lease can appear and nothing is deleted under a clone. The payload
-// goes while the index entry and tombstone still say what the directory is, so an
-// interruption leaves a quarantined, recognisable generation, never an indexed generation
-// without its payload that a clone could lease; the tombstone goes last so that until the
-// very end the generation reads as quarantined. Retiring again (or Check with repair)
-// finishes it. DeleteTemplate retires every generation, and the template record goes when the
-// last generation is gone (with drain, when the last lease is released).
+// Why this order: the tombstone comes first and is durable before anything is deleted, so from
+// that point no new lease can appear and nothing is deleted under a clone. The payload goes
+// while the index entry and tombstone still say what the directory is, so an interruption
+// leaves a quarantined, recognisable generation, never an indexed generation without its
+// payload that a clone could lease; the tombstone goes last so that until the very end the
+// generation reads as quarantined. Retiring again (or [Store.Check] with repair) finishes it.
+// [Store.DeleteTemplate] retires every generation, and the template record goes when the last
+// generation is gone (with drain, when the last lease is released).
 //
 // # Capture
 //
-// Capture reserves the next generation id under the lock (the counter in template.json,
-// durably) and creates a staging directory named by the temp form of that id, on which it
-// holds an flock; it then copies the source layer without the store's lock (so clones are
-// never held up by a copy), fsyncs every file and directory, writes the index entry into
-// staging, and under the lock renames the staging directory to the generation id and fsyncs
-// the template's directory. The generation thus appears with its payload and index entry at
-// once. A crash leaves a staging directory whose flock died with its process; the next
-// operation on the template removes it, and never one whose flock is held.
+// [Store.Capture] (and [Store.CaptureLayers]) reserves the next generation id under the lock
+// (the counter in template.json, durably) and creates a staging directory named by the temp
+// form of that id, on which it holds an flock; it then copies the source layer without the
+// store's lock (so clones are never held up by a copy), fsyncs every file and directory, writes
+// the index entry into staging, and under the lock renames the staging directory to the
+// generation id and fsyncs the template's directory. The generation thus appears with its
+// payload and index entry at once. A crash leaves a staging directory whose flock died with its
+// process; the next operation on the template removes it, and never one whose flock is held.
 //
 // # Durability order as a contract
 //
-// Options.OnSync is called after every durable step with the Step* names; tests assert the
+// [Options.OnSync] is called after every durable step with the Step* names; tests assert the
 // order of these calls and crash tests kill the process at each of them.
 package template

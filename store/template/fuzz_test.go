@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/record"
 )
 
@@ -60,15 +61,15 @@ func FuzzDecodeRecords(f *testing.F) {
 		}
 		switch r := v.(type) {
 		case *templateRecord:
-			if r.Format != TemplateFormat || !validName(r.Name) {
+			if r.Format != TemplateFormat || !naming.ValidID(r.Name) {
 				t.Fatalf("accepted %+v", r)
 			}
 		case *indexEntry:
-			if r.Format != IndexFormat || ValidateGeneration(r.ID) != nil || !validName(r.Template) {
+			if r.Format != IndexFormat || ValidateGeneration(r.ID) != nil || !naming.ValidID(r.Template) {
 				t.Fatalf("accepted %+v", r)
 			}
 		case *leaseRecord:
-			if r.Format != LeaseFormat || !validLeaseID(r.ID) || !validName(r.Sandbox) || ValidateGeneration(r.Generation) != nil {
+			if r.Format != LeaseFormat || !validLeaseID(r.ID) || !naming.ValidID(r.Sandbox) || ValidateGeneration(r.Generation) != nil {
 				t.Fatalf("accepted %+v", r)
 			}
 		case *Binding:

@@ -139,7 +139,7 @@ func (e *env) capture(t testing.TB, name string) string {
 	return g.ID
 }
 
-// clone runs the clone protocol of DESIGN.md for sandbox id: template lock, checks, lease
+// clone runs the clone protocol of docs/design.md for sandbox id: template lock, checks, lease
 // record, clone.json, unlock. (The sandbox's lifecycle lock is the store's business; these
 // tests have no sandbox store.)
 func (e *env) clone(t testing.TB, name, gen, id string) (*Lease, error) {

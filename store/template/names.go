@@ -1,13 +1,12 @@
 package template
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 )
 
 // The template store's entries. Every name in the store is one of these, a valid template name,
@@ -34,30 +33,15 @@ const (
 	leaseExt = ".json"
 )
 
-const maxNameLen = 63
-
-// validName reports whether s matches ^[a-z0-9][a-z0-9-]{0,62}$, the shape of every id.
-func validName(s string) bool {
-	if s == "" || len(s) > maxNameLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case c == '-' && i > 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+// maxNameLen bounds generation ids, which follow a rule of their own; template names and
+// sandbox ids follow the id rule of [naming.CheckID].
+const maxNameLen = naming.MaxIDLen
 
 // ValidateName checks a template name: 1–63 characters of a-z, 0-9 and '-', starting with a
 // letter or a digit (the rule of sandbox ids). Every name is checked before it becomes part of a
 // path.
 func ValidateName(name string) error {
-	if !validName(name) {
+	if !naming.ValidID(name) {
 		return errcode.Invalid("name", "The template name %q is not valid; give 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or a digit.", clip(name))
 	}
 	return nil
@@ -81,7 +65,7 @@ func ValidateLeaseID(id string) error {
 }
 
 func validSandboxID(id string) error {
-	if !validName(id) {
+	if !naming.ValidID(id) {
 		return errcode.Invalid("sandbox", "The sandbox id %q is not valid; give 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or a digit.", clip(id))
 	}
 	return nil
@@ -118,11 +102,7 @@ func parseGeneration(gen string) (uint64, bool) {
 
 const leasePrefix = "l-"
 
-func newLeaseID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return leasePrefix + hex.EncodeToString(b[:])
-}
+func newLeaseID() string { return leasePrefix + naming.RandomHex(8) }
 
 func validLeaseID(id string) bool {
 	if len(id) != len(leasePrefix)+16 || !strings.HasPrefix(id, leasePrefix) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/store"
@@ -137,7 +138,7 @@ func decodeTemplate(data []byte) (*templateRecord, error) {
 	if err := decodeRecord(TemplateRecordName, data, TemplateFormat, &r); err != nil {
 		return nil, err
 	}
-	if !validName(r.Name) || r.NextGeneration == 0 {
+	if !naming.ValidID(r.Name) || r.NextGeneration == 0 {
 		return nil, badRecord(TemplateRecordName, "name %q, next generation %d", clip(r.Name), r.NextGeneration)
 	}
 	return &r, nil
@@ -148,7 +149,7 @@ func decodeIndex(data []byte) (*indexEntry, error) {
 	if err := decodeRecord(IndexName, data, IndexFormat, &r); err != nil {
 		return nil, err
 	}
-	if _, ok := parseGeneration(r.ID); !ok || !validName(r.Template) || r.SizeBytes < 0 {
+	if _, ok := parseGeneration(r.ID); !ok || !naming.ValidID(r.Template) || r.SizeBytes < 0 {
 		return nil, badRecord(IndexName, "id %q, template %q, size %d", clip(r.ID), clip(r.Template), r.SizeBytes)
 	}
 	return &r, nil
@@ -167,7 +168,7 @@ func decodeLease(data []byte) (*leaseRecord, error) {
 	if err := decodeRecord("lease record", data, LeaseFormat, &r); err != nil {
 		return nil, err
 	}
-	if _, ok := parseGeneration(r.Generation); !ok || !validLeaseID(r.ID) || !validName(r.Template) || !validName(r.Sandbox) {
+	if _, ok := parseGeneration(r.Generation); !ok || !validLeaseID(r.ID) || !naming.ValidID(r.Template) || !naming.ValidID(r.Sandbox) {
 		return nil, badRecord("lease record", "id %q, template %q, generation %q, sandbox %q", clip(r.ID), clip(r.Template), clip(r.Generation), clip(r.Sandbox))
 	}
 	return &r, nil
@@ -180,7 +181,7 @@ func DecodeBinding(data []byte) (*Binding, error) {
 	if err := decodeRecord(BindingFile, data, BindingFormat, &r); err != nil {
 		return nil, err
 	}
-	if _, ok := parseGeneration(r.Generation); !ok || !validLeaseID(r.Lease) || !validName(r.Template) {
+	if _, ok := parseGeneration(r.Generation); !ok || !validLeaseID(r.Lease) || !naming.ValidID(r.Template) {
 		return nil, badRecord(BindingFile, "template %q, generation %q, lease %q", clip(r.Template), clip(r.Generation), clip(r.Lease))
 	}
 	return &r, nil
@@ -217,7 +218,7 @@ var ErrNoBinding = fmt.Errorf("no clone binding: %w", fs.ErrNotExist)
 func WriteBinding(dir string, b *Binding) error {
 	rec := *b
 	rec.Format = BindingFormat
-	if _, ok := parseGeneration(rec.Generation); !ok || !validLeaseID(rec.Lease) || !validName(rec.Template) {
+	if _, ok := parseGeneration(rec.Generation); !ok || !validLeaseID(rec.Lease) || !naming.ValidID(rec.Template) {
 		return fmt.Errorf("template: clone binding names template %q, generation %q, lease %q: %w", rec.Template, rec.Generation, rec.Lease, ErrBadRecord)
 	}
 	data, err := record.Encode(&rec)

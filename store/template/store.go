@@ -2,8 +2,6 @@ package template
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/store"
@@ -167,12 +166,16 @@ type Tx struct {
 // is a link, a FIFO or not a regular file is refused.
 func (s *Store) Lock(ctx context.Context) (*Tx, error) {
 	var tx *Tx
-	err := store.Retry(ctx, lockBusy, func() (bool, bool, error) {
+	err := store.Retry(ctx, lockBusy, func() (store.Attempt, error) {
 		t, got, err := s.tryLock()
-		if got {
-			tx = t
+		switch {
+		case err != nil:
+			return store.Failed, err
+		case !got:
+			return store.Busy, nil
 		}
-		return got, false, err
+		tx = t
+		return store.Acquired, nil
 	})
 	return tx, err
 }
@@ -346,8 +349,4 @@ func (s *Store) removeDir(dir *os.File, name, step string) error {
 	return nil
 }
 
-func randomUID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+func randomUID() string { return naming.RandomHex(8) }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
 )
 
@@ -84,7 +85,7 @@ func (s *Store) Templates(now TimeContract) ([]Template, error) {
 	slices.Sort(names)
 	out := []Template{}
 	for _, name := range names {
-		if !validName(name) || !isDirAt(s.dir, name) {
+		if !naming.ValidID(name) || !isDirAt(s.dir, name) {
 			continue // Check reports it
 		}
 		t, err := s.Template(name, now)

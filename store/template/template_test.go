@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/record"
 )
 
@@ -54,11 +55,11 @@ func TestValidate(t *testing.T) {
 	}
 	// Every generation id the store makes is also a valid API id.
 	for _, n := range []uint64{1, 999999, 1000000, 1 << 40} {
-		if id := generationID(n); !validName(id) || ValidateGeneration(id) != nil {
+		if id := generationID(n); !naming.ValidID(id) || ValidateGeneration(id) != nil {
 			t.Fatalf("generation id %q is not valid", id)
 		}
 	}
-	if id := newLeaseID(); !validName(id) || ValidateLeaseID(id) != nil {
+	if id := newLeaseID(); !naming.ValidID(id) || ValidateLeaseID(id) != nil {
 		t.Fatalf("lease id %q is not valid", id)
 	}
 }

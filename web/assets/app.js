@@ -1,5 +1,6 @@
 // The sandboxd dashboard: a plain client of the API. Everything it shows from the API is
-// rendered with textContent (never as HTML); the token stays in this browser's localStorage.
+// rendered with textContent (never as HTML); the token stays in this browser's localStorage,
+// where the token form or the one-time login URL that sandboxd prints at start put it.
 "use strict";
 
 (() => {
@@ -540,8 +541,35 @@
     });
   }
 
+  // login exchanges the one-time code of the login URL that sandboxd prints at start
+  // (/#login=<code>) for the token, and keeps the token like one entered in the form. The code
+  // is in the fragment, which the browser never sends, and is taken out of the address bar
+  // and history before anything else: it is good once, and a bookmark of it would not be.
+  async function login() {
+    const m = /^#login=([0-9a-f]+)$/.exec(location.hash);
+    if (!m) return;
+    history.replaceState(null, "", location.pathname + location.search);
+    try {
+      const out = await api("POST", "/login", { code: m[1] });
+      token = out.token;
+      localStorage.setItem(TOKEN_KEY, token);
+      showTokenPanel(false);
+    } catch (err) {
+      showError(err);
+    }
+  }
+
+  // start logs in if the URL asks to, then connects.
+  function start() {
+    login().finally(() => {
+      connectEvents();
+      refreshAll();
+    });
+  }
+
   // Ages move on while nothing happens.
   setInterval(renderSandboxes, 15000);
-  connectEvents();
-  refreshAll();
+  // A login URL opened over the page itself changes only its fragment: no new page load.
+  window.addEventListener("hashchange", () => { if (location.hash.startsWith("#login=")) start(); });
+  start();
 })();

@@ -5,6 +5,6 @@
 // (package namespace) is the state directory's layout and [Config], declared here, and the
 // runtime's own types in package runtime.
 //
-// The process tree, the mounts and the privilege drop are described in package namespace and
-// in docs/architecture.md.
+// It cannot compile a seccomp profile: the filter comes compiled, in [Config.Seccomp]. The
+// process tree, the mounts and the privilege drop are described in package namespace.
 package shim

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 
@@ -18,8 +20,8 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 )
 
-// agentStage is the extra argument of the init's second stage, in binaries with cgo (after the
-// exec that drops its privileges): sandboxd __init <dir> agent.
+// agentStage is the argument of the init's second stage, in binaries with cgo (after the
+// exec that drops its privileges): sandboxd __init agent.
 const agentStage = "agent"
 
 // agentConfig is what the init's first stage hands the second on fd 3.
@@ -34,7 +36,8 @@ func initLogf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "sandboxd init: %s\n", fmt.Sprintf(format, args...))
 }
 
-// InitMain is the sandbox's init (sandboxd __init <dir> [agent]), PID 1 of the sandbox. It
+// InitMain is the sandbox's init (sandboxd __init [agent]), PID 1 of the sandbox. Its state
+// directory is in its configuration, not its argv, which the sandbox can read. It
 // sets the sandbox up (root file system, host name, loopback), drops to the sandbox's
 // privileges and runs the agent ([agent.Run]). A binary built without cgo drops them on every
 // thread in place; one with cgo drops them on its thread and re-executes itself as the
@@ -51,16 +54,16 @@ func InitMain(args []string) int {
 		return 1
 	}
 	switch {
-	case len(args) == 1:
-		if err := initStage(args[0]); err != nil {
+	case len(args) == 0:
+		if err := initStage(); err != nil {
 			initLogf("%v", err)
 			return 1
 		}
 		return 0
-	case len(args) == 2 && args[1] == agentStage:
+	case len(args) == 1 && args[0] == agentStage:
 		return agentStageMain()
 	}
-	initLogf("usage: sandboxd %s <state dir> [%s]", InitCommand, agentStage)
+	initLogf("usage: sandboxd %s [%s]", InitCommand, agentStage)
 	return 2
 }
 
@@ -84,14 +87,14 @@ func readConfig(v any) error {
 	return json.Unmarshal(b, v)
 }
 
-func initStage(dir string) error {
+func initStage() error {
 	var cfg initConfig
 	if err := readConfig(&cfg); err != nil {
 		return err
 	}
 	spec := &cfg.Spec
-	if spec.Dir != dir {
-		return fmt.Errorf("configuration names %s, argv %s", spec.Dir, dir)
+	if !filepath.IsAbs(spec.Dir) {
+		return fmt.Errorf("the configuration names no state directory (%q)", spec.Dir)
 	}
 	// Opened before the old root goes away: the second stage is exec'd from this file.
 	exe, err := openExecutable()
@@ -171,7 +174,7 @@ func initStage(dir string) error {
 	if err := prog.LoadThread(); err != nil {
 		return err
 	}
-	argv := []string{"sandboxd", InitCommand, dir, agentStage}
+	argv := []string{"sandboxd", InitCommand, agentStage}
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	err = execveat(int(exe.Fd()), argv, env)
 	// Without this, exe could be collected (closing its descriptor, which another file may
@@ -181,10 +184,12 @@ func initStage(dir string) error {
 	return err
 }
 
-// seccompProgram decodes the filter the runtime compiled, or compiles it if none came.
+// seccompProgram decodes the filter that the host-side driver compiled. The sandbox side
+// cannot compile one (it links no profile library), and a sandbox never runs unfiltered: a
+// configuration without a filter is refused.
 func seccompProgram(b []byte) (*platform.SeccompProgram, error) {
 	if len(b) == 0 {
-		return platform.DefaultSeccomp(platform.DefaultCapabilities)
+		return nil, errors.New("the configuration carries no seccomp filter")
 	}
 	var p platform.SeccompProgram
 	if err := p.UnmarshalBinary(b); err != nil {
@@ -227,9 +232,16 @@ func agentStageMain() int {
 	return 0
 }
 
-// runAgent runs the agent in this process, the sandbox's PID 1.
+// runAgent runs the agent in this process, the sandbox's PID 1, accepting on the control
+// socket that the shim made (fd 5).
 func runAgent(cfg agentConfig) error {
 	unix.CloseOnExec(fdLifeline)
+	lf := os.NewFile(fdListener, "control socket")
+	ln, err := net.FileListener(lf)
+	lf.Close() // FileListener holds a duplicate, close-on-exec: no workload inherits it
+	if err != nil {
+		return fmt.Errorf("the control socket (fd %d): %w", fdListener, err)
+	}
 	// Not dumpable: a workload, even as root, cannot then reach the agent through /proc/1
 	// (its memory holds the capability; its descriptors include sandbox.log on the host and
 	// the sandboxd executable), since that needs CAP_SYS_PTRACE, which no workload has.
@@ -241,8 +253,8 @@ func runAgent(cfg agentConfig) error {
 		env = append(env, k+"="+v)
 	}
 	slices.Sort(env)
-	err := agent.Run(agent.Config{
-		ListenPath: ListenPath,
+	err = agent.Run(agent.Config{
+		Listener:   ln,
 		Capability: cfg.Capability,
 		DefaultEnv: env,
 		Hostname:   cfg.Hostname,

@@ -18,31 +18,32 @@ const (
 // of them before a start and reads others (the writable layer, for a capture); the shim and
 // the init use them all.
 const (
-	EntryControl = "control" // the agent's socket directory, the only part visible inside
-	EntryUpper   = "upper"   // the overlay's writable layer: the sandbox's own files
-	EntryWork    = "work"    // the overlay's work directory
-	EntryRootfs  = "rootfs"  // the overlay's mount point (in the sandbox's mount namespace)
-	EntryBase    = "base"    // the host image's base layer when it is not shared (Spec.HostBase "")
+	// EntryControl holds the control socket, SocketName, which the shim makes and listens on
+	// and whose listening descriptor the agent inherits; nothing inside the sandbox sees it.
+	EntryControl = "control"
+	EntryUpper   = "upper"  // the overlay's writable layer: the sandbox's own files
+	EntryWork    = "work"   // the overlay's work directory
+	EntryRootfs  = "rootfs" // the overlay's mount point (in the sandbox's mount namespace)
+	EntryBase    = "base"   // the host image's base layer when it is not shared (Spec.HostBase "")
 	// EntryHostFiles is the sandbox's own /etc/hostname and /etc/hosts, a layer right above
 	// the host image's shared base.
 	EntryHostFiles = "hostfiles"
 	EntryLog       = "sandbox.log" // the shim's and the init's output
 	// With a disk of its own (Spec.DiskMB), the sandbox's writable layer (upper and work)
-	// lives on an ext4 file system in EntryDiskImage, which the init mounts on EntryDisk
-	// inside its own mount namespace.
+	// lives on an ext4 file system in EntryDiskImage, which the init mounts detached, at no
+	// path. EntryDisk, its mount point before, is no longer made; a state directory of an
+	// earlier version may hold it (empty).
 	EntryDisk      = "disk"
 	EntryDiskImage = "disk.img"
 	SocketName     = "control.sock"
 )
 
-// ListenPath is where the agent listens, inside the sandbox.
-const ListenPath = "/run/sandboxd/" + SocketName
-
 // Config is what the host-side driver hands the shim on its fd 3.
 type Config struct {
 	Spec   runtime.Spec `json:"spec"`
 	Cgroup string       `json:"cgroup"`
-	// Seccomp is the compiled seccomp filter (platform.SeccompProgram's binary form).
+	// Seccomp is the sandbox's seccomp filter, compiled by the host-side driver, in the binary
+	// form of [github.com/sandboxd/sandboxd/platform.SeccompProgram].
 	Seccomp []byte `json:"seccomp"`
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	goruntime "runtime"
 	"runtime/debug"
 	"syscall"
@@ -56,14 +57,16 @@ type shimSpec struct {
 var initCapabilities = append([]string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN"}, platform.DefaultCapabilities...)
 
 // Fds of the init: 3 carries its configuration (then EOF), 4 is the lifeline, a pipe whose
-// write end only the shim holds, so that the init can tell whether the shim still lives.
+// write end only the shim holds, so that the init can tell whether the shim still lives, and
+// 5 is the control socket, listening, on which the agent accepts sandboxd's connections.
 const (
 	fdConfig   = 3
 	fdLifeline = 4
+	fdListener = 5
 )
 
-// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup,
-// starts the init in new namespaces, waits for it, writes the outcome report, removes the
+// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup
+// and its control socket, starts the init in new namespaces, waits for it, writes the outcome report, removes the
 // cgroup and exits. It returns the process exit code.
 func ShimMain(args []string) int {
 	// The init's parent-death signal fires when the THREAD that forked it exits, so the init is
@@ -98,203 +101,309 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s sandboxd shim: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
+// runShim runs one launch: it finds the host base (in the background), creates the cgroup,
+// starts the init and hands it its configuration, waits for it to end, and reports the
+// outcome. It returns the shim's exit code.
 func runShim(cfg *Config) int {
 	spec := &cfg.Spec
-	outcome := &runtime.Outcome{LaunchID: spec.LaunchID}
-	finish := func(cg *platform.Cgroup) int {
-		if cg != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if err := cg.Remove(ctx); err != nil {
-				logf("remove cgroup: %v", err)
-			}
-			cancel()
-		}
-		outcome.At = time.Now().UTC()
-		if err := runtime.WriteOutcome(spec.Dir, outcome); err != nil {
-			logf("write the outcome report: %v", err)
-			return 1
-		}
-		return 0
+	l := &launch{dir: spec.Dir, outcome: runtime.Outcome{LaunchID: spec.LaunchID}}
+	baseDone := findHostBase(spec)
+	cg, err := newCgroup(cfg.Cgroup, spec.Resources)
+	if err != nil {
+		return l.fail(cg, "%v", err)
 	}
-	fail := func(cg *platform.Cgroup, format string, args ...any) int {
-		logf(format, args...)
-		outcome.Reason = runtime.ReasonStartFailed
-		outcome.ExitCode = -1
-		finish(cg)
+	proc, err := startInit(spec.Dir, cg)
+	if err != nil {
+		return l.fail(cg, "%v", err)
+	}
+	// The lifeline's write end stays open (close-on-exec) for the shim's whole life.
+	defer proc.lifeline.Close()
+	werr := proc.configure(spec, <-baseDone, cfg.Seccomp, cg.V2())
+	if err := proc.leaveCgroup(); err != nil {
+		// The shim's own thread would stay in the sandbox's cgroup, where removing the cgroup
+		// at the end would kill the shim itself: end the sandbox, and leave the cgroup to the
+		// supervisor's Cleanup once the shim is gone.
+		_ = proc.cmd.Process.Kill()
+		_ = proc.cmd.Wait()
+		return l.fail(nil, "leave cgroup: %v", err)
+	}
+	st, err := proc.wait()
+	if st == nil {
+		return l.fail(cg, "wait for the init: %v", err)
+	}
+	l.recordEnd(st, cg)
+	if werr != nil && !errors.Is(werr, os.ErrClosed) {
+		logf("the init was not started: %v", werr)
+		l.outcome.Reason = runtime.ReasonStartFailed
+	}
+	return l.finish(cg)
+}
+
+// launch is the outcome of the shim's launch as it builds up, and how it is reported.
+type launch struct {
+	dir     string
+	outcome runtime.Outcome
+}
+
+// finish removes the cgroup cg, unless it is nil, and writes the outcome report. It returns
+// the shim's exit code: 1 if the report could not be written.
+func (l *launch) finish(cg *platform.Cgroup) int {
+	if cg != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := cg.Remove(ctx); err != nil {
+			logf("remove cgroup: %v", err)
+		}
+		cancel()
+	}
+	l.outcome.At = time.Now().UTC()
+	if err := runtime.WriteOutcome(l.dir, &l.outcome); err != nil {
+		logf("write the outcome report: %v", err)
 		return 1
 	}
+	return 0
+}
 
-	// The host image's base layer, shared by the sandboxes of a state root, is found (read
-	// from the host and hashed) and made if it is not there yet while the init starts; the
-	// init gets it with its configuration.
-	type base struct {
-		dir string
-		err error
-	}
-	baseDone := make(chan base, 1)
-	if spec.ImageDir == "" {
-		go func() {
-			dir, err := hostBaseFor(spec)
-			baseDone <- base{dir, err}
-		}()
+// fail logs why the launch failed and finishes it with a failed start as its outcome.
+func (l *launch) fail(cg *platform.Cgroup, format string, args ...any) int {
+	logf(format, args...)
+	l.outcome.Reason = runtime.ReasonStartFailed
+	l.outcome.ExitCode = -1
+	l.finish(cg)
+	return 1
+}
+
+// recordEnd records how the init ended (st) and whether the kernel killed it for memory.
+func (l *launch) recordEnd(st *os.ProcessState, cg *platform.Cgroup) {
+	o := &l.outcome
+	if st.Exited() {
+		o.Reason = runtime.ReasonExited
+		o.ExitCode = st.ExitCode()
 	} else {
-		baseDone <- base{}
+		ws, _ := st.Sys().(syscall.WaitStatus)
+		o.Reason = runtime.ReasonSignaled
+		o.ExitCode = -1
+		o.Signal = unix.SignalName(ws.Signal())
 	}
+	if oom, err := cg.OOMKilled(); err != nil {
+		logf("read OOM state: %v", err)
+	} else if oom {
+		o.OOMKilled = true
+		if o.Reason == runtime.ReasonSignaled {
+			o.Reason = runtime.ReasonOOM
+		}
+	}
+	logf("the sandbox ended: %s (exit code %d, signal %q, oom %v)", o.Reason, o.ExitCode, o.Signal, o.OOMKilled)
+}
 
-	cg, err := platform.OpenCgroup(cfg.Cgroup)
-	if err != nil {
-		return fail(nil, "cgroup: %v", err)
+// hostBaseResult is the host image's base layer, or why it could not be had.
+type hostBaseResult struct {
+	dir string
+	err error
+}
+
+// findHostBase finds the host image's base layer, shared by the sandboxes of a state root,
+// and makes it if it is not there yet (reading the host and hashing it), while the init
+// starts; the init gets it with its configuration. A sandbox of another image needs none.
+func findHostBase(spec *runtime.Spec) <-chan hostBaseResult {
+	done := make(chan hostBaseResult, 1)
+	if spec.ImageDir != "" {
+		done <- hostBaseResult{}
+		return done
 	}
-	// A cgroup of the same name left by a crashed earlier launch goes first, with anything
-	// still in it, so that its counters (OOM kills) are not taken for this run's.
+	go func() {
+		dir, err := hostBaseFor(spec)
+		done <- hostBaseResult{dir, err}
+	}()
+	return done
+}
+
+// newCgroup makes the sandbox's cgroup name with the limits of res. A cgroup of the same name
+// left by a crashed earlier launch goes first, with anything still in it, so that its
+// counters (OOM kills) are not taken for this run's. The cgroup is returned, with or without
+// an error, once it may exist and must be removed when the launch ends.
+func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
+	cg, err := platform.OpenCgroup(name)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
 	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	err = cg.Remove(rctx)
 	cancel()
 	if err != nil {
-		return fail(nil, "remove a stale cgroup: %v", err)
+		return nil, fmt.Errorf("remove a stale cgroup: %w", err)
 	}
 	limits := platform.CgroupLimits{
-		MemoryBytes: int64(spec.Resources.MemoryMB) << 20,
-		VCPUs:       spec.Resources.VCPUs,
-		Pids:        spec.Resources.Pids,
+		MemoryBytes: int64(res.MemoryMB) << 20,
+		VCPUs:       res.VCPUs,
+		Pids:        res.Pids,
 	}
 	if err := cg.Create(limits); err != nil {
-		return fail(cg, "create cgroup: %v", err)
+		return cg, fmt.Errorf("create cgroup: %w", err)
 	}
+	return cg, nil
+}
 
+// initProcess is the sandbox's init, started by [startInit].
+type initProcess struct {
+	cmd *exec.Cmd
+	// config is the write end of the init's configuration pipe (its fd 3).
+	config *os.File
+	// lifeline is the write end of the init's lifeline (its fd 4), which only the shim holds.
+	lifeline *os.File
+	// leaveCgroup takes the shim's forking thread out of the sandbox's cgroup again (cgroup
+	// v1); on v2 the thread never entered it.
+	leaveCgroup func() error
+}
+
+// startInit starts the sandbox's init in new namespaces and in the cgroup cg, with its
+// configuration pipe, its lifeline and the control socket.
+//
+// The control socket is made here, on the host, at <dir>/control/control.sock, before the
+// init exists: the sandbox never sees that directory (nothing of the state directory is
+// mounted inside), so nothing inside can rename, replace or add what sandboxd connects to.
+// The agent accepts on the listening descriptor it inherits. Its peer credentials, which
+// sandboxd may check, are the shim's: the process that listened. Once the init has it, the
+// shim's own descriptor goes, so that the socket dies with the agent and a client waiting
+// in its queue learns so at once.
+func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
+	ln, err := platform.ListenUnix(filepath.Join(dir, EntryControl, SocketName), 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	defer ln.Close()
 	cr, cw, err := os.Pipe()
 	if err != nil {
-		return fail(cg, "pipe: %v", err)
+		return nil, fmt.Errorf("pipe: %w", err)
 	}
 	lr, lw, err := os.Pipe()
 	if err != nil {
-		return fail(cg, "pipe: %v", err)
+		cr.Close()
+		cw.Close()
+		return nil, fmt.Errorf("pipe: %w", err)
 	}
-	// lw stays open (close-on-exec) for the shim's whole life: it is the init's lifeline.
-	defer lw.Close()
+	p := &initProcess{cmd: initCommand(cr, lr, ln), config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
+	err = p.start(cg)
+	cr.Close()
+	lr.Close()
+	if err != nil {
+		cw.Close()
+		lw.Close()
+		return nil, err
+	}
+	return p, nil
+}
 
-	cmd := exec.Command("/proc/self/exe", InitCommand, spec.Dir) //nolint:noctx // the init lives as long as the sandbox
+// initCommand is the init's command, its configuration on fd 3 (cr), its lifeline on fd 4
+// (lr) and the control socket on fd 5 (ln). Its argv names no host path (the state directory
+// is in its configuration): a sandbox can read it.
+func initCommand(cr, lr, ln *os.File) *exec.Cmd {
+	cmd := exec.Command("/proc/self/exe", InitCommand) //nolint:noctx // the init lives as long as the sandbox
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stderr
-	cmd.ExtraFiles = []*os.File{cr, lr}
+	cmd.ExtraFiles = []*os.File{cr, lr, ln}
 	// Go's own Pdeathsig cannot be used here: its check against a parent that died early
 	// compares getppid() with the parent's pid, and in a new pid namespace getppid() is 0, so
 	// the child would always kill itself. The init sets the signal itself and checks the
 	// lifeline instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneFlags}
+	return cmd
+}
+
+// start starts the init in the cgroup cg, each version of cgroups its own way.
+func (p *initProcess) start(cg *platform.Cgroup) error {
 	// The init can never hold more than it needs to set the sandbox up: the forking thread's
 	// bounding set goes first, so that the init has only a few capabilities left to drop
 	// (each drop stops all its threads).
 	if err := platform.BoundThreadCapabilities(initCapabilities); err != nil {
-		return fail(cg, "%v", err)
+		return err
 	}
-	leaveCgroup := func() error { return nil }
 	if cg.V2() {
-		// clone3 creates the new namespaces before it places the child into the cgroup, so a
-		// cgroup namespace made at clone would be rooted at the shim's cgroup: the init makes
-		// its own once it is in the sandbox's cgroup (see mountOwnCgroup).
-		cmd.SysProcAttr.Cloneflags &^= syscall.CLONE_NEWCGROUP
-		dirf, err := cg.OpenDir()
-		if err != nil {
-			return fail(cg, "open cgroup: %v", err)
-		}
-		defer dirf.Close()
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(dirf.Fd())
-		err = cmd.Start()
-		if err != nil {
-			return fail(cg, "start the init: %v", err)
-		}
-	} else {
-		// On v1 the forking thread enters the cgroup for the fork only: the init is born in
-		// the cgroup, and its new cgroup namespace is rooted there. The thread leaves again
-		// once the init has its configuration, off the init's critical path.
-		leave, err := cg.EnterThread()
-		if err != nil {
-			return fail(cg, "enter cgroup: %v", err)
-		}
-		err = cmd.Start()
-		if err != nil {
-			if lerr := leave(); lerr != nil {
-				logf("leave cgroup: %v", lerr)
-			}
-			return fail(cg, "start the init: %v", err)
-		}
-		leaveCgroup = leave
+		return p.startV2(cg)
 	}
-	cr.Close()
-	lr.Close()
-	b := <-baseDone
-	werr := b.err
-	if werr != nil {
-		logf("build the host image: %v", werr)
+	return p.startV1(cg)
+}
+
+// startV2 clones the init into the cgroup (CLONE_INTO_CGROUP). clone3 creates the new
+// namespaces before it places the child into the cgroup, so a cgroup namespace made at clone
+// would be rooted at the shim's cgroup: the init makes its own once it is in the sandbox's
+// cgroup (see mountOwnCgroup).
+func (p *initProcess) startV2(cg *platform.Cgroup) error {
+	p.cmd.SysProcAttr.Cloneflags &^= syscall.CLONE_NEWCGROUP
+	dirf, err := cg.OpenDir()
+	if err != nil {
+		return fmt.Errorf("open cgroup: %w", err)
+	}
+	// The clone has used the descriptor by the time Start returns.
+	defer dirf.Close()
+	p.cmd.SysProcAttr.UseCgroupFD = true
+	p.cmd.SysProcAttr.CgroupFD = int(dirf.Fd())
+	if err := p.cmd.Start(); err != nil {
+		return fmt.Errorf("start the init: %w", err)
+	}
+	return nil
+}
+
+// startV1 forks the init from inside the cgroup: on v1 the forking thread enters the cgroup
+// for the fork only, so the init is born in the cgroup and its new cgroup namespace is rooted
+// there. The thread leaves again (leaveCgroup) once the init has its configuration, off the
+// init's critical path.
+func (p *initProcess) startV1(cg *platform.Cgroup) error {
+	leave, err := cg.EnterThread()
+	if err != nil {
+		return fmt.Errorf("enter cgroup: %w", err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		if lerr := leave(); lerr != nil {
+			logf("leave cgroup: %v", lerr)
+		}
+		return fmt.Errorf("start the init: %w", err)
+	}
+	p.leaveCgroup = leave
+	return nil
+}
+
+// configure hands the init its configuration, with the host base b and the compiled seccomp
+// filter, and closes the pipe. An init that cannot have it is killed; the error says why.
+func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []byte, v2 bool) error {
+	err := b.err
+	if err != nil {
+		logf("build the host image: %v", err)
 	} else {
 		var icfg []byte
-		icfg, werr = json.Marshal(initConfig{Spec: shimSpec{
+		icfg, err = json.Marshal(initConfig{Spec: shimSpec{
 			ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: b.dir, Lowers: spec.Lowers,
-			Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: cg.V2(), Disk: spec.DiskMB > 0,
-		}, Seccomp: cfg.Seccomp})
-		if werr == nil {
-			_, werr = cw.Write(icfg)
+			Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: v2, Disk: spec.DiskMB > 0,
+		}, Seccomp: seccomp})
+		if err == nil {
+			_, err = p.config.Write(icfg)
 		}
 	}
-	cw.Close()
-	if werr != nil {
-		_ = cmd.Process.Kill()
+	p.config.Close()
+	if err != nil {
+		_ = p.cmd.Process.Kill()
 	}
-	if err := leaveCgroup(); err != nil {
-		// The shim's own thread would stay in the sandbox's cgroup, where removing the cgroup
-		// at the end would kill the shim itself: end the sandbox, and leave the cgroup to the
-		// supervisor's Cleanup once the shim is gone.
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return fail(nil, "leave cgroup: %v", err)
-	}
+	return err
+}
 
-	// A TERM or INT for the shim (an operator, a service manager stopping everything) asks
-	// the sandbox to shut down gracefully: it goes to the init, whose agent ends the sandbox's
-	// processes; the shim stays to record the outcome. Dying instead would take the init
-	// along (its parent-death signal) with no outcome written.
+// wait waits for the init to end. A TERM or INT for the shim (an operator, a service manager
+// stopping everything) asks the sandbox to shut down gracefully meanwhile: it goes to the
+// init, whose agent ends the sandbox's processes; the shim stays to record the outcome. Dying
+// instead would take the init along (its parent-death signal) with no outcome written.
+func (p *initProcess) wait() (*os.ProcessState, error) {
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
 		for sig := range sigc {
 			logf("forwarding %v to the sandbox", sig)
-			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}()
 	// The shim now only waits, possibly for weeks: give the memory of the set-up back.
 	debug.FreeOSMemory()
-	waitErr := cmd.Wait()
+	err := p.cmd.Wait()
 	signal.Stop(sigc)
-	st := cmd.ProcessState
-	switch {
-	case st == nil:
-		return fail(cg, "wait for the init: %v", waitErr)
-	case st.Exited():
-		outcome.Reason = runtime.ReasonExited
-		outcome.ExitCode = st.ExitCode()
-	default:
-		ws, _ := st.Sys().(syscall.WaitStatus)
-		outcome.Reason = runtime.ReasonSignaled
-		outcome.ExitCode = -1
-		outcome.Signal = unix.SignalName(ws.Signal())
-	}
-	if oom, err := cg.OOMKilled(); err != nil {
-		logf("read OOM state: %v", err)
-	} else if oom {
-		outcome.OOMKilled = true
-		if outcome.Reason == runtime.ReasonSignaled {
-			outcome.Reason = runtime.ReasonOOM
-		}
-	}
-	logf("the sandbox ended: %s (exit code %d, signal %q, oom %v)", outcome.Reason, outcome.ExitCode, outcome.Signal, outcome.OOMKilled)
-	if werr != nil && !errors.Is(werr, os.ErrClosed) {
-		logf("the init was not started: %v", werr)
-		outcome.Reason = runtime.ReasonStartFailed
-	}
-	return finish(cg)
+	return p.cmd.ProcessState, err
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package platform
+package seccomp
 
 import (
 	"encoding/binary"
@@ -10,15 +10,17 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // runFilter runs prog on a system call in x/net/bpf's virtual machine. The machine reads
 // big-endian words where the kernel reads native ones, so each 32-bit word of seccomp_data is
 // laid out big-endian for it.
-func runFilter(t *testing.T, prog *SeccompProgram, arch uint32, nr uint32, args [6]uint64) uint32 {
+func runFilter(t *testing.T, prog *platform.SeccompProgram, arch uint32, nr uint32, args [6]uint64) uint32 {
 	t.Helper()
-	insns := make([]bpf.Instruction, len(prog.filter))
-	for i, f := range prog.filter {
+	insns := make([]bpf.Instruction, prog.Len())
+	for i, f := range prog.Filter() {
 		insns[i] = bpf.RawInstruction{Op: f.Code, Jt: f.Jt, Jf: f.Jf, K: f.K}.Disassemble()
 	}
 	vm, err := bpf.NewVM(insns)
@@ -48,13 +50,13 @@ func nrOf(t *testing.T, name string) uint32 {
 	return nr
 }
 
-func TestDefaultSeccompSemantics(t *testing.T) {
+func TestDefaultSemantics(t *testing.T) {
 	t.Parallel()
-	prog, err := DefaultSeccomp(DefaultCapabilities)
+	prog, err := Default(platform.DefaultCapabilities)
 	if err != nil {
 		t.Fatal(err)
 	}
-	arch, _ := seccompArch()
+	arch, _ := nativeArch()
 	eperm := uint32(unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM))
 	cases := []struct {
 		name string
@@ -87,7 +89,7 @@ func TestDefaultSeccompSemantics(t *testing.T) {
 	}
 }
 
-func TestSeccompOperators(t *testing.T) {
+func TestOperators(t *testing.T) {
 	t.Parallel()
 	eperm := uint(unix.EPERM)
 	const big = uint64(5)<<32 | 7 // a value with both words set
@@ -109,12 +111,12 @@ func TestSeccompOperators(t *testing.T) {
 		{specs.OpLessEqual, big, 0, []uint64{big, big - 1, 8}, []uint64{big + 1, 6 << 32}},
 		{specs.OpMaskedEqual, 0xff<<32 | 0xf0, 0x05<<32 | 0x10, []uint64{0x05<<32 | 0x1f, 0x105<<32 | 0x13}, []uint64{0x10, 0x05 << 32, 0x06<<32 | 0x10}},
 	}
-	arch, _ := seccompArch()
+	arch, _ := nativeArch()
 	read := nrOf(t, "read")
 	for _, c := range cases {
 		prof := &specs.LinuxSeccomp{DefaultAction: specs.ActErrno, DefaultErrnoRet: &eperm,
 			Syscalls: []specs.LinuxSyscall{rule(c.op, c.v, c.v2)}}
-		prog, err := compileSeccomp(prof)
+		prog, err := Compile(prof)
 		if err != nil {
 			t.Fatalf("%s: %v", c.op, err)
 		}
@@ -137,12 +139,12 @@ func TestSeccompOperators(t *testing.T) {
 
 func TestSyscallTableSorted(t *testing.T) {
 	t.Parallel()
-	if len(seccompSyscalls) == 0 {
+	if len(syscallTable) == 0 {
 		t.Skipf("no syscall table for %s", runtime.GOARCH)
 	}
-	for i := 1; i < len(seccompSyscalls); i++ {
-		if seccompSyscalls[i-1].name >= seccompSyscalls[i].name {
-			t.Fatalf("table not sorted at %q, %q", seccompSyscalls[i-1].name, seccompSyscalls[i].name)
+	for i := 1; i < len(syscallTable); i++ {
+		if syscallTable[i-1].name >= syscallTable[i].name {
+			t.Fatalf("table not sorted at %q, %q", syscallTable[i-1].name, syscallTable[i].name)
 		}
 	}
 	if nr, ok := syscallNumber("read"); !ok || (runtime.GOARCH == "amd64" && nr != unix.SYS_READ) {

@@ -1,0 +1,122 @@
+package naming
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestCheckID(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		id    string
+		fault Fault // 0: valid
+		char  byte
+	}{
+		{"letter", "a", 0, 0},
+		{"digit first", "0abc", 0, 0},
+		{"dashes inside", "my-sandbox-1", 0, 0},
+		{"dash last", "a-", 0, 0},
+		{"63 characters", strings.Repeat("a", 63), 0, 0},
+		{"empty", "", Empty, 0},
+		{"64 characters", strings.Repeat("a", 64), TooLong, 0},
+		{"64 bad characters", strings.Repeat("A", 64), TooLong, 0},
+		{"dash first", "-abc", LeadingDash, '-'},
+		{"uppercase", "Abc", BadChar, 'A'},
+		{"underscore", "a_b", BadChar, '_'},
+		{"dot dot", "..", BadChar, '.'},
+		{"slash", "a/b", BadChar, '/'},
+		{"nul", "a\x00", BadChar, 0},
+		{"non-ascii at its first byte", "café", BadChar, 0xc3},
+		{"first fault wins", "a.B", BadChar, '.'},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := CheckID(tt.id)
+			if ValidID(tt.id) != (err == nil) {
+				t.Fatalf("ValidID(%q) = %v but CheckID = %v", tt.id, ValidID(tt.id), err)
+			}
+			if tt.fault == 0 {
+				if err != nil {
+					t.Fatalf("CheckID(%q) = %v; want nil", tt.id, err)
+				}
+				return
+			}
+			var e *IDError
+			if !errors.As(err, &e) {
+				t.Fatalf("CheckID(%q) = %v; want an *IDError", tt.id, err)
+			}
+			if e.ID != tt.id || e.Fault != tt.fault || e.Char != tt.char {
+				t.Fatalf("CheckID(%q) = %+v; want fault %v, char %q", tt.id, *e, tt.fault, tt.char)
+			}
+			if e.Error() == "" {
+				t.Fatalf("CheckID(%q) has an empty message", tt.id)
+			}
+		})
+	}
+}
+
+// idPattern is the id pattern of the API contract (openapi/openapi.yaml).
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// FuzzCheckID checks that CheckID accepts exactly what the contract's pattern matches, and
+// that what it accepts is one harmless path component.
+func FuzzCheckID(f *testing.F) {
+	for _, seed := range []string{"a", "sandbox-1", "-a", "A", "a/b", ".", "..", "a\x00", strings.Repeat("z", 64)} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		err := CheckID(id)
+		if want := idPattern.MatchString(id); want != (err == nil) {
+			t.Fatalf("CheckID(%q) = %v; the contract's pattern matches: %v", id, err, want)
+		}
+		if err == nil && (id == "." || id == ".." || strings.ContainsAny(id, "/\x00")) {
+			t.Fatalf("CheckID accepted %q", id)
+		}
+	})
+}
+
+func TestIsCleanAbs(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		path string
+		ok   bool
+	}{
+		{"/", true},
+		{"/var/lib/sandboxd", true},
+		{"", false},
+		{"var/lib", false},
+		{"./var", false},
+		{"/var/", false},
+		{"/var//lib", false},
+		{"/var/./lib", false},
+		{"/var/../lib", false},
+		{"/..", false},
+	}
+	for _, tt := range tests {
+		if got := IsCleanAbs(tt.path); got != tt.ok {
+			t.Errorf("IsCleanAbs(%q) = %v; want %v", tt.path, got, tt.ok)
+		}
+	}
+}
+
+func TestRandomHex(t *testing.T) {
+	t.Parallel()
+	hexDigits := regexp.MustCompile(`^[0-9a-f]*$`)
+	seen := map[string]bool{}
+	for _, n := range []int{0, 1, 8, 12} {
+		for range 4 {
+			s := RandomHex(n)
+			if len(s) != 2*n || !hexDigits.MatchString(s) {
+				t.Fatalf("RandomHex(%d) = %q; want %d lowercase hex digits", n, s, 2*n)
+			}
+			if n >= 8 && seen[s] {
+				t.Fatalf("RandomHex(%d) returned %q twice", n, s)
+			}
+			seen[s] = true
+		}
+	}
+}

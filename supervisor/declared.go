@@ -1,0 +1,39 @@
+package supervisor
+
+import (
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
+)
+
+// Declaration is a name that the supervisor declares to the store, with its kind.
+type Declaration struct {
+	Name string
+	Kind store.EntryKind
+}
+
+// DeclaredEntries are the names that [New] declares to the store for a supervisor over rt,
+// each once: the supervisor's own ([ExecLockName], [CapabilityName], [LogName]), the clone
+// binding ([template.BindingFile]), and rt's [runtime.Runtime.DeclaredEntries]. The
+// consistency checker asks it what a state directory may hold besides the store's records.
+func DeclaredEntries(rt runtime.Runtime) []Declaration {
+	var out []Declaration
+	seen := map[string]bool{}
+	add := func(name string, kind store.EntryKind) {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, Declaration{Name: name, Kind: kind})
+		}
+	}
+	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName} {
+		add(name, store.EntryFile)
+	}
+	for _, e := range rt.DeclaredEntries() {
+		kind := store.EntryFile
+		if e.Dir {
+			kind = store.EntryDir
+		}
+		add(e.Name, kind)
+	}
+	return out
+}
