@@ -77,10 +77,10 @@ func (p *DirPath) Fd() int {
 // depth 1), reopened if it was closed. It is valid until the next Push, Pop or Close.
 func (p *DirPath) ParentFd() (int, error) {
 	n := len(p.levels)
-	switch {
-	case n == 0:
+	switch n {
+	case 0:
 		return -1, fmt.Errorf("platform: the walk of %s is at its root, which has no parent here", p.rootName)
-	case n == 1:
+	case 1:
 		return p.root, nil
 	}
 	if err := p.reopen(n - 2); err != nil {
