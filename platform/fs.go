@@ -47,6 +47,14 @@ func (f FS) fault(op Op, dir *os.File, name string) error {
 	if name != "" {
 		path = filepath.Join(path, name)
 	}
+	return f.faultPath(op, path)
+}
+
+// faultPath asks Fault about op on path.
+func (f FS) faultPath(op Op, path string) error {
+	if f.Fault == nil {
+		return nil
+	}
 	if err := f.Fault(op, path); err != nil {
 		return &os.PathError{Op: string(op), Path: path, Err: err}
 	}

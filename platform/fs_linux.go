@@ -103,63 +103,13 @@ func (f FS) RenameNoReplaceAt(dir *os.File, old, new string) error {
 	return nil
 }
 
-// RemoveAllAt removes the entry name in dir and, if it is a directory, everything under it,
-// never following a link (a link is removed, not what it points to). A directory whose mode
-// keeps its owner out is opened up first, so that a copied read-only tree can be removed also
-// without root. A missing entry is not an error. Every unlink and rmdir asks f.Fault first;
-// on an error the removal stops there, leaving what it did not reach.
+// RemoveAllAt is [RemoveTreeAt] through f: every unlink and rmdir of the walk asks f.Fault
+// first; on an error the removal stops there, leaving what it did not reach.
 func (f FS) RemoveAllAt(dir *os.File, name string) error {
 	if err := checkName("remove", name); err != nil {
 		return err
 	}
-	if err := f.fault(OpUnlink, dir, name); err != nil {
-		return err
-	}
-	err := control(dir, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Unlinkat(fd, name, 0) })
-	})
-	if err == nil || errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
-		return &os.PathError{Op: "remove", Path: filepath.Join(dir.Name(), name), Err: err}
-	}
-	st, serr := LstatAt(dir, name)
-	if serr != nil {
-		if errors.Is(serr, fs.ErrNotExist) {
-			return nil
-		}
-		return serr
-	}
-	if !st.IsDir() {
-		return &os.PathError{Op: "remove", Path: filepath.Join(dir.Name(), name), Err: err}
-	}
-	if st.Mode.Perm()&0o700 != 0o700 {
-		err := control(dir, func(fd int) error {
-			return ignoringEINTR(func() error { return unix.Fchmodat(fd, name, 0o700, 0) })
-		})
-		if err != nil {
-			return &os.PathError{Op: "chmod", Path: filepath.Join(dir.Name(), name), Err: err}
-		}
-	}
-	sub, err := OpenDirAt(dir, name)
-	if err != nil {
-		return err
-	}
-	names, err := ReadDirNames(sub)
-	if err == nil {
-		for _, n := range names {
-			if err = f.RemoveAllAt(sub, n); err != nil {
-				break
-			}
-		}
-	}
-	sub.Close()
-	if err != nil {
-		return err
-	}
-	if err := f.RmdirAt(dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
+	p := NewDirPath(dir)
+	defer p.Close()
+	return p.removeTree(f, name)
 }

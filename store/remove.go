@@ -203,9 +203,9 @@ func (l *Lock) removeEntries(e entries) error {
 		if st.IsDir() && st.ID.Dev != dirStat.ID.Dev {
 			return errcode.New(errcode.SandboxLaunched, "Sandbox %s still has %s mounted; stop it before deleting it.", l.id, name)
 		}
-		// RemoveAllAt removes with unlinkat and opens with O_NOFOLLOW: it removes links, never
-		// what they point to, and removes a non-directory under the name as well. It needs no
-		// space, so a delete frees a full disk.
+		// RemoveAllAt removes links, never what they point to, removes a non-directory under
+		// the name as well, holds a bounded number of descriptors however deep the sandbox
+		// made its tree, and needs no space, so a delete frees a full disk.
 		if err := l.s.fs.RemoveAllAt(l.dir, name); err != nil {
 			return fmt.Errorf("store: remove %s of %s: %w", name, l.id, err)
 		}
