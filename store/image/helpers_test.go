@@ -125,7 +125,9 @@ func testImage(t *testing.T, arch string, layers ...v1.Layer) v1.Image {
 	return img
 }
 
-func hostImage(t *testing.T, layers ...v1.Layer) v1.Image { return testImage(t, runtime.GOARCH, layers...) }
+func hostImage(t *testing.T, layers ...v1.Layer) v1.Image {
+	return testImage(t, runtime.GOARCH, layers...)
+}
 
 // ociLayoutTar writes img as an OCI image layout and returns the layout as a tar.
 func ociLayoutTar(t *testing.T, idx v1.ImageIndex) []byte {
@@ -180,4 +182,39 @@ func readLayerFile(t *testing.T, s *Store, diffID, rel string) string {
 		t.Fatalf("read %s of layer %s: %v", rel, diffID, err)
 	}
 	return string(b)
+}
+
+// tamperMember flips the last byte of the member name of a tar archive.
+func tamperMember(t *testing.T, data []byte, member string) []byte {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(data))
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	found := false
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hdr.Name == member && len(body) > 0 {
+			body[len(body)-1] ^= 0xff
+			found = true
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(body)
+	}
+	tw.Close()
+	if !found {
+		t.Fatalf("no member %s to tamper with", member)
+	}
+	return out.Bytes()
 }
