@@ -47,6 +47,11 @@ func TestUnpackRefusesHostileEntries(t *testing.T) {
 		{"file through symlink out (relative)", func(string) []ent {
 			return []ent{symlink("out", ".."), file("out/escaped", "x")}
 		}},
+		{"file through a symlink deeper in the path", func(parent string) []ent {
+			// The link is not the entry's parent but a directory above it, which only
+			// RESOLVE_NO_SYMLINKS catches (O_NOFOLLOW guards the last element alone).
+			return []ent{dir("real/sub/"), symlink("in", "real"), file("in/sub/x", "x")}
+		}},
 		{"directory through symlink out", func(string) []ent {
 			return []ent{symlink("out", ".."), dir("out/escaped/")}
 		}},
