@@ -103,7 +103,8 @@ func (s *Store) spool(ctx context.Context, a *archive, r io.Reader) error {
 			return nil
 		}
 		if err != nil {
-			if errors.Is(err, ErrTooLarge) || errors.Is(err, ctx.Err()) && ctx.Err() != nil {
+			// A bound or a cancellation is reported as itself, not as a bad archive.
+			if errors.Is(err, ErrTooLarge) || ctx.Err() != nil {
 				return err
 			}
 			return badArchive("it is not a valid tar archive: %v", err)
