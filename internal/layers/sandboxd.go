@@ -23,6 +23,7 @@ var Classes = map[string]Class{
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
 	"store":                     Host,
+	"store/image":               Host,
 	"store/template":            Host,
 	"supervisor":                Host,
 
@@ -33,7 +34,10 @@ var Classes = map[string]Class{
 	"openapi/stream": HTTP,
 	"openapi/client": HTTP,
 	"server":         HTTP,
-	"web":            HTTP,
+	// The registry client links net/http, which no package below the handlers may; the
+	// image store knows it only as an image.Fetcher.
+	"store/image/registry": HTTP,
+	"web":                  HTTP,
 
 	"cmd/sandboxctl":       Command,
 	"cmd/sandboxd":         Command,
