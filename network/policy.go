@@ -148,7 +148,7 @@ func Parse(p Policy) (*Rules, error) {
 			if err != nil {
 				return nil, errcode.Invalid(field, "%s is %q: %v.", field, text, err)
 			}
-			if l.allow && (e.Kind == Prefix || e.Kind == AddrPort) && overlaps(e.Prefix, alwaysDenied) {
+			if l.allow && (e.Kind == Prefix || e.Kind == AddrPort) && within(e.Prefix, alwaysDenied) {
 				return nil, errcode.Invalid(field, "%s is %q, which is always denied (loopback, link-local and cloud metadata, "+
 					"multicast and reserved addresses are never reachable from a sandbox); remove it.", field, text)
 			}
