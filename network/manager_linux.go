@@ -71,7 +71,11 @@ func New(cfg Config) (*Manager, error) {
 		if err != nil || len(conf.Servers) == 0 {
 			return nil, fmt.Errorf("network: no --dns-upstream given and no nameserver in /etc/resolv.conf: %v", err)
 		}
-		cfg.Upstream = netip.AddrPortFrom(netip.MustParseAddr(conf.Servers[0]), 53).String()
+		a, err := netip.ParseAddr(conf.Servers[0])
+		if err != nil {
+			return nil, fmt.Errorf("network: the nameserver %q of /etc/resolv.conf is not an address: %w", conf.Servers[0], err)
+		}
+		cfg.Upstream = netip.AddrPortFrom(a, 53).String()
 	}
 	m := &Manager{cfg: cfg, nsFD: -1, sandboxes: map[string]*sandbox{}, log: cfg.Log}
 	if m.log == nil {
