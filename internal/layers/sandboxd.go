@@ -20,6 +20,7 @@ var Classes = map[string]Class{
 	"runtime/namespace/shim": Sandbox,
 
 	"check":                     Host,
+	"network":                   Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
 	"store":                     Host,
