@@ -997,6 +997,9 @@ type DeleteSandboxParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Recursive Remove a directory with everything in it.
+	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1011,6 +1014,9 @@ type ReadFileParams struct {
 
 // WriteFileParams defines parameters for WriteFile.
 type WriteFileParams struct {
+	// Parents Create missing parent directories, as `mkdir -p` does.
+	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1131,7 +1137,7 @@ type ServerInterface interface {
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params RemoveFileParams)
 	// ReadFile Read a file, or list a directory
@@ -1227,7 +1233,7 @@ func (_ Unimplemented) ExecCommand(w http.ResponseWriter, r *http.Request, id Sa
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// RemoveFile Remove a file or an empty directory
+// RemoveFile Remove a file, or a directory
 // (DELETE /v1/sandboxes/{id}/files)
 func (_ Unimplemented) RemoveFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params RemoveFileParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1577,6 +1583,19 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 	// Parameter object where we will unmarshal all parameters from the context
 	var params RemoveFileParams
 
+	// ------------- Optional query parameter "recursive" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
+		}
+		return
+	}
+
 	// ------------- Required query parameter "path" -------------
 
 	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
@@ -1673,6 +1692,19 @@ func (siw *ServerInterfaceWrapper) WriteFile(w http.ResponseWriter, r *http.Requ
 
 	// Parameter object where we will unmarshal all parameters from the context
 	var params WriteFileParams
+
+	// ------------- Optional query parameter "parents" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "parents", r.URL.Query(), &params.Parents, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "parents"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "parents", Err: err})
+		}
+		return
+	}
 
 	// ------------- Required query parameter "path" -------------
 
@@ -5697,7 +5729,7 @@ type StrictServerInterface interface {
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(ctx context.Context, request ExecCommandRequestObject) (ExecCommandResponseObject, error)
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(ctx context.Context, request RemoveFileRequestObject) (RemoveFileResponseObject, error)
 	// ReadFile Read a file, or list a directory

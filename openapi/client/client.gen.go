@@ -1039,6 +1039,9 @@ type ExecStreamParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Recursive Remove a directory with everything in it.
+	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1053,6 +1056,9 @@ type ReadFileParams struct {
 
 // WriteFileParams defines parameters for WriteFile.
 type WriteFileParams struct {
+	// Parents Create missing parent directories, as `mkdir -p` does.
+	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1412,9 +1418,11 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/exec/stream (the `ExecStream` operationId).
 	ExecStream(ctx context.Context, id SandboxIDPath, params *ExecStreamParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	//
-	// A non-empty directory is refused with `invalid-request` (field `path`).
+	// Removes a file or an empty directory. A non-empty directory is refused with
+	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does. `/` itself is never removed.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1425,8 +1433,8 @@ type ClientInterface interface {
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
 	//
-	// The answer is the file as it was opened: `Content-Length` is its size then (absent
-	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+	// empty file), and a file replaced by a rename meanwhile does not mix into it.
 	// A file that grows while it is read is read up to that size; one that shrinks ends the
 	// response early (the connection closes before `Content-Length` bytes), so a short body
 	// is never taken for the whole file.
@@ -1437,7 +1445,11 @@ type ClientInterface interface {
 	// WriteFileWithBody Write a file
 	//
 	// Creates or replaces a regular file with the request body, streamed. Missing parent
-	// directories are created. The body may be at most the server's file limit (see
+	// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+	// `path`). Creating a parent needs the user to be allowed to write in the directory
+	// above it: a parent under `/` that the user may not create is refused with
+	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type.
@@ -1923,9 +1935,11 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 	return c.Client.Do(req)
 }
 
-// RemoveFile Remove a file or an empty directory
+// RemoveFile Remove a file, or a directory
 //
-// A non-empty directory is refused with `invalid-request` (field `path`).
+// Removes a file or an empty directory. A non-empty directory is refused with
+// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does. `/` itself is never removed.
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -1946,8 +1960,8 @@ func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *Remov
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
 //
-// The answer is the file as it was opened: `Content-Length` is its size then (absent
-// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+// empty file), and a file replaced by a rename meanwhile does not mix into it.
 // A file that grows while it is read is read up to that size; one that shrinks ends the
 // response early (the connection closes before `Content-Length` bytes), so a short body
 // is never taken for the whole file.
@@ -1968,7 +1982,11 @@ func (c *Client) ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFil
 // WriteFileWithBody Write a file
 //
 // Creates or replaces a regular file with the request body, streamed. Missing parent
-// directories are created. The body may be at most the server's file limit (see
+// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+// `path`). Creating a parent needs the user to be allowed to write in the directory
+// above it: a parent under `/` that the user may not create is refused with
+// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type.
@@ -3015,6 +3033,18 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if params.Recursive != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", *params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
 		} else {
@@ -3140,6 +3170,18 @@ func NewWriteFileRequestWithBody(server string, id SandboxIDPath, params *WriteF
 		// styled parameters, preserving literal commas as delimiters
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
+
+		if params.Parents != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "parents", *params.Parents, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
@@ -4199,9 +4241,11 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/exec/stream (the `ExecStream` operationId).
 	ExecStreamWithResponse(ctx context.Context, id SandboxIDPath, params *ExecStreamParams, reqEditors ...RequestEditorFn) (*ExecStreamResponse, error)
 
-	// RemoveFileWithResponse Remove a file or an empty directory
+	// RemoveFileWithResponse Remove a file, or a directory
 	//
-	// A non-empty directory is refused with `invalid-request` (field `path`).
+	// Removes a file or an empty directory. A non-empty directory is refused with
+	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does. `/` itself is never removed.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4214,8 +4258,8 @@ type ClientWithResponsesInterface interface {
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
 	//
-	// The answer is the file as it was opened: `Content-Length` is its size then (absent
-	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+	// empty file), and a file replaced by a rename meanwhile does not mix into it.
 	// A file that grows while it is read is read up to that size; one that shrinks ends the
 	// response early (the connection closes before `Content-Length` bytes), so a short body
 	// is never taken for the whole file.
@@ -4228,7 +4272,11 @@ type ClientWithResponsesInterface interface {
 	// WriteFileWithBodyWithResponse Write a file
 	//
 	// Creates or replaces a regular file with the request body, streamed. Missing parent
-	// directories are created. The body may be at most the server's file limit (see
+	// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+	// `path`). Creating a parent needs the user to be allowed to write in the directory
+	// above it: a parent under `/` that the user may not create is refused with
+	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -7314,9 +7362,11 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 	return ParseExecStreamResponse(rsp)
 }
 
-// RemoveFileWithResponse Remove a file or an empty directory
+// RemoveFileWithResponse Remove a file, or a directory
 //
-// A non-empty directory is refused with `invalid-request` (field `path`).
+// Removes a file or an empty directory. A non-empty directory is refused with
+// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does. `/` itself is never removed.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7335,8 +7385,8 @@ func (c *ClientWithResponses) RemoveFileWithResponse(ctx context.Context, id San
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
 //
-// The answer is the file as it was opened: `Content-Length` is its size then (absent
-// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+// empty file), and a file replaced by a rename meanwhile does not mix into it.
 // A file that grows while it is read is read up to that size; one that shrinks ends the
 // response early (the connection closes before `Content-Length` bytes), so a short body
 // is never taken for the whole file.
@@ -7355,7 +7405,11 @@ func (c *ClientWithResponses) ReadFileWithResponse(ctx context.Context, id Sandb
 // WriteFileWithBodyWithResponse Write a file
 //
 // Creates or replaces a regular file with the request body, streamed. Missing parent
-// directories are created. The body may be at most the server's file limit (see
+// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+// `path`). Creating a parent needs the user to be allowed to write in the directory
+// above it: a parent under `/` that the user may not create is refused with
+// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
