@@ -521,10 +521,12 @@ type ExecRequest struct {
 type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
-	// ExitCode The exit status, or -1 when a signal ended the command.
+	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
 	ExitCode int `json:"exit_code"`
 
-	// Signal The signal that ended the command, when one did.
+	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
+	// when it exited by itself. `exit_code` is then 128 plus its number.
 	Signal *string `json:"signal,omitempty"`
 
 	// Stderr Standard error as UTF-8 (invalid bytes replaced by U+FFFD).

@@ -567,3 +567,34 @@ func validateRequest(router routers.Router, req *http.Request) error {
 		Options:    &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
 	})
 }
+
+// TestExitCodesAreTheShells: the contract gives a signal's death one meaning, the shells'
+// 128+n with the signal named, as the agent reports it; every example that names a signal
+// carries that code.
+func TestExitCodesAreTheShells(t *testing.T) {
+	t.Parallel()
+	doc := loadSpec(t)
+	number := map[string]int{"SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGKILL": 9, "SIGTERM": 15}
+	exec := doc.Paths.Find("/v1/sandboxes/{id}/exec").Post.Responses.Status(200).Value.Content.Get("application/json")
+	if len(exec.Examples) == 0 {
+		t.Fatal("the exec result has no examples")
+	}
+	for name, ex := range exec.Examples {
+		v, ok := ex.Value.Value.(map[string]any)
+		if !ok {
+			t.Fatalf("example %s is not an object", name)
+		}
+		sig, signaled := v["signal"].(string)
+		code, _ := v["exit_code"].(float64)
+		if signaled && int(code) != 128+number[sig] {
+			t.Errorf("example %s: exit_code %v with signal %s, want %d", name, v["exit_code"], sig, 128+number[sig])
+		}
+		if !signaled && code < 0 {
+			t.Errorf("example %s: exit_code %v", name, code)
+		}
+	}
+	desc := doc.Components.Schemas["ExecResult"].Value.Properties["exit_code"].Value.Description
+	if !strings.Contains(desc, "128") || strings.Contains(desc, "-1") {
+		t.Errorf("ExecResult.exit_code says %q; it must describe 128+n", desc)
+	}
+}

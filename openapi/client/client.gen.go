@@ -523,10 +523,12 @@ type ExecRequest struct {
 type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
-	// ExitCode The exit status, or -1 when a signal ended the command.
+	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
 	ExitCode int `json:"exit_code"`
 
-	// Signal The signal that ended the command, when one did.
+	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
+	// when it exited by itself. `exit_code` is then 128 plus its number.
 	Signal *string `json:"signal,omitempty"`
 
 	// Stderr Standard error as UTF-8 (invalid bytes replaced by U+FFFD).
@@ -1407,9 +1409,11 @@ type ClientInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
-	//     (1000).
+	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+	//     `signal` is `null` when the command exited by itself.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -1914,9 +1918,11 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
-//     (1000).
+//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+//     `signal` is `null` when the command exited by itself.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -4228,9 +4234,11 @@ type ClientWithResponsesInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
-	//     (1000).
+	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+	//     `signal` is `null` when the command exited by itself.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -7343,9 +7351,11 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
-//     (1000).
+//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+//     `signal` is `null` when the command exited by itself.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
