@@ -1413,7 +1413,12 @@ type ClientInterface interface {
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-	//     `signal` is `null` when the command exited by itself.
+	//     `signal` is `null` when the command exited by itself;
+	//   - from the server, answering a frame it could not act on (a text frame that is not
+	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+	//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+	//     The frame has no effect and the session goes on.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -1922,7 +1927,12 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-//     `signal` is `null` when the command exited by itself.
+//     `signal` is `null` when the command exited by itself;
+//   - from the server, answering a frame it could not act on (a text frame that is not
+//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+//     The frame has no effect and the session goes on.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -4238,7 +4248,12 @@ type ClientWithResponsesInterface interface {
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-	//     `signal` is `null` when the command exited by itself.
+	//     `signal` is `null` when the command exited by itself;
+	//   - from the server, answering a frame it could not act on (a text frame that is not
+	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+	//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+	//     The frame has no effect and the session goes on.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -7355,7 +7370,12 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-//     `signal` is `null` when the command exited by itself.
+//     `signal` is `null` when the command exited by itself;
+//   - from the server, answering a frame it could not act on (a text frame that is not
+//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+//     The frame has no effect and the session goes on.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
