@@ -17,108 +17,6 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ErrorCode.
-const (
-	ErrorCodeAlreadyProvisioned   ErrorCode = "already-provisioned"
-	ErrorCodeAlreadyRunning       ErrorCode = "already-running"
-	ErrorCodeFileNotFound         ErrorCode = "file-not-found"
-	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
-	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
-	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
-	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
-	ErrorCodeInternal             ErrorCode = "internal"
-	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
-	ErrorCodeMethodNotAllowed     ErrorCode = "method-not-allowed"
-	ErrorCodeNotFound             ErrorCode = "not-found"
-	ErrorCodeNotImplemented       ErrorCode = "not-implemented"
-	ErrorCodeNotRunning           ErrorCode = "not-running"
-	ErrorCodePayloadTooLarge      ErrorCode = "payload-too-large"
-	ErrorCodeProvisionedAgain     ErrorCode = "provisioned-again"
-	ErrorCodeRuntimeMismatch      ErrorCode = "runtime-mismatch"
-	ErrorCodeSandboxBusy          ErrorCode = "sandbox-busy"
-	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
-	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
-	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
-	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
-	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
-	ErrorCodeTemplateExists       ErrorCode = "template-exists"
-	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
-	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
-	ErrorCodeTemplateTombstoned   ErrorCode = "template-tombstoned"
-	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
-	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
-	ErrorCodeUnavailable          ErrorCode = "unavailable"
-)
-
-// Valid indicates whether the value is a known member of the ErrorCode enum.
-func (e ErrorCode) Valid() bool {
-	switch e {
-	case ErrorCodeAlreadyProvisioned:
-		return true
-	case ErrorCodeAlreadyRunning:
-		return true
-	case ErrorCodeFileNotFound:
-		return true
-	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeForeignFiles:
-		return true
-	case ErrorCodeGenerationLeased:
-		return true
-	case ErrorCodeGenerationNotFound:
-		return true
-	case ErrorCodeImageNotFound:
-		return true
-	case ErrorCodeInternal:
-		return true
-	case ErrorCodeInvalidRequest:
-		return true
-	case ErrorCodeMethodNotAllowed:
-		return true
-	case ErrorCodeNotFound:
-		return true
-	case ErrorCodeNotImplemented:
-		return true
-	case ErrorCodeNotRunning:
-		return true
-	case ErrorCodePayloadTooLarge:
-		return true
-	case ErrorCodeProvisionedAgain:
-		return true
-	case ErrorCodeRuntimeMismatch:
-		return true
-	case ErrorCodeSandboxBusy:
-		return true
-	case ErrorCodeSandboxLaunched:
-		return true
-	case ErrorCodeSandboxLeased:
-		return true
-	case ErrorCodeSandboxNotFound:
-		return true
-	case ErrorCodeStartTimeout:
-		return true
-	case ErrorCodeStopTimeout:
-		return true
-	case ErrorCodeTemplateExists:
-		return true
-	case ErrorCodeTemplateIneligible:
-		return true
-	case ErrorCodeTemplateNotFound:
-		return true
-	case ErrorCodeTemplateTombstoned:
-		return true
-	case ErrorCodeTransitionInProgress:
-		return true
-	case ErrorCodeUnauthorized:
-		return true
-	case ErrorCodeUnavailable:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -378,7 +276,9 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone (needs `template`); default the newest eligible one.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
+	// `generation` without `template` is refused with `invalid-request` (field
+	// `generation`), which OpenAPI 3.0 cannot say in the schema.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one when absent.
@@ -424,8 +324,9 @@ type EnvKey = string
 type EnvVar = string
 
 // ErrorCode The stable error codes, identical to package errcode. Never renamed; new ones may be
-// added, so clients treat an unknown code by its HTTP status.
-type ErrorCode string
+// added, so clients treat an unknown code by its HTTP status. The list is open
+// (`x-extensible-enum`): a client must accept a code it does not know.
+type ErrorCode = string
 
 // Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
 // `type` and `at` depend on the type:
@@ -491,7 +392,8 @@ type EventType string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
-	// Command The program and its arguments. The program is looked up in `PATH`.
+	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
+	// empty (the arguments may be).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -740,7 +642,8 @@ type LeaseList struct {
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
-	// added, so clients treat an unknown code by its HTTP status.
+	// added, so clients treat an unknown code by its HTTP status. The list is open
+	// (`x-extensible-enum`): a client must accept a code it does not know.
 	Code ErrorCode `json:"code"`
 
 	// Detail What went wrong and what to do next, in a sentence.
@@ -974,7 +877,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1050,7 +955,9 @@ type StopSandboxParams struct {
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1070,7 +977,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.

@@ -19,108 +19,6 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ErrorCode.
-const (
-	ErrorCodeAlreadyProvisioned   ErrorCode = "already-provisioned"
-	ErrorCodeAlreadyRunning       ErrorCode = "already-running"
-	ErrorCodeFileNotFound         ErrorCode = "file-not-found"
-	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
-	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
-	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
-	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
-	ErrorCodeInternal             ErrorCode = "internal"
-	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
-	ErrorCodeMethodNotAllowed     ErrorCode = "method-not-allowed"
-	ErrorCodeNotFound             ErrorCode = "not-found"
-	ErrorCodeNotImplemented       ErrorCode = "not-implemented"
-	ErrorCodeNotRunning           ErrorCode = "not-running"
-	ErrorCodePayloadTooLarge      ErrorCode = "payload-too-large"
-	ErrorCodeProvisionedAgain     ErrorCode = "provisioned-again"
-	ErrorCodeRuntimeMismatch      ErrorCode = "runtime-mismatch"
-	ErrorCodeSandboxBusy          ErrorCode = "sandbox-busy"
-	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
-	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
-	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
-	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
-	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
-	ErrorCodeTemplateExists       ErrorCode = "template-exists"
-	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
-	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
-	ErrorCodeTemplateTombstoned   ErrorCode = "template-tombstoned"
-	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
-	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
-	ErrorCodeUnavailable          ErrorCode = "unavailable"
-)
-
-// Valid indicates whether the value is a known member of the ErrorCode enum.
-func (e ErrorCode) Valid() bool {
-	switch e {
-	case ErrorCodeAlreadyProvisioned:
-		return true
-	case ErrorCodeAlreadyRunning:
-		return true
-	case ErrorCodeFileNotFound:
-		return true
-	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeForeignFiles:
-		return true
-	case ErrorCodeGenerationLeased:
-		return true
-	case ErrorCodeGenerationNotFound:
-		return true
-	case ErrorCodeImageNotFound:
-		return true
-	case ErrorCodeInternal:
-		return true
-	case ErrorCodeInvalidRequest:
-		return true
-	case ErrorCodeMethodNotAllowed:
-		return true
-	case ErrorCodeNotFound:
-		return true
-	case ErrorCodeNotImplemented:
-		return true
-	case ErrorCodeNotRunning:
-		return true
-	case ErrorCodePayloadTooLarge:
-		return true
-	case ErrorCodeProvisionedAgain:
-		return true
-	case ErrorCodeRuntimeMismatch:
-		return true
-	case ErrorCodeSandboxBusy:
-		return true
-	case ErrorCodeSandboxLaunched:
-		return true
-	case ErrorCodeSandboxLeased:
-		return true
-	case ErrorCodeSandboxNotFound:
-		return true
-	case ErrorCodeStartTimeout:
-		return true
-	case ErrorCodeStopTimeout:
-		return true
-	case ErrorCodeTemplateExists:
-		return true
-	case ErrorCodeTemplateIneligible:
-		return true
-	case ErrorCodeTemplateNotFound:
-		return true
-	case ErrorCodeTemplateTombstoned:
-		return true
-	case ErrorCodeTransitionInProgress:
-		return true
-	case ErrorCodeUnauthorized:
-		return true
-	case ErrorCodeUnavailable:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -380,7 +278,9 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone (needs `template`); default the newest eligible one.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
+	// `generation` without `template` is refused with `invalid-request` (field
+	// `generation`), which OpenAPI 3.0 cannot say in the schema.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one when absent.
@@ -426,8 +326,9 @@ type EnvKey = string
 type EnvVar = string
 
 // ErrorCode The stable error codes, identical to package errcode. Never renamed; new ones may be
-// added, so clients treat an unknown code by its HTTP status.
-type ErrorCode string
+// added, so clients treat an unknown code by its HTTP status. The list is open
+// (`x-extensible-enum`): a client must accept a code it does not know.
+type ErrorCode = string
 
 // Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
 // `type` and `at` depend on the type:
@@ -493,7 +394,8 @@ type EventType string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
-	// Command The program and its arguments. The program is looked up in `PATH`.
+	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
+	// empty (the arguments may be).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -742,7 +644,8 @@ type LeaseList struct {
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
-	// added, so clients treat an unknown code by its HTTP status.
+	// added, so clients treat an unknown code by its HTTP status. The list is open
+	// (`x-extensible-enum`): a client must accept a code it does not know.
 	Code ErrorCode `json:"code"`
 
 	// Detail What went wrong and what to do next, in a sentence.
@@ -991,7 +894,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1092,7 +997,9 @@ type StopSandboxParams struct {
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1112,7 +1019,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1431,7 +1340,8 @@ type ClientInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `/` itself is never removed.
+	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+	// with `invalid-request`.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1955,7 +1865,8 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `/` itself is never removed.
+// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+// with `invalid-request`.
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4268,7 +4179,8 @@ type ClientWithResponsesInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `/` itself is never removed.
+	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+	// with `invalid-request`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4711,13 +4623,13 @@ type GetOpenAPISpecResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// YAML200 the response for an HTTP 200 `application/yaml` response
-	YAML200 *string
+	YAML200 *map[string]interface{}
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 }
 
 // GetYAML200 returns the response for an HTTP 200 `application/yaml` response
-func (r GetOpenAPISpecResponse) GetYAML200() *string {
+func (r GetOpenAPISpecResponse) GetYAML200() *map[string]interface{} {
 	return r.YAML200
 }
 
@@ -7396,7 +7308,8 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `/` itself is never removed.
+// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+// with `invalid-request`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7907,7 +7820,7 @@ func ParseGetOpenAPISpecResponse(rsp *http.Response) (*GetOpenAPISpecResponse, e
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "yaml") && rsp.StatusCode == 200:
-		var dest string
+		var dest map[string]interface{}
 		if err := yaml.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
