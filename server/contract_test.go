@@ -180,3 +180,17 @@ func TestMessagesNameTheFieldAndTheRule(t *testing.T) {
 		})
 	}
 }
+
+// TestSchemaSaysWhatTheServerAccepts: a generation id that the store would refuse is refused by
+// the contract itself, so that a client generated from it cannot build one.
+func TestSchemaSaysWhatTheServerAccepts(t *testing.T) {
+	t.Parallel()
+	s := contractServer(t)
+	for _, gen := range []string{"0", "a1", "g-1", "gx"} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/templates/t1/generations/"+gen, nil))
+		if p := decodeProblem(t, rec); rec.Code != 400 || p.Field != "gen" {
+			t.Errorf("generation %q: %d %+v, want 400 on gen", gen, rec.Code, p)
+		}
+	}
+}

@@ -347,16 +347,19 @@ type Event struct {
 	// Exit How the sandbox's last run ended.
 	Exit *LastExit `json:"exit,omitempty"`
 
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation *GenerationID `json:"generation,omitempty"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease    *LeaseID `json:"lease,omitempty"`
 	Progress *struct {
 		BytesDone int64 `json:"bytes_done"`
@@ -473,8 +476,11 @@ type Generation struct {
 	// capture); `expired` (captured longer ago than the server's maximum age).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
-	// ID Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
@@ -505,8 +511,11 @@ type GenerationEligibility string
 // `retiring`: its retirement waits for the last lease to go.
 type GenerationState string
 
-// GenerationID Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationID = string
@@ -620,9 +629,9 @@ type LastExitReason string
 type Lease struct {
 	AcquiredAt time.Time `json:"acquired_at"`
 
-	// ID Assigned by the server when a clone leases a generation; opaque to clients.
+	// ID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	ID LeaseID `json:"id"`
 
 	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -631,9 +640,9 @@ type Lease struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// LeaseID Assigned by the server when a clone leases a generation; opaque to clients.
+// LeaseID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 //
-// Example: l-build-42
+// Example: l-0123456789abcdef
 type LeaseID = string
 
 // LeaseList defines model for LeaseList.
@@ -777,16 +786,19 @@ type Template struct {
 
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation GenerationID `json:"generation"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease LeaseID `json:"lease"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -817,8 +829,11 @@ type Cursor = string
 // Drain defines model for Drain.
 type Drain = bool
 
-// GenerationIDPath Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationIDPath = GenerationID

@@ -31,8 +31,11 @@ type EnvVar = string
 // (`x-extensible-enum`): a client must accept a code it does not know.
 type ErrorCode = string
 
-// GenerationID Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationID = string
@@ -78,8 +81,11 @@ type TemplateName = string
 // Example: user
 type User = string
 
-// GenerationIDPath Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
