@@ -132,7 +132,7 @@ func fileError(err error, path string) error {
 	case errors.Is(err, syscall.EISDIR):
 		return mk(control.CodeIsADirectory, "%q is a directory.")
 	case errors.Is(err, syscall.ENOTEMPTY):
-		return mk(control.CodeDirectoryNotEmpty, "The directory %q is not empty; remove it recursively.")
+		return mk(control.CodeDirectoryNotEmpty, "The directory %q is not empty; remove it with recursive=true to delete it and everything in it.")
 	case errors.Is(err, fs.ErrExist):
 		return mk(control.CodeFileExists, "%q already exists.")
 	case errors.Is(err, syscall.ELOOP):

@@ -17,114 +17,6 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ErrorCode.
-const (
-	ErrorCodeAlreadyProvisioned   ErrorCode = "already-provisioned"
-	ErrorCodeAlreadyRunning       ErrorCode = "already-running"
-	ErrorCodeFileNotFound         ErrorCode = "file-not-found"
-	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
-	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
-	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
-	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
-	ErrorCodeInternal             ErrorCode = "internal"
-	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
-	ErrorCodeMethodNotAllowed     ErrorCode = "method-not-allowed"
-	ErrorCodeNotFound             ErrorCode = "not-found"
-	ErrorCodeNotImplemented       ErrorCode = "not-implemented"
-	ErrorCodeNotRunning           ErrorCode = "not-running"
-	ErrorCodePayloadTooLarge      ErrorCode = "payload-too-large"
-	ErrorCodeProvisionedAgain     ErrorCode = "provisioned-again"
-	ErrorCodeRuntimeMismatch      ErrorCode = "runtime-mismatch"
-	ErrorCodeSandboxBusy          ErrorCode = "sandbox-busy"
-	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
-	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
-	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
-	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
-	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
-	ErrorCodeStorageFull          ErrorCode = "storage-full"
-	ErrorCodeStorageUnavailable   ErrorCode = "storage-unavailable"
-	ErrorCodeTemplateExists       ErrorCode = "template-exists"
-	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
-	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
-	ErrorCodeTemplateTombstoned   ErrorCode = "template-tombstoned"
-	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
-	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
-	ErrorCodeUnavailable          ErrorCode = "unavailable"
-)
-
-// Valid indicates whether the value is a known member of the ErrorCode enum.
-func (e ErrorCode) Valid() bool {
-	switch e {
-	case ErrorCodeAlreadyProvisioned:
-		return true
-	case ErrorCodeAlreadyRunning:
-		return true
-	case ErrorCodeFileNotFound:
-		return true
-	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeForeignFiles:
-		return true
-	case ErrorCodeGenerationLeased:
-		return true
-	case ErrorCodeGenerationNotFound:
-		return true
-	case ErrorCodeImageNotFound:
-		return true
-	case ErrorCodeInternal:
-		return true
-	case ErrorCodeInvalidRequest:
-		return true
-	case ErrorCodeMethodNotAllowed:
-		return true
-	case ErrorCodeNotFound:
-		return true
-	case ErrorCodeNotImplemented:
-		return true
-	case ErrorCodeNotRunning:
-		return true
-	case ErrorCodePayloadTooLarge:
-		return true
-	case ErrorCodeProvisionedAgain:
-		return true
-	case ErrorCodeRuntimeMismatch:
-		return true
-	case ErrorCodeSandboxBusy:
-		return true
-	case ErrorCodeSandboxLaunched:
-		return true
-	case ErrorCodeSandboxLeased:
-		return true
-	case ErrorCodeSandboxNotFound:
-		return true
-	case ErrorCodeStartTimeout:
-		return true
-	case ErrorCodeStopTimeout:
-		return true
-	case ErrorCodeStorageFull:
-		return true
-	case ErrorCodeStorageUnavailable:
-		return true
-	case ErrorCodeTemplateExists:
-		return true
-	case ErrorCodeTemplateIneligible:
-		return true
-	case ErrorCodeTemplateNotFound:
-		return true
-	case ErrorCodeTemplateTombstoned:
-		return true
-	case ErrorCodeTransitionInProgress:
-		return true
-	case ErrorCodeUnauthorized:
-		return true
-	case ErrorCodeUnavailable:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -384,7 +276,9 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone (needs `template`); default the newest eligible one.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
+	// `generation` without `template` is refused with `invalid-request` (field
+	// `generation`), which OpenAPI 3.0 cannot say in the schema.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one when absent.
@@ -430,8 +324,9 @@ type EnvKey = string
 type EnvVar = string
 
 // ErrorCode The stable error codes, identical to package errcode. Never renamed; new ones may be
-// added, so clients treat an unknown code by its HTTP status.
-type ErrorCode string
+// added, so clients treat an unknown code by its HTTP status. The list is open
+// (`x-extensible-enum`): a client must accept a code it does not know.
+type ErrorCode = string
 
 // Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
 // `type` and `at` depend on the type:
@@ -450,16 +345,19 @@ type Event struct {
 	// Exit How the sandbox's last run ended.
 	Exit *LastExit `json:"exit,omitempty"`
 
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation *GenerationID `json:"generation,omitempty"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease    *LeaseID `json:"lease,omitempty"`
 	Progress *struct {
 		BytesDone int64 `json:"bytes_done"`
@@ -497,7 +395,8 @@ type EventType string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
-	// Command The program and its arguments. The program is looked up in `PATH`.
+	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
+	// empty (the arguments may be).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -527,10 +426,12 @@ type ExecRequest struct {
 type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
-	// ExitCode The exit status, or -1 when a signal ended the command.
+	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
 	ExitCode int `json:"exit_code"`
 
-	// Signal The signal that ended the command, when one did.
+	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
+	// when it exited by itself. `exit_code` is then 128 plus its number.
 	Signal *string `json:"signal,omitempty"`
 
 	// Stderr Standard error as UTF-8 (invalid bytes replaced by U+FFFD).
@@ -573,8 +474,11 @@ type Generation struct {
 	// capture); `expired` (captured longer ago than the server's maximum age).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
-	// ID Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
@@ -605,8 +509,11 @@ type GenerationEligibility string
 // `retiring`: its retirement waits for the last lease to go.
 type GenerationState string
 
-// GenerationID Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationID = string
@@ -720,9 +627,9 @@ type LastExitReason string
 type Lease struct {
 	AcquiredAt time.Time `json:"acquired_at"`
 
-	// ID Assigned by the server when a clone leases a generation; opaque to clients.
+	// ID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	ID LeaseID `json:"id"`
 
 	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -731,9 +638,9 @@ type Lease struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// LeaseID Assigned by the server when a clone leases a generation; opaque to clients.
+// LeaseID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 //
-// Example: l-build-42
+// Example: l-0123456789abcdef
 type LeaseID = string
 
 // LeaseList defines model for LeaseList.
@@ -744,7 +651,8 @@ type LeaseList struct {
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
-	// added, so clients treat an unknown code by its HTTP status.
+	// added, so clients treat an unknown code by its HTTP status. The list is open
+	// (`x-extensible-enum`): a client must accept a code it does not know.
 	Code ErrorCode `json:"code"`
 
 	// Detail What went wrong and what to do next, in a sentence.
@@ -876,16 +784,19 @@ type Template struct {
 
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation GenerationID `json:"generation"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease LeaseID `json:"lease"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -916,8 +827,11 @@ type Cursor = string
 // Drain defines model for Drain.
 type Drain = bool
 
-// GenerationIDPath Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
@@ -978,7 +892,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1003,6 +919,9 @@ type DeleteSandboxParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Recursive Remove a directory with everything in it.
+	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1017,6 +936,9 @@ type ReadFileParams struct {
 
 // WriteFileParams defines parameters for WriteFile.
 type WriteFileParams struct {
+	// Parents Create missing parent directories, as `mkdir -p` does.
+	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1048,7 +970,9 @@ type StopSandboxParams struct {
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1068,7 +992,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1137,7 +1063,7 @@ type ServerInterface interface {
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params RemoveFileParams)
 	// ReadFile Read a file, or list a directory
@@ -1233,7 +1159,7 @@ func (_ Unimplemented) ExecCommand(w http.ResponseWriter, r *http.Request, id Sa
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// RemoveFile Remove a file or an empty directory
+// RemoveFile Remove a file, or a directory
 // (DELETE /v1/sandboxes/{id}/files)
 func (_ Unimplemented) RemoveFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params RemoveFileParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1583,6 +1509,19 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 	// Parameter object where we will unmarshal all parameters from the context
 	var params RemoveFileParams
 
+	// ------------- Optional query parameter "recursive" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
+		}
+		return
+	}
+
 	// ------------- Required query parameter "path" -------------
 
 	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
@@ -1679,6 +1618,19 @@ func (siw *ServerInterfaceWrapper) WriteFile(w http.ResponseWriter, r *http.Requ
 
 	// Parameter object where we will unmarshal all parameters from the context
 	var params WriteFileParams
+
+	// ------------- Optional query parameter "parents" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "parents", r.URL.Query(), &params.Parents, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "parents"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "parents", Err: err})
+		}
+		return
+	}
 
 	// ------------- Required query parameter "path" -------------
 
@@ -5703,7 +5655,7 @@ type StrictServerInterface interface {
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(ctx context.Context, request ExecCommandRequestObject) (ExecCommandResponseObject, error)
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(ctx context.Context, request RemoveFileRequestObject) (RemoveFileResponseObject, error)
 	// ReadFile Read a file, or list a directory

@@ -19,114 +19,6 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ErrorCode.
-const (
-	ErrorCodeAlreadyProvisioned   ErrorCode = "already-provisioned"
-	ErrorCodeAlreadyRunning       ErrorCode = "already-running"
-	ErrorCodeFileNotFound         ErrorCode = "file-not-found"
-	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
-	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
-	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
-	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
-	ErrorCodeInternal             ErrorCode = "internal"
-	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
-	ErrorCodeMethodNotAllowed     ErrorCode = "method-not-allowed"
-	ErrorCodeNotFound             ErrorCode = "not-found"
-	ErrorCodeNotImplemented       ErrorCode = "not-implemented"
-	ErrorCodeNotRunning           ErrorCode = "not-running"
-	ErrorCodePayloadTooLarge      ErrorCode = "payload-too-large"
-	ErrorCodeProvisionedAgain     ErrorCode = "provisioned-again"
-	ErrorCodeRuntimeMismatch      ErrorCode = "runtime-mismatch"
-	ErrorCodeSandboxBusy          ErrorCode = "sandbox-busy"
-	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
-	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
-	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
-	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
-	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
-	ErrorCodeStorageFull          ErrorCode = "storage-full"
-	ErrorCodeStorageUnavailable   ErrorCode = "storage-unavailable"
-	ErrorCodeTemplateExists       ErrorCode = "template-exists"
-	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
-	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
-	ErrorCodeTemplateTombstoned   ErrorCode = "template-tombstoned"
-	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
-	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
-	ErrorCodeUnavailable          ErrorCode = "unavailable"
-)
-
-// Valid indicates whether the value is a known member of the ErrorCode enum.
-func (e ErrorCode) Valid() bool {
-	switch e {
-	case ErrorCodeAlreadyProvisioned:
-		return true
-	case ErrorCodeAlreadyRunning:
-		return true
-	case ErrorCodeFileNotFound:
-		return true
-	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeForeignFiles:
-		return true
-	case ErrorCodeGenerationLeased:
-		return true
-	case ErrorCodeGenerationNotFound:
-		return true
-	case ErrorCodeImageNotFound:
-		return true
-	case ErrorCodeInternal:
-		return true
-	case ErrorCodeInvalidRequest:
-		return true
-	case ErrorCodeMethodNotAllowed:
-		return true
-	case ErrorCodeNotFound:
-		return true
-	case ErrorCodeNotImplemented:
-		return true
-	case ErrorCodeNotRunning:
-		return true
-	case ErrorCodePayloadTooLarge:
-		return true
-	case ErrorCodeProvisionedAgain:
-		return true
-	case ErrorCodeRuntimeMismatch:
-		return true
-	case ErrorCodeSandboxBusy:
-		return true
-	case ErrorCodeSandboxLaunched:
-		return true
-	case ErrorCodeSandboxLeased:
-		return true
-	case ErrorCodeSandboxNotFound:
-		return true
-	case ErrorCodeStartTimeout:
-		return true
-	case ErrorCodeStopTimeout:
-		return true
-	case ErrorCodeStorageFull:
-		return true
-	case ErrorCodeStorageUnavailable:
-		return true
-	case ErrorCodeTemplateExists:
-		return true
-	case ErrorCodeTemplateIneligible:
-		return true
-	case ErrorCodeTemplateNotFound:
-		return true
-	case ErrorCodeTemplateTombstoned:
-		return true
-	case ErrorCodeTransitionInProgress:
-		return true
-	case ErrorCodeUnauthorized:
-		return true
-	case ErrorCodeUnavailable:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -386,7 +278,9 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone (needs `template`); default the newest eligible one.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
+	// `generation` without `template` is refused with `invalid-request` (field
+	// `generation`), which OpenAPI 3.0 cannot say in the schema.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one when absent.
@@ -432,8 +326,9 @@ type EnvKey = string
 type EnvVar = string
 
 // ErrorCode The stable error codes, identical to package errcode. Never renamed; new ones may be
-// added, so clients treat an unknown code by its HTTP status.
-type ErrorCode string
+// added, so clients treat an unknown code by its HTTP status. The list is open
+// (`x-extensible-enum`): a client must accept a code it does not know.
+type ErrorCode = string
 
 // Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
 // `type` and `at` depend on the type:
@@ -452,16 +347,19 @@ type Event struct {
 	// Exit How the sandbox's last run ended.
 	Exit *LastExit `json:"exit,omitempty"`
 
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation *GenerationID `json:"generation,omitempty"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease    *LeaseID `json:"lease,omitempty"`
 	Progress *struct {
 		BytesDone int64 `json:"bytes_done"`
@@ -499,7 +397,8 @@ type EventType string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
-	// Command The program and its arguments. The program is looked up in `PATH`.
+	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
+	// empty (the arguments may be).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -529,10 +428,12 @@ type ExecRequest struct {
 type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
-	// ExitCode The exit status, or -1 when a signal ended the command.
+	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
 	ExitCode int `json:"exit_code"`
 
-	// Signal The signal that ended the command, when one did.
+	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
+	// when it exited by itself. `exit_code` is then 128 plus its number.
 	Signal *string `json:"signal,omitempty"`
 
 	// Stderr Standard error as UTF-8 (invalid bytes replaced by U+FFFD).
@@ -575,8 +476,11 @@ type Generation struct {
 	// capture); `expired` (captured longer ago than the server's maximum age).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
-	// ID Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
@@ -607,8 +511,11 @@ type GenerationEligibility string
 // `retiring`: its retirement waits for the last lease to go.
 type GenerationState string
 
-// GenerationID Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationID = string
@@ -722,9 +629,9 @@ type LastExitReason string
 type Lease struct {
 	AcquiredAt time.Time `json:"acquired_at"`
 
-	// ID Assigned by the server when a clone leases a generation; opaque to clients.
+	// ID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	ID LeaseID `json:"id"`
 
 	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -733,9 +640,9 @@ type Lease struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// LeaseID Assigned by the server when a clone leases a generation; opaque to clients.
+// LeaseID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 //
-// Example: l-build-42
+// Example: l-0123456789abcdef
 type LeaseID = string
 
 // LeaseList defines model for LeaseList.
@@ -746,7 +653,8 @@ type LeaseList struct {
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
-	// added, so clients treat an unknown code by its HTTP status.
+	// added, so clients treat an unknown code by its HTTP status. The list is open
+	// (`x-extensible-enum`): a client must accept a code it does not know.
 	Code ErrorCode `json:"code"`
 
 	// Detail What went wrong and what to do next, in a sentence.
@@ -878,16 +786,19 @@ type Template struct {
 
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation GenerationID `json:"generation"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease LeaseID `json:"lease"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -918,8 +829,11 @@ type Cursor = string
 // Drain defines model for Drain.
 type Drain = bool
 
-// GenerationIDPath Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
@@ -995,7 +909,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1045,6 +961,9 @@ type ExecStreamParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Recursive Remove a directory with everything in it.
+	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1059,6 +978,9 @@ type ReadFileParams struct {
 
 // WriteFileParams defines parameters for WriteFile.
 type WriteFileParams struct {
+	// Parents Create missing parent directories, as `mkdir -p` does.
+	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1090,7 +1012,9 @@ type StopSandboxParams struct {
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1110,7 +1034,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1407,9 +1333,16 @@ type ClientInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
-	//     (1000).
+	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+	//     `signal` is `null` when the command exited by itself;
+	//   - from the server, answering a frame it could not act on (a text frame that is not
+	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+	//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+	//     The frame has no effect and the session goes on.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -1418,9 +1351,12 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/exec/stream (the `ExecStream` operationId).
 	ExecStream(ctx context.Context, id SandboxIDPath, params *ExecStreamParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	//
-	// A non-empty directory is refused with `invalid-request` (field `path`).
+	// Removes a file or an empty directory. A non-empty directory is refused with
+	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+	// with `invalid-request`.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1431,8 +1367,8 @@ type ClientInterface interface {
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
 	//
-	// The answer is the file as it was opened: `Content-Length` is its size then (absent
-	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+	// empty file), and a file replaced by a rename meanwhile does not mix into it.
 	// A file that grows while it is read is read up to that size; one that shrinks ends the
 	// response early (the connection closes before `Content-Length` bytes), so a short body
 	// is never taken for the whole file.
@@ -1443,7 +1379,11 @@ type ClientInterface interface {
 	// WriteFileWithBody Write a file
 	//
 	// Creates or replaces a regular file with the request body, streamed. Missing parent
-	// directories are created. The body may be at most the server's file limit (see
+	// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+	// `path`). Creating a parent needs the user to be allowed to write in the directory
+	// above it: a parent under `/` that the user may not create is refused with
+	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type.
@@ -1908,9 +1848,16 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
-//     (1000).
+//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+//     `signal` is `null` when the command exited by itself;
+//   - from the server, answering a frame it could not act on (a text frame that is not
+//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+//     The frame has no effect and the session goes on.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -1929,9 +1876,12 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 	return c.Client.Do(req)
 }
 
-// RemoveFile Remove a file or an empty directory
+// RemoveFile Remove a file, or a directory
 //
-// A non-empty directory is refused with `invalid-request` (field `path`).
+// Removes a file or an empty directory. A non-empty directory is refused with
+// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+// with `invalid-request`.
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -1952,8 +1902,8 @@ func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *Remov
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
 //
-// The answer is the file as it was opened: `Content-Length` is its size then (absent
-// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+// empty file), and a file replaced by a rename meanwhile does not mix into it.
 // A file that grows while it is read is read up to that size; one that shrinks ends the
 // response early (the connection closes before `Content-Length` bytes), so a short body
 // is never taken for the whole file.
@@ -1974,7 +1924,11 @@ func (c *Client) ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFil
 // WriteFileWithBody Write a file
 //
 // Creates or replaces a regular file with the request body, streamed. Missing parent
-// directories are created. The body may be at most the server's file limit (see
+// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+// `path`). Creating a parent needs the user to be allowed to write in the directory
+// above it: a parent under `/` that the user may not create is refused with
+// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type.
@@ -3021,6 +2975,18 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if params.Recursive != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", *params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
 		} else {
@@ -3146,6 +3112,18 @@ func NewWriteFileRequestWithBody(server string, id SandboxIDPath, params *WriteF
 		// styled parameters, preserving literal commas as delimiters
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
+
+		if params.Parents != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "parents", *params.Parents, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
@@ -4192,9 +4170,16 @@ type ClientWithResponsesInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
-	//     (1000).
+	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+	//     `signal` is `null` when the command exited by itself;
+	//   - from the server, answering a frame it could not act on (a text frame that is not
+	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+	//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+	//     The frame has no effect and the session goes on.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -4205,9 +4190,12 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/exec/stream (the `ExecStream` operationId).
 	ExecStreamWithResponse(ctx context.Context, id SandboxIDPath, params *ExecStreamParams, reqEditors ...RequestEditorFn) (*ExecStreamResponse, error)
 
-	// RemoveFileWithResponse Remove a file or an empty directory
+	// RemoveFileWithResponse Remove a file, or a directory
 	//
-	// A non-empty directory is refused with `invalid-request` (field `path`).
+	// Removes a file or an empty directory. A non-empty directory is refused with
+	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+	// with `invalid-request`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4220,8 +4208,8 @@ type ClientWithResponsesInterface interface {
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
 	//
-	// The answer is the file as it was opened: `Content-Length` is its size then (absent
-	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+	// empty file), and a file replaced by a rename meanwhile does not mix into it.
 	// A file that grows while it is read is read up to that size; one that shrinks ends the
 	// response early (the connection closes before `Content-Length` bytes), so a short body
 	// is never taken for the whole file.
@@ -4234,7 +4222,11 @@ type ClientWithResponsesInterface interface {
 	// WriteFileWithBodyWithResponse Write a file
 	//
 	// Creates or replaces a regular file with the request body, streamed. Missing parent
-	// directories are created. The body may be at most the server's file limit (see
+	// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+	// `path`). Creating a parent needs the user to be allowed to write in the directory
+	// above it: a parent under `/` that the user may not create is refused with
+	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -4646,13 +4638,13 @@ type GetOpenAPISpecResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// YAML200 the response for an HTTP 200 `application/yaml` response
-	YAML200 *string
+	YAML200 *map[string]interface{}
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 }
 
 // GetYAML200 returns the response for an HTTP 200 `application/yaml` response
-func (r GetOpenAPISpecResponse) GetYAML200() *string {
+func (r GetOpenAPISpecResponse) GetYAML200() *map[string]interface{} {
 	return r.YAML200
 }
 
@@ -7301,9 +7293,16 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
-//     (1000).
+//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+//     `signal` is `null` when the command exited by itself;
+//   - from the server, answering a frame it could not act on (a text frame that is not
+//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+//     The frame has no effect and the session goes on.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -7320,9 +7319,12 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 	return ParseExecStreamResponse(rsp)
 }
 
-// RemoveFileWithResponse Remove a file or an empty directory
+// RemoveFileWithResponse Remove a file, or a directory
 //
-// A non-empty directory is refused with `invalid-request` (field `path`).
+// Removes a file or an empty directory. A non-empty directory is refused with
+// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+// with `invalid-request`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7341,8 +7343,8 @@ func (c *ClientWithResponses) RemoveFileWithResponse(ctx context.Context, id San
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
 //
-// The answer is the file as it was opened: `Content-Length` is its size then (absent
-// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+// empty file), and a file replaced by a rename meanwhile does not mix into it.
 // A file that grows while it is read is read up to that size; one that shrinks ends the
 // response early (the connection closes before `Content-Length` bytes), so a short body
 // is never taken for the whole file.
@@ -7361,7 +7363,11 @@ func (c *ClientWithResponses) ReadFileWithResponse(ctx context.Context, id Sandb
 // WriteFileWithBodyWithResponse Write a file
 //
 // Creates or replaces a regular file with the request body, streamed. Missing parent
-// directories are created. The body may be at most the server's file limit (see
+// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+// `path`). Creating a parent needs the user to be allowed to write in the directory
+// above it: a parent under `/` that the user may not create is refused with
+// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -7829,7 +7835,7 @@ func ParseGetOpenAPISpecResponse(rsp *http.Response) (*GetOpenAPISpecResponse, e
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "yaml") && rsp.StatusCode == 200:
-		var dest string
+		var dest map[string]interface{}
 		if err := yaml.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
