@@ -2,7 +2,7 @@
 // stable code; SandboxdError carries that code so that callers switch on it, never on the
 // message. A failure to reach the server at all is a ConnectionError.
 
-import { errorCodeValues } from "./schema.gen.js";
+import { knownErrorCodes } from "./codes.gen.js";
 import { isRecord, numberField, oneOf, parseJSON, stringField } from "./guards.js";
 import type { ErrorCode, Problem } from "./types.js";
 
@@ -119,7 +119,7 @@ export function problemError(response: Response, body: unknown): SandboxdError {
   }
   const raw = stringField(problem, "code");
   return new SandboxdError({
-    code: oneOf(errorCodeValues, raw) ?? codeOfStatus(response.status),
+    code: oneOf(knownErrorCodes, raw) ?? codeOfStatus(response.status),
     rawCode: raw ?? codeOfStatus(response.status),
     status: numberField(problem, "status") ?? response.status,
     detail: stringField(problem, "detail") ?? `sandboxd answered HTTP ${response.status}.`,
@@ -130,7 +130,7 @@ export function problemError(response: Response, body: unknown): SandboxdError {
 
 /** The SandboxdError for a websocket closed with a code other than 1000. */
 export function closeError(closeCode: number, reason: string): SandboxdError {
-  const code = oneOf(errorCodeValues, reason);
+  const code = oneOf(knownErrorCodes, reason);
   return new SandboxdError({
     code: code ?? "internal",
     rawCode: reason === "" ? "internal" : reason,

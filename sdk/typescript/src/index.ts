@@ -19,4 +19,5 @@ export { parseEvent, parseServerSentEvents } from "./events.js";
 export type { ServerSentEvent } from "./events.js";
 export type * from "./types.js";
 export type { components, operations, paths } from "./schema.gen.js";
-export { errorCodeValues, eventTypeValues, sandboxStateValues } from "./schema.gen.js";
+export { eventTypeValues, sandboxStateValues } from "./schema.gen.js";
+export { knownErrorCodes } from "./codes.gen.js";

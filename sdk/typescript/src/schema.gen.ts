@@ -171,9 +171,16 @@ export interface paths {
          *       - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
          *         effect in its place among the stdin frames, so input sent after it sees the new
          *         size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-         *       - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+         *       - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
          *         once the command has ended and all its output was sent, followed by a normal close
-         *         (1000).
+         *         (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+         *         signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+         *         `signal` is `null` when the command exited by itself;
+         *       - from the server, answering a frame it could not act on (a text frame that is not
+         *         one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+         *         without positive `rows` and `cols`, a binary frame for another stream than stdin):
+         *         `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+         *         The frame has no effect and the session goes on.
          *     - The server pings; a client that stops answering is dropped, and dropping the
          *       connection kills the command. A command still running at `timeout_ms` is killed and
          *       its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -207,8 +214,8 @@ export interface paths {
          *     `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
          *     a directory without `list=true` is refused with `invalid-request` (field `path`).
          *
-         *     The answer is the file as it was opened: `Content-Length` is its size then (absent
-         *     for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+         *     The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+         *     empty file), and a file replaced by a rename meanwhile does not mix into it.
          *     A file that grows while it is read is read up to that size; one that shrinks ends the
          *     response early (the connection closes before `Content-Length` bytes), so a short body
          *     is never taken for the whole file.
@@ -217,14 +224,21 @@ export interface paths {
         /**
          * Write a file
          * @description Creates or replaces a regular file with the request body, streamed. Missing parent
-         *     directories are created. The body may be at most the server's file limit (see
+         *     directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+         *     unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+         *     `path`). Creating a parent needs the user to be allowed to write in the directory
+         *     above it: a parent under `/` that the user may not create is refused with
+         *     `invalid-request` (field `path`). The body may be at most the server's file limit (see
          *     `/v1/info`); a larger one is refused with `payload-too-large`.
          */
         put: operations["writeFile"];
         post?: never;
         /**
-         * Remove a file or an empty directory
-         * @description A non-empty directory is refused with `invalid-request` (field `path`).
+         * Remove a file, or a directory
+         * @description Removes a file or an empty directory. A non-empty directory is refused with
+         *     `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+         *     everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+         *     with `invalid-request`.
          */
         delete: operations["removeFile"];
         options?: never;
@@ -576,14 +590,17 @@ export interface components {
          */
         TemplateName: string;
         /**
-         * @description Assigned by the server at capture; opaque to clients, with the same shape as other
-         *     identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+         * @description Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+         *     digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+         *     the server could not have assigned (`g1`, `g000000`) names no generation: it is
+         *     refused with `invalid-request` (field `generation`) or, when the template itself is
+         *     missing, `template-not-found`.
          * @example g000003
          */
         GenerationID: string;
         /**
-         * @description Assigned by the server when a clone leases a generation; opaque to clients.
-         * @example l-build-42
+         * @description Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
+         * @example l-0123456789abcdef
          */
         LeaseID: string;
         /**
@@ -673,7 +690,11 @@ export interface components {
             image?: components["schemas"]["ImageName"];
             /** @description Clone from this template. */
             template?: components["schemas"]["TemplateName"];
-            /** @description The generation to clone (needs `template`); default the newest eligible one. */
+            /**
+             * @description The generation to clone; default the newest eligible one. It needs `template`: a
+             *     `generation` without `template` is refused with `invalid-request` (field
+             *     `generation`), which OpenAPI 3.0 cannot say in the schema.
+             */
             generation?: components["schemas"]["GenerationID"];
             resources?: components["schemas"]["ResourcesRequest"];
             /**
@@ -736,7 +757,10 @@ export interface components {
             next_cursor?: string;
         };
         ExecRequest: {
-            /** @description The program and its arguments. The program is looked up in `PATH`. */
+            /**
+             * @description The program and its arguments. The program is looked up in `PATH`; it must not be
+             *     empty (the arguments may be).
+             */
             command: components["schemas"]["Argument"][];
             /** @description Environment variables as `KEY=VALUE`, added to the sandbox's. */
             env?: components["schemas"]["EnvVar"][];
@@ -756,9 +780,15 @@ export interface components {
             wait_ms?: number;
         };
         ExecResult: {
-            /** @description The exit status, or -1 when a signal ended the command. */
+            /**
+             * @description The exit status. When a signal ended the command, 128 plus the signal's number, as
+             *     shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
+             */
             exit_code: number;
-            /** @description The signal that ended the command, when one did. */
+            /**
+             * @description The signal that ended the command, when one did (for example `SIGKILL`); absent
+             *     when it exited by itself. `exit_code` is then 128 plus its number.
+             */
             signal?: string;
             /** @description The command was killed at `timeout_ms`. */
             timed_out: boolean;
@@ -938,10 +968,10 @@ export interface components {
         };
         /**
          * @description The stable error codes, identical to package errcode. Never renamed; new ones may be
-         *     added, so clients treat an unknown code by its HTTP status.
-         * @enum {string}
+         *     added, so clients treat an unknown code by its HTTP status. The list is open
+         *     (`x-extensible-enum`): a client must accept a code it does not know.
          */
-        ErrorCode: "invalid-request" | "unauthorized" | "forbidden" | "not-found" | "method-not-allowed" | "payload-too-large" | "not-implemented" | "internal" | "unavailable" | "storage-full" | "storage-unavailable" | "sandbox-not-found" | "template-not-found" | "generation-not-found" | "file-not-found" | "image-not-found" | "already-provisioned" | "provisioned-again" | "already-running" | "not-running" | "sandbox-launched" | "foreign-files" | "runtime-mismatch" | "template-exists" | "template-tombstoned" | "template-ineligible" | "sandbox-busy" | "transition-in-progress" | "sandbox-leased" | "generation-leased" | "stop-timeout" | "start-timeout";
+        ErrorCode: string;
         /** @description An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`. */
         Problem: {
             /**
@@ -1105,7 +1135,11 @@ export interface components {
         Timeout: number;
         /** @description Instead of refusing while clones hold leases, tombstone now and finish later. */
         Drain: boolean;
-        /** @description The `next_cursor` of the previous page. */
+        /**
+         * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
+         *     server cannot read (one it did not return) is refused with `invalid-request` (field
+         *     `cursor`); it is never taken for the first page.
+         */
         Cursor: string;
         /** @description The largest number of items on a page. */
         Limit: number;
@@ -1122,7 +1156,11 @@ export interface operations {
                 state?: components["schemas"]["SandboxState"];
                 /** @description A `key=value` label that the sandboxes must carry; repeat for several. */
                 label?: components["schemas"]["LabelSelector"][];
-                /** @description The `next_cursor` of the previous page. */
+                /**
+                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
+                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
+                 *     `cursor`); it is never taken for the first page.
+                 */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
                 limit?: components["parameters"]["Limit"];
@@ -1464,6 +1502,8 @@ export interface operations {
             query: {
                 /** @description An absolute path inside the sandbox. */
                 path: components["schemas"]["AbsolutePath"];
+                /** @description Create missing parent directories, as `mkdir -p` does. */
+                parents?: boolean;
             };
             header?: never;
             path: {
@@ -1501,6 +1541,8 @@ export interface operations {
             query: {
                 /** @description An absolute path inside the sandbox. */
                 path: components["schemas"]["AbsolutePath"];
+                /** @description Remove a directory with everything in it. */
+                recursive?: boolean;
             };
             header?: never;
             path: {
@@ -1563,7 +1605,11 @@ export interface operations {
     listTemplates: {
         parameters: {
             query?: {
-                /** @description The `next_cursor` of the previous page. */
+                /**
+                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
+                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
+                 *     `cursor`); it is never taken for the first page.
+                 */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
                 limit?: components["parameters"]["Limit"];
@@ -1699,7 +1745,11 @@ export interface operations {
     listGenerations: {
         parameters: {
             query?: {
-                /** @description The `next_cursor` of the previous page. */
+                /**
+                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
+                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
+                 *     `cursor`); it is never taken for the first page.
+                 */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
                 limit?: components["parameters"]["Limit"];
@@ -2034,13 +2084,15 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The OpenAPI document that the server implements. */
+            /** @description The OpenAPI document that the server implements, as YAML. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/yaml": string;
+                    "application/yaml": {
+                        [key: string]: unknown;
+                    };
                 };
             };
             500: components["responses"]["InternalError"];
@@ -2123,4 +2175,3 @@ export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<componen
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
-export const errorCodeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ErrorCode"]> = ["invalid-request", "unauthorized", "forbidden", "not-found", "method-not-allowed", "payload-too-large", "not-implemented", "internal", "unavailable", "storage-full", "storage-unavailable", "sandbox-not-found", "template-not-found", "generation-not-found", "file-not-found", "image-not-found", "already-provisioned", "provisioned-again", "already-running", "not-running", "sandbox-launched", "foreign-files", "runtime-mismatch", "template-exists", "template-tombstoned", "template-ineligible", "sandbox-busy", "transition-in-progress", "sandbox-leased", "generation-leased", "stop-timeout", "start-timeout"];

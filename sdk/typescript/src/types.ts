@@ -22,5 +22,9 @@ export type Lease = Schemas["Lease"];
 export type Info = Schemas["Info"];
 export type Event = Schemas["Event"];
 export type EventType = Schemas["Event"]["type"];
-export type ErrorCode = Schemas["ErrorCode"];
+/**
+ * An error code the contract documents. The server may send others (the list is open); the
+ * SDK then reports the generic code of the status and keeps the server's in rawCode.
+ */
+export type { KnownErrorCode as ErrorCode } from "./codes.gen.js";
 export type Problem = Schemas["Problem"];
