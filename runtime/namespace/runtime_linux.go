@@ -42,8 +42,8 @@ type Config struct {
 	CgroupParent string
 	// IDs are the host ids of the sandboxes' user namespaces; zero fields take the defaults
 	// ([DefaultIDBase], [DefaultIDSlots], [DefaultIDRegistry]). IDs.Off runs sandboxes
-	// without one (their ids are the host's), for kernels without idmapped overlay layers
-	// (before Linux 5.19) and for measuring what the namespace costs.
+	// without one (their ids are the host's), for state roots and images on file systems
+	// that cannot be idmapped (overlayfs, NFS), and for measuring what the namespace costs.
 	IDs shim.IDConfig
 }
 

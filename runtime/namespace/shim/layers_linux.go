@@ -167,7 +167,11 @@ func idmap(m, userns *os.File) error {
 	if userns == nil {
 		return nil
 	}
-	return platform.SetMountIDMap(m, userns, false)
+	err := platform.SetMountIDMap(m, userns, false)
+	if errors.Is(err, platform.ErrIDMapUnsupported) {
+		return fmt.Errorf("%w: a sandbox's user namespace needs its state directory and layers on a file system that can be idmapped (ext4, xfs, btrfs, tmpfs), or the runtime's IDs.Off", err)
+	}
+	return err
 }
 
 // layers are the overlay's layers, each open on a detached clone of its mount: the overlay
