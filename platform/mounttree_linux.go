@@ -188,3 +188,16 @@ func AttachMountAt(m *os.File, target string) error {
 	}
 	return nil
 }
+
+// AttachMountOnCwd attaches the detached mount m onto the calling process's working
+// directory, named by no path (AT_FDCWD with an empty path): this needs no permission to
+// look anything up, not even ".", in a directory that the caller may not search.
+func AttachMountOnCwd(m *os.File) error {
+	err := control(m, func(mfd int) error {
+		return unix.MoveMount(mfd, "", unix.AT_FDCWD, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+	})
+	if err != nil {
+		return fmt.Errorf("platform: mount %s on the working directory: %w", m.Name(), err)
+	}
+	return nil
+}

@@ -16,3 +16,4 @@ func CloneMount(dir *os.File, p string, recursive bool) (*os.File, error) { retu
 func SetMountAttrs(m *os.File, attrs uint64, recursive bool) error        { return ErrUnsupported }
 func AttachMount(m, target *os.File) error                                { return ErrUnsupported }
 func AttachMountAt(m *os.File, target string) error                       { return ErrUnsupported }
+func AttachMountOnCwd(m *os.File) error                                   { return ErrUnsupported }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 
@@ -77,6 +76,62 @@ func lifelineHeld() bool {
 	return n == 0 || fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) == 0
 }
 
+// maxConfigMounts bounds the descriptors that the init takes with its configuration.
+const maxConfigMounts = 32
+
+// receiveConfig reads the init's configuration, one message on the socket at fd 3 (see
+// [sendConfig]), into v and returns the descriptors that came with it, close-on-exec.
+func receiveConfig(v any) ([]*os.File, error) {
+	f := os.NewFile(fdConfig, "config")
+	defer f.Close()
+	buf := make([]byte, maxConfigSize)
+	oob := make([]byte, unix.CmsgSpace(maxConfigMounts*4))
+	var (
+		n, oobn, flags int
+		err            error
+	)
+	for {
+		n, oobn, flags, _, err = unix.Recvmsg(fdConfig, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read configuration: %w", err)
+	}
+	var files []*os.File
+	msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			perr = errors.Join(perr, err)
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "mount"))
+		}
+	}
+	fail := func(err error) ([]*os.File, error) {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, err
+	}
+	switch {
+	case perr != nil:
+		return fail(fmt.Errorf("read configuration: %w", perr))
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
+		return fail(errors.New("read configuration: the message was truncated"))
+	case n == 0:
+		return fail(errors.New("read configuration: the shim sent none"))
+	}
+	if err := json.Unmarshal(buf[:n], v); err != nil {
+		return fail(fmt.Errorf("read configuration: %w", err))
+	}
+	return files, nil
+}
+
+// readConfig reads the agent stage's configuration from the pipe at fd 3.
 func readConfig(v any) error {
 	f := os.NewFile(fdConfig, "config")
 	defer f.Close()
@@ -89,19 +144,22 @@ func readConfig(v any) error {
 
 func initStage() error {
 	var cfg initConfig
-	if err := readConfig(&cfg); err != nil {
+	mounts, err := receiveConfig(&cfg)
+	if err != nil {
 		return err
 	}
+	defer func() {
+		for _, m := range mounts {
+			m.Close()
+		}
+	}()
 	spec := &cfg.Spec
-	if !filepath.IsAbs(spec.Dir) {
-		return fmt.Errorf("the configuration names no state directory (%q)", spec.Dir)
-	}
 	// Opened before the old root goes away: the second stage is exec'd from this file.
 	exe, err := openExecutable()
 	if err != nil {
 		return fmt.Errorf("open own executable: %w", err)
 	}
-	cgroupDir, err := setupRoot(spec)
+	cgroupDir, err := setupRoot(&cfg, mounts)
 	if err != nil {
 		return err
 	}
@@ -111,7 +169,8 @@ func initStage() error {
 	if err := platform.LoopbackUp(); err != nil {
 		return err
 	}
-	if err := platform.PivotRoot(rootfsPath(spec.Dir)); err != nil {
+	// setupRoot left the working directory at the new root.
+	if err := platform.PivotRoot("."); err != nil {
 		return err
 	}
 

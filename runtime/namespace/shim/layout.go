@@ -45,6 +45,26 @@ type Config struct {
 	// Seccomp is the sandbox's seccomp filter, compiled by the host-side driver, in the binary
 	// form of [github.com/sandboxd/sandboxd/platform.SeccompProgram].
 	Seccomp []byte `json:"seccomp"`
+	// IDs is the sandbox's user namespace.
+	IDs IDConfig `json:"ids"`
+}
+
+// IDRangeSize is how many ids a sandbox's user namespace maps: ids 0 to 65535 inside (root,
+// the workload user 1000, nobody 65534) are the host ids Base+slot*IDRangeSize onwards.
+const IDRangeSize = 65536
+
+// IDConfig says how the shim gives its sandbox a user namespace with a range of host ids of
+// its own. Slot n of the registry (a host-wide lock file, shared by every sandboxd on the
+// host) is the host ids Base+n*IDRangeSize to Base+(n+1)*IDRangeSize-1; the shim holds its
+// slot for its whole life, and the kernel releases it when the shim ends, however it ends.
+type IDConfig struct {
+	// Off runs the sandbox without a user namespace: its ids are the host's.
+	Off bool `json:"off,omitempty"`
+	// Base is the first host id of slot 0; Slots is how many slots there are.
+	Base  uint32 `json:"base"`
+	Slots int    `json:"slots"`
+	// Registry is the lock file of the slots, absolute.
+	Registry string `json:"registry"`
 }
 
 // CgroupLeaf names a sandbox's cgroup below the runtime's parent: its id, a dot (which no id

@@ -28,23 +28,31 @@ var mergedUsrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
 // devNodes are the device nodes of the sandbox's /dev, bound from the host's.
 var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
-// setupRoot builds the sandbox's root file system on <dir>/rootfs, inside the init's own mount
-// namespace. Nothing here is visible to the host, and all of it goes when the namespace dies.
-// It returns where the sandbox's own cgroup is mounted inside ("" if nowhere).
+// setupRoot builds the sandbox's root file system on <dir>/rootfs (the init's working
+// directory), inside the init's own mount namespace, from the mounts that the shim made
+// (mounts, see [rootMounts]). Nothing here is visible to the host, and all of it goes when
+// the namespace dies. It leaves the working directory at the new root, for pivot_root, and
+// returns where the sandbox's own cgroup is mounted inside ("" if nowhere).
 //
-// The init is still host root here, and everything below the new root is the sandbox's to
-// change, links included: every directory, file and link it makes there, and every mount
-// target, is resolved through a handle of the root as if it were "/" ([platform.MkdirAllInRoot]),
-// and every mount is made detached and attached onto a handle of its target
-// ([platform.AttachMount]), so that no link the sandbox planted leads outside it. Only host
-// paths (the layers, /usr, /dev/null) are named by path.
-func setupRoot(spec *shimSpec) (string, error) {
-	root, err := setupRootMounts(spec)
+// Everything below the new root is the sandbox's to change, links included: every
+// directory, file and link made there, and every mount target, is resolved through a handle
+// of the root as if it were "/" ([platform.MkdirAllInRoot]), and every mount is made
+// detached and attached onto a handle of its target ([platform.AttachMount]), so that no
+// link the sandbox planted leads outside it. Only host paths (/dev/null) are named by path.
+func setupRoot(cfg *initConfig, mounts []*os.File) (string, error) {
+	root, err := setupRootMounts(cfg, mounts)
 	if err != nil {
 		return "", err
 	}
 	defer root.Close()
-	return mountOwnCgroup(root, spec.CgroupV2)
+	cgroupDir, err := mountOwnCgroup(root, cfg.Spec.CgroupV2)
+	if err != nil {
+		return "", err
+	}
+	if err := unix.Fchdir(int(root.Fd())); err != nil {
+		return "", fmt.Errorf("chdir to the new root: %w", err)
+	}
+	return cgroupDir, nil
 }
 
 // mountOwnCgroup mounts the sandbox's own cgroup read-only at /sys/fs/cgroup (v2) or
@@ -111,164 +119,43 @@ func refuseRoot(root, target *os.File, p string) error {
 	return nil
 }
 
-// bindHost binds the host's src, read-only, nosuid and nodev, with the mounts below it, on
-// the directory p below root.
-func bindHost(root *os.File, src, p string) error {
-	m, err := platform.CloneMount(nil, src, true)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	if err := platform.SetMountAttrs(m, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV, true); err != nil {
-		return err
-	}
-	return attachDir(root, p, m)
-}
-
-// openDiskLayer mounts the sandbox's own disk as a detached mount, which no path names and
-// only the overlay built on it keeps, and returns a handle of its root, which holds the
-// writable layer's upper and work directories. The loop device clears itself when the mount
-// goes, which it does with the namespace: however the sandbox ends, nothing of its disk stays
-// attached on the host.
-func openDiskLayer(dir string) (*os.File, error) {
-	dev, err := platform.AttachLoop(filepath.Join(dir, EntryDiskImage))
-	if err != nil {
-		return nil, err
-	}
-	defer dev.Close() // once mounted, the mount holds the device
-	disk, err := platform.MountDetached("ext4", dev.Name(), unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
-	if err != nil {
-		return nil, err
-	}
-	for _, e := range []struct {
-		name string
-		perm os.FileMode
-	}{{EntryUpper, 0o755}, {EntryWork, 0o700}} {
-		if err := platform.MkdirAt(disk, e.name, e.perm); err != nil && !errors.Is(err, os.ErrExist) {
-			disk.Close()
-			return nil, err
-		}
-	}
-	return disk, nil
-}
-
-// layers are the overlay's layers, each open on a detached clone of its mount: the overlay
-// names a layer by its path as the init sees it when it mounts, and a layer on a detached
-// mount is a path below "/", so the sandbox's mount table shows "lowerdir+=/",
-// "upperdir=/upper" and "workdir=/work", not where the layers lie on the host.
-type layers struct {
-	lowers      []*os.File // top first, each the root of its clone
-	upper, work *os.File
-	// upperMount is the clone that holds upper and work (they must lie on one mount). A
-	// clone lives as long as its own descriptor: closed before the overlay is made, it
-	// would leave upper and work on a mount that is no longer mounted anywhere.
-	upperMount *os.File
-}
-
-func (l *layers) Close() {
-	for _, f := range append(l.lowers, l.upper, l.work, l.upperMount) {
-		if f != nil {
-			f.Close()
-		}
-	}
-}
-
-func openLayers(spec *shimSpec) (*layers, error) {
-	paths := append([]string{}, spec.Lowers...)
-	if spec.ImageDir != "" {
-		paths = append(paths, spec.ImageDir)
-	} else {
-		// The shim has made the host image's base layer (see runShim).
-		paths = append(paths, filepath.Join(spec.Dir, EntryHostFiles), spec.BaseDir)
-	}
-	l := &layers{}
-	for _, p := range paths {
-		f, err := platform.CloneMount(nil, p, false)
-		if err != nil {
-			l.Close()
-			return nil, err
-		}
-		l.lowers = append(l.lowers, f)
-	}
-	var err error
-	if spec.Disk {
-		l.upperMount, err = openDiskLayer(spec.Dir)
-	} else {
-		l.upperMount, err = platform.CloneMount(nil, spec.Dir, false)
-	}
-	if err == nil {
-		if l.upper, err = platform.OpenDirAt(l.upperMount, EntryUpper); err == nil {
-			l.work, err = platform.OpenDirAt(l.upperMount, EntryWork)
-		}
-	}
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
-	return l, nil
-}
-
-// mountOverlay mounts the sandbox's overlay on <dir>/rootfs and returns a handle of its root.
-func mountOverlay(spec *shimSpec) (*os.File, error) {
-	l, err := openLayers(spec)
-	if err != nil {
-		return nil, err
-	}
-	defer l.Close()
-	// The upper layer must stand on its own once captured as a template generation: no
-	// metadata-only copies that point into a lower (metacopy), no renamed directories that
-	// refer to lower paths (redirect_dir), no inode index tied to these lowers (index).
-	// nodev: no device node on the sandbox's own layers works, whoever made it.
-	m, err := platform.NewOverlay(l.lowers, l.upper, l.work, "index=off,redirect_dir=off,metacopy=off",
-		unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
-	if err != nil {
-		return nil, err
-	}
-	// <dir>/rootfs is the host's, not the sandbox's: a path will do.
-	if err := platform.AttachMountAt(m, rootfsPath(spec.Dir)); err != nil {
-		m.Close()
-		return nil, err
-	}
-	return m, nil
-}
-
-// setupRootMounts mounts the overlay and everything on it but the cgroup, and returns a
-// handle of the root.
-func setupRootMounts(spec *shimSpec) (*os.File, error) {
+// setupRootMounts attaches the overlay and the host binds that the shim made (see
+// [rootMounts]) and mounts everything else but the cgroup. It returns a handle of the root.
+//
+// The overlay goes on the init's working directory, <dir>/rootfs, which it inherits from
+// the shim: in a user namespace the init is root of that namespace alone and may not even
+// look up the state directory (host root's, 0700), and it needs not.
+func setupRootMounts(cfg *initConfig, mounts []*os.File) (*os.File, error) {
 	// First of all: no mount made from here on may propagate back to the host.
 	if err := platform.MakePrivate("/"); err != nil {
 		return nil, err
 	}
-	root, err := mountOverlay(spec)
-	if err != nil {
+	if len(mounts) != 1+len(cfg.Binds) {
+		return nil, fmt.Errorf("the shim handed %d mounts for an overlay and %d binds", len(mounts), len(cfg.Binds))
+	}
+	// The working directory is named by no path (AT_FDCWD, ""): the directory is host
+	// root's, 0700, and in a user namespace the init may not even look "." up in it.
+	var st unix.Stat_t
+	if err := unix.Fstatat(unix.AT_FDCWD, "", &st, unix.AT_EMPTY_PATH); err != nil {
+		return nil, fmt.Errorf("stat the working directory: %w", err)
+	}
+	if (platform.FileID{Dev: uint64(st.Dev), Ino: st.Ino}) != cfg.Rootfs {
+		return nil, errors.New("the working directory is not the sandbox's rootfs")
+	}
+	root := mounts[0]
+	if err := platform.AttachMountOnCwd(root); err != nil {
 		return nil, err
 	}
-	if err := setupRootTree(spec, root); err != nil {
-		root.Close()
+	if err := setupRootTree(cfg, root, mounts[1:]); err != nil {
 		return nil, err
 	}
 	return root, nil
 }
 
-func setupRootTree(spec *shimSpec, root *os.File) error {
-	if spec.ImageDir == "" {
-		if err := bindHost(root, "/usr", "usr"); err != nil {
+func setupRootTree(cfg *initConfig, root *os.File, binds []*os.File) error {
+	for i, b := range binds {
+		if err := attachDir(root, cfg.Binds[i], b); err != nil {
 			return err
-		}
-		for _, name := range mergedUsrLinks {
-			fi, err := os.Lstat("/" + name)
-			if err != nil || fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
-				continue // absent, or a link that the base layer reproduces
-			}
-			if err := bindHost(root, "/"+name, name); err != nil {
-				return err
-			}
-		}
-		if d, err := platform.OpenInRoot(root, "etc/alternatives", unix.O_PATH|unix.O_DIRECTORY); err == nil {
-			d.Close()
-			if err := bindHost(root, "/etc/alternatives", "etc/alternatives"); err != nil {
-				return err
-			}
 		}
 	}
 	if d, err := platform.MkdirAllInRoot(root, "tmp", 0o755); err != nil {
@@ -276,7 +163,7 @@ func setupRootTree(spec *shimSpec, root *os.File) error {
 	} else {
 		d.Close()
 	}
-	if err := setupProc(root); err != nil {
+	if err := setupProc(root, cfg.UserNamespace); err != nil {
 		return err
 	}
 	if err := setupDev(root); err != nil {
@@ -297,7 +184,11 @@ var (
 	procReadOnly = []string{"sys", "irq", "bus", "fs", "asound"}
 )
 
-func setupProc(root *os.File) error {
+// setupProc mounts the sandbox's /proc. In a user namespace (userns), it also sets the
+// namespace's max_user_namespaces to 0: no process of the sandbox may make a user namespace
+// of its own, the door to most of the kernel's code that unprivileged users reach (the
+// seccomp filter refuses it too).
+func setupProc(root *os.File, userns bool) error {
 	// A new proc, of the sandbox's own pid namespace: it lists only the sandbox's processes.
 	proc, err := platform.NewMount("proc", "proc", "", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
@@ -308,6 +199,11 @@ func setupProc(root *os.File) error {
 		return err
 	}
 	// Below the fresh proc, nothing is the sandbox's: its entries are resolved beneath it.
+	if userns {
+		if err := denyUserNamespaces(proc); err != nil {
+			return err
+		}
+	}
 	for _, name := range procReadOnly {
 		target, err := platform.OpenInRoot(proc, name, unix.O_PATH|unix.O_NOFOLLOW)
 		if err != nil {
@@ -339,6 +235,20 @@ func setupProc(root *os.File) error {
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// denyUserNamespaces writes 0 to max_user_namespaces of this user namespace, through the
+// sandbox's fresh proc.
+func denyUserNamespaces(proc *os.File) error {
+	f, err := platform.OpenInRoot(proc, "sys/user/max_user_namespaces", unix.O_WRONLY|unix.O_NOFOLLOW)
+	if err != nil {
+		return fmt.Errorf("max_user_namespaces: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("0"); err != nil {
+		return fmt.Errorf("max_user_namespaces: %w", err)
 	}
 	return nil
 }
