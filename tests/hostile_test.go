@@ -484,7 +484,7 @@ func TestHostileWorkloads(t *testing.T) {
 			t.Fatalf("making the deep tree: %+v", got)
 		}
 		// The files API removes it.
-		if r := d.do("DELETE", "/v1/sandboxes/"+id+"/files?path=/home/user/d", nil, nil); r.Status != 204 {
+		if r := d.do("DELETE", "/v1/sandboxes/"+id+"/files?path=/home/user/d&recursive=true", nil, nil); r.Status != 204 {
 			t.Fatalf("removing a tree 22 000 deep through the files API: %d %.300s", r.Status, r.Body)
 		}
 		if got := d.exec(id, map[string]any{"command": []string{"sh", "-c", "test -e /home/user/d || echo gone"}}); got.Stdout != "gone\n" {
