@@ -301,6 +301,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkCgroups(p)
 	c.checkLoops(p)
 	c.checkTemplates(ctx, p)
+	c.checkImages(ctx, p, false)
 	return p, nil
 }
 

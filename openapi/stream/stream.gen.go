@@ -21,6 +21,7 @@ const (
 	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
 	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
 	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
+	ErrorCodeImageInUse           ErrorCode = "image-in-use"
 	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
 	ErrorCodeInternal             ErrorCode = "internal"
 	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
@@ -64,6 +65,8 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeGenerationLeased:
 		return true
 	case ErrorCodeGenerationNotFound:
+		return true
+	case ErrorCodeImageInUse:
 		return true
 	case ErrorCodeImageNotFound:
 		return true
@@ -144,6 +147,11 @@ type ErrorCode string
 // Example: g000003
 type GenerationID = string
 
+// ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageName = string
+
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
@@ -189,6 +197,11 @@ type User = string
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
+
+// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageNamePath = ImageName
 
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //
