@@ -371,6 +371,9 @@ func (s *Supervisor) ImportImage(ctx context.Context, name string, r io.Reader) 
 		return nil, errcode.New(errcode.TransitionInProgress, "Image %s is being pulled; wait for the pull to end, or choose another name.", name)
 	}
 	s.mu.Unlock()
+	// The store's lock waits need a deadline; the body's arrival is bounded by the server.
+	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
+	defer cancel()
 	img, err := s.images.Import(ctx, name, r, nil)
 	if err != nil {
 		return nil, err
