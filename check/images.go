@@ -9,7 +9,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/store/image"
 	"github.com/sandboxd/sandboxd/store/template"
-	"github.com/sandboxd/sandboxd/supervisor"
 )
 
 // The kinds of image problem the checker reports besides the image store's own
@@ -28,32 +27,17 @@ const (
 // under. With repair it repairs what is safe (see [image.Store.Check] and
 // [supervisor.Supervisor.CheckImageUses]).
 func (c *checker) checkImages(ctx context.Context, p *pass, repair bool) {
-	storeDir := filepath.Join(c.root, image.ImagesDir, image.StoreDir)
-	if _, err := os.Lstat(storeDir); errors.Is(err, fs.ErrNotExist) {
-		return // no image was ever pulled or imported; do not create the store for a check
-	}
 	entry := filepath.Join(image.ImagesDir, image.StoreDir)
-	imgs, err := image.Open(c.root, image.Options{})
-	if err != nil {
-		p.add(ImageStoreSkipped, "", entry, "cannot open the image store: %v", err)
+	if c.imagesErr != nil {
+		p.add(ImageStoreSkipped, "", entry, "cannot open the image store: %v", c.imagesErr)
 		return
 	}
-	defer imgs.Close()
-	var ts *template.Store
-	if _, err := os.Lstat(filepath.Join(c.root, template.TemplatesDir)); err == nil {
-		if ts, err = template.Open(c.root, template.Options{}); err == nil {
-			defer ts.Close()
-		}
-	}
-	sup, err := supervisor.New(supervisor.Options{Store: c.st, Runtime: c.rt, Images: imgs, Templates: ts, Logger: c.o.Logger})
-	if err != nil {
-		p.add(ImageStoreSkipped, "", entry, "cannot judge the image store's references: %v", err)
+	if c.images == nil {
 		return
 	}
-	defer sup.Close()
 	lctx, cancel := context.WithTimeout(ctx, c.o.LockTimeout)
 	defer cancel()
-	probs, err := imgs.Check(lctx, repair)
+	probs, err := c.images.Check(lctx, repair)
 	if err != nil {
 		p.add(ImageStoreSkipped, "", entry, "the image store's check failed: %v", err)
 		return
@@ -63,7 +47,7 @@ func (c *checker) checkImages(ctx context.Context, p *pass, repair bool) {
 			p.problems = append(p.problems, Problem{Kind: string(ip.Kind), Entry: filepath.Join(entry, ip.Entry), Detail: ip.Detail})
 		}
 	}
-	stale, err := sup.CheckImageUses(lctx, repair)
+	stale, err := c.sup.CheckImageUses(lctx, repair)
 	if err != nil {
 		p.add(ImageStoreSkipped, "", entry, "the image references could not be checked: %v", err)
 	}
@@ -77,4 +61,23 @@ func (c *checker) checkImages(ctx context.Context, p *pass, repair bool) {
 				"image %s is referenced by %s, which no longer exists", u.Image, u.String())
 		}
 	}
+}
+
+// openImageStores opens the image store and the template store of root, each only if it
+// exists: a check creates neither.
+func openImageStores(root string) (*image.Store, *template.Store, error) {
+	if _, err := os.Lstat(filepath.Join(root, image.ImagesDir, image.StoreDir)); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	imgs, err := image.Open(root, image.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	var ts *template.Store
+	if _, err := os.Lstat(filepath.Join(root, template.TemplatesDir)); err == nil {
+		if ts, err = template.Open(root, template.Options{}); err != nil {
+			ts = nil // the template check reports it; generations are then not judged
+		}
+	}
+	return imgs, ts, nil
 }

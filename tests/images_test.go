@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -362,4 +364,112 @@ func TestImages(t *testing.T) {
 		}
 		wantProblem(t, d.doJSON("GET", "/v1/images/bb-oci", nil), 404, "image-not-found")
 	})
+}
+
+// stallingRegistry serves an in-memory registry on loopback whose blob downloads, while
+// stall is set, send their first half and then hang until the client goes away: a pull in
+// the middle of a layer, for a kill to interrupt.
+func stallingRegistry(t testing.TB, stall *atomic.Bool) *httptest.Server {
+	t.Helper()
+	inner := ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !stall.Load() || r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/blobs/sha256:") {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		inner.ServeHTTP(rec, r)
+		body := rec.Body.Bytes()
+		if rec.Code != http.StatusOK || len(body) < 1<<20 {
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			_, _ = w.Write(body)
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(body[:len(body)/2])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestImagePullKilled kills sandboxd with SIGKILL in the middle of a layer's pull, twice:
+// `sandboxd check` reports what the first kill left and `--repair` removes it; the next start
+// cleans what the second left by itself; and the pull, retried, succeeds.
+func TestImagePullKilled(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	var stall atomic.Bool
+	stall.Store(true)
+	srv := stallingRegistry(t, &stall)
+	img := busyboxImage(t, v1.Config{Env: []string{"PATH=/bin"}}, 8<<20)
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/test/big:v1"
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stall.Store(false)
+	if err := remote.Write(r, img); err != nil {
+		t.Fatal(err)
+	}
+	stall.Store(true)
+
+	d := startDaemon(t)
+	pullUntilStalled := func() {
+		t.Helper()
+		decode[imageJSON](t, d.doJSON("POST", "/v1/images", map[string]any{"ref": ref, "name": "big"}), 202)
+		waitFor(t, time.Minute, "the pull to be in the middle of a layer", func() bool {
+			img := decode[imageJSON](t, d.doJSON("GET", "/v1/images/big", nil), 200)
+			for _, l := range img.Layers {
+				if l.BytesDone != nil && l.BytesTotal != nil && *l.BytesDone > 0 && *l.BytesDone < *l.BytesTotal {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	imageProblems := func(rep checkReport) []checkProblem {
+		var out []checkProblem
+		for _, p := range rep.Problems {
+			if strings.HasPrefix(p.Entry, "images/") {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+
+	pullUntilStalled()
+	d.Kill()
+	rep, code, stderr := runCheck(t, d.Root)
+	half := false
+	for _, p := range imageProblems(rep) {
+		half = half || p.Kind == "half-unpacked-layer"
+	}
+	if code != 1 || !half {
+		t.Fatalf("check after a kill mid-pull: exit %d, problems %+v (%s); want a half-unpacked layer", code, rep.Problems, stderr)
+	}
+	if rep, code, stderr := runCheck(t, d.Root, "--repair"); code != 0 {
+		t.Fatalf("check --repair: exit %d, %+v (%s)", code, rep.Problems, stderr)
+	}
+
+	d.start()
+	pullUntilStalled()
+	d.Kill()
+	d.start()
+	if rep, _, stderr := runCheck(t, d.Root); len(imageProblems(rep)) != 0 {
+		t.Fatalf("the start after a kill mid-pull left %+v (%s)", imageProblems(rep), stderr)
+	}
+
+	stall.Store(false)
+	decode[imageJSON](t, d.doJSON("POST", "/v1/images", map[string]any{"ref": ref, "name": "big"}), 202)
+	d.waitImage("big")
+	d.createOn("after-kill", "big")
+	if got := d.exec("after-kill", map[string]any{"command": []string{"cat", "/app/hello.txt"}}); got.Stdout != "hello from the image\n" {
+		t.Errorf("exec on the retried pull's image = %+v", got)
+	}
 }
