@@ -99,10 +99,14 @@ func writeImageFiles(dir string, layers []string, cfg ImageConfig, hostname stri
 			uid, gid int
 		}{wd[1:], 0o755, 0, 0})
 	}
+	made := map[string]bool{}
 	for _, d := range dirs {
-		if img.exists(d.name) {
+		// The first of two that name one directory decides (the user's home as WorkingDir
+		// stays the user's).
+		if made[d.name] || img.exists(d.name) {
 			continue
 		}
+		made[d.name] = true
 		p := filepath.Join(dir, d.name)
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return err
