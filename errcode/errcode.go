@@ -49,6 +49,7 @@ const (
 	TransitionInProgress Code = "transition-in-progress"
 	SandboxLeased        Code = "sandbox-leased"
 	GenerationLeased     Code = "generation-leased"
+	ImageInUse           Code = "image-in-use" // a sandbox or a template generation uses the image
 
 	StopTimeout  Code = "stop-timeout"
 	StartTimeout Code = "start-timeout"

@@ -64,6 +64,7 @@ var statusOfCode = map[string]int{
 	"transition-in-progress": 423,
 	"sandbox-leased":         423,
 	"generation-leased":      423,
+	"image-in-use":           423,
 
 	"stop-timeout":  504,
 	"start-timeout": 504,

@@ -58,6 +58,7 @@ var statusOf = map[errcode.Code]int{
 	errcode.TransitionInProgress: http.StatusLocked,
 	errcode.SandboxLeased:        http.StatusLocked,
 	errcode.GenerationLeased:     http.StatusLocked,
+	errcode.ImageInUse:           http.StatusLocked,
 
 	errcode.StopTimeout:  http.StatusGatewayTimeout,
 	errcode.StartTimeout: http.StatusGatewayTimeout,

@@ -287,7 +287,7 @@ func (s *Server) limitBodies(jsonLimit, fileLimit int64) func(http.Handler) http
 		jsonLimited := s.limitBody(jsonLimit)(next)
 		fileLimited := s.limitBody(fileLimit)(next)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/files") {
+			if isFileUpload(r) {
 				fileLimited.ServeHTTP(w, r)
 				return
 			}

@@ -28,6 +28,7 @@ func DeclaredEntries(rt runtime.Runtime) []Declaration {
 	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName} {
 		add(name, store.EntryFile)
 	}
+	add(ImageFilesName, store.EntryDir)
 	for _, e := range rt.DeclaredEntries() {
 		kind := store.EntryFile
 		if e.Dir {

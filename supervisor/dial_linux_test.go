@@ -4,8 +4,8 @@ package supervisor
 
 import (
 	"bytes"
-	"encoding/base64"
 	"context"
+	"encoding/base64"
 	"io"
 	"net"
 	"os"

@@ -55,7 +55,7 @@ func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error
 
 // launch runs the launch protocol (see the package doc) under l.
 func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Config, lowers []string) error {
-	imageDir, err := s.imageDir(cfg.Image)
+	img, err := s.stackImage(l.Dir(), cfg)
 	if err != nil {
 		return err
 	}
@@ -84,14 +84,14 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Dir:      l.Dir(),
 		LaunchID: launchID,
 		Image:    cfg.Image,
-		ImageDir: imageDir,
+		ImageDir: img.dir,
 		HostBase: s.hostBase(),
-		Lowers:   lowers,
+		Lowers:   append(slices.Clone(lowers), img.lowers...),
 		Resources: runtime.Resources{
 			VCPUs: cfg.Resources.VCPUs, MemoryMB: cfg.Resources.MemoryMB, Pids: cfg.Resources.Pids,
 		},
 		DiskMB:     cfg.DiskMB,
-		Env:        cfg.Env,
+		Env:        img.env(cfg.Env),
 		Capability: capability,
 		Hostname:   cfg.ID,
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/image"
 )
 
 // Stop ends a running sandbox: gracefully through its agent (TERM every process, wait a
@@ -95,7 +96,7 @@ func (s *Supervisor) shutdown(ctx context.Context, l *store.Lock, rec *store.Run
 // durably, under the lock; its lease is released once the lock is gone.
 func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 	defer s.observe("deprovision", time.Now(), &err)
-	l, _, err := s.lockProvisioned(ctx, id)
+	l, cfg, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -119,6 +120,7 @@ func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 	// The binding is gone whatever the removal did, so the lease goes too.
 	s.releaseLease(ctx, id, binding)
 	if err == nil {
+		s.releaseImage(ctx, cfg.Image, image.UseSandbox, id)
 		s.emit(Event{Type: EventDeleted, Sandbox: id})
 	}
 	return err

@@ -56,6 +56,9 @@ type options struct {
 	templateMaxAge time.Duration
 	runtimeBinary  string
 	defaultDiskMB  int
+	// registryAuth and insecureRegistries configure image pulls.
+	registryAuth       string
+	insecureRegistries stringList
 	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
 	// that cannot give sandboxes a disk is an error rather than a warning.
 	diskExplicit bool
@@ -93,6 +96,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded, for trusted work only (env SANDBOXD_DEFAULT_DISK_MB)")
+	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("SANDBOXD_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env SANDBOXD_REGISTRY_AUTH); default: anonymous pulls")
+	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -197,8 +202,13 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	images, err := openImages(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	defer images.Close()
 	sup, err = supervisor.New(supervisor.Options{
-		Store: st, Runtime: rt, Templates: ts, Logger: log,
+		Store: st, Runtime: rt, Templates: ts, Images: images, Logger: log,
 		OnEvent: func(e supervisor.Event) {
 			mx.OnEvent(e.Type)
 			bus.Publish(handlers.EventOf(e))
@@ -224,6 +234,7 @@ func serve(o *options, log *slog.Logger) error {
 		MaxFileBytes:     server.DefaultMaxFileBytes,
 		Logger:           log,
 		Events:           bus,
+		Images:           sup,
 		OnExec:           mx.OnExec,
 	})
 	if err != nil {

@@ -46,6 +46,11 @@ const (
 	EventTypeGenerationCaptured   EventType = "generation.captured"
 	EventTypeGenerationRetired    EventType = "generation.retired"
 	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
+	EventTypeImageDeleted         EventType = "image.deleted"
+	EventTypeImageFailed          EventType = "image.failed"
+	EventTypeImageImported        EventType = "image.imported"
+	EventTypeImagePullProgress    EventType = "image.pull.progress"
+	EventTypeImagePulled          EventType = "image.pulled"
 	EventTypeLeaseAcquired        EventType = "lease.acquired"
 	EventTypeLeaseReleased        EventType = "lease.released"
 	EventTypeSandboxCreated       EventType = "sandbox.created"
@@ -65,6 +70,16 @@ func (e EventType) Valid() bool {
 	case EventTypeGenerationRetired:
 		return true
 	case EventTypeGenerationTombstoned:
+		return true
+	case EventTypeImageDeleted:
+		return true
+	case EventTypeImageFailed:
+		return true
+	case EventTypeImageImported:
+		return true
+	case EventTypeImagePullProgress:
+		return true
+	case EventTypeImagePulled:
 		return true
 	case EventTypeLeaseAcquired:
 		return true
@@ -160,6 +175,48 @@ const (
 func (e HealthStatus) Valid() bool {
 	switch e {
 	case HealthStatusOk:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ImageKind.
+const (
+	ImageKindDirectory ImageKind = "directory"
+	ImageKindHost      ImageKind = "host"
+	ImageKindOci       ImageKind = "oci"
+)
+
+// Valid indicates whether the value is a known member of the ImageKind enum.
+func (e ImageKind) Valid() bool {
+	switch e {
+	case ImageKindDirectory:
+		return true
+	case ImageKindHost:
+		return true
+	case ImageKindOci:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ImageState.
+const (
+	ImageStateFailed  ImageState = "failed"
+	ImageStatePulling ImageState = "pulling"
+	ImageStateReady   ImageState = "ready"
+)
+
+// Valid indicates whether the value is a known member of the ImageState enum.
+func (e ImageState) Valid() bool {
+	switch e {
+	case ImageStateFailed:
+		return true
+	case ImageStatePulling:
+		return true
+	case ImageStateReady:
 		return true
 	default:
 		return false
@@ -340,9 +397,15 @@ type ErrorCode = string
 //     `generation`, and for a capture the `sandbox` it came from;
 //   - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
 //   - `capture.progress`: `template`, `sandbox`, `progress` (the generation id is not known
-//     until `generation.captured`).
+//     until `generation.captured`);
+//   - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
+//   - `image.pulled`, `image.imported`, `image.deleted`: `image`;
+//   - `image.failed`: `image`, `error`.
 type Event struct {
 	At time.Time `json:"at"`
+
+	// Error Why an image pull failed.
+	Error *string `json:"error,omitempty"`
 
 	// Exit How the sandbox's last run ended.
 	Exit *LastExit `json:"exit,omitempty"`
@@ -356,6 +419,21 @@ type Event struct {
 	//
 	// Example: g000003
 	Generation *GenerationID `json:"generation,omitempty"`
+
+	// Image An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	//
+	// Example: host
+	Image         *ImageName `json:"image,omitempty"`
+	ImageProgress *struct {
+		BytesDone int64 `json:"bytes_done"`
+
+		// BytesTotal -1 when unknown.
+		BytesTotal int64  `json:"bytes_total"`
+		DiffID     string `json:"diff_id"`
+
+		// Layer The layer's index, 0 at the bottom.
+		Layer int `json:"layer"`
+	} `json:"image_progress,omitempty"`
 
 	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
@@ -534,6 +612,81 @@ type Health struct {
 // HealthStatus defines model for Health.Status.
 type HealthStatus string
 
+// Image defines model for Image.
+type Image struct {
+	// Config The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+	// defaults of every exec (the exec's own fields override; a `user` other than root is
+	// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
+	Config       *ImageConfig `json:"config,omitempty"`
+	ConfigDigest *string      `json:"config_digest,omitempty"`
+	CreatedAt    *time.Time   `json:"created_at,omitempty"`
+
+	// Digest The manifest digest.
+	Digest *string `json:"digest,omitempty"`
+
+	// Error Why the pull failed (state `failed`).
+	Error *string `json:"error,omitempty"`
+
+	// Kind `host` (built in), `directory` (a root file system under `images/`) or `oci` (pulled or imported).
+	Kind ImageKind `json:"kind"`
+
+	// Layers Bottom first.
+	Layers *[]ImageLayer `json:"layers,omitempty"`
+
+	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	//
+	// Example: host
+	Name     ImageName `json:"name"`
+	Platform *string   `json:"platform,omitempty"`
+
+	// Ref The reference it was pulled by; absent for an import.
+	Ref *string `json:"ref,omitempty"`
+
+	// SizeBytes The bytes of the layers' files.
+	SizeBytes *int64     `json:"size_bytes,omitempty"`
+	State     ImageState `json:"state"`
+
+	// UsedBy Who holds a reference to the image (`sandbox <id>`, `generation <template>/<gen>`).
+	UsedBy *[]string `json:"used_by,omitempty"`
+}
+
+// ImageKind `host` (built in), `directory` (a root file system under `images/`) or `oci` (pulled or imported).
+type ImageKind string
+
+// ImageState defines model for Image.State.
+type ImageState string
+
+// ImageConfig The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+// defaults of every exec (the exec's own fields override; a `user` other than root is
+// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
+type ImageConfig struct {
+	Cmd        *[]string `json:"cmd,omitempty"`
+	Entrypoint *[]string `json:"entrypoint,omitempty"`
+	Env        *[]string `json:"env,omitempty"`
+	User       *string   `json:"user,omitempty"`
+	WorkingDir *string   `json:"working_dir,omitempty"`
+}
+
+// ImageLayer defines model for ImageLayer.
+type ImageLayer struct {
+	// BytesDone For a pull in progress, the bytes of the layer's blob read so far.
+	BytesDone *int64 `json:"bytes_done,omitempty"`
+
+	// BytesTotal For a pull in progress, the bytes of the layer's blob (-1 unknown).
+	BytesTotal *int64 `json:"bytes_total,omitempty"`
+
+	// DiffID The sha256 of the layer's uncompressed tar, which names it on disk.
+	DiffID string `json:"diff_id"`
+
+	// Present The server held the layer already; nothing of it was downloaded.
+	Present *bool `json:"present,omitempty"`
+}
+
+// ImageList defines model for ImageList.
+type ImageList struct {
+	Items []Image `json:"items"`
+}
+
 // ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 //
 // Example: host
@@ -674,6 +827,24 @@ type Problem struct {
 	//
 	// Example: urn:sandboxd:problem:sandbox-busy
 	Type string `json:"type"`
+}
+
+// PullImageRequest defines model for PullImageRequest.
+type PullImageRequest struct {
+	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	//
+	// Example: host
+	Name *ImageName `json:"name,omitempty"`
+
+	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	//
+	// Example: linux/amd64
+	Platform *string `json:"platform,omitempty"`
+
+	// Ref `registry/repository:tag` or `registry/repository@sha256:<digest>`.
+	//
+	// Example: registry.example.com/library/busybox:1.36
+	Ref string `json:"ref"`
 }
 
 // Resources Resource limits, applied through the sandbox's cgroup.
@@ -837,6 +1008,11 @@ type Drain = bool
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
+
+// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageNamePath = ImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1073,6 +1249,9 @@ type TombstoneGenerationParams struct {
 // DashboardLoginJSONRequestBody defines body for DashboardLogin for application/json ContentType.
 type DashboardLoginJSONRequestBody DashboardLoginJSONBody
 
+// PullImageJSONRequestBody defines body for PullImage for application/json ContentType.
+type PullImageJSONRequestBody = PullImageRequest
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
@@ -1228,6 +1407,79 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListImages List images
+	//
+	// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+	// file system directories under the state root's `images/` (kind `directory`), then the
+	// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+	// progress or failed, by name.
+	//
+	// Corresponds with GET /v1/images (the `ListImages` operationId).
+	ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PullImageWithBody Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImageWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PullImage Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImage(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteImage Delete an OCI image
+	//
+	// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+	// once no image uses them. While a sandbox or a template generation uses the image it
+	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+	// are not deleted (`invalid-request`).
+	//
+	// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+	DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetImage Get an image
+	//
+	// The image, with its digest, layers, size, configuration and users. A pull in progress
+	// shows its progress per layer; a failed pull shows `error` until the name is pulled
+	// again, imported or deleted.
+	//
+	// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+	GetImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ImportImageWithBody Import an image archive
+	//
+	// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+	// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+	// its digest and every layer against its diff id; layer entries that could escape their
+	// layer are refused (see docs/images.md). The body may be at most the server's file
+	// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+	// or a generation uses it (`image-in-use`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+	ImportImageWithBody(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetInfo Server version, runtime, images and limits
 	//
@@ -1654,6 +1906,139 @@ func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditor
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
 func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewStreamEventsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListImages List images
+//
+// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+// file system directories under the state root's `images/` (kind `directory`), then the
+// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+// progress or failed, by name.
+//
+// Corresponds with GET /v1/images (the `ListImages` operationId).
+func (c *Client) ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListImagesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PullImageWithBody Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *Client) PullImageWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullImageRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PullImage Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *Client) PullImage(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullImageRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteImage Delete an OCI image
+//
+// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+// once no image uses them. While a sandbox or a template generation uses the image it
+// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+// are not deleted (`invalid-request`).
+//
+// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+func (c *Client) DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteImageRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetImage Get an image
+//
+// The image, with its digest, layers, size, configuration and users. A pull in progress
+// shows its progress per layer; a failed pull shows `error` until the name is pulled
+// again, imported or deleted.
+//
+// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+func (c *Client) GetImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetImageRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ImportImageWithBody Import an image archive
+//
+// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+// its digest and every layer against its diff id; layer entries that could escape their
+// layer are refused (see docs/images.md). The body may be at most the server's file
+// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+// or a generation uses it (`image-in-use`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+func (c *Client) ImportImageWithBody(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewImportImageRequestWithBody(c.Server, name, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2441,6 +2826,177 @@ func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Re
 		}
 
 	}
+
+	return req, nil
+}
+
+// NewListImagesRequest constructs an http.Request for the ListImages method
+func NewListImagesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPullImageRequest calls the generic PullImage builder with application/json body
+func NewPullImageRequest(server string, body PullImageJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPullImageRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPullImageRequestWithBody constructs an http.Request for the PullImage method, with any body, and a specified content type
+func NewPullImageRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteImageRequest constructs an http.Request for the DeleteImage method
+func NewDeleteImageRequest(server string, name ImageNamePath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetImageRequest constructs an http.Request for the GetImage method
+func NewGetImageRequest(server string, name ImageNamePath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewImportImageRequestWithBody constructs an http.Request for the ImportImage method, with any body, and a specified content type
+func NewImportImageRequestWithBody(server string, name ImageNamePath, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -4058,6 +4614,85 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
 	StreamEventsWithResponse(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error)
 
+	// ListImagesWithResponse List images
+	//
+	// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+	// file system directories under the state root's `images/` (kind `directory`), then the
+	// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+	// progress or failed, by name.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/images (the `ListImages` operationId).
+	ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error)
+
+	// PullImageWithBodyWithResponse Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImageWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
+
+	// PullImageWithResponse Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImageWithResponse(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
+
+	// DeleteImageWithResponse Delete an OCI image
+	//
+	// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+	// once no image uses them. While a sandbox or a template generation uses the image it
+	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+	// are not deleted (`invalid-request`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+	DeleteImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*DeleteImageResponse, error)
+
+	// GetImageWithResponse Get an image
+	//
+	// The image, with its digest, layers, size, configuration and users. A pull in progress
+	// shows its progress per layer; a failed pull shows `error` until the name is pulled
+	// again, imported or deleted.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+	GetImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*GetImageResponse, error)
+
+	// ImportImageWithBodyWithResponse Import an image archive
+	//
+	// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+	// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+	// its digest and every layer against its diff id; layer entries that could escape their
+	// layer are refused (see docs/images.md). The body may be at most the server's file
+	// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+	// or a generation uses it (`image-in-use`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+	ImportImageWithBodyWithResponse(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ImportImageResponse, error)
+
 	// GetInfoWithResponse Server version, runtime, images and limits
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -4752,6 +5387,477 @@ func (r StreamEventsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r StreamEventsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListImagesResponse401Headers the declared response headers of an HTTP 401 response for ListImages
+type ListImagesResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListImagesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ImageList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListImagesResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListImagesResponse) GetJSON200() *ImageList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ListImagesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListImagesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListImagesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListImagesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PullImageResponse202Headers the declared response headers of an HTTP 202 response for PullImage
+type PullImageResponse202Headers struct {
+	Location *string
+}
+
+// PullImageResponse401Headers the declared response headers of an HTTP 401 response for PullImage
+type PullImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PullImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Image
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *PullImageResponse202Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PullImageResponse401Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r PullImageResponse) GetJSON202() *Image {
+	return r.JSON202
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r PullImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PullImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PullImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PullImageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteImageResponse401Headers the declared response headers of an HTTP 401 response for DeleteImage
+type DeleteImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type DeleteImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteImageResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteImageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetImageResponse401Headers the declared response headers of an HTTP 401 response for GetImage
+type GetImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type GetImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Image
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetImageResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetImageResponse) GetJSON200() *Image {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r GetImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetImageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ImportImageResponse401Headers the declared response headers of an HTTP 401 response for ImportImage
+type ImportImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ImportImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Image
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ImportImageResponse401Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r ImportImageResponse) GetJSON201() *Image {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ImportImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ImportImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ImportImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ImportImageResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -7133,6 +8239,121 @@ func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, para
 	return ParseStreamEventsResponse(rsp)
 }
 
+// ListImagesWithResponse List images
+//
+// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+// file system directories under the state root's `images/` (kind `directory`), then the
+// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+// progress or failed, by name.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/images (the `ListImages` operationId).
+func (c *ClientWithResponses) ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error) {
+	rsp, err := c.ListImages(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListImagesResponse(rsp)
+}
+
+// PullImageWithBodyWithResponse Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *ClientWithResponses) PullImageWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
+	rsp, err := c.PullImageWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePullImageResponse(rsp)
+}
+
+// PullImageWithResponse Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
+	rsp, err := c.PullImage(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePullImageResponse(rsp)
+}
+
+// DeleteImageWithResponse Delete an OCI image
+//
+// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+// once no image uses them. While a sandbox or a template generation uses the image it
+// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+// are not deleted (`invalid-request`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+func (c *ClientWithResponses) DeleteImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*DeleteImageResponse, error) {
+	rsp, err := c.DeleteImage(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteImageResponse(rsp)
+}
+
+// GetImageWithResponse Get an image
+//
+// The image, with its digest, layers, size, configuration and users. A pull in progress
+// shows its progress per layer; a failed pull shows `error` until the name is pulled
+// again, imported or deleted.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+func (c *ClientWithResponses) GetImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*GetImageResponse, error) {
+	rsp, err := c.GetImage(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetImageResponse(rsp)
+}
+
+// ImportImageWithBodyWithResponse Import an image archive
+//
+// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+// its digest and every layer against its diff id; layer entries that could escape their
+// layer are refused (see docs/images.md). The body may be at most the server's file
+// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+// or a generation uses it (`image-in-use`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+func (c *ClientWithResponses) ImportImageWithBodyWithResponse(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ImportImageResponse, error) {
+	rsp, err := c.ImportImageWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseImportImageResponse(rsp)
+}
+
 // GetInfoWithResponse Server version, runtime, images and limits
 //
 // Returns a wrapper object for the known response body format(s).
@@ -7907,6 +9128,438 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 	switch {
 	case rsp.StatusCode == 401:
 		var headers StreamEventsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListImagesResponse parses an HTTP response from a ListImagesWithResponse call
+func ParseListImagesResponse(rsp *http.Response) (*ListImagesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListImagesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ImageList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListImagesResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePullImageResponse parses an HTTP response from a PullImageWithResponse call
+func ParsePullImageResponse(rsp *http.Response) (*PullImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PullImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Image
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 202:
+		var headers PullImageResponse202Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 401:
+		var headers PullImageResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteImageResponse parses an HTTP response from a DeleteImageWithResponse call
+func ParseDeleteImageResponse(rsp *http.Response) (*DeleteImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers DeleteImageResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetImageResponse parses an HTTP response from a GetImageWithResponse call
+func ParseGetImageResponse(rsp *http.Response) (*GetImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Image
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetImageResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseImportImageResponse parses an HTTP response from a ImportImageWithResponse call
+func ParseImportImageResponse(rsp *http.Response) (*ImportImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ImportImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Image
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ImportImageResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

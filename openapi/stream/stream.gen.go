@@ -40,6 +40,11 @@ type ErrorCode = string
 // Example: g000003
 type GenerationID = string
 
+// ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageName = string
+
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
@@ -89,6 +94,11 @@ type User = string
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
+
+// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageNamePath = ImageName
 
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //

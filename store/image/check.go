@@ -36,6 +36,10 @@ const (
 	BadRecord ProblemKind = "bad-record"
 	// An entry the image store does not own. Never repaired: it is not ours to remove.
 	ForeignEntry ProblemKind = "foreign-entry"
+	// A reference that does not read, or a reference to an image that has no record (no
+	// step of this store leaves one: a reference is written only to an image that exists,
+	// and an image is deleted only without references). Repair removes it.
+	BadUse ProblemKind = "bad-image-reference"
 )
 
 // Problem is one inconsistency found by Check.
@@ -87,8 +91,62 @@ func (s *Store) Check(ctx context.Context, repair bool) ([]Problem, error) {
 		}
 	}
 	out = append(out, ps...)
+	ps, err = s.checkUses(repair)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, ps...)
 	ps, err = s.checkTop()
 	return append(out, ps...), err
+}
+
+// checkUses reports references that do not read and references to images without a record.
+// Whether the user a reference names still exists is the caller's question (sandboxd check
+// asks the sandbox and template stores).
+func (s *Store) checkUses(repair bool) ([]Problem, error) {
+	names, err := platform.ReadDirNames(s.uses)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	var out []Problem
+	for _, n := range names {
+		entry := filepath.Join(UsesDir, n)
+		if ValidateName(n) != nil {
+			out = append(out, Problem{Kind: ForeignEntry, Entry: entry, Detail: "not a valid image name"})
+			continue
+		}
+		_, gerr := readImage(s.refs, n)
+		dir, err := platform.OpenDirAt(s.uses, n)
+		if err != nil {
+			out = append(out, Problem{Kind: ForeignEntry, Entry: entry, Detail: "not a directory"})
+			continue
+		}
+		files, err := platform.ReadDirNames(dir)
+		if err != nil {
+			dir.Close()
+			return nil, err
+		}
+		for _, f := range files {
+			p := Problem{Kind: BadUse, Image: n, Entry: filepath.Join(entry, f)}
+			if _, err := readUse(dir, n, f); err != nil {
+				p.Detail = fmt.Sprintf("the reference does not read: %v", err)
+			} else if gerr != nil {
+				p.Detail = "a reference to an image that has no record"
+			} else {
+				continue
+			}
+			if repair && platform.UnlinkAt(dir, f) == nil {
+				p.Repaired = true
+			}
+			out = append(out, p)
+		}
+		if repair && (len(files) == 0 || gerr != nil) {
+			_ = platform.RmdirAt(s.uses, n) // empty, or emptied above: nothing to keep
+		}
+		dir.Close()
+	}
+	return out, nil
 }
 
 // checkTop reports foreign entries in the store's directory.
@@ -101,7 +159,7 @@ func (s *Store) checkTop() ([]Problem, error) {
 	var out []Problem
 	for _, n := range names {
 		switch n {
-		case LockName, LayersDir, RefsDir, WorkDir, StagingDir:
+		case LockName, LayersDir, RefsDir, WorkDir, StagingDir, UsesDir:
 			continue
 		}
 		out = append(out, Problem{Kind: ForeignEntry, Entry: n, Detail: "not an entry of the image store"})

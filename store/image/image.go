@@ -3,9 +3,7 @@ package image
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
-	"io/fs"
 	"slices"
 	"strings"
 	"time"
@@ -95,6 +93,17 @@ func (s *Store) commit(ctx context.Context, img *Image) error {
 			return errcode.New(errcode.Internal, "The layer %s of image %s went missing before the image was recorded; pull or import it again.", d, img.Name)
 		}
 	}
+	// An image in use keeps its content: its users stack its layers by name. The same
+	// content again (a pull that found nothing new) is no change.
+	if old, err := readImage(s.refs, img.Name); err == nil && !slices.Equal(old.Layers, img.Layers) {
+		uses, err := s.Uses(img.Name)
+		if err != nil {
+			return err
+		}
+		if len(uses) > 0 {
+			return inUse(img.Name, uses)
+		}
+	}
 	img.Created = time.Now().UTC()
 	return writeImage(s.refs, img)
 }
@@ -146,9 +155,9 @@ func (s *Store) LayerDirs(name string) ([]string, error) {
 	return dirs, nil
 }
 
-// Delete removes the record of the image name. Its layers stay until a Repair finds no
-// image referencing them. Whether a sandbox or a template uses the image is not known to
-// this store yet: the caller checks that first.
+// Delete removes the record of the image name, refusing with image-in-use while a
+// reference to it remains (see [Tx.Delete]). Its layers stay until a Repair finds no image
+// referencing them.
 func (s *Store) Delete(ctx context.Context, name string) error {
 	if err := ValidateName(name); err != nil {
 		return err
@@ -158,11 +167,5 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	defer tx.Unlock()
-	if err := platform.UnlinkAt(s.refs, name+refExt); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return errcode.New(errcode.ImageNotFound, "There is no image %q.", name)
-		}
-		return err
-	}
-	return platform.SyncDir(s.refs)
+	return tx.Delete(name)
 }

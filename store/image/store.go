@@ -29,6 +29,7 @@ const (
 	RefsDir    = "refs"    // refs/<name>.json, one image record per local name
 	WorkDir    = "work"    // work/<key>.lock, held by every live pull and import
 	StagingDir = "staging" // staging/<key>/, an import's spooled archive members
+	UsesDir    = "uses"    // uses/<name>/<kind>-<hash>.json, one reference per user of an image
 	Algorithm  = "sha256"
 	LayerFS    = "fs"
 	LayerRec   = "layer.json"
@@ -120,6 +121,7 @@ type Store struct {
 	refs   *os.File
 	work   *os.File
 	stage  *os.File
+	uses   *os.File
 	opts   Options
 
 	mu      sync.Mutex
@@ -184,6 +186,9 @@ func Open(stateRoot string, opts Options) (*Store, error) {
 	if s.stage, err = ensurePrivateDir(s.dir, StagingDir); err != nil {
 		return nil, err
 	}
+	if s.uses, err = ensurePrivateDir(s.dir, UsesDir); err != nil {
+		return nil, err
+	}
 	ok = true
 	return s, nil
 }
@@ -213,7 +218,7 @@ func ensurePrivateDir(dir *os.File, name string) (*os.File, error) {
 // Close releases the store's directory handles.
 func (s *Store) Close() error {
 	var errs []error
-	for _, f := range []*os.File{s.dir, s.layers, s.refs, s.work, s.stage} {
+	for _, f := range []*os.File{s.dir, s.layers, s.refs, s.work, s.stage, s.uses} {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
@@ -260,7 +265,10 @@ func digestOf(sum []byte) string { return Algorithm + ":" + hex.EncodeToString(s
 
 // Tx is a held store lock: an flock on .oci/images.lock. Records are written and layers
 // are collected under it; unpacking is not (it runs under a work lock, see [Store.Pull]).
-type Tx struct{ f *os.File }
+type Tx struct {
+	f *os.File
+	s *Store
+}
 
 // Unlock releases the lock.
 func (tx *Tx) Unlock() error {
@@ -279,7 +287,7 @@ func (s *Store) Lock(ctx context.Context) (*Tx, error) {
 	err := store.Retry(ctx, storeBusy, func() (store.Attempt, error) {
 		f, res, err := tryLockFile(s.dir, LockName)
 		if res == store.Acquired {
-			tx = &Tx{f: f}
+			tx = &Tx{f: f, s: s}
 		}
 		return res, err
 	})

@@ -40,9 +40,12 @@ type Resources = store.Resources
 // is equal, field by field.
 type Key struct {
 	// Runtime is the runtime identity (runtime kind, sandboxd build, runtime configuration).
-	Runtime   string    `json:"runtime"`
-	Image     string    `json:"image"`
-	Resources Resources `json:"resources"`
+	Runtime string `json:"runtime"`
+	Image   string `json:"image"`
+	// ImageDigest is the manifest digest of an OCI image (store/image), "" for the host
+	// image and root file system directories: a clone stacks the same layers.
+	ImageDigest string    `json:"image_digest,omitempty"`
+	Resources   Resources `json:"resources"`
 }
 
 // ClockBoottime names CLOCK_BOOTTIME, the monotonic clock of time contracts. See the package
