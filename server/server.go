@@ -152,6 +152,8 @@ func (s *Server) routes(cfg Config) http.Handler {
 	})
 	if cfg.Dashboard != nil {
 		r.Handle("/", cfg.Dashboard)
+		// The API reference, rendered in the browser from /openapi.yaml; open like the spec.
+		r.Handle("/docs", cfg.Dashboard)
 		r.Handle("/assets/*", cfg.Dashboard)
 	}
 
