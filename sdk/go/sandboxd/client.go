@@ -312,15 +312,15 @@ func (c *Client) Stop(ctx context.Context, id string, force bool, timeout time.D
 }
 
 // Delete deprovisions a stopped sandbox. With force, a running one is killed first: by the
-// server in the same transition when it knows forced deletes, else by a forced stop before
-// the delete (an older server refuses `force` as invalid-request).
+// server in the same transition when it knows forced deletes, else (an older server ignores
+// `force` and answers sandbox-launched) by a forced stop before a second delete.
 func (c *Client) Delete(ctx context.Context, id string, force bool) error {
 	q := url.Values{}
 	if force {
 		q.Set("force", "true")
 	}
 	_, err := c.call(ctx, request{method: http.MethodDelete, path: sandboxPath(id), query: q}, nil)
-	if err == nil || !force || !IsCode(err, ErrInvalidRequest) {
+	if err == nil || !force || !IsCode(err, ErrSandboxLaunched) {
 		return err
 	}
 	if _, err := c.Stop(ctx, id, true, 0); err != nil && !IsCode(err, ErrNotRunning) {

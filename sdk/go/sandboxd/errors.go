@@ -71,7 +71,7 @@ func (e *APIError) Error() string {
 	if e.Code == "" {
 		return fmt.Sprintf("%s (HTTP %d)", e.Detail, e.Status)
 	}
-	return fmt.Sprintf("%s (%s, HTTP %d)", e.Detail, e.Code, e.Status)
+	return fmt.Sprintf("%s (%s, HTTP %d)", e.Detail, string(e.Code), e.Status)
 }
 
 // Is matches a [Code] equal to the error's.

@@ -50,6 +50,9 @@ func TestErrorsByCode(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.Status != 404 || apiErr.Detail != "There is no sandbox nope." {
 		t.Fatalf("errors.As: %#v", err)
 	}
+	if got := err.Error(); got != "There is no sandbox nope. (sandbox-not-found, HTTP 404)" {
+		t.Fatalf("the message: %q", got)
+	}
 }
 
 func TestUnreachable(t *testing.T) {
