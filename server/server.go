@@ -158,6 +158,8 @@ func (s *Server) routes(cfg Config) http.Handler {
 	})
 	if cfg.Dashboard != nil {
 		r.With(s.validate).Get("/", cfg.Dashboard.ServeHTTP)
+		// The API reference, rendered in the browser from /openapi.yaml; open like the spec.
+		r.With(s.validate).Get("/docs", cfg.Dashboard.ServeHTTP)
 		r.Get("/assets/*", cfg.Dashboard.ServeHTTP)
 	}
 

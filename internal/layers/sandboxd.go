@@ -28,13 +28,14 @@ var Classes = map[string]Class{
 	"store/template":            Host,
 	"supervisor":                Host,
 
-	"events":         HTTP,
-	"handlers":       HTTP,
-	"metrics":        HTTP,
-	"openapi":        HTTP,
-	"openapi/stream": HTTP,
-	"openapi/client": HTTP,
-	"server":         HTTP,
+	"events":          HTTP,
+	"handlers":        HTTP,
+	"metrics":         HTTP,
+	"openapi":         HTTP,
+	"openapi/stream":  HTTP,
+	"openapi/client":  HTTP,
+	"sdk/go/sandboxd": HTTP,
+	"server":          HTTP,
 	// The registry client links net/http, which no package below the handlers may; the
 	// image store knows it only as an image.Fetcher.
 	"store/image/registry": HTTP,

@@ -1346,6 +1346,14 @@ type ClientInterface interface {
 	// Corresponds with GET / (the `GetDashboard` operationId).
 	GetDashboard(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetAPIReference The API reference
+	//
+	// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+	// `/openapi.yaml`. Open, like the spec itself.
+	//
+	// Corresponds with GET /docs (the `GetAPIReference` operationId).
+	GetAPIReference(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetHealth Liveness
 	//
 	// Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -1784,6 +1792,24 @@ type ClientInterface interface {
 // Corresponds with GET / (the `GetDashboard` operationId).
 func (c *Client) GetDashboard(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetDashboardRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetAPIReference The API reference
+//
+// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+// `/openapi.yaml`. Open, like the spec itself.
+//
+// Corresponds with GET /docs (the `GetAPIReference` operationId).
+func (c *Client) GetAPIReference(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAPIReferenceRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -2623,6 +2649,33 @@ func NewGetDashboardRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetAPIReferenceRequest constructs an http.Request for the GetAPIReference method
+func NewGetAPIReferenceRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/docs")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -4544,6 +4597,16 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET / (the `GetDashboard` operationId).
 	GetDashboardWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetDashboardResponse, error)
 
+	// GetAPIReferenceWithResponse The API reference
+	//
+	// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+	// `/openapi.yaml`. Open, like the spec itself.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /docs (the `GetAPIReference` operationId).
+	GetAPIReferenceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAPIReferenceResponse, error)
+
 	// GetHealthWithResponse Liveness
 	//
 	// Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -5059,6 +5122,47 @@ func (r GetDashboardResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetDashboardResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetAPIReferenceResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetAPIReferenceResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAPIReferenceResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAPIReferenceResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAPIReferenceResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAPIReferenceResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8133,6 +8237,22 @@ func (c *ClientWithResponses) GetDashboardWithResponse(ctx context.Context, reqE
 	return ParseGetDashboardResponse(rsp)
 }
 
+// GetAPIReferenceWithResponse The API reference
+//
+// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+// `/openapi.yaml`. Open, like the spec itself.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /docs (the `GetAPIReference` operationId).
+func (c *ClientWithResponses) GetAPIReferenceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAPIReferenceResponse, error) {
+	rsp, err := c.GetAPIReference(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAPIReferenceResponse(rsp)
+}
+
 // GetHealthWithResponse Liveness
 //
 // Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -8855,6 +8975,32 @@ func ParseGetDashboardResponse(rsp *http.Response) (*GetDashboardResponse, error
 	}
 
 	response := &GetDashboardResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetAPIReferenceResponse parses an HTTP response from a GetAPIReferenceWithResponse call
+func ParseGetAPIReferenceResponse(rsp *http.Response) (*GetAPIReferenceResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAPIReferenceResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}

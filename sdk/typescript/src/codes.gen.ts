@@ -32,6 +32,7 @@ export type KnownErrorCode =
   | "transition-in-progress"
   | "sandbox-leased"
   | "generation-leased"
+  | "image-in-use"
   | "stop-timeout"
   | "start-timeout";
 
@@ -67,6 +68,7 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "transition-in-progress",
   "sandbox-leased",
   "generation-leased",
+  "image-in-use",
   "stop-timeout",
   "start-timeout",
 ];

@@ -426,6 +426,80 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/images": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List images
+         * @description Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+         *     file system directories under the state root's `images/` (kind `directory`), then the
+         *     OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+         *     progress or failed, by name.
+         */
+        get: operations["listImages"];
+        put?: never;
+        /**
+         * Pull an image from a registry
+         * @description Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+         *     image in state `pulling`. The pull goes on in the server: follow it on the event
+         *     stream (`image.pull.progress` with bytes done and total per layer, then
+         *     `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+         *     that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+         *     names share one download; layers the server holds already, from any image, are not
+         *     downloaded again. A manifest list is resolved to the server's platform.
+         */
+        post: operations["pullImage"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/images/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The image name. */
+                name: components["parameters"]["ImageNamePath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get an image
+         * @description The image, with its digest, layers, size, configuration and users. A pull in progress
+         *     shows its progress per layer; a failed pull shows `error` until the name is pulled
+         *     again, imported or deleted.
+         */
+        get: operations["getImage"];
+        /**
+         * Import an image archive
+         * @description Imports the request body, a `docker save` archive or an OCI image layout as a tar
+         *     (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+         *     its digest and every layer against its diff id; layer entries that could escape their
+         *     layer are refused (see docs/images.md). The body may be at most the server's file
+         *     limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+         *     or a generation uses it (`image-in-use`).
+         */
+        put: operations["importImage"];
+        post?: never;
+        /**
+         * Delete an OCI image
+         * @description Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+         *     once no image uses them. While a sandbox or a template generation uses the image it
+         *     is refused with `image-in-use`, naming them. `host` and directories under `images/`
+         *     are not deleted (`invalid-request`).
+         */
+        delete: operations["deleteImage"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/info": {
         parameters: {
             query?: never;
@@ -506,6 +580,27 @@ export interface paths {
          *     `/assets/`. The page itself is open; the API calls it makes carry the token.
          */
         get: operations["getDashboard"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/docs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The API reference
+         * @description This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+         *     `/openapi.yaml`. Open, like the spec itself.
+         */
+        get: operations["getAPIReference"];
         put?: never;
         post?: never;
         delete?: never;
@@ -608,6 +703,80 @@ export interface components {
          * @example host
          */
         ImageName: string;
+        PullImageRequest: {
+            /**
+             * @description `registry/repository:tag` or `registry/repository@sha256:<digest>`.
+             * @example registry.example.com/library/busybox:1.36
+             */
+            ref: string;
+            name?: components["schemas"]["ImageName"];
+            /**
+             * @description `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+             * @example linux/amd64
+             */
+            platform?: string;
+        };
+        ImageLayer: {
+            /** @description The sha256 of the layer's uncompressed tar, which names it on disk. */
+            diff_id: string;
+            /**
+             * Format: int64
+             * @description For a pull in progress, the bytes of the layer's blob read so far.
+             */
+            bytes_done?: number;
+            /**
+             * Format: int64
+             * @description For a pull in progress, the bytes of the layer's blob (-1 unknown).
+             */
+            bytes_total?: number;
+            /** @description The server held the layer already; nothing of it was downloaded. */
+            present?: boolean;
+        };
+        /**
+         * @description The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+         *     defaults of every exec (the exec's own fields override; a `user` other than root is
+         *     the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
+         */
+        ImageConfig: {
+            env?: string[];
+            working_dir?: string;
+            user?: string;
+            entrypoint?: string[];
+            cmd?: string[];
+        };
+        Image: {
+            name: components["schemas"]["ImageName"];
+            /**
+             * @description `host` (built in), `directory` (a root file system under `images/`) or `oci` (pulled or imported).
+             * @enum {string}
+             */
+            kind: "host" | "directory" | "oci";
+            /** @enum {string} */
+            state: "ready" | "pulling" | "failed";
+            /** @description The reference it was pulled by; absent for an import. */
+            ref?: string;
+            /** @description The manifest digest. */
+            digest?: string;
+            config_digest?: string;
+            platform?: string;
+            /** @description Bottom first. */
+            layers?: components["schemas"]["ImageLayer"][];
+            /**
+             * Format: int64
+             * @description The bytes of the layers' files.
+             */
+            size_bytes?: number;
+            config?: components["schemas"]["ImageConfig"];
+            /** Format: date-time */
+            created_at?: string;
+            /** @description Why the pull failed (state `failed`). */
+            error?: string;
+            /** @description Who holds a reference to the image (`sandbox <id>`, `generation <template>/<gen>`). */
+            used_by?: string[];
+        };
+        ImageList: {
+            items: components["schemas"]["Image"][];
+        };
         /** @description One argument of a command; no NUL bytes. */
         Argument: string;
         /**
@@ -936,7 +1105,10 @@ export interface components {
          *       `generation`, and for a capture the `sandbox` it came from;
          *     - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
          *     - `capture.progress`: `template`, `sandbox`, `progress` (the generation id is not known
-         *       until `generation.captured`).
+         *       until `generation.captured`);
+         *     - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
+         *     - `image.pulled`, `image.imported`, `image.deleted`: `image`;
+         *     - `image.failed`: `image`, `error`.
          */
         Event: {
             /**
@@ -945,7 +1117,7 @@ export interface components {
              */
             seq: number;
             /** @enum {string} */
-            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress";
+            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
             /** Format: date-time */
             at: string;
             sandbox?: components["schemas"]["SandboxID"];
@@ -954,6 +1126,21 @@ export interface components {
             template?: components["schemas"]["TemplateName"];
             generation?: components["schemas"]["GenerationID"];
             lease?: components["schemas"]["LeaseID"];
+            image?: components["schemas"]["ImageName"];
+            /** @description Why an image pull failed. */
+            error?: string;
+            image_progress?: {
+                /** @description The layer's index, 0 at the bottom. */
+                layer: number;
+                diff_id: string;
+                /** Format: int64 */
+                bytes_done: number;
+                /**
+                 * Format: int64
+                 * @description -1 when unknown.
+                 */
+                bytes_total: number;
+            };
             progress?: {
                 /** @enum {string} */
                 phase: "copying" | "syncing" | "indexing";
@@ -1068,7 +1255,8 @@ export interface components {
          * @description Retry later: `sandbox-busy` (another exec held the sandbox for all of `wait_ms`),
          *     `transition-in-progress` (another lifecycle transition held the sandbox for all of
          *     `timeout`), `sandbox-leased` (the sandbox already holds a lease), `generation-leased`
-         *     (clones still lease the generation; retry after deleting them, or use `drain=true`).
+         *     (clones still lease the generation; retry after deleting them, or use `drain=true`),
+         *     `image-in-use` (a sandbox or a template generation uses the image; they are named).
          *     The operation's `x-error-codes` says which apply.
          */
         Locked: {
@@ -1125,6 +1313,8 @@ export interface components {
         SandboxIDPath: components["schemas"]["SandboxID"];
         /** @description The template name. */
         TemplateNamePath: components["schemas"]["TemplateName"];
+        /** @description The image name. */
+        ImageNamePath: components["schemas"]["ImageName"];
         /** @description The generation id. */
         GenerationIDPath: components["schemas"]["GenerationID"];
         /**
@@ -1972,6 +2162,156 @@ export interface operations {
             501: components["responses"]["NotImplemented"];
         };
     };
+    listImages: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The images. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ImageList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    pullImage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PullImageRequest"];
+            };
+        };
+        responses: {
+            /** @description The pull has started (or was already running); the image is `pulling`. */
+            202: {
+                headers: {
+                    /** @description The path of the image. */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Image"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    getImage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The image name. */
+                name: components["parameters"]["ImageNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The image. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Image"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    importImage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The image name. */
+                name: components["parameters"]["ImageNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description The imported image. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Image"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    deleteImage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The image name. */
+                name: components["parameters"]["ImageNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The image is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
     getInfo: {
         parameters: {
             query?: never;
@@ -2075,6 +2415,27 @@ export interface operations {
             500: components["responses"]["InternalError"];
         };
     };
+    getAPIReference: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The reference's HTML page. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            500: components["responses"]["InternalError"];
+        };
+    };
     getOpenAPISpec: {
         parameters: {
             query?: never;
@@ -2166,6 +2527,8 @@ type ReadonlyArray<T> = [
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
 export const pathsV1SandboxesIdExecStreamGetResponses101HeadersUpgradeValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/exec/stream"]["get"]["responses"]["101"]["headers"]["Upgrade"]> = ["websocket"];
 export const pathsV1SandboxesIdExecStreamGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/exec/stream"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
+export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
+export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "stopping", "stopped"];
 export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
@@ -2173,5 +2536,5 @@ export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<componen
 export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired"];
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "qemu"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
-export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress"];
+export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
