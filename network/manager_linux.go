@@ -564,8 +564,8 @@ func (m *Manager) state() (nftState, error) {
 		return st, fmt.Errorf("network: list sets: %w", err)
 	}
 	for _, s := range sets {
-		switch {
-		case s.Name == dispatchMap:
+		switch s.Name {
+		case dispatchMap:
 			elems, err := c.GetSetElements(s)
 			if err != nil {
 				return st, fmt.Errorf("network: list the dispatch map: %w", err)
@@ -577,7 +577,7 @@ func (m *Manager) state() (nftState, error) {
 				}
 				st.dispatch = append(st.dispatch, d)
 			}
-		case s.Name == gatewaysSet:
+		case gatewaysSet:
 			elems, err := c.GetSetElements(s)
 			if err != nil {
 				return st, fmt.Errorf("network: list the gateways: %w", err)

@@ -3,6 +3,7 @@
 package network
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -47,10 +48,11 @@ func (m *Manager) serve(sb *sandbox) error {
 	var pc net.PacketConn
 	var ln net.Listener
 	err := m.inHost(func() (err error) {
-		if pc, err = net.ListenPacket("udp4", at); err != nil {
+		var lc net.ListenConfig
+		if pc, err = lc.ListenPacket(context.Background(), "udp4", at); err != nil {
 			return err
 		}
-		if ln, err = net.Listen("tcp4", at); err != nil {
+		if ln, err = lc.Listen(context.Background(), "tcp4", at); err != nil {
 			pc.Close()
 		}
 		return err
@@ -130,7 +132,8 @@ func (m *Manager) forward(q *dns.Msg) (*dns.Msg, error) {
 	for _, network := range []string{"udp", "tcp"} {
 		var conn net.Conn
 		err := m.inHost(func() (err error) {
-			conn, err = net.DialTimeout(network, m.cfg.Upstream, upstreamTimeout)
+			d := net.Dialer{Timeout: upstreamTimeout}
+			conn, err = d.DialContext(context.Background(), network, m.cfg.Upstream)
 			return err
 		})
 		if err != nil {

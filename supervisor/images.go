@@ -71,16 +71,15 @@ type ImageInfo struct {
 	Kind  string // ImageKindHost, ImageKindDirectory or ImageKindOCI
 	State string // ImageReady, ImagePulling or ImageFailed
 	// Ref is the reference an OCI image was pulled by ("" for an import).
-	Ref                    string
-	Digest, ConfigDigest   string
-	Platform               string
-	Layers                 []ImageLayer
-	Size                   int64 // bytes of the layers' files
-	Config                 ImageConfig
-	Created                time.Time
-	Error                  string // why a pull failed
-	UsedBy                 []string
-	pullStarted, pullEnded time.Time
+	Ref                  string
+	Digest, ConfigDigest string
+	Platform             string
+	Layers               []ImageLayer
+	Size                 int64 // bytes of the layers' files
+	Config               ImageConfig
+	Created              time.Time
+	Error                string // why a pull failed
+	UsedBy               []string
 }
 
 // ImageProgress is a pull's progress on one layer, for EventImagePullProgress.

@@ -580,27 +580,3 @@ func readNames(p *platform.DirPath) ([]string, error) {
 func pathErr(op, dir, name string, err error) error {
 	return &os.PathError{Op: op, Path: filepath.Join(dir, name), Err: err}
 }
-
-// renameAt renames old to new within dir; new must not exist.
-func renameAt(dir *os.File, old, new string) error {
-	if err := unix.Renameat2(int(dir.Fd()), old, int(dir.Fd()), new, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-			if _, serr := os.Lstat(filepath.Join(dir.Name(), new)); serr == nil {
-				return pathErr("rename", dir.Name(), new, unix.EEXIST)
-			}
-			err = unix.Renameat(int(dir.Fd()), old, int(dir.Fd()), new)
-		}
-		if err != nil {
-			return &os.LinkError{Op: "rename", Old: filepath.Join(dir.Name(), old), New: filepath.Join(dir.Name(), new), Err: err}
-		}
-	}
-	return nil
-}
-
-// removeTree removes the entry name in dir and, if it is a directory, everything under it,
-// never following a link, with a bounded number of descriptors however deep the tree (see
-// platform.RemoveTreeAt). A directory whose mode keeps its owner out is opened up first, so
-// that a copied read-only directory can be removed also without root.
-func removeTree(dir *os.File, name string) error {
-	return platform.RemoveTreeAt(dir, name)
-}

@@ -37,8 +37,4 @@ func (c *copier) mergeRoot(src, dst *os.File, name string) (int64, error) {
 	return 0, platform.ErrUnsupported
 }
 
-func renameAt(dir *os.File, old, new string) error { return platform.ErrUnsupported }
-
-func removeTree(dir *os.File, name string) error { return platform.ErrUnsupported }
-
 func openDirAt(dir *os.File, name string) (*os.File, error) { return nil, platform.ErrUnsupported }
