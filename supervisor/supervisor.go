@@ -63,6 +63,9 @@ type Options struct {
 	// OnTransition, if set, is told of every transition's duration and result (op is
 	// provision, start, stop, deprovision or exec-admission). It must not block.
 	OnTransition func(op string, d time.Duration, err error)
+	// Storage, if set, is told of the storage faults the supervisor meets where no store
+	// classified them (the runtime's start, a sandbox's disk) and classifies them.
+	Storage *StorageHealth
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -77,6 +80,7 @@ type Supervisor struct {
 
 	onEvent      func(Event)
 	onTransition func(string, time.Duration, error)
+	health       *StorageHealth
 	// crashPoint, set by tests, is called at the named steps of a launch, where a test
 	// process kills itself to leave what a crash there leaves.
 	crashPoint func(step string)
@@ -120,6 +124,7 @@ func New(opts Options) (*Supervisor, error) {
 		grace:        opts.StopGrace,
 		onEvent:      opts.OnEvent,
 		onTransition: opts.OnTransition,
+		health:       opts.Storage,
 		life:         life,
 		stopLife:     stopLife,
 		clients:      map[string]*agentConn{},
