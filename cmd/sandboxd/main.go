@@ -172,6 +172,7 @@ func serve(o *options, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	noFile := raiseNoFile(log)
 	st, err := store.Open(o.root)
 	if err != nil {
 		return err
@@ -190,6 +191,9 @@ func serve(o *options, log *slog.Logger) error {
 	bus := events.New(events.Options{})
 	var sup *supervisor.Supervisor
 	mx := metrics.New(func() ([]*supervisor.Status, error) { return sup.List() }, log)
+	// The state root's health: every fault is counted, a change of state logged once.
+	health := supervisor.NewStorageHealth(st.Root(), log, mx.OnStorageFault)
+	defer health.Close()
 	if o.templateMaxAge <= 0 {
 		return fmt.Errorf("--template-max-age must be positive")
 	}
@@ -204,6 +208,7 @@ func serve(o *options, log *slog.Logger) error {
 			bus.Publish(handlers.EventOf(e))
 		},
 		OnTransition: mx.OnTransition,
+		Storage:      health,
 	})
 	if err != nil {
 		return err
@@ -225,6 +230,8 @@ func serve(o *options, log *slog.Logger) error {
 		Logger:           log,
 		Events:           bus,
 		OnExec:           mx.OnExec,
+		Storage:          health.Status,
+		NoFileLimit:      noFile,
 	})
 	if err != nil {
 		return err
@@ -235,10 +242,11 @@ func serve(o *options, log *slog.Logger) error {
 		AllowedOrigins: o.allowedOrigins,
 		Logger:         log,
 		ExecStream:     h.ExecStream,
-		Events:         (&events.Handler{Bus: bus, Logger: log}).ServeEvents,
+		Events:         h.BoundEvents((&events.Handler{Bus: bus, Logger: log}).ServeEvents),
 		Metrics:        mx.Handler(),
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,
+		ClassifyError:  health.Classify,
 	})
 	if err != nil {
 		return err
