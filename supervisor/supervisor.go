@@ -295,6 +295,9 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 	return &Status{Config: cfg, State: StateProvisioned}, nil
 }
 
+// minDiskMB is the smallest disk of its own a sandbox can have.
+const minDiskMB = 32
+
 // checkDisk refuses a disk of the sandbox's own (diskMB > 0) that the runtime cannot give.
 func (s *Supervisor) checkDisk(diskMB int) error {
 	if diskMB == 0 {
@@ -302,6 +305,9 @@ func (s *Supervisor) checkDisk(diskMB int) error {
 	}
 	if diskMB < 0 {
 		return errcode.Invalid("resources.disk_mb", "The disk size must be positive.")
+	}
+	if diskMB < minDiskMB {
+		return errcode.Invalid("resources.disk_mb", "A disk of its own must have at least %d MiB, too little for a file system otherwise; use 0 for none.", minDiskMB)
 	}
 	dl, ok := s.rt.(runtime.DiskLimiter)
 	if !ok {

@@ -756,7 +756,9 @@ type ResourcesRequest struct {
 	// DiskMb Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
 	// sparse image in its state directory), bounding what it can write. Fixed at
 	// creation. Needs loop devices and mke2fs on the host; without them the create is
-	// refused with `unavailable`.
+	// refused with `unavailable`. 0 opts out, for trusted work: no disk of its own, so
+	// the writable layer shares the state root's file system, unbounded. Between 1 and
+	// 31 is refused: too small for a file system.
 	DiskMb   *int `json:"disk_mb,omitempty"`
 	MemoryMb *int `json:"memory_mb,omitempty"`
 	Pids     *int `json:"pids,omitempty"`

@@ -679,7 +679,9 @@ export interface components {
              * @description Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
              *     sparse image in its state directory), bounding what it can write. Fixed at
              *     creation. Needs loop devices and mke2fs on the host; without them the create is
-             *     refused with `unavailable`.
+             *     refused with `unavailable`. 0 opts out, for trusted work: no disk of its own, so
+             *     the writable layer shares the state root's file system, unbounded. Between 1 and
+             *     31 is refused: too small for a file system.
              */
             disk_mb?: number;
         };
