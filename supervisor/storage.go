@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
@@ -200,10 +201,12 @@ func (h *StorageHealth) watch() {
 	}
 }
 
-// probeRoot writes, syncs and removes a small file in the root: what every durable write
+func (h *StorageHealth) probeRoot() error { return probeStorage(h.root) }
+
+// probeStorage writes, syncs and removes a small file in root: what every durable write
 // needs of the file system.
-func (h *StorageHealth) probeRoot() error {
-	f, err := os.CreateTemp(h.root, storageProbePrefix+"*")
+func probeStorage(root string) error {
+	f, err := os.CreateTemp(root, storageProbePrefix+"*")
 	if err != nil {
 		return err
 	}
@@ -240,6 +243,30 @@ func (s *Supervisor) storageErr(err error) error {
 		return s.health.Classify(err)
 	}
 	return errcode.Exhausted(errcode.Storage(err, s.store.Root()))
+}
+
+// startErr classifies the runtime's start error. Some of the runtime's steps run programs
+// (mke2fs makes a sandbox's disk) whose failure carries no errno, only an exit status and
+// the program's words: when such an error has no code, those words, or else a probe of the
+// state root, tell whether the start failed for want of space (or of a writable file
+// system), and the answer says so.
+func (s *Supervisor) startErr(err error) error {
+	err = s.storageErr(err)
+	if errcode.Of(err) != "" {
+		return err
+	}
+	// A program's report names the errno by its strerror text ("No space left on device"),
+	// and the runtime may already have removed what it made, so that a probe now finds room.
+	text := strings.ToLower(err.Error())
+	for _, errno := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT, syscall.EROFS} {
+		if strings.Contains(text, strings.ToLower(errno.Error())) {
+			return s.storageErr(errors.Join(err, errno))
+		}
+	}
+	if perr := probeStorage(s.store.Root()); errcode.StorageFaultOf(perr) != errcode.NoStorageFault {
+		return s.storageErr(errors.Join(err, perr))
+	}
+	return err
 }
 
 // diskFullErr says whose disk a write inside sandbox id found full: the sandbox's own, when it
