@@ -140,7 +140,7 @@ func fileError(err error, path string) error {
 	case errors.Is(err, syscall.ENAMETOOLONG):
 		return mk(control.CodeInvalidRequest, "%q is too long.")
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return mk(control.CodeInvalidRequest, "No space is left inside the sandbox to write %q.")
+		return mk(control.CodeNoSpace, "No space is left inside the sandbox to write %q.")
 	case errors.Is(err, syscall.EROFS):
 		return mk(control.CodePermissionDenied, "%q is on a read-only file system.")
 	case errors.Is(err, platform.ErrOtherDevice):

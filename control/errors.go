@@ -19,6 +19,9 @@ const (
 	CodeDirectoryNotEmpty = "directory-not-empty"
 	CodeFileExists        = "file-exists"
 	CodeCommandNotFound   = "command-not-found"
+	// CodeNoSpace: the file system the sandbox wrote to is full or over a quota (ENOSPC,
+	// EDQUOT). The server says whose disk that is: the sandbox's own, or the state root's.
+	CodeNoSpace = "no-space"
 	// CodeFileChanged ends a read part way: the file shrank while it was read.
 	CodeFileChanged      = "file-changed"
 	CodeUnauthorized     = string(errcode.Unauthorized)
@@ -39,7 +42,8 @@ func (e *RemoteError) Error() string { return fmt.Sprintf("agent: %s: %s", e.Cod
 
 // ErrCode maps the agent's code to the errcode the API reports: a missing file is
 // FileNotFound, a request the sandbox's state or the user's permissions refuse is
-// InvalidRequest (the message says why), anything else is Internal.
+// InvalidRequest (the message says why), a full file system is StorageFull, anything else is
+// Internal.
 func (e *RemoteError) ErrCode() errcode.Code {
 	switch e.Code {
 	case CodeFileNotFound:
@@ -51,6 +55,8 @@ func (e *RemoteError) ErrCode() errcode.Code {
 		return errcode.Unauthorized
 	case CodeShuttingDown:
 		return errcode.NotRunning
+	case CodeNoSpace:
+		return errcode.StorageFull
 	}
 	return errcode.Internal
 }

@@ -71,3 +71,25 @@ func TestStorage(t *testing.T) {
 		}
 	}
 }
+
+func TestExhausted(t *testing.T) {
+	t.Parallel()
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.EAGAIN} {
+		for _, err := range []error{
+			&fs.PathError{Op: "open", Path: "/x/a", Err: errno},
+			Wrap(Internal, errno, "x"),
+			fmt.Errorf("starting the runtime: %w", &fs.PathError{Op: "fork/exec", Path: "/bin/x", Err: errno}),
+		} {
+			got := Exhausted(err)
+			if Of(got) != Unavailable || !errors.Is(got, errno) {
+				t.Errorf("Exhausted(%v) = %v, want unavailable keeping %v", err, got, errno)
+			}
+		}
+	}
+	busy := Wrap(SandboxBusy, syscall.EAGAIN, "busy")
+	for _, err := range []error{nil, syscall.ENOSPC, fs.ErrNotExist, busy} {
+		if got := Exhausted(err); got != err {
+			t.Errorf("Exhausted(%v) = %v, want it unchanged", err, got)
+		}
+	}
+}

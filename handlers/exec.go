@@ -19,6 +19,11 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	if b.WaitMs != nil {
 		wait = time.Duration(*b.WaitMs) * time.Millisecond
 	}
+	release, err := h.bounds.admitExec()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	admission, err := h.sup.AdmitExec(ctx, req.ID, wait)
 	if err != nil {
 		return nil, err

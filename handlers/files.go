@@ -20,6 +20,12 @@ const fileUser = "user"
 const maxListEntries = 10000
 
 func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObject) (openapi.ReadFileResponseObject, error) {
+	release, err := h.bounds.admitFileOp(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	// A read's slot is held until its body is sent (releasingReader); anything else ends here.
+	defer func() { release() }()
 	if req.Params.List != nil && *req.Params.List {
 		infos, err := h.sup.ListFiles(ctx, req.ID, req.Params.Path, fileUser)
 		if err != nil {
@@ -41,7 +47,8 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 	if err != nil {
 		return nil, pathFault(err)
 	}
-	resp := openapi.ReadFile200ApplicationOctetStreamResponse{Body: rc}
+	resp := openapi.ReadFile200ApplicationOctetStreamResponse{Body: &releasingReader{ReadCloser: rc, release: release}}
+	release = func() {}
 	if size > 0 {
 		resp.ContentLength = size
 	}
@@ -51,6 +58,11 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 func (h *Handlers) WriteFile(ctx context.Context, req openapi.WriteFileRequestObject) (openapi.WriteFileResponseObject, error) {
 	parents := req.Params.Parents == nil || *req.Params.Parents
 	w := supervisor.WriteRequest{Path: req.Params.Path, User: fileUser, Mode: 0o644, MakeParents: parents}
+	release, err := h.bounds.admitFileOp(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if _, err := h.sup.WriteFile(ctx, req.ID, w, req.Body); err != nil {
 		if !parents && errcode.Of(err) == errcode.FileNotFound {
 			// The file itself is being created: what is missing is a directory above it.
@@ -64,6 +76,11 @@ func (h *Handlers) WriteFile(ctx context.Context, req openapi.WriteFileRequestOb
 
 func (h *Handlers) RemoveFile(ctx context.Context, req openapi.RemoveFileRequestObject) (openapi.RemoveFileResponseObject, error) {
 	recursive := req.Params.Recursive != nil && *req.Params.Recursive
+	release, err := h.bounds.admitFileOp(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := h.sup.RemoveFile(ctx, req.ID, req.Params.Path, fileUser, recursive); err != nil {
 		return nil, pathFault(err)
 	}

@@ -89,6 +89,10 @@ type Config struct {
 	// "stream", d how long it ran, timedOut whether its timeout killed it, err why it failed.
 	// It must not block.
 	OnExec func(mode string, d time.Duration, timedOut bool, err error)
+	// Storage, if set, reports the state root's health for /v1/info.
+	Storage func() supervisor.StorageStatus
+	// NoFileLimit is sandboxd's RLIMIT_NOFILE, for /v1/info (0: unknown).
+	NoFileLimit uint64
 }
 
 // Handlers implements openapi.StrictServerInterface.
@@ -97,6 +101,7 @@ type Handlers struct {
 	sup     Supervisor
 	log     *slog.Logger
 	streams streamSet
+	bounds  bounds
 }
 
 // New returns the handlers.

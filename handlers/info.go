@@ -3,6 +3,8 @@ package handlers
 import (
 	"context"
 
+	"time"
+
 	"github.com/sandboxd/sandboxd/openapi"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
@@ -37,6 +39,13 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	info.Limits.MaxFileBytes = h.cfg.MaxFileBytes
 	info.Limits.MaxExecOutputBytes = supervisor.MaxExecOutput
 	info.Limits.MaxGenerationAgeSeconds = int64(h.cfg.MaxGenerationAge.Seconds())
+	b := h.Bounds()
+	info.Limits.Bounds = openapi.Bounds{
+		FileOpsPerSandbox: b.FileOpsPerSandbox, FileOps: b.FileOps,
+		ExecsPerSandbox: b.ExecsPerSandbox, Execs: b.Execs, EventStreams: b.EventStreams,
+		RlimitNofile: int64(min(b.NoFile, 1<<62)),
+	}
+	info.Storage = h.storageHealth()
 	return openapi.GetInfo200JSONResponse(info), nil
 }
 
@@ -59,4 +68,19 @@ func (h *Handlers) imageNames() ([]*supervisor.ImageInfo, error) {
 		}
 	}
 	return out, err
+}
+
+// storageHealth is the state root's health, or ok since now when the handlers were given no
+// tracker (tests).
+func (h *Handlers) storageHealth() openapi.StorageHealth {
+	st := supervisor.StorageStatus{State: supervisor.StorageOK, Since: time.Now().UTC()}
+	if h.cfg.Storage != nil {
+		st = h.cfg.Storage()
+	}
+	out := openapi.StorageHealth{State: openapi.StorageHealthState(st.State), Since: st.Since, Root: st.Root}
+	if st.Path != "" {
+		p := st.Path
+		out.Path = &p
+	}
+	return out
 }

@@ -148,6 +148,11 @@ func streamRequest(p stream.ExecStreamParams) (supervisor.ExecRequest, time.Dura
 // execStream admits and starts the workload, upgrades the connection and runs the stream.
 func (h *Handlers) execStream(w http.ResponseWriter, r *http.Request, id string, p stream.ExecStreamParams) error {
 	req, wait := streamRequest(p)
+	release, err := h.bounds.admitExec()
+	if err != nil {
+		return err
+	}
+	defer release()
 	admission, err := h.sup.AdmitExec(r.Context(), id, wait)
 	if err != nil {
 		return err

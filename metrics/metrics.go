@@ -40,6 +40,8 @@ type Metrics struct {
 	execTime    *prometheus.HistogramVec
 	problems    *prometheus.CounterVec
 	events      *prometheus.CounterVec
+	// storageFaults counts the state root's storage faults (storage.go).
+	storageFaults *prometheus.CounterVec
 }
 
 // Lister lists the sandboxes, as supervisor.(*Supervisor).List does.
@@ -84,11 +86,12 @@ func New(list Lister, log *slog.Logger) *Metrics {
 			Name: "sandboxd_events_total",
 			Help: "Events published on /v1/events, by type.",
 		}, []string{"type"}),
+		storageFaults: newStorageFaults(),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.transitions, m.admission, m.busy, m.execs, m.execTime, m.problems, m.events,
+		m.transitions, m.admission, m.busy, m.execs, m.execTime, m.problems, m.events, m.storageFaults,
 		&sandboxCollector{list: list, log: log},
 	)
 	return m

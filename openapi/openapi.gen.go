@@ -296,6 +296,27 @@ func (e SandboxState) Valid() bool {
 	}
 }
 
+// Defines values for StorageHealthState.
+const (
+	StorageHealthStateFull        StorageHealthState = "full"
+	StorageHealthStateOk          StorageHealthState = "ok"
+	StorageHealthStateUnavailable StorageHealthState = "unavailable"
+)
+
+// Valid indicates whether the value is a known member of the StorageHealthState enum.
+func (e StorageHealthState) Valid() bool {
+	switch e {
+	case StorageHealthStateFull:
+		return true
+	case StorageHealthStateOk:
+		return true
+	case StorageHealthStateUnavailable:
+		return true
+	default:
+		return false
+	}
+}
+
 // AbsolutePath An absolute path inside the sandbox; no NUL bytes.
 //
 // Example: /home/user/main.py
@@ -303,6 +324,29 @@ type AbsolutePath = string
 
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
+
+// Bounds What clients may hold open at once, so that no sandbox and no crowd of clients can
+// exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
+// sandbox-busy`; past a server-wide one, `503 unavailable`; both say to retry.
+type Bounds struct {
+	// EventStreams Open `/v1/events` streams.
+	EventStreams int `json:"event_streams"`
+
+	// Execs Execs running on all sandboxes together.
+	Execs int `json:"execs"`
+
+	// ExecsPerSandbox Execs, buffered or streamed, running on one sandbox (exec admission runs one at a time).
+	ExecsPerSandbox int `json:"execs_per_sandbox"`
+
+	// FileOps File operations in flight on all sandboxes together.
+	FileOps int `json:"file_ops"`
+
+	// FileOpsPerSandbox File operations (list, read, write, remove) in flight on one sandbox; a read counts until its body is sent.
+	FileOpsPerSandbox int `json:"file_ops_per_sandbox"`
+
+	// RlimitNofile The server's own descriptor limit (raised to the hard limit at start-up); 0 when unknown.
+	RlimitNofile int64 `json:"rlimit_nofile"`
+}
 
 // CaptureRequest defines model for CaptureRequest.
 type CaptureRequest struct {
@@ -701,6 +745,11 @@ type Info struct {
 		Name ImageName `json:"name"`
 	} `json:"images"`
 	Limits struct {
+		// Bounds What clients may hold open at once, so that no sandbox and no crowd of clients can
+		// exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
+		// sandbox-busy`; past a server-wide one, `503 unavailable`; both say to retry.
+		Bounds Bounds `json:"bounds"`
+
 		// DefaultResources Resource limits, applied through the sandbox's cgroup.
 		DefaultResources Resources `json:"default_resources"`
 
@@ -724,6 +773,14 @@ type Info struct {
 		Identity string          `json:"identity"`
 		Kind     InfoRuntimeKind `json:"kind"`
 	} `json:"runtime"`
+
+	// Storage The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
+	// creates, starts, captures and uploads answer `507 storage-full` until space is freed
+	// (reads, lists, stops and deletes keep working; a delete is how to free space).
+	// `unavailable`: a write met EROFS or EIO, and writes answer `503 storage-unavailable`
+	// until the operator repairs or remounts it. The server probes the file system while
+	// it is not `ok` and returns to `ok` by itself.
+	Storage StorageHealth `json:"storage"`
 
 	// Version The sandboxd build.
 	//
@@ -868,7 +925,9 @@ type ResourcesRequest struct {
 	// DiskMb Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
 	// sparse image in its state directory), bounding what it can write. Fixed at
 	// creation. Needs loop devices and mke2fs on the host; without them the create is
-	// refused with `unavailable`.
+	// refused with `unavailable`. 0 opts out, for trusted work: no disk of its own, so
+	// the writable layer shares the state root's file system, unbounded. Between 1 and
+	// 31 is refused: too small for a file system.
 	DiskMb   *int `json:"disk_mb,omitempty"`
 	MemoryMb *int `json:"memory_mb,omitempty"`
 	Pids     *int `json:"pids,omitempty"`
@@ -936,6 +995,27 @@ type SandboxList struct {
 // `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
 // and ended (see `last_exit`).
 type SandboxState string
+
+// StorageHealth The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
+// creates, starts, captures and uploads answer `507 storage-full` until space is freed
+// (reads, lists, stops and deletes keep working; a delete is how to free space).
+// `unavailable`: a write met EROFS or EIO, and writes answer `503 storage-unavailable`
+// until the operator repairs or remounts it. The server probes the file system while
+// it is not `ok` and returns to `ok` by itself.
+type StorageHealth struct {
+	// Path The file the fault that began the state was met on, when it named one.
+	Path *string `json:"path,omitempty"`
+
+	// Root The state root.
+	Root string `json:"root"`
+
+	// Since When the state began (the server's start for a root that was always ok).
+	Since time.Time          `json:"since"`
+	State StorageHealthState `json:"state"`
+}
+
+// StorageHealthState defines model for StorageHealth.State.
+type StorageHealthState string
 
 // Template defines model for Template.
 type Template struct {

@@ -89,6 +89,9 @@ func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, err error)
 		s.log.Debug("request cancelled by the client", "request_id", requestIDOf(r), "err", err)
 		return
 	}
+	if s.classifyError != nil {
+		err = s.classifyError(err)
+	}
 	e := classify(err)
 	status := statusOf[e.Code]
 	if s.onProblem != nil {

@@ -67,6 +67,10 @@ type Config struct {
 	// OnProblem, if set, is told of every problem response (for the errors-by-code metric).
 	// It must not block.
 	OnProblem func(code errcode.Code, status int)
+	// ClassifyError, if set, may give an error its code before it is answered: the storage
+	// and resource faults (storage-full, storage-unavailable, unavailable), which need the
+	// state root to be told apart. It must not block.
+	ClassifyError func(error) error
 }
 
 // Server is sandboxd's HTTP handler together with the state it needs to shut down cleanly.
@@ -77,6 +81,7 @@ type Server struct {
 	allowedOrigins []string
 	validator      *validator
 	onProblem      func(errcode.Code, int)
+	classifyError  func(error) error
 
 	// now is the clock of login codes' expiry; tests replace it.
 	now func() time.Time
@@ -117,6 +122,7 @@ func New(cfg Config) (*Server, error) {
 		allowedOrigins: cfg.AllowedOrigins,
 		validator:      v,
 		onProblem:      cfg.OnProblem,
+		classifyError:  cfg.ClassifyError,
 		now:            time.Now,
 	}
 	s.handler = s.routes(cfg)

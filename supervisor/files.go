@@ -81,7 +81,8 @@ func (s *Supervisor) WriteFile(ctx context.Context, id string, req WriteRequest,
 	if err != nil {
 		return 0, err
 	}
-	return agent.WriteFile(ctx, control.WriteRequest{Path: req.Path, User: req.User, Mode: req.Mode, MakeParents: req.MakeParents}, r)
+	n, err := agent.WriteFile(ctx, control.WriteRequest{Path: req.Path, User: req.User, Mode: req.Mode, MakeParents: req.MakeParents}, r)
+	return n, s.diskFullErr(id, err)
 }
 
 // RemoveFile removes a file, or with recursive a directory and what it holds.

@@ -101,7 +101,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		if ctx.Err() != nil {
 			return errcode.Wrap(errcode.StartTimeout, err, "Sandbox %s did not start within its deadline; retry with a longer timeout.", cfg.ID)
 		}
-		return fmt.Errorf("starting the runtime: %w", err)
+		return s.startErr(fmt.Errorf("starting the runtime: %w", err))
 	}
 	s.crash("spawned")
 	// Name the process in the journal, so that a crash from here on leaves an interrupted

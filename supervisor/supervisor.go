@@ -69,6 +69,9 @@ type Options struct {
 	// OnTransition, if set, is told of every transition's duration and result (op is
 	// provision, start, stop, deprovision or exec-admission). It must not block.
 	OnTransition func(op string, d time.Duration, err error)
+	// Storage, if set, is told of the storage faults the supervisor meets where no store
+	// classified them (the runtime's start, a sandbox's disk) and classifies them.
+	Storage *StorageHealth
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -86,6 +89,7 @@ type Supervisor struct {
 
 	onEvent      func(Event)
 	onTransition func(string, time.Duration, error)
+	health       *StorageHealth
 	// crashPoint, set by tests, is called at the named steps of a launch, where a test
 	// process kills itself to leave what a crash there leaves.
 	crashPoint func(step string)
@@ -136,6 +140,7 @@ func New(opts Options) (*Supervisor, error) {
 		grace:         opts.StopGrace,
 		onEvent:       opts.OnEvent,
 		onTransition:  opts.OnTransition,
+		health:        opts.Storage,
 		life:          life,
 		stopLife:      stopLife,
 		clients:       map[string]*agentConn{},
@@ -309,6 +314,9 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 	return &Status{Config: cfg, State: StateProvisioned}, nil
 }
 
+// minDiskMB is the smallest disk of its own a sandbox can have.
+const minDiskMB = 32
+
 // checkDisk refuses a disk of the sandbox's own (diskMB > 0) that the runtime cannot give.
 func (s *Supervisor) checkDisk(diskMB int) error {
 	if diskMB == 0 {
@@ -316,6 +324,9 @@ func (s *Supervisor) checkDisk(diskMB int) error {
 	}
 	if diskMB < 0 {
 		return errcode.Invalid("resources.disk_mb", "The disk size must be positive.")
+	}
+	if diskMB < minDiskMB {
+		return errcode.Invalid("resources.disk_mb", "A disk of its own must have at least %d MiB, too little for a file system otherwise; use 0 for none.", minDiskMB)
 	}
 	dl, ok := s.rt.(runtime.DiskLimiter)
 	if !ok {

@@ -8,9 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +32,15 @@ import (
 // SANDBOXD_CHAOS_SEED=N replays a seed: the same clients, operations, ids and kill schedule
 // (the interleaving of goroutines and processes is the machine's).
 var chaosLong = flag.Bool("chaos.long", false, "run the long form of the chaos suite (many more rounds)")
+
+// chaosFill (or SANDBOXD_CHAOS_FILL=1) runs the suite on a small loop-mounted state root that
+// the kill schedule also fills (from the host, every free block) and frees: writes may then
+// answer 507 storage-full, but nothing else changes, and every round must still check clean.
+var chaosFill = flag.Bool("chaos.fill", false, "also fill and free the state root (a small loop-mounted file system) while killing processes")
+
+// chaosFillable are the operations that may answer 507 while the state root is full; reads,
+// stops and deletes may not.
+var chaosFillable = []string{"create", "start", "exec", "capture", "clone", "tombstone", "retire"}
 
 const (
 	chaosShortRounds = 6
@@ -138,7 +149,32 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos seed %d, %d rounds (reproduce with SANDBOXD_CHAOS_SEED=%d SANDBOXD_CHAOS_ROUNDS=%d)", seed, rounds, seed, rounds)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
-	d := startDaemon(t, withArgs("--log-level", "info"))
+	opts := []daemonOption{withArgs("--log-level", "info")}
+	var small *smallFS
+	if *chaosFill || os.Getenv("SANDBOXD_CHAOS_FILL") != "" {
+		small = newSmallFS(t, 256)
+		root := filepath.Join(small.Dir, "root")
+		opts = append(opts, func(d *daemon) { d.Root = root })
+		saved := map[string][]int{}
+		for _, op := range chaosFillable {
+			saved[op] = chaosAllowed[op]
+			chaosAllowed[op] = append(slices.Clone(chaosAllowed[op]), 507)
+		}
+		t.Cleanup(func() { maps.Copy(chaosAllowed, saved) })
+	}
+	kills := map[string]int{}
+	// filled is the host's fill file while the state root is full.
+	filled := ""
+	free := func() {
+		if filled != "" {
+			if err := os.Remove(filled); err != nil {
+				t.Fatal(err)
+			}
+			filled = ""
+			kills["free"]++
+		}
+	}
+	d := startDaemon(t, opts...)
 	rt, err := namespace.New(namespace.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +238,6 @@ func TestChaos(t *testing.T) {
 		close(old.up)
 	}
 	httpc := &http.Client{Timeout: 60 * time.Second}
-	kills := map[string]int{}
 	retried := 0
 
 	for round := 1; round <= rounds; round++ {
@@ -222,8 +257,12 @@ func TestChaos(t *testing.T) {
 			what string
 		}
 		var events []event
+		kinds := []string{"server", "shim", "init"}
+		if small != nil {
+			kinds = append(kinds, "fill", "free", "fill")
+		}
 		for range 1 + rng.IntN(3) {
-			what := []string{"server", "shim", "init"}[rng.IntN(3)]
+			what := kinds[rng.IntN(len(kinds))]
 			events = append(events, event{time.Duration(rng.Int64N(int64(chaosRoundTime))), what})
 		}
 		slices.SortFunc(events, func(a, b event) int { return int(a.at - b.at) })
@@ -237,6 +276,13 @@ func TestChaos(t *testing.T) {
 				// restart: a crash in mid-traffic leaves interrupted starts and stale records.
 				restartWith(rng.IntN(2) == 0)
 				kills["server"]++
+			case "fill":
+				if filled == "" {
+					filled = small.fill()
+					kills["fill"]++
+				}
+			case "free":
+				free()
 			default:
 				if chaosKillRuntime(t, rt, d.Root, runtime.Role(e.what), rng) {
 					kills[e.what]++
@@ -247,8 +293,10 @@ func TestChaos(t *testing.T) {
 		close(stop)
 		wg.Wait()
 
-		// End of round: a crash, a restart (which reattaches before it serves; every other
-		// round after an offline repair), then the checker beside the server, then the ledger.
+		// End of round: space freed, a crash, a restart (which reattaches before it serves;
+		// every other round after an offline repair), then the checker beside the server,
+		// then the ledger.
+		free()
 		restartWith(round%2 == 0)
 		kills["server"]++
 		if chaosCheck(t, d.Root, round) {
@@ -297,8 +345,8 @@ func TestChaos(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("%s: %d", k, n))
 	}
 	slices.Sort(lines)
-	t.Logf("chaos seed %d: %d rounds; killed sandboxd %d times, %d shims, %d inits; offline repairs fixed %d problems; check needed a second look in %d rounds\n%s",
-		seed, rounds, kills["server"], kills["shim"], kills["init"], repaired, retried, strings.Join(lines, "\n"))
+	t.Logf("chaos seed %d: %d rounds; killed sandboxd %d times, %d shims, %d inits; filled the state root %d times; offline repairs fixed %d problems; check needed a second look in %d rounds\n%s",
+		seed, rounds, kills["server"], kills["shim"], kills["init"], kills["fill"], repaired, retried, strings.Join(lines, "\n"))
 	// A 500 is a finding. Those of known, reported bugs are logged (and fail the test only
 	// with SANDBOXD_CHAOS_STRICT=1, or once fixed they disappear); any other fails it.
 	keepErrors()

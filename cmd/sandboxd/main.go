@@ -177,6 +177,7 @@ func serve(o *options, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	noFile := raiseNoFile(log)
 	st, err := store.Open(o.root)
 	if err != nil {
 		return err
@@ -195,6 +196,9 @@ func serve(o *options, log *slog.Logger) error {
 	bus := events.New(events.Options{})
 	var sup *supervisor.Supervisor
 	mx := metrics.New(func() ([]*supervisor.Status, error) { return sup.List() }, log)
+	// The state root's health: every fault is counted, a change of state logged once.
+	health := supervisor.NewStorageHealth(st.Root(), log, mx.OnStorageFault)
+	defer health.Close()
 	if o.templateMaxAge <= 0 {
 		return fmt.Errorf("--template-max-age must be positive")
 	}
@@ -214,6 +218,7 @@ func serve(o *options, log *slog.Logger) error {
 			bus.Publish(handlers.EventOf(e))
 		},
 		OnTransition: mx.OnTransition,
+		Storage:      health,
 	})
 	if err != nil {
 		return err
@@ -236,6 +241,8 @@ func serve(o *options, log *slog.Logger) error {
 		Events:           bus,
 		Images:           sup,
 		OnExec:           mx.OnExec,
+		Storage:          health.Status,
+		NoFileLimit:      noFile,
 	})
 	if err != nil {
 		return err
@@ -246,10 +253,11 @@ func serve(o *options, log *slog.Logger) error {
 		AllowedOrigins: o.allowedOrigins,
 		Logger:         log,
 		ExecStream:     h.ExecStream,
-		Events:         (&events.Handler{Bus: bus, Logger: log}).ServeEvents,
+		Events:         h.BoundEvents((&events.Handler{Bus: bus, Logger: log}).ServeEvents),
 		Metrics:        mx.Handler(),
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,
+		ClassifyError:  health.Classify,
 	})
 	if err != nil {
 		return err

@@ -64,6 +64,7 @@
         try { p = await resp.json(); } catch (_) { /* not JSON after all */ }
       }
       if (resp.status === 401) showTokenPanel(true);
+      if (p && (p.code === "storage-full" || p.code === "storage-unavailable")) background(refreshStorage);
       throw new Problem(resp.status, p);
     }
     if (resp.status === 204 || resp.status === 202) return null;
@@ -534,10 +535,30 @@
     }
   }
 
+  // --- the state root's health ---
+  // refreshStorage shows a banner in the header while the state root is full or unavailable:
+  // then creates, starts and uploads fail, while reads, stops and deletes still work.
+  async function refreshStorage() {
+    const info = await api("GET", "/v1/info");
+    const st = info && info.storage;
+    const banner = $("#storage");
+    if (!st || st.state === "ok") {
+      banner.hidden = true;
+      return;
+    }
+    const since = new Date(st.since).toLocaleTimeString();
+    banner.textContent = st.state === "full"
+      ? `State root ${st.root} is full since ${since}: delete sandboxes or templates to free space.`
+      : `State root ${st.root} is unavailable (read-only or failing) since ${since}: writes fail until the operator repairs it.`;
+    banner.dataset.state = st.state;
+    banner.hidden = false;
+  }
+
   function refreshAll() {
     background(async () => {
       await refreshSandboxes();
       await refreshTemplates();
+      await refreshStorage();
     });
   }
 
@@ -569,6 +590,8 @@
 
   // Ages move on while nothing happens.
   setInterval(renderSandboxes, 15000);
+  // The state root's health changes without an event: look again now and then.
+  setInterval(() => { refreshStorage().catch(() => {}); }, 10000);
   // A login URL opened over the page itself changes only its fragment: no new page load.
   window.addEventListener("hashchange", () => { if (location.hash.startsWith("#login=")) start(); });
   start();

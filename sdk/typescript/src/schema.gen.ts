@@ -848,7 +848,9 @@ export interface components {
              * @description Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
              *     sparse image in its state directory), bounding what it can write. Fixed at
              *     creation. Needs loop devices and mke2fs on the host; without them the create is
-             *     refused with `unavailable`.
+             *     refused with `unavailable`. 0 opts out, for trusted work: no disk of its own, so
+             *     the writable layer shares the state root's file system, unbounded. Between 1 and
+             *     31 is refused: too small for a file system.
              */
             disk_mb?: number;
         };
@@ -1088,7 +1090,52 @@ export interface components {
                  * @description Generations older than this are `expired`.
                  */
                 max_generation_age_seconds: number;
+                bounds: components["schemas"]["Bounds"];
             };
+            storage: components["schemas"]["StorageHealth"];
+        };
+        /**
+         * @description What clients may hold open at once, so that no sandbox and no crowd of clients can
+         *     exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
+         *     sandbox-busy`; past a server-wide one, `503 unavailable`; both say to retry.
+         */
+        Bounds: {
+            /** @description File operations (list, read, write, remove) in flight on one sandbox; a read counts until its body is sent. */
+            file_ops_per_sandbox: number;
+            /** @description File operations in flight on all sandboxes together. */
+            file_ops: number;
+            /** @description Execs, buffered or streamed, running on one sandbox (exec admission runs one at a time). */
+            execs_per_sandbox: number;
+            /** @description Execs running on all sandboxes together. */
+            execs: number;
+            /** @description Open `/v1/events` streams. */
+            event_streams: number;
+            /**
+             * Format: int64
+             * @description The server's own descriptor limit (raised to the hard limit at start-up); 0 when unknown.
+             */
+            rlimit_nofile: number;
+        };
+        /**
+         * @description The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
+         *     creates, starts, captures and uploads answer `507 storage-full` until space is freed
+         *     (reads, lists, stops and deletes keep working; a delete is how to free space).
+         *     `unavailable`: a write met EROFS or EIO, and writes answer `503 storage-unavailable`
+         *     until the operator repairs or remounts it. The server probes the file system while
+         *     it is not `ok` and returns to `ok` by itself.
+         */
+        StorageHealth: {
+            /** @enum {string} */
+            state: "ok" | "full" | "unavailable";
+            /**
+             * Format: date-time
+             * @description When the state began (the server's start for a root that was always ok).
+             */
+            since: string;
+            /** @description The state root. */
+            root: string;
+            /** @description The file the fault that began the state was met on, when it named one. */
+            path?: string;
         };
         Health: {
             /** @enum {string} */
@@ -2535,6 +2582,7 @@ export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components
 export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["state"]> = ["active", "tombstoned", "retiring"];
 export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired"];
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "qemu"];
+export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
