@@ -27,6 +27,9 @@ import (
 // runtimeBinaryName is the binary of the sandbox side (cmd/sandboxd-runtime).
 const runtimeBinaryName = "sandboxd-runtime"
 
+// runtimeSelf, given as the runtime binary, makes sandboxes run sandboxd itself.
+const runtimeSelf = "self"
+
 // runtimeBinDir is the directory of the state root where sandboxd keeps the runtime binaries
 // it built itself (see provisionRuntime).
 const runtimeBinDir = "bin"
@@ -54,7 +57,8 @@ func newRuntime(binary, root string, log *slog.Logger) (*namespace.Runtime, stri
 
 // runtimeExecutable chooses what sandboxes run as their shim, init and agent, in this order:
 //
-//  1. the binary given;
+//  1. the binary given, or this executable itself if that is "self" (the single-binary mode,
+//     for a host that should run no toolchain);
 //  2. sandboxd-runtime beside this executable (`make build`, the container image);
 //  3. the sandboxd-runtime that sandboxd built from its own source tree into the state root
 //     (provisionRuntime: `go run ./cmd/sandboxd`, or a `go build` binary next to its source);
@@ -65,6 +69,9 @@ func newRuntime(binary, root string, log *slog.Logger) (*namespace.Runtime, stri
 // the metrics in each of a start's processes. Because it runs as root, a runtime binary must
 // belong to the user sandboxd runs as (or root) and be writable by no one else.
 func runtimeExecutable(given, root string, log *slog.Logger) (string, error) {
+	if given == runtimeSelf {
+		return "", nil
+	}
 	if given != "" {
 		abs, err := filepath.Abs(given)
 		if err != nil {
