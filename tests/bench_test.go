@@ -453,6 +453,72 @@ func BenchmarkCapture(b *testing.B) {
 	b.ReportMetric(capture.median()/cp.median(), "capture/cp-a")
 }
 
+// BenchmarkReadmeCycle is issue 17's measurement: sandboxd as the README starts it (`go run
+// ./cmd/sandboxd`, the binary alone, without sandboxd-runtime beside it), a full cycle (create
+// with start, exec `true`, forced stop, delete) followed in the same loop by a bare bwrap spawn,
+// so that the ratios are measured under one load of the machine. runtime=default is what a user
+// gets; runtime=self (--runtime-binary self) is what they got before sandboxd built its own
+// runtime binary; disk=none runs the server with --default-disk-mb 0. Goals: create+start at
+// most 1.5x bwrap, stop 2x, the cycle 3x.
+func BenchmarkReadmeCycle(b *testing.B) {
+	requireRoot(b)
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); the ratios need it")
+	}
+	bin := readmeBinary(b)
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"runtime=default", nil},
+		{"runtime=self", []string{"--runtime-binary", "self"}},
+		// Without the default disk of its own (a loop device and ext4 per sandbox), which
+		// create, stop and delete pay for; bwrap has none.
+		{"runtime=default/disk=none", []string{"--default-disk-mb", "0"}},
+		{"runtime=self/disk=none", []string{"--runtime-binary", "self", "--default-disk-mb", "0"}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			d := startDaemon(b, withBinary(bin), withArgs(append([]string{"--log-level", "info"}, c.args...)...))
+			stepNames := []string{"create+start", "exec", "stop", "delete"}
+			steps := make([]latencies, len(stepNames))
+			var cycle, base latencies
+			for i := 0; b.Loop(); i++ {
+				id := fmt.Sprintf("readme%d", i)
+				t0 := time.Now()
+				last := t0
+				lap := func(step int) {
+					now := time.Now()
+					steps[step] = append(steps[step], now.Sub(last))
+					last = now
+				}
+				d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "start": true})
+				lap(0)
+				d.execTrue(id)
+				lap(1)
+				d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+				lap(2)
+				d.mustStatus(204, "DELETE", "/v1/sandboxes/"+id, nil)
+				lap(3)
+				cycle = append(cycle, time.Since(t0))
+				t1 := time.Now()
+				if out, err := exec.Command(bwrap, bwrapArgs...).CombinedOutput(); err != nil {
+					b.Fatalf("bwrap: %v: %s", err, out)
+				}
+				base = append(base, time.Since(t1))
+			}
+			cycle.report(b, "cycle-")
+			b.ReportMetric(base.median()*1000, "bwrap-median-ms")
+			for i, name := range stepNames {
+				b.ReportMetric(steps[i].median()*1000, name+"-median-ms")
+			}
+			b.ReportMetric(steps[0].median()/base.median(), "create+start/bwrap")
+			b.ReportMetric(steps[2].median()/base.median(), "stop/bwrap")
+			b.ReportMetric(cycle.median()/base.median(), "cycle/bwrap")
+		})
+	}
+}
+
 // bwrapArgs is the bare bubblewrap sandbox the issues compare a start with.
 var bwrapArgs = []string{"--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
 	"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "true"}

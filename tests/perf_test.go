@@ -21,7 +21,7 @@ var serverOnlyModules = []string{
 
 // readmeBinary is sandboxd built as the README's `go run ./cmd/sandboxd` builds it (copied out
 // of the go command by -exec cp, byte for byte), alone in a directory of its own.
-func readmeBinary(t *testing.T) string {
+func readmeBinary(t testing.TB) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "sandboxd")
 	cmd := exec.Command("go", "run", "-exec", "cp", "github.com/sandboxd/sandboxd/cmd/sandboxd", out)
@@ -54,7 +54,7 @@ func TestDefaultRuntimeIsSlim(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		bin  func(*testing.T) string
-	}{{"go run", readmeBinary}, {"go build", builtAlone}} {
+	}{{"go run", func(t *testing.T) string { return readmeBinary(t) }}, {"go build", builtAlone}} {
 		t.Run(c.name, func(t *testing.T) {
 			bin := c.bin(t)
 			d := startDaemon(t, withBinary(bin))
