@@ -455,11 +455,12 @@ func BenchmarkCapture(b *testing.B) {
 
 // BenchmarkReadmeCycle is issue 17's measurement: sandboxd as the README starts it (`go run
 // ./cmd/sandboxd`, the binary alone, without sandboxd-runtime beside it), a full cycle (create
-// with start, exec `true`, forced stop, delete) followed in the same loop by a bare bwrap spawn,
-// so that the ratios are measured under one load of the machine. runtime=default is what a user
-// gets; runtime=self (--runtime-binary self) is what they got before sandboxd built its own
-// runtime binary; disk=none runs the server with --default-disk-mb 0. Goals: create+start at
-// most 1.5x bwrap, stop 2x, the cycle 3x.
+// with start, exec `true`, forced stop, delete), and a bare bwrap spawn, interleaved in one loop
+// so that every figure and ratio is measured under the same load of the machine. Two servers run
+// side by side: default (what a user gets: the runtime sandboxd builds from its source) and self
+// (--runtime-binary self: what they got before, every sandbox process the server binary).
+// disk=none runs both with --default-disk-mb 0 (bwrap has no disk of its own). Goals:
+// create+start at most 1.5x bwrap, stop 2x, the cycle 3x.
 func BenchmarkReadmeCycle(b *testing.B) {
 	requireRoot(b)
 	bwrap, err := exec.LookPath("bwrap")
@@ -467,56 +468,66 @@ func BenchmarkReadmeCycle(b *testing.B) {
 		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); the ratios need it")
 	}
 	bin := readmeBinary(b)
-	for _, c := range []struct {
+	for _, disk := range []struct {
 		name string
 		args []string
-	}{
-		{"runtime=default", nil},
-		{"runtime=self", []string{"--runtime-binary", "self"}},
-		// Without the default disk of its own (a loop device and ext4 per sandbox), which
-		// create, stop and delete pay for; bwrap has none.
-		{"runtime=default/disk=none", []string{"--default-disk-mb", "0"}},
-		{"runtime=self/disk=none", []string{"--runtime-binary", "self", "--default-disk-mb", "0"}},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			d := startDaemon(b, withBinary(bin), withArgs(append([]string{"--log-level", "info"}, c.args...)...))
-			stepNames := []string{"create+start", "exec", "stop", "delete"}
-			steps := make([]latencies, len(stepNames))
-			var cycle, base latencies
+	}{{"disk=default", nil}, {"disk=none", []string{"--default-disk-mb", "0"}}} {
+		b.Run(disk.name, func(b *testing.B) {
+			servers := []struct {
+				name string
+				d    *daemon
+			}{
+				{"default", startDaemon(b, withBinary(bin), withArgs(append([]string{"--log-level", "info"}, disk.args...)...))},
+				{"self", startDaemon(b, withBinary(bin), withArgs(append([]string{"--log-level", "info", "--runtime-binary", "self"}, disk.args...)...))},
+			}
+			stepNames := []string{"create+start", "exec", "stop", "delete", "cycle"}
+			lat := make([][]latencies, len(servers))
+			for i := range lat {
+				lat[i] = make([]latencies, len(stepNames))
+			}
+			var base latencies
 			for i := 0; b.Loop(); i++ {
-				id := fmt.Sprintf("readme%d", i)
-				t0 := time.Now()
-				last := t0
-				lap := func(step int) {
-					now := time.Now()
-					steps[step] = append(steps[step], now.Sub(last))
-					last = now
+				for s, srv := range servers {
+					readmeCycle(srv.d, fmt.Sprintf("readme%d", i), lat[s])
 				}
-				d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "start": true})
-				lap(0)
-				d.execTrue(id)
-				lap(1)
-				d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
-				lap(2)
-				d.mustStatus(204, "DELETE", "/v1/sandboxes/"+id, nil)
-				lap(3)
-				cycle = append(cycle, time.Since(t0))
-				t1 := time.Now()
+				t0 := time.Now()
 				if out, err := exec.Command(bwrap, bwrapArgs...).CombinedOutput(); err != nil {
 					b.Fatalf("bwrap: %v: %s", err, out)
 				}
-				base = append(base, time.Since(t1))
+				base = append(base, time.Since(t0))
 			}
-			cycle.report(b, "cycle-")
 			b.ReportMetric(base.median()*1000, "bwrap-median-ms")
-			for i, name := range stepNames {
-				b.ReportMetric(steps[i].median()*1000, name+"-median-ms")
+			for s, srv := range servers {
+				for j, name := range stepNames {
+					b.ReportMetric(lat[s][j].median()*1000, srv.name+"-"+name+"-ms")
+				}
+				for _, j := range []int{0, 2, 4} {
+					b.ReportMetric(lat[s][j].median()/base.median(), srv.name+"-"+stepNames[j]+"/bwrap")
+				}
 			}
-			b.ReportMetric(steps[0].median()/base.median(), "create+start/bwrap")
-			b.ReportMetric(steps[2].median()/base.median(), "stop/bwrap")
-			b.ReportMetric(cycle.median()/base.median(), "cycle/bwrap")
 		})
 	}
+}
+
+// readmeCycle is one full cycle of sandbox id on d, each step's duration appended to steps
+// (create+start, exec, stop, delete, then the whole cycle).
+func readmeCycle(d *daemon, id string, steps []latencies) {
+	t0 := time.Now()
+	last := t0
+	lap := func(step int) {
+		now := time.Now()
+		steps[step] = append(steps[step], now.Sub(last))
+		last = now
+	}
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "start": true})
+	lap(0)
+	d.execTrue(id)
+	lap(1)
+	d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+	lap(2)
+	d.mustStatus(204, "DELETE", "/v1/sandboxes/"+id, nil)
+	lap(3)
+	steps[4] = append(steps[4], time.Since(t0))
 }
 
 // bwrapArgs is the bare bubblewrap sandbox the issues compare a start with.
