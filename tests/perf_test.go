@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -48,7 +49,8 @@ func builtAlone(t *testing.T) string {
 // TestDefaultRuntimeIsSlim: sandboxd started as the README starts it (`go run`), or as a plain
 // `go build` binary, without sandboxd-runtime beside it, runs its sandboxes' shim and init from
 // a binary that links none of the server's modules, and the same one again after a restart
-// (so that its running sandboxes keep their runtime identity).
+// (so that its running sandboxes keep their runtime identity), and `sandboxd check` of the same
+// binary judges its sandboxes as the server's own.
 func TestDefaultRuntimeIsSlim(t *testing.T) {
 	requireRoot(t)
 	for _, c := range []struct {
@@ -65,6 +67,15 @@ func TestDefaultRuntimeIsSlim(t *testing.T) {
 			}
 			for role, exe := range first {
 				assertSlim(t, role, exe, bin)
+			}
+			// `sandboxd check` of the same binary makes the same choice, so the sandbox is
+			// no runtime mismatch to it.
+			out, err := exec.Command(bin, "check", "--root", d.Root, "--json").Output()
+			if err != nil {
+				t.Fatalf("sandboxd check: %v\n%s", err, out)
+			}
+			if strings.Contains(string(out), "runtime-mismatch") {
+				t.Fatalf("sandboxd check takes the sandbox for one of another runtime:\n%s", out)
 			}
 			d.Stop()
 			d.start()

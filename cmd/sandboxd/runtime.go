@@ -94,6 +94,9 @@ func runtimeExecutable(given, root string, log *slog.Logger) (string, error) {
 		return beside, nil
 	}
 	exe, err := provisionRuntime(root, log)
+	if errors.Is(err, errNoRoot) {
+		return "", nil // no sandbox starts without root, so no start is slow either
+	}
 	if err != nil {
 		log.Warn("sandboxes run sandboxd itself, which starts them slower than sandboxd-runtime would; build it beside sandboxd (make build) to avoid this",
 			"reason", err)
