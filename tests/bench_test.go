@@ -453,6 +453,83 @@ func BenchmarkCapture(b *testing.B) {
 	b.ReportMetric(capture.median()/cp.median(), "capture/cp-a")
 }
 
+// BenchmarkReadmeCycle is issue 17's measurement: sandboxd as the README starts it (`go run
+// ./cmd/sandboxd`, the binary alone, without sandboxd-runtime beside it), a full cycle (create
+// with start, exec `true`, forced stop, delete), and a bare bwrap spawn, interleaved in one loop
+// so that every figure and ratio is measured under the same load of the machine. Two servers run
+// side by side: default (what a user gets: the runtime sandboxd builds from its source) and self
+// (--runtime-binary self: what they got before, every sandbox process the server binary).
+// disk=none runs both with --default-disk-mb 0 (bwrap has no disk of its own). Goals:
+// create+start at most 1.5x bwrap, stop 2x, the cycle 3x.
+func BenchmarkReadmeCycle(b *testing.B) {
+	requireRoot(b)
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); the ratios need it")
+	}
+	bin := readmeBinary(b)
+	for _, disk := range []struct {
+		name string
+		args []string
+	}{{"disk=default", nil}, {"disk=none", []string{"--default-disk-mb", "0"}}} {
+		b.Run(disk.name, func(b *testing.B) {
+			servers := []struct {
+				name string
+				d    *daemon
+			}{
+				{"default", startDaemon(b, withBinary(bin), withArgs(append([]string{"--log-level", "info"}, disk.args...)...))},
+				{"self", startDaemon(b, withBinary(bin), withArgs(append([]string{"--log-level", "info", "--runtime-binary", "self"}, disk.args...)...))},
+			}
+			stepNames := []string{"create+start", "exec", "stop", "delete", "cycle"}
+			lat := make([][]latencies, len(servers))
+			for i := range lat {
+				lat[i] = make([]latencies, len(stepNames))
+			}
+			var base latencies
+			for i := 0; b.Loop(); i++ {
+				for s, srv := range servers {
+					readmeCycle(srv.d, fmt.Sprintf("readme%d", i), lat[s])
+				}
+				t0 := time.Now()
+				if out, err := exec.Command(bwrap, bwrapArgs...).CombinedOutput(); err != nil {
+					b.Fatalf("bwrap: %v: %s", err, out)
+				}
+				base = append(base, time.Since(t0))
+			}
+			b.ReportMetric(base.median()*1000, "bwrap-median-ms")
+			for s, srv := range servers {
+				for j, name := range stepNames {
+					b.ReportMetric(lat[s][j].median()*1000, srv.name+"-"+name+"-ms")
+				}
+				for _, j := range []int{0, 2, 4} {
+					b.ReportMetric(lat[s][j].median()/base.median(), srv.name+"-"+stepNames[j]+"/bwrap")
+				}
+			}
+		})
+	}
+}
+
+// readmeCycle is one full cycle of sandbox id on d, each step's duration appended to steps
+// (create+start, exec, stop, delete, then the whole cycle).
+func readmeCycle(d *daemon, id string, steps []latencies) {
+	t0 := time.Now()
+	last := t0
+	lap := func(step int) {
+		now := time.Now()
+		steps[step] = append(steps[step], now.Sub(last))
+		last = now
+	}
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "start": true})
+	lap(0)
+	d.execTrue(id)
+	lap(1)
+	d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+	lap(2)
+	d.mustStatus(204, "DELETE", "/v1/sandboxes/"+id, nil)
+	lap(3)
+	steps[4] = append(steps[4], time.Since(t0))
+}
+
 // bwrapArgs is the bare bubblewrap sandbox the issues compare a start with.
 var bwrapArgs = []string{"--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
 	"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "true"}

@@ -451,7 +451,8 @@ func TestSandboxExitIsSeen(t *testing.T) {
 	}
 }
 
-// TestSingleBinary: sandboxd alone, without sandboxd-runtime beside it, runs sandboxes by
+// TestSingleBinary: sandboxd alone, told to (--runtime-binary self; without the flag it would
+// build sandboxd-runtime from its source tree, see TestDefaultRuntimeIsSlim), runs sandboxes by
 // re-executing itself; one binary is enough.
 func TestSingleBinary(t *testing.T) {
 	requireRoot(t)
@@ -465,7 +466,7 @@ func TestSingleBinary(t *testing.T) {
 	if err := os.WriteFile(alone, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, withBinary(alone))
+	d := startDaemon(t, withBinary(alone), withArgs("--runtime-binary", "self"))
 	if !strings.Contains(d.logs.String(), `"executable":""`) {
 		t.Fatalf("sandboxd alone did not choose to re-execute itself:\n%s", d.logs.String())
 	}

@@ -22,7 +22,7 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sandboxd check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("root", envOr("SANDBOXD_ROOT", ".sandboxd"), "state root to check (env SANDBOXD_ROOT)")
-	runtimeBinary := fs.String("runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that the server runs sandboxes with (env SANDBOXD_RUNTIME_BINARY); default, as the server's: sandboxd-runtime beside sandboxd if there is one, else sandboxd itself")
+	runtimeBinary := fs.String("runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that the server runs sandboxes with (env SANDBOXD_RUNTIME_BINARY); default, as the server's: sandboxd-runtime beside sandboxd if there is one, else one built from sandboxd's source tree into <root>/bin, else sandboxd itself; self: sandboxd itself")
 	repair := fs.Bool("repair", false, "fix what is safe to fix: end interrupted starts, clear stale records, kill unrecorded runtime processes, release leaked cgroups and mounts, finish template retirements")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
@@ -47,7 +47,7 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2
 	}
-	rt, _, err := newRuntime(*runtimeBinary)
+	rt, _, err := newRuntime(*runtimeBinary, *root, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2

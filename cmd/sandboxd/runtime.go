@@ -1,25 +1,50 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"os/exec"
+	"path"
 	"path/filepath"
+	"regexp"
+	goruntime "runtime"
+	"runtime/debug"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
-// runtimeBinaryName is the optional binary of the sandbox side (cmd/sandboxd-runtime).
+// runtimeBinaryName is the binary of the sandbox side (cmd/sandboxd-runtime).
 const runtimeBinaryName = "sandboxd-runtime"
 
+// runtimeSelf, given as the runtime binary, makes sandboxes run sandboxd itself.
+const runtimeSelf = "self"
+
+// runtimeBinDir is the directory of the state root where sandboxd keeps the runtime binaries
+// it built itself (see provisionRuntime).
+const runtimeBinDir = "bin"
+
+// provisionTimeout bounds the Go toolchain's work at start-up: a cold build cache compiles
+// the runtime's packages in about 15 s on a slow 2-core host.
+const provisionTimeout = 5 * time.Minute
+
 // newRuntime returns the runtime as the server configures it, running the runtime binary
-// that runtimeExecutable chooses for binary (the --runtime-binary flag), and that
-// executable. `sandboxd check` makes its runtime here too: a runtime's identity hashes its
-// executable and configuration, so a checker configured otherwise than the server would take
-// every running sandbox for one of another runtime.
-func newRuntime(binary string) (*namespace.Runtime, string, error) {
-	exe, err := runtimeExecutable(binary)
+// that runtimeExecutable chooses for binary (the --runtime-binary flag) and the state root,
+// and that executable. `sandboxd check` makes its runtime here too: a runtime's identity
+// hashes its executable and configuration, so a checker configured otherwise than the server
+// would take every running sandbox for one of another runtime.
+func newRuntime(binary, root string, log *slog.Logger) (*namespace.Runtime, string, error) {
+	exe, err := runtimeExecutable(binary, root, log)
 	if err != nil {
 		return nil, "", err
 	}
@@ -30,12 +55,23 @@ func newRuntime(binary string) (*namespace.Runtime, string, error) {
 	return rt, exe, nil
 }
 
-// runtimeExecutable chooses what sandboxes run as their shim, init and agent: the binary
-// given, else sandboxd-runtime beside this executable, else this executable itself ("" lets
-// the runtime use /proc/self/exe). The smaller binary starts sandboxes faster; see
-// cmd/sandboxd-runtime. Because it runs as root, it must belong to the user sandboxd runs as
-// (or root) and be writable by no one else.
-func runtimeExecutable(given string) (string, error) {
+// runtimeExecutable chooses what sandboxes run as their shim, init and agent, in this order:
+//
+//  1. the binary given, or this executable itself if that is "self" (the single-binary mode,
+//     for a host that should run no toolchain);
+//  2. sandboxd-runtime beside this executable (`make build`, the container image);
+//  3. the sandboxd-runtime that sandboxd built from its own source tree into the state root
+//     (provisionRuntime: `go run ./cmd/sandboxd`, or a `go build` binary next to its source);
+//  4. this executable itself ("" lets the runtime use /proc/self/exe): one binary is enough.
+//
+// The small binary starts sandboxes several milliseconds faster per process, since the
+// server's binary runs the package initialisers of the HTTP stack, the request validator and
+// the metrics in each of a start's processes. Because it runs as root, a runtime binary must
+// belong to the user sandboxd runs as (or root) and be writable by no one else.
+func runtimeExecutable(given, root string, log *slog.Logger) (string, error) {
+	if given == runtimeSelf {
+		return "", nil
+	}
 	if given != "" {
 		abs, err := filepath.Abs(given)
 		if err != nil {
@@ -51,13 +87,304 @@ func runtimeExecutable(given string) (string, error) {
 		return "", nil
 	}
 	beside := filepath.Join(filepath.Dir(self), runtimeBinaryName)
-	if _, err := os.Lstat(beside); errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(beside); !errors.Is(err, os.ErrNotExist) {
+		if err := checkRuntimeBinary(beside); err != nil {
+			return "", err
+		}
+		return beside, nil
+	}
+	exe, err := provisionRuntime(root, log)
+	if errors.Is(err, errNoRoot) {
+		return "", nil // no sandbox starts without root, so no start is slow either
+	}
+	if err != nil {
+		log.Warn("sandboxes run sandboxd itself, which starts them slower than sandboxd-runtime would; build it beside sandboxd (make build) to avoid this",
+			"reason", err)
 		return "", nil
 	}
-	if err := checkRuntimeBinary(beside); err != nil {
+	return exe, nil
+}
+
+// errNoRoot is why a server without root privileges provisions no runtime: it starts no
+// sandboxes.
+var errNoRoot = errors.New("sandboxd runs without root")
+
+// provisionRuntime returns the sandboxd-runtime built from the very source tree this sandboxd
+// was built from, building it into <root>/bin on the first start of this build:
+//
+//   - <root>/bin/server-<sha256 of this executable> names the runtime verified for this
+//     build; a later start of the same build reads it and runs no toolchain.
+//   - <root>/bin/sandboxd-runtime-<sha256 of its content> is a runtime binary. It is named by
+//     its content, written once and never replaced, so a server that runs it while another
+//     build provisions its own never sees the file change, and server builds that differ only
+//     on the server side share one runtime binary and so one runtime identity: their running
+//     sandboxes stay reattachable across such a rebuild.
+//
+// The runtime is trusted to be this server's sandbox side only after the same toolchain, in
+// the same environment and with the build settings recorded in this executable, reproduces
+// this executable byte for byte from the source tree (as `go run` builds it, else as
+// `go build` does) after building the runtime from it: a tree edited since this server was
+// built, another toolchain, or a setting that cannot be reproduced fails the comparison, and
+// sandboxd then runs itself. Concurrent provisioners (the server and `sandboxd check`) are
+// safe: every file appears by a rename, complete.
+func provisionRuntime(root string, log *slog.Logger) (string, error) {
+	if os.Geteuid() != 0 {
+		return "", errNoRoot
+	}
+	absRoot, err := filepath.Abs(root)
+	if err != nil {
 		return "", err
 	}
-	return beside, nil
+	if fi, err := os.Stat(absRoot); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("no state root %s to keep a runtime binary in", root)
+	}
+	selfSum, err := fileSum("/proc/self/exe")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(absRoot, runtimeBinDir)
+	stamp := filepath.Join(bin, "server-"+selfSum[:24])
+	if exe, err := stampedRuntime(bin, stamp); err == nil {
+		return exe, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	b, err := newBuilder()
+	if err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(bin, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(bin, ".build-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	ctx, cancel := context.WithTimeout(context.Background(), provisionTimeout)
+	defer cancel()
+	log.Info("building sandboxd-runtime from the source tree, once for this build of sandboxd", "source", b.src, "into", bin)
+	t0 := time.Now()
+	built := filepath.Join(tmp, runtimeBinaryName)
+	if err := b.buildRuntime(ctx, built); err != nil {
+		return "", err
+	}
+	if err := b.reproduces(ctx, tmp, selfSum); err != nil {
+		return "", err
+	}
+	sum, err := fileSum(built)
+	if err != nil {
+		return "", err
+	}
+	name := runtimeBinaryName + "-" + sum[:24]
+	exe := filepath.Join(bin, name)
+	if _, err := os.Lstat(exe); errors.Is(err, os.ErrNotExist) {
+		if err := os.Chmod(built, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Rename(built, exe); err != nil {
+			return "", err
+		}
+	}
+	if err := writeFileAtomic(tmp, stamp, []byte(name+"\n")); err != nil {
+		return "", err
+	}
+	log.Info("built sandboxd-runtime", "executable", exe, "took", time.Since(t0).Round(time.Millisecond))
+	return exe, checkRuntimeBinary(exe)
+}
+
+// runtimeName is the name of a provisioned runtime binary in <root>/bin.
+var runtimeName = regexp.MustCompile(`^` + runtimeBinaryName + `-[0-9a-f]{24}$`)
+
+// stampedRuntime is the runtime binary that stamp names, or an error wrapping
+// os.ErrNotExist when there is no stamp.
+func stampedRuntime(bin, stamp string) (string, error) {
+	b, err := os.ReadFile(stamp)
+	if err != nil {
+		return "", err
+	}
+	name := strings.TrimSpace(string(b))
+	if !runtimeName.MatchString(name) {
+		return "", fmt.Errorf("%s names no runtime binary: %q", stamp, name)
+	}
+	exe := filepath.Join(bin, name)
+	return exe, checkRuntimeBinary(exe)
+}
+
+// builder runs the Go toolchain on this executable's source tree with its recorded build
+// settings.
+type builder struct {
+	goTool string
+	// src is the main module's directory; mainPkg and runtimePkg the import paths of
+	// cmd/sandboxd and cmd/sandboxd-runtime.
+	src, mainPkg, runtimePkg string
+	// flags and env are this executable's build settings, as command-line flags and
+	// environment variables.
+	flags, env []string
+}
+
+func newBuilder() (*builder, error) {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return nil, errors.New("this executable records no build information")
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		return nil, fmt.Errorf("no Go toolchain to build sandboxd-runtime with: %w", err)
+	}
+	src, err := moduleDir(info.Main.Path)
+	if err != nil {
+		return nil, err
+	}
+	b := &builder{goTool: goTool, src: src, mainPkg: info.Path,
+		runtimePkg: path.Join(path.Dir(info.Path), runtimeBinaryName)}
+	vcs := false
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs":
+			vcs = true
+		case s.Key == "-buildmode" && s.Value == "exe", s.Key == "-compiler" && s.Value == "gc":
+			// The defaults, recorded always; given explicitly, -buildmode=exe builds
+			// another binary than the default does, so they are left to default.
+		case strings.HasPrefix(s.Key, "-"):
+			b.flags = append(b.flags, s.Key+"="+s.Value)
+		case strings.HasPrefix(s.Key, "CGO_") || strings.HasPrefix(s.Key, "GO"):
+			b.env = append(b.env, s.Key+"="+s.Value)
+		}
+	}
+	b.flags = append(b.flags, fmt.Sprintf("-buildvcs=%t", vcs))
+	return b, nil
+}
+
+// moduleDir is the directory of the main module whose path is module: the one holding the
+// source file this function was compiled from (recorded unless the build used -trimpath).
+func moduleDir(module string) (string, error) {
+	_, file, _, ok := goruntime.Caller(0)
+	if !ok || !filepath.IsAbs(file) {
+		return "", errors.New("this executable records no source tree (built with -trimpath)")
+	}
+	for dir := filepath.Dir(file); ; dir = filepath.Dir(dir) {
+		if declaresModule(filepath.Join(dir, "go.mod"), module) {
+			return dir, nil
+		}
+		if dir == filepath.Dir(dir) {
+			return "", fmt.Errorf("the source tree of this executable (%s) is not here", filepath.Dir(file))
+		}
+	}
+}
+
+// declaresModule says whether the go.mod file at name declares the module path.
+func declaresModule(name, module string) bool {
+	f, err := os.Open(name)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) == 2 && fields[0] == "module" {
+			return strings.Trim(fields[1], `"`) == module
+		}
+	}
+	return false
+}
+
+// buildRuntime builds cmd/sandboxd-runtime to out without cgo, as `make build` and the
+// container image do, so that the agent drops its privileges without a re-exec.
+func (b *builder) buildRuntime(ctx context.Context, out string) error {
+	args := []string{"build", "-o", out}
+	for _, f := range b.flags {
+		if strings.HasPrefix(f, "-tags=") || strings.HasPrefix(f, "-trimpath=") || strings.HasPrefix(f, "-buildvcs=") {
+			args = append(args, f)
+		}
+	}
+	_, err := b.run(ctx, append(args, b.runtimePkg), "CGO_ENABLED=0")
+	return err
+}
+
+// reproduces checks that the source tree builds this very executable, whose SHA-256 is want:
+// as `go run` builds it (which strips the debug information without recording so, and keeps
+// the result in the build cache, so this costs a cache lookup), else as `go build` does.
+func (b *builder) reproduces(ctx context.Context, tmp, want string) error {
+	if sha, err := exec.LookPath("sha256sum"); err == nil {
+		args := append(append([]string{"run", "-exec", sha}, b.flags...), b.mainPkg)
+		if out, err := b.run(ctx, args); err == nil {
+			if f := strings.Fields(string(out)); len(f) > 0 && f[0] == want {
+				return nil
+			}
+		}
+	}
+	out := filepath.Join(tmp, "sandboxd")
+	args := append(append([]string{"build", "-o", out}, b.flags...), b.mainPkg)
+	if _, err := b.run(ctx, args); err != nil {
+		return err
+	}
+	got, err := fileSum(out)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("the source tree %s does not build this executable (it changed since, or the toolchain or the build settings differ)", b.src)
+	}
+	return nil
+}
+
+// run runs the go command in the source tree with the recorded environment, then extra, and
+// returns its standard output.
+func (b *builder) run(ctx context.Context, args []string, extra ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, b.goTool, args...)
+	cmd.Dir = b.src
+	cmd.Env = append(append(os.Environ(), b.env...), extra...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("go %s: %w: %s", args[0], err, strings.TrimSpace(lastLines(stderr.String(), 5)))
+	}
+	return stdout.Bytes(), nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// fileSum is the hex SHA-256 of the file's content.
+func fileSum(name string) (string, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// writeFileAtomic writes data to name by a rename from a file in tmp (on the same file
+// system), so that a reader sees either no file or the whole of it.
+func writeFileAtomic(tmp, name string, data []byte) error {
+	f, err := os.CreateTemp(tmp, "stamp-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), name)
 }
 
 func checkRuntimeBinary(path string) error {

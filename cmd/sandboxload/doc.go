@@ -28,6 +28,24 @@
 // /proc before the load, during it, and after it (after cleanup, once the idle connections are
 // closed), so that a report shows whether they return to their baseline.
 //
+// # Bench
+//
+// `sandboxload bench` is the benchmark a user can run to reproduce docs/performance.md on
+// their own host: --cycles sequential full cycles (create with start, exec `true`, forced stop,
+// delete), each followed by a bare `bwrap --unshare-all ... true` spawn so that both are
+// measured under the same load of the machine, then websocket streams of
+// `head -c --stream-bytes /dev/zero` from a sandbox of each --stream-vcpus. It prints each
+// step's median and p90, the median as a multiple of bwrap's, and the verdict against the
+// goals of issue 17 (create+start at most 1.5x bwrap, forced stop 2x, a cycle 3x, streams at
+// least 1 GB/s). Run it as root beside the server, as the bwrap baseline needs namespaces:
+//
+//	sudo go run ./cmd/sandboxload bench
+//
+// # Authentication
+//
+// Both modes send the token of --token-file, else the one sandboxd generated into its state
+// root (<--root>/token, by default .sandboxd/token as sandboxd's own default), else none.
+//
 // # Safety
 //
 // The tool talks to loopback addresses only, unless --allow-remote is given: a load run is not

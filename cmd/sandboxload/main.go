@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 type options struct {
 	url          string
 	tokenFile    string
+	root         string
 	clients      []int
 	duration     time.Duration
 	cycles       int
@@ -62,6 +64,9 @@ func main() {
 // run is the whole tool; it returns the exit status: 0 when every error was expected, 1 on a
 // failure to run, 2 on bad usage, 3 when the load met unexpected errors.
 func run(args []string, stdout, stderr io.Writer) (int, error) {
+	if len(args) > 0 && args[0] == "bench" {
+		return runBench(args[1:], stdout, stderr)
+	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -72,13 +77,9 @@ func run(args []string, stdout, stderr io.Writer) (int, error) {
 	if err := checkTarget(o.url, o.allowRemote); err != nil {
 		return 2, err
 	}
-	token := ""
-	if o.tokenFile != "" {
-		b, err := os.ReadFile(o.tokenFile)
-		if err != nil {
-			return 1, err
-		}
-		token = strings.TrimSpace(string(b))
+	token, err := readToken(o.tokenFile, o.root)
+	if err != nil {
+		return 1, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -110,7 +111,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	var clients, mix, expected string
 	fs.StringVar(&o.url, "url", "http://127.0.0.1:7780", "sandboxd base URL")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the API token")
+	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("SANDBOXD_TOKEN_FILE"), "file holding the API token (env SANDBOXD_TOKEN_FILE); default: <root>/token")
+	fs.StringVar(&o.root, "root", envOr("SANDBOXD_ROOT", ".sandboxd"), "sandboxd's state root, whose token is used when --token-file is not given (env SANDBOXD_ROOT)")
 	fs.StringVar(&clients, "clients", "1", "concurrent clients: a number or a list (1,2,4,8,16,32), one phase each")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase (ignored with --cycles)")
 	fs.IntVar(&o.cycles, "cycles", 0, "cycles per phase instead of a duration")
@@ -150,6 +152,32 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 	}
 	return o, nil
+}
+
+// readToken is the API token: from tokenFile if one is given, else the one sandboxd
+// generated into its state root, else none (a server run with --insecure-no-auth).
+func readToken(tokenFile, root string) (string, error) {
+	name := tokenFile
+	if name == "" {
+		name = filepath.Join(root, "token")
+	}
+	b, err := os.ReadFile(name)
+	switch {
+	case err == nil:
+		return strings.TrimSpace(string(b)), nil
+	case tokenFile == "" && errors.Is(err, os.ErrNotExist):
+		return "", nil
+	case errors.Is(err, os.ErrPermission):
+		return "", fmt.Errorf("reading the API token: %w (run as the user that runs sandboxd, or give --token-file)", err)
+	}
+	return "", fmt.Errorf("reading the API token: %w", err)
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
 }
 
 // parseClients reads --clients: one phase per number in the list.

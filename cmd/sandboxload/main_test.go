@@ -165,3 +165,45 @@ func TestProcSampling(t *testing.T) {
 		t.Fatal("sampleProc of a pid that cannot exist succeeded")
 	}
 }
+
+func TestParseBenchFlags(t *testing.T) {
+	t.Parallel()
+	o, err := parseBenchFlags([]string{"--cycles", "7", "--stream-vcpus", "1, 2,4"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cycles != 7 || len(o.streamVCPUs) != 3 || o.streamVCPUs[2] != 4 || !strings.HasPrefix(o.prefix, "bench-") {
+		t.Fatalf("%+v", o)
+	}
+	for _, bad := range [][]string{{"--cycles", "0"}, {"--stream-vcpus", "x"}, {"--streams", "-1"}, {"extra"}} {
+		if _, err := parseBenchFlags(bad, io.Discard); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+// TestReadToken: without --token-file the token is the one sandboxd generated into its state
+// root; a missing root token means a server without auth, a missing given file an error.
+func TestReadToken(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	if tok, err := readToken("", root); err != nil || tok != "" {
+		t.Fatalf("no token file: %q, %v", tok, err)
+	}
+	if err := os.WriteFile(root+"/token", []byte("generated-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := readToken("", root); err != nil || tok != "generated-token-0123456789" {
+		t.Fatalf("root token: %q, %v", tok, err)
+	}
+	given := t.TempDir() + "/given"
+	if _, err := readToken(given, root); err == nil {
+		t.Fatal("a missing --token-file read as no token")
+	}
+	if err := os.WriteFile(given, []byte("given-token-0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := readToken(given, root); err != nil || tok != "given-token-0123456789" {
+		t.Fatalf("given token: %q, %v", tok, err)
+	}
+}
