@@ -51,6 +51,8 @@ func (e *RemoteError) ErrCode() errcode.Code {
 		return errcode.Unauthorized
 	case CodeShuttingDown:
 		return errcode.NotRunning
+	case CodePortRefused:
+		return errcode.PortUnreachable
 	}
 	return errcode.Internal
 }
