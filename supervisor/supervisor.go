@@ -63,6 +63,8 @@ type Options struct {
 	// OnTransition, if set, is told of every transition's duration and result (op is
 	// provision, start, stop, deprovision or exec-admission). It must not block.
 	OnTransition func(op string, d time.Duration, err error)
+	// Ports bound the port connections open at once (see [Supervisor.DialPort]).
+	Ports PortLimits
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -91,6 +93,8 @@ type Supervisor struct {
 	clients   map[string]*agentConn // by sandbox id
 	transient map[string]State      // sandbox id → starting or stopping, while this process drives it
 	watched   map[string]string     // sandbox id → the launch a watcher follows
+
+	ports portConns
 }
 
 // agentConn is a control session with one launch's agent.
@@ -125,6 +129,7 @@ func New(opts Options) (*Supervisor, error) {
 		clients:      map[string]*agentConn{},
 		transient:    map[string]State{},
 		watched:      map[string]string{},
+		ports:        portConns{limits: opts.Ports.withDefaults()},
 	}
 	for _, d := range DeclaredEntries(s.rt) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
