@@ -55,9 +55,9 @@ const (
 
 	// PortUnreachable: nothing listens on the sandbox's port (a port connection).
 	PortUnreachable Code = "port-unreachable"
-	// TooManyConnections: the sandbox, or the server, has as many port connections open as
-	// it allows.
-	TooManyConnections Code = "too-many-connections"
+	// LimitReached: the sandbox, or the server, has as many port connections (or port
+	// links) as it allows.
+	LimitReached Code = "limit-reached"
 	// LinkNotFound: no port link has this id or token (it never existed, expired or was
 	// revoked).
 	LinkNotFound Code = "link-not-found"

@@ -68,9 +68,9 @@ var statusOfCode = map[string]int{
 	"stop-timeout":  504,
 	"start-timeout": 504,
 
-	"port-unreachable":     502,
-	"too-many-connections": 429,
-	"link-not-found":       404,
+	"port-unreachable": 502,
+	"limit-reached":    429,
+	"link-not-found":   404,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so

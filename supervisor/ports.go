@@ -47,11 +47,11 @@ func (p *portConns) acquire(id string) error {
 		p.per = map[string]int{}
 	}
 	if p.per[id] >= p.limits.PerSandbox {
-		return errcode.New(errcode.TooManyConnections,
+		return errcode.New(errcode.LimitReached,
 			"Sandbox %s already has %d port connections open, as many as this server allows one sandbox; close some and retry.", id, p.limits.PerSandbox)
 	}
 	if p.total >= p.limits.Total {
-		return errcode.New(errcode.TooManyConnections,
+		return errcode.New(errcode.LimitReached,
 			"This server already has %d port connections open, as many as it allows; retry once some have closed.", p.limits.Total)
 	}
 	p.per[id]++

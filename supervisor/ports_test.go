@@ -17,11 +17,11 @@ func TestPortConnsBounds(t *testing.T) {
 			t.Fatalf("acquire %s: %v", id, err)
 		}
 	}
-	if err := p.acquire("a"); !errors.Is(err, errcode.TooManyConnections) {
-		t.Fatalf("a third for a: %v, want too-many-connections", err)
+	if err := p.acquire("a"); !errors.Is(err, errcode.LimitReached) {
+		t.Fatalf("a third for a: %v, want limit-reached", err)
 	}
-	if err := p.acquire("c"); !errors.Is(err, errcode.TooManyConnections) {
-		t.Fatalf("a fourth in all: %v, want too-many-connections", err)
+	if err := p.acquire("c"); !errors.Is(err, errcode.LimitReached) {
+		t.Fatalf("a fourth in all: %v, want limit-reached", err)
 	}
 	p.release("a")
 	if err := p.acquire("c"); err != nil {
