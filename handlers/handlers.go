@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/portlink"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
 
@@ -86,6 +87,8 @@ type Config struct {
 	// "stream", d how long it ran, timedOut whether its timeout killed it, err why it failed.
 	// It must not block.
 	OnExec func(mode string, d time.Duration, timedOut bool, err error)
+	// Links, if set, keeps the port links; nil answers their routes not-implemented.
+	Links *portlink.Store
 }
 
 // Handlers implements openapi.StrictServerInterface.
@@ -94,6 +97,7 @@ type Handlers struct {
 	sup     Supervisor
 	log     *slog.Logger
 	streams streamSet
+	ports   portProxy
 }
 
 // New returns the handlers.

@@ -33,5 +33,6 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	info.Limits.MaxFileBytes = h.cfg.MaxFileBytes
 	info.Limits.MaxExecOutputBytes = supervisor.MaxExecOutput
 	info.Limits.MaxGenerationAgeSeconds = int64(h.cfg.MaxGenerationAge.Seconds())
+	h.portInfo(&info)
 	return openapi.GetInfo200JSONResponse(info), nil
 }

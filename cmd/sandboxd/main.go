@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/metrics"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/portlink"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/store"
@@ -214,6 +215,10 @@ func serve(o *options, log *slog.Logger) error {
 	if err := sup.ReattachAll(ctx, 10*time.Second); err != nil {
 		return err
 	}
+	links, err := portlink.Open(o.root)
+	if err != nil {
+		return err
+	}
 	h, err := handlers.New(handlers.Config{
 		Supervisor:       sup,
 		DefaultResources: store.Resources(namespace.DefaultResources),
@@ -225,6 +230,7 @@ func serve(o *options, log *slog.Logger) error {
 		Logger:           log,
 		Events:           bus,
 		OnExec:           mx.OnExec,
+		Links:            links,
 	})
 	if err != nil {
 		return err
@@ -239,6 +245,7 @@ func serve(o *options, log *slog.Logger) error {
 		Metrics:        mx.Handler(),
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,
+		Ports:          server.PortRoutes{Proxy: h.PortProxy, Tunnel: h.PortTunnel, Link: h.LinkProxy},
 	})
 	if err != nil {
 		return err

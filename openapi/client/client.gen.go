@@ -565,6 +565,15 @@ type Info struct {
 		// MaxGenerationAgeSeconds Generations older than this are `expired`.
 		MaxGenerationAgeSeconds int64 `json:"max_generation_age_seconds"`
 
+		// MaxPortConnections The most port connections open at once, all sandboxes together.
+		MaxPortConnections *int `json:"max_port_connections,omitempty"`
+
+		// MaxPortConnectionsPerSandbox The most port connections (proxied HTTP connections and TCP tunnels) one sandbox may have open at once.
+		MaxPortConnectionsPerSandbox *int `json:"max_port_connections_per_sandbox,omitempty"`
+
+		// MaxPortLinkTTLSeconds The longest a port link may live.
+		MaxPortLinkTTLSeconds *int `json:"max_port_link_ttl_seconds,omitempty"`
+
 		// MaxResources Resource limits, applied through the sandbox's cgroup.
 		MaxResources Resources `json:"max_resources"`
 	} `json:"limits"`
@@ -648,6 +657,29 @@ type LeaseID = string
 // LeaseList defines model for LeaseList.
 type LeaseList struct {
 	Items []Lease `json:"items"`
+}
+
+// PortLink defines model for PortLink.
+type PortLink struct {
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// ID The link's id, for revoking it.
+	ID string `json:"id"`
+
+	// Path The link's path on this server, `/p/{token}/`.
+	Path    string `json:"path"`
+	Port    int    `json:"port"`
+	Sandbox string `json:"sandbox"`
+
+	// Token The credential; shown only when the link is made.
+	Token string `json:"token"`
+}
+
+// PortLinkRequest defines model for PortLinkRequest.
+type PortLinkRequest struct {
+	// TTLS How long the link works, in seconds.
+	TTLS *int `json:"ttl_s,omitempty"`
 }
 
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
@@ -823,6 +855,9 @@ type TemplateName = string
 // Example: user
 type User = string
 
+// AccessToken defines model for AccessToken.
+type AccessToken = string
+
 // Cursor defines model for Cursor.
 type Cursor = string
 
@@ -841,6 +876,12 @@ type GenerationIDPath = GenerationID
 // Limit defines model for Limit.
 type Limit = int
 
+// PortPath defines model for PortPath.
+type PortPath = int
+
+// ProxiedPath defines model for ProxiedPath.
+type ProxiedPath = string
+
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //
 // Example: build-42
@@ -853,6 +894,9 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// BadGateway An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type BadGateway = Problem
 
 // BadRequest An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type BadRequest = Problem
@@ -883,6 +927,9 @@ type PayloadTooLarge = Problem
 
 // ServiceUnavailable An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type ServiceUnavailable = Problem
+
+// TooManyRequests An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
@@ -991,6 +1038,12 @@ type GetSandboxLogsParams struct {
 	Tail *int `form:"tail,omitempty" json:"tail,omitempty"`
 }
 
+// PortTunnelParams defines parameters for PortTunnel.
+type PortTunnelParams struct {
+	// AccessToken The API token, for clients that cannot set the `Authorization` header.
+	AccessToken *AccessToken `form:"access_token,omitempty" json:"access_token,omitempty"`
+}
+
 // StartSandboxParams defines parameters for StartSandbox.
 type StartSandboxParams struct {
 	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
@@ -1078,6 +1131,9 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
+
+// CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
+type CreatePortLinkJSONRequestBody = PortLinkRequest
 
 // CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
 type CreateTemplateJSONRequestBody = CreateTemplateRequest
@@ -1211,6 +1267,83 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /openapi.yaml (the `GetOpenAPISpec` operationId).
 	GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// LinkProxyDelete HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Corresponds with DELETE /p/{token}/{path} (the `LinkProxyDelete` operationId).
+	LinkProxyDelete(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// LinkProxyGet HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Corresponds with GET /p/{token}/{path} (the `LinkProxyGet` operationId).
+	LinkProxyGet(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// LinkProxyHead HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Corresponds with HEAD /p/{token}/{path} (the `LinkProxyHead` operationId).
+	LinkProxyHead(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// LinkProxyOptions HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Corresponds with OPTIONS /p/{token}/{path} (the `LinkProxyOptions` operationId).
+	LinkProxyOptions(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// LinkProxyPatch HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Corresponds with PATCH /p/{token}/{path} (the `LinkProxyPatch` operationId).
+	LinkProxyPatch(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// LinkProxyPost HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Corresponds with POST /p/{token}/{path} (the `LinkProxyPost` operationId).
+	LinkProxyPost(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// LinkProxyPut HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Corresponds with PUT /p/{token}/{path} (the `LinkProxyPut` operationId).
+	LinkProxyPut(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// StreamEvents Follow lifecycle events (server-sent events)
 	//
@@ -1398,6 +1531,205 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePortLinkWithBody Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePortLink Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeletePortLink Revoke a link
+	//
+	// The link stops working at once, and stays revoked across restarts.
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+	DeletePortLink(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortTunnel A raw TCP connection to a port of the sandbox (websocket)
+	//
+	// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+	// made by its agent, so that it works for a sandbox without any network. The connection
+	// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+	// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+	// are not used. When the service closes its end, the server sends a normal close
+	// (1000); when the client closes, the connection to the service is closed. The server
+	// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+	// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+	// `access_token`.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+	PortTunnel(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortProxyDelete HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyDelete` operationId).
+	PortProxyDelete(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortProxyGet HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyGet` operationId).
+	PortProxyGet(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortProxyHead HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Corresponds with HEAD /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyHead` operationId).
+	PortProxyHead(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortProxyOptions HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Corresponds with OPTIONS /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyOptions` operationId).
+	PortProxyOptions(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortProxyPatch HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Corresponds with PATCH /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPatch` operationId).
+	PortProxyPatch(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortProxyPost HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPost` operationId).
+	PortProxyPost(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortProxyPut HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPut` operationId).
+	PortProxyPut(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// StartSandbox Start a provisioned sandbox
 	//
@@ -1627,6 +1959,153 @@ func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) 
 // Corresponds with GET /openapi.yaml (the `GetOpenAPISpec` operationId).
 func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetOpenAPISpecRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LinkProxyDelete HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Corresponds with DELETE /p/{token}/{path} (the `LinkProxyDelete` operationId).
+func (c *Client) LinkProxyDelete(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLinkProxyDeleteRequest(c.Server, token, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LinkProxyGet HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Corresponds with GET /p/{token}/{path} (the `LinkProxyGet` operationId).
+func (c *Client) LinkProxyGet(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLinkProxyGetRequest(c.Server, token, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LinkProxyHead HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Corresponds with HEAD /p/{token}/{path} (the `LinkProxyHead` operationId).
+func (c *Client) LinkProxyHead(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLinkProxyHeadRequest(c.Server, token, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LinkProxyOptions HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Corresponds with OPTIONS /p/{token}/{path} (the `LinkProxyOptions` operationId).
+func (c *Client) LinkProxyOptions(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLinkProxyOptionsRequest(c.Server, token, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LinkProxyPatch HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Corresponds with PATCH /p/{token}/{path} (the `LinkProxyPatch` operationId).
+func (c *Client) LinkProxyPatch(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLinkProxyPatchRequest(c.Server, token, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LinkProxyPost HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Corresponds with POST /p/{token}/{path} (the `LinkProxyPost` operationId).
+func (c *Client) LinkProxyPost(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLinkProxyPostRequest(c.Server, token, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LinkProxyPut HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Corresponds with PUT /p/{token}/{path} (the `LinkProxyPut` operationId).
+func (c *Client) LinkProxyPut(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLinkProxyPutRequest(c.Server, token, path)
 	if err != nil {
 		return nil, err
 	}
@@ -1954,6 +2433,315 @@ func (c *Client) WriteFileWithBody(ctx context.Context, id SandboxIDPath, params
 // Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 func (c *Client) GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxLogsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePortLinkWithBody Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *Client) CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePortLinkRequestWithBody(c.Server, id, port, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePortLink Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *Client) CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePortLinkRequest(c.Server, id, port, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeletePortLink Revoke a link
+//
+// The link stops working at once, and stays revoked across restarts.
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+func (c *Client) DeletePortLink(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeletePortLinkRequest(c.Server, id, port, link)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortTunnel A raw TCP connection to a port of the sandbox (websocket)
+//
+// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+// made by its agent, so that it works for a sandbox without any network. The connection
+// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+// are not used. When the service closes its end, the server sends a normal close
+// (1000); when the client closes, the connection to the service is closed. The server
+// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+// `access_token`.
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+func (c *Client) PortTunnel(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortTunnelRequest(c.Server, id, port, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortProxyDelete HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyDelete` operationId).
+func (c *Client) PortProxyDelete(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortProxyDeleteRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortProxyGet HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyGet` operationId).
+func (c *Client) PortProxyGet(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortProxyGetRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortProxyHead HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Corresponds with HEAD /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyHead` operationId).
+func (c *Client) PortProxyHead(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortProxyHeadRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortProxyOptions HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Corresponds with OPTIONS /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyOptions` operationId).
+func (c *Client) PortProxyOptions(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortProxyOptionsRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortProxyPatch HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Corresponds with PATCH /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPatch` operationId).
+func (c *Client) PortProxyPatch(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortProxyPatchRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortProxyPost HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPost` operationId).
+func (c *Client) PortProxyPost(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortProxyPostRequest(c.Server, id, port, path)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortProxyPut HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPut` operationId).
+func (c *Client) PortProxyPut(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortProxyPutRequest(c.Server, id, port, path)
 	if err != nil {
 		return nil, err
 	}
@@ -2369,6 +3157,293 @@ func NewGetOpenAPISpecRequest(server string) (*http.Request, error) {
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLinkProxyDeleteRequest constructs an http.Request for the LinkProxyDelete method
+func NewLinkProxyDeleteRequest(server string, token string, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "token", token, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/p/%s/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLinkProxyGetRequest constructs an http.Request for the LinkProxyGet method
+func NewLinkProxyGetRequest(server string, token string, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "token", token, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/p/%s/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLinkProxyHeadRequest constructs an http.Request for the LinkProxyHead method
+func NewLinkProxyHeadRequest(server string, token string, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "token", token, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/p/%s/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLinkProxyOptionsRequest constructs an http.Request for the LinkProxyOptions method
+func NewLinkProxyOptionsRequest(server string, token string, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "token", token, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/p/%s/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodOptions, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLinkProxyPatchRequest constructs an http.Request for the LinkProxyPatch method
+func NewLinkProxyPatchRequest(server string, token string, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "token", token, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/p/%s/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLinkProxyPostRequest constructs an http.Request for the LinkProxyPost method
+func NewLinkProxyPostRequest(server string, token string, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "token", token, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/p/%s/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLinkProxyPutRequest constructs an http.Request for the LinkProxyPut method
+func NewLinkProxyPutRequest(server string, token string, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "token", token, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/p/%s/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -3210,6 +4285,512 @@ func NewGetSandboxLogsRequest(server string, id SandboxIDPath, params *GetSandbo
 	return req, nil
 }
 
+// NewCreatePortLinkRequest calls the generic CreatePortLink builder with application/json body
+func NewCreatePortLinkRequest(server string, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreatePortLinkRequestWithBody(server, id, port, "application/json", bodyReader)
+}
+
+// NewCreatePortLinkRequestWithBody constructs an http.Request for the CreatePortLink method, with any body, and a specified content type
+func NewCreatePortLinkRequestWithBody(server string, id SandboxIDPath, port PortPath, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/links", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeletePortLinkRequest constructs an http.Request for the DeletePortLink method
+func NewDeletePortLinkRequest(server string, id SandboxIDPath, port PortPath, link string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "link", link, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/links/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortTunnelRequest constructs an http.Request for the PortTunnel method
+func NewPortTunnelRequest(server string, id SandboxIDPath, port PortPath, params *PortTunnelParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/tcp", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccessToken != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "access_token", *params.AccessToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortProxyDeleteRequest constructs an http.Request for the PortProxyDelete method
+func NewPortProxyDeleteRequest(server string, id SandboxIDPath, port PortPath, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortProxyGetRequest constructs an http.Request for the PortProxyGet method
+func NewPortProxyGetRequest(server string, id SandboxIDPath, port PortPath, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortProxyHeadRequest constructs an http.Request for the PortProxyHead method
+func NewPortProxyHeadRequest(server string, id SandboxIDPath, port PortPath, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortProxyOptionsRequest constructs an http.Request for the PortProxyOptions method
+func NewPortProxyOptionsRequest(server string, id SandboxIDPath, port PortPath, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodOptions, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortProxyPatchRequest constructs an http.Request for the PortProxyPatch method
+func NewPortProxyPatchRequest(server string, id SandboxIDPath, port PortPath, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortProxyPostRequest constructs an http.Request for the PortProxyPost method
+func NewPortProxyPostRequest(server string, id SandboxIDPath, port PortPath, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortProxyPutRequest constructs an http.Request for the PortProxyPut method
+func NewPortProxyPutRequest(server string, id SandboxIDPath, port PortPath, path ProxiedPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "path", path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewStartSandboxRequest constructs an http.Request for the StartSandbox method
 func NewStartSandboxRequest(server string, id SandboxIDPath, params *StartSandboxParams) (*http.Request, error) {
 	var err error
@@ -4039,6 +5620,97 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /openapi.yaml (the `GetOpenAPISpec` operationId).
 	GetOpenAPISpecWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetOpenAPISpecResponse, error)
 
+	// LinkProxyDeleteWithResponse HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /p/{token}/{path} (the `LinkProxyDelete` operationId).
+	LinkProxyDeleteWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyDeleteResponse, error)
+
+	// LinkProxyGetWithResponse HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /p/{token}/{path} (the `LinkProxyGet` operationId).
+	LinkProxyGetWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyGetResponse, error)
+
+	// LinkProxyHeadWithResponse HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with HEAD /p/{token}/{path} (the `LinkProxyHead` operationId).
+	LinkProxyHeadWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyHeadResponse, error)
+
+	// LinkProxyOptionsWithResponse HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with OPTIONS /p/{token}/{path} (the `LinkProxyOptions` operationId).
+	LinkProxyOptionsWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyOptionsResponse, error)
+
+	// LinkProxyPatchWithResponse HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /p/{token}/{path} (the `LinkProxyPatch` operationId).
+	LinkProxyPatchWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyPatchResponse, error)
+
+	// LinkProxyPostWithResponse HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /p/{token}/{path} (the `LinkProxyPost` operationId).
+	LinkProxyPostWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyPostResponse, error)
+
+	// LinkProxyPutWithResponse HTTP to a sandbox's port through a link
+	//
+	// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+	// without the API token: the link is the credential. `/p/{token}` without a path
+	// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+	// `link-not-found`, whichever it is. Every method is proxied; each is described under
+	// its own operation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /p/{token}/{path} (the `LinkProxyPut` operationId).
+	LinkProxyPutWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyPutResponse, error)
+
 	// StreamEventsWithResponse Follow lifecycle events (server-sent events)
 	//
 	// A `text/event-stream` (server-sent events) of lifecycle events, from the moment of
@@ -4243,6 +5915,223 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogsWithResponse(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error)
+
+	// CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
+
+	// CreatePortLinkWithResponse Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
+
+	// DeletePortLinkWithResponse Revoke a link
+	//
+	// The link stops working at once, and stays revoked across restarts.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+	DeletePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*DeletePortLinkResponse, error)
+
+	// PortTunnelWithResponse A raw TCP connection to a port of the sandbox (websocket)
+	//
+	// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+	// made by its agent, so that it works for a sandbox without any network. The connection
+	// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+	// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+	// are not used. When the service closes its end, the server sends a normal close
+	// (1000); when the client closes, the connection to the service is closed. The server
+	// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+	// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+	// `access_token`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+	PortTunnelWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*PortTunnelResponse, error)
+
+	// PortProxyDeleteWithResponse HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyDelete` operationId).
+	PortProxyDeleteWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyDeleteResponse, error)
+
+	// PortProxyGetWithResponse HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyGet` operationId).
+	PortProxyGetWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyGetResponse, error)
+
+	// PortProxyHeadWithResponse HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with HEAD /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyHead` operationId).
+	PortProxyHeadWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyHeadResponse, error)
+
+	// PortProxyOptionsWithResponse HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with OPTIONS /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyOptions` operationId).
+	PortProxyOptionsWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyOptionsResponse, error)
+
+	// PortProxyPatchWithResponse HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPatch` operationId).
+	PortProxyPatchWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyPatchResponse, error)
+
+	// PortProxyPostWithResponse HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPost` operationId).
+	PortProxyPostWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyPostResponse, error)
+
+	// PortProxyPutWithResponse HTTP to a port of the sandbox
+	//
+	// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+	// OPTIONS; each is described here under its own operation id), to
+	// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+	// sandbox without any network, and takes no exec lock. The query, the body and the
+	// headers are passed on but for the API's credentials (`Authorization`, the
+	// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+	// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+	// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+	// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+	// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+	// runs in an origin of its own and cannot reach this server's API or the dashboard's
+	// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+	// nothing listens (`port-unreachable`), or too many connections are open
+	// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+	// tunnel, and `links` there the links, not the service's own.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPut` operationId).
+	PortProxyPutWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyPutResponse, error)
 
 	// StartSandboxWithResponse Start a provisioned sandbox
 	//
@@ -4676,6 +6565,538 @@ func (r GetOpenAPISpecResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetOpenAPISpecResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LinkProxyDeleteResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r LinkProxyDeleteResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LinkProxyDeleteResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r LinkProxyDeleteResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r LinkProxyDeleteResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r LinkProxyDeleteResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r LinkProxyDeleteResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r LinkProxyDeleteResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LinkProxyDeleteResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LinkProxyDeleteResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LinkProxyDeleteResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LinkProxyGetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r LinkProxyGetResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LinkProxyGetResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r LinkProxyGetResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r LinkProxyGetResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r LinkProxyGetResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r LinkProxyGetResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r LinkProxyGetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LinkProxyGetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LinkProxyGetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LinkProxyGetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LinkProxyHeadResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r LinkProxyHeadResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LinkProxyHeadResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r LinkProxyHeadResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r LinkProxyHeadResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r LinkProxyHeadResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r LinkProxyHeadResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r LinkProxyHeadResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LinkProxyHeadResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LinkProxyHeadResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LinkProxyHeadResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LinkProxyOptionsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r LinkProxyOptionsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LinkProxyOptionsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r LinkProxyOptionsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r LinkProxyOptionsResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r LinkProxyOptionsResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r LinkProxyOptionsResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r LinkProxyOptionsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LinkProxyOptionsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LinkProxyOptionsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LinkProxyOptionsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LinkProxyPatchResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r LinkProxyPatchResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LinkProxyPatchResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r LinkProxyPatchResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r LinkProxyPatchResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r LinkProxyPatchResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r LinkProxyPatchResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r LinkProxyPatchResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LinkProxyPatchResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LinkProxyPatchResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LinkProxyPatchResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LinkProxyPostResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r LinkProxyPostResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LinkProxyPostResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r LinkProxyPostResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r LinkProxyPostResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r LinkProxyPostResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r LinkProxyPostResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r LinkProxyPostResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LinkProxyPostResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LinkProxyPostResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LinkProxyPostResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LinkProxyPutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r LinkProxyPutResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LinkProxyPutResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r LinkProxyPutResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r LinkProxyPutResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r LinkProxyPutResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r LinkProxyPutResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r LinkProxyPutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LinkProxyPutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LinkProxyPutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LinkProxyPutResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5834,6 +8255,1033 @@ func (r GetSandboxLogsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetSandboxLogsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreatePortLinkResponse401Headers the declared response headers of an HTTP 401 response for CreatePortLink
+type CreatePortLinkResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type CreatePortLinkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *PortLink
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreatePortLinkResponse401Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreatePortLinkResponse) GetJSON201() *PortLink {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r CreatePortLinkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreatePortLinkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreatePortLinkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreatePortLinkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeletePortLinkResponse401Headers the declared response headers of an HTTP 401 response for DeletePortLink
+type DeletePortLinkResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type DeletePortLinkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeletePortLinkResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r DeletePortLinkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeletePortLinkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeletePortLinkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeletePortLinkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortTunnelResponse101Headers the declared response headers of an HTTP 101 response for PortTunnel
+type PortTunnelResponse101Headers struct {
+	Connection *string
+	Upgrade    *string
+}
+
+// PortTunnelResponse401Headers the declared response headers of an HTTP 401 response for PortTunnel
+type PortTunnelResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortTunnelResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers101 the parsed response headers for an HTTP 101 response
+	Headers101 *PortTunnelResponse101Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortTunnelResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortTunnelResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortTunnelResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortTunnelResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortTunnelResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortProxyDeleteResponse401Headers the declared response headers of an HTTP 401 response for PortProxyDelete
+type PortProxyDeleteResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortProxyDeleteResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortProxyDeleteResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortProxyDeleteResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortProxyDeleteResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortProxyDeleteResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortProxyDeleteResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortProxyDeleteResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortProxyGetResponse401Headers the declared response headers of an HTTP 401 response for PortProxyGet
+type PortProxyGetResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortProxyGetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortProxyGetResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortProxyGetResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortProxyGetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortProxyGetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortProxyGetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortProxyGetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortProxyHeadResponse401Headers the declared response headers of an HTTP 401 response for PortProxyHead
+type PortProxyHeadResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortProxyHeadResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortProxyHeadResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortProxyHeadResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortProxyHeadResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortProxyHeadResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortProxyHeadResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortProxyHeadResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortProxyOptionsResponse401Headers the declared response headers of an HTTP 401 response for PortProxyOptions
+type PortProxyOptionsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortProxyOptionsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortProxyOptionsResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortProxyOptionsResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortProxyOptionsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortProxyOptionsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortProxyOptionsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortProxyOptionsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortProxyPatchResponse401Headers the declared response headers of an HTTP 401 response for PortProxyPatch
+type PortProxyPatchResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortProxyPatchResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortProxyPatchResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortProxyPatchResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortProxyPatchResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortProxyPatchResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortProxyPatchResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortProxyPatchResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortProxyPostResponse401Headers the declared response headers of an HTTP 401 response for PortProxyPost
+type PortProxyPostResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortProxyPostResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortProxyPostResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortProxyPostResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortProxyPostResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortProxyPostResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortProxyPostResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortProxyPostResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortProxyPutResponse401Headers the declared response headers of an HTTP 401 response for PortProxyPut
+type PortProxyPutResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortProxyPutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortProxyPutResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortProxyPutResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortProxyPutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortProxyPutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortProxyPutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortProxyPutResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -7108,6 +10556,139 @@ func (c *ClientWithResponses) GetOpenAPISpecWithResponse(ctx context.Context, re
 	return ParseGetOpenAPISpecResponse(rsp)
 }
 
+// LinkProxyDeleteWithResponse HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /p/{token}/{path} (the `LinkProxyDelete` operationId).
+func (c *ClientWithResponses) LinkProxyDeleteWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyDeleteResponse, error) {
+	rsp, err := c.LinkProxyDelete(ctx, token, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLinkProxyDeleteResponse(rsp)
+}
+
+// LinkProxyGetWithResponse HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /p/{token}/{path} (the `LinkProxyGet` operationId).
+func (c *ClientWithResponses) LinkProxyGetWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyGetResponse, error) {
+	rsp, err := c.LinkProxyGet(ctx, token, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLinkProxyGetResponse(rsp)
+}
+
+// LinkProxyHeadWithResponse HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with HEAD /p/{token}/{path} (the `LinkProxyHead` operationId).
+func (c *ClientWithResponses) LinkProxyHeadWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyHeadResponse, error) {
+	rsp, err := c.LinkProxyHead(ctx, token, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLinkProxyHeadResponse(rsp)
+}
+
+// LinkProxyOptionsWithResponse HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with OPTIONS /p/{token}/{path} (the `LinkProxyOptions` operationId).
+func (c *ClientWithResponses) LinkProxyOptionsWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyOptionsResponse, error) {
+	rsp, err := c.LinkProxyOptions(ctx, token, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLinkProxyOptionsResponse(rsp)
+}
+
+// LinkProxyPatchWithResponse HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /p/{token}/{path} (the `LinkProxyPatch` operationId).
+func (c *ClientWithResponses) LinkProxyPatchWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyPatchResponse, error) {
+	rsp, err := c.LinkProxyPatch(ctx, token, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLinkProxyPatchResponse(rsp)
+}
+
+// LinkProxyPostWithResponse HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /p/{token}/{path} (the `LinkProxyPost` operationId).
+func (c *ClientWithResponses) LinkProxyPostWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyPostResponse, error) {
+	rsp, err := c.LinkProxyPost(ctx, token, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLinkProxyPostResponse(rsp)
+}
+
+// LinkProxyPutWithResponse HTTP to a sandbox's port through a link
+//
+// What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+// without the API token: the link is the credential. `/p/{token}` without a path
+// redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+// `link-not-found`, whichever it is. Every method is proxied; each is described under
+// its own operation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /p/{token}/{path} (the `LinkProxyPut` operationId).
+func (c *ClientWithResponses) LinkProxyPutWithResponse(ctx context.Context, token string, path ProxiedPath, reqEditors ...RequestEditorFn) (*LinkProxyPutResponse, error) {
+	rsp, err := c.LinkProxyPut(ctx, token, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLinkProxyPutResponse(rsp)
+}
+
 // StreamEventsWithResponse Follow lifecycle events (server-sent events)
 //
 // A `text/event-stream` (server-sent events) of lifecycle events, from the moment of
@@ -7395,6 +10976,289 @@ func (c *ClientWithResponses) GetSandboxLogsWithResponse(ctx context.Context, id
 		return nil, err
 	}
 	return ParseGetSandboxLogsResponse(rsp)
+}
+
+// CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *ClientWithResponses) CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
+	rsp, err := c.CreatePortLinkWithBody(ctx, id, port, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePortLinkResponse(rsp)
+}
+
+// CreatePortLinkWithResponse Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *ClientWithResponses) CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
+	rsp, err := c.CreatePortLink(ctx, id, port, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePortLinkResponse(rsp)
+}
+
+// DeletePortLinkWithResponse Revoke a link
+//
+// The link stops working at once, and stays revoked across restarts.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+func (c *ClientWithResponses) DeletePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*DeletePortLinkResponse, error) {
+	rsp, err := c.DeletePortLink(ctx, id, port, link, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeletePortLinkResponse(rsp)
+}
+
+// PortTunnelWithResponse A raw TCP connection to a port of the sandbox (websocket)
+//
+// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+// made by its agent, so that it works for a sandbox without any network. The connection
+// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+// are not used. When the service closes its end, the server sends a normal close
+// (1000); when the client closes, the connection to the service is closed. The server
+// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+// `access_token`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+func (c *ClientWithResponses) PortTunnelWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*PortTunnelResponse, error) {
+	rsp, err := c.PortTunnel(ctx, id, port, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortTunnelResponse(rsp)
+}
+
+// PortProxyDeleteWithResponse HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyDelete` operationId).
+func (c *ClientWithResponses) PortProxyDeleteWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyDeleteResponse, error) {
+	rsp, err := c.PortProxyDelete(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortProxyDeleteResponse(rsp)
+}
+
+// PortProxyGetWithResponse HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyGet` operationId).
+func (c *ClientWithResponses) PortProxyGetWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyGetResponse, error) {
+	rsp, err := c.PortProxyGet(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortProxyGetResponse(rsp)
+}
+
+// PortProxyHeadWithResponse HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with HEAD /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyHead` operationId).
+func (c *ClientWithResponses) PortProxyHeadWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyHeadResponse, error) {
+	rsp, err := c.PortProxyHead(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortProxyHeadResponse(rsp)
+}
+
+// PortProxyOptionsWithResponse HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with OPTIONS /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyOptions` operationId).
+func (c *ClientWithResponses) PortProxyOptionsWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyOptionsResponse, error) {
+	rsp, err := c.PortProxyOptions(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortProxyOptionsResponse(rsp)
+}
+
+// PortProxyPatchWithResponse HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPatch` operationId).
+func (c *ClientWithResponses) PortProxyPatchWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyPatchResponse, error) {
+	rsp, err := c.PortProxyPatch(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortProxyPatchResponse(rsp)
+}
+
+// PortProxyPostWithResponse HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPost` operationId).
+func (c *ClientWithResponses) PortProxyPostWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyPostResponse, error) {
+	rsp, err := c.PortProxyPost(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortProxyPostResponse(rsp)
+}
+
+// PortProxyPutWithResponse HTTP to a port of the sandbox
+//
+// Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+// OPTIONS; each is described here under its own operation id), to
+// `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+// sandbox without any network, and takes no exec lock. The query, the body and the
+// headers are passed on but for the API's credentials (`Authorization`, the
+// `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+// `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+// the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+// Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+// they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+// runs in an origin of its own and cannot reach this server's API or the dashboard's
+// token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+// nothing listens (`port-unreachable`), or too many connections are open
+// (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+// tunnel, and `links` there the links, not the service's own.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/ports/{port}/{path} (the `PortProxyPut` operationId).
+func (c *ClientWithResponses) PortProxyPutWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, path ProxiedPath, reqEditors ...RequestEditorFn) (*PortProxyPutResponse, error) {
+	rsp, err := c.PortProxyPut(ctx, id, port, path, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortProxyPutResponse(rsp)
 }
 
 // StartSandboxWithResponse Start a provisioned sandbox
@@ -7847,6 +11711,454 @@ func ParseGetOpenAPISpecResponse(rsp *http.Response) (*GetOpenAPISpecResponse, e
 			return nil, err
 		}
 		response.ApplicationProblemJSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLinkProxyDeleteResponse parses an HTTP response from a LinkProxyDeleteWithResponse call
+func ParseLinkProxyDeleteResponse(rsp *http.Response) (*LinkProxyDeleteResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LinkProxyDeleteResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLinkProxyGetResponse parses an HTTP response from a LinkProxyGetWithResponse call
+func ParseLinkProxyGetResponse(rsp *http.Response) (*LinkProxyGetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LinkProxyGetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLinkProxyHeadResponse parses an HTTP response from a LinkProxyHeadWithResponse call
+func ParseLinkProxyHeadResponse(rsp *http.Response) (*LinkProxyHeadResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LinkProxyHeadResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLinkProxyOptionsResponse parses an HTTP response from a LinkProxyOptionsWithResponse call
+func ParseLinkProxyOptionsResponse(rsp *http.Response) (*LinkProxyOptionsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LinkProxyOptionsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLinkProxyPatchResponse parses an HTTP response from a LinkProxyPatchWithResponse call
+func ParseLinkProxyPatchResponse(rsp *http.Response) (*LinkProxyPatchResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LinkProxyPatchResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLinkProxyPostResponse parses an HTTP response from a LinkProxyPostWithResponse call
+func ParseLinkProxyPostResponse(rsp *http.Response) (*LinkProxyPostResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LinkProxyPostResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLinkProxyPutResponse parses an HTTP response from a LinkProxyPutWithResponse call
+func ParseLinkProxyPutResponse(rsp *http.Response) (*LinkProxyPutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LinkProxyPutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
 
 	}
 
@@ -8917,6 +13229,979 @@ func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, e
 	switch {
 	case rsp.StatusCode == 401:
 		var headers GetSandboxLogsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreatePortLinkResponse parses an HTTP response from a CreatePortLinkWithResponse call
+func ParseCreatePortLinkResponse(rsp *http.Response) (*CreatePortLinkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreatePortLinkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest PortLink
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers CreatePortLinkResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeletePortLinkResponse parses an HTTP response from a DeletePortLinkWithResponse call
+func ParseDeletePortLinkResponse(rsp *http.Response) (*DeletePortLinkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeletePortLinkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers DeletePortLinkResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortTunnelResponse parses an HTTP response from a PortTunnelWithResponse call
+func ParsePortTunnelResponse(rsp *http.Response) (*PortTunnelResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortTunnelResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		var headers PortTunnelResponse101Headers
+		if values := rsp.Header.Values("Connection"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Connection", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Connection = &value
+		}
+		if values := rsp.Header.Values("Upgrade"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Upgrade", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Upgrade = &value
+		}
+		response.Headers101 = &headers
+	case rsp.StatusCode == 401:
+		var headers PortTunnelResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortProxyDeleteResponse parses an HTTP response from a PortProxyDeleteWithResponse call
+func ParsePortProxyDeleteResponse(rsp *http.Response) (*PortProxyDeleteResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortProxyDeleteResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PortProxyDeleteResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortProxyGetResponse parses an HTTP response from a PortProxyGetWithResponse call
+func ParsePortProxyGetResponse(rsp *http.Response) (*PortProxyGetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortProxyGetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PortProxyGetResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortProxyHeadResponse parses an HTTP response from a PortProxyHeadWithResponse call
+func ParsePortProxyHeadResponse(rsp *http.Response) (*PortProxyHeadResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortProxyHeadResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PortProxyHeadResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortProxyOptionsResponse parses an HTTP response from a PortProxyOptionsWithResponse call
+func ParsePortProxyOptionsResponse(rsp *http.Response) (*PortProxyOptionsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortProxyOptionsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PortProxyOptionsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortProxyPatchResponse parses an HTTP response from a PortProxyPatchWithResponse call
+func ParsePortProxyPatchResponse(rsp *http.Response) (*PortProxyPatchResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortProxyPatchResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PortProxyPatchResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortProxyPostResponse parses an HTTP response from a PortProxyPostWithResponse call
+func ParsePortProxyPostResponse(rsp *http.Response) (*PortProxyPostResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortProxyPostResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PortProxyPostResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortProxyPutResponse parses an HTTP response from a PortProxyPutWithResponse call
+func ParsePortProxyPutResponse(rsp *http.Response) (*PortProxyPutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortProxyPutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PortProxyPutResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

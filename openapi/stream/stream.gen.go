@@ -90,6 +90,12 @@ type User = string
 // Example: g000003
 type GenerationIDPath = GenerationID
 
+// PortPath defines model for PortPath.
+type PortPath = int
+
+// ProxiedPath defines model for ProxiedPath.
+type ProxiedPath = string
+
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //
 // Example: build-42
