@@ -33,6 +33,7 @@ commands:
   shell [--user U] ID [-- CMD...]           an interactive terminal (default: /bin/sh)
   put ID LOCAL REMOTE | fetch ID REMOTE LOCAL   copy a file in or out ("-" is stdin/stdout)
   logs [--tail N] ID                        the sandbox's log
+  port-forward ID [LOCAL:]REMOTE            forward a local port to a port inside the sandbox
 
 The server is $SANDBOXD_URL (default http://127.0.0.1:7780); the token file $SANDBOXD_TOKEN_FILE,
 or else the one sandboxd generated in its state root, $SANDBOXD_ROOT (default .sandboxd).
@@ -82,6 +83,7 @@ func run(args []string) int {
 	commands := map[string]func([]string) error{
 		"ls": c.list, "create": c.create, "get": c.get, "start": c.start, "stop": c.stop, "rm": c.remove,
 		"exec": c.exec, "shell": c.shell, "put": c.put, "fetch": c.fetch, "logs": c.logs,
+		"port-forward": c.portForward,
 	}
 	f, ok := commands[cmd]
 	if !ok {

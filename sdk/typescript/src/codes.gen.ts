@@ -33,7 +33,10 @@ export type KnownErrorCode =
   | "sandbox-leased"
   | "generation-leased"
   | "stop-timeout"
-  | "start-timeout";
+  | "start-timeout"
+  | "port-unreachable"
+  | "limit-reached"
+  | "link-not-found";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -69,4 +72,7 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "generation-leased",
   "stop-timeout",
   "start-timeout",
+  "port-unreachable",
+  "limit-reached",
+  "link-not-found",
 ];
