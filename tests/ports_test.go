@@ -322,3 +322,87 @@ func TestPortLinks(t *testing.T) {
 	d.Restart(true)
 	wantProblem(t, get(kept.Path), 404, "link-not-found")
 }
+
+// directFigures measures, from inside the sandbox, what TestPortFigures measures through
+// sandboxd: n keep-alive GETs of 127.0.0.1:8000, and size bytes echoed by 127.0.0.1:9000.
+const directFigures = `
+import http.client, socket, sys, threading, time
+n, size = int(sys.argv[1]), int(sys.argv[2])
+c = http.client.HTTPConnection("127.0.0.1", 8000)
+t = time.perf_counter()
+for _ in range(n):
+    c.request("GET", "/direct"); c.getresponse().read()
+lat = (time.perf_counter() - t) / n
+s = socket.create_connection(("127.0.0.1", 9000))
+chunk = b"x" * 65536
+def send():
+    left = size
+    while left > 0:
+        s.sendall(chunk[:min(left, len(chunk))]); left -= len(chunk)
+t = time.perf_counter()
+threading.Thread(target=send).start()
+got = 0
+while got < size:
+    got += len(s.recv(1 << 20))
+print("%f %f" % (lat * 1000, size / (time.perf_counter() - t) / 1e6))
+`
+
+// TestPortFigures reports (does not assert) HTTP request latency and TCP throughput
+// through the port proxy and tunnel against a direct connection from inside the sandbox,
+// in the same run.
+func TestPortFigures(t *testing.T) {
+	requireRoot(t)
+	d := startDaemon(t)
+	d.create("fig", true)
+	d.portService("fig")
+	const n, size = 200, 32 << 20
+
+	client := &http.Client{}
+	start := time.Now()
+	for range n {
+		req, _ := http.NewRequest("GET", d.URL+"/v1/sandboxes/fig/ports/8000/proxied", nil)
+		req.Header.Set("Authorization", "Bearer "+d.Token)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("proxied GET: %d", resp.StatusCode)
+		}
+	}
+	proxyLat := time.Since(start) / n
+
+	ws, _, err := websocket.DefaultDialer.Dial(wsURL(d, "/v1/sandboxes/fig/ports/9000/tcp"), d.authHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	chunk := bytes.Repeat([]byte("x"), 64<<10)
+	start = time.Now()
+	go func() {
+		for sent := 0; sent < size; sent += len(chunk) {
+			if ws.WriteMessage(websocket.BinaryMessage, chunk) != nil {
+				return
+			}
+		}
+	}()
+	got := 0
+	for got < size {
+		_, b, err := ws.ReadMessage()
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", got, err)
+		}
+		got += len(b)
+	}
+	tunnelMBs := float64(size) / time.Since(start).Seconds() / 1e6
+
+	r := d.exec("fig", map[string]any{"command": []string{"python3", "-c", directFigures, strconv.Itoa(n), strconv.Itoa(size)}, "timeout_ms": 120000})
+	var directLat, directMBs float64
+	if _, err := fmt.Sscanf(r.Stdout, "%f %f", &directLat, &directMBs); err != nil || r.ExitCode != 0 {
+		t.Fatalf("the direct measurement: %+v", r)
+	}
+	t.Logf("HTTP GET latency: %.3f ms through the proxy, %.3f ms direct inside the sandbox", float64(proxyLat.Microseconds())/1000, directLat)
+	t.Logf("TCP echo throughput: %.0f MB/s through the tunnel, %.0f MB/s direct inside the sandbox", tunnelMBs, directMBs)
+}
