@@ -52,7 +52,9 @@ type echoed struct {
 	Headers map[string]string `json:"headers"`
 }
 
-func wsURL(d *daemon, path string) string { return strings.Replace(d.URL, "http://", "ws://", 1) + path }
+func wsURL(d *daemon, path string) string {
+	return strings.Replace(d.URL, "http://", "ws://", 1) + path
+}
 
 func (d *daemon) authHeader() http.Header {
 	h := http.Header{}
