@@ -55,6 +55,13 @@
 //     or error. [Serve] enforces the limit whatever the [Handler] emits, and the client stops
 //     reading at it whatever the agent sends, so neither side holds more.
 //   - stat, mkdir, remove, stats, shutdown ({grace_ms}): one result (or error).
+//   - dial ({port}; feature "dial"): the agent connects to 127.0.0.1:port in the sandbox's
+//     network namespace and answers a result {} or an error (port-refused: nothing listens).
+//     After the result the stream carries raw bytes both ways, unframed: what the client
+//     writes goes to the service, what the service sends comes back. The service's end of
+//     its output is the agent's close of its side; the client's close of its side ends the
+//     connection to the service whole (a client that closed reads nothing more). The
+//     address is fixed: dial reaches the sandbox's own services, never another host.
 //
 // Errors are [RemoteError] {code, message}; the client returns them wrapped in an
 // [*errcode.Error] (file-not-found is [errcode.FileNotFound], a refused request is
@@ -93,5 +100,8 @@
 //
 // [ProtocolVersion] names this protocol exactly; there is no negotiation. It is part of a
 // sandbox's runtime identity, so a sandboxd never drives an agent of another version.
-// Unknown JSON fields are ignored, unknown frame types are not.
+// Unknown JSON fields are ignored, unknown frame types are not. Features announce operations
+// added without a new version (dial, [FeatureDial]): an agent announces those its Handler
+// serves, and a client uses such an operation only with an agent that announced it, so an
+// agent without one still serves everything in [RequiredFeatures].
 package control

@@ -57,6 +57,8 @@ func (e *RemoteError) ErrCode() errcode.Code {
 		return errcode.NotRunning
 	case CodeNoSpace:
 		return errcode.StorageFull
+	case CodePortRefused:
+		return errcode.PortUnreachable
 	}
 	return errcode.Internal
 }

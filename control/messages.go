@@ -52,6 +52,7 @@ type Header struct {
 	Exec     *ExecRequest     `json:"exec,omitempty"`
 	File     *FileRequest     `json:"file,omitempty"`
 	Shutdown *ShutdownRequest `json:"shutdown,omitempty"`
+	Dial     *DialRequest     `json:"dial,omitempty"`
 }
 
 // DecodeHeader parses and validates a header frame's payload. Unknown JSON fields are ignored
@@ -92,6 +93,11 @@ func (h *Header) Validate() error {
 			return invalidf("The shutdown grace must be between 0 and %d milliseconds.", maxGraceMS)
 		}
 	case OpStats:
+	case OpDial:
+		if h.Dial == nil {
+			return invalidf("A dial header needs a dial request.")
+		}
+		return h.Dial.Validate()
 	default:
 		return invalidf("Unknown operation %q.", h.Op)
 	}

@@ -141,7 +141,7 @@ func serveHello(sess *yamux.Session, capability []byte, h Handler) error {
 	}
 	resp := HelloResponse{
 		Protocol:     ProtocolVersion,
-		Features:     []string{FeatureExec, FeatureTTY, FeatureFiles, FeatureShutdown, FeatureStats},
+		Features:     features(h),
 		AgentVersion: h.Version(),
 	}
 	if err := writeJSON(fw, FrameResult, resp); err != nil {
@@ -181,6 +181,8 @@ func (s *server) serveStream(ctx context.Context, st *yamux.Stream) {
 		s.serveExec(ctx, st, fw, hdr.Exec)
 	case OpWrite:
 		s.serveWrite(ctx, st, fw, hdr.File)
+	case OpDial:
+		s.serveDial(ctx, st, fw, hdr.Dial)
 	case OpHello:
 		writeError(fw, invalidf("Hello was already done on this connection."))
 	default:

@@ -54,6 +54,15 @@ const (
 	StopTimeout  Code = "stop-timeout"
 	StartTimeout Code = "start-timeout"
 
+	// PortUnreachable: nothing listens on the sandbox's port (a port connection).
+	PortUnreachable Code = "port-unreachable"
+	// LimitReached: the sandbox, or the server, has as many port connections (or port
+	// links) as it allows.
+	LimitReached Code = "limit-reached"
+	// LinkNotFound: no port link has this id or token (it never existed, expired or was
+	// revoked).
+	LinkNotFound Code = "link-not-found"
+
 	// StorageFull: the file system of the state root is out of space or over a quota
 	// (ENOSPC, EDQUOT). Made by [Storage].
 	StorageFull Code = "storage-full"

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/sandboxd/sandboxd/portlink"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
 
@@ -93,6 +94,8 @@ type Config struct {
 	Storage func() supervisor.StorageStatus
 	// NoFileLimit is sandboxd's RLIMIT_NOFILE, for /v1/info (0: unknown).
 	NoFileLimit uint64
+	// Links, if set, keeps the port links; nil answers their routes not-implemented.
+	Links *portlink.Store
 }
 
 // Handlers implements openapi.StrictServerInterface.
@@ -102,6 +105,7 @@ type Handlers struct {
 	log     *slog.Logger
 	streams streamSet
 	bounds  bounds
+	ports   portProxy
 }
 
 // New returns the handlers.

@@ -46,6 +46,7 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 		RlimitNofile: int64(min(b.NoFile, 1<<62)),
 	}
 	info.Storage = h.storageHealth()
+	h.portInfo(&info)
 	return openapi.GetInfo200JSONResponse(info), nil
 }
 

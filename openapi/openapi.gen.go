@@ -765,6 +765,15 @@ type Info struct {
 		// MaxGenerationAgeSeconds Generations older than this are `expired`.
 		MaxGenerationAgeSeconds int64 `json:"max_generation_age_seconds"`
 
+		// MaxPortConnections The most port connections open at once, all sandboxes together.
+		MaxPortConnections *int `json:"max_port_connections,omitempty"`
+
+		// MaxPortConnectionsPerSandbox The most port connections (proxied HTTP connections and TCP tunnels) one sandbox may have open at once.
+		MaxPortConnectionsPerSandbox *int `json:"max_port_connections_per_sandbox,omitempty"`
+
+		// MaxPortLinkTTLSeconds The longest a port link may live.
+		MaxPortLinkTTLSeconds *int `json:"max_port_link_ttl_seconds,omitempty"`
+
 		// MaxResources Resource limits, applied through the sandbox's cgroup.
 		MaxResources Resources `json:"max_resources"`
 	} `json:"limits"`
@@ -856,6 +865,29 @@ type LeaseID = string
 // LeaseList defines model for LeaseList.
 type LeaseList struct {
 	Items []Lease `json:"items"`
+}
+
+// PortLink defines model for PortLink.
+type PortLink struct {
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// ID The link's id, for revoking it.
+	ID string `json:"id"`
+
+	// Path The link's path on this server, `/p/{token}/`.
+	Path    string `json:"path"`
+	Port    int    `json:"port"`
+	Sandbox string `json:"sandbox"`
+
+	// Token The credential; shown only when the link is made.
+	Token string `json:"token"`
+}
+
+// PortLinkRequest defines model for PortLinkRequest.
+type PortLinkRequest struct {
+	// TTLS How long the link works, in seconds.
+	TTLS *int `json:"ttl_s,omitempty"`
 }
 
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
@@ -1072,6 +1104,9 @@ type TemplateName = string
 // Example: user
 type User = string
 
+// AccessToken defines model for AccessToken.
+type AccessToken = string
+
 // Cursor defines model for Cursor.
 type Cursor = string
 
@@ -1095,6 +1130,12 @@ type ImageNamePath = ImageName
 // Limit defines model for Limit.
 type Limit = int
 
+// PortPath defines model for PortPath.
+type PortPath = int
+
+// ProxiedPath defines model for ProxiedPath.
+type ProxiedPath = string
+
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //
 // Example: build-42
@@ -1107,6 +1148,9 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// BadGateway An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type BadGateway = Problem
 
 // BadRequest An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type BadRequest = Problem
@@ -1137,6 +1181,9 @@ type PayloadTooLarge = Problem
 
 // ServiceUnavailable An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type ServiceUnavailable = Problem
+
+// TooManyRequests An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
@@ -1293,6 +1340,9 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
 
+// CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
+type CreatePortLinkJSONRequestBody = PortLinkRequest
+
 // CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
 type CreateTemplateJSONRequestBody = CreateTemplateRequest
 
@@ -1349,6 +1399,12 @@ type ServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
+	// CreatePortLink Make a link that opens the port without the API token
+	// (POST /v1/sandboxes/{id}/ports/{port}/links)
+	CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath)
+	// DeletePortLink Revoke a link
+	// (DELETE /v1/sandboxes/{id}/ports/{port}/links/{link})
+	DeletePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, link string)
 	// StartSandbox Start a provisioned sandbox
 	// (POST /v1/sandboxes/{id}/start)
 	StartSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params StartSandboxParams)
@@ -1484,6 +1540,18 @@ func (_ Unimplemented) WriteFile(w http.ResponseWriter, r *http.Request, id Sand
 // GetSandboxLogs Read the sandbox's console log
 // (GET /v1/sandboxes/{id}/logs)
 func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreatePortLink Make a link that opens the port without the API token
+// (POST /v1/sandboxes/{id}/ports/{port}/links)
+func (_ Unimplemented) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeletePortLink Revoke a link
+// (DELETE /v1/sandboxes/{id}/ports/{port}/links/{link})
+func (_ Unimplemented) DeletePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, link string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2099,6 +2167,85 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandboxLogs(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreatePortLink operation middleware
+func (siw *ServerInterfaceWrapper) CreatePortLink(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "port" -------------
+	var port PortPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "port", chi.URLParam(r, "port"), &port, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "integer", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "port", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreatePortLink(w, r, id, port)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeletePortLink operation middleware
+func (siw *ServerInterfaceWrapper) DeletePortLink(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "port" -------------
+	var port PortPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "port", chi.URLParam(r, "port"), &port, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "integer", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "port", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "link" -------------
+	var link string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "link", chi.URLParam(r, "link"), &link, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "link", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeletePortLink(w, r, id, port, link)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2775,6 +2922,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/logs", wrapper.GetSandboxLogs)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/ports/{port}/links", wrapper.CreatePortLink)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/sandboxes/{id}/ports/{port}/links/{link}", wrapper.DeletePortLink)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
@@ -2829,6 +2982,8 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	return r
 }
 
+type BadGatewayApplicationProblemPlusJSONResponse Problem
+
 type BadRequestApplicationProblemPlusJSONResponse Problem
 
 type ConflictApplicationProblemPlusJSONResponse Problem
@@ -2848,6 +3003,8 @@ type NotImplementedApplicationProblemPlusJSONResponse Problem
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
 
 type ServiceUnavailableApplicationProblemPlusJSONResponse Problem
+
+type TooManyRequestsApplicationProblemPlusJSONResponse Problem
 
 type UnauthorizedResponseHeaders struct {
 	WWWAuthenticate *string
@@ -5018,6 +5175,278 @@ func (response GetSandboxLogs501ApplicationProblemPlusJSONResponse) VisitGetSand
 	return err
 }
 
+type CreatePortLinkRequestObject struct {
+	ID   SandboxIDPath `json:"id"`
+	Port PortPath      `json:"port"`
+	Body *CreatePortLinkJSONRequestBody
+}
+
+type CreatePortLinkResponseObject interface {
+	VisitCreatePortLinkResponse(w http.ResponseWriter) error
+}
+
+type CreatePortLink201JSONResponse PortLink
+
+func (response CreatePortLink201JSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink400ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink401ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink403ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink404ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink413ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink429ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink500ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink501ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePortLinkRequestObject struct {
+	ID   SandboxIDPath `json:"id"`
+	Port PortPath      `json:"port"`
+	Link string        `json:"link"`
+}
+
+type DeletePortLinkResponseObject interface {
+	VisitDeletePortLinkResponse(w http.ResponseWriter) error
+}
+
+type DeletePortLink204Response struct {
+}
+
+func (response DeletePortLink204Response) VisitDeletePortLinkResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeletePortLink400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePortLink400ApplicationProblemPlusJSONResponse) VisitDeletePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePortLink401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePortLink401ApplicationProblemPlusJSONResponse) VisitDeletePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePortLink403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePortLink403ApplicationProblemPlusJSONResponse) VisitDeletePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePortLink404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePortLink404ApplicationProblemPlusJSONResponse) VisitDeletePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePortLink500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePortLink500ApplicationProblemPlusJSONResponse) VisitDeletePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePortLink501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePortLink501ApplicationProblemPlusJSONResponse) VisitDeletePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type StartSandboxRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params StartSandboxParams
@@ -6764,6 +7193,12 @@ type StrictServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
+	// CreatePortLink Make a link that opens the port without the API token
+	// (POST /v1/sandboxes/{id}/ports/{port}/links)
+	CreatePortLink(ctx context.Context, request CreatePortLinkRequestObject) (CreatePortLinkResponseObject, error)
+	// DeletePortLink Revoke a link
+	// (DELETE /v1/sandboxes/{id}/ports/{port}/links/{link})
+	DeletePortLink(ctx context.Context, request DeletePortLinkRequestObject) (DeletePortLinkResponseObject, error)
 	// StartSandbox Start a provisioned sandbox
 	// (POST /v1/sandboxes/{id}/start)
 	StartSandbox(ctx context.Context, request StartSandboxRequestObject) (StartSandboxResponseObject, error)
@@ -7272,6 +7707,71 @@ func (sh *strictHandler) GetSandboxLogs(w http.ResponseWriter, r *http.Request, 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetSandboxLogsResponseObject); ok {
 		if err := validResponse.VisitGetSandboxLogsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreatePortLink operation middleware
+func (sh *strictHandler) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
+	var request CreatePortLinkRequestObject
+
+	request.ID = id
+	request.Port = port
+
+	var body CreatePortLinkJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		if !errors.Is(err, io.EOF) {
+			sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+			return
+		}
+	} else {
+		request.Body = &body
+	}
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreatePortLink(ctx, request.(CreatePortLinkRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreatePortLink")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreatePortLinkResponseObject); ok {
+		if err := validResponse.VisitCreatePortLinkResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeletePortLink operation middleware
+func (sh *strictHandler) DeletePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, link string) {
+	var request DeletePortLinkRequestObject
+
+	request.ID = id
+	request.Port = port
+	request.Link = link
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeletePortLink(ctx, request.(DeletePortLinkRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeletePortLink")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeletePortLinkResponseObject); ok {
+		if err := validResponse.VisitDeletePortLinkResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

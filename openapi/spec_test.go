@@ -68,6 +68,10 @@ var statusOfCode = map[string]int{
 
 	"stop-timeout":  504,
 	"start-timeout": 504,
+
+	"port-unreachable": 502,
+	"limit-reached":    429,
+	"link-not-found":   404,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so

@@ -94,7 +94,7 @@ func (s *Server) guardBody(total, idle time.Duration) func(http.Handler) http.Ha
 				return
 			}
 			b := &guardedBody{ReadCloser: r.Body, rc: http.NewResponseController(w), limit: total}
-			if isFileUpload(r) {
+			if isFileUpload(r) || isPortProxyRequest(r) {
 				b.idle = idle
 			} else {
 				// A server without a connection to set deadlines on (a test's recorder) has

@@ -27,7 +27,9 @@ func contractServer(t *testing.T) *Server {
 	return s
 }
 
-// specOperations lists the operations of the contract with a concrete path for each.
+// specOperations lists the operations of the contract with a concrete path for each. The
+// port proxies (x-proxy) are left out: their query is the sandbox's service's, passed on as
+// it comes, so that no rule of the contract's operations applies to it.
 func specOperations(t *testing.T) []struct{ method, path string } {
 	t.Helper()
 	doc, err := openapi3.NewLoader().LoadFromData(openapi.Spec)
@@ -37,7 +39,10 @@ func specOperations(t *testing.T) []struct{ method, path string } {
 	param := regexp.MustCompile(`\{[^}]+\}`)
 	var ops []struct{ method, path string }
 	for path, item := range doc.Paths.Map() {
-		for method := range item.Operations() {
+		for method, op := range item.Operations() {
+			if _, proxy := op.Extensions["x-proxy"]; proxy {
+				continue
+			}
 			ops = append(ops, struct{ method, path string }{method, param.ReplaceAllString(path, "a1")})
 		}
 	}

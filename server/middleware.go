@@ -175,7 +175,9 @@ func (s *Server) checkBrowser(next http.Handler) http.Handler {
 				"This server has no token and answers only requests addressed to a loopback host; use 127.0.0.1 or localhost, or configure a token."))
 			return
 		}
-		if origin := r.Header.Get("Origin"); origin != "" && !s.originAllowed(origin, r.Host) {
+		// A port proxy's requests are its service's: its pages run in an opaque origin
+		// (their answers are sandboxed), so their own requests carry Origin: null.
+		if origin := r.Header.Get("Origin"); origin != "" && !isPortProxyRequest(r) && !s.originAllowed(origin, r.Host) {
 			s.writeProblem(w, r, errcode.New(errcode.Forbidden,
 				"Requests from the origin %q are not allowed; open the dashboard from this server, or allow the origin with --allowed-origin.", origin))
 			return

@@ -62,6 +62,10 @@ var statusOf = map[errcode.Code]int{
 
 	errcode.StopTimeout:  http.StatusGatewayTimeout,
 	errcode.StartTimeout: http.StatusGatewayTimeout,
+
+	errcode.PortUnreachable: http.StatusBadGateway,
+	errcode.LimitReached:    http.StatusTooManyRequests,
+	errcode.LinkNotFound:    http.StatusNotFound,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a

@@ -63,6 +63,7 @@ type Config struct {
 	Events     HandlerFunc
 	Metrics    http.Handler
 	Dashboard  http.Handler
+	Ports      PortRoutes
 
 	// OnProblem, if set, is told of every problem response (for the errors-by-code metric).
 	// It must not block.
@@ -197,6 +198,7 @@ func (s *Server) routes(cfg Config) http.Handler {
 		r.Get("/v1/sandboxes/{id}/exec/stream", s.handle(cfg.ExecStream))
 		r.Get("/v1/events", s.handle(cfg.Events))
 	})
+	s.portRoutes(r, cfg)
 	return r
 }
 

@@ -72,6 +72,8 @@ type Options struct {
 	// Storage, if set, is told of the storage faults the supervisor meets where no store
 	// classified them (the runtime's start, a sandbox's disk) and classifies them.
 	Storage *StorageHealth
+	// Ports bound the port connections open at once (see [Supervisor.DialPort]).
+	Ports PortLimits
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -105,6 +107,8 @@ type Supervisor struct {
 	transient map[string]State      // sandbox id → starting or stopping, while this process drives it
 	watched   map[string]string     // sandbox id → the launch a watcher follows
 	pulls     map[string]*pull      // image name → its pull in progress, or failed
+
+	ports portConns
 }
 
 // agentConn is a control session with one launch's agent.
@@ -146,6 +150,7 @@ func New(opts Options) (*Supervisor, error) {
 		clients:       map[string]*agentConn{},
 		transient:     map[string]State{},
 		watched:       map[string]string{},
+		ports:         portConns{limits: opts.Ports.withDefaults()},
 	}
 	for _, d := range DeclaredEntries(s.rt) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {

@@ -74,7 +74,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	}
 	add("sandboxes", c.createCommand(), c.listCommand(), c.inspectCommand(), c.startCommand(), c.stopCommand(),
 		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand())
-	add("run", c.execCommand(), c.shellCommand(), c.cpCommand())
+	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand())
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
 	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand())
 	// The commands of sandboxctl before cp took their place, kept for scripts that use them.

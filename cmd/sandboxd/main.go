@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/metrics"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/portlink"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/store"
@@ -229,6 +230,10 @@ func serve(o *options, log *slog.Logger) error {
 	if err := sup.ReattachAll(ctx, 10*time.Second); err != nil {
 		return err
 	}
+	links, err := portlink.Open(o.root)
+	if err != nil {
+		return err
+	}
 	h, err := handlers.New(handlers.Config{
 		Supervisor:       sup,
 		DefaultResources: store.Resources(namespace.DefaultResources),
@@ -243,6 +248,7 @@ func serve(o *options, log *slog.Logger) error {
 		OnExec:           mx.OnExec,
 		Storage:          health.Status,
 		NoFileLimit:      noFile,
+		Links:            links,
 	})
 	if err != nil {
 		return err
@@ -258,6 +264,7 @@ func serve(o *options, log *slog.Logger) error {
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,
 		ClassifyError:  health.Classify,
+		Ports:          server.PortRoutes{Proxy: h.PortProxy, Tunnel: h.PortTunnel, Link: h.LinkProxy},
 	})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ var Classes = map[string]Class{
 
 	"check":                     Host,
 	"network":                   Host,
+	"portlink":                  Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
 	"store":                     Host,

@@ -767,6 +767,15 @@ type Info struct {
 		// MaxGenerationAgeSeconds Generations older than this are `expired`.
 		MaxGenerationAgeSeconds int64 `json:"max_generation_age_seconds"`
 
+		// MaxPortConnections The most port connections open at once, all sandboxes together.
+		MaxPortConnections *int `json:"max_port_connections,omitempty"`
+
+		// MaxPortConnectionsPerSandbox The most port connections (proxied HTTP connections and TCP tunnels) one sandbox may have open at once.
+		MaxPortConnectionsPerSandbox *int `json:"max_port_connections_per_sandbox,omitempty"`
+
+		// MaxPortLinkTTLSeconds The longest a port link may live.
+		MaxPortLinkTTLSeconds *int `json:"max_port_link_ttl_seconds,omitempty"`
+
 		// MaxResources Resource limits, applied through the sandbox's cgroup.
 		MaxResources Resources `json:"max_resources"`
 	} `json:"limits"`
@@ -858,6 +867,29 @@ type LeaseID = string
 // LeaseList defines model for LeaseList.
 type LeaseList struct {
 	Items []Lease `json:"items"`
+}
+
+// PortLink defines model for PortLink.
+type PortLink struct {
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// ID The link's id, for revoking it.
+	ID string `json:"id"`
+
+	// Path The link's path on this server, `/p/{token}/`.
+	Path    string `json:"path"`
+	Port    int    `json:"port"`
+	Sandbox string `json:"sandbox"`
+
+	// Token The credential; shown only when the link is made.
+	Token string `json:"token"`
+}
+
+// PortLinkRequest defines model for PortLinkRequest.
+type PortLinkRequest struct {
+	// TTLS How long the link works, in seconds.
+	TTLS *int `json:"ttl_s,omitempty"`
 }
 
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
@@ -1074,6 +1106,9 @@ type TemplateName = string
 // Example: user
 type User = string
 
+// AccessToken defines model for AccessToken.
+type AccessToken = string
+
 // Cursor defines model for Cursor.
 type Cursor = string
 
@@ -1097,6 +1132,12 @@ type ImageNamePath = ImageName
 // Limit defines model for Limit.
 type Limit = int
 
+// PortPath defines model for PortPath.
+type PortPath = int
+
+// ProxiedPath defines model for ProxiedPath.
+type ProxiedPath = string
+
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //
 // Example: build-42
@@ -1109,6 +1150,9 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// BadGateway An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type BadGateway = Problem
 
 // BadRequest An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type BadRequest = Problem
@@ -1139,6 +1183,9 @@ type PayloadTooLarge = Problem
 
 // ServiceUnavailable An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type ServiceUnavailable = Problem
+
+// TooManyRequests An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
@@ -1247,6 +1294,12 @@ type GetSandboxLogsParams struct {
 	Tail *int `form:"tail,omitempty" json:"tail,omitempty"`
 }
 
+// PortTunnelParams defines parameters for PortTunnel.
+type PortTunnelParams struct {
+	// AccessToken The API token, for clients that cannot set the `Authorization` header.
+	AccessToken *AccessToken `form:"access_token,omitempty" json:"access_token,omitempty"`
+}
+
 // StartSandboxParams defines parameters for StartSandbox.
 type StartSandboxParams struct {
 	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
@@ -1337,6 +1390,9 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
+
+// CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
+type CreatePortLinkJSONRequestBody = PortLinkRequest
 
 // CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
 type CreateTemplateJSONRequestBody = CreateTemplateRequest
@@ -1738,6 +1794,58 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePortLinkWithBody Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePortLink Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeletePortLink Revoke a link
+	//
+	// The link stops working at once, and stays revoked across restarts.
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+	DeletePortLink(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PortTunnel A raw TCP connection to a port of the sandbox (websocket)
+	//
+	// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+	// made by its agent, so that it works for a sandbox without any network. The connection
+	// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+	// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+	// are not used. When the service closes its end, the server sends a normal close
+	// (1000); when the client closes, the connection to the service is closed. The server
+	// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+	// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+	// `access_token`.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+	PortTunnel(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// StartSandbox Start a provisioned sandbox
 	//
@@ -2445,6 +2553,98 @@ func (c *Client) WriteFileWithBody(ctx context.Context, id SandboxIDPath, params
 // Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 func (c *Client) GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxLogsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePortLinkWithBody Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *Client) CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePortLinkRequestWithBody(c.Server, id, port, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePortLink Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *Client) CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePortLinkRequest(c.Server, id, port, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeletePortLink Revoke a link
+//
+// The link stops working at once, and stays revoked across restarts.
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+func (c *Client) DeletePortLink(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeletePortLinkRequest(c.Server, id, port, link)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PortTunnel A raw TCP connection to a port of the sandbox (websocket)
+//
+// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+// made by its agent, so that it works for a sandbox without any network. The connection
+// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+// are not used. When the service closes its end, the server sends a normal close
+// (1000); when the client closes, the connection to the service is closed. The server
+// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+// `access_token`.
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+func (c *Client) PortTunnel(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPortTunnelRequest(c.Server, id, port, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3899,6 +4099,176 @@ func NewGetSandboxLogsRequest(server string, id SandboxIDPath, params *GetSandbo
 	return req, nil
 }
 
+// NewCreatePortLinkRequest calls the generic CreatePortLink builder with application/json body
+func NewCreatePortLinkRequest(server string, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreatePortLinkRequestWithBody(server, id, port, "application/json", bodyReader)
+}
+
+// NewCreatePortLinkRequestWithBody constructs an http.Request for the CreatePortLink method, with any body, and a specified content type
+func NewCreatePortLinkRequestWithBody(server string, id SandboxIDPath, port PortPath, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/links", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeletePortLinkRequest constructs an http.Request for the DeletePortLink method
+func NewDeletePortLinkRequest(server string, id SandboxIDPath, port PortPath, link string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam2 string
+
+	pathParam2, err = runtime.StyleParamWithOptions("simple", false, "link", link, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/links/%s", pathParam0, pathParam1, pathParam2)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPortTunnelRequest constructs an http.Request for the PortTunnel method
+func NewPortTunnelRequest(server string, id SandboxIDPath, port PortPath, params *PortTunnelParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/tcp", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccessToken != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "access_token", *params.AccessToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewStartSandboxRequest constructs an http.Request for the StartSandbox method
 func NewStartSandboxRequest(server string, id SandboxIDPath, params *StartSandboxParams) (*http.Request, error) {
 	var err error
@@ -5021,6 +5391,62 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogsWithResponse(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error)
+
+	// CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
+
+	// CreatePortLinkWithResponse Make a link that opens the port without the API token
+	//
+	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+	// it and without the API token: for sharing a preview. The link reaches that port of that
+	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// and can be revoked; links are recorded in the state root, so that a restart keeps
+	// them, and their revocations too. A sandbox deleted and created again under the same
+	// id does not inherit its links. The token is shown only in this answer.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+	CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
+
+	// DeletePortLinkWithResponse Revoke a link
+	//
+	// The link stops working at once, and stays revoked across restarts.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+	DeletePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*DeletePortLinkResponse, error)
+
+	// PortTunnelWithResponse A raw TCP connection to a port of the sandbox (websocket)
+	//
+	// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+	// made by its agent, so that it works for a sandbox without any network. The connection
+	// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+	// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+	// are not used. When the service closes its end, the server sends a normal close
+	// (1000); when the client closes, the connection to the service is closed. The server
+	// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+	// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+	// `access_token`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+	PortTunnelWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*PortTunnelResponse, error)
 
 	// StartSandboxWithResponse Start a provisioned sandbox
 	//
@@ -7130,6 +7556,305 @@ func (r GetSandboxLogsResponse) ContentType() string {
 	return ""
 }
 
+// CreatePortLinkResponse401Headers the declared response headers of an HTTP 401 response for CreatePortLink
+type CreatePortLinkResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type CreatePortLinkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *PortLink
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreatePortLinkResponse401Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreatePortLinkResponse) GetJSON201() *PortLink {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r CreatePortLinkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreatePortLinkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreatePortLinkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreatePortLinkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeletePortLinkResponse401Headers the declared response headers of an HTTP 401 response for DeletePortLink
+type DeletePortLinkResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type DeletePortLinkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeletePortLinkResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r DeletePortLinkResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r DeletePortLinkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeletePortLinkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeletePortLinkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeletePortLinkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PortTunnelResponse101Headers the declared response headers of an HTTP 101 response for PortTunnel
+type PortTunnelResponse101Headers struct {
+	Connection *string
+	Upgrade    *string
+}
+
+// PortTunnelResponse401Headers the declared response headers of an HTTP 401 response for PortTunnel
+type PortTunnelResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PortTunnelResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationProblemJSON502 *BadGateway
+	// Headers101 the parsed response headers for an HTTP 101 response
+	Headers101 *PortTunnelResponse101Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PortTunnelResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON502() *BadGateway {
+	return r.ApplicationProblemJSON502
+}
+
+// GetBody returns the raw response body bytes
+func (r PortTunnelResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PortTunnelResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PortTunnelResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PortTunnelResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // StartSandboxResponse401Headers the declared response headers of an HTTP 401 response for StartSandbox
 type StartSandboxResponse401Headers struct {
 	WWWAuthenticate *string
@@ -8816,6 +9541,86 @@ func (c *ClientWithResponses) GetSandboxLogsWithResponse(ctx context.Context, id
 		return nil, err
 	}
 	return ParseGetSandboxLogsResponse(rsp)
+}
+
+// CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *ClientWithResponses) CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
+	rsp, err := c.CreatePortLinkWithBody(ctx, id, port, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePortLinkResponse(rsp)
+}
+
+// CreatePortLinkWithResponse Make a link that opens the port without the API token
+//
+// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+// it and without the API token: for sharing a preview. The link reaches that port of that
+// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// and can be revoked; links are recorded in the state root, so that a restart keeps
+// them, and their revocations too. A sandbox deleted and created again under the same
+// id does not inherit its links. The token is shown only in this answer.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
+func (c *ClientWithResponses) CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
+	rsp, err := c.CreatePortLink(ctx, id, port, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePortLinkResponse(rsp)
+}
+
+// DeletePortLinkWithResponse Revoke a link
+//
+// The link stops working at once, and stays revoked across restarts.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/ports/{port}/links/{link} (the `DeletePortLink` operationId).
+func (c *ClientWithResponses) DeletePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, link string, reqEditors ...RequestEditorFn) (*DeletePortLinkResponse, error) {
+	rsp, err := c.DeletePortLink(ctx, id, port, link, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeletePortLinkResponse(rsp)
+}
+
+// PortTunnelWithResponse A raw TCP connection to a port of the sandbox (websocket)
+//
+// A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+// made by its agent, so that it works for a sandbox without any network. The connection
+// is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+// problem response. After `101`, binary frames carry the bytes, both ways; text frames
+// are not used. When the service closes its end, the server sends a normal close
+// (1000); when the client closes, the connection to the service is closed. The server
+// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+// `access_token`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
+func (c *ClientWithResponses) PortTunnelWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*PortTunnelResponse, error) {
+	rsp, err := c.PortTunnel(ctx, id, port, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePortTunnelResponse(rsp)
 }
 
 // StartSandboxWithResponse Start a provisioned sandbox
@@ -10796,6 +11601,293 @@ func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, e
 	switch {
 	case rsp.StatusCode == 401:
 		var headers GetSandboxLogsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreatePortLinkResponse parses an HTTP response from a CreatePortLinkWithResponse call
+func ParseCreatePortLinkResponse(rsp *http.Response) (*CreatePortLinkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreatePortLinkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest PortLink
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers CreatePortLinkResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeletePortLinkResponse parses an HTTP response from a DeletePortLinkWithResponse call
+func ParseDeletePortLinkResponse(rsp *http.Response) (*DeletePortLinkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeletePortLinkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers DeletePortLinkResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePortTunnelResponse parses an HTTP response from a PortTunnelWithResponse call
+func ParsePortTunnelResponse(rsp *http.Response) (*PortTunnelResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PortTunnelResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON502 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		var headers PortTunnelResponse101Headers
+		if values := rsp.Header.Values("Connection"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Connection", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Connection = &value
+		}
+		if values := rsp.Header.Values("Upgrade"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Upgrade", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Upgrade = &value
+		}
+		response.Headers101 = &headers
+	case rsp.StatusCode == 401:
+		var headers PortTunnelResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

@@ -100,6 +100,12 @@ type GenerationIDPath = GenerationID
 // Example: host
 type ImageNamePath = ImageName
 
+// PortPath defines model for PortPath.
+type PortPath = int
+
+// ProxiedPath defines model for ProxiedPath.
+type ProxiedPath = string
+
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //
 // Example: build-42

@@ -98,6 +98,11 @@ func readProblem(resp *http.Response) error {
 	return problemOf(resp.StatusCode, body)
 }
 
+// ProblemOf is the [*APIError] of a failed answer with this status and body (a problem+json
+// document, or whatever the server sent), for callers that reach a route themselves, such as
+// a websocket dial's refusal.
+func ProblemOf(status int, body []byte) error { return problemOf(status, body) }
+
 func problemOf(status int, body []byte) error {
 	var p client.Problem
 	if json.Unmarshal(body, &p) != nil || p.Code == "" {

@@ -34,7 +34,10 @@ export type KnownErrorCode =
   | "generation-leased"
   | "image-in-use"
   | "stop-timeout"
-  | "start-timeout";
+  | "start-timeout"
+  | "port-unreachable"
+  | "limit-reached"
+  | "link-not-found";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -71,4 +74,7 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "image-in-use",
   "stop-timeout",
   "start-timeout",
+  "port-unreachable",
+  "limit-reached",
+  "link-not-found",
 ];

@@ -270,6 +270,250 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/ports/{port}/tcp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * A raw TCP connection to a port of the sandbox (websocket)
+         * @description A websocket that carries one TCP connection to `127.0.0.1:{port}` inside the sandbox,
+         *     made by its agent, so that it works for a sandbox without any network. The connection
+         *     is made before the upgrade: nothing listening is `port-unreachable`, an ordinary
+         *     problem response. After `101`, binary frames carry the bytes, both ways; text frames
+         *     are not used. When the service closes its end, the server sends a normal close
+         *     (1000); when the client closes, the connection to the service is closed. The server
+         *     pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
+         *     any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+         *     `access_token`.
+         */
+        get: operations["portTunnel"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/ports/{port}/links": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Make a link that opens the port without the API token
+         * @description Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
+         *     websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
+         *     it and without the API token: for sharing a preview. The link reaches that port of that
+         *     sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+         *     and can be revoked; links are recorded in the state root, so that a restart keeps
+         *     them, and their revocations too. A sandbox deleted and created again under the same
+         *     id does not inherit its links. The token is shown only in this answer.
+         */
+        post: operations["createPortLink"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/ports/{port}/links/{link}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /** @description The link's id (the part of its token before the dot). */
+                link: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke a link
+         * @description The link stops working at once, and stays revoked across restarts.
+         */
+        delete: operations["deletePortLink"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/ports/{port}/{path}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * HTTP to a port of the sandbox
+         * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+         *     OPTIONS; each is described here under its own operation id), to
+         *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+         *     sandbox without any network, and takes no exec lock. The query, the body and the
+         *     headers are passed on but for the API's credentials (`Authorization`, the
+         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+         *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+         *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+         *     they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+         *     runs in an origin of its own and cannot reach this server's API or the dashboard's
+         *     token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+         *     nothing listens (`port-unreachable`), or too many connections are open
+         *     (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+         *     tunnel, and `links` there the links, not the service's own.
+         */
+        get: operations["portProxyGet"];
+        /**
+         * HTTP to a port of the sandbox
+         * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+         *     OPTIONS; each is described here under its own operation id), to
+         *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+         *     sandbox without any network, and takes no exec lock. The query, the body and the
+         *     headers are passed on but for the API's credentials (`Authorization`, the
+         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+         *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+         *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+         *     they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+         *     runs in an origin of its own and cannot reach this server's API or the dashboard's
+         *     token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+         *     nothing listens (`port-unreachable`), or too many connections are open
+         *     (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+         *     tunnel, and `links` there the links, not the service's own.
+         */
+        put: operations["portProxyPut"];
+        /**
+         * HTTP to a port of the sandbox
+         * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+         *     OPTIONS; each is described here under its own operation id), to
+         *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+         *     sandbox without any network, and takes no exec lock. The query, the body and the
+         *     headers are passed on but for the API's credentials (`Authorization`, the
+         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+         *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+         *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+         *     they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+         *     runs in an origin of its own and cannot reach this server's API or the dashboard's
+         *     token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+         *     nothing listens (`port-unreachable`), or too many connections are open
+         *     (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+         *     tunnel, and `links` there the links, not the service's own.
+         */
+        post: operations["portProxyPost"];
+        /**
+         * HTTP to a port of the sandbox
+         * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+         *     OPTIONS; each is described here under its own operation id), to
+         *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+         *     sandbox without any network, and takes no exec lock. The query, the body and the
+         *     headers are passed on but for the API's credentials (`Authorization`, the
+         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+         *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+         *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+         *     they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+         *     runs in an origin of its own and cannot reach this server's API or the dashboard's
+         *     token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+         *     nothing listens (`port-unreachable`), or too many connections are open
+         *     (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+         *     tunnel, and `links` there the links, not the service's own.
+         */
+        delete: operations["portProxyDelete"];
+        /**
+         * HTTP to a port of the sandbox
+         * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+         *     OPTIONS; each is described here under its own operation id), to
+         *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+         *     sandbox without any network, and takes no exec lock. The query, the body and the
+         *     headers are passed on but for the API's credentials (`Authorization`, the
+         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+         *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+         *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+         *     they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+         *     runs in an origin of its own and cannot reach this server's API or the dashboard's
+         *     token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+         *     nothing listens (`port-unreachable`), or too many connections are open
+         *     (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+         *     tunnel, and `links` there the links, not the service's own.
+         */
+        options: operations["portProxyOptions"];
+        /**
+         * HTTP to a port of the sandbox
+         * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+         *     OPTIONS; each is described here under its own operation id), to
+         *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+         *     sandbox without any network, and takes no exec lock. The query, the body and the
+         *     headers are passed on but for the API's credentials (`Authorization`, the
+         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+         *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+         *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+         *     they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+         *     runs in an origin of its own and cannot reach this server's API or the dashboard's
+         *     token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+         *     nothing listens (`port-unreachable`), or too many connections are open
+         *     (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+         *     tunnel, and `links` there the links, not the service's own.
+         */
+        head: operations["portProxyHead"];
+        /**
+         * HTTP to a port of the sandbox
+         * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
+         *     OPTIONS; each is described here under its own operation id), to
+         *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
+         *     sandbox without any network, and takes no exec lock. The query, the body and the
+         *     headers are passed on but for the API's credentials (`Authorization`, the
+         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
+         *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
+         *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
+         *     they carry `Content-Security-Policy: sandbox ...`, so that a page the sandbox serves
+         *     runs in an origin of its own and cannot reach this server's API or the dashboard's
+         *     token. Only problems of the proxy itself are problem+json: the sandbox is not running,
+         *     nothing listens (`port-unreachable`), or too many connections are open
+         *     (`limit-reached`; see `/v1/info`). The path `tcp` directly under the port is the TCP
+         *     tunnel, and `links` there the links, not the service's own.
+         */
+        patch: operations["portProxyPatch"];
+        trace?: never;
+    };
     "/v1/templates": {
         parameters: {
             query?: never;
@@ -607,6 +851,87 @@ export interface paths {
         options?: never;
         head?: never;
         patch?: never;
+        trace?: never;
+    };
+    "/p/{token}/{path}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * HTTP to a sandbox's port through a link
+         * @description What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+         *     without the API token: the link is the credential. `/p/{token}` without a path
+         *     redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+         *     `link-not-found`, whichever it is. Every method is proxied; each is described under
+         *     its own operation id.
+         */
+        get: operations["linkProxyGet"];
+        /**
+         * HTTP to a sandbox's port through a link
+         * @description What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+         *     without the API token: the link is the credential. `/p/{token}` without a path
+         *     redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+         *     `link-not-found`, whichever it is. Every method is proxied; each is described under
+         *     its own operation id.
+         */
+        put: operations["linkProxyPut"];
+        /**
+         * HTTP to a sandbox's port through a link
+         * @description What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+         *     without the API token: the link is the credential. `/p/{token}` without a path
+         *     redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+         *     `link-not-found`, whichever it is. Every method is proxied; each is described under
+         *     its own operation id.
+         */
+        post: operations["linkProxyPost"];
+        /**
+         * HTTP to a sandbox's port through a link
+         * @description What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+         *     without the API token: the link is the credential. `/p/{token}` without a path
+         *     redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+         *     `link-not-found`, whichever it is. Every method is proxied; each is described under
+         *     its own operation id.
+         */
+        delete: operations["linkProxyDelete"];
+        /**
+         * HTTP to a sandbox's port through a link
+         * @description What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+         *     without the API token: the link is the credential. `/p/{token}` without a path
+         *     redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+         *     `link-not-found`, whichever it is. Every method is proxied; each is described under
+         *     its own operation id.
+         */
+        options: operations["linkProxyOptions"];
+        /**
+         * HTTP to a sandbox's port through a link
+         * @description What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+         *     without the API token: the link is the credential. `/p/{token}` without a path
+         *     redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+         *     `link-not-found`, whichever it is. Every method is proxied; each is described under
+         *     its own operation id.
+         */
+        head: operations["linkProxyHead"];
+        /**
+         * HTTP to a sandbox's port through a link
+         * @description What `/v1/sandboxes/{id}/ports/{port}/{path}` does, for the link's sandbox and port,
+         *     without the API token: the link is the credential. `/p/{token}` without a path
+         *     redirects to `/p/{token}/`. A link that does not exist, has expired or was revoked is
+         *     `link-not-found`, whichever it is. Every method is proxied; each is described under
+         *     its own operation id.
+         */
+        patch: operations["linkProxyPatch"];
         trace?: never;
     };
     "/openapi.yaml": {
@@ -1091,6 +1416,12 @@ export interface components {
                  */
                 max_generation_age_seconds: number;
                 bounds: components["schemas"]["Bounds"];
+                /** @description The most port connections (proxied HTTP connections and TCP tunnels) one sandbox may have open at once. */
+                max_port_connections_per_sandbox?: number;
+                /** @description The most port connections open at once, all sandboxes together. */
+                max_port_connections?: number;
+                /** @description The longest a port link may live. */
+                max_port_link_ttl_seconds?: number;
             };
             storage: components["schemas"]["StorageHealth"];
         };
@@ -1136,6 +1467,27 @@ export interface components {
             root: string;
             /** @description The file the fault that began the state was met on, when it named one. */
             path?: string;
+        };
+        PortLinkRequest: {
+            /**
+             * @description How long the link works, in seconds.
+             * @default 3600
+             */
+            ttl_s?: number;
+        };
+        PortLink: {
+            /** @description The link's id, for revoking it. */
+            id: string;
+            sandbox: string;
+            port: number;
+            /** @description The credential; shown only when the link is made. */
+            token: string;
+            /** @description The link's path on this server, `/p/{token}/`. */
+            path: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
         };
         Health: {
             /** @enum {string} */
@@ -1327,6 +1679,27 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /**
+         * @description `limit-reached`: the sandbox, or the server, has as many port connections or links as
+         *     it allows (see `/v1/info`); retry once some have closed or expired.
+         */
+        TooManyRequests: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `port-unreachable`: nothing listens on the port inside the sandbox, or it did not accept in time. */
+        BadGateway: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description `not-implemented`: this server does not implement the operation yet. */
         NotImplemented: {
             headers: {
@@ -1356,6 +1729,16 @@ export interface components {
         };
     };
     parameters: {
+        /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+        PortPath: number;
+        /**
+         * @description The rest of the path, passed on to the service as it came (slashes and escapes
+         *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+         *     matched by the server, not by a generated router).
+         */
+        ProxiedPath: string;
+        /** @description The API token, for clients that cannot set the `Authorization` header. */
+        AccessToken: string;
         /** @description The sandbox id. */
         SandboxIDPath: components["schemas"]["SandboxID"];
         /** @description The template name. */
@@ -1837,6 +2220,377 @@ export interface operations {
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+        };
+    };
+    portTunnel: {
+        parameters: {
+            query?: {
+                /** @description The API token, for clients that cannot set the `Authorization` header. */
+                access_token?: components["parameters"]["AccessToken"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switching to the websocket protocol; binary frames carry the connection's bytes. */
+            101: {
+                headers: {
+                    Upgrade?: "websocket";
+                    Connection?: "Upgrade";
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    createPortLink: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PortLinkRequest"];
+            };
+        };
+        responses: {
+            /** @description The link, with its token and path. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortLink"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    deletePortLink: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /** @description The link's id (the part of its token before the dot). */
+                link: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The link is revoked. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    portProxyGet: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    portProxyPut: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    portProxyPost: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    portProxyDelete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    portProxyOptions: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    portProxyHead: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    portProxyPatch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            502: components["responses"]["BadGateway"];
         };
     };
     listTemplates: {
@@ -2483,6 +3237,237 @@ export interface operations {
             500: components["responses"]["InternalError"];
         };
     };
+    linkProxyGet: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    linkProxyPut: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    linkProxyPost: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    linkProxyDelete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    linkProxyOptions: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    linkProxyHead: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
+    linkProxyPatch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link's token, as `POST /v1/sandboxes/{id}/ports/{port}/links` made it. */
+                token: string;
+                /**
+                 * @description The rest of the path, passed on to the service as it came (slashes and escapes
+                 *     included; OpenAPI cannot say that a path parameter spans segments, so this one is
+                 *     matched by the server, not by a generated router).
+                 */
+                path: components["parameters"]["ProxiedPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The service's answer, whatever its status, headers and body. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            502: components["responses"]["BadGateway"];
+        };
+    };
     getOpenAPISpec: {
         parameters: {
             query?: never;
@@ -2574,6 +3559,8 @@ type ReadonlyArray<T> = [
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
 export const pathsV1SandboxesIdExecStreamGetResponses101HeadersUpgradeValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/exec/stream"]["get"]["responses"]["101"]["headers"]["Upgrade"]> = ["websocket"];
 export const pathsV1SandboxesIdExecStreamGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/exec/stream"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
+export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersUpgradeValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/ports/{port}/tcp"]["get"]["responses"]["101"]["headers"]["Upgrade"]> = ["websocket"];
+export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/ports/{port}/tcp"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "stopping", "stopped"];
