@@ -50,6 +50,10 @@ type Config struct {
 	Kernel    string `json:"kernel"`
 	Initramfs string `json:"initramfs"`
 	Overlay   string `json:"overlay"`
+	// TSCkHz is the host's TSC frequency, which a TCG guest's TSC runs at (QEMU reads the
+	// host's): told on the kernel's command line, since the kernel's calibration against the
+	// emulated PIT fails on a loaded host and the boot then hangs.
+	TSCkHz int `json:"tsc_khz,omitempty"`
 }
 
 // Main runs the sub-command that args (os.Args[1:]) names, if it names one of this runtime's,
@@ -72,13 +76,19 @@ func Main(args []string) (code int, ran bool) {
 // for the accelerator probe).
 func QEMUArgs(cfg *Config, probe bool) []string {
 	res := cfg.Spec.Resources
+	cmdline := "console=ttyS0 panic=-1 quiet random.trust_cpu=on"
+	if cfg.Accel == "tcg" && cfg.TSCkHz > 0 {
+		cmdline += " tsc_early_khz=" + strconv.Itoa(cfg.TSCkHz) + " tsc=reliable"
+	}
 	args := []string{
-		"-M", "microvm,pcie=on", "-accel", cfg.Accel,
+		// The i8254 PIT, the PIC and the RTC are what the kernel calibrates its clock against
+		// under TCG (no kvmclock, no HPET on microvm): without them it hangs at boot.
+		"-M", "microvm,pcie=on,pit=on,pic=on,rtc=on", "-accel", cfg.Accel,
 		"-m", strconv.Itoa(max(res.MemoryMB, 64)), "-smp", strconv.Itoa(max(res.VCPUs, 1)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-chardev", "stdio,id=console,signal=off", "-serial", "chardev:console",
 		"-kernel", cfg.Kernel, "-initrd", cfg.Initramfs,
-		"-append", "console=ttyS0 panic=-1 quiet random.trust_cpu=on -- " + GuestCommand,
+		"-append", cmdline + " -- " + GuestCommand,
 		"-device", "virtio-serial-pci,disable-legacy=on",
 		"-chardev", "socket,id=ctl,fd=3",
 		"-device", "virtserialport,chardev=ctl,name=sandboxd",
