@@ -122,6 +122,10 @@ func strayQEMUs(qemu, overlay string) []platform.ProcessID {
 		return nil
 	}
 	want := "file=" + strings.ReplaceAll(overlay, ",", ",,")
+	// /proc/<pid>/exe names the file, links resolved.
+	if resolved, err := filepath.EvalSymlinks(qemu); err == nil {
+		qemu = resolved
+	}
 	var out []platform.ProcessID
 	for _, pid := range pids {
 		exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")

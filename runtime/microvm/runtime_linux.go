@@ -278,9 +278,6 @@ func (r *Runtime) bootProbe(ctx context.Context, accel string) error {
 	cfg := &shim.Config{Spec: runtime.Spec{Resources: runtime.Resources{VCPUs: 1, MemoryMB: 256}},
 		QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, TSCkHz: hostTSCkHz()}
 	cmd := exec.CommandContext(ctx, r.cfg.QEMU, shim.QEMUArgs(cfg, true)...)
-	if os.Getenv("DEBUGVM") != "" {
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	}
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
