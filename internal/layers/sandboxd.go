@@ -18,10 +18,16 @@ var Classes = map[string]Class{
 	"record":                 Sandbox,
 	"runtime":                Sandbox,
 	"runtime/namespace/shim": Sandbox,
+	// The microvm runtime's shim, its guest init and the port multiplexer they share run
+	// from the runtime binary (the guest init inside the VM): sandbox side.
+	"runtime/microvm/guest":   Sandbox,
+	"runtime/microvm/portmux": Sandbox,
+	"runtime/microvm/shim":    Sandbox,
 
 	"check":                     Host,
 	"network":                   Host,
 	"portlink":                  Host,
+	"runtime/microvm":           Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
 	"store":                     Host,

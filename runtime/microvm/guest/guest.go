@@ -1,0 +1,46 @@
+// Package guest is the sandbox side of the microvm runtime inside the VM: the guest's init,
+// PID 1 of the guest kernel, run from the initramfs that the host-side driver builds. It
+// loads the virtio drivers (modules of the Debian cloud kernel, in dependency order), opens
+// the virtio-serial port that the shim on the host holds the other end of, reads the
+// launch's configuration from it, mounts the root disk and makes it /, and runs the agent
+// ([agent.Run]) as PID 1 with a listener that takes each session the host opens on the port
+// (package [portmux]) as one connection. When the agent returns (a shutdown request, or TERM)
+// it powers the VM off, which ends QEMU and so the launch.
+//
+// It imports nothing of the host side. What it shares with the driver and the shim is the
+// layout of the initramfs and [Config], declared here.
+package guest
+
+// Command is the argument the kernel passes the initramfs's /init (after "--" on its command
+// line): the binary's dispatcher runs [Main] for it.
+const Command = "__vminit"
+
+// The initramfs's layout and the guest's devices.
+const (
+	// ModulesDir holds the kernel modules, <name>.ko, and ModulesOrder lists their names in
+	// the order they load.
+	ModulesDir   = "/modules"
+	ModulesOrder = "/modules/order"
+	// PortDevice is the virtio-serial port of the control sessions (the first port of the
+	// first virtio-serial device), RootDevice the root disk.
+	PortDevice = "/dev/vport0p1"
+	RootDevice = "/dev/vda"
+)
+
+// Modules are the kernel modules the guest loads, in order: the virtio core and PCI
+// transport (modern and legacy libraries, which virtio_pci links either way), the console
+// (virtio-serial) and the block device.
+var Modules = []string{
+	"virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
+	"virtio_console", "virtio_blk",
+}
+
+// Config is what the shim sends the guest in the port's first frame: never in a file or on
+// the kernel's command line, which the sandbox can read.
+type Config struct {
+	Capability []byte            `json:"capability"`
+	Hostname   string            `json:"hostname"`
+	Env        map[string]string `json:"env,omitempty"`
+	// Probe asks the guest only to say it listens and to power off: the accelerator probe.
+	Probe bool `json:"probe,omitempty"`
+}

@@ -1,0 +1,297 @@
+//go:build linux
+
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
+)
+
+// devWait bounds how long the init waits for a device node to appear after its driver loaded.
+const devWait = 30 * time.Second
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "sandboxd guest: %s\n", fmt.Sprintf(format, args...))
+}
+
+// Main is the guest's init (the initramfs's /init, run by the kernel with the argument
+// [Command]). It returns only if it is not PID 1; as PID 1 it powers the VM off when the
+// agent returns or a step fails, since PID 1 must never exit.
+func Main(args []string) int {
+	if os.Getpid() != 1 {
+		logf("the guest init runs as PID 1 of a microVM only")
+		return 2
+	}
+	err := run()
+	if err != nil {
+		logf("%v", err)
+	}
+	unix.Sync()
+	// Power off ends QEMU; should ACPI be missing, a restart does (QEMU runs with -no-reboot).
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	select {}
+}
+
+func run() error {
+	if err := mountEarly(); err != nil {
+		return err
+	}
+	if err := loadModules(); err != nil {
+		return err
+	}
+	port, err := openWhenPresent(PortDevice)
+	if err != nil {
+		return err
+	}
+	w := portmux.NewWriter(port)
+	if err := w.WriteFrame(portmux.FrameReady, 0, nil); err != nil {
+		return fmt.Errorf("port: %w", err)
+	}
+	cfg, err := readConfig(port)
+	if err != nil {
+		return err
+	}
+	if cfg.Probe {
+		// A probe only asks whether this accelerator boots a guest at all.
+		return w.WriteFrame(portmux.FrameListening, 0, nil)
+	}
+	if err := switchRoot(); err != nil {
+		return err
+	}
+	if err := setupRoot(cfg.Hostname); err != nil {
+		return err
+	}
+	ln := newListener(port, w)
+	go ln.serve()
+	if err := w.WriteFrame(portmux.FrameListening, 0, nil); err != nil {
+		return fmt.Errorf("port: %w", err)
+	}
+	env := make([]string, 0, len(cfg.Env))
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	slices.Sort(env)
+	return agent.Run(agent.Config{
+		Listener:   ln,
+		Capability: cfg.Capability,
+		DefaultEnv: env,
+		Hostname:   cfg.Hostname,
+		ReapAll:    true,
+	})
+}
+
+// mountEarly mounts what the initramfs needs: devtmpfs (the kernel makes the device nodes),
+// proc and sysfs.
+func mountEarly() error {
+	for _, m := range []struct{ fstype, target string }{{"devtmpfs", "/dev"}, {"proc", "/proc"}, {"sysfs", "/sys"}} {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.fstype, m.target, m.fstype, unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount %s: %w", m.target, err)
+		}
+	}
+	return nil
+}
+
+// loadModules loads the kernel modules of the initramfs in the order its ModulesOrder file
+// lists them: each depends on those before it.
+func loadModules() error {
+	b, err := os.ReadFile(ModulesOrder)
+	if err != nil {
+		return err
+	}
+	for name := range strings.FieldsSeq(string(b)) {
+		f, err := os.Open(filepath.Join(ModulesDir, name+".ko"))
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// openWhenPresent opens a device node once its driver made it.
+func openWhenPresent(path string) (*os.File, error) {
+	deadline := time.Now().Add(devWait)
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// readConfig reads the launch's configuration, the first frame the shim sends.
+func readConfig(port *os.File) (*Config, error) {
+	buf := make([]byte, portmux.MaxPayload)
+	typ, _, p, err := portmux.ReadFrame(port, buf)
+	if err != nil {
+		return nil, fmt.Errorf("read the configuration: %w", err)
+	}
+	if typ != portmux.FrameConfig {
+		return nil, fmt.Errorf("the first frame is of type %d, not the configuration", typ)
+	}
+	var cfg Config
+	if err := json.Unmarshal(p, &cfg); err != nil {
+		return nil, fmt.Errorf("decode the configuration: %w", err)
+	}
+	return &cfg, nil
+}
+
+// switchRoot mounts the root disk and makes it /, with /dev, /proc and /sys moved along. The
+// initramfs's files are removed first (the running init stays mapped), so that the memory
+// they take goes back to the guest.
+func switchRoot() error {
+	if _, err := openWhenPresent(RootDevice); err != nil {
+		return err
+	}
+	if err := os.MkdirAll("/newroot", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(RootDevice, "/newroot", "ext4", 0, ""); err != nil {
+		return fmt.Errorf("mount the root disk: %w", err)
+	}
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		if err := os.MkdirAll("/newroot"+d, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(d, "/newroot"+d, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move %s: %w", d, err)
+		}
+	}
+	ents, _ := os.ReadDir("/")
+	for _, e := range ents {
+		if e.Name() != "newroot" {
+			_ = os.RemoveAll("/" + e.Name())
+		}
+	}
+	if err := unix.Chdir("/newroot"); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	return unix.Chdir("/")
+}
+
+// setupRoot mounts the rest of the sandbox's file system and gives it its host name.
+func setupRoot(hostname string) error {
+	for _, m := range []struct {
+		fstype, target, data string
+		perm                 os.FileMode
+	}{
+		{"devpts", "/dev/pts", "newinstance,ptmxmode=0666,mode=0620,gid=5", 0o755},
+		{"tmpfs", "/dev/shm", "mode=1777", 0o1777},
+		{"tmpfs", "/run", "mode=0755", 0o755},
+	} {
+		if err := os.MkdirAll(m.target, m.perm); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.fstype, m.target, m.fstype, unix.MS_NOSUID|unix.MS_NODEV, m.data); err != nil {
+			return fmt.Errorf("mount %s: %w", m.target, err)
+		}
+	}
+	if err := os.Remove("/dev/ptmx"); err == nil || errors.Is(err, os.ErrNotExist) {
+		_ = os.Symlink("pts/ptmx", "/dev/ptmx")
+	}
+	if err := platform.SetHostname(hostname); err != nil {
+		return err
+	}
+	_ = os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644)
+	_ = os.WriteFile("/etc/hosts", []byte("127.0.0.1\tlocalhost\n127.0.1.1\t"+hostname+"\n::1\tlocalhost\n"), 0o644)
+	return platform.LoopbackUp()
+}
+
+// listener accepts the host's sessions on the port: each FrameOpen is one connection, that
+// is one control session (yamux) of the supervisor's.
+type listener struct {
+	port   *os.File
+	w      *portmux.Writer
+	table  *portmux.Table
+	accept chan *portmux.Conn
+	done   chan struct{}
+	once   sync.Once
+}
+
+func newListener(port *os.File, w *portmux.Writer) *listener {
+	return &listener{port: port, w: w, table: portmux.NewTable(), accept: make(chan *portmux.Conn), done: make(chan struct{})}
+}
+
+// serve reads the port's frames until it fails (the VM's end).
+func (l *listener) serve() {
+	buf := make([]byte, portmux.MaxPayload)
+	for {
+		typ, id, p, err := portmux.ReadFrame(l.port, buf)
+		if err != nil {
+			logf("the port failed: %v", err)
+			l.table.Shut(err)
+			l.Close()
+			return
+		}
+		switch typ {
+		case portmux.FrameOpen:
+			c := portmux.NewConn(id, l.w, l.table.Remove)
+			if err := l.table.Add(c); err != nil {
+				logf("%v", err)
+				continue
+			}
+			select {
+			case l.accept <- c:
+			case <-l.done:
+				return
+			}
+		case portmux.FrameShutdown:
+			// The shim was asked to end the sandbox (its TERM): the agent shuts down as on
+			// its own TERM, gracefully.
+			_ = unix.Kill(os.Getpid(), unix.SIGTERM)
+		case portmux.FrameData, portmux.FrameClose:
+			l.table.Dispatch(typ, id, p)
+		}
+	}
+}
+
+// Accept implements net.Listener.
+func (l *listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.accept:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close implements net.Listener; the port itself stays open until the VM ends.
+func (l *listener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+// Addr implements net.Listener.
+func (l *listener) Addr() net.Addr { return portmux.Addr(0) }

@@ -1,0 +1,574 @@
+//go:build linux
+
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/control"
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
+	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+)
+
+// DefaultResources are applied to a Spec's zero resources (Pids does not apply: the guest
+// kernel is the sandbox's own).
+var DefaultResources = runtime.Resources{VCPUs: 1, MemoryMB: 512}
+
+// DefaultProbeTimeout bounds the KVM probe guest's boot.
+const DefaultProbeTimeout = 10 * time.Second
+
+// Config configures the runtime. Its zero value is the default configuration.
+type Config struct {
+	// Executable is the sandboxd binary, re-executed as the shim and copied into the
+	// initramfs as the guest's /init; "" means the running executable.
+	Executable string
+	// QEMU is qemu-system-x86_64; "" looks it up in PATH.
+	QEMU string
+	// Kernel is the guest kernel image; "" means the newest /boot/vmlinuz-*-cloud-amd64. Its
+	// modules are /lib/modules/<release>, the release being the file name's rest.
+	Kernel string
+	// Accel forces the accelerator ("kvm" or "tcg"); "" probes: KVM if a probe guest boots
+	// under it within ProbeTimeout, TCG otherwise.
+	Accel        string
+	ProbeTimeout time.Duration
+}
+
+// Versions are the guest stack's versions, which the runtime identity records.
+type Versions struct {
+	QEMU      string `json:"qemu"`
+	Kernel    string `json:"kernel"`
+	Initramfs string `json:"initramfs"`
+}
+
+// Runtime is the microvm runtime. Create it with New.
+type Runtime struct {
+	cfg     Config
+	refusal error
+	// versions and the initramfs's content are computed once (hashing the executable).
+	stack func() (*stack, error)
+	probe func() (string, error)
+	// assetMu serialises building the shared initramfs and base disks within this process;
+	// their rename into place makes concurrent builders of other processes safe.
+	assetMu sync.Mutex
+}
+
+// stack is the guest stack: versions and the initramfs's files.
+type stack struct {
+	versions Versions
+	files    []cpioFile
+	order    []byte
+	exeHash  string
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns the microvm runtime. A host without QEMU or the guest kernel still gets one, so
+// that a server there serves its state: its Start and Probe then fail with
+// errcode.Unavailable, saying what is missing.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Executable = exe
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
+	}
+	if cfg.Accel != "" && cfg.Accel != "kvm" && cfg.Accel != "tcg" {
+		return nil, fmt.Errorf("microvm runtime: accelerator %q is neither kvm nor tcg", cfg.Accel)
+	}
+	var missing []string
+	if cfg.QEMU == "" {
+		if p, err := exec.LookPath("qemu-system-x86_64"); err == nil {
+			cfg.QEMU = p
+		} else {
+			missing = append(missing, "qemu-system-x86_64 (scripts/setup installs qemu-system-x86)")
+		}
+	}
+	if cfg.Kernel == "" {
+		k, _ := filepath.Glob("/boot/vmlinuz-*-cloud-amd64")
+		if len(k) == 0 {
+			missing = append(missing, errNoKernel.Error())
+		} else {
+			sort.Strings(k)
+			cfg.Kernel = k[len(k)-1]
+		}
+	}
+	if _, err := qemuImg(); err != nil {
+		missing = append(missing, err.Error())
+	}
+	if _, err := mke2fs(); err != nil {
+		missing = append(missing, err.Error())
+	}
+	r := &Runtime{cfg: cfg}
+	if len(missing) > 0 {
+		r.refusal = errcode.New(errcode.Unavailable, "The microvm runtime cannot run here: missing %s.", strings.Join(missing, "; "))
+	}
+	r.stack = sync.OnceValues(r.computeStack)
+	r.probe = sync.OnceValues(r.runProbe)
+	return r, nil
+}
+
+// Kind returns "microvm".
+func (r *Runtime) Kind() string { return Kind }
+
+// kernelRelease is the release of the kernel image path (vmlinuz-<release>).
+func kernelRelease(path string) string {
+	return strings.TrimPrefix(filepath.Base(path), "vmlinuz-")
+}
+
+var qemuVersionRE = regexp.MustCompile(`version ([0-9][0-9A-Za-z.+~-]*)`)
+
+func (r *Runtime) computeStack() (*stack, error) {
+	if r.refusal != nil {
+		return nil, r.refusal
+	}
+	out, err := exec.Command(r.cfg.QEMU, "--version").Output() //nolint:noctx // a quick look-up
+	if err != nil {
+		return nil, fmt.Errorf("microvm runtime: %s --version: %w", r.cfg.QEMU, err)
+	}
+	m := qemuVersionRE.FindSubmatch(out)
+	if m == nil {
+		return nil, fmt.Errorf("microvm runtime: no version in %q", bytes.TrimSpace(out))
+	}
+	release := kernelRelease(r.cfg.Kernel)
+	files, order, err := initramfsFiles(r.cfg.Executable, filepath.Join("/lib/modules", release))
+	if err != nil {
+		return nil, err
+	}
+	ih, err := initramfsHash(files, order)
+	if err != nil {
+		return nil, err
+	}
+	eh, err := fileHash(r.cfg.Executable)
+	if err != nil {
+		return nil, err
+	}
+	kh, err := fileHash(r.cfg.Kernel)
+	if err != nil {
+		return nil, err
+	}
+	return &stack{
+		versions: Versions{QEMU: string(m[1]), Kernel: release + "+" + kh[:8], Initramfs: ih},
+		files:    files, order: order, exeHash: eh,
+	}, nil
+}
+
+func fileHash(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Versions returns the guest stack's versions: QEMU's, the kernel's release (with a hash of
+// its image) and the initramfs's content hash.
+func (r *Runtime) Versions() (Versions, error) {
+	st, err := r.stack()
+	if err != nil {
+		return Versions{}, err
+	}
+	return st.versions, nil
+}
+
+// Identity is "microvm/p<control protocol>/qemu-<version>/kernel-<release>+<hash>/initramfs-<hash>/<hash>",
+// the last hash over the executable, the stack and the configuration: a change of QEMU, of
+// the kernel or of the initramfs (whose content is the executable and the modules) is a new
+// identity, and so a runtime-mismatch for the sandboxes started under the old one.
+func (r *Runtime) Identity() string {
+	st, err := r.stack()
+	if err != nil {
+		return fmt.Sprintf("%s/p%d/unknown", Kind, control.ProtocolVersion)
+	}
+	return identityOf(st.versions, st.exeHash)
+}
+
+func identityOf(v Versions, exeHash string) string {
+	h := sha256.New()
+	cfg, _ := json.Marshal(struct {
+		V        Versions
+		Exe      string
+		Defaults runtime.Resources
+	}{v, exeHash, DefaultResources})
+	h.Write(cfg)
+	return fmt.Sprintf("%s/p%d/qemu-%s/kernel-%s/initramfs-%s/%s", Kind, control.ProtocolVersion,
+		v.QEMU, v.Kernel, v.Initramfs, hex.EncodeToString(h.Sum(nil))[:16])
+}
+
+// Probe says which accelerator this host's microVMs use: "kvm" when a probe guest boots
+// under KVM within the probe timeout, "tcg" otherwise (or Config.Accel when set), or why
+// microVMs cannot run here at all. The probe runs once per Runtime; the answer is kept.
+func (r *Runtime) Probe() (string, error) { return r.probe() }
+
+func (r *Runtime) runProbe() (string, error) {
+	if r.refusal != nil {
+		return "", r.refusal
+	}
+	if _, err := r.stack(); err != nil {
+		return "", err
+	}
+	if r.cfg.Accel != "" {
+		return r.cfg.Accel, nil
+	}
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return "tcg", nil
+	}
+	f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProbeTimeout)
+	defer cancel()
+	if err := r.bootProbe(ctx, "kvm"); err != nil {
+		return "tcg", nil //nolint:nilerr // KVM that does not boot a guest is no KVM: TCG is the answer
+	}
+	return "kvm", nil
+}
+
+// bootProbe boots a guest without disk under accel and waits until its init answers on the
+// port, or ctx ends.
+func (r *Runtime) bootProbe(ctx context.Context, accel string) error {
+	st, err := r.stack()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "sandboxd-microvm-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	initrd := filepath.Join(dir, "initramfs.cpio")
+	if err := writeInitramfs(initrd, st.files, st.order); err != nil {
+		return err
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "port"), os.NewFile(uintptr(fds[1]), "qemu port")
+	defer mine.Close()
+	cfg := &shim.Config{Spec: runtime.Spec{Resources: runtime.Resources{VCPUs: 1, MemoryMB: 256}},
+		QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, TSCkHz: hostTSCkHz()}
+	cmd := exec.CommandContext(ctx, r.cfg.QEMU, shim.QEMUArgs(cfg, true)...)
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		theirs.Close()
+		return err
+	}
+	theirs.Close()
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	stop := context.AfterFunc(ctx, func() { mine.Close() })
+	defer stop()
+	w := portmux.NewWriter(mine)
+	buf := make([]byte, portmux.MaxPayload)
+	for {
+		typ, _, _, err := portmux.ReadFrame(mine, buf)
+		if err != nil {
+			return fmt.Errorf("the probe guest under %s did not answer: %w", accel, err)
+		}
+		switch typ {
+		case portmux.FrameReady:
+			if err := w.WriteFrame(portmux.FrameConfig, 0, []byte(`{"probe":true}`)); err != nil {
+				return err
+			}
+		case portmux.FrameListening:
+			return nil
+		}
+	}
+}
+
+// DeclaredEntries lists the names the runtime keeps in a state directory.
+func (r *Runtime) DeclaredEntries() []runtime.Entry {
+	return []runtime.Entry{
+		{Name: shim.EntryControl, Dir: true},
+		{Name: shim.EntryLog},
+		{Name: shim.EntryOverlay},
+		{Name: shim.EntryAssets, Dir: true},
+	}
+}
+
+// ControlPath returns the host path of the control socket of the sandbox in dir. The shim
+// makes it in a directory that the guest has no way to reach, and listens and accepts on it
+// itself, so the peer credentials of a connection are the shim's.
+func (r *Runtime) ControlPath(dir string) string {
+	return filepath.Join(dir, shim.EntryControl, shim.SocketName)
+}
+
+// OpenLayer is not implemented: a microVM's own files are a qcow2 overlay, not a directory
+// tree, and its capture (memory templates) is not built yet.
+func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
+	return nil, errcode.New(errcode.NotImplemented, "Capturing a microVM sandbox is not implemented yet.")
+}
+
+// Start prepares the guest stack (the initramfs and the image's base disk, shared by the
+// sandboxes of Spec.HostBase, built once) and the sandbox's own disk overlay, and launches the
+// shim, detached, which starts QEMU. It returns the shim's identity at once.
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.ProcessID, error) {
+	if r.refusal != nil {
+		return platform.ProcessID{}, r.refusal
+	}
+	if err := spec.Validate(); err != nil {
+		return platform.ProcessID{}, err
+	}
+	if spec.ImageDir != "" || len(spec.Lowers) > 0 || spec.DiskMB > 0 {
+		return platform.ProcessID{}, errcode.New(errcode.NotImplemented,
+			"The microvm runtime runs the host image only for now: images, template layers and disk sizes are not implemented.")
+	}
+	spec = withDefaults(spec)
+	accel, err := r.Probe()
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	assets := spec.HostBase
+	if assets == "" {
+		assets = filepath.Join(spec.Dir, shim.EntryAssets)
+	}
+	initrd, base, err := r.ensureAssets(assets)
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return platform.ProcessID{}, err
+	}
+	overlay, err := ensureOverlay(ctx, spec.Dir, base)
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	if err := platform.EnsureDir(spec.Dir, shim.EntryControl, 0o700); err != nil {
+		return platform.ProcessID{}, err
+	}
+	// A socket left by the previous run answers nobody: gone, sandboxd waits for the shim's
+	// new one rather than dialling a dead one.
+	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return platform.ProcessID{}, err
+	}
+	logf, err := openLog(spec.Dir)
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	defer logf.Close()
+	cfg, err := json.Marshal(shim.Config{Spec: spec, QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, Overlay: overlay, TSCkHz: hostTSCkHz()})
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	return r.spawn(spec.Dir, logf, cfg)
+}
+
+func withDefaults(spec runtime.Spec) runtime.Spec {
+	if spec.Hostname == "" {
+		spec.Hostname = spec.ID
+	}
+	if spec.Resources.VCPUs == 0 {
+		spec.Resources.VCPUs = DefaultResources.VCPUs
+	}
+	if spec.Resources.MemoryMB == 0 {
+		spec.Resources.MemoryMB = DefaultResources.MemoryMB
+	}
+	return spec
+}
+
+// ensureAssets makes the initramfs and the host image's base disk in dir unless they are
+// there, and returns their paths.
+func (r *Runtime) ensureAssets(dir string) (initrd, base string, err error) {
+	st, err := r.stack()
+	if err != nil {
+		return "", "", err
+	}
+	r.assetMu.Lock()
+	defer r.assetMu.Unlock()
+	initrd, err = ensureFile(dir, "microvm-initramfs-"+st.versions.Initramfs+".cpio", func(tmp string) error {
+		return writeInitramfs(tmp, st.files, st.order)
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("microvm runtime: the initramfs: %w", err)
+	}
+	mkfs, err := mke2fs()
+	if err != nil {
+		return "", "", err
+	}
+	base, err = ensureFile(dir, hostBaseName(), func(tmp string) error { return writeHostBase(tmp, mkfs) })
+	if err != nil {
+		return "", "", fmt.Errorf("microvm runtime: the host base disk: %w", err)
+	}
+	return initrd, base, nil
+}
+
+// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base, unless it has one:
+// the sandbox's files persist across its runs as the namespace runtime's upper layer does.
+func ensureOverlay(ctx context.Context, dir, base string) (string, error) {
+	img, err := qemuImg()
+	if err != nil {
+		return "", err
+	}
+	return ensureFile(dir, shim.EntryOverlay, func(tmp string) error {
+		out, err := exec.CommandContext(ctx, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, tmp).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("microvm runtime: qemu-img create: %v: %s", err, bytes.TrimSpace(out))
+		}
+		return nil
+	})
+}
+
+func qemuImg() (string, error) {
+	if p, err := exec.LookPath("qemu-img"); err == nil {
+		return p, nil
+	}
+	return "", errors.New("qemu-img (scripts/setup installs qemu-utils)")
+}
+
+func mke2fs() (string, error) {
+	if p, err := exec.LookPath("mke2fs"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/mke2fs", "/sbin/mke2fs"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", errors.New("mke2fs (e2fsprogs)")
+}
+
+// openLog opens the state directory's sandbox.log, emptied: each start replaces the log of
+// the one before.
+func openLog(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, shim.EntryLog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("microvm runtime: open sandbox.log: %w", err)
+	}
+	return f, nil
+}
+
+// spawn starts the shim for dir, detached, with its output to logf and cfg on its fd 3.
+func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.ProcessID, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	defer pw.Close()
+	cmd := exec.Command(r.cfg.Executable, shim.ShimCommand, dir) //nolint:noctx // the shim outlives every request, and sandboxd
+	cmd.Args[0] = "sandboxd"
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{pr}
+	// Its own session: no terminal signal of sandboxd's reaches it, and it outlives sandboxd.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	pr.Close()
+	if err != nil {
+		return platform.ProcessID{}, fmt.Errorf("microvm runtime: start the shim: %w", err)
+	}
+	go func() { _ = cmd.Wait() }()
+	id, err := platform.Identify(cmd.Process.Pid)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended as it started (identify: %v); start it again.", err)
+	}
+	if _, err := pw.Write(cfg); err != nil {
+		_ = platform.SignalVerified(id, syscall.SIGKILL)
+		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended before it took its configuration (%v); start it again.", err)
+	}
+	return id, nil
+}
+
+// Kill kills the sandbox's QEMU (the shim's only child) by verified identity and waits for
+// the shim to record the outcome and exit; a shim that lingers past ctx is killed too (QEMU
+// then dies with it by its parent-death signal).
+func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) error {
+	delay := time.Millisecond
+	for id.Alive() {
+		if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			if err := platform.SignalVerified(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+				return err
+			}
+			wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return platform.WaitExit(wctx, id)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 20*time.Millisecond)
+	}
+	return nil
+}
+
+// Cleanup releases what a launch may have left once its shim is gone: a QEMU of the sandbox
+// that outlived it (its parent-death signal makes that a bug's doing, not the rule) and the
+// control socket. The sandbox's disk overlay is its files and stays.
+func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error {
+	if id.Alive() {
+		return fmt.Errorf("microvm runtime: the runtime process %s still runs; kill it first", id)
+	}
+	spec := runtime.Spec{ID: sandboxID, Dir: dir, Capability: []byte{1}, LaunchID: "cleanup"}
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	var errs []error
+	for _, q := range strayQEMUs(r.cfg.QEMU, filepath.Join(dir, shim.EntryOverlay)) {
+		if err := platform.SignalVerified(q, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+			errs = append(errs, err)
+			continue
+		}
+		if err := platform.WaitExit(ctx, q); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(r.ControlPath(dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// HostResources implements runtime.Runtime: a microVM holds nothing on the host outside its
+// state directory but its processes.
+func (r *Runtime) HostResources(string) ([]runtime.HostResource, error) { return nil, nil }
+
+// hostTSCkHz is the host CPU's frequency in kHz as /proc/cpuinfo gives it (the TSC's on
+// CPUs with an invariant TSC), or 0 if it gives none.
+func hostTSCkHz() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(k) == "cpu MHz" {
+			if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && mhz > 0 {
+				return int(mhz * 1000)
+			}
+		}
+	}
+	return 0
+}
