@@ -535,6 +535,15 @@ type ExecRequest struct {
 	// TimeoutMs Kill the command after this many milliseconds.
 	TimeoutMs *int `json:"timeout_ms,omitempty"`
 
+	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+	// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+	// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+	//
+	//
+	// Example: 0077
+	Umask *Umask `json:"umask,omitempty"`
+
 	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 	//
 	// Example: user
@@ -1098,6 +1107,14 @@ type TemplateList struct {
 //
 // Example: python-base
 type TemplateName = string
+
+// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+//
+// Example: 0077
+type Umask = string
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //

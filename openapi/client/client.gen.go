@@ -537,6 +537,15 @@ type ExecRequest struct {
 	// TimeoutMs Kill the command after this many milliseconds.
 	TimeoutMs *int `json:"timeout_ms,omitempty"`
 
+	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+	// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+	// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+	//
+	//
+	// Example: 0077
+	Umask *Umask `json:"umask,omitempty"`
+
 	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 	//
 	// Example: user
@@ -1101,6 +1110,14 @@ type TemplateList struct {
 // Example: python-base
 type TemplateName = string
 
+// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+//
+// Example: 0077
+type Umask = string
+
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
 // Example: user
@@ -1243,9 +1260,10 @@ type ExecStreamParams struct {
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
-	Env  *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
-	Cwd  *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
-	User *User         `form:"user,omitempty" json:"user,omitempty"`
+	Env   *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
+	Cwd   *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
+	User  *User         `form:"user,omitempty" json:"user,omitempty"`
+	Umask *Umask        `form:"umask,omitempty" json:"umask,omitempty"`
 
 	// Tty Run the command on a pseudo-terminal of `rows` by `cols`.
 	Tty  *bool `form:"tty,omitempty" json:"tty,omitempty"`
@@ -3734,6 +3752,18 @@ func NewExecStreamRequest(server string, id SandboxIDPath, params *ExecStreamPar
 		if params.User != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "user", *params.User, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Umask != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "umask", *params.Umask, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
