@@ -13,7 +13,8 @@ func TestExecUmask(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t)
 	d.create("umask", true)
-	const made = "rm -rf /tmp/um && mkdir /tmp/um && cd /tmp/um && : > f && mkdir d && stat -c %a f d && umask"
+	// Each run makes its own directory: another user's cannot be replaced in /tmp.
+	const made = "dir=$(mktemp -d) && cd $dir && : > f && mkdir d && stat -c %a f d && umask"
 
 	if got := d.exec("umask", map[string]any{"command": []string{"sh", "-c", made}}); got.ExitCode != 0 || got.Stdout != "644\n755\n0022\n" {
 		t.Fatalf("the default umask: %+v", got)

@@ -1121,6 +1121,14 @@ export interface components {
          * @example user
          */
         User: string;
+        /**
+         * @description The command's file mode creation mask, in octal as the shell's `umask` prints it
+         *     (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+         *     directories 0755). It is a string, not a number, because JSON has no octal numbers:
+         *     a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+         * @example 0077
+         */
+        Umask: string;
         LabelKey: string;
         LabelValue: string;
         /**
@@ -1262,6 +1270,7 @@ export interface components {
             env?: components["schemas"]["EnvVar"][];
             cwd?: components["schemas"]["AbsolutePath"];
             user?: components["schemas"]["User"];
+            umask?: components["schemas"]["Umask"];
             /** @description Text written to the command's standard input, which is then closed. */
             stdin?: string;
             /**
@@ -2042,6 +2051,7 @@ export interface operations {
                 env?: components["schemas"]["EnvVar"][];
                 cwd?: components["schemas"]["AbsolutePath"];
                 user?: components["schemas"]["User"];
+                umask?: components["schemas"]["Umask"];
                 /** @description Run the command on a pseudo-terminal of `rows` by `cols`. */
                 tty?: boolean;
                 rows?: number;
