@@ -60,6 +60,8 @@ type options struct {
 	// registryAuth and insecureRegistries configure image pulls.
 	registryAuth       string
 	insecureRegistries stringList
+	// registryMirror is where pulls from Docker Hub go first.
+	registryMirror string
 	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
 	// that cannot give sandboxes a disk is an error rather than a warning.
 	diskExplicit bool
@@ -98,6 +100,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded, for trusted work only (env SANDBOXD_DEFAULT_DISK_MB)")
 	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("SANDBOXD_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env SANDBOXD_REGISTRY_AUTH); default: anonymous pulls")
+	fs.StringVar(&o.registryMirror, "registry-mirror", os.Getenv("SANDBOXD_REGISTRY_MIRROR"), "a registry (host or host:port) that pulls from Docker Hub go to first, falling back to Docker Hub when it lacks the image or is unreachable (env SANDBOXD_REGISTRY_MIRROR)")
 	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
