@@ -49,11 +49,14 @@ var statusOf = map[errcode.Code]int{
 	errcode.TemplateExists:     http.StatusConflict,
 	errcode.TemplateTombstoned: http.StatusConflict,
 	errcode.TemplateIneligible: http.StatusConflict,
+	errcode.SandboxPaused:      http.StatusConflict,
 
 	errcode.SandboxBusy:          http.StatusLocked,
 	errcode.TransitionInProgress: http.StatusLocked,
 	errcode.SandboxLeased:        http.StatusLocked,
 	errcode.GenerationLeased:     http.StatusLocked,
+
+	errcode.WaitTimeout: http.StatusRequestTimeout,
 
 	errcode.StopTimeout:  http.StatusGatewayTimeout,
 	errcode.StartTimeout: http.StatusGatewayTimeout,
