@@ -88,9 +88,10 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	closed    bool
-	clients   map[string]*agentConn // by sandbox id
-	transient map[string]State      // sandbox id → starting or stopping, while this process drives it
-	watched   map[string]string     // sandbox id → the launch a watcher follows
+	clients   map[string]*agentConn  // by sandbox id
+	transient map[string]State       // sandbox id → starting or stopping, while this process drives it
+	watched   map[string]string      // sandbox id → the launch a watcher follows
+	timers    map[string]*time.Timer // sandbox id → the end of its lifetime
 }
 
 // agentConn is a control session with one launch's agent.
@@ -125,6 +126,7 @@ func New(opts Options) (*Supervisor, error) {
 		clients:      map[string]*agentConn{},
 		transient:    map[string]State{},
 		watched:      map[string]string{},
+		timers:       map[string]*time.Timer{},
 	}
 	for _, d := range DeclaredEntries(s.rt) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
@@ -163,6 +165,10 @@ type Status struct {
 	RuntimeMismatch bool
 	// Binding is a clone's template binding (its lease), nil for other sandboxes.
 	Binding *Binding
+	// ExpiresAt is when the sandbox's lifetime ends, and OnTimeout what that does; nil and
+	// "" without a lifetime.
+	ExpiresAt *time.Time
+	OnTimeout OnTimeout
 }
 
 func (s *Supervisor) setTransient(id string, state State) {
@@ -217,6 +223,9 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 		st.StartedAt = &started
 		if processOf(rec).Alive() {
 			st.State = StateRunning
+			if dir, err := s.store.Dir(id); err == nil && pausedLaunch(dir, rec.LaunchID) {
+				st.State = StatePaused
+			}
 			st.RuntimeMismatch = rec.RuntimeID != s.rt.Identity()
 			if outcome != nil && outcome.LaunchID == rec.LaunchID {
 				// The sandbox ended; its runtime process is finishing up.
@@ -227,6 +236,9 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 		}
 	case journal != nil:
 		st.State = StateStarting
+	}
+	if dir, err := s.store.Dir(id); err == nil {
+		st.ExpiresAt, st.OnTimeout = s.expiry(dir)
 	}
 	s.mu.Lock()
 	if t, ok := s.transient[id]; ok {
@@ -257,7 +269,14 @@ func (s *Supervisor) List() ([]*Status, error) {
 }
 
 // Provision creates a sandbox's state directory and configuration record.
-func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status, err error) {
+func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (*Status, error) {
+	return s.provision(ctx, cfg, provisioning{}, nil)
+}
+
+// provision is [Supervisor.Provision] with what p adds. With then, it calls then under the
+// sandbox's lock once the sandbox exists; then releases the lock (or removes the sandbox) and
+// its error is provision's.
+func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisioning, then func(*store.Lock) error) (_ *Status, err error) {
 	defer s.observe("provision", time.Now(), &err)
 	if err := store.ValidateID(cfg.ID); err != nil {
 		return nil, err
@@ -275,8 +294,16 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 	if err != nil {
 		return nil, err
 	}
-	defer s.unlock(l)
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			s.unlock(l)
+		}
+	}()
 	if err := l.RequireUnprovisioned(); err != nil {
+		return nil, err
+	}
+	if err := s.prepare(l, p); err != nil {
 		return nil, err
 	}
 	cfg.Format = store.ConfigFormat
@@ -284,10 +311,20 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 		cfg.CreatedAt = time.Now().UTC()
 	}
 	if err := l.WriteConfig(&cfg); err != nil {
+		unprepare(l)
 		return nil, err
 	}
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
-	return &Status{Config: cfg, State: StateProvisioned}, nil
+	if then != nil {
+		handedOver = true
+		if err := then(l); err != nil {
+			return nil, err
+		}
+		s.armLifetime(cfg.ID)
+		return nil, nil
+	}
+	s.armLifetime(cfg.ID)
+	return s.Status(cfg.ID)
 }
 
 // checkDisk refuses a disk of the sandbox's own (diskMB > 0) that the runtime cannot give.

@@ -126,7 +126,12 @@ type CloneRequest struct {
 // generation for as long as the sandbox exists. It follows DESIGN.md's order: the template
 // store's lock, then the sandbox's lifecycle lock; check the generation and the sandbox; the
 // lease record durably, then the sandbox's clone binding durably.
-func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneRequest) (_ *Status, err error) {
+func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneRequest) (*Status, error) {
+	return s.clone(ctx, cfg, req, provisioning{})
+}
+
+// clone is [Supervisor.Clone] with what p adds.
+func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneRequest, p provisioning) (_ *Status, err error) {
 	defer s.observe("clone", time.Now(), &err)
 	if err := s.requireTemplates(); err != nil {
 		return nil, err
@@ -164,6 +169,9 @@ func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := template.CheckUnbound(l.Dir(), cfg.ID); err != nil {
 		return nil, err
 	}
+	if err := s.prepare(l, p); err != nil {
+		return nil, err
+	}
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
 	cfg.Resources = g.Key.Resources
@@ -172,6 +180,7 @@ func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneReque
 		cfg.CreatedAt = time.Now().UTC()
 	}
 	if err := l.WriteConfig(&cfg); err != nil {
+		unprepare(l)
 		return nil, err
 	}
 	lease, err := tx.WriteLease(req.Template, g.ID, cfg.ID)
@@ -192,7 +201,10 @@ func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneReque
 	}
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
 	s.emit(Event{Type: EventAcquired, Sandbox: cfg.ID, Template: req.Template, Generation: g.ID, Lease: lease.ID})
-	return &Status{Config: cfg, State: StateProvisioned, Binding: template.NewBinding(lease)}, nil
+	s.armLifetime(cfg.ID)
+	st := &Status{Config: cfg, State: StateProvisioned, Binding: template.NewBinding(lease)}
+	st.ExpiresAt, st.OnTimeout = s.expiry(l.Dir())
+	return st, nil
 }
 
 // pickGeneration chooses the generation a clone leases, under the template store's lock.
