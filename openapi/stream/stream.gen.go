@@ -35,6 +35,7 @@ const (
 	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
 	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
 	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
+	ErrorCodeSandboxPaused        ErrorCode = "sandbox-paused"
 	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
 	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
 	ErrorCodeTemplateExists       ErrorCode = "template-exists"
@@ -44,6 +45,7 @@ const (
 	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
 	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
 	ErrorCodeUnavailable          ErrorCode = "unavailable"
+	ErrorCodeWaitTimeout          ErrorCode = "wait-timeout"
 )
 
 // Valid indicates whether the value is a known member of the ErrorCode enum.
@@ -91,6 +93,8 @@ func (e ErrorCode) Valid() bool {
 		return true
 	case ErrorCodeSandboxNotFound:
 		return true
+	case ErrorCodeSandboxPaused:
+		return true
 	case ErrorCodeStartTimeout:
 		return true
 	case ErrorCodeStopTimeout:
@@ -108,6 +112,8 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeUnauthorized:
 		return true
 	case ErrorCodeUnavailable:
+		return true
+	case ErrorCodeWaitTimeout:
 		return true
 	default:
 		return false
