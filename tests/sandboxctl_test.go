@@ -66,3 +66,37 @@ func TestSandboxctl(t *testing.T) {
 		t.Fatalf("rm: %s", stderr)
 	}
 }
+
+// TestSandboxctlLifecycle: pause, resume, timeout, wait and rm -f.
+func TestSandboxctlLifecycle(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t, withToken("ctl-token-0123456789abcdef"))
+	if _, stderr, code := d.ctl("", "create", "--id", "life", "--start", "--timeout-s", "3600"); code != 0 {
+		t.Fatalf("create: %d %s", code, stderr)
+	}
+	if out, stderr, code := d.ctl("", "pause", "life"); code != 0 || !strings.Contains(out, `"paused"`) {
+		t.Fatalf("pause: %d %s %s", code, out, stderr)
+	}
+	if _, stderr, code := d.ctl("", "exec", "life", "--", "true"); code != 1 || !strings.Contains(stderr, "sandbox-paused") {
+		t.Fatalf("exec on a paused sandbox: exit %d, %s", code, stderr)
+	}
+	if out, stderr, code := d.ctl("", "wait", "--timeout-ms", "5000", "life", "paused"); code != 0 || !strings.Contains(out, `"paused"`) {
+		t.Fatalf("wait paused: %d %s %s", code, out, stderr)
+	}
+	if _, stderr, code := d.ctl("", "wait", "--timeout-ms", "100", "life", "stopped"); code != 1 || !strings.Contains(stderr, "wait-timeout") {
+		t.Fatalf("wait stopped: exit %d, %s", code, stderr)
+	}
+	if out, stderr, code := d.ctl("", "resume", "life"); code != 0 || !strings.Contains(out, `"running"`) {
+		t.Fatalf("resume: %d %s %s", code, out, stderr)
+	}
+	if out, stderr, code := d.ctl("", "timeout", "--on-timeout", "delete", "life", "600"); code != 0 || !strings.Contains(out, `"on_timeout": "delete"`) {
+		t.Fatalf("timeout: %d %s %s", code, out, stderr)
+	}
+	if _, stderr, code := d.ctl("", "rm", "-f", "life"); code != 0 {
+		t.Fatalf("rm -f: %d %s", code, stderr)
+	}
+	if _, stderr, code := d.ctl("", "wait", "life", "deleted"); code != 0 {
+		t.Fatalf("wait deleted: %d %s", code, stderr)
+	}
+}

@@ -27,8 +27,12 @@ commands:
   ls [--state STATE] [--label K=V]...       list sandboxes
   create [--id ID] [--image NAME] [--start] [--label K=V]... [--env K=V]...
          [--vcpus N] [--memory-mb N] [--pids N] [--disk-mb N]
+         [--timeout-s N] [--on-timeout stop|delete]
   get ID                                    show a sandbox
-  start ID | stop [--force] ID | rm ID      lifecycle
+  start ID | stop [--force] ID | rm [-f] ID lifecycle (rm -f stops it by force first)
+  pause ID | resume ID                      freeze and thaw every process of a sandbox
+  timeout [--on-timeout stop|delete] ID SECONDS   set its lifetime anew from now (0 clears it)
+  wait [--timeout-ms N] ID STATE            wait until it is in STATE (or "deleted")
   exec [--user U] [--cwd DIR] ID -- CMD...  run a command, print its output, exit with its code
   shell [--user U] ID [-- CMD...]           an interactive terminal (default: /bin/sh)
   put ID LOCAL REMOTE | fetch ID REMOTE LOCAL   copy a file in or out ("-" is stdin/stdout)
@@ -82,6 +86,7 @@ func run(args []string) int {
 	commands := map[string]func([]string) error{
 		"ls": c.list, "create": c.create, "get": c.get, "start": c.start, "stop": c.stop, "rm": c.remove,
 		"exec": c.exec, "shell": c.shell, "put": c.put, "fetch": c.fetch, "logs": c.logs,
+		"pause": c.pause, "resume": c.resume, "timeout": c.timeout, "wait": c.wait,
 	}
 	f, ok := commands[cmd]
 	if !ok {
@@ -242,6 +247,8 @@ func (c *cli) create(args []string) error {
 	memory := fs.Int("memory-mb", 0, "memory limit in MiB")
 	pids := fs.Int("pids", 0, "process limit")
 	disk := fs.Int("disk-mb", 0, "a disk of its own, in MiB, bounding what it writes")
+	lifetime := fs.Int("timeout-s", 0, "its lifetime in seconds (default: the server's)")
+	onTimeout := fs.String("on-timeout", "", "what the end of its lifetime does: stop or delete")
 	var labels, env repeated
 	fs.Var(&labels, "label", "a label K=V; repeatable")
 	fs.Var(&env, "env", "an environment variable K=V; repeatable")
@@ -257,6 +264,13 @@ func (c *cli) create(args []string) error {
 	}
 	if *start {
 		body.Start = start
+	}
+	if *lifetime > 0 {
+		body.TimeoutS = lifetime
+	}
+	if *onTimeout != "" {
+		on := client.OnTimeout(*onTimeout)
+		body.OnTimeout = &on
 	}
 	if len(env) > 0 {
 		e := []string(env)
@@ -352,17 +366,111 @@ func (c *cli) stop(args []string) error {
 }
 
 func (c *cli) remove(args []string) error {
-	id, err := oneID(flag.NewFlagSet("rm", flag.ContinueOnError), args)
+	fs := flag.NewFlagSet("rm", flag.ContinueOnError)
+	force := fs.Bool("f", false, "stop it by force first if it runs (or is paused)")
+	id, err := oneID(fs, args)
 	if err != nil {
 		return err
 	}
 	cx, cancel := ctx()
 	defer cancel()
-	r, err := c.api.DeleteSandboxWithResponse(cx, id, nil)
+	r, err := c.api.DeleteSandboxWithResponse(cx, id, &client.DeleteSandboxParams{Force: force})
 	if err != nil {
 		return err
 	}
 	return check(r.StatusCode(), r.Body)
+}
+
+func (c *cli) pause(args []string) error {
+	id, err := oneID(flag.NewFlagSet("pause", flag.ContinueOnError), args)
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	r, err := c.api.PauseSandboxWithResponse(cx, id, nil)
+	if err != nil {
+		return err
+	}
+	if err := check(r.StatusCode(), r.Body); err != nil {
+		return err
+	}
+	return printJSON(r.Body)
+}
+
+func (c *cli) resume(args []string) error {
+	id, err := oneID(flag.NewFlagSet("resume", flag.ContinueOnError), args)
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	r, err := c.api.ResumeSandboxWithResponse(cx, id, nil)
+	if err != nil {
+		return err
+	}
+	if err := check(r.StatusCode(), r.Body); err != nil {
+		return err
+	}
+	return printJSON(r.Body)
+}
+
+func (c *cli) timeout(args []string) error {
+	fs := flag.NewFlagSet("timeout", flag.ContinueOnError)
+	onTimeout := fs.String("on-timeout", "", "what the end of the lifetime does: stop (default) or delete")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return errors.New("timeout needs a sandbox id and a number of seconds")
+	}
+	var seconds int
+	if _, err := fmt.Sscan(fs.Arg(1), &seconds); err != nil {
+		return fmt.Errorf("timeout: %q is not a number of seconds", fs.Arg(1))
+	}
+	body := client.SetSandboxTimeoutJSONRequestBody{TimeoutS: seconds}
+	if *onTimeout != "" {
+		on := client.OnTimeout(*onTimeout)
+		body.OnTimeout = &on
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	r, err := c.api.SetSandboxTimeoutWithResponse(cx, fs.Arg(0), nil, body)
+	if err != nil {
+		return err
+	}
+	if err := check(r.StatusCode(), r.Body); err != nil {
+		return err
+	}
+	return printJSON(r.Body)
+}
+
+func (c *cli) wait(args []string) error {
+	fs := flag.NewFlagSet("wait", flag.ContinueOnError)
+	timeoutMS := fs.Int("timeout-ms", 0, "how long to wait (default: the server's, 60 s)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return errors.New("wait needs a sandbox id and a state")
+	}
+	params := &client.WaitSandboxParams{State: client.WaitSandboxParamsState(fs.Arg(1))}
+	if *timeoutMS > 0 {
+		params.TimeoutMs = timeoutMS
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	r, err := c.api.WaitSandboxWithResponse(cx, fs.Arg(0), params)
+	if err != nil {
+		return err
+	}
+	if err := check(r.StatusCode(), r.Body); err != nil {
+		return err
+	}
+	if r.StatusCode() == http.StatusNoContent {
+		return nil
+	}
+	return printJSON(r.Body)
 }
 
 func (c *cli) exec(args []string) error {
