@@ -113,8 +113,11 @@ func (c *Cgroup) Freeze(ctx context.Context) error {
 			return err
 		}
 		outside, err := c.outsideV1(dir)
-		if err != nil || len(outside) == 0 {
+		if err != nil {
 			return err
+		}
+		if !slices.ContainsFunc(outside, func(pid int) bool { return platformPidAlive(pid) }) {
+			return nil
 		}
 	}
 }
@@ -152,7 +155,7 @@ func (c *Cgroup) Thaw(ctx context.Context) error {
 			return false, err
 		}
 		for _, pid := range pids {
-			moveProc(root, pid)
+			_ = moveProc(root, pid) // one that exited meanwhile leaves by itself
 		}
 		err = unix.Rmdir(dir)
 		if err == nil || errors.Is(err, unix.ENOENT) {
@@ -165,18 +168,25 @@ func (c *Cgroup) Thaw(ctx context.Context) error {
 	})
 }
 
-// moveV1 moves the cgroup's processes into the freezer cgroup dir until none is left out.
+// moveV1 moves the cgroup's processes into the freezer cgroup dir until none is left out. A
+// process that exits meanwhile (ESRCH) may still be listed for a moment; it is not waited for.
 func (c *Cgroup) moveV1(ctx context.Context, dir string) error {
+	gone := map[int]bool{}
 	for {
 		outside, err := c.outsideV1(dir)
 		if err != nil {
 			return err
 		}
+		outside = slices.DeleteFunc(outside, func(pid int) bool { return gone[pid] })
 		if len(outside) == 0 {
 			return nil
 		}
 		for _, pid := range outside {
-			moveProc(dir, pid)
+			if err := moveProc(dir, pid); errors.Is(err, unix.ESRCH) {
+				gone[pid] = true
+			} else if err != nil {
+				return err
+			}
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -203,9 +213,9 @@ func (c *Cgroup) outsideV1(dir string) ([]int, error) {
 	return out, nil
 }
 
-// moveProc moves pid into the cgroup dir; a process that exited meanwhile is not an error.
-func moveProc(dir string, pid int) {
-	_ = writeCgroupFile(dir, "cgroup.procs", strconv.Itoa(pid))
+// moveProc moves pid into the cgroup dir; ESRCH says it exited meanwhile.
+func moveProc(dir string, pid int) error {
+	return writeCgroupFile(dir, "cgroup.procs", strconv.Itoa(pid))
 }
 
 func readProcs(dir string) ([]int, error) {
@@ -223,6 +233,17 @@ func readProcs(dir string) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// platformPidAlive reports whether pid names a process that has not exited (a zombie has).
+func platformPidAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command's closing parenthesis.
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // waitCgroup polls done until it reports true, fails, or ctx ends.

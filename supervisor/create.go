@@ -15,7 +15,8 @@ import (
 
 // PendingName marks a sandbox whose create asked for a start that has not yet succeeded: if
 // sandboxd crashes before the start commits, the next start-up ([Supervisor.ReattachAll])
-// removes the sandbox, so that a create with start is all or nothing across crashes too.
+// removes the sandbox, so that a create with start is all or nothing across crashes too
+// (but for the window that [Supervisor.prepare] describes).
 const PendingName = "create.pending"
 
 // CreateRequest is a new sandbox: provisioned from an image, or cloned from a template
@@ -92,8 +93,12 @@ type provisioning struct {
 	lifetime *Lifetime
 }
 
-// prepare writes what p asks for into the state directory l locks, before the configuration
-// record that makes the sandbox exist.
+// prepare writes what p asks for into the state directory l locks, right after the
+// configuration record that makes the sandbox exist: before it, a crash would leave a
+// directory with more in it than an interrupted provision leaves, which neither the store nor
+// sandboxd check would then remove. A crash between the two writes leaves a sandbox as a plain
+// create makes it (provisioned, without a lifetime or the mark); that window is one durable
+// write long.
 func (s *Supervisor) prepare(l *store.Lock, p provisioning) error {
 	if p.pending {
 		if err := platform.WriteFileDurable(l.Dir(), PendingName, []byte("start\n"), 0o600); err != nil {
@@ -108,11 +113,13 @@ func (s *Supervisor) prepare(l *store.Lock, p provisioning) error {
 	return nil
 }
 
-// unprepare removes what prepare wrote, when the configuration record could not be written:
-// the directory is then no sandbox's, and the store removes it only if it is empty.
-func unprepare(l *store.Lock) {
-	_ = removePending(l.Dir())
-	_ = removeDeadline(l.Dir())
+// undoProvision removes a sandbox whose provision could not write all it needed.
+func (s *Supervisor) undoProvision(ctx context.Context, l *store.Lock) {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if err := l.Deprovision(cctx); err != nil {
+		s.log.Error("undoing a provision that failed half-way", "sandbox", l.ID(), "err", err)
+	}
 }
 
 // startCreated starts the sandbox that a create with start made, under l, and releases l.

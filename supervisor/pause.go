@@ -131,6 +131,9 @@ func (s *Supervisor) Pause(ctx context.Context, id string) (_ *Status, err error
 		if rerr := removePause(l.Dir()); rerr == nil {
 			_ = p.Thaw(cctx, id, l.Dir())
 		}
+		if ctx.Err() != nil {
+			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s did not freeze within the timeout and runs on; retry, with a longer timeout.", id)
+		}
 		return nil, err
 	}
 	s.emit(Event{Type: EventPaused, Sandbox: id, State: StatePaused})
@@ -162,11 +165,23 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 	case !r.paused:
 		return s.Status(id)
 	}
+	pr, err := readPause(l.Dir())
+	if err != nil {
+		return nil, err
+	}
 	if err := removePause(l.Dir()); err != nil {
 		return nil, err
 	}
 	s.crash("resume-recorded")
 	if err := p.Thaw(ctx, id, l.Dir()); err != nil {
+		// The sandbox may still be frozen: record it paused again, so that the record does
+		// not lie, and a retry resumes it.
+		if data, eerr := record.Encode(pr); eerr == nil {
+			_ = platform.WriteFileDurable(l.Dir(), PausedName, data, record.Perm)
+		}
+		if ctx.Err() != nil {
+			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s did not thaw within the timeout and is still paused; retry, with a longer timeout.", id)
+		}
 		return nil, err
 	}
 	s.emit(Event{Type: EventResumed, Sandbox: id, State: StateRunning})

@@ -303,15 +303,15 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 	if err := l.RequireUnprovisioned(); err != nil {
 		return nil, err
 	}
-	if err := s.prepare(l, p); err != nil {
-		return nil, err
-	}
 	cfg.Format = store.ConfigFormat
 	if cfg.CreatedAt.IsZero() {
 		cfg.CreatedAt = time.Now().UTC()
 	}
 	if err := l.WriteConfig(&cfg); err != nil {
-		unprepare(l)
+		return nil, err
+	}
+	if err := s.prepare(l, p); err != nil {
+		s.undoProvision(ctx, l)
 		return nil, err
 	}
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})

@@ -169,9 +169,6 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := template.CheckUnbound(l.Dir(), cfg.ID); err != nil {
 		return nil, err
 	}
-	if err := s.prepare(l, p); err != nil {
-		return nil, err
-	}
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
 	cfg.Resources = g.Key.Resources
@@ -180,7 +177,10 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 		cfg.CreatedAt = time.Now().UTC()
 	}
 	if err := l.WriteConfig(&cfg); err != nil {
-		unprepare(l)
+		return nil, err
+	}
+	if err := s.prepare(l, p); err != nil {
+		s.undoProvision(ctx, l)
 		return nil, err
 	}
 	lease, err := tx.WriteLease(req.Template, g.ID, cfg.ID)
