@@ -294,7 +294,7 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 
 func exitReason(o *supervisor.Exit) openapi.LastExitReason {
 	switch o.Reason {
-	case supervisor.ReasonSignaled:
+	case supervisor.ReasonSignaled, supervisor.ReasonKilled:
 		return openapi.LastExitReasonKilled
 	case supervisor.ReasonOOM:
 		return openapi.LastExitReasonOom

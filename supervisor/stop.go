@@ -75,6 +75,9 @@ func (s *Supervisor) stopLocked(ctx context.Context, l *store.Lock, rec *store.R
 	o, oerr := l.Outcome()
 	if oerr == nil && o != nil && o.LaunchID == rec.LaunchID {
 		o.Reason = runtime.ReasonStopped
+		if force {
+			o.Reason = ReasonKilled
+		}
 		_ = runtime.WriteOutcome(l.Dir(), o)
 	}
 	s.setTransient(id, "")

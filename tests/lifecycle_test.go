@@ -33,8 +33,12 @@ func TestForcedDelete(t *testing.T) {
 	if procs := runtimeProcesses(t, d.Root); len(procs) != 0 {
 		t.Fatalf("runtime processes after the forced delete: %v", procs)
 	}
-	// The id is free: a new sandbox of the same id starts.
+	// The id is free: a new sandbox of the same id starts. A forced stop of it says killed.
 	d.create("rmf", true)
+	sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/rmf/stop?force=true", nil), 200)
+	if sb.LastExit == nil || sb.LastExit.Reason != "killed" {
+		t.Fatalf("last_exit after a forced stop: %+v", sb.LastExit)
+	}
 }
 
 // TestCreateStartAllOrNothing: a create with start whose start fails answers the start's
