@@ -106,6 +106,7 @@ var chaosAllowed = map[string][]int{
 	"delete-force": {204, 404, 409, 423},
 	"pause":        {200, 404, 409, 423},
 	"resume":       {200, 404, 409, 423},
+	"timeout":      {200, 404, 423},
 	"get":          {200, 404},
 	"capture":      {201, 404, 409, 423},
 	"clone":        {201, 404, 409, 423, 504},
@@ -360,7 +361,7 @@ func (c *chaosTemplate) generations() []string {
 
 func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chaosServer], ids []string, ledger *chaosLedger, tpl *chaosTemplate, stats *chaosStats, stop <-chan struct{}) {
 	ops := []string{"create", "create", "start", "start", "exec", "exec", "exec", "stop", "stop-force", "delete", "delete", "get",
-		"delete-force", "pause", "pause", "resume", "resume"}
+		"delete-force", "pause", "pause", "resume", "resume", "timeout"}
 	if tpl != nil {
 		ops = append(ops, "capture", "clone", "clone", "tombstone", "retire")
 	}
@@ -402,6 +403,10 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			method, path = "POST", "/v1/sandboxes/"+id+"/pause"
 		case "resume":
 			method, path = "POST", "/v1/sandboxes/"+id+"/resume"
+		case "timeout":
+			// Short lifetimes expire within the round, racing the other operations; "stop"
+			// only, since the ledger cannot tell an expiry's deletion from a lost sandbox.
+			method, path, body = "POST", "/v1/sandboxes/"+id+"/timeout", map[string]any{"timeout_s": rng.IntN(3), "on_timeout": "stop"}
 		case "get":
 			method, path = "GET", "/v1/sandboxes/"+id
 		case "capture":
