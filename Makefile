@@ -18,8 +18,11 @@ test:
 race:
 	go test -race ./server/... ./store/... ./supervisor/... ./handlers/... ./platform/...
 
+# The Go code and the TypeScript SDK's types are both generated from openapi/openapi.yaml;
+# CI checks that regenerating either changes nothing.
 generate:
 	go generate ./...
+	cd sdk/typescript && npm ci --no-audit --no-fund --ignore-scripts && npm run generate
 
 # lint is golangci-lint (.golangci.yml) and the import rules between packages
 # (internal/layers). ci runs both; test runs the rules with the rest of go test ./....

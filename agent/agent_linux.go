@@ -23,8 +23,14 @@ import (
 // Run runs the agent until it is asked to shut down over the control session (it then
 // returns nil, and the caller, PID 1, exits, which ends the sandbox) or receives TERM or INT
 // (it then ends every process of the sandbox, with Config.ShutdownGrace between TERM and
-// KILL, and returns nil).
+// KILL, and returns nil). Every other signal that can be caught, but those the Go runtime
+// needs, is caught and dropped: see ignoreSignals.
 func Run(cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	defer ignoreSignals(log)()
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer stop()
 	return RunContext(ctx, cfg)
@@ -38,11 +44,13 @@ func RunContext(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer a.reaper.close()
-	ln, err := listen(cfg.ListenPath)
-	if err != nil {
-		return err
+	ln := cfg.Listener
+	if ln == nil {
+		if ln, err = listen(cfg.ListenPath); err != nil {
+			return err
+		}
 	}
-	a.log.Info("agent listening", "socket", cfg.ListenPath, "hostname", cfg.Hostname,
+	a.log.Info("agent listening", "socket", ln.Addr().String(), "hostname", cfg.Hostname,
 		"pid", os.Getpid(), "reap_all", a.reaper.all, "unprivileged", a.unprivileged)
 
 	var (

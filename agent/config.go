@@ -2,6 +2,7 @@ package agent
 
 import (
 	"log/slog"
+	"net"
 	"time"
 )
 
@@ -17,6 +18,10 @@ type Config struct {
 	// ListenPath is the unix socket to listen on; its parent directory is created 0700. The
 	// socket appears there (by rename) only once it accepts connections.
 	ListenPath string
+	// Listener, if set, is used instead of ListenPath: a socket already listening, which the
+	// agent closes when it returns. A runtime that makes the socket where the sandbox cannot
+	// reach it hands the agent the listening descriptor this way.
+	Listener net.Listener
 	// Capability is the launch's secret every connection must present in its hello.
 	Capability []byte
 	// DefaultEnv entries (K=V) are set for every workload, over the built-in defaults (PATH,

@@ -21,12 +21,20 @@
 // grace it names; as PID 1 the signals go out with kill(-1), which reaches every process of
 // the pid namespace but the agent.
 //
+// Every other signal a process can catch is caught and dropped by Run, but those the Go
+// runtime needs (CHLD, URG, PROF, PIPE and the C libraries' thread signals): root inside the
+// sandbox may signal PID 1, and QUIT, ABRT, HUP or a SEGV sent with kill must neither end
+// the sandbox nor dump the agent's stacks into its log.
+//
 // # Exec
 //
 // A workload runs as the request's user ("user": uid/gid 1000 with home /home/user, or
 // "root"), with no supplementary groups, in its own process group, or with a tty in its own
 // session with the pty as controlling terminal. Its environment is PATH, HOME, USER,
 // LOGNAME (and TERM=xterm-256color with a tty), then [Config].DefaultEnv, then the request's.
+// Its umask is the request's, or [control.DefaultUmask] (022): never the agent's own, which
+// as the sandbox's init is 0. The umask is process-wide, so it is set around the fork only;
+// the agent's own file operations set every mode exactly and do not depend on it.
 // The timeout and the client's going away SIGKILL the process group (with a tty, every
 // process of the session). Signals from the client go to the process group. The exit status
 // follows the shell's convention: a signal's death is 128+n with the signal's name.
@@ -44,6 +52,10 @@
 // afterwards. The kernel thus checks every path as it would for the user, symbolic links
 // included, and the agent lends no root permission. Writes go to a temporary file in the
 // target's directory that is synced and renamed into place; only regular files are read.
+// Reading and listing refuse the user /proc, where the agent's own entries would show. A
+// listing stops at the request's limit (control.Serve enforces it). A recursive remove walks
+// the tree with platform.RemoveTreeAt: a bounded number of descriptors however deep the
+// tree, no link followed, no mount point entered.
 //
 // # Unprivileged
 //

@@ -57,8 +57,9 @@ func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.E
 	defer w.closeAll()
 	oomBefore, _ := a.oomKills()
 
+	umask := int(req.EffectiveUmask())
 	pid, exited, err := a.reaper.start(func() (int, error) {
-		p, err := os.StartProcess(argv0, req.Argv, &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: attr})
+		p, err := startWithUmask(umask, argv0, req.Argv, &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: attr})
 		if err != nil {
 			return 0, err
 		}
@@ -138,6 +139,25 @@ wait:
 		}
 	}
 	return st, nil
+}
+
+// umaskMu serialises the forks that set the umask: it belongs to the whole process (every
+// thread of the agent shares it), and several agents may share a process in tests.
+var umaskMu sync.Mutex
+
+// startWithUmask starts a process with the given umask. The workload must not inherit the
+// agent's own mask (0 as the sandbox's init: the shim creates everything with exact modes),
+// or every file and directory it makes would be writable by everyone, and the sandbox's user
+// could replace what root runs later. Go cannot set a child's umask between fork and exec,
+// so the process's mask is set around the fork and restored after it. That is safe because
+// no file the agent itself creates depends on the mask: it sets every mode exactly (see
+// mkdirAll and WriteFile).
+func startWithUmask(umask int, argv0 string, argv []string, attr *os.ProcAttr) (*os.Process, error) {
+	umaskMu.Lock()
+	defer umaskMu.Unlock()
+	old := unix.Umask(umask)
+	defer unix.Umask(old)
+	return os.StartProcess(argv0, argv, attr)
 }
 
 // workload holds one exec's process and the agent's ends of its stdio.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/naming"
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // asUser runs fn with the file-system identity of the request's user, so the kernel checks
@@ -131,7 +132,7 @@ func fileError(err error, path string) error {
 	case errors.Is(err, syscall.EISDIR):
 		return mk(control.CodeIsADirectory, "%q is a directory.")
 	case errors.Is(err, syscall.ENOTEMPTY):
-		return mk(control.CodeDirectoryNotEmpty, "The directory %q is not empty; remove it recursively.")
+		return mk(control.CodeDirectoryNotEmpty, "The directory %q is not empty; remove it with recursive=true to delete it and everything in it.")
 	case errors.Is(err, fs.ErrExist):
 		return mk(control.CodeFileExists, "%q already exists.")
 	case errors.Is(err, syscall.ELOOP):
@@ -142,6 +143,10 @@ func fileError(err error, path string) error {
 		return mk(control.CodeInvalidRequest, "No space is left inside the sandbox to write %q.")
 	case errors.Is(err, syscall.EROFS):
 		return mk(control.CodePermissionDenied, "%q is on a read-only file system.")
+	case errors.Is(err, platform.ErrOtherDevice):
+		return mk(control.CodeInvalidRequest, "%q has a file system mounted inside it, which a recursive removal does not enter; remove what is mounted there first.")
+	case errors.Is(err, platform.ErrTreeChanged):
+		return mk(control.CodeInvalidRequest, "%q was moved while it was removed; remove it again.")
 	}
 	return err
 }
@@ -224,7 +229,7 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 	dfd, fd := -1, -1
 	err := a.asUser(req.User, func() error {
 		if req.MakeParents {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := mkdirAll(dir); err != nil {
 				return err
 			}
 		}
@@ -301,7 +306,9 @@ func randomHex() string { return naming.RandomHex(8) }
 const listBatch = 256
 
 // List implements control.Handler. The whole listing runs as the user: stat of an entry
-// needs search permission on the directory, which is checked at each call.
+// needs search permission on the directory, which is checked at each call. It reads and
+// emits listBatch entries at a time, so it holds no more than that whatever the directory's
+// size; control.Serve stops it at the request's limit.
 func (a *agent) List(ctx context.Context, req *control.FileRequest, emit func([]control.FileInfo) error) error {
 	err := a.asUser(req.User, func() error {
 		fd, err := openNoMagic(unix.AT_FDCWD, req.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -310,6 +317,11 @@ func (a *agent) List(ctx context.Context, req *control.FileRequest, emit func([]
 		}
 		d := os.NewFile(uintptr(fd), req.Path)
 		defer d.Close()
+		// Listing refuses what reading refuses: /proc/self/fd would list the agent's own
+		// descriptors, /proc/self/task its threads.
+		if err := a.refuseProcForUser(req.User, fd, req.Path); err != nil {
+			return err
+		}
 		fi, err := d.Stat()
 		if err != nil {
 			return err
@@ -371,7 +383,7 @@ func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
 			if fi, err := os.Stat(req.Path); err == nil && fi.IsDir() {
 				return nil // mkdir -p: an existing directory is left as it is
 			}
-			if err := os.MkdirAll(filepath.Dir(req.Path), 0o755); err != nil {
+			if err := mkdirAll(filepath.Dir(req.Path)); err != nil {
 				return err
 			}
 		}
@@ -384,6 +396,33 @@ func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
 	return fileError(err, req.Path)
 }
 
+// parentMode is the mode of the parent directories that write and mkdir create.
+const parentMode = 0o755
+
+// mkdirAll is os.MkdirAll with parentMode set exactly on every directory it creates: the
+// process's umask is not the agent's to rely on (an exec may have set it for its fork; see
+// startWithUmask).
+func mkdirAll(path string) error {
+	if fi, err := os.Stat(path); err == nil {
+		if fi.IsDir() {
+			return nil
+		}
+		return &fs.PathError{Op: "mkdir", Path: path, Err: syscall.ENOTDIR}
+	}
+	if parent := filepath.Dir(path); parent != path {
+		if err := mkdirAll(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(path, parentMode); err != nil {
+		if fi, serr := os.Lstat(path); serr == nil && fi.IsDir() {
+			return nil // made meanwhile
+		}
+		return err
+	}
+	return os.Chmod(path, parentMode)
+}
+
 // Remove implements control.Handler. A missing path is file-not-found, also when recursive.
 func (a *agent) Remove(ctx context.Context, req *control.FileRequest) error {
 	if filepath.Clean(req.Path) == "/" {
@@ -394,11 +433,26 @@ func (a *agent) Remove(ctx context.Context, req *control.FileRequest) error {
 			return err
 		}
 		if req.Recursive {
-			return os.RemoveAll(req.Path)
+			return removeTree(req.Path)
 		}
 		return os.Remove(req.Path)
 	})
 	return fileError(err, req.Path)
+}
+
+// removeTree removes path and everything under it with platform.RemoveTreeAt, which holds a
+// bounded number of descriptors however deep the tree (os.RemoveAll holds one per level and
+// fails with "too many open files" in a tree a mkdir loop makes 22 000 deep). The parent is
+// opened with O_PATH: like unlink, removing needs search permission on it, not read.
+func removeTree(path string) error {
+	dir, base := filepath.Split(filepath.Clean(path))
+	fd, err := openNoMagic(unix.AT_FDCWD, dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	parent := os.NewFile(uintptr(fd), dir)
+	defer parent.Close()
+	return platform.RemoveTreeAt(parent, base)
 }
 
 func fileInfo(fi fs.FileInfo) control.FileInfo {

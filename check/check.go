@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/image"
 	"github.com/sandboxd/sandboxd/store/template"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
@@ -137,12 +138,21 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer st.Close()
 	// The supervisor runs the repair's reconciliation; the names it declares to the store are
 	// what a state directory may hold besides the store's own entries.
-	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: o.Runtime, Logger: o.Logger})
+	// The image store and the template store, when there are, let it judge image references.
+	imgs, ts, imgErr := openImageStores(root)
+	if imgs != nil {
+		defer imgs.Close()
+	}
+	if ts != nil {
+		defer ts.Close()
+	}
+	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: o.Runtime, Images: imgs, Templates: ts, Logger: o.Logger})
 	if err != nil {
 		return nil, err
 	}
 	defer sup.Close()
 	c := newChecker(o, root, st, sup)
+	c.images, c.imagesErr = imgs, imgErr
 
 	first, err := c.scan(ctx)
 	if err != nil {
@@ -192,6 +202,10 @@ type checker struct {
 	own      []string
 	records  []string
 	declared map[string]store.EntryKind
+	// images is the image store (nil when there is none, or imagesErr says why it is
+	// unusable).
+	images    *image.Store
+	imagesErr error
 }
 
 func newChecker(o Options, root string, st *store.Store, sup *supervisor.Supervisor) *checker {
@@ -307,6 +321,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkCgroups(p)
 	c.checkLoops(p)
 	c.checkTemplates(ctx, p)
+	c.checkImages(ctx, p, false)
 	return p, nil
 }
 
@@ -662,6 +677,9 @@ func (c *checker) checkLoops(p *pass) {
 			dir := filepath.Join(c.root, store.SandboxesDir, id)
 			if s := p.states[dir]; s != nil && (s.busy || s.alive) || !c.stillIdle(dir, id) {
 				continue // in a transition, or running (or being captured): its disk is in use
+			}
+			if slices.ContainsFunc(p.unrecorded, func(pr runtime.Process) bool { return pr.Dir == dir }) {
+				continue // its unrecorded processes use it, and ending them (a repair) releases it
 			}
 		}
 		p.add(LeakedLoop, id, rest, "loop device /dev/%s holds it while no sandbox runs there; find what mounts it (findmnt /dev/%s in every mount namespace) and unmount it", dev, dev)

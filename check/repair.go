@@ -76,6 +76,9 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 		}
 	}
 
+	// Image references of users that are gone, then the image store's own leftovers.
+	c.checkImages(ctx, &pass{}, true)
+
 	if ts, err := template.Open(c.root, template.Options{}); err == nil {
 		lctx, cancel := context.WithTimeout(ctx, c.o.LockTimeout)
 		if _, err := ts.Check(lctx, template.BindingChecker(c.st.Dir), true); err != nil {

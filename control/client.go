@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -210,11 +211,23 @@ func (c *Client) Shutdown(ctx context.Context, grace time.Duration) error {
 	return c.roundTrip(ctx, Header{Op: OpShutdown, Shutdown: &ShutdownRequest{GraceMS: grace.Milliseconds()}}, nil)
 }
 
-// List returns the entries of the directory at path as user sees them.
+// List returns the entries of the directory at path as user sees them, at most
+// DefaultListLimit of them (a larger directory's listing is cut there).
 func (c *Client) List(ctx context.Context, path, user string) ([]FileInfo, error) {
-	st, _, stop, err := c.open(ctx, Header{Op: OpList, File: &FileRequest{Path: path, User: user}})
+	infos, _, err := c.ListLimit(ctx, path, user, DefaultListLimit)
+	return infos, err
+}
+
+// ListLimit returns at most limit (1 to MaxListLimit) entries of the directory at path as
+// user sees them, and whether the directory has more. It never holds more than limit
+// entries, whatever the agent sends: past the limit it stops reading and ends the stream.
+func (c *Client) ListLimit(ctx context.Context, path, user string, limit int) (_ []FileInfo, truncated bool, _ error) {
+	if limit < 1 || limit > MaxListLimit {
+		return nil, false, fmt.Errorf("control: listing limit %d is not between 1 and %d", limit, MaxListLimit)
+	}
+	st, _, stop, err := c.open(ctx, Header{Op: OpList, File: &FileRequest{Path: path, User: user, Limit: limit}})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer st.Close()
 	defer stop()
@@ -223,24 +236,63 @@ func (c *Client) List(ctx context.Context, path, user string) ([]FileInfo, error
 	for {
 		t, p, err := ReadFrame(st, buf)
 		if err != nil {
-			return nil, c.streamErr(ctx, err)
+			return nil, false, c.streamErr(ctx, err)
 		}
 		buf = p[:0]
 		switch t {
 		case FrameData:
-			var batch []FileInfo
-			if err := json.Unmarshal(p, &batch); err != nil {
-				return nil, fmt.Errorf("control: malformed list batch: %w", err)
+			var full bool
+			out, full, err = appendBatch(out, p, limit)
+			if err != nil {
+				return nil, false, err
 			}
-			out = append(out, batch...)
+			if full {
+				// More than asked for: an agent that ignores the limit. Closing the stream
+				// (deferred) tells it to stop.
+				return out, true, nil
+			}
 		case FrameEnd:
-			return out, nil
+			var end ListEnd
+			if len(p) > 0 {
+				if err := json.Unmarshal(p, &end); err != nil {
+					return nil, false, fmt.Errorf("control: malformed end of a listing: %w", err)
+				}
+			}
+			return out, end.Truncated, nil
 		case FrameError:
-			return nil, decodeRemoteError(p)
+			return nil, false, decodeRemoteError(p)
 		default:
-			return nil, fmt.Errorf("control: unexpected %s frame answering list", t)
+			return nil, false, fmt.Errorf("control: unexpected %s frame answering list", t)
 		}
 	}
+}
+
+// appendBatch decodes a list batch (a JSON array of FileInfo) entry by entry onto out, and
+// stops with full set at an entry beyond limit. Decoding entry by entry keeps a frame of tiny
+// entries from making us hold more than limit of them; the name length check bounds what
+// each one holds.
+func appendBatch(out []FileInfo, p []byte, limit int) (_ []FileInfo, full bool, _ error) {
+	dec := json.NewDecoder(bytes.NewReader(p))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return nil, false, fmt.Errorf("control: malformed list batch")
+	}
+	for dec.More() {
+		if len(out) == limit {
+			return out, true, nil
+		}
+		var fi FileInfo
+		if err := dec.Decode(&fi); err != nil {
+			return nil, false, fmt.Errorf("control: malformed list batch: %w", err)
+		}
+		if len(fi.Name) > maxNameLen {
+			return nil, false, fmt.Errorf("control: malformed list batch: a name of %d bytes", len(fi.Name))
+		}
+		out = append(out, fi)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, false, fmt.Errorf("control: malformed list batch: %w", err)
+	}
+	return out, false, nil
 }
 
 // ReadFile opens the file at path as user and streams its content, exactly size bytes: the

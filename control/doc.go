@@ -37,8 +37,9 @@
 //     compares the capability in constant time and, if it is wrong or if any other operation
 //     comes first, closes the whole session without a word. It answers a result
 //     {protocol, features, agent_version}, or an error protocol-mismatch.
-//   - exec ([ExecRequest]): the agent answers started {pid} (or error: the workload did not
-//     start), then stdout/stderr frames, and last exit ([ExitStatus]) or error. The client may
+//   - exec ([ExecRequest]; an absent umask means [DefaultUmask]): the agent answers started
+//     {pid} (or error: the workload did not start), then stdout/stderr frames, and last exit
+//     ([ExitStatus]) or error. The client may
 //     send stdin frames (if it asked for stdin), eof (stdin closed), resize and signal at any
 //     time before the exit.
 //   - read: a result {size} (of the file as opened), exactly size bytes in data frames, then
@@ -48,7 +49,11 @@
 //   - write ({path, mode, make_parents}): the client sends data frames, then end; the agent
 //     answers a result {size} or an error. The agent may answer an error early and stop
 //     reading; the client stops sending then.
-//   - list: data frames each holding a JSON array of [FileInfo], then end; or error.
+//   - list ({limit}; 0 means [DefaultListLimit]): data frames each holding a JSON array of
+//     [FileInfo], no more than limit entries in all, then end, whose payload is empty or a
+//     JSON [ListEnd] ({"truncated": true} when the directory has more than limit entries);
+//     or error. [Serve] enforces the limit whatever the [Handler] emits, and the client stops
+//     reading at it whatever the agent sends, so neither side holds more.
 //   - stat, mkdir, remove, stats, shutdown ({grace_ms}): one result (or error).
 //
 // Errors are [RemoteError] {code, message}; the client returns them wrapped in an

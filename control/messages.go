@@ -145,6 +145,22 @@ type ExecRequest struct {
 	// Stdin says the client will send stdin frames; without it the workload's stdin is
 	// /dev/null (or, with TTY, a terminal nobody types into).
 	Stdin bool `json:"stdin,omitempty"`
+	// Umask is the workload's file mode creation mask (0 to 0777). Absent, it is DefaultUmask:
+	// a workload never inherits the agent's own mask, so that what root creates is not
+	// writable by the sandbox's user unless the request asks for it.
+	Umask *uint32 `json:"umask,omitempty"`
+}
+
+// DefaultUmask is the workload's umask when the exec request names none: files 0644 and
+// directories 0755, as a login shell makes them.
+const DefaultUmask = 0o022
+
+// EffectiveUmask is the umask the workload runs with: the request's, or DefaultUmask.
+func (r *ExecRequest) EffectiveUmask() uint32 {
+	if r.Umask == nil {
+		return DefaultUmask
+	}
+	return *r.Umask
 }
 
 // Validate checks the request's shape; whether the command, cwd or user exist is for the agent
@@ -180,6 +196,9 @@ func (r *ExecRequest) Validate() error {
 	}
 	if r.TimeoutMS < 0 || r.TimeoutMS > maxTimeoutMS {
 		return invalidf("The timeout must be between 0 and %d milliseconds.", int64(maxTimeoutMS))
+	}
+	if r.Umask != nil && *r.Umask > 0o777 {
+		return invalidf("The umask %#o has bits beyond permissions; give one between 0 and 0777.", *r.Umask)
 	}
 	return nil
 }
@@ -227,6 +246,34 @@ type FileRequest struct {
 	MakeParents bool `json:"make_parents,omitempty"`
 	// Recursive removes a directory with its contents.
 	Recursive bool `json:"recursive,omitempty"`
+	// Limit is, for list, the most entries the agent sends (0 means DefaultListLimit, at most
+	// MaxListLimit). A listing cut at the limit ends with a ListEnd that says so.
+	Limit int `json:"limit,omitempty"`
+}
+
+// Bounds of a listing: what one list makes both sides hold. DefaultListLimit is the cap the
+// API has always applied to a listing.
+const (
+	DefaultListLimit = 10000
+	MaxListLimit     = 100000
+	// maxNameLen is the longest name a directory entry can have (NAME_MAX); a listing with a
+	// longer one is malformed, which bounds the bytes a listing of Limit entries holds.
+	maxNameLen = 255
+)
+
+// EffectiveLimit is the most entries a list answers.
+func (r *FileRequest) EffectiveLimit() int {
+	if r.Limit == 0 {
+		return DefaultListLimit
+	}
+	return r.Limit
+}
+
+// ListEnd is the payload of the end frame of a list; an empty payload means a complete
+// listing.
+type ListEnd struct {
+	// Truncated says the directory has more entries than the request's limit.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Validate checks the path and user.
@@ -236,6 +283,9 @@ func (r *FileRequest) Validate() error {
 	}
 	if r.Mode&^uint32(fs.ModePerm|0o7000) != 0 {
 		return invalidf("The mode %#o has bits beyond permissions.", r.Mode)
+	}
+	if r.Limit < 0 || r.Limit > MaxListLimit {
+		return invalidf("The listing limit must be between 0 and %d entries.", MaxListLimit)
 	}
 	return validateUser(r.User)
 }

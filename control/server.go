@@ -228,11 +228,8 @@ func (s *server) serveSimple(ctx context.Context, st *yamux.Stream, fw *frameWri
 			return
 		}
 	case OpList:
-		err = s.h.List(ctx, hdr.File, func(batch []FileInfo) error {
-			return writeJSON(fw, FrameData, batch)
-		})
+		err = s.serveList(ctx, fw, hdr.File)
 		if err == nil {
-			fw.write(FrameEnd, nil)
 			return
 		}
 	case OpStat:
@@ -262,6 +259,47 @@ func (s *server) serveSimple(ctx context.Context, st *yamux.Stream, fw *frameWri
 		return
 	}
 	_ = writeJSON(fw, FrameResult, result)
+}
+
+// errListFull stops a handler's listing once the request's limit is reached and it
+// offers more.
+var errListFull = errors.New("control: the listing reached its limit")
+
+// serveList streams the handler's batches, never more than the request's limit in all, and
+// ends with the end frame, which says whether the listing was cut. Neither side holds more
+// than the limit, however large the directory.
+func (s *server) serveList(ctx context.Context, fw *frameWriter, req *FileRequest) error {
+	limit, sent := req.EffectiveLimit(), 0
+	truncated := false
+	err := s.h.List(ctx, req, func(batch []FileInfo) error {
+		if len(batch) == 0 {
+			return nil
+		}
+		if sent == limit {
+			truncated = true
+			return errListFull
+		}
+		if len(batch) > limit-sent {
+			batch, truncated = batch[:limit-sent], true
+		}
+		sent += len(batch)
+		if err := writeJSON(fw, FrameData, batch); err != nil {
+			return err
+		}
+		if truncated {
+			return errListFull
+		}
+		return nil
+	})
+	if err != nil && !(truncated && errors.Is(err, errListFull)) {
+		return err
+	}
+	var end []byte
+	if truncated {
+		end, _ = json.Marshal(ListEnd{Truncated: true})
+	}
+	fw.write(FrameEnd, end)
+	return nil
 }
 
 func (s *server) serveRead(ctx context.Context, fw *frameWriter, req *FileRequest) error {

@@ -50,18 +50,28 @@ const (
 	TransitionInProgress Code = "transition-in-progress"
 	SandboxLeased        Code = "sandbox-leased"
 	GenerationLeased     Code = "generation-leased"
+	ImageInUse           Code = "image-in-use" // a sandbox or a template generation uses the image
 
 	// WaitTimeout: the sandbox did not reach the state waited for in time.
 	WaitTimeout Code = "wait-timeout"
 
 	StopTimeout  Code = "stop-timeout"
 	StartTimeout Code = "start-timeout"
+
+	// StorageFull: the file system of the state root is out of space or over a quota
+	// (ENOSPC, EDQUOT). Made by [Storage].
+	StorageFull Code = "storage-full"
+	// StorageUnavailable: the file system of the state root refuses writes or fails them
+	// (EROFS, EIO). Made by [Storage].
+	StorageUnavailable Code = "storage-unavailable"
 )
 
 // Error is a domain error with a stable code and a message that tells the caller what to do.
 type Error struct {
 	Code Code
-	// Msg is a full sentence for the caller; it must not leak host paths or internals.
+	// Msg is a full sentence for the caller; it must not leak host paths or internals. The one
+	// path it may name is the state root, in a storage fault ([Storage]): the operator who
+	// must free or repair it needs to know which file system it is.
 	Msg string
 	// Field names the request field at fault, for InvalidRequest.
 	Field string

@@ -326,8 +326,9 @@ func newTestServer(t testing.TB, h *Handlers) *server.Server {
 
 // problem is the part of a problem response the tests look at.
 type problem struct {
-	Code  string `json:"code"`
-	Field string `json:"field"`
+	Code   string `json:"code"`
+	Field  string `json:"field"`
+	Detail string `json:"detail"`
 }
 
 // newRequest is a request to the server under test, with a JSON body if body is set.

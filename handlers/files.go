@@ -2,7 +2,10 @@ package handlers
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/sandboxd/sandboxd/errcode"
 
 	"github.com/sandboxd/sandboxd/openapi"
 	"github.com/sandboxd/sandboxd/supervisor"
@@ -20,7 +23,7 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 	if req.Params.List != nil && *req.Params.List {
 		infos, err := h.sup.ListFiles(ctx, req.ID, req.Params.Path, fileUser)
 		if err != nil {
-			return nil, err
+			return nil, pathFault(err)
 		}
 		out := openapi.FileList{Items: make([]openapi.FileEntry, 0, min(len(infos), maxListEntries))}
 		for i, fi := range infos {
@@ -36,7 +39,7 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 	// opened, so a file renamed over meanwhile cannot make the two disagree.
 	rc, size, err := h.sup.ReadFile(context.WithoutCancel(ctx), req.ID, req.Params.Path, fileUser)
 	if err != nil {
-		return nil, err
+		return nil, pathFault(err)
 	}
 	resp := openapi.ReadFile200ApplicationOctetStreamResponse{Body: rc}
 	if size > 0 {
@@ -46,16 +49,23 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 }
 
 func (h *Handlers) WriteFile(ctx context.Context, req openapi.WriteFileRequestObject) (openapi.WriteFileResponseObject, error) {
-	w := supervisor.WriteRequest{Path: req.Params.Path, User: fileUser, Mode: 0o644, MakeParents: true}
+	parents := req.Params.Parents == nil || *req.Params.Parents
+	w := supervisor.WriteRequest{Path: req.Params.Path, User: fileUser, Mode: 0o644, MakeParents: parents}
 	if _, err := h.sup.WriteFile(ctx, req.ID, w, req.Body); err != nil {
-		return nil, err
+		if !parents && errcode.Of(err) == errcode.FileNotFound {
+			// The file itself is being created: what is missing is a directory above it.
+			return nil, &errcode.Error{Code: errcode.FileNotFound, Field: "path", Err: err,
+				Msg: fmt.Sprintf("A parent directory of %q does not exist; create it first, or write with parents=true.", truncate(req.Params.Path))}
+		}
+		return nil, pathFault(err)
 	}
 	return openapi.WriteFile204Response{}, nil
 }
 
 func (h *Handlers) RemoveFile(ctx context.Context, req openapi.RemoveFileRequestObject) (openapi.RemoveFileResponseObject, error) {
-	if err := h.sup.RemoveFile(ctx, req.ID, req.Params.Path, fileUser, true); err != nil {
-		return nil, err
+	recursive := req.Params.Recursive != nil && *req.Params.Recursive
+	if err := h.sup.RemoveFile(ctx, req.ID, req.Params.Path, fileUser, recursive); err != nil {
+		return nil, pathFault(err)
 	}
 	return openapi.RemoveFile204Response{}, nil
 }
@@ -77,4 +87,24 @@ func apiFileEntry(fi supervisor.FileInfo) openapi.FileEntry {
 		Mode:       fmt.Sprintf("%04o", fi.Mode),
 		ModifiedAt: fi.ModifiedAt,
 	}
+}
+
+// pathFault names `path` as the field at fault of a file operation's invalid-request (a
+// directory read without list=true, a non-empty directory removed without recursive=true, a
+// component that is not a directory): the path is the one input that such a refusal is about.
+func pathFault(err error) error {
+	var e *errcode.Error
+	if !errors.As(err, &e) || e.Code != errcode.InvalidRequest || e.Field != "" {
+		return err
+	}
+	return &errcode.Error{Code: e.Code, Msg: e.Msg, Field: "path", Err: err}
+}
+
+// truncate bounds a client's path quoted back in a message.
+func truncate(path string) string {
+	const max = 256
+	if len(path) <= max {
+		return path
+	}
+	return path[:max] + "..."
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,7 +54,8 @@ func TestFileList(t *testing.T) {
 }
 
 // TestFileWriteReadRemove: a write makes its parents and a 0644 file as the sandbox's user, a
-// read streams the content with its length, a remove is recursive.
+// read streams the content with its length, a remove is recursive when asked to be, and only
+// then.
 func TestFileWriteReadRemove(t *testing.T) {
 	t.Parallel()
 	f := &fakeSupervisor{}
@@ -72,10 +74,13 @@ func TestFileWriteReadRemove(t *testing.T) {
 	if rec.Code != http.StatusOK || rec.Body.String() != "hello" || rec.Header().Get("Content-Length") != "5" {
 		t.Errorf("read: %d %q, length %q", rec.Code, rec.Body, rec.Header().Get("Content-Length"))
 	}
-	if code, body := do(t, s, "DELETE", "/v1/sandboxes/a1/files?path=/home/user/a", ""); code != http.StatusNoContent {
+	if code, body := do(t, s, "DELETE", "/v1/sandboxes/a1/files?path=/home/user/a&recursive=true", ""); code != http.StatusNoContent {
 		t.Errorf("remove: %d %s", code, body)
 	}
-	if !slices.Equal(f.removes, []string{"/home/user/a recursively as user"}) {
+	if code, body := do(t, s, "DELETE", "/v1/sandboxes/a1/files?path=/home/user/b", ""); code != http.StatusNoContent {
+		t.Errorf("remove: %d %s", code, body)
+	}
+	if !slices.Equal(f.removes, []string{"/home/user/a recursively as user", "/home/user/b as user"}) {
 		t.Errorf("removed %q", f.removes)
 	}
 }
@@ -95,5 +100,38 @@ func TestFileRefusals(t *testing.T) {
 	code, body := do(t, s, "GET", "/v1/sandboxes/a1/files?path=relative", "")
 	if p := problemOf(t, body); code != http.StatusBadRequest || p.Field != "path" {
 		t.Errorf("a relative path: %d %+v, want invalid-request on path", code, p)
+	}
+}
+
+// TestFileRefusalsNamePath: the agent's refusals of a path (a directory read as a file, a
+// non-empty directory removed without recursive=true) come back with field path, and a write
+// with parents=false into a missing directory says so and offers parents=true.
+func TestFileRefusalsNamePath(t *testing.T) {
+	t.Parallel()
+	f := &fakeSupervisor{err: errcode.New(errcode.InvalidRequest, "\"/home/user\" is a directory.")}
+	h, _ := newTestHandlers(t, f)
+	s := newTestServer(t, h)
+	for _, c := range []struct{ method, target string }{
+		{"GET", "/v1/sandboxes/a1/files?path=/home/user"},
+		{"DELETE", "/v1/sandboxes/a1/files?path=/home/user"},
+	} {
+		code, body := do(t, s, c.method, c.target, "")
+		if p := problemOf(t, body); code != http.StatusBadRequest || p.Field != "path" {
+			t.Errorf("%s %s: %d %+v, want invalid-request on path", c.method, c.target, code, p)
+		}
+	}
+
+	f = &fakeSupervisor{err: errcode.New(errcode.FileNotFound, "\"/no/dir/f\" does not exist inside the sandbox.")}
+	h, _ = newTestHandlers(t, f)
+	s = newTestServer(t, h)
+	req := newRequest("PUT", "/v1/sandboxes/a1/files?path=/no/dir/f&parents=false", "")
+	req.Body = http.NoBody
+	req.Header.Set("Content-Type", "application/octet-stream")
+	rec := serve(s, req)
+	if p := problemOf(t, rec.Body.Bytes()); rec.Code != http.StatusNotFound || p.Field != "path" || !strings.Contains(p.Detail, "parents=true") {
+		t.Errorf("a write into a missing directory with parents=false: %d %+v", rec.Code, p)
+	}
+	if len(f.writes) != 1 || f.writes[0].MakeParents {
+		t.Errorf("parents=false still makes parents: %+v", f.writes)
 	}
 }

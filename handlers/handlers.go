@@ -89,6 +89,9 @@ type Config struct {
 	// Events, if set, is where handlers publish the events they cause (the supervisor's own
 	// reach the bus through its OnEvent hook; see EventOf). A nil bus drops events.
 	Events *events.Bus
+	// Images, if set, serves the image operations (the supervisor); without it they answer
+	// not-implemented, and the image list holds the host image and directories alone.
+	Images Images
 	// OnExec, if set, is told of every admitted exec when it ends: mode is "buffered" or
 	// "stream", d how long it ran, timedOut whether its timeout killed it, err why it failed.
 	// It must not block.
@@ -154,6 +157,22 @@ func EventOf(e supervisor.Event) openapi.Event {
 	if e.Lease != "" {
 		l := e.Lease
 		ev.Lease = &l
+	}
+	if e.Image != "" {
+		img := e.Image
+		ev.Image = &img
+	}
+	if e.Error != "" {
+		msg := e.Error
+		ev.Error = &msg
+	}
+	if p := e.ImageProgress; p != nil {
+		ev.ImageProgress = &struct {
+			BytesDone  int64  `json:"bytes_done"`
+			BytesTotal int64  `json:"bytes_total"`
+			DiffID     string `json:"diff_id"`
+			Layer      int    `json:"layer"`
+		}{BytesDone: p.Done, BytesTotal: p.Total, DiffID: p.DiffID, Layer: p.Layer}
 	}
 	if p := e.Progress; p != nil {
 		ev.Progress = &struct {

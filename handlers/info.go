@@ -13,14 +13,18 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	rt := h.sup.RuntimeInfo()
 	info.Runtime.Kind = openapi.InfoRuntimeKind(rt.Kind)
 	info.Runtime.Identity = rt.Identity
-	images, err := h.sup.Images()
+	images, err := h.imageNames()
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range images {
+	for _, img := range images {
+		name := img.Name
 		desc := "A root filesystem directory under the state root's images/."
-		if name == supervisor.HostImage {
+		switch {
+		case name == supervisor.HostImage:
 			desc = "The host's /usr, read-only, with a generated /etc."
+		case img.Kind == supervisor.ImageKindOCI:
+			desc = "An OCI image, pulled or imported (see /v1/images/" + name + ")."
 		}
 		info.Images = append(info.Images, struct {
 			Description *string `json:"description,omitempty"`
@@ -34,4 +38,25 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	info.Limits.MaxExecOutputBytes = supervisor.MaxExecOutput
 	info.Limits.MaxGenerationAgeSeconds = int64(h.cfg.MaxGenerationAge.Seconds())
 	return openapi.GetInfo200JSONResponse(info), nil
+}
+
+// imageNames are the images /v1/info lists: every image a sandbox can be created on now
+// (a pull in progress or failed is not one).
+func (h *Handlers) imageNames() ([]*supervisor.ImageInfo, error) {
+	if h.cfg.Images == nil {
+		names, err := h.sup.Images()
+		out := make([]*supervisor.ImageInfo, 0, len(names))
+		for _, n := range names {
+			out = append(out, &supervisor.ImageInfo{Name: n})
+		}
+		return out, err
+	}
+	all, err := h.cfg.Images.ListImages()
+	out := all[:0]
+	for _, i := range all {
+		if i.State == supervisor.ImageReady {
+			out = append(out, i)
+		}
+	}
+	return out, err
 }

@@ -134,8 +134,20 @@ func TestRunStream(t *testing.T) {
 	send(websocket.TextMessage, `{"type":"resize","rows":0,"cols":99}`)
 	send(websocket.TextMessage, `not json`)
 	send(websocket.TextMessage, `{"type":"signal","signal":"SIGINT"}`)
+	send(websocket.TextMessage, `{"type":"signal","signal":"SIGNOPE"}`)
+	send(websocket.TextMessage, `{"type":"bogus"}`)
 	send(websocket.TextMessage, `{"type":"eof"}`)
 
+	// Each frame the server could not act on is answered with an error message, in order,
+	// and the session goes on.
+	for _, want := range []string{"stream byte 0", "rows and cols", "JSON control message", "unknown signal", "unknown control message type"} {
+		kind, data, err := conn.ReadMessage()
+		var e map[string]any
+		if err != nil || kind != websocket.TextMessage || json.Unmarshal(data, &e) != nil ||
+			e["type"] != "error" || e["code"] != "invalid-request" || !strings.Contains(e["detail"].(string), want) {
+			t.Fatalf("error message: %d %q %v, want one saying %q", kind, data, err, want)
+		}
+	}
 	kind, data, err := conn.ReadMessage()
 	var exit map[string]any
 	if err != nil || kind != websocket.TextMessage || json.Unmarshal(data, &exit) != nil {

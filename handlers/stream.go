@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,6 +49,13 @@ type controlMessage struct {
 	Rows   uint16 `json:"rows,omitempty"`
 	Cols   uint16 `json:"cols,omitempty"`
 	Signal string `json:"signal,omitempty"`
+}
+
+// errorMessage answers a frame of the client's that the server could not act on.
+type errorMessage struct {
+	Type   string `json:"type"`
+	Code   string `json:"code"`
+	Detail string `json:"detail"`
 }
 
 // exitMessage is the server's last text frame.
@@ -204,15 +212,16 @@ type workload interface {
 
 // streamConn is one upgraded connection and the workload it relays. Three goroutines share
 // it: the pinger (WriteControl, which may run concurrently with the writer), the reader
-// (stdin and control messages), and the writer, the caller of runStream, which alone writes
-// data and close frames.
+// (stdin and control messages, and the error messages that answer bad ones), and the writer,
+// the caller of runStream, which writes output, exit and close frames.
 type streamConn struct {
 	conn *websocket.Conn
 	work workload
 	log  *slog.Logger
 	// gone kills the workload, once: the client is gone, or a write to it failed.
 	gone     func()
-	writeErr error // the writer's first failed write
+	wmu      sync.Mutex
+	writeErr error // the first failed write, under wmu
 }
 
 // runStream pumps a workload's streams over an upgraded connection until the workload ends
@@ -276,41 +285,73 @@ func (c *streamConn) read() {
 			c.gone()
 			return
 		}
+		var refusal string
 		switch kind {
 		case websocket.BinaryMessage:
-			// Only stdin flows from the client; the rest is ignored.
-			if len(data) > 0 && data[0] == streamStdin {
-				if err := c.work.WriteStdin(data[1:]); err != nil {
-					c.log.Debug("exec stream: stdin", "err", err)
-				}
+			// Only stdin flows from the client.
+			if len(data) == 0 || data[0] != streamStdin {
+				refusal = "a binary frame must start with stream byte 0 (stdin)"
+				break
+			}
+			if err := c.work.WriteStdin(data[1:]); err != nil {
+				c.log.Debug("exec stream: stdin", "err", err)
 			}
 		case websocket.TextMessage:
-			c.control(data)
+			refusal = c.control(data)
+		}
+		if refusal != "" {
+			c.refuse(refusal)
 		}
 	}
 }
 
-// control applies a control message of the client's; one it cannot read is ignored.
-func (c *streamConn) control(data []byte) {
+// control applies a control message of the client's, or says why it cannot.
+func (c *streamConn) control(data []byte) (refusal string) {
 	var m controlMessage
 	if json.Unmarshal(data, &m) != nil {
-		return
+		return "a text frame must be one JSON control message"
 	}
 	switch m.Type {
 	case "resize":
-		if m.Rows > 0 && m.Cols > 0 {
-			_ = c.work.Resize(m.Rows, m.Cols)
+		if m.Rows == 0 || m.Cols == 0 {
+			return "resize needs rows and cols of 1 or more"
 		}
+		_ = c.work.Resize(m.Rows, m.Cols)
 	case "signal":
+		if !signalNames[strings.TrimPrefix(m.Signal, "SIG")] {
+			return "unknown signal name; use one such as SIGINT or SIGTERM"
+		}
 		_ = c.work.Signal(m.Signal)
 	case "eof":
 		_ = c.work.CloseStdin()
+	default:
+		return "unknown control message type; use resize, signal or eof"
 	}
+	return ""
+}
+
+// refuse answers a frame the server cannot act on with an error message, rather than ignore
+// it and leave the client to believe it took effect; the session goes on.
+func (c *streamConn) refuse(what string) {
+	b, _ := json.Marshal(errorMessage{Type: "error", Code: string(errcode.InvalidRequest), Detail: "The frame was ignored: " + what + "."})
+	c.write(websocket.TextMessage, b)
+}
+
+// signalNames are the Linux signals a client may send, without their SIG prefix.
+var signalNames = map[string]bool{
+	"HUP": true, "INT": true, "QUIT": true, "ILL": true, "TRAP": true, "ABRT": true, "BUS": true,
+	"FPE": true, "KILL": true, "USR1": true, "SEGV": true, "USR2": true, "PIPE": true, "ALRM": true,
+	"TERM": true, "STKFLT": true, "CHLD": true, "CONT": true, "STOP": true, "TSTP": true,
+	"TTIN": true, "TTOU": true, "URG": true, "XCPU": true, "XFSZ": true, "VTALRM": true,
+	"PROF": true, "WINCH": true, "IO": true, "PWR": true, "SYS": true,
 }
 
 // write sends one message. Once a write failed the client is gone: the workload is killed,
-// and later writes are dropped.
+// and later writes are dropped. The writer and the reader (for its error messages) both
+// write: wmu keeps their messages whole.
 func (c *streamConn) write(kind int, data []byte) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	if c.writeErr != nil {
 		return
 	}

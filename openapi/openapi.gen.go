@@ -17,114 +17,6 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ErrorCode.
-const (
-	ErrorCodeAlreadyProvisioned   ErrorCode = "already-provisioned"
-	ErrorCodeAlreadyRunning       ErrorCode = "already-running"
-	ErrorCodeFileNotFound         ErrorCode = "file-not-found"
-	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
-	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
-	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
-	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
-	ErrorCodeInternal             ErrorCode = "internal"
-	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
-	ErrorCodeMethodNotAllowed     ErrorCode = "method-not-allowed"
-	ErrorCodeNotFound             ErrorCode = "not-found"
-	ErrorCodeNotImplemented       ErrorCode = "not-implemented"
-	ErrorCodeNotRunning           ErrorCode = "not-running"
-	ErrorCodePayloadTooLarge      ErrorCode = "payload-too-large"
-	ErrorCodeProvisionedAgain     ErrorCode = "provisioned-again"
-	ErrorCodeRuntimeMismatch      ErrorCode = "runtime-mismatch"
-	ErrorCodeSandboxBusy          ErrorCode = "sandbox-busy"
-	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
-	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
-	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
-	ErrorCodeSandboxPaused        ErrorCode = "sandbox-paused"
-	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
-	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
-	ErrorCodeTemplateExists       ErrorCode = "template-exists"
-	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
-	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
-	ErrorCodeTemplateTombstoned   ErrorCode = "template-tombstoned"
-	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
-	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
-	ErrorCodeUnavailable          ErrorCode = "unavailable"
-	ErrorCodeWaitTimeout          ErrorCode = "wait-timeout"
-)
-
-// Valid indicates whether the value is a known member of the ErrorCode enum.
-func (e ErrorCode) Valid() bool {
-	switch e {
-	case ErrorCodeAlreadyProvisioned:
-		return true
-	case ErrorCodeAlreadyRunning:
-		return true
-	case ErrorCodeFileNotFound:
-		return true
-	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeForeignFiles:
-		return true
-	case ErrorCodeGenerationLeased:
-		return true
-	case ErrorCodeGenerationNotFound:
-		return true
-	case ErrorCodeImageNotFound:
-		return true
-	case ErrorCodeInternal:
-		return true
-	case ErrorCodeInvalidRequest:
-		return true
-	case ErrorCodeMethodNotAllowed:
-		return true
-	case ErrorCodeNotFound:
-		return true
-	case ErrorCodeNotImplemented:
-		return true
-	case ErrorCodeNotRunning:
-		return true
-	case ErrorCodePayloadTooLarge:
-		return true
-	case ErrorCodeProvisionedAgain:
-		return true
-	case ErrorCodeRuntimeMismatch:
-		return true
-	case ErrorCodeSandboxBusy:
-		return true
-	case ErrorCodeSandboxLaunched:
-		return true
-	case ErrorCodeSandboxLeased:
-		return true
-	case ErrorCodeSandboxNotFound:
-		return true
-	case ErrorCodeSandboxPaused:
-		return true
-	case ErrorCodeStartTimeout:
-		return true
-	case ErrorCodeStopTimeout:
-		return true
-	case ErrorCodeTemplateExists:
-		return true
-	case ErrorCodeTemplateIneligible:
-		return true
-	case ErrorCodeTemplateNotFound:
-		return true
-	case ErrorCodeTemplateTombstoned:
-		return true
-	case ErrorCodeTransitionInProgress:
-		return true
-	case ErrorCodeUnauthorized:
-		return true
-	case ErrorCodeUnavailable:
-		return true
-	case ErrorCodeWaitTimeout:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -152,6 +44,11 @@ const (
 	EventTypeGenerationCaptured   EventType = "generation.captured"
 	EventTypeGenerationRetired    EventType = "generation.retired"
 	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
+	EventTypeImageDeleted         EventType = "image.deleted"
+	EventTypeImageFailed          EventType = "image.failed"
+	EventTypeImageImported        EventType = "image.imported"
+	EventTypeImagePullProgress    EventType = "image.pull.progress"
+	EventTypeImagePulled          EventType = "image.pulled"
 	EventTypeLeaseAcquired        EventType = "lease.acquired"
 	EventTypeLeaseReleased        EventType = "lease.released"
 	EventTypeSandboxCreated       EventType = "sandbox.created"
@@ -174,6 +71,16 @@ func (e EventType) Valid() bool {
 	case EventTypeGenerationRetired:
 		return true
 	case EventTypeGenerationTombstoned:
+		return true
+	case EventTypeImageDeleted:
+		return true
+	case EventTypeImageFailed:
+		return true
+	case EventTypeImageImported:
+		return true
+	case EventTypeImagePullProgress:
+		return true
+	case EventTypeImagePulled:
 		return true
 	case EventTypeLeaseAcquired:
 		return true
@@ -275,6 +182,48 @@ const (
 func (e HealthStatus) Valid() bool {
 	switch e {
 	case HealthStatusOk:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ImageKind.
+const (
+	ImageKindDirectory ImageKind = "directory"
+	ImageKindHost      ImageKind = "host"
+	ImageKindOci       ImageKind = "oci"
+)
+
+// Valid indicates whether the value is a known member of the ImageKind enum.
+func (e ImageKind) Valid() bool {
+	switch e {
+	case ImageKindDirectory:
+		return true
+	case ImageKindHost:
+		return true
+	case ImageKindOci:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ImageState.
+const (
+	ImageStateFailed  ImageState = "failed"
+	ImageStatePulling ImageState = "pulling"
+	ImageStateReady   ImageState = "ready"
+)
+
+// Valid indicates whether the value is a known member of the ImageState enum.
+func (e ImageState) Valid() bool {
+	switch e {
+	case ImageStateFailed:
+		return true
+	case ImageStatePulling:
+		return true
+	case ImageStateReady:
 		return true
 	default:
 		return false
@@ -450,7 +399,9 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone (needs `template`); default the newest eligible one.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
+	// `generation` without `template` is refused with `invalid-request` (field
+	// `generation`), which OpenAPI 3.0 cannot say in the schema.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one when absent.
@@ -504,8 +455,9 @@ type EnvKey = string
 type EnvVar = string
 
 // ErrorCode The stable error codes, identical to package errcode. Never renamed; new ones may be
-// added, so clients treat an unknown code by its HTTP status.
-type ErrorCode string
+// added, so clients treat an unknown code by its HTTP status. The list is open
+// (`x-extensible-enum`): a client must accept a code it does not know.
+type ErrorCode = string
 
 // Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
 // `type` and `at` depend on the type:
@@ -520,23 +472,47 @@ type ErrorCode string
 //     `generation`, and for a capture the `sandbox` it came from;
 //   - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
 //   - `capture.progress`: `template`, `sandbox`, `progress` (the generation id is not known
-//     until `generation.captured`).
+//     until `generation.captured`);
+//   - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
+//   - `image.pulled`, `image.imported`, `image.deleted`: `image`;
+//   - `image.failed`: `image`, `error`.
 type Event struct {
 	At time.Time `json:"at"`
+
+	// Error Why an image pull failed.
+	Error *string `json:"error,omitempty"`
 
 	// Exit How the sandbox's last run ended.
 	Exit *LastExit `json:"exit,omitempty"`
 
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation *GenerationID `json:"generation,omitempty"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Image An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 	//
-	// Example: l-build-42
+	// Example: host
+	Image         *ImageName `json:"image,omitempty"`
+	ImageProgress *struct {
+		BytesDone int64 `json:"bytes_done"`
+
+		// BytesTotal -1 when unknown.
+		BytesTotal int64  `json:"bytes_total"`
+		DiffID     string `json:"diff_id"`
+
+		// Layer The layer's index, 0 at the bottom.
+		Layer int `json:"layer"`
+	} `json:"image_progress,omitempty"`
+
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
+	//
+	// Example: l-0123456789abcdef
 	Lease    *LeaseID `json:"lease,omitempty"`
 	Progress *struct {
 		BytesDone int64 `json:"bytes_done"`
@@ -575,7 +551,8 @@ type EventType string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
-	// Command The program and its arguments. The program is looked up in `PATH`.
+	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
+	// empty (the arguments may be).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -605,10 +582,12 @@ type ExecRequest struct {
 type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
-	// ExitCode The exit status, or -1 when a signal ended the command.
+	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
 	ExitCode int `json:"exit_code"`
 
-	// Signal The signal that ended the command, when one did.
+	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
+	// when it exited by itself. `exit_code` is then 128 plus its number.
 	Signal *string `json:"signal,omitempty"`
 
 	// Stderr Standard error as UTF-8 (invalid bytes replaced by U+FFFD).
@@ -651,8 +630,11 @@ type Generation struct {
 	// capture); `expired` (captured longer ago than the server's maximum age).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
-	// ID Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
@@ -683,8 +665,11 @@ type GenerationEligibility string
 // `retiring`: its retirement waits for the last lease to go.
 type GenerationState string
 
-// GenerationID Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationID = string
@@ -702,6 +687,81 @@ type Health struct {
 
 // HealthStatus defines model for Health.Status.
 type HealthStatus string
+
+// Image defines model for Image.
+type Image struct {
+	// Config The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+	// defaults of every exec (the exec's own fields override; a `user` other than root is
+	// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
+	Config       *ImageConfig `json:"config,omitempty"`
+	ConfigDigest *string      `json:"config_digest,omitempty"`
+	CreatedAt    *time.Time   `json:"created_at,omitempty"`
+
+	// Digest The manifest digest.
+	Digest *string `json:"digest,omitempty"`
+
+	// Error Why the pull failed (state `failed`).
+	Error *string `json:"error,omitempty"`
+
+	// Kind `host` (built in), `directory` (a root file system under `images/`) or `oci` (pulled or imported).
+	Kind ImageKind `json:"kind"`
+
+	// Layers Bottom first.
+	Layers *[]ImageLayer `json:"layers,omitempty"`
+
+	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	//
+	// Example: host
+	Name     ImageName `json:"name"`
+	Platform *string   `json:"platform,omitempty"`
+
+	// Ref The reference it was pulled by; absent for an import.
+	Ref *string `json:"ref,omitempty"`
+
+	// SizeBytes The bytes of the layers' files.
+	SizeBytes *int64     `json:"size_bytes,omitempty"`
+	State     ImageState `json:"state"`
+
+	// UsedBy Who holds a reference to the image (`sandbox <id>`, `generation <template>/<gen>`).
+	UsedBy *[]string `json:"used_by,omitempty"`
+}
+
+// ImageKind `host` (built in), `directory` (a root file system under `images/`) or `oci` (pulled or imported).
+type ImageKind string
+
+// ImageState defines model for Image.State.
+type ImageState string
+
+// ImageConfig The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+// defaults of every exec (the exec's own fields override; a `user` other than root is
+// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
+type ImageConfig struct {
+	Cmd        *[]string `json:"cmd,omitempty"`
+	Entrypoint *[]string `json:"entrypoint,omitempty"`
+	Env        *[]string `json:"env,omitempty"`
+	User       *string   `json:"user,omitempty"`
+	WorkingDir *string   `json:"working_dir,omitempty"`
+}
+
+// ImageLayer defines model for ImageLayer.
+type ImageLayer struct {
+	// BytesDone For a pull in progress, the bytes of the layer's blob read so far.
+	BytesDone *int64 `json:"bytes_done,omitempty"`
+
+	// BytesTotal For a pull in progress, the bytes of the layer's blob (-1 unknown).
+	BytesTotal *int64 `json:"bytes_total,omitempty"`
+
+	// DiffID The sha256 of the layer's uncompressed tar, which names it on disk.
+	DiffID string `json:"diff_id"`
+
+	// Present The server held the layer already; nothing of it was downloaded.
+	Present *bool `json:"present,omitempty"`
+}
+
+// ImageList defines model for ImageList.
+type ImageList struct {
+	Items []Image `json:"items"`
+}
 
 // ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 //
@@ -800,9 +860,9 @@ type LastExitReason string
 type Lease struct {
 	AcquiredAt time.Time `json:"acquired_at"`
 
-	// ID Assigned by the server when a clone leases a generation; opaque to clients.
+	// ID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	ID LeaseID `json:"id"`
 
 	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -811,9 +871,9 @@ type Lease struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// LeaseID Assigned by the server when a clone leases a generation; opaque to clients.
+// LeaseID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 //
-// Example: l-build-42
+// Example: l-0123456789abcdef
 type LeaseID = string
 
 // LeaseList defines model for LeaseList.
@@ -827,7 +887,8 @@ type OnTimeout string
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
-	// added, so clients treat an unknown code by its HTTP status.
+	// added, so clients treat an unknown code by its HTTP status. The list is open
+	// (`x-extensible-enum`): a client must accept a code it does not know.
 	Code ErrorCode `json:"code"`
 
 	// Detail What went wrong and what to do next, in a sentence.
@@ -847,6 +908,24 @@ type Problem struct {
 	//
 	// Example: urn:sandboxd:problem:sandbox-busy
 	Type string `json:"type"`
+}
+
+// PullImageRequest defines model for PullImageRequest.
+type PullImageRequest struct {
+	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	//
+	// Example: host
+	Name *ImageName `json:"name,omitempty"`
+
+	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	//
+	// Example: linux/amd64
+	Platform *string `json:"platform,omitempty"`
+
+	// Ref `registry/repository:tag` or `registry/repository@sha256:<digest>`.
+	//
+	// Example: registry.example.com/library/busybox:1.36
+	Ref string `json:"ref"`
 }
 
 // Resources Resource limits, applied through the sandbox's cgroup.
@@ -967,16 +1046,19 @@ type Template struct {
 
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation GenerationID `json:"generation"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease LeaseID `json:"lease"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -1016,11 +1098,19 @@ type Cursor = string
 // Drain defines model for Drain.
 type Drain = bool
 
-// GenerationIDPath Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
+
+// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageNamePath = ImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1081,7 +1171,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1109,6 +1201,9 @@ type DeleteSandboxParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Recursive Remove a directory with everything in it.
+	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1123,6 +1218,9 @@ type ReadFileParams struct {
 
 // WriteFileParams defines parameters for WriteFile.
 type WriteFileParams struct {
+	// Parents Create missing parent directories, as `mkdir -p` does.
+	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1190,7 +1288,9 @@ type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1210,7 +1310,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1244,6 +1346,9 @@ type TombstoneGenerationParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// PullImageJSONRequestBody defines body for PullImage for application/json ContentType.
+type PullImageJSONRequestBody = PullImageRequest
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
@@ -1264,6 +1369,21 @@ type ServerInterface interface {
 	// GetHealth Liveness
 	// (GET /healthz)
 	GetHealth(w http.ResponseWriter, r *http.Request)
+	// ListImages List images
+	// (GET /v1/images)
+	ListImages(w http.ResponseWriter, r *http.Request)
+	// PullImage Pull an image from a registry
+	// (POST /v1/images)
+	PullImage(w http.ResponseWriter, r *http.Request)
+	// DeleteImage Delete an OCI image
+	// (DELETE /v1/images/{name})
+	DeleteImage(w http.ResponseWriter, r *http.Request, name ImageNamePath)
+	// GetImage Get an image
+	// (GET /v1/images/{name})
+	GetImage(w http.ResponseWriter, r *http.Request, name ImageNamePath)
+	// ImportImage Import an image archive
+	// (PUT /v1/images/{name})
+	ImportImage(w http.ResponseWriter, r *http.Request, name ImageNamePath)
 	// GetInfo Server version, runtime, images and limits
 	// (GET /v1/info)
 	GetInfo(w http.ResponseWriter, r *http.Request)
@@ -1282,7 +1402,7 @@ type ServerInterface interface {
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params RemoveFileParams)
 	// ReadFile Read a file, or list a directory
@@ -1354,6 +1474,36 @@ func (_ Unimplemented) GetHealth(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListImages List images
+// (GET /v1/images)
+func (_ Unimplemented) ListImages(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PullImage Pull an image from a registry
+// (POST /v1/images)
+func (_ Unimplemented) PullImage(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteImage Delete an OCI image
+// (DELETE /v1/images/{name})
+func (_ Unimplemented) DeleteImage(w http.ResponseWriter, r *http.Request, name ImageNamePath) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetImage Get an image
+// (GET /v1/images/{name})
+func (_ Unimplemented) GetImage(w http.ResponseWriter, r *http.Request, name ImageNamePath) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ImportImage Import an image archive
+// (PUT /v1/images/{name})
+func (_ Unimplemented) ImportImage(w http.ResponseWriter, r *http.Request, name ImageNamePath) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // GetInfo Server version, runtime, images and limits
 // (GET /v1/info)
 func (_ Unimplemented) GetInfo(w http.ResponseWriter, r *http.Request) {
@@ -1390,7 +1540,7 @@ func (_ Unimplemented) ExecCommand(w http.ResponseWriter, r *http.Request, id Sa
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// RemoveFile Remove a file or an empty directory
+// RemoveFile Remove a file, or a directory
 // (DELETE /v1/sandboxes/{id}/files)
 func (_ Unimplemented) RemoveFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params RemoveFileParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1524,6 +1674,112 @@ func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetHealth(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListImages operation middleware
+func (siw *ServerInterfaceWrapper) ListImages(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListImages(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PullImage operation middleware
+func (siw *ServerInterfaceWrapper) PullImage(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PullImage(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteImage operation middleware
+func (siw *ServerInterfaceWrapper) DeleteImage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name ImageNamePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteImage(w, r, name)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetImage operation middleware
+func (siw *ServerInterfaceWrapper) GetImage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name ImageNamePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetImage(w, r, name)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ImportImage operation middleware
+func (siw *ServerInterfaceWrapper) ImportImage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name ImageNamePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ImportImage(w, r, name)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1777,6 +2033,19 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 	// Parameter object where we will unmarshal all parameters from the context
 	var params RemoveFileParams
 
+	// ------------- Optional query parameter "recursive" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
+		}
+		return
+	}
+
 	// ------------- Required query parameter "path" -------------
 
 	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
@@ -1873,6 +2142,19 @@ func (siw *ServerInterfaceWrapper) WriteFile(w http.ResponseWriter, r *http.Requ
 
 	// Parameter object where we will unmarshal all parameters from the context
 	var params WriteFileParams
+
+	// ------------- Optional query parameter "parents" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "parents", r.URL.Query(), &params.Parents, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "parents"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "parents", Err: err})
+		}
+		return
+	}
 
 	// ------------- Required query parameter "path" -------------
 
@@ -2830,6 +3112,21 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/templates/{name}/generations/{gen}/leases", wrapper.ListLeases)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/images", wrapper.ListImages)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/images", wrapper.PullImage)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/images/{name}", wrapper.DeleteImage)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/images/{name}", wrapper.GetImage)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/images/{name}", wrapper.ImportImage)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/info", wrapper.GetInfo)
 	})
 	r.Group(func(r chi.Router) {
@@ -2919,6 +3216,663 @@ func (response GetHealth503ApplicationProblemPlusJSONResponse) VisitGetHealthRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListImagesRequestObject struct {
+}
+
+type ListImagesResponseObject interface {
+	VisitListImagesResponse(w http.ResponseWriter) error
+}
+
+type ListImages200JSONResponse ImageList
+
+func (response ListImages200JSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListImages401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListImages401ApplicationProblemPlusJSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListImages403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListImages403ApplicationProblemPlusJSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListImages500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListImages500ApplicationProblemPlusJSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListImages501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ListImages501ApplicationProblemPlusJSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImageRequestObject struct {
+	Body *PullImageJSONRequestBody
+}
+
+type PullImageResponseObject interface {
+	VisitPullImageResponse(w http.ResponseWriter) error
+}
+
+type PullImage202ResponseHeaders struct {
+	Location *string
+}
+
+type PullImage202JSONResponse struct {
+	Body    Image
+	Headers PullImage202ResponseHeaders
+}
+
+func (response PullImage202JSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.Location != nil {
+		w.Header().Set("Location", fmt.Sprint(*response.Headers.Location))
+	}
+	w.WriteHeader(202)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage400ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage401ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage403ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage409ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage413ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage423ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage500ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage501ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteImageRequestObject struct {
+	Name ImageNamePath `json:"name"`
+}
+
+type DeleteImageResponseObject interface {
+	VisitDeleteImageResponse(w http.ResponseWriter) error
+}
+
+type DeleteImage204Response struct {
+}
+
+func (response DeleteImage204Response) VisitDeleteImageResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteImage400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage400ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteImage401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage401ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteImage403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage403ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteImage404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage404ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteImage423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage423ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteImage500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage500ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteImage501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage501ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetImageRequestObject struct {
+	Name ImageNamePath `json:"name"`
+}
+
+type GetImageResponseObject interface {
+	VisitGetImageResponse(w http.ResponseWriter) error
+}
+
+type GetImage200JSONResponse Image
+
+func (response GetImage200JSONResponse) VisitGetImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetImage400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetImage400ApplicationProblemPlusJSONResponse) VisitGetImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetImage401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetImage401ApplicationProblemPlusJSONResponse) VisitGetImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetImage403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetImage403ApplicationProblemPlusJSONResponse) VisitGetImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetImage404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetImage404ApplicationProblemPlusJSONResponse) VisitGetImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetImage500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetImage500ApplicationProblemPlusJSONResponse) VisitGetImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetImage501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response GetImage501ApplicationProblemPlusJSONResponse) VisitGetImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImageRequestObject struct {
+	Name ImageNamePath `json:"name"`
+	Body io.Reader
+}
+
+type ImportImageResponseObject interface {
+	VisitImportImageResponse(w http.ResponseWriter) error
+}
+
+type ImportImage201JSONResponse Image
+
+func (response ImportImage201JSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage400ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage401ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage403ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage409ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage413ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage423ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage500ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ImportImage501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ImportImage501ApplicationProblemPlusJSONResponse) VisitImportImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6715,6 +7669,21 @@ type StrictServerInterface interface {
 	// GetHealth Liveness
 	// (GET /healthz)
 	GetHealth(ctx context.Context, request GetHealthRequestObject) (GetHealthResponseObject, error)
+	// ListImages List images
+	// (GET /v1/images)
+	ListImages(ctx context.Context, request ListImagesRequestObject) (ListImagesResponseObject, error)
+	// PullImage Pull an image from a registry
+	// (POST /v1/images)
+	PullImage(ctx context.Context, request PullImageRequestObject) (PullImageResponseObject, error)
+	// DeleteImage Delete an OCI image
+	// (DELETE /v1/images/{name})
+	DeleteImage(ctx context.Context, request DeleteImageRequestObject) (DeleteImageResponseObject, error)
+	// GetImage Get an image
+	// (GET /v1/images/{name})
+	GetImage(ctx context.Context, request GetImageRequestObject) (GetImageResponseObject, error)
+	// ImportImage Import an image archive
+	// (PUT /v1/images/{name})
+	ImportImage(ctx context.Context, request ImportImageRequestObject) (ImportImageResponseObject, error)
 	// GetInfo Server version, runtime, images and limits
 	// (GET /v1/info)
 	GetInfo(ctx context.Context, request GetInfoRequestObject) (GetInfoResponseObject, error)
@@ -6733,7 +7702,7 @@ type StrictServerInterface interface {
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(ctx context.Context, request ExecCommandRequestObject) (ExecCommandResponseObject, error)
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(ctx context.Context, request RemoveFileRequestObject) (RemoveFileResponseObject, error)
 	// ReadFile Read a file, or list a directory
@@ -6851,6 +7820,141 @@ func (sh *strictHandler) GetHealth(w http.ResponseWriter, r *http.Request) {
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetHealthResponseObject); ok {
 		if err := validResponse.VisitGetHealthResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListImages operation middleware
+func (sh *strictHandler) ListImages(w http.ResponseWriter, r *http.Request) {
+	var request ListImagesRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListImages(ctx, request.(ListImagesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListImages")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListImagesResponseObject); ok {
+		if err := validResponse.VisitListImagesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PullImage operation middleware
+func (sh *strictHandler) PullImage(w http.ResponseWriter, r *http.Request) {
+	var request PullImageRequestObject
+
+	var body PullImageJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PullImage(ctx, request.(PullImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PullImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PullImageResponseObject); ok {
+		if err := validResponse.VisitPullImageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteImage operation middleware
+func (sh *strictHandler) DeleteImage(w http.ResponseWriter, r *http.Request, name ImageNamePath) {
+	var request DeleteImageRequestObject
+
+	request.Name = name
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteImage(ctx, request.(DeleteImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteImageResponseObject); ok {
+		if err := validResponse.VisitDeleteImageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetImage operation middleware
+func (sh *strictHandler) GetImage(w http.ResponseWriter, r *http.Request, name ImageNamePath) {
+	var request GetImageRequestObject
+
+	request.Name = name
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetImage(ctx, request.(GetImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetImageResponseObject); ok {
+		if err := validResponse.VisitGetImageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ImportImage operation middleware
+func (sh *strictHandler) ImportImage(w http.ResponseWriter, r *http.Request, name ImageNamePath) {
+	var request ImportImageRequestObject
+
+	request.Name = name
+
+	request.Body = r.Body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ImportImage(ctx, request.(ImportImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ImportImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ImportImageResponseObject); ok {
+		if err := validResponse.VisitImportImageResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

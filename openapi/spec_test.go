@@ -31,15 +31,17 @@ const maxDeadlineMS = 3600000
 // statusOfCode is docs/design.md's error table plus the codes the HTTP layer itself produces. It
 // checks that an operation's x-error-codes lists each code under the status it is sent with.
 var statusOfCode = map[string]int{
-	"invalid-request":    400,
-	"unauthorized":       401,
-	"forbidden":          403,
-	"not-found":          404,
-	"method-not-allowed": 405,
-	"payload-too-large":  413,
-	"not-implemented":    501,
-	"internal":           500,
-	"unavailable":        503,
+	"invalid-request":     400,
+	"unauthorized":        401,
+	"forbidden":           403,
+	"not-found":           404,
+	"method-not-allowed":  405,
+	"payload-too-large":   413,
+	"not-implemented":     501,
+	"internal":            500,
+	"unavailable":         503,
+	"storage-full":        507,
+	"storage-unavailable": 503,
 
 	"sandbox-not-found":    404,
 	"template-not-found":   404,
@@ -63,6 +65,7 @@ var statusOfCode = map[string]int{
 	"transition-in-progress": 423,
 	"sandbox-leased":         423,
 	"generation-leased":      423,
+	"image-in-use":           423,
 
 	"wait-timeout": 408,
 
@@ -403,11 +406,18 @@ func errorCodeEnumViolations(t *testing.T, doc *openapi3.T) []string {
 	if ref == nil {
 		return []string{"components/schemas/ErrorCode is missing"}
 	}
-	var got []string
-	for _, v := range ref.Value.Enum {
-		got = append(got, fmt.Sprint(v))
-	}
+	// The list is open (x-extensible-enum), so that generated clients take a code they do
+	// not know yet; a closed enum would make them raise on it.
 	var out []string
+	if len(ref.Value.Enum) > 0 {
+		out = append(out, "ErrorCode is a closed enum; list the codes in x-extensible-enum")
+	}
+	var got []string
+	if list, ok := ref.Value.Extensions["x-extensible-enum"].([]any); ok {
+		for _, v := range list {
+			got = append(got, fmt.Sprint(v))
+		}
+	}
 	if p := doc.Components.Schemas["Problem"]; p == nil || p.Value.Properties["code"] == nil ||
 		p.Value.Properties["code"].Ref != "#/components/schemas/ErrorCode" {
 		out = append(out, "Problem.code does not refer to #/components/schemas/ErrorCode")
@@ -569,4 +579,35 @@ func validateRequest(router routers.Router, req *http.Request) error {
 		Route:      route,
 		Options:    &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
 	})
+}
+
+// TestExitCodesAreTheShells: the contract gives a signal's death one meaning, the shells'
+// 128+n with the signal named, as the agent reports it; every example that names a signal
+// carries that code.
+func TestExitCodesAreTheShells(t *testing.T) {
+	t.Parallel()
+	doc := loadSpec(t)
+	number := map[string]int{"SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGKILL": 9, "SIGTERM": 15}
+	exec := doc.Paths.Find("/v1/sandboxes/{id}/exec").Post.Responses.Status(200).Value.Content.Get("application/json")
+	if len(exec.Examples) == 0 {
+		t.Fatal("the exec result has no examples")
+	}
+	for name, ex := range exec.Examples {
+		v, ok := ex.Value.Value.(map[string]any)
+		if !ok {
+			t.Fatalf("example %s is not an object", name)
+		}
+		sig, signaled := v["signal"].(string)
+		code, _ := v["exit_code"].(float64)
+		if signaled && int(code) != 128+number[sig] {
+			t.Errorf("example %s: exit_code %v with signal %s, want %d", name, v["exit_code"], sig, 128+number[sig])
+		}
+		if !signaled && code < 0 {
+			t.Errorf("example %s: exit_code %v", name, code)
+		}
+	}
+	desc := doc.Components.Schemas["ExecResult"].Value.Properties["exit_code"].Value.Description
+	if !strings.Contains(desc, "128") || strings.Contains(desc, "-1") {
+		t.Errorf("ExecResult.exit_code says %q; it must describe 128+n", desc)
+	}
 }

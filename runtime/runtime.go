@@ -142,7 +142,10 @@ type Runtime interface {
 	// identity at once: readiness is the agent answering on ControlPath, which the caller
 	// waits for.
 	Start(ctx context.Context, spec Spec) (platform.ProcessID, error)
-	// ControlPath is the host path of the control socket of the sandbox in dir.
+	// ControlPath is the host path of the control socket of the sandbox in dir. Nothing inside
+	// the sandbox may reach that path, and the socket's listener must be the runtime process
+	// itself (the one Start returns): the supervisor dials it without following links and
+	// sends the capability only to a peer whose credentials (SO_PEERCRED) name that process.
 	ControlPath(dir string) string
 	// OpenLayer opens the sandbox's own writable layer (an overlayfs upper directory:
 	// whiteouts as 0/0 character devices, opaque directories as xattrs), which a capture

@@ -76,9 +76,10 @@ func abandonBody(r *http.Request) bool {
 	return true
 }
 
-// isFileUpload reports whether r is the one operation whose body is streamed, not decoded.
+// isFileUpload reports whether r is one of the operations whose body is streamed, not
+// decoded: a file upload, or an image archive's import.
 func isFileUpload(r *http.Request) bool {
-	return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/files")
+	return r.Method == http.MethodPut && (strings.HasSuffix(r.URL.Path, "/files") || strings.HasPrefix(r.URL.Path, "/v1/images/"))
 }
 
 // guardBody bounds how long a request's body may take to arrive (see [guardedBody]). Requests

@@ -32,6 +32,10 @@ var statusOf = map[errcode.Code]int{
 	errcode.NotImplemented:   http.StatusNotImplemented,
 	errcode.Internal:         http.StatusInternalServerError,
 	errcode.Unavailable:      http.StatusServiceUnavailable,
+	// A full state root is 507 (RFC 4918's Insufficient Storage); a read-only or failing one
+	// is 503, since the server cannot serve writes until an operator acts.
+	errcode.StorageFull:        http.StatusInsufficientStorage,
+	errcode.StorageUnavailable: http.StatusServiceUnavailable,
 
 	errcode.SandboxNotFound:    http.StatusNotFound,
 	errcode.TemplateNotFound:   http.StatusNotFound,
@@ -55,6 +59,7 @@ var statusOf = map[errcode.Code]int{
 	errcode.TransitionInProgress: http.StatusLocked,
 	errcode.SandboxLeased:        http.StatusLocked,
 	errcode.GenerationLeased:     http.StatusLocked,
+	errcode.ImageInUse:           http.StatusLocked,
 
 	errcode.WaitTimeout: http.StatusRequestTimeout,
 

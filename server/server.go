@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -141,18 +143,24 @@ func (s *Server) routes(cfg Config) http.Handler {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, errcode.New(errcode.NotFound, "There is no route %s; see /openapi.yaml for the API.", r.URL.Path))
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		s.writeProblem(w, r, errcode.New(errcode.MethodNotAllowed, "%s is not allowed on %s; see /openapi.yaml for the API.", r.Method, r.URL.Path))
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		allowed := allowedMethods(r, req.URL.Path)
+		// RFC 9110 §15.5.6: a 405 says which methods the resource does take.
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		s.writeProblem(w, req, errcode.New(errcode.MethodNotAllowed,
+			"%s is not allowed on %s; use %s (see /openapi.yaml for the API).", req.Method, req.URL.Path, strings.Join(allowed, " or ")))
 	})
 
-	// Open routes: no token, nothing to validate.
-	r.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+	// Open routes: no token. Each serves GET alone, so that any other method is a 405.
+	r.With(s.validate).Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(openapi.Spec)
 	})
 	if cfg.Dashboard != nil {
-		r.Handle("/", cfg.Dashboard)
-		r.Handle("/assets/*", cfg.Dashboard)
+		r.With(s.validate).Get("/", cfg.Dashboard.ServeHTTP)
+		// The API reference, rendered in the browser from /openapi.yaml; open like the spec.
+		r.With(s.validate).Get("/docs", cfg.Dashboard.ServeHTTP)
+		r.Get("/assets/*", cfg.Dashboard.ServeHTTP)
 	}
 
 	strict := openapi.NewStrictHandlerWithOptions(cfg.Handlers, nil, openapi.StrictHTTPServerOptions{
@@ -171,7 +179,7 @@ func (s *Server) routes(cfg Config) http.Handler {
 		// The dashboard's one-time login: open, since its code is the credential.
 		r.Post("/login", s.handle(s.login))
 		if cfg.Metrics != nil {
-			r.Handle("/metrics", cfg.Metrics)
+			r.Get("/metrics", cfg.Metrics.ServeHTTP)
 		} else {
 			r.Get("/metrics", s.handle(nil))
 		}
@@ -184,6 +192,21 @@ func (s *Server) routes(cfg Config) http.Handler {
 		r.Get("/v1/events", s.handle(cfg.Events))
 	})
 	return r
+}
+
+// methods are those a route may be registered for, in the order an Allow header lists them.
+var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// allowedMethods lists the methods that router serves on path. chi knows them when it
+// answers 405 but hands them only to its own default handler, not to a custom one.
+func allowedMethods(router *chi.Mux, path string) []string {
+	var allowed []string
+	for _, m := range methods {
+		if router.Match(chi.NewRouteContext(), m, path) {
+			allowed = append(allowed, m)
+		}
+	}
+	return allowed
 }
 
 // handle adapts a HandlerFunc, answering 501 for a route not built yet.
@@ -209,8 +232,40 @@ func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error)
 		s.writeProblem(w, r, err)
 		return
 	}
-	e := errcode.Wrap(errcode.InvalidRequest, err, "The request could not be decoded: %s.", err.Error())
-	s.writeProblem(w, r, e)
+	s.writeProblem(w, r, decodingProblem(err))
+}
+
+// decodingProblem explains an error of the generated code's decoding, which the validator let
+// through: a JSON number that is a whole number but written with a fraction or an exponent
+// (`1e3`) for an integer field, or a parameter it could not bind. Go's own messages name Go
+// types and struct fields, which mean nothing to a client; these say what to send.
+func decodingProblem(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	var paramErr *openapi.InvalidParamFormatError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		want := "a " + typeErr.Type.Kind().String()
+		switch typeErr.Type.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			want = "a whole number in decimal digits, without a fraction or an exponent"
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "true or false"
+		}
+		return &errcode.Error{Code: errcode.InvalidRequest, Field: typeErr.Field, Err: err,
+			Msg: fmt.Sprintf("The request body field %q must be %s.", typeErr.Field, want)}
+	case errors.As(err, &syntaxErr):
+		return &errcode.Error{Code: errcode.InvalidRequest, Field: "body", Err: err,
+			Msg: fmt.Sprintf("The request body is not valid JSON (at byte %d); send one JSON object.", syntaxErr.Offset)}
+	case errors.As(err, &paramErr):
+		return &errcode.Error{Code: errcode.InvalidRequest, Field: paramErr.ParamName, Err: err,
+			Msg: fmt.Sprintf("The parameter %q is not of its type; see /openapi.yaml.", paramErr.ParamName)}
+	default:
+		return errcode.Wrap(errcode.InvalidRequest, err, "The request could not be decoded; check it against /openapi.yaml.")
+	}
 }
 
 func (s *Server) authenticateExcept(open ...string) func(http.Handler) http.Handler {
@@ -234,7 +289,7 @@ func (s *Server) limitBodies(jsonLimit, fileLimit int64) func(http.Handler) http
 		jsonLimited := s.limitBody(jsonLimit)(next)
 		fileLimited := s.limitBody(fileLimit)(next)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/files") {
+			if isFileUpload(r) {
 				fileLimited.ServeHTTP(w, r)
 				return
 			}

@@ -108,4 +108,26 @@
 // lock meanwhile). A lock file left behind by a crashed waiter is taken once without waiting,
 // which removes it. If the deadline passes first it reports transition-in-progress: the
 // sandbox is gone, and its directory goes with its last user.
+//
+// # Faults
+//
+// A crash at any point is safe by the write order above; a failed write is made equally
+// safe. Every error the store returns passes through [errcode.Storage]: ENOSPC and EDQUOT
+// come back as storage-full, EROFS and EIO as storage-unavailable, naming the state root,
+// with the errno still reachable by errors.Is. Every change on disk goes through the
+// [platform.FS] of Options, so that tests fail any step of any transaction.
+//
+// A write that fails leaves what was there: the durable write removes its temp file, and a
+// record that did not exist before (config.json of a provision, launch.json of a launch,
+// runtime.json of a commit) is removed again when the failure came after its rename (the
+// directory's fsync, or for config.json the sandboxes directory's): a provision that fails
+// leaves the id free, and its lock attempt removes a state directory it made when it cannot
+// make the lock file in it. When such an undo fails too (the file system went read-only),
+// what stays is whole and reads as what it is: a provisioned sandbox that a delete removes,
+// a journal that the next transition's reattach ends, an empty state directory or temp
+// leftovers that the next lock (and sandboxd check --repair, which takes it) removes.
+//
+// Removal needs no space: it only unlinks, removes directories and fsyncs (no marker is
+// written first), so a delete works on a full disk, and that is how a user frees one. Reads
+// and lists change nothing and work too.
 package store

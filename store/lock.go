@@ -63,12 +63,13 @@ func (s *Store) LockExisting(ctx context.Context, id string) (*Lock, error) {
 	return s.lock(ctx, id, false)
 }
 
-func (s *Store) lock(ctx context.Context, id string, provision bool) (*Lock, error) {
+func (s *Store) lock(ctx context.Context, id string, provision bool) (_ *Lock, err error) {
 	if err := ValidateID(id); err != nil {
 		return nil, err
 	}
 	var l *Lock
-	err := Retry(ctx, func() error { return transitionInProgress(id) }, func() (Attempt, error) {
+	defer func() { err = s.storage(err) }()
+	err = Retry(ctx, func() error { return transitionInProgress(id) }, func() (Attempt, error) {
 		s.hook(hookAttempt)
 		got, res, err := s.try(id, provision)
 		switch {
@@ -199,6 +200,12 @@ func (s *Store) try(id string, provision bool) (*Lock, Attempt, error) {
 	}
 	f, res, err := s.flockLockFile(id, dir)
 	if f == nil {
+		if provision && res == Failed {
+			// The lock file could not be made (a full or failing disk): a directory this
+			// provision may have just made must not stay behind as a sandbox that is not
+			// one. Removing it if empty is harmless to everyone, as in Unlock.
+			err = errors.Join(err, s.removeDirIfEmpty(id, dir))
+		}
 		dir.Close()
 		return nil, res, err
 	}
@@ -229,7 +236,7 @@ func (s *Store) try(id string, provision bool) (*Lock, Attempt, error) {
 // with what the attempt amounts to: Raced or Failed.
 func (s *Store) openStateDir(id string, provision bool) (*os.File, Attempt, error) {
 	if provision {
-		if err := platform.MkdirAt(s.sbx, id, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := s.fs.MkdirAt(s.sbx, id, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, Failed, fmt.Errorf("store: create state directory of %s: %w", id, err)
 		}
 	}
@@ -278,14 +285,19 @@ func requirePrivate(id string, dir *os.File) error {
 func (s *Store) flockLockFile(id string, dir *os.File) (*os.File, Attempt, error) {
 	// O_RDONLY is enough for flock; with O_CREATE the lock file comes back after a holder
 	// that found no configuration record removed it.
-	f, err := platform.OpenFileAt(dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
+	f, err := s.fs.OpenFileAt(dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
 	if errors.Is(err, fs.ErrNotExist) {
 		// The directory was removed after we opened it: start over from the name.
 		return nil, Raced, nil
 	}
-	if err != nil {
+	if errors.Is(err, platform.ErrNotRegular) {
 		return nil, Failed, errcode.Wrap(errcode.Internal, err,
 			"The lock file of sandbox %s is not a regular file; remove it by hand.", id)
+	}
+	if err != nil {
+		// Not the lock file's fault: the disk's (full, read-only), which the caller's
+		// boundary names.
+		return nil, Failed, fmt.Errorf("store: open the lock file of %s: %w", id, err)
 	}
 	s.hook(hookOpened)
 	got, err := platform.TryLock(f)
@@ -349,14 +361,14 @@ func (l *Lock) removeTemps(of func(target string) bool) error {
 	removed := false
 	for _, name := range names {
 		if target, ok := platform.IsTempName(name); ok && of(target) {
-			if err := platform.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := l.s.fs.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err
 			}
 			removed = true
 		}
 	}
 	if removed {
-		return platform.SyncDir(l.dir)
+		return l.s.fs.SyncDir(l.dir)
 	}
 	return nil
 }
@@ -388,14 +400,17 @@ func (l *Lock) hasConfig() (bool, error) {
 }
 
 // Provisioned reports whether the sandbox has a configuration record.
-func (l *Lock) Provisioned() (bool, error) { return l.hasConfig() }
+func (l *Lock) Provisioned() (bool, error) {
+	has, err := l.hasConfig()
+	return has, l.s.storage(err)
+}
 
 // RequireUnprovisioned returns an already-provisioned error if the sandbox has a
 // configuration record: the check a provision makes under the lock.
 func (l *Lock) RequireUnprovisioned() error {
 	has, err := l.hasConfig()
 	if err != nil {
-		return err
+		return l.s.storage(err)
 	}
 	if has {
 		return errcode.New(errcode.AlreadyProvisioned, "A sandbox with id %s already exists; choose another id or delete it first.", l.id)
@@ -420,10 +435,10 @@ func (l *Lock) Unlock() error {
 		errs = append(errs, err)
 	} else if !has {
 		errs = append(errs, l.removeLockFile())
-		errs = append(errs, l.removeDirIfEmpty())
+		errs = append(errs, l.s.removeDirIfEmpty(l.id, l.dir))
 	}
 	errs = append(errs, l.release())
-	return errors.Join(errs...)
+	return l.s.storage(errors.Join(errs...))
 }
 
 // removeLockFile unlinks sandbox.lock if the entry is still the file this lock holds. Only a
@@ -435,7 +450,7 @@ func (l *Lock) removeLockFile() error {
 	}
 	// Once the entry is gone a new lock file can be made and locked: this lock's exclusion ends.
 	l.end()
-	if err := platform.UnlinkAt(l.dir, LockName); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := l.s.fs.UnlinkAt(l.dir, LockName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return nil
@@ -449,18 +464,18 @@ func (l *Lock) end() {
 	}
 }
 
-// removeDirIfEmpty removes the state directory if its name still names the directory this
-// lock opened and it is empty. Removing an empty directory is harmless to everyone else:
-// whoever opened it to lock finds it gone and starts over.
-func (l *Lock) removeDirIfEmpty() error {
-	same, err := sameEntry(l.s.sbx, l.id, l.dir)
+// removeDirIfEmpty removes the state directory of id if its name still names dir and it is
+// empty. Removing an empty directory is harmless to everyone else: whoever opened it to lock
+// finds it gone and starts over.
+func (s *Store) removeDirIfEmpty(id string, dir *os.File) error {
+	same, err := sameEntry(s.sbx, id, dir)
 	if err != nil || !same {
 		return err
 	}
-	err = platform.RmdirAt(l.s.sbx, l.id)
+	err = s.fs.RmdirAt(s.sbx, id)
 	switch {
 	case err == nil:
-		return platform.SyncDir(l.s.sbx)
+		return s.fs.SyncDir(s.sbx)
 	case errors.Is(err, fs.ErrNotExist), isNotEmpty(err):
 		return nil
 	}

@@ -100,6 +100,12 @@ func readRecord(dir *os.File, name string, format int, v any) (found bool, err e
 	return true, record.Decode(name, data, format, v)
 }
 
+// read is readRecord at the store's boundary: an EIO reads as storage-unavailable.
+func (s *Store) read(dir *os.File, name string, format int, v any) (bool, error) {
+	found, err := readRecord(dir, name, format, v)
+	return found, s.storage(err)
+}
+
 func recordErr(name string, err error) error {
 	if errors.Is(err, platform.ErrNotRegular) {
 		return errcode.Wrap(errcode.Internal, err, "The record %s is not a regular file; remove it by hand.", name)
@@ -107,33 +113,54 @@ func recordErr(name string, err error) error {
 	return fmt.Errorf("store: %s: %w", name, err)
 }
 
+// writeRecord writes a record durably. A write that fails leaves the record as it was: a
+// record that did not exist before is removed again if the failure came after the rename
+// (the directory's fsync failed), so that a failed write never leaves a record the caller
+// was told is not there. If that removal fails too, the record stays, whole: a state every
+// reader and the next transition accept (see the package documentation, "Faults").
 func (l *Lock) writeRecord(name string, v any) error {
 	data, err := record.Encode(v)
 	if err != nil {
 		return err
 	}
-	if err := platform.WriteFileDurableAt(l.dir, name, data, recordPerm); err != nil {
-		return recordErr(name, err)
+	_, lerr := platform.LstatAt(l.dir, name)
+	fresh := errors.Is(lerr, fs.ErrNotExist)
+	if err := l.s.fs.WriteFileDurableAt(l.dir, name, data, recordPerm); err != nil {
+		if fresh {
+			err = errors.Join(err, l.undoFresh(name))
+		}
+		return l.s.storage(recordErr(name, err))
+	}
+	return nil
+}
+
+// undoFresh removes the record name that a failed write may have renamed into place.
+func (l *Lock) undoFresh(name string) error {
+	if _, err := platform.LstatAt(l.dir, name); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := l.removeRecord(name); err != nil {
+		return fmt.Errorf("store: undoing the failed write of %s: %w", name, err)
 	}
 	return nil
 }
 
 func (l *Lock) removeRecord(name string) error {
-	err := platform.UnlinkAt(l.dir, name)
+	err := l.s.fs.UnlinkAt(l.dir, name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("store: remove %s: %w", name, err)
+		return l.s.storage(fmt.Errorf("store: remove %s: %w", name, err))
 	}
-	return platform.SyncDir(l.dir)
+	return l.s.storage(l.s.fs.SyncDir(l.dir))
 }
 
 // Config reads the configuration record. A missing record is a sandbox-not-found error that
 // wraps fs.ErrNotExist.
 func (l *Lock) Config() (*Config, error) {
 	var c Config
-	found, err := readRecord(l.dir, ConfigName, ConfigFormat, &c)
+	found, err := l.s.read(l.dir, ConfigName, ConfigFormat, &c)
 	if err != nil {
 		return nil, err
 	}
@@ -152,19 +179,28 @@ func (l *Lock) WriteConfig(c *Config) error {
 	}
 	rec := *c
 	rec.Format = ConfigFormat
+	_, lerr := platform.LstatAt(l.dir, ConfigName)
+	fresh := errors.Is(lerr, fs.ErrNotExist)
 	if err := l.writeRecord(ConfigName, &rec); err != nil {
 		return err
 	}
 	// The record is durable only if the state directory's own entry is: a crash after a
 	// provision made the directory, before anything synced the sandboxes directory, could
 	// otherwise lose the directory with the record in it.
-	return platform.SyncDir(l.s.sbx)
+	if err := l.s.fs.SyncDir(l.s.sbx); err != nil {
+		// A provision that fails must not leave the sandbox provisioned.
+		if fresh {
+			err = errors.Join(err, l.undoFresh(ConfigName))
+		}
+		return l.s.storage(err)
+	}
+	return nil
 }
 
 // LaunchJournal reads the launch journal; (nil, nil) when there is none.
 func (l *Lock) LaunchJournal() (*LaunchJournal, error) {
 	var j LaunchJournal
-	found, err := readRecord(l.dir, LaunchName, LaunchFormat, &j)
+	found, err := l.s.read(l.dir, LaunchName, LaunchFormat, &j)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -185,7 +221,7 @@ func (l *Lock) RemoveLaunchJournal() error { return l.removeRecord(LaunchName) }
 // RuntimeRecord reads the runtime record; (nil, nil) when there is none.
 func (l *Lock) RuntimeRecord() (*RuntimeRecord, error) {
 	var r RuntimeRecord
-	found, err := readRecord(l.dir, RuntimeName, RuntimeFormat, &r)
+	found, err := l.s.read(l.dir, RuntimeName, RuntimeFormat, &r)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -206,7 +242,7 @@ func (l *Lock) RemoveRuntimeRecord() error { return l.removeRecord(RuntimeName) 
 // Outcome reads the outcome report; (nil, nil) when there is none.
 func (l *Lock) Outcome() (*runtime.Outcome, error) {
 	var o runtime.Outcome
-	found, err := readRecord(l.dir, OutcomeName, runtime.OutcomeFormat, &o)
+	found, err := l.s.read(l.dir, OutcomeName, runtime.OutcomeFormat, &o)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -226,7 +262,7 @@ func (s *Store) openUnlocked(id string) (*os.File, error) {
 		return nil, notFound(id, err)
 	}
 	if err != nil {
-		return nil, errcode.Wrap(errcode.Internal, err, "The state directory of sandbox %s is not a directory; remove it by hand.", id)
+		return nil, s.storage(errcode.Wrap(errcode.Internal, err, "The state directory of sandbox %s is not a directory; remove it by hand.", id))
 	}
 	return dir, nil
 }
@@ -241,7 +277,7 @@ func (s *Store) ReadConfigUnlocked(id string) (*Config, error) {
 	}
 	defer dir.Close()
 	var c Config
-	found, err := readRecord(dir, ConfigName, ConfigFormat, &c)
+	found, err := s.read(dir, ConfigName, ConfigFormat, &c)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +296,7 @@ func (s *Store) ReadRuntimeRecordUnlocked(id string) (*RuntimeRecord, error) {
 	}
 	defer dir.Close()
 	var r RuntimeRecord
-	found, err := readRecord(dir, RuntimeName, RuntimeFormat, &r)
+	found, err := s.read(dir, RuntimeName, RuntimeFormat, &r)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -276,7 +312,7 @@ func (s *Store) ReadLaunchJournalUnlocked(id string) (*LaunchJournal, error) {
 	}
 	defer dir.Close()
 	var j LaunchJournal
-	found, err := readRecord(dir, LaunchName, LaunchFormat, &j)
+	found, err := s.read(dir, LaunchName, LaunchFormat, &j)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -292,7 +328,7 @@ func (s *Store) ReadOutcomeUnlocked(id string) (*runtime.Outcome, error) {
 	}
 	defer dir.Close()
 	var o runtime.Outcome
-	found, err := readRecord(dir, OutcomeName, runtime.OutcomeFormat, &o)
+	found, err := s.read(dir, OutcomeName, runtime.OutcomeFormat, &o)
 	if err != nil || !found {
 		return nil, err
 	}

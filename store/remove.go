@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -20,7 +18,7 @@ import (
 // launch can still be running — when the next launch begins, when a recovery ends a launch —
 // because a running one may be staging its report right now.
 func (l *Lock) CleanStaging() error {
-	return l.removeTemps(func(target string) bool { return target == OutcomeName })
+	return l.s.storage(l.removeTemps(func(target string) bool { return target == OutcomeName }))
 }
 
 // ForeignFilesError is wrapped by a foreign-files error and names the entries.
@@ -111,7 +109,8 @@ func (l *Lock) classify() (entries, error) {
 // directory goes when its last user leaves.
 //
 // Once Deprovision has removed the lock file the lock is released, and Unlock does nothing.
-func (l *Lock) Deprovision(ctx context.Context) error {
+func (l *Lock) Deprovision(ctx context.Context) (err error) {
+	defer func() { err = l.s.storage(err) }()
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return errcode.Invalid("timeout", "The operation needs a finite, positive timeout.")
@@ -147,10 +146,10 @@ func (l *Lock) Deprovision(ctx context.Context) error {
 	}
 	// The configuration record goes last and durably: until it is gone the sandbox is
 	// provisioned, so an interrupted removal leaves a sandbox that removing again finishes.
-	if err := platform.UnlinkAt(l.dir, ConfigName); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := l.s.fs.UnlinkAt(l.dir, ConfigName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if err := platform.SyncDir(l.dir); err != nil {
+	if err := l.s.fs.SyncDir(l.dir); err != nil {
 		return err
 	}
 	if len(e.foreign) > 0 {
@@ -172,13 +171,13 @@ func (l *Lock) Deprovision(ctx context.Context) error {
 		l.mu.Unlock()
 		return err
 	}
-	rmErr := platform.RmdirAt(l.s.sbx, l.id)
+	rmErr := l.s.fs.RmdirAt(l.s.sbx, l.id)
 	l.released = true
 	relErr := l.release()
 	l.mu.Unlock()
 	switch {
 	case rmErr == nil || errors.Is(rmErr, fs.ErrNotExist):
-		return errors.Join(platform.SyncDir(l.s.sbx), relErr)
+		return errors.Join(l.s.fs.SyncDir(l.s.sbx), relErr)
 	case !isNotEmpty(rmErr):
 		return errors.Join(rmErr, relErr)
 	}
@@ -204,18 +203,19 @@ func (l *Lock) removeEntries(e entries) error {
 		if st.IsDir() && st.ID.Dev != dirStat.ID.Dev {
 			return errcode.New(errcode.SandboxLaunched, "Sandbox %s still has %s mounted; stop it before deleting it.", l.id, name)
 		}
-		// os.RemoveAll removes with unlinkat and opens with O_NOFOLLOW: it removes links, never
-		// what they point to, and removes a non-directory under the name as well.
-		if err := os.RemoveAll(filepath.Join(l.path, name)); err != nil {
+		// RemoveAllAt removes links, never what they point to, removes a non-directory under
+		// the name as well, holds a bounded number of descriptors however deep the sandbox
+		// made its tree, and needs no space, so a delete frees a full disk.
+		if err := l.s.fs.RemoveAllAt(l.dir, name); err != nil {
 			return fmt.Errorf("store: remove %s of %s: %w", name, l.id, err)
 		}
 	}
 	for _, name := range e.files {
-		if err := platform.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := l.s.fs.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("store: remove %s of %s: %w", name, l.id, err)
 		}
 	}
-	return platform.SyncDir(l.dir)
+	return l.s.fs.SyncDir(l.dir)
 }
 
 // awaitRemoval waits, after the lock was released, for the state directory dirID of id to
@@ -248,9 +248,9 @@ func (s *Store) awaitRemoval(ctx context.Context, id string, dirID platform.File
 			return errcode.New(errcode.ProvisionedAgain,
 				"Sandbox %s was removed, but a new sandbox with the same id was created meanwhile; it was left alone.", id)
 		}
-		err = platform.RmdirAt(s.sbx, id)
+		err = s.fs.RmdirAt(s.sbx, id)
 		if err == nil || errors.Is(err, fs.ErrNotExist) {
-			return platform.SyncDir(s.sbx)
+			return s.fs.SyncDir(s.sbx)
 		}
 		if !isNotEmpty(err) {
 			return err

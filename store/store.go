@@ -31,6 +31,9 @@ type Store struct {
 	// directory is reached from it by one plain name, never by resolving a path again.
 	sbx *os.File
 
+	// fs makes every change on disk; Options.FS, the zero (direct) FS in production.
+	fs platform.FS
+
 	mu       sync.RWMutex
 	declared map[string]declaration // keyed by the lowercased name
 
@@ -58,9 +61,20 @@ func (s *Store) hook(point string) {
 	}
 }
 
+// Options configure a Store. The zero value is the production configuration.
+type Options struct {
+	// FS makes the store's changes on disk. Tests set its Fault to fail chosen steps as a
+	// full or failing disk would.
+	FS platform.FS
+}
+
 // Open opens the store under root, creating root and root/sandboxes (mode 0700) if they are
 // missing. It refuses a root, or a sandboxes directory, that is a link or not a directory.
-func Open(root string) (*Store, error) {
+func Open(root string) (*Store, error) { return OpenWith(root, Options{}) }
+
+// OpenWith is Open with options.
+func OpenWith(root string, opts Options) (_ *Store, err error) {
+	defer func() { err = errcode.Storage(err, root) }()
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("store: state root %q: %w", root, err)
@@ -75,15 +89,19 @@ func Open(root string) (*Store, error) {
 		return nil, fmt.Errorf("store: state root %s must be a directory, not a link: %w", abs, err)
 	}
 	defer rootDir.Close()
-	if err := platform.MkdirAt(rootDir, SandboxesDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := opts.FS.MkdirAt(rootDir, SandboxesDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("store: create %s: %w", SandboxesDir, err)
 	}
 	sbx, err := platform.OpenDirAt(rootDir, SandboxesDir)
 	if err != nil {
 		return nil, fmt.Errorf("store: %s must be a directory, not a link: %w", SandboxesDir, err)
 	}
-	return &Store{root: abs, sbx: sbx, declared: map[string]declaration{}}, nil
+	return &Store{root: abs, sbx: sbx, fs: opts.FS, declared: map[string]declaration{}}, nil
 }
+
+// storage gives err the code of its storage fault, if it has one (see [errcode.Storage]):
+// every error the store returns passes through it.
+func (s *Store) storage(err error) error { return errcode.Storage(err, s.root) }
 
 // Close releases the store's directory handle. Locks taken from it must be released first.
 func (s *Store) Close() error { return s.sbx.Close() }
@@ -137,7 +155,7 @@ func (s *Store) declaredKind(name string) (EntryKind, bool) {
 func (s *Store) List() ([]string, error) {
 	names, err := platform.ReadDirNames(s.sbx)
 	if err != nil {
-		return nil, fmt.Errorf("store: list sandboxes: %w", err)
+		return nil, s.storage(fmt.Errorf("store: list sandboxes: %w", err))
 	}
 	ids := names[:0]
 	for _, name := range names {

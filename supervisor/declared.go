@@ -29,6 +29,7 @@ func DeclaredEntries(rt runtime.Runtime) []Declaration {
 	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName, PendingName, LifetimeName, PausedName} {
 		add(name, store.EntryFile)
 	}
+	add(ImageFilesName, store.EntryDir)
 	for _, e := range rt.DeclaredEntries() {
 		kind := store.EntryFile
 		if e.Dir {

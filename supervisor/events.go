@@ -30,6 +30,11 @@ type Event struct {
 	Template, Generation, Lease string
 	// Progress is a capture's progress, for EventProgress.
 	Progress *Progress
+	// Image names what an image event is about; Error is why a pull failed, for
+	// EventImageFailed; ImageProgress is a pull's, for EventImagePullProgress.
+	Image         string
+	Error         string
+	ImageProgress *ImageProgress
 }
 
 // Progress is how far a capture has come.

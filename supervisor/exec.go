@@ -19,7 +19,9 @@ type Admission struct {
 	Waited time.Duration
 	id     string
 	agent  *control.Client // the control session to run the workload on
-	lock   *os.File
+	// defaults are the image's defaults of every exec.
+	defaults execDefaults
+	lock     *os.File
 }
 
 // Release gives the exec lock back. It is idempotent.
@@ -64,7 +66,7 @@ func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duratio
 
 // tryAdmit makes one attempt under the lifecycle lock; busy says the exec lock was taken.
 func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, busy bool, err error) {
-	l, _, err := s.lockProvisioned(ctx, id)
+	l, cfg, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, false, err
 	}
@@ -101,5 +103,5 @@ func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, bus
 		f.Close()
 		return nil, false, err
 	}
-	return &Admission{id: id, agent: client, lock: f}, false, nil
+	return &Admission{id: id, agent: client, lock: f, defaults: s.execDefaultsOf(cfg.Image)}, false, nil
 }

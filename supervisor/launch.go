@@ -65,7 +65,7 @@ func (s *Supervisor) startLocked(ctx context.Context, l *store.Lock) (*Status, e
 
 // launch runs the launch protocol (see the package doc) under l.
 func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Config, lowers []string) error {
-	imageDir, err := s.imageDir(cfg.Image)
+	img, err := s.stackImage(l.Dir(), cfg)
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	launchID := naming.RandomHex(8)
 	capability := []byte(naming.RandomHex(32))
 	if err := platform.WriteFileDurable(l.Dir(), CapabilityName, capability, 0o600); err != nil {
-		return fmt.Errorf("writing the control capability: %w", err)
+		return errcode.Storage(fmt.Errorf("writing the control capability: %w", err), s.store.Root())
 	}
 	journal := &store.LaunchJournal{
 		Format:    store.LaunchFormat,
@@ -94,14 +94,14 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Dir:      l.Dir(),
 		LaunchID: launchID,
 		Image:    cfg.Image,
-		ImageDir: imageDir,
+		ImageDir: img.dir,
 		HostBase: s.hostBase(),
-		Lowers:   lowers,
+		Lowers:   append(slices.Clone(lowers), img.lowers...),
 		Resources: runtime.Resources{
 			VCPUs: cfg.Resources.VCPUs, MemoryMB: cfg.Resources.MemoryMB, Pids: cfg.Resources.Pids,
 		},
 		DiskMB:     cfg.DiskMB,
-		Env:        cfg.Env,
+		Env:        img.env(cfg.Env),
 		Capability: capability,
 		Hostname:   cfg.ID,
 	}
@@ -164,7 +164,7 @@ func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []by
 	// millisecond rather than back off and answer late.
 	const poll = time.Millisecond
 	for {
-		client, err := s.dialAgent(ctx, path, capability)
+		client, err := s.dialAgent(ctx, path, capability, proc.Pid)
 		if err == nil {
 			return client, nil
 		}
@@ -179,11 +179,18 @@ func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []by
 	}
 }
 
-// dialAgent connects to an agent's control socket and says hello.
-func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []byte) (*control.Client, error) {
-	conn, err := platform.DialUnix(ctx, path)
+// dialAgent connects to an agent's control socket and says hello, once the socket is known
+// to be the one the runtime process shimPid listens on: reached without following a link,
+// and with that process as its peer (SO_PEERCRED names the process that listened).
+func (s *Supervisor) dialAgent(ctx context.Context, path string, capability []byte, shimPid int) (*control.Client, error) {
+	conn, err := platform.DialUnixNoFollow(ctx, path)
 	if err != nil {
 		return nil, err
+	}
+	pid, uid, _, err := platform.PeerCred(conn)
+	if err != nil || pid != shimPid || uid != os.Geteuid() {
+		conn.Close()
+		return nil, fmt.Errorf("the control socket's listener is pid %d uid %d (%v), not the sandbox's runtime process %d", pid, uid, err, shimPid)
 	}
 	timeout := 5 * time.Second
 	if d, ok := ctx.Deadline(); ok {

@@ -71,7 +71,7 @@ type ExecResult struct {
 // collecting its output. The workload belongs to ctx: when ctx ends first, nobody can read
 // the result, so the workload is killed (closing its control stream makes the agent kill it).
 func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest, stdin io.Reader) (*ExecResult, error) {
-	proc, err := a.agent.Exec(ctx, req.control(stdin != nil))
+	proc, err := a.agent.Exec(ctx, a.defaults.apply(req).control(stdin != nil))
 	if err != nil {
 		return nil, lost(a, err)
 	}
@@ -145,7 +145,7 @@ type Session struct {
 // workload runs until it exits, its timeout passes, or Close kills it; ctx bounds only the
 // start.
 func (s *Supervisor) StartExec(ctx context.Context, a *Admission, req ExecRequest) (*Session, error) {
-	proc, err := a.agent.Exec(ctx, req.control(true))
+	proc, err := a.agent.Exec(ctx, a.defaults.apply(req).control(true))
 	if err != nil {
 		return nil, lost(a, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/image"
 )
 
 // Stop ends a running sandbox: gracefully through its agent (TERM every process, wait a
@@ -147,6 +148,11 @@ func (s *Supervisor) Delete(ctx context.Context, id string, force bool) (err err
 // deprovisionLocked removes the sandbox that l locks, which runs no launch, and releases l.
 func (s *Supervisor) deprovisionLocked(ctx context.Context, l *store.Lock) error {
 	id := l.ID()
+	cfg, err := l.Config()
+	if err != nil {
+		s.unlock(l)
+		return err
+	}
 	binding, err := releaseBinding(l)
 	if err != nil {
 		s.unlock(l)
@@ -158,6 +164,7 @@ func (s *Supervisor) deprovisionLocked(ctx context.Context, l *store.Lock) error
 	// The binding is gone whatever the removal did, so the lease goes too.
 	s.releaseLease(ctx, id, binding)
 	if err == nil {
+		s.releaseImage(ctx, cfg.Image, image.UseSandbox, id)
 		s.forgetSandbox(id)
 		s.emit(Event{Type: EventDeleted, Sandbox: id})
 	}

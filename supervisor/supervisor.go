@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/image"
 	"github.com/sandboxd/sandboxd/store/template"
 )
 
@@ -54,7 +55,12 @@ type Options struct {
 	Runtime runtime.Runtime
 	// Templates is the template store; nil disables capture and clone.
 	Templates *template.Store
-	Logger    *slog.Logger
+	// Images is the image store of OCI images; nil leaves the host image and the
+	// directories under images/ alone.
+	Images *image.Store
+	// ImagePlatform is the platform the image store pulls for ("" for the host's).
+	ImagePlatform string
+	Logger        *slog.Logger
 	// StopGrace is how long the agent waits after TERM before it KILLs what is left.
 	StopGrace time.Duration
 	// OnEvent, if set, is told of every state change this supervisor makes or notices. It
@@ -71,9 +77,12 @@ type Options struct {
 type Supervisor struct {
 	store     *store.Store
 	templates *template.Store
-	rt        runtime.Runtime
-	log       *slog.Logger
-	grace     time.Duration
+	images    *image.Store
+	// imagePlatform is the one platform pulls accept.
+	imagePlatform string
+	rt            runtime.Runtime
+	log           *slog.Logger
+	grace         time.Duration
 
 	onEvent      func(Event)
 	onTransition func(string, time.Duration, error)
@@ -91,6 +100,7 @@ type Supervisor struct {
 	clients   map[string]*agentConn  // by sandbox id
 	transient map[string]State       // sandbox id → starting or stopping, while this process drives it
 	watched   map[string]string      // sandbox id → the launch a watcher follows
+	pulls     map[string]*pull       // image name → its pull in progress, or failed
 	timers    map[string]*time.Timer // sandbox id → the end of its lifetime
 }
 
@@ -112,21 +122,27 @@ func New(opts Options) (*Supervisor, error) {
 	if opts.StopGrace <= 0 {
 		opts.StopGrace = 5 * time.Second
 	}
+	if opts.ImagePlatform == "" {
+		opts.ImagePlatform = image.HostPlatform()
+	}
 	life, stopLife := context.WithCancel(context.Background())
 	s := &Supervisor{
-		store:        opts.Store,
-		templates:    opts.Templates,
-		rt:           opts.Runtime,
-		log:          opts.Logger,
-		grace:        opts.StopGrace,
-		onEvent:      opts.OnEvent,
-		onTransition: opts.OnTransition,
-		life:         life,
-		stopLife:     stopLife,
-		clients:      map[string]*agentConn{},
-		transient:    map[string]State{},
-		watched:      map[string]string{},
-		timers:       map[string]*time.Timer{},
+		store:         opts.Store,
+		templates:     opts.Templates,
+		images:        opts.Images,
+		imagePlatform: opts.ImagePlatform,
+		pulls:         map[string]*pull{},
+		rt:            opts.Runtime,
+		log:           opts.Logger,
+		grace:         opts.StopGrace,
+		onEvent:       opts.OnEvent,
+		onTransition:  opts.OnTransition,
+		life:          life,
+		stopLife:      stopLife,
+		clients:       map[string]*agentConn{},
+		transient:     map[string]State{},
+		watched:       map[string]string{},
+		timers:        map[string]*time.Timer{},
 	}
 	for _, d := range DeclaredEntries(s.rt) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
@@ -284,12 +300,24 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 	if cfg.Image == "" {
 		cfg.Image = HostImage
 	}
-	if _, err := s.imageDir(cfg.Image); err != nil {
-		return nil, err
-	}
 	if err := s.checkDisk(cfg.DiskMB); err != nil {
 		return nil, err
 	}
+	// An OCI image's reference is durable before the sandbox exists (see images.go).
+	use, err := s.referImage(ctx, cfg.Image, cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	// The image store's lock is held until the sandbox exists, not through a start (then):
+	// a start that fails removes the sandbox, which takes that lock again.
+	useDone := false
+	finishUse := func(errp *error) {
+		if !useDone {
+			useDone = true
+			use.done(errp)
+		}
+	}
+	defer finishUse(&err)
 	l, err := s.store.LockForProvision(ctx, cfg.ID)
 	if err != nil {
 		return nil, err
@@ -317,6 +345,8 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
 	if then != nil {
 		handedOver = true
+		var provisioned error
+		finishUse(&provisioned)
 		if err := then(l); err != nil {
 			return nil, err
 		}

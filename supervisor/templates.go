@@ -44,7 +44,7 @@ func (s *Supervisor) bindingExists() func(sandboxID, leaseID string) bool {
 // Capture copies a stopped sandbox's writable layer into a new generation of a template, with
 // the compatibility key the sandbox runs under. The sandbox stays locked, so that it cannot
 // start while its layer is copied, and stays as it was.
-func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *template.Generation, err error) {
+func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *template.Generation, err error) {
 	defer s.observe("capture", time.Now(), &err)
 	if err := s.requireTemplates(); err != nil {
 		return nil, err
@@ -52,6 +52,17 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 	if err := template.ValidateName(templateName); err != nil {
 		return nil, err
 	}
+	// A generation on an OCI image references it, written once the sandbox's lock is gone
+	// (a provision takes the image store's lock before a sandbox's; see images.go). Until
+	// then the sandbox's own reference keeps the image.
+	var onImage string
+	defer func() {
+		if err == nil && onImage != "" {
+			if rerr := s.referGeneration(ctx, onImage, templateName, g.ID); rerr != nil {
+				s.log.Warn("recording the image reference of a generation; sandboxd check repairs it", "template", templateName, "generation", g.ID, "err", rerr)
+			}
+		}
+	}()
 	l, cfg, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, err
@@ -91,10 +102,15 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 		return nil, errcode.Wrap(errcode.Internal, err, "The writable layer of sandbox %s cannot be opened.", id)
 	}
 	layers = append(layers, layer)
+	digest, err := s.imageDigest(cfg.Image)
+	if err != nil {
+		return nil, err
+	}
 	key := template.Key{
-		Runtime:   s.rt.Identity(),
-		Image:     cfg.Image,
-		Resources: cfg.Resources,
+		Runtime:     s.rt.Identity(),
+		Image:       cfg.Image,
+		ImageDigest: digest,
+		Resources:   cfg.Resources,
 	}
 	// Progress is reported a few times a second at most, and at the end: a layer of many
 	// small files would otherwise flood the event stream.
@@ -105,9 +121,12 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (_ *t
 			s.emit(Event{Type: EventProgress, Sandbox: id, Template: templateName, Progress: &Progress{Phase: "copying", Done: copied, Total: total}})
 		}
 	}
-	g, err := s.templates.CaptureLayers(ctx, templateName, layers, key, progress)
+	g, err = s.templates.CaptureLayers(ctx, templateName, layers, key, progress)
 	if err != nil {
 		return nil, err
+	}
+	if digest != "" {
+		onImage = cfg.Image
 	}
 	s.emit(Event{Type: EventCaptured, Sandbox: id, Template: templateName, Generation: g.ID})
 	return g, nil
@@ -256,6 +275,9 @@ func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
 	case req.Resources != nil && *req.Resources != k.Resources:
 		return fmt.Sprintf("it was captured with resources %+v, not %+v", k.Resources, *req.Resources)
 	}
+	if d, err := s.imageDigest(k.Image); err != nil || d != k.ImageDigest {
+		return fmt.Sprintf("it was captured on image %s %s, which this server no longer holds as it was", k.Image, k.ImageDigest)
+	}
 	return ""
 }
 
@@ -309,6 +331,8 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 		return
 	}
 	s.emit(Event{Type: EventReleased, Sandbox: id, Template: b.Template, Generation: b.Generation, Lease: b.Lease})
+	// The last lease of a draining generation finishes its retirement.
+	s.releaseGenerations(ctx, b.Template, b.Generation)
 }
 
 // Tombstone quarantines a generation: no new lease, selection skips it, clones keep working.
@@ -332,6 +356,7 @@ func (s *Supervisor) Retire(ctx context.Context, name, gen string, drain bool) (
 	}
 	out, err := s.templates.Retire(ctx, name, gen, drain, s.bindingExists())
 	if err == nil && out == template.Retired {
+		s.releaseGenerations(ctx, name, gen)
 		s.emit(Event{Type: EventRetired, Template: name, Generation: gen})
 	}
 	return out, err
@@ -342,5 +367,9 @@ func (s *Supervisor) DeleteTemplate(ctx context.Context, name string, drain bool
 	if err := s.requireTemplates(); err != nil {
 		return 0, err
 	}
-	return s.templates.DeleteTemplate(ctx, name, drain, s.bindingExists())
+	out, err := s.templates.DeleteTemplate(ctx, name, drain, s.bindingExists())
+	if err == nil && out == template.Retired {
+		s.releaseGenerations(ctx, name, "")
+	}
+	return out, err
 }

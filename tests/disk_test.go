@@ -153,7 +153,7 @@ func TestDiskOfItsOwn(t *testing.T) {
 			} `json:"max_resources"`
 		} `json:"limits"`
 	}
-	if err := json.Unmarshal(d.mustStatus(200, "GET", "/v1/info", nil).Body, &info); err != nil || info.Limits.DefaultResources.DiskMB != 0 || info.Limits.MaxResources.DiskMB != 1<<20 {
+	if err := json.Unmarshal(d.mustStatus(200, "GET", "/v1/info", nil).Body, &info); err != nil || info.Limits.DefaultResources.DiskMB != 1024 || info.Limits.MaxResources.DiskMB != 1<<20 {
 		t.Fatalf("info limits %+v (%v)", info.Limits, err)
 	}
 

@@ -60,7 +60,12 @@ func TestLargeFileIsStreamed(t *testing.T) {
 	t.Parallel()
 	const size = 1 << 30
 	d := startDaemon(t)
-	d.create("big", true)
+	// The file is as large as the default disk of a sandbox's own: give it room.
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "big", "start": true, "resources": map[string]any{"disk_mb": 2048}})
+	t.Cleanup(func() {
+		d.doJSON("POST", "/v1/sandboxes/big/stop?force=true", nil)
+		d.doJSON("DELETE", "/v1/sandboxes/big", nil)
+	})
 	before := peakRSS(t, d.Pid())
 
 	want := sha256.New()

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -414,6 +415,86 @@ func TestHostileWorkloads(t *testing.T) {
 			t.Fatalf("exec after kill -9 -1: %+v", got)
 		}
 		w.check(t, "the sandbox attacked its agent")
+	})
+
+	t.Run("attacks its agent as root", func(t *testing.T) {
+		d := d.in(t)
+		id := prefix + "-agent"
+		defer hostileSandbox(t, d, id, nil)()
+		w := startWatchdog(d, calm)
+		// Every signal root can send PID 1 but TERM and INT (shutdown) leaves the agent
+		// serving: without the agent's handlers QUIT and ABRT dump its stacks and end the
+		// sandbox, SEGV and the like sent with kill crash it, HUP ends it. 32 to 34 have no
+		// handler, so the kernel drops them for a namespace's init.
+		for _, sig := range []string{"QUIT", "SEGV", "ABRT", "HUP", "USR1", "USR2", "BUS", "FPE", "ILL", "TRAP", "SYS", "ALRM", "TSTP", "TTIN", "TTOU", "PIPE", "WINCH", "CONT", "32", "33", "34", "40", "64"} {
+			if got := d.exec(id, map[string]any{"user": "root", "command": []string{"sh", "-c", "kill -" + sig + " 1 && echo sent"}, "timeout_ms": 10000}); got.Stdout != "sent\n" {
+				t.Fatalf("kill -%s 1 as root: %+v", sig, got)
+			}
+			r := d.doJSON("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": []string{"echo", "still here"}, "timeout_ms": 10000})
+			if r.Status != 200 || !strings.Contains(string(r.Body), `"stdout":"still here\n"`) {
+				t.Fatalf("after kill -%s 1 the agent does not serve: %d %s", sig, r.Status, r.Body)
+			}
+		}
+
+		// What a workload makes is not world-writable: root's directory cannot be taken
+		// over by the user.
+		if got := d.exec(id, map[string]any{"user": "root", "command": []string{"sh", "-c", "mkdir /opt/made && : > /opt/made/f && stat -c %a /opt/made /opt/made/f && umask"}}); got.Stdout != "755\n644\n0022\n" {
+			t.Fatalf("modes of what root made, and its umask: %+v", got)
+		}
+		if got := d.exec(id, map[string]any{"command": []string{"sh", "-c", "mkdir mine && : > mine/f && stat -c %a mine mine/f"}}); got.Stdout != "755\n644\n" {
+			t.Fatalf("modes of what the user made: %+v", got)
+		}
+
+		// Listing refuses what reading refuses: the agent's own descriptors.
+		for _, p := range []string{"/proc/self/fd", "/proc/1/fd", "/proc/self"} {
+			if r := d.do("GET", "/v1/sandboxes/"+id+"/files?list=true&path="+url.QueryEscape(p), nil, nil); r.Status == 200 || r.Status >= 500 {
+				t.Errorf("listing %s: %d %s", p, r.Status, r.Body)
+			}
+		}
+
+		// A huge directory's listing costs sandboxd no more than the listing's cap.
+		if got := d.exec(id, map[string]any{"command": []string{"perl", "-e", `mkdir "/tmp/big" or die; for my $i (1..120000) { open(my $f, ">", "/tmp/big/entry-$i") or die; close $f } print "made\n"`}, "timeout_ms": 300000}); got.Stdout != "made\n" {
+			t.Fatalf("making 120 000 files: %+v", got)
+		}
+		pid := d.cmd.Process.Pid
+		before := rssKiB(t, pid)
+		for range 3 {
+			list := decode[struct {
+				Items []json.RawMessage `json:"items"`
+			}](t, d.do("GET", "/v1/sandboxes/"+id+"/files?list=true&path=/tmp/big", nil, nil), 200)
+			if len(list.Items) != 10000 {
+				t.Fatalf("a listing of 120 000 entries answered %d items, want the cap of 10000", len(list.Items))
+			}
+		}
+		if grew := rssKiB(t, pid) - before; grew > 64<<10 {
+			t.Errorf("sandboxd's RSS grew by %d KiB over three listings of 120 000 entries", grew)
+		}
+		w.check(t, "the sandbox attacked its agent as root")
+	})
+
+	t.Run("makes a tree 22 000 deep", func(t *testing.T) {
+		d := d.in(t)
+		id := prefix + "-deep"
+		// The deletion at the end removes the sandbox's layer with the deep tree in it: it
+		// must answer 204, not 500 "too many open files".
+		defer hostileSandbox(t, d, id, nil)()
+		w := startWatchdog(d, calm)
+		deep := map[string]any{"command": []string{"perl", "-e", `for (1..22000) { mkdir "d" or die "mkdir: $!"; chdir "d" or die "chdir: $!" } print "made\n"`}, "timeout_ms": 300000}
+		if got := d.exec(id, deep); got.Stdout != "made\n" {
+			t.Fatalf("making the deep tree: %+v", got)
+		}
+		// The files API removes it.
+		if r := d.do("DELETE", "/v1/sandboxes/"+id+"/files?path=/home/user/d&recursive=true", nil, nil); r.Status != 204 {
+			t.Fatalf("removing a tree 22 000 deep through the files API: %d %.300s", r.Status, r.Body)
+		}
+		if got := d.exec(id, map[string]any{"command": []string{"sh", "-c", "test -e /home/user/d || echo gone"}}); got.Stdout != "gone\n" {
+			t.Fatalf("after its removal the deep tree is still there: %+v", got)
+		}
+		// Made again, it goes with the sandbox.
+		if got := d.exec(id, deep); got.Stdout != "made\n" {
+			t.Fatalf("making the deep tree again: %+v", got)
+		}
+		w.check(t, "the sandbox made a tree 22 000 deep")
 	})
 
 	// The server answered throughout, and the state root is consistent.

@@ -1,4 +1,4 @@
-// Copies the dashboard's browser dependencies from node_modules (installed from
+// Copies the dashboard's and the API reference's browser dependencies from node_modules (installed from
 // package-lock.json with `npm ci`) into assets/vendor/, which is committed and embedded in the
 // binary. The output depends only on the locked packages, so CI can rebuild it and fail on a
 // diff. Source-map references are dropped: the maps are not shipped.
@@ -15,6 +15,11 @@ const files = [
   ["@xterm/xterm/LICENSE", "xterm.LICENSE"],
   ["@xterm/addon-fit/lib/addon-fit.js", "addon-fit.js"],
   ["@xterm/addon-fit/LICENSE", "addon-fit.LICENSE"],
+  // The API reference at /docs: Redoc's standalone build (React and its other dependencies
+  // bundled in), its licence, and the notices of what it bundles.
+  ["redoc/bundles/redoc.standalone.js", "redoc.standalone.js"],
+  ["redoc/bundles/redoc.standalone.js.LICENSE.txt", "redoc.standalone.NOTICES"],
+  ["redoc/LICENSE", "redoc.LICENSE"],
 ];
 
 rmSync(out, { recursive: true, force: true });

@@ -1,14 +1,19 @@
-// Package web is sandboxd's dashboard: a small hand-written page (HTML, CSS and JavaScript
-// under assets/, with xterm.js vendored into assets/vendor/ by `npm run build`), embedded in
-// the binary and served at / and /assets/ by [Handler]. It talks to the API like any other
-// client, with the token the operator enters once (kept in the browser's localStorage); it
-// holds no state and has no route of its own beyond its static files.
+// Package web is sandboxd's dashboard and its API reference. The dashboard is a small
+// hand-written page (HTML, CSS and JavaScript under assets/) served at /; the API reference at
+// /docs is rendered in the browser by the vendored Redoc from the served /openapi.yaml.
+// xterm.js and Redoc are vendored into assets/vendor/ by `npm run build`; everything is
+// embedded in the binary and served by [Handler], /assets/ included. The dashboard talks to
+// the API like any other client, with the token the operator enters once (kept in the
+// browser's localStorage); it holds no state and has no route of its own beyond its files.
 //
 // # Security
 //
 // Every response carries a Content-Security-Policy that allows scripts only from the server
 // itself (no inline scripts, no eval) and connections only to it, and forbids framing. The
-// page renders API data with textContent, never as HTML.
+// page renders API data with textContent, never as HTML. /docs has the same policy: Redoc
+// needs no more than the dashboard ('unsafe-inline' styles, which both libraries generate);
+// its search, which would run in a blob: worker, is switched off instead of widening
+// worker-src, and its maker's logo from their CDN is blocked.
 //
 // # Vendored files
 //

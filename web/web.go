@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-//go:embed index.html assets
+//go:embed index.html docs.html assets
 var files embed.FS
 
 // contentSecurityPolicy confines the page to its own origin. Styles allow 'unsafe-inline'
@@ -16,7 +16,11 @@ const contentSecurityPolicy = "default-src 'self'; script-src 'self'; style-src 
 	"img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; " +
 	"form-action 'none'; frame-ancestors 'none'"
 
-// Handler serves the dashboard: index.html at / and the static files under /assets/.
+// Handler serves the dashboard (index.html at /), the API reference (docs.html at /docs,
+// rendered in the browser by the vendored Redoc from /openapi.yaml) and the static files
+// under /assets/. Both pages get the same policy: Redoc, like xterm.js, styles itself with
+// generated style elements (styled-components), which 'unsafe-inline' in style-src already
+// allows, and runs no inline script and no eval.
 func Handler() http.Handler {
 	assets, err := fs.Sub(files, ".")
 	if err != nil {
@@ -34,6 +38,9 @@ func Handler() http.Handler {
 			// The page is small and changes with the binary: always revalidate.
 			h.Set("Cache-Control", "no-cache")
 			http.ServeFileFS(w, r, files, "index.html")
+		case r.URL.Path == "/docs":
+			h.Set("Cache-Control", "no-cache")
+			http.ServeFileFS(w, r, files, "docs.html")
 		case isFile(strings.TrimPrefix(r.URL.Path, "/")):
 			h.Set("Cache-Control", "no-cache")
 			static.ServeHTTP(w, r)

@@ -19,6 +19,9 @@ func TestHandler(t *testing.T) {
 		{"script", "/assets/app.js", 200, "text/javascript", `"use strict"`},
 		{"style", "/assets/app.css", 200, "text/css", "--accent"},
 		{"vendored xterm", "/assets/vendor/xterm.js", 200, "text/javascript", "Terminal"},
+		{"API reference", "/docs", 200, "text/html", `<script src="/assets/docs.js" defer></script>`},
+		{"API reference script", "/assets/docs.js", 200, "text/javascript", `Redoc.init("/openapi.yaml"`},
+		{"vendored Redoc", "/assets/vendor/redoc.standalone.js", 200, "text/javascript", "ReDoc"},
 		{"unknown file", "/assets/nope.js", 404, "application/problem+json", `"code":"not-found"`},
 		{"no listing", "/assets/", 404, "application/problem+json", `"code":"not-found"`},
 		{"no listing without slash", "/assets/vendor", 404, "application/problem+json", `"code":"not-found"`},
@@ -43,20 +46,22 @@ func TestHandler(t *testing.T) {
 	}
 }
 
-// The page has no inline script or handler attribute: the policy would block them.
+// The pages have no inline script or handler attribute: the policy would block them.
 func TestNoInlineScript(t *testing.T) {
 	t.Parallel()
-	page, err := files.ReadFile("index.html")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(page)
-	if strings.Contains(s, "<script>") || strings.Contains(s, " onclick=") || strings.Contains(s, "javascript:") {
-		t.Fatal("index.html has inline script")
-	}
-	for _, tag := range strings.Split(s, "<script")[1:] {
-		if !strings.HasPrefix(strings.TrimSpace(tag), "src=") {
-			t.Fatalf("a script without src: <script%s", tag[:min(len(tag), 60)])
+	for _, name := range []string{"index.html", "docs.html"} {
+		page, err := files.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(page)
+		if strings.Contains(s, "<script>") || strings.Contains(s, " onclick=") || strings.Contains(s, "javascript:") {
+			t.Fatalf("%s has inline script", name)
+		}
+		for _, tag := range strings.Split(s, "<script")[1:] {
+			if !strings.HasPrefix(strings.TrimSpace(tag), "src=") {
+				t.Fatalf("%s: a script without src: <script%s", name, tag[:min(len(tag), 60)])
+			}
 		}
 	}
 }

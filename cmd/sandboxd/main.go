@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 
 	"github.com/lmittmann/tint"
@@ -56,7 +57,19 @@ type options struct {
 	runtimeBinary  string
 	defaultDiskMB  int
 	defaultTimeout int // seconds
+	// registryAuth and insecureRegistries configure image pulls.
+	registryAuth       string
+	insecureRegistries stringList
+	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
+	// that cannot give sandboxes a disk is an error rather than a warning.
+	diskExplicit bool
 }
+
+// boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
+// the operator names one: every sandbox's writes are bounded by default, so that no workload
+// can fill the state root's file system. The image is sparse and its metadata made lazily, so
+// an unused disk costs about 0.7 MiB of the host's disk and a create about 10 ms.
+const boundedDiskMB = 1024
 
 type stringList []string
 
@@ -79,11 +92,13 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
 	fs.StringVar(&o.runtimeBinary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else sandboxd itself")
-	diskMB, err := envParsed("SANDBOXD_DEFAULT_DISK_MB", 0, strconv.Atoi)
+	diskMB, err := envParsed("SANDBOXD_DEFAULT_DISK_MB", boundedDiskMB, strconv.Atoi)
 	if err != nil {
 		return nil, err
 	}
-	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded (env SANDBOXD_DEFAULT_DISK_MB)")
+	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded, for trusted work only (env SANDBOXD_DEFAULT_DISK_MB)")
+	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("SANDBOXD_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env SANDBOXD_REGISTRY_AUTH); default: anonymous pulls")
+	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
 	timeoutS, err := envParsed("SANDBOXD_DEFAULT_TIMEOUT_S", 0, strconv.Atoi)
 	if err != nil {
 		return nil, err
@@ -96,6 +111,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	_, o.diskExplicit = os.LookupEnv("SANDBOXD_DEFAULT_DISK_MB")
+	fs.Visit(func(f *flag.Flag) { o.diskExplicit = o.diskExplicit || f.Name == "default-disk-mb" })
 	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
 		return nil, fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
 	}
@@ -179,6 +196,9 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	log.Info("sandbox runtime", "executable", exe)
+	if o.defaultDiskMB, err = defaultDisk(rt, o, log); err != nil {
+		return err
+	}
 	// The event bus and the metrics observe the supervisor through its hooks; the metrics
 	// count sandboxes by state from the supervisor itself, at scrape time.
 	bus := events.New(events.Options{})
@@ -191,8 +211,13 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	images, err := openImages(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	defer images.Close()
 	sup, err = supervisor.New(supervisor.Options{
-		Store: st, Runtime: rt, Templates: ts, Logger: log,
+		Store: st, Runtime: rt, Templates: ts, Images: images, Logger: log,
 		OnEvent: func(e supervisor.Event) {
 			mx.OnEvent(e.Type)
 			bus.Publish(handlers.EventOf(e))
@@ -219,6 +244,7 @@ func serve(o *options, log *slog.Logger) error {
 		MaxFileBytes:     server.DefaultMaxFileBytes,
 		Logger:           log,
 		Events:           bus,
+		Images:           sup,
 		OnExec:           mx.OnExec,
 	})
 	if err != nil {
@@ -294,4 +320,26 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("--log-format %q: want auto, text or json", format)
 	}
+}
+
+// defaultDisk is the disk of its own that sandboxes get by default: the operator's choice, or
+// boundedDiskMB where the runtime can give one. A host without loop devices or mke2fs still
+// serves, with a warning that sandboxes are unbounded, unless the operator asked for a disk.
+func defaultDisk(rt runtime.Runtime, o *options, log *slog.Logger) (int, error) {
+	if o.defaultDiskMB == 0 {
+		log.Warn("sandboxes get no disk of their own unless they ask for one: a sandbox can fill the state root's file system", "root", o.root)
+		return 0, nil
+	}
+	why := errors.New("the runtime gives sandboxes no disk of their own")
+	if dl, ok := rt.(runtime.DiskLimiter); ok {
+		why = dl.DiskSupport()
+	}
+	switch {
+	case why == nil:
+		return o.defaultDiskMB, nil
+	case o.diskExplicit:
+		return 0, fmt.Errorf("--default-disk-mb %d: this host cannot give sandboxes a disk of their own: %v", o.defaultDiskMB, why)
+	}
+	log.Warn("sandboxes get no disk of their own on this host, so a sandbox can fill the state root's file system", "root", o.root, "reason", why)
+	return 0, nil
 }

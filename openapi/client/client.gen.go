@@ -19,114 +19,6 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ErrorCode.
-const (
-	ErrorCodeAlreadyProvisioned   ErrorCode = "already-provisioned"
-	ErrorCodeAlreadyRunning       ErrorCode = "already-running"
-	ErrorCodeFileNotFound         ErrorCode = "file-not-found"
-	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
-	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
-	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
-	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
-	ErrorCodeInternal             ErrorCode = "internal"
-	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
-	ErrorCodeMethodNotAllowed     ErrorCode = "method-not-allowed"
-	ErrorCodeNotFound             ErrorCode = "not-found"
-	ErrorCodeNotImplemented       ErrorCode = "not-implemented"
-	ErrorCodeNotRunning           ErrorCode = "not-running"
-	ErrorCodePayloadTooLarge      ErrorCode = "payload-too-large"
-	ErrorCodeProvisionedAgain     ErrorCode = "provisioned-again"
-	ErrorCodeRuntimeMismatch      ErrorCode = "runtime-mismatch"
-	ErrorCodeSandboxBusy          ErrorCode = "sandbox-busy"
-	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
-	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
-	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
-	ErrorCodeSandboxPaused        ErrorCode = "sandbox-paused"
-	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
-	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
-	ErrorCodeTemplateExists       ErrorCode = "template-exists"
-	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
-	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
-	ErrorCodeTemplateTombstoned   ErrorCode = "template-tombstoned"
-	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
-	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
-	ErrorCodeUnavailable          ErrorCode = "unavailable"
-	ErrorCodeWaitTimeout          ErrorCode = "wait-timeout"
-)
-
-// Valid indicates whether the value is a known member of the ErrorCode enum.
-func (e ErrorCode) Valid() bool {
-	switch e {
-	case ErrorCodeAlreadyProvisioned:
-		return true
-	case ErrorCodeAlreadyRunning:
-		return true
-	case ErrorCodeFileNotFound:
-		return true
-	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeForeignFiles:
-		return true
-	case ErrorCodeGenerationLeased:
-		return true
-	case ErrorCodeGenerationNotFound:
-		return true
-	case ErrorCodeImageNotFound:
-		return true
-	case ErrorCodeInternal:
-		return true
-	case ErrorCodeInvalidRequest:
-		return true
-	case ErrorCodeMethodNotAllowed:
-		return true
-	case ErrorCodeNotFound:
-		return true
-	case ErrorCodeNotImplemented:
-		return true
-	case ErrorCodeNotRunning:
-		return true
-	case ErrorCodePayloadTooLarge:
-		return true
-	case ErrorCodeProvisionedAgain:
-		return true
-	case ErrorCodeRuntimeMismatch:
-		return true
-	case ErrorCodeSandboxBusy:
-		return true
-	case ErrorCodeSandboxLaunched:
-		return true
-	case ErrorCodeSandboxLeased:
-		return true
-	case ErrorCodeSandboxNotFound:
-		return true
-	case ErrorCodeSandboxPaused:
-		return true
-	case ErrorCodeStartTimeout:
-		return true
-	case ErrorCodeStopTimeout:
-		return true
-	case ErrorCodeTemplateExists:
-		return true
-	case ErrorCodeTemplateIneligible:
-		return true
-	case ErrorCodeTemplateNotFound:
-		return true
-	case ErrorCodeTemplateTombstoned:
-		return true
-	case ErrorCodeTransitionInProgress:
-		return true
-	case ErrorCodeUnauthorized:
-		return true
-	case ErrorCodeUnavailable:
-		return true
-	case ErrorCodeWaitTimeout:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -154,6 +46,11 @@ const (
 	EventTypeGenerationCaptured   EventType = "generation.captured"
 	EventTypeGenerationRetired    EventType = "generation.retired"
 	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
+	EventTypeImageDeleted         EventType = "image.deleted"
+	EventTypeImageFailed          EventType = "image.failed"
+	EventTypeImageImported        EventType = "image.imported"
+	EventTypeImagePullProgress    EventType = "image.pull.progress"
+	EventTypeImagePulled          EventType = "image.pulled"
 	EventTypeLeaseAcquired        EventType = "lease.acquired"
 	EventTypeLeaseReleased        EventType = "lease.released"
 	EventTypeSandboxCreated       EventType = "sandbox.created"
@@ -176,6 +73,16 @@ func (e EventType) Valid() bool {
 	case EventTypeGenerationRetired:
 		return true
 	case EventTypeGenerationTombstoned:
+		return true
+	case EventTypeImageDeleted:
+		return true
+	case EventTypeImageFailed:
+		return true
+	case EventTypeImageImported:
+		return true
+	case EventTypeImagePullProgress:
+		return true
+	case EventTypeImagePulled:
 		return true
 	case EventTypeLeaseAcquired:
 		return true
@@ -277,6 +184,48 @@ const (
 func (e HealthStatus) Valid() bool {
 	switch e {
 	case HealthStatusOk:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ImageKind.
+const (
+	ImageKindDirectory ImageKind = "directory"
+	ImageKindHost      ImageKind = "host"
+	ImageKindOci       ImageKind = "oci"
+)
+
+// Valid indicates whether the value is a known member of the ImageKind enum.
+func (e ImageKind) Valid() bool {
+	switch e {
+	case ImageKindDirectory:
+		return true
+	case ImageKindHost:
+		return true
+	case ImageKindOci:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ImageState.
+const (
+	ImageStateFailed  ImageState = "failed"
+	ImageStatePulling ImageState = "pulling"
+	ImageStateReady   ImageState = "ready"
+)
+
+// Valid indicates whether the value is a known member of the ImageState enum.
+func (e ImageState) Valid() bool {
+	switch e {
+	case ImageStateFailed:
+		return true
+	case ImageStatePulling:
+		return true
+	case ImageStateReady:
 		return true
 	default:
 		return false
@@ -452,7 +401,9 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone (needs `template`); default the newest eligible one.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
+	// `generation` without `template` is refused with `invalid-request` (field
+	// `generation`), which OpenAPI 3.0 cannot say in the schema.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one when absent.
@@ -506,8 +457,9 @@ type EnvKey = string
 type EnvVar = string
 
 // ErrorCode The stable error codes, identical to package errcode. Never renamed; new ones may be
-// added, so clients treat an unknown code by its HTTP status.
-type ErrorCode string
+// added, so clients treat an unknown code by its HTTP status. The list is open
+// (`x-extensible-enum`): a client must accept a code it does not know.
+type ErrorCode = string
 
 // Event One lifecycle event, the `data` of a server-sent event. The fields beyond `seq`,
 // `type` and `at` depend on the type:
@@ -522,23 +474,47 @@ type ErrorCode string
 //     `generation`, and for a capture the `sandbox` it came from;
 //   - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
 //   - `capture.progress`: `template`, `sandbox`, `progress` (the generation id is not known
-//     until `generation.captured`).
+//     until `generation.captured`);
+//   - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
+//   - `image.pulled`, `image.imported`, `image.deleted`: `image`;
+//   - `image.failed`: `image`, `error`.
 type Event struct {
 	At time.Time `json:"at"`
+
+	// Error Why an image pull failed.
+	Error *string `json:"error,omitempty"`
 
 	// Exit How the sandbox's last run ended.
 	Exit *LastExit `json:"exit,omitempty"`
 
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation *GenerationID `json:"generation,omitempty"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Image An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 	//
-	// Example: l-build-42
+	// Example: host
+	Image         *ImageName `json:"image,omitempty"`
+	ImageProgress *struct {
+		BytesDone int64 `json:"bytes_done"`
+
+		// BytesTotal -1 when unknown.
+		BytesTotal int64  `json:"bytes_total"`
+		DiffID     string `json:"diff_id"`
+
+		// Layer The layer's index, 0 at the bottom.
+		Layer int `json:"layer"`
+	} `json:"image_progress,omitempty"`
+
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
+	//
+	// Example: l-0123456789abcdef
 	Lease    *LeaseID `json:"lease,omitempty"`
 	Progress *struct {
 		BytesDone int64 `json:"bytes_done"`
@@ -577,7 +553,8 @@ type EventType string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
-	// Command The program and its arguments. The program is looked up in `PATH`.
+	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
+	// empty (the arguments may be).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -607,10 +584,12 @@ type ExecRequest struct {
 type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
-	// ExitCode The exit status, or -1 when a signal ended the command.
+	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
 	ExitCode int `json:"exit_code"`
 
-	// Signal The signal that ended the command, when one did.
+	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
+	// when it exited by itself. `exit_code` is then 128 plus its number.
 	Signal *string `json:"signal,omitempty"`
 
 	// Stderr Standard error as UTF-8 (invalid bytes replaced by U+FFFD).
@@ -653,8 +632,11 @@ type Generation struct {
 	// capture); `expired` (captured longer ago than the server's maximum age).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
-	// ID Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
@@ -685,8 +667,11 @@ type GenerationEligibility string
 // `retiring`: its retirement waits for the last lease to go.
 type GenerationState string
 
-// GenerationID Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationID = string
@@ -704,6 +689,81 @@ type Health struct {
 
 // HealthStatus defines model for Health.Status.
 type HealthStatus string
+
+// Image defines model for Image.
+type Image struct {
+	// Config The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+	// defaults of every exec (the exec's own fields override; a `user` other than root is
+	// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
+	Config       *ImageConfig `json:"config,omitempty"`
+	ConfigDigest *string      `json:"config_digest,omitempty"`
+	CreatedAt    *time.Time   `json:"created_at,omitempty"`
+
+	// Digest The manifest digest.
+	Digest *string `json:"digest,omitempty"`
+
+	// Error Why the pull failed (state `failed`).
+	Error *string `json:"error,omitempty"`
+
+	// Kind `host` (built in), `directory` (a root file system under `images/`) or `oci` (pulled or imported).
+	Kind ImageKind `json:"kind"`
+
+	// Layers Bottom first.
+	Layers *[]ImageLayer `json:"layers,omitempty"`
+
+	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	//
+	// Example: host
+	Name     ImageName `json:"name"`
+	Platform *string   `json:"platform,omitempty"`
+
+	// Ref The reference it was pulled by; absent for an import.
+	Ref *string `json:"ref,omitempty"`
+
+	// SizeBytes The bytes of the layers' files.
+	SizeBytes *int64     `json:"size_bytes,omitempty"`
+	State     ImageState `json:"state"`
+
+	// UsedBy Who holds a reference to the image (`sandbox <id>`, `generation <template>/<gen>`).
+	UsedBy *[]string `json:"used_by,omitempty"`
+}
+
+// ImageKind `host` (built in), `directory` (a root file system under `images/`) or `oci` (pulled or imported).
+type ImageKind string
+
+// ImageState defines model for Image.State.
+type ImageState string
+
+// ImageConfig The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+// defaults of every exec (the exec's own fields override; a `user` other than root is
+// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
+type ImageConfig struct {
+	Cmd        *[]string `json:"cmd,omitempty"`
+	Entrypoint *[]string `json:"entrypoint,omitempty"`
+	Env        *[]string `json:"env,omitempty"`
+	User       *string   `json:"user,omitempty"`
+	WorkingDir *string   `json:"working_dir,omitempty"`
+}
+
+// ImageLayer defines model for ImageLayer.
+type ImageLayer struct {
+	// BytesDone For a pull in progress, the bytes of the layer's blob read so far.
+	BytesDone *int64 `json:"bytes_done,omitempty"`
+
+	// BytesTotal For a pull in progress, the bytes of the layer's blob (-1 unknown).
+	BytesTotal *int64 `json:"bytes_total,omitempty"`
+
+	// DiffID The sha256 of the layer's uncompressed tar, which names it on disk.
+	DiffID string `json:"diff_id"`
+
+	// Present The server held the layer already; nothing of it was downloaded.
+	Present *bool `json:"present,omitempty"`
+}
+
+// ImageList defines model for ImageList.
+type ImageList struct {
+	Items []Image `json:"items"`
+}
 
 // ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 //
@@ -802,9 +862,9 @@ type LastExitReason string
 type Lease struct {
 	AcquiredAt time.Time `json:"acquired_at"`
 
-	// ID Assigned by the server when a clone leases a generation; opaque to clients.
+	// ID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	ID LeaseID `json:"id"`
 
 	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -813,9 +873,9 @@ type Lease struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// LeaseID Assigned by the server when a clone leases a generation; opaque to clients.
+// LeaseID Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 //
-// Example: l-build-42
+// Example: l-0123456789abcdef
 type LeaseID = string
 
 // LeaseList defines model for LeaseList.
@@ -829,7 +889,8 @@ type OnTimeout string
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
-	// added, so clients treat an unknown code by its HTTP status.
+	// added, so clients treat an unknown code by its HTTP status. The list is open
+	// (`x-extensible-enum`): a client must accept a code it does not know.
 	Code ErrorCode `json:"code"`
 
 	// Detail What went wrong and what to do next, in a sentence.
@@ -849,6 +910,24 @@ type Problem struct {
 	//
 	// Example: urn:sandboxd:problem:sandbox-busy
 	Type string `json:"type"`
+}
+
+// PullImageRequest defines model for PullImageRequest.
+type PullImageRequest struct {
+	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	//
+	// Example: host
+	Name *ImageName `json:"name,omitempty"`
+
+	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	//
+	// Example: linux/amd64
+	Platform *string `json:"platform,omitempty"`
+
+	// Ref `registry/repository:tag` or `registry/repository@sha256:<digest>`.
+	//
+	// Example: registry.example.com/library/busybox:1.36
+	Ref string `json:"ref"`
 }
 
 // Resources Resource limits, applied through the sandbox's cgroup.
@@ -969,16 +1048,19 @@ type Template struct {
 
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
-	// Generation Assigned by the server at capture; opaque to clients, with the same shape as other
-	// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+	// refused with `invalid-request` (field `generation`) or, when the template itself is
+	// missing, `template-not-found`.
 	//
 	//
 	// Example: g000003
 	Generation GenerationID `json:"generation"`
 
-	// Lease Assigned by the server when a clone leases a generation; opaque to clients.
+	// Lease Assigned by the server when a clone leases a generation (`l-` and 16 hex digits); opaque to clients.
 	//
-	// Example: l-build-42
+	// Example: l-0123456789abcdef
 	Lease LeaseID `json:"lease"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -1018,11 +1100,19 @@ type Cursor = string
 // Drain defines model for Drain.
 type Drain = bool
 
-// GenerationIDPath Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
+
+// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageNamePath = ImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1098,7 +1188,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1151,6 +1243,9 @@ type ExecStreamParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Recursive Remove a directory with everything in it.
+	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1165,6 +1260,9 @@ type ReadFileParams struct {
 
 // WriteFileParams defines parameters for WriteFile.
 type WriteFileParams struct {
+	// Parents Create missing parent directories, as `mkdir -p` does.
+	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
+
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1232,7 +1330,9 @@ type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1252,7 +1352,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
+	// server cannot read (one it did not return) is refused with `invalid-request` (field
+	// `cursor`); it is never taken for the first page.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1288,6 +1390,9 @@ type TombstoneGenerationParams struct {
 
 // DashboardLoginJSONRequestBody defines body for DashboardLogin for application/json ContentType.
 type DashboardLoginJSONRequestBody DashboardLoginJSONBody
+
+// PullImageJSONRequestBody defines body for PullImage for application/json ContentType.
+type PullImageJSONRequestBody = PullImageRequest
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
@@ -1386,6 +1491,14 @@ type ClientInterface interface {
 	// Corresponds with GET / (the `GetDashboard` operationId).
 	GetDashboard(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetAPIReference The API reference
+	//
+	// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+	// `/openapi.yaml`. Open, like the spec itself.
+	//
+	// Corresponds with GET /docs (the `GetAPIReference` operationId).
+	GetAPIReference(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetHealth Liveness
 	//
 	// Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -1447,6 +1560,79 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListImages List images
+	//
+	// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+	// file system directories under the state root's `images/` (kind `directory`), then the
+	// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+	// progress or failed, by name.
+	//
+	// Corresponds with GET /v1/images (the `ListImages` operationId).
+	ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PullImageWithBody Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImageWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PullImage Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImage(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteImage Delete an OCI image
+	//
+	// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+	// once no image uses them. While a sandbox or a template generation uses the image it
+	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+	// are not deleted (`invalid-request`).
+	//
+	// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+	DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetImage Get an image
+	//
+	// The image, with its digest, layers, size, configuration and users. A pull in progress
+	// shows its progress per layer; a failed pull shows `error` until the name is pulled
+	// again, imported or deleted.
+	//
+	// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+	GetImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ImportImageWithBody Import an image archive
+	//
+	// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+	// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+	// its digest and every layer against its diff id; layer entries that could escape their
+	// layer are refused (see docs/images.md). The body may be at most the server's file
+	// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+	// or a generation uses it (`image-in-use`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+	ImportImageWithBody(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetInfo Server version, runtime, images and limits
 	//
@@ -1555,9 +1741,16 @@ type ClientInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
-	//     (1000).
+	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+	//     `signal` is `null` when the command exited by itself;
+	//   - from the server, answering a frame it could not act on (a text frame that is not
+	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+	//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+	//     The frame has no effect and the session goes on.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -1566,9 +1759,12 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/exec/stream (the `ExecStream` operationId).
 	ExecStream(ctx context.Context, id SandboxIDPath, params *ExecStreamParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// RemoveFile Remove a file or an empty directory
+	// RemoveFile Remove a file, or a directory
 	//
-	// A non-empty directory is refused with `invalid-request` (field `path`).
+	// Removes a file or an empty directory. A non-empty directory is refused with
+	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+	// with `invalid-request`.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1579,8 +1775,8 @@ type ClientInterface interface {
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
 	//
-	// The answer is the file as it was opened: `Content-Length` is its size then (absent
-	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+	// empty file), and a file replaced by a rename meanwhile does not mix into it.
 	// A file that grows while it is read is read up to that size; one that shrinks ends the
 	// response early (the connection closes before `Content-Length` bytes), so a short body
 	// is never taken for the whole file.
@@ -1591,7 +1787,11 @@ type ClientInterface interface {
 	// WriteFileWithBody Write a file
 	//
 	// Creates or replaces a regular file with the request body, streamed. Missing parent
-	// directories are created. The body may be at most the server's file limit (see
+	// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+	// `path`). Creating a parent needs the user to be allowed to write in the directory
+	// above it: a parent under `/` that the user may not create is refused with
+	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type.
@@ -1808,6 +2008,24 @@ func (c *Client) GetDashboard(ctx context.Context, reqEditors ...RequestEditorFn
 	return c.Client.Do(req)
 }
 
+// GetAPIReference The API reference
+//
+// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+// `/openapi.yaml`. Open, like the spec itself.
+//
+// Corresponds with GET /docs (the `GetAPIReference` operationId).
+func (c *Client) GetAPIReference(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAPIReferenceRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetHealth Liveness
 //
 // Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -1920,6 +2138,139 @@ func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditor
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
 func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewStreamEventsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListImages List images
+//
+// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+// file system directories under the state root's `images/` (kind `directory`), then the
+// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+// progress or failed, by name.
+//
+// Corresponds with GET /v1/images (the `ListImages` operationId).
+func (c *Client) ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListImagesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PullImageWithBody Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *Client) PullImageWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullImageRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PullImage Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *Client) PullImage(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullImageRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteImage Delete an OCI image
+//
+// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+// once no image uses them. While a sandbox or a template generation uses the image it
+// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+// are not deleted (`invalid-request`).
+//
+// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+func (c *Client) DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteImageRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetImage Get an image
+//
+// The image, with its digest, layers, size, configuration and users. A pull in progress
+// shows its progress per layer; a failed pull shows `error` until the name is pulled
+// again, imported or deleted.
+//
+// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+func (c *Client) GetImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetImageRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ImportImageWithBody Import an image archive
+//
+// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+// its digest and every layer against its diff id; layer entries that could escape their
+// layer are refused (see docs/images.md). The body may be at most the server's file
+// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+// or a generation uses it (`image-in-use`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+func (c *Client) ImportImageWithBody(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewImportImageRequestWithBody(c.Server, name, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2117,9 +2468,16 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
-//     (1000).
+//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+//     `signal` is `null` when the command exited by itself;
+//   - from the server, answering a frame it could not act on (a text frame that is not
+//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+//     The frame has no effect and the session goes on.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -2138,9 +2496,12 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 	return c.Client.Do(req)
 }
 
-// RemoveFile Remove a file or an empty directory
+// RemoveFile Remove a file, or a directory
 //
-// A non-empty directory is refused with `invalid-request` (field `path`).
+// Removes a file or an empty directory. A non-empty directory is refused with
+// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+// with `invalid-request`.
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2161,8 +2522,8 @@ func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *Remov
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
 //
-// The answer is the file as it was opened: `Content-Length` is its size then (absent
-// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+// empty file), and a file replaced by a rename meanwhile does not mix into it.
 // A file that grows while it is read is read up to that size; one that shrinks ends the
 // response early (the connection closes before `Content-Length` bytes), so a short body
 // is never taken for the whole file.
@@ -2183,7 +2544,11 @@ func (c *Client) ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFil
 // WriteFileWithBody Write a file
 //
 // Creates or replaces a regular file with the request body, streamed. Missing parent
-// directories are created. The body may be at most the server's file limit (see
+// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+// `path`). Creating a parent needs the user to be allowed to write in the directory
+// above it: a parent under `/` that the user may not create is refused with
+// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type.
@@ -2618,6 +2983,33 @@ func NewGetDashboardRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewGetAPIReferenceRequest constructs an http.Request for the GetAPIReference method
+func NewGetAPIReferenceRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/docs")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetHealthRequest constructs an http.Request for the GetHealth method
 func NewGetHealthRequest(server string) (*http.Request, error) {
 	var err error
@@ -2804,6 +3196,177 @@ func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Re
 		}
 
 	}
+
+	return req, nil
+}
+
+// NewListImagesRequest constructs an http.Request for the ListImages method
+func NewListImagesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPullImageRequest calls the generic PullImage builder with application/json body
+func NewPullImageRequest(server string, body PullImageJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPullImageRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPullImageRequestWithBody constructs an http.Request for the PullImage method, with any body, and a specified content type
+func NewPullImageRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteImageRequest constructs an http.Request for the DeleteImage method
+func NewDeleteImageRequest(server string, name ImageNamePath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetImageRequest constructs an http.Request for the GetImage method
+func NewGetImageRequest(server string, name ImageNamePath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewImportImageRequestWithBody constructs an http.Request for the ImportImage method, with any body, and a specified content type
+func NewImportImageRequestWithBody(server string, name ImageNamePath, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3350,6 +3913,18 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if params.Recursive != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", *params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
 		} else {
@@ -3475,6 +4050,18 @@ func NewWriteFileRequestWithBody(server string, id SandboxIDPath, params *WriteF
 		// styled parameters, preserving literal commas as delimiters
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
+
+		if params.Parents != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "parents", *params.Parents, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
@@ -4604,6 +5191,16 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET / (the `GetDashboard` operationId).
 	GetDashboardWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetDashboardResponse, error)
 
+	// GetAPIReferenceWithResponse The API reference
+	//
+	// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+	// `/openapi.yaml`. Open, like the spec itself.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /docs (the `GetAPIReference` operationId).
+	GetAPIReferenceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAPIReferenceResponse, error)
+
 	// GetHealthWithResponse Liveness
 	//
 	// Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -4673,6 +5270,85 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
 	StreamEventsWithResponse(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error)
+
+	// ListImagesWithResponse List images
+	//
+	// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+	// file system directories under the state root's `images/` (kind `directory`), then the
+	// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+	// progress or failed, by name.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/images (the `ListImages` operationId).
+	ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error)
+
+	// PullImageWithBodyWithResponse Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImageWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
+
+	// PullImageWithResponse Pull an image from a registry
+	//
+	// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+	// image in state `pulling`. The pull goes on in the server: follow it on the event
+	// stream (`image.pull.progress` with bytes done and total per layer, then
+	// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+	// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+	// names share one download; layers the server holds already, from any image, are not
+	// downloaded again. A manifest list is resolved to the server's platform.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/images (the `PullImage` operationId).
+	PullImageWithResponse(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
+
+	// DeleteImageWithResponse Delete an OCI image
+	//
+	// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+	// once no image uses them. While a sandbox or a template generation uses the image it
+	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+	// are not deleted (`invalid-request`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+	DeleteImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*DeleteImageResponse, error)
+
+	// GetImageWithResponse Get an image
+	//
+	// The image, with its digest, layers, size, configuration and users. A pull in progress
+	// shows its progress per layer; a failed pull shows `error` until the name is pulled
+	// again, imported or deleted.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+	GetImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*GetImageResponse, error)
+
+	// ImportImageWithBodyWithResponse Import an image archive
+	//
+	// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+	// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+	// its digest and every layer against its diff id; layer entries that could escape their
+	// layer are refused (see docs/images.md). The body may be at most the server's file
+	// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+	// or a generation uses it (`image-in-use`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+	ImportImageWithBodyWithResponse(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ImportImageResponse, error)
 
 	// GetInfoWithResponse Server version, runtime, images and limits
 	//
@@ -4789,9 +5465,16 @@ type ClientWithResponsesInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
-	//     (1000).
+	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+	//     `signal` is `null` when the command exited by itself;
+	//   - from the server, answering a frame it could not act on (a text frame that is not
+	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+	//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+	//     The frame has no effect and the session goes on.
 	// - The server pings; a client that stops answering is dropped, and dropping the
 	//   connection kills the command. A command still running at `timeout_ms` is killed and
 	//   its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -4802,9 +5485,12 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/exec/stream (the `ExecStream` operationId).
 	ExecStreamWithResponse(ctx context.Context, id SandboxIDPath, params *ExecStreamParams, reqEditors ...RequestEditorFn) (*ExecStreamResponse, error)
 
-	// RemoveFileWithResponse Remove a file or an empty directory
+	// RemoveFileWithResponse Remove a file, or a directory
 	//
-	// A non-empty directory is refused with `invalid-request` (field `path`).
+	// Removes a file or an empty directory. A non-empty directory is refused with
+	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+	// with `invalid-request`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4817,8 +5503,8 @@ type ClientWithResponsesInterface interface {
 	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 	// a directory without `list=true` is refused with `invalid-request` (field `path`).
 	//
-	// The answer is the file as it was opened: `Content-Length` is its size then (absent
-	// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+	// empty file), and a file replaced by a rename meanwhile does not mix into it.
 	// A file that grows while it is read is read up to that size; one that shrinks ends the
 	// response early (the connection closes before `Content-Length` bytes), so a short body
 	// is never taken for the whole file.
@@ -4831,7 +5517,11 @@ type ClientWithResponsesInterface interface {
 	// WriteFileWithBodyWithResponse Write a file
 	//
 	// Creates or replaces a regular file with the request body, streamed. Missing parent
-	// directories are created. The body may be at most the server's file limit (see
+	// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+	// `path`). Creating a parent needs the user to be allowed to write in the directory
+	// above it: a parent under `/` that the user may not create is refused with
+	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -5099,6 +5789,47 @@ func (r GetDashboardResponse) ContentType() string {
 	return ""
 }
 
+type GetAPIReferenceResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetAPIReferenceResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAPIReferenceResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAPIReferenceResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAPIReferenceResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAPIReferenceResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetHealthResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5307,13 +6038,13 @@ type GetOpenAPISpecResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// YAML200 the response for an HTTP 200 `application/yaml` response
-	YAML200 *string
+	YAML200 *map[string]interface{}
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 }
 
 // GetYAML200 returns the response for an HTTP 200 `application/yaml` response
-func (r GetOpenAPISpecResponse) GetYAML200() *string {
+func (r GetOpenAPISpecResponse) GetYAML200() *map[string]interface{} {
 	return r.YAML200
 }
 
@@ -5421,6 +6152,477 @@ func (r StreamEventsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r StreamEventsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListImagesResponse401Headers the declared response headers of an HTTP 401 response for ListImages
+type ListImagesResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListImagesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ImageList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListImagesResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListImagesResponse) GetJSON200() *ImageList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ListImagesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListImagesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListImagesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListImagesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PullImageResponse202Headers the declared response headers of an HTTP 202 response for PullImage
+type PullImageResponse202Headers struct {
+	Location *string
+}
+
+// PullImageResponse401Headers the declared response headers of an HTTP 401 response for PullImage
+type PullImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PullImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Image
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *PullImageResponse202Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PullImageResponse401Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r PullImageResponse) GetJSON202() *Image {
+	return r.JSON202
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r PullImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PullImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PullImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PullImageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteImageResponse401Headers the declared response headers of an HTTP 401 response for DeleteImage
+type DeleteImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type DeleteImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteImageResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteImageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetImageResponse401Headers the declared response headers of an HTTP 401 response for GetImage
+type GetImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type GetImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Image
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetImageResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetImageResponse) GetJSON200() *Image {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r GetImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r GetImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetImageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ImportImageResponse401Headers the declared response headers of an HTTP 401 response for ImportImage
+type ImportImageResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ImportImageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Image
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ImportImageResponse401Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r ImportImageResponse) GetJSON201() *Image {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ImportImageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ImportImageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ImportImageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ImportImageResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8119,6 +9321,22 @@ func (c *ClientWithResponses) GetDashboardWithResponse(ctx context.Context, reqE
 	return ParseGetDashboardResponse(rsp)
 }
 
+// GetAPIReferenceWithResponse The API reference
+//
+// This contract rendered in the browser (a vendored Redoc, under `/assets/`), from
+// `/openapi.yaml`. Open, like the spec itself.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /docs (the `GetAPIReference` operationId).
+func (c *ClientWithResponses) GetAPIReferenceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAPIReferenceResponse, error) {
+	rsp, err := c.GetAPIReference(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAPIReferenceResponse(rsp)
+}
+
 // GetHealthWithResponse Liveness
 //
 // Open without a token. Answers 503 `unavailable` while the server shuts down.
@@ -8223,6 +9441,121 @@ func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, para
 		return nil, err
 	}
 	return ParseStreamEventsResponse(rsp)
+}
+
+// ListImagesWithResponse List images
+//
+// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
+// file system directories under the state root's `images/` (kind `directory`), then the
+// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
+// progress or failed, by name.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/images (the `ListImages` operationId).
+func (c *ClientWithResponses) ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error) {
+	rsp, err := c.ListImages(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListImagesResponse(rsp)
+}
+
+// PullImageWithBodyWithResponse Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *ClientWithResponses) PullImageWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
+	rsp, err := c.PullImageWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePullImageResponse(rsp)
+}
+
+// PullImageWithResponse Pull an image from a registry
+//
+// Starts pulling `ref` with the OCI distribution protocol and answers at once with the
+// image in state `pulling`. The pull goes on in the server: follow it on the event
+// stream (`image.pull.progress` with bytes done and total per layer, then
+// `image.pulled` or `image.failed`) or on `GET /v1/images/{name}`. A pull of a name
+// that is being pulled from the same `ref` joins it; two pulls of one `ref` under two
+// names share one download; layers the server holds already, from any image, are not
+// downloaded again. A manifest list is resolved to the server's platform.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/images (the `PullImage` operationId).
+func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
+	rsp, err := c.PullImage(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePullImageResponse(rsp)
+}
+
+// DeleteImageWithResponse Delete an OCI image
+//
+// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+// once no image uses them. While a sandbox or a template generation uses the image it
+// is refused with `image-in-use`, naming them. `host` and directories under `images/`
+// are not deleted (`invalid-request`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
+func (c *ClientWithResponses) DeleteImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*DeleteImageResponse, error) {
+	rsp, err := c.DeleteImage(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteImageResponse(rsp)
+}
+
+// GetImageWithResponse Get an image
+//
+// The image, with its digest, layers, size, configuration and users. A pull in progress
+// shows its progress per layer; a failed pull shows `error` until the name is pulled
+// again, imported or deleted.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/images/{name} (the `GetImage` operationId).
+func (c *ClientWithResponses) GetImageWithResponse(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*GetImageResponse, error) {
+	rsp, err := c.GetImage(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetImageResponse(rsp)
+}
+
+// ImportImageWithBodyWithResponse Import an image archive
+//
+// Imports the request body, a `docker save` archive or an OCI image layout as a tar
+// (plain, gzip or zstd), as the image `name`, streamed. Every blob is checked against
+// its digest and every layer against its diff id; layer entries that could escape their
+// layer are refused (see docs/images.md). The body may be at most the server's file
+// limit (see `/v1/info`). An existing image of that name is replaced unless a sandbox
+// or a generation uses it (`image-in-use`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/images/{name} (the `ImportImage` operationId).
+func (c *ClientWithResponses) ImportImageWithBodyWithResponse(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ImportImageResponse, error) {
+	rsp, err := c.ImportImageWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseImportImageResponse(rsp)
 }
 
 // GetInfoWithResponse Server version, runtime, images and limits
@@ -8388,9 +9721,16 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":"SIGKILL","timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
-//     (1000).
+//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
+//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
+//     `signal` is `null` when the command exited by itself;
+//   - from the server, answering a frame it could not act on (a text frame that is not
+//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
+//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
+//     `{"type":"error","code":"invalid-request","detail":"The frame was ignored: ..."}`.
+//     The frame has no effect and the session goes on.
 //   - The server pings; a client that stops answering is dropped, and dropping the
 //     connection kills the command. A command still running at `timeout_ms` is killed and
 //     its `exit` says `timed_out: true`. Close codes other than 1000 carry the problem
@@ -8407,9 +9747,12 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 	return ParseExecStreamResponse(rsp)
 }
 
-// RemoveFileWithResponse Remove a file or an empty directory
+// RemoveFileWithResponse Remove a file, or a directory
 //
-// A non-empty directory is refused with `invalid-request` (field `path`).
+// Removes a file or an empty directory. A non-empty directory is refused with
+// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
+// with `invalid-request`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -8428,8 +9771,8 @@ func (c *ClientWithResponses) RemoveFileWithResponse(ctx context.Context, id San
 // `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
 // a directory without `list=true` is refused with `invalid-request` (field `path`).
 //
-// The answer is the file as it was opened: `Content-Length` is its size then (absent
-// for an empty file), and a file replaced by a rename meanwhile does not mix into it.
+// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
+// empty file), and a file replaced by a rename meanwhile does not mix into it.
 // A file that grows while it is read is read up to that size; one that shrinks ends the
 // response early (the connection closes before `Content-Length` bytes), so a short body
 // is never taken for the whole file.
@@ -8448,7 +9791,11 @@ func (c *ClientWithResponses) ReadFileWithResponse(ctx context.Context, id Sandb
 // WriteFileWithBodyWithResponse Write a file
 //
 // Creates or replaces a regular file with the request body, streamed. Missing parent
-// directories are created. The body may be at most the server's file limit (see
+// directories are created (mode 0755, owned by the sandbox's user, as `mkdir -p` does)
+// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
+// `path`). Creating a parent needs the user to be allowed to write in the directory
+// above it: a parent under `/` that the user may not create is refused with
+// `invalid-request` (field `path`). The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -8826,6 +10173,32 @@ func ParseGetDashboardResponse(rsp *http.Response) (*GetDashboardResponse, error
 	return response, nil
 }
 
+// ParseGetAPIReferenceResponse parses an HTTP response from a GetAPIReferenceWithResponse call
+func ParseGetAPIReferenceResponse(rsp *http.Response) (*GetAPIReferenceResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAPIReferenceResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetHealthResponse parses an HTTP response from a GetHealthWithResponse call
 func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -9010,7 +10383,7 @@ func ParseGetOpenAPISpecResponse(rsp *http.Response) (*GetOpenAPISpecResponse, e
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "yaml") && rsp.StatusCode == 200:
-		var dest string
+		var dest map[string]interface{}
 		if err := yaml.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -9082,6 +10455,438 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 	switch {
 	case rsp.StatusCode == 401:
 		var headers StreamEventsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListImagesResponse parses an HTTP response from a ListImagesWithResponse call
+func ParseListImagesResponse(rsp *http.Response) (*ListImagesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListImagesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ImageList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListImagesResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePullImageResponse parses an HTTP response from a PullImageWithResponse call
+func ParsePullImageResponse(rsp *http.Response) (*PullImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PullImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Image
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 202:
+		var headers PullImageResponse202Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 401:
+		var headers PullImageResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteImageResponse parses an HTTP response from a DeleteImageWithResponse call
+func ParseDeleteImageResponse(rsp *http.Response) (*DeleteImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers DeleteImageResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetImageResponse parses an HTTP response from a GetImageWithResponse call
+func ParseGetImageResponse(rsp *http.Response) (*GetImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Image
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetImageResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseImportImageResponse parses an HTTP response from a ImportImageWithResponse call
+func ParseImportImageResponse(rsp *http.Response) (*ImportImageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ImportImageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Image
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ImportImageResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

@@ -12,114 +12,6 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ErrorCode.
-const (
-	ErrorCodeAlreadyProvisioned   ErrorCode = "already-provisioned"
-	ErrorCodeAlreadyRunning       ErrorCode = "already-running"
-	ErrorCodeFileNotFound         ErrorCode = "file-not-found"
-	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeForeignFiles         ErrorCode = "foreign-files"
-	ErrorCodeGenerationLeased     ErrorCode = "generation-leased"
-	ErrorCodeGenerationNotFound   ErrorCode = "generation-not-found"
-	ErrorCodeImageNotFound        ErrorCode = "image-not-found"
-	ErrorCodeInternal             ErrorCode = "internal"
-	ErrorCodeInvalidRequest       ErrorCode = "invalid-request"
-	ErrorCodeMethodNotAllowed     ErrorCode = "method-not-allowed"
-	ErrorCodeNotFound             ErrorCode = "not-found"
-	ErrorCodeNotImplemented       ErrorCode = "not-implemented"
-	ErrorCodeNotRunning           ErrorCode = "not-running"
-	ErrorCodePayloadTooLarge      ErrorCode = "payload-too-large"
-	ErrorCodeProvisionedAgain     ErrorCode = "provisioned-again"
-	ErrorCodeRuntimeMismatch      ErrorCode = "runtime-mismatch"
-	ErrorCodeSandboxBusy          ErrorCode = "sandbox-busy"
-	ErrorCodeSandboxLaunched      ErrorCode = "sandbox-launched"
-	ErrorCodeSandboxLeased        ErrorCode = "sandbox-leased"
-	ErrorCodeSandboxNotFound      ErrorCode = "sandbox-not-found"
-	ErrorCodeSandboxPaused        ErrorCode = "sandbox-paused"
-	ErrorCodeStartTimeout         ErrorCode = "start-timeout"
-	ErrorCodeStopTimeout          ErrorCode = "stop-timeout"
-	ErrorCodeTemplateExists       ErrorCode = "template-exists"
-	ErrorCodeTemplateIneligible   ErrorCode = "template-ineligible"
-	ErrorCodeTemplateNotFound     ErrorCode = "template-not-found"
-	ErrorCodeTemplateTombstoned   ErrorCode = "template-tombstoned"
-	ErrorCodeTransitionInProgress ErrorCode = "transition-in-progress"
-	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
-	ErrorCodeUnavailable          ErrorCode = "unavailable"
-	ErrorCodeWaitTimeout          ErrorCode = "wait-timeout"
-)
-
-// Valid indicates whether the value is a known member of the ErrorCode enum.
-func (e ErrorCode) Valid() bool {
-	switch e {
-	case ErrorCodeAlreadyProvisioned:
-		return true
-	case ErrorCodeAlreadyRunning:
-		return true
-	case ErrorCodeFileNotFound:
-		return true
-	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeForeignFiles:
-		return true
-	case ErrorCodeGenerationLeased:
-		return true
-	case ErrorCodeGenerationNotFound:
-		return true
-	case ErrorCodeImageNotFound:
-		return true
-	case ErrorCodeInternal:
-		return true
-	case ErrorCodeInvalidRequest:
-		return true
-	case ErrorCodeMethodNotAllowed:
-		return true
-	case ErrorCodeNotFound:
-		return true
-	case ErrorCodeNotImplemented:
-		return true
-	case ErrorCodeNotRunning:
-		return true
-	case ErrorCodePayloadTooLarge:
-		return true
-	case ErrorCodeProvisionedAgain:
-		return true
-	case ErrorCodeRuntimeMismatch:
-		return true
-	case ErrorCodeSandboxBusy:
-		return true
-	case ErrorCodeSandboxLaunched:
-		return true
-	case ErrorCodeSandboxLeased:
-		return true
-	case ErrorCodeSandboxNotFound:
-		return true
-	case ErrorCodeSandboxPaused:
-		return true
-	case ErrorCodeStartTimeout:
-		return true
-	case ErrorCodeStopTimeout:
-		return true
-	case ErrorCodeTemplateExists:
-		return true
-	case ErrorCodeTemplateIneligible:
-		return true
-	case ErrorCodeTemplateNotFound:
-		return true
-	case ErrorCodeTemplateTombstoned:
-		return true
-	case ErrorCodeTransitionInProgress:
-		return true
-	case ErrorCodeUnauthorized:
-		return true
-	case ErrorCodeUnavailable:
-		return true
-	case ErrorCodeWaitTimeout:
-		return true
-	default:
-		return false
-	}
-}
-
 // AbsolutePath An absolute path inside the sandbox; no NUL bytes.
 //
 // Example: /home/user/main.py
@@ -135,19 +27,29 @@ type Argument = string
 type EnvVar = string
 
 // ErrorCode The stable error codes, identical to package errcode. Never renamed; new ones may be
-// added, so clients treat an unknown code by its HTTP status.
-type ErrorCode string
+// added, so clients treat an unknown code by its HTTP status. The list is open
+// (`x-extensible-enum`): a client must accept a code it does not know.
+type ErrorCode = string
 
-// GenerationID Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationID = string
 
+// ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageName = string
+
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
-	// added, so clients treat an unknown code by its HTTP status.
+	// added, so clients treat an unknown code by its HTTP status. The list is open
+	// (`x-extensible-enum`): a client must accept a code it does not know.
 	Code ErrorCode `json:"code"`
 
 	// Detail What went wrong and what to do next, in a sentence.
@@ -184,11 +86,19 @@ type TemplateName = string
 // Example: user
 type User = string
 
-// GenerationIDPath Assigned by the server at capture; opaque to clients, with the same shape as other
-// identifiers (1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit).
+// GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
+// the server could not have assigned (`g1`, `g000000`) names no generation: it is
+// refused with `invalid-request` (field `generation`) or, when the template itself is
+// missing, `template-not-found`.
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
+
+// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+//
+// Example: host
+type ImageNamePath = ImageName
 
 // SandboxIDPath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 // rssKiB returns the resident set size of pid in KiB.
@@ -61,8 +62,27 @@ func pssKiB(pid int) int {
 // the sandbox is outside the timer. It also reports the memory of an idle sandbox right after
 // hello, summed over the shim and every process in the sandbox's cgroup: as RSS (which counts
 // the sandboxd binary's pages once per process) and as PSS (which shares them out).
+//
+// It runs twice in one run: "userns" is the default, each sandbox in a user namespace of its
+// own with idmapped layers; "hostids" is the same start without one (Config.IDs.Off), for
+// what the user namespace costs.
 func BenchmarkStart(b *testing.B) {
-	rt := newTestRuntime(b)
+	for _, c := range []struct {
+		name string
+		off  bool
+	}{{"userns", false}, {"hostids", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			needRoot(b)
+			rt, err := New(Config{CgroupParent: testCgroupParent, IDs: shim.IDConfig{Off: c.off}})
+			if err != nil {
+				b.Skipf("namespace runtime unavailable here: %v", err)
+			}
+			benchmarkStart(b, rt)
+		})
+	}
+}
+
+func benchmarkStart(b *testing.B, rt *Runtime) {
 	root := newStateRoot(b)
 	var rssTotal, pssTotal, memN int
 	for i := 0; b.Loop(); i++ {

@@ -1,6 +1,6 @@
 // Package namespace is the host-side driver of sandboxd's default runtime ([runtime.Runtime]):
-// each sandbox is a tree of processes in its own Linux mount, pid, uts, ipc, network and
-// cgroup namespaces, on an overlay root, with its limits in a cgroup, its capabilities
+// each sandbox is a tree of processes in its own Linux user, mount, pid, uts, ipc, network
+// and cgroup namespaces, on an overlay root, with its limits in a cgroup, its capabilities
 // bounded, no_new_privs and a seccomp filter. It needs the sandboxd binary alone (and mke2fs
 // for a sandbox with a disk of its own).
 //
@@ -14,7 +14,7 @@
 // # Processes
 //
 //	sandboxd __shim <dir>      the runtime process: own session, outlives sandboxd
-//	└─ sandboxd __init <dir>   PID 1 of the sandbox, in its namespaces and cgroup; sets the
+//	└─ sandboxd __init         PID 1 of the sandbox, in its namespaces and cgroup; sets the
 //	   │                       sandbox up, drops to its privileges, runs the agent
 //	   └─ workloads            run by the agent as "user" (uid 1000) or "root"
 //
@@ -28,17 +28,63 @@
 // before it runs, so the agent and everything it starts carry exactly the sandbox's
 // privileges. The capability travels on pipes only, never in a file inside the sandbox.
 //
+// # Ids
+//
+// Each running sandbox has a user namespace whose ids 0-65535 are 65536 unprivileged host ids
+// of its own: slot n of a host-wide registry ([Config.IDs], [DefaultIDRegistry]), the host ids
+// [DefaultIDBase]+n*65536 onwards, skipping any that /etc/subuid or /etc/subgid hand to a
+// user. The shim takes its slot before it clones the init, as an open file description lock
+// on byte n of the registry, and holds it until it exits; the kernel releases it however the
+// shim ends, so no crash leaks a slot, nothing needs reclaiming, and no two live sandboxes
+// share one (a sandbox's processes die with its init, which dies with the shim). Root inside
+// is the slot's first host id, the workload user 1000 is that plus 1000: no per-user kernel
+// counter (RLIMIT_NPROC, inotify instances, user namespaces) of a sandbox is a host user's.
+// The namespace is owned by the slot's first id too (the shim's forking thread takes that
+// effective id for the clone): the kernel also counts what a sandbox holds against its
+// namespace's owner in the host's namespace, which must not be host root.
+//
+// Ownership on disk stays the sandbox's own: 1000 inside is 1000 in upper/, in template
+// generations and on a disk of its own, 0 is the sandbox's root, whichever slot it runs in.
+// Every layer is an idmapped mount (MOUNT_ATTR_IDMAP) by the sandbox's mapping, and so is the
+// host's /usr (root's files show as root's inside; a host file system that cannot be
+// idmapped is bound as it is, its files then nobody's). The kernel lets only host root make
+// idmapped mounts, and only host root's overlay keeps opaque directories in trusted.*
+// xattrs, the layers' format: so the shim, not the init, makes the overlay over idmapped
+// clones of the layers, and hands it and the host binds to the init as descriptors with its
+// configuration (one message on a socket, fd 3). It makes the overlay as the slot's first id
+// (with host root's capabilities), so that the overlay's own files, whiteouts and its work
+// directory, are written as the sandbox's root, 0 on disk. The sandbox's own mounts (proc,
+// /dev's tmpfs and devpts, /run/sandboxd, the cgroup) are made by the init inside the
+// namespace; the host's device nodes show as nobody's.
+//
+// Root inside holds its capabilities in its namespace alone: over the host's files (host
+// root's, unmapped) it has none, and its capability set is bounded as before. The init sets
+// its namespace's max_user_namespaces to 0, and the seccomp filter refuses unshare, setns and
+// namespace flags to clone: nothing inside makes a user namespace of its own, the door to
+// most of the kernel that unprivileged users reach. [Config.IDs] Off runs sandboxes without
+// a user namespace (host ids): for state roots and images on a file system that cannot be
+// idmapped (overlayfs, NFS), where a start otherwise fails, and for measuring.
+//
 // # The root file system
 //
 // The init makes every mount inside its own mount namespace, after making / private: nothing
-// propagates to the host, and every mount ends with the namespace.
+// propagates to the host, and every mount ends with the namespace. It attaches the overlay
+// on <dir>/rootfs, its working directory (inherited from the shim: in its user namespace it
+// may not look the state directory up), and the tree it mounts on is the sandbox's, links
+// included: every directory,
+// file and link it makes below the new root, and every mount target, is resolved through a
+// handle of the root as if the root were "/" (openat2 RESOLVE_IN_ROOT), and every mount is
+// made detached and attached onto a handle of its target (move_mount), so that a link
+// planted inside (a /sys pointing at a host directory) is followed inside or fails the
+// start, and never leads out. The overlay's layers are detached clones of their mounts, so
+// the sandbox's mount table names them "/", "/upper" and "/work", not by their host paths.
 //
 //   - / is a nodev, nosuid overlay on <dir>/rootfs. Its lowers are, top first, Spec.Lowers
 //     (template generations) and then Spec.ImageDir, or, for the built-in host image
 //     (ImageDir ""), <dir>/hostfiles (the sandbox's /etc/hostname and /etc/hosts) over the
 //     host base layer. Its upper and work directories are <dir>/upper and <dir>/work, or, with
 //     a disk of its own (Spec.DiskMB), the same names on an ext4 image <dir>/disk.img that
-//     Start makes and the init loop-mounts on <dir>/disk.
+//     Start makes and the shim loop-mounts as a detached mount, at no path.
 //   - The host base layer holds the directory skeleton, the host's merged-usr links and a
 //     generated /etc (passwd, group, nsswitch.conf, resolv.conf, and public host files such
 //     as os-release and ld.so.cache). It holds nothing of any sandbox, so one copy is shared
@@ -54,8 +100,16 @@
 //     host, a new devpts instance, and a tmpfs /dev/shm.
 //   - The sandbox's own cgroup, read-only, at /sys/fs/cgroup/memory (v1) or /sys/fs/cgroup
 //     (v2); the cgroup namespace is rooted at it. Nothing else of /sys.
-//   - /run/sandboxd is <dir>/control (root's alone, 0700), with the agent's socket: the only
-//     part of the state directory visible inside.
+//   - /run/sandboxd is a small, empty tmpfs, root's alone (0700). Nothing of the state
+//     directory is visible inside.
+//
+// The control socket is <dir>/control/control.sock ([Runtime.ControlPath]). The shim makes
+// it and listens on it before it starts the init, and hands the listening descriptor down
+// (fd 5); the agent accepts on it. The directory is never mounted inside, so nothing in the
+// sandbox can rename, replace or add the entry that sandboxd connects to, and nothing it
+// writes reaches the host's state root. A connection's peer credentials (SO_PEERCRED) are
+// the shim's, the process that listened, whose identity Start returns: sandboxd can check
+// them before it sends the capability.
 //
 // The old root is detached after pivot_root: nothing else of the host (its /root, /home,
 // /etc/shadow, the state root, other sandboxes) is reachable. The network namespace has only
@@ -70,8 +124,8 @@
 // fork alone; on v2 the init is cloned into it (CLONE_INTO_CGROUP) and makes its cgroup
 // namespace once inside. An out-of-memory kill goes into the outcome.
 //
-// The init holds the sandbox's capability set plus CAP_SYS_ADMIN and CAP_NET_ADMIN, which it
-// drops before the agent runs. The agent keeps [platform.DefaultCapabilities] (Docker's
+// The init holds the sandbox's capability set plus CAP_SYS_ADMIN, CAP_NET_ADMIN and
+// CAP_SYS_RESOURCE (all in its user namespace), which it drops before the agent runs. The agent keeps [platform.DefaultCapabilities] (Docker's
 // default set minus CAP_MKNOD); a workload run as user gets none, one run as root gets that
 // set. no_new_privs makes set-user-ID binaries and file capabilities inert; the agent is not
 // dumpable, so no workload reaches its memory or descriptors through /proc/1. The seccomp
@@ -97,6 +151,6 @@
 //
 // Root with a full capability set (CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID,
 // CAP_SETPCAP, CAP_DAC_OVERRIDE) and a writable cgroup hierarchy; in a container, that means
-// --privileged or the equivalent. Rootless sandboxes (a user namespace with mapped ids) are
-// not implemented.
+// --privileged or the equivalent; Linux 6.13 (overlay layers as descriptors, idmapped
+// layers). Running sandboxd itself without root (rootless) is not implemented.
 package namespace

@@ -40,7 +40,26 @@ type Config struct {
 	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<shim.CgroupLeaf>; "" means
 	// "sandboxd".
 	CgroupParent string
+	// IDs are the host ids of the sandboxes' user namespaces; zero fields take the defaults
+	// ([DefaultIDBase], [DefaultIDSlots], [DefaultIDRegistry]). IDs.Off runs sandboxes
+	// without one (their ids are the host's), for state roots and images on file systems
+	// that cannot be idmapped (overlayfs, NFS), and for measuring what the namespace costs.
+	IDs shim.IDConfig
 }
+
+// The defaults of Config.IDs. Each running sandbox has 65536 host ids of its own
+// (shim.IDRangeSize), slot n of a host-wide registry starting at DefaultIDBase+n*65536. The
+// base, 0x70000000, lies above the ranges that useradd hands out in /etc/subuid and
+// /etc/subgid (100000 to 600100000 + 65536 by default) and above systemd-nspawn's
+// (0x00080000-0x6FFFFFFF), and the slots end below systemd's foreign range (0x7FFE0000)
+// and below 2^31, where signed id bugs live; a slot that /etc/subuid or /etc/subgid still
+// hands to a user is skipped. The registry is a lock file on /run, shared by every sandboxd
+// of the host, so that sandboxes of two state roots never share a range either.
+const (
+	DefaultIDBase     = 0x70000000
+	DefaultIDSlots    = (0x7FFE0000 - DefaultIDBase) / shim.IDRangeSize
+	DefaultIDRegistry = "/run/sandboxd/idranges.lock"
+)
 
 // Runtime is the namespace runtime. Create it with New.
 type Runtime struct {
@@ -69,6 +88,15 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "sandboxd"
+	}
+	if cfg.IDs.Base == 0 {
+		cfg.IDs.Base = DefaultIDBase
+	}
+	if cfg.IDs.Slots == 0 {
+		cfg.IDs.Slots = DefaultIDSlots
+	}
+	if cfg.IDs.Registry == "" {
+		cfg.IDs.Registry = DefaultIDRegistry
 	}
 	if _, err := platform.OpenCgroup(cfg.CgroupParent + "/probe"); err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
@@ -130,7 +158,10 @@ func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
 	return platform.OpenDir(filepath.Join(dir, shim.EntryUpper))
 }
 
-// ControlPath returns the host path of the control socket of the sandbox in dir.
+// ControlPath returns the host path of the control socket of the sandbox in dir. The shim
+// makes it, in a directory that is nowhere inside the sandbox, and listens on it (the agent
+// accepts on the inherited descriptor), so the peer credentials of a connection to it are
+// the shim's, the process whose identity Start returns.
 func (r *Runtime) ControlPath(dir string) string {
 	return filepath.Join(dir, shim.EntryControl, shim.SocketName)
 }
@@ -252,7 +283,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	defer logf.Close()
-	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp})
+	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp, IDs: r.cfg.IDs})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -328,20 +359,18 @@ func (r *Runtime) prepareStateDir(ctx context.Context, spec runtime.Spec) error 
 			return err
 		}
 	}
-	// A socket left by the previous run would make the agent's listen fail.
+	// A socket left by the previous run answers nobody: gone, sandboxd waits for the shim's
+	// new one rather than dialling a dead one.
 	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return nil
 }
 
-// prepareDisk makes the mount point and the image of the sandbox's own disk (Spec.DiskMB).
+// prepareDisk makes the image of the sandbox's own disk (Spec.DiskMB).
 func (r *Runtime) prepareDisk(ctx context.Context, spec runtime.Spec) error {
 	prog, err := r.diskTool()
 	if err != nil {
-		return err
-	}
-	if err := platform.EnsureDir(spec.Dir, shim.EntryDisk, 0o700); err != nil {
 		return err
 	}
 	return ensureDiskImage(ctx, spec.Dir, spec.DiskMB, prog)

@@ -3,6 +3,7 @@ package template
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -34,7 +35,8 @@ const commitGrace = 10 * time.Second
 // ctx bounds the waits for the lock and cancels the copy; its deadline does not cut a copy
 // short (the commit waits at least commitGrace for the lock). Errors: template-not-found,
 // template-tombstoned (the template is being deleted).
-func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Key, progress func(copied, total int64)) (*Generation, error) {
+func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Key, progress func(copied, total int64)) (_ *Generation, err error) {
+	defer func() { err = s.storage(err) }()
 	src, err := platform.OpenDir(sourceLayerDir)
 	if err != nil {
 		return nil, errcode.Wrap(errcode.Internal, err, "The sandbox's writable layer cannot be opened; it must be a directory, not a link.")
@@ -50,7 +52,8 @@ func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Ke
 // overlayfs would show it (its whiteouts kept, so that they still hide what lies below the
 // stack). A clone's capture is its generation's payload with the clone's own layer above: a
 // generation that stands alone, so that it leases nothing.
-func (s *Store) CaptureLayers(ctx context.Context, name string, layers []*os.File, key Key, progress func(copied, total int64)) (*Generation, error) {
+func (s *Store) CaptureLayers(ctx context.Context, name string, layers []*os.File, key Key, progress func(copied, total int64)) (_ *Generation, err error) {
+	defer func() { err = s.storage(err) }()
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -87,6 +90,7 @@ type capture struct {
 	uid     string   // the template's UID at the reservation: the commit checks it is the same template
 	tdir    *os.File // the template's directory
 	sdir    *os.File // the staging directory, flocked
+	fs      platform.FS
 	// done is set once the staging directory is no longer ours to remove: renamed to the
 	// generation, or removed already.
 	done bool
@@ -106,8 +110,8 @@ func (c *capture) removeStaging() {
 		return
 	}
 	c.done = true
-	_ = removeTree(c.tdir, c.staging)
-	_ = platform.SyncDir(c.tdir)
+	_ = c.fs.RemoveAllAt(c.tdir, c.staging)
+	_ = c.fs.SyncDir(c.tdir)
 }
 
 // reserve is the first phase of a capture: under the lock, it bumps the template's generation
@@ -150,12 +154,12 @@ func (s *Store) reserveLocked(name string) (*capture, error) {
 		return nil, err
 	}
 	staging := platform.TempName(gen)
-	if err := platform.MkdirAt(d, staging, 0o700); err != nil {
+	if err := s.opts.FS.MkdirAt(d, staging, 0o700); err != nil {
 		return nil, err
 	}
 	sd, err := platform.OpenDirAt(d, staging)
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, s.removeDir(d, staging, ""))
 	}
 	// The flock tells cleaners that this staging directory is alive; it is taken before
 	// the store's lock is released, so no cleaner ever sees it unlocked while we live.
@@ -163,13 +167,16 @@ func (s *Store) reserveLocked(name string) (*capture, error) {
 		sd.Close()
 		return nil, errors.Join(err, errors.New("template: a fresh staging directory is locked by another process"))
 	}
-	if err := platform.SyncDir(d); err != nil {
+	c := &capture{name: name, gen: gen, staging: staging, uid: rec.UID, tdir: d, sdir: sd, fs: s.opts.FS}
+	if err := s.opts.FS.SyncDir(d); err != nil {
+		// Give the staging directory up at once rather than leave it to the next cleaner.
+		c.removeStaging()
 		sd.Close()
 		return nil, err
 	}
 	s.synced(StepCaptureReserve)
 	ok = true
-	return &capture{name: name, gen: gen, staging: staging, uid: rec.UID, tdir: d, sdir: sd}, nil
+	return c, nil
 }
 
 func tombstoned(name string) error {
@@ -253,13 +260,20 @@ func (s *Store) commitLocked(c *capture, entry *indexEntry, now TimeContract) (*
 	if rec.Deleting {
 		return nil, tombstoned(c.name)
 	}
-	if err := renameAt(c.tdir, c.staging, c.gen); err != nil {
+	if err := s.opts.FS.RenameNoReplaceAt(c.tdir, c.staging, c.gen); err != nil {
+		return nil, err
+	}
+	if err := s.opts.FS.SyncDir(c.tdir); err != nil {
+		// The capture fails, so its generation must not be listed: move it back to staging
+		// (a rename needs no space), which close then removes. If that fails too, the
+		// generation stays, whole: payload and index entry, as a commit leaves it.
+		if rerr := s.opts.FS.RenameNoReplaceAt(c.tdir, c.gen, c.staging); rerr != nil {
+			c.done = true
+			return nil, errors.Join(err, fmt.Errorf("template: undoing the commit of %s/%s: %w", c.name, c.gen, rerr))
+		}
 		return nil, err
 	}
 	c.done = true
-	if err := platform.SyncDir(c.tdir); err != nil {
-		return nil, err
-	}
 	s.synced(StepCaptureCommit)
 	g := &genState{id: c.gen, index: entry, payload: true}
 	g.n, _ = parseGeneration(c.gen)

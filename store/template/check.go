@@ -21,8 +21,9 @@ const (
 	// between lease and binding, or whose removal crashed between binding and release).
 	// Repair removes the record.
 	LeaseWithoutBinding ProblemKind = "lease-without-binding"
-	// A generation directory with a payload but no index entry and no tombstone: no step of
-	// this store leaves one. Repair tombstones it and, if no lease holds it, retires it.
+	// A generation directory with a payload but no index entry and no tombstone: only a
+	// retirement on a full disk, interrupted, leaves one (it removes the index entry in place
+	// of writing a tombstone). Repair tombstones it and, if no lease holds it, retires it.
 	PayloadWithoutIndex ProblemKind = "payload-without-index"
 	// An indexed, untombstoned generation whose payload is missing. Repair tombstones it, so
 	// that no new clone uses it, and retires it if no lease holds it.
@@ -323,10 +324,16 @@ func generationProblem(g *genState, kept int) *Problem {
 // foreign entries keep it). It sets p.Repaired.
 func (s *Store) repairGeneration(tdir *os.File, name string, g *genState, kept int, p *Problem) error {
 	if g.tomb == nil && (g.index != nil || g.payload) {
-		if _, err := s.writeTombstone(tdir, g.id, false); err != nil {
+		_, err := s.writeTombstone(tdir, g.id, false)
+		switch {
+		case err == nil:
+			p.Repaired = p.Kind == IndexWithoutPayload
+		case g.index == nil && kept == 0 && errcode.StorageFaultOf(err) == errcode.FaultFull:
+			// On a full disk a generation without an index entry, which nothing can lease,
+			// is retired without the tombstone, as Retire does.
+		default:
 			return err
 		}
-		p.Repaired = p.Kind == IndexWithoutPayload
 	}
 	if kept == 0 {
 		err := s.finishRetire(tdir, name, g.id)

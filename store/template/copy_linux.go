@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // The tree copy and removal need system calls that package platform does not wrap (mknodat,
@@ -41,30 +43,51 @@ type copier struct {
 	buf     []byte
 }
 
+// The walks below go through platform.DirPath: a sandbox's layer may be a tree tens of
+// thousands of directories deep, and a walk holding a descriptor per level (or a path per
+// level) would run out of descriptors (or memory) there. Each directory is entered relative
+// to its parent's descriptor with O_NOFOLLOW; a level whose descriptor was closed is reopened
+// as ".." of the one below and checked to be the same directory, so a link or rename planted
+// in the layer cannot lead a walk out of it.
+
 // sizeTree sums the sizes of the regular files under dir (each inode once).
 func sizeTree(dir *os.File, seen map[inode]bool) (int64, error) {
-	names, err := readNames(dir)
+	p := platform.NewDirPath(dir)
+	defer p.Close()
+	names, err := readNames(p)
 	if err != nil {
 		return 0, err
 	}
+	stack := [][]string{names} // the names still to look at, per level of p
 	var total int64
-	for _, name := range names {
+	for {
+		top := &stack[len(stack)-1]
+		if len(*top) == 0 {
+			if len(stack) == 1 {
+				return total, nil
+			}
+			stack = stack[:len(stack)-1]
+			if err := p.Pop(); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		name := (*top)[0]
+		*top = (*top)[1:]
 		var st unix.Stat_t
-		if err := fstatat(dir, name, &st); err != nil {
+		if err := fstatat(p, name, &st); err != nil {
 			return 0, err
 		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
-			sub, err := openDirAt(dir, name)
+			if err := p.Push(name); err != nil {
+				return 0, err
+			}
+			names, err := readNames(p)
 			if err != nil {
 				return 0, err
 			}
-			n, err := sizeTree(sub, seen)
-			sub.Close()
-			if err != nil {
-				return 0, err
-			}
-			total += n
+			stack = append(stack, names)
 		case unix.S_IFREG:
 			if st.Nlink > 1 {
 				k := inode{uint64(st.Dev), st.Ino}
@@ -76,7 +99,6 @@ func sizeTree(dir *os.File, seen map[inode]bool) (int64, error) {
 			total += st.Size
 		}
 	}
-	return total, nil
 }
 
 // copyRoot copies the tree of src into a new directory name under dst (src's own metadata
@@ -84,9 +106,9 @@ func sizeTree(dir *os.File, seen map[inode]bool) (int64, error) {
 // copied.
 func (c *copier) copyRoot(src, dst *os.File, name string) (int64, error) {
 	if err := unix.Mkdirat(int(dst.Fd()), name, 0o700); err != nil {
-		return 0, pathErr("mkdir", dst, name, err)
+		return 0, pathErr("mkdir", dst.Name(), name, err)
 	}
-	return c.fillRoot(src, dst, name, c.copyDir)
+	return c.fillRoot(src, dst, name, false)
 }
 
 // mergeRoot lays the tree of src, an overlayfs upper layer, over the copy already in name
@@ -95,25 +117,26 @@ func (c *copier) copyRoot(src, dst *os.File, name string) (int64, error) {
 // the one below unless it is opaque (then it replaces it), and src's root metadata becomes
 // name's. It fsyncs what it changes and returns the bytes of regular files copied so far.
 func (c *copier) mergeRoot(src, dst *os.File, name string) (int64, error) {
-	return c.fillRoot(src, dst, name, c.mergeDir)
+	return c.fillRoot(src, dst, name, true)
 }
 
-// fillRoot fills the directory name under dst from src with fill, then gives it src's
-// metadata and fsyncs it and dst.
-func (c *copier) fillRoot(src, dst *os.File, name string, fill func(src, dst *os.File, rel string) error) (int64, error) {
+// fillRoot fills the directory name under dst from src (merging into what it holds, with
+// merge), then gives it src's metadata and fsyncs it and dst.
+func (c *copier) fillRoot(src, dst *os.File, name string, merge bool) (int64, error) {
 	var st unix.Stat_t
-	if err := fstat(src, &st); err != nil {
-		return 0, err
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		return 0, &os.PathError{Op: "fstat", Path: src.Name(), Err: err}
 	}
 	sub, err := openDirAt(dst, name)
 	if err != nil {
 		return 0, err
 	}
 	defer sub.Close()
-	if err := fill(src, sub, name); err != nil {
+	if err := c.fillTree(src, sub, name, merge); err != nil {
 		return 0, err
 	}
-	if err := c.applyMeta(dst, name, sub, &st, src, ""); err != nil {
+	at := func() string { return filepath.Join(dst.Name(), name) }
+	if err := c.applyMeta(int(dst.Fd()), name, int(sub.Fd()), &st, int(src.Fd()), "", at); err != nil {
 		return 0, err
 	}
 	if err := sub.Sync(); err != nil {
@@ -122,182 +145,230 @@ func (c *copier) fillRoot(src, dst *os.File, name string, fill func(src, dst *os
 	return c.copied, dst.Sync()
 }
 
-func (c *copier) mergeDir(src, dst *os.File, rel string) error {
-	if err := c.ctx.Err(); errors.Is(err, context.Canceled) {
-		return err
-	}
-	names, err := readNames(src)
+// fillFrame is one directory of fillTree's walk: the names of the source directory still to
+// copy, whether they merge into an existing copy, and the source directory's status, which
+// its copy gets once its content is complete.
+type fillFrame struct {
+	names []string
+	merge bool
+	st    unix.Stat_t
+}
+
+// fillTree copies the content of src into dst, the copy of src named rootRel under
+// c.dstRoot, or with merge lays it over what dst holds (see mergeRoot). Source and copy are
+// walked in step, each by a platform.DirPath; the stack holds one fillFrame per level.
+func (c *copier) fillTree(src, dst *os.File, rootRel string, merge bool) error {
+	s, d := platform.NewDirPath(src), platform.NewDirPath(dst)
+	defer s.Close()
+	defer d.Close()
+	names, err := readNames(s)
 	if err != nil {
 		return err
 	}
-	for _, name := range names {
-		var st, bst unix.Stat_t // the entry in src, and the one below it in dst
-		if err := fstatat(src, name, &st); err != nil {
+	stack := []fillFrame{{names: names, merge: merge}}
+	for {
+		if err := c.ctx.Err(); errors.Is(err, context.Canceled) {
 			return err
 		}
-		err := fstatat(dst, name, &bst)
-		if err != nil && !errors.Is(err, unix.ENOENT) {
+		top := &stack[len(stack)-1]
+		if len(top.names) == 0 {
+			if len(stack) == 1 {
+				return nil // the caller gives the root its metadata
+			}
+			if err := c.finishDir(s, d, &top.st); err != nil {
+				return err
+			}
+			stack = stack[:len(stack)-1]
+			if err := errors.Join(s.Pop(), d.Pop()); err != nil {
+				return err
+			}
+			continue
+		}
+		name := top.names[0]
+		top.names = top.names[1:]
+		var st unix.Stat_t
+		if err := fstatat(s, name, &st); err != nil {
 			return err
 		}
-		below := err == nil
-		if below && st.Mode&unix.S_IFMT == unix.S_IFDIR && bst.Mode&unix.S_IFMT == unix.S_IFDIR {
-			ssub, err := openDirAt(src, name)
-			if err != nil {
-				return err
-			}
-			opaque, err := isOpaque(ssub)
-			if err != nil {
-				ssub.Close()
-				return err
-			}
-			if !opaque {
-				err = c.mergeInto(ssub, dst, name, rel+"/"+name, &st)
-				ssub.Close()
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			ssub.Close()
+		enter, mergeInto := false, false
+		if top.merge {
+			enter, mergeInto, err = c.mergeEntry(s, d, name, &st, rootRel)
+		} else {
+			enter, err = c.copyEntry(s, d, name, &st, rootRel)
 		}
-		if below {
-			if err := removeTree(dst, name); err != nil {
-				return err
-			}
-		}
-		if err := c.copyEntry(src, dst, name, rel+"/"+name); err != nil {
+		if err != nil {
 			return err
 		}
+		if !enter {
+			continue
+		}
+		if err := errors.Join(s.Push(name), d.Push(name)); err != nil {
+			return err
+		}
+		names, err := readNames(s)
+		if err != nil {
+			return err
+		}
+		stack = append(stack, fillFrame{names: names, merge: mergeInto, st: st})
+	}
+}
+
+// finishDir gives the copy of the directory the walk is in the metadata of its source (st),
+// after its content, so that creating entries does not change the times and a read-only mode
+// does not stop the copy, and fsyncs it.
+func (c *copier) finishDir(s, d *platform.DirPath, st *unix.Stat_t) error {
+	parent, err := d.ParentFd()
+	if err != nil {
+		return err
+	}
+	if err := c.applyMeta(parent, d.Name(), d.Fd(), st, s.Fd(), "", func() string { return d.Path("") }); err != nil {
+		return err
+	}
+	if err := unix.Fsync(d.Fd()); err != nil {
+		return &os.PathError{Op: "fsync", Path: d.Path(""), Err: err}
 	}
 	return nil
 }
 
-// mergeInto merges the directory ssub into dst's directory name, then gives it ssub's
-// metadata (st).
-func (c *copier) mergeInto(ssub, dst *os.File, name, rel string, st *unix.Stat_t) error {
-	dsub, err := openDirAt(dst, name)
-	if err != nil {
-		return err
+// mergeEntry lays the source entry name (st) over what the copy holds under that name: a
+// directory over a directory merges into it (enter, mergeInto) unless the source is opaque;
+// anything else replaces what is below.
+func (c *copier) mergeEntry(s, d *platform.DirPath, name string, st *unix.Stat_t, rootRel string) (enter, mergeInto bool, _ error) {
+	var bst unix.Stat_t // the entry below it, in the copy
+	err := fstatat(d, name, &bst)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return false, false, err
 	}
-	defer dsub.Close()
-	if err := c.mergeDir(ssub, dsub, rel); err != nil {
-		return err
+	below := err == nil
+	if below && st.Mode&unix.S_IFMT == unix.S_IFDIR && bst.Mode&unix.S_IFMT == unix.S_IFDIR {
+		opaque, err := isOpaque(s, name)
+		if err != nil {
+			return false, false, err
+		}
+		if !opaque {
+			return true, true, nil
+		}
 	}
-	if err := c.applyMeta(dst, name, dsub, st, ssub, ""); err != nil {
-		return err
+	if below {
+		if err := d.RemoveTree(name); err != nil {
+			return false, false, err
+		}
 	}
-	return dsub.Sync()
+	enter, err = c.copyEntry(s, d, name, st, rootRel)
+	return enter, false, err
 }
 
-// isOpaque says whether an upper layer's directory hides everything below it (overlayfs's
-// trusted.overlay.opaque "y").
-func isOpaque(dir *os.File) (bool, error) {
+// isOpaque says whether the upper layer's directory name hides everything below it
+// (overlayfs's trusted.overlay.opaque "y").
+func isOpaque(s *platform.DirPath, name string) (bool, error) {
+	fd, err := unix.Openat(s.Fd(), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, pathErr("open", s.Path(""), name, err)
+	}
+	defer unix.Close(fd)
 	var b [4]byte
-	n, err := unix.Fgetxattr(int(dir.Fd()), overlayXattrPrefix+"opaque", b[:])
+	n, err := unix.Fgetxattr(fd, overlayXattrPrefix+"opaque", b[:])
 	switch {
 	case err == nil:
 		return n == 1 && b[0] == 'y', nil
 	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ERANGE):
 		return false, nil
 	}
-	return false, fmt.Errorf("template: read the opaque mark of %s: %w", dir.Name(), err)
+	return false, fmt.Errorf("template: read the opaque mark of %s: %w", s.Path(name), err)
 }
 
-func (c *copier) copyDir(src, dst *os.File, rel string) error {
-	if err := c.ctx.Err(); errors.Is(err, context.Canceled) {
-		return err
-	}
-	names, err := readNames(src)
-	if err != nil {
-		return err
-	}
-	for _, name := range names {
-		if err := c.copyEntry(src, dst, name, rel+"/"+name); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (c *copier) copyEntry(src, dst *os.File, name, rel string) error {
-	var st unix.Stat_t
-	if err := fstatat(src, name, &st); err != nil {
-		return err
-	}
-	dfd := int(dst.Fd())
+// copyEntry copies the source entry name (st) of the walk's source directory into its copy.
+// A directory is made (empty, owner-only) and reported with enter: the walk fills it.
+func (c *copier) copyEntry(s, d *platform.DirPath, name string, st *unix.Stat_t, rootRel string) (enter bool, _ error) {
+	dfd := d.Fd()
+	at := func() string { return d.Path(name) }
 	kind := st.Mode & unix.S_IFMT
 	if kind != unix.S_IFDIR && st.Nlink > 1 {
 		k := inode{uint64(st.Dev), st.Ino}
 		if first, ok := c.links[k]; ok {
-			if err := unix.Linkat(unix.AT_FDCWD, filepath.Join(c.dstRoot, first), dfd, name, 0); err != nil {
-				return pathErr("link", dst, name, err)
-			}
-			return nil
+			return false, c.linkTo(first, dfd, name, at)
 		}
-		c.links[k] = rel
+		c.links[k] = filepath.Join(append(append([]string{rootRel}, d.Names()...), name)...)
 	}
 	switch kind {
 	case unix.S_IFDIR:
 		if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
-			return pathErr("mkdir", dst, name, err)
+			return false, pathErr("mkdir", d.Path(""), name, err)
 		}
-		ssub, err := openDirAt(src, name)
-		if err != nil {
-			return err
-		}
-		defer ssub.Close()
-		dsub, err := openDirAt(dst, name)
-		if err != nil {
-			return err
-		}
-		defer dsub.Close()
-		if err := c.copyDir(ssub, dsub, rel); err != nil {
-			return err
-		}
-		// Metadata after the content, so that creating entries does not change the times and a
-		// read-only mode does not stop the copy.
-		if err := c.applyMeta(dst, name, dsub, &st, ssub, ""); err != nil {
-			return err
-		}
-		return dsub.Sync()
+		return true, nil
 	case unix.S_IFREG:
-		return c.copyFile(src, dst, name, &st)
+		return false, c.copyFile(s, d, name, st)
 	case unix.S_IFLNK:
-		target, err := readlinkat(src, name)
+		target, err := readlinkat(s, name)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if err := unix.Symlinkat(target, dfd, name); err != nil {
-			return pathErr("symlink", dst, name, err)
+			return false, pathErr("symlink", d.Path(""), name, err)
 		}
-		return c.applyMeta(dst, name, nil, &st, nil, procPath(src, name))
+		return false, c.applyMeta(dfd, name, -1, st, -1, procPath(s.Fd(), name), at)
 	default:
 		// Character devices (overlayfs whiteouts are 0/0), block devices, FIFOs and sockets
 		// are made anew with the same type and device number.
 		if err := unix.Mknodat(dfd, name, st.Mode, int(st.Rdev)); err != nil {
-			return pathErr("mknod", dst, name, err)
+			return false, pathErr("mknod", d.Path(""), name, err)
 		}
-		return c.applyMeta(dst, name, nil, &st, nil, procPath(src, name))
+		return false, c.applyMeta(dfd, name, -1, st, -1, procPath(s.Fd(), name), at)
 	}
 }
 
-func (c *copier) copyFile(src, dst *os.File, name string, st *unix.Stat_t) error {
-	sfd, err := unix.Openat(int(src.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return pathErr("open", src, name, err)
+// linkTo makes name in the directory dfd a hard link to first, the path (relative to
+// c.dstRoot) of the inode's first copy. A path too long for one system call (deep in a deep
+// tree) is walked one directory at a time; these are directories of the copy, which only
+// sandboxd writes.
+func (c *copier) linkTo(first string, dfd int, name string, at func() string) error {
+	full := filepath.Join(c.dstRoot, first)
+	if len(full) < unix.PathMax {
+		if err := unix.Linkat(unix.AT_FDCWD, full, dfd, name, 0); err != nil {
+			return &os.PathError{Op: "link", Path: at(), Err: err}
+		}
+		return nil
 	}
-	sf := os.NewFile(uintptr(sfd), filepath.Join(src.Name(), name))
+	fd, err := unix.Open(c.dstRoot, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: c.dstRoot, Err: err}
+	}
+	parts := strings.Split(first, "/")
+	for _, part := range parts[:len(parts)-1] {
+		next, err := unix.Openat(fd, part, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return &os.PathError{Op: "open", Path: at(), Err: err}
+		}
+		fd = next
+	}
+	defer unix.Close(fd)
+	if err := unix.Linkat(fd, parts[len(parts)-1], dfd, name, 0); err != nil {
+		return &os.PathError{Op: "link", Path: at(), Err: err}
+	}
+	return nil
+}
+
+func (c *copier) copyFile(s, d *platform.DirPath, name string, st *unix.Stat_t) error {
+	sfd, err := unix.Openat(s.Fd(), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return pathErr("open", s.Path(""), name, err)
+	}
+	sf := os.NewFile(uintptr(sfd), name)
 	defer sf.Close()
-	dfd, err := unix.Openat(int(dst.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	dfd, err := unix.Openat(d.Fd(), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return pathErr("create", dst, name, err)
+		return pathErr("create", d.Path(""), name, err)
 	}
-	df := os.NewFile(uintptr(dfd), filepath.Join(dst.Name(), name))
+	df := os.NewFile(uintptr(dfd), name)
 	defer df.Close()
 	if err := c.copyData(sf, df); err != nil {
-		return err
+		if errors.Is(err, context.Canceled) {
+			return err
+		}
+		return fmt.Errorf("template: copy %s: %w", s.Path(name), err)
 	}
-	if err := c.applyMeta(dst, name, df, st, sf, ""); err != nil {
+	if err := c.applyMeta(d.Fd(), name, dfd, st, sfd, "", func() string { return d.Path(name) }); err != nil {
 		return err
 	}
 	return df.Sync()
@@ -339,7 +410,7 @@ func (c *copier) copyData(sf, df *os.File) error {
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("template: copy %s: %w", sf.Name(), err)
+			return err
 		}
 		if n == 0 {
 			return nil
@@ -351,62 +422,64 @@ func (c *copier) copyData(sf, df *os.File) error {
 	}
 }
 
-// applyMeta gives the entry name in dir (opened as f when f is not nil, else reached through
-// path) the ownership, mode, xattrs and times of the source entry st (opened as sf, or at
-// srcPath).
-func (c *copier) applyMeta(dir *os.File, name string, f *os.File, st *unix.Stat_t, sf *os.File, srcPath string) error {
-	dfd := int(dir.Fd())
+// applyMeta gives the entry name in the directory dirfd (open as f when f >= 0, else reached
+// through its name) the ownership, mode, xattrs and times of the source entry st (open as sf
+// when sf >= 0, else at srcPath). at names the entry for messages.
+func (c *copier) applyMeta(dirfd int, name string, f int, st *unix.Stat_t, sf int, srcPath string, at func() string) error {
 	isLink := st.Mode&unix.S_IFMT == unix.S_IFLNK
+	fail := func(op string, err error) error { return &os.PathError{Op: op, Path: at(), Err: err} }
 	// Ownership first: chown clears set-id bits and file capabilities, which come back below.
 	if int(st.Uid) != c.euid || int(st.Gid) != c.egid {
 		var err error
-		if f != nil {
-			err = unix.Fchown(int(f.Fd()), int(st.Uid), int(st.Gid))
+		if f >= 0 {
+			err = unix.Fchown(f, int(st.Uid), int(st.Gid))
 		} else {
-			err = unix.Fchownat(dfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+			err = unix.Fchownat(dirfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
 		}
 		if err != nil {
-			return pathErr("chown", dir, name, err)
+			return fail("chown", err)
 		}
 	}
 	if !isLink {
 		mode := st.Mode & 0o7777
 		var err error
-		if f != nil {
-			err = unix.Fchmod(int(f.Fd()), mode)
+		if f >= 0 {
+			err = unix.Fchmod(f, mode)
 		} else {
-			err = unix.Fchmodat(dfd, name, mode, 0)
+			err = unix.Fchmodat(dirfd, name, mode, 0)
 		}
 		if err != nil {
-			return pathErr("chmod", dir, name, err)
+			return fail("chmod", err)
 		}
 	}
-	if err := c.copyXattrs(sf, srcPath, f, procPath(dir, name)); err != nil {
-		return fmt.Errorf("template: xattrs of %s: %w", filepath.Join(dir.Name(), name), err)
+	if err := c.copyXattrs(sf, srcPath, f, procPath(dirfd, name)); err != nil {
+		return fmt.Errorf("template: xattrs of %s: %w", at(), err)
 	}
 	ts := []unix.Timespec{st.Atim, st.Mtim}
-	if err := unix.UtimesNanoAt(dfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return pathErr("utimes", dir, name, err)
+	if err := unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fail("utimes", err)
 	}
 	return nil
 }
 
-func (c *copier) copyXattrs(sf *os.File, srcPath string, df *os.File, dstPath string) error {
+// copyXattrs copies the extended attributes of the source (open as sf when sf >= 0, else at
+// srcPath) to the copy (open as df when df >= 0, else at dstPath).
+func (c *copier) copyXattrs(sf int, srcPath string, df int, dstPath string) error {
 	list := func(buf []byte) (int, error) {
-		if sf != nil {
-			return unix.Flistxattr(int(sf.Fd()), buf)
+		if sf >= 0 {
+			return unix.Flistxattr(sf, buf)
 		}
 		return unix.Llistxattr(srcPath, buf)
 	}
 	get := func(attr string, buf []byte) (int, error) {
-		if sf != nil {
-			return unix.Fgetxattr(int(sf.Fd()), attr, buf)
+		if sf >= 0 {
+			return unix.Fgetxattr(sf, attr, buf)
 		}
 		return unix.Lgetxattr(srcPath, attr, buf)
 	}
 	set := func(attr string, val []byte) error {
-		if df != nil {
-			return unix.Fsetxattr(int(df.Fd()), attr, val, 0)
+		if df >= 0 {
+			return unix.Fsetxattr(df, attr, val, 0)
 		}
 		return unix.Lsetxattr(dstPath, attr, val, 0)
 	}
@@ -460,23 +533,16 @@ func xattrRead(call func(buf []byte) (int, error)) ([]byte, error) {
 	}
 }
 
-// procPath names the entry name of the open directory dir through /proc/self/fd, so that the
-// path-based xattr calls resolve the directory by its handle, never by a path that a link
+// procPath names the entry name of the directory open at fd through /proc/self/fd, so that
+// the path-based xattr calls resolve the directory by its handle, never by a path that a link
 // could redirect.
-func procPath(dir *os.File, name string) string {
-	return fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), name)
+func procPath(fd int, name string) string {
+	return fmt.Sprintf("/proc/self/fd/%d/%s", fd, name)
 }
 
-func fstat(f *os.File, st *unix.Stat_t) error {
-	if err := unix.Fstat(int(f.Fd()), st); err != nil {
-		return &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
-	}
-	return nil
-}
-
-func fstatat(dir *os.File, name string, st *unix.Stat_t) error {
-	if err := unix.Fstatat(int(dir.Fd()), name, st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return pathErr("lstat", dir, name, err)
+func fstatat(p *platform.DirPath, name string, st *unix.Stat_t) error {
+	if err := unix.Fstatat(p.Fd(), name, st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return pathErr("lstat", p.Path(""), name, err)
 	}
 	return nil
 }
@@ -484,17 +550,17 @@ func fstatat(dir *os.File, name string, st *unix.Stat_t) error {
 func openDirAt(dir *os.File, name string) (*os.File, error) {
 	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, pathErr("open", dir, name, err)
+		return nil, pathErr("open", dir.Name(), name, err)
 	}
 	return os.NewFile(uintptr(fd), filepath.Join(dir.Name(), name)), nil
 }
 
-func readlinkat(dir *os.File, name string) (string, error) {
+func readlinkat(p *platform.DirPath, name string) (string, error) {
 	for size := 256; ; size *= 2 {
 		buf := make([]byte, size)
-		n, err := unix.Readlinkat(int(dir.Fd()), name, buf)
+		n, err := unix.Readlinkat(p.Fd(), name, buf)
 		if err != nil {
-			return "", pathErr("readlink", dir, name, err)
+			return "", pathErr("readlink", p.Path(""), name, err)
 		}
 		if n < size {
 			return string(buf[:n]), nil
@@ -502,18 +568,17 @@ func readlinkat(dir *os.File, name string) (string, error) {
 	}
 }
 
-// readNames lists a directory from its start through a fresh handle.
-func readNames(dir *os.File) ([]string, error) {
-	d, err := openDirAt(dir, ".")
+// readNames lists the directory the walk is in from its start, through a fresh handle.
+func readNames(p *platform.DirPath) ([]string, error) {
+	names, err := platform.ReadNamesFd(p.Fd(), 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "readdir", Path: p.Path(""), Err: err}
 	}
-	defer d.Close()
-	return d.Readdirnames(-1)
+	return names, nil
 }
 
-func pathErr(op string, dir *os.File, name string, err error) error {
-	return &os.PathError{Op: op, Path: filepath.Join(dir.Name(), name), Err: err}
+func pathErr(op, dir, name string, err error) error {
+	return &os.PathError{Op: op, Path: filepath.Join(dir, name), Err: err}
 }
 
 // renameAt renames old to new within dir; new must not exist.
@@ -521,7 +586,7 @@ func renameAt(dir *os.File, old, new string) error {
 	if err := unix.Renameat2(int(dir.Fd()), old, int(dir.Fd()), new, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 			if _, serr := os.Lstat(filepath.Join(dir.Name(), new)); serr == nil {
-				return pathErr("rename", dir, new, unix.EEXIST)
+				return pathErr("rename", dir.Name(), new, unix.EEXIST)
 			}
 			err = unix.Renameat(int(dir.Fd()), old, int(dir.Fd()), new)
 		}
@@ -533,46 +598,9 @@ func renameAt(dir *os.File, old, new string) error {
 }
 
 // removeTree removes the entry name in dir and, if it is a directory, everything under it,
-// never following a link. A directory whose mode keeps its owner out is opened up first, so
+// never following a link, with a bounded number of descriptors however deep the tree (see
+// platform.RemoveTreeAt). A directory whose mode keeps its owner out is opened up first, so
 // that a copied read-only directory can be removed also without root.
 func removeTree(dir *os.File, name string) error {
-	err := unix.Unlinkat(int(dir.Fd()), name, 0)
-	if err == nil || errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
-		return pathErr("remove", dir, name, err)
-	}
-	var st unix.Stat_t
-	if err := fstatat(dir, name, &st); err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return pathErr("remove", dir, name, err)
-	}
-	if st.Mode&0o700 != 0o700 {
-		if err := unix.Fchmodat(int(dir.Fd()), name, 0o700, 0); err != nil {
-			return pathErr("chmod", dir, name, err)
-		}
-	}
-	sub, err := openDirAt(dir, name)
-	if err != nil {
-		return err
-	}
-	names, err := readNames(sub)
-	if err == nil {
-		for _, n := range names {
-			if err = removeTree(sub, n); err != nil {
-				break
-			}
-		}
-	}
-	sub.Close()
-	if err != nil {
-		return err
-	}
-	if err := unix.Unlinkat(int(dir.Fd()), name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
-		return pathErr("rmdir", dir, name, err)
-	}
-	return nil
+	return platform.RemoveTreeAt(dir, name)
 }

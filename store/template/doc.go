@@ -116,6 +116,27 @@
 // payload and index entry at once. A crash leaves a staging directory whose flock died with its
 // process; the next operation on the template removes it, and never one whose flock is held.
 //
+// # Faults
+//
+// Every error the store returns passes through [errcode.Storage] (storage-full for ENOSPC and
+// EDQUOT, storage-unavailable for EROFS and EIO, naming the state root), and every change on
+// disk goes through Options.FS, so that tests fail any step. A failed step leaves nothing the
+// caller was told was not made: a record that did not exist (template.json of a create, a
+// lease record, a tombstone, an index entry) is removed again if the failure came after its
+// rename; a create removes the template directory it made; a reservation removes its staging
+// directory; a commit whose final fsync fails renames the generation back to staging and
+// removes it, so a failed capture lists no generation. When an undo fails too (the file system
+// went read-only), what stays is whole and judged by Check: a staging directory or temp file
+// (staging-leftover), an empty template directory (interrupted-delete), a lease without its
+// binding (lease-without-binding), or a generation that is whole.
+//
+// Deleting needs no space. Retirement writes its tombstone first; when the disk is full and
+// no lease holds the generation, it quarantines it instead by removing its index entry (an
+// unlink: a generation without one is never leased or selected) and then deletes the rest. An
+// interruption leaves a payload without an index entry, which Check's repair retires without
+// a tombstone on a full disk. A leased generation cannot be quarantined without its
+// tombstone; its retirement answers storage-full and changes nothing: delete its clones first.
+//
 // # Durability order as a contract
 //
 // [Options.OnSync] is called after every durable step with the Step* names; tests assert the

@@ -243,7 +243,8 @@ func (s *Store) loadAll(tdir *os.File) ([]*genState, error) {
 
 // Generations lists the generations of a template, oldest first, as views at the host time
 // now. It reads without the lock: records are replaced by rename, so each read is whole.
-func (s *Store) Generations(name string, now TimeContract) ([]Generation, error) {
+func (s *Store) Generations(name string, now TimeContract) (_ []Generation, err error) {
+	defer func() { err = s.storage(err) }()
 	tdir, _, err := s.openTemplate(name)
 	if err != nil {
 		return nil, err
@@ -262,7 +263,8 @@ func (s *Store) Generations(name string, now TimeContract) ([]Generation, error)
 
 // Generation returns the view of one generation at the host time now (template-not-found,
 // generation-not-found).
-func (s *Store) Generation(name, gen string, now TimeContract) (*Generation, error) {
+func (s *Store) Generation(name, gen string, now TimeContract) (_ *Generation, err error) {
+	defer func() { err = s.storage(err) }()
 	tdir, g, err := s.lookup(name, gen)
 	if err != nil {
 		return nil, err
@@ -296,7 +298,8 @@ func (s *Store) lookup(name, gen string) (*os.File, *genState, error) {
 }
 
 // Leases lists the lease records of a generation.
-func (s *Store) Leases(name, gen string) ([]Lease, error) {
+func (s *Store) Leases(name, gen string) (_ []Lease, err error) {
+	defer func() { err = s.storage(err) }()
 	tdir, g, err := s.lookup(name, gen)
 	if err != nil {
 		return nil, err
@@ -339,7 +342,8 @@ func readLeases(gdir *os.File, ids []string) ([]Lease, error) {
 
 // PayloadDir returns the absolute path of a generation's payload, the lower layer of its
 // clones. It checks that the generation is indexed and its payload a directory.
-func (s *Store) PayloadDir(name, gen string) (string, error) {
+func (s *Store) PayloadDir(name, gen string) (_ string, err error) {
+	defer func() { err = s.storage(err) }()
 	tdir, g, err := s.lookup(name, gen)
 	if err != nil {
 		return "", err
@@ -355,7 +359,8 @@ func (s *Store) PayloadDir(name, gen string) (string, error) {
 // host time now: indexed, not tombstoned, eligible, with an equal key. It reads without the
 // lock, to preview; a clone selects under the lock with Tx.Select. Errors: template-not-found,
 // template-ineligible (the message says why each generation was passed over).
-func (s *Store) Select(name string, key Key, now TimeContract) (*Generation, error) {
+func (s *Store) Select(name string, key Key, now TimeContract) (_ *Generation, err error) {
+	defer func() { err = s.storage(err) }()
 	tdir, _, err := s.openTemplate(name)
 	if err != nil {
 		return nil, err

@@ -17,7 +17,8 @@ import (
 // eligible. Errors: template-not-found, generation-not-found, template-tombstoned,
 // template-ineligible (saying early or expired). It reads three small records, whatever the
 // payload's size. The returned view's Key is what the clone must be configured with.
-func (tx *Tx) Leasable(name, gen string, now TimeContract) (*Generation, error) {
+func (tx *Tx) Leasable(name, gen string, now TimeContract) (_ *Generation, err error) {
+	defer func() { err = tx.s.storage(err) }()
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
@@ -50,7 +51,8 @@ func leasable(name string, g *genState) error {
 
 // Select is Store.Select under the lock: the generation it returns stays leasable until the
 // lock is released.
-func (tx *Tx) Select(name string, key Key, now TimeContract) (*Generation, error) {
+func (tx *Tx) Select(name string, key Key, now TimeContract) (_ *Generation, err error) {
+	defer func() { err = tx.s.storage(err) }()
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
@@ -63,7 +65,8 @@ func (tx *Tx) Select(name string, key Key, now TimeContract) (*Generation, error
 // journal, no clone binding); it then writes the sandbox's clone.json with WriteBinding
 // before it releases either lock. WriteLease checks the tombstone and the index entry again,
 // so a lease is never written for a quarantined generation.
-func (tx *Tx) WriteLease(name, gen, sandboxID string) (*Lease, error) {
+func (tx *Tx) WriteLease(name, gen, sandboxID string) (_ *Lease, err error) {
+	defer func() { err = tx.s.storage(err) }()
 	if err := tx.check(); err != nil {
 		return nil, err
 	}
@@ -83,7 +86,7 @@ func (tx *Tx) WriteLease(name, gen, sandboxID string) (*Lease, error) {
 		return nil, err
 	}
 	defer gdir.Close()
-	ldir, err := openLeasesDir(gdir)
+	ldir, err := tx.s.openLeasesDir(gdir)
 	if err != nil {
 		return nil, err
 	}
@@ -96,13 +99,13 @@ func (tx *Tx) WriteLease(name, gen, sandboxID string) (*Lease, error) {
 }
 
 // openLeasesDir opens (making it durably if missing) a generation's leases directory.
-func openLeasesDir(gdir *os.File) (*os.File, error) {
+func (s *Store) openLeasesDir(gdir *os.File) (*os.File, error) {
 	ldir, err := platform.OpenDirAt(gdir, LeasesDir)
 	if errors.Is(err, fs.ErrNotExist) {
-		if err := platform.MkdirAt(gdir, LeasesDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := s.opts.FS.MkdirAt(gdir, LeasesDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, err
 		}
-		if err := platform.SyncDir(gdir); err != nil {
+		if err := s.opts.FS.SyncDir(gdir); err != nil {
 			return nil, err
 		}
 		ldir, err = platform.OpenDirAt(gdir, LeasesDir)
@@ -152,7 +155,8 @@ func validRelease(name, gen, leaseID string) error {
 }
 
 // Release is Store.Release under a lock the caller holds.
-func (tx *Tx) Release(name, gen, leaseID string) error {
+func (tx *Tx) Release(name, gen, leaseID string) (err error) {
+	defer func() { err = tx.s.storage(err) }()
 	if err := tx.check(); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -39,9 +40,12 @@ type Resources = store.Resources
 // is equal, field by field.
 type Key struct {
 	// Runtime is the runtime identity (runtime kind, sandboxd build, runtime configuration).
-	Runtime   string    `json:"runtime"`
-	Image     string    `json:"image"`
-	Resources Resources `json:"resources"`
+	Runtime string `json:"runtime"`
+	Image   string `json:"image"`
+	// ImageDigest is the manifest digest of an OCI image (store/image), "" for the host
+	// image and root file system directories: a clone stacks the same layers.
+	ImageDigest string    `json:"image_digest,omitempty"`
+	Resources   Resources `json:"resources"`
 }
 
 // ClockBoottime names CLOCK_BOOTTIME, the monotonic clock of time contracts. See the package
@@ -215,7 +219,8 @@ var ErrNoBinding = fmt.Errorf("no clone binding: %w", fs.ErrNotExist)
 // durably (temp file, fsync, rename, fsync of dir), stamped with the current format. The
 // caller holds the sandbox's lifecycle lock and the template store's lock, and has written
 // the lease record first.
-func WriteBinding(dir string, b *Binding) error {
+func WriteBinding(dir string, b *Binding) (err error) {
+	defer func() { err = bindingStorage(err, dir) }()
 	rec := *b
 	rec.Format = BindingFormat
 	if _, ok := parseGeneration(rec.Generation); !ok || !validLeaseID(rec.Lease) || !naming.ValidID(rec.Template) {
@@ -235,7 +240,8 @@ func WriteBinding(dir string, b *Binding) error {
 // ReadBinding reads clone.json from the sandbox state directory dir without following a link
 // or blocking on a FIFO, refusing anything but a regular file. A missing binding is an error
 // that matches ErrNoBinding (and fs.ErrNotExist).
-func ReadBinding(dir string) (*Binding, error) {
+func ReadBinding(dir string) (_ *Binding, err error) {
+	defer func() { err = bindingStorage(err, dir) }()
 	d, err := platform.OpenDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -256,7 +262,8 @@ func ReadBinding(dir string) (*Binding, error) {
 
 // RemoveBinding removes clone.json from dir durably (unlink, then fsync of dir). No binding is
 // not an error. Removal of a clone calls it before releasing the lease.
-func RemoveBinding(dir string) error {
+func RemoveBinding(dir string) (err error) {
+	defer func() { err = bindingStorage(err, dir) }()
 	d, err := platform.OpenDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -276,6 +283,12 @@ func RemoveBinding(dir string) error {
 	}
 	bindingHook("binding:remove")
 	return nil
+}
+
+// bindingStorage is errcode.Storage for the binding functions, which know the sandbox's
+// state directory, <state root>/sandboxes/<id>, rather than a store.
+func bindingStorage(err error, dir string) error {
+	return errcode.Storage(err, filepath.Dir(filepath.Dir(dir)))
 }
 
 // testBindingHook, set only by tests, sees the durable points of the binding functions, which

@@ -169,6 +169,9 @@ func (s *Store) retire(tdir *os.File, name, gen string, drain bool, bindingExist
 	}
 	if g.tomb == nil {
 		if g.tomb, err = s.writeTombstone(tdir, gen, false); err != nil {
+			if errcode.StorageFaultOf(err) == errcode.FaultFull {
+				return s.retireOnFullDisk(tdir, name, g, bindingExists, err)
+			}
 			return nil, err
 		}
 	}
@@ -177,6 +180,24 @@ func (s *Store) retire(tdir *os.File, name, gen string, drain bool, bindingExist
 		return nil, err
 	}
 	defer gdir.Close()
+	leases, err := s.sweepLeases(gdir, g, bindingExists)
+	if err != nil {
+		return nil, err
+	}
+	if len(leases) > 0 {
+		if drain && !g.tomb.Drain {
+			if _, err := s.writeTombstone(tdir, gen, true); err != nil {
+				return nil, err
+			}
+		}
+		return leases, nil
+	}
+	return nil, s.finishRetire(tdir, name, gen)
+}
+
+// sweepLeases removes the lease records of g whose clone binding is gone (see Retire) and
+// returns the leases that remain.
+func (s *Store) sweepLeases(gdir *os.File, g *genState, bindingExists func(sandboxID, leaseID string) bool) ([]Lease, error) {
 	leases, err := readLeases(gdir, g.leases)
 	if err != nil {
 		return nil, err
@@ -200,15 +221,7 @@ func (s *Store) retire(tdir *os.File, name, gen string, drain bool, bindingExist
 		ldir.Close()
 		leases = kept
 	}
-	if len(leases) > 0 {
-		if drain && !g.tomb.Drain {
-			if _, err := s.writeTombstone(tdir, gen, true); err != nil {
-				return nil, err
-			}
-		}
-		return leases, nil
-	}
-	return nil, s.finishRetire(tdir, name, gen)
+	return leases, nil
 }
 
 // finishRetire deletes a tombstoned generation that no lease holds: payload, index entry,
@@ -234,10 +247,10 @@ func (s *Store) finishRetire(tdir *os.File, name, gen string) error {
 		return err
 	}
 	if _, err := platform.LstatAt(gdir, PayloadDir); err == nil {
-		if err := removeTree(gdir, PayloadDir); err != nil {
+		if err := s.opts.FS.RemoveAllAt(gdir, PayloadDir); err != nil {
 			return fmt.Errorf("template: remove the payload of %s/%s: %w", name, gen, err)
 		}
-		if err := platform.SyncDir(gdir); err != nil {
+		if err := s.opts.FS.SyncDir(gdir); err != nil {
 			return err
 		}
 		s.synced(StepRetirePayload)
@@ -250,7 +263,7 @@ func (s *Store) finishRetire(tdir *os.File, name, gen string) error {
 	if err := s.removeEntry(gdir, TombstoneName, StepRetireTombstone); err != nil {
 		return err
 	}
-	if err := platform.RmdirAt(gdir, LeasesDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.opts.FS.RmdirAt(gdir, LeasesDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("template: remove the leases directory of %s/%s: %w", name, gen, err)
 	}
 	names, err := platform.ReadDirNames(gdir)
@@ -267,7 +280,7 @@ func (s *Store) finishRetire(tdir *os.File, name, gen string) error {
 // cleanGenerationDir removes temp leftovers of the generation's records and lease records;
 // the caller holds the lock, under which all of them are written.
 func (s *Store) cleanGenerationDir(gdir *os.File) error {
-	if err := cleanTemps(gdir, func(target string) bool { return target == IndexName || target == TombstoneName }); err != nil {
+	if err := s.cleanTemps(gdir, func(target string) bool { return target == IndexName || target == TombstoneName }); err != nil {
 		return err
 	}
 	ldir, err := platform.OpenDirAt(gdir, LeasesDir)
@@ -278,11 +291,11 @@ func (s *Store) cleanGenerationDir(gdir *os.File) error {
 		return err
 	}
 	defer ldir.Close()
-	return cleanTemps(ldir, func(target string) bool { _, ok := leaseIDOf(target); return ok })
+	return s.cleanTemps(ldir, func(target string) bool { _, ok := leaseIDOf(target); return ok })
 }
 
 // cleanTemps removes the regular temp files in dir whose target mine accepts.
-func cleanTemps(dir *os.File, mine func(target string) bool) error {
+func (s *Store) cleanTemps(dir *os.File, mine func(target string) bool) error {
 	names, err := platform.ReadDirNames(dir)
 	if err != nil {
 		return err
@@ -296,13 +309,13 @@ func cleanTemps(dir *os.File, mine func(target string) bool) error {
 		if st, err := platform.LstatAt(dir, n); err != nil || !st.IsRegular() {
 			continue
 		}
-		if err := platform.UnlinkAt(dir, n); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.opts.FS.UnlinkAt(dir, n); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 		removed = true
 	}
 	if removed {
-		return platform.SyncDir(dir)
+		return s.opts.FS.SyncDir(dir)
 	}
 	return nil
 }

@@ -35,6 +35,11 @@ type Options struct {
 	// step's name (the Step* constants). The order of these calls is part of the contract;
 	// tests record it, and crash tests kill the process in it.
 	OnSync func(step string)
+	// FS makes the store's changes on disk; the zero value makes them directly. Tests set its
+	// Fault to fail chosen steps as a full or failing disk would. (The copier of a capture
+	// writes the payload with its own system calls; its faults are tested on a real full
+	// file system.)
+	FS platform.FS
 }
 
 // The durable steps reported to Options.OnSync, in the order each operation makes them.
@@ -62,6 +67,7 @@ const (
 // concurrent use, and any number of processes may open stores on one root: every change is
 // made under the store's lock file, which is an flock shared by all of them.
 type Store struct {
+	root string   // absolute path of the state root, named by storage faults
 	path string   // absolute path of the templates directory
 	dir  *os.File // the templates directory, opened once without following links
 	opts Options
@@ -70,7 +76,8 @@ type Store struct {
 // Open opens the template store under the state root stateRoot, creating the root and its
 // templates directory (mode 0700) if they are missing. A templates directory that is a link or
 // not a directory is refused.
-func Open(stateRoot string, opts Options) (*Store, error) {
+func Open(stateRoot string, opts Options) (_ *Store, err error) {
+	defer func() { err = errcode.Storage(err, stateRoot) }()
 	if opts.MaxAge == 0 {
 		opts.MaxAge = DefaultMaxAge
 	}
@@ -92,7 +99,7 @@ func Open(stateRoot string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("template: state root %s must be a directory, not a link: %w", abs, err)
 	}
 	defer root.Close()
-	if err := platform.MkdirAt(root, TemplatesDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := opts.FS.MkdirAt(root, TemplatesDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("template: create %s: %w", TemplatesDir, err)
 	}
 	dir, err := platform.OpenDirAt(root, TemplatesDir)
@@ -108,8 +115,12 @@ func Open(stateRoot string, opts Options) (*Store, error) {
 		dir.Close()
 		return nil, fmt.Errorf("template: %s is not private to sandboxd's user (owner %d, mode %v); fix its owner and mode (0700)", filepath.Join(abs, TemplatesDir), st.UID, st.Mode.Perm())
 	}
-	return &Store{path: filepath.Join(abs, TemplatesDir), dir: dir, opts: opts}, nil
+	return &Store{root: abs, path: filepath.Join(abs, TemplatesDir), dir: dir, opts: opts}, nil
 }
+
+// storage gives err the code of its storage fault, if it has one (see [errcode.Storage]):
+// every error the store returns passes through it.
+func (s *Store) storage(err error) error { return errcode.Storage(err, s.root) }
 
 // Close releases the store's directory handle.
 func (s *Store) Close() error { return s.dir.Close() }
@@ -164,9 +175,10 @@ type Tx struct {
 // tried every 25 ms until ctx's deadline (which ctx must have; a ctx without one is refused
 // with invalid-request before anything waits), then transition-in-progress. A lock file that
 // is a link, a FIFO or not a regular file is refused.
-func (s *Store) Lock(ctx context.Context) (*Tx, error) {
+func (s *Store) Lock(ctx context.Context) (_ *Tx, err error) {
 	var tx *Tx
-	err := store.Retry(ctx, lockBusy, func() (store.Attempt, error) {
+	defer func() { err = s.storage(err) }()
+	err = store.Retry(ctx, lockBusy, func() (store.Attempt, error) {
 		t, got, err := s.tryLock()
 		switch {
 		case err != nil:
@@ -186,10 +198,13 @@ func lockBusy() error {
 }
 
 func (s *Store) tryLock() (*Tx, bool, error) {
-	f, err := platform.OpenFileAt(s.dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
-	if err != nil {
+	f, err := s.opts.FS.OpenFileAt(s.dir, LockName, os.O_RDONLY|os.O_CREATE, 0o600)
+	if errors.Is(err, platform.ErrNotRegular) {
 		return nil, false, errcode.Wrap(errcode.Internal, err,
 			"The template store's lock file is not a regular file; remove it by hand.")
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("template: open the lock file: %w", err)
 	}
 	got, err := platform.TryLock(f)
 	if err != nil || !got {
@@ -239,7 +254,7 @@ func (s *Store) withLock(ctx context.Context, fn func(tx *Tx) error) error {
 		return err
 	}
 	err = fn(tx)
-	return errors.Join(err, tx.Unlock())
+	return s.storage(errors.Join(err, tx.Unlock()))
 }
 
 func templateNotFound(name string) error {
@@ -298,13 +313,27 @@ func readTemplateRecord(d *os.File) (*templateRecord, error) {
 	return decodeTemplate(data)
 }
 
+// writeRecord writes a record durably and reports step. A write that fails leaves the
+// record as it was: one that did not exist before is removed again if the failure came after
+// its rename (the directory's fsync), so that a failed write never leaves a record (a
+// template, a lease, a tombstone) the caller was told is not there. If that removal fails
+// too, the record stays, whole, and Check judges it as any other.
 func (s *Store) writeRecord(dir *os.File, name string, v any, step string) error {
 	data, err := record.Encode(v)
 	if err != nil {
 		return err
 	}
-	if err := platform.WriteFileDurableAt(dir, name, data, recordPerm); err != nil {
-		return recordErr(name, err)
+	_, lerr := platform.LstatAt(dir, name)
+	fresh := errors.Is(lerr, fs.ErrNotExist)
+	if err := s.opts.FS.WriteFileDurableAt(dir, name, data, recordPerm); err != nil {
+		if fresh {
+			if _, serr := platform.LstatAt(dir, name); serr == nil {
+				if uerr := s.removeEntry(dir, name, ""); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("template: undoing the failed write of %s: %w", name, uerr))
+				}
+			}
+		}
+		return s.storage(recordErr(name, err))
 	}
 	if step != "" {
 		s.synced(step)
@@ -315,14 +344,14 @@ func (s *Store) writeRecord(dir *os.File, name string, v any, step string) error
 // removeEntry unlinks name in dir and fsyncs dir; a missing entry is not an error (and makes
 // no step).
 func (s *Store) removeEntry(dir *os.File, name, step string) error {
-	err := platform.UnlinkAt(dir, name)
+	err := s.opts.FS.UnlinkAt(dir, name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("template: remove %s: %w", name, err)
 	}
-	if err := platform.SyncDir(dir); err != nil {
+	if err := s.opts.FS.SyncDir(dir); err != nil {
 		return err
 	}
 	if step != "" {
@@ -333,14 +362,14 @@ func (s *Store) removeEntry(dir *os.File, name, step string) error {
 
 // removeDir removes the directory name in dir and fsyncs dir; missing is not an error.
 func (s *Store) removeDir(dir *os.File, name, step string) error {
-	err := platform.RmdirAt(dir, name)
+	err := s.opts.FS.RmdirAt(dir, name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if err := platform.SyncDir(dir); err != nil {
+	if err := s.opts.FS.SyncDir(dir); err != nil {
 		return err
 	}
 	if step != "" {

@@ -33,12 +33,26 @@ func (s *Store) CreateTemplate(ctx context.Context, name string) (*Template, err
 		return nil, err
 	}
 	var out *Template
-	err := s.withLock(ctx, func(tx *Tx) error {
-		if err := platform.MkdirAt(s.dir, name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	err := s.withLock(ctx, func(tx *Tx) (err error) {
+		made := false
+		if err := s.opts.FS.MkdirAt(s.dir, name, 0o700); err == nil {
+			made = true
+		} else if !errors.Is(err, fs.ErrExist) {
 			return err
 		}
+		defer func() {
+			// A create that fails leaves no directory it made: an empty template directory
+			// is what Check calls an interrupted delete. (writeRecord removed the record if
+			// it landed.) Removing it if empty is harmless: nothing else makes one under
+			// the lock we hold.
+			if err != nil && made {
+				if rerr := s.removeDir(s.dir, name, ""); rerr != nil && !isNotEmpty(rerr) {
+					err = errors.Join(err, rerr)
+				}
+			}
+		}()
 		// The new directory entry must be durable before the record inside it is.
-		if err := platform.SyncDir(s.dir); err != nil {
+		if err := s.opts.FS.SyncDir(s.dir); err != nil {
 			return err
 		}
 		tdir, found, err := s.openTemplateDir(name)
@@ -77,7 +91,8 @@ func (s *Store) CreateTemplate(ctx context.Context, name string) (*Template, err
 // Templates lists the templates, sorted by name, as views at the host time now. It reads
 // without the lock. Entries of the templates directory that are not template directories are
 // skipped (Check reports them).
-func (s *Store) Templates(now TimeContract) ([]Template, error) {
+func (s *Store) Templates(now TimeContract) (_ []Template, err error) {
+	defer func() { err = s.storage(err) }()
 	names, err := platform.ReadDirNames(s.dir)
 	if err != nil {
 		return nil, err
@@ -101,7 +116,8 @@ func (s *Store) Templates(now TimeContract) ([]Template, error) {
 }
 
 // Template returns the view of one template at the host time now (template-not-found).
-func (s *Store) Template(name string, now TimeContract) (*Template, error) {
+func (s *Store) Template(name string, now TimeContract) (_ *Template, err error) {
+	defer func() { err = s.storage(err) }()
 	tdir, rec, err := s.openTemplate(name)
 	if err != nil {
 		return nil, err
@@ -244,7 +260,7 @@ func (s *Store) cleanTemplateDir(tdir *os.File, name string) error {
 		}
 		switch {
 		case target == TemplateRecordName && st.IsRegular():
-			if err := platform.UnlinkAt(tdir, n); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := s.opts.FS.UnlinkAt(tdir, n); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err
 			}
 			removed = true
@@ -256,14 +272,14 @@ func (s *Store) cleanTemplateDir(tdir *os.File, name string) error {
 			if !dead {
 				continue
 			}
-			if err := removeTree(tdir, n); err != nil {
+			if err := s.opts.FS.RemoveAllAt(tdir, n); err != nil {
 				return err
 			}
 			removed = true
 		}
 	}
 	if removed {
-		if err := platform.SyncDir(tdir); err != nil {
+		if err := s.opts.FS.SyncDir(tdir); err != nil {
 			return err
 		}
 		s.synced(StepCleanStaging)

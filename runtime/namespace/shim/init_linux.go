@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
 	"slices"
@@ -18,8 +19,8 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 )
 
-// agentStage is the extra argument of the init's second stage, in binaries with cgo (after the
-// exec that drops its privileges): sandboxd __init <dir> agent.
+// agentStage is the argument of the init's second stage, in binaries with cgo (after the
+// exec that drops its privileges): sandboxd __init agent.
 const agentStage = "agent"
 
 // agentConfig is what the init's first stage hands the second on fd 3.
@@ -34,7 +35,8 @@ func initLogf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "sandboxd init: %s\n", fmt.Sprintf(format, args...))
 }
 
-// InitMain is the sandbox's init (sandboxd __init <dir> [agent]), PID 1 of the sandbox. It
+// InitMain is the sandbox's init (sandboxd __init [agent]), PID 1 of the sandbox. Its state
+// directory is in its configuration, not its argv, which the sandbox can read. It
 // sets the sandbox up (root file system, host name, loopback), drops to the sandbox's
 // privileges and runs the agent ([agent.Run]). A binary built without cgo drops them on every
 // thread in place; one with cgo drops them on its thread and re-executes itself as the
@@ -51,16 +53,16 @@ func InitMain(args []string) int {
 		return 1
 	}
 	switch {
-	case len(args) == 1:
-		if err := initStage(args[0]); err != nil {
+	case len(args) == 0:
+		if err := initStage(); err != nil {
 			initLogf("%v", err)
 			return 1
 		}
 		return 0
-	case len(args) == 2 && args[1] == agentStage:
+	case len(args) == 1 && args[0] == agentStage:
 		return agentStageMain()
 	}
-	initLogf("usage: sandboxd %s <state dir> [%s]", InitCommand, agentStage)
+	initLogf("usage: sandboxd %s [%s]", InitCommand, agentStage)
 	return 2
 }
 
@@ -74,6 +76,62 @@ func lifelineHeld() bool {
 	return n == 0 || fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) == 0
 }
 
+// maxConfigMounts bounds the descriptors that the init takes with its configuration.
+const maxConfigMounts = 32
+
+// receiveConfig reads the init's configuration, one message on the socket at fd 3 (see
+// [sendConfig]), into v and returns the descriptors that came with it, close-on-exec.
+func receiveConfig(v any) ([]*os.File, error) {
+	f := os.NewFile(fdConfig, "config")
+	defer f.Close()
+	buf := make([]byte, maxConfigSize)
+	oob := make([]byte, unix.CmsgSpace(maxConfigMounts*4))
+	var (
+		n, oobn, flags int
+		err            error
+	)
+	for {
+		n, oobn, flags, _, err = unix.Recvmsg(fdConfig, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read configuration: %w", err)
+	}
+	var files []*os.File
+	msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			perr = errors.Join(perr, err)
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "mount"))
+		}
+	}
+	fail := func(err error) ([]*os.File, error) {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, err
+	}
+	switch {
+	case perr != nil:
+		return fail(fmt.Errorf("read configuration: %w", perr))
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
+		return fail(errors.New("read configuration: the message was truncated"))
+	case n == 0:
+		return fail(errors.New("read configuration: the shim sent none"))
+	}
+	if err := json.Unmarshal(buf[:n], v); err != nil {
+		return fail(fmt.Errorf("read configuration: %w", err))
+	}
+	return files, nil
+}
+
+// readConfig reads the agent stage's configuration from the pipe at fd 3.
 func readConfig(v any) error {
 	f := os.NewFile(fdConfig, "config")
 	defer f.Close()
@@ -84,21 +142,24 @@ func readConfig(v any) error {
 	return json.Unmarshal(b, v)
 }
 
-func initStage(dir string) error {
+func initStage() error {
 	var cfg initConfig
-	if err := readConfig(&cfg); err != nil {
+	mounts, err := receiveConfig(&cfg)
+	if err != nil {
 		return err
 	}
+	defer func() {
+		for _, m := range mounts {
+			m.Close()
+		}
+	}()
 	spec := &cfg.Spec
-	if spec.Dir != dir {
-		return fmt.Errorf("configuration names %s, argv %s", spec.Dir, dir)
-	}
 	// Opened before the old root goes away: the second stage is exec'd from this file.
 	exe, err := openExecutable()
 	if err != nil {
 		return fmt.Errorf("open own executable: %w", err)
 	}
-	cgroupDir, err := setupRoot(spec)
+	cgroupDir, err := setupRoot(&cfg, mounts)
 	if err != nil {
 		return err
 	}
@@ -108,7 +169,8 @@ func initStage(dir string) error {
 	if err := platform.LoopbackUp(); err != nil {
 		return err
 	}
-	if err := platform.PivotRoot(rootfsPath(spec.Dir)); err != nil {
+	// setupRoot left the working directory at the new root.
+	if err := platform.PivotRoot("."); err != nil {
 		return err
 	}
 
@@ -171,7 +233,7 @@ func initStage(dir string) error {
 	if err := prog.LoadThread(); err != nil {
 		return err
 	}
-	argv := []string{"sandboxd", InitCommand, dir, agentStage}
+	argv := []string{"sandboxd", InitCommand, agentStage}
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	err = execveat(int(exe.Fd()), argv, env)
 	// Without this, exe could be collected (closing its descriptor, which another file may
@@ -229,9 +291,16 @@ func agentStageMain() int {
 	return 0
 }
 
-// runAgent runs the agent in this process, the sandbox's PID 1.
+// runAgent runs the agent in this process, the sandbox's PID 1, accepting on the control
+// socket that the shim made (fd 5).
 func runAgent(cfg agentConfig) error {
 	unix.CloseOnExec(fdLifeline)
+	lf := os.NewFile(fdListener, "control socket")
+	ln, err := net.FileListener(lf)
+	lf.Close() // FileListener holds a duplicate, close-on-exec: no workload inherits it
+	if err != nil {
+		return fmt.Errorf("the control socket (fd %d): %w", fdListener, err)
+	}
 	// Not dumpable: a workload, even as root, cannot then reach the agent through /proc/1
 	// (its memory holds the capability; its descriptors include sandbox.log on the host and
 	// the sandboxd executable), since that needs CAP_SYS_PTRACE, which no workload has.
@@ -243,8 +312,8 @@ func runAgent(cfg agentConfig) error {
 		env = append(env, k+"="+v)
 	}
 	slices.Sort(env)
-	err := agent.Run(agent.Config{
-		ListenPath: ListenPath,
+	err = agent.Run(agent.Config{
+		Listener:   ln,
 		Capability: cfg.Capability,
 		DefaultEnv: env,
 		Hostname:   cfg.Hostname,

@@ -18,25 +18,25 @@ const (
 // of them before a start and reads others (the writable layer, for a capture); the shim and
 // the init use them all.
 const (
-	EntryControl = "control" // the agent's socket directory, the only part visible inside
-	EntryUpper   = "upper"   // the overlay's writable layer: the sandbox's own files
-	EntryWork    = "work"    // the overlay's work directory
-	EntryRootfs  = "rootfs"  // the overlay's mount point (in the sandbox's mount namespace)
-	EntryBase    = "base"    // the host image's base layer when it is not shared (Spec.HostBase "")
+	// EntryControl holds the control socket, SocketName, which the shim makes and listens on
+	// and whose listening descriptor the agent inherits; nothing inside the sandbox sees it.
+	EntryControl = "control"
+	EntryUpper   = "upper"  // the overlay's writable layer: the sandbox's own files
+	EntryWork    = "work"   // the overlay's work directory
+	EntryRootfs  = "rootfs" // the overlay's mount point (in the sandbox's mount namespace)
+	EntryBase    = "base"   // the host image's base layer when it is not shared (Spec.HostBase "")
 	// EntryHostFiles is the sandbox's own /etc/hostname and /etc/hosts, a layer right above
 	// the host image's shared base.
 	EntryHostFiles = "hostfiles"
 	EntryLog       = "sandbox.log" // the shim's and the init's output
 	// With a disk of its own (Spec.DiskMB), the sandbox's writable layer (upper and work)
-	// lives on an ext4 file system in EntryDiskImage, which the init mounts on EntryDisk
-	// inside its own mount namespace.
+	// lives on an ext4 file system in EntryDiskImage, which the init mounts detached, at no
+	// path. EntryDisk, its mount point before, is no longer made; a state directory of an
+	// earlier version may hold it (empty).
 	EntryDisk      = "disk"
 	EntryDiskImage = "disk.img"
 	SocketName     = "control.sock"
 )
-
-// ListenPath is where the agent listens, inside the sandbox.
-const ListenPath = "/run/sandboxd/" + SocketName
 
 // Config is what the host-side driver hands the shim on its fd 3.
 type Config struct {
@@ -45,6 +45,26 @@ type Config struct {
 	// Seccomp is the sandbox's seccomp filter, compiled by the host-side driver, in the binary
 	// form of [github.com/sandboxd/sandboxd/platform.SeccompProgram].
 	Seccomp []byte `json:"seccomp"`
+	// IDs is the sandbox's user namespace.
+	IDs IDConfig `json:"ids"`
+}
+
+// IDRangeSize is how many ids a sandbox's user namespace maps: ids 0 to 65535 inside (root,
+// the workload user 1000, nobody 65534) are the host ids Base+slot*IDRangeSize onwards.
+const IDRangeSize = 65536
+
+// IDConfig says how the shim gives its sandbox a user namespace with a range of host ids of
+// its own. Slot n of the registry (a host-wide lock file, shared by every sandboxd on the
+// host) is the host ids Base+n*IDRangeSize to Base+(n+1)*IDRangeSize-1; the shim holds its
+// slot for its whole life, and the kernel releases it when the shim ends, however it ends.
+type IDConfig struct {
+	// Off runs the sandbox without a user namespace: its ids are the host's.
+	Off bool `json:"off,omitempty"`
+	// Base is the first host id of slot 0; Slots is how many slots there are.
+	Base  uint32 `json:"base"`
+	Slots int    `json:"slots"`
+	// Registry is the lock file of the slots, absolute.
+	Registry string `json:"registry"`
 }
 
 // CgroupLeaf names a sandbox's cgroup below the runtime's parent: its id, a dot (which no id

@@ -3,10 +3,10 @@
 package shim
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -28,21 +28,37 @@ var mergedUsrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
 // devNodes are the device nodes of the sandbox's /dev, bound from the host's.
 var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
-// setupRoot builds the sandbox's root file system on <dir>/rootfs, inside the init's own mount
-// namespace. Nothing here is visible to the host, and all of it goes when the namespace dies.
-// It returns where the sandbox's own cgroup is mounted inside ("" if nowhere).
-func setupRoot(spec *shimSpec) (string, error) {
-	err := setupRootMounts(spec)
+// setupRoot builds the sandbox's root file system on <dir>/rootfs (the init's working
+// directory), inside the init's own mount namespace, from the mounts that the shim made
+// (mounts, see [rootMounts]). Nothing here is visible to the host, and all of it goes when
+// the namespace dies. It leaves the working directory at the new root, for pivot_root, and
+// returns where the sandbox's own cgroup is mounted inside ("" if nowhere).
+//
+// Everything below the new root is the sandbox's to change, links included: every
+// directory, file and link made there, and every mount target, is resolved through a handle
+// of the root as if it were "/" ([platform.MkdirAllInRoot]), and every mount is made
+// detached and attached onto a handle of its target ([platform.AttachMount]), so that no
+// link the sandbox planted leads outside it. Only host paths (/dev/null) are named by path.
+func setupRoot(cfg *initConfig, mounts []*os.File) (string, error) {
+	root, err := setupRootMounts(cfg, mounts)
 	if err != nil {
 		return "", err
 	}
-	return mountOwnCgroup(rootfsPath(spec.Dir), spec.CgroupV2)
+	defer root.Close()
+	cgroupDir, err := mountOwnCgroup(root, cfg.Spec.CgroupV2)
+	if err != nil {
+		return "", err
+	}
+	if err := unix.Fchdir(int(root.Fd())); err != nil {
+		return "", fmt.Errorf("chdir to the new root: %w", err)
+	}
+	return cgroupDir, nil
 }
 
 // mountOwnCgroup mounts the sandbox's own cgroup read-only at /sys/fs/cgroup (v2) or
 // /sys/fs/cgroup/memory (v1's memory hierarchy), for the agent's statistics. The init's
 // cgroup namespace is rooted at the sandbox's cgroup, so nothing above it shows.
-func mountOwnCgroup(root string, v2 bool) (string, error) {
+func mountOwnCgroup(root *os.File, v2 bool) (string, error) {
 	if v2 {
 		// The init was cloned into its cgroup without a cgroup namespace (see runShim); the
 		// namespace made now is rooted at the sandbox's cgroup. This thread mounts, and
@@ -51,112 +67,113 @@ func mountOwnCgroup(root string, v2 bool) (string, error) {
 			return "", err
 		}
 	}
-	inside, fstype, data := "/sys/fs/cgroup", "cgroup2", ""
+	inside, fstype, opts := "/sys/fs/cgroup", "cgroup2", ""
 	if !v2 {
-		inside, fstype, data = "/sys/fs/cgroup/memory", "cgroup", "memory"
+		inside, fstype, opts = "/sys/fs/cgroup/memory", "cgroup", "memory"
 	}
-	target := filepath.Join(root, inside)
-	if err := os.MkdirAll(target, 0o755); err != nil {
-		return "", err
-	}
-	flags := uintptr(unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
-	if err := platform.Mount(fstype, target, fstype, flags, data); err != nil {
+	attrs := unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
+	if err := mountNew(root, inside, fstype, opts, attrs); err != nil {
 		return "", err
 	}
 	return inside, nil
 }
 
-// mountDisk mounts the sandbox's own disk on <dir>/disk, in this mount namespace only, and
-// returns the directory that holds the writable layer's upper and work directories. The loop
-// device clears itself when the mount goes, which it does with the namespace: however the
-// sandbox ends, nothing of its disk stays attached on the host.
-func mountDisk(dir string) (string, error) {
-	dev, err := platform.AttachLoop(filepath.Join(dir, EntryDiskImage))
+// mountNew mounts a new file system of type fstype with options and the MOUNT_ATTR_* attrs
+// on the directory p below root, made if missing.
+func mountNew(root *os.File, p, fstype, options string, attrs int) error {
+	m, err := platform.NewMount(fstype, fstype, options, attrs)
 	if err != nil {
-		return "", err
+		return err
 	}
-	defer dev.Close() // once mounted, the mount holds the device
-	target := filepath.Join(dir, EntryDisk)
-	if err := platform.Mount(dev.Name(), target, "ext4", unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
-		return "", err
-	}
-	for _, e := range []struct {
-		name string
-		perm os.FileMode
-	}{{EntryUpper, 0o755}, {EntryWork, 0o700}} {
-		if err := platform.EnsureDir(target, e.name, e.perm); err != nil {
-			return "", err
-		}
-	}
-	return target, nil
+	defer m.Close()
+	return attachDir(root, p, m)
 }
 
-func setupRootMounts(spec *shimSpec) error {
+// attachDir attaches the detached mount m on the directory p below root, made if missing.
+func attachDir(root *os.File, p string, m *os.File) error {
+	target, err := platform.MkdirAllInRoot(root, p, 0o755)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	if err := refuseRoot(root, target, p); err != nil {
+		return err
+	}
+	return platform.AttachMount(m, target)
+}
+
+// refuseRoot refuses a mount target that a link made the root itself: a mount there would
+// hide the whole root file system under, say, the host's /usr.
+func refuseRoot(root, target *os.File, p string) error {
+	a, err := platform.IDOf(root)
+	if err != nil {
+		return err
+	}
+	b, err := platform.IDOf(target)
+	if err != nil {
+		return err
+	}
+	if a == b {
+		return fmt.Errorf("%s resolves to the root file system itself", p)
+	}
+	return nil
+}
+
+// setupRootMounts attaches the overlay and the host binds that the shim made (see
+// [rootMounts]) and mounts everything else but the cgroup. It returns a handle of the root.
+//
+// The overlay goes on the init's working directory, <dir>/rootfs, which it inherits from
+// the shim: in a user namespace the init is root of that namespace alone and may not even
+// look up the state directory (host root's, 0700), and it needs not.
+func setupRootMounts(cfg *initConfig, mounts []*os.File) (*os.File, error) {
 	// First of all: no mount made from here on may propagate back to the host.
 	if err := platform.MakePrivate("/"); err != nil {
-		return err
+		return nil, err
 	}
-	root := rootfsPath(spec.Dir)
-	// The shim has made the host image's base layer (see runShim).
-	lowers := append([]string{}, spec.Lowers...)
-	if spec.ImageDir != "" {
-		lowers = append(lowers, spec.ImageDir)
+	if len(mounts) != 1+len(cfg.Binds) {
+		return nil, fmt.Errorf("the shim handed %d mounts for an overlay and %d binds", len(mounts), len(cfg.Binds))
+	}
+	// The working directory is named by no path (AT_FDCWD, ""): the directory is host
+	// root's, 0700, and in a user namespace the init may not even look "." up in it.
+	var st unix.Stat_t
+	if err := unix.Fstatat(unix.AT_FDCWD, "", &st, unix.AT_EMPTY_PATH); err != nil {
+		return nil, fmt.Errorf("stat the working directory: %w", err)
+	}
+	if (platform.FileID{Dev: uint64(st.Dev), Ino: st.Ino}) != cfg.Rootfs {
+		return nil, errors.New("the working directory is not the sandbox's rootfs")
+	}
+	root := mounts[0]
+	if err := platform.AttachMountOnCwd(root); err != nil {
+		return nil, err
+	}
+	if err := setupRootTree(cfg, root, mounts[1:]); err != nil {
+		return nil, err
+	}
+	return root, nil
+}
+
+func setupRootTree(cfg *initConfig, root *os.File, binds []*os.File) error {
+	for i, b := range binds {
+		if err := attachDir(root, cfg.Binds[i], b); err != nil {
+			return err
+		}
+	}
+	if d, err := platform.MkdirAllInRoot(root, "tmp", 0o755); err != nil {
+		return err
 	} else {
-		lowers = append(lowers, filepath.Join(spec.Dir, EntryHostFiles), spec.BaseDir)
+		d.Close()
 	}
-	layerDir := spec.Dir
-	if spec.Disk {
-		var err error
-		if layerDir, err = mountDisk(spec.Dir); err != nil {
-			return err
-		}
-	}
-	// The upper layer must stand on its own once captured as a template generation: no
-	// metadata-only copies that point into a lower (metacopy), no renamed directories that
-	// refer to lower paths (redirect_dir), no inode index tied to these lowers (index).
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,redirect_dir=off,metacopy=off",
-		strings.Join(lowers, ":"), filepath.Join(layerDir, EntryUpper), filepath.Join(layerDir, EntryWork))
-	// nodev: no device node on the sandbox's own layers works, whoever made it.
-	if err := platform.Mount("overlay", root, "overlay", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
-		return err
-	}
-	if spec.ImageDir == "" {
-		if err := platform.BindReadOnly("/usr", filepath.Join(root, "usr")); err != nil {
-			return err
-		}
-		for _, name := range mergedUsrLinks {
-			fi, err := os.Lstat("/" + name)
-			if err != nil || fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
-				continue // absent, or a link that the base layer reproduces
-			}
-			if err := platform.BindReadOnly("/"+name, filepath.Join(root, name)); err != nil {
-				return err
-			}
-		}
-		if fi, err := os.Lstat(filepath.Join(root, "etc/alternatives")); err == nil && fi.IsDir() {
-			if err := platform.BindReadOnly("/etc/alternatives", filepath.Join(root, "etc/alternatives")); err != nil {
-				return err
-			}
-		}
-	}
-	for _, d := range []string{"proc", "dev", "tmp", "run/sandboxd"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			return err
-		}
-	}
-	if err := setupProc(root); err != nil {
+	if err := setupProc(root, cfg.UserNamespace); err != nil {
 		return err
 	}
 	if err := setupDev(root); err != nil {
 		return err
 	}
-	// The control directory is the only part of the state directory the sandbox sees; it is
-	// root's (0700), so a workload running as user cannot reach the socket.
-	ctl := filepath.Join(root, "run/sandboxd")
-	if err := os.Chmod(ctl, 0o700); err != nil {
-		return err
-	}
-	return platform.Bind(filepath.Join(spec.Dir, EntryControl), ctl, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC)
+	// The control socket is not in the sandbox: the shim listens on the host, and the agent
+	// accepts on the descriptor it inherits. /run/sandboxd stays, an empty, small tmpfs of
+	// root's alone, so that nothing written there reaches the host or lasts.
+	return mountNew(root, "run/sandboxd", "tmpfs", "mode=700,size=16k,nr_inodes=16",
+		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 }
 
 // procMasked are /proc files that give the kernel's innards away or act on the whole host;
@@ -167,61 +184,115 @@ var (
 	procReadOnly = []string{"sys", "irq", "bus", "fs", "asound"}
 )
 
-func setupProc(root string) error {
-	p := filepath.Join(root, "proc")
+// setupProc mounts the sandbox's /proc. In a user namespace (userns), it also sets the
+// namespace's max_user_namespaces to 0: no process of the sandbox may make a user namespace
+// of its own, the door to most of the kernel's code that unprivileged users reach (the
+// seccomp filter refuses it too).
+func setupProc(root *os.File, userns bool) error {
 	// A new proc, of the sandbox's own pid namespace: it lists only the sandbox's processes.
-	if err := platform.Mount("proc", p, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+	proc, err := platform.NewMount("proc", "proc", "", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
 		return err
 	}
+	defer proc.Close()
+	if err := attachDir(root, "proc", proc); err != nil {
+		return err
+	}
+	// Below the fresh proc, nothing is the sandbox's: its entries are resolved beneath it.
+	if userns {
+		if err := denyUserNamespaces(proc); err != nil {
+			return err
+		}
+	}
 	for _, name := range procReadOnly {
-		t := filepath.Join(p, name)
-		if _, err := os.Lstat(t); err != nil {
+		target, err := platform.OpenInRoot(proc, name, unix.O_PATH|unix.O_NOFOLLOW)
+		if err != nil {
 			continue
 		}
-		if err := platform.BindReadOnly(t, t); err != nil {
+		err = func() error {
+			defer target.Close()
+			m, err := platform.CloneMount(proc, name, true)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			if err := platform.SetMountAttrs(m, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV, true); err != nil {
+				return err
+			}
+			return platform.AttachMount(m, target)
+		}()
+		if err != nil {
 			return err
 		}
 	}
 	for _, name := range procMasked {
-		t := filepath.Join(p, name)
-		if _, err := os.Lstat(t); err != nil {
+		target, err := platform.OpenInRoot(proc, name, unix.O_PATH|unix.O_NOFOLLOW)
+		if err != nil {
 			continue
 		}
-		if err := platform.Bind("/dev/null", t, 0); err != nil {
+		err = bindDevNode(target, "null")
+		target.Close()
+		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func setupDev(root string) error {
-	dev := filepath.Join(root, "dev")
+// denyUserNamespaces writes 0 to max_user_namespaces of this user namespace, through the
+// sandbox's fresh proc.
+func denyUserNamespaces(proc *os.File) error {
+	f, err := platform.OpenInRoot(proc, "sys/user/max_user_namespaces", unix.O_WRONLY|unix.O_NOFOLLOW)
+	if err != nil {
+		return fmt.Errorf("max_user_namespaces: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("0"); err != nil {
+		return fmt.Errorf("max_user_namespaces: %w", err)
+	}
+	return nil
+}
+
+// bindDevNode binds the host's /dev/<name> on target.
+func bindDevNode(target *os.File, name string) error {
+	m, err := platform.CloneMount(nil, "/dev/"+name, false)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return platform.AttachMount(m, target)
+}
+
+func setupDev(root *os.File) error {
 	// nodev on the tmpfs itself: the nodes below are bind mounts that keep the host /dev's
 	// flags, and no other node made here ever works.
-	if err := platform.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"); err != nil {
+	dev, err := platform.NewMount("tmpfs", "tmpfs", "mode=755,size=64k,nr_inodes=64",
+		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
 		return err
 	}
+	defer dev.Close()
+	if err := attachDir(root, "dev", dev); err != nil {
+		return err
+	}
+	// The tmpfs is fresh: everything below is made through its handle.
 	for _, n := range devNodes {
-		t := filepath.Join(dev, n)
-		if err := platform.MakeMountPoint(t, false); err != nil {
+		t, err := platform.MakeFileInRoot(dev, n, 0o644)
+		if err != nil {
 			return err
 		}
-		if err := platform.Bind("/dev/"+n, t, 0); err != nil {
+		err = bindDevNode(t, n)
+		t.Close()
+		if err != nil {
 			return err
 		}
 	}
-	pts := filepath.Join(dev, "pts")
-	if err := os.Mkdir(pts, 0o755); err != nil {
+	if err := mountNew(dev, "pts", "devpts", "newinstance,ptmxmode=0666,mode=0620,gid=5",
+		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC); err != nil {
 		return err
 	}
-	if err := platform.Mount("devpts", pts, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
-		return err
-	}
-	shm := filepath.Join(dev, "shm")
-	if err := os.Mkdir(shm, os.ModeSticky|0o777); err != nil {
-		return err
-	}
-	if err := platform.Mount("shm", shm, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
+	if err := mountNew(dev, "shm", "tmpfs", "mode=1777,size=65536k",
+		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC); err != nil {
 		return err
 	}
 	links := [][2]string{
@@ -229,7 +300,7 @@ func setupDev(root string) error {
 		{"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
 	}
 	for _, l := range links {
-		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {
+		if err := platform.SymlinkInRoot(dev, l[1], l[0]); err != nil {
 			return err
 		}
 	}

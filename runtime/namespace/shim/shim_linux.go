@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	goruntime "runtime"
 	"runtime/debug"
 	"syscall"
@@ -22,8 +23,8 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 )
 
-// cloneFlags are the namespaces of a sandbox. A user namespace is not among them: the runtime
-// requires root (see New).
+// cloneFlags are the namespaces of a sandbox; a user namespace (CLONE_NEWUSER) joins them
+// unless IDConfig.Off.
 const cloneFlags = syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
 	syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET | syscall.CLONE_NEWCGROUP
 
@@ -31,7 +32,18 @@ const cloneFlags = syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NE
 type initConfig struct {
 	Spec    shimSpec `json:"spec"`
 	Seccomp []byte   `json:"seccomp,omitempty"`
+	// Binds are where the host directories that come with the configuration (after the
+	// overlay, see [rootMounts]) go, below the root.
+	Binds []string `json:"binds,omitempty"`
+	// Rootfs is the identity of <dir>/rootfs, which the init must have as its working
+	// directory.
+	Rootfs platform.FileID `json:"rootfs"`
+	// UserNamespace says the init runs in a user namespace of its own.
+	UserNamespace bool `json:"user_namespace,omitempty"`
 }
+
+// maxConfigSize bounds the init's configuration, one message.
+const maxConfigSize = 1 << 20
 
 // shimSpec is the part of the spec the init needs.
 type shimSpec struct {
@@ -51,19 +63,23 @@ type shimSpec struct {
 }
 
 // initCapabilities bound the init: the sandbox's own set (platform.DefaultCapabilities),
-// plus CAP_SYS_ADMIN for its mounts, pivot_root and host name and CAP_NET_ADMIN to bring
-// loopback up, both dropped before the agent runs.
-var initCapabilities = append([]string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN"}, platform.DefaultCapabilities...)
+// plus CAP_SYS_ADMIN for its mounts, pivot_root and host name, CAP_NET_ADMIN to bring
+// loopback up and CAP_SYS_RESOURCE to set its user namespace's max_user_namespaces, all
+// dropped before the agent runs.
+var initCapabilities = append([]string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_RESOURCE"}, platform.DefaultCapabilities...)
 
-// Fds of the init: 3 carries its configuration (then EOF), 4 is the lifeline, a pipe whose
-// write end only the shim holds, so that the init can tell whether the shim still lives.
+// Fds of the init: 3 carries its configuration (one message on a socket, with the
+// descriptors of its root's mounts; see [sendConfig]), 4 is the lifeline, a pipe whose
+// write end only the shim holds, so that the init can tell whether the shim still lives, and
+// 5 is the control socket, listening, on which the agent accepts sandboxd's connections.
 const (
 	fdConfig   = 3
 	fdLifeline = 4
+	fdListener = 5
 )
 
-// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup,
-// starts the init in new namespaces, waits for it, writes the outcome report, removes the
+// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup
+// and its control socket, starts the init in new namespaces, waits for it, writes the outcome report, removes the
 // cgroup and exits. It returns the process exit code.
 func ShimMain(args []string) int {
 	// The init's parent-death signal fires when the THREAD that forked it exits, so the init is
@@ -104,12 +120,27 @@ func logf(format string, args ...any) {
 func runShim(cfg *Config) int {
 	spec := &cfg.Spec
 	l := &launch{dir: spec.Dir, outcome: runtime.Outcome{LaunchID: spec.LaunchID}}
+	// From the start, a TERM, INT or HUP is kept for the init (see wait), not the default
+	// death that would take the init along with no outcome written: sandboxd or an operator
+	// may send one as soon as the agent answers, which can be before the shim waits.
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigc)
 	baseDone := findHostBase(spec)
+	ids, err := allocateIDs(cfg.IDs)
+	if err != nil {
+		return l.fail(nil, "%v", err)
+	}
+	// The slot stays the shim's until it exits, after the init and all of the sandbox are gone.
+	defer ids.release()
+	if ids != nil {
+		logf("user namespace: ids 0-%d are host ids %d-%d (slot %d)", IDRangeSize-1, ids.base, ids.base+IDRangeSize-1, ids.slot)
+	}
 	cg, err := newCgroup(cfg.Cgroup, spec.Resources)
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
-	proc, err := startInit(spec.Dir, cg)
+	proc, err := startInit(spec.Dir, cg, ids)
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
@@ -124,7 +155,7 @@ func runShim(cfg *Config) int {
 		_ = proc.cmd.Wait()
 		return l.fail(nil, "leave cgroup: %v", err)
 	}
-	st, err := proc.wait()
+	st, err := proc.wait(sigc)
 	if st == nil {
 		return l.fail(cg, "wait for the init: %v", err)
 	}
@@ -243,7 +274,11 @@ func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
 // initProcess is the sandbox's init, started by [startInit].
 type initProcess struct {
 	cmd *exec.Cmd
-	// config is the write end of the init's configuration pipe (its fd 3).
+	// ids is the sandbox's range of host ids, nil without a user namespace.
+	ids *idRange
+	// rootfs is the identity of <dir>/rootfs, the init's working directory.
+	rootfs platform.FileID
+	// config is the shim's end of the init's configuration socket (its fd 3).
 	config *os.File
 	// lifeline is the write end of the init's lifeline (its fd 4), which only the shim holds.
 	lifeline *os.File
@@ -253,11 +288,33 @@ type initProcess struct {
 }
 
 // startInit starts the sandbox's init in new namespaces and in the cgroup cg, with its
-// configuration pipe and its lifeline.
-func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
-	cr, cw, err := os.Pipe()
+// configuration pipe, its lifeline and the control socket.
+//
+// The control socket is made here, on the host, at <dir>/control/control.sock, before the
+// init exists: the sandbox never sees that directory (nothing of the state directory is
+// mounted inside), so nothing inside can rename, replace or add what sandboxd connects to.
+// The agent accepts on the listening descriptor it inherits. Its peer credentials, which
+// sandboxd may check, are the shim's: the process that listened. Once the init has it, the
+// shim's own descriptor goes, so that the socket dies with the agent and a client waiting
+// in its queue learns so at once.
+func startInit(dir string, cg *platform.Cgroup, ids *idRange) (*initProcess, error) {
+	ln, err := platform.ListenUnix(filepath.Join(dir, EntryControl, SocketName), 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("pipe: %w", err)
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	defer ln.Close()
+	rootfs, err := platform.OpenDir(rootfsPath(dir))
+	if err != nil {
+		return nil, err
+	}
+	defer rootfs.Close()
+	rootfsID, err := platform.IDOf(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	cw, cr, err := configSocket()
+	if err != nil {
+		return nil, err
 	}
 	lr, lw, err := os.Pipe()
 	if err != nil {
@@ -265,8 +322,8 @@ func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
 		cw.Close()
 		return nil, fmt.Errorf("pipe: %w", err)
 	}
-	p := &initProcess{cmd: initCommand(dir, cr, lr), config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
-	err = p.start(cg)
+	p := &initProcess{cmd: initCommand(cr, lr, ln, ids), ids: ids, rootfs: rootfsID, config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
+	err = p.start(cg, rootfs)
 	cr.Close()
 	lr.Close()
 	if err != nil {
@@ -277,36 +334,89 @@ func startInit(dir string, cg *platform.Cgroup) (*initProcess, error) {
 	return p, nil
 }
 
-// initCommand is the init's command, its configuration on fd 3 (cr) and its lifeline on
-// fd 4 (lr).
-func initCommand(dir string, cr, lr *os.File) *exec.Cmd {
-	cmd := exec.Command("/proc/self/exe", InitCommand, dir) //nolint:noctx // the init lives as long as the sandbox
+// configSocket makes the init's configuration channel: a pair of sequenced-packet sockets,
+// so that the configuration and the descriptors of its mounts go as one message.
+func configSocket() (shimEnd, initEnd *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("configuration socket: %w", err)
+	}
+	// Room for the largest configuration in one message.
+	_ = unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUF, 2*maxConfigSize)
+	return os.NewFile(uintptr(fds[0]), "config"), os.NewFile(uintptr(fds[1]), "config"), nil
+}
+
+// initCommand is the init's command, its configuration on fd 3 (cr), its lifeline on fd 4
+// (lr) and the control socket on fd 5 (ln), in a user namespace of the host ids ids unless
+// nil. Its argv names no host path (the state directory is in its configuration): a sandbox
+// can read it. Its working directory is the shim's at the start (see [initProcess.start]).
+func initCommand(cr, lr, ln *os.File, ids *idRange) *exec.Cmd {
+	cmd := exec.Command("/proc/self/exe", InitCommand) //nolint:noctx // the init lives as long as the sandbox
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{}
-	cmd.Dir = "/"
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stderr
-	cmd.ExtraFiles = []*os.File{cr, lr}
+	cmd.ExtraFiles = []*os.File{cr, lr, ln}
 	// Go's own Pdeathsig cannot be used here: its check against a parent that died early
 	// compares getppid() with the parent's pid, and in a new pid namespace getppid() is 0, so
 	// the child would always kill itself. The init sets the signal itself and checks the
 	// lifeline instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneFlags}
+	if ids != nil {
+		// Ids 0-65535 of the namespace are the range's; host root is none of them. The maps
+		// are written (by Go, from the shim) before the init runs anything; setgroups stays
+		// allowed so that the agent can give a workload no supplementary groups. The init
+		// takes all three of its ids as the namespace's root: its real id would otherwise
+		// stay host root's, which no process of a sandbox may have.
+		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(ids.base), Size: IDRangeSize}}
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings = m
+		cmd.SysProcAttr.GidMappings = m
+		cmd.SysProcAttr.GidMappingsEnableSetgroups = true
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
+	}
 	return cmd
 }
 
-// start starts the init in the cgroup cg, each version of cgroups its own way.
-func (p *initProcess) start(cg *platform.Cgroup) error {
+// start starts the init in the cgroup cg, each version of cgroups its own way, in the
+// directory rootfs.
+//
+// The init inherits the working directory (moved into its new mount namespace by the
+// kernel): in a user namespace it could not look <dir>/rootfs up itself. The shim, a process
+// of its own for one sandbox, goes there for the clone and back to "/" after.
+//
+// With a user namespace, the clone runs with the forking thread's effective ids set to the
+// range's first (platform.AsThreadUser): the kernel makes the clone's creator the owner of
+// the new namespace, and counts what the sandbox holds (its user namespaces, inotify
+// instances, processes) against its owner in the host's namespace too. Owned by host root,
+// a sandbox's root would count against host root's limits.
+func (p *initProcess) start(cg *platform.Cgroup, rootfs *os.File) error {
 	// The init can never hold more than it needs to set the sandbox up: the forking thread's
 	// bounding set goes first, so that the init has only a few capabilities left to drop
 	// (each drop stops all its threads).
 	if err := platform.BoundThreadCapabilities(initCapabilities); err != nil {
 		return err
 	}
+	if err := rootfs.Chdir(); err != nil {
+		return err
+	}
+	defer func() {
+		if err := os.Chdir("/"); err != nil {
+			logf("chdir /: %v", err)
+		}
+	}()
 	if cg.V2() {
 		return p.startV2(cg)
 	}
 	return p.startV1(cg)
+}
+
+// spawn starts the init's command, as the owner of its user namespace if it has one.
+func (p *initProcess) spawn() error {
+	if p.ids == nil {
+		return p.cmd.Start()
+	}
+	return platform.AsThreadUser(int(p.ids.base), int(p.ids.base), p.cmd.Start)
 }
 
 // startV2 clones the init into the cgroup (CLONE_INTO_CGROUP). clone3 creates the new
@@ -323,7 +433,7 @@ func (p *initProcess) startV2(cg *platform.Cgroup) error {
 	defer dirf.Close()
 	p.cmd.SysProcAttr.UseCgroupFD = true
 	p.cmd.SysProcAttr.CgroupFD = int(dirf.Fd())
-	if err := p.cmd.Start(); err != nil {
+	if err := p.spawn(); err != nil {
 		return fmt.Errorf("start the init: %w", err)
 	}
 	return nil
@@ -338,7 +448,7 @@ func (p *initProcess) startV1(cg *platform.Cgroup) error {
 	if err != nil {
 		return fmt.Errorf("enter cgroup: %w", err)
 	}
-	if err := p.cmd.Start(); err != nil {
+	if err := p.spawn(); err != nil {
 		if lerr := leave(); lerr != nil {
 			logf("leave cgroup: %v", lerr)
 		}
@@ -348,20 +458,27 @@ func (p *initProcess) startV1(cg *platform.Cgroup) error {
 	return nil
 }
 
-// configure hands the init its configuration, with the host base b and the compiled seccomp
-// filter, and closes the pipe. An init that cannot have it is killed; the error says why.
+// configure makes the mounts of the sandbox's root (see [rootMounts]), with the host base b,
+// and hands them to the init with its configuration and the compiled seccomp filter, and
+// closes the socket. An init that cannot have them is killed; the error says why.
 func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []byte, v2 bool) error {
 	err := b.err
 	if err != nil {
 		logf("build the host image: %v", err)
 	} else {
-		var icfg []byte
-		icfg, err = json.Marshal(initConfig{Spec: shimSpec{
+		ss := shimSpec{
 			ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: b.dir, Lowers: spec.Lowers,
 			Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: v2, Disk: spec.DiskMB > 0,
-		}, Seccomp: seccomp})
+		}
+		var mounts *rootMounts
+		mounts, err = p.makeMounts(&ss)
 		if err == nil {
-			_, err = p.config.Write(icfg)
+			var icfg []byte
+			icfg, err = json.Marshal(initConfig{Spec: ss, Seccomp: seccomp, Binds: mounts.bindPaths, Rootfs: p.rootfs, UserNamespace: p.ids != nil})
+			if err == nil {
+				err = sendConfig(p.config, icfg, mounts.files())
+			}
+			mounts.Close()
 		}
 	}
 	p.config.Close()
@@ -371,13 +488,55 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 	return err
 }
 
+// makeMounts makes the mounts of the sandbox's root, idmapped by the init's user namespace
+// if it has one.
+func (p *initProcess) makeMounts(ss *shimSpec) (*rootMounts, error) {
+	if p.ids == nil {
+		return makeRootMounts(ss, nil, nil)
+	}
+	userns, err := openUserNamespace(p.cmd.Process.Pid)
+	if err != nil {
+		return nil, err
+	}
+	defer userns.Close()
+	return makeRootMounts(ss, userns, p.ids)
+}
+
+// sendConfig sends the init its configuration cfg with the descriptors files, as one message.
+func sendConfig(sock *os.File, cfg []byte, files []*os.File) error {
+	if len(cfg) > maxConfigSize || len(files) > maxConfigMounts {
+		return fmt.Errorf("the configuration is too large (%d bytes, %d mounts)", len(cfg), len(files))
+	}
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	rc, err := sock.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), cfg, unix.UnixRights(fds...), nil, 0)
+		return serr != unix.EAGAIN
+	})
+	goruntime.KeepAlive(files)
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("hand the init its configuration: %w", err)
+	}
+	return nil
+}
+
 // wait waits for the init to end. A TERM or INT for the shim (an operator, a service manager
 // stopping everything) asks the sandbox to shut down gracefully meanwhile: it goes to the
 // init, whose agent ends the sandbox's processes; the shim stays to record the outcome. Dying
 // instead would take the init along (its parent-death signal) with no outcome written.
-func (p *initProcess) wait() (*os.ProcessState, error) {
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+//
+// sigc receives those signals, also any that came before.
+func (p *initProcess) wait(sigc chan os.Signal) (*os.ProcessState, error) {
 	go func() {
 		for sig := range sigc {
 			logf("forwarding %v to the sandbox", sig)
@@ -388,5 +547,6 @@ func (p *initProcess) wait() (*os.ProcessState, error) {
 	debug.FreeOSMemory()
 	err := p.cmd.Wait()
 	signal.Stop(sigc)
+	close(sigc)
 	return p.cmd.ProcessState, err
 }

@@ -1,0 +1,288 @@
+package network
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/errcode"
+)
+
+// MaxEntries bounds each of a policy's lists: every entry becomes set elements or rules in the
+// kernel, and a policy is a short list of intentions, not a block list.
+const MaxEntries = 256
+
+// Policy is a sandbox's egress policy as the API carries it. The zero Policy means no network:
+// the sandbox has no interface but lo. Use [Parse] to validate it into [Rules].
+type Policy struct {
+	// Internet with an empty Allow makes every public destination reachable.
+	Internet bool `json:"internet"`
+	// Allow, when not empty, lists the only destinations reachable, whatever Internet says.
+	Allow []string `json:"allow,omitempty"`
+	// Deny wins over Allow and over Internet.
+	Deny []string `json:"deny,omitempty"`
+}
+
+// Kind says what an [Entry] names.
+type Kind int
+
+// The kinds of entry, in the order [ParseEntry] tries them.
+const (
+	// Prefix is a CIDR, or a bare address taken as a prefix of its full length.
+	Prefix Kind = iota + 1
+	// AddrPort is one address and one port, for TCP and UDP alike.
+	AddrPort
+	// Domain is one exact name.
+	Domain
+	// Wildcard ("*.example.org") is every name below a domain, at any depth, but not the domain
+	// itself.
+	Wildcard
+)
+
+// Entry is one parsed element of an allow or deny list.
+type Entry struct {
+	Kind Kind
+	// Text is the entry as written, for messages.
+	Text string
+	// Prefix is set for Prefix (always masked) and AddrPort (the address's full prefix).
+	Prefix netip.Prefix
+	// Port is set for AddrPort.
+	Port uint16
+	// Name is set for Domain (the name) and Wildcard (the domain below which names match); it
+	// is lower case, without a final dot.
+	Name string
+}
+
+// Rules is a validated [Policy]. Its zero value denies everything and means no network.
+type Rules struct {
+	Internet    bool
+	Allow, Deny []Entry
+}
+
+// Networked reports whether the rules give the sandbox any destination at all, and so an
+// interface: a policy that allows nothing keeps the default of no interface but lo.
+func (r *Rules) Networked() bool { return r != nil && (r.Internet || len(r.Allow) > 0) }
+
+// Policy returns the rules in the API's form, each entry as it was written.
+func (r *Rules) Policy() Policy {
+	p := Policy{Internet: r.Internet}
+	for _, e := range r.Allow {
+		p.Allow = append(p.Allow, e.Text)
+	}
+	for _, e := range r.Deny {
+		p.Deny = append(p.Deny, e.Text)
+	}
+	return p
+}
+
+// alwaysDenied are the IPv4 ranges no policy can open: "this network", loopback, link-local
+// (which holds the cloud metadata address 169.254.169.254), multicast, and the reserved range
+// with the broadcast address. The host's own addresses and the pool of sandbox addresses are
+// added by the [Manager], which knows them.
+var alwaysDenied = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+// privateRanges are denied unless an allow entry lies inside one of them (RFC 1918 and the
+// shared address space of RFC 6598, where carrier-grade NAT and many VPNs live). An entry that
+// merely covers one, such as 0.0.0.0/0, does not open it: reaching a private network must be
+// asked for by naming it.
+var privateRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+}
+
+// within reports whether p lies inside one of ranges.
+func within(p netip.Prefix, ranges []netip.Prefix) bool {
+	for _, r := range ranges {
+		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// overlaps reports whether p and one of ranges share an address.
+func overlaps(p netip.Prefix, ranges []netip.Prefix) bool {
+	for _, r := range ranges {
+		if r.Overlaps(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Private reports whether an entry's addresses lie in a private range, which the entry then
+// opens (when allowed).
+func (e Entry) Private() bool {
+	return (e.Kind == Prefix || e.Kind == AddrPort) && within(e.Prefix, privateRanges)
+}
+
+// Parse validates p into [Rules]. The error is an errcode.InvalidRequest naming the field and
+// the first bad entry (network.allow[2], say) and what is wrong with it.
+func Parse(p Policy) (*Rules, error) {
+	r := &Rules{Internet: p.Internet}
+	lists := []struct {
+		field   string
+		entries []string
+		out     *[]Entry
+		allow   bool
+	}{
+		{"network.allow", p.Allow, &r.Allow, true},
+		{"network.deny", p.Deny, &r.Deny, false},
+	}
+	for _, l := range lists {
+		if len(l.entries) > MaxEntries {
+			return nil, errcode.Invalid(l.field, "%s has %d entries; at most %d are allowed. Use CIDRs or wildcards to say it in fewer.",
+				l.field, len(l.entries), MaxEntries)
+		}
+		for i, text := range l.entries {
+			field := fmt.Sprintf("%s[%d]", l.field, i)
+			e, err := ParseEntry(text)
+			if err != nil {
+				return nil, errcode.Invalid(field, "%s is %q: %v.", field, text, err)
+			}
+			if l.allow && (e.Kind == Prefix || e.Kind == AddrPort) && within(e.Prefix, alwaysDenied) {
+				return nil, errcode.Invalid(field, "%s is %q, which is always denied (loopback, link-local and cloud metadata, "+
+					"multicast and reserved addresses are never reachable from a sandbox); remove it.", field, text)
+			}
+			*l.out = append(*l.out, e)
+		}
+	}
+	return r, nil
+}
+
+// ParseEntry parses one allow or deny entry: a CIDR ("198.51.100.0/24"), an address
+// ("198.51.100.7"), an address and port ("198.51.100.7:443"), a domain ("example.com") or a
+// wildcard ("*.example.org"). Only IPv4 destinations are accepted, as sandboxes have no IPv6
+// path yet; the error says why an entry is refused, as a phrase that fits after the entry.
+func ParseEntry(text string) (Entry, error) {
+	e := Entry{Text: text}
+	if text == "" {
+		return e, fmt.Errorf("empty; give a domain, a CIDR or an address:port")
+	}
+	if p, err := netip.ParsePrefix(text); err == nil {
+		if p != p.Masked() {
+			return e, fmt.Errorf("a CIDR with bits set beyond its prefix length; write %s", p.Masked())
+		}
+		e.Kind, e.Prefix = Prefix, p
+		return e, ipv4Only(p.Addr())
+	}
+	if ap, err := netip.ParseAddrPort(text); err == nil {
+		if ap.Port() == 0 {
+			return e, fmt.Errorf("an address with port 0; give a port from 1 to 65535")
+		}
+		a := ap.Addr().Unmap()
+		e.Kind, e.Prefix, e.Port = AddrPort, netip.PrefixFrom(a, a.BitLen()), ap.Port()
+		return e, ipv4Only(a)
+	}
+	if a, err := netip.ParseAddr(text); err == nil {
+		a = a.Unmap()
+		e.Kind, e.Prefix = Prefix, netip.PrefixFrom(a, a.BitLen())
+		return e, ipv4Only(a)
+	}
+	name := strings.TrimSuffix(strings.ToLower(text), ".")
+	e.Kind = Domain
+	if rest, ok := strings.CutPrefix(name, "*."); ok {
+		e.Kind, name = Wildcard, rest
+	}
+	if err := checkDomain(name); err != nil {
+		return e, err
+	}
+	e.Name = name
+	return e, nil
+}
+
+func ipv4Only(a netip.Addr) error {
+	if !a.Is4() {
+		return fmt.Errorf("an IPv6 destination, and sandboxes have no IPv6 path yet; use an IPv4 address or a domain")
+	}
+	return nil
+}
+
+// checkDomain checks the form of a domain name (RFC 1123 labels; an underscore is allowed, as
+// service names use it).
+func checkDomain(name string) error {
+	if name == "" {
+		return fmt.Errorf("not a domain, a CIDR or an address:port")
+	}
+	if len(name) > 253 {
+		return fmt.Errorf("a name longer than 253 characters")
+	}
+	if strings.Contains(name, ":") {
+		return fmt.Errorf("a name with a port; ports go only with addresses (198.51.100.7:443)")
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("not a domain: every label must have 1 to 63 characters")
+		}
+		if label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("not a domain: a label starts or ends with '-'")
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			switch {
+			case c == '*':
+				return fmt.Errorf("a wildcard that is not the whole first label; write *.example.org")
+			case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+			default:
+				return fmt.Errorf("not a domain: %q is not a letter, digit, '-' or '_'", c)
+			}
+		}
+	}
+	return nil
+}
+
+// matches reports whether e is a domain or wildcard entry that covers name (lower case,
+// without a final dot).
+func (e Entry) matches(name string) bool {
+	switch e.Kind {
+	case Domain:
+		return name == e.Name
+	case Wildcard:
+		return strings.HasSuffix(name, "."+e.Name)
+	}
+	return false
+}
+
+// AllowsName reports whether the sandbox's resolver answers name: never when a deny entry
+// covers it; when the allow list is not empty, only if an allow entry covers it; otherwise if
+// the sandbox has the internet. Addresses are judged apart, by the filter, when connected to.
+func (r *Rules) AllowsName(name string) bool {
+	if r == nil {
+		return false
+	}
+	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	for _, e := range r.Deny {
+		if e.matches(name) {
+			return false
+		}
+	}
+	if len(r.Allow) == 0 {
+		return r.Internet
+	}
+	for _, e := range r.Allow {
+		if e.matches(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// pins reports whether the resolver must add the answers of allowed names to the sandbox's
+// allowed set: only when an allow list names domains, since with the internet and no allow
+// list every public address is open anyway.
+func (r *Rules) pins() bool {
+	for _, e := range r.Allow {
+		if e.Kind == Domain || e.Kind == Wildcard {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,214 @@
+//go:build linux
+
+package network
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/miekg/dns"
+)
+
+// The bounds of a pin's life. A TTL of a few seconds (or zero) would let the pin lapse
+// between the answer and the connect, and a client that keeps an answer for a while (a
+// connection pool re-dialling) would be cut off; a week-long TTL would keep an address open
+// long after the name moved.
+const (
+	minPinTTL = 60 * time.Second
+	maxPinTTL = 24 * time.Hour
+)
+
+// upstreamTimeout bounds one forwarded query.
+const upstreamTimeout = 5 * time.Second
+
+// pin is an address a sandbox's resolver answered for an allowed name, until when.
+type pin struct {
+	name  string
+	addr  netip.Addr
+	until time.Time
+}
+
+func (p pin) live() bool { return time.Until(p.until) > time.Second }
+
+func (p pin) timeout() time.Duration { return time.Until(p.until).Round(time.Second) }
+
+func pinTTL(ttl uint32) time.Duration {
+	return min(max(time.Duration(ttl)*time.Second, minPinTTL), maxPinTTL)
+}
+
+// serve starts sb's resolver on port 53 of its gateway, over UDP and TCP, with sockets opened
+// in the host namespace. Each sandbox has its own listener, so a query's sandbox is known by
+// where it arrived, not by a source address it could try to forge.
+func (m *Manager) serve(sb *sandbox) error {
+	at := netip.AddrPortFrom(sb.att.Gateway, 53).String()
+	var pc net.PacketConn
+	var ln net.Listener
+	err := m.inHost(func() (err error) {
+		if pc, err = net.ListenPacket("udp4", at); err != nil {
+			return err
+		}
+		if ln, err = net.Listen("tcp4", at); err != nil {
+			pc.Close()
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("network: start the resolver of %s on %s: %w", sb.id, at, err)
+	}
+	handler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { m.answer(sb, w, q) })
+	sb.servers = []*dns.Server{{PacketConn: pc, Handler: handler}, {Listener: ln, Handler: handler}}
+	for _, s := range sb.servers {
+		go func() {
+			if err := s.ActivateAndServe(); err != nil {
+				m.log.Warn("network: a resolver stopped", "sandbox", sb.id, "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// answer answers one query of sb: REFUSED for a name its policy does not allow, and otherwise
+// the upstream's answer, once its IPv4 addresses are pinned in the sandbox's allowed set (a
+// client connects right after the answer, so the pin must be in place first).
+//
+// A refused name gets REFUSED rather than NXDOMAIN: the name may well exist, and NXDOMAIN is
+// cached as nonexistence (RFC 2308), so after a live policy change that allows it a caching
+// client would still not find it; REFUSED says what happened and is not cached.
+func (m *Manager) answer(sb *sandbox, w dns.ResponseWriter, q *dns.Msg) {
+	reply := func(rcode int) {
+		r := new(dns.Msg)
+		r.SetRcode(q, rcode)
+		_ = w.WriteMsg(r)
+	}
+	if q.Opcode != dns.OpcodeQuery || len(q.Question) != 1 {
+		reply(dns.RcodeNotImplemented)
+		return
+	}
+	name := q.Question[0].Name
+	sb.mu.Lock()
+	rules := sb.rules
+	sb.mu.Unlock()
+	if !rules.AllowsName(name) {
+		m.refused.Add(1)
+		sb.refused.Add(1)
+		if m.cfg.OnRefused != nil {
+			m.cfg.OnRefused(sb.id, name)
+		}
+		reply(dns.RcodeRefused)
+		return
+	}
+	resp, err := m.forward(q)
+	if err != nil {
+		m.log.Warn("network: the upstream resolver failed", "sandbox", sb.id, "name", name, "err", err)
+		reply(dns.RcodeServerFailure)
+		return
+	}
+	if rules.pins() {
+		if err := m.pinAnswers(sb, rules, name, resp); err != nil {
+			m.log.Warn("network: pin an answer", "sandbox", sb.id, "name", name, "err", err)
+			reply(dns.RcodeServerFailure)
+			return
+		}
+	}
+	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
+		size := dns.MinMsgSize
+		if opt := q.IsEdns0(); opt != nil {
+			size = int(opt.UDPSize())
+		}
+		resp.Truncate(size)
+	}
+	_ = w.WriteMsg(resp)
+}
+
+// forward sends q to the upstream from the host namespace, over UDP and again over TCP when
+// the answer was truncated.
+func (m *Manager) forward(q *dns.Msg) (*dns.Msg, error) {
+	var resp *dns.Msg
+	for _, network := range []string{"udp", "tcp"} {
+		var conn net.Conn
+		err := m.inHost(func() (err error) {
+			conn, err = net.DialTimeout(network, m.cfg.Upstream, upstreamTimeout)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		c := &dns.Client{Net: network, Timeout: upstreamTimeout}
+		resp, _, err = c.ExchangeWithConn(q, &dns.Conn{Conn: conn})
+		conn.Close()
+		if err != nil {
+			return nil, err
+		}
+		if !resp.Truncated {
+			break
+		}
+	}
+	return resp, nil
+}
+
+// pinAnswers adds the IPv4 addresses of resp's answer to sb's pinned set, each for its TTL
+// within the bounds. An address already pinned is deleted and added again in the same
+// transaction, which restarts its timeout. IPv6 answers are passed on unpinned: sandboxes
+// have no IPv6 path yet.
+func (m *Manager) pinAnswers(sb *sandbox, rules *Rules, name string, resp *dns.Msg) error {
+	var fresh []pin
+	for _, rr := range resp.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			if addr, ok := netip.AddrFromSlice(a.A.To4()); ok {
+				fresh = append(fresh, pin{name: name, addr: addr, until: time.Now().Add(pinTTL(a.Hdr.Ttl))})
+			}
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	// Only sb's lock is taken: Update holds it around its transaction, so a pin lands before
+	// a policy change or is refused after it; taking the Manager's lock here could deadlock
+	// with a Teardown that waits for this handler while holding it.
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rules != rules {
+		// The policy changed while the query was out; the answer is for a policy that is no
+		// longer in force.
+		return fmt.Errorf("the policy changed while %s was resolved", name)
+	}
+	set := ipv4Set(chainOf(sb.id)+pinnedSuffix, false, true)
+	c, err := m.nft()
+	if err != nil {
+		return err
+	}
+	var del, add []nftables.SetElement
+	for _, p := range fresh {
+		b := p.addr.As4()
+		if old, ok := sb.pins[p.addr]; ok && old.live() {
+			if old.until.After(p.until) {
+				continue
+			}
+			del = append(del, nftables.SetElement{Key: b[:]})
+		}
+		add = append(add, nftables.SetElement{Key: b[:], Timeout: p.timeout()})
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if len(del) > 0 {
+		if err := c.SetDeleteElements(set, del); err != nil {
+			return err
+		}
+	}
+	if err := c.SetAddElements(set, add); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("add to the pinned set: %w", err)
+	}
+	for _, p := range fresh {
+		if old, ok := sb.pins[p.addr]; !ok || !old.until.After(p.until) {
+			sb.pins[p.addr] = p
+		}
+	}
+	return nil
+}

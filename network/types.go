@@ -1,0 +1,100 @@
+package network
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+)
+
+// Config configures a [Manager].
+type Config struct {
+	// Dir is the directory of the allocation records; it must exist and be sandboxd's alone.
+	Dir string
+	// Pool is where sandbox subnets come from (--network-pool); zero means [DefaultPool].
+	Pool netip.Prefix
+	// Uplink, when set, is the only interface sandbox traffic is masqueraded out of; when
+	// empty, traffic leaving by any interface that is not a sandbox's is.
+	Uplink string
+	// Upstream is the resolver allowed names are forwarded to, as host:port (--dns-upstream);
+	// empty means the first nameserver of the host's /etc/resolv.conf.
+	Upstream string
+	// HostNS, when set, is the network namespace the Manager works in instead of the calling
+	// process's: the tests give it a namespace of their own, so that nothing they do reaches
+	// the real host's network.
+	HostNS *os.File
+	// Log receives what the Manager does to the host; nil means slog.Default().
+	Log *slog.Logger
+	// OnRefused, when set, is called for every name a sandbox's resolver refuses, with the
+	// sandbox's id; it must not block.
+	OnRefused func(id, name string)
+}
+
+// Target names the network namespace of a sandbox: its init's pid, or an open namespace file.
+type Target struct {
+	PID int
+	NS  *os.File
+}
+
+// Attachment is what a sandbox got: the caller writes Gateway into its resolv.conf.
+type Attachment struct {
+	// Interface is the host end of the veth pair; the sandbox's end is eth0.
+	Interface string
+	// Subnet is the sandbox's /30; Gateway is the host's end of it, where the sandbox's
+	// resolver listens, and Address the sandbox's.
+	Subnet           netip.Prefix
+	Gateway, Address netip.Addr
+}
+
+// Drops are the packets a sandbox's filter dropped since its setup. They count packets, not
+// connections: a client that retries a refused connect counts each try.
+type Drops struct {
+	// AlwaysDenied went to addresses no policy opens: link-local and cloud metadata, loopback,
+	// multicast, and the other sandboxes.
+	AlwaysDenied uint64
+	// Policy went to addresses the sandbox's policy does not allow.
+	Policy uint64
+}
+
+// Leftovers are network resources with no live owner, as [Manager.Leftovers] finds them.
+type Leftovers struct {
+	// Records are sandbox ids whose allocation record has no live sandbox; everything the
+	// record names goes with it.
+	Records []string
+	// Interfaces are host interfaces of sandboxd's name that no record names.
+	Interfaces []string
+	// Chains, Sets and Counters are per-sandbox nftables objects of a sandbox with no record.
+	Chains, Sets, Counters []string
+	// Gateways are entries of the gateways set that no record names.
+	Gateways []netip.Addr
+	// Temp are leftovers of interrupted durable writes in the record directory.
+	Temp []string
+}
+
+// Empty reports whether nothing is left over.
+func (l Leftovers) Empty() bool {
+	return len(l.Records)+len(l.Interfaces)+len(l.Chains)+len(l.Sets)+len(l.Counters)+len(l.Gateways)+len(l.Temp) == 0
+}
+
+// String lists the leftovers for `sandboxd check`, one kind a line.
+func (l Leftovers) String() string {
+	var b strings.Builder
+	line := func(what string, items []string) {
+		if len(items) > 0 {
+			fmt.Fprintf(&b, "%s: %s\n", what, strings.Join(items, ", "))
+		}
+	}
+	line("network records without a sandbox", l.Records)
+	line("sandbox interfaces without a record", l.Interfaces)
+	line("nftables chains without a record", l.Chains)
+	line("nftables sets without a record", l.Sets)
+	line("nftables counters without a record", l.Counters)
+	var gws []string
+	for _, g := range l.Gateways {
+		gws = append(gws, g.String())
+	}
+	line("gateway addresses without a record", gws)
+	line("interrupted record writes", l.Temp)
+	return b.String()
+}

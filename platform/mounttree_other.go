@@ -1,0 +1,19 @@
+//go:build !linux
+
+package platform
+
+import "os"
+
+// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+
+func NewMount(fstype, source, options string, attrs int) (*os.File, error) {
+	return nil, ErrUnsupported
+}
+func NewOverlay(lowers []*os.File, upper, work *os.File, options string, attrs int) (*os.File, error) {
+	return nil, ErrUnsupported
+}
+func CloneMount(dir *os.File, p string, recursive bool) (*os.File, error) { return nil, ErrUnsupported }
+func SetMountAttrs(m *os.File, attrs uint64, recursive bool) error        { return ErrUnsupported }
+func AttachMount(m, target *os.File) error                                { return ErrUnsupported }
+func AttachMountAt(m *os.File, target string) error                       { return ErrUnsupported }
+func AttachMountOnCwd(m *os.File) error                                   { return ErrUnsupported }

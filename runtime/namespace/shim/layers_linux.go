@@ -1,0 +1,248 @@
+//go:build linux
+
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// rootMounts are the mounts of the sandbox's root that the shim makes, on the host and as host
+// root, for the init to attach: its overlay and the host's read-only directories. The kernel
+// lets only host root idmap a mount (its file system belongs to the host's user namespace)
+// and lets only host root's overlay keep its opaque directories in trusted.* extended
+// attributes, the format of every writable layer and template generation; the init is root
+// of its user namespace alone. Each is a detached mount, which the init attaches in its own
+// mount namespace.
+type rootMounts struct {
+	overlay *os.File
+	// binds are the host's directories, each to be attached at bindPaths[i] below the root.
+	binds     []*os.File
+	bindPaths []string
+}
+
+// files lists the descriptors in the order the init receives them: the overlay, then the binds.
+func (m *rootMounts) files() []*os.File { return append([]*os.File{m.overlay}, m.binds...) }
+
+func (m *rootMounts) Close() {
+	if m == nil {
+		return
+	}
+	for _, f := range m.files() {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// makeRootMounts makes the sandbox's overlay and the host binds of spec. With a user
+// namespace (userns and ids not nil) every layer and bind is idmapped by userns's mapping: the
+// ids on disk are the sandbox's own (1000 on disk is 1000 inside, 0 is its root), so that the
+// layers, template generations and disk images need no change of ownership, whichever host
+// ids the sandbox runs as this time.
+func makeRootMounts(spec *shimSpec, userns *os.File, ids *idRange) (*rootMounts, error) {
+	l, err := openLayers(spec, userns)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	m := &rootMounts{}
+	// The overlay writes its own files (whiteouts, its work directory) with the credentials of
+	// its maker: made as the sandbox's root (host root's capabilities, the range's first id),
+	// they are written through the idmapped upper as the sandbox's root, id 0 on disk, as
+	// without a user namespace. Made as host root, whose id the mapping lacks, they could not
+	// be written at all.
+	mk := func() error {
+		var err error
+		m.overlay, err = newOverlay(l)
+		return err
+	}
+	if ids != nil {
+		err = platform.AsThreadUser(int(ids.base), int(ids.base), mk)
+	} else {
+		err = mk()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if spec.ImageDir == "" {
+		if err := m.addHostBinds(userns); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// addHostBinds binds the host's /usr, the top-level directories of a host without merged usr
+// (/bin, /lib...), and /etc/alternatives if the base layer has it.
+func (m *rootMounts) addHostBinds(userns *os.File) error {
+	srcs := []string{"/usr"}
+	for _, name := range mergedUsrLinks {
+		fi, err := os.Lstat("/" + name)
+		if err != nil || fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
+			continue // absent, or a link that the base layer reproduces
+		}
+		srcs = append(srcs, "/"+name)
+	}
+	if d, err := platform.OpenInRoot(m.overlay, "etc/alternatives", unix.O_PATH|unix.O_DIRECTORY); err == nil {
+		d.Close()
+		srcs = append(srcs, "/etc/alternatives")
+	}
+	for _, src := range srcs {
+		b, err := cloneHost(src, userns)
+		if err != nil {
+			return err
+		}
+		m.binds = append(m.binds, b)
+		m.bindPaths = append(m.bindPaths, src[1:])
+	}
+	return nil
+}
+
+// cloneHost clones the host's src, with the mounts below it, read-only, nosuid and nodev,
+// idmapped by userns if not nil. A host file system that cannot be idmapped is bound as it
+// is: its files then show as owned by nobody inside, and stay readable and executable as
+// their modes say.
+func cloneHost(src string, userns *os.File) (*os.File, error) {
+	m, err := platform.CloneMount(nil, src, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := platform.SetMountAttrs(m, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV, true); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if userns != nil {
+		if err := platform.SetMountIDMap(m, userns, true); errors.Is(err, platform.ErrIDMapUnsupported) {
+			logf("%s is bound without an id mapping: %v", src, err)
+		} else if err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// openDiskLayer mounts the sandbox's own disk as a detached mount, which no path names and
+// only the overlay built on it keeps, and returns a handle of its root, which holds the
+// writable layer's upper and work directories. The loop device clears itself when the mount
+// goes, which it does with the overlay, and that with the sandbox's mount namespace: however
+// the sandbox ends, nothing of its disk stays attached on the host.
+func openDiskLayer(dir string, userns *os.File) (*os.File, error) {
+	dev, err := platform.AttachLoop(filepath.Join(dir, EntryDiskImage))
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close() // once mounted, the mount holds the device
+	disk, err := platform.MountDetached("ext4", dev.Name(), unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range []struct {
+		name string
+		perm os.FileMode
+	}{{EntryUpper, 0o755}, {EntryWork, 0o700}} {
+		if err := platform.MkdirAt(disk, e.name, e.perm); err != nil && !errors.Is(err, os.ErrExist) {
+			disk.Close()
+			return nil, err
+		}
+	}
+	if err := idmap(disk, userns); err != nil {
+		disk.Close()
+		return nil, err
+	}
+	return disk, nil
+}
+
+// idmap idmaps the detached mount m by userns, unless userns is nil. Every layer of the
+// overlay must be idmapped: an unmapped one would show host root's files as nobody's.
+func idmap(m, userns *os.File) error {
+	if userns == nil {
+		return nil
+	}
+	err := platform.SetMountIDMap(m, userns, false)
+	if errors.Is(err, platform.ErrIDMapUnsupported) {
+		return fmt.Errorf("%w: a sandbox's user namespace needs its state directory and layers on a file system that can be idmapped (ext4, xfs, btrfs, tmpfs), or the runtime's IDs.Off", err)
+	}
+	return err
+}
+
+// layers are the overlay's layers, each open on a detached clone of its mount: the overlay
+// names a layer by its path as the shim sees it when it makes the overlay, and a layer on a
+// detached mount is a path below "/", so the sandbox's mount table shows "lowerdir+=/",
+// "upperdir=/upper" and "workdir=/work", not where the layers lie on the host.
+type layers struct {
+	lowers      []*os.File // top first, each the root of its clone
+	upper, work *os.File
+	// upperMount is the clone that holds upper and work (they must lie on one mount). A
+	// clone lives as long as its own descriptor: closed before the overlay is made, it
+	// would leave upper and work on a mount that is no longer mounted anywhere.
+	upperMount *os.File
+}
+
+func (l *layers) Close() {
+	for _, f := range append(l.lowers, l.upper, l.work, l.upperMount) {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func openLayers(spec *shimSpec, userns *os.File) (*layers, error) {
+	paths := append([]string{}, spec.Lowers...)
+	if spec.ImageDir != "" {
+		paths = append(paths, spec.ImageDir)
+	} else {
+		// The shim has made the host image's base layer (see runShim).
+		paths = append(paths, filepath.Join(spec.Dir, EntryHostFiles), spec.BaseDir)
+	}
+	l := &layers{}
+	for _, p := range paths {
+		f, err := platform.CloneMount(nil, p, false)
+		if err == nil {
+			l.lowers = append(l.lowers, f)
+			err = idmap(f, userns)
+		}
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
+	var err error
+	if spec.Disk {
+		l.upperMount, err = openDiskLayer(spec.Dir, userns)
+	} else if l.upperMount, err = platform.CloneMount(nil, spec.Dir, false); err == nil {
+		err = idmap(l.upperMount, userns)
+	}
+	if err == nil {
+		if l.upper, err = platform.OpenDirAt(l.upperMount, EntryUpper); err == nil {
+			l.work, err = platform.OpenDirAt(l.upperMount, EntryWork)
+		}
+	}
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// newOverlay makes the sandbox's overlay, detached, on the layers l.
+func newOverlay(l *layers) (*os.File, error) {
+	// The upper layer must stand on its own once captured as a template generation: no
+	// metadata-only copies that point into a lower (metacopy), no renamed directories that
+	// refer to lower paths (redirect_dir), no inode index tied to these lowers (index).
+	// nodev: no device node on the sandbox's own layers works, whoever made it.
+	m, err := platform.NewOverlay(l.lowers, l.upper, l.work, "index=off,redirect_dir=off,metacopy=off",
+		unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
+	if err != nil {
+		return nil, fmt.Errorf("the sandbox's overlay: %w", err)
+	}
+	return m, nil
+}

@@ -1,0 +1,34 @@
+// Package sandboxd is the Go client of sandboxd's REST API: the generated types of
+// openapi/openapi.yaml (from [github.com/sandboxd/sandboxd/openapi/client]) with the parts a
+// generator does not do well written by hand — the exec websocket as a [Stream] (output to
+// read, stdin to write, resize, signal, the exit), files streamed both ways, waiting for a
+// sandbox's state, the event stream, and errors that carry the problem's code.
+//
+// A [Client] is safe for concurrent use. It sends the token as `Authorization: Bearer` on
+// every request, websockets and the event stream included (a Go client can set headers, so it
+// never puts the token in a URL).
+//
+// # Errors
+//
+// An answer that is not a success is an [*APIError] with the problem's Code, Detail and HTTP
+// status. Match it by code with errors.Is against a [Code] (the Err* values are the codes of
+// the contract), or take it apart with errors.As:
+//
+//	_, err := c.Get(ctx, "nope")
+//	if errors.Is(err, sandboxd.ErrSandboxNotFound) { ... }
+//
+// A server that cannot be reached at all is reported as an [*UnreachableError], which
+// matches [ErrUnreachable].
+//
+// # Waiting
+//
+// [Client.Wait] asks the server's GET /v1/sandboxes/{id}/wait. A server older than that
+// operation answers it with the route's not-found; Wait then follows /v1/events itself
+// (subscribing before it reads the sandbox, so that no change falls between the two).
+//
+// # Operations newer than the generated client
+//
+// Pause, resume, the sandbox lifetime and wait are called by their paths whether or not the
+// server knows them; an older server answers them with the route's not-found (or
+// method-not-allowed), which [IsUnsupported] recognises.
+package sandboxd

@@ -1,0 +1,544 @@
+// The client: the generated openapi-fetch client for every operation of the contract, and
+// methods over it that return the answer or throw a SandboxdError, plus what a generator does
+// not do well: the exec websocket, file streams, the event stream and waiting for a state.
+
+import createClient, { type Client } from "openapi-fetch";
+
+import { ConnectionError, SandboxdError, problemError } from "./errors.js";
+import { parseEvent, parseServerSentEvents } from "./events.js";
+import { ExecStream, type ExecStreamOptions } from "./exec.js";
+import { isRecord, numberField, oneOf, stringField } from "./guards.js";
+import { fileEntryTypeValues, type paths } from "./schema.gen.js";
+import type {
+  CreateSandboxRequest,
+  Event,
+  ExecRequest,
+  ExecResult,
+  FileEntry,
+  Generation,
+  GenerationList,
+  Info,
+  Lease,
+  Sandbox,
+  SandboxList,
+  SandboxState,
+  Template,
+  TemplateList,
+} from "./types.js";
+
+/** How to reach sandboxd. */
+export interface SandboxdOptions {
+  /** The server's address, for example http://127.0.0.1:7780. */
+  baseUrl: string;
+  /**
+   * The API token, if the server has one (the contents of its --token-file). It is sent as
+   * `Authorization: Bearer`, on the websocket and the event stream too: a Node client can set
+   * headers there, so the token need not go into a URL as `access_token`.
+   */
+  token?: string | undefined;
+}
+
+/** Bounds of a lifecycle transition. */
+export interface TransitionOptions {
+  /** How long the server waits for other transitions' locks and for this one, in ms. */
+  timeoutMs?: number;
+}
+
+/** What a file write accepts: bytes, text, or a stream of bytes (a Node Readable is one). */
+export type FileBody = string | Uint8Array | Blob | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
+
+/** How a retirement ended: gone now, or tombstoned and draining until its last lease goes. */
+export type Retirement = "deleted" | "draining";
+
+/** Options of {@link Sandboxd.waitForState}. */
+export interface WaitOptions {
+  /** Give up after this many milliseconds (default 60000) with a {@link WaitTimeoutError}. */
+  timeoutMs?: number;
+  /** Give up when this signal aborts, with its reason. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link Sandboxd.subscribe}. */
+export interface SubscribeOptions {
+  /** Start after this event id (the `seq` of the last event seen): the server replays what came since. */
+  lastEventId?: string;
+  /** Ends the subscription. */
+  signal?: AbortSignal;
+  /**
+   * Called after the stream was lost and opened again. Events the server could not replay
+   * (it keeps the last 1024; a restarted server none of the old ones) are missed, so a
+   * consumer that tracks state should read it again here.
+   */
+  onReconnect?: () => void;
+}
+
+/** The sandbox did not reach the state in time. */
+export class WaitTimeoutError extends Error {
+  override readonly name = "WaitTimeoutError";
+  /** The sandbox's state when the wait gave up. */
+  readonly lastState: SandboxState;
+
+  constructor(id: string, want: readonly SandboxState[], lastState: SandboxState, timeoutMs: number) {
+    super(`Sandbox ${id} did not reach ${want.join(" or ")} within ${timeoutMs} ms; it is ${lastState}.`);
+    this.lastState = lastState;
+  }
+}
+
+/** A live subscription to /v1/events; iterate it, and close it when done. */
+export interface EventSubscription extends AsyncIterable<Event> {
+  close(): void;
+}
+
+/** The result shape of every openapi-fetch call. */
+type FetchResult<D, E> = { data: D; error?: never; response: Response } | { data?: never; error: E; response: Response };
+
+/**
+ * A sandboxd client. Methods return the answer's body and throw a {@link SandboxdError} for
+ * every refusal (switch on its `code`) and a {@link ConnectionError} when sandboxd cannot be
+ * reached. `api` is the generated client itself, for anything not wrapped here.
+ */
+export class Sandboxd {
+  /** The generated openapi-fetch client, typed by openapi/openapi.yaml. */
+  readonly api: Client<paths>;
+  readonly #base: URL;
+  readonly #headers: Record<string, string>;
+
+  constructor(options: SandboxdOptions) {
+    this.#base = new URL(options.baseUrl);
+    this.#headers = options.token === undefined ? {} : { Authorization: `Bearer ${options.token}` };
+    this.api = createClient<paths>({ baseUrl: this.#base.origin + this.#base.pathname.replace(/\/+$/, ""), headers: this.#headers });
+  }
+
+  // ---- helpers -------------------------------------------------------------------------------
+
+  /** Awaits an openapi-fetch call: its data, or the SandboxdError of its refusal. */
+  async #call<D, E>(p: Promise<FetchResult<D, E>>): Promise<NonNullable<D>> {
+    let r: FetchResult<D, E>;
+    try {
+      r = await p;
+    } catch (err) {
+      throw this.#connectionError(err);
+    }
+    // openapi-fetch leaves data undefined for an error and for an empty body; every caller
+    // of #call expects a body, so both are refusals here.
+    if (r.error === undefined && r.response.ok && r.data !== undefined && r.data !== null) return r.data;
+    throw problemError(r.response, r.error);
+  }
+
+  /** As #call, for answers without a body; returns the status. */
+  async #callEmpty<D, E>(p: Promise<FetchResult<D, E>>): Promise<number> {
+    let r: FetchResult<D, E>;
+    try {
+      r = await p;
+    } catch (err) {
+      throw this.#connectionError(err);
+    }
+    if (r.error !== undefined || !r.response.ok) throw problemError(r.response, r.error);
+    return r.response.status;
+  }
+
+  #connectionError(err: unknown): Error {
+    if (err instanceof SandboxdError || err instanceof ConnectionError) return err;
+    if (err instanceof Error && err.name === "AbortError") return err;
+    return new ConnectionError(this.#base.origin, err);
+  }
+
+  #url(path: string, query: Record<string, string | string[] | number | boolean | undefined> = {}): URL {
+    const u = new URL(this.#base.pathname.replace(/\/+$/, "") + path, this.#base);
+    for (const [k, v] of Object.entries(query)) {
+      if (v === undefined) continue;
+      for (const x of Array.isArray(v) ? v : [v]) u.searchParams.append(k, String(x));
+    }
+    return u;
+  }
+
+  /** A plain fetch with the token, whose refusal throws its SandboxdError. */
+  async #fetch(url: URL, init: RequestInit): Promise<Response> {
+    let res: Response;
+    try {
+      res = await fetch(url, { ...init, headers: { ...this.#headers, ...init.headers } });
+    } catch (err) {
+      throw this.#connectionError(err);
+    }
+    if (!res.ok) throw problemError(res, await res.text());
+    return res;
+  }
+
+  // ---- sandboxes -----------------------------------------------------------------------------
+
+  /** Creates a sandbox (and starts it, with `start: true`). */
+  createSandbox(req: CreateSandboxRequest = {}, opts: TransitionOptions = {}): Promise<Sandbox> {
+    return this.#call(this.api.POST("/v1/sandboxes", { params: { query: { timeout: opts.timeoutMs } }, body: req }));
+  }
+
+  getSandbox(id: string): Promise<Sandbox> {
+    return this.#call(this.api.GET("/v1/sandboxes/{id}", { params: { path: { id } } }));
+  }
+
+  /** One page of sandboxes; `labels` are `key=value` selectors that must all match. */
+  listSandboxes(
+    filter: { state?: SandboxState; labels?: string[]; cursor?: string; limit?: number } = {},
+  ): Promise<SandboxList> {
+    return this.#call(
+      this.api.GET("/v1/sandboxes", {
+        params: { query: { state: filter.state, label: filter.labels, cursor: filter.cursor, limit: filter.limit } },
+      }),
+    );
+  }
+
+  startSandbox(id: string, opts: TransitionOptions = {}): Promise<Sandbox> {
+    return this.#call(
+      this.api.POST("/v1/sandboxes/{id}/start", { params: { path: { id }, query: { timeout: opts.timeoutMs } } }),
+    );
+  }
+
+  /** Stops a running sandbox; `force` kills it instead of a clean shutdown. */
+  stopSandbox(id: string, opts: TransitionOptions & { force?: boolean } = {}): Promise<Sandbox> {
+    return this.#call(
+      this.api.POST("/v1/sandboxes/{id}/stop", {
+        params: { path: { id }, query: { timeout: opts.timeoutMs, force: opts.force } },
+      }),
+    );
+  }
+
+  /** Deletes a stopped sandbox (a running one is refused with `sandbox-launched`). */
+  async deleteSandbox(id: string, opts: TransitionOptions = {}): Promise<void> {
+    await this.#callEmpty(
+      this.api.DELETE("/v1/sandboxes/{id}", { params: { path: { id }, query: { timeout: opts.timeoutMs } } }),
+    );
+  }
+
+  /** The console log of the sandbox's current or last run. */
+  async logs(id: string, opts: { tail?: number } = {}): Promise<string> {
+    // A plain fetch: openapi-fetch answers an empty body as no data, and an empty log is "".
+    const res = await this.#fetch(this.#url(`/v1/sandboxes/${encodeURIComponent(id)}/logs`, { tail: opts.tail }), {
+      method: "GET",
+    });
+    return res.text();
+  }
+
+  // ---- exec ----------------------------------------------------------------------------------
+
+  /** Runs a command and answers when it ends, with its captured output. */
+  exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    return this.#call(this.api.POST("/v1/sandboxes/{id}/exec", { params: { path: { id } }, body: req }));
+  }
+
+  /**
+   * Runs a command with live input and output over the exec websocket. Resolves once the
+   * server admitted it; a refusal (`not-running`, `sandbox-busy`, ...) rejects with its
+   * SandboxdError.
+   */
+  execStream(id: string, command: string[], opts: ExecStreamOptions = {}): Promise<ExecStream> {
+    const u = this.#url(`/v1/sandboxes/${encodeURIComponent(id)}/exec/stream`, {
+      command,
+      env: opts.env,
+      cwd: opts.cwd,
+      user: opts.user,
+      tty: opts.tty,
+      rows: opts.rows,
+      cols: opts.cols,
+      timeout_ms: opts.timeoutMs,
+      wait_ms: opts.waitMs,
+    });
+    u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
+    return ExecStream.open(u, this.#headers, this.#base.origin);
+  }
+
+  // ---- files ---------------------------------------------------------------------------------
+
+  /**
+   * A file's bytes as a stream, read as the server sends them. A caller that stops reading
+   * early cancels the stream, which closes the connection.
+   */
+  async readFile(id: string, path: string, opts: { signal?: AbortSignal } = {}): Promise<ReadableStream<Uint8Array>> {
+    const init: RequestInit = { method: "GET" };
+    if (opts.signal !== undefined) init.signal = opts.signal;
+    const res = await this.#fetch(this.#url(`/v1/sandboxes/${encodeURIComponent(id)}/files`, { path }), init);
+    return res.body ?? new ReadableStream<Uint8Array>({ start: (c) => c.close() });
+  }
+
+  /** A file's bytes, whole. */
+  async readFileBytes(id: string, path: string): Promise<Uint8Array> {
+    const chunks: Uint8Array[] = [];
+    let size = 0;
+    for await (const chunk of await this.readFile(id, path)) {
+      chunks.push(chunk);
+      size += chunk.length;
+    }
+    const out = new Uint8Array(size);
+    let at = 0;
+    for (const c of chunks) {
+      out.set(c, at);
+      at += c.length;
+    }
+    return out;
+  }
+
+  /** A file's content as UTF-8 text. */
+  async readFileText(id: string, path: string): Promise<string> {
+    return new TextDecoder().decode(await this.readFileBytes(id, path));
+  }
+
+  /**
+   * Creates or replaces a file with body, streamed to the server (a stream is sent as it is
+   * read, never held whole). Missing parent directories are created.
+   */
+  async writeFile(id: string, path: string, body: FileBody): Promise<void> {
+    const init: RequestInit = {
+      method: "PUT",
+      headers: { "Content-Type": "application/octet-stream" },
+      body,
+    };
+    // A streamed request body needs half-duplex in fetch; bytes and text do not.
+    if (typeof body !== "string" && !(body instanceof Uint8Array) && !(body instanceof Blob)) init.duplex = "half";
+    const res = await this.#fetch(this.#url(`/v1/sandboxes/${encodeURIComponent(id)}/files`, { path }), init);
+    await res.body?.cancel();
+  }
+
+  /** A directory's entries. */
+  async listFiles(id: string, path: string): Promise<FileEntry[]> {
+    const res = await this.#fetch(this.#url(`/v1/sandboxes/${encodeURIComponent(id)}/files`, { path, list: true }), {
+      method: "GET",
+    });
+    const list: unknown = await res.json();
+    return fileEntries(list);
+  }
+
+  /** Removes a file or an empty directory. */
+  async removeFile(id: string, path: string): Promise<void> {
+    await this.#callEmpty(this.api.DELETE("/v1/sandboxes/{id}/files", { params: { path: { id }, query: { path } } }));
+  }
+
+  // ---- templates and generations -------------------------------------------------------------
+
+  createTemplate(name: string): Promise<Template> {
+    return this.#call(this.api.POST("/v1/templates", { body: { name } }));
+  }
+
+  getTemplate(name: string): Promise<Template> {
+    return this.#call(this.api.GET("/v1/templates/{name}", { params: { path: { name } } }));
+  }
+
+  listTemplates(page: { cursor?: string; limit?: number } = {}): Promise<TemplateList> {
+    return this.#call(this.api.GET("/v1/templates", { params: { query: { cursor: page.cursor, limit: page.limit } } }));
+  }
+
+  /** Deletes a template and retires its generations; with `drain`, finishes when the last clone goes. */
+  async deleteTemplate(name: string, opts: TransitionOptions & { drain?: boolean } = {}): Promise<Retirement> {
+    const status = await this.#callEmpty(
+      this.api.DELETE("/v1/templates/{name}", {
+        params: { path: { name }, query: { drain: opts.drain, timeout: opts.timeoutMs } },
+      }),
+    );
+    return status === 202 ? "draining" : "deleted";
+  }
+
+  /** Captures a stopped sandbox as a new generation of the template. */
+  captureGeneration(template: string, sandbox: string, opts: TransitionOptions = {}): Promise<Generation> {
+    return this.#call(
+      this.api.POST("/v1/templates/{name}/generations", {
+        params: { path: { name: template }, query: { timeout: opts.timeoutMs } },
+        body: { sandbox },
+      }),
+    );
+  }
+
+  listGenerations(template: string, page: { cursor?: string; limit?: number } = {}): Promise<GenerationList> {
+    return this.#call(
+      this.api.GET("/v1/templates/{name}/generations", {
+        params: { path: { name: template }, query: { cursor: page.cursor, limit: page.limit } },
+      }),
+    );
+  }
+
+  getGeneration(template: string, generation: string): Promise<Generation> {
+    return this.#call(
+      this.api.GET("/v1/templates/{name}/generations/{gen}", { params: { path: { name: template, gen: generation } } }),
+    );
+  }
+
+  tombstoneGeneration(template: string, generation: string, opts: TransitionOptions = {}): Promise<Generation> {
+    return this.#call(
+      this.api.POST("/v1/templates/{name}/generations/{gen}/tombstone", {
+        params: { path: { name: template, gen: generation }, query: { timeout: opts.timeoutMs } },
+      }),
+    );
+  }
+
+  async retireGeneration(
+    template: string,
+    generation: string,
+    opts: TransitionOptions & { drain?: boolean } = {},
+  ): Promise<Retirement> {
+    const status = await this.#callEmpty(
+      this.api.DELETE("/v1/templates/{name}/generations/{gen}", {
+        params: { path: { name: template, gen: generation }, query: { drain: opts.drain, timeout: opts.timeoutMs } },
+      }),
+    );
+    return status === 202 ? "draining" : "deleted";
+  }
+
+  async listLeases(template: string, generation: string): Promise<Lease[]> {
+    const list = await this.#call(
+      this.api.GET("/v1/templates/{name}/generations/{gen}/leases", {
+        params: { path: { name: template, gen: generation } },
+      }),
+    );
+    return list.items;
+  }
+
+  // ---- system --------------------------------------------------------------------------------
+
+  info(): Promise<Info> {
+    return this.#call(this.api.GET("/v1/info"));
+  }
+
+  /**
+   * Subscribes to the event stream. Resolves once the server has subscribed this client, so
+   * that every event after the call resolves is seen. When the stream is lost (the server
+   * drops a subscriber that falls behind, or restarts) it is opened again with Last-Event-ID;
+   * `onReconnect` says so. Iteration ends when `close` is called or the signal aborts.
+   */
+  async subscribe(opts: SubscribeOptions = {}): Promise<EventSubscription> {
+    const ac = new AbortController();
+    const onAbort = (): void => ac.abort(opts.signal?.reason);
+    opts.signal?.addEventListener("abort", onAbort, { once: true });
+    if (opts.signal?.aborted === true) onAbort();
+    let lastId = opts.lastEventId;
+    const open = async (): Promise<ReadableStream<Uint8Array>> => {
+      const headers: Record<string, string> = { Accept: "text/event-stream" };
+      if (lastId !== undefined) headers["Last-Event-ID"] = lastId;
+      const res = await this.#fetch(this.#url("/v1/events"), { method: "GET", headers, signal: ac.signal });
+      if (res.body === null) throw new ConnectionError(this.#base.origin, "the event stream has no body");
+      return res.body;
+    };
+    let body = await open();
+    const close = (): void => {
+      opts.signal?.removeEventListener("abort", onAbort);
+      ac.abort();
+    };
+    async function* iterate(): AsyncGenerator<Event> {
+      try {
+        for (;;) {
+          try {
+            for await (const m of parseServerSentEvents(body)) {
+              if (m.id !== undefined) lastId = m.id;
+              const e = parseEvent(m.data);
+              if (e !== undefined) yield e;
+            }
+          } catch (err) {
+            if (ac.signal.aborted) return;
+            throw err;
+          }
+          if (ac.signal.aborted) return;
+          try {
+            body = await open();
+          } catch (err) {
+            if (ac.signal.aborted) return;
+            throw err;
+          }
+          opts.onReconnect?.();
+        }
+      } finally {
+        close();
+      }
+    }
+    const events = iterate();
+    return { [Symbol.asyncIterator]: () => events, close };
+  }
+
+  /**
+   * Waits until the sandbox is in one of the states, and answers it then. It follows the event
+   * stream (subscribing before it reads the sandbox, so no change is missed in between), and
+   * reads the sandbox again whenever an event names it in a wanted state. A sandbox deleted
+   * meanwhile rejects with `sandbox-not-found`; running out of time with a WaitTimeoutError.
+   */
+  async waitForState(id: string, states: SandboxState | readonly SandboxState[], opts: WaitOptions = {}): Promise<Sandbox> {
+    const want: readonly SandboxState[] = typeof states === "string" ? [states] : states;
+    const timeoutMs = opts.timeoutMs ?? 60_000;
+    const ac = new AbortController();
+    const timer = setTimeout(() => ac.abort(), timeoutMs);
+    const onAbort = (): void => ac.abort();
+    opts.signal?.addEventListener("abort", onAbort, { once: true });
+    let last: Sandbox | undefined;
+    const give = (): Error => {
+      if (opts.signal?.aborted === true) {
+        const reason: unknown = opts.signal.reason;
+        return reason instanceof Error ? reason : new Error(String(reason));
+      }
+      return new WaitTimeoutError(id, want, last?.state ?? "provisioned", timeoutMs);
+    };
+    if (opts.signal?.aborted === true) throw give();
+    // A lost and reopened stream may have missed the change: the reconnection wakes the loop
+    // below to read the sandbox again, without waiting for an unrelated event.
+    let reconnected = deferred();
+    let sub: EventSubscription | undefined;
+    try {
+      sub = await this.subscribe({ signal: ac.signal, onReconnect: () => reconnected.resolve() });
+      last = await this.getSandbox(id);
+      if (want.includes(last.state)) return last;
+      const events = sub[Symbol.asyncIterator]();
+      let next = events.next();
+      for (;;) {
+        const woke = await Promise.race([next, reconnected.promise]);
+        if (woke === undefined) {
+          reconnected = deferred();
+        } else if (woke.done === true) {
+          break;
+        } else {
+          next = events.next();
+          const e = woke.value;
+          if (e.sandbox !== id) continue;
+          if (e.type === "sandbox.deleted") {
+            throw new SandboxdError({
+              code: "sandbox-not-found",
+              status: 404,
+              detail: `Sandbox ${id} was deleted while waiting for it to be ${want.join(" or ")}.`,
+            });
+          }
+          if (e.state === undefined || !want.includes(e.state)) continue;
+        }
+        last = await this.getSandbox(id);
+        if (want.includes(last.state)) return last;
+      }
+      throw give();
+    } catch (err) {
+      if (ac.signal.aborted && !(err instanceof SandboxdError)) throw give();
+      throw err;
+    } finally {
+      clearTimeout(timer);
+      opts.signal?.removeEventListener("abort", onAbort);
+      sub?.close();
+    }
+  }
+}
+
+/** A promise of nothing with its resolve function, as Promise.withResolvers (Node 22) gives. */
+function deferred(): { promise: Promise<undefined>; resolve: () => void } {
+  let resolve: () => void = () => undefined;
+  const promise = new Promise<undefined>((res) => {
+    resolve = () => res(undefined);
+  });
+  return { promise, resolve };
+}
+
+/** Validates a FileList body into its entries; an entry of an unknown shape is skipped. */
+function fileEntries(v: unknown): FileEntry[] {
+  const items = isRecord(v) ? v["items"] : undefined;
+  if (!Array.isArray(items)) return [];
+  const out: FileEntry[] = [];
+  for (const item of items) {
+    if (!isRecord(item)) continue;
+    const name = stringField(item, "name");
+    const type = oneOf(fileEntryTypeValues, item["type"]);
+    const size = numberField(item, "size");
+    const mode = stringField(item, "mode");
+    const modified = stringField(item, "modified_at");
+    if (name === undefined || type === undefined || size === undefined || mode === undefined || modified === undefined) {
+      continue;
+    }
+    out.push({ name, type, size, mode, modified_at: modified });
+  }
+  return out;
+}

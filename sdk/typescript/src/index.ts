@@ -1,0 +1,23 @@
+// sandboxd's TypeScript SDK. The types and the raw client are generated from
+// openapi/openapi.yaml (schema.gen.ts, by openapi-typescript; the client by openapi-fetch);
+// the rest is a small hand-written layer for what a generator does not do well.
+
+export { Sandboxd, WaitTimeoutError } from "./client.js";
+export type {
+  EventSubscription,
+  FileBody,
+  Retirement,
+  SandboxdOptions,
+  SubscribeOptions,
+  TransitionOptions,
+  WaitOptions,
+} from "./client.js";
+export { ConnectionError, SandboxdError, isSandboxdError } from "./errors.js";
+export { ExecStream } from "./exec.js";
+export type { CollectedOutput, ExecExit, ExecStreamOptions, OutputChunk } from "./exec.js";
+export { parseEvent, parseServerSentEvents } from "./events.js";
+export type { ServerSentEvent } from "./events.js";
+export type * from "./types.js";
+export type { components, operations, paths } from "./schema.gen.js";
+export { eventTypeValues, sandboxStateValues } from "./schema.gen.js";
+export { knownErrorCodes } from "./codes.gen.js";

@@ -1,0 +1,233 @@
+// Package registry pulls images with the OCI distribution protocol, through
+// github.com/google/go-containerregistry: it resolves a reference (a manifest list to one
+// platform), authenticates (anonymously, with a token the registry hands out, or with
+// credentials from a docker-style config.json) and returns the image as an
+// [image.Source] whose layers are downloaded only when the image store opens them.
+//
+// It is the HTTP client side of images and nothing else: it writes nothing to disk (the
+// image store unpacks and checks), and the store knows it only as an [image.Fetcher]. It is
+// apart from store/image because it links net/http, which no package below the handlers
+// may; the command that builds the server wires a [Registry] into the store's Options.
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/record"
+	"github.com/sandboxd/sandboxd/store/image"
+)
+
+// Options configure a [Registry].
+type Options struct {
+	// AuthFile is a docker-style config.json ("auths" with base64 user:password, or
+	// identity tokens); empty for anonymous pulls (registries still hand out tokens for
+	// public repositories, which the library asks for).
+	AuthFile string
+	// Insecure lists registries ("host" or "host:port") spoken to over plain HTTP. A
+	// loopback registry (localhost, 127.0.0.0/8, ::1) is always allowed plain HTTP, as
+	// the library and docker do.
+	Insecure []string
+	// Platform is the "os/arch[/variant]" a manifest list is resolved to; the host's when
+	// empty.
+	Platform string
+	// Transport, when set, carries the requests (tests give an httptest server's).
+	Transport http.RoundTripper
+}
+
+// Registry is an [image.Fetcher] over the distribution protocol.
+type Registry struct {
+	opts     Options
+	keychain authn.Keychain
+	platform v1.Platform
+}
+
+var _ image.Fetcher = (*Registry)(nil)
+
+// New makes a Registry, reading and checking opts.AuthFile now, so that a bad file is
+// reported at start rather than at the first pull.
+func New(opts Options) (*Registry, error) {
+	want := opts.Platform
+	if want == "" {
+		want = image.HostPlatform()
+	}
+	p, err := v1.ParsePlatform(want)
+	if err != nil {
+		return nil, errcode.Invalid("platform", "The platform %q is not of the form os/arch[/variant].", want)
+	}
+	r := &Registry{opts: opts, keychain: authn.NewMultiKeychain(), platform: *p}
+	if opts.AuthFile != "" {
+		kc, err := loadAuthFile(opts.AuthFile)
+		if err != nil {
+			return nil, err
+		}
+		r.keychain = kc
+	}
+	return r, nil
+}
+
+// authFile is the part of a docker config.json that holds credentials.
+type authFile struct {
+	Auths map[string]authn.AuthConfig `json:"auths"`
+}
+
+// fileKeychain answers the credentials of a config.json, matched by registry host.
+type fileKeychain struct{ auths map[string]authn.AuthConfig }
+
+func loadAuthFile(path string) (*fileKeychain, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("registry: read the registry credentials %s: %w", path, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, record.MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("registry: read the registry credentials %s: %w", path, err)
+	}
+	if len(data) > record.MaxSize {
+		return nil, fmt.Errorf("registry: the registry credentials %s are larger than %d bytes", path, record.MaxSize)
+	}
+	var af authFile
+	if err := json.Unmarshal(data, &af); err != nil {
+		return nil, fmt.Errorf("registry: the registry credentials %s are not a docker config.json: %w", path, err)
+	}
+	kc := &fileKeychain{auths: make(map[string]authn.AuthConfig)}
+	for k, v := range af.Auths {
+		kc.auths[authKey(k)] = v
+	}
+	return kc, nil
+}
+
+// authKey reduces a config.json key ("https://index.docker.io/v1/", "ghcr.io") to a host.
+func authKey(k string) string {
+	k = strings.TrimPrefix(strings.TrimPrefix(k, "https://"), "http://")
+	k, _, _ = strings.Cut(k, "/")
+	if k == "index.docker.io" || k == "docker.io" {
+		return name.DefaultRegistry
+	}
+	return k
+}
+
+func (kc *fileKeychain) Resolve(res authn.Resource) (authn.Authenticator, error) {
+	cfg, ok := kc.auths[authKey(res.RegistryStr())]
+	if !ok {
+		return authn.Anonymous, nil
+	}
+	return authn.FromConfig(cfg), nil
+}
+
+// isLoopback reports whether a registry host:port is this machine.
+func isLoopback(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// parse parses ref, allowing plain HTTP for loopback and the Insecure registries.
+func (r *Registry) parse(ref string) (name.Reference, error) {
+	var nopts []name.Option
+	reg := ref
+	if i := strings.IndexByte(ref, '/'); i > 0 {
+		reg = ref[:i]
+	}
+	for _, h := range r.opts.Insecure {
+		if h == reg {
+			nopts = append(nopts, name.Insecure)
+		}
+	}
+	if isLoopback(reg) {
+		nopts = append(nopts, name.Insecure)
+	}
+	parsed, err := name.ParseReference(ref, nopts...)
+	if err != nil {
+		return nil, errcode.Invalid("ref", "The image reference %q is not valid: %v.", ref, err)
+	}
+	return parsed, nil
+}
+
+// Fetch resolves ref to one image for the configured platform and returns its parts. Only
+// the manifest and the configuration are read now; each layer is downloaded when opened,
+// and go-containerregistry checks the blob against its digest as it is read (the image
+// store checks both digests again as it unpacks).
+func (r *Registry) Fetch(ctx context.Context, ref string) (*image.Source, error) {
+	parsed, err := r.parse(ref)
+	if err != nil {
+		return nil, err
+	}
+	ropts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(r.keychain), remote.WithPlatform(r.platform)}
+	if r.opts.Transport != nil {
+		ropts = append(ropts, remote.WithTransport(r.opts.Transport))
+	}
+	img, err := remote.Image(parsed, ropts...)
+	if err != nil {
+		return nil, fetchError(ref, err)
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return nil, fetchError(ref, err)
+	}
+	manifest, err := img.Manifest()
+	if err != nil {
+		return nil, fetchError(ref, err)
+	}
+	config, err := img.RawConfigFile()
+	if err != nil {
+		return nil, fetchError(ref, err)
+	}
+	src := &image.Source{Ref: ref, ManifestDigest: digest.String(), Config: config, ConfigDigest: manifest.Config.Digest.String()}
+	for _, d := range manifest.Layers {
+		l, err := img.LayerByDigest(d.Digest)
+		if err != nil {
+			return nil, fetchError(ref, err)
+		}
+		src.Layers = append(src.Layers, image.SourceLayer{
+			Digest: d.Digest.String(), Size: d.Size,
+			Open: func(context.Context) (io.ReadCloser, error) {
+				rc, err := l.Compressed()
+				if err != nil {
+					return nil, fetchError(ref, err)
+				}
+				return rc, nil
+			},
+		})
+	}
+	return src, nil
+}
+
+// fetchError gives a registry failure a code the API can map: an unknown image, refused
+// credentials, an unreachable registry.
+func fetchError(ref string, err error) error {
+	var terr *transport.Error
+	if errors.As(err, &terr) {
+		switch terr.StatusCode {
+		case http.StatusNotFound:
+			return errcode.Wrap(errcode.ImageNotFound, err, "The registry has no image %s; check the name and tag.", ref)
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return errcode.Wrap(errcode.Forbidden, err, "The registry refused access to %s; give credentials with --registry-auth.", ref)
+		}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return errcode.Wrap(errcode.Unavailable, err, "The image %s could not be fetched from its registry: %v.", ref, err)
+}
