@@ -583,8 +583,13 @@ type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
 	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
-	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it. A
+	// command that is not found answers 127, as a shell does, with the reason on stderr.
 	ExitCode int `json:"exit_code"`
+
+	// OomKilled The kernel's out-of-memory killer ended the command (the sandbox hit its
+	// `memory_mb`); `signal` is then `SIGKILL`.
+	OomKilled *bool `json:"oom_killed,omitempty"`
 
 	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
 	// when it exited by itself. `exit_code` is then 128 plus its number.

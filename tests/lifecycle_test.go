@@ -2,7 +2,9 @@ package tests
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 )
@@ -187,5 +189,31 @@ func TestLifetime(t *testing.T) {
 	}
 	if procs := runtimeProcesses(t, d.Root); len(procs) != 0 {
 		t.Fatalf("runtime processes after the expiry: %v", procs)
+	}
+}
+
+// TestExecOutcomes: a command that is not found exits 127 with the reason on stderr, as a
+// shell answers it; one that the out-of-memory killer ends says oom_killed.
+func TestExecOutcomes(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "outcomes", "start": true, "resources": map[string]any{"memory_mb": 64}}), 201)
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/"+sb.ID+"?force=true", nil) })
+	got := d.exec("outcomes", map[string]any{"command": []string{"no-such-command-xyz"}})
+	if got.ExitCode != 127 || !strings.Contains(got.Stderr, "not found") {
+		t.Fatalf("a command that is not found: %+v", got)
+	}
+	var oom struct {
+		ExitCode  int  `json:"exit_code"`
+		OOMKilled bool `json:"oom_killed"`
+	}
+	r := d.doJSON("POST", "/v1/sandboxes/outcomes/exec", map[string]any{
+		"command": []string{"sh", "-c", "x=$(head -c 400m /dev/zero | tr '\\0' a); echo survived"}, "timeout_ms": 60000})
+	if r.Status != 200 || json.Unmarshal(r.Body, &oom) != nil {
+		t.Fatalf("the memory hog: %d %s", r.Status, r.Body)
+	}
+	if !oom.OOMKilled || oom.ExitCode != 137 {
+		t.Fatalf("the memory hog was not reported as killed by the OOM killer: %s", r.Body)
 	}
 }

@@ -585,8 +585,13 @@ type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
 	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
-	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it. A
+	// command that is not found answers 127, as a shell does, with the reason on stderr.
 	ExitCode int `json:"exit_code"`
+
+	// OomKilled The kernel's out-of-memory killer ended the command (the sandbox hit its
+	// `memory_mb`); `signal` is then `SIGKILL`.
+	OomKilled *bool `json:"oom_killed,omitempty"`
 
 	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
 	// when it exited by itself. `exit_code` is then 128 plus its number.
@@ -1741,7 +1746,7 @@ type ClientInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -2468,7 +2473,7 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -5465,7 +5470,7 @@ type ClientWithResponsesInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -9721,7 +9726,7 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
