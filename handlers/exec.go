@@ -51,6 +51,7 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	out := openapi.ExecResult{
 		ExitCode:        res.ExitCode,
 		TimedOut:        res.TimedOut,
+		OomKilled:       &res.OOM,
 		Stdout:          res.Stdout,
 		Stderr:          res.Stderr,
 		StdoutTruncated: res.StdoutTruncated,

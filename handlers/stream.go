@@ -64,6 +64,7 @@ type exitMessage struct {
 	ExitCode int     `json:"exit_code"`
 	Signal   *string `json:"signal"`
 	TimedOut bool    `json:"timed_out"`
+	OOM      bool    `json:"oom_killed"`
 }
 
 // ExecStream serves GET /v1/sandboxes/{id}/exec/stream. The request is validated against the
@@ -411,7 +412,7 @@ func (c *streamConn) pump() {
 // an exit status, a close whose code says why.
 func (c *streamConn) finish(status supervisor.ExitStatus, err error) {
 	if err == nil {
-		msg := exitMessage{Type: "exit", ExitCode: status.ExitCode, TimedOut: status.TimedOut, Signal: signalName(status)}
+		msg := exitMessage{Type: "exit", ExitCode: status.ExitCode, TimedOut: status.TimedOut, OOM: status.OOM, Signal: signalName(status)}
 		b, _ := json.Marshal(msg)
 		c.write(websocket.TextMessage, b)
 		c.write(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))

@@ -24,11 +24,21 @@ var requiredFeatures = []string{"exec", "files", "shutdown"}
 // wait for the agent.
 func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error) {
 	defer s.observe("start", time.Now(), &err)
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	l, _, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer s.unlock(l)
+	return s.startLocked(ctx, l)
+}
+
+// startLocked starts the sandbox that l locks.
+func (s *Supervisor) startLocked(ctx context.Context, l *store.Lock) (*Status, error) {
+	id := l.ID()
+	cfg, err := l.Config()
+	if err != nil {
+		return nil, err
+	}
 	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err

@@ -57,6 +57,7 @@ type options struct {
 	templateMaxAge time.Duration
 	runtimeBinary  string
 	defaultDiskMB  int
+	defaultTimeout int // seconds
 	// registryAuth and insecureRegistries configure image pulls.
 	registryAuth       string
 	insecureRegistries stringList
@@ -102,6 +103,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("SANDBOXD_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env SANDBOXD_REGISTRY_AUTH); default: anonymous pulls")
 	fs.StringVar(&o.registryMirror, "registry-mirror", os.Getenv("SANDBOXD_REGISTRY_MIRROR"), "a registry (host or host:port) that pulls from Docker Hub go to first, falling back to Docker Hub when it lacks the image or is unreachable (env SANDBOXD_REGISTRY_MIRROR)")
 	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
+	timeoutS, err := envParsed("SANDBOXD_DEFAULT_TIMEOUT_S", 0, strconv.Atoi)
+	if err != nil {
+		return nil, err
+	}
+	fs.IntVar(&o.defaultTimeout, "default-timeout-s", timeoutS, "the lifetime in seconds of a sandbox whose create request names none; 0: none (env SANDBOXD_DEFAULT_TIMEOUT_S)")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -113,6 +119,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { o.diskExplicit = o.diskExplicit || f.Name == "default-disk-mb" })
 	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
 		return nil, fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
+	}
+	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
+		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
 	}
 	return o, nil
 }
@@ -241,6 +250,7 @@ func serve(o *options, log *slog.Logger) error {
 		Supervisor:       sup,
 		DefaultResources: store.Resources(namespace.DefaultResources),
 		DefaultDiskMB:    o.defaultDiskMB,
+		DefaultTimeoutS:  o.defaultTimeout,
 		Version:          version,
 		MaxGenerationAge: o.templateMaxAge,
 		MaxJSONBytes:     server.DefaultMaxJSONBytes,

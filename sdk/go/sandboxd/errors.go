@@ -56,8 +56,8 @@ var (
 	ErrTransitionInProgress = Code(errcode.TransitionInProgress)
 	ErrUnauthorized         = Code(errcode.Unauthorized)
 	ErrUnavailable          = Code(errcode.Unavailable)
-	ErrSandboxPaused        = Code("sandbox-paused")
-	ErrWaitTimeout          = Code("wait-timeout")
+	ErrSandboxPaused        = Code(errcode.SandboxPaused)
+	ErrWaitTimeout          = Code(errcode.WaitTimeout)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

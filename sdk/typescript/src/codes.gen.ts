@@ -28,11 +28,13 @@ export type KnownErrorCode =
   | "template-exists"
   | "template-tombstoned"
   | "template-ineligible"
+  | "sandbox-paused"
   | "sandbox-busy"
   | "transition-in-progress"
   | "sandbox-leased"
   | "generation-leased"
   | "image-in-use"
+  | "wait-timeout"
   | "stop-timeout"
   | "start-timeout"
   | "port-unreachable"
@@ -67,11 +69,13 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "template-exists",
   "template-tombstoned",
   "template-ineligible",
+  "sandbox-paused",
   "sandbox-busy",
   "transition-in-progress",
   "sandbox-leased",
   "generation-leased",
   "image-in-use",
+  "wait-timeout",
   "stop-timeout",
   "start-timeout",
   "port-unreachable",
