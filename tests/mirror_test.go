@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
@@ -17,9 +16,9 @@ import (
 )
 
 // TestRegistryMirror: with --registry-mirror, a Docker Hub reference (no registry named) is
-// pulled from the mirror when the mirror has it, and runs; when the mirror lacks it, the
-// mirror is asked first and the pull goes on to Docker Hub (which, for a repository that
-// exists nowhere, or offline, fails the pull).
+// pulled from the mirror when the mirror has it, and runs. The fallback to Docker Hub when the
+// mirror lacks an image is tested in store/image/registry against a loopback stand-in for
+// Docker Hub: an end-to-end test of it would send traffic off this host, which no test may.
 func TestRegistryMirror(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -63,18 +62,5 @@ func TestRegistryMirror(t *testing.T) {
 	d.createOn("mirrored", "mirrored")
 	if r := d.exec("mirrored", map[string]any{"command": []string{"sh", "-c", "echo $FROM"}}); r.Stdout != "mirror\n" {
 		t.Fatalf("exec on the mirrored image: %+v", r)
-	}
-
-	decode[imageJSON](t, d.doJSON("POST", "/v1/images", map[string]any{"ref": "sandboxd-test/absent-everywhere:v1", "name": "absent"}), 202)
-	var missed imageJSON
-	waitFor(t, 2*time.Minute, "the pull of an image the mirror lacks to end", func() bool {
-		missed = decode[imageJSON](t, d.doJSON("GET", "/v1/images/absent", nil), 200)
-		return missed.State != "pulling"
-	})
-	if missed.State != "failed" || !wasAsked("/v2/sandboxd-test/absent-everywhere/manifests/v1") {
-		t.Fatalf("the pull the mirror lacks: %+v; want the mirror asked, then a failure", missed)
-	}
-	if strings.Contains(missed.Error, "on the mirror") {
-		t.Errorf("the failure is the mirror's, not Docker Hub's: %s", missed.Error)
 	}
 }
