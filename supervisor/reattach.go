@@ -81,6 +81,7 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 		if rec.RuntimeID != s.rt.Identity() {
 			return reconciled{state: StateRunning, rec: rec, mismatch: true}, nil
 		}
+		s.adoptNetwork(l, rec)
 		s.watch(l.ID(), rec)
 		return reconciled{state: StateRunning, rec: rec}, nil
 	}
@@ -91,6 +92,7 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 	if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
 		return reconciled{}, err
 	}
+	s.detachNetwork(l.ID())
 	if err := l.CleanStaging(); err != nil {
 		return reconciled{}, err
 	}

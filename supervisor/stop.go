@@ -50,6 +50,7 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 	if err := s.rt.Cleanup(cctx, id, l.Dir(), proc); err != nil {
 		return nil, err
 	}
+	s.detachNetwork(id)
 	if err := l.CleanStaging(); err != nil {
 		return nil, err
 	}
@@ -114,6 +115,7 @@ func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 		s.unlock(l)
 		return err
 	}
+	s.detachNetwork(id)
 	// Once Deprovision removed the lock file it has released the lock; Unlock is then a no-op.
 	err = l.Deprovision(ctx)
 	s.unlock(l)

@@ -74,6 +74,8 @@ type Options struct {
 	Storage *StorageHealth
 	// Ports bound the port connections open at once (see [Supervisor.DialPort]).
 	Ports PortLimits
+	// Network, if set, gives sandboxes the network their policies ask for (a network.Manager).
+	Network Networker
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -109,6 +111,7 @@ type Supervisor struct {
 	pulls     map[string]*pull      // image name → its pull in progress, or failed
 
 	ports portConns
+	net   *netState
 }
 
 // agentConn is a control session with one launch's agent.
@@ -151,6 +154,7 @@ func New(opts Options) (*Supervisor, error) {
 		transient:     map[string]State{},
 		watched:       map[string]string{},
 		ports:         portConns{limits: opts.Ports.withDefaults()},
+		net:           newNetState(opts.Network),
 	}
 	for _, d := range DeclaredEntries(s.rt) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
@@ -189,6 +193,8 @@ type Status struct {
 	RuntimeMismatch bool
 	// Binding is a clone's template binding (its lease), nil for other sandboxes.
 	Binding *Binding
+	// Network is the sandbox's egress policy and address, nil for a sandbox without a policy.
+	Network *NetworkStatus
 }
 
 func (s *Supervisor) setTransient(id string, state State) {
@@ -259,6 +265,7 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 		st.State = t
 	}
 	s.mu.Unlock()
+	st.Network = s.networkStatus(cfg, st.State)
 	return st, nil
 }
 
