@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/metrics"
+	"github.com/sandboxd/sandboxd/network"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/portlink"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
@@ -63,6 +64,8 @@ type options struct {
 	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
 	// that cannot give sandboxes a disk is an error rather than a warning.
 	diskExplicit bool
+	// networkPool, networkUplink and dnsUpstream configure sandbox networks (network.Config).
+	networkPool, networkUplink, dnsUpstream string
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -99,6 +102,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded, for trusted work only (env SANDBOXD_DEFAULT_DISK_MB)")
 	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("SANDBOXD_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env SANDBOXD_REGISTRY_AUTH); default: anonymous pulls")
 	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
+	fs.StringVar(&o.networkPool, "network-pool", envOr("SANDBOXD_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env SANDBOXD_NETWORK_POOL)")
+	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("SANDBOXD_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env SANDBOXD_NETWORK_UPLINK); default: any interface that is not a sandbox's")
+	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("SANDBOXD_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env SANDBOXD_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -207,6 +213,15 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	netw, err := openNetwork(o, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		defer netw.Close()
+		mx.WatchNetwork(netw.denied)
+		go netw.watch(ctx)
+	}
 	images, err := openImages(ctx, o, log)
 	if err != nil {
 		return err
@@ -220,6 +235,7 @@ func serve(o *options, log *slog.Logger) error {
 		},
 		OnTransition: mx.OnTransition,
 		Storage:      health,
+		Network:      netw.networker(),
 	})
 	if err != nil {
 		return err
