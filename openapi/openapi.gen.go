@@ -5405,6 +5405,22 @@ func (response SetSandboxNetwork409ApplicationProblemPlusJSONResponse) VisitSetS
 	return err
 }
 
+type SetSandboxNetwork413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork413ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type SetSandboxNetwork423ApplicationProblemPlusJSONResponse struct {
 	LockedApplicationProblemPlusJSONResponse
 }
