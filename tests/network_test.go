@@ -299,7 +299,7 @@ else:
 
 func (d *daemon) probe(id string, args ...string) string {
 	d.t.Helper()
-	r := d.exec(id, map[string]any{"argv": append([]string{"/usr/bin/python3", "-c", probe}, args...), "timeout_ms": 20000})
+	r := d.exec(id, map[string]any{"command": append([]string{"/usr/bin/python3", "-c", probe}, args...), "timeout_ms": 20000})
 	if r.ExitCode != 0 {
 		d.t.Fatalf("probe %v in %s: exit %d: %s", args, id, r.ExitCode, r.Stderr)
 	}
@@ -444,7 +444,10 @@ func TestNetworkPolicy(t *testing.T) {
 			d.dropped(id, netMetadata, 80)
 			d.dropped(id, netHostUplink.Addr().String(), netHostPort) // the host's own service
 			d.dropped(id, gw, d.apiPort())                            // sandboxd's API, at the gateway
-			d.dropped(id, "127.0.0.1", d.apiPort())                   // and not on the sandbox's loopback
+			// The sandbox's loopback is its own: nothing listens there, sandboxd's API least of all.
+			if got := d.probe(id, "get", "127.0.0.1", strconv.Itoa(d.apiPort())); got != "error=ConnectionRefusedError" {
+				t.Fatalf("GET 127.0.0.1:%d from %s = %q; want it refused by the sandbox's own loopback", d.apiPort(), id, got)
+			}
 		}
 		d.dropped("open", box.Address, 80) // another sandbox
 		d.dropped("box", open.Address, 80)
