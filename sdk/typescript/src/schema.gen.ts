@@ -2021,6 +2021,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
