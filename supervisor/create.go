@@ -33,6 +33,8 @@ type CreateRequest struct {
 	DiskMB int
 	Env    map[string]string
 	Labels map[string]string
+	// Network is the egress policy; nil means no interface but lo.
+	Network *NetworkPolicy
 	// Clone, when set, names the generation to clone from.
 	Clone *CloneRequest
 	// Start also starts the sandbox. The create is then all or nothing: a start that fails
@@ -53,6 +55,10 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 		DiskMB:    req.DiskMB,
 		Env:       req.Env,
 		Labels:    req.Labels,
+		Network:   req.Network,
+	}
+	if err := s.checkNetwork(req.Network); err != nil {
+		return nil, err
 	}
 	if err := checkLifetime(req.Lifetime); err != nil {
 		return nil, err

@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/metrics"
+	"github.com/sandboxd/sandboxd/network"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/portlink"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
@@ -66,6 +67,8 @@ type options struct {
 	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
 	// that cannot give sandboxes a disk is an error rather than a warning.
 	diskExplicit bool
+	// networkPool, networkUplink and dnsUpstream configure sandbox networks (network.Config).
+	networkPool, networkUplink, dnsUpstream string
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -108,6 +111,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	fs.IntVar(&o.defaultTimeout, "default-timeout-s", timeoutS, "the lifetime in seconds of a sandbox whose create request names none; 0: none (env SANDBOXD_DEFAULT_TIMEOUT_S)")
+	fs.StringVar(&o.networkPool, "network-pool", envOr("SANDBOXD_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env SANDBOXD_NETWORK_POOL)")
+	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("SANDBOXD_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env SANDBOXD_NETWORK_UPLINK); default: any interface that is not a sandbox's")
+	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("SANDBOXD_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env SANDBOXD_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -219,6 +225,15 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	netw, err := openNetwork(o, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		defer netw.Close()
+		mx.WatchNetwork(netw.denied)
+		go netw.watch(ctx)
+	}
 	images, err := openImages(ctx, o, log)
 	if err != nil {
 		return err
@@ -232,6 +247,7 @@ func serve(o *options, log *slog.Logger) error {
 		},
 		OnTransition: mx.OnTransition,
 		Storage:      health,
+		Network:      netw.networker(),
 	})
 	if err != nil {
 		return err

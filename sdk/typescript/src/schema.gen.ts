@@ -63,6 +63,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/network": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Replace a sandbox's egress policy
+         * @description Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+         *     applied at once to a running sandbox: new connections follow it, established ones
+         *     continue; a running sandbox without an interface gets one. A policy that allows
+         *     nothing leaves a running sandbox's interface in place with everything dropped, and
+         *     gives a stopped one no interface at its next start. An invalid entry is refused with
+         *     `invalid-request` whose `field` names it (`network.allow[2]`).
+         */
+        put: operations["setSandboxNetwork"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/start": {
         parameters: {
             query?: never;
@@ -1317,6 +1345,7 @@ export interface components {
              */
             env?: components["schemas"]["EnvVar"][];
             labels?: components["schemas"]["Labels"];
+            network?: components["schemas"]["NetworkPolicy"];
             /**
              * @description Also start the sandbox before answering. The create is then all or nothing: a
              *     start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -1388,6 +1417,45 @@ export interface components {
              */
             expires_at?: string;
             on_timeout?: components["schemas"]["OnTimeout"];
+            network?: components["schemas"]["NetworkPolicy"];
+            /**
+             * Format: ipv4
+             * @description The sandbox's own address, while it runs with a network interface.
+             */
+            address?: string;
+        };
+        /**
+         * @description A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+         *     but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+         *     below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+         *     (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+         *     public destination is reachable; with `allow`, only what it lists. `deny` wins over
+         *     `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+         *     answers only allowed names and opens their answered addresses for their TTL. Always
+         *     denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+         *     169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+         *     addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+         *     CIDR lies inside one.
+         * @example {
+         *       "allow": [
+         *         "pypi.org",
+         *         "*.pythonhosted.org"
+         *       ],
+         *       "deny": [
+         *         "evil.pypi.org"
+         *       ]
+         *     }
+         */
+        NetworkPolicy: {
+            /**
+             * @description Every public destination, when `allow` is empty.
+             * @default false
+             */
+            internet?: boolean;
+            /** @description The only destinations reachable, when not empty. */
+            allow?: string[];
+            /** @description Destinations never reachable; wins over `allow` and `internet`. */
+            deny?: string[];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
@@ -2077,6 +2145,50 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+        };
+    };
+    setSandboxNetwork: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NetworkPolicy"];
+            };
+        };
+        responses: {
+            /** @description The sandbox, with its new policy. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     startSandbox: {
