@@ -156,7 +156,7 @@ func (c *cli) imageImportCommand() *cobra.Command {
   scripts/image-debian | sandboxctl image import debian-python -`,
 		Args: exactArgs(2),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			var r io.Reader = c.stdin
+			r := c.stdin
 			if args[1] != "-" {
 				f, err := os.Open(args[1])
 				if err != nil {

@@ -96,7 +96,7 @@ func (a *netAccount) Teardown(id string) error {
 	_, ok := a.live[id]
 	a.mu.Unlock()
 	if ok {
-		if d, err := a.Manager.Drops(id); err == nil {
+		if d, err := a.Drops(id); err == nil {
 			a.mu.Lock()
 			a.retired.AlwaysDenied += d.AlwaysDenied
 			a.retired.Policy += d.Policy
@@ -122,12 +122,12 @@ func (a *netAccount) denied() map[string]uint64 {
 	total := a.retired
 	a.mu.Unlock()
 	for _, id := range ids {
-		if d, err := a.Manager.Drops(id); err == nil {
+		if d, err := a.Drops(id); err == nil {
 			total.AlwaysDenied += d.AlwaysDenied
 			total.Policy += d.Policy
 		}
 	}
-	host, _ := a.Manager.HostDrops()
+	host, _ := a.HostDrops()
 	return map[string]uint64{"always-denied": total.AlwaysDenied, "policy": total.Policy, "host": host, "dns-refused": a.Manager.Refused()}
 }
 
