@@ -128,7 +128,7 @@ func (a *netAccount) denied() map[string]uint64 {
 		}
 	}
 	host, _ := a.HostDrops()
-	return map[string]uint64{"always-denied": total.AlwaysDenied, "policy": total.Policy, "host": host, "dns-refused": a.Manager.Refused()}
+	return map[string]uint64{"always-denied": total.AlwaysDenied, "policy": total.Policy, "host": host, "dns-refused": a.Refused()}
 }
 
 // refused logs a refused name, at most one line per sandbox per logEvery; it must not block,
@@ -173,7 +173,7 @@ func (a *netAccount) watch(ctx context.Context) {
 		}
 		a.mu.Unlock()
 		for _, id := range ids {
-			d, err := a.Manager.Drops(id)
+			d, err := a.Drops(id)
 			if err != nil {
 				continue
 			}
