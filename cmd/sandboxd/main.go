@@ -22,6 +22,7 @@ import (
 
 	"github.com/lmittmann/tint"
 
+	"github.com/sandboxd/sandboxd/e2b"
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/metrics"
@@ -282,7 +283,16 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// E2B's API on the same listener (docs/e2b.md): its paths and its envd header are none
+	// of sandboxd's.
+	e2bAPI := e2b.New(e2b.Config{
+		Supervisor: sup, Token: token, Logger: log,
+		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
+		MaxFileBytes: server.DefaultMaxFileBytes,
+	})
 	srv, err := server.New(server.Config{
+		Foreign:        e2bAPI,
+		ForeignClaims:  e2b.Claims,
 		Handlers:       h,
 		Token:          token,
 		AllowedOrigins: o.allowedOrigins,
