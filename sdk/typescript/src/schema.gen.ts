@@ -1154,7 +1154,12 @@ export interface components {
             vcpus: number;
             /** @description Memory limit in MiB. */
             memory_mb: number;
-            /** @description Limit on the number of processes and threads. */
+            /**
+             * @description Limit on the number of the workload's processes and threads. sandboxd's own agent
+             *     inside the sandbox is not counted against it: the sandbox's cgroup allows this many
+             *     plus an allowance of 32 for the agent, so the workload always has at least this
+             *     many, 1 included.
+             */
             pids: number;
             /**
              * @description Size in MiB of the sandbox's own disk, which holds everything it writes (its
@@ -1168,6 +1173,7 @@ export interface components {
         ResourcesRequest: {
             vcpus?: number;
             memory_mb?: number;
+            /** @description The workload's processes and threads, the agent's not counted (see `Resources`). */
             pids?: number;
             /**
              * @description Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
@@ -1515,8 +1521,7 @@ export interface components {
              * @description Increases by one per event of this server process; also the SSE `id`.
              */
             seq: number;
-            /** @enum {string} */
-            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
+            type: components["schemas"]["EventType"];
             /** Format: date-time */
             at: string;
             sandbox?: components["schemas"]["SandboxID"];
@@ -1552,6 +1557,12 @@ export interface components {
                 bytes_total?: number;
             };
         };
+        /**
+         * @description What an event says happened (see `Event` for the fields of each). New types may be
+         *     added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+         *     it does not know, and skips it.
+         */
+        EventType: string;
         /**
          * @description The stable error codes, identical to package errcode. Never renamed; new ones may be
          *     added, so clients treat an unknown code by its HTTP status. The list is open
@@ -3571,5 +3582,4 @@ export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<co
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "qemu"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
-export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
