@@ -951,7 +951,9 @@ type Sandbox struct {
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
 
-	// StartedAt When the current (or last) run started.
+	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
+	// linger until sandboxd has reconciled a run that ended by itself): how the last run
+	// ended, and when, is `last_exit`.
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;

@@ -1248,7 +1248,9 @@ export interface components {
             created_at: string;
             /**
              * Format: date-time
-             * @description When the current (or last) run started.
+             * @description When the current run started. Once the sandbox has stopped it is absent (it may
+             *     linger until sandboxd has reconciled a run that ended by itself): how the last run
+             *     ended, and when, is `last_exit`.
              */
             started_at?: string;
             last_exit?: components["schemas"]["LastExit"];
