@@ -39,6 +39,9 @@ const (
 	LeakedCgroup          = "leaked-cgroup"           // the cgroup of a sandbox that is not running
 	LeakedLoop            = "leaked-loop"             // a loop device holding a disk image of a sandbox that is not running
 	BindingWithoutLease   = "binding-without-lease"   // clone.json names a lease record that does not exist
+	InterruptedPause      = "interrupted-pause"       // paused.json names the live launch, whose processes are not frozen
+	InterruptedResume     = "interrupted-resume"      // the live launch's processes are frozen, and no paused.json says so
+	StalePause            = "stale-pause-record"      // paused.json names a launch that is not running
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
@@ -81,7 +84,9 @@ type Report struct {
 	Repair    bool   `json:"repair"`
 	Sandboxes int    `json:"sandboxes"`
 	Running   int    `json:"running"`
-	Processes int    `json:"processes"`
+	// Paused counts the running sandboxes that are paused (and frozen).
+	Paused    int `json:"paused"`
+	Processes int `json:"processes"`
 	// Problems are the inconsistencies found (by the first pass, with repair); Notes are
 	// observations that are not inconsistencies.
 	Problems []Problem `json:"problems"`
@@ -104,6 +109,9 @@ type Options struct {
 	// LockTimeout bounds each wait for a sandbox's lock during repair (default 10 s).
 	LockTimeout time.Duration
 	Logger      *slog.Logger
+	// Network, if set, is the sandbox networks' Manager, whose leftovers are reported and
+	// repaired.
+	Network Network
 }
 
 // Run checks the state root and, with Repair, repairs it and checks it again. An error means
@@ -228,6 +236,7 @@ type pass struct {
 	notes     []Problem
 	sandboxes int
 	running   int
+	paused    int
 	states    map[string]*sandboxState // by directory
 	procs     []runtime.Process
 	// unrecorded, leakedCgroups and leakedMounts are what repair acts on, by sandbox id.
@@ -246,7 +255,7 @@ func (p *pass) note(kind, sandbox, entry, format string, args ...any) {
 }
 
 func (p *pass) report(root string, repair bool) *Report {
-	r := &Report{Root: root, Repair: repair, Sandboxes: p.sandboxes, Running: p.running, Processes: len(p.procs),
+	r := &Report{Root: root, Repair: repair, Sandboxes: p.sandboxes, Running: p.running, Paused: p.paused, Processes: len(p.procs),
 		Problems: p.problems, Notes: p.notes}
 	if r.Problems == nil {
 		r.Problems = []Problem{}
@@ -316,6 +325,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkLoops(p)
 	c.checkTemplates(ctx, p)
 	c.checkImages(ctx, p, false)
+	c.checkNetwork(p)
 	return p, nil
 }
 
@@ -346,6 +356,7 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	}
 	checkConfig(s, recs, entry, p)
 	c.checkRuntimeRecord(s, recs.rec, entry, p)
+	c.checkPause(s, entry, p)
 	checkJournal(id, recs, entry, p)
 	if recs.cfg != nil {
 		c.checkBinding(id, entry, p)
@@ -455,6 +466,31 @@ func (c *checker) checkRuntimeRecord(s *sandboxState, rec *store.RuntimeRecord, 
 	}
 	if rec.RuntimeID != c.rt.Identity() {
 		p.note(RuntimeMismatchNote, s.id, entry, "runs under runtime %s, not this sandboxd's %s; a forced stop ends it", rec.RuntimeID, c.rt.Identity())
+	}
+}
+
+// checkPause reports a pause record and a freezer state that disagree (a pause or resume
+// that a crash interrupted between its two steps, which the next transition on the sandbox
+// or the next start-up of sandboxd finishes), and a pause record of a launch that is not
+// running; it counts the paused sandboxes.
+func (c *checker) checkPause(s *sandboxState, entry string, p *pass) {
+	launch := ""
+	if s.alive {
+		launch = s.rec.LaunchID
+	}
+	f, err := supervisor.InspectPause(c.rt, s.id, s.dir, launch)
+	pe := filepath.Join(entry, supervisor.PausedName)
+	switch {
+	case err != nil:
+		p.add(BadRecord, s.id, pe, "the pause state does not read: %v", err)
+	case f.Stale:
+		p.add(StalePause, s.id, pe, "names a launch that is not running; the next transition on the sandbox removes it")
+	case f.Recorded && f.Frozen:
+		p.paused++
+	case f.Recorded:
+		p.add(InterruptedPause, s.id, pe, "the sandbox is recorded paused but its processes are not frozen; the next transition on it, or sandboxd's start-up, freezes them")
+	case f.Frozen:
+		p.add(InterruptedResume, s.id, entry, "the sandbox's processes are frozen but no pause is recorded; the next transition on it, or sandboxd's start-up, thaws them")
 	}
 }
 

@@ -146,7 +146,10 @@ func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	}
 	req := &DialRequest{Port: port}
 	if err := req.Validate(); err != nil {
-		return nil, err.(*RemoteError).Err()
+		if re, ok := errors.AsType[*RemoteError](err); ok {
+			return nil, re.Err()
+		}
+		return nil, err
 	}
 	st, _, stop, err := c.open(ctx, Header{Op: OpDial, Dial: req})
 	if err != nil {
@@ -186,10 +189,11 @@ type portConn struct {
 
 func (c *portConn) Close() error {
 	c.once.Do(func() {
-		c.Stream.Close()
+		// The embedded stream's own Close and deadline, named: c.Close is this method.
+		c.Stream.Close() //nolint:staticcheck // QF1008: see above
 		// Reads still pending would wait for the agent's FIN; a closed net.Conn's reads
 		// return at once.
-		c.Stream.SetReadDeadline(time.Now())
+		c.Stream.SetReadDeadline(time.Now()) //nolint:staticcheck // QF1008: see above
 	})
 	return nil
 }

@@ -44,12 +44,16 @@ const (
 	TemplateExists     Code = "template-exists"
 	TemplateTombstoned Code = "template-tombstoned"
 	TemplateIneligible Code = "template-ineligible"
+	SandboxPaused      Code = "sandbox-paused" // exec, files and streams wait for a resume
 
 	SandboxBusy          Code = "sandbox-busy"
 	TransitionInProgress Code = "transition-in-progress"
 	SandboxLeased        Code = "sandbox-leased"
 	GenerationLeased     Code = "generation-leased"
 	ImageInUse           Code = "image-in-use" // a sandbox or a template generation uses the image
+
+	// WaitTimeout: the sandbox did not reach the state waited for in time.
+	WaitTimeout Code = "wait-timeout"
 
 	StopTimeout  Code = "stop-timeout"
 	StartTimeout Code = "start-timeout"

@@ -32,6 +32,8 @@ type fakeSupervisor struct {
 	writes    []supervisor.WriteRequest
 	removes   []string
 	listPaths []string
+	deleted   []deleteCall
+	lifetimes []*supervisor.Lifetime
 
 	// Answers.
 	status    map[string]*supervisor.Status
@@ -56,6 +58,11 @@ type admitCall struct {
 	wait time.Duration
 }
 
+type deleteCall struct {
+	id    string
+	force bool
+}
+
 type runCall struct {
 	req   supervisor.ExecRequest
 	stdin string
@@ -73,6 +80,11 @@ func (f *fakeSupervisor) Create(_ context.Context, req supervisor.CreateRequest)
 	cfg := supervisor.Config{ID: req.ID, Image: req.Image, Resources: req.Resources, DiskMB: req.DiskMB, Env: req.Env, Labels: req.Labels}
 	if cfg.Image == "" {
 		cfg.Image = supervisor.HostImage
+	}
+	if req.Start {
+		// The supervisor starts what it created, under the same lock.
+		f.started = append(f.started, req.ID)
+		return &supervisor.Status{Config: cfg, State: supervisor.StateRunning}, nil
 	}
 	return &supervisor.Status{Config: cfg, State: supervisor.StateProvisioned}, nil
 }
@@ -99,8 +111,55 @@ func (f *fakeSupervisor) Stop(context.Context, string, bool) (*supervisor.Status
 	return nil, errUnprepared
 }
 func (f *fakeSupervisor) Deprovision(context.Context, string) error { return errUnprepared }
-func (f *fakeSupervisor) Logs(string, int) ([]byte, error)          { return nil, errUnprepared }
-func (f *fakeSupervisor) Images() ([]string, error)                 { return f.images, nil }
+
+func (f *fakeSupervisor) Delete(_ context.Context, id string, force bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted = append(f.deleted, deleteCall{id, force})
+	if f.err != nil {
+		return f.err
+	}
+	delete(f.status, id)
+	return nil
+}
+
+func (f *fakeSupervisor) Pause(_ context.Context, id string) (*supervisor.Status, error) {
+	return f.setState(id, supervisor.StatePaused)
+}
+
+func (f *fakeSupervisor) Resume(_ context.Context, id string) (*supervisor.Status, error) {
+	return f.setState(id, supervisor.StateRunning)
+}
+
+// setState moves a prepared sandbox to state, as a pause or resume does.
+func (f *fakeSupervisor) setState(id string, state supervisor.State) (*supervisor.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	st, ok := f.status[id]
+	if !ok {
+		return nil, errUnprepared
+	}
+	next := *st
+	next.State = state
+	f.status[id] = &next
+	return &next, nil
+}
+
+func (f *fakeSupervisor) SetTimeout(_ context.Context, id string, lt *supervisor.Lifetime) (*supervisor.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lifetimes = append(f.lifetimes, lt)
+	st, ok := f.status[id]
+	if !ok {
+		return nil, errUnprepared
+	}
+	return st, nil
+}
+func (f *fakeSupervisor) Logs(string, int) ([]byte, error) { return nil, errUnprepared }
+func (f *fakeSupervisor) Images() ([]string, error)        { return f.images, nil }
 func (f *fakeSupervisor) RuntimeInfo() supervisor.RuntimeInfo {
 	return supervisor.RuntimeInfo{Kind: "namespace", Identity: "namespace/test"}
 }

@@ -30,6 +30,10 @@ type Supervisor interface {
 	Start(ctx context.Context, id string) (*supervisor.Status, error)
 	Stop(ctx context.Context, id string, force bool) (*supervisor.Status, error)
 	Deprovision(ctx context.Context, id string) error
+	Delete(ctx context.Context, id string, force bool) error
+	Pause(ctx context.Context, id string) (*supervisor.Status, error)
+	Resume(ctx context.Context, id string) (*supervisor.Status, error)
+	SetTimeout(ctx context.Context, id string, lt *supervisor.Lifetime) (*supervisor.Status, error)
 	Logs(id string, tail int) ([]byte, error)
 	Images() ([]string, error)
 	RuntimeInfo() supervisor.RuntimeInfo
@@ -71,6 +75,9 @@ type Config struct {
 	Supervisor Supervisor
 	// DefaultResources fill in what a create request leaves out.
 	DefaultResources supervisor.Resources
+	// DefaultTimeoutS is the lifetime in seconds of sandboxes whose create names none (0:
+	// none).
+	DefaultTimeoutS int
 	// DefaultDiskMB is the disk of their own that sandboxes get when a create request names
 	// none (0: none).
 	DefaultDiskMB int

@@ -30,11 +30,6 @@ func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxR
 	if err != nil {
 		return nil, err
 	}
-	if body.Start != nil && *body.Start {
-		if st, err = h.sup.Start(ctx, creq.ID); err != nil {
-			return nil, err
-		}
-	}
 	location := "/v1/sandboxes/" + creq.ID
 	return openapi.CreateSandbox201JSONResponse{
 		Body:    apiSandbox(st),
@@ -58,12 +53,19 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 	if creq.ID == "" {
 		creq.ID = newSandboxID()
 	}
+	creq.Start = body.Start != nil && *body.Start
+	seconds := h.cfg.DefaultTimeoutS
+	if body.TimeoutS != nil && *body.TimeoutS > 0 {
+		seconds = *body.TimeoutS
+	}
+	creq.Lifetime = lifetime(seconds, body.OnTimeout)
 	chosen := applyResources(&creq, body.Resources)
 	env, err := envMap("env", body.Env)
 	if err != nil {
 		return supervisor.CreateRequest{}, err
 	}
 	creq.Env = env
+	creq.Network = policyOf(body.Network)
 	if body.Labels != nil {
 		if err := checkLabels(*body.Labels); err != nil {
 			return supervisor.CreateRequest{}, err
@@ -205,7 +207,8 @@ func matchLabels(labels, selectors map[string]string) bool {
 func (h *Handlers) DeleteSandbox(ctx context.Context, req openapi.DeleteSandboxRequestObject) (openapi.DeleteSandboxResponseObject, error) {
 	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
 	defer cancel()
-	if err := h.sup.Deprovision(ctx, req.ID); err != nil {
+	force := req.Params.Force != nil && *req.Params.Force
+	if err := h.sup.Delete(ctx, req.ID, force); err != nil {
 		return nil, err
 	}
 	return openapi.DeleteSandbox204Response{}, nil
@@ -255,6 +258,11 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 		Resources: apiResources(c.Resources, c.DiskMB),
 		CreatedAt: c.CreatedAt,
 		StartedAt: st.StartedAt,
+		ExpiresAt: st.ExpiresAt,
+	}
+	if st.OnTimeout != "" {
+		on := openapi.OnTimeout(st.OnTimeout)
+		sb.OnTimeout = &on
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
@@ -282,12 +290,13 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 		}
 		sb.LastExit = le
 	}
+	apiNetwork(&sb, st.Network)
 	return sb
 }
 
 func exitReason(o *supervisor.Exit) openapi.LastExitReason {
 	switch o.Reason {
-	case supervisor.ReasonSignaled:
+	case supervisor.ReasonSignaled, supervisor.ReasonKilled:
 		return openapi.LastExitReasonKilled
 	case supervisor.ReasonOOM:
 		return openapi.LastExitReasonOom
@@ -297,6 +306,8 @@ func exitReason(o *supervisor.Exit) openapi.LastExitReason {
 		return openapi.LastExitReasonStartFailed
 	case supervisor.ReasonExited:
 		return openapi.LastExitReasonExited
+	case supervisor.ReasonExpired:
+		return openapi.LastExitReasonExpired
 	}
 	return openapi.LastExitReasonLost
 }

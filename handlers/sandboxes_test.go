@@ -184,6 +184,8 @@ func TestExitReasons(t *testing.T) {
 		supervisor.ReasonOOM:         openapi.LastExitReasonOom,
 		supervisor.ReasonStopped:     openapi.LastExitReasonStopped,
 		supervisor.ReasonStartFailed: openapi.LastExitReasonStartFailed,
+		supervisor.ReasonKilled:      openapi.LastExitReasonKilled,
+		supervisor.ReasonExpired:     openapi.LastExitReasonExpired,
 		"something-new":              openapi.LastExitReasonLost,
 	} {
 		if got := exitReason(&supervisor.Exit{Reason: reason}); got != want {

@@ -64,6 +64,7 @@ type exitMessage struct {
 	ExitCode int     `json:"exit_code"`
 	Signal   *string `json:"signal"`
 	TimedOut bool    `json:"timed_out"`
+	OOM      bool    `json:"oom_killed"`
 }
 
 // ExecStream serves GET /v1/sandboxes/{id}/exec/stream. The request is validated against the
@@ -148,6 +149,10 @@ func streamRequest(p stream.ExecStreamParams) (supervisor.ExecRequest, time.Dura
 // execStream admits and starts the workload, upgrades the connection and runs the stream.
 func (h *Handlers) execStream(w http.ResponseWriter, r *http.Request, id string, p stream.ExecStreamParams) error {
 	req, wait := streamRequest(p)
+	var err error
+	if req.Umask, err = parseUmask(p.Umask); err != nil {
+		return err
+	}
 	release, err := h.bounds.admitExec()
 	if err != nil {
 		return err
@@ -407,7 +412,7 @@ func (c *streamConn) pump() {
 // an exit status, a close whose code says why.
 func (c *streamConn) finish(status supervisor.ExitStatus, err error) {
 	if err == nil {
-		msg := exitMessage{Type: "exit", ExitCode: status.ExitCode, TimedOut: status.TimedOut, Signal: signalName(status)}
+		msg := exitMessage{Type: "exit", ExitCode: status.ExitCode, TimedOut: status.TimedOut, OOM: status.OOM, Signal: signalName(status)}
 		b, _ := json.Marshal(msg)
 		c.write(websocket.TextMessage, b)
 		c.write(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))

@@ -182,6 +182,7 @@ func (e InfoRuntimeKind) Valid() bool {
 // Defines values for LastExitReason.
 const (
 	LastExitReasonExited      LastExitReason = "exited"
+	LastExitReasonExpired     LastExitReason = "expired"
 	LastExitReasonKilled      LastExitReason = "killed"
 	LastExitReasonLost        LastExitReason = "lost"
 	LastExitReasonOom         LastExitReason = "oom"
@@ -193,6 +194,8 @@ const (
 func (e LastExitReason) Valid() bool {
 	switch e {
 	case LastExitReasonExited:
+		return true
+	case LastExitReasonExpired:
 		return true
 	case LastExitReasonKilled:
 		return true
@@ -209,8 +212,27 @@ func (e LastExitReason) Valid() bool {
 	}
 }
 
+// Defines values for OnTimeout.
+const (
+	OnTimeoutDelete OnTimeout = "delete"
+	OnTimeoutStop   OnTimeout = "stop"
+)
+
+// Valid indicates whether the value is a known member of the OnTimeout enum.
+func (e OnTimeout) Valid() bool {
+	switch e {
+	case OnTimeoutDelete:
+		return true
+	case OnTimeoutStop:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxState.
 const (
+	SandboxStatePaused      SandboxState = "paused"
 	SandboxStateProvisioned SandboxState = "provisioned"
 	SandboxStateRunning     SandboxState = "running"
 	SandboxStateStarting    SandboxState = "starting"
@@ -221,6 +243,8 @@ const (
 // Valid indicates whether the value is a known member of the SandboxState enum.
 func (e SandboxState) Valid() bool {
 	switch e {
+	case SandboxStatePaused:
+		return true
 	case SandboxStateProvisioned:
 		return true
 	case SandboxStateRunning:
@@ -251,6 +275,39 @@ func (e StorageHealthState) Valid() bool {
 	case StorageHealthStateOk:
 		return true
 	case StorageHealthStateUnavailable:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WaitSandboxParamsState.
+const (
+	WaitSandboxParamsStateDeleted     WaitSandboxParamsState = "deleted"
+	WaitSandboxParamsStatePaused      WaitSandboxParamsState = "paused"
+	WaitSandboxParamsStateProvisioned WaitSandboxParamsState = "provisioned"
+	WaitSandboxParamsStateRunning     WaitSandboxParamsState = "running"
+	WaitSandboxParamsStateStarting    WaitSandboxParamsState = "starting"
+	WaitSandboxParamsStateStopped     WaitSandboxParamsState = "stopped"
+	WaitSandboxParamsStateStopping    WaitSandboxParamsState = "stopping"
+)
+
+// Valid indicates whether the value is a known member of the WaitSandboxParamsState enum.
+func (e WaitSandboxParamsState) Valid() bool {
+	switch e {
+	case WaitSandboxParamsStateDeleted:
+		return true
+	case WaitSandboxParamsStatePaused:
+		return true
+	case WaitSandboxParamsStateProvisioned:
+		return true
+	case WaitSandboxParamsStateRunning:
+		return true
+	case WaitSandboxParamsStateStarting:
+		return true
+	case WaitSandboxParamsStateStopped:
+		return true
+	case WaitSandboxParamsStateStopping:
 		return true
 	default:
 		return false
@@ -337,14 +394,38 @@ type CreateSandboxRequest struct {
 	// Example: {"job":"42","team":"grading"}
 	Labels *Labels `json:"labels,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
+	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
+
 	// Resources Resource limits; an absent field takes the server's default (see `/v1/info`).
 	Resources *ResourcesRequest `json:"resources,omitempty"`
 
-	// Start Also start the sandbox before answering.
+	// Start Also start the sandbox before answering. The create is then all or nothing: a
+	// start that fails removes the sandbox again (the id is free) and its error comes back.
 	Start *bool `json:"start,omitempty"`
 
 	// Template Clone from this template.
 	Template *TemplateName `json:"template,omitempty"`
+
+	// TimeoutS The sandbox's lifetime in seconds from its create (1 s to 30 days; 0 or absent: the
+	// server's default, which is none unless configured). See `POST /timeout`.
+	TimeoutS *int `json:"timeout_s,omitempty"`
 }
 
 // CreateTemplateRequest defines model for CreateTemplateRequest.
@@ -375,6 +456,9 @@ type ErrorCode = string
 //     `sandbox`, `state`;
 //   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
 //     `exit`;
+//   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+//   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
+//     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
 //     `generation`, and for a capture the `sandbox` it came from;
 //   - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
@@ -438,8 +522,9 @@ type Event struct {
 	Seq int64 `json:"seq"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
-	// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
-	// and ended (see `last_exit`).
+	// `running`: its agent answers; `paused`: running, with every process frozen (see
+	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
+	// `last_exit`).
 	State *SandboxState `json:"state,omitempty"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -481,6 +566,15 @@ type ExecRequest struct {
 	// TimeoutMs Kill the command after this many milliseconds.
 	TimeoutMs *int `json:"timeout_ms,omitempty"`
 
+	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+	// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+	// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+	//
+	//
+	// Example: 0077
+	Umask *Umask `json:"umask,omitempty"`
+
 	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 	//
 	// Example: user
@@ -495,8 +589,13 @@ type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
 	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
-	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it. A
+	// command that is not found answers 127, as a shell does, with the reason on stderr.
 	ExitCode int `json:"exit_code"`
+
+	// OomKilled The kernel's out-of-memory killer ended the command (the sandbox hit its
+	// `memory_mb`); `signal` is then `SIGKILL`.
+	OomKilled *bool `json:"oom_killed,omitempty"`
 
 	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
 	// when it exited by itself. `exit_code` is then 128 plus its number.
@@ -774,8 +873,9 @@ type LastExit struct {
 
 	// Reason `exited`: the workload ended by itself; `stopped`: stopped on request;
 	// `killed`: force-stopped; `oom`: killed for exceeding its memory limit;
-	// `start-failed`: the launch was refused or timed out; `lost`: the runtime process
-	// was gone with no outcome report (for example after a host reboot).
+	// `start-failed`: the launch was refused or timed out; `expired`: its lifetime ended;
+	// `lost`: the runtime process was gone with no outcome report (for example after a
+	// host reboot).
 	Reason LastExitReason `json:"reason"`
 
 	// Signal The signal that ended it, when one did (for example `SIGKILL`).
@@ -784,8 +884,9 @@ type LastExit struct {
 
 // LastExitReason `exited`: the workload ended by itself; `stopped`: stopped on request;
 // `killed`: force-stopped; `oom`: killed for exceeding its memory limit;
-// `start-failed`: the launch was refused or timed out; `lost`: the runtime process
-// was gone with no outcome report (for example after a host reboot).
+// `start-failed`: the launch was refused or timed out; `expired`: its lifetime ended;
+// `lost`: the runtime process was gone with no outcome report (for example after a
+// host reboot).
 type LastExitReason string
 
 // Lease defines model for Lease.
@@ -812,6 +913,33 @@ type LeaseID = string
 type LeaseList struct {
 	Items []Lease `json:"items"`
 }
+
+// NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+// answers only allowed names and opens their answered addresses for their TTL. Always
+// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+// CIDR lies inside one.
+//
+// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+type NetworkPolicy struct {
+	// Allow The only destinations reachable, when not empty.
+	Allow *[]string `json:"allow,omitempty"`
+
+	// Deny Destinations never reachable; wins over `allow` and `internet`.
+	Deny *[]string `json:"deny,omitempty"`
+
+	// Internet Every public destination, when `allow` is empty.
+	Internet *bool `json:"internet,omitempty"`
+}
+
+// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+type OnTimeout string
 
 // PortLink defines model for PortLink.
 type PortLink struct {
@@ -919,10 +1047,15 @@ type ResourcesRequest struct {
 
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
+	// Address The sandbox's own address, while it runs with a network interface.
+	Address   *string   `json:"address,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
 	EnvKeys *[]EnvKey `json:"env_keys,omitempty"`
+
+	// ExpiresAt When the sandbox's lifetime ends (to the second); absent without one.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 
 	// ID 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 	//
@@ -946,6 +1079,25 @@ type Sandbox struct {
 	// LastExit How the sandbox's last run ended.
 	LastExit *LastExit `json:"last_exit,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
+	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
+
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
 
@@ -955,8 +1107,9 @@ type Sandbox struct {
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
-	// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
-	// and ended (see `last_exit`).
+	// `running`: its agent answers; `paused`: running, with every process frozen (see
+	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
+	// `last_exit`).
 	State SandboxState `json:"state"`
 
 	// Template The template generation a clone was made from, and its lease.
@@ -977,8 +1130,9 @@ type SandboxList struct {
 }
 
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
-// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
-// and ended (see `last_exit`).
+// `running`: its agent answers; `paused`: running, with every process frozen (see
+// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
+// `last_exit`).
 type SandboxState string
 
 // StorageHealth The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
@@ -1051,6 +1205,23 @@ type TemplateList struct {
 //
 // Example: python-base
 type TemplateName = string
+
+// TimeoutRequest defines model for TimeoutRequest.
+type TimeoutRequest struct {
+	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
+
+	// TimeoutS The lifetime in seconds from now (1 s to 30 days); 0 clears it.
+	TimeoutS int `json:"timeout_s"`
+}
+
+// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+//
+// Example: 0077
+type Umask = string
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
@@ -1132,6 +1303,9 @@ type NotImplemented = Problem
 // PayloadTooLarge An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type PayloadTooLarge = Problem
 
+// RequestTimeout An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type RequestTimeout = Problem
+
 // ServiceUnavailable An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type ServiceUnavailable = Problem
 
@@ -1171,6 +1345,9 @@ type DeleteSandboxParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// Force Stop the sandbox by force first if it runs (or is paused).
+	Force *bool `form:"force,omitempty" json:"force,omitempty"`
 }
 
 // RemoveFileParams defines parameters for RemoveFile.
@@ -1205,6 +1382,30 @@ type GetSandboxLogsParams struct {
 	Tail *int `form:"tail,omitempty" json:"tail,omitempty"`
 }
 
+// SetSandboxNetworkParams defines parameters for SetSandboxNetwork.
+type SetSandboxNetworkParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// PauseSandboxParams defines parameters for PauseSandbox.
+type PauseSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// ResumeSandboxParams defines parameters for ResumeSandbox.
+type ResumeSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // StartSandboxParams defines parameters for StartSandbox.
 type StartSandboxParams struct {
 	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
@@ -1223,6 +1424,26 @@ type StopSandboxParams struct {
 	// Force Kill the sandbox instead of waiting for a clean shutdown.
 	Force *bool `form:"force,omitempty" json:"force,omitempty"`
 }
+
+// SetSandboxTimeoutParams defines parameters for SetSandboxTimeout.
+type SetSandboxTimeoutParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// WaitSandboxParams defines parameters for WaitSandbox.
+type WaitSandboxParams struct {
+	// State The state to wait for; `deleted` waits until the sandbox is gone.
+	State WaitSandboxParamsState `form:"state" json:"state"`
+
+	// TimeoutMs How long to wait, in milliseconds.
+	TimeoutMs *int `form:"timeout_ms,omitempty" json:"timeout_ms,omitempty"`
+}
+
+// WaitSandboxParamsState defines parameters for WaitSandbox.
+type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
@@ -1293,8 +1514,14 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
 
+// SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
+type SetSandboxNetworkJSONRequestBody = NetworkPolicy
+
 // CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
 type CreatePortLinkJSONRequestBody = PortLinkRequest
+
+// SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
+type SetSandboxTimeoutJSONRequestBody = TimeoutRequest
 
 // CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
 type CreateTemplateJSONRequestBody = CreateTemplateRequest
@@ -1331,7 +1558,7 @@ type ServerInterface interface {
 	// CreateSandbox Create a sandbox
 	// (POST /v1/sandboxes)
 	CreateSandbox(w http.ResponseWriter, r *http.Request, params CreateSandboxParams)
-	// DeleteSandbox Delete a stopped sandbox
+	// DeleteSandbox Delete a sandbox
 	// (DELETE /v1/sandboxes/{id})
 	DeleteSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params DeleteSandboxParams)
 	// GetSandbox Get a sandbox
@@ -1352,18 +1579,33 @@ type ServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
+	// SetSandboxNetwork Replace a sandbox's egress policy
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams)
+	// PauseSandbox Pause a running sandbox
+	// (POST /v1/sandboxes/{id}/pause)
+	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams)
 	// CreatePortLink Make a link that opens the port without the API token
 	// (POST /v1/sandboxes/{id}/ports/{port}/links)
 	CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath)
 	// DeletePortLink Revoke a link
 	// (DELETE /v1/sandboxes/{id}/ports/{port}/links/{link})
 	DeletePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, link string)
+	// ResumeSandbox Resume a paused sandbox
+	// (POST /v1/sandboxes/{id}/resume)
+	ResumeSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ResumeSandboxParams)
 	// StartSandbox Start a provisioned sandbox
 	// (POST /v1/sandboxes/{id}/start)
 	StartSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params StartSandboxParams)
 	// StopSandbox Stop a running sandbox
 	// (POST /v1/sandboxes/{id}/stop)
 	StopSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params StopSandboxParams)
+	// SetSandboxTimeout Set a sandbox's lifetime anew
+	// (POST /v1/sandboxes/{id}/timeout)
+	SetSandboxTimeout(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxTimeoutParams)
+	// WaitSandbox Wait until a sandbox is in a state
+	// (GET /v1/sandboxes/{id}/wait)
+	WaitSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params WaitSandboxParams)
 	// ListTemplates List templates
 	// (GET /v1/templates)
 	ListTemplates(w http.ResponseWriter, r *http.Request, params ListTemplatesParams)
@@ -1454,7 +1696,7 @@ func (_ Unimplemented) CreateSandbox(w http.ResponseWriter, r *http.Request, par
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// DeleteSandbox Delete a stopped sandbox
+// DeleteSandbox Delete a sandbox
 // (DELETE /v1/sandboxes/{id})
 func (_ Unimplemented) DeleteSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params DeleteSandboxParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1496,6 +1738,18 @@ func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// SetSandboxNetwork Replace a sandbox's egress policy
+// (PUT /v1/sandboxes/{id}/network)
+func (_ Unimplemented) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PauseSandbox Pause a running sandbox
+// (POST /v1/sandboxes/{id}/pause)
+func (_ Unimplemented) PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // CreatePortLink Make a link that opens the port without the API token
 // (POST /v1/sandboxes/{id}/ports/{port}/links)
 func (_ Unimplemented) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
@@ -1508,6 +1762,12 @@ func (_ Unimplemented) DeletePortLink(w http.ResponseWriter, r *http.Request, id
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ResumeSandbox Resume a paused sandbox
+// (POST /v1/sandboxes/{id}/resume)
+func (_ Unimplemented) ResumeSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ResumeSandboxParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // StartSandbox Start a provisioned sandbox
 // (POST /v1/sandboxes/{id}/start)
 func (_ Unimplemented) StartSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params StartSandboxParams) {
@@ -1517,6 +1777,18 @@ func (_ Unimplemented) StartSandbox(w http.ResponseWriter, r *http.Request, id S
 // StopSandbox Stop a running sandbox
 // (POST /v1/sandboxes/{id}/stop)
 func (_ Unimplemented) StopSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params StopSandboxParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// SetSandboxTimeout Set a sandbox's lifetime anew
+// (POST /v1/sandboxes/{id}/timeout)
+func (_ Unimplemented) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxTimeoutParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// WaitSandbox Wait until a sandbox is in a state
+// (GET /v1/sandboxes/{id}/wait)
+func (_ Unimplemented) WaitSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params WaitSandboxParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1859,6 +2131,19 @@ func (siw *ServerInterfaceWrapper) DeleteSandbox(w http.ResponseWriter, r *http.
 		return
 	}
 
+	// ------------- Optional query parameter "force" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "force", r.URL.Query(), &params.Force, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "force"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "force", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.DeleteSandbox(w, r, id, params)
 	}))
@@ -2129,6 +2414,90 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 	handler.ServeHTTP(w, r)
 }
 
+// SetSandboxNetwork operation middleware
+func (siw *ServerInterfaceWrapper) SetSandboxNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params SetSandboxNetworkParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetSandboxNetwork(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PauseSandbox operation middleware
+func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params PauseSandboxParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PauseSandbox(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // CreatePortLink operation middleware
 func (siw *ServerInterfaceWrapper) CreatePortLink(w http.ResponseWriter, r *http.Request) {
 
@@ -2199,6 +2568,48 @@ func (siw *ServerInterfaceWrapper) DeletePortLink(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.DeletePortLink(w, r, id, port, link)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ResumeSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ResumeSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ResumeSandboxParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ResumeSandbox(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2296,6 +2707,103 @@ func (siw *ServerInterfaceWrapper) StopSandbox(w http.ResponseWriter, r *http.Re
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.StopSandbox(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SetSandboxTimeout operation middleware
+func (siw *ServerInterfaceWrapper) SetSandboxTimeout(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params SetSandboxTimeoutParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetSandboxTimeout(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// WaitSandbox operation middleware
+func (siw *ServerInterfaceWrapper) WaitSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params WaitSandboxParams
+
+	// ------------- Required query parameter "state" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "state", r.URL.Query(), &params.State, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "state"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "state", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "timeout_ms" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout_ms", r.URL.Query(), &params.TimeoutMs, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout_ms"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout_ms", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.WaitSandbox(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2854,10 +3362,25 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}", wrapper.GetSandbox)
 	})
 	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/sandboxes/{id}/network", wrapper.SetSandboxNetwork)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/start", wrapper.StartSandbox)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/stop", wrapper.StopSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/pause", wrapper.PauseSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/resume", wrapper.ResumeSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/timeout", wrapper.SetSandboxTimeout)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/wait", wrapper.WaitSandbox)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/exec", wrapper.ExecCommand)
@@ -2954,6 +3477,8 @@ type NotFoundApplicationProblemPlusJSONResponse Problem
 type NotImplementedApplicationProblemPlusJSONResponse Problem
 
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
+
+type RequestTimeoutApplicationProblemPlusJSONResponse Problem
 
 type ServiceUnavailableApplicationProblemPlusJSONResponse Problem
 
@@ -5128,6 +5653,363 @@ func (response GetSandboxLogs501ApplicationProblemPlusJSONResponse) VisitGetSand
 	return err
 }
 
+type SetSandboxNetworkRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params SetSandboxNetworkParams
+	Body   *SetSandboxNetworkJSONRequestBody
+}
+
+type SetSandboxNetworkResponseObject interface {
+	VisitSetSandboxNetworkResponse(w http.ResponseWriter) error
+}
+
+type SetSandboxNetwork200JSONResponse Sandbox
+
+func (response SetSandboxNetwork200JSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork400ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork401ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork403ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork404ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork409ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork413ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork423ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork500ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork501ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork503ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandboxRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params PauseSandboxParams
+}
+
+type PauseSandboxResponseObject interface {
+	VisitPauseSandboxResponse(w http.ResponseWriter) error
+}
+
+type PauseSandbox200JSONResponse Sandbox
+
+func (response PauseSandbox200JSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox400ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox401ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox403ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox404ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox409ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox423ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox500ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox501ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox503ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreatePortLinkRequestObject struct {
 	ID   SandboxIDPath `json:"id"`
 	Port PortPath      `json:"port"`
@@ -5396,6 +6278,176 @@ func (response DeletePortLink501ApplicationProblemPlusJSONResponse) VisitDeleteP
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandboxRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params ResumeSandboxParams
+}
+
+type ResumeSandboxResponseObject interface {
+	VisitResumeSandboxResponse(w http.ResponseWriter) error
+}
+
+type ResumeSandbox200JSONResponse Sandbox
+
+func (response ResumeSandbox200JSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox400ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox401ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox403ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox404ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox409ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox423ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox500ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox501ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ResumeSandbox503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ResumeSandbox503ApplicationProblemPlusJSONResponse) VisitResumeSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5752,6 +6804,307 @@ func (response StopSandbox504ApplicationProblemPlusJSONResponse) VisitStopSandbo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(504)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeoutRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params SetSandboxTimeoutParams
+	Body   *SetSandboxTimeoutJSONRequestBody
+}
+
+type SetSandboxTimeoutResponseObject interface {
+	VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error
+}
+
+type SetSandboxTimeout200JSONResponse Sandbox
+
+func (response SetSandboxTimeout200JSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout400ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout401ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout403ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout404ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout413ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout423ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout500ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout501ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandboxRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params WaitSandboxParams
+}
+
+type WaitSandboxResponseObject interface {
+	VisitWaitSandboxResponse(w http.ResponseWriter) error
+}
+
+type WaitSandbox200JSONResponse Sandbox
+
+func (response WaitSandbox200JSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandbox204Response struct {
+}
+
+func (response WaitSandbox204Response) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type WaitSandbox400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response WaitSandbox400ApplicationProblemPlusJSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandbox401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response WaitSandbox401ApplicationProblemPlusJSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandbox403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response WaitSandbox403ApplicationProblemPlusJSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandbox404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response WaitSandbox404ApplicationProblemPlusJSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandbox408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response WaitSandbox408ApplicationProblemPlusJSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandbox500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response WaitSandbox500ApplicationProblemPlusJSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitSandbox501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response WaitSandbox501ApplicationProblemPlusJSONResponse) VisitWaitSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -7125,7 +8478,7 @@ type StrictServerInterface interface {
 	// CreateSandbox Create a sandbox
 	// (POST /v1/sandboxes)
 	CreateSandbox(ctx context.Context, request CreateSandboxRequestObject) (CreateSandboxResponseObject, error)
-	// DeleteSandbox Delete a stopped sandbox
+	// DeleteSandbox Delete a sandbox
 	// (DELETE /v1/sandboxes/{id})
 	DeleteSandbox(ctx context.Context, request DeleteSandboxRequestObject) (DeleteSandboxResponseObject, error)
 	// GetSandbox Get a sandbox
@@ -7146,18 +8499,33 @@ type StrictServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
+	// SetSandboxNetwork Replace a sandbox's egress policy
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
+	// PauseSandbox Pause a running sandbox
+	// (POST /v1/sandboxes/{id}/pause)
+	PauseSandbox(ctx context.Context, request PauseSandboxRequestObject) (PauseSandboxResponseObject, error)
 	// CreatePortLink Make a link that opens the port without the API token
 	// (POST /v1/sandboxes/{id}/ports/{port}/links)
 	CreatePortLink(ctx context.Context, request CreatePortLinkRequestObject) (CreatePortLinkResponseObject, error)
 	// DeletePortLink Revoke a link
 	// (DELETE /v1/sandboxes/{id}/ports/{port}/links/{link})
 	DeletePortLink(ctx context.Context, request DeletePortLinkRequestObject) (DeletePortLinkResponseObject, error)
+	// ResumeSandbox Resume a paused sandbox
+	// (POST /v1/sandboxes/{id}/resume)
+	ResumeSandbox(ctx context.Context, request ResumeSandboxRequestObject) (ResumeSandboxResponseObject, error)
 	// StartSandbox Start a provisioned sandbox
 	// (POST /v1/sandboxes/{id}/start)
 	StartSandbox(ctx context.Context, request StartSandboxRequestObject) (StartSandboxResponseObject, error)
 	// StopSandbox Stop a running sandbox
 	// (POST /v1/sandboxes/{id}/stop)
 	StopSandbox(ctx context.Context, request StopSandboxRequestObject) (StopSandboxResponseObject, error)
+	// SetSandboxTimeout Set a sandbox's lifetime anew
+	// (POST /v1/sandboxes/{id}/timeout)
+	SetSandboxTimeout(ctx context.Context, request SetSandboxTimeoutRequestObject) (SetSandboxTimeoutResponseObject, error)
+	// WaitSandbox Wait until a sandbox is in a state
+	// (GET /v1/sandboxes/{id}/wait)
+	WaitSandbox(ctx context.Context, request WaitSandboxRequestObject) (WaitSandboxResponseObject, error)
 	// ListTemplates List templates
 	// (GET /v1/templates)
 	ListTemplates(ctx context.Context, request ListTemplatesRequestObject) (ListTemplatesResponseObject, error)
@@ -7667,6 +9035,67 @@ func (sh *strictHandler) GetSandboxLogs(w http.ResponseWriter, r *http.Request, 
 	}
 }
 
+// SetSandboxNetwork operation middleware
+func (sh *strictHandler) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams) {
+	var request SetSandboxNetworkRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	var body SetSandboxNetworkJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SetSandboxNetwork(ctx, request.(SetSandboxNetworkRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SetSandboxNetwork")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SetSandboxNetworkResponseObject); ok {
+		if err := validResponse.VisitSetSandboxNetworkResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PauseSandbox operation middleware
+func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams) {
+	var request PauseSandboxRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PauseSandbox(ctx, request.(PauseSandboxRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PauseSandbox")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PauseSandboxResponseObject); ok {
+		if err := validResponse.VisitPauseSandboxResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // CreatePortLink operation middleware
 func (sh *strictHandler) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
 	var request CreatePortLinkRequestObject
@@ -7732,6 +9161,33 @@ func (sh *strictHandler) DeletePortLink(w http.ResponseWriter, r *http.Request, 
 	}
 }
 
+// ResumeSandbox operation middleware
+func (sh *strictHandler) ResumeSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ResumeSandboxParams) {
+	var request ResumeSandboxRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ResumeSandbox(ctx, request.(ResumeSandboxRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ResumeSandbox")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ResumeSandboxResponseObject); ok {
+		if err := validResponse.VisitResumeSandboxResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // StartSandbox operation middleware
 func (sh *strictHandler) StartSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params StartSandboxParams) {
 	var request StartSandboxRequestObject
@@ -7779,6 +9235,67 @@ func (sh *strictHandler) StopSandbox(w http.ResponseWriter, r *http.Request, id 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(StopSandboxResponseObject); ok {
 		if err := validResponse.VisitStopSandboxResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// SetSandboxTimeout operation middleware
+func (sh *strictHandler) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxTimeoutParams) {
+	var request SetSandboxTimeoutRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	var body SetSandboxTimeoutJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SetSandboxTimeout(ctx, request.(SetSandboxTimeoutRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SetSandboxTimeout")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SetSandboxTimeoutResponseObject); ok {
+		if err := validResponse.VisitSetSandboxTimeoutResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// WaitSandbox operation middleware
+func (sh *strictHandler) WaitSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params WaitSandboxParams) {
+	var request WaitSandboxRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.WaitSandbox(ctx, request.(WaitSandboxRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "WaitSandbox")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(WaitSandboxResponseObject); ok {
+		if err := validResponse.VisitWaitSandboxResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -59,12 +59,15 @@ var statusOfCode = map[string]int{
 	"template-exists":     409,
 	"template-tombstoned": 409,
 	"template-ineligible": 409,
+	"sandbox-paused":      409,
 
 	"sandbox-busy":           423,
 	"transition-in-progress": 423,
 	"sandbox-leased":         423,
 	"generation-leased":      423,
 	"image-in-use":           423,
+
+	"wait-timeout": 408,
 
 	"stop-timeout":  504,
 	"start-timeout": 504,
@@ -173,8 +176,8 @@ func TestSpecRejectsBrokenEdits(t *testing.T) {
 			"GET /v1/info: no 401 response"},
 		{"code under the wrong status", "\"423\": [sandbox-busy, transition-in-progress]", "\"423\": [sandbox-busy, transition-in-progress, stop-timeout]",
 			`lists "stop-timeout" under 423`},
-		{"error status without codes", "        \"404\": [sandbox-not-found]\n        \"409\": [not-running, runtime-mismatch]\n        \"413\": [payload-too-large]",
-			"        \"409\": [not-running, runtime-mismatch]\n        \"413\": [payload-too-large]",
+		{"error status without codes", "        \"404\": [sandbox-not-found]\n        \"409\": [not-running, sandbox-paused, runtime-mismatch]\n        \"413\": [payload-too-large]",
+			"        \"409\": [not-running, sandbox-paused, runtime-mismatch]\n        \"413\": [payload-too-large]",
 			"the 404 response names no codes"},
 	}
 	for _, tc := range tests {

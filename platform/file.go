@@ -1,8 +1,11 @@
 package platform
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -55,4 +58,19 @@ func EnsureDir(dir, name string, perm os.FileMode) error {
 		return fmt.Errorf("%s is not a directory", p)
 	}
 	return os.Chmod(p, perm)
+}
+
+// FileSHA256 is the hex SHA-256 of the content of the file at path (an executable, a kernel
+// image), for identities that must change when the file does.
+func FileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

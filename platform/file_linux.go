@@ -78,7 +78,7 @@ func modeFromUnix(m uint32) fs.FileMode {
 func StatOf(f *os.File) (Stat, error) {
 	var st unix.Stat_t
 	err := control(f, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Fstat(fd, &st) })
+		return IgnoringEINTR(func() error { return unix.Fstat(fd, &st) })
 	})
 	if err != nil {
 		return Stat{}, &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
@@ -100,7 +100,7 @@ func LstatAt(dir *os.File, name string) (Stat, error) {
 	}
 	var st unix.Stat_t
 	err := control(dir, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) })
+		return IgnoringEINTR(func() error { return unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) })
 	})
 	if err != nil {
 		return Stat{}, &os.PathError{Op: "lstat", Path: filepath.Join(dir.Name(), name), Err: err}
@@ -111,7 +111,7 @@ func LstatAt(dir *os.File, name string) (Stat, error) {
 // OpenDir opens the directory at path for use as a directory handle. A final component that
 // is a symbolic link is refused, not followed.
 func OpenDir(path string) (*os.File, error) {
-	fd, err := openRetry(unix.AT_FDCWD, path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := OpenatRetry(unix.AT_FDCWD, path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -129,7 +129,7 @@ func OpenDirAt(dir *os.File, name string) (*os.File, error) {
 	var nfd int
 	err := control(dir, func(fd int) error {
 		var err error
-		nfd, err = openRetry(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		nfd, err = OpenatRetry(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		return err
 	})
 	if err != nil {
@@ -145,7 +145,7 @@ func MkdirAt(dir *os.File, name string, perm fs.FileMode) error {
 		return err
 	}
 	err := control(dir, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Mkdirat(fd, name, uint32(perm.Perm())) })
+		return IgnoringEINTR(func() error { return unix.Mkdirat(fd, name, uint32(perm.Perm())) })
 	})
 	if err != nil {
 		return &os.PathError{Op: "mkdir", Path: filepath.Join(dir.Name(), name), Err: err}
@@ -166,7 +166,7 @@ func OpenFileAt(dir *os.File, name string, flag int, perm fs.FileMode) (*os.File
 	var nfd int
 	err := control(dir, func(fd int) error {
 		var err error
-		nfd, err = openRetry(fd, name, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(perm.Perm()))
+		nfd, err = OpenatRetry(fd, name, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(perm.Perm()))
 		return err
 	})
 	return finishRegularOpen(nfd, path, err)
@@ -174,7 +174,7 @@ func OpenFileAt(dir *os.File, name string, flag int, perm fs.FileMode) (*os.File
 
 // OpenFile is OpenFileAt for a path; only its final component is protected against links.
 func OpenFile(path string, flag int, perm fs.FileMode) (*os.File, error) {
-	fd, err := openRetry(unix.AT_FDCWD, path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(perm.Perm()))
+	fd, err := OpenatRetry(unix.AT_FDCWD, path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(perm.Perm()))
 	return finishRegularOpen(fd, path, err)
 }
 
@@ -192,7 +192,7 @@ func finishRegularOpen(fd int, path string, err error) (*os.File, error) {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	var st unix.Stat_t
-	if err := ignoringEINTR(func() error { return unix.Fstat(fd, &st) }); err != nil {
+	if err := IgnoringEINTR(func() error { return unix.Fstat(fd, &st) }); err != nil {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
@@ -262,7 +262,7 @@ func unlinkAt(dir *os.File, name string, flags int) error {
 		return err
 	}
 	err := control(dir, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Unlinkat(fd, name, flags) })
+		return IgnoringEINTR(func() error { return unix.Unlinkat(fd, name, flags) })
 	})
 	if err != nil {
 		return &os.PathError{Op: "remove", Path: filepath.Join(dir.Name(), name), Err: err}
@@ -274,7 +274,7 @@ func unlinkAt(dir *os.File, name string, flags int) error {
 // removals in it survive a crash. Its error must be reported: a rename is not durable without it.
 func SyncDir(dir *os.File) error {
 	err := control(dir, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Fsync(fd) })
+		return IgnoringEINTR(func() error { return unix.Fsync(fd) })
 	})
 	if err != nil {
 		return &os.PathError{Op: "fsync", Path: dir.Name(), Err: err}
@@ -292,7 +292,8 @@ func SyncDirPath(path string) error {
 	return SyncDir(d)
 }
 
-func openRetry(dirfd int, name string, flag int, perm uint32) (int, error) {
+// OpenatRetry is openat(2), retried while a signal interrupts it.
+func OpenatRetry(dirfd int, name string, flag int, perm uint32) (int, error) {
 	for {
 		fd, err := unix.Openat(dirfd, name, flag, perm)
 		if err != unix.EINTR {
@@ -301,7 +302,9 @@ func openRetry(dirfd int, name string, flag int, perm uint32) (int, error) {
 	}
 }
 
-func ignoringEINTR(fn func() error) error {
+// IgnoringEINTR runs fn, again while it fails with EINTR: a system call that a signal
+// interrupted is retried rather than reported.
+func IgnoringEINTR(fn func() error) error {
 	for {
 		if err := fn(); err != unix.EINTR {
 			return err

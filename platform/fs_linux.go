@@ -57,7 +57,7 @@ func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.F
 		return err
 	}
 	err = control(dir, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Renameat(fd, tmp, fd, name) })
+		return IgnoringEINTR(func() error { return unix.Renameat(fd, tmp, fd, name) })
 	})
 	if err != nil {
 		return &os.LinkError{Op: "rename", Old: filepath.Join(dir.Name(), tmp), New: path, Err: err}
@@ -87,13 +87,13 @@ func (f FS) RenameNoReplaceAt(dir *os.File, old, new string) error {
 		return err
 	}
 	err := control(dir, func(fd int) error {
-		err := ignoringEINTR(func() error { return unix.Renameat2(fd, old, fd, new, unix.RENAME_NOREPLACE) })
+		err := IgnoringEINTR(func() error { return unix.Renameat2(fd, old, fd, new, unix.RENAME_NOREPLACE) })
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 			var st unix.Stat_t
 			if serr := unix.Fstatat(fd, new, &st, unix.AT_SYMLINK_NOFOLLOW); serr == nil {
 				return unix.EEXIST
 			}
-			err = ignoringEINTR(func() error { return unix.Renameat(fd, old, fd, new) })
+			err = IgnoringEINTR(func() error { return unix.Renameat(fd, old, fd, new) })
 		}
 		return err
 	})

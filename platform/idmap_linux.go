@@ -139,7 +139,7 @@ func OpenIDRangeLock(path string) (*IDRangeLock, error) {
 // themselves): use one registry per holder.
 func (l *IDRangeLock) TryLock(n int) (bool, error) {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(n), Len: 1}
-	err := ignoringEINTR(func() error { return unix.FcntlFlock(l.f.Fd(), unix.F_OFD_SETLK, &lk) })
+	err := IgnoringEINTR(func() error { return unix.FcntlFlock(l.f.Fd(), unix.F_OFD_SETLK, &lk) })
 	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
 		return false, nil
 	}

@@ -83,7 +83,7 @@ func MkdirAllInRoot(root *os.File, p string, perm fs.FileMode) (*os.File, error)
 			// Made in the directory just resolved, by a plain name: mkdir never follows a
 			// final link, and the directory is then opened through the root again.
 			merr := control(cur, func(fd int) error {
-				return ignoringEINTR(func() error { return unix.Mkdirat(fd, name, uint32(perm.Perm())) })
+				return IgnoringEINTR(func() error { return unix.Mkdirat(fd, name, uint32(perm.Perm())) })
 			})
 			if merr != nil && !errors.Is(merr, unix.EEXIST) {
 				cur.Close()
@@ -111,12 +111,12 @@ func MakeFileInRoot(root *os.File, p string, perm fs.FileMode) (*os.File, error)
 	defer parent.Close()
 	var nfd int
 	err = control(parent, func(fd int) error {
-		f, err := openRetry(fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(perm.Perm()))
+		f, err := OpenatRetry(fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(perm.Perm()))
 		if err != nil {
 			return err
 		}
 		unix.Close(f)
-		nfd, err = openRetry(fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		nfd, err = OpenatRetry(fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		return err
 	})
 	full := filepath.Join(parent.Name(), name)
@@ -140,7 +140,7 @@ func SymlinkInRoot(root *os.File, p, target string) error {
 	}
 	defer parent.Close()
 	err = control(parent, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Symlinkat(target, fd, name) })
+		return IgnoringEINTR(func() error { return unix.Symlinkat(target, fd, name) })
 	})
 	if err != nil {
 		return &os.PathError{Op: "symlink in root", Path: filepath.Join(parent.Name(), name), Err: err}

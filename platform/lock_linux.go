@@ -16,7 +16,7 @@ import (
 func TryLock(f *os.File) (bool, error) {
 	acquired := false
 	err := control(f, func(fd int) error {
-		err := ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) })
+		err := IgnoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) })
 		switch err {
 		case nil:
 			acquired = true
@@ -35,7 +35,7 @@ func TryLock(f *os.File) (bool, error) {
 // Unlock releases a flock taken with TryLock. Closing f releases it as well.
 func Unlock(f *os.File) error {
 	err := control(f, func(fd int) error {
-		return ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_UN) })
+		return IgnoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_UN) })
 	})
 	if err != nil {
 		return &os.PathError{Op: "flock", Path: f.Name(), Err: err}

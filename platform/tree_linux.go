@@ -137,7 +137,7 @@ func (p *DirPath) Push(name string) error {
 	if name == "" || name == "." || name == ".." || strings.Contains(name, "/") {
 		return &os.PathError{Op: "open", Path: p.Path(name), Err: unix.EINVAL}
 	}
-	fd, err := openRetry(p.Fd(), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := OpenatRetry(p.Fd(), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: p.Path(name), Err: err}
 	}
@@ -187,7 +187,7 @@ func (p *DirPath) reopen(i int) error {
 		return nil
 	}
 	below := p.levels[i+1].fd
-	fd, err := openRetry(below, "..", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := OpenatRetry(below, "..", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: p.pathTo(i), Err: err}
 	}
@@ -223,7 +223,7 @@ func (p *DirPath) Close() {
 // ReadNamesFd lists up to n entries (all of them for n <= 0) of the directory open at fd
 // through a fresh handle, from its start, without "." and "..".
 func ReadNamesFd(fd, n int) ([]string, error) {
-	dfd, err := openRetry(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	dfd, err := OpenatRetry(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -217,3 +217,19 @@ const (
 	// RoleInit is the sandbox's init (its PID 1, the agent), the runtime process's child.
 	RoleInit Role = "init"
 )
+
+// Pauser is a Runtime that can pause a sandbox: freeze every process of it, and thaw them
+// again. The supervisor keeps the record of a pause; the runtime keeps none, and answers
+// Frozen from the host's real state, which the supervisor reconciles with its record.
+type Pauser interface {
+	// PauseSupport says why this host cannot pause sandboxes, or nil if it can.
+	PauseSupport() error
+	// Freeze freezes every process of the sandbox and returns once they are frozen. It is
+	// idempotent.
+	Freeze(ctx context.Context, sandboxID, dir string) error
+	// Thaw thaws them. It is idempotent, and leaves nothing of a freeze on the host: a
+	// sandbox that was never frozen, or whose cgroup is gone, is thawed already.
+	Thaw(ctx context.Context, sandboxID, dir string) error
+	// Frozen reports whether the sandbox is frozen (or being frozen).
+	Frozen(sandboxID, dir string) (bool, error)
+}

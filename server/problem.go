@@ -53,12 +53,15 @@ var statusOf = map[errcode.Code]int{
 	errcode.TemplateExists:     http.StatusConflict,
 	errcode.TemplateTombstoned: http.StatusConflict,
 	errcode.TemplateIneligible: http.StatusConflict,
+	errcode.SandboxPaused:      http.StatusConflict,
 
 	errcode.SandboxBusy:          http.StatusLocked,
 	errcode.TransitionInProgress: http.StatusLocked,
 	errcode.SandboxLeased:        http.StatusLocked,
 	errcode.GenerationLeased:     http.StatusLocked,
 	errcode.ImageInUse:           http.StatusLocked,
+
+	errcode.WaitTimeout: http.StatusRequestTimeout,
 
 	errcode.StopTimeout:  http.StatusGatewayTimeout,
 	errcode.StartTimeout: http.StatusGatewayTimeout,

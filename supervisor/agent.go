@@ -19,6 +19,9 @@ func (s *Supervisor) runningAgent(ctx context.Context, id string) (*control.Clie
 	if st.RuntimeMismatch {
 		return nil, mismatchError(id)
 	}
+	if st.State == StatePaused {
+		return nil, pausedError(id)
+	}
 	if st.State != StateRunning {
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is %s; start it first.", id, st.State)
 	}
@@ -93,6 +96,10 @@ func (s *Supervisor) dropClient(id string) {
 func (s *Supervisor) Close() {
 	s.mu.Lock()
 	s.closed = true
+	for id, t := range s.timers {
+		t.Stop()
+		delete(s.timers, id)
+	}
 	for id, c := range s.clients {
 		c.client.Close()
 		delete(s.clients, id)

@@ -1,6 +1,23 @@
 package supervisor
 
-import "context"
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// PendingName marks a sandbox whose create asked for a start that has not yet succeeded: if
+// sandboxd crashes before the start commits, the next start-up ([Supervisor.ReattachAll])
+// removes the sandbox, so that a create with start is all or nothing across crashes too
+// (but for the window that [Supervisor.prepare] describes).
+const PendingName = "create.pending"
 
 // CreateRequest is a new sandbox: provisioned from an image, or cloned from a template
 // generation when Clone is set.
@@ -16,12 +33,20 @@ type CreateRequest struct {
 	DiskMB int
 	Env    map[string]string
 	Labels map[string]string
+	// Network is the egress policy; nil means no interface but lo.
+	Network *NetworkPolicy
 	// Clone, when set, names the generation to clone from.
 	Clone *CloneRequest
+	// Start also starts the sandbox. The create is then all or nothing: a start that fails
+	// removes the sandbox again (and releases a clone's lease), and the start's error comes
+	// back.
+	Start bool
+	// Lifetime, when set, bounds how long the sandbox lives (see [Lifetime]).
+	Lifetime *Lifetime
 }
 
 // Create provisions a sandbox, or clones one (see [Supervisor.Provision] and
-// [Supervisor.Clone]). The sandbox is not started.
+// [Supervisor.Clone]), and with req.Start starts it.
 func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, error) {
 	cfg := Config{
 		ID:        req.ID,
@@ -30,9 +55,122 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 		DiskMB:    req.DiskMB,
 		Env:       req.Env,
 		Labels:    req.Labels,
+		Network:   req.Network,
 	}
+	if err := s.checkNetwork(req.Network); err != nil {
+		return nil, err
+	}
+	if err := checkLifetime(req.Lifetime); err != nil {
+		return nil, err
+	}
+	p := provisioning{pending: req.Start, lifetime: req.Lifetime}
 	if req.Clone != nil {
-		return s.Clone(ctx, cfg, *req.Clone)
+		st, err := s.clone(ctx, cfg, *req.Clone, p)
+		if err != nil || !req.Start {
+			return st, err
+		}
+		// The clone's lock was released with the template store's (a launch must not hold
+		// the template store's lock); lock the clone again to start it.
+		l, _, err := s.lockProvisioned(ctx, req.ID)
+		if err != nil {
+			return nil, err
+		}
+		st, err = s.startCreated(ctx, l)
+		if err == nil {
+			s.armLifetime(req.ID)
+		}
+		return st, err
 	}
-	return s.Provision(ctx, cfg)
+	if !req.Start {
+		return s.provision(ctx, cfg, p, nil)
+	}
+	var st *Status
+	_, err := s.provision(ctx, cfg, p, func(l *store.Lock) (err error) {
+		st, err = s.startCreated(ctx, l)
+		return err
+	})
+	return st, err
+}
+
+// provisioning is what a create adds to a plain provision.
+type provisioning struct {
+	// pending writes PendingName before the configuration record.
+	pending  bool
+	lifetime *Lifetime
+}
+
+// prepare writes what p asks for into the state directory l locks, right after the
+// configuration record that makes the sandbox exist: before it, a crash would leave a
+// directory with more in it than an interrupted provision leaves, which neither the store nor
+// sandboxd check would then remove. A crash between the two writes leaves a sandbox as a plain
+// create makes it (provisioned, without a lifetime or the mark); that window is one durable
+// write long.
+func (s *Supervisor) prepare(l *store.Lock, p provisioning) error {
+	if p.pending {
+		if err := platform.WriteFileDurable(l.Dir(), PendingName, []byte("start\n"), 0o600); err != nil {
+			return err
+		}
+	}
+	if p.lifetime != nil {
+		if err := writeDeadline(l.Dir(), newDeadline(*p.lifetime, time.Now())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// undoProvision removes a sandbox whose provision could not write all it needed.
+func (s *Supervisor) undoProvision(ctx context.Context, l *store.Lock) {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if err := l.Deprovision(cctx); err != nil {
+		s.log.Error("undoing a provision that failed half-way", "sandbox", l.ID(), "err", err)
+	}
+}
+
+// startCreated starts the sandbox that a create with start made, under l, and releases l.
+// On failure it removes the sandbox under the same lock.
+func (s *Supervisor) startCreated(ctx context.Context, l *store.Lock) (_ *Status, err error) {
+	id := l.ID()
+	st, err := s.startLocked(ctx, l)
+	if errcode.Of(err) == errcode.AlreadyRunning {
+		// Only a clone can get here (another client started it between the clone and this
+		// start): the sandbox exists and runs, as the create asked.
+		err = nil
+		st, _ = s.Status(id)
+	}
+	if err == nil {
+		if rerr := removePending(l.Dir()); rerr != nil {
+			s.log.Warn("removing the create's pending mark", "sandbox", id, "err", rerr)
+		}
+		s.unlock(l)
+		if st == nil {
+			return s.Status(id)
+		}
+		return st, nil
+	}
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if derr := s.deprovisionLocked(cctx, l); derr != nil {
+		s.log.Error("undoing a create whose start failed; the next start-up of sandboxd removes it", "sandbox", id, "err", derr)
+	}
+	return nil, err
+}
+
+// removePending removes PendingName durably.
+func removePending(dir string) error {
+	err := os.Remove(filepath.Join(dir, PendingName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return platform.SyncDirPath(dir)
+}
+
+// hasPending reports whether the sandbox in dir carries PendingName.
+func hasPending(dir string) bool {
+	_, err := os.Lstat(filepath.Join(dir, PendingName))
+	return err == nil
 }

@@ -14,7 +14,8 @@ type Declaration struct {
 
 // DeclaredEntries are the names that [New] declares to the store for a supervisor over rt,
 // each once: the supervisor's own ([ExecLockName], [CapabilityName], [LogName]), the clone
-// binding ([template.BindingFile]), and rt's [runtime.Runtime.DeclaredEntries]. The
+// binding ([template.BindingFile]), the lifecycle's records ([PendingName], [LifetimeName],
+// [PausedName]), and rt's [runtime.Runtime.DeclaredEntries]. The
 // consistency checker asks it what a state directory may hold besides the store's records.
 func DeclaredEntries(rt runtime.Runtime) []Declaration {
 	var out []Declaration
@@ -25,7 +26,7 @@ func DeclaredEntries(rt runtime.Runtime) []Declaration {
 			out = append(out, Declaration{Name: name, Kind: kind})
 		}
 	}
-	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName} {
+	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName, PendingName, LifetimeName, PausedName} {
 		add(name, store.EntryFile)
 	}
 	add(ImageFilesName, store.EntryDir)

@@ -80,6 +80,8 @@ func (s *Supervisor) tryAdmit(ctx context.Context, id string) (a *Admission, bus
 		return nil, false, mismatchError(id)
 	case r.state != StateRunning:
 		return nil, false, errcode.New(errcode.NotRunning, "Sandbox %s is not running; start it first.", id)
+	case r.paused:
+		return nil, false, pausedError(id)
 	}
 	rec := r.rec
 	f, err := platform.OpenFile(filepath.Join(l.Dir(), ExecLockName), os.O_RDWR|os.O_CREATE, 0o600)

@@ -24,11 +24,21 @@ var requiredFeatures = []string{"exec", "files", "shutdown"}
 // wait for the agent.
 func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error) {
 	defer s.observe("start", time.Now(), &err)
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	l, _, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer s.unlock(l)
+	return s.startLocked(ctx, l)
+}
+
+// startLocked starts the sandbox that l locks.
+func (s *Supervisor) startLocked(ctx context.Context, l *store.Lock) (*Status, error) {
+	id := l.ID()
+	cfg, err := l.Config()
+	if err != nil {
+		return nil, err
+	}
 	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
@@ -117,6 +127,11 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: %v. The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
+	}
+	if err := s.attachNetwork(ctx, l, cfg, proc, client); err != nil {
+		client.Close()
+		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
+		return err
 	}
 	rec := &store.RuntimeRecord{
 		Format:        store.RuntimeFormat,
@@ -246,6 +261,7 @@ func (s *Supervisor) endLaunch(ctx context.Context, l *store.Lock, proc platform
 			return err
 		}
 	}
+	s.detachNetwork(l.ID())
 	return l.CleanStaging()
 }
 

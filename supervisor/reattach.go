@@ -22,6 +22,9 @@ type reconciled struct {
 	state    State
 	rec      *store.RuntimeRecord // the live launch's, for StateRunning
 	mismatch bool
+	// paused says the live launch is paused (its pause record names it, and its processes
+	// are frozen).
+	paused bool
 }
 
 // drivable reports a live launch that this server may drive.
@@ -63,6 +66,9 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 	}
 	if rec == nil {
 		s.dropClient(l.ID())
+		if _, err := s.reconcilePause(ctx, l, nil, false); err != nil {
+			return reconciled{}, err
+		}
 		state, err := s.restingState(l)
 		return reconciled{state: state}, err
 	}
@@ -81,16 +87,27 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 		if rec.RuntimeID != s.rt.Identity() {
 			return reconciled{state: StateRunning, rec: rec, mismatch: true}, nil
 		}
+		s.adoptNetwork(l, rec)
 		s.watch(l.ID(), rec)
-		return reconciled{state: StateRunning, rec: rec}, nil
+		paused, err := s.reconcilePause(ctx, l, rec, false)
+		if err != nil {
+			return reconciled{}, err
+		}
+		return reconciled{state: StateRunning, rec: rec, paused: paused}, nil
 	}
 	// The runtime process is gone: the sandbox ended while nobody held the lock. The outcome
 	// report (if the runtime process wrote one) says how.
 	s.log.Info("sandbox ended", "sandbox", l.ID(), "launch", rec.LaunchID)
 	s.dropClient(l.ID())
+	// Thaw first: the cleanup kills what is left in the sandbox's cgroup, and a frozen
+	// process (on cgroup v1) does not die.
+	if _, err := s.reconcilePause(ctx, l, nil, false); err != nil {
+		return reconciled{}, err
+	}
 	if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
 		return reconciled{}, err
 	}
+	s.detachNetwork(l.ID())
 	if err := l.CleanStaging(); err != nil {
 		return reconciled{}, err
 	}
@@ -144,15 +161,30 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 			r, err = s.reattach(lctx, l)
 			if r.drivable() {
 				running++
+				_, err = s.reconcilePause(lctx, l, r.rec, true)
 			}
 			if r.mismatch {
 				s.log.Warn("reattach: sandbox runs under another runtime identity", "sandbox", id)
+			}
+			if err == nil && hasPending(l.Dir()) {
+				if r.state == StateRunning {
+					err = removePending(l.Dir())
+				} else {
+					// A create with start that crashed before its start committed: it is
+					// all or nothing, so it is nothing.
+					s.log.Warn("reattach: removing a sandbox whose create did not finish", "sandbox", id)
+					err = s.deprovisionLocked(lctx, l)
+					l = nil
+				}
 			}
 		}
 		if err != nil {
 			s.log.Error("reattach failed", "sandbox", id, "err", err)
 		}
-		s.unlock(l)
+		if l != nil {
+			s.unlock(l)
+			s.armLifetime(id)
+		}
 		cancel()
 	}
 	s.log.Info("reattached sandboxes", "sandboxes", len(ids), "running", running)

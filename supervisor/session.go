@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"sync"
@@ -30,6 +31,9 @@ type ExecRequest struct {
 	Rows, Cols uint16
 	// Timeout, when positive, kills the workload that long after it started.
 	Timeout time.Duration
+	// Umask is the workload's file mode creation mask (0 to 0777); nil is the agent's
+	// default, [control.DefaultUmask].
+	Umask *uint32
 }
 
 // control is the request on the wire; stdin says the caller will send stdin.
@@ -39,6 +43,7 @@ func (r ExecRequest) control(stdin bool) control.ExecRequest {
 		TTY: r.TTY, Rows: r.Rows, Cols: r.Cols,
 		TimeoutMS: r.Timeout.Milliseconds(),
 		Stdin:     stdin,
+		Umask:     r.Umask,
 	}
 }
 
@@ -72,6 +77,10 @@ type ExecResult struct {
 // the result, so the workload is killed (closing its control stream makes the agent kill it).
 func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest, stdin io.Reader) (*ExecResult, error) {
 	proc, err := a.agent.Exec(ctx, a.defaults.apply(req).control(stdin != nil))
+	if msg, ok := commandNotFound(err); ok {
+		// As a shell answers it: exit 127, and why on stderr.
+		return &ExecResult{ExitStatus: ExitStatus{ExitCode: 127}, Stderr: "sandboxd: " + msg + "\n"}, nil
+	}
 	if err != nil {
 		return nil, lost(a, err)
 	}
@@ -191,6 +200,15 @@ func (x *Session) Wait() (ExitStatus, error) {
 
 // Close kills the workload if it still runs, and ends the session. It is idempotent.
 func (x *Session) Close() error { return x.proc.Close() }
+
+// commandNotFound reports the agent's answer that the command does not exist, and its message.
+func commandNotFound(err error) (string, bool) {
+	var re *control.RemoteError
+	if errors.As(err, &re) && re.Code == control.CodeCommandNotFound {
+		return re.Message, true
+	}
+	return "", false
+}
 
 // lost explains a workload that ended without an exit status. When its control session is
 // gone, the sandbox stopped (or its agent died) under it: that is the caller's answer, not a

@@ -32,11 +32,26 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 	case r.state != StateRunning: // under any runtime identity
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running.", id)
 	}
-	rec := r.rec
+	o, err := s.stopLocked(ctx, l, r.rec, force)
+	if err != nil {
+		return nil, err
+	}
+	s.emit(Event{Type: EventStopped, Sandbox: id, State: StateStopped, Exit: o})
+	return s.Status(id)
+}
+
+// stopLocked ends the live launch rec of the sandbox locked by l (see [Supervisor.Stop]) and
+// clears its records; it returns the outcome report of the launch, nil if there is none. A
+// paused sandbox is thawed first: a frozen process cannot act on TERM, and on cgroup v1 not
+// even on KILL.
+func (s *Supervisor) stopLocked(ctx context.Context, l *store.Lock, rec *store.RuntimeRecord, force bool) (*Exit, error) {
+	id := l.ID()
 	proc := processOf(rec)
 	s.setTransient(id, StateStopping)
 	defer s.setTransient(id, "")
-
+	if err := s.thawForStop(ctx, l); err != nil {
+		return nil, err
+	}
 	if force {
 		if err := s.rt.Kill(ctx, l.Dir(), proc); err != nil {
 			return nil, err
@@ -50,6 +65,7 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 	if err := s.rt.Cleanup(cctx, id, l.Dir(), proc); err != nil {
 		return nil, err
 	}
+	s.detachNetwork(id)
 	if err := l.CleanStaging(); err != nil {
 		return nil, err
 	}
@@ -58,14 +74,16 @@ func (s *Supervisor) Stop(ctx context.Context, id string, force bool) (_ *Status
 	}
 	// The runtime process reported how the sandbox ended; that it ended on request is ours
 	// to add. Nothing else writes the report now: its writer has exited.
-	o, err := l.Outcome()
-	if err == nil && o != nil && o.LaunchID == rec.LaunchID {
+	o, oerr := l.Outcome()
+	if oerr == nil && o != nil && o.LaunchID == rec.LaunchID {
 		o.Reason = runtime.ReasonStopped
+		if force {
+			o.Reason = ReasonKilled
+		}
 		_ = runtime.WriteOutcome(l.Dir(), o)
 	}
 	s.setTransient(id, "")
-	s.emit(Event{Type: EventStopped, Sandbox: id, State: StateStopped, Exit: o})
-	return s.Status(id)
+	return o, nil
 }
 
 // shutdown asks the agent to end the sandbox and waits for the runtime process to exit.
@@ -92,11 +110,19 @@ func (s *Supervisor) shutdown(ctx context.Context, l *store.Lock, rec *store.Run
 	return nil
 }
 
-// Deprovision removes a sandbox that is not running. A clone's binding is removed first,
-// durably, under the lock; its lease is released once the lock is gone.
-func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
+// Deprovision removes a sandbox that is not running (see [Supervisor.Delete]).
+func (s *Supervisor) Deprovision(ctx context.Context, id string) error {
+	return s.Delete(ctx, id, false)
+}
+
+// Delete removes a sandbox. Without force it refuses a running one (sandbox-launched); with
+// force it first kills it, as a forced stop does (also a paused one, and one that another
+// runtime identity runs), under the same lock, so that nothing can start the sandbox between
+// the stop and the removal. A clone's binding is removed first, durably, under the lock; its
+// lease is released once the lock is gone.
+func (s *Supervisor) Delete(ctx context.Context, id string, force bool) (err error) {
 	defer s.observe("deprovision", time.Now(), &err)
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	l, _, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -106,14 +132,34 @@ func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 		return err
 	}
 	if r.state == StateRunning { // under any runtime identity
+		if !force {
+			s.unlock(l)
+			return errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before deleting it, or delete it with force=true.", id)
+		}
+		o, err := s.stopLocked(ctx, l, r.rec, true)
+		if err != nil {
+			s.unlock(l)
+			return err
+		}
+		s.emit(Event{Type: EventStopped, Sandbox: id, State: StateStopped, Exit: o})
+	}
+	return s.deprovisionLocked(ctx, l)
+}
+
+// deprovisionLocked removes the sandbox that l locks, which runs no launch, and releases l.
+func (s *Supervisor) deprovisionLocked(ctx context.Context, l *store.Lock) error {
+	id := l.ID()
+	cfg, err := l.Config()
+	if err != nil {
 		s.unlock(l)
-		return errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before deleting it.", id)
+		return err
 	}
 	binding, err := releaseBinding(l)
 	if err != nil {
 		s.unlock(l)
 		return err
 	}
+	s.detachNetwork(id)
 	// Once Deprovision removed the lock file it has released the lock; Unlock is then a no-op.
 	err = l.Deprovision(ctx)
 	s.unlock(l)
@@ -121,6 +167,7 @@ func (s *Supervisor) Deprovision(ctx context.Context, id string) (err error) {
 	s.releaseLease(ctx, id, binding)
 	if err == nil {
 		s.releaseImage(ctx, cfg.Image, image.UseSandbox, id)
+		s.forgetSandbox(id)
 		s.emit(Event{Type: EventDeleted, Sandbox: id})
 	}
 	return err

@@ -89,7 +89,7 @@ func NewStorageHealth(root string, log *slog.Logger, onFault func(errcode.Code))
 	}
 	h.probe = h.probeRoot
 	if err := h.probe(); err != nil {
-		h.Classify(err)
+		_ = h.Classify(err) // it records the fault; the probe runs again later
 	}
 	return h
 }
@@ -188,7 +188,7 @@ func (h *StorageHealth) watch() {
 		case <-t.C:
 		}
 		if err := h.probe(); err != nil {
-			h.classify(err, false)
+			_ = h.classify(err, false) // it records the state; the next probe tries again
 			continue
 		}
 		h.mu.Lock()

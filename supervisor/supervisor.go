@@ -74,6 +74,8 @@ type Options struct {
 	Storage *StorageHealth
 	// Ports bound the port connections open at once (see [Supervisor.DialPort]).
 	Ports PortLimits
+	// Network, if set, gives sandboxes the network their policies ask for (a network.Manager).
+	Network Networker
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -103,12 +105,14 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	closed    bool
-	clients   map[string]*agentConn // by sandbox id
-	transient map[string]State      // sandbox id → starting or stopping, while this process drives it
-	watched   map[string]string     // sandbox id → the launch a watcher follows
-	pulls     map[string]*pull      // image name → its pull in progress, or failed
+	clients   map[string]*agentConn  // by sandbox id
+	transient map[string]State       // sandbox id → starting or stopping, while this process drives it
+	watched   map[string]string      // sandbox id → the launch a watcher follows
+	pulls     map[string]*pull       // image name → its pull in progress, or failed
+	timers    map[string]*time.Timer // sandbox id → the end of its lifetime
 
 	ports portConns
+	net   *netState
 }
 
 // agentConn is a control session with one launch's agent.
@@ -151,6 +155,8 @@ func New(opts Options) (*Supervisor, error) {
 		transient:     map[string]State{},
 		watched:       map[string]string{},
 		ports:         portConns{limits: opts.Ports.withDefaults()},
+		timers:        map[string]*time.Timer{},
+		net:           newNetState(opts.Network),
 	}
 	for _, d := range DeclaredEntries(s.rt) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
@@ -189,6 +195,12 @@ type Status struct {
 	RuntimeMismatch bool
 	// Binding is a clone's template binding (its lease), nil for other sandboxes.
 	Binding *Binding
+	// ExpiresAt is when the sandbox's lifetime ends, and OnTimeout what that does; nil and
+	// "" without a lifetime.
+	ExpiresAt *time.Time
+	OnTimeout OnTimeout
+	// Network is the sandbox's egress policy and address, nil for a sandbox without a policy.
+	Network *NetworkStatus
 }
 
 func (s *Supervisor) setTransient(id string, state State) {
@@ -243,6 +255,9 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 		st.StartedAt = &started
 		if processOf(rec).Alive() {
 			st.State = StateRunning
+			if dir, err := s.store.Dir(id); err == nil && pausedLaunch(dir, rec.LaunchID) {
+				st.State = StatePaused
+			}
 			st.RuntimeMismatch = rec.RuntimeID != s.rt.Identity()
 			if outcome != nil && outcome.LaunchID == rec.LaunchID {
 				// The sandbox ended; its runtime process is finishing up.
@@ -254,11 +269,15 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 	case journal != nil:
 		st.State = StateStarting
 	}
+	if dir, err := s.store.Dir(id); err == nil {
+		st.ExpiresAt, st.OnTimeout = s.expiry(dir)
+	}
 	s.mu.Lock()
 	if t, ok := s.transient[id]; ok {
 		st.State = t
 	}
 	s.mu.Unlock()
+	st.Network = s.networkStatus(cfg, st.State)
 	return st, nil
 }
 
@@ -283,7 +302,14 @@ func (s *Supervisor) List() ([]*Status, error) {
 }
 
 // Provision creates a sandbox's state directory and configuration record.
-func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status, err error) {
+func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (*Status, error) {
+	return s.provision(ctx, cfg, provisioning{}, nil)
+}
+
+// provision is [Supervisor.Provision] with what p adds. With then, it calls then under the
+// sandbox's lock once the sandbox exists; then releases the lock (or removes the sandbox) and
+// its error is provision's.
+func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisioning, then func(*store.Lock) error) (_ *Status, err error) {
 	defer s.observe("provision", time.Now(), &err)
 	if err := store.ValidateID(cfg.ID); err != nil {
 		return nil, err
@@ -299,12 +325,26 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 	if err != nil {
 		return nil, err
 	}
-	defer use.done(&err)
+	// The image store's lock is held until the sandbox exists, not through a start (then):
+	// a start that fails removes the sandbox, which takes that lock again.
+	useDone := false
+	finishUse := func(errp *error) {
+		if !useDone {
+			useDone = true
+			use.done(errp)
+		}
+	}
+	defer finishUse(&err)
 	l, err := s.store.LockForProvision(ctx, cfg.ID)
 	if err != nil {
 		return nil, err
 	}
-	defer s.unlock(l)
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			s.unlock(l)
+		}
+	}()
 	if err := l.RequireUnprovisioned(); err != nil {
 		return nil, err
 	}
@@ -315,8 +355,23 @@ func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (_ *Status
 	if err := l.WriteConfig(&cfg); err != nil {
 		return nil, err
 	}
+	if err := s.prepare(l, p); err != nil {
+		s.undoProvision(ctx, l)
+		return nil, err
+	}
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
-	return &Status{Config: cfg, State: StateProvisioned}, nil
+	if then != nil {
+		handedOver = true
+		var provisioned error
+		finishUse(&provisioned)
+		if err := then(l); err != nil {
+			return nil, err
+		}
+		s.armLifetime(cfg.ID)
+		return nil, nil
+	}
+	s.armLifetime(cfg.ID)
+	return s.Status(cfg.ID)
 }
 
 // minDiskMB is the smallest disk of its own a sandbox can have.

@@ -145,7 +145,12 @@ type CloneRequest struct {
 // generation for as long as the sandbox exists. It follows DESIGN.md's order: the template
 // store's lock, then the sandbox's lifecycle lock; check the generation and the sandbox; the
 // lease record durably, then the sandbox's clone binding durably.
-func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneRequest) (_ *Status, err error) {
+func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneRequest) (*Status, error) {
+	return s.clone(ctx, cfg, req, provisioning{})
+}
+
+// clone is [Supervisor.Clone] with what p adds.
+func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneRequest, p provisioning) (_ *Status, err error) {
 	defer s.observe("clone", time.Now(), &err)
 	if err := s.requireTemplates(); err != nil {
 		return nil, err
@@ -193,6 +198,10 @@ func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := l.WriteConfig(&cfg); err != nil {
 		return nil, err
 	}
+	if err := s.prepare(l, p); err != nil {
+		s.undoProvision(ctx, l)
+		return nil, err
+	}
 	lease, err := tx.WriteLease(req.Template, g.ID, cfg.ID)
 	if err == nil {
 		if err = template.WriteBinding(l.Dir(), template.NewBinding(lease)); err != nil {
@@ -211,7 +220,10 @@ func (s *Supervisor) Clone(ctx context.Context, cfg store.Config, req CloneReque
 	}
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
 	s.emit(Event{Type: EventAcquired, Sandbox: cfg.ID, Template: req.Template, Generation: g.ID, Lease: lease.ID})
-	return &Status{Config: cfg, State: StateProvisioned, Binding: template.NewBinding(lease)}, nil
+	s.armLifetime(cfg.ID)
+	st := &Status{Config: cfg, State: StateProvisioned, Binding: template.NewBinding(lease)}
+	st.ExpiresAt, st.OnTimeout = s.expiry(l.Dir())
+	return st, nil
 }
 
 // pickGeneration chooses the generation a clone leases, under the template store's lock.

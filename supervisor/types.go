@@ -30,6 +30,9 @@ const (
 	ReasonOOM         = runtime.ReasonOOM         // the kernel's OOM killer ended it
 	ReasonStopped     = runtime.ReasonStopped     // a stop ended it
 	ReasonStartFailed = runtime.ReasonStartFailed // it never became ready
+	// ReasonKilled: a forced stop ended it. The supervisor writes it over the runtime's own
+	// report, as it writes ReasonStopped for a graceful stop; no runtime reports it.
+	ReasonKilled runtime.Reason = "killed"
 )
 
 // Template is the view of one template.

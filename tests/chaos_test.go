@@ -108,17 +108,21 @@ func (s *chaosStats) bad(format string, args ...any) {
 // chaosAllowed lists the statuses each operation may answer under chaos; anything else (a 500
 // above all) is a finding.
 var chaosAllowed = map[string][]int{
-	"create":     {201, 409, 423, 504}, // 504: created, and its start failed (a killed init)
-	"start":      {200, 404, 409, 423, 504},
-	"stop":       {200, 404, 409, 423, 504},
-	"stop-force": {200, 404, 409, 423, 504},
-	"exec":       {200, 404, 409, 423},
-	"delete":     {204, 404, 409, 423},
-	"get":        {200, 404},
-	"capture":    {201, 404, 409, 423},
-	"clone":      {201, 404, 409, 423, 504},
-	"tombstone":  {200, 404, 423},
-	"retire":     {202, 204, 404, 423},
+	"create":       {201, 409, 423, 504}, // 504: its start failed (a killed init), and the create was undone
+	"start":        {200, 404, 409, 423, 504},
+	"stop":         {200, 404, 409, 423, 504},
+	"stop-force":   {200, 404, 409, 423, 504},
+	"exec":         {200, 404, 409, 423},
+	"delete":       {204, 404, 409, 423},
+	"delete-force": {204, 404, 409, 423},
+	"pause":        {200, 404, 409, 423},
+	"resume":       {200, 404, 409, 423},
+	"timeout":      {200, 404, 423},
+	"get":          {200, 404},
+	"capture":      {201, 404, 409, 423},
+	"clone":        {201, 404, 409, 423, 504},
+	"tombstone":    {200, 404, 423},
+	"retire":       {202, 204, 404, 423},
 }
 
 // TestChaos: clients issue random lifecycle operations while sandboxd is killed with SIGKILL
@@ -404,7 +408,8 @@ func (c *chaosTemplate) generations() []string {
 }
 
 func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chaosServer], ids []string, ledger *chaosLedger, tpl *chaosTemplate, stats *chaosStats, stop <-chan struct{}) {
-	ops := []string{"create", "create", "start", "start", "exec", "exec", "exec", "stop", "stop-force", "delete", "delete", "get"}
+	ops := []string{"create", "create", "start", "start", "exec", "exec", "exec", "stop", "stop-force", "delete", "delete", "get",
+		"delete-force", "pause", "pause", "resume", "resume", "timeout"}
 	if tpl != nil {
 		ops = append(ops, "capture", "clone", "clone", "tombstone", "retire")
 	}
@@ -440,6 +445,16 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			method, path, body = "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": cmd, "wait_ms": 2000}
 		case "delete":
 			method, path = "DELETE", "/v1/sandboxes/"+id
+		case "delete-force":
+			method, path = "DELETE", "/v1/sandboxes/"+id+"?force=true"
+		case "pause":
+			method, path = "POST", "/v1/sandboxes/"+id+"/pause"
+		case "resume":
+			method, path = "POST", "/v1/sandboxes/"+id+"/resume"
+		case "timeout":
+			// Short lifetimes expire within the round, racing the other operations; "stop"
+			// only, since the ledger cannot tell an expiry's deletion from a lost sandbox.
+			method, path, body = "POST", "/v1/sandboxes/"+id+"/timeout", map[string]any{"timeout_s": rng.IntN(3), "on_timeout": "stop"}
 		case "get":
 			method, path = "GET", "/v1/sandboxes/"+id
 		case "capture":
@@ -458,7 +473,7 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 				method, path = "DELETE", fmt.Sprintf("/v1/templates/%s/generations/%s?drain=%v", tpl.name, g, rng.IntN(2) == 0)
 			}
 		}
-		changes := op == "create" || op == "delete" || op == "clone"
+		changes := op == "create" || op == "delete" || op == "delete-force" || op == "clone"
 		if changes {
 			lock.Lock()
 		} else {
@@ -496,9 +511,12 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			if op == "clone" {
 				op = "create" // for the ledger, a clone is a create
 			}
+			if op == "delete-force" {
+				op = "delete" // for the ledger, the same removal
+			}
 			switch {
 			case op == "create" && status == 504:
-				ledger.set(id, unknown) // provisioned, then the start failed; or the id existed
+				ledger.set(id, absent) // the start failed, so the create was undone: all or nothing
 			case op == "create" && (status == 201 || status == 409 && bytes.Contains(respBody, []byte("already-provisioned"))):
 				ledger.set(id, present)
 			case op == "delete" && (status == 204 || status == 404):

@@ -24,6 +24,7 @@ import (
 type checkReport struct {
 	Sandboxes int            `json:"sandboxes"`
 	Running   int            `json:"running"`
+	Paused    int            `json:"paused"`
 	Processes int            `json:"processes"`
 	Problems  []checkProblem `json:"problems"`
 	Notes     []checkProblem `json:"notes"`

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -193,9 +194,10 @@ func sortedKeys(maps ...map[string]any) []string {
 // TestContractExamples: every example of a response in the contract (openapi.yaml, as the
 // server serves it) has the shape of a real answer of the server to that operation and status:
 // the same members, with values of the same JSON types. A scenario makes each answer as the
-// example describes it (a running sandbox from the host image with env and labels, a stopped
-// clone, a captured generation, a pulled and an imported image, a link, a command that exited
-// and one killed at its deadline, the event stream). Problems with an example are provoked
+// example describes it (a running sandbox from the host image with env and labels, a paused
+// one, one with a lifetime, one with an egress policy, a stopped clone, a captured generation,
+// a pulled and an imported image, a link, a command that exited and one killed at its
+// deadline, a wait that succeeds and one that times out, the event stream). Problems with an example are provoked
 // per operation where one request can: a 400 by an unknown query parameter (a bad port for the
 // proxies, whose query is the service's), a 502 by a port where nothing listens; a 423 (a
 // race to provoke per operation) is compared with an exec's sandbox-busy, and a link proxy's
@@ -248,6 +250,31 @@ func TestContractExamples(t *testing.T) {
 		"resources": map[string]any{"vcpus": 1, "memory_mb": 256, "pids": 64, "disk_mb": 0},
 	})
 	byExample["getSandbox 200 running"] = d.doJSON("GET", "/v1/sandboxes/build-42", nil)
+	real["waitSandbox 200"] = d.doJSON("GET", "/v1/sandboxes/build-42/wait?state=running", nil)
+	real["waitSandbox 408"] = d.doJSON("GET", "/v1/sandboxes/build-42/wait?state=stopped&timeout_ms=1", nil)
+	// A sandbox without env and labels, as the examples of pause, lifetime and network are.
+	cleanup("plain")
+	if r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "plain", "start": true}); r.Status != 201 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	real["pauseSandbox 200"] = d.doJSON("POST", "/v1/sandboxes/plain/pause", nil)
+	if r := d.doJSON("POST", "/v1/sandboxes/plain/resume", nil); r.Status != 200 {
+		t.Fatalf("resume: %d %s", r.Status, r.Body)
+	}
+	real["setSandboxTimeout 200"] = d.doJSON("POST", "/v1/sandboxes/plain/timeout", map[string]any{"timeout_s": 3600, "on_timeout": "stop"})
+	// The egress policy, on a server in a network world of the test's own (network_test.go):
+	// a networked sandbox in the host's namespace would leave an interface and nftables
+	// objects there, which the `sandboxd check` of a test running alongside takes for leaks.
+	w := newNetWorld(t)
+	nd := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	if r := nd.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "net", "start": true}); r.Status != 201 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	t.Cleanup(func() {
+		nd.doJSON("POST", "/v1/sandboxes/net/stop?force=true", nil)
+		nd.doJSON("DELETE", "/v1/sandboxes/net", nil)
+	})
+	real["setSandboxNetwork 200"] = nd.doJSON("PUT", "/v1/sandboxes/net/network", map[string]any{"allow": []string{"pypi.org", "*.pythonhosted.org"}})
 	byExample["execCommand 200 exited"] = d.doJSON("POST", "/v1/sandboxes/build-42/exec", map[string]any{
 		"command": []string{"sh", "-c", "echo hello; echo oops >&2; exit 3"}, "timeout_ms": 10000})
 	byExample["execCommand 200 timedOut"] = d.doJSON("POST", "/v1/sandboxes/build-42/exec", map[string]any{

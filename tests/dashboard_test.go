@@ -230,6 +230,13 @@ func TestDashboard(t *testing.T) {
 			sized("stty size to follow the resize")
 			run(ctx, t, "restoring the window", chromedp.EmulateViewport(1280, 1000))
 
+			// Pause and resume; the event log shows both.
+			clickLive(ctx, t, "pausing it", `tr[data-id="`+id+`"] button[data-action="pause"]`)
+			until(ctx, t, "the paused sandbox", row+`?.dataset.state === "paused"`)
+			until(ctx, t, "the pause in the event log", `[...document.querySelectorAll("#events li")].some(li => li.dataset.type === "sandbox.paused" && li.textContent.includes("`+id+`"))`)
+			clickLive(ctx, t, "resuming it", `tr[data-id="`+id+`"] button[data-action="resume"]`)
+			until(ctx, t, "the resumed sandbox", row+`?.dataset.state === "running"`)
+
 			// Stop, then delete (a destructive button asks for a second click).
 			clickLive(ctx, t, "stopping it", `tr[data-id="`+id+`"] button[data-action="stop"]`)
 			until(ctx, t, "the stopped sandbox", row+`?.dataset.state === "stopped"`)

@@ -66,3 +66,43 @@ func TestSandboxctl(t *testing.T) {
 		t.Fatalf("rm: %s", stderr)
 	}
 }
+
+// TestSandboxctlLifecycle: pause, resume, timeout, wait and rm -f against this server.
+func TestSandboxctlLifecycle(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t, withToken("ctl-token-0123456789abcdef"))
+	if _, stderr, code := d.ctl("", "create", "life", "--start", "--timeout", "1h"); code != 0 {
+		t.Fatalf("create: %d %s", code, stderr)
+	}
+	if _, stderr, code := d.ctl("", "pause", "life"); code != 0 {
+		t.Fatalf("pause: %d %s", code, stderr)
+	}
+	if _, stderr, code := d.ctl("", "exec", "life", "--", "true"); code != 1 || !strings.Contains(stderr, "sandbox-paused") {
+		t.Fatalf("exec on a paused sandbox: exit %d, %s", code, stderr)
+	}
+	if out, stderr, code := d.ctl("", "wait", "life", "--state", "paused", "--timeout", "5s"); code != 0 || strings.TrimSpace(out) != "paused" {
+		t.Fatalf("wait paused: %d %q %s", code, out, stderr)
+	}
+	if _, stderr, code := d.ctl("", "wait", "life", "--state", "stopped", "--timeout", "100ms"); code != 1 || !strings.Contains(stderr, "wait-timeout") {
+		t.Fatalf("wait stopped: exit %d, %s", code, stderr)
+	}
+	if _, stderr, code := d.ctl("", "resume", "life"); code != 0 {
+		t.Fatalf("resume: %d %s", code, stderr)
+	}
+	if out, stderr, code := d.ctl("", "wait", "life", "--state", "running", "--timeout", "5s"); code != 0 || strings.TrimSpace(out) != "running" {
+		t.Fatalf("wait running: %d %q %s", code, out, stderr)
+	}
+	if _, stderr, code := d.ctl("", "timeout", "life", "10m", "--on-timeout", "delete"); code != 0 {
+		t.Fatalf("timeout: %d %s", code, stderr)
+	}
+	if r := d.do("GET", "/v1/sandboxes/life", nil, nil); r.Status != 200 || !strings.Contains(string(r.Body), `"on_timeout":"delete"`) {
+		t.Fatalf("after timeout: %d %s", r.Status, r.Body)
+	}
+	if _, stderr, code := d.ctl("", "rm", "-f", "life"); code != 0 {
+		t.Fatalf("rm -f: %d %s", code, stderr)
+	}
+	if out, stderr, code := d.ctl("", "wait", "life", "--state", "deleted"); code != 0 || strings.TrimSpace(out) != "deleted" {
+		t.Fatalf("wait deleted: %d %q %s", code, out, stderr)
+	}
+}

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -21,25 +19,6 @@ import (
 	"github.com/sandboxd/sandboxd/sdk/go/sandboxd"
 	"github.com/spf13/cobra"
 )
-
-// portForward is `sandboxctl port-forward [--address ADDR] ID [LOCAL:]REMOTE`: it listens on
-// LOCAL (default: REMOTE) and carries each connection to REMOTE on 127.0.0.1 inside the
-// sandbox, through GET /v1/sandboxes/{id}/ports/{port}/tcp, until interrupted.
-func (c *cli) portForward(args []string) error {
-	fs := flag.NewFlagSet("port-forward", flag.ContinueOnError)
-	address := fs.String("address", "127.0.0.1", "the local address to listen on")
-	if err := fs.Parse(args); err != nil {
-		return exitCode(2)
-	}
-	if fs.NArg() != 2 {
-		return errors.New("usage: sandboxctl port-forward [--address ADDR] ID [LOCAL:]REMOTE")
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return PortForward(ctx, PortForwardOptions{
-		URL: c.url, Token: c.token, Sandbox: fs.Arg(0), Ports: fs.Arg(1), Address: *address, Log: os.Stderr,
-	})
-}
 
 // PortForwardOptions configure [PortForward].
 type PortForwardOptions struct {

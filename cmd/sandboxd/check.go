@@ -54,7 +54,17 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep, err := check.Run(ctx, check.Options{Root: *root, Runtime: rt, Repair: *repair, Logger: log})
+	opts := check.Options{Root: *root, Runtime: rt, Repair: *repair, Logger: log}
+	netw, err := checkerNetwork(*root, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd check:", err)
+		return 2
+	}
+	if netw != nil {
+		defer netw.Close()
+		opts.Network = netw
+	}
+	rep, err := check.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2

@@ -184,6 +184,7 @@ func (e InfoRuntimeKind) Valid() bool {
 // Defines values for LastExitReason.
 const (
 	LastExitReasonExited      LastExitReason = "exited"
+	LastExitReasonExpired     LastExitReason = "expired"
 	LastExitReasonKilled      LastExitReason = "killed"
 	LastExitReasonLost        LastExitReason = "lost"
 	LastExitReasonOom         LastExitReason = "oom"
@@ -195,6 +196,8 @@ const (
 func (e LastExitReason) Valid() bool {
 	switch e {
 	case LastExitReasonExited:
+		return true
+	case LastExitReasonExpired:
 		return true
 	case LastExitReasonKilled:
 		return true
@@ -211,8 +214,27 @@ func (e LastExitReason) Valid() bool {
 	}
 }
 
+// Defines values for OnTimeout.
+const (
+	OnTimeoutDelete OnTimeout = "delete"
+	OnTimeoutStop   OnTimeout = "stop"
+)
+
+// Valid indicates whether the value is a known member of the OnTimeout enum.
+func (e OnTimeout) Valid() bool {
+	switch e {
+	case OnTimeoutDelete:
+		return true
+	case OnTimeoutStop:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxState.
 const (
+	SandboxStatePaused      SandboxState = "paused"
 	SandboxStateProvisioned SandboxState = "provisioned"
 	SandboxStateRunning     SandboxState = "running"
 	SandboxStateStarting    SandboxState = "starting"
@@ -223,6 +245,8 @@ const (
 // Valid indicates whether the value is a known member of the SandboxState enum.
 func (e SandboxState) Valid() bool {
 	switch e {
+	case SandboxStatePaused:
+		return true
 	case SandboxStateProvisioned:
 		return true
 	case SandboxStateRunning:
@@ -253,6 +277,39 @@ func (e StorageHealthState) Valid() bool {
 	case StorageHealthStateOk:
 		return true
 	case StorageHealthStateUnavailable:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WaitSandboxParamsState.
+const (
+	WaitSandboxParamsStateDeleted     WaitSandboxParamsState = "deleted"
+	WaitSandboxParamsStatePaused      WaitSandboxParamsState = "paused"
+	WaitSandboxParamsStateProvisioned WaitSandboxParamsState = "provisioned"
+	WaitSandboxParamsStateRunning     WaitSandboxParamsState = "running"
+	WaitSandboxParamsStateStarting    WaitSandboxParamsState = "starting"
+	WaitSandboxParamsStateStopped     WaitSandboxParamsState = "stopped"
+	WaitSandboxParamsStateStopping    WaitSandboxParamsState = "stopping"
+)
+
+// Valid indicates whether the value is a known member of the WaitSandboxParamsState enum.
+func (e WaitSandboxParamsState) Valid() bool {
+	switch e {
+	case WaitSandboxParamsStateDeleted:
+		return true
+	case WaitSandboxParamsStatePaused:
+		return true
+	case WaitSandboxParamsStateProvisioned:
+		return true
+	case WaitSandboxParamsStateRunning:
+		return true
+	case WaitSandboxParamsStateStarting:
+		return true
+	case WaitSandboxParamsStateStopped:
+		return true
+	case WaitSandboxParamsStateStopping:
 		return true
 	default:
 		return false
@@ -339,14 +396,38 @@ type CreateSandboxRequest struct {
 	// Example: {"job":"42","team":"grading"}
 	Labels *Labels `json:"labels,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
+	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
+
 	// Resources Resource limits; an absent field takes the server's default (see `/v1/info`).
 	Resources *ResourcesRequest `json:"resources,omitempty"`
 
-	// Start Also start the sandbox before answering.
+	// Start Also start the sandbox before answering. The create is then all or nothing: a
+	// start that fails removes the sandbox again (the id is free) and its error comes back.
 	Start *bool `json:"start,omitempty"`
 
 	// Template Clone from this template.
 	Template *TemplateName `json:"template,omitempty"`
+
+	// TimeoutS The sandbox's lifetime in seconds from its create (1 s to 30 days; 0 or absent: the
+	// server's default, which is none unless configured). See `POST /timeout`.
+	TimeoutS *int `json:"timeout_s,omitempty"`
 }
 
 // CreateTemplateRequest defines model for CreateTemplateRequest.
@@ -377,6 +458,9 @@ type ErrorCode = string
 //     `sandbox`, `state`;
 //   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
 //     `exit`;
+//   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+//   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
+//     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
 //     `generation`, and for a capture the `sandbox` it came from;
 //   - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
@@ -440,8 +524,9 @@ type Event struct {
 	Seq int64 `json:"seq"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
-	// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
-	// and ended (see `last_exit`).
+	// `running`: its agent answers; `paused`: running, with every process frozen (see
+	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
+	// `last_exit`).
 	State *SandboxState `json:"state,omitempty"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -483,6 +568,15 @@ type ExecRequest struct {
 	// TimeoutMs Kill the command after this many milliseconds.
 	TimeoutMs *int `json:"timeout_ms,omitempty"`
 
+	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+	// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+	// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+	//
+	//
+	// Example: 0077
+	Umask *Umask `json:"umask,omitempty"`
+
 	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 	//
 	// Example: user
@@ -497,8 +591,13 @@ type ExecResult struct {
 	DurationMs int64 `json:"duration_ms"`
 
 	// ExitCode The exit status. When a signal ended the command, 128 plus the signal's number, as
-	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
+	// shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it. A
+	// command that is not found answers 127, as a shell does, with the reason on stderr.
 	ExitCode int `json:"exit_code"`
+
+	// OomKilled The kernel's out-of-memory killer ended the command (the sandbox hit its
+	// `memory_mb`); `signal` is then `SIGKILL`.
+	OomKilled *bool `json:"oom_killed,omitempty"`
 
 	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
 	// when it exited by itself. `exit_code` is then 128 plus its number.
@@ -776,8 +875,9 @@ type LastExit struct {
 
 	// Reason `exited`: the workload ended by itself; `stopped`: stopped on request;
 	// `killed`: force-stopped; `oom`: killed for exceeding its memory limit;
-	// `start-failed`: the launch was refused or timed out; `lost`: the runtime process
-	// was gone with no outcome report (for example after a host reboot).
+	// `start-failed`: the launch was refused or timed out; `expired`: its lifetime ended;
+	// `lost`: the runtime process was gone with no outcome report (for example after a
+	// host reboot).
 	Reason LastExitReason `json:"reason"`
 
 	// Signal The signal that ended it, when one did (for example `SIGKILL`).
@@ -786,8 +886,9 @@ type LastExit struct {
 
 // LastExitReason `exited`: the workload ended by itself; `stopped`: stopped on request;
 // `killed`: force-stopped; `oom`: killed for exceeding its memory limit;
-// `start-failed`: the launch was refused or timed out; `lost`: the runtime process
-// was gone with no outcome report (for example after a host reboot).
+// `start-failed`: the launch was refused or timed out; `expired`: its lifetime ended;
+// `lost`: the runtime process was gone with no outcome report (for example after a
+// host reboot).
 type LastExitReason string
 
 // Lease defines model for Lease.
@@ -814,6 +915,33 @@ type LeaseID = string
 type LeaseList struct {
 	Items []Lease `json:"items"`
 }
+
+// NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+// answers only allowed names and opens their answered addresses for their TTL. Always
+// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+// CIDR lies inside one.
+//
+// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+type NetworkPolicy struct {
+	// Allow The only destinations reachable, when not empty.
+	Allow *[]string `json:"allow,omitempty"`
+
+	// Deny Destinations never reachable; wins over `allow` and `internet`.
+	Deny *[]string `json:"deny,omitempty"`
+
+	// Internet Every public destination, when `allow` is empty.
+	Internet *bool `json:"internet,omitempty"`
+}
+
+// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+type OnTimeout string
 
 // PortLink defines model for PortLink.
 type PortLink struct {
@@ -921,10 +1049,15 @@ type ResourcesRequest struct {
 
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
+	// Address The sandbox's own address, while it runs with a network interface.
+	Address   *string   `json:"address,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
 	EnvKeys *[]EnvKey `json:"env_keys,omitempty"`
+
+	// ExpiresAt When the sandbox's lifetime ends (to the second); absent without one.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 
 	// ID 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 	//
@@ -948,6 +1081,25 @@ type Sandbox struct {
 	// LastExit How the sandbox's last run ended.
 	LastExit *LastExit `json:"last_exit,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
+	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
+
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
 
@@ -957,8 +1109,9 @@ type Sandbox struct {
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
-	// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
-	// and ended (see `last_exit`).
+	// `running`: its agent answers; `paused`: running, with every process frozen (see
+	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
+	// `last_exit`).
 	State SandboxState `json:"state"`
 
 	// Template The template generation a clone was made from, and its lease.
@@ -979,8 +1132,9 @@ type SandboxList struct {
 }
 
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
-// `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
-// and ended (see `last_exit`).
+// `running`: its agent answers; `paused`: running, with every process frozen (see
+// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
+// `last_exit`).
 type SandboxState string
 
 // StorageHealth The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
@@ -1053,6 +1207,23 @@ type TemplateList struct {
 //
 // Example: python-base
 type TemplateName = string
+
+// TimeoutRequest defines model for TimeoutRequest.
+type TimeoutRequest struct {
+	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
+
+	// TimeoutS The lifetime in seconds from now (1 s to 30 days); 0 clears it.
+	TimeoutS int `json:"timeout_s"`
+}
+
+// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+//
+// Example: 0077
+type Umask = string
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
@@ -1134,6 +1305,9 @@ type NotImplemented = Problem
 // PayloadTooLarge An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type PayloadTooLarge = Problem
 
+// RequestTimeout An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type RequestTimeout = Problem
+
 // ServiceUnavailable An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type ServiceUnavailable = Problem
 
@@ -1188,6 +1362,9 @@ type DeleteSandboxParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// Force Stop the sandbox by force first if it runs (or is paused).
+	Force *bool `form:"force,omitempty" json:"force,omitempty"`
 }
 
 // ExecStreamParams defines parameters for ExecStream.
@@ -1196,9 +1373,10 @@ type ExecStreamParams struct {
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
-	Env  *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
-	Cwd  *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
-	User *User         `form:"user,omitempty" json:"user,omitempty"`
+	Env   *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
+	Cwd   *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
+	User  *User         `form:"user,omitempty" json:"user,omitempty"`
+	Umask *Umask        `form:"umask,omitempty" json:"umask,omitempty"`
 
 	// Tty Run the command on a pseudo-terminal of `rows` by `cols`.
 	Tty  *bool `form:"tty,omitempty" json:"tty,omitempty"`
@@ -1247,10 +1425,34 @@ type GetSandboxLogsParams struct {
 	Tail *int `form:"tail,omitempty" json:"tail,omitempty"`
 }
 
+// SetSandboxNetworkParams defines parameters for SetSandboxNetwork.
+type SetSandboxNetworkParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// PauseSandboxParams defines parameters for PauseSandbox.
+type PauseSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // PortTunnelParams defines parameters for PortTunnel.
 type PortTunnelParams struct {
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *AccessToken `form:"access_token,omitempty" json:"access_token,omitempty"`
+}
+
+// ResumeSandboxParams defines parameters for ResumeSandbox.
+type ResumeSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // StartSandboxParams defines parameters for StartSandbox.
@@ -1271,6 +1473,26 @@ type StopSandboxParams struct {
 	// Force Kill the sandbox instead of waiting for a clean shutdown.
 	Force *bool `form:"force,omitempty" json:"force,omitempty"`
 }
+
+// SetSandboxTimeoutParams defines parameters for SetSandboxTimeout.
+type SetSandboxTimeoutParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// WaitSandboxParams defines parameters for WaitSandbox.
+type WaitSandboxParams struct {
+	// State The state to wait for; `deleted` waits until the sandbox is gone.
+	State WaitSandboxParamsState `form:"state" json:"state"`
+
+	// TimeoutMs How long to wait, in milliseconds.
+	TimeoutMs *int `form:"timeout_ms,omitempty" json:"timeout_ms,omitempty"`
+}
+
+// WaitSandboxParamsState defines parameters for WaitSandbox.
+type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
@@ -1344,8 +1566,14 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
 
+// SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
+type SetSandboxNetworkJSONRequestBody = NetworkPolicy
+
 // CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
 type CreatePortLinkJSONRequestBody = PortLinkRequest
+
+// SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
+type SetSandboxTimeoutJSONRequestBody = TimeoutRequest
 
 // CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
 type CreateTemplateJSONRequestBody = CreateTemplateRequest
@@ -1617,12 +1845,15 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
 	CreateSandbox(ctx context.Context, params *CreateSandboxParams, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// DeleteSandbox Delete a stopped sandbox
+	// DeleteSandbox Delete a sandbox
 	//
 	// Deprovisions a stopped sandbox: removes its state and, for a clone, releases its lease.
-	// A sandbox that is running (or being launched) is refused with `sandbox-launched`: stop
-	// it first. Files that sandboxd did not write in the state directory are named in a
-	// `foreign-files` problem and the directory is kept.
+	// A sandbox that is running, paused (or being launched) is refused with
+	// `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
+	// stop does, also one started by another runtime identity) and deprovisions it in the
+	// same transition, under one lock, so that nothing can start it in between. Files that
+	// sandboxd did not write in the state directory are named in a `foreign-files` problem
+	// and the directory is kept.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id} (the `DeleteSandbox` operationId).
 	DeleteSandbox(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1682,7 +1913,7 @@ type ClientInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -1748,6 +1979,44 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// SetSandboxNetworkWithBody Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBody(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxNetwork Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PauseSandbox Pause a running sandbox
+	//
+	// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
+	// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
+	// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
+	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+	PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// CreatePortLinkWithBody Make a link that opens the port without the API token
 	//
 	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
@@ -1800,6 +2069,14 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
 	PortTunnel(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ResumeSandbox Resume a paused sandbox
+	//
+	// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
+	// paused answers it as it is.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+	ResumeSandbox(ctx context.Context, id SandboxIDPath, params *ResumeSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// StartSandbox Start a provisioned sandbox
 	//
 	// Launches the sandbox and waits until its agent answers. Two overlapping starts never
@@ -1820,6 +2097,46 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/stop (the `StopSandbox` operationId).
 	StopSandbox(ctx context.Context, id SandboxIDPath, params *StopSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxTimeoutWithBody Set a sandbox's lifetime anew
+	//
+	// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+	// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// its start-up.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+	SetSandboxTimeoutWithBody(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxTimeout Set a sandbox's lifetime anew
+	//
+	// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+	// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// its start-up.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+	SetSandboxTimeout(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// WaitSandbox Wait until a sandbox is in a state
+	//
+	// Answers the sandbox as soon as it is in `state` (at once if it already is), or
+	// `wait-timeout` after `timeout_ms`. A sandbox that is gone answers `sandbox-not-found`,
+	// unless `state` is `deleted`, which its absence satisfies (then `204`). The wait follows
+	// the server's event stream, so it sees the changes this server makes or notices.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/wait (the `WaitSandbox` operationId).
+	WaitSandbox(ctx context.Context, id SandboxIDPath, params *WaitSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListTemplates List templates
 	//
@@ -2295,12 +2612,15 @@ func (c *Client) CreateSandbox(ctx context.Context, params *CreateSandboxParams,
 	return c.Client.Do(req)
 }
 
-// DeleteSandbox Delete a stopped sandbox
+// DeleteSandbox Delete a sandbox
 //
 // Deprovisions a stopped sandbox: removes its state and, for a clone, releases its lease.
-// A sandbox that is running (or being launched) is refused with `sandbox-launched`: stop
-// it first. Files that sandboxd did not write in the state directory are named in a
-// `foreign-files` problem and the directory is kept.
+// A sandbox that is running, paused (or being launched) is refused with
+// `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
+// stop does, also one started by another runtime identity) and deprovisions it in the
+// same transition, under one lock, so that nothing can start it in between. Files that
+// sandboxd did not write in the state directory are named in a `foreign-files` problem
+// and the directory is kept.
 //
 // Corresponds with DELETE /v1/sandboxes/{id} (the `DeleteSandbox` operationId).
 func (c *Client) DeleteSandbox(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2400,7 +2720,7 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -2516,6 +2836,74 @@ func (c *Client) GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *G
 	return c.Client.Do(req)
 }
 
+// SetSandboxNetworkWithBody Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetworkWithBody(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxNetwork Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PauseSandbox Pause a running sandbox
+//
+// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
+// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
+// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
+// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+//
+// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+func (c *Client) PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSandboxRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // CreatePortLinkWithBody Make a link that opens the port without the API token
 //
 // Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
@@ -2608,6 +2996,24 @@ func (c *Client) PortTunnel(ctx context.Context, id SandboxIDPath, port PortPath
 	return c.Client.Do(req)
 }
 
+// ResumeSandbox Resume a paused sandbox
+//
+// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
+// paused answers it as it is.
+//
+// Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+func (c *Client) ResumeSandbox(ctx context.Context, id SandboxIDPath, params *ResumeSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResumeSandboxRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // StartSandbox Start a provisioned sandbox
 //
 // Launches the sandbox and waits until its agent answers. Two overlapping starts never
@@ -2639,6 +3045,76 @@ func (c *Client) StartSandbox(ctx context.Context, id SandboxIDPath, params *Sta
 // Corresponds with POST /v1/sandboxes/{id}/stop (the `StopSandbox` operationId).
 func (c *Client) StopSandbox(ctx context.Context, id SandboxIDPath, params *StopSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewStopSandboxRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxTimeoutWithBody Set a sandbox's lifetime anew
+//
+// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// its start-up.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+func (c *Client) SetSandboxTimeoutWithBody(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxTimeoutRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxTimeout Set a sandbox's lifetime anew
+//
+// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// its start-up.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+func (c *Client) SetSandboxTimeout(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxTimeoutRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// WaitSandbox Wait until a sandbox is in a state
+//
+// Answers the sandbox as soon as it is in `state` (at once if it already is), or
+// `wait-timeout` after `timeout_ms`. A sandbox that is gone answers `sandbox-not-found`,
+// unless `state` is `deleted`, which its absence satisfies (then `204`). The wait follows
+// the server's event stream, so it sees the changes this server makes or notices.
+//
+// Corresponds with GET /v1/sandboxes/{id}/wait (the `WaitSandbox` operationId).
+func (c *Client) WaitSandbox(ctx context.Context, id SandboxIDPath, params *WaitSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewWaitSandboxRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3518,6 +3994,18 @@ func NewDeleteSandboxRequest(server string, id SandboxIDPath, params *DeleteSand
 
 		}
 
+		if params.Force != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "force", *params.Force, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -3687,6 +4175,18 @@ func NewExecStreamRequest(server string, id SandboxIDPath, params *ExecStreamPar
 		if params.User != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "user", *params.User, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Umask != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "umask", *params.Umask, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -4052,6 +4552,141 @@ func NewGetSandboxLogsRequest(server string, id SandboxIDPath, params *GetSandbo
 	return req, nil
 }
 
+// NewSetSandboxNetworkRequest calls the generic SetSandboxNetwork builder with application/json body
+func NewSetSandboxNetworkRequest(server string, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetSandboxNetworkRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewSetSandboxNetworkRequestWithBody constructs an http.Request for the SetSandboxNetwork method, with any body, and a specified content type
+func NewSetSandboxNetworkRequestWithBody(server string, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/network", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewPauseSandboxRequest constructs an http.Request for the PauseSandbox method
+func NewPauseSandboxRequest(server string, id SandboxIDPath, params *PauseSandboxParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/pause", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewCreatePortLinkRequest calls the generic CreatePortLink builder with application/json body
 func NewCreatePortLinkRequest(server string, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -4222,6 +4857,67 @@ func NewPortTunnelRequest(server string, id SandboxIDPath, port PortPath, params
 	return req, nil
 }
 
+// NewResumeSandboxRequest constructs an http.Request for the ResumeSandbox method
+func NewResumeSandboxRequest(server string, id SandboxIDPath, params *ResumeSandboxParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/resume", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewStartSandboxRequest constructs an http.Request for the StartSandbox method
 func NewStartSandboxRequest(server string, id SandboxIDPath, params *StartSandboxParams) (*http.Request, error) {
 	var err error
@@ -4349,6 +5045,149 @@ func NewStopSandboxRequest(server string, id SandboxIDPath, params *StopSandboxP
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewSetSandboxTimeoutRequest calls the generic SetSandboxTimeout builder with application/json body
+func NewSetSandboxTimeoutRequest(server string, id SandboxIDPath, params *SetSandboxTimeoutParams, body SetSandboxTimeoutJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetSandboxTimeoutRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewSetSandboxTimeoutRequestWithBody constructs an http.Request for the SetSandboxTimeout method, with any body, and a specified content type
+func NewSetSandboxTimeoutRequestWithBody(server string, id SandboxIDPath, params *SetSandboxTimeoutParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/timeout", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewWaitSandboxRequest constructs an http.Request for the WaitSandbox method
+func NewWaitSandboxRequest(server string, id SandboxIDPath, params *WaitSandboxParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/wait", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if params.TimeoutMs != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout_ms", *params.TimeoutMs, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -5202,12 +6041,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
 	CreateSandboxWithResponse(ctx context.Context, params *CreateSandboxParams, body CreateSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSandboxResponse, error)
 
-	// DeleteSandboxWithResponse Delete a stopped sandbox
+	// DeleteSandboxWithResponse Delete a sandbox
 	//
 	// Deprovisions a stopped sandbox: removes its state and, for a clone, releases its lease.
-	// A sandbox that is running (or being launched) is refused with `sandbox-launched`: stop
-	// it first. Files that sandboxd did not write in the state directory are named in a
-	// `foreign-files` problem and the directory is kept.
+	// A sandbox that is running, paused (or being launched) is refused with
+	// `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
+	// stop does, also one started by another runtime identity) and deprovisions it in the
+	// same transition, under one lock, so that nothing can start it in between. Files that
+	// sandboxd did not write in the state directory are named in a `foreign-files` problem
+	// and the directory is kept.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5271,7 +6113,7 @@ type ClientWithResponsesInterface interface {
 	//   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 	//     effect in its place among the stdin frames, so input sent after it sees the new
 	//     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+	//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -5345,6 +6187,46 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogsWithResponse(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error)
 
+	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
+
+	// SetSandboxNetworkWithResponse Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
+
+	// PauseSandboxWithResponse Pause a running sandbox
+	//
+	// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
+	// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
+	// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
+	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+	PauseSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
+
 	// CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
 	//
 	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
@@ -5401,6 +6283,16 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
 	PortTunnelWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *PortTunnelParams, reqEditors ...RequestEditorFn) (*PortTunnelResponse, error)
 
+	// ResumeSandboxWithResponse Resume a paused sandbox
+	//
+	// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
+	// paused answers it as it is.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+	ResumeSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *ResumeSandboxParams, reqEditors ...RequestEditorFn) (*ResumeSandboxResponse, error)
+
 	// StartSandboxWithResponse Start a provisioned sandbox
 	//
 	// Launches the sandbox and waits until its agent answers. Two overlapping starts never
@@ -5425,6 +6317,48 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/stop (the `StopSandbox` operationId).
 	StopSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *StopSandboxParams, reqEditors ...RequestEditorFn) (*StopSandboxResponse, error)
+
+	// SetSandboxTimeoutWithBodyWithResponse Set a sandbox's lifetime anew
+	//
+	// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+	// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// its start-up.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+	SetSandboxTimeoutWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error)
+
+	// SetSandboxTimeoutWithResponse Set a sandbox's lifetime anew
+	//
+	// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+	// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// its start-up.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+	SetSandboxTimeoutWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error)
+
+	// WaitSandboxWithResponse Wait until a sandbox is in a state
+	//
+	// Answers the sandbox as soon as it is in `state` (at once if it already is), or
+	// `wait-timeout` after `timeout_ms`. A sandbox that is gone answers `sandbox-not-found`,
+	// unless `state` is `deleted`, which its absence satisfies (then `204`). The wait follows
+	// the server's event stream, so it sees the changes this server makes or notices.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/wait (the `WaitSandbox` operationId).
+	WaitSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *WaitSandboxParams, reqEditors ...RequestEditorFn) (*WaitSandboxResponse, error)
 
 	// ListTemplatesWithResponse List templates
 	//
@@ -7509,6 +8443,235 @@ func (r GetSandboxLogsResponse) ContentType() string {
 	return ""
 }
 
+// SetSandboxNetworkResponse401Headers the declared response headers of an HTTP 401 response for SetSandboxNetwork
+type SetSandboxNetworkResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type SetSandboxNetworkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *SetSandboxNetworkResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetSandboxNetworkResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r SetSandboxNetworkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetSandboxNetworkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetSandboxNetworkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetSandboxNetworkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PauseSandboxResponse401Headers the declared response headers of an HTTP 401 response for PauseSandbox
+type PauseSandboxResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PauseSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PauseSandboxResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PauseSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PauseSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PauseSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PauseSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PauseSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // CreatePortLinkResponse401Headers the declared response headers of an HTTP 401 response for CreatePortLink
 type CreatePortLinkResponse401Headers struct {
 	WWWAuthenticate *string
@@ -7808,6 +8971,117 @@ func (r PortTunnelResponse) ContentType() string {
 	return ""
 }
 
+// ResumeSandboxResponse401Headers the declared response headers of an HTTP 401 response for ResumeSandbox
+type ResumeSandboxResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ResumeSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ResumeSandboxResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ResumeSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ResumeSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ResumeSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ResumeSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ResumeSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ResumeSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // StartSandboxResponse401Headers the declared response headers of an HTTP 401 response for StartSandbox
 type StartSandboxResponse401Headers struct {
 	WWWAuthenticate *string
@@ -8031,6 +9305,207 @@ func (r StopSandboxResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r StopSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// SetSandboxTimeoutResponse401Headers the declared response headers of an HTTP 401 response for SetSandboxTimeout
+type SetSandboxTimeoutResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type SetSandboxTimeoutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *SetSandboxTimeoutResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetSandboxTimeoutResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r SetSandboxTimeoutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetSandboxTimeoutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetSandboxTimeoutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetSandboxTimeoutResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// WaitSandboxResponse401Headers the declared response headers of an HTTP 401 response for WaitSandbox
+type WaitSandboxResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type WaitSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationProblemJSON408 *RequestTimeout
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *WaitSandboxResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r WaitSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r WaitSandboxResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r WaitSandboxResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r WaitSandboxResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r WaitSandboxResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r WaitSandboxResponse) GetApplicationProblemJSON408() *RequestTimeout {
+	return r.ApplicationProblemJSON408
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r WaitSandboxResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r WaitSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r WaitSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r WaitSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r WaitSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r WaitSandboxResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -9299,12 +10774,15 @@ func (c *ClientWithResponses) CreateSandboxWithResponse(ctx context.Context, par
 	return ParseCreateSandboxResponse(rsp)
 }
 
-// DeleteSandboxWithResponse Delete a stopped sandbox
+// DeleteSandboxWithResponse Delete a sandbox
 //
 // Deprovisions a stopped sandbox: removes its state and, for a clone, releases its lease.
-// A sandbox that is running (or being launched) is refused with `sandbox-launched`: stop
-// it first. Files that sandboxd did not write in the state directory are named in a
-// `foreign-files` problem and the directory is kept.
+// A sandbox that is running, paused (or being launched) is refused with
+// `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
+// stop does, also one started by another runtime identity) and deprovisions it in the
+// same transition, under one lock, so that nothing can start it in between. Files that
+// sandboxd did not write in the state directory are named in a `foreign-files` problem
+// and the directory is kept.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -9392,7 +10870,7 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //   - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
 //     effect in its place among the stdin frames, so input sent after it sees the new
 //     size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+//   - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -9496,6 +10974,64 @@ func (c *ClientWithResponses) GetSandboxLogsWithResponse(ctx context.Context, id
 	return ParseGetSandboxLogsResponse(rsp)
 }
 
+// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetworkWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
+}
+
+// SetSandboxNetworkWithResponse Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetwork(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
+}
+
+// PauseSandboxWithResponse Pause a running sandbox
+//
+// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
+// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
+// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
+// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error) {
+	rsp, err := c.PauseSandbox(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePauseSandboxResponse(rsp)
+}
+
 // CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
 //
 // Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
@@ -9576,6 +11112,22 @@ func (c *ClientWithResponses) PortTunnelWithResponse(ctx context.Context, id San
 	return ParsePortTunnelResponse(rsp)
 }
 
+// ResumeSandboxWithResponse Resume a paused sandbox
+//
+// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
+// paused answers it as it is.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
+func (c *ClientWithResponses) ResumeSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *ResumeSandboxParams, reqEditors ...RequestEditorFn) (*ResumeSandboxResponse, error) {
+	rsp, err := c.ResumeSandbox(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResumeSandboxResponse(rsp)
+}
+
 // StartSandboxWithResponse Start a provisioned sandbox
 //
 // Launches the sandbox and waits until its agent answers. Two overlapping starts never
@@ -9611,6 +11163,66 @@ func (c *ClientWithResponses) StopSandboxWithResponse(ctx context.Context, id Sa
 		return nil, err
 	}
 	return ParseStopSandboxResponse(rsp)
+}
+
+// SetSandboxTimeoutWithBodyWithResponse Set a sandbox's lifetime anew
+//
+// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// its start-up.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+func (c *ClientWithResponses) SetSandboxTimeoutWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error) {
+	rsp, err := c.SetSandboxTimeoutWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxTimeoutResponse(rsp)
+}
+
+// SetSandboxTimeoutWithResponse Set a sandbox's lifetime anew
+//
+// Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+// does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// its start-up.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/timeout (the `SetSandboxTimeout` operationId).
+func (c *ClientWithResponses) SetSandboxTimeoutWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxTimeoutParams, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error) {
+	rsp, err := c.SetSandboxTimeout(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxTimeoutResponse(rsp)
+}
+
+// WaitSandboxWithResponse Wait until a sandbox is in a state
+//
+// Answers the sandbox as soon as it is in `state` (at once if it already is), or
+// `wait-timeout` after `timeout_ms`. A sandbox that is gone answers `sandbox-not-found`,
+// unless `state` is `deleted`, which its absence satisfies (then `204`). The wait follows
+// the server's event stream, so it sees the changes this server makes or notices.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/wait (the `WaitSandbox` operationId).
+func (c *ClientWithResponses) WaitSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *WaitSandboxParams, reqEditors ...RequestEditorFn) (*WaitSandboxResponse, error) {
+	rsp, err := c.WaitSandbox(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseWaitSandboxResponse(rsp)
 }
 
 // ListTemplatesWithResponse List templates
@@ -11567,6 +13179,217 @@ func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, e
 	return response, nil
 }
 
+// ParseSetSandboxNetworkResponse parses an HTTP response from a SetSandboxNetworkWithResponse call
+func ParseSetSandboxNetworkResponse(rsp *http.Response) (*SetSandboxNetworkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetSandboxNetworkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers SetSandboxNetworkResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePauseSandboxResponse parses an HTTP response from a PauseSandboxWithResponse call
+func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PauseSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PauseSandboxResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseCreatePortLinkResponse parses an HTTP response from a CreatePortLinkWithResponse call
 func ParseCreatePortLinkResponse(rsp *http.Response) (*CreatePortLinkResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -11854,6 +13677,108 @@ func ParsePortTunnelResponse(rsp *http.Response) (*PortTunnelResponse, error) {
 	return response, nil
 }
 
+// ParseResumeSandboxResponse parses an HTTP response from a ResumeSandboxWithResponse call
+func ParseResumeSandboxResponse(rsp *http.Response) (*ResumeSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ResumeSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ResumeSandboxResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseStartSandboxResponse parses an HTTP response from a StartSandboxWithResponse call
 func ParseStartSandboxResponse(rsp *http.Response) (*StartSandboxResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -12052,6 +13977,192 @@ func ParseStopSandboxResponse(rsp *http.Response) (*StopSandboxResponse, error) 
 	switch {
 	case rsp.StatusCode == 401:
 		var headers StopSandboxResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseSetSandboxTimeoutResponse parses an HTTP response from a SetSandboxTimeoutWithResponse call
+func ParseSetSandboxTimeoutResponse(rsp *http.Response) (*SetSandboxTimeoutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetSandboxTimeoutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers SetSandboxTimeoutResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseWaitSandboxResponse parses an HTTP response from a WaitSandboxWithResponse call
+func ParseWaitSandboxResponse(rsp *http.Response) (*WaitSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &WaitSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers WaitSandboxResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

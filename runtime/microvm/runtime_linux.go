@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -164,11 +163,11 @@ func (r *Runtime) computeStack() (*stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	eh, err := fileHash(r.cfg.Executable)
+	eh, err := platform.FileSHA256(r.cfg.Executable)
 	if err != nil {
 		return nil, err
 	}
-	kh, err := fileHash(r.cfg.Kernel)
+	kh, err := platform.FileSHA256(r.cfg.Kernel)
 	if err != nil {
 		return nil, err
 	}
@@ -176,19 +175,6 @@ func (r *Runtime) computeStack() (*stack, error) {
 		versions: Versions{QEMU: string(m[1]), Kernel: release + "+" + kh[:8], Initramfs: ih},
 		files:    files, order: order, exeHash: eh,
 	}, nil
-}
-
-func fileHash(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Versions returns the guest stack's versions: QEMU's, the kernel's release (with a hash of
@@ -469,35 +455,7 @@ func openLog(dir string) (*os.File, error) {
 
 // spawn starts the shim for dir, detached, with its output to logf and cfg on its fd 3.
 func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.ProcessID, error) {
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return platform.ProcessID{}, err
-	}
-	defer pw.Close()
-	cmd := exec.Command(r.cfg.Executable, shim.ShimCommand, dir) //nolint:noctx // the shim outlives every request, and sandboxd
-	cmd.Args[0] = "sandboxd"
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Dir = "/"
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pr}
-	// Its own session: no terminal signal of sandboxd's reaches it, and it outlives sandboxd.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	pr.Close()
-	if err != nil {
-		return platform.ProcessID{}, fmt.Errorf("microvm runtime: start the shim: %w", err)
-	}
-	go func() { _ = cmd.Wait() }()
-	id, err := platform.Identify(cmd.Process.Pid)
-	if err != nil {
-		_ = cmd.Process.Kill()
-		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended as it started (identify: %v); start it again.", err)
-	}
-	if _, err := pw.Write(cfg); err != nil {
-		_ = platform.SignalVerified(id, syscall.SIGKILL)
-		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended before it took its configuration (%v); start it again.", err)
-	}
-	return id, nil
+	return runtime.SpawnDetached("microvm", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg)
 }
 
 // Kill kills the sandbox's QEMU (the shim's only child) by verified identity and waits for

@@ -394,40 +394,7 @@ func openLog(dir string) (*os.File, error) {
 // hands it cfg on its fd 3. It returns the shim's identity once the shim has its
 // configuration.
 func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.ProcessID, error) {
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return platform.ProcessID{}, err
-	}
-	defer pw.Close()
-	cmd := exec.Command(r.cfg.Executable, shim.ShimCommand, dir) //nolint:noctx // the shim outlives every request, and sandboxd
-	cmd.Args[0] = "sandboxd"
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Dir = "/"
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.ExtraFiles = []*os.File{pr}
-	// Its own session: no terminal signal of sandboxd's reaches it, and it outlives sandboxd.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	pr.Close()
-	if err != nil {
-		return platform.ProcessID{}, fmt.Errorf("namespace runtime: start the shim: %w", err)
-	}
-	// Reap the shim if it ends while this sandboxd still runs; after a restart of sandboxd
-	// the host's init (or a subreaper) does.
-	go func() { _ = cmd.Wait() }()
-	// The shim may be gone already (killed from outside): the sandbox did not come up, as
-	// when its init dies before the agent answers, and a new start may be tried.
-	id, err := platform.Identify(cmd.Process.Pid)
-	if err != nil {
-		_ = cmd.Process.Kill()
-		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended as it started (identify: %v); start it again.", err)
-	}
-	if _, err := pw.Write(cfg); err != nil {
-		_ = platform.SignalVerified(id, syscall.SIGKILL)
-		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended before it took its configuration (%v); start it again.", err)
-	}
-	return id, nil
+	return runtime.SpawnDetached("namespace", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg)
 }
 
 // waitGone waits until id no longer runs or ctx ends.

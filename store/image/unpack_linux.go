@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/platform"
 	"golang.org/x/sys/unix"
 )
 
@@ -79,7 +80,7 @@ func unpackTar(r io.Reader, fsDir *os.File, limits Limits) (UnpackStats, error) 
 	if err := u.applyDirTimes(); err != nil {
 		return u.stats, err
 	}
-	if err := ignoringEINTR(func() error { return unix.Syncfs(u.root) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Syncfs(u.root) }); err != nil {
 		return u.stats, fmt.Errorf("image: flush the unpacked layer: %w", err)
 	}
 	return u.stats, nil
@@ -150,7 +151,7 @@ func (u *unpacker) openDir(rel string, create bool) (int, error) {
 	for _, part := range strings.Split(rel, "/") {
 		nfd, err := openat2(fd, part)
 		if errors.Is(err, unix.ENOENT) {
-			if err := ignoringEINTR(func() error { return unix.Mkdirat(fd, part, 0o755) }); err != nil && !errors.Is(err, unix.EEXIST) {
+			if err := platform.IgnoringEINTR(func() error { return unix.Mkdirat(fd, part, 0o755) }); err != nil && !errors.Is(err, unix.EEXIST) {
 				unix.Close(fd)
 				return -1, pathError(rel, err)
 			}
@@ -204,7 +205,7 @@ func pathError(rel string, err error) error {
 // whiteout, so that a directory replacing one can hide the lower layers' directory as well.
 func (u *unpacker) clear(pfd int, name, base string, keepDir bool) (exists, wasWhiteout bool, err error) {
 	var st unix.Stat_t
-	err = ignoringEINTR(func() error { return unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) })
+	err = platform.IgnoringEINTR(func() error { return unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) })
 	if errors.Is(err, unix.ENOENT) {
 		return false, false, nil
 	}
@@ -219,7 +220,7 @@ func (u *unpacker) clear(pfd int, name, base string, keepDir bool) (exists, wasW
 	if isDir {
 		flags = unix.AT_REMOVEDIR
 	}
-	if err := ignoringEINTR(func() error { return unix.Unlinkat(pfd, base, flags) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Unlinkat(pfd, base, flags) }); err != nil {
 		if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
 			return false, false, unsafeEntry(name, "it would replace a directory that is not empty")
 		}
@@ -253,7 +254,7 @@ func timespec(t time.Time) unix.Timespec {
 
 // finish gives the entry base in pfd its owner and times (not following it if it is a link).
 func (u *unpacker) finish(pfd int, hdr *tar.Header, base string) error {
-	if err := ignoringEINTR(func() error {
+	if err := platform.IgnoringEINTR(func() error {
 		return unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW)
 	}); err != nil {
 		return fmt.Errorf("image: set the owner of %s: %w", hdr.Name, err)
@@ -263,7 +264,7 @@ func (u *unpacker) finish(pfd int, hdr *tar.Header, base string) error {
 	if !hdr.AccessTime.IsZero() {
 		at = timespec(hdr.AccessTime)
 	}
-	if err := ignoringEINTR(func() error {
+	if err := platform.IgnoringEINTR(func() error {
 		return unix.UtimesNanoAt(pfd, base, []unix.Timespec{at, mt}, unix.AT_SYMLINK_NOFOLLOW)
 	}); err != nil {
 		return fmt.Errorf("image: set the times of %s: %w", hdr.Name, err)
@@ -288,7 +289,7 @@ func (u *unpacker) dir(pfd int, hdr *tar.Header, name, base string) error {
 		return err
 	}
 	if !exists {
-		if err := ignoringEINTR(func() error { return unix.Mkdirat(pfd, base, 0o700) }); err != nil {
+		if err := platform.IgnoringEINTR(func() error { return unix.Mkdirat(pfd, base, 0o700) }); err != nil {
 			return fmt.Errorf("image: create %s: %w", hdr.Name, err)
 		}
 	}
@@ -318,7 +319,7 @@ func (u *unpacker) file(pfd int, hdr *tar.Header, name, base string, r io.Reader
 	if _, _, err := u.clear(pfd, name, base, false); err != nil {
 		return err
 	}
-	fd, err := openRetry(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	fd, err := platform.OpenatRetry(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("image: create %s: %w", hdr.Name, err)
 	}
@@ -350,7 +351,7 @@ func (u *unpacker) symlink(pfd int, hdr *tar.Header, name, base string) error {
 	}
 	// The target is kept as written, absolute or with "..": it is resolved only inside a
 	// sandbox, whose root is the image, and never by the host (unpacking never follows a link).
-	if err := ignoringEINTR(func() error { return unix.Symlinkat(target, pfd, base) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Symlinkat(target, pfd, base) }); err != nil {
 		return fmt.Errorf("image: create %s: %w", hdr.Name, err)
 	}
 	u.seen[name] = true
@@ -376,7 +377,7 @@ func (u *unpacker) hardlink(pfd int, hdr *tar.Header, name, base string) error {
 	}
 	// Flags 0: if the target is a symbolic link, the new name links the link, not what it
 	// points to.
-	if err := ignoringEINTR(func() error { return unix.Linkat(tfd, tbase, pfd, base, 0) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Linkat(tfd, tbase, pfd, base, 0) }); err != nil {
 		return fmt.Errorf("image: link %s: %w", hdr.Name, err)
 	}
 	u.seen[name] = true
@@ -394,7 +395,7 @@ func (u *unpacker) device(pfd int, hdr *tar.Header, name, base string) error {
 	if _, _, err := u.clear(pfd, name, base, false); err != nil {
 		return err
 	}
-	if err := ignoringEINTR(func() error { return unix.Mknodat(pfd, base, unix.S_IFCHR, 0) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Mknodat(pfd, base, unix.S_IFCHR, 0) }); err != nil {
 		return fmt.Errorf("image: create the whiteout %s: %w", hdr.Name, err)
 	}
 	u.stats.Whiteouts++
@@ -406,7 +407,7 @@ func (u *unpacker) fifo(pfd int, hdr *tar.Header, name, base string) error {
 	if _, _, err := u.clear(pfd, name, base, false); err != nil {
 		return err
 	}
-	if err := ignoringEINTR(func() error { return unix.Mknodat(pfd, base, unix.S_IFIFO|0o600, 0) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Mknodat(pfd, base, unix.S_IFIFO|0o600, 0) }); err != nil {
 		return fmt.Errorf("image: create %s: %w", hdr.Name, err)
 	}
 	if err := u.finish(pfd, hdr, base); err != nil {
@@ -414,7 +415,7 @@ func (u *unpacker) fifo(pfd int, hdr *tar.Header, name, base string) error {
 	}
 	// fchmodat follows a final link, but base was made a FIFO just above in a directory
 	// that only sandboxd can write.
-	if err := ignoringEINTR(func() error { return unix.Fchmodat(pfd, base, u.mode(hdr, false), 0) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Fchmodat(pfd, base, u.mode(hdr, false), 0) }); err != nil {
 		return fmt.Errorf("image: set the mode of %s: %w", hdr.Name, err)
 	}
 	u.seen[name] = true
@@ -450,7 +451,7 @@ func (u *unpacker) whiteout(hdr *tar.Header, dir, base string) error {
 	}
 	defer unix.Close(pfd)
 	var st unix.Stat_t
-	err = ignoringEINTR(func() error { return unix.Fstatat(pfd, target, &st, unix.AT_SYMLINK_NOFOLLOW) })
+	err = platform.IgnoringEINTR(func() error { return unix.Fstatat(pfd, target, &st, unix.AT_SYMLINK_NOFOLLOW) })
 	if err == nil {
 		// A whiteout hides only the lower layers' entry; one of this layer stays (OCI image
 		// spec, "Whiteouts").
@@ -459,7 +460,7 @@ func (u *unpacker) whiteout(hdr *tar.Header, dir, base string) error {
 	if !errors.Is(err, unix.ENOENT) {
 		return err
 	}
-	if err := ignoringEINTR(func() error { return unix.Mknodat(pfd, target, unix.S_IFCHR, 0) }); err != nil {
+	if err := platform.IgnoringEINTR(func() error { return unix.Mknodat(pfd, target, unix.S_IFCHR, 0) }); err != nil {
 		return fmt.Errorf("image: create the whiteout %s: %w", hdr.Name, err)
 	}
 	u.stats.Whiteouts++
@@ -479,7 +480,7 @@ func (u *unpacker) applyDirTimes() error {
 		if err != nil {
 			return err
 		}
-		err = ignoringEINTR(func() error {
+		err = platform.IgnoringEINTR(func() error {
 			return unix.UtimesNanoAt(pfd, base, []unix.Timespec{d.t, d.t}, unix.AT_SYMLINK_NOFOLLOW)
 		})
 		unix.Close(pfd)
@@ -492,7 +493,7 @@ func (u *unpacker) applyDirTimes() error {
 
 // renameNoReplace renames old to new in dir, failing with fs.ErrExist if new exists.
 func renameNoReplace(dir *os.File, old, new string) error {
-	err := ignoringEINTR(func() error {
+	err := platform.IgnoringEINTR(func() error {
 		return unix.Renameat2(int(dir.Fd()), old, int(dir.Fd()), new, unix.RENAME_NOREPLACE)
 	})
 	if errors.Is(err, unix.ENOTEMPTY) {
@@ -502,21 +503,4 @@ func renameNoReplace(dir *os.File, old, new string) error {
 		return &os.LinkError{Op: "rename", Old: old, New: new, Err: err}
 	}
 	return nil
-}
-
-func openRetry(dirfd int, name string, flag int, perm uint32) (int, error) {
-	for {
-		fd, err := unix.Openat(dirfd, name, flag, perm)
-		if err != unix.EINTR {
-			return fd, err
-		}
-	}
-}
-
-func ignoringEINTR(fn func() error) error {
-	for {
-		if err := fn(); err != unix.EINTR {
-			return err
-		}
-	}
 }

@@ -7,6 +7,7 @@
   const TOKEN_KEY = "sandboxd.token";
   const EVENT_TYPES = [
     "sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted",
+    "sandbox.paused", "sandbox.resumed", "sandbox.expired",
     "generation.captured", "generation.tombstoned", "generation.retired",
     "lease.acquired", "lease.released", "capture.progress",
   ];
@@ -188,6 +189,10 @@
         await api("POST", `/v1/sandboxes/${enc}/stop`);
         await refreshSandboxes();
       });
+      button("Pause", "pause", async () => { await api("POST", `/v1/sandboxes/${enc}/pause`); await refreshSandboxes(); });
+    } else if (sb.state === "paused") {
+      button("Resume", "resume", async () => { await api("POST", `/v1/sandboxes/${enc}/resume`); await refreshSandboxes(); });
+      button("Stop", "stop", async () => { await api("POST", `/v1/sandboxes/${enc}/stop`); await refreshSandboxes(); });
     } else if (sb.state === "provisioned" || sb.state === "stopped") {
       button("Start", "start", async () => { await api("POST", `/v1/sandboxes/${enc}/start`); await refreshSandboxes(); });
     }

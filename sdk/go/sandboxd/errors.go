@@ -30,6 +30,7 @@ var (
 	ErrForeignFiles         = Code(errcode.ForeignFiles)
 	ErrGenerationLeased     = Code(errcode.GenerationLeased)
 	ErrGenerationNotFound   = Code(errcode.GenerationNotFound)
+	ErrImageInUse           = Code(errcode.ImageInUse)
 	ErrImageNotFound        = Code(errcode.ImageNotFound)
 	ErrInternal             = Code(errcode.Internal)
 	ErrInvalidRequest       = Code(errcode.InvalidRequest)
@@ -55,8 +56,8 @@ var (
 	ErrTransitionInProgress = Code(errcode.TransitionInProgress)
 	ErrUnauthorized         = Code(errcode.Unauthorized)
 	ErrUnavailable          = Code(errcode.Unavailable)
-	ErrSandboxPaused        = Code("sandbox-paused")
-	ErrWaitTimeout          = Code("wait-timeout")
+	ErrSandboxPaused        = Code(errcode.SandboxPaused)
+	ErrWaitTimeout          = Code(errcode.WaitTimeout)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

@@ -28,11 +28,13 @@ export type KnownErrorCode =
   | "template-exists"
   | "template-tombstoned"
   | "template-ineligible"
+  | "sandbox-paused"
   | "sandbox-busy"
   | "transition-in-progress"
   | "sandbox-leased"
   | "generation-leased"
   | "image-in-use"
+  | "wait-timeout"
   | "stop-timeout"
   | "start-timeout"
   | "port-unreachable"
@@ -67,11 +69,13 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "template-exists",
   "template-tombstoned",
   "template-ineligible",
+  "sandbox-paused",
   "sandbox-busy",
   "transition-in-progress",
   "sandbox-leased",
   "generation-leased",
   "image-in-use",
+  "wait-timeout",
   "stop-timeout",
   "start-timeout",
   "port-unreachable",
@@ -86,6 +90,9 @@ export type KnownEventType =
   | "sandbox.stopped"
   | "sandbox.exited"
   | "sandbox.deleted"
+  | "sandbox.paused"
+  | "sandbox.resumed"
+  | "sandbox.expired"
   | "generation.captured"
   | "generation.tombstoned"
   | "generation.retired"
@@ -105,6 +112,9 @@ export const knownEventTypes: ReadonlyArray<KnownEventType> = [
   "sandbox.stopped",
   "sandbox.exited",
   "sandbox.deleted",
+  "sandbox.paused",
+  "sandbox.resumed",
+  "sandbox.expired",
   "generation.captured",
   "generation.tombstoned",
   "generation.retired",

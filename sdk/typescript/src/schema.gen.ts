@@ -48,13 +48,44 @@ export interface paths {
         put?: never;
         post?: never;
         /**
-         * Delete a stopped sandbox
+         * Delete a sandbox
          * @description Deprovisions a stopped sandbox: removes its state and, for a clone, releases its lease.
-         *     A sandbox that is running (or being launched) is refused with `sandbox-launched`: stop
-         *     it first. Files that sandboxd did not write in the state directory are named in a
-         *     `foreign-files` problem and the directory is kept.
+         *     A sandbox that is running, paused (or being launched) is refused with
+         *     `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
+         *     stop does, also one started by another runtime identity) and deprovisions it in the
+         *     same transition, under one lock, so that nothing can start it in between. Files that
+         *     sandboxd did not write in the state directory are named in a `foreign-files` problem
+         *     and the directory is kept.
          */
         delete: operations["deleteSandbox"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/network": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Replace a sandbox's egress policy
+         * @description Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+         *     applied at once to a running sandbox: new connections follow it, established ones
+         *     continue; a running sandbox without an interface gets one. A policy that allows
+         *     nothing leaves a running sandbox's interface in place with everything dropped, and
+         *     gives a stopped one no interface at its next start. An invalid entry is refused with
+         *     `invalid-request` whose `field` names it (`network.allow[2]`).
+         */
+        put: operations["setSandboxNetwork"];
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -107,6 +138,111 @@ export interface paths {
          *     A running exec ends with the sandbox.
          */
         post: operations["stopSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause a running sandbox
+         * @description Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
+         *     While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
+         *     forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
+         *     stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+         */
+        post: operations["pauseSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume a paused sandbox
+         * @description Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
+         *     paused answers it as it is.
+         */
+        post: operations["resumeSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/timeout": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Set a sandbox's lifetime anew
+         * @description Sets the sandbox's lifetime to `timeout_s` from now (0 clears it), with what its end
+         *     does (`on_timeout`, default `stop`). When it ends, the sandbox is stopped (gracefully,
+         *     then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
+         *     deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
+         *     monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
+         *     it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+         *     its start-up.
+         */
+        post: operations["setSandboxTimeout"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/wait": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Wait until a sandbox is in a state
+         * @description Answers the sandbox as soon as it is in `state` (at once if it already is), or
+         *     `wait-timeout` after `timeout_ms`. A sandbox that is gone answers `sandbox-not-found`,
+         *     unless `state` is `deleted`, which its absence satisfies (then `204`). The wait follows
+         *     the server's event stream, so it sees the changes this server makes or notices.
+         */
+        get: operations["waitSandbox"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -171,7 +307,7 @@ export interface paths {
          *       - from the client: `{"type":"resize","rows":R,"cols":C}` (tty only; it takes
          *         effect in its place among the stdin frames, so input sent after it sees the new
          *         size), `{"type":"signal","signal":"SIGINT"}`, `{"type":"eof"}` (closes stdin);
-         *       - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false}`
+         *       - from the server: `{"type":"exit","exit_code":N,"signal":S,"timed_out":false,"oom_killed":false}`
          *         once the command has ended and all its output was sent, followed by a normal close
          *         (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
          *         signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
@@ -1121,6 +1257,14 @@ export interface components {
          * @example user
          */
         User: string;
+        /**
+         * @description The command's file mode creation mask, in octal as the shell's `umask` prints it
+         *     (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+         *     directories 0755). It is a string, not a number, because JSON has no octal numbers:
+         *     a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+         * @example 0077
+         */
+        Umask: string;
         LabelKey: string;
         LabelValue: string;
         /**
@@ -1143,11 +1287,12 @@ export interface components {
         };
         /**
          * @description `provisioned`: exists and has never run; `starting`: a launch is in progress;
-         *     `running`: its agent answers; `stopping`: a stop is in progress; `stopped`: it ran
-         *     and ended (see `last_exit`).
+         *     `running`: its agent answers; `paused`: running, with every process frozen (see
+         *     `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
+         *     `last_exit`).
          * @enum {string}
          */
-        SandboxState: "provisioned" | "starting" | "running" | "stopping" | "stopped";
+        SandboxState: "provisioned" | "starting" | "running" | "paused" | "stopping" | "stopped";
         /** @description Resource limits, applied through the sandbox's cgroup. */
         Resources: {
             /** @description CPU quota in whole CPUs. */
@@ -1206,11 +1351,30 @@ export interface components {
              */
             env?: components["schemas"]["EnvVar"][];
             labels?: components["schemas"]["Labels"];
+            network?: components["schemas"]["NetworkPolicy"];
             /**
-             * @description Also start the sandbox before answering.
+             * @description Also start the sandbox before answering. The create is then all or nothing: a
+             *     start that fails removes the sandbox again (the id is free) and its error comes back.
              * @default false
              */
             start?: boolean;
+            /**
+             * @description The sandbox's lifetime in seconds from its create (1 s to 30 days; 0 or absent: the
+             *     server's default, which is none unless configured). See `POST /timeout`.
+             */
+            timeout_s?: number;
+            on_timeout?: components["schemas"]["OnTimeout"];
+        };
+        /**
+         * @description What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
+         * @default stop
+         * @enum {string}
+         */
+        OnTimeout: "stop" | "delete";
+        TimeoutRequest: {
+            /** @description The lifetime in seconds from now (1 s to 30 days); 0 clears it. */
+            timeout_s: number;
+            on_timeout?: components["schemas"]["OnTimeout"];
         };
         /** @description The template generation a clone was made from, and its lease. */
         TemplateBinding: {
@@ -1229,11 +1393,12 @@ export interface components {
             /**
              * @description `exited`: the workload ended by itself; `stopped`: stopped on request;
              *     `killed`: force-stopped; `oom`: killed for exceeding its memory limit;
-             *     `start-failed`: the launch was refused or timed out; `lost`: the runtime process
-             *     was gone with no outcome report (for example after a host reboot).
+             *     `start-failed`: the launch was refused or timed out; `expired`: its lifetime ended;
+             *     `lost`: the runtime process was gone with no outcome report (for example after a
+             *     host reboot).
              * @enum {string}
              */
-            reason: "exited" | "stopped" | "killed" | "oom" | "start-failed" | "lost";
+            reason: "exited" | "stopped" | "killed" | "oom" | "start-failed" | "expired" | "lost";
         };
         Sandbox: {
             id: components["schemas"]["SandboxID"];
@@ -1254,6 +1419,51 @@ export interface components {
              */
             started_at?: string;
             last_exit?: components["schemas"]["LastExit"];
+            /**
+             * Format: date-time
+             * @description When the sandbox's lifetime ends (to the second); absent without one.
+             */
+            expires_at?: string;
+            on_timeout?: components["schemas"]["OnTimeout"];
+            network?: components["schemas"]["NetworkPolicy"];
+            /**
+             * Format: ipv4
+             * @description The sandbox's own address, while it runs with a network interface.
+             */
+            address?: string;
+        };
+        /**
+         * @description A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+         *     but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+         *     below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+         *     (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+         *     public destination is reachable; with `allow`, only what it lists. `deny` wins over
+         *     `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+         *     answers only allowed names and opens their answered addresses for their TTL. Always
+         *     denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+         *     169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+         *     addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+         *     CIDR lies inside one.
+         * @example {
+         *       "allow": [
+         *         "pypi.org",
+         *         "*.pythonhosted.org"
+         *       ],
+         *       "deny": [
+         *         "evil.pypi.org"
+         *       ]
+         *     }
+         */
+        NetworkPolicy: {
+            /**
+             * @description Every public destination, when `allow` is empty.
+             * @default false
+             */
+            internet?: boolean;
+            /** @description The only destinations reachable, when not empty. */
+            allow?: string[];
+            /** @description Destinations never reachable; wins over `allow` and `internet`. */
+            deny?: string[];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
@@ -1270,6 +1480,7 @@ export interface components {
             env?: components["schemas"]["EnvVar"][];
             cwd?: components["schemas"]["AbsolutePath"];
             user?: components["schemas"]["User"];
+            umask?: components["schemas"]["Umask"];
             /** @description Text written to the command's standard input, which is then closed. */
             stdin?: string;
             /**
@@ -1286,7 +1497,8 @@ export interface components {
         ExecResult: {
             /**
              * @description The exit status. When a signal ended the command, 128 plus the signal's number, as
-             *     shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it.
+             *     shells report it (137 for SIGKILL, 143 for SIGTERM), and `signal` names it. A
+             *     command that is not found answers 127, as a shell does, with the reason on stderr.
              */
             exit_code: number;
             /**
@@ -1296,6 +1508,11 @@ export interface components {
             signal?: string;
             /** @description The command was killed at `timeout_ms`. */
             timed_out: boolean;
+            /**
+             * @description The kernel's out-of-memory killer ended the command (the sandbox hit its
+             *     `memory_mb`); `signal` is then `SIGKILL`.
+             */
+            oom_killed?: boolean;
             /** @description Standard output as UTF-8 (invalid bytes replaced by U+FFFD). */
             stdout: string;
             /** @description Standard error as UTF-8 (invalid bytes replaced by U+FFFD). */
@@ -1508,6 +1725,9 @@ export interface components {
          *       `sandbox`, `state`;
          *     - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
          *       `exit`;
+         *     - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+         *     - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
+         *       `sandbox`, `state`, and `exit` when it was running;
          *     - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
          *       `generation`, and for a capture the `sandbox` it came from;
          *     - `lease.acquired`, `lease.released`: `template`, `generation`, `lease`, `sandbox`;
@@ -1643,10 +1863,19 @@ export interface components {
          *     sandboxd did not write; they are named), `runtime-mismatch` (started by another
          *     runtime identity; only a forced stop drives it), `template-exists`,
          *     `template-tombstoned` (the generation is quarantined), `template-ineligible` (no
-         *     generation is eligible at this host time, or the chosen one is not). The operation's
-         *     `x-error-codes` says which apply.
+         *     generation is eligible at this host time, or the chosen one is not), `sandbox-paused`
+         *     (resume it first). The operation's `x-error-codes` says which apply.
          */
         Conflict: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `wait-timeout`: the sandbox did not reach the state waited for within `timeout_ms`. */
+        RequestTimeout: {
             headers: {
                 [name: string]: unknown;
             };
@@ -1902,6 +2131,8 @@ export interface operations {
                  *     own timeout code) and changes nothing that a retry cannot finish.
                  */
                 timeout?: components["parameters"]["Timeout"];
+                /** @description Stop the sandbox by force first if it runs (or is paused). */
+                force?: boolean;
             };
             header?: never;
             path: {
@@ -1927,6 +2158,50 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+        };
+    };
+    setSandboxNetwork: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NetworkPolicy"];
+            };
+        };
+        responses: {
+            /** @description The sandbox, with its new policy. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     startSandbox: {
@@ -2010,6 +2285,174 @@ export interface operations {
             504: components["responses"]["GatewayTimeout"];
         };
     };
+    pauseSandbox: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox, paused. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    resumeSandbox: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox, running. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    setSandboxTimeout: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "timeout_s": 3600,
+                 *       "on_timeout": "stop"
+                 *     }
+                 */
+                "application/json": components["schemas"]["TimeoutRequest"];
+            };
+        };
+        responses: {
+            /** @description The sandbox, with its new `expires_at`. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    waitSandbox: {
+        parameters: {
+            query: {
+                /** @description The state to wait for; `deleted` waits until the sandbox is gone. */
+                state: "provisioned" | "starting" | "running" | "paused" | "stopping" | "stopped" | "deleted";
+                /** @description How long to wait, in milliseconds. */
+                timeout_ms?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox, in the state waited for. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description The sandbox is gone (`state=deleted`). */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
     execCommand: {
         parameters: {
             query?: never;
@@ -2055,6 +2498,7 @@ export interface operations {
                 env?: components["schemas"]["EnvVar"][];
                 cwd?: components["schemas"]["AbsolutePath"];
                 user?: components["schemas"]["User"];
+                umask?: components["schemas"]["Umask"];
                 /** @description Run the command on a pseudo-terminal of `rows` by `cols`. */
                 tty?: boolean;
                 rows?: number;
@@ -3570,14 +4014,16 @@ type ReadonlyArray<T> = [
 ] extends [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
+export const pathsV1SandboxesIdWaitGetParametersQueryStateValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/wait"]["get"]["parameters"]["query"]["state"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped", "deleted"];
 export const pathsV1SandboxesIdExecStreamGetResponses101HeadersUpgradeValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/exec/stream"]["get"]["responses"]["101"]["headers"]["Upgrade"]> = ["websocket"];
 export const pathsV1SandboxesIdExecStreamGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/exec/stream"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
 export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersUpgradeValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/ports/{port}/tcp"]["get"]["responses"]["101"]["headers"]["Upgrade"]> = ["websocket"];
 export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/ports/{port}/tcp"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
-export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "stopping", "stopped"];
-export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "lost"];
+export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
+export const onTimeoutValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OnTimeout"]> = ["stop", "delete"];
+export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "expired", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
 export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["state"]> = ["active", "tombstoned", "retiring"];
 export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired"];

@@ -1,0 +1,283 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/record"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// PausedName is the pause record, and pausedFormat its record format.
+const (
+	PausedName   = "paused.json"
+	pausedFormat = 1
+)
+
+// StatePaused is a running sandbox whose processes are frozen.
+const StatePaused State = "paused"
+
+// The events of a pause and a resume.
+const (
+	EventPaused  = "sandbox.paused"
+	EventResumed = "sandbox.resumed"
+)
+
+// pauseRecord is paused.json: the sandbox's launch LaunchID is paused. The record is the
+// truth and the cgroup follows it: a pause writes the record durably and then freezes; a
+// resume removes the record durably and then thaws. A crash between the two steps leaves a
+// record and a cgroup that disagree, and reattach makes the cgroup agree with the record
+// (see [Supervisor.reconcilePause]), so a pause that answered survives any crash and a resume
+// that answered does too.
+type pauseRecord struct {
+	Format   int       `json:"format"`
+	LaunchID string    `json:"launch_id"`
+	At       time.Time `json:"at"`
+}
+
+func readPause(dir string) (*pauseRecord, error) {
+	data, err := platform.ReadFile(filepath.Join(dir, PausedName), record.MaxSize)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var p pauseRecord
+	if err := record.Decode(PausedName, data, pausedFormat, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func removePause(dir string) error {
+	err := os.Remove(filepath.Join(dir, PausedName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return platform.SyncDirPath(dir)
+}
+
+// pausedLaunch reports whether the sandbox in dir is paused in launch launchID.
+func pausedLaunch(dir, launchID string) bool {
+	p, err := readPause(dir)
+	return err == nil && p != nil && p.LaunchID == launchID
+}
+
+func pausedError(id string) error {
+	return errcode.New(errcode.SandboxPaused, "Sandbox %s is paused; resume it first.", id)
+}
+
+func (s *Supervisor) pauser() (runtime.Pauser, error) {
+	p, ok := s.rt.(runtime.Pauser)
+	if !ok {
+		return nil, errcode.New(errcode.Unavailable, "The %s runtime cannot pause sandboxes.", s.rt.Kind())
+	}
+	if err := p.PauseSupport(); err != nil {
+		return nil, errcode.Wrap(errcode.Unavailable, err, "This host cannot pause sandboxes: it has no usable cgroup freezer.")
+	}
+	return p, nil
+}
+
+// Pause freezes every process of a running sandbox. Pausing a paused sandbox is not an
+// error. Exec, files and streams are refused while it is paused (sandbox-paused); stop and
+// a forced delete thaw it first.
+func (s *Supervisor) Pause(ctx context.Context, id string) (_ *Status, err error) {
+	defer s.observe("pause", time.Now(), &err)
+	p, err := s.pauser()
+	if err != nil {
+		return nil, err
+	}
+	l, _, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	r, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case r.mismatch:
+		return nil, mismatchError(id)
+	case r.state != StateRunning:
+		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running, so it cannot be paused.", id)
+	case r.paused:
+		return s.Status(id)
+	}
+	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC()}
+	data, err := record.Encode(rec)
+	if err != nil {
+		return nil, err
+	}
+	if err := platform.WriteFileDurable(l.Dir(), PausedName, data, record.Perm); err != nil {
+		return nil, err
+	}
+	s.crash("pause-recorded")
+	if err := p.Freeze(ctx, id, l.Dir()); err != nil {
+		// Undo: the sandbox runs on, and the record must not say otherwise.
+		cctx, cancel := cleanupContext(ctx)
+		defer cancel()
+		if rerr := removePause(l.Dir()); rerr == nil {
+			_ = p.Thaw(cctx, id, l.Dir())
+		}
+		if ctx.Err() != nil {
+			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s did not freeze within the timeout and runs on; retry, with a longer timeout.", id)
+		}
+		return nil, err
+	}
+	s.emit(Event{Type: EventPaused, Sandbox: id, State: StatePaused})
+	return s.Status(id)
+}
+
+// Resume thaws a paused sandbox. Resuming a running sandbox that is not paused is not an
+// error.
+func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err error) {
+	defer s.observe("resume", time.Now(), &err)
+	p, err := s.pauser()
+	if err != nil {
+		return nil, err
+	}
+	l, _, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	r, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case r.mismatch:
+		return nil, mismatchError(id)
+	case r.state != StateRunning:
+		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running, so it cannot be resumed.", id)
+	case !r.paused:
+		return s.Status(id)
+	}
+	pr, err := readPause(l.Dir())
+	if err != nil {
+		return nil, err
+	}
+	if err := removePause(l.Dir()); err != nil {
+		return nil, err
+	}
+	s.crash("resume-recorded")
+	if err := p.Thaw(ctx, id, l.Dir()); err != nil {
+		// The sandbox may still be frozen: record it paused again, so that the record does
+		// not lie, and a retry resumes it.
+		if data, eerr := record.Encode(pr); eerr == nil {
+			_ = platform.WriteFileDurable(l.Dir(), PausedName, data, record.Perm)
+		}
+		if ctx.Err() != nil {
+			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s did not thaw within the timeout and is still paused; retry, with a longer timeout.", id)
+		}
+		return nil, err
+	}
+	s.emit(Event{Type: EventResumed, Sandbox: id, State: StateRunning})
+	return s.Status(id)
+}
+
+// thawForStop thaws a sandbox before a stop ends it, and removes its pause record.
+func (s *Supervisor) thawForStop(ctx context.Context, l *store.Lock) error {
+	rec, err := readPause(l.Dir())
+	if err != nil || rec == nil {
+		return err
+	}
+	if err := removePause(l.Dir()); err != nil {
+		return err
+	}
+	p, ok := s.rt.(runtime.Pauser)
+	if !ok {
+		return nil
+	}
+	return p.Thaw(ctx, l.ID(), l.Dir())
+}
+
+// reconcilePause makes the freezer state of the sandbox l locks agree with its pause record
+// and reports whether it is paused. rec is the live launch's runtime record, nil when the
+// sandbox does not run: a pause record then is stale, and goes. thorough also thaws a frozen
+// sandbox without a record (a resume that crashed between its two steps); it costs a look
+// at the cgroup, so it is for start-up ([Supervisor.ReattachAll]).
+func (s *Supervisor) reconcilePause(ctx context.Context, l *store.Lock, rec *store.RuntimeRecord, thorough bool) (bool, error) {
+	pr, err := readPause(l.Dir())
+	if err != nil {
+		return false, err
+	}
+	p, canPause := s.rt.(runtime.Pauser)
+	if rec == nil || (pr != nil && pr.LaunchID != rec.LaunchID) {
+		if pr == nil {
+			return false, nil
+		}
+		if canPause {
+			if err := p.Thaw(ctx, l.ID(), l.Dir()); err != nil {
+				return false, err
+			}
+		}
+		return false, removePause(l.Dir())
+	}
+	if !canPause {
+		return pr != nil, nil
+	}
+	if pr == nil && !thorough {
+		return false, nil
+	}
+	frozen, err := p.Frozen(l.ID(), l.Dir())
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case pr != nil && !frozen:
+		s.log.Warn("finishing an interrupted pause", "sandbox", l.ID())
+		if err := p.Freeze(ctx, l.ID(), l.Dir()); err != nil {
+			return false, err
+		}
+	case pr == nil:
+		if frozen {
+			s.log.Warn("finishing an interrupted resume", "sandbox", l.ID())
+		}
+		// Also when it reads thawed: on cgroup v1 a crash may have left the freezer
+		// cgroup of an interrupted pause or resume, which Thaw removes.
+		if err := p.Thaw(ctx, l.ID(), l.Dir()); err != nil {
+			return false, err
+		}
+	}
+	return pr != nil, nil
+}
+
+// PauseFacts is what [InspectPause] found of a sandbox's pause.
+type PauseFacts struct {
+	// Recorded: paused.json names the launch asked about; Stale: it names another launch.
+	Recorded, Stale bool
+	// Frozen: the runtime reads the sandbox's processes as frozen.
+	Frozen bool
+}
+
+// InspectPause reads a sandbox's pause record and, if rt can pause, its freezer state, without
+// its lock and without changing anything, for the consistency checker. launchID is the live
+// launch's, "" when none runs.
+func InspectPause(rt runtime.Runtime, id, dir, launchID string) (PauseFacts, error) {
+	var f PauseFacts
+	pr, err := readPause(dir)
+	if err != nil {
+		return f, err
+	}
+	f.Recorded = pr != nil && launchID != "" && pr.LaunchID == launchID
+	f.Stale = pr != nil && !f.Recorded
+	if p, ok := rt.(runtime.Pauser); ok && launchID != "" && p.PauseSupport() == nil {
+		if f.Frozen, err = p.Frozen(id, dir); err != nil {
+			return f, err
+		}
+	}
+	return f, nil
+}

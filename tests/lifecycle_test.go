@@ -1,0 +1,219 @@
+package tests
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// lifecycleJSON is the part of a Sandbox the lifecycle tests look at.
+type lifecycleJSON struct {
+	ID        string     `json:"id"`
+	State     string     `json:"state"`
+	ExpiresAt *time.Time `json:"expires_at"`
+	OnTimeout *string    `json:"on_timeout"`
+	LastExit  *struct {
+		Reason string `json:"reason"`
+	} `json:"last_exit"`
+}
+
+// TestForcedDelete: DELETE ?force=true kills a running sandbox and removes it in one call;
+// without force it is refused; nothing of it is left.
+func TestForcedDelete(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("rmf", true)
+	wantProblem(t, d.doJSON("DELETE", "/v1/sandboxes/rmf", nil), 409, "sandbox-launched")
+	if r := d.doJSON("DELETE", "/v1/sandboxes/rmf?force=true", nil); r.Status != 204 {
+		t.Fatalf("forced delete: %d %s", r.Status, r.Body)
+	}
+	wantProblem(t, d.do("GET", "/v1/sandboxes/rmf", nil, nil), 404, "sandbox-not-found")
+	if procs := runtimeProcesses(t, d.Root); len(procs) != 0 {
+		t.Fatalf("runtime processes after the forced delete: %v", procs)
+	}
+	// The id is free: a new sandbox of the same id starts. A forced stop of it says killed.
+	d.create("rmf", true)
+	sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/rmf/stop?force=true", nil), 200)
+	if sb.LastExit == nil || sb.LastExit.Reason != "killed" {
+		t.Fatalf("last_exit after a forced stop: %+v", sb.LastExit)
+	}
+}
+
+// TestCreateStartAllOrNothing: a create with start whose start fails answers the start's
+// error and leaves no sandbox: the id is free again.
+func TestCreateStartAllOrNothing(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t, withArgs("--runtime-binary", "/bin/false"))
+	r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "aon", "start": true})
+	wantProblem(t, r, 504, "start-timeout")
+	wantProblem(t, d.do("GET", "/v1/sandboxes/aon", nil, nil), 404, "sandbox-not-found")
+	if r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "aon"}); r.Status != 201 {
+		t.Fatalf("a create of the same id after the failed one: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestPauseResume: a paused sandbox refuses exec, files and the stream with sandbox-paused,
+// stays paused across a SIGKILL and restart of sandboxd, resumes, and stops while paused.
+func TestPauseResume(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("nap", true)
+	d.exec("nap", map[string]any{"command": []string{"sh", "-c", "echo before > /home/user/mark"}})
+	sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/pause", nil), 200)
+	if sb.State != "paused" {
+		t.Fatalf("state after pause: %s", sb.State)
+	}
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/nap/exec", map[string]any{"command": []string{"true"}}), 409, "sandbox-paused")
+	wantProblem(t, d.do("GET", "/v1/sandboxes/nap/files?path=/home/user/mark", nil, nil), 409, "sandbox-paused")
+	_, resp, err := d.dialStream("nap", url.Values{"command": {"true"}})
+	if err == nil || resp == nil {
+		t.Fatal("a stream on a paused sandbox was upgraded")
+	}
+	var buf bytes.Buffer
+	buf.ReadFrom(resp.Body)
+	resp.Body.Close()
+	wantProblem(t, response{Status: resp.StatusCode, Header: resp.Header, Body: buf.Bytes()}, 409, "sandbox-paused")
+	// Pausing again answers it as it is.
+	if sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/pause", nil), 200); sb.State != "paused" {
+		t.Fatalf("a second pause: %s", sb.State)
+	}
+
+	d.Restart(true)
+	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/nap", nil, nil), 200); sb.State != "paused" {
+		t.Fatalf("state after a restart of sandboxd: %s", sb.State)
+	}
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/nap/exec", map[string]any{"command": []string{"true"}}), 409, "sandbox-paused")
+	if r := mustCheckClean(t, d.Root, "while paused"); r.Paused != 1 || r.Running != 1 {
+		t.Fatalf("sandboxd check while paused: %d running, %d paused; want 1 and 1", r.Running, r.Paused)
+	}
+	if sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/resume", nil), 200); sb.State != "running" {
+		t.Fatalf("state after resume: %s", sb.State)
+	}
+	if got := d.exec("nap", map[string]any{"command": []string{"cat", "/home/user/mark"}}); got.Stdout != "before\n" {
+		t.Fatalf("exec after resume: %+v", got)
+	}
+
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/pause", nil), 200)
+	if sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/stop", nil), 200); sb.State != "stopped" {
+		t.Fatalf("stop of a paused sandbox: %s", sb.State)
+	}
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/nap/pause", nil), 409, "not-running")
+	if procs := runtimeProcesses(t, d.Root); len(procs) != 0 {
+		t.Fatalf("runtime processes after the stop: %v", procs)
+	}
+	mustCheckClean(t, d.Root, "after the stop of a paused sandbox")
+}
+
+// TestWait: a wait answers as soon as the state is reached, wait-timeout when it is not,
+// sandbox-not-found once the sandbox is gone, and 204 for state=deleted.
+func TestWait(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("w", false)
+	done := make(chan response, 1)
+	go func() { done <- d.do("GET", "/v1/sandboxes/w/wait?state=running&timeout_ms=30000", nil, nil) }()
+	// The wait subscribes before it reads; a start after it began is seen, however soon.
+	if r := d.doJSON("POST", "/v1/sandboxes/w/start", nil); r.Status != 200 {
+		t.Fatalf("start: %d %s", r.Status, r.Body)
+	}
+	if sb := decode[lifecycleJSON](t, <-done, 200); sb.State != "running" {
+		t.Fatalf("wait for running answered %s", sb.State)
+	}
+	// Already in the state: at once.
+	decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/w/wait?state=running&timeout_ms=1", nil, nil), 200)
+	p := wantProblem(t, d.do("GET", "/v1/sandboxes/w/wait?state=stopped&timeout_ms=200", nil, nil), 408, "wait-timeout")
+	if p.Detail == "" {
+		t.Fatal("wait-timeout without a detail")
+	}
+	go func() { done <- d.do("GET", "/v1/sandboxes/w/wait?state=deleted&timeout_ms=30000", nil, nil) }()
+	if r := d.doJSON("DELETE", "/v1/sandboxes/w?force=true", nil); r.Status != 204 {
+		t.Fatalf("forced delete: %d %s", r.Status, r.Body)
+	}
+	if r := <-done; r.Status != 204 {
+		t.Fatalf("wait for deleted: %d %s", r.Status, r.Body)
+	}
+	wantProblem(t, d.do("GET", "/v1/sandboxes/w/wait?state=running&timeout_ms=1000", nil, nil), 404, "sandbox-not-found")
+	wantProblem(t, d.do("GET", "/v1/sandboxes/w/wait?state=bogus", nil, nil), 400, "invalid-request")
+}
+
+// TestLifetime: a sandbox created with timeout_s is stopped when it expires (last_exit
+// reason expired); POST /timeout sets it anew; one whose lifetime ends while sandboxd is
+// SIGKILLed is acted on at the restart.
+func TestLifetime(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "brief", "start": true, "timeout_s": 1}), 201)
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/brief?force=true", nil) })
+	if sb.ExpiresAt == nil || sb.OnTimeout == nil || *sb.OnTimeout != "stop" {
+		t.Fatalf("create with timeout_s: %+v", sb)
+	}
+	sb = decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/brief/wait?state=stopped&timeout_ms=30000", nil, nil), 200)
+	if sb.LastExit == nil || sb.LastExit.Reason != "expired" || sb.ExpiresAt != nil {
+		t.Fatalf("after the lifetime: %+v", sb)
+	}
+
+	// Set anew, then clear: the sandbox keeps running.
+	if r := d.doJSON("POST", "/v1/sandboxes/brief/start", nil); r.Status != 200 {
+		t.Fatalf("start: %d %s", r.Status, r.Body)
+	}
+	sb = decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/brief/timeout", map[string]any{"timeout_s": 3600}), 200)
+	if sb.ExpiresAt == nil || time.Until(*sb.ExpiresAt) < 59*time.Minute {
+		t.Fatalf("timeout 3600: expires_at %v", sb.ExpiresAt)
+	}
+	sb = decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/brief/timeout", map[string]any{"timeout_s": 0}), 200)
+	if sb.ExpiresAt != nil || sb.State != "running" {
+		t.Fatalf("timeout 0: %+v", sb)
+	}
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/brief/timeout", map[string]any{"timeout_s": -1}), 400, "invalid-request")
+
+	// Expiry while sandboxd is down, with on_timeout delete.
+	sb = decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/brief/timeout", map[string]any{"timeout_s": 1, "on_timeout": "delete"}), 200)
+	d.Kill()
+	waitFor(t, 30*time.Second, "the lifetime to pass while sandboxd is down", func() bool {
+		return time.Now().After(sb.ExpiresAt.Add(time.Second))
+	})
+	if procs := runtimeProcesses(t, d.Root); len(procs) != 1 {
+		t.Fatalf("runtime processes while sandboxd is down: %v, want the sandbox's", procs)
+	}
+	d.start()
+	if r := d.do("GET", "/v1/sandboxes/brief/wait?state=deleted&timeout_ms=30000", nil, nil); r.Status != 204 {
+		t.Fatalf("wait for the deletion at start-up: %d %s", r.Status, r.Body)
+	}
+	if procs := runtimeProcesses(t, d.Root); len(procs) != 0 {
+		t.Fatalf("runtime processes after the expiry: %v", procs)
+	}
+}
+
+// TestExecOutcomes: a command that is not found exits 127 with the reason on stderr, as a
+// shell answers it; one that the out-of-memory killer ends says oom_killed.
+func TestExecOutcomes(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "outcomes", "start": true, "resources": map[string]any{"memory_mb": 64}}), 201)
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/"+sb.ID+"?force=true", nil) })
+	got := d.exec("outcomes", map[string]any{"command": []string{"no-such-command-xyz"}})
+	if got.ExitCode != 127 || !strings.Contains(got.Stderr, "not found") {
+		t.Fatalf("a command that is not found: %+v", got)
+	}
+	var oom struct {
+		ExitCode  int  `json:"exit_code"`
+		OOMKilled bool `json:"oom_killed"`
+	}
+	r := d.doJSON("POST", "/v1/sandboxes/outcomes/exec", map[string]any{
+		"command": []string{"sh", "-c", "x=$(head -c 400m /dev/zero | tr '\\0' a); echo survived"}, "timeout_ms": 60000})
+	if r.Status != 200 || json.Unmarshal(r.Body, &oom) != nil {
+		t.Fatalf("the memory hog: %d %s", r.Status, r.Body)
+	}
+	if !oom.OOMKilled || oom.ExitCode != 137 {
+		t.Fatalf("the memory hog was not reported as killed by the OOM killer: %s", r.Body)
+	}
+}
