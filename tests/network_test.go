@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -49,20 +50,24 @@ var netZone = map[string]string{"allowed.test.": netAllowed, "other.test.": netO
 // inNetNS starts sandboxd inside ns and talks to it through sockets made there.
 func inNetNS(ns *os.File) daemonOption { return func(d *daemon) { d.netns = ns } }
 
-// startCmd starts d.cmd, inside d.netns when there is one: the child inherits the network
-// namespace of the thread that forks it, and that thread is never returned to the pool.
-func (d *daemon) startCmd() error {
-	if d.netns == nil {
-		return d.cmd.Start()
+// startCmd starts d.cmd, inside d.netns when there is one (startIn).
+func (d *daemon) startCmd() error { return startIn(d.netns, d.cmd) }
+
+// startIn starts cmd inside the network namespace ns, or where the test runs if ns is nil:
+// the child inherits the network namespace of the thread that forks it, and that thread is
+// never returned to the pool.
+func startIn(ns *os.File, cmd *exec.Cmd) error {
+	if ns == nil {
+		return cmd.Start()
 	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if err := netns.Set(netns.NsHandle(d.netns.Fd())); err != nil {
+		if err := netns.Set(netns.NsHandle(ns.Fd())); err != nil {
 			errc <- err
 			return
 		}
-		errc <- d.cmd.Start()
+		errc <- cmd.Start()
 	}()
 	return <-errc
 }

@@ -57,7 +57,7 @@ type options struct {
 	logLevel       string
 	allowedOrigins stringList
 	templateMaxAge time.Duration
-	runtimeBinary  string
+	runtime        *runtimeOptions
 	defaultDiskMB  int
 	defaultTimeout int // seconds
 	// registryAuth and insecureRegistries configure image pulls.
@@ -98,7 +98,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
-	fs.StringVar(&o.runtimeBinary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else one built from sandboxd's source tree into <root>/bin, else sandboxd itself; self: sandboxd itself")
+	if o.runtime, err = addRuntimeFlags(fs); err != nil {
+		return nil, err
+	}
 	diskMB, err := envParsed("SANDBOXD_DEFAULT_DISK_MB", boundedDiskMB, strconv.Atoi)
 	if err != nil {
 		return nil, err
@@ -203,11 +205,11 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	rt, exe, err := newRuntime(o.runtimeBinary, o.root, log)
+	rt, exe, err := newRuntime(*o.runtime, o.root, log)
 	if err != nil {
 		return err
 	}
-	log.Info("sandbox runtime", "executable", exe)
+	log.Info("sandbox runtime", "executable", exe, "user_namespaces", o.runtime.userNamespaces)
 	if o.defaultDiskMB, err = defaultDisk(rt, o, log); err != nil {
 		return err
 	}
