@@ -51,12 +51,17 @@ func (c *checker) checkNetwork(p *pass) {
 }
 
 // repairNetwork removes what checkNetwork reports, as listed again now: the first pass's
-// list may be stale.
+// list may be stale, and the repairs before it may have ended the processes (an interrupted
+// start's, unrecorded ones) that made a sandbox's network look live.
 func (c *checker) repairNetwork(p *pass) {
 	if c.o.Network == nil {
 		return
 	}
-	l, err := c.o.Network.Leftovers(c.networkLive(p))
+	now := *p
+	if procs, err := c.rt.Processes(c.root); err == nil {
+		now.procs = procs
+	}
+	l, err := c.o.Network.Leftovers(c.networkLive(&now))
 	if err == nil && !l.Empty() {
 		err = c.o.Network.Repair(l)
 	}
