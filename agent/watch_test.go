@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,22 +14,34 @@ import (
 	"github.com/sandboxd/sandboxd/control"
 )
 
-// waitEvent reads batches from w until want (name and op) arrived, and returns everything
-// read. It fails the test when the watch ends first; the watch is closed at its deadline.
-func waitEvent(t *testing.T, w *control.DirWatch, want control.WatchEvent) []control.WatchEvent {
+// events reads a watch's events in order across batches.
+type events struct {
+	w       *control.DirWatch
+	pending []control.WatchEvent
+}
+
+// waitEvent reads events until want (name and op) arrived, and returns those read up to it;
+// those after it stay for the next call. It fails the test when the watch ends first; the
+// watch is closed at its deadline.
+func waitEvent(t *testing.T, e *events, want control.WatchEvent) []control.WatchEvent {
 	t.Helper()
-	timer := time.AfterFunc(20*time.Second, func() { w.Close() })
+	timer := time.AfterFunc(20*time.Second, func() { e.w.Close() })
 	defer timer.Stop()
-	var all []control.WatchEvent
+	var seen []control.WatchEvent
 	for {
-		evs, err := w.Next()
+		for len(e.pending) > 0 {
+			ev := e.pending[0]
+			e.pending = e.pending[1:]
+			seen = append(seen, ev)
+			if ev == want {
+				return seen
+			}
+		}
+		evs, err := e.w.Next()
 		if err != nil {
-			t.Fatalf("waiting for %v: %v (after %v)", want, err, all)
+			t.Fatalf("waiting for %v: %v (after %v)", want, err, seen)
 		}
-		all = append(all, evs...)
-		if slices.Contains(evs, want) {
-			return all
-		}
+		e.pending = evs
 	}
 }
 
@@ -44,39 +55,39 @@ func TestWatchRecursive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
+	ev := &events{w: w}
 
 	f := filepath.Join(dir, "a.txt")
 	if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, w, control.WatchEvent{Name: "a.txt", Op: control.WatchCreate})
-	waitEvent(t, w, control.WatchEvent{Name: "a.txt", Op: control.WatchWrite})
+	waitEvent(t, ev, control.WatchEvent{Name: "a.txt", Op: control.WatchCreate})
+	waitEvent(t, ev, control.WatchEvent{Name: "a.txt", Op: control.WatchWrite})
 	if err := os.Chmod(f, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, w, control.WatchEvent{Name: "a.txt", Op: control.WatchChmod})
+	waitEvent(t, ev, control.WatchEvent{Name: "a.txt", Op: control.WatchChmod})
 
 	// A directory made after the watch started is watched too, before its creation is
 	// reported.
 	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, w, control.WatchEvent{Name: "sub", Op: control.WatchCreate})
+	waitEvent(t, ev, control.WatchEvent{Name: "sub", Op: control.WatchCreate})
 	if err := os.WriteFile(filepath.Join(dir, "sub", "b.txt"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, w, control.WatchEvent{Name: "sub/b.txt", Op: control.WatchCreate})
+	waitEvent(t, ev, control.WatchEvent{Name: "sub/b.txt", Op: control.WatchCreate})
 	if err := os.Rename(f, filepath.Join(dir, "sub", "c.txt")); err != nil {
 		t.Fatal(err)
 	}
-	evs := waitEvent(t, w, control.WatchEvent{Name: "a.txt", Op: control.WatchRename})
-	if !slices.Contains(evs, control.WatchEvent{Name: "sub/c.txt", Op: control.WatchCreate}) {
-		evs = waitEvent(t, w, control.WatchEvent{Name: "sub/c.txt", Op: control.WatchCreate})
-	}
+	// A rename within the watch is its old name's rename and its new name's create.
+	waitEvent(t, ev, control.WatchEvent{Name: "a.txt", Op: control.WatchRename})
+	waitEvent(t, ev, control.WatchEvent{Name: "sub/c.txt", Op: control.WatchCreate})
 	if err := os.Remove(filepath.Join(dir, "sub", "b.txt")); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, w, control.WatchEvent{Name: "sub/b.txt", Op: control.WatchRemove})
+	waitEvent(t, ev, control.WatchEvent{Name: "sub/b.txt", Op: control.WatchRemove})
 
 	// The watched directory's own end ends the watch.
 	if err := os.RemoveAll(dir); err != nil {
@@ -113,7 +124,7 @@ func TestWatchNotRecursive(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "top.txt"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	evs := waitEvent(t, w, control.WatchEvent{Name: "top.txt", Op: control.WatchCreate})
+	evs := waitEvent(t, &events{w: w}, control.WatchEvent{Name: "top.txt", Op: control.WatchCreate})
 	for _, ev := range evs {
 		if strings.HasPrefix(ev.Name, "sub/") {
 			t.Fatalf("a watch without recursive reported %v", ev)
@@ -168,7 +179,7 @@ func TestWatchOverflow(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "last"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	evs := waitEvent(t, w, control.WatchEvent{Op: control.WatchOverflow})
+	evs := waitEvent(t, &events{w: w}, control.WatchEvent{Op: control.WatchOverflow})
 	if len(evs) >= n {
 		t.Fatalf("%d events before the overflow, want fewer than %d", len(evs), n)
 	}
