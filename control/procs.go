@@ -320,6 +320,12 @@ func (l *LocalExec) Resize(ctx context.Context, ws WindowSize) error {
 // Signal sends the named signal to the workload (through the handler, as exec's signal
 // frames do).
 func (l *LocalExec) Signal(ctx context.Context, name string) error {
+	// The channel has room after the end too: the end is checked first.
+	select {
+	case <-l.done:
+		return errExecOver
+	default:
+	}
 	select {
 	case l.es.signals <- name:
 		return nil
