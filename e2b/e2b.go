@@ -46,8 +46,9 @@ type Supervisor interface {
 var _ Supervisor = (*supervisor.Supervisor)(nil)
 
 // EnvdVersion is the envd version that sandboxd reports to the SDKs. The SDKs turn features
-// on by it: 0.5.7 promises the octet-stream upload and closeStdin, and no more (file
-// metadata needs 0.6.2, watch entries 0.6.3; see docs/e2b.md).
+// on by it: 0.5.7 promises the octet-stream upload, closeStdin and recursive watching, and no
+// more. It stays below 0.6.2 until file metadata is stored (0.6.3's watch entries are served
+// already; see docs/e2b.md).
 const EnvdVersion = "0.5.7"
 
 // Defaults of E2B's API.
