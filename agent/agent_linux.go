@@ -154,6 +154,8 @@ type agent struct {
 
 	mu        sync.Mutex
 	workloads map[int]struct{} // pids (= pgids) of running workloads
+
+	tracked trackedTable // the tracked processes (procs_linux.go)
 }
 
 var _ control.Handler = (*agent)(nil)

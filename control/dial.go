@@ -60,6 +60,12 @@ func features(h Handler) []string {
 	if _, ok := h.(PortDialer); ok {
 		f = append(f, FeatureDial)
 	}
+	if _, ok := h.(DirWatcher); ok {
+		f = append(f, FeatureWatch)
+	}
+	if _, ok := h.(ProcessTracker); ok {
+		f = append(f, FeatureProcs)
+	}
 	return f
 }
 

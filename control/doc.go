@@ -62,6 +62,9 @@
 //     its output is the agent's close of its side; the client's close of its side ends the
 //     connection to the service whole (a client that closed reads nothing more). The
 //     address is fixed: dial reaches the sandbox's own services, never another host.
+//   - watch ([WatchRequest]; feature "watch"): see [OpWatch].
+//   - proc-start, proc-attach, proc-list, proc-input ([ProcRequest]; feature "procs"): the
+//     tracked processes, which outlive their client and its connection; see [OpProcStart].
 //
 // Errors are [RemoteError] {code, message}; the client returns them wrapped in an
 // [*errcode.Error] (file-not-found is [errcode.FileNotFound], a refused request is

@@ -53,6 +53,8 @@ type Header struct {
 	File     *FileRequest     `json:"file,omitempty"`
 	Shutdown *ShutdownRequest `json:"shutdown,omitempty"`
 	Dial     *DialRequest     `json:"dial,omitempty"`
+	Watch    *WatchRequest    `json:"watch,omitempty"`
+	Proc     *ProcRequest     `json:"proc,omitempty"`
 }
 
 // DecodeHeader parses and validates a header frame's payload. Unknown JSON fields are ignored
@@ -98,6 +100,13 @@ func (h *Header) Validate() error {
 			return invalidf("A dial header needs a dial request.")
 		}
 		return h.Dial.Validate()
+	case OpWatch:
+		if h.Watch == nil {
+			return invalidf("A watch header needs a watch request.")
+		}
+		return h.Watch.Validate()
+	case OpProcStart, OpProcAttach, OpProcList, OpProcInput:
+		return validateProcHeader(h)
 	default:
 		return invalidf("Unknown operation %q.", h.Op)
 	}

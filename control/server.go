@@ -183,6 +183,10 @@ func (s *server) serveStream(ctx context.Context, st *yamux.Stream) {
 		s.serveWrite(ctx, st, fw, hdr.File)
 	case OpDial:
 		s.serveDial(ctx, st, fw, hdr.Dial)
+	case OpWatch:
+		s.serveWatch(ctx, st, fw, hdr.Watch)
+	case OpProcStart, OpProcAttach, OpProcList, OpProcInput:
+		s.serveProc(ctx, st, fw, hdr)
 	case OpHello:
 		writeError(fw, invalidf("Hello was already done on this connection."))
 	default:

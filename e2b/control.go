@@ -313,7 +313,6 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.procs.forget(st.Config.ID)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/supervisor"
@@ -30,6 +29,11 @@ type Supervisor interface {
 	Template(name string) (*supervisor.Template, error)
 
 	StartProcess(ctx context.Context, id string, req supervisor.ExecRequest) (*supervisor.Session, error)
+	StartTracked(ctx context.Context, id string, req supervisor.ExecRequest, stdin bool, tag string, client []byte) (*supervisor.Attachment, error)
+	AttachTracked(ctx context.Context, id string, pid int, tag string, replay bool) (*supervisor.Attachment, error)
+	ListTracked(ctx context.Context, id string) ([]supervisor.TrackedInfo, error)
+	InputTracked(ctx context.Context, id string, pid int, tag string, in supervisor.TrackedInput) error
+	WatchDir(ctx context.Context, id, path, user string, recursive bool) (*supervisor.DirWatch, error)
 
 	ListFiles(ctx context.Context, id, path, user string) ([]supervisor.FileInfo, error)
 	StatFile(ctx context.Context, id, path, user string) (supervisor.FileInfo, error)
@@ -42,8 +46,9 @@ type Supervisor interface {
 var _ Supervisor = (*supervisor.Supervisor)(nil)
 
 // EnvdVersion is the envd version that sandboxd reports to the SDKs. The SDKs turn features
-// on by it: 0.5.7 promises the octet-stream upload and closeStdin, and no more (file
-// metadata needs 0.6.2, watch entries 0.6.3; see docs/e2b.md).
+// on by it: 0.5.7 promises the octet-stream upload, closeStdin and recursive watching, and no
+// more. It stays below 0.6.2 until file metadata is stored (0.6.3's watch entries are served
+// already; see docs/e2b.md).
 const EnvdVersion = "0.5.7"
 
 // Defaults of E2B's API.
@@ -74,11 +79,12 @@ type Config struct {
 
 // Handler serves both of E2B's planes; mount it where [Claims] says.
 type Handler struct {
-	cfg   Config
-	sup   Supervisor
-	log   *slog.Logger
-	envd  http.Handler
-	procs procTable
+	cfg  Config
+	sup  Supervisor
+	log  *slog.Logger
+	envd http.Handler
+	// watchers are the polled watchers of the envd plane (watch.go).
+	watchers watcherTable
 }
 
 // New returns the handler.
@@ -90,7 +96,6 @@ func New(cfg Config) *Handler {
 		cfg.MaxFileBytes = 8 << 30
 	}
 	h := &Handler{cfg: cfg, sup: cfg.Supervisor, log: cfg.Logger}
-	h.procs.byID = map[string]*sandboxProcs{}
 	h.envd = h.envdRoutes()
 	return h
 }
@@ -146,10 +151,4 @@ func (h *Handler) accessToken(id string) string {
 func (h *Handler) accessTokenOK(id, got string) bool {
 	want := h.accessToken(id)
 	return want == "" || hmac.Equal([]byte(got), []byte(want))
-}
-
-// procTable holds the processes started through the envd plane, by sandbox.
-type procTable struct {
-	mu   sync.Mutex
-	byID map[string]*sandboxProcs
 }

@@ -77,6 +77,11 @@ func (f *fakeSupervisor) MakeDir(context.Context, string, string, string, fs.Fil
 	return errors.New("unreachable in these tests")
 }
 
+// AttachTracked finds no process: the agent answers so for a pid that runs nothing.
+func (f *fakeSupervisor) AttachTracked(_ context.Context, _ string, pid int, _ string, _ bool) (*supervisor.Attachment, error) {
+	return nil, errcode.Wrap(errcode.NotFound, supervisor.ErrNoProcess, "No tracked process with pid %d runs in the sandbox.", pid)
+}
+
 func newTestHandler(t *testing.T) (*Handler, *fakeSupervisor) {
 	t.Helper()
 	f := &fakeSupervisor{sandboxes: map[string]*supervisor.Status{}, templates: map[string]bool{"py": true}, files: map[string]supervisor.FileInfo{}}

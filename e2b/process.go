@@ -3,17 +3,20 @@ package e2b
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/e2b/envd/process"
 	"github.com/sandboxd/sandboxd/e2b/envd/process/processconnect"
 	"github.com/sandboxd/sandboxd/supervisor"
@@ -26,157 +29,125 @@ const (
 	outputChunk  = 32 << 10
 )
 
-// processService implements envd's process service over [Supervisor.StartProcess].
+// processService implements envd's process service over the agent's tracked processes
+// ([Supervisor.StartTracked]): the agent holds each process, its output and its stdin, so
+// a restart of sandboxd leaves them running and Connect and List find them again.
 type processService struct {
 	processconnect.UnimplementedProcessHandler
 	h *Handler
 }
 
-// sandboxProcs are one sandbox's tracked processes, by pid.
-type sandboxProcs struct {
-	mu    sync.Mutex
-	procs map[uint32]*proc
-}
-
-// proc is one tracked process: its session, and the streams attached to it. Its output is
-// fanned out to every attached stream; a stream that does not keep up stalls the process,
-// through the agent's flow control, rather than losing output.
-type proc struct {
-	pid    uint32
-	tag    string
-	config *process.ProcessConfig
-	pty    bool
-
-	sessMu sync.Mutex // serializes the session's input calls, which must not overlap
-	sess   *supervisor.Session
-
-	mu   sync.Mutex
-	subs map[*sub]struct{}
-	done bool
-}
-
-// sub is one attached stream.
-type sub struct {
-	ch   chan *process.ProcessEvent
-	gone chan struct{} // closed when the stream's handler returns
-}
-
-func (t *procTable) sandbox(id string) *sandboxProcs {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	sp := t.byID[id]
-	if sp == nil {
-		sp = &sandboxProcs{procs: map[uint32]*proc{}}
-		t.byID[id] = sp
-	}
-	return sp
-}
-
-// forget closes the sessions of a sandbox that is gone, and drops its table.
-func (t *procTable) forget(id string) {
-	t.mu.Lock()
-	sp := t.byID[id]
-	delete(t.byID, id)
-	t.mu.Unlock()
-	if sp == nil {
-		return
-	}
-	sp.mu.Lock()
-	procs := slices.Collect(maps.Values(sp.procs))
-	sp.mu.Unlock()
-	for _, p := range procs {
-		p.sess.Close()
-	}
-}
-
-// find selects a process by pid or tag.
-func (sp *sandboxProcs) find(sel *process.ProcessSelector) (*proc, error) {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
+// selector is a process selector as the agent takes it: a pid, or (pid 0) a tag.
+func selector(sel *process.ProcessSelector) (int, string, error) {
 	switch s := sel.GetSelector().(type) {
 	case *process.ProcessSelector_Pid:
-		if p := sp.procs[s.Pid]; p != nil {
-			return p, nil
+		if s.Pid == 0 || s.Pid > math.MaxInt32 {
+			return 0, "", connect.NewError(connect.CodeNotFound, fmt.Errorf("there is no process with pid %d", s.Pid))
 		}
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("there is no process with pid %d", s.Pid))
+		return int(s.Pid), "", nil
 	case *process.ProcessSelector_Tag:
-		for _, p := range sp.procs {
-			if p.tag == s.Tag {
-				return p, nil
-			}
+		if s.Tag == "" {
+			return 0, "", connect.NewError(connect.CodeInvalidArgument, errors.New("the tag is empty"))
 		}
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("there is no process tagged %q", s.Tag))
+		return 0, s.Tag, nil
 	}
-	return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("select the process by pid or tag"))
+	return 0, "", connect.NewError(connect.CodeInvalidArgument, errors.New("select the process by pid or tag"))
 }
 
-// subscribe attaches a stream; it is nil when the process has ended.
-func (p *proc) subscribe() *sub {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done {
-		return nil
+// processError is a tracked process's failure as a Connect error: a process that does not
+// run is not_found.
+func processError(err error) error {
+	if errors.Is(err, supervisor.ErrNoProcess) {
+		return connect.NewError(connect.CodeNotFound, err)
 	}
-	s := &sub{ch: make(chan *process.ProcessEvent, 16), gone: make(chan struct{})}
-	p.subs[s] = struct{}{}
-	return s
+	return connectError(err)
 }
 
-func (p *proc) unsubscribe(s *sub) {
-	p.mu.Lock()
-	delete(p.subs, s)
-	p.mu.Unlock()
-	close(s.gone)
+// kept is what the agent keeps with a process for sandboxd (control.ProcRequest.Client):
+// its E2B config, for List, and whether it runs on a terminal, for Connect.
+type kept struct {
+	PTY    bool            `json:"pty,omitempty"`
+	Config json.RawMessage `json:"config,omitempty"`
 }
 
-// broadcast hands ev to every attached stream, waiting for each but those that left.
-func (p *proc) broadcast(ev *process.ProcessEvent) {
-	p.mu.Lock()
-	subs := slices.Collect(maps.Keys(p.subs))
-	p.mu.Unlock()
-	for _, s := range subs {
-		select {
-		case s.ch <- ev:
-		case <-s.gone:
-		}
-	}
-}
-
-// pump relays the process's output to its streams until it ends, then its end, and then
-// closes the streams and forgets the process.
-func (p *proc) pump(sp *sandboxProcs) {
-	buf := make([]byte, outputChunk)
-	for {
-		stream, n, err := p.sess.ReadOutput(buf)
-		if n > 0 {
-			data := slices.Clone(buf[:n])
-			ev := &process.ProcessEvent_DataEvent{}
-			switch {
-			case p.pty:
-				ev.Output = &process.ProcessEvent_DataEvent_Pty{Pty: data}
-			case stream == supervisor.Stderr:
-				ev.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: data}
-			default:
-				ev.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: data}
-			}
-			p.broadcast(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: ev}})
-		}
+// keptOf encodes what to keep: the whole config, or without its environment if that is too
+// large to keep.
+func keptOf(cfg *process.ProcessConfig, pty bool) []byte {
+	for _, c := range []*process.ProcessConfig{cfg, {Cmd: cfg.GetCmd(), Args: cfg.GetArgs(), Cwd: cfg.Cwd}, {Cmd: cfg.GetCmd()}} {
+		cb, err := protojson.Marshal(c)
 		if err != nil {
-			break
+			continue
+		}
+		b, err := json.Marshal(kept{PTY: pty, Config: cb})
+		if err == nil && len(b) <= control.MaxProcClientData {
+			return b
 		}
 	}
-	p.broadcast(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: endEvent(p.sess.Wait())}})
-	p.sess.Close()
-	sp.mu.Lock()
-	delete(sp.procs, p.pid)
-	sp.mu.Unlock()
-	p.mu.Lock()
-	p.done = true
-	subs := slices.Collect(maps.Keys(p.subs))
-	p.subs = nil
-	p.mu.Unlock()
-	for _, s := range subs {
-		close(s.ch)
+	return nil
+}
+
+// relay sends an attachment's events until the process ends (its end event) or the client
+// leaves (the attachment is closed; the process runs on), with keepalive events at interval.
+// Reading the output waits while the client does not take it: the agent then holds the
+// process (see control.ProcReplayBytes), so no output is lost to a slow client.
+func relay(ctx context.Context, att *supervisor.Attachment, pty bool, interval time.Duration, send func(*process.ProcessEvent) error) error {
+	defer att.Close()
+	events := make(chan *process.ProcessEvent)
+	go func() {
+		defer close(events)
+		buf := make([]byte, outputChunk)
+		for {
+			stream, n, err := att.ReadOutput(buf)
+			if n > 0 {
+				data := slices.Clone(buf[:n])
+				ev := &process.ProcessEvent_DataEvent{}
+				switch {
+				case pty:
+					ev.Output = &process.ProcessEvent_DataEvent_Pty{Pty: data}
+				case stream == supervisor.Stderr:
+					ev.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: data}
+				default:
+					ev.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: data}
+				}
+				select {
+				case events <- &process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: ev}}:
+				case <-ctx.Done():
+					return
+				}
+			}
+			if err != nil {
+				if ctx.Err() == nil {
+					select {
+					case events <- &process.ProcessEvent{Event: &process.ProcessEvent_End{End: endEvent(att.Wait())}}:
+					case <-ctx.Done():
+					}
+				}
+				return
+			}
+		}
+	}()
+	var tick <-chan time.Time
+	if interval > 0 {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return nil
+			}
+			if err := send(ev); err != nil {
+				return err
+			}
+		case <-tick:
+			if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return nil
+		}
 	}
 }
 
@@ -209,35 +180,6 @@ func keepalive(h interface{ Get(string) string }) time.Duration {
 	return min(time.Duration(n)*time.Second, maxKeepalive)
 }
 
-// follow relays s's events to send until the process ends or the client leaves. The
-// process outlives its client: E2B's background commands are re-attached to by Connect.
-func follow(ctx context.Context, p *proc, s *sub, interval time.Duration, send func(*process.ProcessEvent) error) error {
-	defer p.unsubscribe(s)
-	var tick <-chan time.Time
-	if interval > 0 {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		tick = t.C
-	}
-	for {
-		select {
-		case ev, ok := <-s.ch:
-			if !ok {
-				return nil
-			}
-			if err := send(ev); err != nil {
-				return err
-			}
-		case <-tick:
-			if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
-
 func startEvent(pid uint32) *process.ProcessEvent {
 	return &process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: pid}}}
 }
@@ -268,72 +210,92 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	if dl, ok := ctx.Deadline(); ok {
 		xreq.Timeout = max(time.Until(dl), time.Millisecond)
 	}
-	sess, err := s.h.sup.StartProcess(ctx, id, xreq)
+	// A terminal's input is stdin too: SendInput's pty bytes.
+	stdin := req.Msg.GetStdin() || req.Msg.Pty != nil
+	att, err := s.h.sup.StartTracked(ctx, id, xreq, stdin, req.Msg.GetTag(), keptOf(cfg, req.Msg.Pty != nil))
 	if err != nil {
 		return connectError(err)
 	}
-	if !req.Msg.GetStdin() {
-		_ = sess.CloseStdin()
-	}
-	sp := s.h.procs.sandbox(id)
-	p := &proc{pid: uint32(sess.PID()), tag: req.Msg.GetTag(), config: cfg, pty: req.Msg.Pty != nil, sess: sess, subs: map[*sub]struct{}{}}
-	sp.mu.Lock()
-	sp.procs[p.pid] = p
-	sp.mu.Unlock()
-	sb := p.subscribe()
-	go p.pump(sp)
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
-	if err := send(startEvent(p.pid)); err != nil {
-		p.unsubscribe(sb)
+	if err := send(startEvent(uint32(att.PID()))); err != nil {
+		att.Close()
 		return err
 	}
-	return follow(ctx, p, sb, keepalive(req.Header()), send)
+	return relay(ctx, att, req.Msg.Pty != nil, keepalive(req.Header()), send)
 }
 
-// Connect re-attaches to a running process: its start event, then its events from now on.
+// Connect re-attaches to a running process: its start event, then the latest output the
+// agent holds (up to control.ProcReplayBytes of it), then its events from now on. A process
+// started before a restart of sandboxd is found as well.
 func (s *processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
-	p, err := s.h.procs.sandbox(sandboxOf(ctx)).find(req.Msg.GetProcess())
+	pid, tag, err := selector(req.Msg.GetProcess())
 	if err != nil {
 		return err
 	}
-	sb := p.subscribe()
-	if sb == nil {
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("the process with pid %d has ended", p.pid))
+	att, err := s.h.sup.AttachTracked(ctx, sandboxOf(ctx), pid, tag, true)
+	if err != nil {
+		return processError(err)
+	}
+	// Whether its output is a terminal's is kept with it in the agent.
+	pty := false
+	if l, err := s.h.sup.ListTracked(ctx, sandboxOf(ctx)); err == nil {
+		for _, p := range l {
+			if p.PID == att.PID() {
+				_, pty = configOf(p)
+			}
+		}
 	}
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.ConnectResponse{Event: ev}) }
-	if err := send(startEvent(p.pid)); err != nil {
-		p.unsubscribe(sb)
+	if err := send(startEvent(uint32(att.PID()))); err != nil {
+		att.Close()
 		return err
 	}
-	return follow(ctx, p, sb, keepalive(req.Header()), send)
+	return relay(ctx, att, pty, keepalive(req.Header()), send)
+}
+
+// configOf is the config a process was started with, and whether it runs on a terminal:
+// what sandboxd kept with it, else what the agent knows (its argv and cwd).
+func configOf(p supervisor.TrackedInfo) (*process.ProcessConfig, bool) {
+	var k kept
+	var cfg process.ProcessConfig
+	if len(p.Client) > 0 && json.Unmarshal(p.Client, &k) == nil && protojson.Unmarshal(k.Config, &cfg) == nil {
+		return &cfg, k.PTY
+	}
+	c := &process.ProcessConfig{}
+	if len(p.Argv) > 0 {
+		c.Cmd, c.Args = p.Argv[0], p.Argv[1:]
+	}
+	if p.Cwd != "" {
+		c.Cwd = &p.Cwd
+	}
+	return c, k.PTY
 }
 
 func (s *processService) List(ctx context.Context, _ *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
-	sp := s.h.procs.sandbox(sandboxOf(ctx))
-	sp.mu.Lock()
+	procs, err := s.h.sup.ListTracked(ctx, sandboxOf(ctx))
+	if err != nil {
+		return nil, connectError(err)
+	}
 	out := &process.ListResponse{}
-	for _, p := range sp.procs {
-		info := &process.ProcessInfo{Config: p.config, Pid: p.pid}
-		if p.tag != "" {
-			info.Tag = &p.tag
+	for _, p := range procs {
+		cfg, _ := configOf(p)
+		info := &process.ProcessInfo{Config: cfg, Pid: uint32(p.PID)}
+		if p.Tag != "" {
+			info.Tag = &p.Tag
 		}
 		out.Processes = append(out.Processes, info)
 	}
-	sp.mu.Unlock()
-	slices.SortFunc(out.Processes, func(a, b *process.ProcessInfo) int { return int(a.Pid) - int(b.Pid) })
 	return connect.NewResponse(out), nil
 }
 
-// withProc runs f on the selected process's session, one input call at a time.
-func (s *processService) withProc(ctx context.Context, sel *process.ProcessSelector, f func(*supervisor.Session) error) error {
-	p, err := s.h.procs.sandbox(sandboxOf(ctx)).find(sel)
+// input gives the selected process input through its agent.
+func (s *processService) input(ctx context.Context, sel *process.ProcessSelector, in supervisor.TrackedInput) error {
+	pid, tag, err := selector(sel)
 	if err != nil {
 		return err
 	}
-	p.sessMu.Lock()
-	defer p.sessMu.Unlock()
-	if err := f(p.sess); err != nil {
-		return connect.NewError(connect.CodeFailedPrecondition, err)
+	if err := s.h.sup.InputTracked(ctx, sandboxOf(ctx), pid, tag, in); err != nil {
+		return processError(err)
 	}
 	return nil
 }
@@ -344,15 +306,14 @@ func (s *processService) SendInput(ctx context.Context, req *connect.Request[pro
 	if data == nil {
 		data = in.GetPty()
 	}
-	err := s.withProc(ctx, req.Msg.GetProcess(), func(x *supervisor.Session) error { return x.WriteStdin(data) })
-	if err != nil {
+	if err := s.input(ctx, req.Msg.GetProcess(), supervisor.TrackedInput{Stdin: data}); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&process.SendInputResponse{}), nil
 }
 
 func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
-	if err := s.withProc(ctx, req.Msg.GetProcess(), (*supervisor.Session).CloseStdin); err != nil {
+	if err := s.input(ctx, req.Msg.GetProcess(), supervisor.TrackedInput{EOF: true}); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
@@ -368,7 +329,7 @@ func (s *processService) SendSignal(ctx context.Context, req *connect.Request[pr
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("the signal is none of SIGKILL and SIGTERM"))
 	}
-	if err := s.withProc(ctx, req.Msg.GetProcess(), func(x *supervisor.Session) error { return x.Signal(name) }); err != nil {
+	if err := s.input(ctx, req.Msg.GetProcess(), supervisor.TrackedInput{Signal: name}); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
@@ -376,13 +337,11 @@ func (s *processService) SendSignal(ctx context.Context, req *connect.Request[pr
 
 func (s *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
 	size := req.Msg.GetPty().GetSize()
-	if size == nil {
+	if size == nil || size.GetRows() == 0 || size.GetCols() == 0 {
 		return connect.NewResponse(&process.UpdateResponse{}), nil
 	}
-	err := s.withProc(ctx, req.Msg.GetProcess(), func(x *supervisor.Session) error {
-		return x.Resize(uint16(min(size.GetRows(), 65535)), uint16(min(size.GetCols(), 65535)))
-	})
-	if err != nil {
+	in := supervisor.TrackedInput{Rows: uint16(min(size.GetRows(), 65535)), Cols: uint16(min(size.GetCols(), 65535))}
+	if err := s.input(ctx, req.Msg.GetProcess(), in); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&process.UpdateResponse{}), nil

@@ -2,6 +2,7 @@
 // E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL to the server; nothing here patches the SDK.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { Sandbox, CommandExitError } from 'e2b';
 
 const metadata = { suite: 'e2b-compat', run: String(process.pid) };
@@ -65,6 +66,53 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal(await sbx.kill(), true);
   }
   assert.equal(await Sandbox.kill(sbx.sandboxId), false, 'a second kill finds nothing');
+});
+
+// until polls cond until it holds, for at most ms.
+async function until(what, cond, ms = 20_000) {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+test('two sandboxes, watchDir, processes across a restart of sandboxd', { timeout: 240_000 }, async () => {
+  const [a, b] = await Promise.all([Sandbox.create({ metadata }), Sandbox.create({ metadata })]);
+  try {
+    assert.notEqual(a.sandboxId, b.sandboxId);
+
+    // watchDir sees what a command writes, recursively.
+    await a.files.makeDir('/tmp/w/deep');
+    const events = [];
+    const watch = await a.files.watchDir('/tmp/w', (e) => events.push(e), { recursive: true });
+    await a.commands.run('echo x > /tmp/w/from-cmd.txt && echo y > /tmp/w/deep/nested.txt');
+    await until('the watch events', () =>
+      events.some((e) => e.name === 'from-cmd.txt' && e.type === 'create') &&
+      events.some((e) => e.name === 'deep/nested.txt' && e.type === 'write'));
+    await watch.stop();
+
+    // The two sandboxes are apart.
+    assert.equal(await b.files.exists('/tmp/w/from-cmd.txt'), false);
+    assert.equal((await b.commands.run('echo b')).stdout, 'b\n');
+
+    // A background command outlives sandboxd: killed with SIGKILL and started again on the
+    // same state, it finds the command again by pid, with its output so far.
+    const bg = await a.commands.run('echo started; read x; echo "got $x"', { background: true, stdin: true });
+    await until('the first output', () => bg.stdout.includes('started'));
+    await bg.disconnect();
+    execFileSync('bash', [process.env.SANDBOXD_RESTART, 'restart'], { stdio: 'inherit' });
+
+    assert.ok((await a.commands.list()).some((p) => p.pid === bg.pid), 'listed after the restart');
+    const again = await a.commands.connect(bg.pid);
+    await a.commands.sendStdin(bg.pid, 'after\n');
+    const done = await again.wait();
+    assert.equal(done.exitCode, 0);
+    assert.equal(done.stdout, 'started\ngot after\n');
+    assert.equal((await b.commands.run('echo still')).stdout, 'still\n');
+  } finally {
+    await Promise.all([a.kill(), b.kill()]);
+  }
 });
 
 test('25 sandboxes in parallel', { timeout: 300_000 }, async () => {
