@@ -21,7 +21,8 @@ import (
 // A kind may be known without being usable for new sandboxes: the operator turned it off, or
 // this host cannot run it (Options.Unavailable), or its probe failed. Its existing sandboxes
 // are still driven when the supervisor has its runtime (so that they can be stopped and
-// deleted); a create is refused with unavailable and the reason.
+// deleted); a create is refused with unavailable and the reason. That holds for the default
+// too: with it turned off, a create must name another runtime.
 
 // Prober is a runtime that must find out at start-up whether, and how, it works here (the
 // microvm runtime boots a probe guest to choose its accelerator). Probe answers the same each
@@ -85,9 +86,6 @@ func newRuntimeSet(def runtime.Runtime, others []runtime.Runtime, unavailable ma
 		}
 		rs.byKind[rt.Kind()] = rt
 		rs.order = append(rs.order, rt.Kind())
-	}
-	if unavailable[def.Kind()] != nil {
-		return nil, fmt.Errorf("supervisor: the default runtime %s cannot be unavailable", def.Kind())
 	}
 	var extra []string
 	for kind, why := range unavailable {
@@ -169,8 +167,8 @@ func (s *Supervisor) mismatched(rec *store.RuntimeRecord) bool {
 // is unknown, turned off, or its probe found it cannot run here. A probe still running is
 // no refusal: the runtime's Start waits for it.
 func (s *Supervisor) checkRuntime(kind string) error {
-	if kind == "" || kind == s.rt.Kind() {
-		return nil
+	if kind == "" {
+		kind = s.rt.Kind()
 	}
 	if why := s.runtimes.unavailable[kind]; why != nil {
 		return errcode.Wrap(errcode.Unavailable, why, "The %s runtime is not available on this server: %v", kind, why)
@@ -289,7 +287,8 @@ func (s *Supervisor) launchProcesses(rt runtime.Runtime, dir string, proc platfo
 
 // checkCreateRuntime refuses what a create asks of a runtime that it cannot give: a clone
 // under another runtime than the default (generations are captured under the default
-// runtime alone for now), or a network for a runtime without network namespaces.
+// runtime alone for now), or a network for a runtime without network namespaces. A create
+// that names no runtime gets the default, which provision checks as for every sandbox.
 func (s *Supervisor) checkCreateRuntime(req CreateRequest) error {
 	if req.Runtime == "" {
 		return nil
@@ -341,4 +340,12 @@ func (s *Supervisor) sandboxPauser(id string) (runtime.Pauser, error) {
 		return nil, err
 	}
 	return pauserOf(rt)
+}
+
+// kindOf is the runtime kind of the sandbox that cfg configures.
+func (s *Supervisor) kindOf(cfg *store.Config) string {
+	if cfg.Runtime == "" {
+		return s.rt.Kind()
+	}
+	return cfg.Runtime
 }

@@ -202,6 +202,8 @@ func (s *Supervisor) RuntimeInfo() RuntimeInfo {
 type Status struct {
 	Config Config
 	State  State
+	// Runtime is the kind of the sandbox's runtime (its configuration's, or the default's).
+	Runtime string
 	// StartedAt is when the current (or last committed) launch started.
 	StartedAt *time.Time
 	// LastExit is how the last run ended, if one did.
@@ -238,7 +240,7 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Status{Config: *cfg, State: StateProvisioned}
+	st := &Status{Config: *cfg, State: StateProvisioned, Runtime: s.kindOf(cfg)}
 	if cfg.Template != nil {
 		dir, err := s.store.Dir(id)
 		if err != nil {

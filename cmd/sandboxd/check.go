@@ -23,6 +23,7 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	root := fs.String("root", envOr("SANDBOXD_ROOT", ".sandboxd"), "state root to check (env SANDBOXD_ROOT)")
 	runtimeBinary := fs.String("runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that the server runs sandboxes with (env SANDBOXD_RUNTIME_BINARY); default, as the server's: sandboxd-runtime beside sandboxd if there is one, else one built from sandboxd's source tree into <root>/bin, else sandboxd itself; self: sandboxd itself")
+	runtimes := fs.String("runtimes", os.Getenv("SANDBOXD_RUNTIMES"), "the server's --runtimes (env SANDBOXD_RUNTIMES); the checker knows the processes of every runtime that can run here either way")
 	repair := fs.Bool("repair", false, "fix what is safe to fix: end interrupted starts, clear stale records, kill unrecorded runtime processes, release leaked cgroups and mounts, finish template retirements")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
@@ -47,14 +48,14 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2
 	}
-	rt, _, err := newRuntime(*runtimeBinary, *root, log)
+	rts, err := newRuntimes(*runtimeBinary, *root, *runtimes, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	opts := check.Options{Root: *root, Runtime: rt, Repair: *repair, Logger: log}
+	opts := check.Options{Root: *root, Runtime: rts.def, Runtimes: rts.others, Repair: *repair, Logger: log}
 	netw, err := checkerNetwork(*root, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	vmshim "github.com/sandboxd/sandboxd/runtime/microvm/shim"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 
 	"github.com/lmittmann/tint"
@@ -44,6 +45,9 @@ func main() {
 	if code, ran := shim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
+	if code, ran := vmshim.Main(os.Args[1:]); ran {
+		os.Exit(code)
+	}
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
@@ -58,6 +62,8 @@ type options struct {
 	allowedOrigins stringList
 	templateMaxAge time.Duration
 	runtimeBinary  string
+	// runtimes is the --runtimes list ("" for every runtime that works here).
+	runtimes       string
 	defaultDiskMB  int
 	defaultTimeout int // seconds
 	// registryAuth and insecureRegistries configure image pulls.
@@ -99,6 +105,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
 	fs.StringVar(&o.runtimeBinary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else one built from sandboxd's source tree into <root>/bin, else sandboxd itself; self: sandboxd itself")
+	fs.StringVar(&o.runtimes, "runtimes", os.Getenv("SANDBOXD_RUNTIMES"), "the runtimes that take new sandboxes, comma-separated: namespace, microvm (env SANDBOXD_RUNTIMES); default: each that works on this host")
 	diskMB, err := envParsed("SANDBOXD_DEFAULT_DISK_MB", boundedDiskMB, strconv.Atoi)
 	if err != nil {
 		return nil, err
@@ -203,11 +210,15 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	rt, exe, err := newRuntime(o.runtimeBinary, o.root, log)
+	rts, err := newRuntimes(o.runtimeBinary, o.root, o.runtimes, log)
 	if err != nil {
 		return err
 	}
-	log.Info("sandbox runtime", "executable", exe)
+	rt := rts.def
+	log.Info("sandbox runtime", "executable", rts.exe)
+	for kind, why := range rts.unavailable {
+		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
+	}
 	if o.defaultDiskMB, err = defaultDisk(rt, o, log); err != nil {
 		return err
 	}
@@ -241,7 +252,8 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	defer images.Close()
 	sup, err = supervisor.New(supervisor.Options{
-		Store: st, Runtime: rt, Templates: ts, Images: images, Logger: log,
+		Store: st, Runtime: rt, Runtimes: rts.others, Unavailable: rts.unavailable,
+		Templates: ts, Images: images, Logger: log,
 		OnEvent: func(e supervisor.Event) {
 			mx.OnEvent(e.Type)
 			bus.Publish(handlers.EventOf(e))
@@ -254,6 +266,9 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer sup.Close()
+	// A runtime's probe (the microvm runtime boots a guest to choose its accelerator) takes
+	// seconds: it runs while the server serves, and /v1/info says probing meanwhile.
+	sup.ProbeRuntimes()
 	// Reconcile every sandbox before serving: interrupted starts end, stale records clear,
 	// running sandboxes are found again.
 	if err := sup.ReattachAll(ctx, 10*time.Second); err != nil {
