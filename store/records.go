@@ -70,6 +70,12 @@ type Resources struct {
 	Pids     int `json:"pids"`
 }
 
+// String is r as the API's field names say it, "vcpus=1 memory_mb=512 pids=512", for messages
+// that callers read.
+func (r Resources) String() string {
+	return fmt.Sprintf("vcpus=%d memory_mb=%d pids=%d", r.VCPUs, r.MemoryMB, r.Pids)
+}
+
 // TemplateRef names the template generation a sandbox was cloned from.
 type TemplateRef struct {
 	Template   string `json:"template"`

@@ -139,7 +139,8 @@ func (s *Supervisor) undoProvision(ctx context.Context, l *store.Lock) {
 // On failure it removes the sandbox under the same lock.
 func (s *Supervisor) startCreated(ctx context.Context, l *store.Lock) (_ *Status, err error) {
 	id := l.ID()
-	st, err := s.startLocked(ctx, l)
+	// The start is a transition of its own for the metrics, as a separate Start would be.
+	st, err := s.observedStart(ctx, l)
 	if errcode.Of(err) == errcode.AlreadyRunning {
 		// Only a clone can get here (another client started it between the clone and this
 		// start): the sandbox exists and runs, as the create asked.
@@ -180,4 +181,10 @@ func removePending(dir string) error {
 func hasPending(dir string) bool {
 	_, err := os.Lstat(filepath.Join(dir, PendingName))
 	return err == nil
+}
+
+// observedStart is startLocked, timed and counted as a start.
+func (s *Supervisor) observedStart(ctx context.Context, l *store.Lock) (_ *Status, err error) {
+	defer s.observe("start", time.Now(), &err)
+	return s.startLocked(ctx, l)
 }

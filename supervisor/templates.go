@@ -280,7 +280,7 @@ func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
 	case req.Image != "" && req.Image != k.Image:
 		return fmt.Sprintf("it was captured from image %q, not %q", k.Image, req.Image)
 	case req.Resources != nil && *req.Resources != k.Resources:
-		return fmt.Sprintf("it was captured with resources %+v, not %+v", k.Resources, *req.Resources)
+		return fmt.Sprintf("it was captured with resources %s, not %s", k.Resources, *req.Resources)
 	}
 	if d, err := s.imageDigest(k.Image); err != nil || d != k.ImageDigest {
 		return fmt.Sprintf("it was captured on image %s %s, which this server no longer holds as it was", k.Image, k.ImageDigest)

@@ -40,75 +40,6 @@ func (e EventProgressPhase) Valid() bool {
 	}
 }
 
-// Defines values for EventType.
-const (
-	EventTypeCaptureProgress      EventType = "capture.progress"
-	EventTypeGenerationCaptured   EventType = "generation.captured"
-	EventTypeGenerationRetired    EventType = "generation.retired"
-	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
-	EventTypeImageDeleted         EventType = "image.deleted"
-	EventTypeImageFailed          EventType = "image.failed"
-	EventTypeImageImported        EventType = "image.imported"
-	EventTypeImagePullProgress    EventType = "image.pull.progress"
-	EventTypeImagePulled          EventType = "image.pulled"
-	EventTypeLeaseAcquired        EventType = "lease.acquired"
-	EventTypeLeaseReleased        EventType = "lease.released"
-	EventTypeSandboxCreated       EventType = "sandbox.created"
-	EventTypeSandboxDeleted       EventType = "sandbox.deleted"
-	EventTypeSandboxExited        EventType = "sandbox.exited"
-	EventTypeSandboxExpired       EventType = "sandbox.expired"
-	EventTypeSandboxPaused        EventType = "sandbox.paused"
-	EventTypeSandboxResumed       EventType = "sandbox.resumed"
-	EventTypeSandboxStarted       EventType = "sandbox.started"
-	EventTypeSandboxStopped       EventType = "sandbox.stopped"
-)
-
-// Valid indicates whether the value is a known member of the EventType enum.
-func (e EventType) Valid() bool {
-	switch e {
-	case EventTypeCaptureProgress:
-		return true
-	case EventTypeGenerationCaptured:
-		return true
-	case EventTypeGenerationRetired:
-		return true
-	case EventTypeGenerationTombstoned:
-		return true
-	case EventTypeImageDeleted:
-		return true
-	case EventTypeImageFailed:
-		return true
-	case EventTypeImageImported:
-		return true
-	case EventTypeImagePullProgress:
-		return true
-	case EventTypeImagePulled:
-		return true
-	case EventTypeLeaseAcquired:
-		return true
-	case EventTypeLeaseReleased:
-		return true
-	case EventTypeSandboxCreated:
-		return true
-	case EventTypeSandboxDeleted:
-		return true
-	case EventTypeSandboxExited:
-		return true
-	case EventTypeSandboxExpired:
-		return true
-	case EventTypeSandboxPaused:
-		return true
-	case EventTypeSandboxResumed:
-		return true
-	case EventTypeSandboxStarted:
-		return true
-	case EventTypeSandboxStopped:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for FileEntryType.
 const (
 	FileEntryTypeDirectory FileEntryType = "directory"
@@ -667,14 +598,20 @@ type Event struct {
 	//
 	// Example: python-base
 	Template *TemplateName `json:"template,omitempty"`
-	Type     EventType     `json:"type"`
+
+	// Type What an event says happened (see `Event` for the fields of each). New types may be
+	// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+	// it does not know, and skips it.
+	Type EventType `json:"type"`
 }
 
 // EventProgressPhase defines model for Event.Progress.Phase.
 type EventProgressPhase string
 
-// EventType defines model for Event.Type.
-type EventType string
+// EventType What an event says happened (see `Event` for the fields of each). New types may be
+// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+// it does not know, and skips it.
+type EventType = string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
@@ -1156,7 +1093,10 @@ type Resources struct {
 	// MemoryMb Memory limit in MiB.
 	MemoryMb int `json:"memory_mb"`
 
-	// Pids Limit on the number of processes and threads.
+	// Pids Limit on the number of the workload's processes and threads. sandboxd's own agent
+	// inside the sandbox is not counted against it: the sandbox's cgroup allows this many
+	// plus an allowance of 32 for the agent, so the workload always has at least this
+	// many, 1 included.
 	Pids int `json:"pids"`
 
 	// Vcpus CPU quota in whole CPUs.
@@ -1173,8 +1113,10 @@ type ResourcesRequest struct {
 	// 31 is refused: too small for a file system.
 	DiskMb   *int `json:"disk_mb,omitempty"`
 	MemoryMb *int `json:"memory_mb,omitempty"`
-	Pids     *int `json:"pids,omitempty"`
-	Vcpus    *int `json:"vcpus,omitempty"`
+
+	// Pids The workload's processes and threads, the agent's not counted (see `Resources`).
+	Pids  *int `json:"pids,omitempty"`
+	Vcpus *int `json:"vcpus,omitempty"`
 }
 
 // RuntimeKind A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
@@ -1277,7 +1219,9 @@ type Sandbox struct {
 	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
 	Runtime RuntimeKind `json:"runtime"`
 
-	// StartedAt When the current (or last) run started.
+	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
+	// linger until sandboxd has reconciled a run that ended by itself): how the last run
+	// ended, and when, is `last_exit`.
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;

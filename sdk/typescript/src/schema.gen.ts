@@ -1299,7 +1299,12 @@ export interface components {
             vcpus: number;
             /** @description Memory limit in MiB. */
             memory_mb: number;
-            /** @description Limit on the number of processes and threads. */
+            /**
+             * @description Limit on the number of the workload's processes and threads. sandboxd's own agent
+             *     inside the sandbox is not counted against it: the sandbox's cgroup allows this many
+             *     plus an allowance of 32 for the agent, so the workload always has at least this
+             *     many, 1 included.
+             */
             pids: number;
             /**
              * @description Size in MiB of the sandbox's own disk, which holds everything it writes (its
@@ -1313,6 +1318,7 @@ export interface components {
         ResourcesRequest: {
             vcpus?: number;
             memory_mb?: number;
+            /** @description The workload's processes and threads, the agent's not counted (see `Resources`). */
             pids?: number;
             /**
              * @description Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
@@ -1447,7 +1453,9 @@ export interface components {
             created_at: string;
             /**
              * Format: date-time
-             * @description When the current (or last) run started.
+             * @description When the current run started. Once the sandbox has stopped it is absent (it may
+             *     linger until sandboxd has reconciled a run that ended by itself): how the last run
+             *     ended, and when, is `last_exit`.
              */
             started_at?: string;
             last_exit?: components["schemas"]["LastExit"];
@@ -1795,8 +1803,7 @@ export interface components {
              * @description Increases by one per event of this server process; also the SSE `id`.
              */
             seq: number;
-            /** @enum {string} */
-            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
+            type: components["schemas"]["EventType"];
             /** Format: date-time */
             at: string;
             sandbox?: components["schemas"]["SandboxID"];
@@ -1832,6 +1839,12 @@ export interface components {
                 bytes_total?: number;
             };
         };
+        /**
+         * @description What an event says happened (see `Event` for the fields of each). New types may be
+         *     added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+         *     it does not know, and skips it.
+         */
+        EventType: string;
         /**
          * @description The stable error codes, identical to package errcode. Never renamed; new ones may be
          *     added, so clients treat an unknown code by its HTTP status. The list is open
@@ -4080,5 +4093,4 @@ export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<co
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
-export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
