@@ -104,6 +104,10 @@ type Options struct {
 	// declared entries, processes, host resources, identity and Cleanup are the checker's
 	// reference.
 	Runtime runtime.Runtime
+	// Runtimes are the server's other runtimes (of other kinds), configured as it configures
+	// them: their processes, host resources and declared entries count as the default's do,
+	// and each sandbox is judged by the runtime its records name.
+	Runtimes []runtime.Runtime
 	// Repair fixes what is safe to fix (see the package doc).
 	Repair bool
 	// LockTimeout bounds each wait for a sandbox's lock during repair (default 10 s).
@@ -149,7 +153,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if ts != nil {
 		defer ts.Close()
 	}
-	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: o.Runtime, Images: imgs, Templates: ts, Logger: o.Logger})
+	sup, err := supervisor.New(supervisor.Options{Store: st, Runtime: o.Runtime, Runtimes: o.Runtimes, Images: imgs, Templates: ts, Logger: o.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +203,8 @@ type checker struct {
 	root string
 	st   *store.Store
 	sup  *supervisor.Supervisor
-	rt   runtime.Runtime
+	// owners are the runtimes that listed each process of the last scan.
+	owners map[platform.ProcessID]runtime.Runtime
 	// own are the store's own entries, records those of them whose temp names are the
 	// store's, and declared the names the supervisor declares to the store, with their kinds.
 	own      []string
@@ -212,9 +217,9 @@ type checker struct {
 }
 
 func newChecker(o Options, root string, st *store.Store, sup *supervisor.Supervisor) *checker {
-	c := &checker{o: o, root: root, st: st, sup: sup, rt: o.Runtime,
+	c := &checker{o: o, root: root, st: st, sup: sup,
 		own: store.OwnNames(), records: store.RecordNames(), declared: map[string]store.EntryKind{}}
-	for _, d := range supervisor.DeclaredEntries(o.Runtime) {
+	for _, d := range supervisor.DeclaredEntries(c.runtimes()...) {
 		c.declared[d.Name] = d.Kind
 	}
 	return c
@@ -283,11 +288,9 @@ func (c *checker) rel(path string) string {
 func (c *checker) scan(ctx context.Context) (*pass, error) {
 	p := &pass{states: map[string]*sandboxState{}, leakedCgroups: map[string]bool{}, leakedMounts: map[string]bool{}}
 	// Processes first: see the package doc.
-	procs, err := c.rt.Processes(c.root)
-	if err != nil {
-		return nil, fmt.Errorf("check: list runtime processes: %w", err)
+	if err := c.listProcesses(p); err != nil {
+		return nil, err
 	}
-	p.procs = procs
 	sbxPath := filepath.Join(c.root, store.SandboxesDir)
 	sbx, err := platform.OpenDir(sbxPath)
 	if err != nil {
@@ -464,8 +467,8 @@ func (c *checker) checkRuntimeRecord(s *sandboxState, rec *store.RuntimeRecord, 
 	if !isShimOf(p.procs, proc, s.dir) {
 		p.add(UnmarkedProcess, s.id, re, "names live process %s, which is not this sandbox's runtime process", proc)
 	}
-	if rec.RuntimeID != c.rt.Identity() {
-		p.note(RuntimeMismatchNote, s.id, entry, "runs under runtime %s, not this sandboxd's %s; a forced stop ends it", rec.RuntimeID, c.rt.Identity())
+	if want := c.identityOf(rec.RuntimeKind); rec.RuntimeID != want {
+		p.note(RuntimeMismatchNote, s.id, entry, "runs under runtime %s, not this sandboxd's %s; a forced stop ends it", rec.RuntimeID, want)
 	}
 }
 
@@ -478,7 +481,7 @@ func (c *checker) checkPause(s *sandboxState, entry string, p *pass) {
 	if s.alive {
 		launch = s.rec.LaunchID
 	}
-	f, err := supervisor.InspectPause(c.rt, s.id, s.dir, launch)
+	f, err := supervisor.InspectPause(c.sandboxRuntime(s), s.id, s.dir, launch)
 	pe := filepath.Join(entry, supervisor.PausedName)
 	switch {
 	case err != nil:
@@ -693,7 +696,7 @@ func (c *checker) checkLoops(p *pass) {
 // checkCgroups reports the cgroups of this root's sandboxes that are not running. The runtime
 // finds them (Runtime.HostResources); those of other state roots are not among them.
 func (c *checker) checkCgroups(p *pass) {
-	found, err := c.rt.HostResources(filepath.Join(c.root, store.SandboxesDir))
+	found, err := c.hostResources()
 	if err != nil {
 		p.note(LeakedCgroup, "", "", "cannot find the cgroup hierarchy: %v", err)
 		return

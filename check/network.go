@@ -58,8 +58,9 @@ func (c *checker) repairNetwork(p *pass) {
 		return
 	}
 	now := *p
-	if procs, err := c.rt.Processes(c.root); err == nil {
-		now.procs = procs
+	now.procs = nil
+	if err := c.listProcesses(&now); err != nil {
+		now.procs = p.procs
 	}
 	l, err := c.o.Network.Leftovers(c.networkLive(&now))
 	if err == nil && !l.Empty() {

@@ -132,7 +132,7 @@ func (c *checker) repairSandbox(ctx context.Context, id string, procs []runtime.
 	}
 	// Not running: the cgroup and mounts are leftovers (Cleanup refuses a live process, and
 	// the zero identity names none).
-	return c.rt.Cleanup(lctx, id, dir, platform.ProcessID{})
+	return c.cleanupAll(lctx, id, dir)
 }
 
 // kill ends one runtime process by verified identity: a shim through the runtime's Kill (its
@@ -140,7 +140,7 @@ func (c *checker) repairSandbox(ctx context.Context, id string, procs []runtime.
 func (c *checker) kill(ctx context.Context, pr runtime.Process) error {
 	c.o.Logger.Warn("check: killing an unrecorded runtime process", "role", pr.Role, "process", pr.ID.String(), "dir", pr.Dir)
 	if pr.Role == runtime.RoleShim {
-		return c.rt.Kill(ctx, pr.Dir, pr.ID)
+		return c.ownerOf(pr).Kill(ctx, pr.Dir, pr.ID)
 	}
 	err := platform.SignalVerified(pr.ID, syscall.SIGKILL)
 	if errors.Is(err, platform.ErrProcessGone) {

@@ -81,12 +81,16 @@ func (f *fakeSupervisor) Create(_ context.Context, req supervisor.CreateRequest)
 	if cfg.Image == "" {
 		cfg.Image = supervisor.HostImage
 	}
+	kind := req.Runtime
+	if kind == "" {
+		kind = "namespace"
+	}
 	if req.Start {
 		// The supervisor starts what it created, under the same lock.
 		f.started = append(f.started, req.ID)
-		return &supervisor.Status{Config: cfg, State: supervisor.StateRunning}, nil
+		return &supervisor.Status{Config: cfg, State: supervisor.StateRunning, Runtime: kind}, nil
 	}
-	return &supervisor.Status{Config: cfg, State: supervisor.StateProvisioned}, nil
+	return &supervisor.Status{Config: cfg, State: supervisor.StateProvisioned, Runtime: kind}, nil
 }
 
 func (f *fakeSupervisor) Status(id string) (*supervisor.Status, error) {
@@ -161,7 +165,10 @@ func (f *fakeSupervisor) SetTimeout(_ context.Context, id string, lt *supervisor
 func (f *fakeSupervisor) Logs(string, int) ([]byte, error) { return nil, errUnprepared }
 func (f *fakeSupervisor) Images() ([]string, error)        { return f.images, nil }
 func (f *fakeSupervisor) RuntimeInfo() supervisor.RuntimeInfo {
-	return supervisor.RuntimeInfo{Kind: "namespace", Identity: "namespace/test"}
+	return supervisor.RuntimeInfo{Kind: "namespace", Identity: "namespace/test", Runtimes: []supervisor.RuntimeStatus{
+		{Kind: "namespace", Identity: "namespace/test", Default: true, State: supervisor.RuntimeReady},
+		{Kind: "microvm", State: supervisor.RuntimeUnavailable, Reason: "missing qemu-system-x86_64"},
+	}}
 }
 
 func (f *fakeSupervisor) AdmitExec(_ context.Context, id string, wait time.Duration) (*supervisor.Admission, error) {

@@ -15,6 +15,7 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	rt := h.sup.RuntimeInfo()
 	info.Runtime.Kind = openapi.InfoRuntimeKind(rt.Kind)
 	info.Runtime.Identity = rt.Identity
+	info.Runtimes = apiRuntimes(rt.Runtimes)
 	images, err := h.imageNames()
 	if err != nil {
 		return nil, err
@@ -82,6 +83,28 @@ func (h *Handlers) storageHealth() openapi.StorageHealth {
 	if st.Path != "" {
 		p := st.Path
 		out.Path = &p
+	}
+	return out
+}
+
+// apiRuntimes is the contract's view of the server's runtimes.
+func apiRuntimes(rs []supervisor.RuntimeStatus) []openapi.RuntimeStatus {
+	out := make([]openapi.RuntimeStatus, 0, len(rs))
+	for _, r := range rs {
+		v := openapi.RuntimeStatus{Kind: openapi.RuntimeKind(r.Kind), Default: r.Default, State: openapi.RuntimeStatusState(r.State)}
+		if r.Accelerator != "" {
+			a := openapi.RuntimeStatusAccelerator(r.Accelerator)
+			v.Accelerator = &a
+		}
+		if r.Reason != "" {
+			reason := r.Reason
+			v.Reason = &reason
+		}
+		if r.Identity != "" {
+			id := r.Identity
+			v.Identity = &id
+		}
+		out = append(out, v)
 	}
 	return out
 }

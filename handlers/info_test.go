@@ -21,6 +21,12 @@ func TestInfo(t *testing.T) {
 	if info.Version != "test" || info.Runtime.Kind != "namespace" || info.Runtime.Identity != "namespace/test" {
 		t.Errorf("version and runtime %+v %+v", info.Version, info.Runtime)
 	}
+	if rs := info.Runtimes; len(rs) != 2 ||
+		rs[0].Kind != openapi.RuntimeKindNamespace || !rs[0].Default || rs[0].State != openapi.RuntimeStatusStateReady || rs[0].Identity == nil || *rs[0].Identity != "namespace/test" ||
+		rs[1].Kind != openapi.RuntimeKindMicrovm || rs[1].Default || rs[1].State != openapi.RuntimeStatusStateUnavailable || rs[1].Reason == nil || *rs[1].Reason != "missing qemu-system-x86_64" ||
+		rs[1].Accelerator != nil {
+		t.Errorf("runtimes %+v", rs)
+	}
 	if len(info.Images) != 2 || info.Images[0].Name != "host" || info.Images[1].Name != "py" ||
 		*info.Images[0].Description == *info.Images[1].Description {
 		t.Errorf("images %+v", info.Images)

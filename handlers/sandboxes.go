@@ -59,6 +59,14 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 		seconds = *body.TimeoutS
 	}
 	creq.Lifetime = lifetime(seconds, body.OnTimeout)
+	if body.Runtime != nil {
+		creq.Runtime = string(*body.Runtime)
+		if *body.Runtime != openapi.RuntimeKindNamespace {
+			// The server's default disk is a namespace sandbox's (a loop-mounted image); a
+			// microVM's disk is its overlay, which no disk_mb sizes yet.
+			creq.DiskMB = 0
+		}
+	}
 	chosen := applyResources(&creq, body.Resources)
 	env, err := envMap("env", body.Env)
 	if err != nil {
@@ -253,6 +261,7 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 	sb := openapi.Sandbox{
 		ID:        c.ID,
 		State:     openapi.SandboxState(st.State),
+		Runtime:   openapi.RuntimeKind(st.Runtime),
 		Image:     c.Image,
 		Labels:    c.Labels,
 		Resources: apiResources(c.Resources, c.DiskMB),

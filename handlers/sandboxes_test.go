@@ -258,3 +258,46 @@ func TestGetSandboxNotFound(t *testing.T) {
 		t.Errorf("%d %+v, want 404 sandbox-not-found", code, p)
 	}
 }
+
+// TestCreateRuntime: a create's runtime reaches the supervisor and comes back on the
+// sandbox; the server's default disk applies to namespace sandboxes only, a microVM having
+// no disk of that kind, while a disk the request names is passed on for the supervisor to
+// judge.
+func TestCreateRuntime(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, body string
+		runtime    string
+		disk       int
+		answered   openapi.RuntimeKind
+	}{
+		{"none", `{"id":"a1"}`, "", 1024, openapi.RuntimeKindNamespace},
+		{"namespace", `{"id":"a1","runtime":"namespace"}`, "namespace", 1024, openapi.RuntimeKindNamespace},
+		{"microvm", `{"id":"a1","runtime":"microvm"}`, "microvm", 0, openapi.RuntimeKindMicrovm},
+		{"microvm with a disk", `{"id":"a1","runtime":"microvm","resources":{"disk_mb":64}}`, "microvm", 64, openapi.RuntimeKindMicrovm},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := &fakeSupervisor{}
+			h, _ := newTestHandlers(t, f)
+			h.cfg.DefaultDiskMB = 1024
+			code, body := do(t, newTestServer(t, h), "POST", "/v1/sandboxes", tc.body)
+			var sb openapi.Sandbox
+			if err := json.Unmarshal(body, &sb); err != nil || code != http.StatusCreated || len(f.created) != 1 {
+				t.Fatalf("%d %s", code, body)
+			}
+			if r := f.created[0]; r.Runtime != tc.runtime || r.DiskMB != tc.disk {
+				t.Errorf("asked the supervisor for runtime %q disk %d, want %q %d", r.Runtime, r.DiskMB, tc.runtime, tc.disk)
+			}
+			if sb.Runtime != tc.answered {
+				t.Errorf("the sandbox's runtime reads %q", sb.Runtime)
+			}
+		})
+	}
+	f := &fakeSupervisor{}
+	h, _ := newTestHandlers(t, f)
+	if code, body := do(t, newTestServer(t, h), "POST", "/v1/sandboxes", `{"runtime":"qemu"}`); code != http.StatusBadRequest || len(f.created) != 0 {
+		t.Errorf("an unknown runtime: %d %s", code, body)
+	}
+}

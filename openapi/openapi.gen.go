@@ -163,16 +163,16 @@ func (e ImageState) Valid() bool {
 
 // Defines values for InfoRuntimeKind.
 const (
+	InfoRuntimeKindMicrovm   InfoRuntimeKind = "microvm"
 	InfoRuntimeKindNamespace InfoRuntimeKind = "namespace"
-	InfoRuntimeKindQemu      InfoRuntimeKind = "qemu"
 )
 
 // Valid indicates whether the value is a known member of the InfoRuntimeKind enum.
 func (e InfoRuntimeKind) Valid() bool {
 	switch e {
-	case InfoRuntimeKindNamespace:
+	case InfoRuntimeKindMicrovm:
 		return true
-	case InfoRuntimeKindQemu:
+	case InfoRuntimeKindNamespace:
 		return true
 	default:
 		return false
@@ -224,6 +224,63 @@ func (e OnTimeout) Valid() bool {
 	case OnTimeoutDelete:
 		return true
 	case OnTimeoutStop:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for RuntimeKind.
+const (
+	RuntimeKindMicrovm   RuntimeKind = "microvm"
+	RuntimeKindNamespace RuntimeKind = "namespace"
+)
+
+// Valid indicates whether the value is a known member of the RuntimeKind enum.
+func (e RuntimeKind) Valid() bool {
+	switch e {
+	case RuntimeKindMicrovm:
+		return true
+	case RuntimeKindNamespace:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for RuntimeStatusAccelerator.
+const (
+	RuntimeStatusAcceleratorKvm RuntimeStatusAccelerator = "kvm"
+	RuntimeStatusAcceleratorTcg RuntimeStatusAccelerator = "tcg"
+)
+
+// Valid indicates whether the value is a known member of the RuntimeStatusAccelerator enum.
+func (e RuntimeStatusAccelerator) Valid() bool {
+	switch e {
+	case RuntimeStatusAcceleratorKvm:
+		return true
+	case RuntimeStatusAcceleratorTcg:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for RuntimeStatusState.
+const (
+	RuntimeStatusStateProbing     RuntimeStatusState = "probing"
+	RuntimeStatusStateReady       RuntimeStatusState = "ready"
+	RuntimeStatusStateUnavailable RuntimeStatusState = "unavailable"
+)
+
+// Valid indicates whether the value is a known member of the RuntimeStatusState enum.
+func (e RuntimeStatusState) Valid() bool {
+	switch e {
+	case RuntimeStatusStateProbing:
+		return true
+	case RuntimeStatusStateReady:
+		return true
+	case RuntimeStatusStateUnavailable:
 		return true
 	default:
 		return false
@@ -415,6 +472,14 @@ type CreateSandboxRequest struct {
 
 	// Resources Resource limits; an absent field takes the server's default (see `/v1/info`).
 	Resources *ResourcesRequest `json:"resources,omitempty"`
+
+	// Runtime The runtime to run the sandbox under (default `namespace`). A runtime that does not
+	// work on this server, or that the operator turned off (see `runtimes` of
+	// `/v1/info`), is refused with `unavailable` (503) and the reason. A `microvm`
+	// sandbox runs the `host` image only, has no disk of its own (give `disk_mb: 0`:
+	// the server's default disk applies to `namespace` sandboxes only), no network, no
+	// pause and no capture yet, and cannot be a clone.
+	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -822,11 +887,18 @@ type Info struct {
 		// MaxResources Resource limits, applied through the sandbox's cgroup.
 		MaxResources Resources `json:"max_resources"`
 	} `json:"limits"`
+
+	// Runtime The default runtime (see `runtimes` for all).
 	Runtime struct {
 		// Identity The runtime identity that sandboxes and generations are bound to.
 		Identity string          `json:"identity"`
 		Kind     InfoRuntimeKind `json:"kind"`
 	} `json:"runtime"`
+
+	// Runtimes Every runtime of this server, the default first.
+	//
+	// Example: [{"default":true,"identity":"namespace/p1/3f2a9c0e5b7d41a6","kind":"namespace","state":"ready"},{"accelerator":"tcg","default":false,"identity":"microvm/p1/qemu-7.2.15/kernel-6.1.0-31-cloud-amd64+1a2b3c4d/initramfs-9f8e7d6c/0a1b2c3d4e5f6a7b","kind":"microvm","state":"ready"}]
+	Runtimes []RuntimeStatus `json:"runtimes"`
 
 	// Storage The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
 	// creates, starts, captures and uploads answer `507 storage-full` until space is freed
@@ -1045,6 +1117,46 @@ type ResourcesRequest struct {
 	Vcpus *int `json:"vcpus,omitempty"`
 }
 
+// RuntimeKind A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
+// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
+type RuntimeKind string
+
+// RuntimeStatus One runtime of the server, and whether it takes new sandboxes here.
+type RuntimeStatus struct {
+	// Accelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
+	Accelerator *RuntimeStatusAccelerator `json:"accelerator,omitempty"`
+
+	// Default A create that names no runtime gets this one.
+	Default bool `json:"default"`
+
+	// Identity The runtime identity that its sandboxes are bound to.
+	Identity *string `json:"identity,omitempty"`
+
+	// Kind A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
+	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
+	Kind RuntimeKind `json:"kind"`
+
+	// Reason Why the runtime is unavailable.
+	Reason *string `json:"reason,omitempty"`
+
+	// State `ready`: sandboxes of this runtime can be created. `probing`: its start-up probe
+	// (the microvm runtime boots a probe guest to choose its accelerator, some seconds)
+	// has not finished; a create waits for it. `unavailable`: it does not work on this
+	// host, or the operator turned it off (`reason` says which); a create naming it is
+	// refused with `unavailable`.
+	State RuntimeStatusState `json:"state"`
+}
+
+// RuntimeStatusAccelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
+type RuntimeStatusAccelerator string
+
+// RuntimeStatusState `ready`: sandboxes of this runtime can be created. `probing`: its start-up probe
+// (the microvm runtime boots a probe guest to choose its accelerator, some seconds)
+// has not finished; a create waits for it. `unavailable`: it does not work on this
+// host, or the operator turned it off (`reason` says which); a create naming it is
+// refused with `unavailable`.
+type RuntimeStatusState string
+
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
 	// Address The sandbox's own address, while it runs with a network interface.
@@ -1100,6 +1212,10 @@ type Sandbox struct {
 
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
+
+	// Runtime A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
+	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
+	Runtime RuntimeKind `json:"runtime"`
 
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
 	// linger until sandboxd has reconciled a run that ended by itself): how the last run

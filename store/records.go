@@ -50,6 +50,9 @@ type Config struct {
 	// that allows nothing, means no interface but lo. A live change rewrites it, so that the
 	// next start, and a restarted sandboxd's reattach, apply the policy in force.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Runtime is the kind of the runtime the sandbox runs under ("namespace", "microvm"); ""
+	// (a record written before there was a choice) means the server's default runtime.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // NetworkPolicy is a sandbox's egress policy as recorded: the API's form, each entry as it

@@ -62,7 +62,11 @@ func (s *Supervisor) agent(ctx context.Context, dir, id string, rec *store.Runti
 	if err != nil {
 		return nil, err
 	}
-	client, err := s.dialAgent(ctx, s.rt.ControlPath(dir), capability, rec.Pid)
+	rt, err := s.runtimeOfRecord(rec)
+	if err != nil {
+		return nil, err
+	}
+	client, err := s.dialAgent(ctx, rt.ControlPath(dir), capability, rec.Pid)
 	if err != nil {
 		// The runtime process lives (the caller checked) but its agent does not answer:
 		// the sandbox is ending, or was ended from inside.

@@ -43,6 +43,9 @@ type CreateRequest struct {
 	Start bool
 	// Lifetime, when set, bounds how long the sandbox lives (see [Lifetime]).
 	Lifetime *Lifetime
+	// Runtime is the kind of runtime to run the sandbox under; "" means the default one
+	// (see [Supervisor.Runtimes]).
+	Runtime string
 }
 
 // Create provisions a sandbox, or clones one (see [Supervisor.Provision] and
@@ -56,8 +59,12 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 		Env:       req.Env,
 		Labels:    req.Labels,
 		Network:   req.Network,
+		Runtime:   req.Runtime,
 	}
 	if err := s.checkNetwork(req.Network); err != nil {
+		return nil, err
+	}
+	if err := s.checkCreateRuntime(req); err != nil {
 		return nil, err
 	}
 	if err := checkLifetime(req.Lifetime); err != nil {

@@ -12,12 +12,12 @@ type Declaration struct {
 	Kind store.EntryKind
 }
 
-// DeclaredEntries are the names that [New] declares to the store for a supervisor over rt,
+// DeclaredEntries are the names that [New] declares to the store for a supervisor over rts,
 // each once: the supervisor's own ([ExecLockName], [CapabilityName], [LogName]), the clone
 // binding ([template.BindingFile]), the lifecycle's records ([PendingName], [LifetimeName],
-// [PausedName]), and rt's [runtime.Runtime.DeclaredEntries]. The
+// [PausedName]), and the union of rts' [runtime.Runtime.DeclaredEntries]. The
 // consistency checker asks it what a state directory may hold besides the store's records.
-func DeclaredEntries(rt runtime.Runtime) []Declaration {
+func DeclaredEntries(rts ...runtime.Runtime) []Declaration {
 	var out []Declaration
 	seen := map[string]bool{}
 	add := func(name string, kind store.EntryKind) {
@@ -30,12 +30,14 @@ func DeclaredEntries(rt runtime.Runtime) []Declaration {
 		add(name, store.EntryFile)
 	}
 	add(ImageFilesName, store.EntryDir)
-	for _, e := range rt.DeclaredEntries() {
-		kind := store.EntryFile
-		if e.Dir {
-			kind = store.EntryDir
+	for _, rt := range rts {
+		for _, e := range rt.DeclaredEntries() {
+			kind := store.EntryFile
+			if e.Dir {
+				kind = store.EntryDir
+			}
+			add(e.Name, kind)
 		}
-		add(e.Name, kind)
 	}
 	return out
 }

@@ -65,6 +65,10 @@ func (s *Supervisor) startLocked(ctx context.Context, l *store.Lock) (*Status, e
 
 // launch runs the launch protocol (see the package doc) under l.
 func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Config, lowers []string) error {
+	rt, err := s.runtimeFor(cfg)
+	if err != nil {
+		return err
+	}
 	img, err := s.stackImage(l.Dir(), cfg)
 	if err != nil {
 		return err
@@ -82,7 +86,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	journal := &store.LaunchJournal{
 		Format:    store.LaunchFormat,
 		LaunchID:  launchID,
-		RuntimeID: s.rt.Identity(),
+		RuntimeID: rt.Identity(),
 		StartedAt: time.Now().UTC(),
 	}
 	if err := l.WriteLaunchJournal(journal); err != nil {
@@ -105,7 +109,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Capability: capability,
 		Hostname:   cfg.ID,
 	}
-	proc, err := s.rt.Start(ctx, spec)
+	proc, err := rt.Start(ctx, spec)
 	if err != nil {
 		s.abandon(ctx, l, launchID, platform.ProcessID{}, runtime.ReasonStartFailed)
 		if ctx.Err() != nil {
@@ -122,7 +126,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		return err
 	}
 	s.crash("named")
-	client, err := s.awaitAgent(ctx, l.Dir(), capability, proc)
+	client, err := s.awaitAgent(ctx, rt.ControlPath(l.Dir()), capability, proc)
 	if err != nil {
 		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return errcode.Wrap(errcode.StartTimeout, err,
@@ -136,12 +140,12 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	rec := &store.RuntimeRecord{
 		Format:        store.RuntimeFormat,
 		LaunchID:      launchID,
-		RuntimeKind:   s.rt.Kind(),
-		RuntimeID:     s.rt.Identity(),
+		RuntimeKind:   rt.Kind(),
+		RuntimeID:     rt.Identity(),
 		Pid:           proc.Pid,
 		PidStartTime:  proc.StartTime,
 		BootID:        proc.BootID,
-		ControlSocket: s.rt.ControlPath(l.Dir()),
+		ControlSocket: rt.ControlPath(l.Dir()),
 		StartedAt:     journal.StartedAt,
 	}
 	if err := l.WriteRuntimeRecord(rec); err != nil {
@@ -160,10 +164,9 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	return nil
 }
 
-// awaitAgent dials the control socket until the agent answers hello with the features the
-// server needs, the runtime process exits, or ctx ends.
-func (s *Supervisor) awaitAgent(ctx context.Context, dir string, capability []byte, proc platform.ProcessID) (*control.Client, error) {
-	path := s.rt.ControlPath(dir)
+// awaitAgent dials the control socket at path until the agent answers hello with the
+// features the server needs, the runtime process exits, or ctx ends.
+func (s *Supervisor) awaitAgent(ctx context.Context, path string, capability []byte, proc platform.ProcessID) (*control.Client, error) {
 	// The agent renames its socket into place once it accepts connections, a few
 	// milliseconds after the start: a failed dial costs a syscall, so look every
 	// millisecond rather than back off and answer late.
@@ -233,31 +236,27 @@ func (s *Supervisor) abandon(ctx context.Context, l *store.Lock, launchID string
 }
 
 // endLaunch kills a launch's runtime process (by verified identity, and any other runtime
-// runtime process that names this state directory) and cleans up after it.
+// process, of any runtime, that names this state directory) and cleans up after it: each
+// process through the runtime that owns it, and the sandbox's runtime at least once.
 func (s *Supervisor) endLaunch(ctx context.Context, l *store.Lock, proc platform.ProcessID) error {
-	procs := []platform.ProcessID{}
-	if !proc.IsZero() {
-		procs = append(procs, proc)
-	}
-	found, err := s.rt.Processes(s.store.Root())
+	rt, err := s.lockedRuntime(l)
 	if err != nil {
 		return err
 	}
-	for _, p := range found {
-		if p.Role == runtime.RoleShim && p.Dir == l.Dir() && p.ID != proc {
-			procs = append(procs, p.ID)
-		}
+	procs, err := s.launchProcesses(rt, l.Dir(), proc)
+	if err != nil {
+		return err
 	}
 	for _, p := range procs {
-		if err := s.rt.Kill(ctx, l.Dir(), p); err != nil {
+		if err := p.rt.Kill(ctx, l.Dir(), p.proc.ID); err != nil {
 			return err
 		}
 	}
-	if len(procs) == 0 {
-		procs = append(procs, platform.ProcessID{})
+	if !slices.ContainsFunc(procs, func(p ownedProcess) bool { return p.rt == rt }) {
+		procs = append(procs, ownedProcess{rt: rt})
 	}
 	for _, p := range procs {
-		if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), p); err != nil {
+		if err := p.rt.Cleanup(ctx, l.ID(), l.Dir(), p.proc.ID); err != nil {
 			return err
 		}
 	}

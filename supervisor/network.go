@@ -125,10 +125,10 @@ func (s *Supervisor) rulesOf(cfg *store.Config) *network.Rules {
 // openNetNS opens the network namespace of the sandbox whose runtime process is proc: its
 // init's, found by the runtime, and checked after the open to be still that process's child,
 // so that a pid reused meanwhile is never taken for the init.
-func (s *Supervisor) openNetNS(dir string, proc platform.ProcessID) (*os.File, error) {
-	nr, ok := s.rt.(runtime.NetNSer)
+func (s *Supervisor) openNetNS(rt runtime.Runtime, dir string, proc platform.ProcessID) (*os.File, error) {
+	nr, ok := rt.(runtime.NetNSer)
 	if !ok {
-		return nil, fmt.Errorf("the %s runtime gives sandboxes no network namespace of their own", s.rt.Kind())
+		return nil, fmt.Errorf("the %s runtime gives sandboxes no network namespace of their own", rt.Kind())
 	}
 	pid, err := nr.NetNS(dir)
 	if err != nil {
@@ -170,7 +170,11 @@ func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *stor
 
 // setupNetwork runs the Manager's Setup for the launch of proc and records the attachment.
 func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc platform.ProcessID) (network.Attachment, error) {
-	ns, err := s.openNetNS(l.Dir(), proc)
+	rt, err := s.lockedRuntime(l)
+	if err != nil {
+		return network.Attachment{}, err
+	}
+	ns, err := s.openNetNS(rt, l.Dir(), proc)
 	if err != nil {
 		return network.Attachment{}, err
 	}
@@ -235,6 +239,9 @@ func (s *Supervisor) SetNetwork(ctx context.Context, id string, p NetworkPolicy)
 		return nil, err
 	}
 	defer s.unlock(l)
+	if err := s.checkNetworkRuntime(cfg.Runtime, rules); err != nil {
+		return nil, err
+	}
 	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err

@@ -78,10 +78,14 @@ func pausedError(id string) error {
 	return errcode.New(errcode.SandboxPaused, "Sandbox %s is paused; resume it first.", id)
 }
 
-func (s *Supervisor) pauser() (runtime.Pauser, error) {
-	p, ok := s.rt.(runtime.Pauser)
+// pauser is the default runtime's Pauser.
+func (s *Supervisor) pauser() (runtime.Pauser, error) { return pauserOf(s.rt) }
+
+// pauserOf is rt as a Pauser, or why it cannot pause sandboxes.
+func pauserOf(rt runtime.Runtime) (runtime.Pauser, error) {
+	p, ok := rt.(runtime.Pauser)
 	if !ok {
-		return nil, errcode.New(errcode.Unavailable, "The %s runtime cannot pause sandboxes.", s.rt.Kind())
+		return nil, errcode.New(errcode.Unavailable, "The %s runtime cannot pause sandboxes.", rt.Kind())
 	}
 	if err := p.PauseSupport(); err != nil {
 		return nil, errcode.Wrap(errcode.Unavailable, err, "This host cannot pause sandboxes: it has no usable cgroup freezer.")
@@ -94,7 +98,7 @@ func (s *Supervisor) pauser() (runtime.Pauser, error) {
 // a forced delete thaw it first.
 func (s *Supervisor) Pause(ctx context.Context, id string) (_ *Status, err error) {
 	defer s.observe("pause", time.Now(), &err)
-	p, err := s.pauser()
+	p, err := s.sandboxPauser(id)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +148,7 @@ func (s *Supervisor) Pause(ctx context.Context, id string) (_ *Status, err error
 // error.
 func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err error) {
 	defer s.observe("resume", time.Now(), &err)
-	p, err := s.pauser()
+	p, err := s.sandboxPauser(id)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +201,11 @@ func (s *Supervisor) thawForStop(ctx context.Context, l *store.Lock) error {
 	if err := removePause(l.Dir()); err != nil {
 		return err
 	}
-	p, ok := s.rt.(runtime.Pauser)
+	rt, err := s.lockedRuntime(l)
+	if err != nil {
+		return err
+	}
+	p, ok := rt.(runtime.Pauser)
 	if !ok {
 		return nil
 	}
@@ -214,7 +222,11 @@ func (s *Supervisor) reconcilePause(ctx context.Context, l *store.Lock, rec *sto
 	if err != nil {
 		return false, err
 	}
-	p, canPause := s.rt.(runtime.Pauser)
+	rt, err := s.lockedRuntime(l)
+	if err != nil {
+		return false, err
+	}
+	p, canPause := rt.(runtime.Pauser)
 	if rec == nil || (pr != nil && pr.LaunchID != rec.LaunchID) {
 		if pr == nil {
 			return false, nil

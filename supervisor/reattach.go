@@ -84,7 +84,7 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 		}
 	}
 	if proc.Alive() {
-		if rec.RuntimeID != s.rt.Identity() {
+		if s.mismatched(rec) {
 			return reconciled{state: StateRunning, rec: rec, mismatch: true}, nil
 		}
 		s.adoptNetwork(l, rec)
@@ -104,7 +104,11 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 	if _, err := s.reconcilePause(ctx, l, nil, false); err != nil {
 		return reconciled{}, err
 	}
-	if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
+	rt, err := s.runtimeOfRecord(rec)
+	if err != nil {
+		return reconciled{}, err
+	}
+	if err := rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
 		return reconciled{}, err
 	}
 	s.detachNetwork(l.ID())

@@ -49,11 +49,15 @@ func (s *Supervisor) stopLocked(ctx context.Context, l *store.Lock, rec *store.R
 	proc := processOf(rec)
 	s.setTransient(id, StateStopping)
 	defer s.setTransient(id, "")
+	rt, err := s.runtimeOfRecord(rec)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.thawForStop(ctx, l); err != nil {
 		return nil, err
 	}
 	if force {
-		if err := s.rt.Kill(ctx, l.Dir(), proc); err != nil {
+		if err := rt.Kill(ctx, l.Dir(), proc); err != nil {
 			return nil, err
 		}
 	} else if err := s.shutdown(ctx, l, rec); err != nil {
@@ -62,7 +66,7 @@ func (s *Supervisor) stopLocked(ctx context.Context, l *store.Lock, rec *store.R
 	s.dropClient(id)
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	if err := s.rt.Cleanup(cctx, id, l.Dir(), proc); err != nil {
+	if err := rt.Cleanup(cctx, id, l.Dir(), proc); err != nil {
 		return nil, err
 	}
 	s.detachNetwork(id)

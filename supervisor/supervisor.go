@@ -51,8 +51,15 @@ var imageName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // Options configure a Supervisor.
 type Options struct {
-	Store   *store.Store
+	Store *store.Store
+	// Runtime is the default runtime: the one of sandboxes whose configuration names none.
 	Runtime runtime.Runtime
+	// Runtimes are the other runtimes, one of each kind, that sandboxes may name (see
+	// runtimes.go).
+	Runtimes []runtime.Runtime
+	// Unavailable are runtime kinds refused on create, with why (turned off, or not working
+	// on this host); one of them may still be among Runtimes, to drive its existing sandboxes.
+	Unavailable map[string]error
 	// Templates is the template store; nil disables capture and clone.
 	Templates *template.Store
 	// Images is the image store of OCI images; nil leaves the host image and the
@@ -88,6 +95,7 @@ type Supervisor struct {
 	// imagePlatform is the one platform pulls accept.
 	imagePlatform string
 	rt            runtime.Runtime
+	runtimes      *runtimeSet
 	log           *slog.Logger
 	grace         time.Duration
 
@@ -136,8 +144,13 @@ func New(opts Options) (*Supervisor, error) {
 	if opts.ImagePlatform == "" {
 		opts.ImagePlatform = image.HostPlatform()
 	}
+	runtimes, err := newRuntimeSet(opts.Runtime, opts.Runtimes, opts.Unavailable)
+	if err != nil {
+		return nil, err
+	}
 	life, stopLife := context.WithCancel(context.Background())
 	s := &Supervisor{
+		runtimes:      runtimes,
 		store:         opts.Store,
 		templates:     opts.Templates,
 		images:        opts.Images,
@@ -158,7 +171,7 @@ func New(opts Options) (*Supervisor, error) {
 		timers:        map[string]*time.Timer{},
 		net:           newNetState(opts.Network),
 	}
-	for _, d := range DeclaredEntries(s.rt) {
+	for _, d := range DeclaredEntries(s.runtimes.all()...) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
 			return nil, err
 		}
@@ -176,17 +189,21 @@ type RuntimeInfo struct {
 	// Identity is the runtime identity: its kind, sandboxd's build and the runtime's
 	// configuration. Template generations are captured under it and clone only under it.
 	Identity string
+	// Runtimes are every runtime kind of the server, this one first ([Supervisor.Runtimes]).
+	Runtimes []RuntimeStatus
 }
 
-// RuntimeInfo names the runtime.
+// RuntimeInfo names the default runtime, and lists them all.
 func (s *Supervisor) RuntimeInfo() RuntimeInfo {
-	return RuntimeInfo{Kind: s.rt.Kind(), Identity: s.rt.Identity()}
+	return RuntimeInfo{Kind: s.rt.Kind(), Identity: s.rt.Identity(), Runtimes: s.Runtimes()}
 }
 
 // Status is what a caller may know of a sandbox.
 type Status struct {
 	Config Config
 	State  State
+	// Runtime is the kind of the sandbox's runtime (its configuration's, or the default's).
+	Runtime string
 	// StartedAt is when the current (or last committed) launch started.
 	StartedAt *time.Time
 	// LastExit is how the last run ended, if one did.
@@ -223,7 +240,7 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Status{Config: *cfg, State: StateProvisioned}
+	st := &Status{Config: *cfg, State: StateProvisioned, Runtime: s.kindOf(cfg)}
 	if cfg.Template != nil {
 		dir, err := s.store.Dir(id)
 		if err != nil {
@@ -258,7 +275,7 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 			if dir, err := s.store.Dir(id); err == nil && pausedLaunch(dir, rec.LaunchID) {
 				st.State = StatePaused
 			}
-			st.RuntimeMismatch = rec.RuntimeID != s.rt.Identity()
+			st.RuntimeMismatch = s.mismatched(rec)
 			if outcome != nil && outcome.LaunchID == rec.LaunchID {
 				// The sandbox ended; its runtime process is finishing up.
 				st.State = StateStopped
@@ -317,7 +334,10 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 	if cfg.Image == "" {
 		cfg.Image = HostImage
 	}
-	if err := s.checkDisk(cfg.DiskMB); err != nil {
+	if err := s.checkRuntime(cfg.Runtime); err != nil {
+		return nil, err
+	}
+	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
 		return nil, err
 	}
 	// An OCI image's reference is durable before the sandbox exists (see images.go).
@@ -377,8 +397,9 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 // minDiskMB is the smallest disk of its own a sandbox can have.
 const minDiskMB = 32
 
-// checkDisk refuses a disk of the sandbox's own (diskMB > 0) that the runtime cannot give.
-func (s *Supervisor) checkDisk(diskMB int) error {
+// checkDisk refuses a disk of the sandbox's own (diskMB > 0) that the runtime of kind cannot
+// give.
+func (s *Supervisor) checkDisk(kind string, diskMB int) error {
 	if diskMB == 0 {
 		return nil
 	}
@@ -388,9 +409,13 @@ func (s *Supervisor) checkDisk(diskMB int) error {
 	if diskMB < minDiskMB {
 		return errcode.Invalid("resources.disk_mb", "A disk of its own must have at least %d MiB, too little for a file system otherwise; use 0 for none.", minDiskMB)
 	}
-	dl, ok := s.rt.(runtime.DiskLimiter)
+	rt, err := s.runtimeOf(kind)
+	if err != nil {
+		return err
+	}
+	dl, ok := rt.(runtime.DiskLimiter)
 	if !ok {
-		return errcode.New(errcode.Unavailable, "The %s runtime cannot give a sandbox a disk of its own; leave out resources.disk_mb.", s.rt.Kind())
+		return errcode.New(errcode.Unavailable, "The %s runtime cannot give a sandbox a disk of its own; leave out resources.disk_mb.", rt.Kind())
 	}
 	if err := dl.DiskSupport(); err != nil {
 		return errcode.Wrap(errcode.Unavailable, err, "This host cannot give a sandbox a disk of its own (%v); leave out resources.disk_mb.", err)

@@ -94,7 +94,14 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 		}
 		layers = append(layers, f)
 	}
-	layer, err := s.rt.OpenLayer(l.Dir(), cfg.DiskMB > 0)
+	rt, err := s.runtimeFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := rt.OpenLayer(l.Dir(), cfg.DiskMB > 0)
+	if errcode.Of(err) == errcode.NotImplemented {
+		return nil, err // a runtime that cannot capture (microvm) says so itself
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
 	}
@@ -107,7 +114,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 		return nil, err
 	}
 	key := template.Key{
-		Runtime:     s.rt.Identity(),
+		Runtime:     rt.Identity(),
 		Image:       cfg.Image,
 		ImageDigest: digest,
 		Resources:   cfg.Resources,
@@ -161,7 +168,7 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := template.ValidateName(req.Template); err != nil {
 		return nil, err
 	}
-	if err := s.checkDisk(cfg.DiskMB); err != nil {
+	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
 		return nil, err
 	}
 	tx, err := s.templates.Lock(ctx)

@@ -12,11 +12,15 @@ import (
 	"fmt"
 	"os"
 
+	vmshim "github.com/sandboxd/sandboxd/runtime/microvm/shim"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 func main() {
 	if code, ran := shim.Main(os.Args[1:]); ran {
+		os.Exit(code)
+	}
+	if code, ran := vmshim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
 	fmt.Fprintln(os.Stderr, "sandboxd-runtime is started by sandboxd for each sandbox; it is not run by hand.")

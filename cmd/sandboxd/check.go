@@ -51,14 +51,14 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2
 	}
-	rt, _, err := newRuntime(*rtOpts, *root, log)
+	rts, err := newRuntimes(*rtOpts, *root, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	opts := check.Options{Root: *root, Runtime: rt, Repair: *repair, Logger: log}
+	opts := check.Options{Root: *root, Runtime: rts.def, Runtimes: rts.others, Repair: *repair, Logger: log}
 	netw, err := checkerNetwork(*root, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)

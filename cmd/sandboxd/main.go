@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/runtime"
+	vmshim "github.com/sandboxd/sandboxd/runtime/microvm/shim"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 
 	"github.com/lmittmann/tint"
@@ -42,6 +43,9 @@ var version = "dev"
 
 func main() {
 	if code, ran := shim.Main(os.Args[1:]); ran {
+		os.Exit(code)
+	}
+	if code, ran := vmshim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
 	os.Exit(run(os.Args[1:], os.Stderr))
@@ -205,11 +209,15 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	rt, exe, err := newRuntime(*o.runtime, o.root, log)
+	rts, err := newRuntimes(*o.runtime, o.root, log)
 	if err != nil {
 		return err
 	}
-	log.Info("sandbox runtime", "executable", exe, "user_namespaces", o.runtime.userNamespaces)
+	rt := rts.def
+	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces)
+	for kind, why := range rts.unavailable {
+		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
+	}
 	if o.defaultDiskMB, err = defaultDisk(rt, o, log); err != nil {
 		return err
 	}
@@ -243,7 +251,8 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	defer images.Close()
 	sup, err = supervisor.New(supervisor.Options{
-		Store: st, Runtime: rt, Templates: ts, Images: images, Logger: log,
+		Store: st, Runtime: rt, Runtimes: rts.others, Unavailable: rts.unavailable,
+		Templates: ts, Images: images, Logger: log,
 		OnEvent: func(e supervisor.Event) {
 			mx.OnEvent(e.Type)
 			bus.Publish(handlers.EventOf(e))
@@ -256,6 +265,9 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer sup.Close()
+	// A runtime's probe (the microvm runtime boots a guest to choose its accelerator) takes
+	// seconds: it runs while the server serves, and /v1/info says probing meanwhile.
+	sup.ProbeRuntimes()
 	// Reconcile every sandbox before serving: interrupted starts end, stale records clear,
 	// running sandboxes are found again.
 	if err := sup.ReattachAll(ctx, 10*time.Second); err != nil {

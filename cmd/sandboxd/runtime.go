@@ -47,6 +47,8 @@ type runtimeOptions struct {
 	// userNamespaces is --user-namespaces: false runs sandboxes with the host's ids
 	// (namespace.Config.IDs.Off).
 	userNamespaces bool
+	// runtimes is --runtimes, the kinds that take new sandboxes ("" for each that works here).
+	runtimes string
 }
 
 // userNamespacesFlag is the flag that turns sandboxes' user namespaces off; start errors of a
@@ -62,6 +64,7 @@ func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
 	if err != nil {
 		return nil, err
 	}
+	fs.StringVar(&o.runtimes, "runtimes", os.Getenv("SANDBOXD_RUNTIMES"), "the runtimes that take new sandboxes, comma-separated: namespace, microvm (env SANDBOXD_RUNTIMES); default: each that works on this host")
 	fs.BoolVar(&o.userNamespaces, userNamespacesFlag, userns, "run each sandbox in a user namespace with host ids of its own (env SANDBOXD_USER_NAMESPACES); false: sandboxes run with the host's ids (root inside is host root for per-user kernel limits), for a state root or images on a file system that cannot be idmapped (overlayfs, NFS)")
 	return o, nil
 }

@@ -132,6 +132,10 @@ func New(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
+// Refusal says why microVMs cannot run here (QEMU, the guest kernel, qemu-img or mke2fs is
+// missing), or nil if they can; [Runtime.Probe] then says with which accelerator.
+func (r *Runtime) Refusal() error { return r.refusal }
+
 // Kind returns "microvm".
 func (r *Runtime) Kind() string { return Kind }
 

@@ -1335,6 +1335,15 @@ export interface components {
             id?: components["schemas"]["SandboxID"];
             /** @description The base image (default `host`). Ignored for a clone, which uses its generation's. */
             image?: components["schemas"]["ImageName"];
+            /**
+             * @description The runtime to run the sandbox under (default `namespace`). A runtime that does not
+             *     work on this server, or that the operator turned off (see `runtimes` of
+             *     `/v1/info`), is refused with `unavailable` (503) and the reason. A `microvm`
+             *     sandbox runs the `host` image only, has no disk of its own (give `disk_mb: 0`:
+             *     the server's default disk applies to `namespace` sandboxes only), no network, no
+             *     pause and no capture yet, and cannot be a clone.
+             */
+            runtime?: components["schemas"]["RuntimeKind"];
             /** @description Clone from this template. */
             template?: components["schemas"]["TemplateName"];
             /**
@@ -1364,6 +1373,36 @@ export interface components {
              */
             timeout_s?: number;
             on_timeout?: components["schemas"]["OnTimeout"];
+        };
+        /**
+         * @description A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
+         *     `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
+         * @enum {string}
+         */
+        RuntimeKind: "namespace" | "microvm";
+        /** @description One runtime of the server, and whether it takes new sandboxes here. */
+        RuntimeStatus: {
+            kind: components["schemas"]["RuntimeKind"];
+            /** @description A create that names no runtime gets this one. */
+            default: boolean;
+            /**
+             * @description `ready`: sandboxes of this runtime can be created. `probing`: its start-up probe
+             *     (the microvm runtime boots a probe guest to choose its accelerator, some seconds)
+             *     has not finished; a create waits for it. `unavailable`: it does not work on this
+             *     host, or the operator turned it off (`reason` says which); a create naming it is
+             *     refused with `unavailable`.
+             * @enum {string}
+             */
+            state: "ready" | "probing" | "unavailable";
+            /**
+             * @description What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
+             * @enum {string}
+             */
+            accelerator?: "kvm" | "tcg";
+            /** @description Why the runtime is unavailable. */
+            reason?: string;
+            /** @description The runtime identity that its sandboxes are bound to. */
+            identity?: string;
         };
         /**
          * @description What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
@@ -1403,6 +1442,7 @@ export interface components {
         Sandbox: {
             id: components["schemas"]["SandboxID"];
             state: components["schemas"]["SandboxState"];
+            runtime: components["schemas"]["RuntimeKind"];
             image: components["schemas"]["ImageName"];
             template?: components["schemas"]["TemplateBinding"];
             resources: components["schemas"]["Resources"];
@@ -1607,12 +1647,32 @@ export interface components {
              * @example v0.1.0
              */
             version: string;
+            /** @description The default runtime (see `runtimes` for all). */
             runtime: {
                 /** @enum {string} */
-                kind: "namespace" | "qemu";
+                kind: "namespace" | "microvm";
                 /** @description The runtime identity that sandboxes and generations are bound to. */
                 identity: string;
             };
+            /**
+             * @description Every runtime of this server, the default first.
+             * @example [
+             *       {
+             *         "kind": "namespace",
+             *         "default": true,
+             *         "state": "ready",
+             *         "identity": "namespace/p1/3f2a9c0e5b7d41a6"
+             *       },
+             *       {
+             *         "kind": "microvm",
+             *         "default": false,
+             *         "state": "ready",
+             *         "accelerator": "tcg",
+             *         "identity": "microvm/p1/qemu-7.2.15/kernel-6.1.0-31-cloud-amd64+1a2b3c4d/initramfs-9f8e7d6c/0a1b2c3d4e5f6a7b"
+             *       }
+             *     ]
+             */
+            runtimes: components["schemas"]["RuntimeStatus"][];
             images: {
                 name: components["schemas"]["ImageName"];
                 description?: string;
@@ -4022,12 +4082,15 @@ export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValue
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
+export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
+export const runtimeStatusStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["state"]> = ["ready", "probing", "unavailable"];
+export const runtimeStatusAcceleratorValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator"]> = ["kvm", "tcg"];
 export const onTimeoutValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OnTimeout"]> = ["stop", "delete"];
 export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "expired", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
 export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["state"]> = ["active", "tombstoned", "retiring"];
 export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired"];
-export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "qemu"];
+export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
