@@ -24,11 +24,6 @@ type runtimeSet struct {
 	exe         string
 }
 
-// all returns every runtime built, the default first.
-func (s *runtimeSet) all() []runtime.Runtime {
-	return append([]runtime.Runtime{s.def}, s.others...)
-}
-
 // parseRuntimes reads the --runtimes flag: "" is every runtime that works here; otherwise a
 // comma-separated list of kinds, each to be enabled.
 func parseRuntimes(list string) (kinds []string, explicit bool, err error) {
