@@ -145,7 +145,7 @@ func apiTemplate(t *supervisor.Template) openapi.Template {
 }
 
 func apiGeneration(g *supervisor.Generation) openapi.Generation {
-	return openapi.Generation{
+	out := openapi.Generation{
 		ID:          g.ID,
 		Template:    g.Template,
 		State:       openapi.GenerationState(g.State),
@@ -159,6 +159,11 @@ func apiGeneration(g *supervisor.Generation) openapi.Generation {
 			Resources: apiResources(g.Key.Resources, 0), // a clone's disk is its own, not the key's
 		},
 	}
+	if g.CapturePauseMS > 0 {
+		pause := g.CapturePauseMS
+		out.CapturePauseMs = &pause
+	}
+	return out
 }
 
 // paginate returns the page of items (sorted by key) after the cursor, and the cursor of the

@@ -673,7 +673,11 @@ type FileList struct {
 
 // Generation defines model for Generation.
 type Generation struct {
-	CapturedAt time.Time `json:"captured_at"`
+	// CapturePauseMs How long the capture held its running sandbox frozen, in milliseconds (at
+	// least 1). Absent when the capture froze nothing: the sandbox was stopped, or
+	// paused already.
+	CapturePauseMs *int64    `json:"capture_pause_ms,omitempty"`
+	CapturedAt     time.Time `json:"captured_at"`
 
 	// Eligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
 	// capture); `expired` (captured longer ago than the server's maximum age).

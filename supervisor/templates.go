@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
 )
@@ -41,9 +42,12 @@ func (s *Supervisor) bindingExists() func(sandboxID, leaseID string) bool {
 	return template.BindingChecker(s.store.Dir)
 }
 
-// Capture copies a stopped sandbox's writable layer into a new generation of a template, with
-// the compatibility key the sandbox runs under. The sandbox stays locked, so that it cannot
-// start while its layer is copied, and stays as it was.
+// Capture copies a sandbox's writable layer into a new generation of a template, with the
+// compatibility key the sandbox runs under. The sandbox stays locked, so that it cannot start,
+// stop or be paused while its layer is copied, and stays as it was: a stopped sandbox stays
+// stopped, a paused one paused, and a running one runs on. A running sandbox is frozen for as
+// long as the copy reads its layer (see [Supervisor.holdForCapture]), so that the generation
+// is a consistent picture of it, and the generation reports that freeze as its capture pause.
 func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *template.Generation, err error) {
 	defer s.observe("capture", time.Now(), &err)
 	if err := s.requireTemplates(); err != nil {
@@ -72,8 +76,12 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	if err != nil {
 		return nil, err
 	}
-	if r.state == StateRunning { // under any runtime identity
-		return nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before capturing it, so that its files are consistent.", id)
+	hooks, layer, err := s.holdForCapture(ctx, l, cfg, r)
+	if err != nil {
+		return nil, err
+	}
+	if layer != nil {
+		defer layer.Close()
 	}
 	// A clone's capture is its generation's payload with the clone's own layer merged over
 	// it. The clone's lease keeps that payload while the lock keeps the clone stopped.
@@ -94,12 +102,11 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 		}
 		layers = append(layers, f)
 	}
-	layer, err := s.rt.OpenLayer(l.Dir(), cfg.DiskMB > 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
-	}
-	if err != nil {
-		return nil, errcode.Wrap(errcode.Internal, err, "The writable layer of sandbox %s cannot be opened.", id)
+	if layer == nil {
+		if layer, err = s.rt.OpenLayer(l.Dir(), cfg.DiskMB > 0); err != nil {
+			return nil, layerError(id, err)
+		}
+		defer layer.Close()
 	}
 	layers = append(layers, layer)
 	digest, err := s.imageDigest(cfg.Image)
@@ -115,13 +122,13 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	// Progress is reported a few times a second at most, and at the end: a layer of many
 	// small files would otherwise flood the event stream.
 	var last time.Time
-	progress := func(copied, total int64) {
+	hooks.Progress = func(copied, total int64) {
 		if now := time.Now(); now.Sub(last) >= progressInterval || copied == total {
 			last = now
 			s.emit(Event{Type: EventProgress, Sandbox: id, Template: templateName, Progress: &Progress{Phase: "copying", Done: copied, Total: total}})
 		}
 	}
-	g, err = s.templates.CaptureLayers(ctx, templateName, layers, key, progress)
+	g, err = s.templates.CaptureLayersWith(ctx, templateName, layers, key, hooks)
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +137,96 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	}
 	s.emit(Event{Type: EventCaptured, Sandbox: id, Template: templateName, Generation: g.ID})
 	return g, nil
+}
+
+// holdForCapture returns the hooks that keep the sandbox l locks still while a capture copies
+// its layer, r being what reattach found of it, and the layer to copy when it opened it (nil:
+// the caller opens the stopped sandbox's layer). A stopped sandbox needs nothing, and neither
+// does a paused one, which stays paused. A running one is frozen by the runtime's
+// [runtime.Pauser], with no pause record written, and its layer opened by the runtime's
+// [runtime.LiveLayerer]: a live layer keeps it frozen until the copy has read it, a snapshot
+// only until the snapshot is taken. A crash of sandboxd while it is frozen leaves a frozen
+// sandbox without a record, which start-up thaws (the thorough [Supervisor.reconcilePause] of
+// [Supervisor.ReattachAll]), as it does after a resume that crashed.
+func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *store.Config, r reconciled) (template.CaptureHooks, *os.File, error) {
+	id := l.ID()
+	var none template.CaptureHooks
+	switch {
+	case r.state != StateRunning || r.paused:
+		return none, nil, nil
+	case r.mismatch:
+		return none, nil, mismatchError(id)
+	}
+	live, ok := s.rt.(runtime.LiveLayerer)
+	if !ok {
+		return none, nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running and the %s runtime captures stopped sandboxes only; stop it before capturing it.", id, s.rt.Kind())
+	}
+	p, err := s.pauser()
+	if err != nil {
+		return none, nil, errcode.Wrap(errcode.SandboxLaunched, err, "Sandbox %s is running and this server cannot freeze it for a capture; stop it before capturing it.", id)
+	}
+	freeze := func() (time.Time, error) {
+		at := time.Now()
+		if err := p.Freeze(ctx, id, l.Dir()); err != nil {
+			s.thawAfterCapture(ctx, p, l)
+			return at, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s could not be frozen for its capture and runs on; retry the capture.", id)
+		}
+		s.crash("capture-frozen")
+		return at, nil
+	}
+	if cfg.DiskMB == 0 {
+		layer, _, err := live.OpenLiveLayer(ctx, id, l.Dir(), false)
+		if err != nil {
+			return none, nil, layerError(id, err)
+		}
+		var frozenAt time.Time
+		return template.CaptureHooks{
+			Hold: func() (err error) {
+				frozenAt, err = freeze()
+				return err
+			},
+			Release: func() time.Duration {
+				s.thawAfterCapture(ctx, p, l)
+				return time.Since(frozenAt)
+			},
+		}, layer, nil
+	}
+	frozenAt, err := freeze()
+	if err != nil {
+		return none, nil, err
+	}
+	layer, snapshot, err := live.OpenLiveLayer(ctx, id, l.Dir(), true)
+	if err == nil && !snapshot {
+		layer.Close()
+		err = errors.New("the runtime has no snapshot of a sandbox's own disk")
+	}
+	s.thawAfterCapture(ctx, p, l)
+	held := time.Since(frozenAt)
+	if err != nil {
+		return none, nil, layerError(id, err)
+	}
+	return template.CaptureHooks{
+		Hold:    func() error { return nil },
+		Release: func() time.Duration { return held },
+	}, layer, nil
+}
+
+func layerError(id string, err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
+	}
+	return errcode.Wrap(errcode.Internal, err, "The writable layer of sandbox %s cannot be opened.", id)
+}
+
+// thawAfterCapture thaws a sandbox that a capture froze. The capture's outcome does not depend
+// on it: a thaw that fails is logged, and the sandbox stays frozen until a resume (which thaws
+// a sandbox without a pause record too) or the next start-up thaws it.
+func (s *Supervisor) thawAfterCapture(ctx context.Context, p runtime.Pauser, l *store.Lock) {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if err := p.Thaw(cctx, l.ID(), l.Dir()); err != nil {
+		s.log.Error("thawing a sandbox after its capture; resume it to retry", "sandbox", l.ID(), "err", err)
+	}
 }
 
 // CloneRequest says which generation a new sandbox is cloned from. Image and Resources, when

@@ -3,6 +3,7 @@ package tests
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -216,4 +217,71 @@ func TestExecOutcomes(t *testing.T) {
 	if !oom.OOMKilled || oom.ExitCode != 137 {
 		t.Fatalf("the memory hog was not reported as killed by the OOM killer: %s", r.Body)
 	}
+}
+
+// TestCaptureOfARunningSandbox: a capture of a running sandbox freezes it for the copy only
+// (capture_pause_ms) and leaves it running: a counter started before the capture still counts
+// after it, and a clone of the generation sees the files. A paused sandbox's capture leaves
+// it paused.
+func TestCaptureOfARunningSandbox(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("counting", true)
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/counting?force=true", nil) })
+	// setsid: the counter is no part of the exec's process group, which ends with it.
+	if got := d.exec("counting", map[string]any{"command": []string{"sh", "-c",
+		"echo captured > /home/user/data; setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count.tmp; mv /home/user/count.tmp /home/user/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &"}}); got.ExitCode != 0 {
+		t.Fatalf("starting the counter: %+v", got)
+	}
+	count := func() int {
+		got := d.exec("counting", map[string]any{"command": []string{"cat", "/home/user/count"}})
+		n := 0
+		fmt.Sscan(got.Stdout, &n)
+		return n
+	}
+	waitFor(t, 20*time.Second, "the counter to count", func() bool { return count() > 0 })
+
+	if r := d.doJSON("POST", "/v1/templates", map[string]any{"name": "live"}); r.Status != 201 {
+		t.Fatalf("create template: %d %s", r.Status, r.Body)
+	}
+	var g struct {
+		ID             string `json:"id"`
+		CapturePauseMS *int64 `json:"capture_pause_ms"`
+	}
+	g = decode[struct {
+		ID             string `json:"id"`
+		CapturePauseMS *int64 `json:"capture_pause_ms"`
+	}](t, d.doJSON("POST", "/v1/templates/live/generations", map[string]any{"sandbox": "counting"}), 201)
+	if g.CapturePauseMS == nil || *g.CapturePauseMS < 1 {
+		t.Fatalf("the capture of a running sandbox reports capture_pause_ms %v", g.CapturePauseMS)
+	}
+	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/counting", nil, nil), 200); sb.State != "running" {
+		t.Fatalf("state after the capture: %s", sb.State)
+	}
+	after := count()
+	waitFor(t, 20*time.Second, "the counter to count on after the capture", func() bool { return count() > after })
+
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "counted", "template": "live", "start": true})
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/counted?force=true", nil) })
+	got := d.exec("counted", map[string]any{"command": []string{"sh", "-c", "cat /home/user/data; test -s /home/user/count && echo count-is-there"}})
+	if got.Stdout != "captured\ncount-is-there\n" {
+		t.Fatalf("the clone sees %q", got.Stdout)
+	}
+
+	// A paused sandbox is captured as it is, and stays paused.
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/counting/pause", nil), 200)
+	g = decode[struct {
+		ID             string `json:"id"`
+		CapturePauseMS *int64 `json:"capture_pause_ms"`
+	}](t, d.doJSON("POST", "/v1/templates/live/generations", map[string]any{"sandbox": "counting"}), 201)
+	if g.CapturePauseMS != nil {
+		t.Fatalf("the capture of a paused sandbox reports capture_pause_ms %d", *g.CapturePauseMS)
+	}
+	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/counting", nil, nil), 200); sb.State != "paused" {
+		t.Fatalf("state after the capture of a paused sandbox: %s", sb.State)
+	}
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/counting/resume", nil), 200)
+	resumed := count()
+	waitFor(t, 20*time.Second, "the counter to count on after the resume", func() bool { return count() > resumed })
 }

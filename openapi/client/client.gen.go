@@ -675,7 +675,11 @@ type FileList struct {
 
 // Generation defines model for Generation.
 type Generation struct {
-	CapturedAt time.Time `json:"captured_at"`
+	// CapturePauseMs How long the capture held its running sandbox frozen, in milliseconds (at
+	// least 1). Absent when the capture froze nothing: the sandbox was stopped, or
+	// paused already.
+	CapturePauseMs *int64    `json:"capture_pause_ms,omitempty"`
+	CapturedAt     time.Time `json:"captured_at"`
 
 	// Eligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
 	// capture); `expired` (captured longer ago than the server's maximum age).
@@ -2126,8 +2130,15 @@ type ClientInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -2142,8 +2153,15 @@ type ClientInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -3125,8 +3143,15 @@ func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, par
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
@@ -3151,8 +3176,15 @@ func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNam
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
@@ -6194,8 +6226,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -6210,8 +6249,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -10937,8 +10983,15 @@ func (c *ClientWithResponses) ListGenerationsWithResponse(ctx context.Context, n
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
@@ -10959,8 +11012,15 @@ func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
