@@ -57,7 +57,11 @@ func (h *Handlers) DeleteTemplate(ctx context.Context, req openapi.DeleteTemplat
 		return nil, err
 	}
 	if out == supervisor.Draining {
-		return openapi.DeleteTemplate202Response{}, nil
+		t, err := h.sup.Template(req.Name)
+		if err != nil {
+			return nil, err
+		}
+		return openapi.DeleteTemplate202JSONResponse(apiTemplate(t)), nil
 	}
 	return openapi.DeleteTemplate204Response{}, nil
 }
@@ -118,7 +122,11 @@ func (h *Handlers) RetireGeneration(ctx context.Context, req openapi.RetireGener
 		return nil, err
 	}
 	if out == supervisor.Draining {
-		return openapi.RetireGeneration202Response{}, nil
+		g, err := h.sup.Generation(req.Name, req.Gen)
+		if err != nil {
+			return nil, err
+		}
+		return openapi.RetireGeneration202JSONResponse(apiGeneration(g)), nil
 	}
 	return openapi.RetireGeneration204Response{}, nil
 }

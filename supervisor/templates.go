@@ -430,6 +430,9 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 	s.emit(Event{Type: EventReleased, Sandbox: id, Template: b.Template, Generation: b.Generation, Lease: b.Lease})
 	// The last lease of a draining generation finishes its retirement.
 	s.releaseGenerations(ctx, b.Template, b.Generation)
+	if s.generationGone(b.Template, b.Generation) {
+		s.emit(Event{Type: EventRetired, Template: b.Template, Generation: b.Generation})
+	}
 }
 
 // Tombstone quarantines a generation: no new lease, selection skips it, clones keep working.
@@ -437,24 +440,28 @@ func (s *Supervisor) Tombstone(ctx context.Context, name, gen string) (*template
 	if err := s.requireTemplates(); err != nil {
 		return nil, err
 	}
+	before := s.generationStates(name)
 	g, err := s.templates.Tombstone(ctx, name, gen)
 	if err != nil {
 		return nil, err
 	}
-	s.emit(Event{Type: EventTombstoned, Template: name, Generation: gen})
+	s.emitGenerationChanges(name, before)
 	return g, nil
 }
 
 // Retire retires a generation (see template.Store.Retire); with drain it finishes when the
-// last lease goes.
+// last lease goes. A retirement refused as leased changes nothing and emits nothing.
 func (s *Supervisor) Retire(ctx context.Context, name, gen string, drain bool) (template.Outcome, error) {
 	if err := s.requireTemplates(); err != nil {
 		return 0, err
 	}
+	before := s.generationStates(name)
 	out, err := s.templates.Retire(ctx, name, gen, drain, s.bindingExists())
 	if err == nil && out == template.Retired {
 		s.releaseGenerations(ctx, name, gen)
-		s.emit(Event{Type: EventRetired, Template: name, Generation: gen})
+	}
+	if err == nil {
+		s.emitGenerationChanges(name, before)
 	}
 	return out, err
 }
@@ -464,9 +471,56 @@ func (s *Supervisor) DeleteTemplate(ctx context.Context, name string, drain bool
 	if err := s.requireTemplates(); err != nil {
 		return 0, err
 	}
+	before := s.generationStates(name)
 	out, err := s.templates.DeleteTemplate(ctx, name, drain, s.bindingExists())
-	if err == nil && out == template.Retired {
+	if err == nil {
 		s.releaseGenerations(ctx, name, "")
+		s.emitGenerationChanges(name, before)
 	}
 	return out, err
+}
+
+// generationStates reads the states of a template's generations, so that
+// [Supervisor.emitGenerationChanges] can tell what a change did; nil when it cannot.
+func (s *Supervisor) generationStates(name string) map[string]template.State {
+	now, err := s.templates.Now()
+	if err != nil {
+		return nil
+	}
+	gens, err := s.templates.Generations(name, now)
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]template.State, len(gens))
+	for _, g := range gens {
+		out[g.ID] = g.State
+	}
+	return out
+}
+
+// emitGenerationChanges emits the events of what a change did to the generations of a
+// template that were in before: generation.tombstoned for each that was active and is
+// tombstoned or retiring now (a drain), generation.retired for each that is gone. Every
+// tombstone and retirement emits its event so, also those no request names: the end of a
+// drain, which the release of the last lease finishes, and the generations of a deleted
+// template.
+func (s *Supervisor) emitGenerationChanges(name string, before map[string]template.State) {
+	if len(before) == 0 {
+		return
+	}
+	after := s.generationStates(name)
+	ids := make([]string, 0, len(before))
+	for id := range before {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		now, ok := after[id]
+		switch {
+		case !ok && after != nil, !ok && s.generationGone(name, id):
+			s.emit(Event{Type: EventRetired, Template: name, Generation: id})
+		case ok && before[id] == template.StateActive && now != template.StateActive:
+			s.emit(Event{Type: EventTombstoned, Template: name, Generation: id})
+		}
+	}
 }

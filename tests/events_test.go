@@ -116,6 +116,25 @@ func (s *sse) next(sandbox string) sseEvent {
 	}
 }
 
+// nextOf returns the next event of type typ, skipping others.
+func (s *sse) nextOf(typ string) sseEvent {
+	s.t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e, ok := <-s.events:
+			if !ok {
+				s.t.Fatal("the event stream ended")
+			}
+			if e.Type == typ {
+				return e
+			}
+		case <-deadline:
+			s.t.Fatalf("no %s event within 30s", typ)
+		}
+	}
+}
+
 // TestEventsOfALifecycle: a subscriber sees a sandbox's lifecycle in order, numbered by one,
 // including the exit of a sandbox whose init dies; a reconnect with Last-Event-ID replays
 // what it missed. The token comes as access_token, as the dashboard's EventSource sends it.

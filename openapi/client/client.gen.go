@@ -135,9 +135,11 @@ func (e FileEntryType) Valid() bool {
 
 // Defines values for GenerationEligibility.
 const (
-	GenerationEligibilityEarly    GenerationEligibility = "early"
-	GenerationEligibilityEligible GenerationEligibility = "eligible"
-	GenerationEligibilityExpired  GenerationEligibility = "expired"
+	GenerationEligibilityEarly      GenerationEligibility = "early"
+	GenerationEligibilityEligible   GenerationEligibility = "eligible"
+	GenerationEligibilityExpired    GenerationEligibility = "expired"
+	GenerationEligibilityRetiring   GenerationEligibility = "retiring"
+	GenerationEligibilityTombstoned GenerationEligibility = "tombstoned"
 )
 
 // Valid indicates whether the value is a known member of the GenerationEligibility enum.
@@ -148,6 +150,10 @@ func (e GenerationEligibility) Valid() bool {
 	case GenerationEligibilityEligible:
 		return true
 	case GenerationEligibilityExpired:
+		return true
+	case GenerationEligibilityRetiring:
+		return true
+	case GenerationEligibilityTombstoned:
 		return true
 	default:
 		return false
@@ -681,8 +687,10 @@ type Generation struct {
 	CapturePauseMs *int64    `json:"capture_pause_ms,omitempty"`
 	CapturedAt     time.Time `json:"captured_at"`
 
-	// Eligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
-	// capture); `expired` (captured longer ago than the server's maximum age).
+	// Eligibility Whether a clone may lease it at the time of the answer: `eligible`; `early` (the
+	// host clock reads before the capture); `expired` (captured longer ago than the
+	// server's maximum age); `tombstoned` and `retiring` (its state: it takes no new
+	// lease, whatever the clock says).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
@@ -712,8 +720,10 @@ type Generation struct {
 	Template TemplateName `json:"template"`
 }
 
-// GenerationEligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
-// capture); `expired` (captured longer ago than the server's maximum age).
+// GenerationEligibility Whether a clone may lease it at the time of the answer: `eligible`; `early` (the
+// host clock reads before the capture); `expired` (captured longer ago than the
+// server's maximum age); `tombstoned` and `retiring` (its state: it takes no new
+// lease, whatever the clock says).
 type GenerationEligibility string
 
 // GenerationState `active`: clones may lease it; `tombstoned`: quarantined, no new lease;
@@ -2109,9 +2119,14 @@ type ClientInterface interface {
 	// DeleteTemplate Delete a template and retire all its generations
 	//
 	// Retires every generation of the template, then removes the template. While clones
-	// still lease a generation it is refused with `generation-leased` (423), unless
-	// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-	// is 202, and the retirement finishes when the last lease is released.
+	// still lease a generation it is refused with `generation-leased` (423) naming them,
+	// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+	// explicit retirement: the generations no clone leases are retired now, the leased
+	// ones are tombstoned at once (no new clone) and retired when their last lease is
+	// released, the template takes no new capture, the answer is 202 with the template,
+	// and the template goes with the last lease. Each tombstone and retirement emits its
+	// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+	// lease finishes.
 	//
 	// Corresponds with DELETE /v1/templates/{name} (the `DeleteTemplate` operationId).
 	DeleteTemplate(ctx context.Context, name TemplateNamePath, params *DeleteTemplateParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2174,10 +2189,14 @@ type ClientInterface interface {
 
 	// RetireGeneration Retire a generation
 	//
-	// Tombstones the generation, then deletes its payload once no clone leases it. While
-	// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-	// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-	// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+	// Deletes the generation once no clone leases it. While clones still lease it, it is
+	// refused with `generation-leased` (423) naming them, and nothing is changed: the
+	// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+	// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+	// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+	// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+	// when it is gone, also when the release of the last lease finishes it. Retiring a
+	// generation whose retirement was interrupted finishes it.
 	//
 	// Corresponds with DELETE /v1/templates/{name}/generations/{gen} (the `RetireGeneration` operationId).
 	RetireGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *RetireGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3092,9 +3111,14 @@ func (c *Client) CreateTemplate(ctx context.Context, body CreateTemplateJSONRequ
 // DeleteTemplate Delete a template and retire all its generations
 //
 // Retires every generation of the template, then removes the template. While clones
-// still lease a generation it is refused with `generation-leased` (423), unless
-// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-// is 202, and the retirement finishes when the last lease is released.
+// still lease a generation it is refused with `generation-leased` (423) naming them,
+// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+// explicit retirement: the generations no clone leases are retired now, the leased
+// ones are tombstoned at once (no new clone) and retired when their last lease is
+// released, the template takes no new capture, the answer is 202 with the template,
+// and the template goes with the last lease. Each tombstone and retirement emits its
+// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+// lease finishes.
 //
 // Corresponds with DELETE /v1/templates/{name} (the `DeleteTemplate` operationId).
 func (c *Client) DeleteTemplate(ctx context.Context, name TemplateNamePath, params *DeleteTemplateParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3207,10 +3231,14 @@ func (c *Client) CaptureGeneration(ctx context.Context, name TemplateNamePath, p
 
 // RetireGeneration Retire a generation
 //
-// Tombstones the generation, then deletes its payload once no clone leases it. While
-// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+// Deletes the generation once no clone leases it. While clones still lease it, it is
+// refused with `generation-leased` (423) naming them, and nothing is changed: the
+// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+// when it is gone, also when the release of the last lease finishes it. Retiring a
+// generation whose retirement was interrupted finishes it.
 //
 // Corresponds with DELETE /v1/templates/{name}/generations/{gen} (the `RetireGeneration` operationId).
 func (c *Client) RetireGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *RetireGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -6199,9 +6227,14 @@ type ClientWithResponsesInterface interface {
 	// DeleteTemplateWithResponse Delete a template and retire all its generations
 	//
 	// Retires every generation of the template, then removes the template. While clones
-	// still lease a generation it is refused with `generation-leased` (423), unless
-	// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-	// is 202, and the retirement finishes when the last lease is released.
+	// still lease a generation it is refused with `generation-leased` (423) naming them,
+	// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+	// explicit retirement: the generations no clone leases are retired now, the leased
+	// ones are tombstoned at once (no new clone) and retired when their last lease is
+	// released, the template takes no new capture, the answer is 202 with the template,
+	// and the template goes with the last lease. Each tombstone and retirement emits its
+	// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+	// lease finishes.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6270,10 +6303,14 @@ type ClientWithResponsesInterface interface {
 
 	// RetireGenerationWithResponse Retire a generation
 	//
-	// Tombstones the generation, then deletes its payload once no clone leases it. While
-	// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-	// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-	// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+	// Deletes the generation once no clone leases it. While clones still lease it, it is
+	// refused with `generation-leased` (423) naming them, and nothing is changed: the
+	// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+	// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+	// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+	// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+	// when it is gone, also when the release of the last lease finishes it. Retiring a
+	// generation whose retirement was interrupted finishes it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -9414,6 +9451,8 @@ type DeleteTemplateResponse401Headers struct {
 type DeleteTemplateResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Template
 	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -9430,6 +9469,11 @@ type DeleteTemplateResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *DeleteTemplateResponse401Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r DeleteTemplateResponse) GetJSON202() *Template {
+	return r.JSON202
 }
 
 // GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
@@ -9802,6 +9846,8 @@ type RetireGenerationResponse401Headers struct {
 type RetireGenerationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Generation
 	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -9818,6 +9864,11 @@ type RetireGenerationResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *RetireGenerationResponse401Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r RetireGenerationResponse) GetJSON202() *Generation {
+	return r.JSON202
 }
 
 // GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
@@ -10938,9 +10989,14 @@ func (c *ClientWithResponses) CreateTemplateWithResponse(ctx context.Context, bo
 // DeleteTemplateWithResponse Delete a template and retire all its generations
 //
 // Retires every generation of the template, then removes the template. While clones
-// still lease a generation it is refused with `generation-leased` (423), unless
-// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-// is 202, and the retirement finishes when the last lease is released.
+// still lease a generation it is refused with `generation-leased` (423) naming them,
+// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+// explicit retirement: the generations no clone leases are retired now, the leased
+// ones are tombstoned at once (no new clone) and retired when their last lease is
+// released, the template takes no new capture, the answer is 202 with the template,
+// and the template goes with the last lease. Each tombstone and retirement emits its
+// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+// lease finishes.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -11039,10 +11095,14 @@ func (c *ClientWithResponses) CaptureGenerationWithResponse(ctx context.Context,
 
 // RetireGenerationWithResponse Retire a generation
 //
-// Tombstones the generation, then deletes its payload once no clone leases it. While
-// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+// Deletes the generation once no clone leases it. While clones still lease it, it is
+// refused with `generation-leased` (423) naming them, and nothing is changed: the
+// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+// when it is gone, also when the release of the last lease finishes it. Retiring a
+// generation whose retirement was interrupted finishes it.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -13934,8 +13994,12 @@ func ParseDeleteTemplateResponse(rsp *http.Response) (*DeleteTemplateResponse, e
 	}
 
 	switch {
-	case rsp.StatusCode == 202:
-		break // No content-type
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
 
 	case rsp.StatusCode == 204:
 		break // No content-type
@@ -14295,8 +14359,12 @@ func ParseRetireGenerationResponse(rsp *http.Response) (*RetireGenerationRespons
 	}
 
 	switch {
-	case rsp.StatusCode == 202:
-		break // No content-type
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Generation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
 
 	case rsp.StatusCode == 204:
 		break // No content-type

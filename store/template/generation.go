@@ -21,6 +21,10 @@ const (
 	Eligible Eligibility = "eligible"
 	Early    Eligibility = "early"   // the host's clock reads before the capture
 	Expired  Eligibility = "expired" // captured longer ago than the maximum age
+	// Tombstoned and Retiring mirror the generation's State: whatever the clock says, such a
+	// generation takes no new lease.
+	Tombstoned Eligibility = "tombstoned"
+	Retiring   Eligibility = "retiring"
 )
 
 // State is a generation's life-cycle state.
@@ -187,6 +191,12 @@ func (s *Store) view(name string, g *genState, now TimeContract) Generation {
 		v.Eligibility, _ = EligibilityAt(g.index.Time, now, s.opts.MaxAge)
 	} else {
 		v.Eligibility = Expired
+	}
+	switch v.State {
+	case StateTombstoned:
+		v.Eligibility = Tombstoned
+	case StateRetiring:
+		v.Eligibility = Retiring
 	}
 	return v
 }
