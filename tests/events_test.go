@@ -228,3 +228,27 @@ func TestEventsOfALifecycle(t *testing.T) {
 	}
 	<-stopped
 }
+
+// TestEventIDsSurviveRestart: event ids go on increasing across a SIGKILL and restart of
+// sandboxd, so a client that reconnects with the Last-Event-ID it saw before the restart is
+// sent only events it has not seen, each with an id it has never seen.
+func TestEventIDsSurviveRestart(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	s := d.subscribe("", false)
+	d.create("ev-before", false)
+	before := s.next("ev-before")
+	d.Restart(true)
+	again := d.subscribe(before.ID, false)
+	d.create("ev-after", false)
+	for {
+		e := again.next("ev-after")
+		if e.Event.Seq <= before.Event.Seq {
+			t.Fatalf("after the restart, event %s (%s) has an id at or below %d, the last seen before it", e.ID, e.Type, before.Event.Seq)
+		}
+		if e.Type == "sandbox.created" {
+			break
+		}
+	}
+}

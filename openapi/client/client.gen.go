@@ -1709,9 +1709,13 @@ type ClientInterface interface {
 	// types they do not know.
 	//
 	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-	// gets the events it missed, from the last 1024 of this server process; an id this
-	// process did not send is ignored. A client that falls more than 256 events behind is
-	// disconnected, and catches up by reconnecting.
+	// gets the events it missed, from the last 1024 of this server process. Ids grow across
+	// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+	// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+	// before a restart never names a later event, and reconnecting with it after the
+	// restart replays the new process's kept events, all of them new to the client. An id
+	// this server never sent replays the kept events too. A client that falls more than
+	// 256 events behind is disconnected, and catches up by reconnecting.
 	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2361,9 +2365,13 @@ func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditor
 // types they do not know.
 //
 // A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-// gets the events it missed, from the last 1024 of this server process; an id this
-// process did not send is ignored. A client that falls more than 256 events behind is
-// disconnected, and catches up by reconnecting.
+// gets the events it missed, from the last 1024 of this server process. Ids grow across
+// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+// before a restart never names a later event, and reconnecting with it after the
+// restart replays the new process's kept events, all of them new to the client. An id
+// this server never sent replays the kept events too. A client that falls more than
+// 256 events behind is disconnected, and catches up by reconnecting.
 //
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
 func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5777,9 +5785,13 @@ type ClientWithResponsesInterface interface {
 	// types they do not know.
 	//
 	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-	// gets the events it missed, from the last 1024 of this server process; an id this
-	// process did not send is ignored. A client that falls more than 256 events behind is
-	// disconnected, and catches up by reconnecting.
+	// gets the events it missed, from the last 1024 of this server process. Ids grow across
+	// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+	// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+	// before a restart never names a later event, and reconnecting with it after the
+	// restart replays the new process's kept events, all of them new to the client. An id
+	// this server never sent replays the kept events too. A client that falls more than
+	// 256 events behind is disconnected, and catches up by reconnecting.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -10335,9 +10347,13 @@ func (c *ClientWithResponses) GetOpenAPISpecWithResponse(ctx context.Context, re
 // types they do not know.
 //
 // A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-// gets the events it missed, from the last 1024 of this server process; an id this
-// process did not send is ignored. A client that falls more than 256 events behind is
-// disconnected, and catches up by reconnecting.
+// gets the events it missed, from the last 1024 of this server process. Ids grow across
+// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+// before a restart never names a later event, and reconnecting with it after the
+// restart replays the new process's kept events, all of them new to the client. An id
+// this server never sent replays the kept events too. A client that falls more than
+// 256 events behind is disconnected, and catches up by reconnecting.
 //
 // Returns a wrapper object for the known response body format(s).
 //
