@@ -428,7 +428,9 @@ type CaptureRequest struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// CompatibilityKey What a clone must match to use the generation.
+// CompatibilityKey What a clone must match to use the generation: the runtime identity and the image.
+// `resources` are those the generation was captured with, a clone's default; a clone
+// may choose others (see `CreateSandboxRequest.resources`).
 type CompatibilityKey struct {
 	// Image An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 	//
@@ -701,7 +703,9 @@ type Generation struct {
 	// Example: g000003
 	ID GenerationID `json:"id"`
 
-	// Key What a clone must match to use the generation.
+	// Key What a clone must match to use the generation: the runtime identity and the image.
+	// `resources` are those the generation was captured with, a clone's default; a clone
+	// may choose others (see `CreateSandboxRequest.resources`).
 	Key CompatibilityKey `json:"key"`
 
 	// Leases How many clones lease it now.

@@ -218,6 +218,15 @@ const (
 	RoleInit Role = "init"
 )
 
+// ResourcePinner is a Runtime whose captures hold state that depends on the resources they
+// were captured with (a virtual machine's memory image does), so that a clone of a generation
+// must run with the generation's resources. A runtime that is not one, such as the namespace
+// runtime, whose generations are files only, lets a clone choose its own.
+type ResourcePinner interface {
+	// PinsCloneResources reports whether a clone must have its generation's resources.
+	PinsCloneResources() bool
+}
+
 // LiveLayerer is a Runtime that can open a running sandbox's writable layer for a capture,
 // while the supervisor holds the sandbox frozen with its [Pauser].
 type LiveLayerer interface {

@@ -229,13 +229,41 @@ func (s *Supervisor) thawAfterCapture(ctx context.Context, p runtime.Pauser, l *
 	}
 }
 
-// CloneRequest says which generation a new sandbox is cloned from. Image and Resources, when
-// set, must match the generation's key; when unset the clone takes the generation's.
+// CloneRequest says which generation a new sandbox is cloned from. Image, when set, must
+// match the generation's key. Resources are the limits the clone chooses, each field 0 for
+// the generation's; nil takes the generation's. They must equal the generation's only under a
+// runtime that pins them ([runtime.ResourcePinner]); otherwise they are no part of the
+// compatibility.
 type CloneRequest struct {
 	Template   string
 	Generation string // "" for the latest eligible, non-tombstoned generation of a matching key
 	Image      string
 	Resources  *store.Resources
+}
+
+// cloneResources is what a clone of a generation captured with k runs with: the fields req
+// sets, the generation's for the others.
+func cloneResources(k store.Resources, req *store.Resources) store.Resources {
+	if req == nil {
+		return k
+	}
+	if req.VCPUs != 0 {
+		k.VCPUs = req.VCPUs
+	}
+	if req.MemoryMB != 0 {
+		k.MemoryMB = req.MemoryMB
+	}
+	if req.Pids != 0 {
+		k.Pids = req.Pids
+	}
+	return k
+}
+
+// pinsResources reports whether this server's runtime needs a clone's resources equal to its
+// generation's.
+func (s *Supervisor) pinsResources() bool {
+	p, ok := s.rt.(runtime.ResourcePinner)
+	return ok && p.PinsCloneResources()
 }
 
 // Clone provisions a sandbox whose lower layer is a template generation, and leases that
@@ -287,7 +315,7 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	}
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
-	cfg.Resources = g.Key.Resources
+	cfg.Resources = cloneResources(g.Key.Resources, req.Resources)
 	cfg.Template = &store.TemplateRef{Template: req.Template, Generation: g.ID}
 	if cfg.CreatedAt.IsZero() {
 		cfg.CreatedAt = time.Now().UTC()
@@ -369,8 +397,9 @@ func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
 		return "it was captured under another sandboxd build or runtime configuration"
 	case req.Image != "" && req.Image != k.Image:
 		return fmt.Sprintf("it was captured from image %q, not %q", k.Image, req.Image)
-	case req.Resources != nil && *req.Resources != k.Resources:
-		return fmt.Sprintf("it was captured with resources %+v, not %+v", k.Resources, *req.Resources)
+	case s.pinsResources() && cloneResources(k.Resources, req.Resources) != k.Resources:
+		r := k.Resources
+		return fmt.Sprintf("the %s runtime runs a clone with its generation's resources only (vcpus %d, memory_mb %d, pids %d); leave resources out", s.rt.Kind(), r.VCPUs, r.MemoryMB, r.Pids)
 	}
 	if d, err := s.imageDigest(k.Image); err != nil || d != k.ImageDigest {
 		return fmt.Sprintf("it was captured on image %s %s, which this server no longer holds as it was", k.Image, k.ImageDigest)

@@ -139,7 +139,27 @@ func TestTemplateErrors(t *testing.T) {
 	wantProblem(t, d.do("GET", "/v1/templates/errs/generations/g999999", nil, nil), 404, "generation-not-found")
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "nope"}), 404, "template-not-found")
 	wantProblem(t, d.doJSON("POST", "/v1/templates/errs/generations", map[string]any{"sandbox": "nope"}), 404, "sandbox-not-found")
-	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "errs", "resources": map[string]any{"memory_mb": 64}}), 409, "template-ineligible")
+	// A clone chooses its resources (the namespace runtime does not pin them); what it
+	// leaves out is the generation's.
+	var small struct {
+		Resources struct {
+			Vcpus    int `json:"vcpus"`
+			MemoryMB int `json:"memory_mb"`
+			Pids     int `json:"pids"`
+		} `json:"resources"`
+	}
+	if err := json.Unmarshal(d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "small", "template": "errs", "start": true, "resources": map[string]any{"memory_mb": 64}}).Body, &small); err != nil ||
+		small.Resources.MemoryMB != 64 || small.Resources.Pids == 0 || small.Resources.Vcpus == 0 {
+		t.Fatalf("a clone with memory_mb 64: %+v (%v)", small, err)
+	}
+	limit := cgroupFile(t, d, "small", "memory.max")
+	if limit == "" {
+		limit = cgroupFile(t, d, "small", "memory.limit_in_bytes") // cgroup v1
+	}
+	if limit != "67108864" {
+		t.Fatalf("the clone's memory limit reads %q, want 64 MiB", limit)
+	}
+	d.dispose("small")
 
 	// A clone's generation cannot be deleted with its template while the clone exists.
 	d.create("unused", false)

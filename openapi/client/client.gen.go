@@ -430,7 +430,9 @@ type CaptureRequest struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// CompatibilityKey What a clone must match to use the generation.
+// CompatibilityKey What a clone must match to use the generation: the runtime identity and the image.
+// `resources` are those the generation was captured with, a clone's default; a clone
+// may choose others (see `CreateSandboxRequest.resources`).
 type CompatibilityKey struct {
 	// Image An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 	//
@@ -703,7 +705,9 @@ type Generation struct {
 	// Example: g000003
 	ID GenerationID `json:"id"`
 
-	// Key What a clone must match to use the generation.
+	// Key What a clone must match to use the generation: the runtime identity and the image.
+	// `resources` are those the generation was captured with, a clone's default; a clone
+	// may choose others (see `CreateSandboxRequest.resources`).
 	Key CompatibilityKey `json:"key"`
 
 	// Leases How many clones lease it now.
@@ -1810,9 +1814,15 @@ type ClientInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1823,9 +1833,15 @@ type ClientInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2556,9 +2572,15 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2579,9 +2601,15 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, params *CreateSandbo
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -5898,9 +5926,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5911,9 +5945,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10514,9 +10554,15 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -10533,9 +10579,15 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
