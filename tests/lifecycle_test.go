@@ -205,6 +205,26 @@ func TestExecOutcomes(t *testing.T) {
 	if got.ExitCode != 127 || !strings.Contains(got.Stderr, "not found") {
 		t.Fatalf("a command that is not found: %+v", got)
 	}
+	// The stream says so the same way: upgraded, the reason on stderr, exit 127.
+	for _, tty := range []string{"false", "true"} {
+		ws, resp, err := d.dialStream("outcomes", url.Values{"command": {"no-such-command-xyz"}, "tty": {tty}})
+		if err != nil {
+			var body bytes.Buffer
+			if resp != nil {
+				body.ReadFrom(resp.Body)
+				resp.Body.Close()
+			}
+			t.Fatalf("the stream of a command that is not found (tty %s) was refused: %v %s", tty, err, body.String())
+		}
+		exit := ws.wait()
+		out := ws.stderr.String()
+		if tty == "true" {
+			out = ws.stdout.String()
+		}
+		if exit.ExitCode != 127 || !strings.Contains(out, "not found") {
+			t.Fatalf("the stream of a command that is not found (tty %s): exit %+v, stdout %q, stderr %q", tty, exit, ws.stdout.String(), ws.stderr.String())
+		}
+	}
 	var oom struct {
 		ExitCode  int  `json:"exit_code"`
 		OOMKilled bool `json:"oom_killed"`

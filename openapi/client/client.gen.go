@@ -1920,7 +1920,9 @@ type ClientInterface interface {
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-	//     `signal` is `null` when the command exited by itself;
+	//     `signal` is `null` when the command exited by itself. A command that is not found
+	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+	//     exec does, with the reason on stderr (stdout with `tty=true`);
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -2738,7 +2740,9 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-//     `signal` is `null` when the command exited by itself;
+//     `signal` is `null` when the command exited by itself. A command that is not found
+//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+//     exec does, with the reason on stderr (stdout with `tty=true`);
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -6036,7 +6040,9 @@ type ClientWithResponsesInterface interface {
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-	//     `signal` is `null` when the command exited by itself;
+	//     `signal` is `null` when the command exited by itself. A command that is not found
+	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+	//     exec does, with the reason on stderr (stdout with `tty=true`);
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -10700,7 +10706,9 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-//     `signal` is `null` when the command exited by itself;
+//     `signal` is `null` when the command exited by itself. A command that is not found
+//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+//     exec does, with the reason on stderr (stdout with `tty=true`);
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
