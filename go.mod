@@ -3,6 +3,7 @@ module github.com/sandboxd/sandboxd
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/getkin/kin-openapi v0.153.0
@@ -26,6 +27,7 @@ require (
 	golang.org/x/net v0.59.0
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.46.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -60,9 +62,12 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 )
 
-tool github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen
+tool (
+	connectrpc.com/connect/cmd/protoc-gen-connect-go
+	github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen
+	google.golang.org/protobuf/cmd/protoc-gen-go
+)

@@ -230,7 +230,7 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 	err := a.asUser(req.User, func() error {
 		if req.MakeParents {
 			if err := mkdirAll(dir); err != nil {
-				return err
+				return parentError(err, req.Path)
 			}
 		}
 		var err error
@@ -384,7 +384,7 @@ func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
 				return nil // mkdir -p: an existing directory is left as it is
 			}
 			if err := mkdirAll(filepath.Dir(req.Path)); err != nil {
-				return err
+				return parentError(err, req.Path)
 			}
 		}
 		if err := os.Mkdir(req.Path, mode); err != nil {
@@ -398,6 +398,18 @@ func (a *agent) Mkdir(ctx context.Context, req *control.FileRequest) error {
 
 // parentMode is the mode of the parent directories that write and mkdir create.
 const parentMode = 0o755
+
+// parentError is what the client is told when the missing parents of path could not be made:
+// which directory, and why, when the user may not create it (the path alone would say that
+// the user may not access a file that does not exist).
+func parentError(err error, path string) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Op == "mkdir" && errors.Is(err, fs.ErrPermission) {
+		return &control.RemoteError{Code: control.CodePermissionDenied,
+			Message: fmt.Sprintf("The user may not create the directory %q, which %q needs; write under a directory it may write to, such as /home/user or /tmp.", truncate(pe.Path), truncate(path))}
+	}
+	return err
+}
 
 // mkdirAll is os.MkdirAll with parentMode set exactly on every directory it creates: the
 // process's umask is not the agent's to rely on (an exec may have set it for its fork; see

@@ -6,10 +6,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -185,6 +187,32 @@ func TestFilesErrors(t *testing.T) {
 				t.Fatalf("err = %v, want remote %s mapped to %s", err, tc.remote, tc.code)
 			}
 		})
+	}
+}
+
+// TestWriteNamesTheParentItCannotMake: a write (and a mkdir) with parents into a directory the
+// user may not write says which directory it could not create, not that the user may not
+// access a file that does not exist.
+func TestWriteNamesTheParentItCannotMake(t *testing.T) {
+	if !isRoot() {
+		t.Skip("needs root: the agent switches to uid 1000 only when it runs as root")
+	}
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	ctx := context.Background()
+	dir := worldDir(t) // root's, 0755
+	target := filepath.Join(dir, "nonexistent", "dir", "f")
+	_, werr := c.WriteFile(ctx, control.WriteRequest{Path: target, MakeParents: true}, bytes.NewReader([]byte("x")))
+	merr := c.Mkdir(ctx, target, "user", 0o755, true)
+	for what, err := range map[string]error{"write": werr, "mkdir": merr} {
+		var re *control.RemoteError
+		if !errors.As(err, &re) || re.Code != control.CodePermissionDenied {
+			t.Fatalf("%s: %v, want permission-denied", what, err)
+		}
+		if want := fmt.Sprintf("may not create the directory %q", filepath.Join(dir, "nonexistent")); !strings.Contains(re.Message, want) {
+			t.Errorf("%s: %q does not say %s", what, re.Message, want)
+		}
 	}
 }
 

@@ -109,6 +109,9 @@ type Options struct {
 	// LockTimeout bounds each wait for a sandbox's lock during repair (default 10 s).
 	LockTimeout time.Duration
 	Logger      *slog.Logger
+	// Network, if set, is the sandbox networks' Manager, whose leftovers are reported and
+	// repaired.
+	Network Network
 }
 
 // Run checks the state root and, with Repair, repairs it and checks it again. An error means
@@ -322,6 +325,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkLoops(p)
 	c.checkTemplates(ctx, p)
 	c.checkImages(ctx, p, false)
+	c.checkNetwork(p)
 	return p, nil
 }
 

@@ -76,6 +76,8 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 		}
 	}
 
+	c.repairNetwork(p)
+
 	// Image references of users that are gone, then the image store's own leftovers.
 	c.checkImages(ctx, &pass{}, true)
 

@@ -189,10 +189,11 @@ type portConn struct {
 
 func (c *portConn) Close() error {
 	c.once.Do(func() {
-		c.Close()
+		// The embedded stream's own Close and deadline, named: c.Close is this method.
+		c.Stream.Close() //nolint:staticcheck // QF1008: see above
 		// Reads still pending would wait for the agent's FIN; a closed net.Conn's reads
 		// return at once.
-		c.SetReadDeadline(time.Now())
+		c.Stream.SetReadDeadline(time.Now()) //nolint:staticcheck // QF1008: see above
 	})
 	return nil
 }

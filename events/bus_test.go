@@ -12,7 +12,7 @@ import (
 )
 
 func sandboxEvent(id string) openapi.Event {
-	return openapi.Event{Type: openapi.EventTypeSandboxCreated, Sandbox: &id}
+	return openapi.Event{Type: "sandbox.created", Sandbox: &id}
 }
 
 func next(t *testing.T, s *Subscription) openapi.Event {

@@ -98,8 +98,8 @@ func TestServeEvents(t *testing.T) {
 
 	events, comments, stop := open(t, srv.URL, "")
 	id := "box-1"
-	bus.Publish(openapi.Event{Type: openapi.EventTypeSandboxCreated, Sandbox: &id})
-	bus.Publish(openapi.Event{Type: openapi.EventTypeSandboxStarted, Sandbox: &id})
+	bus.Publish(openapi.Event{Type: "sandbox.created", Sandbox: &id})
+	bus.Publish(openapi.Event{Type: "sandbox.started", Sandbox: &id})
 	for i, want := range []string{"sandbox.created", "sandbox.started"} {
 		e := recv(t, events)
 		if e.typ != want || e.id != string(rune('1'+i)) || e.data.Seq != int64(i+1) || *e.data.Sandbox != id {
@@ -119,13 +119,13 @@ func TestServeEvents(t *testing.T) {
 	stop()
 
 	// Reconnecting with the last id replays what was missed, then goes on live.
-	bus.Publish(openapi.Event{Type: openapi.EventTypeSandboxStopped, Sandbox: &id})
+	bus.Publish(openapi.Event{Type: "sandbox.stopped", Sandbox: &id})
 	events, _, stop = open(t, srv.URL, "2")
 	defer stop()
 	if e := recv(t, events); e.typ != "sandbox.stopped" || e.id != "3" {
 		t.Fatalf("replayed %+v", e)
 	}
-	bus.Publish(openapi.Event{Type: openapi.EventTypeSandboxDeleted, Sandbox: &id})
+	bus.Publish(openapi.Event{Type: "sandbox.deleted", Sandbox: &id})
 	if e := recv(t, events); e.typ != "sandbox.deleted" || e.id != "4" {
 		t.Fatalf("live after replay: %+v", e)
 	}
@@ -147,7 +147,7 @@ func TestServeEventsIgnoresAForeignLastEventID(t *testing.T) {
 	t.Parallel()
 	bus := New(Options{})
 	id := "box-1"
-	bus.Publish(openapi.Event{Type: openapi.EventTypeSandboxCreated, Sandbox: &id})
+	bus.Publish(openapi.Event{Type: "sandbox.created", Sandbox: &id})
 	h := &Handler{Bus: bus}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h.ServeEvents(w, r); err != nil {
@@ -157,7 +157,7 @@ func TestServeEventsIgnoresAForeignLastEventID(t *testing.T) {
 	defer srv.Close()
 	events, _, stop := open(t, srv.URL, "x1")
 	defer stop()
-	bus.Publish(openapi.Event{Type: openapi.EventTypeSandboxStarted, Sandbox: &id})
+	bus.Publish(openapi.Event{Type: "sandbox.started", Sandbox: &id})
 	if e := recv(t, events); e.typ != "sandbox.started" || e.id != "2" {
 		t.Fatalf("got %+v, want the live event 2 only", e)
 	}

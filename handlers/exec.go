@@ -3,9 +3,11 @@ package handlers
 import (
 	"context"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/openapi"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
@@ -19,6 +21,12 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	if b.WaitMs != nil {
 		wait = time.Duration(*b.WaitMs) * time.Millisecond
 	}
+	ereq := execRequest(b)
+	umask, err := parseUmask(b.Umask)
+	if err != nil {
+		return nil, err
+	}
+	ereq.Umask = umask
 	release, err := h.bounds.admitExec()
 	if err != nil {
 		return nil, err
@@ -35,7 +43,7 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	if b.Stdin != nil {
 		stdin = strings.NewReader(*b.Stdin)
 	}
-	res, err := h.sup.RunExec(ctx, admission, execRequest(b), stdin)
+	res, err := h.sup.RunExec(ctx, admission, ereq, stdin)
 	h.execDone("buffered", start, err == nil && res.TimedOut, err)
 	if err != nil {
 		return nil, err
@@ -70,6 +78,21 @@ func execRequest(b *openapi.ExecRequest) supervisor.ExecRequest {
 		req.Timeout = time.Duration(*b.TimeoutMs) * time.Millisecond
 	}
 	return req
+}
+
+// parseUmask reads the contract's umask, an octal string ("0077"), into a mask; nil stays
+// nil, the agent's default. The validator has checked the pattern already; parsing again
+// keeps a handler called without it from running a mask nobody asked for.
+func parseUmask(s *string) (*uint32, error) {
+	if s == nil {
+		return nil, nil
+	}
+	m, err := strconv.ParseUint(*s, 8, 32)
+	if err != nil || m > 0o777 {
+		return nil, errcode.Invalid("umask", "The umask %q is not an octal mask of three digits such as \"022\" or \"0077\".", *s)
+	}
+	mask := uint32(m)
+	return &mask, nil
 }
 
 // signalName is the contract's name of the signal that ended a workload ("SIGKILL"), or nil.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 
 	"github.com/sandboxd/sandboxd/errcode"
 
@@ -67,7 +68,8 @@ func (h *Handlers) WriteFile(ctx context.Context, req openapi.WriteFileRequestOb
 		if !parents && errcode.Of(err) == errcode.FileNotFound {
 			// The file itself is being created: what is missing is a directory above it.
 			return nil, &errcode.Error{Code: errcode.FileNotFound, Field: "path", Err: err,
-				Msg: fmt.Sprintf("A parent directory of %q does not exist; create it first, or write with parents=true.", truncate(req.Params.Path))}
+				Msg: fmt.Sprintf("The directory %q, where %q would go, does not exist; create it first, or write with parents=true.",
+					truncate(path.Dir(req.Params.Path)), truncate(req.Params.Path))}
 		}
 		return nil, pathFault(err)
 	}

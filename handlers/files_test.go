@@ -128,7 +128,7 @@ func TestFileRefusalsNamePath(t *testing.T) {
 	req.Body = http.NoBody
 	req.Header.Set("Content-Type", "application/octet-stream")
 	rec := serve(s, req)
-	if p := problemOf(t, rec.Body.Bytes()); rec.Code != http.StatusNotFound || p.Field != "path" || !strings.Contains(p.Detail, "parents=true") {
+	if p := problemOf(t, rec.Body.Bytes()); rec.Code != http.StatusNotFound || p.Field != "path" || !strings.Contains(p.Detail, "parents=true") || !strings.Contains(p.Detail, `"/no/dir",`) {
 		t.Errorf("a write into a missing directory with parents=false: %d %+v", rec.Code, p)
 	}
 	if len(f.writes) != 1 || f.writes[0].MakeParents {

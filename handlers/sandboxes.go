@@ -65,6 +65,7 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 		return supervisor.CreateRequest{}, err
 	}
 	creq.Env = env
+	creq.Network = policyOf(body.Network)
 	if body.Labels != nil {
 		if err := checkLabels(*body.Labels); err != nil {
 			return supervisor.CreateRequest{}, err
@@ -300,6 +301,7 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 		}
 		sb.LastExit = le
 	}
+	apiNetwork(&sb, st.Network)
 	return sb
 }
 

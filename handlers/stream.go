@@ -149,6 +149,10 @@ func streamRequest(p stream.ExecStreamParams) (supervisor.ExecRequest, time.Dura
 // execStream admits and starts the workload, upgrades the connection and runs the stream.
 func (h *Handlers) execStream(w http.ResponseWriter, r *http.Request, id string, p stream.ExecStreamParams) error {
 	req, wait := streamRequest(p)
+	var err error
+	if req.Umask, err = parseUmask(p.Umask); err != nil {
+		return err
+	}
 	release, err := h.bounds.admitExec()
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/openapi"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
@@ -180,8 +181,11 @@ func apiGeneration(g *supervisor.Generation) openapi.Generation {
 func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) ([]T, *string, error) {
 	after := ""
 	if cursor != nil {
+		// Every key (a sandbox id, a template name, a generation id) follows the id rule, so
+		// a cursor that decodes to anything else is not one this server returned: "zzzz" is
+		// base64 of three bytes that no key has, not an empty page.
 		b, err := base64.RawURLEncoding.DecodeString(*cursor)
-		if err != nil || len(b) == 0 {
+		if err != nil || !naming.ValidID(string(b)) {
 			return nil, nil, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
 		}
 		after = string(b)

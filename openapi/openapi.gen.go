@@ -38,75 +38,6 @@ func (e EventProgressPhase) Valid() bool {
 	}
 }
 
-// Defines values for EventType.
-const (
-	EventTypeCaptureProgress      EventType = "capture.progress"
-	EventTypeGenerationCaptured   EventType = "generation.captured"
-	EventTypeGenerationRetired    EventType = "generation.retired"
-	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
-	EventTypeImageDeleted         EventType = "image.deleted"
-	EventTypeImageFailed          EventType = "image.failed"
-	EventTypeImageImported        EventType = "image.imported"
-	EventTypeImagePullProgress    EventType = "image.pull.progress"
-	EventTypeImagePulled          EventType = "image.pulled"
-	EventTypeLeaseAcquired        EventType = "lease.acquired"
-	EventTypeLeaseReleased        EventType = "lease.released"
-	EventTypeSandboxCreated       EventType = "sandbox.created"
-	EventTypeSandboxDeleted       EventType = "sandbox.deleted"
-	EventTypeSandboxExited        EventType = "sandbox.exited"
-	EventTypeSandboxExpired       EventType = "sandbox.expired"
-	EventTypeSandboxPaused        EventType = "sandbox.paused"
-	EventTypeSandboxResumed       EventType = "sandbox.resumed"
-	EventTypeSandboxStarted       EventType = "sandbox.started"
-	EventTypeSandboxStopped       EventType = "sandbox.stopped"
-)
-
-// Valid indicates whether the value is a known member of the EventType enum.
-func (e EventType) Valid() bool {
-	switch e {
-	case EventTypeCaptureProgress:
-		return true
-	case EventTypeGenerationCaptured:
-		return true
-	case EventTypeGenerationRetired:
-		return true
-	case EventTypeGenerationTombstoned:
-		return true
-	case EventTypeImageDeleted:
-		return true
-	case EventTypeImageFailed:
-		return true
-	case EventTypeImageImported:
-		return true
-	case EventTypeImagePullProgress:
-		return true
-	case EventTypeImagePulled:
-		return true
-	case EventTypeLeaseAcquired:
-		return true
-	case EventTypeLeaseReleased:
-		return true
-	case EventTypeSandboxCreated:
-		return true
-	case EventTypeSandboxDeleted:
-		return true
-	case EventTypeSandboxExited:
-		return true
-	case EventTypeSandboxExpired:
-		return true
-	case EventTypeSandboxPaused:
-		return true
-	case EventTypeSandboxResumed:
-		return true
-	case EventTypeSandboxStarted:
-		return true
-	case EventTypeSandboxStopped:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for FileEntryType.
 const (
 	FileEntryTypeDirectory FileEntryType = "directory"
@@ -471,6 +402,22 @@ type CreateSandboxRequest struct {
 	// Example: {"job":"42","team":"grading"}
 	Labels *Labels `json:"labels,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
 	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
 
@@ -592,14 +539,20 @@ type Event struct {
 	//
 	// Example: python-base
 	Template *TemplateName `json:"template,omitempty"`
-	Type     EventType     `json:"type"`
+
+	// Type What an event says happened (see `Event` for the fields of each). New types may be
+	// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+	// it does not know, and skips it.
+	Type EventType `json:"type"`
 }
 
 // EventProgressPhase defines model for Event.Progress.Phase.
 type EventProgressPhase string
 
-// EventType defines model for Event.Type.
-type EventType string
+// EventType What an event says happened (see `Event` for the fields of each). New types may be
+// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+// it does not know, and skips it.
+type EventType = string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
@@ -620,6 +573,15 @@ type ExecRequest struct {
 
 	// TimeoutMs Kill the command after this many milliseconds.
 	TimeoutMs *int `json:"timeout_ms,omitempty"`
+
+	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+	// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+	// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+	//
+	//
+	// Example: 0077
+	Umask *Umask `json:"umask,omitempty"`
 
 	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 	//
@@ -970,6 +932,30 @@ type LeaseList struct {
 	Items []Lease `json:"items"`
 }
 
+// NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+// answers only allowed names and opens their answered addresses for their TTL. Always
+// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+// CIDR lies inside one.
+//
+// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+type NetworkPolicy struct {
+	// Allow The only destinations reachable, when not empty.
+	Allow *[]string `json:"allow,omitempty"`
+
+	// Deny Destinations never reachable; wins over `allow` and `internet`.
+	Deny *[]string `json:"deny,omitempty"`
+
+	// Internet Every public destination, when `allow` is empty.
+	Internet *bool `json:"internet,omitempty"`
+}
+
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
@@ -1051,7 +1037,10 @@ type Resources struct {
 	// MemoryMb Memory limit in MiB.
 	MemoryMb int `json:"memory_mb"`
 
-	// Pids Limit on the number of processes and threads.
+	// Pids Limit on the number of the workload's processes and threads. sandboxd's own agent
+	// inside the sandbox is not counted against it: the sandbox's cgroup allows this many
+	// plus an allowance of 32 for the agent, so the workload always has at least this
+	// many, 1 included.
 	Pids int `json:"pids"`
 
 	// Vcpus CPU quota in whole CPUs.
@@ -1068,12 +1057,16 @@ type ResourcesRequest struct {
 	// 31 is refused: too small for a file system.
 	DiskMb   *int `json:"disk_mb,omitempty"`
 	MemoryMb *int `json:"memory_mb,omitempty"`
-	Pids     *int `json:"pids,omitempty"`
-	Vcpus    *int `json:"vcpus,omitempty"`
+
+	// Pids The workload's processes and threads, the agent's not counted (see `Resources`).
+	Pids  *int `json:"pids,omitempty"`
+	Vcpus *int `json:"vcpus,omitempty"`
 }
 
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
+	// Address The sandbox's own address, while it runs with a network interface.
+	Address   *string   `json:"address,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
@@ -1104,13 +1097,31 @@ type Sandbox struct {
 	// LastExit How the sandbox's last run ended.
 	LastExit *LastExit `json:"last_exit,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
 	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
 
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
 
-	// StartedAt When the current (or last) run started.
+	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
+	// linger until sandboxd has reconciled a run that ended by itself): how the last run
+	// ended, and when, is `last_exit`.
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
@@ -1221,6 +1232,14 @@ type TimeoutRequest struct {
 	// TimeoutS The lifetime in seconds from now (1 s to 30 days); 0 clears it.
 	TimeoutS int `json:"timeout_s"`
 }
+
+// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+//
+// Example: 0077
+type Umask = string
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
@@ -1381,6 +1400,14 @@ type GetSandboxLogsParams struct {
 	Tail *int `form:"tail,omitempty" json:"tail,omitempty"`
 }
 
+// SetSandboxNetworkParams defines parameters for SetSandboxNetwork.
+type SetSandboxNetworkParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // PauseSandboxParams defines parameters for PauseSandbox.
 type PauseSandboxParams struct {
 	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
@@ -1505,6 +1532,9 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
 
+// SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
+type SetSandboxNetworkJSONRequestBody = NetworkPolicy
+
 // CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
 type CreatePortLinkJSONRequestBody = PortLinkRequest
 
@@ -1567,6 +1597,9 @@ type ServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
+	// SetSandboxNetwork Replace a sandbox's egress policy
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams)
 	// PauseSandbox Pause a running sandbox
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams)
@@ -1720,6 +1753,12 @@ func (_ Unimplemented) WriteFile(w http.ResponseWriter, r *http.Request, id Sand
 // GetSandboxLogs Read the sandbox's console log
 // (GET /v1/sandboxes/{id}/logs)
 func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// SetSandboxNetwork Replace a sandbox's egress policy
+// (PUT /v1/sandboxes/{id}/network)
+func (_ Unimplemented) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2384,6 +2423,48 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandboxLogs(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SetSandboxNetwork operation middleware
+func (siw *ServerInterfaceWrapper) SetSandboxNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params SetSandboxNetworkParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetSandboxNetwork(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3297,6 +3378,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}", wrapper.GetSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/sandboxes/{id}/network", wrapper.SetSandboxNetwork)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/start", wrapper.StartSandbox)
@@ -5583,6 +5667,193 @@ func (response GetSandboxLogs501ApplicationProblemPlusJSONResponse) VisitGetSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetworkRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params SetSandboxNetworkParams
+	Body   *SetSandboxNetworkJSONRequestBody
+}
+
+type SetSandboxNetworkResponseObject interface {
+	VisitSetSandboxNetworkResponse(w http.ResponseWriter) error
+}
+
+type SetSandboxNetwork200JSONResponse Sandbox
+
+func (response SetSandboxNetwork200JSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork400ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork401ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork403ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork404ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork409ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork413ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork423ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork500ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork501ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork503ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -8258,6 +8529,9 @@ type StrictServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
+	// SetSandboxNetwork Replace a sandbox's egress policy
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
 	// PauseSandbox Pause a running sandbox
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(ctx context.Context, request PauseSandboxRequestObject) (PauseSandboxResponseObject, error)
@@ -8784,6 +9058,40 @@ func (sh *strictHandler) GetSandboxLogs(w http.ResponseWriter, r *http.Request, 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetSandboxLogsResponseObject); ok {
 		if err := validResponse.VisitGetSandboxLogsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// SetSandboxNetwork operation middleware
+func (sh *strictHandler) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams) {
+	var request SetSandboxNetworkRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	var body SetSandboxNetworkJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SetSandboxNetwork(ctx, request.(SetSandboxNetworkRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SetSandboxNetwork")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SetSandboxNetworkResponseObject); ok {
+		if err := validResponse.VisitSetSandboxNetworkResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -65,6 +65,12 @@ type Config struct {
 	Dashboard  http.Handler
 	Ports      PortRoutes
 
+	// Foreign, if set, serves every request that ForeignClaims claims, ahead of sandboxd's
+	// own routes and outside their authentication (it brings its own): E2B's API (package
+	// e2b, docs/e2b.md), whose paths none of sandboxd's routes use.
+	Foreign       http.Handler
+	ForeignClaims func(*http.Request) bool
+
 	// OnProblem, if set, is told of every problem response (for the errors-by-code metric).
 	// It must not block.
 	OnProblem func(code errcode.Code, status int)
@@ -140,13 +146,30 @@ func (s *Server) OnShutdown(f func()) {
 	s.onShutdown = append(s.onShutdown, f)
 }
 
+// foreign hands the requests that claims claims to h, and the rest on.
+func foreign(h http.Handler, claims func(*http.Request) bool) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if claims(r) {
+				h.ServeHTTP(w, r)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
 // routes is the route table: the generated operations and, in one place, those outside the
 // strict interface.
 func (s *Server) routes(cfg Config) http.Handler {
 	r := chi.NewRouter()
 	// The body guard comes before anything that could answer, so that every answer to a
 	// request whose body is unread closes the connection (writeProblem).
-	r.Use(requestID, s.accessLog, s.recoverer, s.guardBody(cfg.BodyTimeout, cfg.BodyIdleTimeout), s.checkBrowser)
+	r.Use(requestID, s.accessLog, s.recoverer)
+	if cfg.Foreign != nil && cfg.ForeignClaims != nil {
+		r.Use(foreign(cfg.Foreign, cfg.ForeignClaims))
+	}
+	r.Use(s.guardBody(cfg.BodyTimeout, cfg.BodyIdleTimeout), s.checkBrowser)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, errcode.New(errcode.NotFound, "There is no route %s; see /openapi.yaml for the API.", r.URL.Path))
 	})

@@ -46,6 +46,18 @@ type Config struct {
 	// Template is set for a sandbox cloned from a template generation. The lease id lives in
 	// the clone binding (clone.json), which the template store owns.
 	Template *TemplateRef `json:"template,omitempty"`
+	// Network is the sandbox's egress policy (see the network package); nil, like a policy
+	// that allows nothing, means no interface but lo. A live change rewrites it, so that the
+	// next start, and a restarted sandboxd's reattach, apply the policy in force.
+	Network *NetworkPolicy `json:"network,omitempty"`
+}
+
+// NetworkPolicy is a sandbox's egress policy as recorded: the API's form, each entry as it
+// was written (validated by the supervisor with network.Parse before it is recorded).
+type NetworkPolicy struct {
+	Internet bool     `json:"internet"`
+	Allow    []string `json:"allow,omitempty"`
+	Deny     []string `json:"deny,omitempty"`
 }
 
 // Resources are a sandbox's resource limits.
@@ -53,6 +65,12 @@ type Resources struct {
 	VCPUs    int `json:"vcpus"`
 	MemoryMB int `json:"memory_mb"`
 	Pids     int `json:"pids"`
+}
+
+// String is r as the API's field names say it, "vcpus=1 memory_mb=512 pids=512", for messages
+// that callers read.
+func (r Resources) String() string {
+	return fmt.Sprintf("vcpus=%d memory_mb=%d pids=%d", r.VCPUs, r.MemoryMB, r.Pids)
 }
 
 // TemplateRef names the template generation a sandbox was cloned from.

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -284,6 +285,18 @@ func TestCleanStaging(t *testing.T) {
 	for _, name := range kept {
 		if !exists(filepath.Join(l.Dir(), name)) {
 			t.Errorf("%s removed; it is not an outcome staging file", name)
+		}
+	}
+}
+
+// Resources show in messages (template-ineligible) as the API names them, not as a Go struct.
+func TestResourcesString(t *testing.T) {
+	t.Parallel()
+	r := Resources{VCPUs: 1, MemoryMB: 512, Pids: 512}
+	const want = "vcpus=1 memory_mb=512 pids=512"
+	for _, got := range []string{r.String(), fmt.Sprintf("%v", r), fmt.Sprintf("%+v", r)} {
+		if got != want {
+			t.Errorf("%q, want %q", got, want)
 		}
 	}
 }

@@ -33,6 +33,8 @@ type CreateRequest struct {
 	DiskMB int
 	Env    map[string]string
 	Labels map[string]string
+	// Network is the egress policy; nil means no interface but lo.
+	Network *NetworkPolicy
 	// Clone, when set, names the generation to clone from.
 	Clone *CloneRequest
 	// Start also starts the sandbox. The create is then all or nothing: a start that fails
@@ -53,6 +55,10 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 		DiskMB:    req.DiskMB,
 		Env:       req.Env,
 		Labels:    req.Labels,
+		Network:   req.Network,
+	}
+	if err := s.checkNetwork(req.Network); err != nil {
+		return nil, err
 	}
 	if err := checkLifetime(req.Lifetime); err != nil {
 		return nil, err
@@ -126,7 +132,8 @@ func (s *Supervisor) undoProvision(ctx context.Context, l *store.Lock) {
 // On failure it removes the sandbox under the same lock.
 func (s *Supervisor) startCreated(ctx context.Context, l *store.Lock) (_ *Status, err error) {
 	id := l.ID()
-	st, err := s.startLocked(ctx, l)
+	// The start is a transition of its own for the metrics, as a separate Start would be.
+	st, err := s.observedStart(ctx, l)
 	if errcode.Of(err) == errcode.AlreadyRunning {
 		// Only a clone can get here (another client started it between the clone and this
 		// start): the sandbox exists and runs, as the create asked.
@@ -167,4 +174,10 @@ func removePending(dir string) error {
 func hasPending(dir string) bool {
 	_, err := os.Lstat(filepath.Join(dir, PendingName))
 	return err == nil
+}
+
+// observedStart is startLocked, timed and counted as a start.
+func (s *Supervisor) observedStart(ctx context.Context, l *store.Lock) (_ *Status, err error) {
+	defer s.observe("start", time.Now(), &err)
+	return s.startLocked(ctx, l)
 }

@@ -128,6 +128,11 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: %v. The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
 	}
+	if err := s.attachNetwork(ctx, l, cfg, proc, client); err != nil {
+		client.Close()
+		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
+		return err
+	}
 	rec := &store.RuntimeRecord{
 		Format:        store.RuntimeFormat,
 		LaunchID:      launchID,
@@ -256,6 +261,7 @@ func (s *Supervisor) endLaunch(ctx context.Context, l *store.Lock, proc platform
 			return err
 		}
 	}
+	s.detachNetwork(l.ID())
 	return l.CleanStaging()
 }
 

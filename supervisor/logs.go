@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/sandboxd/sandboxd/platform"
 )
@@ -31,13 +32,42 @@ func (s *Supervisor) Logs(id string, tail int) ([]byte, error) {
 	return b, err
 }
 
-// logTail is the tail of a log for error messages; it never fails.
+// logTail is the last lines of a log's human lines ([humanLines]), for error messages; it
+// never fails.
 func (s *Supervisor) logTail(dir string, lines int) string {
-	b, err := readLogTail(dir, lines)
+	b, err := readLogTail(dir, 0)
 	if err != nil {
 		return "(no log)"
 	}
-	return string(b)
+	kept := humanLines(b)
+	if len(kept) > lines {
+		kept = kept[len(kept)-lines:]
+	}
+	if len(kept) == 0 {
+		return "(nothing but a Go traceback; GET the sandbox's logs for all of it)\n"
+	}
+	return strings.Join(kept, "\n") + "\n"
+}
+
+// humanLines returns the lines of a sandbox log that a person wrote for a person: those that
+// begin with a timestamp (the shim's and the agent's log lines) and the headline of a Go
+// crash (panic:, fatal error:, and the runtime's own runtime: messages). A crash's goroutine
+// dump, its frames, file positions and "created by" lines, is left out: a problem's detail
+// is read by the API's callers, for whom it is noise about sandboxd's internals; the log
+// endpoint still serves all of it.
+func humanLines(b []byte) []string {
+	var kept []string
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case line == "":
+		case line[0] >= '0' && line[0] <= '9',
+			strings.HasPrefix(line, "panic: "),
+			strings.HasPrefix(line, "fatal error: "),
+			strings.HasPrefix(line, "runtime: "):
+			kept = append(kept, line)
+		}
+	}
+	return kept
 }
 
 func readLogTail(dir string, lines int) ([]byte, error) {

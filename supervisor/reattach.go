@@ -87,6 +87,7 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 		if rec.RuntimeID != s.rt.Identity() {
 			return reconciled{state: StateRunning, rec: rec, mismatch: true}, nil
 		}
+		s.adoptNetwork(l, rec)
 		s.watch(l.ID(), rec)
 		paused, err := s.reconcilePause(ctx, l, rec, false)
 		if err != nil {
@@ -106,6 +107,7 @@ func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, e
 	if err := s.rt.Cleanup(ctx, l.ID(), l.Dir(), proc); err != nil {
 		return reconciled{}, err
 	}
+	s.detachNetwork(l.ID())
 	if err := l.CleanStaging(); err != nil {
 		return reconciled{}, err
 	}

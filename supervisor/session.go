@@ -31,6 +31,9 @@ type ExecRequest struct {
 	Rows, Cols uint16
 	// Timeout, when positive, kills the workload that long after it started.
 	Timeout time.Duration
+	// Umask is the workload's file mode creation mask (0 to 0777); nil is the agent's
+	// default, [control.DefaultUmask].
+	Umask *uint32
 }
 
 // control is the request on the wire; stdin says the caller will send stdin.
@@ -40,6 +43,7 @@ func (r ExecRequest) control(stdin bool) control.ExecRequest {
 		TTY: r.TTY, Rows: r.Rows, Cols: r.Cols,
 		TimeoutMS: r.Timeout.Milliseconds(),
 		Stdin:     stdin,
+		Umask:     r.Umask,
 	}
 }
 

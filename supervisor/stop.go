@@ -65,6 +65,7 @@ func (s *Supervisor) stopLocked(ctx context.Context, l *store.Lock, rec *store.R
 	if err := s.rt.Cleanup(cctx, id, l.Dir(), proc); err != nil {
 		return nil, err
 	}
+	s.detachNetwork(id)
 	if err := l.CleanStaging(); err != nil {
 		return nil, err
 	}
@@ -158,6 +159,7 @@ func (s *Supervisor) deprovisionLocked(ctx context.Context, l *store.Lock) error
 		s.unlock(l)
 		return err
 	}
+	s.detachNetwork(id)
 	// Once Deprovision removed the lock file it has released the lock; Unlock is then a no-op.
 	err = l.Deprovision(ctx)
 	s.unlock(l)

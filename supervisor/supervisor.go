@@ -74,6 +74,8 @@ type Options struct {
 	Storage *StorageHealth
 	// Ports bound the port connections open at once (see [Supervisor.DialPort]).
 	Ports PortLimits
+	// Network, if set, gives sandboxes the network their policies ask for (a network.Manager).
+	Network Networker
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -110,6 +112,7 @@ type Supervisor struct {
 	timers    map[string]*time.Timer // sandbox id → the end of its lifetime
 
 	ports portConns
+	net   *netState
 }
 
 // agentConn is a control session with one launch's agent.
@@ -153,6 +156,7 @@ func New(opts Options) (*Supervisor, error) {
 		watched:       map[string]string{},
 		ports:         portConns{limits: opts.Ports.withDefaults()},
 		timers:        map[string]*time.Timer{},
+		net:           newNetState(opts.Network),
 	}
 	for _, d := range DeclaredEntries(s.rt) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
@@ -195,6 +199,8 @@ type Status struct {
 	// "" without a lifetime.
 	ExpiresAt *time.Time
 	OnTimeout OnTimeout
+	// Network is the sandbox's egress policy and address, nil for a sandbox without a policy.
+	Network *NetworkStatus
 }
 
 func (s *Supervisor) setTransient(id string, state State) {
@@ -271,6 +277,7 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 		st.State = t
 	}
 	s.mu.Unlock()
+	st.Network = s.networkStatus(cfg, st.State)
 	return st, nil
 }
 

@@ -398,8 +398,7 @@ func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
 	case req.Image != "" && req.Image != k.Image:
 		return fmt.Sprintf("it was captured from image %q, not %q", k.Image, req.Image)
 	case s.pinsResources() && cloneResources(k.Resources, req.Resources) != k.Resources:
-		r := k.Resources
-		return fmt.Sprintf("the %s runtime runs a clone with its generation's resources only (vcpus %d, memory_mb %d, pids %d); leave resources out", s.rt.Kind(), r.VCPUs, r.MemoryMB, r.Pids)
+		return fmt.Sprintf("the %s runtime runs a clone with its generation's resources only (%s); leave resources out", s.rt.Kind(), k.Resources)
 	}
 	if d, err := s.imageDigest(k.Image); err != nil || d != k.ImageDigest {
 		return fmt.Sprintf("it was captured on image %s %s, which this server no longer holds as it was", k.Image, k.ImageDigest)

@@ -629,3 +629,81 @@ func BenchmarkRunningCapture10MiB(b *testing.B)     { benchRunningCapture(b, 10<
 func BenchmarkRunningCapture1GiB(b *testing.B)      { benchRunningCapture(b, 1<<30, false) }
 func BenchmarkRunningCaptureDisk10MiB(b *testing.B) { benchRunningCapture(b, 10<<20, true) }
 func BenchmarkRunningCaptureDisk1GiB(b *testing.B)  { benchRunningCapture(b, 1<<30, true) }
+
+// BenchmarkStartCosts is issue 12's figure: what the user namespace and the default disk bound
+// cost a start. One loop interleaves, in rotating order so that none always runs first, a
+// create+start through HTTP of:
+//
+//   - default: what every sandbox gets (a user namespace, the default 1 GiB disk of its own);
+//   - nodisk: the same server, `"disk_mb": 0` (a user namespace, no disk);
+//   - hostids: a second server with --user-namespaces=false, `"disk_mb": 0` (neither);
+//   - and a bare bwrap spawn, the floor of a start.
+//
+// It reports each median and the ratios default/nodisk (the disk's cost), nodisk/hostids (the
+// user namespace's) and each against bwrap; the stop and delete of each sandbox are outside the
+// timer. docs/performance.md ("What isolation costs a start") has the command and the table.
+func BenchmarkStartCosts(b *testing.B) {
+	requireRoot(b)
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); the ratios need it")
+	}
+	userns := benchDaemon(b)
+	hostIDs := startDaemon(b, withArgs("--log-level", "info", "--user-namespaces=false"))
+	noDisk := map[string]any{"resources": map[string]any{"disk_mb": 0}}
+	variants := []struct {
+		name string
+		d    *daemon
+		body map[string]any
+	}{
+		{"default", userns, nil},
+		{"nodisk", userns, noDisk},
+		{"hostids", hostIDs, noDisk},
+		{"bwrap", nil, nil},
+	}
+	lat := make(map[string]latencies, len(variants))
+	for i := 0; b.Loop(); i++ {
+		for j := range variants {
+			v := variants[(i+j)%len(variants)]
+			if v.d == nil {
+				t0 := time.Now()
+				if out, err := exec.Command(bwrap, bwrapArgs...).CombinedOutput(); err != nil {
+					b.Fatalf("bwrap: %v: %s", err, out)
+				}
+				lat[v.name] = append(lat[v.name], time.Since(t0))
+				continue
+			}
+			id := fmt.Sprintf("sc%d-%s", i, v.name)
+			req := map[string]any{"id": id, "start": true}
+			for k, x := range v.body {
+				req[k] = x
+			}
+			t0 := time.Now()
+			r := v.d.mustStatus(201, "POST", "/v1/sandboxes", req)
+			lat[v.name] = append(lat[v.name], time.Since(t0))
+			b.StopTimer()
+			// The variant must be what it claims: a disk exactly where one was asked for.
+			var sb struct {
+				Resources struct {
+					DiskMB int `json:"disk_mb"`
+				} `json:"resources"`
+			}
+			if err := json.Unmarshal(r.Body, &sb); err != nil {
+				b.Fatalf("create %s: %v: %s", id, err, r.Body)
+			}
+			if hasDisk := sb.Resources.DiskMB > 0; hasDisk != (v.body == nil) {
+				b.Fatalf("create %s (%s): disk_mb %d: %s", id, v.name, sb.Resources.DiskMB, r.Body)
+			}
+			v.d.dispose(id)
+			b.StartTimer()
+		}
+	}
+	for _, v := range variants {
+		b.ReportMetric(lat[v.name].median()*1000, v.name+"-median-ms")
+	}
+	b.ReportMetric(lat["default"].median()/lat["nodisk"].median(), "default/nodisk")
+	b.ReportMetric(lat["nodisk"].median()/lat["hostids"].median(), "nodisk/hostids")
+	for _, name := range []string{"default", "nodisk", "hostids"} {
+		b.ReportMetric(lat[name].median()/lat["bwrap"].median(), name+"/bwrap")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -128,8 +129,13 @@ var chaosAllowed = map[string][]int{
 // TestChaos: clients issue random lifecycle operations while sandboxd is killed with SIGKILL
 // at random moments and restarted, and sandbox shims and inits are killed; after each round
 // `sandboxd check` passes beside the restarted server, every sandbox a client saw created and
-// not deleted still exists (and none it saw deleted came back), and no runtime process runs
-// without its sandbox. At the end everything is deleted and nothing is left.
+// not deleted still exists (and none it saw deleted came back), no runtime process runs
+// without its sandbox, and no network resource (interface, nftables object, address record)
+// outlives its sandbox. At the end everything is deleted and nothing is left.
+//
+// Some creates ask for a network (chaosNetPolicy): sandboxd, its checker and the clients run
+// in a network namespace of the test's own (the network tests' netWorld), so that the veths,
+// addresses and nftables tables the suite makes and crashes over are never the real host's.
 func TestChaos(t *testing.T) {
 	requireRoot(t)
 	seed := time.Now().UnixNano()
@@ -153,7 +159,9 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos seed %d, %d rounds (reproduce with SANDBOXD_CHAOS_SEED=%d SANDBOXD_CHAOS_ROUNDS=%d)", seed, rounds, seed, rounds)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
-	opts := []daemonOption{withArgs("--log-level", "info")}
+	world := newNetWorld(t)
+	opts := []daemonOption{withArgs("--log-level", "info"), inNetNS(world.host),
+		withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0")}
 	var small *smallFS
 	if *chaosFill || os.Getenv("SANDBOXD_CHAOS_FILL") != "" {
 		small = newSmallFS(t, 256)
@@ -228,7 +236,7 @@ func TestChaos(t *testing.T) {
 		keepErrors()
 		if repairFirst {
 			d.Kill()
-			r, code, stderr := runCheck(t, d.Root, "--repair")
+			r, code, stderr := runCheckIn(t, world.host, d.Root, "--repair")
 			if code != 0 || !r.OK {
 				b, _ := json.MarshalIndent(r, "", "  ")
 				t.Fatalf("sandboxd check --repair on a crashed server's root exited %d:\n%s\n%s", code, b, stderr)
@@ -241,7 +249,8 @@ func TestChaos(t *testing.T) {
 		server.Store(&chaosServer{url: d.URL, up: make(chan struct{})})
 		close(old.up)
 	}
-	httpc := &http.Client{Timeout: 60 * time.Second}
+	// The clients' sockets are made in sandboxd's namespace, whose loopback it listens on.
+	httpc := &http.Client{Timeout: 60 * time.Second, Transport: d.httpClient().Transport}
 	retried := 0
 
 	for round := 1; round <= rounds; round++ {
@@ -303,10 +312,11 @@ func TestChaos(t *testing.T) {
 		free()
 		restartWith(round%2 == 0)
 		kills["server"]++
-		if chaosCheck(t, d.Root, round) {
+		if chaosCheck(t, world.host, d.Root, round) {
 			retried++
 		}
 		chaosVerify(t, d, rt, ids, ledger, tpl, round)
+		world.noLeftovers(t, d, chaosLive(t, rt, d.Root)...)
 		if t.Failed() {
 			break
 		}
@@ -341,8 +351,10 @@ func TestChaos(t *testing.T) {
 			t.Errorf("the cgroup of %s is left", id)
 		}
 	}
+	world.noLeftovers(t, d)
 	d.Stop()
-	mustCheckClean(t, d.Root, "offline at the end")
+	mustCheckCleanIn(t, world.host, d.Root, "offline at the end")
+	world.noLeftovers(t, d)
 
 	var lines []string
 	for k, n := range stats.ops {
@@ -351,6 +363,10 @@ func TestChaos(t *testing.T) {
 	slices.Sort(lines)
 	t.Logf("chaos seed %d: %d rounds; killed sandboxd %d times, %d shims, %d inits; filled the state root %d times; offline repairs fixed %d problems; check needed a second look in %d rounds\n%s",
 		seed, rounds, kills["server"], kills["shim"], kills["init"], kills["fill"], repaired, retried, strings.Join(lines, "\n"))
+	// The suite must have crashed over networks, not only offered them.
+	if stats.ops["create-networked 201"] == 0 {
+		t.Errorf("no networked sandbox was created in %d rounds: the network's crash paths were not exercised", rounds)
+	}
 	// A 500 is a finding. Those of known, reported bugs are logged (and fail the test only
 	// with SANDBOXD_CHAOS_STRICT=1, or once fixed they disappear); any other fails it.
 	keepErrors()
@@ -430,6 +446,9 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			if rng.IntN(3) == 0 && disksSupported() {
 				req["resources"] = map[string]any{"disk_mb": 32} // a disk of its own: mke2fs and a loop device in the crash path
 			}
+			if rng.IntN(3) == 0 {
+				req["network"] = chaosNetPolicy(rng) // a veth, an address, nftables and a resolver in the crash path
+			}
 			method, path, body = "POST", "/v1/sandboxes", req
 		case "start":
 			method, path = "POST", "/v1/sandboxes/"+id+"/start?timeout=20000"
@@ -493,6 +512,9 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			}
 		default:
 			stats.count(op, strconv.Itoa(status))
+			if req, ok := body.(map[string]any); ok && op == "create" && req["network"] != nil {
+				stats.count("create-networked", strconv.Itoa(status))
+			}
 			if !slices.Contains(chaosAllowed[op], status) {
 				stats.bad("%s %s answered %d: %s", method, path, status, respBody)
 				if changes {
@@ -593,11 +615,11 @@ func chaosKillRuntime(t *testing.T, rt *namespace.Runtime, root string, role run
 // crash may exit just after, and the server reconciles it a moment later; a check that looks
 // in between sees a stale record. It must converge within the deadline. It reports whether it
 // needed more than one look.
-func chaosCheck(t *testing.T, root string, round int) bool {
+func chaosCheck(t *testing.T, ns *os.File, root string, round int) bool {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for attempt := 1; ; attempt++ {
-		r, code, stderr := runCheck(t, root)
+		r, code, stderr := runCheckIn(t, ns, root)
 		if code == 0 && r.OK {
 			return attempt > 1
 		}
@@ -608,6 +630,37 @@ func chaosCheck(t *testing.T, root string, round int) bool {
 		t.Logf("round %d: check attempt %d found (exit %d):\n%s", round, attempt, code, b)
 		time.Sleep(200 * time.Millisecond) // the server's reconciliation is what is awaited
 	}
+}
+
+// chaosNetPolicy is a network policy for a chaos create, each of which gives the sandbox an
+// interface: an allow-list of a CIDR (the resolver and filter with no name), of a name and a
+// CIDR, or the internet with a deny entry.
+func chaosNetPolicy(rng *rand.Rand) map[string]any {
+	switch rng.IntN(3) {
+	case 0:
+		return map[string]any{"internet": false, "allow": []string{"10.0.0.1/32"}}
+	case 1:
+		return map[string]any{"allow": []string{"allowed.test", netCIDRHost + "/32"}}
+	default:
+		return map[string]any{"internet": true, "deny": []string{netDeniedHost}}
+	}
+}
+
+// chaosLive lists the sandboxes under root whose runtime processes still run: the only ones
+// that may hold network resources.
+func chaosLive(t *testing.T, rt *namespace.Runtime, root string) []string {
+	t.Helper()
+	procs, err := rt.Processes(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []string
+	for _, p := range procs {
+		if p.ID.Alive() {
+			live = append(live, filepath.Base(p.Dir))
+		}
+	}
+	return live
 }
 
 // chaosVerify checks the ledger against the server, and that every runtime process belongs

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,12 +45,25 @@ type checkProblem struct {
 // status.
 func runCheck(t testing.TB, root string, extra ...string) (checkReport, int, string) {
 	t.Helper()
+	return runCheckIn(t, nil, root, extra...)
+}
+
+// runCheckIn is runCheck inside the network namespace ns (nil: the test's own), where the
+// server of root runs: the checker judges, and with --repair removes, the network resources
+// of the namespace it runs in.
+func runCheckIn(t testing.TB, ns *os.File, root string, extra ...string) (checkReport, int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, sandboxdBin, append([]string{"check", "--root", root, "--json"}, extra...)...)
+	var stdout bytes.Buffer
 	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := startIn(ns, cmd)
+	if err == nil {
+		err = cmd.Wait()
+	}
+	out := stdout.Bytes()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
@@ -68,7 +82,13 @@ func runCheck(t testing.TB, root string, extra ...string) (checkReport, int, str
 // mustCheckClean runs the checker and fails the test, printing the report, unless it passes.
 func mustCheckClean(t testing.TB, root, when string) checkReport {
 	t.Helper()
-	r, code, stderr := runCheck(t, root)
+	return mustCheckCleanIn(t, nil, root, when)
+}
+
+// mustCheckCleanIn is mustCheckClean inside the network namespace ns (runCheckIn).
+func mustCheckCleanIn(t testing.TB, ns *os.File, root, when string) checkReport {
+	t.Helper()
+	r, code, stderr := runCheckIn(t, ns, root)
 	if code != 0 || !r.OK {
 		b, _ := json.MarshalIndent(r, "", "  ")
 		t.Fatalf("%s: sandboxd check exited %d:\n%s\n%s", when, code, b, stderr)

@@ -67,9 +67,10 @@ func TestContractRefusesUndocumentedInput(t *testing.T) {
 			t.Errorf("GET %s: field %q, want the unknown parameter", target, p.Field)
 		}
 	}
-	p := wantProblem(t, d.do("DELETE", "/v1/sandboxes/nope?force=true", nil, nil), 400, "invalid-request")
-	if p.Field != "force" {
-		t.Errorf("DELETE ?force=true: field %q, want force", p.Field)
+	// force is a parameter of DELETE now (a forced delete); forcibly is not.
+	p := wantProblem(t, d.do("DELETE", "/v1/sandboxes/nope?forcibly=true", nil, nil), 400, "invalid-request")
+	if p.Field != "forcibly" {
+		t.Errorf("DELETE ?forcibly=true: field %q, want forcibly", p.Field)
 	}
 	p = wantProblem(t, d.do("POST", "/v1/sandboxes", strings.NewReader(`{"id":"a"} {"start":true}`), nil), 400, "invalid-request")
 	if p.Field != "body" {

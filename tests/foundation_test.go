@@ -173,7 +173,7 @@ func TestRefusesNonLoopbackWithoutToken(t *testing.T) {
 }
 
 // TestWithoutRoot: a sandboxd that is not root serves its API, and refuses only to start
-// sandboxes, with 503 unavailable saying why.
+// sandboxes, with 503 unavailable saying why; the refused create leaves nothing behind.
 func TestWithoutRoot(t *testing.T) {
 	requireRoot(t) // to switch to another user
 	t.Parallel()
@@ -185,6 +185,11 @@ func TestWithoutRoot(t *testing.T) {
 	p := wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "plain", "start": true}), 503, "unavailable")
 	if !strings.Contains(p.Detail, "root") {
 		t.Fatalf("the refusal does not say why: %s", p.Detail)
+	}
+	// A create whose start fails is all or nothing: the id is free again.
+	wantProblem(t, d.doJSON("GET", "/v1/sandboxes/plain", nil), 404, "sandbox-not-found")
+	if r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "plain"}); r.Status != 201 {
+		t.Fatalf("a create without start after the refused one: %d %s", r.Status, r.Body)
 	}
 	if r := d.doJSON("DELETE", "/v1/sandboxes/plain", nil); r.Status != 204 {
 		t.Fatalf("delete: %d %s", r.Status, r.Body)

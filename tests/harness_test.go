@@ -74,6 +74,8 @@ type daemon struct {
 	// otherwise Token is the one sandboxd generated into its state root (or none, noAuth).
 	givenToken bool
 	noAuth     bool
+	// netns, when set, is the network namespace sandboxd runs in (see inNetNS).
+	netns *os.File
 }
 
 type daemonOption func(*daemon)
@@ -169,7 +171,7 @@ func (d *daemon) start() {
 		t.Fatal(err)
 	}
 	d.logs = &lineLog{}
-	if err := d.cmd.Start(); err != nil {
+	if err := d.startCmd(); err != nil {
 		t.Fatal(err)
 	}
 	addr := make(chan string, 1)
@@ -186,7 +188,7 @@ func (d *daemon) start() {
 		t.Fatalf("sandboxd did not report its address within 30s\n%s", d.logs.String())
 	}
 	waitFor(t, 10*time.Second, "sandboxd /healthz", func() bool {
-		resp, err := http.Get(d.URL + "/healthz")
+		resp, err := d.httpClient().Get(d.URL + "/healthz")
 		if err != nil {
 			return false
 		}
@@ -351,7 +353,7 @@ func (d *daemon) do(method, path string, body io.Reader, header http.Header) res
 	if body != nil && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := d.httpClient().Do(req)
 	if err != nil {
 		d.t.Fatalf("%s %s: %v", method, path, err)
 	}

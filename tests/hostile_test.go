@@ -17,6 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 )
 
 // The hostile-workload suite: each workload runs in a sandbox of its own while a second,
@@ -193,8 +194,10 @@ func TestHostileWorkloads(t *testing.T) {
 		d := d.in(t)
 		id := prefix + "-forks"
 		defer hostileSandbox(t, d, id, map[string]any{"pids": 128})()
-		if max := cgroupFile(t, d, id, "pids.max"); max != "128" {
-			t.Fatalf("pids.max of the sandbox is %q, want 128", max)
+		// The cgroup allows the workload's 128 and the agent's allowance.
+		limit := 128 + shim.AgentPids
+		if max := cgroupFile(t, d, id, "pids.max"); max != strconv.Itoa(limit) {
+			t.Fatalf("pids.max of the sandbox is %q, want %d", max, limit)
 		}
 		w := startWatchdog(d, calm)
 		res := make(chan response, 1)
@@ -214,8 +217,8 @@ func TestHostileWorkloads(t *testing.T) {
 			return keyed(cgroupFile(t, d, id, "pids.events"), "max") > 0
 		})
 		cur, _ := strconv.Atoi(cgroupFile(t, d, id, "pids.current"))
-		if cur > 128 {
-			t.Errorf("pids.current %d exceeds the limit 128", cur)
+		if cur > limit {
+			t.Errorf("pids.current %d exceeds the limit %d", cur, limit)
 		}
 		r := <-res
 		w.check(t, "the sandbox forked without end")

@@ -28,6 +28,8 @@ type cli struct {
 	color                       string
 
 	api *sandboxd.Client
+	// progressDrawn says a progress bar was drawn in place on stderr and not yet ended.
+	progressDrawn bool
 }
 
 const rootLong = `sandboxctl talks to sandboxd, which runs isolated Linux sandboxes on this host.
@@ -65,6 +67,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	root.AddGroup(&cobra.Group{ID: "sandboxes", Title: "Sandboxes:"},
 		&cobra.Group{ID: "run", Title: "Commands and files:"},
 		&cobra.Group{ID: "templates", Title: "Templates:"},
+		&cobra.Group{ID: "images", Title: "Images:"},
 		&cobra.Group{ID: "system", Title: "Server:"})
 	add := func(group string, cmds ...*cobra.Command) {
 		for _, cmd := range cmds {
@@ -76,6 +79,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand())
 	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand())
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
+	add("images", c.imageCommand(), c.pullCommand())
 	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand())
 	// The commands of sandboxctl before cp took their place, kept for scripts that use them.
 	root.AddCommand(c.putCommand(), c.fetchCommand())

@@ -19,7 +19,7 @@ import (
 type execFlags struct {
 	interactive, tty, buffered bool
 	env                        []string
-	cwd, user                  string
+	cwd, user, umask           string
 	timeout                    time.Duration
 }
 
@@ -28,6 +28,7 @@ func (f *execFlags) add(cmd *cobra.Command) {
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "an environment variable KEY=VALUE (repeatable)")
 	fl.StringVarP(&f.cwd, "workdir", "w", "", "the working directory (absolute)")
 	fl.StringVarP(&f.user, "user", "u", "", "user (the default) or root")
+	fl.StringVar(&f.umask, "umask", "", "the command's umask in octal, such as 0077 (default the server's, 0022)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "kill the command after this long (default the server's, an hour)")
 }
 
@@ -100,7 +101,7 @@ func (c *cli) runCommand(id string, command []string, f execFlags) error {
 	if err != nil {
 		return err
 	}
-	o := &sandboxd.ExecOptions{Env: f.env, Cwd: f.cwd, User: f.user, Timeout: f.timeout}
+	o := &sandboxd.ExecOptions{Env: f.env, Cwd: f.cwd, User: f.user, Timeout: f.timeout, Umask: f.umask}
 	if f.buffered {
 		return c.runBuffered(api, id, command, o, f.interactive)
 	}

@@ -7,14 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/check"
 )
 
-// checkCommand is `sandboxd check [--root DIR] [--runtime-binary PATH] [--repair] [--json]`:
+// checkCommand is `sandboxd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair] [--json]`:
 // the consistency checker. It judges the state root with the runtime that the server makes
 // from the same flags (newRuntime). It exits 0 when the state root is consistent (after repair, with --repair), 1 when problems
 // remain, and 2 on a usage error or when the check could not be made.
@@ -22,11 +21,16 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sandboxd check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("root", envOr("SANDBOXD_ROOT", ".sandboxd"), "state root to check (env SANDBOXD_ROOT)")
-	runtimeBinary := fs.String("runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that the server runs sandboxes with (env SANDBOXD_RUNTIME_BINARY); default, as the server's: sandboxd-runtime beside sandboxd if there is one, else one built from sandboxd's source tree into <root>/bin, else sandboxd itself; self: sandboxd itself")
+	// The runtime's flags are the server's, so that the checker's runtime is the server's.
+	rtOpts, err := addRuntimeFlags(fs)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd check:", err)
+		return 2
+	}
 	repair := fs.Bool("repair", false, "fix what is safe to fix: end interrupted starts, clear stale records, kill unrecorded runtime processes, release leaked cgroups and mounts, finish template retirements")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sandboxd check [--root DIR] [--runtime-binary PATH] [--repair] [--json]")
+		fmt.Fprintln(stderr, "usage: sandboxd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair] [--json]")
 		fmt.Fprintln(stderr, "Verifies a sandboxd state root, offline or beside a running server. Exit status: 0 consistent, 1 problems found, 2 usage error or the check could not run.")
 		fs.PrintDefaults()
 	}
@@ -47,14 +51,24 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2
 	}
-	rt, _, err := newRuntime(*runtimeBinary, *root, log)
+	rt, _, err := newRuntime(*rtOpts, *root, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep, err := check.Run(ctx, check.Options{Root: *root, Runtime: rt, Repair: *repair, Logger: log})
+	opts := check.Options{Root: *root, Runtime: rt, Repair: *repair, Logger: log}
+	netw, err := checkerNetwork(*root, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd check:", err)
+		return 2
+	}
+	if netw != nil {
+		defer netw.Close()
+		opts.Network = netw
+	}
+	rep, err := check.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd check:", err)
 		return 2

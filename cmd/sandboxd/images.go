@@ -14,9 +14,9 @@ import (
 // cleans what a pull or import that died with an earlier server left (half-unpacked layers,
 // spools, work locks nobody holds): a crash mid-pull must not need an operator.
 func openImages(ctx context.Context, o *options, log *slog.Logger) (*image.Store, error) {
-	reg, err := registry.New(registry.Options{AuthFile: o.registryAuth, Insecure: o.insecureRegistries})
+	reg, err := registry.New(registry.Options{AuthFile: o.registryAuth, Insecure: o.insecureRegistries, Mirror: o.registryMirror})
 	if err != nil {
-		return nil, fmt.Errorf("--registry-auth: %w", err)
+		return nil, fmt.Errorf("--registry-auth or --registry-mirror: %w", err)
 	}
 	images, err := image.Open(o.root, image.Options{Fetcher: reg})
 	if err != nil {

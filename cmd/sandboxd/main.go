@@ -22,9 +22,11 @@ import (
 
 	"github.com/lmittmann/tint"
 
+	"github.com/sandboxd/sandboxd/e2b"
 	"github.com/sandboxd/sandboxd/events"
 	"github.com/sandboxd/sandboxd/handlers"
 	"github.com/sandboxd/sandboxd/metrics"
+	"github.com/sandboxd/sandboxd/network"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/portlink"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
@@ -55,15 +57,19 @@ type options struct {
 	logLevel       string
 	allowedOrigins stringList
 	templateMaxAge time.Duration
-	runtimeBinary  string
+	runtime        *runtimeOptions
 	defaultDiskMB  int
 	defaultTimeout int // seconds
 	// registryAuth and insecureRegistries configure image pulls.
 	registryAuth       string
 	insecureRegistries stringList
+	// registryMirror is where pulls from Docker Hub go first.
+	registryMirror string
 	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
 	// that cannot give sandboxes a disk is an error rather than a warning.
 	diskExplicit bool
+	// networkPool, networkUplink and dnsUpstream configure sandbox networks (network.Config).
+	networkPool, networkUplink, dnsUpstream string
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -92,19 +98,25 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env SANDBOXD_TEMPLATE_MAX_AGE)")
-	fs.StringVar(&o.runtimeBinary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else one built from sandboxd's source tree into <root>/bin, else sandboxd itself; self: sandboxd itself")
+	if o.runtime, err = addRuntimeFlags(fs); err != nil {
+		return nil, err
+	}
 	diskMB, err := envParsed("SANDBOXD_DEFAULT_DISK_MB", boundedDiskMB, strconv.Atoi)
 	if err != nil {
 		return nil, err
 	}
 	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded, for trusted work only (env SANDBOXD_DEFAULT_DISK_MB)")
 	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("SANDBOXD_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env SANDBOXD_REGISTRY_AUTH); default: anonymous pulls")
+	fs.StringVar(&o.registryMirror, "registry-mirror", os.Getenv("SANDBOXD_REGISTRY_MIRROR"), "a registry (host or host:port) that pulls from Docker Hub go to first, falling back to Docker Hub when it lacks the image or is unreachable (env SANDBOXD_REGISTRY_MIRROR)")
 	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
 	timeoutS, err := envParsed("SANDBOXD_DEFAULT_TIMEOUT_S", 0, strconv.Atoi)
 	if err != nil {
 		return nil, err
 	}
 	fs.IntVar(&o.defaultTimeout, "default-timeout-s", timeoutS, "the lifetime in seconds of a sandbox whose create request names none; 0: none (env SANDBOXD_DEFAULT_TIMEOUT_S)")
+	fs.StringVar(&o.networkPool, "network-pool", envOr("SANDBOXD_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env SANDBOXD_NETWORK_POOL)")
+	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("SANDBOXD_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env SANDBOXD_NETWORK_UPLINK); default: any interface that is not a sandbox's")
+	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("SANDBOXD_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env SANDBOXD_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -193,11 +205,11 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	rt, exe, err := newRuntime(o.runtimeBinary, o.root, log)
+	rt, exe, err := newRuntime(*o.runtime, o.root, log)
 	if err != nil {
 		return err
 	}
-	log.Info("sandbox runtime", "executable", exe)
+	log.Info("sandbox runtime", "executable", exe, "user_namespaces", o.runtime.userNamespaces)
 	if o.defaultDiskMB, err = defaultDisk(rt, o, log); err != nil {
 		return err
 	}
@@ -221,6 +233,15 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	netw, err := openNetwork(o, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		defer netw.Close()
+		mx.WatchNetwork(netw.denied)
+		go netw.watch(ctx)
+	}
 	images, err := openImages(ctx, o, log)
 	if err != nil {
 		return err
@@ -234,6 +255,7 @@ func serve(o *options, log *slog.Logger) error {
 		},
 		OnTransition: mx.OnTransition,
 		Storage:      health,
+		Network:      netw.networker(),
 	})
 	if err != nil {
 		return err
@@ -268,7 +290,16 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// E2B's API on the same listener (docs/e2b.md): its paths and its envd header are none
+	// of sandboxd's.
+	e2bAPI := e2b.New(e2b.Config{
+		Supervisor: sup, Token: token, Logger: log,
+		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
+		MaxFileBytes: server.DefaultMaxFileBytes,
+	})
 	srv, err := server.New(server.Config{
+		Foreign:        e2bAPI,
+		ForeignClaims:  e2b.Claims,
 		Handlers:       h,
 		Token:          token,
 		AllowedOrigins: o.allowedOrigins,

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	goruntime "runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -36,17 +38,47 @@ const runtimeBinDir = "bin"
 // the runtime's packages in about 15 s on a slow 2-core host.
 const provisionTimeout = 5 * time.Minute
 
+// runtimeOptions are the flags that configure the sandbox runtime. The server and
+// `sandboxd check` both take them (addRuntimeFlags) and build the runtime from them alone
+// (newRuntime), so that the two can never be configured apart.
+type runtimeOptions struct {
+	// binary is --runtime-binary (see runtimeExecutable).
+	binary string
+	// userNamespaces is --user-namespaces: false runs sandboxes with the host's ids
+	// (namespace.Config.IDs.Off).
+	userNamespaces bool
+}
+
+// userNamespacesFlag is the flag that turns sandboxes' user namespaces off; start errors of a
+// state root that cannot be idmapped name it.
+const userNamespacesFlag = "user-namespaces"
+
+// addRuntimeFlags defines the runtime's flags on fs, each defaulting to its environment
+// variable, and returns where they land once fs is parsed.
+func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
+	o := &runtimeOptions{}
+	fs.StringVar(&o.binary, "runtime-binary", os.Getenv("SANDBOXD_RUNTIME_BINARY"), "the sandboxd-runtime binary that sandboxes run (env SANDBOXD_RUNTIME_BINARY); default: sandboxd-runtime beside sandboxd if there is one, else one built from sandboxd's source tree into <root>/bin, else sandboxd itself; self: sandboxd itself")
+	userns, err := envParsed("SANDBOXD_USER_NAMESPACES", true, strconv.ParseBool)
+	if err != nil {
+		return nil, err
+	}
+	fs.BoolVar(&o.userNamespaces, userNamespacesFlag, userns, "run each sandbox in a user namespace with host ids of its own (env SANDBOXD_USER_NAMESPACES); false: sandboxes run with the host's ids (root inside is host root for per-user kernel limits), for a state root or images on a file system that cannot be idmapped (overlayfs, NFS)")
+	return o, nil
+}
+
 // newRuntime returns the runtime as the server configures it, running the runtime binary
-// that runtimeExecutable chooses for binary (the --runtime-binary flag) and the state root,
-// and that executable. `sandboxd check` makes its runtime here too: a runtime's identity
-// hashes its executable and configuration, so a checker configured otherwise than the server
-// would take every running sandbox for one of another runtime.
-func newRuntime(binary, root string, log *slog.Logger) (*namespace.Runtime, string, error) {
-	exe, err := runtimeExecutable(binary, root, log)
+// that runtimeExecutable chooses for o.binary and the state root, and that executable.
+// `sandboxd check` makes its runtime here too: a runtime's identity hashes its executable and
+// configuration, so a checker configured otherwise than the server would take every running
+// sandbox for one of another runtime.
+func newRuntime(o runtimeOptions, root string, log *slog.Logger) (*namespace.Runtime, string, error) {
+	exe, err := runtimeExecutable(o.binary, root, log)
 	if err != nil {
 		return nil, "", err
 	}
-	rt, err := namespace.New(namespace.Config{Executable: exe})
+	cfg := namespace.Config{Executable: exe}
+	cfg.IDs.Off = !o.userNamespaces
+	rt, err := namespace.New(cfg)
 	if err != nil {
 		return nil, "", err
 	}

@@ -35,14 +35,22 @@ var Classes = map[string]Class{
 	"store/template":            Host,
 	"supervisor":                Host,
 
-	"events":          HTTP,
-	"handlers":        HTTP,
-	"metrics":         HTTP,
-	"openapi":         HTTP,
-	"openapi/stream":  HTTP,
-	"openapi/client":  HTTP,
-	"sdk/go/sandboxd": HTTP,
-	"server":          HTTP,
+	// E2B compatibility (docs/e2b.md): the control plane and envd plane served to E2B's
+	// SDKs, and the Connect services generated from e2b/envd's .proto files.
+	"e2b":                                   HTTP,
+	"e2b/envd":                              HTTP,
+	"e2b/envd/filesystem":                   HTTP,
+	"e2b/envd/filesystem/filesystemconnect": HTTP,
+	"e2b/envd/process":                      HTTP,
+	"e2b/envd/process/processconnect":       HTTP,
+	"events":                                HTTP,
+	"handlers":                              HTTP,
+	"metrics":                               HTTP,
+	"openapi":                               HTTP,
+	"openapi/stream":                        HTTP,
+	"openapi/client":                        HTTP,
+	"sdk/go/sandboxd":                       HTTP,
+	"server":                                HTTP,
 	// The registry client links net/http, which no package below the handlers may; the
 	// image store knows it only as an image.Fetcher.
 	"store/image/registry": HTTP,

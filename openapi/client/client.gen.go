@@ -40,75 +40,6 @@ func (e EventProgressPhase) Valid() bool {
 	}
 }
 
-// Defines values for EventType.
-const (
-	EventTypeCaptureProgress      EventType = "capture.progress"
-	EventTypeGenerationCaptured   EventType = "generation.captured"
-	EventTypeGenerationRetired    EventType = "generation.retired"
-	EventTypeGenerationTombstoned EventType = "generation.tombstoned"
-	EventTypeImageDeleted         EventType = "image.deleted"
-	EventTypeImageFailed          EventType = "image.failed"
-	EventTypeImageImported        EventType = "image.imported"
-	EventTypeImagePullProgress    EventType = "image.pull.progress"
-	EventTypeImagePulled          EventType = "image.pulled"
-	EventTypeLeaseAcquired        EventType = "lease.acquired"
-	EventTypeLeaseReleased        EventType = "lease.released"
-	EventTypeSandboxCreated       EventType = "sandbox.created"
-	EventTypeSandboxDeleted       EventType = "sandbox.deleted"
-	EventTypeSandboxExited        EventType = "sandbox.exited"
-	EventTypeSandboxExpired       EventType = "sandbox.expired"
-	EventTypeSandboxPaused        EventType = "sandbox.paused"
-	EventTypeSandboxResumed       EventType = "sandbox.resumed"
-	EventTypeSandboxStarted       EventType = "sandbox.started"
-	EventTypeSandboxStopped       EventType = "sandbox.stopped"
-)
-
-// Valid indicates whether the value is a known member of the EventType enum.
-func (e EventType) Valid() bool {
-	switch e {
-	case EventTypeCaptureProgress:
-		return true
-	case EventTypeGenerationCaptured:
-		return true
-	case EventTypeGenerationRetired:
-		return true
-	case EventTypeGenerationTombstoned:
-		return true
-	case EventTypeImageDeleted:
-		return true
-	case EventTypeImageFailed:
-		return true
-	case EventTypeImageImported:
-		return true
-	case EventTypeImagePullProgress:
-		return true
-	case EventTypeImagePulled:
-		return true
-	case EventTypeLeaseAcquired:
-		return true
-	case EventTypeLeaseReleased:
-		return true
-	case EventTypeSandboxCreated:
-		return true
-	case EventTypeSandboxDeleted:
-		return true
-	case EventTypeSandboxExited:
-		return true
-	case EventTypeSandboxExpired:
-		return true
-	case EventTypeSandboxPaused:
-		return true
-	case EventTypeSandboxResumed:
-		return true
-	case EventTypeSandboxStarted:
-		return true
-	case EventTypeSandboxStopped:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for FileEntryType.
 const (
 	FileEntryTypeDirectory FileEntryType = "directory"
@@ -473,6 +404,22 @@ type CreateSandboxRequest struct {
 	// Example: {"job":"42","team":"grading"}
 	Labels *Labels `json:"labels,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
 	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
 
@@ -594,14 +541,20 @@ type Event struct {
 	//
 	// Example: python-base
 	Template *TemplateName `json:"template,omitempty"`
-	Type     EventType     `json:"type"`
+
+	// Type What an event says happened (see `Event` for the fields of each). New types may be
+	// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+	// it does not know, and skips it.
+	Type EventType `json:"type"`
 }
 
 // EventProgressPhase defines model for Event.Progress.Phase.
 type EventProgressPhase string
 
-// EventType defines model for Event.Type.
-type EventType string
+// EventType What an event says happened (see `Event` for the fields of each). New types may be
+// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+// it does not know, and skips it.
+type EventType = string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
@@ -622,6 +575,15 @@ type ExecRequest struct {
 
 	// TimeoutMs Kill the command after this many milliseconds.
 	TimeoutMs *int `json:"timeout_ms,omitempty"`
+
+	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+	// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+	// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+	//
+	//
+	// Example: 0077
+	Umask *Umask `json:"umask,omitempty"`
 
 	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 	//
@@ -972,6 +934,30 @@ type LeaseList struct {
 	Items []Lease `json:"items"`
 }
 
+// NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+// answers only allowed names and opens their answered addresses for their TTL. Always
+// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+// CIDR lies inside one.
+//
+// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+type NetworkPolicy struct {
+	// Allow The only destinations reachable, when not empty.
+	Allow *[]string `json:"allow,omitempty"`
+
+	// Deny Destinations never reachable; wins over `allow` and `internet`.
+	Deny *[]string `json:"deny,omitempty"`
+
+	// Internet Every public destination, when `allow` is empty.
+	Internet *bool `json:"internet,omitempty"`
+}
+
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
@@ -1053,7 +1039,10 @@ type Resources struct {
 	// MemoryMb Memory limit in MiB.
 	MemoryMb int `json:"memory_mb"`
 
-	// Pids Limit on the number of processes and threads.
+	// Pids Limit on the number of the workload's processes and threads. sandboxd's own agent
+	// inside the sandbox is not counted against it: the sandbox's cgroup allows this many
+	// plus an allowance of 32 for the agent, so the workload always has at least this
+	// many, 1 included.
 	Pids int `json:"pids"`
 
 	// Vcpus CPU quota in whole CPUs.
@@ -1070,12 +1059,16 @@ type ResourcesRequest struct {
 	// 31 is refused: too small for a file system.
 	DiskMb   *int `json:"disk_mb,omitempty"`
 	MemoryMb *int `json:"memory_mb,omitempty"`
-	Pids     *int `json:"pids,omitempty"`
-	Vcpus    *int `json:"vcpus,omitempty"`
+
+	// Pids The workload's processes and threads, the agent's not counted (see `Resources`).
+	Pids  *int `json:"pids,omitempty"`
+	Vcpus *int `json:"vcpus,omitempty"`
 }
 
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
+	// Address The sandbox's own address, while it runs with a network interface.
+	Address   *string   `json:"address,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
@@ -1106,13 +1099,31 @@ type Sandbox struct {
 	// LastExit How the sandbox's last run ended.
 	LastExit *LastExit `json:"last_exit,omitempty"`
 
+	// Network A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+	// but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+	// below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+	// (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
+	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+	// answers only allowed names and opens their answered addresses for their TTL. Always
+	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+	// CIDR lies inside one.
+	//
+	//
+	// Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
+	Network *NetworkPolicy `json:"network,omitempty"`
+
 	// OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 	OnTimeout *OnTimeout `json:"on_timeout,omitempty"`
 
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
 
-	// StartedAt When the current (or last) run started.
+	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
+	// linger until sandboxd has reconciled a run that ended by itself): how the last run
+	// ended, and when, is `last_exit`.
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
@@ -1223,6 +1234,14 @@ type TimeoutRequest struct {
 	// TimeoutS The lifetime in seconds from now (1 s to 30 days); 0 clears it.
 	TimeoutS int `json:"timeout_s"`
 }
+
+// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+//
+// Example: 0077
+type Umask = string
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
@@ -1372,9 +1391,10 @@ type ExecStreamParams struct {
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
-	Env  *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
-	Cwd  *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
-	User *User         `form:"user,omitempty" json:"user,omitempty"`
+	Env   *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
+	Cwd   *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
+	User  *User         `form:"user,omitempty" json:"user,omitempty"`
+	Umask *Umask        `form:"umask,omitempty" json:"umask,omitempty"`
 
 	// Tty Run the command on a pseudo-terminal of `rows` by `cols`.
 	Tty  *bool `form:"tty,omitempty" json:"tty,omitempty"`
@@ -1421,6 +1441,14 @@ type WriteFileParams struct {
 type GetSandboxLogsParams struct {
 	// Tail Only the last this many lines.
 	Tail *int `form:"tail,omitempty" json:"tail,omitempty"`
+}
+
+// SetSandboxNetworkParams defines parameters for SetSandboxNetwork.
+type SetSandboxNetworkParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // PauseSandboxParams defines parameters for PauseSandbox.
@@ -1555,6 +1583,9 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
+
+// SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
+type SetSandboxNetworkJSONRequestBody = NetworkPolicy
 
 // CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
 type CreatePortLinkJSONRequestBody = PortLinkRequest
@@ -1983,6 +2014,34 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxNetworkWithBody Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBody(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxNetwork Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PauseSandbox Pause a running sandbox
 	//
@@ -2844,6 +2903,54 @@ func (c *Client) WriteFileWithBody(ctx context.Context, id SandboxIDPath, params
 // Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 func (c *Client) GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxLogsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxNetworkWithBody Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetworkWithBody(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxNetwork Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4177,6 +4284,18 @@ func NewExecStreamRequest(server string, id SandboxIDPath, params *ExecStreamPar
 
 		}
 
+		if params.Umask != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "umask", *params.Umask, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.Tty != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tty", *params.Tty, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
@@ -4529,6 +4648,80 @@ func NewGetSandboxLogsRequest(server string, id SandboxIDPath, params *GetSandbo
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewSetSandboxNetworkRequest calls the generic SetSandboxNetwork builder with application/json body
+func NewSetSandboxNetworkRequest(server string, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetSandboxNetworkRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewSetSandboxNetworkRequestWithBody constructs an http.Request for the SetSandboxNetwork method, with any body, and a specified content type
+func NewSetSandboxNetworkRequestWithBody(server string, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/network", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -6111,6 +6304,34 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogsWithResponse(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error)
+
+	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
+
+	// SetSandboxNetworkWithResponse Replace a sandbox's egress policy
+	//
+	// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+	// applied at once to a running sandbox: new connections follow it, established ones
+	// continue; a running sandbox without an interface gets one. A policy that allows
+	// nothing leaves a running sandbox's interface in place with everything dropped, and
+	// gives a stopped one no interface at its next start. An invalid entry is refused with
+	// `invalid-request` whose `field` names it (`network.allow[2]`).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
 
 	// PauseSandboxWithResponse Pause a running sandbox
 	//
@@ -8357,6 +8578,124 @@ func (r GetSandboxLogsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetSandboxLogsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// SetSandboxNetworkResponse401Headers the declared response headers of an HTTP 401 response for SetSandboxNetwork
+type SetSandboxNetworkResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type SetSandboxNetworkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *SetSandboxNetworkResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetSandboxNetworkResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r SetSandboxNetworkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetSandboxNetworkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetSandboxNetworkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetSandboxNetworkResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -10808,6 +11147,46 @@ func (c *ClientWithResponses) GetSandboxLogsWithResponse(ctx context.Context, id
 	return ParseGetSandboxLogsResponse(rsp)
 }
 
+// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetworkWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
+}
+
+// SetSandboxNetworkWithResponse Replace a sandbox's egress policy
+//
+// Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+// applied at once to a running sandbox: new connections follow it, established ones
+// continue; a running sandbox without an interface gets one. A policy that allows
+// nothing leaves a running sandbox's interface in place with everything dropped, and
+// gives a stopped one no interface at its next start. An invalid entry is refused with
+// `invalid-request` whose `field` names it (`network.allow[2]`).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetwork(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
+}
+
 // PauseSandboxWithResponse Pause a running sandbox
 //
 // Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
@@ -12983,6 +13362,115 @@ func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, e
 	switch {
 	case rsp.StatusCode == 401:
 		var headers GetSandboxLogsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseSetSandboxNetworkResponse parses an HTTP response from a SetSandboxNetworkWithResponse call
+func ParseSetSandboxNetworkResponse(rsp *http.Response) (*SetSandboxNetworkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetSandboxNetworkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers SetSandboxNetworkResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

@@ -81,6 +81,14 @@ type SandboxID = string
 // Example: python-base
 type TemplateName = string
 
+// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
+// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+// directories 0755). It is a string, not a number, because JSON has no octal numbers:
+// a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+//
+// Example: 0077
+type Umask = string
+
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
 // Example: user
@@ -146,9 +154,10 @@ type ExecStreamParams struct {
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
-	Env  *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
-	Cwd  *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
-	User *User         `form:"user,omitempty" json:"user,omitempty"`
+	Env   *[]EnvVar     `form:"env,omitempty" json:"env,omitempty"`
+	Cwd   *AbsolutePath `form:"cwd,omitempty" json:"cwd,omitempty"`
+	User  *User         `form:"user,omitempty" json:"user,omitempty"`
+	Umask *Umask        `form:"umask,omitempty" json:"umask,omitempty"`
 
 	// Tty Run the command on a pseudo-terminal of `rows` by `cols`.
 	Tty  *bool `form:"tty,omitempty" json:"tty,omitempty"`
@@ -257,6 +266,19 @@ func (siw *ServerInterfaceWrapper) ExecStream(w http.ResponseWriter, r *http.Req
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "user"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "user", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "umask" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "umask", r.URL.Query(), &params.Umask, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "umask"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "umask", Err: err})
 		}
 		return
 	}

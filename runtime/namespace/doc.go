@@ -122,7 +122,9 @@
 // directory whose ancestors all delegate memory, cpu and pids (so sandboxd must not run in a
 // cgroup that holds processes). On v1 the shim's forking thread enters the cgroup for the
 // fork alone; on v2 the init is cloned into it (CLONE_INTO_CGROUP) and makes its cgroup
-// namespace once inside. An out-of-memory kill goes into the outcome.
+// namespace once inside. An out-of-memory kill goes into the outcome. The cgroup's pids.max
+// is the sandbox's pids limit plus [shim.AgentPids], since the agent's own threads count
+// against it: `pids: N` leaves the workload at least N processes and threads.
 //
 // The init holds the sandbox's capability set plus CAP_SYS_ADMIN, CAP_NET_ADMIN and
 // CAP_SYS_RESOURCE (all in its user namespace), which it drops before the agent runs. The agent keeps [platform.DefaultCapabilities] (Docker's

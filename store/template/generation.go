@@ -418,7 +418,7 @@ func keyDiff(have, want Key) string {
 		d = append(d, fmt.Sprintf("image %q, not %q", have.Image, want.Image))
 	}
 	if have.Resources != want.Resources {
-		d = append(d, fmt.Sprintf("resources %+v, not %+v", have.Resources, want.Resources))
+		d = append(d, fmt.Sprintf("resources %s, not %s", have.Resources, want.Resources))
 	}
 	return strings.Join(d, ", ")
 }

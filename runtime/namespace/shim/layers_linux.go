@@ -169,7 +169,9 @@ func idmap(m, userns *os.File) error {
 	}
 	err := platform.SetMountIDMap(m, userns, false)
 	if errors.Is(err, platform.ErrIDMapUnsupported) {
-		return fmt.Errorf("%w: a sandbox's user namespace needs its state directory and layers on a file system that can be idmapped (ext4, xfs, btrfs, tmpfs), or the runtime's IDs.Off", err)
+		// The message names sandboxd's flag for Config.IDs.Off: it reaches the API's caller
+		// and the operator through the start's error, who run sandboxd, not this package.
+		return fmt.Errorf("%w: a sandbox's user namespace needs its state directory and layers on a file system that can be idmapped (ext4, xfs, btrfs, tmpfs); move the state root to one, or run sandboxd with --user-namespaces=false (sandboxes then run with the host's ids)", err)
 	}
 	return err
 }

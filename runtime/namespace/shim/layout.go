@@ -38,6 +38,17 @@ const (
 	SocketName     = "control.sock"
 )
 
+// AgentPids is the allowance of tasks (processes and threads) that the shim adds to a
+// sandbox's pids limit for its init, which becomes the agent: a Go program whose runtime
+// threads count against the cgroup's pids.max like any workload's. Idle, the agent holds about
+// 9 threads; each blocking system call in flight (a file operation, of which a sandbox has at
+// most 16, or an exec's wait) can take one more. Without the allowance a small `pids` left no
+// room for the agent (below 6 the sandbox never came up, at 8 it ran but could start no
+// command); with it, `pids: N` leaves at least N to the workload. The allowance is a ceiling
+// the sandbox shares, not a reserve: a workload that forks past N can take what the agent
+// does not use.
+const AgentPids = 32
+
 // Config is what the host-side driver hands the shim on its fd 3.
 type Config struct {
 	Spec   runtime.Spec `json:"spec"`

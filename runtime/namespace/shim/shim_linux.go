@@ -245,10 +245,11 @@ func findHostBase(spec *runtime.Spec) <-chan hostBaseResult {
 	return done
 }
 
-// newCgroup makes the sandbox's cgroup name with the limits of res. A cgroup of the same name
-// left by a crashed earlier launch goes first, with anything still in it, so that its
-// counters (OOM kills) are not taken for this run's. The cgroup is returned, with or without
-// an error, once it may exist and must be removed when the launch ends.
+// newCgroup makes the sandbox's cgroup name with the limits of res, the pids limit raised by
+// [AgentPids]. A cgroup of the same name left by a crashed earlier launch goes first, with
+// anything still in it, so that its counters (OOM kills) are not taken for this run's. The
+// cgroup is returned, with or without an error, once it may exist and must be removed when
+// the launch ends.
 func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
 	cg, err := platform.OpenCgroup(name)
 	if err != nil {
@@ -263,7 +264,10 @@ func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
 	limits := platform.CgroupLimits{
 		MemoryBytes: int64(res.MemoryMB) << 20,
 		VCPUs:       res.VCPUs,
-		Pids:        res.Pids,
+	}
+	if res.Pids > 0 {
+		// The agent is in the cgroup too: the workload's limit comes on top of its allowance.
+		limits.Pids = res.Pids + AgentPids
 	}
 	if err := cg.Create(limits); err != nil {
 		return cg, fmt.Errorf("create cgroup: %w", err)

@@ -26,6 +26,23 @@
 // operation answers it with the route's not-found; Wait then follows /v1/events itself
 // (subscribing before it reads the sandbox, so that no change falls between the two).
 //
+// # Images
+//
+// [Client.PullImage] starts a pull and returns at once; [Client.WaitImage] follows it by
+// reading GET /v1/images/{name} until it ends, handing each reading to a callback
+// ([PullProgress] sums its layers' bytes), and returns a [*PullError] for a pull that failed:
+//
+//	img, err := c.PullImage(ctx, "registry.example.com/library/busybox:1.36", sandboxd.PullOptions{Name: "busybox"})
+//	if err == nil {
+//		img, err = c.WaitImage(ctx, img.Name, func(i *sandboxd.Image) {
+//			done, total, _, _ := sandboxd.PullProgress(i)
+//			log.Printf("%d of %d bytes", done, total)
+//		})
+//	}
+//
+// [Client.ImportImage] streams an archive; [Client.DeleteImage] is refused with
+// [ErrImageInUse] while a sandbox or a generation uses the image.
+//
 // # Operations newer than the generated client
 //
 // Pause, resume, the sandbox lifetime and wait are called by their paths whether or not the

@@ -30,6 +30,7 @@ var (
 	ErrForeignFiles         = Code(errcode.ForeignFiles)
 	ErrGenerationLeased     = Code(errcode.GenerationLeased)
 	ErrGenerationNotFound   = Code(errcode.GenerationNotFound)
+	ErrImageInUse           = Code(errcode.ImageInUse)
 	ErrImageNotFound        = Code(errcode.ImageNotFound)
 	ErrInternal             = Code(errcode.Internal)
 	ErrInvalidRequest       = Code(errcode.InvalidRequest)

@@ -31,6 +31,9 @@ type ExecOptions struct {
 	// TTY runs a streamed command on a pseudo-terminal of Rows by Cols (0: 24 by 80).
 	TTY        bool
 	Rows, Cols int
+	// Umask is the command's file mode creation mask in octal, as the shell writes it
+	// ("0077"); "" is the server's default, 0022.
+	Umask string
 }
 
 // Exec runs a command and waits for it; its output comes back whole (up to the server's cap
@@ -47,7 +50,8 @@ func (c *Client) Exec(ctx context.Context, id string, command []string, o *ExecO
 		Stdin     *string  `json:"stdin,omitempty"`
 		TimeoutMs int64    `json:"timeout_ms,omitempty"`
 		WaitMs    int64    `json:"wait_ms,omitempty"`
-	}{Command: command, Env: o.Env, Cwd: o.Cwd, User: o.User, TimeoutMs: o.Timeout.Milliseconds(), WaitMs: o.Wait.Milliseconds()}
+		Umask     string   `json:"umask,omitempty"`
+	}{Command: command, Env: o.Env, Cwd: o.Cwd, User: o.User, TimeoutMs: o.Timeout.Milliseconds(), WaitMs: o.Wait.Milliseconds(), Umask: o.Umask}
 	if o.Stdin != "" {
 		body.Stdin = &o.Stdin
 	}
@@ -106,6 +110,9 @@ func (c *Client) ExecStream(ctx context.Context, id string, command []string, o 
 	}
 	if o.User != "" {
 		q.Set("user", o.User)
+	}
+	if o.Umask != "" {
+		q.Set("umask", o.Umask)
 	}
 	if o.TTY {
 		q.Set("tty", "true")

@@ -235,6 +235,7 @@ export class Sandboxd {
       env: opts.env,
       cwd: opts.cwd,
       user: opts.user,
+      umask: opts.umask,
       tty: opts.tty,
       rows: opts.rows,
       cols: opts.cols,

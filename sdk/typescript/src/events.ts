@@ -1,7 +1,8 @@
 // The event stream, GET /v1/events (server-sent events), read over fetch: a parser of the
 // text/event-stream format and the validation of each event's data into an Event.
 
-import { eventProgressPhaseValues, eventTypeValues, lastExitReasonValues, sandboxStateValues } from "./schema.gen.js";
+import { knownEventTypes } from "./codes.gen.js";
+import { eventProgressPhaseValues, lastExitReasonValues, sandboxStateValues } from "./schema.gen.js";
 import { isRecord, numberField, oneOf, parseJSON, stringField } from "./guards.js";
 import type { Event, LastExit } from "./types.js";
 
@@ -76,7 +77,7 @@ export function parseEvent(data: string): Event | undefined {
   const v = parseJSON(data);
   if (!isRecord(v)) return undefined;
   const seq = numberField(v, "seq");
-  const type = oneOf(eventTypeValues, v["type"]);
+  const type = oneOf(knownEventTypes, v["type"]);
   const at = stringField(v, "at");
   if (seq === undefined || type === undefined || at === undefined) return undefined;
   const e: Event = { seq, type, at };

@@ -46,6 +46,8 @@ export interface ExecStreamOptions {
   cwd?: string;
   /** A user name or numeric uid inside the sandbox. */
   user?: string;
+  /** The command's umask in octal, as the shell writes it ("0077"); the server's default is "0022". */
+  umask?: string;
   /** Run the command on a pseudo-terminal (all output then arrives on stdout). */
   tty?: boolean;
   rows?: number;

@@ -19,5 +19,6 @@ export { parseEvent, parseServerSentEvents } from "./events.js";
 export type { ServerSentEvent } from "./events.js";
 export type * from "./types.js";
 export type { components, operations, paths } from "./schema.gen.js";
-export { eventTypeValues, sandboxStateValues } from "./schema.gen.js";
-export { knownErrorCodes } from "./codes.gen.js";
+export { sandboxStateValues } from "./schema.gen.js";
+// eventTypeValues is the name the list had while the spec's event types were a closed enum.
+export { knownErrorCodes, knownEventTypes, knownEventTypes as eventTypeValues } from "./codes.gen.js";

@@ -69,6 +69,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/network": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Replace a sandbox's egress policy
+         * @description Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
+         *     applied at once to a running sandbox: new connections follow it, established ones
+         *     continue; a running sandbox without an interface gets one. A policy that allows
+         *     nothing leaves a running sandbox's interface in place with everything dropped, and
+         *     gives a stopped one no interface at its next start. An invalid entry is refused with
+         *     `invalid-request` whose `field` names it (`network.allow[2]`).
+         */
+        put: operations["setSandboxNetwork"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/start": {
         parameters: {
             query?: never;
@@ -1257,6 +1285,14 @@ export interface components {
          * @example user
          */
         User: string;
+        /**
+         * @description The command's file mode creation mask, in octal as the shell's `umask` prints it
+         *     (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
+         *     directories 0755). It is a string, not a number, because JSON has no octal numbers:
+         *     a decimal 77 would be mask 0115, a silent mistake, while `"77"` is refused.
+         * @example 0077
+         */
+        Umask: string;
         LabelKey: string;
         LabelValue: string;
         /**
@@ -1291,7 +1327,12 @@ export interface components {
             vcpus: number;
             /** @description Memory limit in MiB. */
             memory_mb: number;
-            /** @description Limit on the number of processes and threads. */
+            /**
+             * @description Limit on the number of the workload's processes and threads. sandboxd's own agent
+             *     inside the sandbox is not counted against it: the sandbox's cgroup allows this many
+             *     plus an allowance of 32 for the agent, so the workload always has at least this
+             *     many, 1 included.
+             */
             pids: number;
             /**
              * @description Size in MiB of the sandbox's own disk, which holds everything it writes (its
@@ -1305,6 +1346,7 @@ export interface components {
         ResourcesRequest: {
             vcpus?: number;
             memory_mb?: number;
+            /** @description The workload's processes and threads, the agent's not counted (see `Resources`). */
             pids?: number;
             /**
              * @description Gives the sandbox a disk of its own of this many MiB (an ext4 file system in a
@@ -1337,6 +1379,7 @@ export interface components {
              */
             env?: components["schemas"]["EnvVar"][];
             labels?: components["schemas"]["Labels"];
+            network?: components["schemas"]["NetworkPolicy"];
             /**
              * @description Also start the sandbox before answering. The create is then all or nothing: a
              *     start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -1398,7 +1441,9 @@ export interface components {
             created_at: string;
             /**
              * Format: date-time
-             * @description When the current (or last) run started.
+             * @description When the current run started. Once the sandbox has stopped it is absent (it may
+             *     linger until sandboxd has reconciled a run that ended by itself): how the last run
+             *     ended, and when, is `last_exit`.
              */
             started_at?: string;
             last_exit?: components["schemas"]["LastExit"];
@@ -1408,6 +1453,45 @@ export interface components {
              */
             expires_at?: string;
             on_timeout?: components["schemas"]["OnTimeout"];
+            network?: components["schemas"]["NetworkPolicy"];
+            /**
+             * Format: ipv4
+             * @description The sandbox's own address, while it runs with a network interface.
+             */
+            address?: string;
+        };
+        /**
+         * @description A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
+         *     but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
+         *     below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
+         *     (`198.51.100.7:443`, TCP and UDP), IPv4 only. With `internet` and no `allow`, every
+         *     public destination is reachable; with `allow`, only what it lists. `deny` wins over
+         *     `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
+         *     answers only allowed names and opens their answered addresses for their TTL. Always
+         *     denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+         *     169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
+         *     addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
+         *     CIDR lies inside one.
+         * @example {
+         *       "allow": [
+         *         "pypi.org",
+         *         "*.pythonhosted.org"
+         *       ],
+         *       "deny": [
+         *         "evil.pypi.org"
+         *       ]
+         *     }
+         */
+        NetworkPolicy: {
+            /**
+             * @description Every public destination, when `allow` is empty.
+             * @default false
+             */
+            internet?: boolean;
+            /** @description The only destinations reachable, when not empty. */
+            allow?: string[];
+            /** @description Destinations never reachable; wins over `allow` and `internet`. */
+            deny?: string[];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
@@ -1424,6 +1508,7 @@ export interface components {
             env?: components["schemas"]["EnvVar"][];
             cwd?: components["schemas"]["AbsolutePath"];
             user?: components["schemas"]["User"];
+            umask?: components["schemas"]["Umask"];
             /** @description Text written to the command's standard input, which is then closed. */
             stdin?: string;
             /**
@@ -1699,8 +1784,7 @@ export interface components {
              * @description Increases by one per event of this server process; also the SSE `id`.
              */
             seq: number;
-            /** @enum {string} */
-            type: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
+            type: components["schemas"]["EventType"];
             /** Format: date-time */
             at: string;
             sandbox?: components["schemas"]["SandboxID"];
@@ -1736,6 +1820,12 @@ export interface components {
                 bytes_total?: number;
             };
         };
+        /**
+         * @description What an event says happened (see `Event` for the fields of each). New types may be
+         *     added; the list is open (`x-extensible-enum`): a client must accept an event of a type
+         *     it does not know, and skips it.
+         */
+        EventType: string;
         /**
          * @description The stable error codes, identical to package errcode. Never renamed; new ones may be
          *     added, so clients treat an unknown code by its HTTP status. The list is open
@@ -2111,6 +2201,50 @@ export interface operations {
             501: components["responses"]["NotImplemented"];
         };
     };
+    setSandboxNetwork: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NetworkPolicy"];
+            };
+        };
+        responses: {
+            /** @description The sandbox, with its new policy. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
     startSandbox: {
         parameters: {
             query?: {
@@ -2405,6 +2539,7 @@ export interface operations {
                 env?: components["schemas"]["EnvVar"][];
                 cwd?: components["schemas"]["AbsolutePath"];
                 user?: components["schemas"]["User"];
+                umask?: components["schemas"]["Umask"];
                 /** @description Run the command on a pseudo-terminal of `rows` by `cols`. */
                 tty?: boolean;
                 rows?: number;
@@ -3940,5 +4075,4 @@ export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<co
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "qemu"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
-export const eventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["type"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];

@@ -1,6 +1,7 @@
 // Short names for the schemas of openapi/openapi.yaml. The types themselves are generated
 // into schema.gen.ts by openapi-typescript; this file only names them.
 
+import type { KnownEventType } from "./codes.gen.js";
 import type { components } from "./schema.gen.js";
 
 type Schemas = components["schemas"];
@@ -20,8 +21,13 @@ export type Generation = Schemas["Generation"];
 export type GenerationList = Schemas["GenerationList"];
 export type Lease = Schemas["Lease"];
 export type Info = Schemas["Info"];
-export type Event = Schemas["Event"];
-export type EventType = Schemas["Event"]["type"];
+/**
+ * An event as parseEvent returns it: of a type the contract documents (it skips the others, as
+ * the contract tells clients to; the list is open).
+ */
+export type Event = Omit<Schemas["Event"], "type"> & { type: KnownEventType };
+/** An event type the contract documents. The server may send others, which parseEvent skips. */
+export type EventType = KnownEventType;
 /**
  * An error code the contract documents. The server may send others (the list is open); the
  * SDK then reports the generic code of the status and keeps the server's in rawCode.

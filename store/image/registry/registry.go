@@ -42,6 +42,15 @@ type Options struct {
 	// loopback registry (localhost, 127.0.0.0/8, ::1) is always allowed plain HTTP, as
 	// the library and docker do.
 	Insecure []string
+	// Mirror is a registry ("host" or "host:port") that pulls from Docker Hub go to first:
+	// a reference whose registry is Docker Hub (index.docker.io, docker.io, or none given)
+	// is rewritten to the same repository and tag or digest on the mirror. Only when the
+	// mirror has no such image (404) or cannot be reached (a network failure, a 5xx) is Docker
+	// Hub asked instead; a mirror that refuses credentials or serves a bad manifest is an
+	// error, as a registry's own would be. The choice is made while the manifest is resolved,
+	// before any layer is read, so every layer of an image comes from the registry whose
+	// manifest named it; a layer download that fails on the mirror fails the pull.
+	Mirror string
 	// Platform is the "os/arch[/variant]" a manifest list is resolved to; the host's when
 	// empty.
 	Platform string
@@ -68,6 +77,11 @@ func New(opts Options) (*Registry, error) {
 	p, err := v1.ParsePlatform(want)
 	if err != nil {
 		return nil, errcode.Invalid("platform", "The platform %q is not of the form os/arch[/variant].", want)
+	}
+	if opts.Mirror != "" {
+		if _, err := name.NewRegistry(opts.Mirror); err != nil || strings.Contains(opts.Mirror, "/") {
+			return nil, errcode.Invalid("mirror", "The registry mirror %q is not a host or host:port.", opts.Mirror)
+		}
 	}
 	r := &Registry{opts: opts, keychain: authn.NewMultiKeychain(), platform: *p}
 	if opts.AuthFile != "" {
@@ -168,44 +182,82 @@ func (r *Registry) parse(ref string) (name.Reference, error) {
 // Fetch resolves ref to one image for the configured platform and returns its parts. Only
 // the manifest and the configuration are read now; each layer is downloaded when opened,
 // and go-containerregistry checks the blob against its digest as it is read (the image
-// store checks both digests again as it unpacks).
+// store checks both digests again as it unpacks). A Docker Hub reference goes to the
+// mirror first, when there is one (see [Options.Mirror]).
 func (r *Registry) Fetch(ctx context.Context, ref string) (*image.Source, error) {
 	parsed, err := r.parse(ref)
 	if err != nil {
 		return nil, err
 	}
+	if mirrored, ok, err := r.mirrored(parsed); err != nil {
+		return nil, err
+	} else if ok {
+		src, err := r.fetch(ctx, ref, ref+" (on the mirror "+r.opts.Mirror+")", mirrored)
+		if err == nil || !mirrorMissed(err) {
+			return src, err
+		}
+	}
+	return r.fetch(ctx, ref, ref, parsed)
+}
+
+// mirrored is parsed on the mirror, when there is one and parsed names Docker Hub.
+func (r *Registry) mirrored(parsed name.Reference) (name.Reference, bool, error) {
+	if r.opts.Mirror == "" || parsed.Context().RegistryStr() != name.DefaultRegistry {
+		return nil, false, nil
+	}
+	sep := ":"
+	if _, ok := parsed.(name.Digest); ok {
+		sep = "@"
+	}
+	m, err := r.parse(r.opts.Mirror + "/" + parsed.Context().RepositoryStr() + sep + parsed.Identifier())
+	return m, err == nil, err
+}
+
+// mirrorMissed reports whether a mirror's failure leaves Docker Hub to be asked: it has no
+// such image, or it could not be reached. A cancelled pull is no miss.
+func mirrorMissed(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	code := errcode.Of(err)
+	return code == errcode.ImageNotFound || code == errcode.Unavailable
+}
+
+// fetch is [Registry.Fetch] from parsed, which is ref or ref rewritten to the mirror; label
+// names it in errors.
+func (r *Registry) fetch(ctx context.Context, ref, label string, parsed name.Reference) (*image.Source, error) {
 	ropts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(r.keychain), remote.WithPlatform(r.platform)}
 	if r.opts.Transport != nil {
 		ropts = append(ropts, remote.WithTransport(r.opts.Transport))
 	}
 	img, err := remote.Image(parsed, ropts...)
 	if err != nil {
-		return nil, fetchError(ref, err)
+		return nil, fetchError(label, err)
 	}
 	digest, err := img.Digest()
 	if err != nil {
-		return nil, fetchError(ref, err)
+		return nil, fetchError(label, err)
 	}
 	manifest, err := img.Manifest()
 	if err != nil {
-		return nil, fetchError(ref, err)
+		return nil, fetchError(label, err)
 	}
 	config, err := img.RawConfigFile()
 	if err != nil {
-		return nil, fetchError(ref, err)
+		return nil, fetchError(label, err)
 	}
 	src := &image.Source{Ref: ref, ManifestDigest: digest.String(), Config: config, ConfigDigest: manifest.Config.Digest.String()}
 	for _, d := range manifest.Layers {
 		l, err := img.LayerByDigest(d.Digest)
 		if err != nil {
-			return nil, fetchError(ref, err)
+			return nil, fetchError(label, err)
 		}
 		src.Layers = append(src.Layers, image.SourceLayer{
 			Digest: d.Digest.String(), Size: d.Size,
 			Open: func(context.Context) (io.ReadCloser, error) {
 				rc, err := l.Compressed()
 				if err != nil {
-					return nil, fetchError(ref, err)
+					return nil, fetchError(label, err)
 				}
 				return rc, nil
 			},

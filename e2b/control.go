@@ -1,0 +1,535 @@
+package e2b
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/supervisor"
+)
+
+// sandboxID is the form of the ids E2B's SDKs accept; a sandbox of sandboxd whose id does not
+// have it (one with a '-') is invisible to E2B's list.
+var sandboxID = regexp.MustCompile(`^[a-z0-9]+$`)
+
+// labelKey is sandboxd's form of a label key, which a metadata key must have to become one.
+var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
+
+// The template name that means sandboxd's default image, as E2B's default template.
+const baseTemplate = "base"
+
+// clientID is what E2B calls the cluster node that runs a sandbox; sandboxd is one node.
+const clientID = "sandboxd"
+
+// apiError is E2B's error body; its SDKs read code rather than the status.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, apiError{Code: status, Message: fmt.Sprintf(format, args...)})
+}
+
+// statusOf is the HTTP status of a supervisor error, by its code; unknown errors are 500s.
+func statusOf(err error) int {
+	switch errcode.Of(err) {
+	case errcode.InvalidRequest:
+		return http.StatusBadRequest
+	case errcode.SandboxNotFound, errcode.TemplateNotFound, errcode.GenerationNotFound,
+		errcode.FileNotFound, errcode.ImageNotFound:
+		return http.StatusNotFound
+	case errcode.AlreadyProvisioned, errcode.ProvisionedAgain, errcode.AlreadyRunning,
+		errcode.NotRunning, errcode.SandboxLaunched, errcode.SandboxPaused, errcode.TemplateIneligible,
+		errcode.TemplateTombstoned, errcode.RuntimeMismatch, errcode.ForeignFiles:
+		return http.StatusConflict
+	case errcode.SandboxBusy, errcode.TransitionInProgress, errcode.SandboxLeased:
+		return http.StatusLocked
+	case errcode.LimitReached:
+		return http.StatusTooManyRequests
+	case errcode.StartTimeout, errcode.StopTimeout:
+		return http.StatusGatewayTimeout
+	case errcode.StorageFull:
+		return http.StatusInsufficientStorage
+	case errcode.Unavailable, errcode.StorageUnavailable:
+		return http.StatusServiceUnavailable
+	case errcode.NotImplemented:
+		return http.StatusNotImplemented
+	}
+	return http.StatusInternalServerError
+}
+
+// fail answers err in E2B's form. An error without a code is answered without its text, as
+// sandboxd's own server does, and logged.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := statusOf(err)
+	msg := err.Error()
+	if status == http.StatusInternalServerError {
+		h.log.Error("e2b: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		msg = "The server failed to handle the request; see its log."
+	}
+	writeJSON(w, status, apiError{Code: status, Message: msg})
+}
+
+// serveControl authenticates a control-plane call and routes it.
+func (h *Handler) serveControl(w http.ResponseWriter, r *http.Request) {
+	if !h.apiKeyOK(r.Header.Get("X-API-KEY")) {
+		writeError(w, http.StatusUnauthorized, "Invalid API key: set E2B_API_KEY to sandboxd's token, optionally behind the prefix e2b_ (see docs/e2b.md).")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxJSONBytes)
+	controlMux(h).ServeHTTP(w, r)
+}
+
+// controlMux is the control plane's route table.
+func controlMux(h *Handler) *http.ServeMux {
+	m := http.NewServeMux()
+	for _, prefix := range []string{"", "/v2"} {
+		m.HandleFunc("POST "+prefix+"/sandboxes", h.create)
+		m.HandleFunc("GET "+prefix+"/sandboxes", h.list)
+		m.HandleFunc("POST "+prefix+"/sandboxes/{id}/connect", h.connect)
+		m.HandleFunc("GET "+prefix+"/sandboxes/{id}", h.detail)
+	}
+	m.HandleFunc("DELETE /sandboxes/{id}", h.kill)
+	m.HandleFunc("POST /sandboxes/{id}/timeout", h.setTimeout)
+	m.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
+	m.HandleFunc("POST /sandboxes/{id}/pause", h.pause)
+	m.HandleFunc("POST /sandboxes/{id}/resume", h.connect)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "sandboxd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
+	})
+	return m
+}
+
+// createBody is E2B's NewSandbox, of which sandboxd reads what it can honour.
+type createBody struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int              `json:"timeout"`
+	AutoPause  *bool             `json:"autoPause"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+}
+
+// created is E2B's Sandbox: what create and connect answer.
+type created struct {
+	SandboxID       string  `json:"sandboxID"`
+	TemplateID      string  `json:"templateID"`
+	ClientID        string  `json:"clientID"`
+	EnvdVersion     string  `json:"envdVersion"`
+	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
+	Domain          *string `json:"domain"`
+}
+
+// detail is E2B's SandboxDetail and ListedSandbox.
+type detailBody struct {
+	SandboxID       string            `json:"sandboxID"`
+	TemplateID      string            `json:"templateID"`
+	ClientID        string            `json:"clientID"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+	DiskSizeMB      int               `json:"diskSizeMB"`
+	Metadata        map[string]string `json:"metadata"`
+	State           string            `json:"state"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Domain          *string           `json:"domain"`
+}
+
+// createRequest maps E2B's create onto the supervisor's: a template or an image, labels from
+// metadata, the env, a lifetime from timeout (E2B kills a sandbox at its end: delete; with
+// autoPause it keeps it: stop, and connect starts it again).
+func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) {
+	req := supervisor.CreateRequest{
+		ID:        newID(),
+		Resources: h.cfg.Resources,
+		DiskMB:    h.cfg.DiskMB,
+		Env:       b.EnvVars,
+		Start:     true,
+	}
+	for k := range b.Metadata {
+		if !labelKey.MatchString(k) {
+			return req, errcode.Invalid("metadata", "The metadata key %q cannot be a sandboxd label: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
+		}
+	}
+	req.Labels = b.Metadata
+	lt := &supervisor.Lifetime{Timeout: defaultTimeout, OnTimeout: supervisor.TimeoutDelete}
+	if b.Timeout != nil && *b.Timeout > 0 {
+		lt.Timeout = time.Duration(*b.Timeout) * time.Second
+	}
+	if b.AutoPause != nil && *b.AutoPause {
+		lt.OnTimeout = supervisor.TimeoutStop
+	}
+	req.Lifetime = lt
+	switch name := b.TemplateID; {
+	case name == "" || name == baseTemplate:
+		// sandboxd's default image.
+	case h.isTemplate(name):
+		req.Clone = &supervisor.CloneRequest{Template: name}
+	default:
+		req.Image = name
+	}
+	return req, nil
+}
+
+// isTemplate reports whether name is one of sandboxd's templates; anything else is taken
+// for an image, whose absence the create reports.
+func (h *Handler) isTemplate(name string) bool {
+	_, err := h.sup.Template(name)
+	return err == nil
+}
+
+func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
+	var b createBody
+	if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+		writeError(w, http.StatusBadRequest, "The request body is not a valid JSON sandbox: %v.", err)
+		return
+	}
+	req, err := h.createRequest(b)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), transitionTimeout)
+	defer cancel()
+	st, err := h.sup.Create(ctx, req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.created(st))
+}
+
+func (h *Handler) created(st *supervisor.Status) created {
+	return created{
+		SandboxID:       st.Config.ID,
+		TemplateID:      templateOf(st),
+		ClientID:        clientID,
+		EnvdVersion:     EnvdVersion,
+		EnvdAccessToken: h.accessToken(st.Config.ID),
+	}
+}
+
+// templateOf is the E2B template a sandbox came from: its template, or its image.
+func templateOf(st *supervisor.Status) string {
+	if t := st.Config.Template; t != nil {
+		return t.Template
+	}
+	if st.Config.Image == "" || st.Config.Image == supervisor.HostImage {
+		return baseTemplate
+	}
+	return st.Config.Image
+}
+
+// stateOf is E2B's view of a sandbox's state: running, or paused for every sandbox that
+// connect can bring back (paused, stopped, never started).
+func stateOf(s supervisor.State) string {
+	switch s {
+	case supervisor.StateRunning, supervisor.StateStarting:
+		return "running"
+	}
+	return "paused"
+}
+
+func (h *Handler) detailOf(st *supervisor.Status) detailBody {
+	d := detailBody{
+		SandboxID:   st.Config.ID,
+		TemplateID:  templateOf(st),
+		ClientID:    clientID,
+		StartedAt:   st.Config.CreatedAt,
+		CPUCount:    st.Config.Resources.VCPUs,
+		MemoryMB:    st.Config.Resources.MemoryMB,
+		DiskSizeMB:  st.Config.DiskMB,
+		Metadata:    st.Config.Labels,
+		State:       stateOf(st.State),
+		EnvdVersion: EnvdVersion,
+	}
+	if st.StartedAt != nil {
+		d.StartedAt = *st.StartedAt
+	}
+	// A sandbox without a lifetime has no end; E2B's schema wants one, and its start is the
+	// one time that is certainly not in the future.
+	d.EndAt = d.StartedAt
+	if st.ExpiresAt != nil {
+		d.EndAt = *st.ExpiresAt
+	}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+	}
+	return d
+}
+
+// status reads the sandbox the path names, answering the failure itself.
+func (h *Handler) status(w http.ResponseWriter, r *http.Request) (*supervisor.Status, bool) {
+	id := r.PathValue("id")
+	if !sandboxID.MatchString(id) {
+		writeError(w, http.StatusNotFound, "There is no sandbox %q: E2B's sandbox ids are a-z and 0-9 alone.", id)
+		return nil, false
+	}
+	st, err := h.sup.Status(id)
+	if err != nil {
+		h.fail(w, r, err)
+		return nil, false
+	}
+	return st, true
+}
+
+func (h *Handler) detail(w http.ResponseWriter, r *http.Request) {
+	st, ok := h.status(w, r)
+	if !ok {
+		return
+	}
+	d := h.detailOf(st)
+	d.EnvdAccessToken = h.accessToken(st.Config.ID)
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (h *Handler) kill(w http.ResponseWriter, r *http.Request) {
+	st, ok := h.status(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), transitionTimeout)
+	defer cancel()
+	if err := h.sup.Delete(ctx, st.Config.ID, true); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.procs.forget(st.Config.ID)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// timeoutBody is E2B's timeout and refresh body, in seconds.
+type timeoutBody struct {
+	Timeout  *int `json:"timeout"`
+	Duration *int `json:"duration"`
+}
+
+func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) { h.lifetime(w, r, false) }
+func (h *Handler) refresh(w http.ResponseWriter, r *http.Request)    { h.lifetime(w, r, true) }
+
+// lifetime sets a sandbox's lifetime from now, keeping what its end does.
+func (h *Handler) lifetime(w http.ResponseWriter, r *http.Request, refresh bool) {
+	st, ok := h.status(w, r)
+	if !ok {
+		return
+	}
+	var b timeoutBody
+	if err := json.NewDecoder(r.Body).Decode(&b); err != nil && !(refresh && errors.Is(err, io.EOF)) {
+		writeError(w, http.StatusBadRequest, "The request body is not valid JSON: %v.", err)
+		return
+	}
+	seconds := b.Timeout
+	if refresh {
+		seconds = b.Duration
+	}
+	d := defaultTimeout
+	if seconds != nil {
+		d = time.Duration(*seconds) * time.Second
+	}
+	if d < supervisor.MinLifetime || d > supervisor.MaxLifetime {
+		writeError(w, http.StatusBadRequest, "The timeout must be from %d to %d seconds.", int(supervisor.MinLifetime.Seconds()), int(supervisor.MaxLifetime.Seconds()))
+		return
+	}
+	on := st.OnTimeout
+	if on == "" {
+		on = supervisor.TimeoutDelete
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), transitionTimeout)
+	defer cancel()
+	if _, err := h.sup.SetTimeout(ctx, st.Config.ID, &supervisor.Lifetime{Timeout: d, OnTimeout: on}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *Handler) pause(w http.ResponseWriter, r *http.Request) {
+	st, ok := h.status(w, r)
+	if !ok {
+		return
+	}
+	if st.State == supervisor.StatePaused {
+		writeError(w, http.StatusConflict, "Sandbox %s is already paused.", st.Config.ID)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), transitionTimeout)
+	defer cancel()
+	if _, err := h.sup.Pause(ctx, st.Config.ID); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// connect answers with the sandbox running: 200 if it ran, 201 if it was resumed (a paused
+// sandbox) or started again (a stopped one). A timeout in the body sets its lifetime anew.
+func (h *Handler) connect(w http.ResponseWriter, r *http.Request) {
+	st, ok := h.status(w, r)
+	if !ok {
+		return
+	}
+	var b timeoutBody
+	if err := json.NewDecoder(r.Body).Decode(&b); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "The request body is not valid JSON: %v.", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), transitionTimeout)
+	defer cancel()
+	id := st.Config.ID
+	status := http.StatusOK
+	var err error
+	switch st.State {
+	case supervisor.StateRunning, supervisor.StateStarting:
+	case supervisor.StatePaused:
+		status = http.StatusCreated
+		st, err = h.sup.Resume(ctx, id)
+	default:
+		status = http.StatusCreated
+		st, err = h.sup.Start(ctx, id)
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if b.Timeout != nil && *b.Timeout > 0 {
+		on := st.OnTimeout
+		if on == "" {
+			on = supervisor.TimeoutDelete
+		}
+		if st, err = h.sup.SetTimeout(ctx, id, &supervisor.Lifetime{Timeout: time.Duration(*b.Timeout) * time.Second, OnTimeout: on}); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	writeJSON(w, status, h.created(st))
+}
+
+// listQuery is GET /v2/sandboxes's query.
+type listQuery struct {
+	metadata map[string]string
+	states   []string
+	limit    int
+	after    string // the id after which the page starts ("" from the first)
+}
+
+func parseListQuery(q url.Values) (listQuery, error) {
+	lq := listQuery{limit: 100, after: q.Get("nextToken")}
+	if m := q.Get("metadata"); m != "" {
+		// metadata is itself a query string (k=v&k2=v2) whose parts are escaped once more.
+		pairs, err := url.ParseQuery(m)
+		if err != nil {
+			return lq, errcode.Invalid("metadata", "The metadata filter is not a query string of key=value pairs.")
+		}
+		lq.metadata = map[string]string{}
+		for k, v := range pairs {
+			key, err1 := url.QueryUnescape(k)
+			val, err2 := url.QueryUnescape(v[0])
+			if err1 != nil || err2 != nil {
+				return lq, errcode.Invalid("metadata", "The metadata filter is not escaped properly.")
+			}
+			lq.metadata[key] = val
+		}
+	}
+	for _, s := range q["state"] {
+		for part := range strings.SplitSeq(s, ",") {
+			if part != "running" && part != "paused" {
+				return lq, errcode.Invalid("state", "The state %q is none of running and paused.", part)
+			}
+			lq.states = append(lq.states, part)
+		}
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			return lq, errcode.Invalid("limit", "The limit must be from 1 to 1000.")
+		}
+		lq.limit = n
+	}
+	return lq, nil
+}
+
+// match reports whether a sandbox passes the list's filters.
+func (lq listQuery) match(d detailBody) bool {
+	if len(lq.states) > 0 && !slices.Contains(lq.states, d.State) {
+		return false
+	}
+	for k, v := range lq.metadata {
+		if d.Metadata[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// page filters the sandboxes, orders them by id and cuts the page that starts after lq.after;
+// next is the token of the following page, "" at the end.
+func (lq listQuery) page(all []detailBody) (items []detailBody, next string) {
+	slices.SortFunc(all, func(a, b detailBody) int { return strings.Compare(a.SandboxID, b.SandboxID) })
+	items = []detailBody{}
+	for _, d := range all {
+		if d.SandboxID <= lq.after || !lq.match(d) {
+			continue
+		}
+		if len(items) == lq.limit {
+			return items, items[len(items)-1].SandboxID
+		}
+		items = append(items, d)
+	}
+	return items, ""
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
+	lq, err := parseListQuery(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	sts, err := h.sup.List()
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	all := make([]detailBody, 0, len(sts))
+	for _, st := range sts {
+		if sandboxID.MatchString(st.Config.ID) {
+			all = append(all, h.detailOf(st))
+		}
+	}
+	items, next := lq.page(all)
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, items)
+}
+
+// newID is a fresh sandbox id of E2B's form: 20 of a-z and 0-9, about 103 bits.
+func newID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		// 256 % 36 = 4: the first four letters are a little likelier, which costs under a
+		// bit of the id's entropy and nothing else.
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}

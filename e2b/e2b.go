@@ -1,0 +1,155 @@
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/supervisor"
+)
+
+// Supervisor is what this package needs of the supervisor ([supervisor.Supervisor]).
+type Supervisor interface {
+	Create(ctx context.Context, req supervisor.CreateRequest) (*supervisor.Status, error)
+	Status(id string) (*supervisor.Status, error)
+	List() ([]*supervisor.Status, error)
+	Start(ctx context.Context, id string) (*supervisor.Status, error)
+	Delete(ctx context.Context, id string, force bool) error
+	Pause(ctx context.Context, id string) (*supervisor.Status, error)
+	Resume(ctx context.Context, id string) (*supervisor.Status, error)
+	SetTimeout(ctx context.Context, id string, lt *supervisor.Lifetime) (*supervisor.Status, error)
+	Template(name string) (*supervisor.Template, error)
+
+	StartProcess(ctx context.Context, id string, req supervisor.ExecRequest) (*supervisor.Session, error)
+
+	ListFiles(ctx context.Context, id, path, user string) ([]supervisor.FileInfo, error)
+	StatFile(ctx context.Context, id, path, user string) (supervisor.FileInfo, error)
+	ReadFile(ctx context.Context, id, path, user string) (io.ReadCloser, int64, error)
+	WriteFile(ctx context.Context, id string, req supervisor.WriteRequest, r io.Reader) (int64, error)
+	RemoveFile(ctx context.Context, id, path, user string, recursive bool) error
+	MakeDir(ctx context.Context, id, path, user string, mode fs.FileMode, parents bool) error
+}
+
+var _ Supervisor = (*supervisor.Supervisor)(nil)
+
+// EnvdVersion is the envd version that sandboxd reports to the SDKs. The SDKs turn features
+// on by it: 0.5.7 promises the octet-stream upload and closeStdin, and no more (file
+// metadata needs 0.6.2, watch entries 0.6.3; see docs/e2b.md).
+const EnvdVersion = "0.5.7"
+
+// Defaults of E2B's API.
+const (
+	// defaultTimeout is a sandbox's lifetime when a create names none, as E2B's.
+	defaultTimeout = 300 * time.Second
+	// transitionTimeout bounds a lifecycle call made for the control plane.
+	transitionTimeout = 60 * time.Second
+	// defaultUser is who files and processes act as when the caller names nobody: E2B's
+	// and sandboxd's unprivileged user.
+	defaultUser = "user"
+	// maxJSONBytes bounds a control-plane request body.
+	maxJSONBytes = 1 << 20
+)
+
+// Config is what the handler needs.
+type Config struct {
+	Supervisor Supervisor
+	// Token is sandboxd's API token; "" serves without authentication, as sandboxd does.
+	Token string
+	// Resources and DiskMB are what a created sandbox gets (E2B's create names neither).
+	Resources supervisor.Resources
+	DiskMB    int
+	// MaxFileBytes bounds an upload through POST /files.
+	MaxFileBytes int64
+	Logger       *slog.Logger
+}
+
+// Handler serves both of E2B's planes; mount it where [Claims] says.
+type Handler struct {
+	cfg   Config
+	sup   Supervisor
+	log   *slog.Logger
+	envd  http.Handler
+	procs procTable
+}
+
+// New returns the handler.
+func New(cfg Config) *Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxFileBytes <= 0 {
+		cfg.MaxFileBytes = 8 << 30
+	}
+	h := &Handler{cfg: cfg, sup: cfg.Supervisor, log: cfg.Logger}
+	h.procs.byID = map[string]*sandboxProcs{}
+	h.envd = h.envdRoutes()
+	return h
+}
+
+// SandboxHeader names the sandbox of an envd call.
+const SandboxHeader = "E2b-Sandbox-Id"
+
+// Claims reports whether r belongs to E2B's API rather than to sandboxd's own: an envd call
+// (it names its sandbox in [SandboxHeader]) or a control-plane path. None of these paths is
+// one of sandboxd's, which all live below /v1/ or are its few open routes.
+func Claims(r *http.Request) bool {
+	if r.Header.Get(SandboxHeader) != "" {
+		return true
+	}
+	p := r.URL.Path
+	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
+		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/")
+}
+
+// ServeHTTP dispatches to the envd plane or the control plane.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(SandboxHeader) != "" {
+		h.serveEnvd(w, r)
+		return
+	}
+	h.serveControl(w, r)
+}
+
+// apiKeyOK reports whether key is sandboxd's token, bare or behind E2B's e2b_ prefix.
+func (h *Handler) apiKeyOK(key string) bool {
+	if h.cfg.Token == "" {
+		return true
+	}
+	want := []byte(h.cfg.Token)
+	if subtle.ConstantTimeCompare([]byte(key), want) == 1 {
+		return true
+	}
+	suffix, ok := strings.CutPrefix(key, "e2b_")
+	return ok && subtle.ConstantTimeCompare([]byte(suffix), want) == 1
+}
+
+// accessToken is sandbox id's envd access token: "" without a server token.
+func (h *Handler) accessToken(id string) string {
+	if h.cfg.Token == "" {
+		return ""
+	}
+	m := hmac.New(sha256.New, []byte(h.cfg.Token))
+	m.Write([]byte("sandboxd e2b envd access token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// accessTokenOK reports whether got is sandbox id's envd access token.
+func (h *Handler) accessTokenOK(id, got string) bool {
+	want := h.accessToken(id)
+	return want == "" || hmac.Equal([]byte(got), []byte(want))
+}
+
+// procTable holds the processes started through the envd plane, by sandbox.
+type procTable struct {
+	mu   sync.Mutex
+	byID map[string]*sandboxProcs
+}

@@ -1,0 +1,352 @@
+package e2b
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/supervisor"
+)
+
+const testToken = "0123456789abcdef0123456789abcdef"
+
+// fakeSupervisor knows sandboxes by id and records the creates it sees; it runs nothing.
+type fakeSupervisor struct {
+	Supervisor // unset methods panic: a test that reaches one is wrong
+	sandboxes  map[string]*supervisor.Status
+	templates  map[string]bool
+	created    []supervisor.CreateRequest
+	files      map[string]supervisor.FileInfo
+}
+
+func (f *fakeSupervisor) Create(_ context.Context, req supervisor.CreateRequest) (*supervisor.Status, error) {
+	f.created = append(f.created, req)
+	st := &supervisor.Status{Config: supervisor.Config{ID: req.ID, Image: req.Image, Labels: req.Labels}, State: supervisor.StateRunning}
+	f.sandboxes[req.ID] = st
+	return st, nil
+}
+
+func (f *fakeSupervisor) Status(id string) (*supervisor.Status, error) {
+	if st, ok := f.sandboxes[id]; ok {
+		return st, nil
+	}
+	return nil, errcode.New(errcode.SandboxNotFound, "There is no sandbox %s.", id)
+}
+
+func (f *fakeSupervisor) List() ([]*supervisor.Status, error) {
+	var out []*supervisor.Status
+	for _, st := range f.sandboxes {
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+func (f *fakeSupervisor) Delete(_ context.Context, id string, _ bool) error {
+	if _, ok := f.sandboxes[id]; !ok {
+		return errcode.New(errcode.SandboxNotFound, "There is no sandbox %s.", id)
+	}
+	delete(f.sandboxes, id)
+	return nil
+}
+
+func (f *fakeSupervisor) Template(name string) (*supervisor.Template, error) {
+	if f.templates[name] {
+		return &supervisor.Template{}, nil
+	}
+	return nil, errcode.New(errcode.TemplateNotFound, "There is no template %s.", name)
+}
+
+func (f *fakeSupervisor) StatFile(_ context.Context, _, path, _ string) (supervisor.FileInfo, error) {
+	if fi, ok := f.files[path]; ok {
+		return fi, nil
+	}
+	return supervisor.FileInfo{}, errcode.New(errcode.FileNotFound, "There is no file %s.", path)
+}
+
+func (f *fakeSupervisor) MakeDir(context.Context, string, string, string, fs.FileMode, bool) error {
+	return errors.New("unreachable in these tests")
+}
+
+func newTestHandler(t *testing.T) (*Handler, *fakeSupervisor) {
+	t.Helper()
+	f := &fakeSupervisor{sandboxes: map[string]*supervisor.Status{}, templates: map[string]bool{"py": true}, files: map[string]supervisor.FileInfo{}}
+	return New(Config{Supervisor: f, Token: testToken}), f
+}
+
+func do(t *testing.T, h http.Handler, method, target, body string, hdr map[string]string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(method, target, strings.NewReader(body))
+	for k, v := range hdr {
+		r.Header.Set(k, v)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+var apiKey = map[string]string{"X-API-KEY": "e2b_" + testToken, "Content-Type": "application/json"}
+
+func TestClaims(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		path   string
+		header bool
+		want   bool
+	}{
+		{"/sandboxes", false, true},
+		{"/sandboxes/abc/connect", false, true},
+		{"/v2/sandboxes", false, true},
+		{"/v1/sandboxes", false, false},
+		{"/healthz", false, false},
+		{"/sandboxesx", false, false},
+		{"/files", false, false},
+		{"/files", true, true},
+		{"/health", true, true},
+	} {
+		r := httptest.NewRequest(http.MethodGet, tc.path, nil)
+		if tc.header {
+			r.Header.Set(SandboxHeader, "abc")
+		}
+		if got := Claims(r); got != tc.want {
+			t.Errorf("Claims(%s, header %v) = %v, want %v", tc.path, tc.header, got, tc.want)
+		}
+	}
+}
+
+func TestAPIKey(t *testing.T) {
+	t.Parallel()
+	h, _ := newTestHandler(t)
+	for key, want := range map[string]bool{
+		testToken:          true,
+		"e2b_" + testToken: true,
+		"e2b_wrong":        false,
+		"":                 false,
+		"x" + testToken:    false,
+	} {
+		if got := h.apiKeyOK(key); got != want {
+			t.Errorf("apiKeyOK(%q) = %v, want %v", key, got, want)
+		}
+	}
+	w := do(t, h, http.MethodGet, "/v2/sandboxes", "", map[string]string{"X-API-KEY": "e2b_wrong"})
+	if w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), `"code":401`) {
+		t.Errorf("a wrong key: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestCreateMapsTemplateMetadataTimeoutAndEnv(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	for _, tc := range []struct {
+		name, body      string
+		image, template string
+		timeout         time.Duration
+		onTimeout       supervisor.OnTimeout
+	}{
+		{"base", `{"templateID":"base"}`, "", "", defaultTimeout, supervisor.TimeoutDelete},
+		{"template", `{"templateID":"py","timeout":60}`, "", "py", time.Minute, supervisor.TimeoutDelete},
+		{"image", `{"templateID":"alpine","timeout":10,"autoPause":true}`, "alpine", "", 10 * time.Second, supervisor.TimeoutStop},
+	} {
+		w := do(t, h, http.MethodPost, "/v2/sandboxes", tc.body, apiKey)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+		var c created
+		if err := json.Unmarshal(w.Body.Bytes(), &c); err != nil {
+			t.Fatal(err)
+		}
+		req := f.created[len(f.created)-1]
+		if !sandboxID.MatchString(c.SandboxID) || c.SandboxID != req.ID || !req.Start {
+			t.Errorf("%s: id %q, request %+v", tc.name, c.SandboxID, req)
+		}
+		if c.EnvdVersion != EnvdVersion || c.EnvdAccessToken == "" || c.EnvdAccessToken != h.accessToken(c.SandboxID) {
+			t.Errorf("%s: envd %q token %q", tc.name, c.EnvdVersion, c.EnvdAccessToken)
+		}
+		gotTemplate := ""
+		if req.Clone != nil {
+			gotTemplate = req.Clone.Template
+		}
+		if req.Image != tc.image || gotTemplate != tc.template {
+			t.Errorf("%s: image %q template %q", tc.name, req.Image, gotTemplate)
+		}
+		if req.Lifetime == nil || req.Lifetime.Timeout != tc.timeout || req.Lifetime.OnTimeout != tc.onTimeout {
+			t.Errorf("%s: lifetime %+v", tc.name, req.Lifetime)
+		}
+	}
+	w := do(t, h, http.MethodPost, "/sandboxes", `{"templateID":"base","metadata":{"team":"a"},"envVars":{"K":"v"}}`, apiKey)
+	req := f.created[len(f.created)-1]
+	if w.Code != http.StatusCreated || req.Labels["team"] != "a" || req.Env["K"] != "v" {
+		t.Errorf("metadata and env: %d %+v", w.Code, req)
+	}
+	w = do(t, h, http.MethodPost, "/sandboxes", `{"metadata":{"Bad Key":"a"}}`, apiKey)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"code":400`) {
+		t.Errorf("a metadata key that is no label key: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestDeleteAnswersE2BCodes(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	f.sandboxes["abc"] = &supervisor.Status{Config: supervisor.Config{ID: "abc"}, State: supervisor.StateRunning}
+	if w := do(t, h, http.MethodDelete, "/sandboxes/abc", "", apiKey); w.Code != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", w.Code, w.Body)
+	}
+	w := do(t, h, http.MethodDelete, "/sandboxes/abc", "", apiKey)
+	var e apiError
+	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || w.Code != http.StatusNotFound || e.Code != 404 {
+		t.Errorf("a second delete: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestListFiltersAndPages(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	for _, id := range []string{"a1", "a2", "a3", "b1"} {
+		labels := map[string]string{"team": "x"}
+		if id == "b1" {
+			labels["team"] = "y"
+		}
+		f.sandboxes[id] = &supervisor.Status{Config: supervisor.Config{ID: id, Labels: labels}, State: supervisor.StateRunning}
+	}
+	f.sandboxes["with-dash"] = &supervisor.Status{Config: supervisor.Config{ID: "with-dash", Labels: map[string]string{"team": "x"}}, State: supervisor.StateRunning}
+	f.sandboxes["p1"] = &supervisor.Status{Config: supervisor.Config{ID: "p1", Labels: map[string]string{"team": "x"}}, State: supervisor.StatePaused}
+
+	meta := url.QueryEscape("team=x")
+	var ids []string
+	next := ""
+	for range 10 {
+		w := do(t, h, http.MethodGet, "/v2/sandboxes?state=running&limit=2&metadata="+meta+"&nextToken="+next, "", apiKey)
+		if w.Code != http.StatusOK {
+			t.Fatalf("list: %d %s", w.Code, w.Body)
+		}
+		var page []detailBody
+		if err := json.Unmarshal(w.Body.Bytes(), &page); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range page {
+			ids = append(ids, d.SandboxID)
+		}
+		if next = w.Header().Get("X-Next-Token"); next == "" {
+			break
+		}
+	}
+	if got := strings.Join(ids, ","); got != "a1,a2,a3" {
+		t.Errorf("running sandboxes of team x, two a page: %s", got)
+	}
+	w := do(t, h, http.MethodGet, "/v2/sandboxes?state=paused", "", apiKey)
+	if !strings.Contains(w.Body.String(), `"sandboxID":"p1"`) || strings.Contains(w.Body.String(), `"a1"`) {
+		t.Errorf("paused sandboxes: %s", w.Body)
+	}
+}
+
+// envelope is one frame of a Connect stream: its flags and its message.
+type envelope struct {
+	flags byte
+	data  []byte
+}
+
+// readEnvelopes splits a Connect stream body into its 5-byte-headed frames.
+func readEnvelopes(t *testing.T, body []byte) []envelope {
+	t.Helper()
+	var out []envelope
+	for len(body) > 0 {
+		if len(body) < 5 {
+			t.Fatalf("a frame header is cut short: %q", body)
+		}
+		n := binary.BigEndian.Uint32(body[1:5])
+		if uint32(len(body)-5) < n {
+			t.Fatalf("a frame of %d bytes has %d", n, len(body)-5)
+		}
+		out = append(out, envelope{flags: body[0], data: body[5 : 5+n]})
+		body = body[5+n:]
+	}
+	return out
+}
+
+func TestConnectUnaryAndStreamFraming(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	f.sandboxes["abc"] = &supervisor.Status{Config: supervisor.Config{ID: "abc"}, State: supervisor.StateRunning}
+	f.files["/home/user/x"] = supervisor.FileInfo{Name: "x", Type: supervisor.FileRegular, Size: 3, Mode: 0o644}
+	envd := map[string]string{SandboxHeader: "abc", "X-Access-Token": h.accessToken("abc"), "Content-Type": "application/json"}
+
+	// Unary, JSON codec: a plain JSON body each way, protojson's field names.
+	w := do(t, h, http.MethodPost, "/filesystem.Filesystem/Stat", `{"path":"/home/user/x"}`, envd)
+	var stat struct {
+		Entry struct {
+			Name, Type, Path, Permissions string
+			Size                          string
+		}
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &stat); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("Stat: %d %s", w.Code, w.Body)
+	}
+	if stat.Entry.Path != "/home/user/x" || stat.Entry.Type != "FILE_TYPE_FILE" || stat.Entry.Permissions != "-rw-r--r--" || stat.Entry.Size != "3" {
+		t.Errorf("Stat: %s", w.Body)
+	}
+	w = do(t, h, http.MethodPost, "/filesystem.Filesystem/Stat", `{"path":"/nope"}`, envd)
+	if w.Code != http.StatusNotFound || !strings.Contains(w.Body.String(), `"code":"not_found"`) {
+		t.Errorf("Stat of a missing file: %d %s", w.Code, w.Body)
+	}
+	w = do(t, h, http.MethodPost, "/filesystem.Filesystem/MakeDir", `{"path":"/home/user/x"}`, envd)
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), `"code":"already_exists"`) {
+		t.Errorf("MakeDir of what exists: %d %s", w.Code, w.Body)
+	}
+
+	// A server stream, JSON codec: enveloped messages, then the end-of-stream frame (flag
+	// 0x02) carrying the error of a process that is not there.
+	var req bytes.Buffer
+	msg := []byte(`{"process":{"pid":4242}}`)
+	req.WriteByte(0)
+	_ = binary.Write(&req, binary.BigEndian, uint32(len(msg)))
+	req.Write(msg)
+	envd["Content-Type"] = "application/connect+json"
+	w = do(t, h, http.MethodPost, "/process.Process/Connect", req.String(), envd)
+	if w.Code != http.StatusOK || w.Header().Get("Content-Type") != "application/connect+json" {
+		t.Fatalf("Connect: %d %q", w.Code, w.Header().Get("Content-Type"))
+	}
+	frames := readEnvelopes(t, w.Body.Bytes())
+	if len(frames) != 1 || frames[0].flags != 0x02 {
+		t.Fatalf("Connect to no process: want one end-of-stream frame, got %+v", frames)
+	}
+	var end struct {
+		Error struct{ Code string }
+	}
+	if err := json.Unmarshal(frames[0].data, &end); err != nil || end.Error.Code != "not_found" {
+		t.Errorf("end-of-stream frame: %s", frames[0].data)
+	}
+}
+
+func TestEnvdAccessToken(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	f.sandboxes["abc"] = &supervisor.Status{Config: supervisor.Config{ID: "abc"}, State: supervisor.StateRunning}
+	f.sandboxes["def"] = &supervisor.Status{Config: supervisor.Config{ID: "def"}, State: supervisor.StateRunning}
+	body := `{"path":"/"}`
+	for _, tc := range []struct {
+		name, token string
+		want        int
+	}{
+		{"its own", h.accessToken("abc"), http.StatusNotFound},
+		{"another sandbox's", h.accessToken("def"), http.StatusUnauthorized},
+		{"none", "", http.StatusUnauthorized},
+	} {
+		w := do(t, h, http.MethodPost, "/filesystem.Filesystem/Stat", body,
+			map[string]string{SandboxHeader: "abc", "X-Access-Token": tc.token, "Content-Type": "application/json"})
+		if w.Code != tc.want {
+			t.Errorf("%s token: %d %s, want %d", tc.name, w.Code, w.Body, tc.want)
+		}
+	}
+	if w := do(t, h, http.MethodGet, "/health", "", map[string]string{SandboxHeader: "abc"}); w.Code != http.StatusNoContent {
+		t.Errorf("health: %d", w.Code)
+	}
+}

@@ -1,0 +1,201 @@
+package e2b
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sandboxd/sandboxd/e2b/envd/filesystem"
+	"github.com/sandboxd/sandboxd/e2b/envd/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/supervisor"
+)
+
+// maxListDepth bounds ListDir's recursion, and maxListEntries its answer.
+const (
+	maxListDepth   = 16
+	maxListEntries = 10000
+)
+
+// filesystemService implements envd's filesystem service over the supervisor's file
+// operations. The user is the Authorization header's (envd's basic auth, user name alone),
+// else the default user.
+type filesystemService struct {
+	filesystemconnect.UnimplementedFilesystemHandler
+	h *Handler
+}
+
+// userOfHeader reads envd's user from its basic authentication: "user:" in base64.
+func userOfHeader(h interface{ Get(string) string }) string {
+	if u, _, ok := parseBasic(h.Get("Authorization")); ok && u != "" {
+		return u
+	}
+	return defaultUser
+}
+
+func entryOf(dir string, fi supervisor.FileInfo) *filesystem.EntryInfo {
+	e := &filesystem.EntryInfo{
+		Name:         fi.Name,
+		Path:         path.Join(dir, fi.Name),
+		Size:         fi.Size,
+		Mode:         fi.Mode & 0o7777,
+		Permissions:  permissions(fi.Type, fi.Mode),
+		ModifiedTime: timestamppb.New(fi.ModifiedAt),
+	}
+	switch fi.Type {
+	case supervisor.FileDir:
+		e.Type = filesystem.FileType_FILE_TYPE_DIRECTORY
+		e.Mode |= uint32(fs.ModeDir)
+	case supervisor.FileSymlink:
+		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
+	default:
+		e.Type = filesystem.FileType_FILE_TYPE_FILE
+	}
+	return e
+}
+
+// permissions spells a mode as ls -l does.
+func permissions(t supervisor.FileType, mode uint32) string {
+	m := fs.FileMode(mode & 0o777)
+	switch t {
+	case supervisor.FileDir:
+		m |= fs.ModeDir
+	case supervisor.FileSymlink:
+		m |= fs.ModeSymlink
+	}
+	return m.String()
+}
+
+func checkPath(p string) error {
+	if p == "" || !path.IsAbs(p) {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("the path %q is not absolute", p))
+	}
+	return nil
+}
+
+func (s *filesystemService) stat(ctx context.Context, id, p, user string) (*filesystem.EntryInfo, error) {
+	fi, err := s.h.sup.StatFile(ctx, id, path.Clean(p), user)
+	if err != nil {
+		return nil, connectError(err)
+	}
+	return entryOf(path.Dir(path.Clean(p)), fi), nil
+}
+
+func (s *filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
+	if err := checkPath(req.Msg.Path); err != nil {
+		return nil, err
+	}
+	e, err := s.stat(ctx, sandboxOf(ctx), req.Msg.Path, userOfHeader(req.Header()))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
+}
+
+// MakeDir creates a directory with its parents; one that exists is already_exists, which the
+// SDKs answer as false.
+func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
+	p := req.Msg.Path
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	id, user := sandboxOf(ctx), userOfHeader(req.Header())
+	if _, err := s.h.sup.StatFile(ctx, id, path.Clean(p), user); err == nil {
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists already", p))
+	}
+	if err := s.h.sup.MakeDir(ctx, id, path.Clean(p), user, 0o755, true); err != nil {
+		return nil, connectError(err)
+	}
+	e, err := s.stat(ctx, id, p, user)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
+}
+
+// Move renames source to destination by running mv as the user: the agent has no rename
+// of its own, and mv is in every image sandboxd runs E2B's SDKs against.
+func (s *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
+	src, dst := req.Msg.Source, req.Msg.Destination
+	if err := checkPath(src); err != nil {
+		return nil, err
+	}
+	if err := checkPath(dst); err != nil {
+		return nil, err
+	}
+	id, user := sandboxOf(ctx), userOfHeader(req.Header())
+	if _, err := s.h.sup.StatFile(ctx, id, path.Clean(src), user); err != nil {
+		return nil, connectError(err)
+	}
+	out, code, err := s.h.runQuiet(ctx, id, supervisor.ExecRequest{Argv: []string{"mv", "-T", "--", src, dst}, User: user, Timeout: time.Minute})
+	if err != nil {
+		return nil, connectError(err)
+	}
+	if code != 0 {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("moving %s to %s failed: %s", src, dst, out))
+	}
+	e, err := s.stat(ctx, id, dst, user)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
+}
+
+// ListDir lists a directory to depth levels (0 and 1: its own entries).
+func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
+	p := req.Msg.Path
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	depth := int(max(req.Msg.Depth, 1))
+	if depth > maxListDepth {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("the depth %d is more than %d", depth, maxListDepth))
+	}
+	id, user := sandboxOf(ctx), userOfHeader(req.Header())
+	st, err := s.h.sup.StatFile(ctx, id, path.Clean(p), user)
+	if err != nil {
+		return nil, connectError(err)
+	}
+	if st.Type != supervisor.FileDir {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", p))
+	}
+	var out []*filesystem.EntryInfo
+	var walk func(dir string, level int) error
+	walk = func(dir string, level int) error {
+		infos, err := s.h.sup.ListFiles(ctx, id, dir, user)
+		if err != nil {
+			return err
+		}
+		for _, fi := range infos {
+			if len(out) == maxListEntries {
+				return nil
+			}
+			out = append(out, entryOf(dir, fi))
+			if fi.Type == supervisor.FileDir && level < depth {
+				if err := walk(path.Join(dir, fi.Name), level+1); err != nil && errcode.Of(err) != errcode.FileNotFound {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(path.Clean(p), 1); err != nil {
+		return nil, connectError(err)
+	}
+	return connect.NewResponse(&filesystem.ListDirResponse{Entries: out}), nil
+}
+
+func (s *filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
+	if err := checkPath(req.Msg.Path); err != nil {
+		return nil, err
+	}
+	if err := s.h.sup.RemoveFile(ctx, sandboxOf(ctx), path.Clean(req.Msg.Path), userOfHeader(req.Header()), true); err != nil {
+		return nil, connectError(err)
+	}
+	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
+}

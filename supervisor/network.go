@@ -1,0 +1,287 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/control"
+	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/network"
+	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// A sandbox's network follows its launch (see the network package for what is made):
+//
+//   - Start: once the agent answers (the init, and so the sandbox's network namespace, exist),
+//     and before the launch commits, [Supervisor.attachNetwork] sets the network up and
+//     points the sandbox's /etc/resolv.conf at its gateway's resolver. A failure abandons the
+//     launch, whose endLaunch tears the network down.
+//   - Every end of a launch (a stop, an exit noticed, an abandoned or interrupted start) and a
+//     delete calls [Supervisor.detachNetwork], which tears down from the Manager's record, so
+//     that what a crashed sandboxd made goes too.
+//   - Reattach of a running sandbox that this process has not attached (after a restart of
+//     sandboxd) sets it up again ([Supervisor.adoptNetwork]): the Manager keeps the veth and
+//     re-arms the resolver, which lived in the old process.
+//
+// The policy is the sandbox's configuration record's (store.Config.Network), so that a live
+// change ([Supervisor.SetNetwork]) outlives restarts of both.
+
+// Networker is what the supervisor needs of a network.Manager.
+type Networker interface {
+	Setup(id string, target network.Target, rules *network.Rules) (network.Attachment, error)
+	Update(id string, rules *network.Rules) error
+	Teardown(id string) error
+}
+
+// NetworkPolicy is a sandbox's egress policy, as the API carries it.
+type NetworkPolicy = store.NetworkPolicy
+
+// NetworkStatus is a sandbox's network as [Status] shows it.
+type NetworkStatus struct {
+	Policy NetworkPolicy
+	// Address is the sandbox's own address, while it runs with an interface.
+	Address netip.Addr
+}
+
+// netState is the supervisor's view of the sandboxes it attached.
+type netState struct {
+	mgr Networker
+
+	mu       sync.Mutex
+	attached map[string]network.Attachment // by sandbox id
+}
+
+func newNetState(mgr Networker) *netState {
+	return &netState{mgr: mgr, attached: map[string]network.Attachment{}}
+}
+
+func (n *netState) get(id string) (network.Attachment, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a, ok := n.attached[id]
+	return a, ok
+}
+
+func (n *netState) set(id string, a network.Attachment) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.attached[id] = a
+}
+
+func (n *netState) forget(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.attached, id)
+}
+
+// parseNetwork validates a policy: its entries (the error names the first bad one, as
+// network.allow[2]), and, when it asks for any destination, that this server can give one.
+func (s *Supervisor) parseNetwork(p *NetworkPolicy) (*network.Rules, error) {
+	if p == nil {
+		return &network.Rules{}, nil
+	}
+	rules, err := network.Parse(network.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny})
+	if err != nil {
+		return nil, err
+	}
+	if !rules.Networked() {
+		return rules, nil
+	}
+	if s.net.mgr == nil {
+		return nil, errcode.New(errcode.Unavailable, "This sandboxd gives sandboxes no network; leave out network, or ask the operator to run it as root on Linux.")
+	}
+	if _, ok := s.rt.(runtime.NetNSer); !ok {
+		return nil, errcode.New(errcode.Unavailable, "The %s runtime cannot give a sandbox a network interface; leave out network.", s.rt.Kind())
+	}
+	return rules, nil
+}
+
+// checkNetwork validates a create request's policy.
+func (s *Supervisor) checkNetwork(p *NetworkPolicy) error {
+	_, err := s.parseNetwork(p)
+	return err
+}
+
+// rulesOf parses a recorded policy. A record that no longer parses (written by another build)
+// gives no network rather than a wider one.
+func (s *Supervisor) rulesOf(cfg *store.Config) *network.Rules {
+	rules, err := s.parseNetwork(cfg.Network)
+	if err != nil {
+		s.log.Warn("network: the recorded policy is refused; the sandbox gets no network", "sandbox", cfg.ID, "err", err)
+		return &network.Rules{}
+	}
+	return rules
+}
+
+// openNetNS opens the network namespace of the sandbox whose runtime process is proc: its
+// init's, found by the runtime, and checked after the open to be still that process's child,
+// so that a pid reused meanwhile is never taken for the init.
+func (s *Supervisor) openNetNS(dir string, proc platform.ProcessID) (*os.File, error) {
+	nr, ok := s.rt.(runtime.NetNSer)
+	if !ok {
+		return nil, fmt.Errorf("the %s runtime gives sandboxes no network namespace of their own", s.rt.Kind())
+	}
+	pid, err := nr.NetNS(dir)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("opening the network namespace of the sandbox's init: %w", err)
+	}
+	if ppid, err := platform.ParentPid(pid); err != nil || ppid != proc.Pid || !proc.Alive() {
+		ns.Close()
+		return nil, errors.New("the sandbox's init ended while its network namespace was opened")
+	}
+	return ns, nil
+}
+
+// attachNetwork gives a launch that is coming up (its agent answers on client) the network
+// its policy asks for, and points its resolver at the gateway. It does nothing for a policy
+// that allows nothing. On failure the caller abandons the launch, which tears down what was
+// made.
+func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *store.Config, proc platform.ProcessID, client *control.Client) error {
+	rules := s.rulesOf(cfg)
+	if !rules.Networked() || s.net.mgr == nil {
+		return nil
+	}
+	att, err := s.setupNetwork(l, rules, proc)
+	if err != nil {
+		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s could not get its network: %v.", cfg.ID, err)
+	}
+	// Written as root through the agent, over whatever the image has: the sandbox's own layer
+	// takes it, and the sandbox may change it later like any file of its own.
+	conf := "nameserver " + att.Gateway.String() + "\noptions edns0\n"
+	req := control.WriteRequest{Path: "/etc/resolv.conf", User: "root", Mode: 0o644}
+	if _, err := client.WriteFile(ctx, req, strings.NewReader(conf)); err != nil {
+		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s could not be given its resolver: %v.", cfg.ID, err)
+	}
+	return nil
+}
+
+// setupNetwork runs the Manager's Setup for the launch of proc and records the attachment.
+func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc platform.ProcessID) (network.Attachment, error) {
+	ns, err := s.openNetNS(l.Dir(), proc)
+	if err != nil {
+		return network.Attachment{}, err
+	}
+	defer ns.Close()
+	start := time.Now()
+	att, err := s.net.mgr.Setup(l.ID(), network.Target{NS: ns}, rules)
+	if err != nil {
+		return att, err
+	}
+	s.net.set(l.ID(), att)
+	s.log.Debug("network: attached", "sandbox", l.ID(), "address", att.Address, "took", time.Since(start))
+	return att, nil
+}
+
+// adoptNetwork takes over the network of a running sandbox that this process has not
+// attached: after a restart of sandboxd, its filter and interface are still there, and its
+// resolver, which ran in the old process, is started again. A failure is logged: the sandbox
+// runs on, without name resolution, until a later reattach or a restart of it.
+func (s *Supervisor) adoptNetwork(l *store.Lock, rec *store.RuntimeRecord) {
+	if s.net.mgr == nil {
+		return
+	}
+	if _, ok := s.net.get(l.ID()); ok {
+		return
+	}
+	cfg, err := l.Config()
+	if err != nil || cfg == nil {
+		return
+	}
+	rules := s.rulesOf(cfg)
+	if !rules.Networked() {
+		return
+	}
+	if _, err := s.setupNetwork(l, rules, processOf(rec)); err != nil {
+		s.log.Error("network: re-adopting a running sandbox's network", "sandbox", l.ID(), "err", err)
+	}
+}
+
+// detachNetwork tears down a sandbox's network, from the Manager's record, whether this
+// process made it or not. A failure is logged: `sandboxd check --repair` removes what is left.
+func (s *Supervisor) detachNetwork(id string) {
+	if s.net.mgr == nil {
+		return
+	}
+	s.net.forget(id)
+	if err := s.net.mgr.Teardown(id); err != nil {
+		s.log.Error("network: tearing down a sandbox's network", "sandbox", id, "err", err)
+	}
+}
+
+// SetNetwork replaces a sandbox's egress policy. It is recorded, so that the next start
+// applies it, and applied at once to a sandbox that runs: new connections follow it, and a
+// sandbox that had no interface gets one.
+func (s *Supervisor) SetNetwork(ctx context.Context, id string, p NetworkPolicy) (_ *Status, err error) {
+	defer s.observe("network", time.Now(), &err)
+	rules, err := s.parseNetwork(&p)
+	if err != nil {
+		return nil, err
+	}
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	r, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	if r.mismatch {
+		return nil, mismatchError(id)
+	}
+	cfg.Network = &p
+	if err := l.WriteConfig(cfg); err != nil {
+		return nil, err
+	}
+	if r.drivable() {
+		if err := s.applyNetwork(ctx, l, cfg, r.rec, rules); err != nil {
+			return nil, err
+		}
+	}
+	return s.Status(id)
+}
+
+// applyNetwork applies rules to a running sandbox: an update of the filter of one that has a
+// network, a setup for one that has none.
+func (s *Supervisor) applyNetwork(ctx context.Context, l *store.Lock, cfg *store.Config, rec *store.RuntimeRecord, rules *network.Rules) error {
+	if _, ok := s.net.get(l.ID()); ok {
+		if err := s.net.mgr.Update(l.ID(), rules); err != nil {
+			return fmt.Errorf("replacing the network policy of %s: %w", l.ID(), err)
+		}
+		return nil
+	}
+	if !rules.Networked() {
+		return nil
+	}
+	client, err := s.agent(ctx, l.Dir(), l.ID(), rec)
+	if err != nil {
+		return err
+	}
+	return s.attachNetwork(ctx, l, cfg, processOf(rec), client)
+}
+
+// networkStatus is what Status shows of a sandbox's network: its recorded policy, and its
+// address while this process has it attached and it runs.
+func (s *Supervisor) networkStatus(cfg *store.Config, state State) *NetworkStatus {
+	if cfg.Network == nil {
+		return nil
+	}
+	ns := &NetworkStatus{Policy: *cfg.Network}
+	if att, ok := s.net.get(cfg.ID); ok && state == StateRunning {
+		ns.Address = att.Address
+	}
+	return ns
+}

@@ -1,0 +1,55 @@
+package tests
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestContractSmallPids: every pids limit the schema accepts gives a sandbox that starts and
+// runs commands, the small ones included (the agent's own threads are not counted against
+// the limit), and no such start or exec answers a 5xx. The limit still holds: a workload that
+// forks far past it is refused forks, and pids N leaves it at least N.
+func TestContractSmallPids(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	for n := 1; n <= 8; n++ {
+		id := fmt.Sprintf("pids-%d", n)
+		r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": id, "start": true, "resources": map[string]any{"pids": n}})
+		t.Cleanup(func() {
+			d.doJSON("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+			d.doJSON("DELETE", "/v1/sandboxes/"+id, nil)
+		})
+		if r.Status != 201 {
+			t.Errorf("pids %d: create and start answered %d: %s", n, r.Status, r.Body)
+			continue
+		}
+		if sb := decode[sandboxJSON](t, r, 201); sb.State != "running" {
+			t.Errorf("pids %d: state %q after a start, want running", n, sb.State)
+			continue
+		}
+		r = d.doJSON("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": []string{"sh", "-c", "echo ok"}})
+		if r.Status != 200 {
+			t.Errorf("pids %d: exec answered %d: %s", n, r.Status, r.Body)
+			continue
+		}
+		if got := decode[execJSON](t, r, 200); got.ExitCode != 0 || got.Stdout != "ok\n" {
+			t.Errorf("pids %d: exec %+v, want ok", n, got)
+		}
+	}
+
+	// pids 4: the shell and three children of its own run at once.
+	got := d.exec("pids-4", map[string]any{"command": []string{"sh", "-c", "sleep 1 & sleep 1 & sleep 1 & wait; echo four"}})
+	if got.ExitCode != 0 || got.Stdout != "four\n" {
+		t.Errorf("pids 4: a shell with three children: %+v", got)
+	}
+	// pids 1: a hundred children is far beyond the limit and the agent's allowance.
+	got = d.exec("pids-1", map[string]any{"command": []string{"sh", "-c", "i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); done; echo forked $i"}})
+	if got.ExitCode == 0 || !strings.Contains(got.Stderr, "fork") {
+		t.Errorf("pids 1: a hundred forks were not refused: %+v", got)
+	}
+	if got := d.exec("pids-1", map[string]any{"command": []string{"echo", "after"}}); got.Stdout != "after\n" {
+		t.Errorf("pids 1: an exec after the forks were refused: %+v", got)
+	}
+}
