@@ -29,25 +29,46 @@ type Options struct {
 	Buffer int
 	// Now stamps events; time.Now when nil.
 	Now func() time.Time
+	// SeqDir, when set, is the directory (the state root) of the record of reserved sequence
+	// numbers ([SeqName]), so that the numbers of a new process follow those of every earlier
+	// one and none is reused: a Last-Event-ID from before a restart never names a new event.
+	SeqDir string
+	// SeqBlock is how many numbers one durable write reserves; [DefaultSeqBlock] when 0.
+	SeqBlock int64
+	// OnError is told of a failed reservation; nil drops it.
+	OnError func(error)
 }
 
 // Bus fans events out to subscribers. It is safe for concurrent use; a nil *Bus accepts and
 // drops every event, so that publishers need not check whether anyone listens.
 type Bus struct {
-	buffer int
-	now    func() time.Time
+	buffer   int
+	now      func() time.Time
+	seqDir   string
+	seqBlock int64
+	onError  func(error)
 
-	mu      sync.Mutex
-	seq     int64
-	ring    []openapi.Event // the last events, oldest first once full, starting at head
-	head    int
-	subs    map[*Subscription]struct{}
-	closed  bool
-	closedC chan struct{}
+	mu       sync.Mutex
+	seq      int64
+	reserved int64           // the last sequence number reserved durably (see reserve)
+	ring     []openapi.Event // the last events, oldest first once full, starting at head
+	head     int
+	subs     map[*Subscription]struct{}
+	closed   bool
+	closedC  chan struct{}
 }
 
-// New returns an empty bus.
+// New returns an empty bus whose numbers start at 1, whatever Options.SeqDir says: for tests
+// and for a server without a state root. A server opens its bus with [Open].
 func New(o Options) *Bus {
+	o.SeqDir = ""
+	b, _ := Open(o)
+	return b
+}
+
+// Open returns an empty bus. With Options.SeqDir, its numbers start after those reserved by
+// earlier processes; an unreadable record is an error, since starting from 0 would reuse them.
+func Open(o Options) (*Bus, error) {
 	if o.History <= 0 {
 		o.History = DefaultHistory
 	}
@@ -57,13 +78,27 @@ func New(o Options) *Bus {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Bus{
-		buffer:  o.Buffer,
-		now:     o.Now,
-		ring:    make([]openapi.Event, 0, o.History),
-		subs:    map[*Subscription]struct{}{},
-		closedC: make(chan struct{}),
+	if o.SeqBlock <= 0 {
+		o.SeqBlock = DefaultSeqBlock
 	}
+	b := &Bus{
+		buffer:   o.Buffer,
+		now:      o.Now,
+		seqDir:   o.SeqDir,
+		seqBlock: o.SeqBlock,
+		onError:  o.OnError,
+		ring:     make([]openapi.Event, 0, o.History),
+		subs:     map[*Subscription]struct{}{},
+		closedC:  make(chan struct{}),
+	}
+	if o.SeqDir != "" {
+		reserved, err := readSeq(o.SeqDir)
+		if err != nil {
+			return nil, err
+		}
+		b.seq, b.reserved = reserved, reserved
+	}
+	return b, nil
 }
 
 // Publish numbers and stamps e, keeps it for replay and hands it to every subscriber, and
@@ -77,6 +112,7 @@ func (b *Bus) Publish(e openapi.Event) openapi.Event {
 	if b.closed {
 		return e
 	}
+	b.reserve(b.seq + 1)
 	b.seq++
 	e.Seq = b.seq
 	e.At = b.now().UTC()
@@ -97,7 +133,8 @@ func (b *Bus) Publish(e openapi.Event) openapi.Event {
 	return e
 }
 
-// Seq is the sequence number of the last event published, 0 before the first.
+// Seq is the sequence number of the last event published; before the first, 0 or the last
+// number an earlier process reserved.
 func (b *Bus) Seq() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -125,7 +162,8 @@ func (b *Bus) Subscribe(replay bool, lastID int64) *Subscription {
 		kept := b.history()
 		switch {
 		case lastID > b.seq:
-			// An id of an earlier process: everything of this one was missed.
+			// An id this bus never gave (one of another state root, or of a process whose
+			// reservation failed): whatever is kept may have been missed.
 			s.backlog = kept
 		case len(kept) > 0 && lastID < kept[0].Seq-1:
 			// Older than the ring: events were lost; send what is kept.

@@ -5,12 +5,16 @@
 //
 // # Ordering and replay
 //
-// [Bus.Publish] numbers events with a sequence that increases by one per event of the process,
-// and stamps them with the time of publication. The last events ([Options].History of them,
+// [Bus.Publish] numbers events with a sequence that increases by one per event, and stamps them
+// with the time of publication. The sequence survives a restart: with [Options].SeqDir (the
+// state root) the bus reserves blocks of numbers in a durable record ([SeqName]) before it
+// gives the first of a block, and a new process starts after the last block reserved. Numbers
+// of a block a process did not use are skipped, never reused, so a Last-Event-ID from before a
+// restart never names a new event, and one durable write serves a block of events. The last events ([Options].History of them,
 // [DefaultHistory] by default) are kept in a
 // ring, so that a client that reconnects with the standard Last-Event-ID header is first sent
 // what it missed, then the live stream, with no gap and no duplicate. An id that the ring no
-// longer covers, or one from an earlier process (greater than the current sequence), replays
+// longer covers, or one this bus never gave (greater than the current sequence), replays
 // the whole ring: the client has missed events and should list what it shows afresh.
 //
 // # Slow subscribers

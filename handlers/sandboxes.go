@@ -82,10 +82,10 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 	}
 	if body.Template != nil {
 		creq.Clone = &supervisor.CloneRequest{Template: *body.Template, Generation: deref(body.Generation), Image: creq.Image}
-		// The disk is the clone's own; the rest must match the generation's.
+		// The disk is the clone's own; the limits it names override the generation's, the
+		// others are the generation's, not the server's defaults.
 		if chosen {
-			res := creq.Resources
-			creq.Clone.Resources = &res
+			creq.Clone.Resources = cloneLimits(body.Resources)
 		}
 	}
 	return creq, nil
@@ -110,6 +110,17 @@ func applyResources(creq *supervisor.CreateRequest, r *openapi.ResourcesRequest)
 		creq.DiskMB = *r.DiskMb
 	}
 	return r.Vcpus != nil || r.MemoryMb != nil || r.Pids != nil
+}
+
+// cloneLimits are the limits a clone's request names, 0 for each it leaves to the generation.
+func cloneLimits(r *openapi.ResourcesRequest) *supervisor.Resources {
+	or0 := func(p *int) int {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	return &supervisor.Resources{VCPUs: or0(r.Vcpus), MemoryMB: or0(r.MemoryMb), Pids: or0(r.Pids)}
 }
 
 // checkLabels refuses a label key that is not valid.

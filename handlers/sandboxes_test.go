@@ -74,8 +74,8 @@ func checkCloneOwnDisk(t *testing.T, r supervisor.CreateRequest) {
 }
 
 func checkCloneResources(t *testing.T, r supervisor.CreateRequest) {
-	want := testDefaults
-	want.VCPUs = 2
+	// What the clone names; the others are the generation's (0), not the server's defaults.
+	want := supervisor.Resources{VCPUs: 2}
 	if c := r.Clone; c == nil || c.Generation != "g000001" || c.Image != "py" || c.Resources == nil || *c.Resources != want {
 		t.Errorf("clone %+v", r.Clone)
 	}

@@ -58,7 +58,11 @@ func (h *Handlers) DeleteTemplate(ctx context.Context, req openapi.DeleteTemplat
 		return nil, err
 	}
 	if out == supervisor.Draining {
-		return openapi.DeleteTemplate202Response{}, nil
+		t, err := h.sup.Template(req.Name)
+		if err != nil {
+			return nil, err
+		}
+		return openapi.DeleteTemplate202JSONResponse(apiTemplate(t)), nil
 	}
 	return openapi.DeleteTemplate204Response{}, nil
 }
@@ -119,7 +123,11 @@ func (h *Handlers) RetireGeneration(ctx context.Context, req openapi.RetireGener
 		return nil, err
 	}
 	if out == supervisor.Draining {
-		return openapi.RetireGeneration202Response{}, nil
+		g, err := h.sup.Generation(req.Name, req.Gen)
+		if err != nil {
+			return nil, err
+		}
+		return openapi.RetireGeneration202JSONResponse(apiGeneration(g)), nil
 	}
 	return openapi.RetireGeneration204Response{}, nil
 }
@@ -146,7 +154,7 @@ func apiTemplate(t *supervisor.Template) openapi.Template {
 }
 
 func apiGeneration(g *supervisor.Generation) openapi.Generation {
-	return openapi.Generation{
+	out := openapi.Generation{
 		ID:          g.ID,
 		Template:    g.Template,
 		State:       openapi.GenerationState(g.State),
@@ -160,6 +168,11 @@ func apiGeneration(g *supervisor.Generation) openapi.Generation {
 			Resources: apiResources(g.Key.Resources, 0), // a clone's disk is its own, not the key's
 		},
 	}
+	if g.CapturePauseMS > 0 {
+		pause := g.CapturePauseMS
+		out.CapturePauseMs = &pause
+	}
+	return out
 }
 
 // paginate returns the page of items (sorted by key) after the cursor, and the cursor of the

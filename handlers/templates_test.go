@@ -100,18 +100,25 @@ func TestGenerationView(t *testing.T) {
 	}
 }
 
-// TestRetireOutcomes: a retirement that waits for leases answers 202, a finished one 204.
+// TestRetireOutcomes: a retirement that waits for leases answers 202 with what retires, a
+// finished one 204.
 func TestRetireOutcomes(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		outcome supervisor.RetireOutcome
 		code    int
 	}{{supervisor.Draining, http.StatusAccepted}, {supervisor.Retired, http.StatusNoContent}} {
-		h, _ := newTestHandlers(t, &fakeSupervisor{outcome: tc.outcome})
+		h, _ := newTestHandlers(t, &fakeSupervisor{outcome: tc.outcome,
+			templates: []supervisor.Template{{Name: "base", Generations: 1}},
+			gens:      []supervisor.Generation{{ID: "g000001", Template: "base", State: "retiring", Eligibility: "retiring", Leases: 2}}})
 		s := newTestServer(t, h)
-		for _, target := range []string{"/v1/templates/base?drain=true", "/v1/templates/base/generations/g000001?drain=true"} {
-			if code, body := do(t, s, "DELETE", target, ""); code != tc.code {
+		for target, want := range map[string]string{"/v1/templates/base?drain=true": `"name":"base"`, "/v1/templates/base/generations/g000001?drain=true": `"state":"retiring"`} {
+			code, body := do(t, s, "DELETE", target, "")
+			if code != tc.code {
 				t.Errorf("%s with %v: %d %s, want %d", target, tc.outcome, code, body, tc.code)
+			}
+			if code == http.StatusAccepted && !strings.Contains(string(body), want) {
+				t.Errorf("%s: 202 with %s, want it to hold %s", target, body, want)
 			}
 		}
 	}

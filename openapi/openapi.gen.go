@@ -64,9 +64,11 @@ func (e FileEntryType) Valid() bool {
 
 // Defines values for GenerationEligibility.
 const (
-	GenerationEligibilityEarly    GenerationEligibility = "early"
-	GenerationEligibilityEligible GenerationEligibility = "eligible"
-	GenerationEligibilityExpired  GenerationEligibility = "expired"
+	GenerationEligibilityEarly      GenerationEligibility = "early"
+	GenerationEligibilityEligible   GenerationEligibility = "eligible"
+	GenerationEligibilityExpired    GenerationEligibility = "expired"
+	GenerationEligibilityRetiring   GenerationEligibility = "retiring"
+	GenerationEligibilityTombstoned GenerationEligibility = "tombstoned"
 )
 
 // Valid indicates whether the value is a known member of the GenerationEligibility enum.
@@ -77,6 +79,10 @@ func (e GenerationEligibility) Valid() bool {
 	case GenerationEligibilityEligible:
 		return true
 	case GenerationEligibilityExpired:
+		return true
+	case GenerationEligibilityRetiring:
+		return true
+	case GenerationEligibilityTombstoned:
 		return true
 	default:
 		return false
@@ -410,7 +416,9 @@ type CaptureRequest struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// CompatibilityKey What a clone must match to use the generation.
+// CompatibilityKey What a clone must match to use the generation: the runtime identity and the image.
+// `resources` are those the generation was captured with, a clone's default; a clone
+// may choose others (see `CreateSandboxRequest.resources`).
 type CompatibilityKey struct {
 	// Image An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 	//
@@ -700,10 +708,16 @@ type FileList struct {
 
 // Generation defines model for Generation.
 type Generation struct {
-	CapturedAt time.Time `json:"captured_at"`
+	// CapturePauseMs How long the capture held its running sandbox frozen, in milliseconds (at
+	// least 1). Absent when the capture froze nothing: the sandbox was stopped, or
+	// paused already.
+	CapturePauseMs *int64    `json:"capture_pause_ms,omitempty"`
+	CapturedAt     time.Time `json:"captured_at"`
 
-	// Eligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
-	// capture); `expired` (captured longer ago than the server's maximum age).
+	// Eligibility Whether a clone may lease it at the time of the answer: `eligible`; `early` (the
+	// host clock reads before the capture); `expired` (captured longer ago than the
+	// server's maximum age); `tombstoned` and `retiring` (its state: it takes no new
+	// lease, whatever the clock says).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
@@ -716,7 +730,9 @@ type Generation struct {
 	// Example: g000003
 	ID GenerationID `json:"id"`
 
-	// Key What a clone must match to use the generation.
+	// Key What a clone must match to use the generation: the runtime identity and the image.
+	// `resources` are those the generation was captured with, a clone's default; a clone
+	// may choose others (see `CreateSandboxRequest.resources`).
 	Key CompatibilityKey `json:"key"`
 
 	// Leases How many clones lease it now.
@@ -733,8 +749,10 @@ type Generation struct {
 	Template TemplateName `json:"template"`
 }
 
-// GenerationEligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
-// capture); `expired` (captured longer ago than the server's maximum age).
+// GenerationEligibility Whether a clone may lease it at the time of the answer: `eligible`; `early` (the
+// host clock reads before the capture); `expired` (captured longer ago than the
+// server's maximum age); `tombstoned` and `retiring` (its state: it takes no new
+// lease, whatever the clock says).
 type GenerationEligibility string
 
 // GenerationState `active`: clones may lease it; `tombstoned`: quarantined, no new lease;
@@ -7486,12 +7504,18 @@ type DeleteTemplateResponseObject interface {
 	VisitDeleteTemplateResponse(w http.ResponseWriter) error
 }
 
-type DeleteTemplate202Response struct {
-}
+type DeleteTemplate202JSONResponse Template
 
-func (response DeleteTemplate202Response) VisitDeleteTemplateResponse(w http.ResponseWriter) error {
+func (response DeleteTemplate202JSONResponse) VisitDeleteTemplateResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(202)
-	return nil
+	_, err := buf.WriteTo(w)
+	return err
 }
 
 type DeleteTemplate204Response struct {
@@ -8051,12 +8075,18 @@ type RetireGenerationResponseObject interface {
 	VisitRetireGenerationResponse(w http.ResponseWriter) error
 }
 
-type RetireGeneration202Response struct {
-}
+type RetireGeneration202JSONResponse Generation
 
-func (response RetireGeneration202Response) VisitRetireGenerationResponse(w http.ResponseWriter) error {
+func (response RetireGeneration202JSONResponse) VisitRetireGenerationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(202)
-	return nil
+	_, err := buf.WriteTo(w)
+	return err
 }
 
 type RetireGeneration204Response struct {

@@ -26,6 +26,13 @@ func AttachLoop(image string) (*os.File, error) {
 		return nil, err
 	}
 	defer backing.Close()
+	return AttachLoopFile(backing)
+}
+
+// AttachLoopFile is [AttachLoop] of an open image file (one opened read and write), which
+// may have no name (O_TMPFILE); the device holds its own reference to it.
+func AttachLoopFile(backing *os.File) (*os.File, error) {
+	image := backing.Name()
 	ctl, err := os.OpenFile(LoopControl, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("platform: open %s: %w", LoopControl, err)

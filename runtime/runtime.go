@@ -218,6 +218,26 @@ const (
 	RoleInit Role = "init"
 )
 
+// ResourcePinner is a Runtime whose captures hold state that depends on the resources they
+// were captured with (a virtual machine's memory image does), so that a clone of a generation
+// must run with the generation's resources. A runtime that is not one, such as the namespace
+// runtime, whose generations are files only, lets a clone choose its own.
+type ResourcePinner interface {
+	// PinsCloneResources reports whether a clone must have its generation's resources.
+	PinsCloneResources() bool
+}
+
+// LiveLayerer is a Runtime that can open a running sandbox's writable layer for a capture,
+// while the supervisor holds the sandbox frozen with its [Pauser].
+type LiveLayerer interface {
+	// OpenLiveLayer opens the writable layer of the running, frozen sandbox sandboxID in
+	// dir, as OpenLayer opens a stopped one's. snapshot says the layer is a copy taken by the
+	// call, which stays as it is once the sandbox thaws: the caller may thaw it at once.
+	// Otherwise the layer is the sandbox's own, and the sandbox must stay frozen for as long
+	// as the caller reads it.
+	OpenLiveLayer(ctx context.Context, sandboxID, dir string, disk bool) (layer *os.File, snapshot bool, err error)
+}
+
 // Pauser is a Runtime that can pause a sandbox: freeze every process of it, and thaw them
 // again. The supervisor keeps the record of a pause; the runtime keeps none, and answers
 // Frozen from the host's real state, which the supervisor reconciles with its record.

@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
 )
 
 // openWithEvents is open with an event channel.
@@ -295,5 +298,76 @@ func TestLifetime(t *testing.T) {
 	}
 	if n := shims(t, s, root); n != 0 {
 		t.Fatalf("%d runtime processes after the expiry", n)
+	}
+}
+
+// TestCaptureOfARunningSandbox: a capture freezes a running sandbox for the copy only and
+// reports the freeze, leaves a paused one paused, and a capture that dies by SIGKILL while the
+// sandbox is frozen leaves it frozen with no pause record, which the next start-up thaws.
+func TestCaptureOfARunningSandbox(t *testing.T) {
+	s, root := newSupervisor(t)
+	p := requirePause(t, s)
+	ts, err := template.Open(root, template.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.templates = ts
+	ctx := testContext(t)
+	if _, err := ts.CreateTemplate(ctx, "live"); err != nil {
+		t.Fatal(err)
+	}
+	startNew(t, ctx, s, "live")
+	dir := filepath.Join(root, store.SandboxesDir, "live")
+	g, err := s.Capture(ctx, "live", "live")
+	if err != nil {
+		t.Fatalf("capture of a running sandbox: %v", err)
+	}
+	if g.CapturePauseMS <= 0 {
+		t.Fatalf("capture_pause_ms %d for the capture of a running sandbox", g.CapturePauseMS)
+	}
+	if frozen, err := p.Frozen("live", dir); err != nil || frozen {
+		t.Fatalf("frozen after the capture: %v, %v", frozen, err)
+	}
+	if err := execTrue(ctx, s, "live"); err != nil {
+		t.Fatalf("exec after the capture: %v", err)
+	}
+
+	if _, err := s.Pause(ctx, "live"); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := s.Capture(ctx, "live", "live"); err != nil || g.CapturePauseMS != 0 {
+		t.Fatalf("capture of a paused sandbox: %+v, %v", g, err)
+	}
+	if st, err := s.Status("live"); err != nil || st.State != StatePaused {
+		t.Fatalf("after the capture of a paused sandbox: %+v, %v", st, err)
+	}
+	if frozen, err := p.Frozen("live", dir); err != nil || !frozen {
+		t.Fatalf("the capture thawed a paused sandbox: frozen %v, %v", frozen, err)
+	}
+	if _, err := s.Resume(ctx, "live"); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envCrashRoot+"="+root, envCrashID+"=live", envCrashAt+"=capture-frozen", envCrashCapture+"=live")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the helper did not die by SIGKILL while the sandbox was frozen: %v\n%s", err, out)
+	}
+	if frozen, err := p.Frozen("live", dir); err != nil || !frozen {
+		t.Fatalf("the helper's capture did not freeze the sandbox: %v, %v", frozen, err)
+	}
+	if err := s.ReattachAll(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if frozen, err := p.Frozen("live", dir); err != nil || frozen {
+		t.Fatalf("the start-up after a crashed capture left the sandbox frozen: %v, %v", frozen, err)
+	}
+	if st, err := s.Status("live"); err != nil || st.State != StateRunning {
+		t.Fatalf("after the start-up: %+v, %v", st, err)
+	}
+	if err := execTrue(ctx, s, "live"); err != nil {
+		t.Fatalf("exec after the start-up: %v", err)
 	}
 }

@@ -167,6 +167,11 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 	case r.state != StateRunning:
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running, so it cannot be resumed.", id)
 	case !r.paused:
+		// Thawed all the same: a capture whose thaw failed leaves a running sandbox frozen
+		// without a pause record, and a resume is how to retry that thaw.
+		if err := p.Thaw(ctx, id, l.Dir()); err != nil {
+			return nil, err
+		}
 		return s.Status(id)
 	}
 	pr, err := readPause(l.Dir())

@@ -148,6 +148,10 @@ const (
 type Session struct {
 	a    *Admission
 	proc *control.Process
+	// missing, for a command that does not exist (proc nil), is what the session reads out
+	// before its exit 127: why, on stderr (stdout with a TTY), as a shell answers it.
+	missing       []byte
+	missingStream Stream
 }
 
 // StartExec starts an admitted workload with its stdin open, for its caller to relay. The
@@ -155,6 +159,14 @@ type Session struct {
 // start.
 func (s *Supervisor) StartExec(ctx context.Context, a *Admission, req ExecRequest) (*Session, error) {
 	proc, err := a.agent.Exec(ctx, a.defaults.apply(req).control(true))
+	if msg, ok := commandNotFound(err); ok {
+		// As the buffered exec answers it: a session that says why and exits 127.
+		x := &Session{a: a, missing: []byte("sandboxd: " + msg + "\n"), missingStream: Stderr}
+		if req.TTY {
+			x.missingStream = Stdout
+		}
+		return x, nil
+	}
 	if err != nil {
 		return nil, lost(a, err)
 	}
@@ -163,23 +175,49 @@ func (s *Supervisor) StartExec(ctx context.Context, a *Admission, req ExecReques
 
 // WriteStdin writes p to the workload's stdin.
 func (x *Session) WriteStdin(p []byte) error {
+	if x.proc == nil {
+		return nil // no command reads it
+	}
 	_, err := x.proc.Stdin.Write(p)
 	return err
 }
 
 // CloseStdin sends end-of-file to the workload's stdin.
-func (x *Session) CloseStdin() error { return x.proc.Stdin.Close() }
+func (x *Session) CloseStdin() error {
+	if x.proc == nil {
+		return nil
+	}
+	return x.proc.Stdin.Close()
+}
 
 // Resize changes the workload's terminal size (TTY only).
-func (x *Session) Resize(rows, cols uint16) error { return x.proc.Resize(rows, cols) }
+func (x *Session) Resize(rows, cols uint16) error {
+	if x.proc == nil {
+		return nil
+	}
+	return x.proc.Resize(rows, cols)
+}
 
 // Signal sends the named signal ("SIGINT" or "INT") to the workload.
-func (x *Session) Signal(name string) error { return x.proc.Signal(name) }
+func (x *Session) Signal(name string) error {
+	if x.proc == nil {
+		return nil
+	}
+	return x.proc.Signal(name)
+}
 
 // ReadOutput reads the next piece of the workload's output into p, and says whose it is. At
 // the workload's end it returns io.EOF, and Wait has the status; on any other error the
 // workload is over as well.
 func (x *Session) ReadOutput(p []byte) (Stream, int, error) {
+	if x.proc == nil {
+		if len(x.missing) == 0 {
+			return x.missingStream, 0, io.EOF
+		}
+		n := copy(p, x.missing)
+		x.missing = x.missing[n:]
+		return x.missingStream, n, nil
+	}
 	t, n, err := x.proc.ReadOutput(p)
 	stream := Stdout
 	if t == control.FrameStderr {
@@ -191,6 +229,9 @@ func (x *Session) ReadOutput(p []byte) (Stream, int, error) {
 // Wait returns how the workload ended, once its output was read to the end. A workload whose
 // sandbox stopped under it ends without a status, with not-running.
 func (x *Session) Wait() (ExitStatus, error) {
+	if x.proc == nil {
+		return ExitStatus{ExitCode: 127}, nil
+	}
 	st, err := x.proc.Wait()
 	if err != nil {
 		return ExitStatus{}, lost(x.a, err)
@@ -199,7 +240,12 @@ func (x *Session) Wait() (ExitStatus, error) {
 }
 
 // Close kills the workload if it still runs, and ends the session. It is idempotent.
-func (x *Session) Close() error { return x.proc.Close() }
+func (x *Session) Close() error {
+	if x.proc == nil {
+		return nil
+	}
+	return x.proc.Close()
+}
 
 // commandNotFound reports the agent's answer that the command does not exist, and its message.
 func commandNotFound(err error) (string, bool) {

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
 )
 
 // Environment of the crash helper: the test binary re-executed to start a sandbox and die
@@ -27,6 +28,9 @@ const (
 	envCrashRoot = "SUPERVISOR_TEST_CRASH_ROOT"
 	envCrashID   = "SUPERVISOR_TEST_CRASH_ID"
 	envCrashAt   = "SUPERVISOR_TEST_CRASH_AT"
+	// envCrashCapture names a template: the helper captures the sandbox into it instead of
+	// starting it.
+	envCrashCapture = "SUPERVISOR_TEST_CRASH_CAPTURE"
 )
 
 // testCgroupParent keeps the tests' cgroups apart from a real sandboxd's.
@@ -59,6 +63,13 @@ func crashHelper() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if name := os.Getenv(envCrashCapture); name != "" {
+		if s.templates, err = template.Open(os.Getenv(envCrashRoot), template.Options{}); err == nil {
+			_, err = s.Capture(ctx, name, os.Getenv(envCrashID))
+		}
+		fmt.Fprintf(os.Stderr, "crash helper: the capture did not reach %q: %v\n", at, err)
+		os.Exit(2)
+	}
 	_, err = s.Start(ctx, os.Getenv(envCrashID))
 	fmt.Fprintf(os.Stderr, "crash helper: the launch did not reach %q: %v\n", at, err)
 	os.Exit(2)

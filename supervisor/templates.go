@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 	"github.com/sandboxd/sandboxd/store/template"
 )
@@ -41,9 +42,12 @@ func (s *Supervisor) bindingExists() func(sandboxID, leaseID string) bool {
 	return template.BindingChecker(s.store.Dir)
 }
 
-// Capture copies a stopped sandbox's writable layer into a new generation of a template, with
-// the compatibility key the sandbox runs under. The sandbox stays locked, so that it cannot
-// start while its layer is copied, and stays as it was.
+// Capture copies a sandbox's writable layer into a new generation of a template, with the
+// compatibility key the sandbox runs under. The sandbox stays locked, so that it cannot start,
+// stop or be paused while its layer is copied, and stays as it was: a stopped sandbox stays
+// stopped, a paused one paused, and a running one runs on. A running sandbox is frozen for as
+// long as the copy reads its layer (see [Supervisor.holdForCapture]), so that the generation
+// is a consistent picture of it, and the generation reports that freeze as its capture pause.
 func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *template.Generation, err error) {
 	defer s.observe("capture", time.Now(), &err)
 	if err := s.requireTemplates(); err != nil {
@@ -72,8 +76,12 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	if err != nil {
 		return nil, err
 	}
-	if r.state == StateRunning { // under any runtime identity
-		return nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running; stop it before capturing it, so that its files are consistent.", id)
+	hooks, layer, err := s.holdForCapture(ctx, l, cfg, r)
+	if err != nil {
+		return nil, err
+	}
+	if layer != nil {
+		defer layer.Close()
 	}
 	// A clone's capture is its generation's payload with the clone's own layer merged over
 	// it. The clone's lease keeps that payload while the lock keeps the clone stopped.
@@ -98,15 +106,14 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	if err != nil {
 		return nil, err
 	}
-	layer, err := rt.OpenLayer(l.Dir(), cfg.DiskMB > 0)
-	if errcode.Of(err) == errcode.NotImplemented {
-		return nil, err // a runtime that cannot capture (microvm) says so itself
-	}
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
-	}
-	if err != nil {
-		return nil, errcode.Wrap(errcode.Internal, err, "The writable layer of sandbox %s cannot be opened.", id)
+	if layer == nil {
+		if layer, err = rt.OpenLayer(l.Dir(), cfg.DiskMB > 0); err != nil {
+			if errcode.Of(err) == errcode.NotImplemented {
+				return nil, err // a runtime that cannot capture (microvm) says so itself
+			}
+			return nil, layerError(id, err)
+		}
+		defer layer.Close()
 	}
 	layers = append(layers, layer)
 	digest, err := s.imageDigest(cfg.Image)
@@ -122,13 +129,13 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	// Progress is reported a few times a second at most, and at the end: a layer of many
 	// small files would otherwise flood the event stream.
 	var last time.Time
-	progress := func(copied, total int64) {
+	hooks.Progress = func(copied, total int64) {
 		if now := time.Now(); now.Sub(last) >= progressInterval || copied == total {
 			last = now
 			s.emit(Event{Type: EventProgress, Sandbox: id, Template: templateName, Progress: &Progress{Phase: "copying", Done: copied, Total: total}})
 		}
 	}
-	g, err = s.templates.CaptureLayers(ctx, templateName, layers, key, progress)
+	g, err = s.templates.CaptureLayersWith(ctx, templateName, layers, key, hooks)
 	if err != nil {
 		return nil, err
 	}
@@ -139,13 +146,135 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	return g, nil
 }
 
-// CloneRequest says which generation a new sandbox is cloned from. Image and Resources, when
-// set, must match the generation's key; when unset the clone takes the generation's.
+// holdForCapture returns the hooks that keep the sandbox l locks still while a capture copies
+// its layer, r being what reattach found of it, and the layer to copy when it opened it (nil:
+// the caller opens the stopped sandbox's layer). A stopped sandbox needs nothing, and neither
+// does a paused one, which stays paused. A running one is frozen by the runtime's
+// [runtime.Pauser], with no pause record written, and its layer opened by the runtime's
+// [runtime.LiveLayerer]: a live layer keeps it frozen until the copy has read it, a snapshot
+// only until the snapshot is taken. A crash of sandboxd while it is frozen leaves a frozen
+// sandbox without a record, which start-up thaws (the thorough [Supervisor.reconcilePause] of
+// [Supervisor.ReattachAll]), as it does after a resume that crashed.
+func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *store.Config, r reconciled) (template.CaptureHooks, *os.File, error) {
+	id := l.ID()
+	var none template.CaptureHooks
+	switch {
+	case r.state != StateRunning || r.paused:
+		return none, nil, nil
+	case r.mismatch:
+		return none, nil, mismatchError(id)
+	}
+	rt, err := s.runtimeFor(cfg)
+	if err != nil {
+		return none, nil, err
+	}
+	live, ok := rt.(runtime.LiveLayerer)
+	if !ok {
+		return none, nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running and the %s runtime captures stopped sandboxes only; stop it before capturing it.", id, rt.Kind())
+	}
+	p, err := s.pauser()
+	if err != nil {
+		return none, nil, errcode.Wrap(errcode.SandboxLaunched, err, "Sandbox %s is running and this server cannot freeze it for a capture; stop it before capturing it.", id)
+	}
+	freeze := func() (time.Time, error) {
+		at := time.Now()
+		if err := p.Freeze(ctx, id, l.Dir()); err != nil {
+			s.thawAfterCapture(ctx, p, l)
+			return at, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s could not be frozen for its capture and runs on; retry the capture.", id)
+		}
+		s.crash("capture-frozen")
+		return at, nil
+	}
+	if cfg.DiskMB == 0 {
+		layer, _, err := live.OpenLiveLayer(ctx, id, l.Dir(), false)
+		if err != nil {
+			return none, nil, layerError(id, err)
+		}
+		var frozenAt time.Time
+		return template.CaptureHooks{
+			Hold: func() (err error) {
+				frozenAt, err = freeze()
+				return err
+			},
+			Release: func() time.Duration {
+				s.thawAfterCapture(ctx, p, l)
+				return time.Since(frozenAt)
+			},
+		}, layer, nil
+	}
+	frozenAt, err := freeze()
+	if err != nil {
+		return none, nil, err
+	}
+	layer, snapshot, err := live.OpenLiveLayer(ctx, id, l.Dir(), true)
+	if err == nil && !snapshot {
+		layer.Close()
+		err = errors.New("the runtime has no snapshot of a sandbox's own disk")
+	}
+	s.thawAfterCapture(ctx, p, l)
+	held := time.Since(frozenAt)
+	if err != nil {
+		return none, nil, layerError(id, err)
+	}
+	return template.CaptureHooks{
+		Hold:    func() error { return nil },
+		Release: func() time.Duration { return held },
+	}, layer, nil
+}
+
+func layerError(id string, err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
+	}
+	return errcode.Wrap(errcode.Internal, err, "The writable layer of sandbox %s cannot be opened.", id)
+}
+
+// thawAfterCapture thaws a sandbox that a capture froze. The capture's outcome does not depend
+// on it: a thaw that fails is logged, and the sandbox stays frozen until a resume (which thaws
+// a sandbox without a pause record too) or the next start-up thaws it.
+func (s *Supervisor) thawAfterCapture(ctx context.Context, p runtime.Pauser, l *store.Lock) {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if err := p.Thaw(cctx, l.ID(), l.Dir()); err != nil {
+		s.log.Error("thawing a sandbox after its capture; resume it to retry", "sandbox", l.ID(), "err", err)
+	}
+}
+
+// CloneRequest says which generation a new sandbox is cloned from. Image, when set, must
+// match the generation's key. Resources are the limits the clone chooses, each field 0 for
+// the generation's; nil takes the generation's. They must equal the generation's only under a
+// runtime that pins them ([runtime.ResourcePinner]); otherwise they are no part of the
+// compatibility.
 type CloneRequest struct {
 	Template   string
 	Generation string // "" for the latest eligible, non-tombstoned generation of a matching key
 	Image      string
 	Resources  *store.Resources
+}
+
+// cloneResources is what a clone of a generation captured with k runs with: the fields req
+// sets, the generation's for the others.
+func cloneResources(k store.Resources, req *store.Resources) store.Resources {
+	if req == nil {
+		return k
+	}
+	if req.VCPUs != 0 {
+		k.VCPUs = req.VCPUs
+	}
+	if req.MemoryMB != 0 {
+		k.MemoryMB = req.MemoryMB
+	}
+	if req.Pids != 0 {
+		k.Pids = req.Pids
+	}
+	return k
+}
+
+// pinsResources reports whether this server's runtime needs a clone's resources equal to its
+// generation's.
+func (s *Supervisor) pinsResources() bool {
+	p, ok := s.rt.(runtime.ResourcePinner)
+	return ok && p.PinsCloneResources()
 }
 
 // Clone provisions a sandbox whose lower layer is a template generation, and leases that
@@ -197,7 +326,7 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	}
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
-	cfg.Resources = g.Key.Resources
+	cfg.Resources = cloneResources(g.Key.Resources, req.Resources)
 	cfg.Template = &store.TemplateRef{Template: req.Template, Generation: g.ID}
 	if cfg.CreatedAt.IsZero() {
 		cfg.CreatedAt = time.Now().UTC()
@@ -279,8 +408,8 @@ func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
 		return "it was captured under another sandboxd build or runtime configuration"
 	case req.Image != "" && req.Image != k.Image:
 		return fmt.Sprintf("it was captured from image %q, not %q", k.Image, req.Image)
-	case req.Resources != nil && *req.Resources != k.Resources:
-		return fmt.Sprintf("it was captured with resources %s, not %s", k.Resources, *req.Resources)
+	case s.pinsResources() && cloneResources(k.Resources, req.Resources) != k.Resources:
+		return fmt.Sprintf("the %s runtime runs a clone with its generation's resources only (%s); leave resources out", s.rt.Kind(), k.Resources)
 	}
 	if d, err := s.imageDigest(k.Image); err != nil || d != k.ImageDigest {
 		return fmt.Sprintf("it was captured on image %s %s, which this server no longer holds as it was", k.Image, k.ImageDigest)
@@ -340,6 +469,9 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 	s.emit(Event{Type: EventReleased, Sandbox: id, Template: b.Template, Generation: b.Generation, Lease: b.Lease})
 	// The last lease of a draining generation finishes its retirement.
 	s.releaseGenerations(ctx, b.Template, b.Generation)
+	if s.generationGone(b.Template, b.Generation) {
+		s.emit(Event{Type: EventRetired, Template: b.Template, Generation: b.Generation})
+	}
 }
 
 // Tombstone quarantines a generation: no new lease, selection skips it, clones keep working.
@@ -347,24 +479,28 @@ func (s *Supervisor) Tombstone(ctx context.Context, name, gen string) (*template
 	if err := s.requireTemplates(); err != nil {
 		return nil, err
 	}
+	before := s.generationStates(name)
 	g, err := s.templates.Tombstone(ctx, name, gen)
 	if err != nil {
 		return nil, err
 	}
-	s.emit(Event{Type: EventTombstoned, Template: name, Generation: gen})
+	s.emitGenerationChanges(name, before)
 	return g, nil
 }
 
 // Retire retires a generation (see template.Store.Retire); with drain it finishes when the
-// last lease goes.
+// last lease goes. A retirement refused as leased changes nothing and emits nothing.
 func (s *Supervisor) Retire(ctx context.Context, name, gen string, drain bool) (template.Outcome, error) {
 	if err := s.requireTemplates(); err != nil {
 		return 0, err
 	}
+	before := s.generationStates(name)
 	out, err := s.templates.Retire(ctx, name, gen, drain, s.bindingExists())
 	if err == nil && out == template.Retired {
 		s.releaseGenerations(ctx, name, gen)
-		s.emit(Event{Type: EventRetired, Template: name, Generation: gen})
+	}
+	if err == nil {
+		s.emitGenerationChanges(name, before)
 	}
 	return out, err
 }
@@ -374,9 +510,56 @@ func (s *Supervisor) DeleteTemplate(ctx context.Context, name string, drain bool
 	if err := s.requireTemplates(); err != nil {
 		return 0, err
 	}
+	before := s.generationStates(name)
 	out, err := s.templates.DeleteTemplate(ctx, name, drain, s.bindingExists())
-	if err == nil && out == template.Retired {
+	if err == nil {
 		s.releaseGenerations(ctx, name, "")
+		s.emitGenerationChanges(name, before)
 	}
 	return out, err
+}
+
+// generationStates reads the states of a template's generations, so that
+// [Supervisor.emitGenerationChanges] can tell what a change did; nil when it cannot.
+func (s *Supervisor) generationStates(name string) map[string]template.State {
+	now, err := s.templates.Now()
+	if err != nil {
+		return nil
+	}
+	gens, err := s.templates.Generations(name, now)
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]template.State, len(gens))
+	for _, g := range gens {
+		out[g.ID] = g.State
+	}
+	return out
+}
+
+// emitGenerationChanges emits the events of what a change did to the generations of a
+// template that were in before: generation.tombstoned for each that was active and is
+// tombstoned or retiring now (a drain), generation.retired for each that is gone. Every
+// tombstone and retirement emits its event so, also those no request names: the end of a
+// drain, which the release of the last lease finishes, and the generations of a deleted
+// template.
+func (s *Supervisor) emitGenerationChanges(name string, before map[string]template.State) {
+	if len(before) == 0 {
+		return
+	}
+	after := s.generationStates(name)
+	ids := make([]string, 0, len(before))
+	for id := range before {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		now, ok := after[id]
+		switch {
+		case !ok && after != nil, !ok && s.generationGone(name, id):
+			s.emit(Event{Type: EventRetired, Template: name, Generation: id})
+		case ok && before[id] == template.StateActive && now != template.StateActive:
+			s.emit(Event{Type: EventTombstoned, Template: name, Generation: id})
+		}
+	}
 }

@@ -566,6 +566,70 @@ func benchSpawn(b *testing.B, prog string, args ...string) {
 	lat.report(b, "")
 }
 
+// BenchmarkPauseResume times POST /pause and POST /resume of a running sandbox (issue 13):
+// each freezes or thaws every process of the sandbox's cgroup, after its record is written
+// durably.
+func BenchmarkPauseResume(b *testing.B) {
+	d := benchDaemon(b)
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "nap", "start": true})
+	var pause, resume latencies
+	for b.Loop() {
+		t0 := time.Now()
+		d.mustStatus(200, "POST", "/v1/sandboxes/nap/pause", nil)
+		t1 := time.Now()
+		d.mustStatus(200, "POST", "/v1/sandboxes/nap/resume", nil)
+		pause, resume = append(pause, t1.Sub(t0)), append(resume, time.Since(t1))
+	}
+	pause.report(b, "pause-")
+	resume.report(b, "resume-")
+}
+
+// benchRunningCapture captures a running sandbox whose writable layer holds size bytes, and
+// reports the freeze each capture reports (capture_pause_ms) besides the whole capture's time.
+// disk says the sandbox has a disk of its own (the server's default on a host with loop
+// devices), whose capture snapshots the disk image while frozen; without, the copy itself
+// runs frozen.
+func benchRunningCapture(b *testing.B, size int64, disk bool) {
+	if disk && disksUnsupported() != "" {
+		b.Skipf("%s here: sandboxes cannot have disks of their own", disksUnsupported())
+	}
+	d := benchDaemon(b)
+	body := map[string]any{"id": "live", "start": true, "resources": map[string]any{"disk_mb": 0}}
+	if disk {
+		body["resources"] = map[string]any{"disk_mb": 4096}
+	}
+	d.mustStatus(201, "POST", "/v1/sandboxes", body)
+	got := decode[execJSON](b, d.doJSON("POST", "/v1/sandboxes/live/exec", map[string]any{
+		"command": []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /home/user/blob && sync", size)}, "timeout_ms": 600000}), 200)
+	if got.ExitCode != 0 {
+		b.Fatalf("writing the layer's data: %+v", got)
+	}
+	d.mustStatus(201, "POST", "/v1/templates", map[string]any{"name": "live"})
+	var frozen, capture latencies
+	for b.Loop() {
+		t0 := time.Now()
+		var g struct {
+			ID             string `json:"id"`
+			CapturePauseMS int64  `json:"capture_pause_ms"`
+		}
+		if err := json.Unmarshal(d.mustStatus(201, "POST", "/v1/templates/live/generations?timeout=600000", map[string]any{"sandbox": "live"}).Body, &g); err != nil || g.CapturePauseMS < 1 {
+			b.Fatalf("capture of a running sandbox: %+v (%v)", g, err)
+		}
+		capture = append(capture, time.Since(t0))
+		frozen = append(frozen, time.Duration(g.CapturePauseMS)*time.Millisecond)
+		b.StopTimer()
+		d.mustStatus(204, "DELETE", "/v1/templates/live/generations/"+g.ID, nil)
+		b.StartTimer()
+	}
+	frozen.report(b, "frozen-")
+	capture.report(b, "capture-")
+}
+
+func BenchmarkRunningCapture10MiB(b *testing.B)     { benchRunningCapture(b, 10<<20, false) }
+func BenchmarkRunningCapture1GiB(b *testing.B)      { benchRunningCapture(b, 1<<30, false) }
+func BenchmarkRunningCaptureDisk10MiB(b *testing.B) { benchRunningCapture(b, 10<<20, true) }
+func BenchmarkRunningCaptureDisk1GiB(b *testing.B)  { benchRunningCapture(b, 1<<30, true) }
+
 // BenchmarkStartCosts is issue 12's figure: what the user namespace and the default disk bound
 // cost a start. One loop interleaves, in rotating order so that none always runs first, a
 // create+start through HTTP of:

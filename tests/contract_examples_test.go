@@ -315,6 +315,18 @@ func TestContractExamples(t *testing.T) {
 	_ = json.Unmarshal(real["captureGeneration 201"].Body, &gen)
 	real["getGeneration 200"] = d.doJSON("GET", "/v1/templates/python-base/generations/"+gen.ID, nil)
 	real["getTemplate 200"] = d.doJSON("GET", "/v1/templates/python-base", nil)
+	// A capture of a running sandbox, and a retirement that drains, on a template of their own.
+	d.doJSON("POST", "/v1/templates", map[string]any{"name": "live-base"})
+	cleanup("live-src")
+	d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "live-src", "start": true})
+	byExample["captureGeneration 201 capturedRunning"] = d.doJSON("POST", "/v1/templates/live-base/generations", map[string]any{"sandbox": "live-src"})
+	var live struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(byExample["captureGeneration 201 capturedRunning"].Body, &live)
+	cleanup("live-7")
+	d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "live-7", "template": "live-base"})
+	byExample["retireGeneration 202 retiring"] = d.doJSON("DELETE", "/v1/templates/live-base/generations/"+live.ID+"?drain=true", nil)
 	cleanup("py-7")
 	if r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "py-7", "template": "python-base", "start": true}); r.Status != 201 {
 		t.Fatalf("clone: %d %s", r.Status, r.Body)

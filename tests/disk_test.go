@@ -58,6 +58,16 @@ func (d *daemon) attachedImages() map[string]int {
 	return out
 }
 
+// mustLoopFiles lists the backing files of the host's loop devices.
+func mustLoopFiles(t *testing.T) map[string]string {
+	t.Helper()
+	files, err := platform.LoopBackingFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
 // diskMiB is the size of the file system at / inside the sandbox, in MiB.
 func (d *daemon) diskMiB(id string) int {
 	d.t.Helper()
@@ -97,6 +107,32 @@ func TestDiskOfItsOwn(t *testing.T) {
 	if got := d.exec("dk", map[string]any{"command": []string{"sh", "-c", "echo kept > /home/user/kept"}}); got.ExitCode != 0 {
 		t.Fatalf("write: %+v", got)
 	}
+	// Captured while it runs: from a snapshot of its disk, taken while it is frozen and let
+	// go after the copy; the sandbox runs on, on its one device.
+	d.mustStatus(201, "POST", "/v1/templates", map[string]any{"name": "dklive"})
+	var live struct {
+		CapturePauseMS int64 `json:"capture_pause_ms"`
+	}
+	if err := json.Unmarshal(d.mustStatus(201, "POST", "/v1/templates/dklive/generations", map[string]any{"sandbox": "dk"}).Body, &live); err != nil || live.CapturePauseMS < 1 {
+		t.Fatalf("the capture of a running sandbox with a disk of its own: %+v (%v)", live, err)
+	}
+	if got := d.exec("dk", map[string]any{"command": []string{"cat", "/home/user/kept"}}); got.Stdout != "kept\n" {
+		t.Fatalf("after its capture while running: %+v", got)
+	}
+	waitFor(t, 20*time.Second, "the snapshot's loop device to be released", func() bool {
+		n := 0
+		for _, f := range mustLoopFiles(t) {
+			if strings.HasPrefix(f, filepath.Join(d.Root, "sandboxes", "dk")+"/") {
+				n++
+			}
+		}
+		return n == 1
+	})
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "dklivecopy", "template": "dklive", "start": true})
+	if got := d.exec("dklivecopy", map[string]any{"command": []string{"cat", "/home/user/kept"}}); got.Stdout != "kept\n" {
+		t.Fatalf("a clone of the running disk sandbox's generation: %+v", got)
+	}
+	d.dispose("dklivecopy")
 
 	released := func(how string) {
 		t.Helper()

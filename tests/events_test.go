@@ -116,6 +116,25 @@ func (s *sse) next(sandbox string) sseEvent {
 	}
 }
 
+// nextOf returns the next event of type typ, skipping others.
+func (s *sse) nextOf(typ string) sseEvent {
+	s.t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e, ok := <-s.events:
+			if !ok {
+				s.t.Fatal("the event stream ended")
+			}
+			if e.Type == typ {
+				return e
+			}
+		case <-deadline:
+			s.t.Fatalf("no %s event within 30s", typ)
+		}
+	}
+}
+
 // TestEventsOfALifecycle: a subscriber sees a sandbox's lifecycle in order, numbered by one,
 // including the exit of a sandbox whose init dies; a reconnect with Last-Event-ID replays
 // what it missed. The token comes as access_token, as the dashboard's EventSource sends it.
@@ -208,4 +227,28 @@ func TestEventsOfALifecycle(t *testing.T) {
 		}
 	}
 	<-stopped
+}
+
+// TestEventIDsSurviveRestart: event ids go on increasing across a SIGKILL and restart of
+// sandboxd, so a client that reconnects with the Last-Event-ID it saw before the restart is
+// sent only events it has not seen, each with an id it has never seen.
+func TestEventIDsSurviveRestart(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	s := d.subscribe("", false)
+	d.create("ev-before", false)
+	before := s.next("ev-before")
+	d.Restart(true)
+	again := d.subscribe(before.ID, false)
+	d.create("ev-after", false)
+	for {
+		e := again.next("ev-after")
+		if e.Event.Seq <= before.Event.Seq {
+			t.Fatalf("after the restart, event %s (%s) has an id at or below %d, the last seen before it", e.ID, e.Type, before.Event.Seq)
+		}
+		if e.Type == "sandbox.created" {
+			break
+		}
+	}
 }

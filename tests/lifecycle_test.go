@@ -3,8 +3,14 @@ package tests
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -204,6 +210,26 @@ func TestExecOutcomes(t *testing.T) {
 	if got.ExitCode != 127 || !strings.Contains(got.Stderr, "not found") {
 		t.Fatalf("a command that is not found: %+v", got)
 	}
+	// The stream says so the same way: upgraded, the reason on stderr, exit 127.
+	for _, tty := range []string{"false", "true"} {
+		ws, resp, err := d.dialStream("outcomes", url.Values{"command": {"no-such-command-xyz"}, "tty": {tty}})
+		if err != nil {
+			var body bytes.Buffer
+			if resp != nil {
+				body.ReadFrom(resp.Body)
+				resp.Body.Close()
+			}
+			t.Fatalf("the stream of a command that is not found (tty %s) was refused: %v %s", tty, err, body.String())
+		}
+		exit := ws.wait()
+		out := ws.stderr.String()
+		if tty == "true" {
+			out = ws.stdout.String()
+		}
+		if exit.ExitCode != 127 || !strings.Contains(out, "not found") {
+			t.Fatalf("the stream of a command that is not found (tty %s): exit %+v, stdout %q, stderr %q", tty, exit, ws.stdout.String(), ws.stderr.String())
+		}
+	}
 	var oom struct {
 		ExitCode  int  `json:"exit_code"`
 		OOMKilled bool `json:"oom_killed"`
@@ -216,4 +242,198 @@ func TestExecOutcomes(t *testing.T) {
 	if !oom.OOMKilled || oom.ExitCode != 137 {
 		t.Fatalf("the memory hog was not reported as killed by the OOM killer: %s", r.Body)
 	}
+}
+
+// TestCaptureOfARunningSandbox: a capture of a running sandbox freezes it for the copy only
+// (capture_pause_ms) and leaves it running: a counter started before the capture still counts
+// after it, and a clone of the generation sees the files. A paused sandbox's capture leaves
+// it paused.
+func TestCaptureOfARunningSandbox(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("counting", true)
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/counting?force=true", nil) })
+	// setsid: the counter is no part of the exec's process group, which ends with it.
+	if got := d.exec("counting", map[string]any{"command": []string{"sh", "-c",
+		"echo captured > /home/user/data; setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count.tmp; mv /home/user/count.tmp /home/user/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &"}}); got.ExitCode != 0 {
+		t.Fatalf("starting the counter: %+v", got)
+	}
+	count := func() int {
+		got := d.exec("counting", map[string]any{"command": []string{"cat", "/home/user/count"}})
+		n := 0
+		fmt.Sscan(got.Stdout, &n)
+		return n
+	}
+	waitFor(t, 20*time.Second, "the counter to count", func() bool { return count() > 0 })
+
+	if r := d.doJSON("POST", "/v1/templates", map[string]any{"name": "live"}); r.Status != 201 {
+		t.Fatalf("create template: %d %s", r.Status, r.Body)
+	}
+	var g struct {
+		ID             string `json:"id"`
+		CapturePauseMS *int64 `json:"capture_pause_ms"`
+	}
+	g = decode[struct {
+		ID             string `json:"id"`
+		CapturePauseMS *int64 `json:"capture_pause_ms"`
+	}](t, d.doJSON("POST", "/v1/templates/live/generations", map[string]any{"sandbox": "counting"}), 201)
+	if g.CapturePauseMS == nil || *g.CapturePauseMS < 1 {
+		t.Fatalf("the capture of a running sandbox reports capture_pause_ms %v", g.CapturePauseMS)
+	}
+	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/counting", nil, nil), 200); sb.State != "running" {
+		t.Fatalf("state after the capture: %s", sb.State)
+	}
+	after := count()
+	waitFor(t, 20*time.Second, "the counter to count on after the capture", func() bool { return count() > after })
+
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "counted", "template": "live", "start": true})
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/counted?force=true", nil) })
+	got := d.exec("counted", map[string]any{"command": []string{"sh", "-c", "cat /home/user/data; test -s /home/user/count && echo count-is-there"}})
+	if got.Stdout != "captured\ncount-is-there\n" {
+		t.Fatalf("the clone sees %q", got.Stdout)
+	}
+
+	// A paused sandbox is captured as it is, and stays paused.
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/counting/pause", nil), 200)
+	g = decode[struct {
+		ID             string `json:"id"`
+		CapturePauseMS *int64 `json:"capture_pause_ms"`
+	}](t, d.doJSON("POST", "/v1/templates/live/generations", map[string]any{"sandbox": "counting"}), 201)
+	if g.CapturePauseMS != nil {
+		t.Fatalf("the capture of a paused sandbox reports capture_pause_ms %d", *g.CapturePauseMS)
+	}
+	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/counting", nil, nil), 200); sb.State != "paused" {
+		t.Fatalf("state after the capture of a paused sandbox: %s", sb.State)
+	}
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/counting/resume", nil), 200)
+	resumed := count()
+	waitFor(t, 20*time.Second, "the counter to count on after the resume", func() bool { return count() > resumed })
+}
+
+// TestLifecycleRace races pause, resume, timeout (lifetimes that expire during the race
+// among them) and forced delete against each other and against start and stop, from several
+// clients over a few sandboxes: no answer is a 500, every sandbox the server lists is whole
+// (sandboxd check finds nothing, each can still be started and run a command), and once all
+// are deleted no runtime process is left.
+func TestLifecycleRace(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	ids := []string{"race0", "race1", "race2"}
+	for _, id := range ids {
+		d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "start": true})
+	}
+	t.Cleanup(func() {
+		for _, id := range ids {
+			d.doJSON("DELETE", "/v1/sandboxes/"+id+"?force=true", nil)
+		}
+	})
+	type op struct {
+		method, path string
+		body         func(r *rand.Rand) any
+	}
+	ops := []op{
+		{"POST", "/pause", nil},
+		{"POST", "/resume", nil},
+		{"POST", "/start", nil},
+		{"POST", "/stop", nil},
+		{"POST", "/stop?force=true", nil},
+		{"DELETE", "?force=true", nil},
+		{"POST", "/timeout", func(r *rand.Rand) any {
+			// Mostly lifetimes that outlast the race; some that expire during it.
+			switch r.IntN(4) {
+			case 0:
+				return map[string]any{"timeout_s": 1, "on_timeout": []string{"stop", "delete"}[r.IntN(2)]}
+			case 1:
+				return map[string]any{"timeout_s": 0}
+			}
+			return map[string]any{"timeout_s": 3600}
+		}},
+		{"CREATE", "", nil}, // the id back if a delete took it
+	}
+	const clients, rounds = 4, 30
+	deadline := time.Now().Add(90 * time.Second)
+	var mu sync.Mutex
+	var failures []string
+	done := map[string]int{} // the operations that succeeded, by path
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(c), 13))
+			for i := 0; i < rounds && time.Now().Before(deadline); i++ {
+				id := ids[r.IntN(len(ids))]
+				o := ops[r.IntN(len(ops))]
+				var resp response
+				switch {
+				case o.method == "CREATE":
+					resp = d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": id, "start": r.IntN(2) == 0})
+				case o.body != nil:
+					resp = d.doJSON(o.method, "/v1/sandboxes/"+id+o.path, o.body(r))
+				default:
+					resp = d.doJSON(o.method, "/v1/sandboxes/"+id+o.path, nil)
+				}
+				mu.Lock()
+				if resp.Status >= 500 && resp.Status != 503 && resp.Status != 504 {
+					failures = append(failures, fmt.Sprintf("%s %s%s: %d %s", o.method, id, o.path, resp.Status, resp.Body))
+				}
+				if resp.Status < 300 {
+					done[o.method+o.path]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("server errors in the race:\n%s", strings.Join(failures, "\n"))
+	}
+	// The race raced: the transitions it is about took effect, not only refusals.
+	for _, o := range []string{"POST/pause", "POST/resume", "DELETE?force=true", "POST/timeout"} {
+		if done[o] == 0 {
+			t.Fatalf("no %s succeeded in the race (%v): it raced nothing", o, done)
+		}
+	}
+
+	// Whole: what the server lists is what the state root holds, and each works. A lifetime
+	// set during the race is cleared first, so that none ends a sandbox under the checks.
+	for _, id := range ids {
+		if r := d.doJSON("POST", "/v1/sandboxes/"+id+"/timeout", map[string]any{"timeout_s": 0}); r.Status != 200 && r.Status != 404 {
+			t.Fatalf("clearing %s's lifetime: %d %s", id, r.Status, r.Body)
+		}
+	}
+	mustCheckClean(t, d.Root, "after the race")
+	for _, id := range ids {
+		r := d.do("GET", "/v1/sandboxes/"+id, nil, nil)
+		if r.Status == 404 {
+			if _, err := os.Lstat(filepath.Join(d.Root, "sandboxes", id)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("%s is gone for the API but its state directory is there: %v", id, err)
+			}
+			d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id})
+		}
+		sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/"+id, nil, nil), 200)
+		switch sb.State {
+		case "paused":
+			d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/resume", nil)
+		case "provisioned", "stopped":
+			d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/start", nil)
+		case "running":
+		default:
+			t.Fatalf("%s is %s after the race", id, sb.State)
+		}
+		if got := d.exec(id, map[string]any{"command": []string{"true"}}); got.ExitCode != 0 {
+			t.Fatalf("exec in %s after the race: %+v", id, got)
+		}
+	}
+	for _, id := range ids {
+		if r := d.doJSON("DELETE", "/v1/sandboxes/"+id+"?force=true", nil); r.Status != 204 {
+			t.Fatalf("forced delete of %s: %d %s", id, r.Status, r.Body)
+		}
+	}
+	if procs := runtimeProcesses(t, d.Root); len(procs) != 0 {
+		t.Fatalf("runtime processes after the race's sandboxes were deleted: %v", procs)
+	}
+	mustCheckClean(t, d.Root, "after the race's sandboxes were deleted")
 }

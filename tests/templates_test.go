@@ -80,21 +80,30 @@ func TestTemplateWalkthrough(t *testing.T) {
 		t.Fatalf("%d leases, want %d", len(leases.Items), clones)
 	}
 
-	// Retiring while clones lease it: 423 naming them, and the generation is quarantined.
+	// Retiring while clones lease it: 423 naming them, and nothing changed.
+	events := d.subscribe("", false)
 	p := wantProblem(t, d.doJSON("DELETE", "/v1/templates/tools/generations/"+g.ID, nil), 423, "generation-leased")
 	if !strings.Contains(p.Detail, "clone3") {
 		t.Fatalf("generation-leased does not name the clones: %s", p.Detail)
+	}
+	wantProblem(t, d.doJSON("DELETE", "/v1/templates/tools", nil), 423, "generation-leased")
+	if still := decode[generationJSON](t, d.do("GET", "/v1/templates/tools/generations/"+g.ID, nil, nil), 200); still.State != "active" || still.Eligibility != "eligible" {
+		t.Fatalf("a refused retirement changed the generation: %+v", still)
+	}
+
+	// Drain: 202 with the generation, retiring, and it goes when the last clone does.
+	retiring := decode[generationJSON](t, d.doJSON("DELETE", "/v1/templates/tools/generations/"+g.ID+"?drain=true", nil), 202)
+	if retiring.State != "retiring" || retiring.Eligibility != "retiring" || retiring.Leases != clones {
+		t.Fatalf("retire with drain answered %+v", retiring)
+	}
+	if e := events.nextOf("generation.tombstoned"); e.Event.Generation == nil || *e.Event.Generation != g.ID {
+		t.Fatalf("the drain's tombstone event: %+v", e.Event)
 	}
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "late", "template": "tools", "generation": g.ID}), 409, "template-tombstoned")
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "late", "template": "tools"}), 409, "template-ineligible")
 	// Existing clones keep working.
 	if got := d.exec("clone5", map[string]any{"command": []string{"/opt/tool/run", "still"}}); got.Stdout != "tool says still\n" {
-		t.Fatalf("a clone of a quarantined generation: %+v", got)
-	}
-
-	// Drain: 202 now, and the generation goes when the last clone does.
-	if r := d.doJSON("DELETE", "/v1/templates/tools/generations/"+g.ID+"?drain=true", nil); r.Status != 202 {
-		t.Fatalf("retire with drain: %d %s", r.Status, r.Body)
+		t.Fatalf("a clone of a retiring generation: %+v", got)
 	}
 	for i := range clones {
 		id := fmt.Sprintf("clone%d", i)
@@ -109,6 +118,9 @@ func TestTemplateWalkthrough(t *testing.T) {
 		}
 	}
 	wantProblem(t, d.do("GET", "/v1/templates/tools/generations/"+g.ID, nil, nil), 404, "generation-not-found")
+	if e := events.nextOf("generation.retired"); e.Event.Generation == nil || *e.Event.Generation != g.ID {
+		t.Fatalf("the end of the drain's retirement event: %+v", e.Event)
+	}
 	if r := d.doJSON("DELETE", "/v1/templates/tools", nil); r.Status != 204 {
 		t.Fatalf("delete template: %d %s", r.Status, r.Body)
 	}
@@ -127,11 +139,27 @@ func TestTemplateErrors(t *testing.T) {
 	wantProblem(t, d.do("GET", "/v1/templates/errs/generations/g999999", nil, nil), 404, "generation-not-found")
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "nope"}), 404, "template-not-found")
 	wantProblem(t, d.doJSON("POST", "/v1/templates/errs/generations", map[string]any{"sandbox": "nope"}), 404, "sandbox-not-found")
-	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"template": "errs", "resources": map[string]any{"memory_mb": 64}}), 409, "template-ineligible")
-
-	// Capturing a running sandbox is refused: its files are not consistent.
-	d.create("live", true)
-	wantProblem(t, d.doJSON("POST", "/v1/templates/errs/generations", map[string]any{"sandbox": "live"}), 409, "sandbox-launched")
+	// A clone chooses its resources (the namespace runtime does not pin them); what it
+	// leaves out is the generation's.
+	var small struct {
+		Resources struct {
+			Vcpus    int `json:"vcpus"`
+			MemoryMB int `json:"memory_mb"`
+			Pids     int `json:"pids"`
+		} `json:"resources"`
+	}
+	if err := json.Unmarshal(d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "small", "template": "errs", "start": true, "resources": map[string]any{"memory_mb": 64}}).Body, &small); err != nil ||
+		small.Resources.MemoryMB != 64 || small.Resources.Pids == 0 || small.Resources.Vcpus == 0 {
+		t.Fatalf("a clone with memory_mb 64: %+v (%v)", small, err)
+	}
+	limit := cgroupFile(t, d, "small", "memory.max")
+	if limit == "" {
+		limit = cgroupFile(t, d, "small", "memory.limit_in_bytes") // cgroup v1
+	}
+	if limit != "67108864" {
+		t.Fatalf("the clone's memory limit reads %q, want 64 MiB", limit)
+	}
+	d.dispose("small")
 
 	// A clone's generation cannot be deleted with its template while the clone exists.
 	d.create("unused", false)

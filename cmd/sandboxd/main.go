@@ -223,7 +223,12 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	// The event bus and the metrics observe the supervisor through its hooks; the metrics
 	// count sandboxes by state from the supervisor itself, at scrape time.
-	bus := events.New(events.Options{})
+	bus, err := events.Open(events.Options{SeqDir: o.root, OnError: func(err error) {
+		log.Warn("event ids may be reused after a restart", "err", err)
+	}})
+	if err != nil {
+		return fmt.Errorf("the event sequence record: %w", err)
+	}
 	var sup *supervisor.Supervisor
 	mx := metrics.New(func() ([]*supervisor.Status, error) { return sup.List() }, log)
 	// The state root's health: every fault is counted, a change of state logged once.

@@ -66,9 +66,11 @@ func (e FileEntryType) Valid() bool {
 
 // Defines values for GenerationEligibility.
 const (
-	GenerationEligibilityEarly    GenerationEligibility = "early"
-	GenerationEligibilityEligible GenerationEligibility = "eligible"
-	GenerationEligibilityExpired  GenerationEligibility = "expired"
+	GenerationEligibilityEarly      GenerationEligibility = "early"
+	GenerationEligibilityEligible   GenerationEligibility = "eligible"
+	GenerationEligibilityExpired    GenerationEligibility = "expired"
+	GenerationEligibilityRetiring   GenerationEligibility = "retiring"
+	GenerationEligibilityTombstoned GenerationEligibility = "tombstoned"
 )
 
 // Valid indicates whether the value is a known member of the GenerationEligibility enum.
@@ -79,6 +81,10 @@ func (e GenerationEligibility) Valid() bool {
 	case GenerationEligibilityEligible:
 		return true
 	case GenerationEligibilityExpired:
+		return true
+	case GenerationEligibilityRetiring:
+		return true
+	case GenerationEligibilityTombstoned:
 		return true
 	default:
 		return false
@@ -412,7 +418,9 @@ type CaptureRequest struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
-// CompatibilityKey What a clone must match to use the generation.
+// CompatibilityKey What a clone must match to use the generation: the runtime identity and the image.
+// `resources` are those the generation was captured with, a clone's default; a clone
+// may choose others (see `CreateSandboxRequest.resources`).
 type CompatibilityKey struct {
 	// Image An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 	//
@@ -702,10 +710,16 @@ type FileList struct {
 
 // Generation defines model for Generation.
 type Generation struct {
-	CapturedAt time.Time `json:"captured_at"`
+	// CapturePauseMs How long the capture held its running sandbox frozen, in milliseconds (at
+	// least 1). Absent when the capture froze nothing: the sandbox was stopped, or
+	// paused already.
+	CapturePauseMs *int64    `json:"capture_pause_ms,omitempty"`
+	CapturedAt     time.Time `json:"captured_at"`
 
-	// Eligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
-	// capture); `expired` (captured longer ago than the server's maximum age).
+	// Eligibility Whether a clone may lease it at the time of the answer: `eligible`; `early` (the
+	// host clock reads before the capture); `expired` (captured longer ago than the
+	// server's maximum age); `tombstoned` and `retiring` (its state: it takes no new
+	// lease, whatever the clock says).
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
@@ -718,7 +732,9 @@ type Generation struct {
 	// Example: g000003
 	ID GenerationID `json:"id"`
 
-	// Key What a clone must match to use the generation.
+	// Key What a clone must match to use the generation: the runtime identity and the image.
+	// `resources` are those the generation was captured with, a clone's default; a clone
+	// may choose others (see `CreateSandboxRequest.resources`).
 	Key CompatibilityKey `json:"key"`
 
 	// Leases How many clones lease it now.
@@ -735,8 +751,10 @@ type Generation struct {
 	Template TemplateName `json:"template"`
 }
 
-// GenerationEligibility At the time of the answer: `eligible`; `early` (the host clock reads before the
-// capture); `expired` (captured longer ago than the server's maximum age).
+// GenerationEligibility Whether a clone may lease it at the time of the answer: `eligible`; `early` (the
+// host clock reads before the capture); `expired` (captured longer ago than the
+// server's maximum age); `tombstoned` and `retiring` (its state: it takes no new
+// lease, whatever the clock says).
 type GenerationEligibility string
 
 // GenerationState `active`: clones may lease it; `tombstoned`: quarantined, no new lease;
@@ -1842,9 +1860,13 @@ type ClientInterface interface {
 	// types they do not know.
 	//
 	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-	// gets the events it missed, from the last 1024 of this server process; an id this
-	// process did not send is ignored. A client that falls more than 256 events behind is
-	// disconnected, and catches up by reconnecting.
+	// gets the events it missed, from the last 1024 of this server process. Ids grow across
+	// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+	// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+	// before a restart never names a later event, and reconnecting with it after the
+	// restart replays the new process's kept events, all of them new to the client. An id
+	// this server never sent replays the kept events too. A client that falls more than
+	// 256 events behind is disconnected, and catches up by reconnecting.
 	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1939,9 +1961,15 @@ type ClientInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1952,9 +1980,15 @@ type ClientInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2033,7 +2067,9 @@ type ClientInterface interface {
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-	//     `signal` is `null` when the command exited by itself;
+	//     `signal` is `null` when the command exited by itself. A command that is not found
+	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+	//     exec does, with the reason on stderr (stdout with `tty=true`);
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -2280,9 +2316,14 @@ type ClientInterface interface {
 	// DeleteTemplate Delete a template and retire all its generations
 	//
 	// Retires every generation of the template, then removes the template. While clones
-	// still lease a generation it is refused with `generation-leased` (423), unless
-	// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-	// is 202, and the retirement finishes when the last lease is released.
+	// still lease a generation it is refused with `generation-leased` (423) naming them,
+	// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+	// explicit retirement: the generations no clone leases are retired now, the leased
+	// ones are tombstoned at once (no new clone) and retired when their last lease is
+	// released, the template takes no new capture, the answer is 202 with the template,
+	// and the template goes with the last lease. Each tombstone and retirement emits its
+	// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+	// lease finishes.
 	//
 	// Corresponds with DELETE /v1/templates/{name} (the `DeleteTemplate` operationId).
 	DeleteTemplate(ctx context.Context, name TemplateNamePath, params *DeleteTemplateParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2301,8 +2342,15 @@ type ClientInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -2317,8 +2365,15 @@ type ClientInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -2331,10 +2386,14 @@ type ClientInterface interface {
 
 	// RetireGeneration Retire a generation
 	//
-	// Tombstones the generation, then deletes its payload once no clone leases it. While
-	// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-	// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-	// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+	// Deletes the generation once no clone leases it. While clones still lease it, it is
+	// refused with `generation-leased` (423) naming them, and nothing is changed: the
+	// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+	// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+	// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+	// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+	// when it is gone, also when the release of the last lease finishes it. Retiring a
+	// generation whose retirement was interrupted finishes it.
 	//
 	// Corresponds with DELETE /v1/templates/{name}/generations/{gen} (the `RetireGeneration` operationId).
 	RetireGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *RetireGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2499,9 +2558,13 @@ func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditor
 // types they do not know.
 //
 // A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-// gets the events it missed, from the last 1024 of this server process; an id this
-// process did not send is ignored. A client that falls more than 256 events behind is
-// disconnected, and catches up by reconnecting.
+// gets the events it missed, from the last 1024 of this server process. Ids grow across
+// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+// before a restart never names a later event, and reconnecting with it after the
+// restart replays the new process's kept events, all of them new to the client. An id
+// this server never sent replays the kept events too. A client that falls more than
+// 256 events behind is disconnected, and catches up by reconnecting.
 //
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
 func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2686,9 +2749,15 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2709,9 +2778,15 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, params *CreateSandbo
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2840,7 +2915,9 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-//     `signal` is `null` when the command exited by itself;
+//     `signal` is `null` when the command exited by itself. A command that is not found
+//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+//     exec does, with the reason on stderr (stdout with `tty=true`);
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -3297,9 +3374,14 @@ func (c *Client) CreateTemplate(ctx context.Context, body CreateTemplateJSONRequ
 // DeleteTemplate Delete a template and retire all its generations
 //
 // Retires every generation of the template, then removes the template. While clones
-// still lease a generation it is refused with `generation-leased` (423), unless
-// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-// is 202, and the retirement finishes when the last lease is released.
+// still lease a generation it is refused with `generation-leased` (423) naming them,
+// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+// explicit retirement: the generations no clone leases are retired now, the leased
+// ones are tombstoned at once (no new clone) and retired when their last lease is
+// released, the template takes no new capture, the answer is 202 with the template,
+// and the template goes with the last lease. Each tombstone and retirement emits its
+// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+// lease finishes.
 //
 // Corresponds with DELETE /v1/templates/{name} (the `DeleteTemplate` operationId).
 func (c *Client) DeleteTemplate(ctx context.Context, name TemplateNamePath, params *DeleteTemplateParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3348,8 +3430,15 @@ func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, par
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
@@ -3374,8 +3463,15 @@ func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNam
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
@@ -3398,10 +3494,14 @@ func (c *Client) CaptureGeneration(ctx context.Context, name TemplateNamePath, p
 
 // RetireGeneration Retire a generation
 //
-// Tombstones the generation, then deletes its payload once no clone leases it. While
-// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+// Deletes the generation once no clone leases it. While clones still lease it, it is
+// refused with `generation-leased` (423) naming them, and nothing is changed: the
+// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+// when it is gone, also when the release of the last lease finishes it. Retiring a
+// generation whose retirement was interrupted finishes it.
 //
 // Corresponds with DELETE /v1/templates/{name}/generations/{gen} (the `RetireGeneration` operationId).
 func (c *Client) RetireGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *RetireGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -6026,9 +6126,13 @@ type ClientWithResponsesInterface interface {
 	// types they do not know.
 	//
 	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-	// gets the events it missed, from the last 1024 of this server process; an id this
-	// process did not send is ignored. A client that falls more than 256 events behind is
-	// disconnected, and catches up by reconnecting.
+	// gets the events it missed, from the last 1024 of this server process. Ids grow across
+	// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+	// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+	// before a restart never names a later event, and reconnecting with it after the
+	// restart replays the new process's kept events, all of them new to the client. An id
+	// this server never sent replays the kept events too. A client that falls more than
+	// 256 events behind is disconnected, and catches up by reconnecting.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6135,9 +6239,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6148,9 +6258,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Provisions a sandbox: from an image (default `host`), or as a clone of a template
 	// generation (`template`, optionally `generation`; without `generation`, the newest
-	// eligible one). A clone leases its generation until the clone is deleted. With
-	// `start: true` the sandbox is also started before the answer, and a failed start leaves
-	// it provisioned (stopped) with `last_exit` saying why.
+	// eligible one). A clone leases its generation until the clone is deleted. A clone's
+	// `resources` are its own choice too: what it leaves out is its generation's
+	// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+	// runtime whose generations depend on the resources they were captured with would need
+	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+	// namespace runtime does not (a generation is files only), so resources are no part of
+	// its compatibility. With `start: true` the sandbox is also started before the
+	// answer; the create is all or nothing: a failed start answers its error and leaves no
+	// sandbox, so the id is free again.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6233,7 +6349,9 @@ type ClientWithResponsesInterface interface {
 	//     once the command has ended and all its output was sent, followed by a normal close
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-	//     `signal` is `null` when the command exited by itself;
+	//     `signal` is `null` when the command exited by itself. A command that is not found
+	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+	//     exec does, with the reason on stderr (stdout with `tty=true`);
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -6504,9 +6622,14 @@ type ClientWithResponsesInterface interface {
 	// DeleteTemplateWithResponse Delete a template and retire all its generations
 	//
 	// Retires every generation of the template, then removes the template. While clones
-	// still lease a generation it is refused with `generation-leased` (423), unless
-	// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-	// is 202, and the retirement finishes when the last lease is released.
+	// still lease a generation it is refused with `generation-leased` (423) naming them,
+	// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+	// explicit retirement: the generations no clone leases are retired now, the leased
+	// ones are tombstoned at once (no new clone) and retired when their last lease is
+	// released, the template takes no new capture, the answer is 202 with the template,
+	// and the template goes with the last lease. Each tombstone and retirement emits its
+	// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+	// lease finishes.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6531,8 +6654,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -6547,8 +6677,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
 	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. The namespace runtime captures a stopped sandbox only
-	// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+	// exactly as long as the copy reads its writable layer, then thawed: the generation is
+	// a consistent picture of it, the sandbox runs on, and the generation's
+	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+	// identity, and one on a host that cannot freeze sandboxes must be stopped first
+	// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 	// generation holds its generation's files with the clone's changes over them, and
 	// stands alone (it leases nothing). While another transition holds
 	// the sandbox, the capture waits up to `timeout`, then fails with
@@ -6561,10 +6698,14 @@ type ClientWithResponsesInterface interface {
 
 	// RetireGenerationWithResponse Retire a generation
 	//
-	// Tombstones the generation, then deletes its payload once no clone leases it. While
-	// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-	// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-	// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+	// Deletes the generation once no clone leases it. While clones still lease it, it is
+	// refused with `generation-leased` (423) naming them, and nothing is changed: the
+	// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+	// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+	// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+	// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+	// when it is gone, also when the release of the last lease finishes it. Retiring a
+	// generation whose retirement was interrupted finishes it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -9823,6 +9964,8 @@ type DeleteTemplateResponse401Headers struct {
 type DeleteTemplateResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Template
 	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -9839,6 +9982,11 @@ type DeleteTemplateResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *DeleteTemplateResponse401Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r DeleteTemplateResponse) GetJSON202() *Template {
+	return r.JSON202
 }
 
 // GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
@@ -10211,6 +10359,8 @@ type RetireGenerationResponse401Headers struct {
 type RetireGenerationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Generation
 	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -10227,6 +10377,11 @@ type RetireGenerationResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *RetireGenerationResponse401Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r RetireGenerationResponse) GetJSON202() *Generation {
+	return r.JSON202
 }
 
 // GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
@@ -10693,9 +10848,13 @@ func (c *ClientWithResponses) GetOpenAPISpecWithResponse(ctx context.Context, re
 // types they do not know.
 //
 // A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-// gets the events it missed, from the last 1024 of this server process; an id this
-// process did not send is ignored. A client that falls more than 256 events behind is
-// disconnected, and catches up by reconnecting.
+// gets the events it missed, from the last 1024 of this server process. Ids grow across
+// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+// restart skips the rest of a block, so ids may jump but are never reused): an id seen
+// before a restart never names a later event, and reconnecting with it after the
+// restart replays the new process's kept events, all of them new to the client. An id
+// this server never sent replays the kept events too. A client that falls more than
+// 256 events behind is disconnected, and catches up by reconnecting.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -10856,9 +11015,15 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -10875,9 +11040,15 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 //
 // Provisions a sandbox: from an image (default `host`), or as a clone of a template
 // generation (`template`, optionally `generation`; without `generation`, the newest
-// eligible one). A clone leases its generation until the clone is deleted. With
-// `start: true` the sandbox is also started before the answer, and a failed start leaves
-// it provisioned (stopped) with `last_exit` saying why.
+// eligible one). A clone leases its generation until the clone is deleted. A clone's
+// `resources` are its own choice too: what it leaves out is its generation's
+// (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+// runtime whose generations depend on the resources they were captured with would need
+// a clone's equal to its generation's and refuse others with `template-ineligible`; the
+// namespace runtime does not (a generation is files only), so resources are no part of
+// its compatibility. With `start: true` the sandbox is also started before the
+// answer; the create is all or nothing: a failed start answers its error and leaves no
+// sandbox, so the id is free again.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -10990,7 +11161,9 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //     once the command has ended and all its output was sent, followed by a normal close
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-//     `signal` is `null` when the command exited by itself;
+//     `signal` is `null` when the command exited by itself. A command that is not found
+//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
+//     exec does, with the reason on stderr (stdout with `tty=true`);
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -11387,9 +11560,14 @@ func (c *ClientWithResponses) CreateTemplateWithResponse(ctx context.Context, bo
 // DeleteTemplateWithResponse Delete a template and retire all its generations
 //
 // Retires every generation of the template, then removes the template. While clones
-// still lease a generation it is refused with `generation-leased` (423), unless
-// `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-// is 202, and the retirement finishes when the last lease is released.
+// still lease a generation it is refused with `generation-leased` (423) naming them,
+// and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+// explicit retirement: the generations no clone leases are retired now, the leased
+// ones are tombstoned at once (no new clone) and retired when their last lease is
+// released, the template takes no new capture, the answer is 202 with the template,
+// and the template goes with the last lease. Each tombstone and retirement emits its
+// event (`generation.tombstoned`, `generation.retired`), also those the release of a
+// lease finishes.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -11432,8 +11610,15 @@ func (c *ClientWithResponses) ListGenerationsWithResponse(ctx context.Context, n
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
@@ -11454,8 +11639,15 @@ func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.
 //
 // Captures the sandbox's state (its writable layer; with the qemu runtime also its
 // memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. The namespace runtime captures a stopped sandbox only
-// (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+// exactly as long as the copy reads its writable layer, then thawed: the generation is
+// a consistent picture of it, the sandbox runs on, and the generation's
+// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+// identity, and one on a host that cannot freeze sandboxes must be stopped first
+// (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
 // generation holds its generation's files with the clone's changes over them, and
 // stands alone (it leases nothing). While another transition holds
 // the sandbox, the capture waits up to `timeout`, then fails with
@@ -11474,10 +11666,14 @@ func (c *ClientWithResponses) CaptureGenerationWithResponse(ctx context.Context,
 
 // RetireGenerationWithResponse Retire a generation
 //
-// Tombstones the generation, then deletes its payload once no clone leases it. While
-// clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-// unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-// lease is released. Retiring a generation whose retirement was interrupted finishes it.
+// Deletes the generation once no clone leases it. While clones still lease it, it is
+// refused with `generation-leased` (423) naming them, and nothing is changed: the
+// generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+// explicit retirement: the generation is tombstoned now (no new clone), the answer is
+// 202 with the generation (state `retiring`), and it is deleted when its last lease is
+// released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+// when it is gone, also when the release of the last lease finishes it. Retiring a
+// generation whose retirement was interrupted finishes it.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -14478,8 +14674,12 @@ func ParseDeleteTemplateResponse(rsp *http.Response) (*DeleteTemplateResponse, e
 	}
 
 	switch {
-	case rsp.StatusCode == 202:
-		break // No content-type
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
 
 	case rsp.StatusCode == 204:
 		break // No content-type
@@ -14839,8 +15039,12 @@ func ParseRetireGenerationResponse(rsp *http.Response) (*RetireGenerationRespons
 	}
 
 	switch {
-	case rsp.StatusCode == 202:
-		break // No content-type
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Generation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
 
 	case rsp.StatusCode == 204:
 		break // No content-type

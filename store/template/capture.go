@@ -53,6 +53,27 @@ func (s *Store) Capture(ctx context.Context, name, sourceLayerDir string, key Ke
 // stack). A clone's capture is its generation's payload with the clone's own layer above: a
 // generation that stands alone, so that it leases nothing.
 func (s *Store) CaptureLayers(ctx context.Context, name string, layers []*os.File, key Key, progress func(copied, total int64)) (_ *Generation, err error) {
+	return s.CaptureLayersWith(ctx, name, layers, key, CaptureHooks{Progress: progress})
+}
+
+// CaptureHooks are what a capture calls back into its caller. Hold and Release bracket the
+// copy's reads and nothing else, so that a caller who must keep its source still for the
+// copy (a running sandbox, frozen) keeps it still for as short a time as the copy allows:
+// the reservation before and the commit after run with the source released.
+type CaptureHooks struct {
+	// Progress, if not nil, is called with the bytes copied so far and the total.
+	Progress func(copied, total int64)
+	// Hold, if not nil, is called after the generation id is reserved and before the first
+	// read of a layer; its error fails the capture.
+	Hold func() error
+	// Release, if not nil, is called exactly once when Hold succeeded: once the copy is read
+	// and synced in full, or as soon as the capture fails. It returns how long the source was
+	// held, which the generation records as its capture pause.
+	Release func() time.Duration
+}
+
+// CaptureLayersWith is [Store.CaptureLayers] with hooks.
+func (s *Store) CaptureLayersWith(ctx context.Context, name string, layers []*os.File, key Key, hooks CaptureHooks) (_ *Generation, err error) {
 	defer func() { err = s.storage(err) }()
 	if err := ValidateName(name); err != nil {
 		return nil, err
@@ -69,12 +90,31 @@ func (s *Store) CaptureLayers(ctx context.Context, name string, layers []*os.Fil
 		return nil, err
 	}
 	defer c.close()
-	size, err := s.copyLayers(ctx, c, layers, progress)
+	var held time.Duration
+	release := func() {}
+	if hooks.Hold != nil {
+		if err := hooks.Hold(); err != nil {
+			return nil, err
+		}
+		released := false
+		release = func() {
+			if !released && hooks.Release != nil {
+				released = true
+				held = hooks.Release()
+			}
+		}
+		defer release() // on failure
+	}
+	size, err := s.copyLayers(ctx, c, layers, hooks.Progress)
 	if err != nil {
 		return nil, err
 	}
+	release()
 	s.synced(StepCaptureCopied)
 	entry := &indexEntry{Format: IndexFormat, ID: c.gen, Template: name, Key: key, Time: now, CapturedAt: now.UTC, SizeBytes: size}
+	if held > 0 {
+		entry.PauseMS = max(held.Milliseconds(), 1)
+	}
 	if err := s.writeRecord(c.sdir, IndexName, entry, StepCaptureIndex); err != nil {
 		return nil, err
 	}

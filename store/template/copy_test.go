@@ -407,3 +407,70 @@ func TestCaptureLayersMerges(t *testing.T) {
 		t.Errorf("the opaque mark is lost: %v", err)
 	}
 }
+
+// TestCaptureHooks: Hold comes before the copy reads, Release once after it, and the held time
+// is the generation's capture pause, also when read back; a capture that fails releases too,
+// and a Hold that fails fails the capture with nothing captured.
+func TestCaptureHooks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if _, err := e.s.CreateTemplate(ctxT(t), "held"); err != nil {
+		t.Fatal(err)
+	}
+	open := func(dir string) []*os.File {
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return []*os.File{f}
+	}
+	var calls []string
+	hooks := CaptureHooks{
+		Progress: func(copied, total int64) {
+			if len(calls) == 0 || calls[len(calls)-1] != "progress" {
+				calls = append(calls, "progress")
+			}
+		},
+		Hold:    func() error { calls = append(calls, "hold"); return nil },
+		Release: func() time.Duration { calls = append(calls, "release"); return 1500 * time.Microsecond },
+	}
+	g, err := e.s.CaptureLayersWith(ctxT(t), "held", open(smallLayer(t)), testKey, hooks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(calls, ","); got != "hold,progress,release" {
+		t.Fatalf("hooks called as %s; want hold,progress,release", got)
+	}
+	if g.CapturePauseMS != 1 {
+		t.Fatalf("capture pause %d ms; want 1", g.CapturePauseMS)
+	}
+	if back, err := e.s.Generation("held", g.ID, e.clock.get()); err != nil || back.CapturePauseMS != 1 {
+		t.Fatalf("read back: %+v, %v", back, err)
+	}
+
+	// A copy that fails (its layer is not a directory tree it can read) releases.
+	calls = nil
+	gone := t.TempDir()
+	layers := open(gone)
+	layers[0].Close()
+	if _, err := e.s.CaptureLayersWith(ctxT(t), "held", layers, testKey, hooks); err == nil {
+		t.Fatal("a capture of a closed layer succeeded")
+	}
+	if got := strings.Join(calls, ","); got != "hold,release" {
+		t.Fatalf("hooks of a failed capture called as %s; want hold,release", got)
+	}
+
+	calls = nil
+	hooks.Hold = func() error { return errors.New("the test refuses to hold") }
+	if _, err := e.s.CaptureLayersWith(ctxT(t), "held", open(smallLayer(t)), testKey, hooks); err == nil {
+		t.Fatal("a capture whose hold failed succeeded")
+	}
+	if len(calls) != 0 {
+		t.Fatalf("a capture whose hold failed called %v", calls)
+	}
+	gens, err := e.s.Generations("held", e.clock.get())
+	if err != nil || len(gens) != 1 {
+		t.Fatalf("generations after the failures: %d, %v; want the one that succeeded", len(gens), err)
+	}
+}

@@ -431,8 +431,9 @@ func TestDeleteNeedsNoSpace(t *testing.T) {
 		t.Fatal("the full disk refused nothing: the test does not play one")
 	}
 
+	// Counted before anything is written: refused as leased, not for the full disk.
 	_, err = s.Retire(ctxT(t), "v", leasedGen, false, e.bindingExists())
-	wantCode(t, err, errcode.StorageFull)
+	wantCode(t, err, errcode.GenerationLeased)
 	if g, err := s.Generation("v", leasedGen, now); err != nil || g.State != StateActive || g.Leases != 1 {
 		t.Fatalf("the leased generation after a refused retirement: %+v, %v", g, err)
 	}

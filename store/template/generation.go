@@ -21,6 +21,10 @@ const (
 	Eligible Eligibility = "eligible"
 	Early    Eligibility = "early"   // the host's clock reads before the capture
 	Expired  Eligibility = "expired" // captured longer ago than the maximum age
+	// Tombstoned and Retiring mirror the generation's State: whatever the clock says, such a
+	// generation takes no new lease.
+	Tombstoned Eligibility = "tombstoned"
+	Retiring   Eligibility = "retiring"
 )
 
 // State is a generation's life-cycle state.
@@ -66,6 +70,9 @@ type Generation struct {
 	Time        TimeContract `json:"time"`
 	Eligibility Eligibility  `json:"eligibility"`
 	SizeBytes   int64        `json:"size_bytes"`
+	// CapturePauseMS is how long the capture froze its running sandbox, in milliseconds; 0
+	// when it froze nothing (the sandbox was stopped, or paused already).
+	CapturePauseMS int64 `json:"capture_pause_ms,omitempty"`
 	// Leases is how many lease records the generation has.
 	Leases int `json:"leases"`
 	// Indexed is false for a generation whose retirement removed its index entry but was
@@ -180,9 +187,16 @@ func (s *Store) view(name string, g *genState, now TimeContract) Generation {
 		v.CapturedAt = g.index.CapturedAt
 		v.Time = g.index.Time
 		v.SizeBytes = g.index.SizeBytes
+		v.CapturePauseMS = g.index.PauseMS
 		v.Eligibility, _ = EligibilityAt(g.index.Time, now, s.opts.MaxAge)
 	} else {
 		v.Eligibility = Expired
+	}
+	switch v.State {
+	case StateTombstoned:
+		v.Eligibility = Tombstoned
+	case StateRetiring:
+		v.Eligibility = Retiring
 	}
 	return v
 }

@@ -89,6 +89,9 @@ type indexEntry struct {
 	Time       TimeContract `json:"time"`
 	CapturedAt time.Time    `json:"captured_at"`
 	SizeBytes  int64        `json:"size_bytes"`
+	// PauseMS is how long the capture held its running sandbox frozen, in milliseconds
+	// (at least 1); 0 for the capture of a sandbox that was stopped or paused already.
+	PauseMS int64 `json:"capture_pause_ms,omitempty"`
 }
 
 // tombstoneRecord is tombstone.json: its presence quarantines the generation.

@@ -58,7 +58,7 @@ func leasedError(name, gen string, leases []Lease) error {
 		what = "Generation " + gen + " of template " + name
 	}
 	return errcode.Wrap(errcode.GenerationLeased, &LeasedError{Leases: leases},
-		"%s is still leased by clones: %s. It is quarantined; delete those sandboxes first, or retire with drain=true.", what, strings.Join(sbx, ", "))
+		"%s is still leased by clones: %s. Nothing was changed; delete those sandboxes first, or retire with drain=true to retire it once they are gone.", what, strings.Join(sbx, ", "))
 }
 
 // Tombstone quarantines a generation durably: no new lease, selection skips it, existing
@@ -109,14 +109,14 @@ func (s *Store) writeTombstone(tdir *os.File, gen string, drain bool) (*tombston
 	return t, nil
 }
 
-// Retire deletes a generation. It tombstones it first (durably), then sweeps the lease
-// records whose clone binding is gone (bindingExists reports whether the sandbox sandboxID
-// still has a clone.json naming leaseID; it must answer true when it cannot tell, and a nil
-// bindingExists sweeps nothing). If leases remain, the generation stays quarantined and
-// Retire fails with generation-leased naming them; with drain it instead records "retire
-// when drained" and returns Draining. Otherwise it deletes the payload, then the index entry,
-// then the tombstone, each durable before the next, and returns Retired: an interrupted
-// retirement leaves a quarantined generation that retiring again finishes.
+// Retire deletes a generation. It first sweeps the lease records whose clone binding is gone
+// (bindingExists reports whether the sandbox sandboxID still has a clone.json naming leaseID;
+// it must answer true when it cannot tell, and a nil bindingExists sweeps nothing). If leases
+// remain, Retire fails with generation-leased naming them and changes nothing else; with drain
+// it instead tombstones the generation "retire when drained" and returns Draining. Otherwise
+// it tombstones the generation, then deletes the payload, the index entry and the tombstone,
+// each durable before the next, and returns Retired: an interrupted retirement leaves a
+// tombstoned generation that retiring again finishes.
 func (s *Store) Retire(ctx context.Context, name, gen string, drain bool, bindingExists func(sandboxID, leaseID string) bool) (Outcome, error) {
 	if err := ValidateName(name); err != nil {
 		return 0, err
@@ -158,14 +158,25 @@ func (s *Store) Retire(ctx context.Context, name, gen string, drain bool, bindin
 	return out, err
 }
 
-// retire runs a retirement of gen under the lock and returns the leases that keep it.
+// retire runs a retirement of gen under the lock and returns the leases that keep it. The
+// leases are counted first, under the store's lock, which every new lease is written under
+// too, so that no clone can overtake the count: while leases remain, a retirement without
+// drain changes nothing (but sweeping the lease records no clone names any more), and one
+// with drain tombstones the generation "retire when drained". Without leases, it tombstones
+// the generation durably and deletes it (see [Store.finishRetire]): an interrupted deletion
+// leaves a tombstoned generation that retiring again finishes.
 func (s *Store) retire(tdir *os.File, name, gen string, drain bool, bindingExists func(sandboxID, leaseID string) bool) ([]Lease, error) {
-	g, found, err := loadGeneration(tdir, gen)
+	g, leases, err := s.leasesOf(tdir, name, gen, bindingExists)
 	if err != nil {
 		return nil, err
 	}
-	if !found {
-		return nil, generationNotFound(name, gen)
+	if len(leases) > 0 {
+		if drain && (g.tomb == nil || !g.tomb.Drain) {
+			if _, err := s.writeTombstone(tdir, gen, true); err != nil {
+				return nil, err
+			}
+		}
+		return leases, nil
 	}
 	if g.tomb == nil {
 		if g.tomb, err = s.writeTombstone(tdir, gen, false); err != nil {
@@ -175,24 +186,29 @@ func (s *Store) retire(tdir *os.File, name, gen string, drain bool, bindingExist
 			return nil, err
 		}
 	}
+	return nil, s.finishRetire(tdir, name, gen)
+}
+
+// leasesOf loads generation gen, sweeps its lease records that no clone names any more, and
+// returns it with the leases that remain.
+func (s *Store) leasesOf(tdir *os.File, name, gen string, bindingExists func(sandboxID, leaseID string) bool) (*genState, []Lease, error) {
+	g, found, err := loadGeneration(tdir, gen)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !found {
+		return nil, nil, generationNotFound(name, gen)
+	}
 	gdir, err := platform.OpenDirAt(tdir, gen)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer gdir.Close()
 	leases, err := s.sweepLeases(gdir, g, bindingExists)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if len(leases) > 0 {
-		if drain && !g.tomb.Drain {
-			if _, err := s.writeTombstone(tdir, gen, true); err != nil {
-				return nil, err
-			}
-		}
-		return leases, nil
-	}
-	return nil, s.finishRetire(tdir, name, gen)
+	return g, leases, nil
 }
 
 // sweepLeases removes the lease records of g whose clone binding is gone (see Retire) and

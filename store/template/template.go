@@ -138,10 +138,11 @@ func (s *Store) Template(name string, now TimeContract) (_ *Template, err error)
 }
 
 // DeleteTemplate retires every generation of the template (see Retire) and then removes the
-// template. When clones still lease generations, those stay quarantined and it fails with
-// generation-leased naming the leases, unless drain is set: then every generation is marked
-// "retire when drained", the template takes no more captures, it returns Draining, and the
-// release of the last lease removes the template. Retired means the template is gone.
+// template. When clones still lease generations, it fails with generation-leased naming the
+// leases and changes nothing (all generations are counted before any is retired, under one
+// hold of the lock), unless drain is set: then every leased generation is marked "retire when
+// drained", the others are retired, the template takes no more captures, it returns Draining,
+// and the release of the last lease removes the template. Retired means the template is gone.
 func (s *Store) DeleteTemplate(ctx context.Context, name string, drain bool, bindingExists func(sandboxID, leaseID string) bool) (Outcome, error) {
 	if err := ValidateName(name); err != nil {
 		return 0, err
@@ -161,6 +162,18 @@ func (s *Store) DeleteTemplate(ctx context.Context, name string, drain bool, bin
 			return err
 		}
 		var leased []Lease
+		if !drain {
+			for _, gen := range gens {
+				_, ls, err := s.leasesOf(tdir, name, gen, bindingExists)
+				if err != nil {
+					return err
+				}
+				leased = append(leased, ls...)
+			}
+			if len(leased) > 0 {
+				return leasedError(name, "", leased)
+			}
+		}
 		for _, gen := range gens {
 			ls, err := s.retire(tdir, name, gen, drain, bindingExists)
 			if err != nil {

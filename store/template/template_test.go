@@ -391,18 +391,18 @@ func TestRetire(t *testing.T) {
 	lb := e.mustClone(t, "py", gen, "b")
 	e.log.take()
 
-	// Leased: quarantined, refused, naming the leases.
+	// Leased: refused, naming the leases, and nothing changed.
 	_, err := e.s.Retire(ctx, "py", gen, false, e.bindingExists())
 	wantCode(t, err, errcode.GenerationLeased)
 	var le *LeasedError
 	if !errors.As(err, &le) || len(le.Leases) != 2 || !strings.Contains(err.Error(), la.ID) || !strings.Contains(err.Error(), lb.ID) {
 		t.Fatalf("leased error %v", err)
 	}
-	if got := e.log.take(); !slices.Equal(got, []string{StepTombstone}) {
-		t.Fatalf("steps %v", got)
+	if got := e.log.take(); len(got) != 0 {
+		t.Fatalf("a refused retirement wrote %v", got)
 	}
-	if v, _ := e.s.Generation("py", gen, e.clock.get()); v.State != StateTombstoned {
-		t.Fatalf("state %s", v.State)
+	if v, _ := e.s.Generation("py", gen, e.clock.get()); v.State != StateActive || v.Eligibility != Eligible {
+		t.Fatalf("after a refused retirement: state %s, %s", v.State, v.Eligibility)
 	}
 	// The sweep removes a lease whose binding is gone (a clone whose removal crashed after
 	// clone.json went).
@@ -493,11 +493,11 @@ func TestDeleteTemplateDrain(t *testing.T) {
 	e.mustClone(t, "py", g1, "a")
 	_, err := e.s.DeleteTemplate(ctx, "py", false, e.bindingExists())
 	wantCode(t, err, errcode.GenerationLeased)
-	// g2 had no lease: it is gone; g1 stays quarantined.
-	if exists(filepath.Join(e.s.Path(), "py", g2)) {
-		t.Fatal("unleased generation kept")
+	// Refused as a whole: g2, which no clone leases, is kept, and g1 is as it was.
+	if !exists(filepath.Join(e.s.Path(), "py", g2)) {
+		t.Fatal("a refused template deletion retired an unleased generation")
 	}
-	if v, _ := e.s.Generation("py", g1, e.clock.get()); v.State != StateTombstoned {
+	if v, _ := e.s.Generation("py", g1, e.clock.get()); v.State != StateActive {
 		t.Fatalf("state %s", v.State)
 	}
 	out, err := e.s.DeleteTemplate(ctx, "py", true, e.bindingExists())

@@ -22,9 +22,15 @@ export interface paths {
          * Create a sandbox
          * @description Provisions a sandbox: from an image (default `host`), or as a clone of a template
          *     generation (`template`, optionally `generation`; without `generation`, the newest
-         *     eligible one). A clone leases its generation until the clone is deleted. With
-         *     `start: true` the sandbox is also started before the answer, and a failed start leaves
-         *     it provisioned (stopped) with `last_exit` saying why.
+         *     eligible one). A clone leases its generation until the clone is deleted. A clone's
+         *     `resources` are its own choice too: what it leaves out is its generation's
+         *     (`key.resources`), not the server's default, and `disk_mb` is always its own. A
+         *     runtime whose generations depend on the resources they were captured with would need
+         *     a clone's equal to its generation's and refuse others with `template-ineligible`; the
+         *     namespace runtime does not (a generation is files only), so resources are no part of
+         *     its compatibility. With `start: true` the sandbox is also started before the
+         *     answer; the create is all or nothing: a failed start answers its error and leaves no
+         *     sandbox, so the id is free again.
          */
         post: operations["createSandbox"];
         delete?: never;
@@ -311,7 +317,9 @@ export interface paths {
          *         once the command has ended and all its output was sent, followed by a normal close
          *         (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
          *         signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
-         *         `signal` is `null` when the command exited by itself;
+         *         `signal` is `null` when the command exited by itself. A command that is not found
+         *         is upgraded all the same and exits 127, as a shell answers it and as the buffered
+         *         exec does, with the reason on stderr (stdout with `tty=true`);
          *       - from the server, answering a frame it could not act on (a text frame that is not
          *         one JSON control message, an unknown `type`, an unknown signal name, a `resize`
          *         without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -688,9 +696,14 @@ export interface paths {
         /**
          * Delete a template and retire all its generations
          * @description Retires every generation of the template, then removes the template. While clones
-         *     still lease a generation it is refused with `generation-leased` (423), unless
-         *     `drain=true`: then every generation is tombstoned at once (no new clone), the answer
-         *     is 202, and the retirement finishes when the last lease is released.
+         *     still lease a generation it is refused with `generation-leased` (423) naming them,
+         *     and nothing is changed: no generation is tombstoned or retired. `drain=true` is the
+         *     explicit retirement: the generations no clone leases are retired now, the leased
+         *     ones are tombstoned at once (no new clone) and retired when their last lease is
+         *     released, the template takes no new capture, the answer is 202 with the template,
+         *     and the template goes with the last lease. Each tombstone and retirement emits its
+         *     event (`generation.tombstoned`, `generation.retired`), also those the release of a
+         *     lease finishes.
          */
         delete: operations["deleteTemplate"];
         options?: never;
@@ -715,8 +728,15 @@ export interface paths {
          * Capture a sandbox as a new generation
          * @description Captures the sandbox's state (its writable layer; with the qemu runtime also its
          *     memory) as a new generation of the template, with the compatibility key and the time
-         *     contract of the capture. The namespace runtime captures a stopped sandbox only
-         *     (`already-running` or `sandbox-launched` otherwise). A clone can be captured: the new
+         *     contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+         *     a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
+         *     exactly as long as the copy reads its writable layer, then thawed: the generation is
+         *     a consistent picture of it, the sandbox runs on, and the generation's
+         *     `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+         *     frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
+         *     files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
+         *     identity, and one on a host that cannot freeze sandboxes must be stopped first
+         *     (`sandbox-launched`, `runtime-mismatch`). A clone can be captured: the new
          *     generation holds its generation's files with the clone's changes over them, and
          *     stands alone (it leases nothing). While another transition holds
          *     the sandbox, the capture waits up to `timeout`, then fails with
@@ -747,10 +767,14 @@ export interface paths {
         post?: never;
         /**
          * Retire a generation
-         * @description Tombstones the generation, then deletes its payload once no clone leases it. While
-         *     clones still lease it, it is refused with `generation-leased` (and stays tombstoned),
-         *     unless `drain=true`: then the answer is 202 and the retirement finishes when the last
-         *     lease is released. Retiring a generation whose retirement was interrupted finishes it.
+         * @description Deletes the generation once no clone leases it. While clones still lease it, it is
+         *     refused with `generation-leased` (423) naming them, and nothing is changed: the
+         *     generation stays as it was (tombstone it to stop new clones). `drain=true` is the
+         *     explicit retirement: the generation is tombstoned now (no new clone), the answer is
+         *     202 with the generation (state `retiring`), and it is deleted when its last lease is
+         *     released. Each emits its event: `generation.tombstoned` now, `generation.retired`
+         *     when it is gone, also when the release of the last lease finishes it. Retiring a
+         *     generation whose retirement was interrupted finishes it.
          */
         delete: operations["retireGeneration"];
         options?: never;
@@ -914,9 +938,13 @@ export interface paths {
          *     types they do not know.
          *
          *     A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
-         *     gets the events it missed, from the last 1024 of this server process; an id this
-         *     process did not send is ignored. A client that falls more than 256 events behind is
-         *     disconnected, and catches up by reconnecting.
+         *     gets the events it missed, from the last 1024 of this server process. Ids grow across
+         *     restarts of sandboxd too (they are reserved in the state root in blocks, and a
+         *     restart skips the rest of a block, so ids may jump but are never reused): an id seen
+         *     before a restart never names a later event, and reconnecting with it after the
+         *     restart replays the new process's kept events, all of them new to the client. An id
+         *     this server never sent replays the kept events too. A client that falls more than
+         *     256 events behind is disconnected, and catches up by reconnecting.
          */
         get: operations["streamEvents"];
         put?: never;
@@ -1598,7 +1626,11 @@ export interface components {
         CaptureRequest: {
             sandbox: components["schemas"]["SandboxID"];
         };
-        /** @description What a clone must match to use the generation. */
+        /**
+         * @description What a clone must match to use the generation: the runtime identity and the image.
+         *     `resources` are those the generation was captured with, a clone's default; a clone
+         *     may choose others (see `CreateSandboxRequest.resources`).
+         */
         CompatibilityKey: {
             /** @description The runtime identity (runtime kind, sandboxd build, runtime configuration). */
             runtime: string;
@@ -1618,13 +1650,22 @@ export interface components {
             /** Format: date-time */
             captured_at: string;
             /**
-             * @description At the time of the answer: `eligible`; `early` (the host clock reads before the
-             *     capture); `expired` (captured longer ago than the server's maximum age).
+             * @description Whether a clone may lease it at the time of the answer: `eligible`; `early` (the
+             *     host clock reads before the capture); `expired` (captured longer ago than the
+             *     server's maximum age); `tombstoned` and `retiring` (its state: it takes no new
+             *     lease, whatever the clock says).
              * @enum {string}
              */
-            eligibility: "eligible" | "early" | "expired";
+            eligibility: "eligible" | "early" | "expired" | "tombstoned" | "retiring";
             /** Format: int64 */
             size_bytes: number;
+            /**
+             * Format: int64
+             * @description How long the capture held its running sandbox frozen, in milliseconds (at
+             *     least 1). Absent when the capture froze nothing: the sandbox was stopped, or
+             *     paused already.
+             */
+            capture_pause_ms?: number;
             /** @description How many clones lease it now. */
             leases: number;
         };
@@ -3232,7 +3273,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": components["schemas"]["Template"];
+                };
             };
             /** @description The template and all its generations are gone. */
             204: {
@@ -3392,7 +3435,9 @@ export interface operations {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": components["schemas"]["Generation"];
+                };
             };
             /** @description The generation is gone. */
             204: {
@@ -4089,7 +4134,7 @@ export const onTimeoutValues: ReadonlyArray<FlattenedDeepRequired<components>["s
 export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "expired", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
 export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["state"]> = ["active", "tombstoned", "retiring"];
-export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired"];
+export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired", "tombstoned", "retiring"];
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
