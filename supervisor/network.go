@@ -175,6 +175,37 @@ func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *stor
 	return nil
 }
 
+// attachLaunchNetwork is attachNetwork for a launch that has not committed: a failure because
+// the sandbox ended meanwhile (a killed init, a killed runtime process) is a start that did
+// not come up, as one that ends before its agent answers is, not a network that is
+// unavailable.
+func (s *Supervisor) attachLaunchNetwork(ctx context.Context, l *store.Lock, cfg *store.Config, proc platform.ProcessID, client *control.Client) error {
+	err := s.attachNetwork(ctx, l, cfg, proc, client)
+	if err != nil && s.launchEnded(l.Dir(), proc) {
+		return errcode.Wrap(errcode.StartTimeout, err,
+			"Sandbox %s did not come up: it exited while its network was set up (%v). The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
+	}
+	return err
+}
+
+// launchEnded reports whether the launch of proc has ended: its runtime process exited, or
+// its init did.
+func (s *Supervisor) launchEnded(dir string, proc platform.ProcessID) bool {
+	if !proc.Alive() {
+		return true
+	}
+	nr, ok := s.rt.(runtime.NetNSer)
+	if !ok {
+		return false
+	}
+	pid, err := nr.NetNS(dir)
+	if err != nil {
+		return true
+	}
+	ppid, err := platform.ParentPid(pid)
+	return err != nil || ppid != proc.Pid
+}
+
 // setupNetwork runs the Manager's Setup for the launch of proc and records the attachment.
 func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc platform.ProcessID) (network.Attachment, error) {
 	ns, err := s.openNetNS(l.Dir(), proc)
