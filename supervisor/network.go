@@ -176,16 +176,26 @@ func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *stor
 }
 
 // attachLaunchNetwork is attachNetwork for a launch that has not committed: a failure because
-// the sandbox ended meanwhile (a killed init, a killed runtime process) is a start that did
-// not come up, as one that ends before its agent answers is, not a network that is
-// unavailable.
+// the sandbox ended meanwhile (a killed init, a killed runtime process, and so an agent that
+// hung up) is a start that did not come up, as one that ends before its agent answers is, not
+// a network that is unavailable.
 func (s *Supervisor) attachLaunchNetwork(ctx context.Context, l *store.Lock, cfg *store.Config, proc platform.ProcessID, client *control.Client) error {
 	err := s.attachNetwork(ctx, l, cfg, proc, client)
-	if err != nil && s.launchEnded(l.Dir(), proc) {
+	if err != nil && (agentGone(client) || s.launchEnded(l.Dir(), proc)) {
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: it exited while its network was set up (%v). The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
 	}
 	return err
+}
+
+// agentGone reports whether the agent's connection has closed.
+func agentGone(client *control.Client) bool {
+	select {
+	case <-client.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // launchEnded reports whether the launch of proc has ended: its runtime process exited, or
