@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -400,6 +401,25 @@ func (m *Manager) Teardown(id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.teardown(id)
+}
+
+// Recorded lists, sorted, the sandboxes that have an allocation record: those whose network
+// was set up and not yet torn down whole, by this process or any earlier one. Whether each
+// still runs is the caller's to judge, under the sandbox's lifecycle lock, before it calls
+// [Manager.Teardown] for one that does not.
+func (m *Manager) Recorded() ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	recs, _, err := readRecords(m.cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(recs))
+	for id := range recs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
 }
 
 func (m *Manager) teardown(id string) error {

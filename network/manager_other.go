@@ -17,6 +17,7 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 }
 func (m *Manager) Update(id string, rules *Rules) error { return platform.ErrUnsupported }
 func (m *Manager) Teardown(id string) error             { return platform.ErrUnsupported }
+func (m *Manager) Recorded() ([]string, error)          { return nil, platform.ErrUnsupported }
 func (m *Manager) Drops(id string) (Drops, error)       { return Drops{}, platform.ErrUnsupported }
 func (m *Manager) HostDrops() (uint64, error)           { return 0, platform.ErrUnsupported }
 func (m *Manager) Refused() uint64                      { return 0 }

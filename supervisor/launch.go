@@ -132,7 +132,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: %v. The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
 	}
-	if err := s.attachNetwork(ctx, l, cfg, proc, client); err != nil {
+	if err := s.attachLaunchNetwork(ctx, l, cfg, proc, client); err != nil {
 		client.Close()
 		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return err

@@ -31,6 +31,11 @@ import (
 //   - Reattach of a running sandbox that this process has not attached (after a restart of
 //     sandboxd) sets it up again ([Supervisor.adoptNetwork]): the Manager keeps the veth and
 //     re-arms the resolver, which lived in the old process.
+//   - Start-up ([Supervisor.ReattachAll]) then tears down the network of every recorded
+//     sandbox that does not run ([Supervisor.reconcileNetworks]): a record can outlive its
+//     launch when the reconciliation that ended the launch had no Manager (`sandboxd check
+//     --repair`'s) or its Teardown failed, and afterwards no launch is left whose end would
+//     look at it again.
 //
 // The policy is the sandbox's configuration record's (store.Config.Network), so that a live
 // change ([Supervisor.SetNetwork]) outlives restarts of both.
@@ -40,6 +45,8 @@ type Networker interface {
 	Setup(id string, target network.Target, rules *network.Rules) (network.Attachment, error)
 	Update(id string, rules *network.Rules) error
 	Teardown(id string) error
+	// Recorded lists the sandboxes whose network has a record, set up by any process.
+	Recorded() ([]string, error)
 }
 
 // NetworkPolicy is a sandbox's egress policy, as the API carries it.
@@ -168,6 +175,47 @@ func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *stor
 	return nil
 }
 
+// attachLaunchNetwork is attachNetwork for a launch that has not committed: a failure because
+// the sandbox ended meanwhile (a killed init, a killed runtime process, and so an agent that
+// hung up) is a start that did not come up, as one that ends before its agent answers is, not
+// a network that is unavailable.
+func (s *Supervisor) attachLaunchNetwork(ctx context.Context, l *store.Lock, cfg *store.Config, proc platform.ProcessID, client *control.Client) error {
+	err := s.attachNetwork(ctx, l, cfg, proc, client)
+	if err != nil && (agentGone(client) || s.launchEnded(l.Dir(), proc)) {
+		return errcode.Wrap(errcode.StartTimeout, err,
+			"Sandbox %s did not come up: it exited while its network was set up (%v). The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
+	}
+	return err
+}
+
+// agentGone reports whether the agent's connection has closed.
+func agentGone(client *control.Client) bool {
+	select {
+	case <-client.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// launchEnded reports whether the launch of proc has ended: its runtime process exited, or
+// its init did.
+func (s *Supervisor) launchEnded(dir string, proc platform.ProcessID) bool {
+	if !proc.Alive() {
+		return true
+	}
+	nr, ok := s.rt.(runtime.NetNSer)
+	if !ok {
+		return false
+	}
+	pid, err := nr.NetNS(dir)
+	if err != nil {
+		return true
+	}
+	ppid, err := platform.ParentPid(pid)
+	return err != nil || ppid != proc.Pid
+}
+
 // setupNetwork runs the Manager's Setup for the launch of proc and records the attachment.
 func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc platform.ProcessID) (network.Attachment, error) {
 	rt, err := s.lockedRuntime(l)
@@ -291,4 +339,56 @@ func (s *Supervisor) networkStatus(cfg *store.Config, state State) *NetworkStatu
 		ns.Address = att.Address
 	}
 	return ns
+}
+
+// reconcileNetworks tears down the network of every sandbox that has a record but does not
+// run, as start-up does after it reconciled each sandbox. A sandbox that this process attached
+// runs. Each other is judged under its lifecycle lock, taken as a provision takes it so that
+// it is held also for an id that has no sandbox (no start can then make a network for it
+// meanwhile); a lock that another process holds past timeout is a transition of that process,
+// which may be making this very network, so the record is left to it.
+func (s *Supervisor) reconcileNetworks(ctx context.Context, timeout time.Duration) {
+	if s.net.mgr == nil {
+		return
+	}
+	ids, err := s.net.mgr.Recorded()
+	if err != nil {
+		s.log.Error("network: listing the network records", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if _, ok := s.net.get(id); !ok {
+			s.reconcileNetwork(ctx, id, timeout)
+		}
+	}
+}
+
+// reconcileNetwork tears down the recorded network of sandbox id unless, under its lock, it
+// runs (under any runtime identity: one that another build runs keeps its network).
+func (s *Supervisor) reconcileNetwork(ctx context.Context, id string, timeout time.Duration) {
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	l, err := s.store.LockForProvision(lctx, id)
+	if err != nil {
+		s.log.Warn("network: the sandbox of a network record is locked; its holder decides", "sandbox", id, "err", err)
+		return
+	}
+	defer s.unlock(l)
+	provisioned, err := l.Provisioned()
+	if err != nil {
+		s.log.Error("network: reconciling a network record", "sandbox", id, "err", err)
+		return
+	}
+	if provisioned {
+		r, err := s.reattach(lctx, l)
+		if err != nil {
+			s.log.Error("network: reconciling a network record", "sandbox", id, "err", err)
+			return
+		}
+		if r.state == StateRunning {
+			return
+		}
+	}
+	s.log.Warn("network: tearing down the network of a sandbox that is not running", "sandbox", id, "provisioned", provisioned)
+	s.detachNetwork(id)
 }
