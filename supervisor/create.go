@@ -2,8 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -166,16 +164,7 @@ func (s *Supervisor) startCreated(ctx context.Context, l *store.Lock) (_ *Status
 }
 
 // removePending removes PendingName durably.
-func removePending(dir string) error {
-	err := os.Remove(filepath.Join(dir, PendingName))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return platform.SyncDirPath(dir)
-}
+func removePending(dir string) error { return removeOwnRecord(dir, PendingName) }
 
 // hasPending reports whether the sandbox in dir carries PendingName.
 func hasPending(dir string) bool {

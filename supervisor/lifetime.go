@@ -2,10 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
@@ -119,30 +115,14 @@ func writeDeadline(dir string, d *deadline) error {
 
 // readDeadline reads a sandbox's lifetime record; nil without one.
 func readDeadline(dir string) (*deadline, error) {
-	data, err := platform.ReadFile(filepath.Join(dir, LifetimeName), record.MaxSize)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var d deadline
-	if err := record.Decode(LifetimeName, data, lifetimeFormat, &d); err != nil {
+	if found, err := readOwnRecord(dir, LifetimeName, lifetimeFormat, &d); err != nil || !found {
 		return nil, err
 	}
 	return &d, nil
 }
 
-func removeDeadline(dir string) error {
-	err := os.Remove(filepath.Join(dir, LifetimeName))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return platform.SyncDirPath(dir)
-}
+func removeDeadline(dir string) error { return removeOwnRecord(dir, LifetimeName) }
 
 // expiry reads when the sandbox in dir expires and what it does then; nil without a lifetime.
 func (s *Supervisor) expiry(dir string) (*time.Time, OnTimeout) {

@@ -2,10 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
@@ -43,30 +39,14 @@ type pauseRecord struct {
 }
 
 func readPause(dir string) (*pauseRecord, error) {
-	data, err := platform.ReadFile(filepath.Join(dir, PausedName), record.MaxSize)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var p pauseRecord
-	if err := record.Decode(PausedName, data, pausedFormat, &p); err != nil {
+	if found, err := readOwnRecord(dir, PausedName, pausedFormat, &p); err != nil || !found {
 		return nil, err
 	}
 	return &p, nil
 }
 
-func removePause(dir string) error {
-	err := os.Remove(filepath.Join(dir, PausedName))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return platform.SyncDirPath(dir)
-}
+func removePause(dir string) error { return removeOwnRecord(dir, PausedName) }
 
 // pausedLaunch reports whether the sandbox in dir is paused in launch launchID.
 func pausedLaunch(dir, launchID string) bool {
