@@ -11,7 +11,8 @@ test("capture a template, clone it, lease, retire", async () => {
   cleanup(() => removeSandbox(builder));
   cleanup(() => removeSandbox(clone));
 
-  // Build: install something as root, stop (capture needs a stopped sandbox).
+  // Build: install something as root, then stop it (a stopped sandbox's capture freezes
+  // nothing; a running one's is its own test below).
   await client.createSandbox({ id: builder, start: true });
   const built = await client.exec(builder, {
     user: "root",
@@ -23,7 +24,6 @@ test("capture a template, clone it, lease, retire", async () => {
   assert.equal(tpl.name, name);
   assert.equal(tpl.generations, 0);
   await rejectsWithCode(client.createTemplate(name), "template-exists", 409);
-  await rejectsWithCode(client.captureGeneration(name, builder), "sandbox-launched", 409);
 
   await client.stopSandbox(builder);
   await rejectsWithCode(client.captureGeneration(uniqueId("absent"), builder), "template-not-found", 404);
@@ -88,4 +88,18 @@ test("a template with a leased generation drains", async () => {
   assert.equal(await client.deleteTemplate(name, { drain: true }), "draining");
   await client.deleteSandbox(clone);
   await rejectsWithCode(client.getTemplate(name), "template-not-found", 404);
+});
+
+test("a running sandbox's capture freezes it for the copy only, and it runs on", async () => {
+  const runner = uniqueId("runner");
+  const name = uniqueId("tpl");
+  cleanup(() => client.deleteTemplate(name, { drain: true }));
+  cleanup(() => removeSandbox(runner));
+  await client.createSandbox({ id: runner, start: true });
+  await client.createTemplate(name);
+  const gen = await client.captureGeneration(name, runner);
+  assert.equal(gen.state, "active");
+  assert.equal(typeof gen.capture_pause_ms, "number");
+  assert.ok((gen.capture_pause_ms ?? -1) >= 0);
+  assert.equal((await client.getSandbox(runner)).state, "running");
 });
