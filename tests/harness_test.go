@@ -362,6 +362,7 @@ func (d *daemon) do(method, path string, body io.Reader, header http.Header) res
 	if err != nil {
 		d.t.Fatalf("%s %s: reading the body: %v", method, path, err)
 	}
+	d.reportContract(req, resp.StatusCode, resp.Header, b)
 	return response{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -329,7 +330,8 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	srv.OnShutdown(h.CloseStreams)
 	srv.OnShutdown(bus.Close)
-	log.Info("sandboxd serving", "addr", ln.Addr().String(), "root", o.root, "version", version, "token", token != "", "auth", auth)
+	root, _ := filepath.Abs(o.root) // the default root is relative: say where it is
+	log.Info("sandboxd serving", "addr", ln.Addr().String(), "root", root, "version", version, "token", token != "", "auth", auth)
 	if token != "" {
 		if err := logLogin(srv, ln.Addr(), log); err != nil {
 			return err

@@ -1424,6 +1424,9 @@ type Forbidden = Problem
 // GatewayTimeout An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type GatewayTimeout = Problem
 
+// InsufficientStorage An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+type InsufficientStorage = Problem
+
 // InternalError An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type InternalError = Problem
 
@@ -6740,8 +6743,15 @@ type ClientWithResponsesInterface interface {
 type GetDashboardResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetDashboardResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -6781,8 +6791,15 @@ func (r GetDashboardResponse) ContentType() string {
 type GetAPIReferenceResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetAPIReferenceResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -6824,6 +6841,8 @@ type GetHealthResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Health
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -6833,6 +6852,11 @@ type GetHealthResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetHealthResponse) GetJSON200() *Health {
 	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetHealthResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -6969,6 +6993,8 @@ type GetMetricsResponse401Headers struct {
 type GetMetricsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationProblemJSON401 *Unauthorized
 	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -6977,6 +7003,11 @@ type GetMetricsResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetMetricsResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetMetricsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7028,6 +7059,8 @@ type GetOpenAPISpecResponse struct {
 	HTTPResponse *http.Response
 	// YAML200 the response for an HTTP 200 `application/yaml` response
 	YAML200 *map[string]interface{}
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 }
@@ -7035,6 +7068,11 @@ type GetOpenAPISpecResponse struct {
 // GetYAML200 returns the response for an HTTP 200 `application/yaml` response
 func (r GetOpenAPISpecResponse) GetYAML200() *map[string]interface{} {
 	return r.YAML200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetOpenAPISpecResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -7089,6 +7127,8 @@ type StreamEventsResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *StreamEventsResponse401Headers
 }
@@ -7116,6 +7156,11 @@ func (r StreamEventsResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r StreamEventsResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r StreamEventsResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -7157,6 +7202,8 @@ type ListImagesResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *ImageList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationProblemJSON401 *Unauthorized
 	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -7172,6 +7219,11 @@ type ListImagesResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r ListImagesResponse) GetJSON200() *ImageList {
 	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7254,6 +7306,10 @@ type PullImageResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers202 the parsed response headers for an HTTP 202 response
 	Headers202 *PullImageResponse202Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -7303,6 +7359,16 @@ func (r PullImageResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r PullImageResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -7540,6 +7606,10 @@ type ImportImageResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ImportImageResponse401Headers
 }
@@ -7589,6 +7659,16 @@ func (r ImportImageResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
 }
 
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r ImportImageResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
+}
+
 // GetBody returns the raw response body bytes
 func (r ImportImageResponse) GetBody() []byte {
 	return r.Body
@@ -7628,6 +7708,8 @@ type GetInfoResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Info
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationProblemJSON401 *Unauthorized
 	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -7643,6 +7725,11 @@ type GetInfoResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetInfoResponse) GetJSON200() *Info {
 	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetInfoResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7814,6 +7901,8 @@ type CreateSandboxResponse struct {
 	ApplicationProblemJSON503 *ServiceUnavailable
 	// ApplicationProblemJSON504 the response for an HTTP 504 `application/problem+json` response
 	ApplicationProblemJSON504 *GatewayTimeout
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers201 the parsed response headers for an HTTP 201 response
 	Headers201 *CreateSandboxResponse201Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -7878,6 +7967,11 @@ func (r CreateSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailabl
 // GetApplicationProblemJSON504 returns the response for an HTTP 504 `application/problem+json` response
 func (r CreateSandboxResponse) GetApplicationProblemJSON504() *GatewayTimeout {
 	return r.ApplicationProblemJSON504
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r CreateSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -8539,6 +8633,10 @@ type WriteFileResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *WriteFileResponse401Headers
 }
@@ -8586,6 +8684,16 @@ func (r WriteFileResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r WriteFileResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r WriteFileResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r WriteFileResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -9369,6 +9477,8 @@ type StartSandboxResponse struct {
 	ApplicationProblemJSON503 *ServiceUnavailable
 	// ApplicationProblemJSON504 the response for an HTTP 504 `application/problem+json` response
 	ApplicationProblemJSON504 *GatewayTimeout
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *StartSandboxResponse401Headers
 }
@@ -9426,6 +9536,11 @@ func (r StartSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable
 // GetApplicationProblemJSON504 returns the response for an HTTP 504 `application/problem+json` response
 func (r StartSandboxResponse) GetApplicationProblemJSON504() *GatewayTimeout {
 	return r.ApplicationProblemJSON504
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r StartSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -9881,6 +9996,10 @@ type CreateTemplateResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers201 the parsed response headers for an HTTP 201 response
 	Headers201 *CreateTemplateResponse201Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -9925,6 +10044,16 @@ func (r CreateTemplateResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r CreateTemplateResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreateTemplateResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r CreateTemplateResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -10266,6 +10395,10 @@ type CaptureGenerationResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers201 the parsed response headers for an HTTP 201 response
 	Headers201 *CaptureGenerationResponse201Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -10320,6 +10453,16 @@ func (r CaptureGenerationResponse) GetApplicationProblemJSON500() *InternalError
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r CaptureGenerationResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CaptureGenerationResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r CaptureGenerationResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -11742,6 +11885,13 @@ func ParseGetDashboardResponse(rsp *http.Response) (*GetDashboardResponse, error
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11768,6 +11918,13 @@ func ParseGetAPIReferenceResponse(rsp *http.Response) (*GetAPIReferenceResponse,
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11800,6 +11957,13 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
@@ -11910,6 +12074,13 @@ func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11969,6 +12140,13 @@ func ParseGetOpenAPISpecResponse(rsp *http.Response) (*GetOpenAPISpecResponse, e
 			return nil, err
 		}
 		response.YAML200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
@@ -12031,6 +12209,13 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
 	}
 
 	switch {
@@ -12069,6 +12254,13 @@ func ParseListImagesResponse(rsp *http.Response) (*ListImagesResponse, error) {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -12192,6 +12384,20 @@ func ParsePullImageResponse(rsp *http.Response) (*PullImageResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 
@@ -12463,6 +12669,20 @@ func ParseImportImageResponse(rsp *http.Response) (*ImportImageResponse, error) 
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
 	}
 
 	switch {
@@ -12501,6 +12721,13 @@ func ParseGetInfoResponse(rsp *http.Response) (*GetInfoResponse, error) {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -12719,6 +12946,13 @@ func ParseCreateSandboxResponse(rsp *http.Response) (*CreateSandboxResponse, err
 			return nil, err
 		}
 		response.ApplicationProblemJSON504 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 
@@ -13398,6 +13632,20 @@ func ParseWriteFileResponse(rsp *http.Response) (*WriteFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 
@@ -14182,6 +14430,13 @@ func ParseStartSandboxResponse(rsp *http.Response) (*StartSandboxResponse, error
 		}
 		response.ApplicationProblemJSON504 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
 	}
 
 	switch {
@@ -14632,6 +14887,20 @@ func ParseCreateTemplateResponse(rsp *http.Response) (*CreateTemplateResponse, e
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
 	}
 
 	switch {
@@ -14996,6 +15265,20 @@ func ParseCaptureGenerationResponse(rsp *http.Response) (*CaptureGenerationRespo
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 
