@@ -357,7 +357,7 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	s.emit(Event{Type: EventCreated, Sandbox: cfg.ID, State: StateProvisioned})
 	s.emit(Event{Type: EventAcquired, Sandbox: cfg.ID, Template: req.Template, Generation: g.ID, Lease: lease.ID})
 	s.armLifetime(cfg.ID)
-	st := &Status{Config: cfg, State: StateProvisioned, Binding: template.NewBinding(lease)}
+	st := &Status{Config: cfg, State: StateProvisioned, Runtime: s.kindOf(&cfg), Binding: template.NewBinding(lease)}
 	st.ExpiresAt, st.OnTimeout = s.expiry(l.Dir())
 	return st, nil
 }
