@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -267,3 +268,25 @@ func (c *cli) each(ids []string, f func(ctx context.Context, api *sandboxd.Clien
 	}
 	return failed
 }
+
+// printListShort prints list as JSON (an empty list as [], never null) or as one name a line
+// when output asks for either; done is false for the table outputs, which each command lays
+// out itself (through [cli.table]).
+func printListShort[T any](c *cli, output string, list []T, name func(T) string) (done bool, err error) {
+	switch output {
+	case "json":
+		if list == nil {
+			list = []T{}
+		}
+		return true, c.printJSON(list)
+	case "name":
+		for _, x := range list {
+			fmt.Fprintln(c.stdout, name(x))
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// table is the writer of every listing's table: columns three spaces apart.
+func (c *cli) table() *tabwriter.Writer { return tabwriter.NewWriter(c.stdout, 0, 4, 3, ' ', 0) }

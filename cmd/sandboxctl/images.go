@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -199,17 +198,8 @@ func (c *cli) imageListCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
-				if list == nil {
-					list = []sandboxd.Image{}
-				}
-				return c.printJSON(list)
-			case "name":
-				for _, img := range list {
-					fmt.Fprintln(c.stdout, img.Name)
-				}
-				return nil
+			if done, err := printListShort(c, output, list, func(img sandboxd.Image) string { return img.Name }); done {
+				return err
 			}
 			return c.imageTable(list, output == "wide")
 		}),
@@ -219,7 +209,7 @@ func (c *cli) imageListCommand() *cobra.Command {
 }
 
 func (c *cli) imageTable(list []sandboxd.Image, wide bool) error {
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 3, ' ', 0)
+	tw := c.table()
 	head := "NAME\tKIND\tSTATE\tSIZE\tCREATED"
 	if wide {
 		head += "\tDIGEST\tREF\tUSED BY"

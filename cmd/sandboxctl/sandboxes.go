@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -167,19 +166,10 @@ func (c *cli) listCommand() *cobra.Command {
 }
 
 func (c *cli) printSandboxes(list []sandboxd.Sandbox, output string) error {
-	switch output {
-	case "json":
-		if list == nil {
-			list = []sandboxd.Sandbox{}
-		}
-		return c.printJSON(list)
-	case "name":
-		for _, sb := range list {
-			fmt.Fprintln(c.stdout, sb.ID)
-		}
-		return nil
+	if done, err := printListShort(c, output, list, func(sb sandboxd.Sandbox) string { return sb.ID }); done {
+		return err
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 3, ' ', 0)
+	tw := c.table()
 	header := "ID\tSTATE\tIMAGE\tCREATED"
 	if output == "wide" {
 		header += "\tTEMPLATE\tCPUS\tMEMORY\tPIDS\tDISK\tLABELS"

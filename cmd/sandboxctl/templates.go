@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -57,19 +56,10 @@ func (c *cli) templateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
-				if list == nil {
-					list = []sandboxd.Template{}
-				}
-				return c.printJSON(list)
-			case "name":
-				for _, t := range list {
-					fmt.Fprintln(c.stdout, t.Name)
-				}
-				return nil
+			if done, err := printListShort(c, output, list, func(t sandboxd.Template) string { return t.Name }); done {
+				return err
 			}
-			tw := tabwriter.NewWriter(c.stdout, 0, 4, 3, ' ', 0)
+			tw := c.table()
 			fmt.Fprintln(tw, "NAME\tGENERATIONS\tLATEST\tCREATED")
 			for _, t := range list {
 				latest := "-"
@@ -173,19 +163,10 @@ func (c *cli) generationCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
-				if list == nil {
-					list = []sandboxd.Generation{}
-				}
-				return c.printJSON(list)
-			case "name":
-				for _, g := range list {
-					fmt.Fprintln(c.stdout, g.ID)
-				}
-				return nil
+			if done, err := printListShort(c, output, list, func(g sandboxd.Generation) string { return g.ID }); done {
+				return err
 			}
-			tw := tabwriter.NewWriter(c.stdout, 0, 4, 3, ' ', 0)
+			tw := c.table()
 			fmt.Fprintln(tw, "ID\tSTATE\tELIGIBILITY\tLEASES\tSIZE\tCAPTURED")
 			for _, g := range list {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", g.ID, g.State, g.Eligibility, g.Leases, size(g.SizeBytes), ago(g.CapturedAt))
@@ -268,19 +249,10 @@ func (c *cli) leaseCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
-				if list == nil {
-					list = []sandboxd.Lease{}
-				}
-				return c.printJSON(list)
-			case "name":
-				for _, l := range list {
-					fmt.Fprintln(c.stdout, l.ID)
-				}
-				return nil
+			if done, err := printListShort(c, output, list, func(l sandboxd.Lease) string { return l.ID }); done {
+				return err
 			}
-			tw := tabwriter.NewWriter(c.stdout, 0, 4, 3, ' ', 0)
+			tw := c.table()
 			fmt.Fprintln(tw, "ID\tSANDBOX\tACQUIRED")
 			for _, l := range list {
 				fmt.Fprintf(tw, "%s\t%s\t%s\n", l.ID, l.Sandbox, ago(l.AcquiredAt))
