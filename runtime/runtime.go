@@ -253,3 +253,14 @@ type Pauser interface {
 	// Frozen reports whether the sandbox is frozen (or being frozen).
 	Frozen(sandboxID, dir string) (bool, error)
 }
+
+// CleanupCheck is what every runtime's Cleanup checks before it releases anything: the
+// launch's runtime process id is gone (Cleanup refuses while it lives), and the sandbox id
+// and state directory follow the rules a Spec's do. kind names the runtime in the error.
+func CleanupCheck(kind, sandboxID, dir string, id platform.ProcessID) error {
+	if id.Alive() {
+		return fmt.Errorf("%s runtime: the runtime process %s still runs; kill it first", kind, id)
+	}
+	spec := Spec{ID: sandboxID, Dir: dir, Capability: []byte{1}, LaunchID: "cleanup"}
+	return spec.Validate()
+}

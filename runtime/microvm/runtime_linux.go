@@ -490,11 +490,7 @@ func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) e
 // that outlived it (its parent-death signal makes that a bug's doing, not the rule) and the
 // control socket. The sandbox's disk overlay is its files and stays.
 func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error {
-	if id.Alive() {
-		return fmt.Errorf("microvm runtime: the runtime process %s still runs; kill it first", id)
-	}
-	spec := runtime.Spec{ID: sandboxID, Dir: dir, Capability: []byte{1}, LaunchID: "cleanup"}
-	if err := spec.Validate(); err != nil {
+	if err := runtime.CleanupCheck("microvm", sandboxID, dir, id); err != nil {
 		return err
 	}
 	var errs []error

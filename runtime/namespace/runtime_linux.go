@@ -452,11 +452,7 @@ func (r *Runtime) killShim(id platform.ProcessID) error {
 // Cleanup removes the sandbox's cgroup (killing anything left in it) and any mount left below
 // its state directory, once the shim is gone.
 func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platform.ProcessID) error {
-	if id.Alive() {
-		return fmt.Errorf("namespace runtime: the runtime process %s still runs; kill it first", id)
-	}
-	spec := runtime.Spec{ID: sandboxID, Dir: dir, Capability: []byte{1}, LaunchID: "cleanup"}
-	if err := spec.Validate(); err != nil {
+	if err := runtime.CleanupCheck("namespace", sandboxID, dir, id); err != nil {
 		return err
 	}
 	var errs []error
