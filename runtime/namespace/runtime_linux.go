@@ -397,37 +397,30 @@ func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.Process
 	return runtime.SpawnDetached("namespace", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg)
 }
 
-// waitGone waits until id no longer runs or ctx ends.
-func waitGone(ctx context.Context, id platform.ProcessID) error {
-	delay := time.Millisecond
-	for id.Alive() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(delay):
-		}
-		if delay < 20*time.Millisecond {
-			delay *= 2
-		}
-	}
-	return nil
-}
-
 // Kill kills the sandbox's init (the shim's only child) by verified identity and waits for the
 // shim to record the outcome and exit; if the shim lingers past ctx, it is killed too (its
 // init then dies with it by its parent-death signal).
+//
+// The wait is on the shim's pidfd, so it ends as soon as the shim exits rather than at the
+// next poll (a poll that backed off to 20 ms cost a forced stop up to that much).
 func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) error {
-	// The init is signalled again at every poll: a shim caught before it started its init
-	// would otherwise start one after the first signal went out.
+	// The init is signalled again each time the wait times out: a shim caught before it
+	// started its init would otherwise start one after the first signal went out.
 	delay := time.Millisecond
 	for id.Alive() {
 		if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
 			return err
 		}
-		select {
-		case <-ctx.Done():
+		wctx, cancel := context.WithTimeout(ctx, delay)
+		err := platform.WaitExit(wctx, id)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
 			return r.killShim(id)
-		case <-time.After(delay):
+		case !errors.Is(err, context.DeadlineExceeded):
+			return err
 		}
 		if delay < 20*time.Millisecond {
 			delay *= 2
@@ -443,7 +436,7 @@ func (r *Runtime) killShim(id platform.ProcessID) error {
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := waitGone(wctx, id); err != nil {
+	if err := platform.WaitExit(wctx, id); err != nil {
 		return fmt.Errorf("namespace runtime: %s still runs after SIGKILL", id)
 	}
 	return nil
