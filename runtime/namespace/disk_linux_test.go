@@ -38,7 +38,7 @@ func TestEnsureDiskImage(t *testing.T) {
 	template := func(sizeMB int) func() (*os.File, error) {
 		return func() (*os.File, error) {
 			asked++
-			return r.diskTemplate(ctx, parent, sizeMB, prog)
+			return r.diskTemplate(ctx, dir, sizeMB, prog)
 		}
 	}
 	if err := ensureDiskImage(dir, 64, template(64)); err != nil {
@@ -60,7 +60,7 @@ func TestEnsureDiskImage(t *testing.T) {
 	if magic := binary.LittleEndian.Uint16(b[1024+56:]); magic != 0xEF53 {
 		t.Fatalf("the image holds no ext4 file system (magic %#x)", magic)
 	}
-	tmpl, err := r.diskTemplate(ctx, parent, 64, prog)
+	tmpl, err := r.diskTemplate(ctx, dir, 64, prog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,13 +104,13 @@ func TestDiskTemplateEviction(t *testing.T) {
 	r := &Runtime{}
 	parent := t.TempDir()
 	ctx := context.Background()
-	first, err := r.diskTemplate(ctx, parent, 8, prog)
+	first, err := r.diskTemplate(ctx, filepath.Join(parent, "sb"), 8, prog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer first.Close()
 	for size := 9; size < 9+maxDiskTemplates; size++ {
-		f, err := r.diskTemplate(ctx, parent, size, prog)
+		f, err := r.diskTemplate(ctx, filepath.Join(parent, "sb"), size, prog)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,5 +125,26 @@ func TestDiskTemplateEviction(t *testing.T) {
 	sb := make([]byte, 2)
 	if _, err := first.ReadAt(sb, 1024+56); err != nil || binary.LittleEndian.Uint16(sb) != 0xEF53 {
 		t.Fatalf("a template handed out no longer reads as ext4 once evicted: %v %x", err, sb)
+	}
+}
+
+// TestUnlinkedFile: the template's fallback where O_TMPFILE is missing is a file whose name
+// is gone at once, so nothing of it shows in the sandbox's directory.
+func TestUnlinkedFile(t *testing.T) {
+	dir := t.TempDir()
+	f, err := unlinkedFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("x"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the directory holds %d entries, want none", len(ents))
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil || st.Nlink != 0 {
+		t.Fatalf("the file has %d links (%v), want 0", st.Nlink, err)
 	}
 }

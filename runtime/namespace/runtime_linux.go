@@ -271,7 +271,7 @@ func ensureDiskImage(dir string, sizeMB int, template func() (*os.File, error)) 
 const maxDiskTemplates = 8
 
 // diskTemplate returns the empty ext4 image of sizeMB that the disks of the state
-// directories below parent are copied from, making it with the mke2fs at prog on first use.
+// directories beside sandboxDir (in its parent) are copied from, making it with the mke2fs at prog on first use.
 // The file is the caller's to close: a descriptor of its own, so that evicting the template
 // from the cache never closes it under a copy.
 //
@@ -282,14 +282,15 @@ const maxDiskTemplates = 8
 // outlives this process: no record, no cleanup after a crash. Every disk copied from one
 // template has the same file system UUID; each is mounted only in its own sandbox's mount
 // namespace (or detached, for a capture), and ext4 does not refuse duplicates.
-func (r *Runtime) diskTemplate(ctx context.Context, parent string, sizeMB int, prog string) (*os.File, error) {
+func (r *Runtime) diskTemplate(ctx context.Context, sandboxDir string, sizeMB int, prog string) (*os.File, error) {
+	parent := filepath.Dir(sandboxDir)
 	key := diskTemplateKey{parent, sizeMB}
 	r.diskMu.Lock()
 	defer r.diskMu.Unlock()
 	if f, ok := r.diskTemplates[key]; ok {
 		return dupFile(f)
 	}
-	f, err := makeDiskTemplate(ctx, parent, sizeMB, prog)
+	f, err := makeDiskTemplate(ctx, parent, sandboxDir, sizeMB, prog)
 	if err != nil {
 		return nil, err
 	}
@@ -325,9 +326,14 @@ type diskTemplateKey struct {
 }
 
 // makeDiskTemplate makes an empty ext4 file system of sizeMB with the mke2fs at prog, in an
-// unnamed sparse file in dir.
-func makeDiskTemplate(ctx context.Context, dir string, sizeMB int, prog string) (*os.File, error) {
+// unnamed sparse file in dir, or, where dir's file system has no O_TMPFILE, in a file of
+// sandboxDir unlinked as soon as it is open (a crash in between leaves a temporary disk
+// image there, which the next start removes).
+func makeDiskTemplate(ctx context.Context, dir, sandboxDir string, sizeMB int, prog string) (*os.File, error) {
 	f, err := os.OpenFile(dir, os.O_RDWR|unix.O_TMPFILE|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EINVAL) {
+		f, err = unlinkedFile(sandboxDir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("namespace runtime: a file for the disk template: %w", err)
 	}
@@ -343,6 +349,21 @@ func makeDiskTemplate(ctx context.Context, dir string, sizeMB int, prog string) 
 	if out, err := cmd.CombinedOutput(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("namespace runtime: mke2fs of the disk template: %v: %s", err, bytes.TrimSpace(out))
+	}
+	return f, nil
+}
+
+// unlinkedFile creates a file under a temporary disk image's name in dir and removes the
+// name, leaving the file open.
+func unlinkedFile(dir string) (*os.File, error) {
+	p := filepath.Join(dir, platform.TempName(shim.EntryDiskImage))
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Remove(p); err != nil {
+		f.Close()
+		return nil, err
 	}
 	return f, nil
 }
@@ -465,7 +486,7 @@ func (r *Runtime) prepareDisk(ctx context.Context, spec runtime.Spec) error {
 		return err
 	}
 	return ensureDiskImage(spec.Dir, spec.DiskMB, func() (*os.File, error) {
-		return r.diskTemplate(ctx, filepath.Dir(spec.Dir), spec.DiskMB, prog)
+		return r.diskTemplate(ctx, spec.Dir, spec.DiskMB, prog)
 	})
 }
 
