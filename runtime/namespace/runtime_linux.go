@@ -207,11 +207,10 @@ func mke2fs() (string, error) {
 }
 
 // ensureDiskImage makes the sandbox's disk image, an empty ext4 file system of sizeMB, as a
-// sparse copy of the template that template returns (see [Runtime.diskTemplate]; the caller
-// closes it), unless it exists. It is made under a
-// temporary name and renamed into place once complete and synced, so that a crash never
-// leaves a half-made image under the real name; leftovers of an interrupted attempt go
-// first.
+// sparse copy of the file that template returns (see [Runtime.diskTemplate]; closed here),
+// unless the image exists. It is made under a temporary name and renamed into place once
+// complete and synced, so that a crash never leaves a half-made image under the real name;
+// leftovers of an interrupted attempt go first.
 func ensureDiskImage(dir string, sizeMB int, template func() (*os.File, error)) error {
 	img := filepath.Join(dir, shim.EntryDiskImage)
 	if fi, err := os.Lstat(img); err == nil {
@@ -271,9 +270,9 @@ func ensureDiskImage(dir string, sizeMB int, template func() (*os.File, error)) 
 const maxDiskTemplates = 8
 
 // diskTemplate returns the empty ext4 image of sizeMB that the disks of the state
-// directories beside sandboxDir (in its parent) are copied from, making it with the mke2fs at prog on first use.
-// The file is the caller's to close: a descriptor of its own, so that evicting the template
-// from the cache never closes it under a copy.
+// directories beside sandboxDir (in its parent) are copied from, making it with the mke2fs
+// at prog on first use. The file is the caller's to close: a descriptor of its own, so that
+// evicting the template from the cache never closes it under a copy.
 //
 // mke2fs costs a start a process and about 4 ms (more on a loaded host); a sparse copy of
 // its output (some 600 KiB of data in about ten extents for 1 GiB, shared blocks where the
