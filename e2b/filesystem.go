@@ -46,6 +46,9 @@ func entryOf(dir string, fi supervisor.FileInfo) *filesystem.EntryInfo {
 		Mode:         fi.Mode & 0o7777,
 		Permissions:  permissions(fi.Type, fi.Mode),
 		ModifiedTime: timestamppb.New(fi.ModifiedAt),
+		Owner:        fi.Owner,
+		Group:        fi.Group,
+		Metadata:     fi.Metadata,
 	}
 	switch fi.Type {
 	case supervisor.FileDir:
@@ -53,6 +56,9 @@ func entryOf(dir string, fi supervisor.FileInfo) *filesystem.EntryInfo {
 		e.Mode |= uint32(fs.ModeDir)
 	case supervisor.FileSymlink:
 		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
+		if fi.Target != "" {
+			e.SymlinkTarget = &fi.Target
+		}
 	default:
 		e.Type = filesystem.FileType_FILE_TYPE_FILE
 	}
@@ -167,7 +173,10 @@ func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	var out []*filesystem.EntryInfo
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
-		infos, err := s.h.sup.ListFiles(ctx, id, dir, user)
+		if len(out) >= maxListEntries {
+			return nil
+		}
+		infos, err := s.h.sup.ListFileDetails(ctx, id, dir, user, maxListEntries-len(out))
 		if err != nil {
 			return err
 		}
