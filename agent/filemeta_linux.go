@@ -154,8 +154,13 @@ func readMetadata(path string) map[string]string {
 func writeMetadata(fd int, m map[string]string) error {
 	for k, v := range m {
 		err := unix.Fsetxattr(fd, control.MetadataXattrPrefix+k, []byte(v), 0)
-		if errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.EOPNOTSUPP) {
+		if errors.Is(err, unix.EOPNOTSUPP) {
 			return nil
+		}
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
+			// ext4 holds about one block of attributes per inode, less than the bound.
+			return &control.RemoteError{Code: control.CodeNoSpace, Message: fmt.Sprintf(
+				"The file system inside the sandbox has no room for this much metadata on one file (%q).", truncate(k))}
 		}
 		if err != nil {
 			return fmt.Errorf("storing the metadata %q: %w", k, err)

@@ -158,6 +158,46 @@ func TestReadMetadataIsBounded(t *testing.T) {
 	}
 }
 
+// TestListDetailsFitFrames: entries at the bound of metadata, in characters JSON escapes,
+// still list (each frame within control.MaxFramePayload).
+func TestListDetailsFitFrames(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	ctx := context.Background()
+	// On tmpfs: ext4 holds less than the bound in one inode's attributes.
+	dir, err := os.MkdirTemp("/dev/shm", "agtmeta")
+	if err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	const files = 70
+	key := "k"
+	meta := map[string]string{key: strings.Repeat("<", control.MaxMetadataBytes-len(control.MetadataXattrPrefix)-len(key))}
+	for i := range files {
+		p := filepath.Join(dir, strconv.Itoa(i))
+		if _, err := c.WriteFile(ctx, control.WriteRequest{Path: p, Metadata: meta}, strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	infos, _, err := c.ListDetails(ctx, dir, "", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fi := range infos {
+		if maps.Equal(fi.Metadata, meta) {
+			n++
+		}
+	}
+	if n != files {
+		t.Errorf("%d of %d entries listed with their metadata", n, files)
+	}
+}
+
 func TestReadIDFileIsBounded(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

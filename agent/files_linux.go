@@ -310,10 +310,13 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 // randomHex is the random part of the agent's temp names: 16 hex digits.
 func randomHex() string { return naming.RandomHex(8) }
 
-// listBatch is how many entries one list frame carries; listDetailsBatch with details.
+// listBatch is how many entries one list frame carries; listDetailsBatch with details, where
+// one entry may take about 55 KiB of JSON (4 KiB of metadata and a 4 KiB target, each byte
+// of which JSON may spell in 6: "<" is \u003c), so that a frame stays below
+// control.MaxFramePayload.
 const (
 	listBatch        = 256
-	listDetailsBatch = 64
+	listDetailsBatch = 16
 )
 
 // List implements control.Handler. The whole listing runs as the user: stat of an entry
