@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -105,13 +106,44 @@ func (n *idNames) addDetails(fi *control.FileInfo, path string, st *syscall.Stat
 		fi.Owner, fi.Group = nameOf(n.users, st.Uid), nameOf(n.groups, st.Gid)
 	}
 	if fi.Type == control.TypeSymlink {
-		buf := make([]byte, control.MaxPathLen)
-		if k, err := unix.Readlink(path, buf); err == nil && k < len(buf) {
-			fi.Target = string(buf[:k])
-		}
+		resolveLink(fi, path)
 		return // symlinks carry no user attributes
 	}
 	fi.Metadata = readMetadata(path)
+}
+
+// resolveLink sets a symlink's target as the path it resolves to, through every link on
+// the way (as the user may follow them), and the type and permissions of what is there. A
+// link that does not resolve, that passes through one of /proc's magic links (which would
+// describe the agent's own descriptors) or that ends in /proc gets its own path and no type.
+func resolveLink(fi *control.FileInfo, path string) {
+	fi.Target = path
+	fd, err := openNoMagic(unix.AT_FDCWD, path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	var sfs unix.Statfs_t
+	var st unix.Stat_t
+	if unix.Fstatfs(fd, &sfs) != nil || sfs.Type == unix.PROC_SUPER_MAGIC || unix.Fstat(fd, &st) != nil {
+		return
+	}
+	// The agent's own descriptor names where the open ended.
+	buf := make([]byte, control.MaxPathLen)
+	k, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf)
+	if err != nil || k >= len(buf) || !filepath.IsAbs(string(buf[:k])) {
+		return
+	}
+	fi.Target = string(buf[:k])
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		fi.TargetType = control.TypeFile
+	case unix.S_IFDIR:
+		fi.TargetType = control.TypeDir
+	default:
+		fi.TargetType = control.TypeOther
+	}
+	fi.TargetMode = st.Mode & 0o7777
 }
 
 // readMetadata reads the MetadataXattrPrefix attributes of the file at path (not following a

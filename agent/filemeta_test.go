@@ -80,8 +80,19 @@ func TestFileMetadataAndDetails(t *testing.T) {
 	if got := byName["meta.txt"]; !maps.Equal(got.Metadata, meta) || got.Owner == "" {
 		t.Errorf("listed %+v, want metadata %v", got, meta)
 	}
-	if got := byName["link"]; got.Type != control.TypeSymlink || got.Target != "meta.txt" || got.Metadata != nil {
+	if got := byName["link"]; got.Type != control.TypeSymlink || got.Target != path || got.TargetType != control.TypeFile ||
+		got.TargetMode != 0o644 || got.Metadata != nil {
 		t.Errorf("listed link %+v", got)
+	}
+	// A link that resolves nowhere, or into /proc, names itself and no type.
+	for name, to := range map[string]string{"dangling": "nowhere", "proc": "/proc/self/fd/0"} {
+		p := filepath.Join(dir, name)
+		if err := os.Symlink(to, p); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := c.StatDetails(ctx, p, ""); err != nil || fi.Target != p || fi.TargetType != "" {
+			t.Errorf("stat of a link to %s: %+v %v", to, fi, err)
+		}
 	}
 
 	// A write replaces the file, metadata and all.

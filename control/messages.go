@@ -358,12 +358,16 @@ type FileInfo struct {
 	Mode       uint32    `json:"mode"`
 	ModifiedAt time.Time `json:"modified_at"`
 	// The details, with FileRequest.Details: the owner's and group's names as the sandbox's
-	// /etc/passwd and /etc/group have them (the number where they have none), a symlink's
-	// target, and the user metadata (MetadataXattrPrefix attributes the user may read).
-	Owner    string            `json:"owner,omitempty"`
-	Group    string            `json:"group,omitempty"`
-	Target   string            `json:"target,omitempty"`
-	Metadata map[string]string `json:"metadata,omitempty"`
+	// /etc/passwd and /etc/group have them (the number where they have none); for a
+	// symlink, the absolute path it resolves to (its own where it resolves nowhere) and the
+	// type and mode of what is there (none where nothing is); the user metadata
+	// (MetadataXattrPrefix attributes the user may read).
+	Owner      string            `json:"owner,omitempty"`
+	Group      string            `json:"group,omitempty"`
+	Target     string            `json:"target,omitempty"`
+	TargetType FileType          `json:"target_type,omitempty"`
+	TargetMode uint32            `json:"target_mode,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
 }
 
 // ReadResult opens the answer to a read: the size of the file the agent opened, taken from

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	iofs "io/fs"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -121,10 +122,24 @@ func TestUploadMetadata(t *testing.T) {
 
 func TestEntryDetails(t *testing.T) {
 	t.Parallel()
-	e := entryOf("/d", supervisor.FileInfo{Name: "l", Type: supervisor.FileSymlink, Mode: 0o777, Owner: "user", Group: "users", Target: "x", Metadata: map[string]string{"k": "v"}})
-	if e.GetOwner() != "user" || e.GetGroup() != "users" || e.GetSymlinkTarget() != "x" || e.GetMetadata()["k"] != "v" ||
-		e.GetType() != filesystem.FileType_FILE_TYPE_SYMLINK || e.GetPath() != "/d/l" {
-		t.Errorf("entry %v", e)
+	e := entryOf("/d", supervisor.FileInfo{Name: "f", Type: supervisor.FileRegular, Mode: 0o640, Owner: "user", Group: "users", Metadata: map[string]string{"k": "v"}})
+	if e.GetOwner() != "user" || e.GetGroup() != "users" || e.GetMetadata()["k"] != "v" || e.GetSymlinkTarget() != "" ||
+		e.GetType() != filesystem.FileType_FILE_TYPE_FILE || e.GetPath() != "/d/f" || e.GetPermissions() != "-rw-r-----" {
+		t.Errorf("file entry %v", e)
+	}
+	// A link is its target's type and mode, with its own permissions, as envd has it.
+	e = entryOf("/d", supervisor.FileInfo{Name: "l", Type: supervisor.FileSymlink, Mode: 0o777, Target: "/d/sub", TargetType: supervisor.FileDir, TargetMode: 0o750})
+	if e.GetSymlinkTarget() != "/d/sub" || e.GetType() != filesystem.FileType_FILE_TYPE_DIRECTORY || e.GetMode() != 0o750|uint32(iofs.ModeDir) ||
+		e.GetPermissions() != "Lrwxrwxrwx" {
+		t.Errorf("link entry %v", e)
+	}
+	// A dangling one has no type; a FIFO neither.
+	e = entryOf("/d", supervisor.FileInfo{Name: "l", Type: supervisor.FileSymlink, Mode: 0o777, Target: "/d/l"})
+	if e.GetSymlinkTarget() != "/d/l" || e.GetType() != filesystem.FileType_FILE_TYPE_UNSPECIFIED {
+		t.Errorf("dangling link entry %v", e)
+	}
+	if e := entryOf("/d", supervisor.FileInfo{Name: "p", Type: supervisor.FileOther}); e.GetType() != filesystem.FileType_FILE_TYPE_UNSPECIFIED {
+		t.Errorf("fifo entry %v", e)
 	}
 }
 

@@ -35,14 +35,18 @@ type FileInfo struct {
 	ModifiedAt time.Time
 	// The details, from StatFile and ListFileDetails only (an agent of an older sandboxd
 	// answers none): owner and group names as the sandbox's /etc/passwd and /etc/group say
-	// (else the numbers), a symlink's target, the user metadata stored by WriteFile.
+	// (else the numbers); for a symlink the path it resolves to and the type and mode of
+	// what is there (see control.FileInfo); the user metadata stored by WriteFile.
 	Owner, Group, Target string
+	TargetType           FileType
+	TargetMode           uint32
 	Metadata             map[string]string
 }
 
 func fileInfoOf(fi control.FileInfo) FileInfo {
 	return FileInfo{Name: fi.Name, Type: FileType(fi.Type), Size: fi.Size, Mode: fi.Mode, ModifiedAt: fi.ModifiedAt,
-		Owner: fi.Owner, Group: fi.Group, Target: fi.Target, Metadata: fi.Metadata}
+		Owner: fi.Owner, Group: fi.Group, Target: fi.Target, TargetType: FileType(fi.TargetType), TargetMode: fi.TargetMode,
+		Metadata: fi.Metadata}
 }
 
 // WriteRequest says where and how [Supervisor.WriteFile] stores a file.

@@ -52,6 +52,12 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     await sbx.files.write('/tmp/e2b/meta.txt', 'replaced');
     assert.equal((await sbx.files.getInfo('/tmp/e2b/meta.txt')).metadata, undefined, 'a write without metadata replaces it');
     await sbx.files.remove('/tmp/e2b/meta.txt');
+    // A link is described by what it resolves to, as envd describes it.
+    await sbx.commands.run('ln -s hello.txt /tmp/e2b/link');
+    const link = await sbx.files.getInfo('/tmp/e2b/link');
+    assert.equal(link.symlinkTarget, '/tmp/e2b/hello.txt');
+    assert.equal(link.type, 'file');
+    await sbx.files.remove('/tmp/e2b/link');
     assert.equal(await sbx.files.makeDir('/tmp/e2b/sub'), true);
     assert.equal(await sbx.files.makeDir('/tmp/e2b/sub'), false);
     await sbx.files.rename('/tmp/e2b/hello.txt', '/tmp/e2b/sub/moved.txt');
