@@ -208,3 +208,20 @@ func TestStreamInput(t *testing.T) {
 		t.Errorf("input to no process: %v", err)
 	}
 }
+
+// TestUnimplementedIsNotNotFound: a path of E2B's API that sandboxd does not serve is 501,
+// which the SDKs do not take for a missing sandbox.
+func TestUnimplementedIsNotNotFound(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	f.sandboxes["abc"] = &supervisor.Status{Config: supervisor.Config{ID: "abc"}, State: supervisor.StateRunning}
+	for _, target := range []string{"/sandboxes/abc/metrics", "/sandboxes/abc/snapshots", "/v2/sandboxes/abc/logs"} {
+		w := do(t, h, http.MethodGet, target, "", apiKey)
+		if w.Code != http.StatusNotImplemented || !strings.Contains(w.Body.String(), `"code":501`) {
+			t.Errorf("%s: %d %s", target, w.Code, w.Body)
+		}
+	}
+	if w := do(t, h, http.MethodGet, "/sandboxes/nope", "", apiKey); w.Code != http.StatusNotFound {
+		t.Errorf("a missing sandbox: %d %s", w.Code, w.Body)
+	}
+}
