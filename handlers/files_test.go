@@ -3,6 +3,7 @@ package handlers
 import (
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -67,7 +68,7 @@ func TestFileWriteReadRemove(t *testing.T) {
 	if rec := serve(s, req); rec.Code != http.StatusNoContent {
 		t.Fatalf("write: %d %s", rec.Code, rec.Body)
 	}
-	if want := (supervisor.WriteRequest{Path: "/home/user/a/b.txt", User: "user", Mode: 0o644, MakeParents: true}); len(f.writes) != 1 || f.writes[0] != want {
+	if want := (supervisor.WriteRequest{Path: "/home/user/a/b.txt", User: "user", Mode: 0o644, MakeParents: true}); len(f.writes) != 1 || !reflect.DeepEqual(f.writes[0], want) {
 		t.Errorf("wrote %+v, want %+v", f.writes, want)
 	}
 	rec := serve(s, newRequest("GET", "/v1/sandboxes/a1/files?path=/home/user/a/b.txt", ""))
