@@ -7,7 +7,7 @@ import (
 )
 
 // TestContractFiles: the file operations answer what the contract says of them. A non-empty
-// directory is removed only with recursive=true; a directory read without list=true, and a
+// directory is removed only with recursive=true; a directory read as a file, and a
 // non-empty one removed without recursive, are refused with field path; an empty file's
 // Content-Length is 0; a write with parents=false into a missing directory is file-not-found
 // that offers parents=true.
@@ -35,7 +35,7 @@ func TestContractFiles(t *testing.T) {
 
 	p = wantProblem(t, d.do("GET", "/v1/sandboxes/files/files?path=/home/user", nil, nil), 400, "invalid-request")
 	if p.Field != "path" {
-		t.Errorf("reading a directory without list=true: field %q, want path", p.Field)
+		t.Errorf("reading a directory as a file: field %q, want path", p.Field)
 	}
 
 	if r := d.do("PUT", "/v1/sandboxes/files/files?path=/home/user/empty", strings.NewReader(""), octet); r.Status != 204 {

@@ -450,7 +450,7 @@ func TestHostileWorkloads(t *testing.T) {
 
 		// Listing refuses what reading refuses: the agent's own descriptors.
 		for _, p := range []string{"/proc/self/fd", "/proc/1/fd", "/proc/self"} {
-			if r := d.do("GET", "/v1/sandboxes/"+id+"/files?list=true&path="+url.QueryEscape(p), nil, nil); r.Status == 200 || r.Status >= 500 {
+			if r := d.do("GET", "/v1/sandboxes/"+id+"/files/list?path="+url.QueryEscape(p), nil, nil); r.Status == 200 || r.Status >= 500 {
 				t.Errorf("listing %s: %d %s", p, r.Status, r.Body)
 			}
 		}
@@ -464,7 +464,7 @@ func TestHostileWorkloads(t *testing.T) {
 		for range 3 {
 			list := decode[struct {
 				Items []json.RawMessage `json:"items"`
-			}](t, d.do("GET", "/v1/sandboxes/"+id+"/files?list=true&path=/tmp/big", nil, nil), 200)
+			}](t, d.do("GET", "/v1/sandboxes/"+id+"/files/list?path=/tmp/big", nil, nil), 200)
 			if len(list.Items) != 10000 {
 				t.Fatalf("a listing of 120 000 entries answered %d items, want the cap of 10000", len(list.Items))
 			}

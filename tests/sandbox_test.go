@@ -196,9 +196,8 @@ func TestWalkthrough(t *testing.T) {
 	if err != nil || r.StatusCode() != 200 || string(r.Body) != "hello, sandbox" {
 		t.Fatalf("read file: %v %d %q", err, r.StatusCode(), r.Body)
 	}
-	listing := true
-	ls, err := api.ReadFileWithResponse(ctx, id, &client.ReadFileParams{Path: "/home/user/notes", List: &listing})
-	if err != nil || !strings.Contains(string(ls.Body), `"name":"hello.txt"`) {
+	ls, err := api.ListFilesWithResponse(ctx, id, &client.ListFilesParams{Path: "/home/user/notes"})
+	if err != nil || ls.JSON200 == nil || len(ls.JSON200.Items) != 1 || ls.JSON200.Items[0].Name != "hello.txt" {
 		t.Fatalf("list directory: %v %s", err, ls.Body)
 	}
 	if got := d.exec(id, map[string]any{"command": []string{"cat", path}}); got.Stdout != "hello, sandbox" {
