@@ -61,7 +61,7 @@ func (d *daemon) hold(path string, want int) held {
 	}
 	req.Header.Set("Authorization", "Bearer "+d.Token)
 	// A connection of its own: a held body keeps its connection busy.
-	resp, err := d.httpClient().Do(req)
+	resp, err := d.checkedClient(nil).Do(req)
 	if err != nil {
 		cancel()
 		d.t.Fatalf("GET %s: %v", path, err)
@@ -176,7 +176,7 @@ func TestBoundsEventStreams(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, "GET", d.URL+"/v1/events", nil)
 		req.Header.Set("Authorization", "Bearer "+d.Token)
-		resp, err := d.httpClient().Do(req)
+		resp, err := d.checkedClient(nil).Do(req)
 		if err != nil {
 			cancel()
 			t.Fatal(err)

@@ -170,3 +170,72 @@ func TestResponseCheck(t *testing.T) {
 		}
 	}
 }
+
+// contractTransport holds every answer that passes through it to the contract, as
+// [daemon.do] does, for the requests that do cannot make: a stream read as it comes (the
+// event stream, a large file), a client with options of its own (a timeout, no redirects),
+// the generated Go client, the concurrent clients of the chaos and hostile tests. A streamed
+// answer (a file's bytes, server-sent events, a websocket's 101, a proxied service's own
+// answer) is checked without its body, as checkResponse does for those; any other body is read
+// whole, checked, and handed on unread.
+type contractTransport struct {
+	base http.RoundTripper
+	t    testing.TB
+}
+
+func (c contractTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if resp.StatusCode == http.StatusSwitchingProtocols || ct == "text/event-stream" || ct == "application/octet-stream" ||
+		(ct != "application/problem+json" && (strings.Contains(req.URL.Path, "/ports/") || strings.HasPrefix(req.URL.Path, "/p/"))) {
+		if why := checkResponse(req, resp.StatusCode, resp.Header, nil); why != "" {
+			c.t.Errorf("contract: %s", strings.TrimSpace(why))
+		}
+		return resp, nil
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	if why := checkResponse(req, resp.StatusCode, resp.Header, b); why != "" {
+		c.t.Errorf("contract: %s", strings.TrimSpace(why))
+	}
+	return resp, nil
+}
+
+// checkedClient is base (nil: d's own client, in d's network namespace if it has one) with
+// every answer checked against the contract.
+func (d *daemon) checkedClient(base *http.Client) *http.Client {
+	if base == nil {
+		base = d.httpClient()
+	}
+	tr := base.Transport
+	if tr == nil {
+		tr = http.DefaultTransport
+	}
+	return &http.Client{Transport: contractTransport{base: tr, t: d.t}, Timeout: base.Timeout, CheckRedirect: base.CheckRedirect, Jar: base.Jar}
+}
+
+// reportDial checks the answer to a websocket dial of d (wsURL, as given to the dialer):
+// its 101, or the refusal before the upgrade, whose body the dialer kept (the first KiB).
+func (d *daemon) reportDial(wsURL string, resp *http.Response) {
+	d.t.Helper()
+	if resp == nil {
+		return
+	}
+	req, err := http.NewRequest(http.MethodGet, "http"+strings.TrimPrefix(wsURL, "ws"), nil)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	var body []byte
+	if resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	d.reportContract(req, resp.StatusCode, resp.Header, body)
+}

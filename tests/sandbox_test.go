@@ -29,10 +29,10 @@ func requireRoot(t testing.TB) {
 	}
 }
 
-// api is the generated client for a daemon.
+// api is the generated client for a daemon, its answers checked against the contract.
 func (d *daemon) api() *client.ClientWithResponses {
 	d.t.Helper()
-	c, err := client.NewClientWithResponses(d.URL, client.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+	c, err := client.NewClientWithResponses(d.URL, client.WithHTTPClient(d.checkedClient(nil)), client.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
 		if d.Token != "" {
 			req.Header.Set("Authorization", "Bearer "+d.Token)
 		}
