@@ -622,7 +622,8 @@ type EventType = string
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
-	// empty (the arguments may be).
+	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
+	// `command`).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.

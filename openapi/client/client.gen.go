@@ -624,7 +624,8 @@ type EventType = string
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
-	// empty (the arguments may be).
+	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
+	// `command`).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -1522,7 +1523,8 @@ type DeleteSandboxParams struct {
 
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
-	// Command The program and its arguments, one `command` per argument, in order.
+	// Command The program and its arguments, one `command` per argument, in order. The first, the
+	// program, must not be empty (`invalid-request`, field `command`).
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.

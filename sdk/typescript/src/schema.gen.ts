@@ -1587,7 +1587,8 @@ export interface components {
         ExecRequest: {
             /**
              * @description The program and its arguments. The program is looked up in `PATH`; it must not be
-             *     empty (the arguments may be).
+             *     empty (the arguments may be): `[""]` is refused with `invalid-request` (field
+             *     `command`).
              */
             command: components["schemas"]["Argument"][];
             /** @description Environment variables as `KEY=VALUE`, added to the sandbox's. */
@@ -2645,7 +2646,10 @@ export interface operations {
     execStream: {
         parameters: {
             query: {
-                /** @description The program and its arguments, one `command` per argument, in order. */
+                /**
+                 * @description The program and its arguments, one `command` per argument, in order. The first, the
+                 *     program, must not be empty (`invalid-request`, field `command`).
+                 */
                 command: components["schemas"]["Argument"][];
                 /** @description An environment variable as `KEY=VALUE`; repeat for several. */
                 env?: components["schemas"]["EnvVar"][];
