@@ -239,3 +239,56 @@ func (d *daemon) reportDial(wsURL string, resp *http.Response) {
 	}
 	d.reportContract(req, resp.StatusCode, resp.Header, body)
 }
+
+// errorRecorder is a testing.TB whose Errorf is recorded rather than failing the test.
+type errorRecorder struct {
+	testing.TB
+	errs []string
+}
+
+func (r *errorRecorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// roundTripFunc answers requests with a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// TestContractTransportCanFail: the transport that checks the requests d.do cannot make
+// reports an answer off its contract, hands the body on whole, and leaves a streamed body
+// unread.
+func TestContractTransportCanFail(t *testing.T) {
+	answer := func(status int, ct, body string) roundTripFunc {
+		return func(req *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: status, Header: http.Header{"Content-Type": {ct}}, Body: io.NopCloser(strings.NewReader(body)), Request: req}, nil
+		}
+	}
+	cases := []struct {
+		name, path string
+		rt         roundTripFunc
+		want       string // "" when the answer conforms
+	}{
+		{"conforming", "/healthz", answer(200, "application/json", `{"status":"ok"}`), ""},
+		{"body off its schema", "/v1/sandboxes/demo", answer(200, "application/json", `{"id":"demo"}`), "getSandbox"},
+		{"streamed file", "/v1/sandboxes/demo/files?path=/x", answer(200, "application/octet-stream", "bytes"), ""},
+		{"file read of an undocumented type", "/v1/sandboxes/demo/files?path=/x", answer(200, "text/csv", "a,b"), "readFile"},
+	}
+	for _, c := range cases {
+		rec := &errorRecorder{TB: t}
+		client := &http.Client{Transport: contractTransport{base: c.rt, t: rec}}
+		resp, err := client.Get("http://127.0.0.1:1" + c.path)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got := strings.Join(rec.errs, "\n")
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: reported %q, want one containing %q", c.name, got, c.want)
+		}
+		if len(body) == 0 {
+			t.Errorf("%s: the body did not reach the caller", c.name)
+		}
+	}
+}
