@@ -2,7 +2,8 @@
 // E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL to the server; nothing here patches the SDK.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { Sandbox, CommandExitError } from 'e2b';
 
 const metadata = { suite: 'e2b-compat', run: String(process.pid) };
@@ -134,7 +135,12 @@ test('two sandboxes, watchDir, processes across a restart of sandboxd', { timeou
     const bg = await a.commands.run('echo started; read x; echo "got $x"', { background: true, stdin: true });
     await until('the first output', () => bg.stdout.includes('started'));
     await bg.disconnect();
-    execFileSync('bash', [process.env.SANDBOXD_RESTART, 'restart'], { stdio: 'inherit' });
+    // Asynchronously: a blocking execFileSync would stop node's event loop while sandboxd
+    // dies, so the pooled keep-alive connections' closing would be seen only after the next
+    // request had been written to one of them, which then fails with "fetch failed" (a race
+    // of the harness, not of sandboxd: a client's event loop runs while a server crashes).
+    const restarted = await promisify(execFile)('bash', [process.env.SANDBOXD_RESTART, 'restart']);
+    process.stderr.write(restarted.stderr);
 
     assert.ok((await a.commands.list()).some((p) => p.pid === bg.pid), 'listed after the restart');
     const again = await a.commands.connect(bg.pid);
