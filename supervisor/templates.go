@@ -474,6 +474,49 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 	}
 }
 
+// sweepUnboundLeases releases the leases whose sandbox has no clone binding naming them, as
+// the start-up reconciliation: a crash between a clone's lease and its binding, or between a
+// removal's deprovision and its release, leaves one, which would otherwise hold its
+// generation (and read as a problem to `sandboxd check`) until the next retirement. Each is
+// judged again under its sandbox's lock, which a clone holds from its lease to its binding:
+// a clone or removal in flight beside the reconciliation is never swept under it. A
+// removal's own release of the same lease afterwards finds nothing to remove.
+func (s *Supervisor) sweepUnboundLeases(ctx context.Context, timeout time.Duration) {
+	if s.templates == nil {
+		return
+	}
+	bound := template.BindingChecker(s.store.Dir)
+	problems, err := s.templates.Check(ctx, bound, false)
+	if err != nil {
+		s.log.Warn("reattach: cannot look for leases without a binding", "err", err)
+		return
+	}
+	for _, p := range problems {
+		if p.Kind != template.LeaseWithoutBinding {
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, timeout)
+		l, err := s.store.LockExisting(lctx, p.Sandbox)
+		switch {
+		case errcode.Of(err) == errcode.SandboxNotFound:
+		case err != nil:
+			s.log.Warn("reattach: cannot lock the sandbox of a lease without a binding", "sandbox", p.Sandbox, "lease", p.Lease, "err", err)
+			cancel()
+			continue
+		case bound(p.Sandbox, p.Lease):
+			s.unlock(l)
+			cancel()
+			continue
+		}
+		s.log.Warn("reattach: releasing a lease whose clone has no binding (a clone or removal was interrupted)", "sandbox", p.Sandbox, "template", p.Template, "generation", p.Generation, "lease", p.Lease)
+		s.releaseLease(lctx, p.Sandbox, &template.Binding{Template: p.Template, Generation: p.Generation, Lease: p.Lease})
+		if l != nil {
+			s.unlock(l)
+		}
+		cancel()
+	}
+}
+
 // Tombstone quarantines a generation: no new lease, selection skips it, clones keep working.
 func (s *Supervisor) Tombstone(ctx context.Context, name, gen string) (*template.Generation, error) {
 	if err := s.requireTemplates(); err != nil {
