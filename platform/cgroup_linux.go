@@ -328,8 +328,8 @@ func (c *Cgroup) OpenDir() (*os.File, error) {
 // EnterThread moves the calling OS thread, and no other, into the cgroup (cgroup v1 only: v1
 // lets the threads of one process live in different cgroups). A process that thread then
 // forks is born inside the cgroup, and a cgroup namespace it creates is rooted there. The
-// caller must hold runtime.LockOSThread for the whole time; the returned function moves the
-// thread back to where it was.
+// caller must hold runtime.LockOSThread for the whole time, and call the returned function,
+// which moves the thread back to where it was, on that same thread.
 //
 // The thread is named by writing "0" (the writer itself) to each hierarchy's tasks file, not
 // its tid: the kernel (since 6.0) moves the writing thread alone without taking
