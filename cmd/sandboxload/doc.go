@@ -47,7 +47,8 @@
 // stops (forced) and deletes every one of them from C clients, and prints the rate of that
 // second phase against issue 17's goal of 100 stop+deletes a second: how fast a host full of
 // running sandboxes empties, which depends on how much of the stop path scales with the
-// number of sandboxes still running.
+// number of sandboxes still running. --disk-mb sets the disk of each sandbox (0: none), so
+// that the share of the disk's unmount in a stop shows.
 //
 // # Authentication
 //

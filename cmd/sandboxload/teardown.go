@@ -18,7 +18,7 @@ import (
 // teardownOptions are the command line of `sandboxload teardown`.
 type teardownOptions struct {
 	url, tokenFile, root, prefix string
-	sandboxes, clients           int
+	sandboxes, clients, diskMB   int
 	timeout                      time.Duration
 	allowRemote                  bool
 }
@@ -62,9 +62,11 @@ func runTeardown(args []string, stdout, stderr io.Writer) (int, error) {
 	}()
 	up := newRecorder()
 	upTime, err := fanOut(ctx, o, ids, func(ctx context.Context, id string) error {
-		return timed(up, "create+start", func() error {
-			return a.create(ctx, map[string]any{"id": id, "start": true})
-		})
+		body := map[string]any{"id": id, "start": true}
+		if o.diskMB >= 0 {
+			body["resources"] = map[string]any{"disk_mb": o.diskMB}
+		}
+		return timed(up, "create+start", func() error { return a.create(ctx, body) })
 	})
 	if err != nil {
 		return 1, fmt.Errorf("starting the sandboxes: %w", err)
@@ -146,6 +148,7 @@ func parseTeardownFlags(args []string, stderr io.Writer) (teardownOptions, error
 	fs.StringVar(&o.root, "root", envOr("SANDBOXD_ROOT", ".sandboxd"), "sandboxd's state root, whose token is used when --token-file is not given (env SANDBOXD_ROOT)")
 	fs.IntVar(&o.sandboxes, "sandboxes", 100, "sandboxes to start, then stop and delete")
 	fs.IntVar(&o.clients, "clients", 8, "concurrent clients of each phase")
+	fs.IntVar(&o.diskMB, "disk-mb", -1, "the disk of each sandbox in MiB (0: none; -1: the server's default)")
 	fs.StringVar(&o.prefix, "prefix", "", "prefix of the sandbox ids (default: teardown-<random>)")
 	fs.DurationVar(&o.timeout, "request-timeout", 60*time.Second, "deadline of one request")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow a URL that is not a loopback address")
@@ -155,8 +158,8 @@ func parseTeardownFlags(args []string, stderr io.Writer) (teardownOptions, error
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.sandboxes < 1 || o.sandboxes > 100000 || o.clients < 1 || o.clients > 1024 || o.timeout <= 0 {
-		return o, errors.New("--sandboxes must be 1 to 100000, --clients 1 to 1024, --request-timeout positive")
+	if o.sandboxes < 1 || o.sandboxes > 100000 || o.clients < 1 || o.clients > 1024 || o.timeout <= 0 || o.diskMB < -1 {
+		return o, errors.New("--sandboxes must be 1 to 100000, --clients 1 to 1024, --request-timeout positive, --disk-mb -1 or more")
 	}
 	if o.prefix == "" {
 		o.prefix = fmt.Sprintf("teardown-%06x", rand.Uint32()&0xffffff)
