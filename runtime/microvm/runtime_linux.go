@@ -48,11 +48,34 @@ type Config struct {
 	// Kernel is the guest kernel image; "" means the newest /boot/vmlinuz-*-cloud-amd64. Its
 	// modules are /lib/modules/<release>, the release being the file name's rest.
 	Kernel string
-	// Accel forces the accelerator ("kvm" or "tcg"); "" probes: KVM if a probe guest boots
-	// under it within ProbeTimeout, TCG otherwise.
+	// Accel is the operator's choice of accelerator (sandboxd --microvm-accel): "auto" (or
+	// "") probes, KVM if the KVM device opens and a probe guest boots under it within
+	// ProbeTimeout, TCG otherwise; "kvm" uses KVM without a probe guest, and makes the runtime
+	// unavailable where the KVM device does not open; "tcg" never touches KVM.
 	Accel        string
 	ProbeTimeout time.Duration
+	// KVMDevice is the KVM device; "" means /dev/kvm.
+	KVMDevice string
+	// StepHook, when set (by tests), is called after each step of Start that leaves something
+	// behind (AfterAssets, AfterOverlay), where a test process kills itself to leave what a
+	// crash there leaves.
+	StepHook func(step string)
 }
+
+// The accelerator choices of Config.Accel.
+const (
+	AccelAuto = "auto"
+	AccelKVM  = "kvm"
+	AccelTCG  = "tcg"
+)
+
+// The steps of Start after which Config.StepHook is called.
+const (
+	// AfterAssets: the shared initramfs and base disk exist.
+	AfterAssets = "microvm-assets"
+	// AfterOverlay: the sandbox's disk overlay exists, and no shim was spawned yet.
+	AfterOverlay = "microvm-overlay"
+)
 
 // Versions are the guest stack's versions, which the runtime identity records.
 type Versions struct {
@@ -97,8 +120,15 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = DefaultProbeTimeout
 	}
-	if cfg.Accel != "" && cfg.Accel != "kvm" && cfg.Accel != "tcg" {
-		return nil, fmt.Errorf("microvm runtime: accelerator %q is neither kvm nor tcg", cfg.Accel)
+	switch cfg.Accel {
+	case "":
+		cfg.Accel = AccelAuto
+	case AccelAuto, AccelKVM, AccelTCG:
+	default:
+		return nil, fmt.Errorf("microvm runtime: accelerator %q is none of auto, kvm, tcg", cfg.Accel)
+	}
+	if cfg.KVMDevice == "" {
+		cfg.KVMDevice = "/dev/kvm"
 	}
 	var missing []string
 	if cfg.QEMU == "" {
@@ -215,10 +245,16 @@ func identityOf(v Versions, exeHash string) string {
 		v.QEMU, v.Kernel, v.Initramfs, hex.EncodeToString(h.Sum(nil))[:16])
 }
 
-// Probe says which accelerator this host's microVMs use: "kvm" when a probe guest boots
-// under KVM within the probe timeout, "tcg" otherwise (or Config.Accel when set), or why
-// microVMs cannot run here at all. The probe runs once per Runtime; the answer is kept.
+// Probe says which accelerator this host's microVMs use, or why microVMs cannot run here at
+// all. Under Config.Accel "auto" that is "kvm" when a probe guest boots under KVM within the
+// probe timeout and "tcg" otherwise; "kvm" and "tcg" are answered without a probe guest (an
+// operator who knows the host saves the probe's boot, and on a host whose nested KVM hangs,
+// as here, its whole timeout). The probe runs once per Runtime; the answer is kept, and
+// every Start uses it.
 func (r *Runtime) Probe() (string, error) { return r.probe() }
+
+// AccelMode is the operator's choice the probe follows: "auto", "kvm" or "tcg".
+func (r *Runtime) AccelMode() string { return r.cfg.Accel }
 
 func (r *Runtime) runProbe() (string, error) {
 	if r.refusal != nil {
@@ -227,20 +263,28 @@ func (r *Runtime) runProbe() (string, error) {
 	if _, err := r.stack(); err != nil {
 		return "", err
 	}
-	if r.cfg.Accel != "" {
-		return r.cfg.Accel, nil
+	if r.cfg.Accel == AccelTCG {
+		return AccelTCG, nil
 	}
-	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	// QEMU opens the device read-write (KVM_CREATE_VM needs it); so does this look.
+	f, err := os.OpenFile(r.cfg.KVMDevice, os.O_RDWR, 0)
 	if err != nil {
-		return "tcg", nil
+		if r.cfg.Accel == AccelKVM {
+			return "", errcode.Wrap(errcode.Unavailable, err,
+				"The microvm runtime is configured for KVM (--microvm-accel kvm), and %s does not open: %v.", r.cfg.KVMDevice, err)
+		}
+		return AccelTCG, nil
 	}
 	f.Close()
+	if r.cfg.Accel == AccelKVM {
+		return AccelKVM, nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProbeTimeout)
 	defer cancel()
-	if err := r.bootProbe(ctx, "kvm"); err != nil {
-		return "tcg", nil //nolint:nilerr // KVM that does not boot a guest is no KVM: TCG is the answer
+	if err := r.bootProbe(ctx, AccelKVM); err != nil {
+		return AccelTCG, nil //nolint:nilerr // KVM that does not boot a guest is no KVM: TCG is the answer
 	}
-	return "kvm", nil
+	return AccelKVM, nil
 }
 
 // bootProbe boots a guest without disk under accel and waits until its init answers on the
@@ -346,6 +390,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
+	r.step(AfterAssets)
 	if err := ctx.Err(); err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -353,6 +398,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
+	r.step(AfterOverlay)
 	if err := platform.EnsureDir(spec.Dir, shim.EntryControl, 0o700); err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -371,6 +417,13 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	return r.spawn(spec.Dir, logf, cfg)
+}
+
+// step calls the tests' step hook, if any.
+func (r *Runtime) step(name string) {
+	if r.cfg.StepHook != nil {
+		r.cfg.StepHook(name)
+	}
 }
 
 func withDefaults(spec runtime.Spec) runtime.Spec {
