@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -267,5 +271,139 @@ func reapMicroVMs(t *testing.T, vm *microvm.Runtime, root string) {
 		if err := platform.SignalVerified(p.ID, syscall.SIGKILL); err != nil {
 			t.Logf("killing a left-over microVM process %s: %v", p.ID, err)
 		}
+	}
+}
+
+// TestMicroVMCheckFindsAndRepairs: sandboxd check knows what a microVM leaves behind, and
+// --repair removes it: a QEMU whose shim is gone (here one started by the test, paused, naming
+// a sandbox's overlay as a microVM's does), the control socket of a microVM that does not run,
+// the initramfs of an older guest stack, and a half-made base disk of a crashed build. A
+// base disk of an older host is a note and stays (a template generation's disk may back onto
+// it), and so does an initramfs that a live QEMU names, until that QEMU is gone. It boots no VM.
+func TestMicroVMCheckFindsAndRepairs(t *testing.T) {
+	requireRoot(t)
+	vm, err := microvm.New(microvm.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := vm.Refusal(); why != nil {
+		t.Skipf("microVMs cannot run on this host: %v", why)
+	}
+	d := startDaemon(t, withArgs("--microvm-accel", microvm.AccelTCG))
+	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
+	const id = "vmleft"
+	decode[struct{}](t, d.vmDo("POST", "/v1/sandboxes", jsonBody(t, map[string]any{"id": id, "runtime": "microvm"})), 201)
+	d.Stop()
+	dir := filepath.Join(d.Root, "sandboxes", id)
+
+	base := filepath.Join(d.Root, "images", ".host")
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	oldInitrd := filepath.Join(base, "microvm-initramfs-00000000000000aa.cpio")
+	usedInitrd := filepath.Join(base, "microvm-initramfs-00000000000000bb.cpio")
+	oldBase := filepath.Join(base, "microvm-host-00000000000000cc.ext4")
+	backingBase := filepath.Join(base, "microvm-host-00000000000000ee.ext4")
+	halfMade := filepath.Join(base, platform.TempName("microvm-host-00000000000000dd.ext4"))
+	for _, f := range []string{oldInitrd, usedInitrd, oldBase, backingBase, halfMade} {
+		if err := os.WriteFile(f, make([]byte, 512), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The overlay a start made (over an older host's base disk, which must therefore stay
+	// unremarked), and a QEMU of it that outlived its shim.
+	overlay := filepath.Join(dir, "disk.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", backingBase, overlay, "1M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v %s", err, out)
+	}
+	hourAgo := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(halfMade, hourAgo, hourAgo); err != nil {
+		t.Fatal(err)
+	}
+	qemu := exec.Command("qemu-system-x86_64", "-M", "none", "-S", "-nodefaults", "-no-user-config", "-display", "none",
+		"-drive", "if=none,id=root,format=qcow2,file="+overlay,
+		"-drive", "if=none,id=keep,format=raw,readonly=on,file="+usedInitrd)
+	qemu.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := qemu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	qemuDone := make(chan struct{})
+	go func() { _ = qemu.Wait(); close(qemuDone) }()
+	t.Cleanup(func() { _ = qemu.Process.Kill(); <-qemuDone })
+	waitFor(t, 30*time.Second, "the orphan QEMU among the microvm runtime's processes", func() bool {
+		procs, err := vm.Processes(d.Root)
+		return err == nil && len(procs) == 1 && procs[0].Role == runtime.RoleInit && procs[0].Dir == dir && procs[0].ID.Pid == qemu.Process.Pid
+	})
+
+	// The control socket of a microVM whose shim is gone.
+	sock := filepath.Join(dir, "control", "control.sock")
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+
+	rel := func(p string) string { r, _ := filepath.Rel(d.Root, p); return r }
+	r, code, stderr := runCheck(t, d.Root)
+	if code != 1 || r.OK {
+		t.Fatalf("check of a root with microVM leftovers exited %d: %+v\n%s", code, r, stderr)
+	}
+	got := map[string]bool{}
+	for _, p := range r.Problems {
+		got[p.Kind+" "+p.Entry] = true
+	}
+	want := []string{"unrecorded-process sandboxes/" + id, "leaked-runtime-file sandboxes/" + id + "/control/control.sock",
+		"stale-shared-file " + rel(oldInitrd), "stale-shared-file " + rel(halfMade)}
+	for _, w := range want {
+		if !got[w] {
+			t.Errorf("check did not report %q", w)
+		}
+	}
+	if len(r.Problems) != len(want) {
+		t.Errorf("check reported %d problems, want %d: %+v", len(r.Problems), len(want), r.Problems)
+	}
+	var noted []string
+	for _, n := range r.Notes {
+		if n.Kind == "stale-shared-file" {
+			noted = append(noted, n.Entry)
+		}
+	}
+	if len(noted) != 1 || noted[0] != rel(oldBase) {
+		t.Errorf("check noted %v as unused base disks; want only %s (not %s, which the overlay backs onto)", noted, rel(oldBase), rel(backingBase))
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	r, code, stderr = runCheck(t, d.Root, "--repair")
+	if code != 0 {
+		t.Fatalf("repair exited %d: %+v\n%s", code, r, stderr)
+	}
+	for _, p := range r.Problems {
+		if !p.Repaired {
+			t.Errorf("not repaired: %+v", p)
+		}
+	}
+	select {
+	case <-qemuDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the orphan QEMU survived the repair")
+	}
+	for _, f := range []string{sock, oldInitrd, halfMade, usedInitrd} {
+		if _, err := os.Lstat(f); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s after the repair: %v", rel(f), err)
+		}
+	}
+	for _, f := range []string{oldBase, backingBase, overlay} {
+		if _, err := os.Lstat(f); err != nil {
+			t.Errorf("the repair removed %s: %v", rel(f), err)
+		}
+	}
+	if r, code, stderr := runCheck(t, d.Root); code != 0 || !r.OK {
+		t.Fatalf("check after the repair exited %d: %+v\n%s", code, r, stderr)
 	}
 }

@@ -394,6 +394,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := ctx.Err(); err != nil {
 		return platform.ProcessID{}, err
 	}
+	// A start that crashed while it made the overlay left its temp file; the caller holds the
+	// sandbox's lifecycle lock, so no other start makes one now.
+	removeTemps(spec.Dir, shim.EntryOverlay)
 	overlay, err := ensureOverlay(ctx, spec.Dir, base)
 	if err != nil {
 		return platform.ProcessID{}, err
@@ -448,7 +451,7 @@ func (r *Runtime) ensureAssets(dir string) (initrd, base string, err error) {
 	}
 	r.assetMu.Lock()
 	defer r.assetMu.Unlock()
-	initrd, err = ensureFile(dir, "microvm-initramfs-"+st.versions.Initramfs+".cpio", func(tmp string) error {
+	initrd, err = ensureFile(dir, initramfsName(st.versions.Initramfs), func(tmp string) error {
 		return writeInitramfs(tmp, st.files, st.order)
 	})
 	if err != nil {
@@ -561,10 +564,6 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 	}
 	return errors.Join(errs...)
 }
-
-// HostResources implements runtime.Runtime: a microVM holds nothing on the host outside its
-// state directory but its processes.
-func (r *Runtime) HostResources(string) ([]runtime.HostResource, error) { return nil, nil }
 
 // hostTSCkHz is the host CPU's frequency in kHz as /proc/cpuinfo gives it (the TSC's on
 // CPUs with an invariant TSC), or 0 if it gives none.
