@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,11 +14,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/platform"
@@ -405,5 +410,147 @@ func TestMicroVMCheckFindsAndRepairs(t *testing.T) {
 	}
 	if r, code, stderr := runCheck(t, d.Root); code != 0 || !r.OK {
 		t.Fatalf("check after the repair exited %d: %+v\n%s", code, r, stderr)
+	}
+}
+
+// microvmImage is a two-layer image of the host's static busybox whose upper layer uses what
+// the base disk's merge must get right: a whiteout (/gone.txt), an opaque directory (/opq:
+// only b, not the lower a), and a directory /esc where the lower layer has a symbolic link
+// to outside, a host directory: the directory hides the link, and nothing is written through it.
+func microvmImage(t *testing.T, outside string) v1.Image {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("the microVM image test needs a static busybox at /bin/busybox: run scripts/setup (busybox-static)")
+	}
+	entry := func(tw *tar.Writer, h *tar.Header, body []byte) {
+		h.ModTime = time.Unix(0, 0)
+		if body != nil {
+			h.Size = int64(len(body))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if body != nil {
+			_, _ = tw.Write(body)
+		}
+	}
+	base := tarLayer(t, func(tw *tar.Writer) {
+		entry(tw, &tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+		entry(tw, &tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755}, bb)
+		for _, p := range append([]string{"df", "uname"}, busyboxPrograms...) {
+			entry(tw, &tar.Header{Name: "bin/" + p, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
+		}
+		entry(tw, &tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+		entry(tw, &tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/sh\n"))
+		entry(tw, &tar.Header{Name: "gone.txt", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("whited out\n"))
+		entry(tw, &tar.Header{Name: "opq/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+		entry(tw, &tar.Header{Name: "opq/a", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("hidden\n"))
+		entry(tw, &tar.Header{Name: "esc", Typeflag: tar.TypeSymlink, Linkname: outside, Mode: 0o777}, nil)
+	})
+	top := tarLayer(t, func(tw *tar.Writer) {
+		entry(tw, &tar.Header{Name: ".wh.gone.txt", Typeflag: tar.TypeReg, Mode: 0o644}, []byte{})
+		entry(tw, &tar.Header{Name: "opq/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+		entry(tw, &tar.Header{Name: "opq/.wh..wh..opq", Typeflag: tar.TypeReg, Mode: 0o644}, []byte{})
+		entry(tw, &tar.Header{Name: "opq/b", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("upper\n"))
+		entry(tw, &tar.Header{Name: "esc/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+		entry(tw, &tar.Header{Name: "esc/x", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("in the image\n"))
+	})
+	img, err := mutate.AppendLayers(empty.Image, base, top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", hostArch()
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// TestMicroVMImage runs microVMs on an OCI image: the image's layers, merged as overlayfs
+// shows them (whiteout, opaque directory, a directory over a link), are the root disk; the
+// sandbox's disk_mb is its room beyond the image (the guest grows its file system into it at
+// boot); a second microVM of the image shares the one base disk; nothing is written through
+// a link of the image onto the host; sandboxd check stays clean.
+func TestMicroVMImage(t *testing.T) {
+	requireRoot(t)
+	vm, err := microvm.New(microvm.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := vm.Refusal(); why != nil {
+		t.Skipf("microVMs cannot run on this host: %v", why)
+	}
+	guestKernel := newestCloudKernel(t)
+	outside := t.TempDir()
+	img := microvmImage(t, outside)
+	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
+	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
+	d.importImage("vmimg", dockerSave(t, img))
+
+	const diskMB = 256
+	for _, id := range []string{"vmimg1", "vmimg2"} {
+		r := d.vmDo("POST", "/v1/sandboxes?timeout=600000", jsonBody(t, map[string]any{
+			"id": id, "runtime": "microvm", "image": "vmimg", "start": true,
+			"resources": map[string]any{"memory_mb": 256, "disk_mb": diskMB},
+		}))
+		if sb := decode[struct {
+			State string `json:"state"`
+		}](t, r, 201); sb.State != "running" {
+			t.Fatalf("%s: %+v", id, sb)
+		}
+		t.Cleanup(func() {
+			d.vmDo("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+			d.vmDo("DELETE", "/v1/sandboxes/"+id, nil)
+		})
+		if got := d.vmExec(id, "uname", "-r"); got != guestKernel {
+			t.Fatalf("uname -r in %s: %q, want the guest's %q", id, got, guestKernel)
+		}
+		if got := d.vmExec(id, "cat", "/esc/x"); got != "in the image" {
+			t.Fatalf("/esc/x in %s: %q", id, got)
+		}
+	}
+	const id = "vmimg1"
+	if got := d.vmExec(id, "ls", "/opq"); got != "b" {
+		t.Errorf("the opaque directory lists %q, want only the upper layer's b", got)
+	}
+	res := decode[execJSON](t, d.vmDo("POST", "/v1/sandboxes/"+id+"/exec", jsonBody(t, map[string]any{"command": []string{"cat", "/gone.txt"}})), 200)
+	if res.ExitCode == 0 {
+		t.Errorf("the whited-out /gone.txt reads %q", res.Stdout)
+	}
+	// busybox df -k /: "Filesystem 1K-blocks Used Available Use% Mounted on" and one line.
+	df := strings.Fields(d.vmExec(id, "df", "-k", "/"))
+	if len(df) < 8 {
+		t.Fatalf("df -k / printed %q", df)
+	}
+	total, err := strconv.Atoi(df[len(df)-5])
+	if err != nil {
+		t.Fatalf("df -k / printed %q: %v", df, err)
+	}
+	t.Logf("the root file system of a microVM on the image with disk_mb %d: %d KiB", diskMB, total)
+	if total < diskMB*1024*9/10 || total > (diskMB+200)*1024 {
+		t.Errorf("the root file system has %d KiB; want about the image plus disk_mb %d MiB (the guest grows it)", total, diskMB)
+	}
+	content := []byte("the sandbox's own file\n")
+	if r := d.vmDo("PUT", "/v1/sandboxes/"+id+"/files?path=/home/user/own.txt", bytes.NewReader(content)); r.Status/100 != 2 {
+		t.Fatalf("writing a file: %d %s", r.Status, r.Body)
+	}
+	if got := d.vmExec(id, "cat", "/home/user/own.txt"); got+"\n" != string(content) {
+		t.Fatalf("the file reads %q", got)
+	}
+	if ents, err := os.ReadDir(outside); err != nil || len(ents) != 0 {
+		t.Fatalf("the host directory the image's link names holds %v (%v): written through the link", ents, err)
+	}
+	bases, _ := filepath.Glob(filepath.Join(d.Root, "images", ".host", "microvm-image-*.ext4"))
+	if len(bases) != 1 {
+		t.Fatalf("base disks of the image: %v, want exactly one shared by both microVMs", bases)
+	}
+	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK || rep.Running != 2 {
+		t.Fatalf("sandboxd check beside two microVMs of an image exited %d: %+v\n%s", code, rep, stderr)
 	}
 }

@@ -33,6 +33,7 @@ const (
 	initramfsPrefix = assetPrefix + "initramfs-"
 	initramfsSuffix = ".cpio"
 	hostBasePrefix  = assetPrefix + "host-"
+	stageSuffix     = ".stage"
 )
 
 func initramfsName(hash string) string { return initramfsPrefix + hash + initramfsSuffix }
@@ -81,8 +82,9 @@ func (r *Runtime) HostResources(sandboxesDir string) ([]runtime.HostResource, er
 //   - a temp name of an asset older than staleBuildAge is a crashed build's;
 //   - an initramfs other than the current stack's that no live QEMU names (QEMU reads it at
 //     its start only) is an older build's;
-//   - a base disk other than the current one that no sandbox's overlay backs onto is a note
-//     only: a template generation's frozen disk may back onto it.
+//   - a base disk (the host's other than the current one, or an image's) that no sandbox's
+//     overlay backs onto is a note only: a template generation's frozen disk may back onto
+//     it, and the next sandbox of the image would use it again.
 func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]runtime.StaleFile, error) {
 	st, err := r.stack()
 	if err != nil {
@@ -102,7 +104,9 @@ func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]run
 		name := e.Name()
 		path := filepath.Join(hostBase, name)
 		var f runtime.StaleFile
-		switch target, isTemp := platform.IsTempName(name); {
+		// A base disk's build stages its tree beside its temp file, as <temp>.stage.
+		target, isTemp := platform.IsTempName(strings.TrimSuffix(name, stageSuffix))
+		switch {
 		case isTemp && strings.HasPrefix(target, assetPrefix):
 			fi, err := os.Lstat(path)
 			if err != nil || time.Since(fi.ModTime()) < staleBuildAge {
@@ -116,7 +120,7 @@ func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]run
 				continue
 			}
 			f = runtime.StaleFile{Name: name, Why: "the initramfs of an older guest stack (another sandboxd build or kernel); no QEMU uses it"}
-		case strings.HasPrefix(name, hostBasePrefix):
+		case strings.HasPrefix(name, hostBasePrefix) || strings.HasPrefix(name, imageBasePrefix):
 			if backing == nil {
 				backing = overlayBackings(sandboxesDir)
 			}
@@ -124,7 +128,7 @@ func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]run
 				continue
 			}
 			out = append(out, runtime.StaleFile{Name: name, Note: true,
-				Why: "the base disk of an older host (its os-release or libraries changed); no sandbox's disk backs onto it, a template generation's may"})
+				Why: "a base disk (of an older host, or of an image) that no sandbox's disk backs onto; a template generation's may"})
 			continue
 		default:
 			continue

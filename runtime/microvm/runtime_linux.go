@@ -373,9 +373,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	if spec.ImageDir != "" || len(spec.Lowers) > 0 || spec.DiskMB > 0 {
+	if spec.ImageDir == "" && len(spec.Lowers) > 0 {
 		return platform.ProcessID{}, errcode.New(errcode.NotImplemented,
-			"The microvm runtime runs the host image only for now: images, template layers and disk sizes are not implemented.")
+			"The microvm runtime does not run template layers: a microVM's files are its disk overlay.")
 	}
 	spec = withDefaults(spec)
 	accel, err := r.Probe()
@@ -386,7 +386,13 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if assets == "" {
 		assets = filepath.Join(spec.Dir, shim.EntryAssets)
 	}
-	initrd, base, err := r.ensureAssets(assets)
+	// A sandbox that ran before has its disk: its overlay names the base disk it was made
+	// over, which stays its base (the image or the host may have changed since).
+	needBase := true
+	if b, err := qcow2Backing(filepath.Join(spec.Dir, shim.EntryOverlay)); err == nil && b != "" {
+		needBase = false
+	}
+	initrd, base, err := r.ensureAssets(assets, spec, needBase)
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -397,7 +403,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	// A start that crashed while it made the overlay left its temp file; the caller holds the
 	// sandbox's lifecycle lock, so no other start makes one now.
 	removeTemps(spec.Dir, shim.EntryOverlay)
-	overlay, err := ensureOverlay(ctx, spec.Dir, base)
+	overlay, err := ensureOverlay(ctx, spec.Dir, base, roomMB(spec))
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -442,9 +448,9 @@ func withDefaults(spec runtime.Spec) runtime.Spec {
 	return spec
 }
 
-// ensureAssets makes the initramfs and the host image's base disk in dir unless they are
-// there, and returns their paths.
-func (r *Runtime) ensureAssets(dir string) (initrd, base string, err error) {
+// ensureAssets makes the initramfs and (with needBase) the base disk of the spec's image (the
+// host's, or an OCI image's layers) in dir unless they are there, and returns their paths.
+func (r *Runtime) ensureAssets(dir string, spec runtime.Spec, needBase bool) (initrd, base string, err error) {
 	st, err := r.stack()
 	if err != nil {
 		return "", "", err
@@ -457,32 +463,69 @@ func (r *Runtime) ensureAssets(dir string) (initrd, base string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("microvm runtime: the initramfs: %w", err)
 	}
+	if !needBase {
+		return initrd, "", nil
+	}
 	mkfs, err := mke2fs()
 	if err != nil {
 		return "", "", err
 	}
-	base, err = ensureFile(dir, hostBaseName(), func(tmp string) error { return writeHostBase(tmp, mkfs) })
+	if spec.ImageDir == "" {
+		base, err = ensureFile(dir, hostBaseName(), func(tmp string) error { return writeHostBase(tmp, mkfs) })
+		if err != nil {
+			return "", "", fmt.Errorf("microvm runtime: the host base disk: %w", err)
+		}
+		return initrd, base, nil
+	}
+	layers := imageLayers(spec)
+	name, err := imageBaseName(layers, spec.Dir)
 	if err != nil {
-		return "", "", fmt.Errorf("microvm runtime: the host base disk: %w", err)
+		return "", "", err
+	}
+	base, err = ensureFile(dir, name, func(tmp string) error { return writeImageBase(tmp, mkfs, layers, spec.Dir) })
+	if err != nil {
+		return "", "", fmt.Errorf("microvm runtime: the base disk of image %s: %w", spec.Image, err)
 	}
 	return initrd, base, nil
 }
 
-// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base, unless it has one:
-// the sandbox's files persist across its runs as the namespace runtime's upper layer does.
-func ensureOverlay(ctx context.Context, dir, base string) (string, error) {
+// DefaultRoomMB is the room for a sandbox's own files when its spec names no disk size.
+const DefaultRoomMB = 1024
+
+// roomMB is the room for the sandbox's own files on its disk, beyond the image's.
+func roomMB(spec runtime.Spec) int {
+	if spec.DiskMB > 0 {
+		return spec.DiskMB
+	}
+	return DefaultRoomMB
+}
+
+// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base with room MiB beyond
+// it, unless it has one: the sandbox's files persist across its runs as the namespace
+// runtime's upper layer does. The guest's init grows the file system into the room at boot;
+// the overlay file grows as the guest writes, up to the disk's size (Spec.DiskMB bounds it).
+func ensureOverlay(ctx context.Context, dir, base string, room int) (string, error) {
 	img, err := qemuImg()
 	if err != nil {
 		return "", err
 	}
 	return ensureFile(dir, shim.EntryOverlay, func(tmp string) error {
-		out, err := exec.CommandContext(ctx, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, tmp).CombinedOutput()
+		fi, err := os.Stat(base)
+		if err != nil {
+			return err
+		}
+		size := fi.Size() + int64(room)<<20
+		out, err := exec.CommandContext(ctx, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, tmp, strconv.FormatInt(size, 10)).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("microvm runtime: qemu-img create: %v: %s", err, bytes.TrimSpace(out))
 		}
 		return nil
 	})
 }
+
+// DiskSupport implements runtime.DiskLimiter: a microVM's disk is its overlay, sized by
+// Spec.DiskMB wherever microVMs run.
+func (r *Runtime) DiskSupport() error { return r.refusal }
 
 func qemuImg() (string, error) {
 	if p, err := exec.LookPath("qemu-img"); err == nil {
