@@ -266,7 +266,7 @@ func sameProcesses(a, b []runtime.Process) bool {
 
 // reapMicroVMs ends any microVM left under root by a test that failed half-way: a microVM
 // outlives sandboxd by design.
-func reapMicroVMs(t *testing.T, vm *microvm.Runtime, root string) {
+func reapMicroVMs(t testing.TB, vm *microvm.Runtime, root string) {
 	procs, err := vm.Processes(root)
 	if err != nil {
 		t.Logf("listing the microVMs left under %s: %v", root, err)
