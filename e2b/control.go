@@ -112,8 +112,10 @@ func controlMux(h *Handler) *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
 	m.HandleFunc("POST /sandboxes/{id}/pause", h.pause)
 	m.HandleFunc("POST /sandboxes/{id}/resume", h.connect)
+	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics throws
+	// SandboxNotFoundError), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "sandboxd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
+		writeError(w, http.StatusNotImplemented, "sandboxd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
 	})
 	return m
 }

@@ -312,6 +312,43 @@ func (s *processService) SendInput(ctx context.Context, req *connect.Request[pro
 	return connect.NewResponse(&process.SendInputResponse{}), nil
 }
 
+// StreamInput feeds a process its input from a client stream: a start event naming the
+// process, then data events, each handed to the agent as SendInput's are; keepalive events
+// carry nothing. The end of the stream closes nothing (CloseStdin does). Client streams
+// work over HTTP/1.1 in the Connect protocol (the request body is the stream, the answer
+// follows its end); the SDKs send SendInput instead.
+func (s *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+	var sel *process.ProcessSelector
+	for stream.Receive() {
+		switch ev := stream.Msg().GetEvent().(type) {
+		case *process.StreamInputRequest_Start:
+			sel = ev.Start.GetProcess()
+			if _, _, err := selector(sel); err != nil {
+				return nil, err
+			}
+		case *process.StreamInputRequest_Data:
+			if sel == nil {
+				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("name the process in a start event before its input"))
+			}
+			in := ev.Data.GetInput()
+			data := in.GetStdin()
+			if data == nil {
+				data = in.GetPty()
+			}
+			if err := s.input(ctx, sel, supervisor.TrackedInput{Stdin: data}); err != nil {
+				return nil, err
+			}
+		case *process.StreamInputRequest_Keepalive:
+		default:
+			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("an input event is none of start, data and keepalive"))
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.StreamInputResponse{}), nil
+}
+
 func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
 	if err := s.input(ctx, req.Msg.GetProcess(), supervisor.TrackedInput{EOF: true}); err != nil {
 		return nil, err

@@ -208,7 +208,7 @@ func (d *daemon) vmDo(method, path string, body io.Reader) response {
 			req.Header.Set("Content-Type", "application/octet-stream")
 		}
 	}
-	resp, err := (&http.Client{}).Do(req)
+	resp, err := d.checkedClient(&http.Client{}).Do(req)
 	if err != nil {
 		d.t.Fatalf("%s %s: %v", method, path, err)
 	}

@@ -353,10 +353,10 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * Read a file, or list a directory
-         * @description Streams the content of a regular file as `application/octet-stream`. With
-         *     `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
-         *     a directory without `list=true` is refused with `invalid-request` (field `path`).
+         * Read a file
+         * @description Streams the content of a regular file as `application/octet-stream`. Reading a
+         *     directory is refused with `invalid-request` (field `path`); list it with
+         *     `GET /v1/sandboxes/{id}/files/list` instead.
          *
          *     The answer is the file as it was opened: `Content-Length` is its size then (0 for an
          *     empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -385,6 +385,35 @@ export interface paths {
          *     with `invalid-request`.
          */
         delete: operations["removeFile"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/files/list": {
+        parameters: {
+            query: {
+                /** @description An absolute path inside the sandbox, of a directory. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List a directory
+         * @description The entries of the directory at `path` (at most 10000), as the sandbox's user sees
+         *     them. A path that is not a directory is refused with `invalid-request` (field `path`).
+         *     An operation of its own rather than a flag of the file read, so that each answer has
+         *     one media type and a generated client one type for it.
+         */
+        get: operations["listFiles"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -1389,12 +1418,7 @@ export interface components {
             env?: components["schemas"]["EnvVar"][];
             labels?: components["schemas"]["Labels"];
             network?: components["schemas"]["NetworkPolicy"];
-            /**
-             * @description Also start the sandbox before answering. The create is then all or nothing: a
-             *     start that fails removes the sandbox again (the id is free) and its error comes back.
-             * @default false
-             */
-            start?: boolean;
+            start?: components["schemas"]["StartOnCreate"];
             /**
              * @description The sandbox's lifetime in seconds from its create (1 s to 30 days; 0 or absent: the
              *     server's default, which is none unless configured). See `POST /timeout`.
@@ -1531,11 +1555,7 @@ export interface components {
          *     }
          */
         NetworkPolicy: {
-            /**
-             * @description Every public destination, when `allow` is empty.
-             * @default false
-             */
-            internet?: boolean;
+            internet?: components["schemas"]["InternetAccess"];
             /** @description The only destinations reachable, when not empty. */
             allow?: string[];
             /** @description Destinations never reachable; wins over `allow` and `internet`. */
@@ -1546,10 +1566,37 @@ export interface components {
             /** @description Pass as `cursor` for the next page; absent on the last page. */
             next_cursor?: string;
         };
+        /**
+         * @description Also start the sandbox before answering. The create is then all or nothing: a
+         *     start that fails removes the sandbox again (the id is free) and its error comes back.
+         * @default false
+         */
+        StartOnCreate: boolean;
+        /**
+         * @description Every public destination, when `allow` is empty.
+         * @default false
+         */
+        InternetAccess: boolean;
+        /**
+         * @description Kill the command after this many milliseconds.
+         * @default 60000
+         */
+        ExecTimeoutMS: number;
+        /**
+         * @description How long to wait for another exec on this sandbox to end, in milliseconds.
+         * @default 60000
+         */
+        ExecWaitMS: number;
+        /**
+         * @description How long the link works, in seconds.
+         * @default 3600
+         */
+        PortLinkTTL: number;
         ExecRequest: {
             /**
              * @description The program and its arguments. The program is looked up in `PATH`; it must not be
-             *     empty (the arguments may be).
+             *     empty (the arguments may be): `[""]` is refused with `invalid-request` (field
+             *     `command`).
              */
             command: components["schemas"]["Argument"][];
             /** @description Environment variables as `KEY=VALUE`, added to the sandbox's. */
@@ -1559,16 +1606,8 @@ export interface components {
             umask?: components["schemas"]["Umask"];
             /** @description Text written to the command's standard input, which is then closed. */
             stdin?: string;
-            /**
-             * @description Kill the command after this many milliseconds.
-             * @default 60000
-             */
-            timeout_ms?: number;
-            /**
-             * @description How long to wait for another exec on this sandbox to end, in milliseconds.
-             * @default 60000
-             */
-            wait_ms?: number;
+            timeout_ms?: components["schemas"]["ExecTimeoutMS"];
+            wait_ms?: components["schemas"]["ExecWaitMS"];
         };
         ExecResult: {
             /**
@@ -1803,11 +1842,7 @@ export interface components {
             path?: string;
         };
         PortLinkRequest: {
-            /**
-             * @description How long the link works, in seconds.
-             * @default 3600
-             */
-            ttl_s?: number;
+            ttl_s?: components["schemas"]["PortLinkTTL"];
         };
         PortLink: {
             /** @description The link's id, for revoking it. */
@@ -2619,7 +2654,10 @@ export interface operations {
     execStream: {
         parameters: {
             query: {
-                /** @description The program and its arguments, one `command` per argument, in order. */
+                /**
+                 * @description The program and its arguments, one `command` per argument, in order. The first, the
+                 *     program, must not be empty (`invalid-request`, field `command`).
+                 */
                 command: components["schemas"]["Argument"][];
                 /** @description An environment variable as `KEY=VALUE`; repeat for several. */
                 env?: components["schemas"]["EnvVar"][];
@@ -2670,7 +2708,6 @@ export interface operations {
             query: {
                 /** @description An absolute path inside the sandbox. */
                 path: components["schemas"]["AbsolutePath"];
-                list?: boolean;
             };
             header?: never;
             path: {
@@ -2681,14 +2718,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The file's bytes, or the directory's entries when `list=true`. */
+            /** @description The file's bytes. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/octet-stream": string;
-                    "application/json": components["schemas"]["FileList"];
                 };
             };
             400: components["responses"]["BadRequest"];
@@ -2765,6 +2801,40 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    listFiles: {
+        parameters: {
+            query: {
+                /** @description An absolute path inside the sandbox, of a directory. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The directory's entries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileList"];
+                };
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
