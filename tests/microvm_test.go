@@ -554,3 +554,37 @@ func TestMicroVMImage(t *testing.T) {
 		t.Fatalf("sandboxd check beside two microVMs of an image exited %d: %+v\n%s", code, rep, stderr)
 	}
 }
+
+// TestMicroVMRefusesWhatItLacks: a network policy that asks for a destination (on create, and
+// as a live change of a microVM's policy) and a clone are refused for a microVM before
+// anything is made, naming the runtime; a policy that allows nothing is no network and is
+// taken. It boots no VM.
+func TestMicroVMRefusesWhatItLacks(t *testing.T) {
+	requireRoot(t)
+	vm, err := microvm.New(microvm.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := vm.Refusal(); why != nil {
+		t.Skipf("microVMs cannot run on this host: %v", why)
+	}
+	t.Parallel()
+	d := startDaemon(t, withArgs("--microvm-accel", microvm.AccelTCG))
+	p := wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "vmnet", "runtime": "microvm", "network": map[string]any{"internet": true}}), 503, "unavailable")
+	if !strings.Contains(p.Detail, "microvm") {
+		t.Errorf("the network refusal does not name the runtime: %s", p.Detail)
+	}
+	if r := d.do("GET", "/v1/sandboxes/vmnet", nil, nil); r.Status != 404 {
+		t.Fatalf("a refused create left a sandbox: %d %s", r.Status, r.Body)
+	}
+	p = wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "vmclone", "runtime": "microvm", "template": "tpl"}), 400, "invalid-request")
+	if p.Field != "runtime" {
+		t.Errorf("the clone refusal names field %q, want runtime", p.Field)
+	}
+	decode[struct{}](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "vmquiet", "runtime": "microvm", "network": map[string]any{"internet": false}}), 201)
+	t.Cleanup(func() { d.do("DELETE", "/v1/sandboxes/vmquiet", nil, nil) })
+	p = wantProblem(t, d.doJSON("PUT", "/v1/sandboxes/vmquiet/network", map[string]any{"internet": true}), 503, "unavailable")
+	if !strings.Contains(p.Detail, "microvm") {
+		t.Errorf("the live network change's refusal does not name the runtime: %s", p.Detail)
+	}
+}
