@@ -588,3 +588,92 @@ func TestMicroVMRefusesWhatItLacks(t *testing.T) {
 		t.Errorf("the live network change's refusal does not name the runtime: %s", p.Detail)
 	}
 }
+
+// TestMicroVMKilledMidLaunch SIGKILLs the real sandboxd while a microVM's start is under way
+// (its shim runs, the guest boots, the control socket is not there yet) and starts sandboxd
+// again: the restart ends the interrupted launch (no shim or QEMU is left, sandboxd check is
+// clean), and the sandbox starts again with the file it had written before (nothing lost).
+func TestMicroVMKilledMidLaunch(t *testing.T) {
+	requireRoot(t)
+	vm, err := microvm.New(microvm.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := vm.Refusal(); why != nil {
+		t.Skipf("microVMs cannot run on this host: %v", why)
+	}
+	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
+	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
+	const id = "vmmid"
+	decode[struct{}](t, d.vmDo("POST", "/v1/sandboxes?timeout=600000", jsonBody(t, map[string]any{
+		"id": id, "runtime": "microvm", "start": true, "resources": map[string]any{"memory_mb": 256},
+	})), 201)
+	t.Cleanup(func() {
+		d.vmDo("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+		d.vmDo("DELETE", "/v1/sandboxes/"+id, nil)
+	})
+	content := []byte("written before the crash\n")
+	if r := d.vmDo("PUT", "/v1/sandboxes/"+id+"/files?path=/home/user/kept.txt", bytes.NewReader(content)); r.Status/100 != 2 {
+		t.Fatalf("writing a file: %d %s", r.Status, r.Body)
+	}
+	if r := d.vmDo("POST", "/v1/sandboxes/"+id+"/stop?timeout=300000", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Body)
+	}
+
+	// The start, from a client that the crash cuts off.
+	url, token := d.URL, d.Token
+	go func() {
+		req, err := http.NewRequest("POST", url+"/v1/sandboxes/"+id+"/start?timeout=600000", nil)
+		if err != nil {
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	dir := filepath.Join(d.Root, "sandboxes", id)
+	sock := filepath.Join(dir, "control", "control.sock")
+	var beforeSocket bool
+	waitFor(t, vmDeadline, "the microVM's shim", func() bool {
+		procs, err := vm.Processes(d.Root)
+		if err != nil {
+			return false
+		}
+		for _, p := range procs {
+			if p.Role == runtime.RoleShim && p.Dir == dir {
+				_, serr := os.Lstat(sock)
+				beforeSocket = serr != nil
+				return true
+			}
+		}
+		return false
+	})
+	d.Kill()
+	if !beforeSocket {
+		t.Log("the control socket was there already when sandboxd was killed: the guest booted faster than the test looked")
+	}
+	if procs, _ := vm.Processes(d.Root); len(procs) == 0 {
+		t.Fatal("the microVM did not outlive sandboxd's SIGKILL: the test shows nothing")
+	}
+
+	d.start()
+	sb := decode[struct {
+		State string `json:"state"`
+	}](t, d.vmDo("GET", "/v1/sandboxes/"+id, nil), 200)
+	if sb.State == "running" || sb.State == "starting" {
+		t.Fatalf("the interrupted start reads %s after the restart, want it ended", sb.State)
+	}
+	if procs, err := vm.Processes(d.Root); err != nil || len(procs) != 0 {
+		t.Fatalf("microVM processes after the restart ended the interrupted start: %+v, %v", procs, err)
+	}
+	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
+		t.Fatalf("sandboxd check after the restart exited %d: %+v\n%s", code, rep, stderr)
+	}
+	if r := d.vmDo("POST", "/v1/sandboxes/"+id+"/start?timeout=600000", nil); r.Status != 200 {
+		t.Fatalf("start after the restart: %d %s", r.Status, r.Body)
+	}
+	if got := d.vmExec(id, "cat", "/home/user/kept.txt"); got+"\n" != string(content) {
+		t.Fatalf("the file written before the crash reads %q", got)
+	}
+}
