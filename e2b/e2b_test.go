@@ -355,3 +355,36 @@ func TestEnvdAccessToken(t *testing.T) {
 		t.Errorf("health: %d", w.Code)
 	}
 }
+
+// TestHealthIsTheSandboxs: with its access token, /health says whether the sandbox runs, as
+// E2B's edge does (502 when it does not: the SDKs' isRunning is then false, also after a
+// kill); without it, it tells nothing of the sandbox.
+func TestHealthIsTheSandboxs(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	f.sandboxes["run"] = &supervisor.Status{Config: supervisor.Config{ID: "run"}, State: supervisor.StateRunning}
+	f.sandboxes["zzz"] = &supervisor.Status{Config: supervisor.Config{ID: "zzz"}, State: supervisor.StatePaused}
+	f.sandboxes["off"] = &supervisor.Status{Config: supervisor.Config{ID: "off"}, State: supervisor.StateStopped}
+	for _, tc := range []struct {
+		id, token string
+		want      int
+	}{
+		{"run", h.accessToken("run"), http.StatusNoContent},
+		{"zzz", h.accessToken("zzz"), http.StatusBadGateway},
+		{"off", h.accessToken("off"), http.StatusBadGateway},
+		{"gone", h.accessToken("gone"), http.StatusBadGateway},
+		{"gone", "", http.StatusNoContent},
+		{"zzz", h.accessToken("run"), http.StatusNoContent},
+	} {
+		w := do(t, h, http.MethodGet, "/health", "", map[string]string{SandboxHeader: tc.id, "X-Access-Token": tc.token})
+		if w.Code != tc.want {
+			t.Errorf("health of %s (token %.8q): %d %s, want %d", tc.id, tc.token, w.Code, w.Body, tc.want)
+		}
+		if w.Code == http.StatusBadGateway {
+			var e apiError
+			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Code != http.StatusBadGateway {
+				t.Errorf("health of %s: body %s, want E2B's error with code 502", tc.id, w.Body)
+			}
+		}
+	}
+}
