@@ -363,18 +363,39 @@ func (h *Handler) lifetime(w http.ResponseWriter, r *http.Request, refresh bool)
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// pauseBody is E2B's pause body: memory false keeps the file system alone (the SDKs'
+// keepMemory), and a resume boots the sandbox afresh.
+type pauseBody struct {
+	Memory *bool `json:"memory"`
+}
+
+// pause freezes a running sandbox (its memory stays, as E2B's pause keeps it), or with
+// memory false stops it (gracefully, then by force), which keeps its file system alone:
+// connect then starts it again, as E2B resumes such a pause with a cold boot. 409 for a
+// sandbox that E2B sees paused (every one that does not run or start).
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request) {
 	st, ok := h.status(w, r)
 	if !ok {
 		return
 	}
-	if st.State == supervisor.StatePaused {
-		writeError(w, http.StatusConflict, "Sandbox %s is already paused.", st.Config.ID)
+	var b pauseBody
+	if err := json.NewDecoder(r.Body).Decode(&b); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "The request body is not valid JSON: %v.", err)
+		return
+	}
+	if stateOf(st.State) == "paused" {
+		writeError(w, http.StatusConflict, "Sandbox %s is already paused (it is %s).", st.Config.ID, st.State)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), transitionTimeout)
 	defer cancel()
-	if _, err := h.sup.Pause(ctx, st.Config.ID); err != nil {
+	var err error
+	if b.Memory != nil && !*b.Memory {
+		_, err = h.sup.Stop(ctx, st.Config.ID, false)
+	} else {
+		_, err = h.sup.Pause(ctx, st.Config.ID)
+	}
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}

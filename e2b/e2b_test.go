@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,6 +210,61 @@ func TestDeleteAnswersE2BCodes(t *testing.T) {
 	var e apiError
 	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || w.Code != http.StatusNotFound || e.Code != 404 {
 		t.Errorf("a second delete: %d %s", w.Code, w.Body)
+	}
+}
+
+// pauseSupervisor records how a pause came through: frozen (Pause) or stopped (Stop).
+type pauseSupervisor struct {
+	*fakeSupervisor
+	calls []string
+}
+
+func (f *pauseSupervisor) Pause(_ context.Context, id string) (*supervisor.Status, error) {
+	f.calls = append(f.calls, "pause "+id)
+	f.sandboxes[id].State = supervisor.StatePaused
+	return f.sandboxes[id], nil
+}
+
+func (f *pauseSupervisor) Stop(_ context.Context, id string, force bool) (*supervisor.Status, error) {
+	if force {
+		return nil, errors.New("a pause stops gracefully")
+	}
+	f.calls = append(f.calls, "stop "+id)
+	f.sandboxes[id].State = supervisor.StateStopped
+	return f.sandboxes[id], nil
+}
+
+// TestPauseKeepsMemoryOrNot: E2B's pause freezes (memory kept, the default of both SDKs;
+// Python sends memory true, JS nothing); memory false (keepMemory=False) stops the sandbox,
+// keeping its file system alone; a sandbox E2B sees paused is 409, whichever way it paused.
+func TestPauseKeepsMemoryOrNot(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	ps := &pauseSupervisor{fakeSupervisor: f}
+	h.sup = ps
+	for _, id := range []string{"a", "b", "c"} {
+		f.sandboxes[id] = &supervisor.Status{Config: supervisor.Config{ID: id}, State: supervisor.StateRunning}
+	}
+	for _, tc := range []struct{ id, body string }{{"a", ""}, {"b", `{"memory":true}`}, {"c", `{"memory":false}`}} {
+		if w := do(t, h, http.MethodPost, "/sandboxes/"+tc.id+"/pause", tc.body, apiKey); w.Code != http.StatusNoContent {
+			t.Fatalf("pause %s with %q: %d %s", tc.id, tc.body, w.Code, w.Body)
+		}
+	}
+	if want := []string{"pause a", "pause b", "stop c"}; !slices.Equal(ps.calls, want) {
+		t.Errorf("calls %v, want %v", ps.calls, want)
+	}
+	for _, id := range []string{"a", "c"} {
+		w := do(t, h, http.MethodPost, "/sandboxes/"+id+"/pause", `{"memory":false}`, apiKey)
+		var e apiError
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || w.Code != http.StatusConflict || e.Code != 409 {
+			t.Errorf("a second pause of %s: %d %s, want 409", id, w.Code, w.Body)
+		}
+	}
+	if w := do(t, h, http.MethodPost, "/sandboxes/a/pause", `{"memory":`, apiKey); w.Code != http.StatusBadRequest {
+		t.Errorf("a malformed body: %d %s, want 400", w.Code, w.Body)
+	}
+	if len(ps.calls) != 3 {
+		t.Errorf("calls %v after the refusals, want none more", ps.calls)
 	}
 }
 
