@@ -154,6 +154,14 @@ type detailBody struct {
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Domain          *string           `json:"domain"`
+	Lifecycle       *lifecycle        `json:"lifecycle,omitempty"`
+}
+
+// lifecycle is E2B's SandboxLifecycle: what the end of the lifetime does ("kill": delete;
+// "pause": stop, which connect undoes). sandboxd resumes no sandbox on traffic alone.
+type lifecycle struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
 }
 
 // createRequest maps E2B's create onto the supervisor's: a template or an image, labels from
@@ -272,6 +280,10 @@ func (h *Handler) detailOf(st *supervisor.Status) detailBody {
 	d.EndAt = d.StartedAt
 	if st.ExpiresAt != nil {
 		d.EndAt = *st.ExpiresAt
+		d.Lifecycle = &lifecycle{OnTimeout: "pause"}
+		if st.OnTimeout == supervisor.TimeoutDelete {
+			d.Lifecycle.OnTimeout = "kill"
+		}
 	}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}

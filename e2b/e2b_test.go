@@ -213,6 +213,48 @@ func TestDeleteAnswersE2BCodes(t *testing.T) {
 	}
 }
 
+// TestDetailLifecycle: GET /sandboxes/{id} reports the lifetime's end as endAt and what it
+// does as E2B's lifecycle (kill for a delete, pause for a stop); a sandbox without a
+// lifetime has no lifecycle and ends, for E2B's schema, at its start.
+func TestDetailLifecycle(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	end := started.Add(time.Hour)
+	for id, on := range map[string]supervisor.OnTimeout{"kill": supervisor.TimeoutDelete, "stop": supervisor.TimeoutStop, "none": ""} {
+		st := &supervisor.Status{Config: supervisor.Config{ID: id}, State: supervisor.StateRunning, StartedAt: &started}
+		if on != "" {
+			st.ExpiresAt, st.OnTimeout = &end, on
+		}
+		f.sandboxes[id] = st
+	}
+	for _, tc := range []struct {
+		id, onTimeout string
+		endAt         time.Time
+	}{{"kill", "kill", end}, {"stop", "pause", end}, {"none", "", started}} {
+		w := do(t, h, http.MethodGet, "/sandboxes/"+tc.id, "", apiKey)
+		var d struct {
+			EndAt     time.Time `json:"endAt"`
+			Lifecycle *struct {
+				OnTimeout  string `json:"onTimeout"`
+				AutoResume *bool  `json:"autoResume"`
+			} `json:"lifecycle"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &d); err != nil || w.Code != http.StatusOK {
+			t.Fatalf("detail of %s: %d %s", tc.id, w.Code, w.Body)
+		}
+		if !d.EndAt.Equal(tc.endAt) {
+			t.Errorf("%s: endAt %v, want %v", tc.id, d.EndAt, tc.endAt)
+		}
+		switch {
+		case tc.onTimeout == "" && d.Lifecycle != nil:
+			t.Errorf("%s: lifecycle %+v, want none", tc.id, *d.Lifecycle)
+		case tc.onTimeout != "" && (d.Lifecycle == nil || d.Lifecycle.OnTimeout != tc.onTimeout || d.Lifecycle.AutoResume == nil || *d.Lifecycle.AutoResume):
+			t.Errorf("%s: lifecycle %s, want onTimeout %s and autoResume false", tc.id, w.Body, tc.onTimeout)
+		}
+	}
+}
+
 // pauseSupervisor records how a pause came through: frozen (Pause) or stopped (Stop).
 type pauseSupervisor struct {
 	*fakeSupervisor
