@@ -127,6 +127,55 @@ type createBody struct {
 	AutoPause  *bool             `json:"autoPause"`
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
+	// AllowInternetAccess is E2B's switch for the internet (the SDKs send it only when the
+	// caller set it); Network its egress rules.
+	AllowInternetAccess *bool        `json:"allow_internet_access"`
+	Network             *networkBody `json:"network"`
+}
+
+// networkBody is the part of E2B's SandboxNetworkConfig that sandboxd's egress policy can say.
+type networkBody struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+}
+
+// allTraffic is how E2B's rules name every destination (the SDKs' ALL_TRAFFIC).
+const allTraffic = "0.0.0.0/0"
+
+// networkPolicy maps E2B's internet switch and egress rules onto sandboxd's policy, or nil
+// (no interface but loopback) when the caller asked for neither, or for nothing reachable: sandboxd's default, where
+// E2B's is the internet (docs/e2b.md says so). In E2B an allowOut entry wins over denyOut, so
+// with every destination denied (allow_internet_access false, or 0.0.0.0/0 in denyOut) the
+// allowOut entries are the only destinations, which is sandboxd's allow-list; with the
+// internet open, denyOut entries are sandboxd's deny list, and an allowOut entry is an
+// exception that sandboxd (whose deny wins) cannot say, so it is refused rather than lost.
+func networkPolicy(internet *bool, n *networkBody) (*supervisor.NetworkPolicy, error) {
+	if internet == nil && (n == nil || len(n.AllowOut)+len(n.DenyOut) == 0) {
+		return nil, nil
+	}
+	var allow, deny []string
+	if n != nil {
+		allow, deny = n.AllowOut, n.DenyOut
+	}
+	denyAll := internet != nil && !*internet
+	var rest []string
+	for _, d := range deny {
+		if d == allTraffic {
+			denyAll = true
+		} else {
+			rest = append(rest, d)
+		}
+	}
+	switch {
+	case denyAll && len(allow) == 0:
+		return nil, nil // nothing reachable: no interface at all
+	case denyAll:
+		return &supervisor.NetworkPolicy{Internet: false, Allow: allow}, nil
+	}
+	if len(allow) > 0 && len(rest) > 0 {
+		return nil, errcode.Invalid("network", "sandboxd cannot open allowOut exceptions in denyOut rules while the internet is open (its deny list wins over its allow list): deny %s to allow only allowOut, or leave allowOut out.", allTraffic)
+	}
+	return &supervisor.NetworkPolicy{Internet: true, Deny: rest}, nil
 }
 
 // created is E2B's Sandbox: what create and connect answer.
@@ -181,6 +230,11 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 		}
 	}
 	req.Labels = b.Metadata
+	policy, err := networkPolicy(b.AllowInternetAccess, b.Network)
+	if err != nil {
+		return req, err
+	}
+	req.Network = policy
 	lt := &supervisor.Lifetime{Timeout: defaultTimeout, OnTimeout: supervisor.TimeoutDelete}
 	if b.Timeout != nil && *b.Timeout > 0 {
 		lt.Timeout = time.Duration(*b.Timeout) * time.Second

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -484,5 +485,41 @@ func TestHealthIsTheSandboxs(t *testing.T) {
 				t.Errorf("health of %s: body %s, want E2B's error with code 502", tc.id, w.Body)
 			}
 		}
+	}
+}
+
+// TestCreateMapsNetwork: E2B's internet switch and egress rules become sandboxd's policy: none
+// asked is no interface (sandboxd's default); allowOut under a denied internet is the
+// allow-list; denyOut under an open internet the deny list; an exception sandboxd cannot say
+// is refused naming the field.
+func TestCreateMapsNetwork(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	for _, tc := range []struct {
+		name, body string
+		want       *supervisor.NetworkPolicy
+	}{
+		{"nothing asked", `{}`, nil},
+		{"internet", `{"allow_internet_access":true}`, &supervisor.NetworkPolicy{Internet: true}},
+		{"no internet", `{"allow_internet_access":false}`, nil},
+		{"allow-list", `{"network":{"denyOut":["0.0.0.0/0"],"allowOut":["1.1.1.1","pypi.org"]}}`,
+			&supervisor.NetworkPolicy{Allow: []string{"1.1.1.1", "pypi.org"}}},
+		{"allow-list without internet", `{"allow_internet_access":false,"network":{"allowOut":["10.0.0.0/8"]}}`,
+			&supervisor.NetworkPolicy{Allow: []string{"10.0.0.0/8"}}},
+		{"deny list", `{"allow_internet_access":true,"network":{"denyOut":["10.0.0.0/8"]}}`,
+			&supervisor.NetworkPolicy{Internet: true, Deny: []string{"10.0.0.0/8"}}},
+	} {
+		w := do(t, h, http.MethodPost, "/v2/sandboxes", tc.body, apiKey)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+		got := f.created[len(f.created)-1].Network
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: policy %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+	w := do(t, h, http.MethodPost, "/v2/sandboxes", `{"network":{"denyOut":["10.0.0.0/8"],"allowOut":["10.1.1.1"]}}`, apiKey)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "allowOut") {
+		t.Fatalf("an exception sandboxd cannot say: %d %s", w.Code, w.Body)
 	}
 }
