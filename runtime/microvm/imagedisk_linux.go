@@ -198,7 +198,18 @@ func mkfsTree(mkfs, stage, path string) error {
 	if err != nil {
 		return fmt.Errorf("microvm runtime: mke2fs of a base disk: %v: %s", err, bytes.TrimSpace(out))
 	}
-	return nil
+	return syncFile(path)
+}
+
+// syncFile flushes the file at path to disk: an asset is renamed into place only once whole,
+// so that a host crash never leaves a base disk or overlay under its final name half written.
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // openDir opens the directory name below the directory dirfd without following a link.

@@ -519,7 +519,7 @@ func ensureOverlay(ctx context.Context, dir, base string, room int) (string, err
 		if err != nil {
 			return fmt.Errorf("microvm runtime: qemu-img create: %v: %s", err, bytes.TrimSpace(out))
 		}
-		return nil
+		return syncFile(tmp)
 	})
 }
 
