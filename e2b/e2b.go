@@ -24,6 +24,7 @@ type Supervisor interface {
 	Start(ctx context.Context, id string) (*supervisor.Status, error)
 	Delete(ctx context.Context, id string, force bool) error
 	Pause(ctx context.Context, id string) (*supervisor.Status, error)
+	Stop(ctx context.Context, id string, force bool) (*supervisor.Status, error)
 	Resume(ctx context.Context, id string) (*supervisor.Status, error)
 	SetTimeout(ctx context.Context, id string, lt *supervisor.Lifetime) (*supervisor.Status, error)
 	Template(name string) (*supervisor.Template, error)

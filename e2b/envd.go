@@ -30,7 +30,6 @@ func sandboxOf(ctx context.Context) string { id, _ := ctx.Value(sandboxKey{}).(s
 // the Connect protocol (and gRPC, gRPC-Web) with its JSON and binary codecs.
 func (h *Handler) envdRoutes() http.Handler {
 	m := http.NewServeMux()
-	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	m.HandleFunc("GET /files", h.readFile)
 	m.HandleFunc("POST /files", h.writeFiles)
 	p, ph := processconnect.NewProcessHandler(&processService{h: h})
@@ -47,8 +46,7 @@ func (h *Handler) envdRoutes() http.Handler {
 func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(SandboxHeader)
 	if r.URL.Path == "/health" && r.Method == http.MethodGet {
-		// envd's health answers without credentials, as envd's own does.
-		h.envd.ServeHTTP(w, r)
+		h.health(w, r, id)
 		return
 	}
 	if !sandboxID.MatchString(id) {
@@ -60,6 +58,29 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id)))
+}
+
+// health is envd's GET /health as E2B's edge answers it: 204 while the sandbox runs, 502 while
+// it does not (gone, paused, stopped, not yet started), which the SDKs' isRunning and
+// is_running read as false and their error paths as "the sandbox is gone". It answers
+// without credentials, as envd's own does, but then says nothing of the sandbox (204): only
+// a caller with the sandbox's access token learns whether it runs.
+func (h *Handler) health(w http.ResponseWriter, r *http.Request, id string) {
+	if !sandboxID.MatchString(id) || !h.accessTokenOK(id, r.Header.Get("X-Access-Token")) {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	st, err := h.sup.Status(id)
+	switch {
+	case statusOf(err) == http.StatusNotFound:
+		writeError(w, http.StatusBadGateway, "Sandbox %s is not running: there is no such sandbox.", id)
+	case err != nil:
+		h.fail(w, r, err)
+	case st.State != supervisor.StateRunning:
+		writeError(w, http.StatusBadGateway, "Sandbox %s is not running: it is %s; connect to it to run it again.", id, st.State)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
 }
 
 // userOf is the user a call acts as: the username it names, or the default user.

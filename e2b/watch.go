@@ -107,7 +107,8 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 		select {
 		case b := <-batches:
 			if b.err != nil {
-				return nil // the directory went away, or its sandbox
+				// The directory went away, or its sandbox; or the call's end closed the watch.
+				return leave(ctx)
 			}
 			for _, ev := range b.evs {
 				if control.WatchOp(ev.Op) == control.WatchOverflow {
@@ -126,7 +127,7 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 				return err
 			}
 		case <-ctx.Done():
-			return nil
+			return leave(ctx)
 		}
 	}
 }

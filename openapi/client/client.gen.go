@@ -274,6 +274,27 @@ func (e RuntimeStatusAccelerator) Valid() bool {
 	}
 }
 
+// Defines values for RuntimeStatusAcceleratorMode.
+const (
+	RuntimeStatusAcceleratorModeAuto RuntimeStatusAcceleratorMode = "auto"
+	RuntimeStatusAcceleratorModeKvm  RuntimeStatusAcceleratorMode = "kvm"
+	RuntimeStatusAcceleratorModeTcg  RuntimeStatusAcceleratorMode = "tcg"
+)
+
+// Valid indicates whether the value is a known member of the RuntimeStatusAcceleratorMode enum.
+func (e RuntimeStatusAcceleratorMode) Valid() bool {
+	switch e {
+	case RuntimeStatusAcceleratorModeAuto:
+		return true
+	case RuntimeStatusAcceleratorModeKvm:
+		return true
+	case RuntimeStatusAcceleratorModeTcg:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for RuntimeStatusState.
 const (
 	RuntimeStatusStateProbing     RuntimeStatusState = "probing"
@@ -1159,6 +1180,12 @@ type RuntimeStatus struct {
 	// Accelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 	Accelerator *RuntimeStatusAccelerator `json:"accelerator,omitempty"`
 
+	// AcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+	// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+	// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+	// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+	AcceleratorMode *RuntimeStatusAcceleratorMode `json:"accelerator_mode,omitempty"`
+
 	// Default A create that names no runtime gets this one.
 	Default bool `json:"default"`
 
@@ -1182,6 +1209,12 @@ type RuntimeStatus struct {
 
 // RuntimeStatusAccelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 type RuntimeStatusAccelerator string
+
+// RuntimeStatusAcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+type RuntimeStatusAcceleratorMode string
 
 // RuntimeStatusState `ready`: sandboxes of this runtime can be created. `probing`: its start-up probe
 // (the microvm runtime boots a probe guest to choose its accelerator, some seconds)

@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { Sandbox, CommandExitError } from 'e2b';
+import { Sandbox, CommandExitError, TimeoutError } from 'e2b';
 
 const metadata = { suite: 'e2b-compat', run: String(process.pid) };
 
@@ -21,6 +21,7 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal(env.stdout, 'hello\n');
 
     await assert.rejects(sbx.commands.run('exit 3'), (err) => err instanceof CommandExitError && err.exitCode === 3);
+    await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 1000 }), TimeoutError);
 
     // Two commands at once: E2B processes take no exec lock.
     const bg = await sbx.commands.run('sleep 30', { background: true });
@@ -71,6 +72,8 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal(info.sandboxId, sbx.sandboxId);
     assert.deepEqual(info.metadata, metadata);
     assert.ok(info.endAt.getTime() - Date.now() > 30_000, 'setTimeout moved the end');
+    assert.deepEqual(info.lifecycle, { onTimeout: 'kill', autoResume: false });
+    assert.equal(await sbx.isRunning(), true);
 
     // Re-attach to a background command by pid, and feed it stdin.
     const cat = await sbx.commands.run('cat', { background: true, stdin: true });
@@ -82,14 +85,25 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
 
     assert.equal(await sbx.pause(), true);
     assert.equal((await sbx.getInfo()).state, 'paused');
+    assert.equal(await sbx.isRunning(), false, 'a paused sandbox does not run');
     const back = await Sandbox.connect(sbx.sandboxId);
     assert.equal((await back.commands.run('echo back')).stdout, 'back\n');
+
+    // A pause without memory keeps the files alone: connect boots the sandbox afresh.
+    await sbx.files.write('/home/user/kept.txt', 'kept');
+    const sleeper = await sbx.commands.run('sleep 300', { background: true });
+    assert.equal(await sbx.pause({ keepMemory: false }), true);
+    assert.equal(await sbx.pause({ keepMemory: false }), false, 'a second pause finds it paused');
+    const cold = await Sandbox.connect(sbx.sandboxId);
+    assert.equal(await cold.files.read('/home/user/kept.txt'), 'kept');
+    assert.ok(!(await cold.commands.list()).some((p) => p.pid === sleeper.pid), 'the cold boot ran no old process');
 
     const page = await Sandbox.list({ query: { metadata } }).nextItems();
     assert.deepEqual(page.map((s) => s.sandboxId), [sbx.sandboxId]);
   } finally {
     assert.equal(await sbx.kill(), true);
   }
+  assert.equal(await sbx.isRunning(), false, 'a killed sandbox does not run');
   assert.equal(await Sandbox.kill(sbx.sandboxId), false, 'a second kill finds nothing');
 });
 

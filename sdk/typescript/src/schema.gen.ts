@@ -1451,6 +1451,14 @@ export interface components {
              * @enum {string}
              */
             accelerator?: "kvm" | "tcg";
+            /**
+             * @description How the accelerator is chosen, as the operator configured it (`sandboxd
+             *     --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+             *     `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+             *     a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+             * @enum {string}
+             */
+            accelerator_mode?: "auto" | "kvm" | "tcg";
             /** @description Why the runtime is unavailable. */
             reason?: string;
             /** @description The runtime identity that its sandboxes are bound to. */
@@ -4236,6 +4244,7 @@ export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
 export const runtimeStatusStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["state"]> = ["ready", "probing", "unavailable"];
 export const runtimeStatusAcceleratorValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator"]> = ["kvm", "tcg"];
+export const runtimeStatusAccelerator_modeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator_mode"]> = ["auto", "kvm", "tcg"];
 export const onTimeoutValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OnTimeout"]> = ["stop", "delete"];
 export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "expired", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
