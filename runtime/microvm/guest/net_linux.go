@@ -30,7 +30,7 @@ func configureNIC(_ context.Context, address netip.Prefix, gateway netip.Addr) e
 		return fmt.Errorf("list the addresses of %s: %w", NIC, err)
 	}
 	for _, a := range addrs {
-		if !a.IPNet.IP.Equal(want.IP) {
+		if !a.IP.Equal(want.IP) {
 			_ = netlink.AddrDel(l, &a)
 		}
 	}
