@@ -1,9 +1,13 @@
 package tests
 
 import (
+	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/sandboxd/sandboxd/runtime/microvm"
 )
@@ -78,10 +82,72 @@ func TestMicroVMNetwork(t *testing.T) {
 		d.Restart(true)
 		d := d.in(t)
 		d.vmReaches(id)
+		// The restarted sandboxd re-adopted the network (Setup and the join again), which
+		// it only logs when it fails.
+		if log := d.logs.String(); strings.Contains(log, "re-adopting a running sandbox's network") {
+			t.Fatalf("the restarted sandboxd failed to re-adopt the network:\n%s", log)
+		}
 		if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK || rep.Running != 1 {
 			t.Fatalf("sandboxd check beside a networked microVM exited %d: %+v\n%s", code, rep, stderr)
 		}
 		w.noLeftovers(t, d, id)
+	})
+
+	t.Run("killed-mid-setup", func(t *testing.T) {
+		// sandboxd SIGKILLed once the veth of a start exists: while the guest's NIC is
+		// configured, or just after the launch committed. Either way the restarted sandboxd
+		// leaves a consistent sandbox: stopped with no network and no process (and it starts
+		// again, networked), or running and reachable.
+		v := d.in(t)
+		if r := v.vmDo("POST", "/v1/sandboxes/"+id+"/stop?timeout=300000", nil); r.Status != 200 {
+			t.Fatalf("stop: %d %s", r.Status, r.Body)
+		}
+		w.noLeftovers(t, v)
+		// The start's answer never comes (sandboxd dies under it), so it is sent aside.
+		url, token, client := v.URL, v.Token, v.httpClient()
+		go func() {
+			req, err := http.NewRequest("POST", url+"/v1/sandboxes/"+id+"/start?timeout=600000", nil)
+			if err != nil {
+				return
+			}
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			if resp, err := client.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		hh := nsHandle(t, w.host)
+		waitFor(t, vmDeadline, "the start's veth", func() bool {
+			links, err := hh.LinkList()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return slices.ContainsFunc(links, func(l netlink.Link) bool { return strings.HasPrefix(l.Attrs().Name, "sbxd") })
+		})
+		d.Restart(true) // the outer daemon: the later subtests reach the restarted one
+		v = d.in(t)
+		sb := decode[netSandboxJSON](t, v.vmDo("GET", "/v1/sandboxes/"+id, nil), 200)
+		switch sb.State {
+		case "running":
+			t.Logf("the kill came after the launch committed")
+			v.vmReaches(id)
+			w.noLeftovers(t, v, id)
+		case "stopped":
+			t.Logf("the kill came before the launch committed")
+			w.noLeftovers(t, v)
+			if left, err := vm.Processes(v.Root); err != nil || len(left) != 0 {
+				t.Fatalf("microVM processes of the ended launch: %+v, %v", left, err)
+			}
+			// The interrupted start leaves nothing in the way of the next one.
+			decode[netSandboxJSON](t, v.vmDo("POST", "/v1/sandboxes/"+id+"/start?timeout=600000", nil), 200)
+			v.vmReaches(id)
+		default:
+			t.Fatalf("after the kill and a restart the sandbox is %+v", sb)
+		}
+		if rep, code, stderr := runCheckIn(t, w.host, v.Root); code != 0 || !rep.OK {
+			t.Fatalf("sandboxd check after the kill exited %d: %+v\n%s", code, rep, stderr)
+		}
 	})
 
 	t.Run("stop-and-delete", func(t *testing.T) {
