@@ -73,6 +73,11 @@ func TestMicroVMNetwork(t *testing.T) {
 		decode[struct{}](t, d.vmDo("PUT", "/v1/sandboxes/"+id+"/network", jsonBody(t, policy)), 200)
 	})
 	t.Logf("start of a stopped microVM to its agent's answer: without a network %v, with one %v", without, with)
+	for line := range strings.Lines(d.logs.String()) {
+		if strings.Contains(line, "network: attached") {
+			t.Logf("the supervisor's network setup (Setup and the join): %s", strings.TrimSpace(line))
+		}
+	}
 	addr, err := netip.ParseAddr(sb.Address)
 	if err != nil || sb.State != "running" {
 		t.Fatalf("the networked microVM shows %+v; want it running with an address", sb)
