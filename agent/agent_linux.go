@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -50,6 +51,10 @@ func RunContext(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	var handler control.Handler = a
+	if cfg.ConfigureNetwork != nil {
+		handler = netAgent{agent: a, configure: cfg.ConfigureNetwork}
+	}
 	a.log.Info("agent listening", "socket", ln.Addr().String(), "hostname", cfg.Hostname,
 		"pid", os.Getpid(), "reap_all", a.reaper.all, "unprivileged", a.unprivileged)
 
@@ -72,7 +77,7 @@ func RunContext(ctx context.Context, cfg Config) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := control.Serve(conn, cfg.Capability, a)
+				err := control.Serve(conn, cfg.Capability, handler)
 				connMu.Lock()
 				delete(conns, conn)
 				connMu.Unlock()
@@ -205,4 +210,17 @@ func (a *agent) user(name string) (string, UserSpec) {
 		name = control.User
 	}
 	return name, a.users[name]
+}
+
+// netAgent is the agent of a sandbox whose NIC the agent configures (Config.ConfigureNetwork):
+// it serves control's network operation too.
+type netAgent struct {
+	*agent
+	configure func(ctx context.Context, address netip.Prefix, gateway netip.Addr) error
+}
+
+// ConfigureNetwork implements control.NetworkConfigurer.
+func (n netAgent) ConfigureNetwork(ctx context.Context, address netip.Prefix, gateway netip.Addr) error {
+	n.log.Info("configuring the network", "address", address, "gateway", gateway)
+	return n.configure(ctx, address, gateway)
 }

@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"context"
 	"log/slog"
 	"net"
+	"net/netip"
 	"time"
 )
 
@@ -47,6 +49,10 @@ type Config struct {
 	// CgroupDir, if set, is the sandbox's cgroup directory as the agent sees it (v2, or v1's
 	// memory controller directory); it is read for memory usage and OOM kills.
 	CgroupDir string
+	// ConfigureNetwork, if set, serves control's network operation (and the agent announces
+	// it): it gives the sandbox's eth0 address and routes through gateway. A microVM's guest
+	// sets it; a namespace sandbox's eth0 is configured from the host.
+	ConfigureNetwork func(ctx context.Context, address netip.Prefix, gateway netip.Addr) error
 	// Logger receives the agent's log; default slog.Default().
 	Logger *slog.Logger
 }

@@ -69,6 +69,9 @@ func features(h Handler) []string {
 	if _, ok := h.(FileMetaServer); ok {
 		f = append(f, FeatureFileMeta)
 	}
+	if _, ok := h.(NetworkConfigurer); ok {
+		f = append(f, FeatureNetwork)
+	}
 	return f
 }
 

@@ -71,6 +71,10 @@
 //   - watch ([WatchRequest]; feature "watch"): see [OpWatch].
 //   - proc-start, proc-attach, proc-list, proc-input ([ProcRequest]; feature "procs"): the
 //     tracked processes, which outlive their client and its connection; see [OpProcStart].
+//   - network ([NetworkRequest] {address, gateway}; feature "network"): a microVM guest's
+//     agent gives its eth0 the address and routes through the gateway; one result (or
+//     error). A namespace sandbox's agent does not serve it (its eth0 is configured from the
+//     host).
 //
 // Errors are [RemoteError] {code, message}; the client returns them wrapped in an
 // [*errcode.Error] (file-not-found is [errcode.FileNotFound], a refused request is

@@ -55,6 +55,7 @@ type Header struct {
 	Dial     *DialRequest     `json:"dial,omitempty"`
 	Watch    *WatchRequest    `json:"watch,omitempty"`
 	Proc     *ProcRequest     `json:"proc,omitempty"`
+	Network  *NetworkRequest  `json:"network,omitempty"`
 }
 
 // DecodeHeader parses and validates a header frame's payload. Unknown JSON fields are ignored
@@ -107,6 +108,11 @@ func (h *Header) Validate() error {
 		return h.Watch.Validate()
 	case OpProcStart, OpProcAttach, OpProcList, OpProcInput:
 		return validateProcHeader(h)
+	case OpNetwork:
+		if h.Network == nil {
+			return invalidf("A network header needs a network request.")
+		}
+		return h.Network.Validate()
 	default:
 		return invalidf("Unknown operation %q.", h.Op)
 	}

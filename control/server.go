@@ -246,6 +246,8 @@ func (s *server) serveSimple(ctx context.Context, st *yamux.Stream, fw *frameWri
 		err = s.h.Remove(ctx, hdr.File)
 	case OpStats:
 		result, err = s.h.Stats(ctx)
+	case OpNetwork:
+		err = s.serveNetwork(ctx, hdr.Network)
 	case OpShutdown:
 		err = s.h.Shutdown(ctx, time.Duration(hdr.Shutdown.GraceMS)*time.Millisecond)
 		if err == nil {

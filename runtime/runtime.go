@@ -57,6 +57,11 @@ type Spec struct {
 	Capability []byte `json:"capability"`
 	// Hostname defaults to ID.
 	Hostname string `json:"hostname,omitempty"`
+	// Network says that the sandbox's policy gives it a network interface at this launch
+	// (the supervisor sets it up once the agent answers). A runtime whose interface must
+	// exist from the start, a VM's NIC, makes it only then; the namespace runtime gives every
+	// sandbox a network namespace of its own either way.
+	Network bool `json:"network,omitempty"`
 }
 
 // Validate checks the parts of a spec that every runtime relies on.

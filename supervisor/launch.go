@@ -113,6 +113,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Env:        img.env(cfg.Env),
 		Capability: capability,
 		Hostname:   cfg.ID,
+		Network:    s.net.mgr != nil && s.rulesOf(cfg).Networked(),
 	}
 	proc, err := rt.Start(ctx, spec)
 	if err != nil {

@@ -165,6 +165,14 @@ func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *stor
 	if err != nil {
 		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s could not get its network: %v.", cfg.ID, err)
 	}
+	if rt, err := s.runtimeFor(cfg); err == nil {
+		if _, ok := rt.(runtime.GuestNetworker); ok {
+			// The guest's NIC, not the namespace's eth0, holds the sandbox's address.
+			if err := client.ConfigureNetwork(ctx, netip.PrefixFrom(att.Address, att.Subnet.Bits()), att.Gateway); err != nil {
+				return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s could not configure its network interface: %v.", cfg.ID, err)
+			}
+		}
+	}
 	// Written as root through the agent, over whatever the image has: the sandbox's own layer
 	// takes it, and the sandbox may change it later like any file of its own.
 	conf := "nameserver " + att.Gateway.String() + "\noptions edns0\n"
@@ -181,7 +189,7 @@ func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *stor
 // a network that is unavailable.
 func (s *Supervisor) attachLaunchNetwork(ctx context.Context, l *store.Lock, cfg *store.Config, proc platform.ProcessID, client *control.Client) error {
 	err := s.attachNetwork(ctx, l, cfg, proc, client)
-	if err != nil && (agentGone(client) || s.launchEnded(l.Dir(), proc)) {
+	if err != nil && (agentGone(client) || s.launchEnded(l, proc)) {
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: it exited while its network was set up (%v). The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
 	}
@@ -200,15 +208,19 @@ func agentGone(client *control.Client) bool {
 
 // launchEnded reports whether the launch of proc has ended: its runtime process exited, or
 // its init did.
-func (s *Supervisor) launchEnded(dir string, proc platform.ProcessID) bool {
+func (s *Supervisor) launchEnded(l *store.Lock, proc platform.ProcessID) bool {
 	if !proc.Alive() {
 		return true
 	}
-	nr, ok := s.rt.(runtime.NetNSer)
+	rt, err := s.lockedRuntime(l)
+	if err != nil {
+		return false
+	}
+	nr, ok := rt.(runtime.NetNSer)
 	if !ok {
 		return false
 	}
-	pid, err := nr.NetNS(dir)
+	pid, err := nr.NetNS(l.Dir())
 	if err != nil {
 		return true
 	}
@@ -231,6 +243,11 @@ func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc plat
 	att, err := s.net.mgr.Setup(l.ID(), network.Target{NS: ns}, rules)
 	if err != nil {
 		return att, err
+	}
+	if gn, ok := rt.(runtime.GuestNetworker); ok {
+		if err := gn.JoinGuest(ns); err != nil {
+			return att, err
+		}
 	}
 	s.net.set(l.ID(), att)
 	s.log.Debug("network: attached", "sandbox", l.ID(), "address", att.Address, "took", time.Since(start))
@@ -297,6 +314,11 @@ func (s *Supervisor) SetNetwork(ctx context.Context, id string, p NetworkPolicy)
 	if r.mismatch {
 		return nil, mismatchError(id)
 	}
+	if r.drivable() {
+		if err := s.checkLiveNetwork(l, cfg, rules); err != nil {
+			return nil, err
+		}
+	}
 	cfg.Network = &p
 	if err := l.WriteConfig(cfg); err != nil {
 		return nil, err
@@ -307,6 +329,30 @@ func (s *Supervisor) SetNetwork(ctx context.Context, id string, p NetworkPolicy)
 		}
 	}
 	return s.Status(id)
+}
+
+// checkLiveNetwork refuses, before anything is recorded, a policy that would give a running
+// sandbox an interface its runtime cannot add while it runs: a microVM started without a
+// NIC (its NetNS says so) keeps none until it is started again.
+func (s *Supervisor) checkLiveNetwork(l *store.Lock, cfg *store.Config, rules *network.Rules) error {
+	if !rules.Networked() || s.net.mgr == nil {
+		return nil
+	}
+	if _, ok := s.net.get(l.ID()); ok {
+		return nil
+	}
+	rt, err := s.runtimeFor(cfg)
+	if err != nil {
+		return err
+	}
+	gn, ok := rt.(runtime.GuestNetworker)
+	if !ok {
+		return nil
+	}
+	if _, err := gn.NetNS(l.Dir()); err != nil {
+		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s runs under the %s runtime without a network interface, which cannot be added while it runs (%v); stop it, set its network, and start it again.", l.ID(), rt.Kind(), err)
+	}
+	return nil
 }
 
 // applyNetwork applies rules to a running sandbox: an update of the filter of one that has a

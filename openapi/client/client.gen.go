@@ -508,8 +508,9 @@ type CreateSandboxRequest struct {
 	// work on this server, or that the operator turned off (see `runtimes` of
 	// `/v1/info`), is refused with `unavailable` (503) and the reason. A `microvm`
 	// sandbox runs the `host` image only, has no disk of its own (give `disk_mb: 0`:
-	// the server's default disk applies to `namespace` sandboxes only), no network, no
-	// pause and no capture yet, and cannot be a clone.
+	// the server's default disk applies to `namespace` sandboxes only), a network only
+	// when its policy asks for one as it starts (a running microVM cannot be given one),
+	// no pause and no capture yet, and cannot be a clone.
 	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
 	// Start Also start the sandbox before answering. The create is then all or nothing: a

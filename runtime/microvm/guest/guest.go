@@ -29,11 +29,16 @@ const (
 
 // Modules are the kernel modules the guest loads, in order: the virtio core and PCI
 // transport (modern and legacy libraries, which virtio_pci links either way), the console
-// (virtio-serial) and the block device.
+// (virtio-serial), the block device and the NIC (virtio_net, which links net_failover and
+// failover). The NIC's driver is loaded whether or not the VM has one: a microVM whose
+// policy gives it no network has no NIC, so only lo.
 var Modules = []string{
 	"virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
-	"virtio_console", "virtio_blk",
+	"virtio_console", "virtio_blk", "failover", "net_failover", "virtio_net",
 }
+
+// NIC is the guest's network interface when the VM has one.
+const NIC = "eth0"
 
 // Config is what the shim sends the guest in the port's first frame: never in a file or on
 // the kernel's command line, which the sandbox can read.

@@ -93,6 +93,8 @@ func run() error {
 		DefaultEnv: env,
 		Hostname:   cfg.Hostname,
 		ReapAll:    true,
+		// The guest's NIC is its own: the host gives the namespace's eth0 no more than layer 2.
+		ConfigureNetwork: configureNIC,
 	})
 }
 

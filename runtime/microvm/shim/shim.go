@@ -103,8 +103,19 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 			"-drive", "if=none,id=root,format=qcow2,file="+optValue(cfg.Overlay),
 			"-device", "virtio-blk-pci,drive=root,disable-legacy=on")
 	}
+	if !probe && cfg.Spec.Network {
+		// QEMU makes the tap in the network namespace of its own that the shim starts it in;
+		// the driver's JoinGuest brings it up and joins it to that namespace's eth0. Every
+		// microVM is alone on its veth's layer 2, so QEMU's default MAC is no collision.
+		args = append(args,
+			"-netdev", "tap,id=net,ifname="+TapName+",script=no,downscript=no",
+			"-device", "virtio-net-pci,netdev=net,disable-legacy=on")
+	}
 	return args
 }
+
+// TapName is the tap device QEMU makes in its network namespace for a networked microVM.
+const TapName = "tap0"
 
 // optValue escapes a value for QEMU's option syntax, where a comma is written twice.
 func optValue(v string) string { return strings.ReplaceAll(v, ",", ",,") }

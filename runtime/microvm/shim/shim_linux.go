@@ -95,6 +95,11 @@ func run(cfg *Config) int {
 	// QEMU dies with the shim, even by SIGKILL: nothing of a launch outlives its runtime
 	// process.
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if cfg.Spec.Network {
+		// A network namespace of QEMU's own, which dies with it: the supervisor's
+		// network.Manager puts the sandbox's eth0 there, beside QEMU's tap.
+		v.cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	logf("starting %s %q", cfg.QEMU, v.cmd.Args[1:])
 	if err := v.cmd.Start(); err != nil {
 		return fail("start QEMU: %v", err)

@@ -1,0 +1,167 @@
+//go:build linux
+
+package microvm
+
+import (
+	"os"
+	goruntime "runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+)
+
+// TestQEMUArgsNetwork: a networked launch gets the tap and a modern-only virtio NIC, any other
+// launch (and the probe guest) no NIC at all.
+func TestQEMUArgsNetwork(t *testing.T) {
+	args := func(network, probe bool) []string {
+		cfg := &shim.Config{Accel: "tcg", QEMU: "qemu", Kernel: "k", Initramfs: "i", Overlay: "o",
+			Spec: runtime.Spec{Network: network}}
+		return shim.QEMUArgs(cfg, probe)
+	}
+	on := args(true, false)
+	if i := slices.Index(on, "-netdev"); i < 0 || on[i+1] != "tap,id=net,ifname="+shim.TapName+",script=no,downscript=no" {
+		t.Errorf("a networked launch's QEMU arguments lack the tap: %q", on)
+	}
+	if i := slices.Index(on, "virtio-net-pci,netdev=net,disable-legacy=on"); i < 1 || on[i-1] != "-device" {
+		t.Errorf("a networked launch's QEMU arguments lack the NIC: %q", on)
+	}
+	for _, off := range [][]string{args(false, false), args(true, true)} {
+		if s := strings.Join(off, " "); strings.Contains(s, "netdev") || strings.Contains(s, "virtio-net") {
+			t.Errorf("a launch without a network gets a NIC: %s", s)
+		}
+	}
+}
+
+// TestJoinGuestRedirects: in a namespace with eth0 and tap0, JoinGuest brings the tap up and
+// gives each device one filter that redirects to the other; a second call adds nothing.
+func TestJoinGuestRedirects(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: it makes a network namespace")
+	}
+	ns := newNS(t)
+	h, err := netlink.NewHandleAt(netns.NsHandle(int(ns.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
+		t.Fatal(err)
+	}
+	// A tap is made by an ioctl on /dev/net/tun, in the namespace of the calling thread (as
+	// QEMU makes it); it lives while its descriptor is open.
+	var tun *os.File
+	if err := inNS(ns, func() error {
+		f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		ifr, err := unix.NewIfreq(shim.TapName)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+		if err := unix.IoctlIfreq(int(f.Fd()), unix.TUNSETIFF, ifr); err != nil {
+			f.Close()
+			return err
+		}
+		tun = f
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tun.Close() })
+	r := &Runtime{}
+	for range 2 {
+		if err := r.JoinGuest(ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eth, _ := h.LinkByName("eth0")
+	tapl, err := h.LinkByName(shim.TapName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tapl.Attrs().Flags&(1<<0) == 0 { // net.FlagUp
+		t.Errorf("%s is not up", shim.TapName)
+	}
+	for _, pair := range [][2]netlink.Link{{eth, tapl}, {tapl, eth}} {
+		fs, err := h.FilterList(pair[0], netlink.MakeHandle(0xffff, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(fs) != 1 {
+			t.Fatalf("%s has %d ingress filters; want 1", pair[0].Attrs().Name, len(fs))
+		}
+		u, ok := fs[0].(*netlink.U32)
+		if !ok || len(u.Actions) != 1 {
+			t.Fatalf("%s's filter is %#v", pair[0].Attrs().Name, fs[0])
+		}
+		m, ok := u.Actions[0].(*netlink.MirredAction)
+		if !ok || m.Ifindex != pair[1].Attrs().Index || m.MirredAction != netlink.TCA_EGRESS_REDIR {
+			t.Fatalf("%s's filter redirects by %#v; want egress to %s", pair[0].Attrs().Name, u.Actions[0], pair[1].Attrs().Name)
+		}
+	}
+}
+
+// newNS makes an empty network namespace, gone when the test ends.
+func newNS(t *testing.T) *os.File {
+	t.Helper()
+	done := make(chan error, 1)
+	var f *os.File
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer orig.Close()
+		n, err := netns.New()
+		if err != nil {
+			done <- err
+			return
+		}
+		if netns.Set(orig) == nil {
+			goruntime.UnlockOSThread()
+		}
+		f = os.NewFile(uintptr(n), "netns")
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// inNS runs fn on a thread in ns.
+func inNS(ns *os.File, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(netns.NsHandle(int(ns.Fd()))); err != nil {
+			done <- err
+			return
+		}
+		err = fn()
+		if netns.Set(orig) == nil {
+			goruntime.UnlockOSThread()
+		}
+		done <- err
+	}()
+	return <-done
+}
