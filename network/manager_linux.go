@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -325,6 +326,9 @@ func (m *Manager) plumb(a *allocation, att Attachment, target Target) error {
 	if err := host.AddrReplace(hl, &netlink.Addr{IPNet: ipnet(att.Gateway, att.Subnet.Bits())}); err != nil {
 		return fmt.Errorf("network: address %s: %w", a.HostIf, err)
 	}
+	if err := m.strictSources(a.HostIf); err != nil {
+		return err
+	}
 	if err := host.LinkSetUp(hl); err != nil {
 		return fmt.Errorf("network: bring %s up: %w", a.HostIf, err)
 	}
@@ -347,6 +351,23 @@ func (m *Manager) plumb(a *allocation, att Attachment, target Target) error {
 	route := &netlink.Route{LinkIndex: el.Attrs().Index, Gw: att.Gateway.AsSlice()}
 	if err := inside.RouteReplace(route); err != nil {
 		return fmt.Errorf("network: route the sandbox through %s: %w", att.Gateway, err)
+	}
+	return nil
+}
+
+// strictSources turns strict reverse-path filtering on for a sandbox's host end, before it is
+// up: root in a sandbox may give its eth0 any address, and a packet whose source is not in the
+// sandbox's own subnet (another sandbox's address, which the pool's masquerade would carry out
+// as the host's, or any outside one) is then dropped by the routing decision, before any
+// nftables rule, the established-connections one included, can take it for a reply or send it
+// on. The kernel uses the larger of this and conf/all's value, so a host's own setting can
+// only make it stricter.
+func (m *Manager) strictSources(ifname string) error {
+	err := m.inHost(func() error {
+		return os.WriteFile(filepath.Join("/proc/sys/net/ipv4/conf", ifname, "rp_filter"), []byte("1\n"), 0)
+	})
+	if err != nil {
+		return fmt.Errorf("network: turn on reverse-path filtering for %s: %w", ifname, err)
 	}
 	return nil
 }

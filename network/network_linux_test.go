@@ -3,12 +3,14 @@
 package network
 
 import (
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
@@ -263,4 +265,57 @@ func TestFailedSetupIsRecordedAndTornDown(t *testing.T) {
 	}
 	must(t, w.m.Teardown("early"))
 	w.assertClean(t)
+}
+
+// TestForgedSourcesAreDropped: root in a sandbox can give its eth0 any address and send from
+// it. A datagram whose source is another sandbox's address (which the pool's masquerade would
+// carry out as the host's) or an outside one must not leave the host; one from the sandbox's
+// own address, sent after them on the same path, arrives, so the forged ones would have too.
+func TestForgedSourcesAreDropped(t *testing.T) {
+	w := newWorld(t)
+	a := w.sandbox(t, "a", Policy{Internet: true})
+	b := w.sandbox(t, "b", Policy{Internet: true})
+	var pc net.PacketConn
+	must(t, inNS(t, w.inet, func() (err error) {
+		pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(allowedHost, 9999).String())
+		return err
+	}))
+	defer pc.Close()
+
+	ah := handleIn(t, a.ns)
+	eth0, err := ah.LinkByName("eth0")
+	must(t, err)
+	forged := []netip.Addr{b.att.Address, netipAddr("192.0.2.99")}
+	for _, f := range forged {
+		must(t, ah.AddrAdd(eth0, &netlink.Addr{IPNet: ipnet(f, 32)}))
+	}
+	send := func(from netip.Addr, payload string) {
+		t.Helper()
+		must(t, inNS(t, a.ns, func() error {
+			c, err := net.DialUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(from, 0)),
+				net.UDPAddrFromAddrPort(netip.AddrPortFrom(allowedHost, 9999)))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte(payload))
+			return err
+		}))
+	}
+	for _, f := range forged {
+		send(f, "forged "+f.String())
+	}
+	send(a.att.Address, "own")
+	must(t, pc.SetReadDeadline(time.Now().Add(10*time.Second)))
+	buf := make([]byte, 64)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("the datagram from the sandbox's own address did not arrive: %v", err)
+		}
+		if got := string(buf[:n]); got != "own" {
+			t.Fatalf("a datagram with a forged source left the host: %q (seen from %s)", got, from)
+		}
+		return
+	}
 }
