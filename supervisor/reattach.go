@@ -144,6 +144,7 @@ func journalProcess(j *store.LaunchJournal) (p platform.ProcessID) {
 // before it serves: interrupted starts are ended, stale records cleared, running sandboxes
 // kept. A sandbox whose lock another process holds past timeout is skipped and reported.
 func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) error {
+	t0 := time.Now()
 	ids, err := s.store.List()
 	if err != nil {
 		return err
@@ -192,6 +193,6 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 		cancel()
 	}
 	s.reconcileNetworks(ctx, timeout)
-	s.log.Info("reattached sandboxes", "sandboxes", len(ids), "running", running)
+	s.log.Info("reattached sandboxes", "sandboxes", len(ids), "running", running, "took", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
