@@ -118,6 +118,11 @@ type Supervisor struct {
 	watched   map[string]string      // sandbox id → the launch a watcher follows
 	pulls     map[string]*pull       // image name → its pull in progress, or failed
 	timers    map[string]*time.Timer // sandbox id → the end of its lifetime
+	// unreconciled are the sandboxes that the start-up reattach pass listed and nobody has
+	// reconciled since (see [Supervisor.StartReattach]); reconciled is closed when the pass
+	// ended (at once if there was none).
+	unreconciled map[string]bool
+	reconciled   chan struct{}
 
 	ports portConns
 	net   *netState
@@ -169,6 +174,7 @@ func New(opts Options) (*Supervisor, error) {
 		watched:       map[string]string{},
 		ports:         portConns{limits: opts.Ports.withDefaults()},
 		timers:        map[string]*time.Timer{},
+		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
 	}
 	for _, d := range DeclaredEntries(s.runtimes.all()...) {
@@ -445,11 +451,18 @@ func (s *Supervisor) imageDir(name string) (string, error) {
 	return dir, nil
 }
 
-// lockProvisioned locks an existing, provisioned sandbox and returns its configuration.
+// lockProvisioned locks an existing, provisioned sandbox and returns its configuration. A
+// sandbox that the start-up reattach pass has not reached yet is reconciled first, as the pass
+// would have (see [Supervisor.StartReattach]).
 func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Lock, *store.Config, error) {
 	l, err := s.store.LockExisting(ctx, id) // validates the id; sandbox-not-found without config
 	if err != nil {
 		return nil, nil, err
+	}
+	if s.takeUnreconciled(id) {
+		if l = s.reconcileAtStartup(ctx, l); l == nil {
+			return nil, nil, errcode.New(errcode.SandboxNotFound, "There is no sandbox %s; create it first, or check the id.", id)
+		}
 	}
 	cfg, err := l.Config()
 	if err != nil {
