@@ -40,14 +40,15 @@ func SpawnDetached(kind, exe string, args []string, log *os.File, config []byte)
 	if err != nil {
 		return platform.ProcessID{}, fmt.Errorf("%s runtime: start the runtime process: %w", kind, err)
 	}
+	id, err := platform.Identify(cmd.Process.Pid)
 	// Reap it if it ends while this sandboxd still runs; after a restart of sandboxd the
 	// host's init (or a subreaper) does.
-	reap(cmd)
-	id, err := platform.Identify(cmd.Process.Pid)
 	if err != nil {
 		_ = cmd.Process.Kill()
+		reap(cmd)
 		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended as it started (identify: %v); start it again.", err)
 	}
+	reap(cmd)
 	if _, err := pw.Write(config); err != nil {
 		_ = platform.SignalVerified(id, syscall.SIGKILL)
 		return platform.ProcessID{}, errcode.Wrap(errcode.StartTimeout, err, "The sandbox's runtime process ended before it took its configuration (%v); start it again.", err)
@@ -75,6 +76,8 @@ func reap(cmd *exec.Cmd) {
 		go func() { _ = cmd.Wait() }()
 		return
 	}
+	// The pidfd os/exec holds for the process would be a second descriptor per sandbox.
+	_ = cmd.Process.Release()
 	go func() {
 		defer pidfd.Close()
 		_ = rc.Read(func(fd uintptr) bool {
@@ -86,7 +89,5 @@ func reap(cmd *exec.Cmd) {
 			// Nothing to reap yet leaves info zero: wait until the pidfd is readable.
 			return err != nil || info.Signo != 0
 		})
-		// Reaped here: cmd.Wait would find no child, so only its pidfd is released.
-		_ = cmd.Process.Release()
 	}()
 }
