@@ -324,6 +324,38 @@ func (s *Supervisor) List() ([]*Status, error) {
 	return out, nil
 }
 
+// ListPage returns, in id order, the first n sandboxes after the id after ("" for the first)
+// that keep accepts, and whether one more follows them. Only the statuses up to that one are
+// read, so a page costs its size, not the state root's: at 4000 sandboxes a listing read 4000
+// statuses for a page of one (issue 17). A sandbox removed meanwhile is left out, as in List.
+func (s *Supervisor) ListPage(after string, n int, keep func(*Status) bool) ([]*Status, bool, error) {
+	ids, err := s.store.List() // sorted
+	if err != nil {
+		return nil, false, err
+	}
+	var page []*Status
+	for _, id := range ids {
+		if id <= after {
+			continue
+		}
+		st, err := s.Status(id)
+		if errcode.Of(err) == errcode.SandboxNotFound {
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		if !keep(st) {
+			continue
+		}
+		if len(page) == n {
+			return page, true, nil
+		}
+		page = append(page, st)
+	}
+	return page, false, nil
+}
+
 // Provision creates a sandbox's state directory and configuration record.
 func (s *Supervisor) Provision(ctx context.Context, cfg store.Config) (*Status, error) {
 	return s.provision(ctx, cfg, provisioning{}, nil)
