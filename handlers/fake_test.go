@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -103,6 +104,22 @@ func (f *fakeSupervisor) Status(id string) (*supervisor.Status, error) {
 }
 
 func (f *fakeSupervisor) List() ([]*supervisor.Status, error) { return f.list, nil }
+
+func (f *fakeSupervisor) ListPage(after string, n int, keep func(*supervisor.Status) bool) ([]*supervisor.Status, bool, error) {
+	sorted := slices.Clone(f.list)
+	slices.SortFunc(sorted, func(a, b *supervisor.Status) int { return strings.Compare(a.Config.ID, b.Config.ID) })
+	var page []*supervisor.Status
+	for _, st := range sorted {
+		if st.Config.ID <= after || !keep(st) {
+			continue
+		}
+		if len(page) == n {
+			return page, true, nil
+		}
+		page = append(page, st)
+	}
+	return page, false, nil
+}
 
 func (f *fakeSupervisor) Start(_ context.Context, id string) (*supervisor.Status, error) {
 	f.mu.Lock()

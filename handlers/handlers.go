@@ -27,6 +27,7 @@ type Supervisor interface {
 	Create(ctx context.Context, req supervisor.CreateRequest) (*supervisor.Status, error)
 	Status(id string) (*supervisor.Status, error)
 	List() ([]*supervisor.Status, error)
+	ListPage(after string, n int, keep func(*supervisor.Status) bool) ([]*supervisor.Status, bool, error)
 	Start(ctx context.Context, id string) (*supervisor.Status, error)
 	Stop(ctx context.Context, id string, force bool) (*supervisor.Status, error)
 	Deprovision(ctx context.Context, id string) error

@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"regexp"
 	"slices"
 	"strings"
@@ -190,23 +191,20 @@ func (h *Handlers) ListSandboxes(_ context.Context, req openapi.ListSandboxesReq
 			selectors[k] = v
 		}
 	}
-	all, err := h.sup.List()
+	after, n, err := pageBounds(p.Cursor, p.Limit)
 	if err != nil {
 		return nil, err
 	}
-	matching := all[:0]
-	for _, st := range all {
-		if p.State != nil && string(st.State) != string(*p.State) {
-			continue
-		}
-		if !matchLabels(st.Config.Labels, selectors) {
-			continue
-		}
-		matching = append(matching, st)
-	}
-	page, next, err := paginate(matching, p.Cursor, p.Limit, func(st *supervisor.Status) string { return st.Config.ID })
+	page, more, err := h.sup.ListPage(after, n, func(st *supervisor.Status) bool {
+		return (p.State == nil || string(st.State) == string(*p.State)) && matchLabels(st.Config.Labels, selectors)
+	})
 	if err != nil {
 		return nil, err
+	}
+	var next *string
+	if more && len(page) > 0 {
+		c := base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].Config.ID))
+		next = &c
 	}
 	out := openapi.SandboxList{Items: make([]openapi.Sandbox, 0, len(page)), NextCursor: next}
 	for _, st := range page {

@@ -179,20 +179,9 @@ func apiGeneration(g *supervisor.Generation) openapi.Generation {
 // next page. A cursor is the last key of a page, base64url-encoded: opaque to clients, and
 // stable while items come and go.
 func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) ([]T, *string, error) {
-	after := ""
-	if cursor != nil {
-		// Every key (a sandbox id, a template name, a generation id) follows the id rule, so
-		// a cursor that decodes to anything else is not one this server returned: "zzzz" is
-		// base64 of three bytes that no key has, not an empty page.
-		b, err := base64.RawURLEncoding.DecodeString(*cursor)
-		if err != nil || !naming.ValidID(string(b)) {
-			return nil, nil, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
-		}
-		after = string(b)
-	}
-	n := defaultListLimit
-	if limit != nil {
-		n = *limit
+	after, n, err := pageBounds(cursor, limit)
+	if err != nil {
+		return nil, nil, err
 	}
 	sorted := slices.Clone(items)
 	slices.SortFunc(sorted, func(a, b T) int { return strings.Compare(key(a), key(b)) })
@@ -208,4 +197,25 @@ func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) 
 		page = append(page, it)
 	}
 	return page, nil, nil
+}
+
+// pageBounds decodes a listing's cursor into the key that its page starts after ("" for the
+// first page), and its limit into the page's size.
+func pageBounds(cursor *string, limit *int) (string, int, error) {
+	after := ""
+	if cursor != nil {
+		// Every key (a sandbox id, a template name, a generation id) follows the id rule, so
+		// a cursor that decodes to anything else is not one this server returned: "zzzz" is
+		// base64 of three bytes that no key has, not an empty page.
+		b, err := base64.RawURLEncoding.DecodeString(*cursor)
+		if err != nil || !naming.ValidID(string(b)) {
+			return "", 0, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
+		}
+		after = string(b)
+	}
+	n := defaultListLimit
+	if limit != nil {
+		n = *limit
+	}
+	return after, n, nil
 }

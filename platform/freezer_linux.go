@@ -28,14 +28,12 @@ const freezePoll = 2 * time.Millisecond
 
 // freezerV1Root returns the mount point of the v1 freezer hierarchy.
 func freezerV1Root() (string, error) {
-	mounts, err := readMountinfo()
+	h, err := cgroupHierarchies()
 	if err != nil {
 		return "", err
 	}
-	for _, m := range mounts {
-		if m.fstype == "cgroup" && slices.Contains(strings.Split(m.superOpts, ","), "freezer") {
-			return m.point, nil
-		}
+	if h.freezer != "" {
+		return h.freezer, nil
 	}
 	return "", errors.New("platform: the cgroup v1 freezer hierarchy is not mounted, so sandboxes cannot be paused")
 }

@@ -461,3 +461,33 @@ func TestReattachSweepsUnboundLeases(t *testing.T) {
 		t.Fatalf("generation %s holds %d leases after the sweep, want the bound clone's 1", g.ID, gen.Leases)
 	}
 }
+
+// TestOperationReconcilesBeforeTheStartUpPass: sandboxd serves while its start-up reattach
+// pass runs, so an operation can reach a sandbox that the pass has not; it reconciles that
+// sandbox first, as the pass would. Here the sandbox is what a crashed create with start
+// leaves, which the reconciliation removes: the start finds no sandbox instead of starting it.
+func TestOperationReconcilesBeforeTheStartUpPass(t *testing.T) {
+	requireRoot(t)
+	s, root := newSupervisor(t)
+	ctx := testContext(t)
+	if _, err := s.Create(ctx, CreateRequest{ID: "early"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, store.SandboxesDir, "early")
+	if err := platform.WriteFileDurable(dir, PendingName, []byte("start\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// As StartReattach leaves it before its pass reaches the sandbox.
+	s.mu.Lock()
+	s.unreconciled = map[string]bool{"early": true}
+	s.mu.Unlock()
+	if _, err := s.Start(ctx, "early"); errcode.Of(err) != errcode.SandboxNotFound {
+		t.Fatalf("start of an unreconciled crashed create: %v, want sandbox-not-found", err)
+	}
+	if s.isUnreconciled("early") {
+		t.Fatal("the sandbox still waits for its reconciliation")
+	}
+	if _, err := s.Status("early"); errcode.Of(err) != errcode.SandboxNotFound {
+		t.Fatalf("status afterwards: %v, want sandbox-not-found", err)
+	}
+}

@@ -140,59 +140,147 @@ func journalProcess(j *store.LaunchJournal) (p platform.ProcessID) {
 	return p
 }
 
-// ReattachAll reconciles every sandbox of the state root, as sandboxd does at start-up
-// before it serves: interrupted starts are ended, stale records cleared, running sandboxes
-// kept. A sandbox whose lock another process holds past timeout is skipped and reported.
+// ReattachAll reconciles every sandbox of the state root, as sandboxd does at start-up:
+// interrupted starts are ended, stale records cleared, running sandboxes kept. It is
+// [Supervisor.StartReattach] and a wait for its pass to end.
 func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) error {
+	if err := s.StartReattach(ctx, timeout); err != nil {
+		return err
+	}
+	select {
+	case <-s.reconciled:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// StartReattach lists the sandboxes of the state root and reconciles them in the background,
+// so that sandboxd serves at once after a restart however many sandboxes it has (issue 17:
+// 4000 took seconds one after the other). Until the pass has reached a sandbox, the first
+// operation that locks it ([Supervisor.lockProvisioned]) reconciles it first, exactly as the
+// pass would: nothing is ever driven unreconciled. Status and List need no pass: they read
+// the records and the processes as they are, as they always do. What only the pass does for
+// every sandbox at once comes later by up to the pass's length: exits that happened while
+// sandboxd was down are noticed (and their events sent) and lifetimes re-armed as the pass
+// reaches each, and networks whose sandbox no longer runs are torn down at its end. A sandbox
+// whose lock another process holds past timeout is skipped and reported.
+func (s *Supervisor) StartReattach(ctx context.Context, timeout time.Duration) error {
+	t0 := time.Now()
 	ids, err := s.store.List()
 	if err != nil {
 		return err
 	}
-	running := 0
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.unreconciled = make(map[string]bool, len(ids))
 	for _, id := range ids {
+		s.unreconciled[id] = true
+	}
+	s.reconciled = done
+	s.mu.Unlock()
+	// The pass ends with the supervisor too (Close waits for it).
+	pctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.life, cancel)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(done)
+		defer stop()
+		defer cancel()
+		s.reattachPass(pctx, ids, timeout)
+		s.log.Info("reattached sandboxes", "sandboxes", len(ids), "took", time.Since(t0).Round(time.Millisecond))
+	}()
+	return nil
+}
+
+// reattachPass reconciles each of ids that no operation has reconciled meanwhile, then the
+// networks.
+func (s *Supervisor) reattachPass(ctx context.Context, ids []string, timeout time.Duration) {
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			return
+		}
+		if !s.isUnreconciled(id) {
+			continue
+		}
 		lctx, cancel := context.WithTimeout(ctx, timeout)
 		l, err := s.store.LockExisting(lctx, id)
 		if err != nil {
 			cancel()
+			s.takeUnreconciled(id)
 			if errcode.Of(err) != errcode.SandboxNotFound {
 				s.log.Warn("reattach: cannot lock sandbox", "sandbox", id, "err", err)
 			}
 			continue
 		}
-		cfg, err := l.Config()
-		if err == nil && cfg != nil {
-			var r reconciled
-			r, err = s.reattach(lctx, l)
-			if r.drivable() {
-				running++
-				_, err = s.reconcilePause(lctx, l, r.rec, true)
-			}
-			if r.mismatch {
-				s.log.Warn("reattach: sandbox runs under another runtime identity", "sandbox", id)
-			}
-			if err == nil && hasPending(l.Dir()) {
-				if r.state == StateRunning {
-					err = removePending(l.Dir())
-				} else {
-					// A create with start that crashed before its start committed: it is
-					// all or nothing, so it is nothing.
-					s.log.Warn("reattach: removing a sandbox whose create did not finish", "sandbox", id)
-					err = s.deprovisionLocked(lctx, l)
-					l = nil
-				}
-			}
-		}
-		if err != nil {
-			s.log.Error("reattach failed", "sandbox", id, "err", err)
+		// Taken under the lock: an operation that locked it first has reconciled it.
+		if s.takeUnreconciled(id) {
+			l = s.reconcileAtStartup(lctx, l)
 		}
 		if l != nil {
 			s.unlock(l)
-			s.armLifetime(id)
 		}
 		cancel()
 	}
 	s.reconcileNetworks(ctx, timeout)
 	s.sweepUnboundLeases(ctx, timeout)
-	s.log.Info("reattached sandboxes", "sandboxes", len(ids), "running", running)
-	return nil
+}
+
+// reconcileAtStartup reconciles the sandbox that l locks for the first time since start-up
+// and returns the lock, or nil if the sandbox is gone: a create with start that crashed before
+// its start committed is all or nothing, so it is removed.
+func (s *Supervisor) reconcileAtStartup(ctx context.Context, l *store.Lock) *store.Lock {
+	id := l.ID()
+	cfg, err := l.Config()
+	if err == nil && cfg != nil {
+		var r reconciled
+		r, err = s.reattach(ctx, l)
+		if r.drivable() {
+			_, err = s.reconcilePause(ctx, l, r.rec, true)
+		}
+		if r.mismatch {
+			s.log.Warn("reattach: sandbox runs under another runtime identity", "sandbox", id)
+		}
+		if err == nil && hasPending(l.Dir()) {
+			if r.state == StateRunning {
+				err = removePending(l.Dir())
+			} else {
+				s.log.Warn("reattach: removing a sandbox whose create did not finish", "sandbox", id)
+				err = s.deprovisionLocked(ctx, l)
+				l = nil
+			}
+		}
+	}
+	if err != nil {
+		s.log.Error("reattach failed", "sandbox", id, "err", err)
+	}
+	if l != nil {
+		s.armLifetime(id)
+	}
+	return l
+}
+
+// takeUnreconciled reports whether sandbox id awaits its start-up reconciliation, and takes
+// that task: the caller, holding its lock, does it.
+func (s *Supervisor) takeUnreconciled(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.unreconciled[id] {
+		return false
+	}
+	delete(s.unreconciled, id)
+	return true
+}
+
+func (s *Supervisor) isUnreconciled(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unreconciled[id]
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }

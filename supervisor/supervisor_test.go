@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -332,5 +333,46 @@ func TestStartTimeout(t *testing.T) {
 	}
 	if _, err := s.Start(ctx, "slow"); err != nil {
 		t.Fatalf("a start with time enough after the timeout: %v", err)
+	}
+}
+
+// TestListPage: a page is the first n sandboxes after the cursor that the filter keeps, in id
+// order, and says whether another follows.
+func TestListPage(t *testing.T) {
+	requireRoot(t)
+	s, _ := newSupervisor(t)
+	ctx := testContext(t)
+	for _, id := range []string{"pc", "pa", "pb"} {
+		if _, err := s.Create(ctx, CreateRequest{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(sts []*Status) (out []string) {
+		for _, st := range sts {
+			out = append(out, st.Config.ID)
+		}
+		return out
+	}
+	all := func(*Status) bool { return true }
+	for _, c := range []struct {
+		after string
+		n     int
+		keep  func(*Status) bool
+		want  []string
+		more  bool
+	}{
+		{"", 2, all, []string{"pa", "pb"}, true},
+		{"pb", 2, all, []string{"pc"}, false},
+		{"", 3, all, []string{"pa", "pb", "pc"}, false},
+		{"", 1, func(st *Status) bool { return st.Config.ID != "pa" }, []string{"pb"}, true},
+		{"pa", 2, func(st *Status) bool { return st.Config.ID != "pb" }, []string{"pc"}, false},
+	} {
+		page, more, err := s.ListPage(c.after, c.n, c.keep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ids(page); !slices.Equal(got, c.want) || more != c.more {
+			t.Errorf("ListPage(%q, %d): %v more=%v, want %v more=%v", c.after, c.n, got, more, c.want, c.more)
+		}
 	}
 }

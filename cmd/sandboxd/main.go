@@ -274,9 +274,10 @@ func serve(o *options, log *slog.Logger) error {
 	// A runtime's probe (the microvm runtime boots a guest to choose its accelerator) takes
 	// seconds: it runs while the server serves, and /v1/info says probing meanwhile.
 	sup.ProbeRuntimes()
-	// Reconcile every sandbox before serving: interrupted starts end, stale records clear,
-	// running sandboxes are found again.
-	if err := sup.ReattachAll(ctx, 10*time.Second); err != nil {
+	// Reconcile every sandbox: interrupted starts end, stale records clear, running sandboxes
+	// are found again. It runs while the server serves; an operation on a sandbox that it has
+	// not reached yet reconciles that sandbox first.
+	if err := sup.StartReattach(ctx, 10*time.Second); err != nil {
 		return err
 	}
 	links, err := portlink.Open(o.root)

@@ -28,7 +28,7 @@ var bwrapArgs = []string{"--unshare-all", "--ro-bind", "/usr", "/usr", "--symlin
 // benchOptions are the command line of `sandboxload bench`.
 type benchOptions struct {
 	url, tokenFile, root, bwrap, prefix string
-	cycles, streams                     int
+	cycles, streams, idle               int
 	streamBytes                         int64
 	streamVCPUs                         []int
 	timeout                             time.Duration
@@ -43,7 +43,27 @@ type BenchReport struct {
 	Bwrap   *BenchOp      `json:"bwrap,omitempty"`
 	Ops     []BenchOp     `json:"ops"`
 	Streams []BenchStream `json:"streams"`
+	Idle    *BenchIdle    `json:"idle,omitempty"`
 }
+
+// BenchIdle is what --idle measured: N idle running sandboxes, the host memory they took
+// (MemTotal - MemAvailable of /proc/meminfo, so everything on the host counts: read it on a
+// quiet host) and how long a listing, an exec and a page took with them all present.
+type BenchIdle struct {
+	N             int     `json:"n"`
+	CreateS       float64 `json:"create_s"`
+	HostMiB       float64 `json:"host_mib"`
+	MiBEach       float64 `json:"mib_each"`
+	GoalMiBEach   float64 `json:"goal_mib_each"`
+	ListAllMS     float64 `json:"list_all_ms"`
+	ListPageMS    float64 `json:"list_page_ms"`
+	ExecMedianMS  float64 `json:"exec_median_ms"`
+	DeleteS       float64 `json:"delete_s"`
+	CreateClients int     `json:"create_clients"`
+}
+
+// idleGoalMiB is issue 17's bound on the host memory of one idle sandbox.
+const idleGoalMiB = 4
 
 // BenchOp is one operation's latencies over the run, and its median as a multiple of the
 // median bwrap spawn of the same run.
@@ -119,6 +139,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchOptions, error) {
 	fs.StringVar(&o.root, "root", envOr("SANDBOXD_ROOT", ".sandboxd"), "sandboxd's state root, whose token is used when --token-file is not given (env SANDBOXD_ROOT)")
 	fs.IntVar(&o.cycles, "cycles", 50, "full cycles to time, each with a bwrap spawn")
 	fs.IntVar(&o.streams, "streams", 3, "streams per --stream-vcpus entry (0: none)")
+	fs.IntVar(&o.idle, "idle", 0, "then start this many idle sandboxes (no disk, 128 MiB limit) and report the host memory each takes, a listing and an exec among them (0: none; they are deleted afterwards)")
 	fs.Int64Var(&o.streamBytes, "stream-bytes", 256<<20, "bytes a stream reads (head -c N /dev/zero)")
 	fs.StringVar(&vcpus, "stream-vcpus", "1,2", "the vcpus of the sandboxes streamed from, one sandbox each")
 	fs.StringVar(&o.bwrap, "bwrap", "", "the bubblewrap binary of the baseline (default: bwrap on $PATH; none: figures without ratios)")
@@ -132,8 +153,8 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchOptions, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.cycles < 1 || o.cycles > 100000 || o.streams < 0 || o.streamBytes < 1 || o.timeout <= 0 {
-		return o, errors.New("--cycles must be 1 to 100000, --streams not negative, --stream-bytes and --request-timeout positive")
+	if o.cycles < 1 || o.cycles > 100000 || o.streams < 0 || o.idle < 0 || o.idle > 100000 || o.streamBytes < 1 || o.timeout <= 0 {
+		return o, errors.New("--cycles must be 1 to 100000, --streams not negative, --idle 0 to 100000, --stream-bytes and --request-timeout positive")
 	}
 	for f := range strings.SplitSeq(vcpus, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -206,7 +227,147 @@ func (b *bench) run(ctx context.Context) (*BenchReport, error) {
 		}
 		rep.Streams = append(rep.Streams, s)
 	}
+	if b.o.idle > 0 {
+		idle, err := b.idleRun(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rep.Idle = idle
+	}
 	return rep, nil
+}
+
+// idleClients is how many requests the idle phase has in flight at once.
+const idleClients = 4
+
+// idleRun starts --idle idle sandboxes, measures, and deletes them.
+func (b *bench) idleRun(ctx context.Context) (*BenchIdle, error) {
+	ids := make([]string, b.o.idle)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-idle%d", b.o.prefix, i)
+	}
+	r := &BenchIdle{N: len(ids), GoalMiBEach: idleGoalMiB, CreateClients: idleClients}
+	before, err := hostUsedKiB()
+	if err != nil {
+		return nil, err
+	}
+	b.live = append(b.live, ids...)
+	t0 := time.Now()
+	err = parallel(ctx, ids, func(ctx context.Context, id string) error {
+		rctx, cancel := context.WithTimeout(ctx, b.o.timeout)
+		defer cancel()
+		return b.api.create(rctx, map[string]any{"id": id, "start": true,
+			"resources": map[string]any{"disk_mb": 0, "memory_mb": 128}})
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.CreateS = time.Since(t0).Seconds()
+	after, err := hostUsedKiB()
+	if err != nil {
+		return nil, err
+	}
+	r.HostMiB = float64(after-before) / 1024
+	r.MiBEach = r.HostMiB / float64(len(ids))
+	timed := func(f func(context.Context) error) (float64, error) {
+		rctx, cancel := context.WithTimeout(ctx, b.o.timeout)
+		defer cancel()
+		t := time.Now()
+		err := f(rctx)
+		return ms(time.Since(t)), err
+	}
+	if r.ListAllMS, err = timed(func(ctx context.Context) error { return b.api.listAll(ctx, 1000) }); err != nil {
+		return nil, err
+	}
+	if r.ListPageMS, err = timed(func(ctx context.Context) error { return b.api.listPage(ctx, 100) }); err != nil {
+		return nil, err
+	}
+	var execs []time.Duration
+	for i := range 9 {
+		d, err := timed(func(ctx context.Context) error {
+			_, err := b.api.exec(ctx, ids[i*len(ids)/9], []string{"true"}, "", 0)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		execs = append(execs, time.Duration(d*float64(time.Millisecond)))
+	}
+	r.ExecMedianMS = ms(median(execs))
+	t0 = time.Now()
+	err = parallel(ctx, ids, func(ctx context.Context, id string) error {
+		rctx, cancel := context.WithTimeout(ctx, b.o.timeout)
+		defer cancel()
+		return b.api.forceRemove(rctx, id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.DeleteS = time.Since(t0).Seconds()
+	b.live = slices.DeleteFunc(b.live, func(s string) bool { return strings.Contains(s, "-idle") })
+	return r, nil
+}
+
+// parallel runs f for every id, idleClients at a time, and returns the first error.
+func parallel(ctx context.Context, ids []string, f func(context.Context, string) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	work := make(chan string)
+	errs := make(chan error, idleClients)
+	for range idleClients {
+		go func() {
+			var first error
+			for id := range work {
+				if first == nil {
+					if err := f(ctx, id); err != nil {
+						first = fmt.Errorf("sandbox %s: %w", id, err)
+						cancel()
+					}
+				}
+			}
+			errs <- first
+		}()
+	}
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			break
+		}
+		work <- id
+	}
+	close(work)
+	var err error
+	for range idleClients {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// hostUsedKiB is MemTotal - MemAvailable of /proc/meminfo.
+func hostUsedKiB() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	var total, avail int64
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "MemTotal:":
+			total = v
+		case "MemAvailable:":
+			avail = v
+		}
+	}
+	if total == 0 || avail == 0 {
+		return 0, errors.New("/proc/meminfo has no MemTotal or MemAvailable")
+	}
+	return total - avail, nil
 }
 
 // cycle is one full cycle of sandbox id, timed step by step; its last duration is the whole.
@@ -357,5 +518,15 @@ func (r *BenchReport) print(w io.Writer) {
 	}
 	if len(r.Streams) > 0 {
 		fmt.Fprintln(w)
+	}
+	if i := r.Idle; i != nil {
+		verdict := "missed"
+		if i.MiBEach <= i.GoalMiBEach {
+			verdict = "met"
+		}
+		fmt.Fprintf(w, "\n%d idle sandboxes (no disk, 128 MiB limit), started by %d clients in %.1f s: host memory +%.0f MiB, %.2f MiB each (goal ≤ %.0f MiB: %s)\n",
+			i.N, i.CreateClients, i.CreateS, i.HostMiB, i.MiBEach, i.GoalMiBEach, verdict)
+		fmt.Fprintf(w, "with them: a listing of all %.0f ms, a page of 100 %.0f ms, exec of true median %.1f ms; deleted in %.1f s\n",
+			i.ListAllMS, i.ListPageMS, i.ExecMedianMS, i.DeleteS)
 	}
 }

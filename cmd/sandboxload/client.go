@@ -141,6 +141,38 @@ func (a *api) remove(ctx context.Context, id string) error {
 	return a.call(ctx, "DELETE", "/v1/sandboxes/"+id, nil, nil, http.StatusNoContent)
 }
 
+// forceRemove deletes sandbox id, killing it first if it runs.
+func (a *api) forceRemove(ctx context.Context, id string) error {
+	return a.call(ctx, "DELETE", "/v1/sandboxes/"+id+"?force=true", nil, nil, http.StatusNoContent)
+}
+
+// listAll reads the whole sandbox listing, page by page, limit sandboxes a page.
+func (a *api) listAll(ctx context.Context, limit int) error {
+	cursor := ""
+	for {
+		var page struct {
+			NextCursor *string `json:"next_cursor"`
+		}
+		q := url.Values{"limit": {strconv.Itoa(limit)}}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		if err := a.call(ctx, "GET", "/v1/sandboxes?"+q.Encode(), nil, &page, http.StatusOK); err != nil {
+			return err
+		}
+		if page.NextCursor == nil {
+			return nil
+		}
+		cursor = *page.NextCursor
+	}
+}
+
+// listPage reads the first page of the sandbox listing.
+func (a *api) listPage(ctx context.Context, limit int) error {
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	return a.call(ctx, "GET", "/v1/sandboxes?"+q.Encode(), nil, nil, http.StatusOK)
+}
+
 // execResult is the part of a buffered exec's answer the load checks.
 type execResult struct {
 	ExitCode int     `json:"exit_code"`

@@ -37,9 +37,13 @@
 // `head -c --stream-bytes /dev/zero` from a sandbox of each --stream-vcpus. It prints each
 // step's median and p90, the median as a multiple of bwrap's, and the verdict against the
 // goals of issue 17 (create+start at most 1.5x bwrap, forced stop 2x, a cycle 3x, streams at
-// least 1 GB/s). Run it as root beside the server, as the bwrap baseline needs namespaces:
+// least 1 GB/s). With --idle N it then starts N idle sandboxes (no disk of their own, 128 MiB
+// limit), reports the host memory they took (MemTotal - MemAvailable, so run it on a quiet
+// host), a full listing, a page and an exec among them, and deletes them; the goal is 4 MiB a
+// sandbox. Run it as root beside the server, as the bwrap baseline needs namespaces:
 //
 //	sudo go run ./cmd/sandboxload bench
+//	sudo go run ./cmd/sandboxload bench --idle 1000
 //
 // # Teardown
 //

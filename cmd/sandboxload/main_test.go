@@ -168,14 +168,14 @@ func TestProcSampling(t *testing.T) {
 
 func TestParseBenchFlags(t *testing.T) {
 	t.Parallel()
-	o, err := parseBenchFlags([]string{"--cycles", "7", "--stream-vcpus", "1, 2,4"}, io.Discard)
+	o, err := parseBenchFlags([]string{"--cycles", "7", "--stream-vcpus", "1, 2,4", "--idle", "40"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.cycles != 7 || len(o.streamVCPUs) != 3 || o.streamVCPUs[2] != 4 || !strings.HasPrefix(o.prefix, "bench-") {
+	if o.cycles != 7 || len(o.streamVCPUs) != 3 || o.streamVCPUs[2] != 4 || o.idle != 40 || !strings.HasPrefix(o.prefix, "bench-") {
 		t.Fatalf("%+v", o)
 	}
-	for _, bad := range [][]string{{"--cycles", "0"}, {"--stream-vcpus", "x"}, {"--streams", "-1"}, {"extra"}} {
+	for _, bad := range [][]string{{"--cycles", "0"}, {"--stream-vcpus", "x"}, {"--streams", "-1"}, {"--idle", "-1"}, {"extra"}} {
 		if _, err := parseBenchFlags(bad, io.Discard); err == nil {
 			t.Errorf("%q: no error", bad)
 		}

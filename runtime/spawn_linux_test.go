@@ -1,0 +1,88 @@
+package runtime
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// threads is this process's thread count.
+func threads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := bytes.Cut(b, []byte("\nThreads:"))
+	line, _, _ := bytes.Cut(rest, []byte("\n"))
+	n, err := strconv.Atoi(string(bytes.TrimSpace(line)))
+	if err != nil {
+		t.Fatalf("Threads of /proc/self/status: %v", err)
+	}
+	return n
+}
+
+// Runtime processes are reaped without an OS thread each: a server with thousands of running
+// sandboxes would otherwise hold thousands of threads, each a host pid.
+func TestSpawnDetachedReapsWithoutAThreadEach(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	log, err := os.CreateTemp(t.TempDir(), "log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	const n = 40
+	before := threads(t)
+	var ids []platform.ProcessID
+	defer func() {
+		for _, id := range ids {
+			_ = platform.SignalVerified(id, syscall.SIGKILL)
+		}
+	}()
+	for range n {
+		// The configuration is read, then the process waits until it is killed.
+		id, err := SpawnDetached("test", "/bin/sh", []string{"-c", "cat <&3 >/dev/null; exec sleep 60"}, log, []byte("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	// Give blocked waits time to take their threads, as cmd.Wait in a goroutine would.
+	deadline := time.Now().Add(time.Second)
+	grown := 0
+	for time.Now().Before(deadline) {
+		grown = threads(t) - before
+		if grown >= n/2 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if grown >= n/2 {
+		t.Fatalf("%d running runtime processes made %d more threads: a thread is blocked per process", n, grown)
+	}
+	for _, id := range ids {
+		if err := platform.SignalVerified(id, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each is reaped: its /proc entry goes (a zombie keeps it).
+	deadline = time.Now().Add(10 * time.Second)
+	for _, id := range ids {
+		for {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(id.Pid)); os.IsNotExist(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pid %d was not reaped", id.Pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
