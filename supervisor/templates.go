@@ -489,7 +489,9 @@ func (s *Supervisor) sweepUnboundLeases(ctx context.Context, timeout time.Durati
 		return
 	}
 	bound := template.BindingChecker(s.store.Dir)
-	problems, err := s.templates.Check(ctx, bound, false)
+	cctx, cancel := context.WithTimeout(ctx, timeout) // the store's lock waits for a deadline
+	problems, err := s.templates.Check(cctx, bound, false)
+	cancel()
 	if err != nil {
 		s.log.Warn("reattach: cannot look for leases without a binding", "err", err)
 		return
