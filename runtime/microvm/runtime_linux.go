@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
 	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
@@ -314,9 +315,9 @@ func (r *Runtime) ControlPath(dir string) string {
 }
 
 // OpenLayer is not implemented: a microVM's own files are a qcow2 overlay, not a directory
-// tree, and its capture (memory templates) is not built yet.
+// tree, and a microVM is captured running, with its memory ([Runtime.OpenLiveLayer]).
 func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
-	return nil, errcode.New(errcode.NotImplemented, "Capturing a microVM sandbox is not implemented yet.")
+	return nil, errcode.New(errcode.NotImplemented, "A microVM sandbox is captured while it runs, memory and all; start it (and resume it if paused) before capturing it.")
 }
 
 // Start prepares the guest stack (the initramfs and the image's base disk, shared by the
@@ -329,9 +330,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	if spec.ImageDir != "" || len(spec.Lowers) > 0 || spec.DiskMB > 0 {
+	if spec.ImageDir != "" || len(spec.Lowers) > 1 || spec.DiskMB > 0 {
 		return platform.ProcessID{}, errcode.New(errcode.NotImplemented,
-			"The microvm runtime runs the host image only for now: images, template layers and disk sizes are not implemented.")
+			"The microvm runtime runs the host image and its own memory generations only for now: images, file layers and disk sizes are not implemented.")
 	}
 	spec = withDefaults(spec)
 	accel, err := r.Probe()
@@ -349,16 +350,46 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := ctx.Err(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	overlay, err := ensureOverlay(ctx, spec.Dir, base)
+	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB}
+	backing, backingFormat := base, "raw"
+	var restore *shim.Restore
+	if len(spec.Lowers) == 1 {
+		gen := spec.Lowers[0]
+		saved, err := savedState(gen, &launch)
+		if err != nil {
+			return platform.ProcessID{}, err
+		}
+		backing, backingFormat = filepath.Join(gen, shim.StateDisk), "qcow2"
+		if spec.Restore != nil {
+			// The memory is the frozen disk's: the sandbox's own disk starts anew over it.
+			if err := os.Remove(filepath.Join(spec.Dir, shim.EntryOverlay)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return platform.ProcessID{}, err
+			}
+			launch.Port = 1 - saved.Port
+			restore = &shim.Restore{Memory: filepath.Join(gen, shim.StateMemory), ClockAdvanceNS: int64(spec.Restore.ClockAdvance)}
+		}
+	} else if spec.Restore != nil {
+		return platform.ProcessID{}, errors.New("microvm runtime: a restore names no memory generation")
+	}
+	overlay, err := ensureOverlay(ctx, spec.Dir, backing, backingFormat)
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
 	if err := platform.EnsureDir(spec.Dir, shim.EntryControl, 0o700); err != nil {
 		return platform.ProcessID{}, err
 	}
-	// A socket left by the previous run answers nobody: gone, sandboxd waits for the shim's
+	// Sockets left by the previous run answer nobody: gone, sandboxd waits for the shim's
 	// new one rather than dialling a dead one.
-	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, p := range []string{r.ControlPath(spec.Dir), qmpPath(spec.Dir)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return platform.ProcessID{}, err
+		}
+	}
+	info, err := record.Encode(&launch)
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	if err := platform.WriteFileDurable(filepath.Join(spec.Dir, shim.EntryControl), launchInfoName, info, 0o600); err != nil {
 		return platform.ProcessID{}, err
 	}
 	logf, err := openLog(spec.Dir)
@@ -366,7 +397,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	defer logf.Close()
-	cfg, err := json.Marshal(shim.Config{Spec: spec, QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, Overlay: overlay, TSCkHz: hostTSCkHz()})
+	cfg, err := json.Marshal(shim.Config{Spec: spec, QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, Overlay: overlay,
+		TSCkHz: hostTSCkHz(), QMP: qmpPath(spec.Dir), Port: launch.Port, Restore: restore})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -412,15 +444,35 @@ func (r *Runtime) ensureAssets(dir string) (initrd, base string, err error) {
 	return initrd, base, nil
 }
 
-// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base, unless it has one:
-// the sandbox's files persist across its runs as the namespace runtime's upper layer does.
-func ensureOverlay(ctx context.Context, dir, base string) (string, error) {
+// savedState reads the memory generation in gen and checks that a launch as described by
+// launch can run over it: a saved VM restores only into one of its accelerator, vCPUs and
+// memory, and its disk is the base of a clone's cold boots too.
+func savedState(gen string, launch *shim.StateInfo) (*shim.StateInfo, error) {
+	saved, err := readStateInfo(gen, shim.StateMeta)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errcode.New(errcode.NotImplemented, "The microvm runtime runs over its own memory generations only; this generation holds no memory state.")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if saved.Accel != launch.Accel || saved.VCPUs != launch.VCPUs || saved.MemoryMB != launch.MemoryMB {
+		return nil, errcode.New(errcode.TemplateIneligible, "The memory state was saved from a VM of %d vCPUs and %d MiB under %s; this launch is of %d vCPUs and %d MiB under %s.",
+			saved.VCPUs, saved.MemoryMB, saved.Accel, launch.VCPUs, launch.MemoryMB, launch.Accel)
+	}
+	return saved, nil
+}
+
+// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base (of format
+// baseFormat: the image's raw base disk, or a memory generation's frozen overlay), unless it
+// has one: the sandbox's files persist across its runs as the namespace runtime's upper layer
+// does.
+func ensureOverlay(ctx context.Context, dir, base, baseFormat string) (string, error) {
 	img, err := qemuImg()
 	if err != nil {
 		return "", err
 	}
 	return ensureFile(dir, shim.EntryOverlay, func(tmp string) error {
-		out, err := exec.CommandContext(ctx, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, tmp).CombinedOutput()
+		out, err := exec.CommandContext(ctx, img, "create", "-q", "-f", "qcow2", "-F", baseFormat, "-b", base, tmp).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("microvm runtime: qemu-img create: %v: %s", err, bytes.TrimSpace(out))
 		}
@@ -503,8 +555,10 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 			errs = append(errs, err)
 		}
 	}
-	if err := os.Remove(r.ControlPath(dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
+	for _, p := range []string{r.ControlPath(dir), qmpPath(dir)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

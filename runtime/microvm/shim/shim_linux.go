@@ -3,6 +3,9 @@
 package shim
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/microvm/guest"
 	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
+	"github.com/sandboxd/sandboxd/runtime/microvm/qmp"
 )
 
 const fdConfig = 3
@@ -81,17 +85,32 @@ func run(cfg *Config) int {
 		}
 		return 1
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fail("socketpair: %v", err)
+	if cfg.Port != 0 && cfg.Port != 1 || cfg.Restore == nil && cfg.Port != 0 {
+		return fail("port %d: a boot serves on port 0, a restore on port 0 or 1", cfg.Port)
 	}
-	mine, theirs := os.NewFile(uintptr(fds[0]), "port"), os.NewFile(uintptr(fds[1]), "qemu port")
-	v := &vm{cfg: cfg, w: portmux.NewWriter(mine), table: portmux.NewTable()}
+	var mine, theirs [2]*os.File
+	for i := range mine {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fail("socketpair: %v", err)
+		}
+		mine[i], theirs[i] = os.NewFile(uintptr(fds[0]), "port"), os.NewFile(uintptr(fds[1]), "qemu port")
+	}
+	active := mine[cfg.Port]
+	v := &vm{cfg: cfg, w: portmux.NewWriter(active), table: portmux.NewTable()}
 	v.cmd = exec.Command(cfg.QEMU, QEMUArgs(cfg, false)...) //nolint:noctx // QEMU lives as long as the sandbox
 	v.cmd.Dir = "/"
 	v.cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	v.cmd.Stdout, v.cmd.Stderr = os.Stdout, os.Stderr
-	v.cmd.ExtraFiles = []*os.File{theirs}
+	v.cmd.ExtraFiles = []*os.File{theirs[0], theirs[1]}
+	if cfg.Restore != nil {
+		state, err := os.OpenFile(cfg.Restore.Memory, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail("open the memory state: %v", err)
+		}
+		defer state.Close()
+		v.cmd.ExtraFiles = append(v.cmd.ExtraFiles, state)
+	}
 	// QEMU dies with the shim, even by SIGKILL: nothing of a launch outlives its runtime
 	// process.
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -99,8 +118,23 @@ func run(cfg *Config) int {
 	if err := v.cmd.Start(); err != nil {
 		return fail("start QEMU: %v", err)
 	}
-	theirs.Close()
-	go v.servePort(mine)
+	for _, f := range theirs {
+		f.Close()
+	}
+	if cfg.Restore != nil {
+		// Sent at once: the socket holds it until the restored guest, which was reading this
+		// port when its state was saved, reads on.
+		if err := v.sendRestore(); err != nil {
+			_ = v.cmd.Process.Kill()
+			_ = v.cmd.Wait()
+			return fail("send the restore: %v", err)
+		}
+		go v.continueRestored()
+	}
+	// The other port carries nothing for this launch: whatever the guest had half-written to
+	// it before a save arrives here and is dropped.
+	go func() { _, _ = io.Copy(io.Discard, mine[1-cfg.Port]) }()
+	go v.servePort(active)
 	st := v.wait()
 	v.shut()
 	if st.Exited() {
@@ -185,11 +219,67 @@ func (v *vm) servePort(port *os.File) {
 
 func (v *vm) sendConfig() error {
 	s := &v.cfg.Spec
-	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env})
+	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env, MachineID: randomHex(16)})
 	if err != nil {
 		return err
 	}
 	return v.w.WriteFrame(portmux.FrameConfig, 0, b)
+}
+
+// sendRestore sends a restored guest what makes it this launch's: capability, host name,
+// a new machine id, fresh entropy and the clock's advance.
+func (v *vm) sendRestore() error {
+	s := &v.cfg.Spec
+	entropy := make([]byte, 64)
+	if _, err := rand.Read(entropy); err != nil {
+		return err
+	}
+	b, err := json.Marshal(guest.Restore{Capability: s.Capability, Hostname: s.Hostname, MachineID: randomHex(16),
+		Entropy: entropy, ClockAdvanceNS: v.cfg.Restore.ClockAdvanceNS})
+	if err != nil {
+		return err
+	}
+	return v.w.WriteFrame(portmux.FrameRestore, 0, b)
+}
+
+// restoreTimeout bounds the load of a saved state, after which the launch has failed.
+const restoreTimeout = 5 * time.Minute
+
+// continueRestored lets the restored guest run once QEMU has loaded its state: a state saved
+// from a stopped VM (as a capture saves it) loads stopped. A restore that does not get there
+// ends QEMU, and so the launch.
+func (v *vm) continueRestored() {
+	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
+	defer cancel()
+	err := func() error {
+		for {
+			conn, err := net.Dial("unix", v.cfg.QMP)
+			if err == nil {
+				q, err := qmp.New(ctx, conn)
+				if err != nil {
+					return err
+				}
+				defer q.Close()
+				return q.ContinueRestored(ctx)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("the monitor: %w", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	if err != nil {
+		logf("the restore did not run: %v", err)
+		_ = v.cmd.Process.Kill()
+	}
+}
+
+// randomHex is n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // listen makes the control socket, only now that the agent accepts sessions (the supervisor
