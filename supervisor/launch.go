@@ -73,6 +73,10 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	if err != nil {
 		return err
 	}
+	restore, err := s.restoreFor(l, cfg)
+	if err != nil {
+		return err
+	}
 	// No process of an earlier launch can run now (reattach made sure), so staging leftovers
 	// of its outcome report are garbage.
 	if err := l.CleanStaging(); err != nil {
@@ -108,6 +112,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Env:        img.env(cfg.Env),
 		Capability: capability,
 		Hostname:   cfg.ID,
+		Restore:    restore,
 	}
 	proc, err := rt.Start(ctx, spec)
 	if err != nil {
@@ -131,6 +136,14 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: %v. The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
+	}
+	if restore != nil {
+		if err := restored(l.Dir()); err != nil {
+			client.Close()
+			s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
+			return err
+		}
+		s.crash("restored")
 	}
 	if err := s.attachLaunchNetwork(ctx, l, cfg, proc, client); err != nil {
 		client.Close()
