@@ -153,7 +153,7 @@ type runtimeStatusJSON struct {
 }
 
 // microvmStatus is the microvm runtime's entry of /v1/info.
-func microvmStatus(t *testing.T, d *daemon) runtimeStatusJSON {
+func microvmStatus(t testing.TB, d *daemon) runtimeStatusJSON {
 	t.Helper()
 	info := decode[struct {
 		Runtimes []runtimeStatusJSON `json:"runtimes"`
@@ -243,7 +243,7 @@ func sameProcesses(a, b []runtime.Process) bool {
 
 // reapMicroVMs ends any microVM left under root by a test that failed half-way: a microVM
 // outlives sandboxd by design.
-func reapMicroVMs(t *testing.T, vm *microvm.Runtime, root string) {
+func reapMicroVMs(t testing.TB, vm *microvm.Runtime, root string) {
 	procs, err := vm.Processes(root)
 	if err != nil {
 		t.Logf("listing the microVMs left under %s: %v", root, err)
