@@ -249,6 +249,14 @@ type MemoryCapturer interface {
 	CapturesMemory() bool
 }
 
+// MemoryReleaser is a [Pauser] that can pause a sandbox with its memory released: saved to
+// its state directory and given back to the host, the launch living on. Thaw restores it, and
+// Frozen reads it frozen meanwhile.
+type MemoryReleaser interface {
+	// ReleaseMemory saves the running sandbox's memory and releases it.
+	ReleaseMemory(ctx context.Context, sandboxID, dir string) error
+}
+
 // LiveLayerer is a Runtime that can open a running sandbox's writable layer for a capture,
 // while the supervisor holds the sandbox frozen with its [Pauser].
 type LiveLayerer interface {

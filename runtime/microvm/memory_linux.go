@@ -3,6 +3,7 @@
 package microvm
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,7 @@ var (
 	_ runtime.LiveLayerer    = (*Runtime)(nil)
 	_ runtime.MemoryCapturer = (*Runtime)(nil)
 	_ runtime.ResourcePinner = (*Runtime)(nil)
+	_ runtime.MemoryReleaser = (*Runtime)(nil)
 )
 
 // launchInfoName is the running launch's [shim.StateInfo] in the control directory, written
@@ -46,9 +48,16 @@ func (r *Runtime) Freeze(ctx context.Context, sandboxID, dir string) error {
 	return err
 }
 
-// Thaw implements runtime.Pauser: the VM runs on (QMP cont). A save still streaming (a capture
-// whose sandboxd died) is cancelled first. A VM without a monitor does not run: thawed.
+// Thaw implements runtime.Pauser: the VM runs on (QMP cont), or, when its memory is released,
+// is restored and runs on from it (its clock advanced by the time it lay saved). A save still
+// streaming (a capture whose sandboxd died) is cancelled first. A VM without a monitor or a
+// shim does not run: thawed.
 func (r *Runtime) Thaw(ctx context.Context, sandboxID, dir string) error {
+	rep, err := askShim(ctx, dir, "state")
+	if err == nil && rep.Released {
+		_, err = askShim(ctx, dir, "resume")
+		return err
+	}
 	q, err := dialQMP(ctx, dir)
 	if errors.Is(err, errNoMonitor) {
 		return nil
@@ -63,7 +72,7 @@ func (r *Runtime) Thaw(ctx context.Context, sandboxID, dir string) error {
 	}
 	switch st {
 	case "running", "inmigrate", "prelaunch":
-		return nil // running, or a restore's QEMU that starts the guest itself
+		return nil // running, or a restore's QEMU, which its shim lets run
 	case "finish-migrate":
 		if _, err := q.Exec(ctx, "migrate_cancel", nil, nil); err != nil {
 			return err
@@ -74,10 +83,13 @@ func (r *Runtime) Thaw(ctx context.Context, sandboxID, dir string) error {
 }
 
 // Frozen implements runtime.Pauser: the VM is stopped (by a pause or a capture, or after a
-// save of its memory that was not followed by its cont).
+// save of its memory that was not followed by its cont), or its memory is released.
 func (r *Runtime) Frozen(sandboxID, dir string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), qmp.DefaultTimeout)
 	defer cancel()
+	if rep, err := askShim(ctx, dir, "state"); err == nil && rep.Released {
+		return true, nil
+	}
 	q, err := dialQMP(ctx, dir)
 	if errors.Is(err, errNoMonitor) {
 		return false, nil
@@ -95,6 +107,45 @@ func (r *Runtime) Frozen(sandboxID, dir string) (bool, error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// ReleaseMemory implements runtime.MemoryReleaser: the shim saves the VM's memory and device
+// state into the state directory's memory/ and ends QEMU; the launch (the shim, the control
+// socket) lives on, and Thaw restores it.
+func (r *Runtime) ReleaseMemory(ctx context.Context, sandboxID, dir string) error {
+	_, err := askShim(ctx, dir, "release")
+	return err
+}
+
+// askShim sends the shim of the sandbox in dir one request on its socket.
+func askShim(ctx context.Context, dir, op string) (*shim.ShimReply, error) {
+	conn, err := platform.DialUnixNoFollow(ctx, filepath.Join(dir, shim.EntryControl, shim.ShimSocketName))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if _, uid, _, err := platform.PeerCred(conn); err != nil || uid != os.Geteuid() {
+		return nil, fmt.Errorf("microvm runtime: the shim's socket's listener is uid %d (%v), not this user", uid, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	b, _ := json.Marshal(map[string]string{"op": op})
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(io.LimitReader(conn, 1<<16)).ReadSlice('\n')
+	if err != nil {
+		return nil, fmt.Errorf("microvm runtime: the shim's answer to %s: %w", op, err)
+	}
+	var rep shim.ShimReply
+	if err := json.Unmarshal(line, &rep); err != nil {
+		return nil, err
+	}
+	if rep.Error != "" {
+		return &rep, fmt.Errorf("microvm runtime: %s: %s", op, rep.Error)
+	}
+	return &rep, nil
 }
 
 // PinsCloneResources implements runtime.ResourcePinner: a memory state restores into a VM of

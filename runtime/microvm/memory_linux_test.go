@@ -169,3 +169,72 @@ func copyDir(t *testing.T, src *os.File, dst string) {
 		out.Close()
 	}
 }
+
+// TestReleaseAndResume releases a running microVM's memory (saved to its state directory,
+// QEMU ended, the shim and the launch living on) and restores it: the counter's process runs
+// on with its pid, the guest keeps its machine id, and the saved memory goes with the resume.
+func TestReleaseAndResume(t *testing.T) {
+	r := newRuntime(t)
+	ctx := vmContext(t)
+	spec := testSpec(t, "rel")
+	proc, err := r.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Kill(ctx, spec.Dir, proc) }()
+	c := dialAgent(ctx, t, r, spec.Dir, proc, spec.Capability)
+	run(ctx, t, c, "sh", "-c", counterScript)
+	pid := waitCount(ctx, t, c, 2)
+	machine := run(ctx, t, c, "cat", "/etc/machine-id")
+	t0 := time.Now()
+	if err := r.ReleaseMemory(ctx, spec.ID, spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("release of a 256 MiB guest's memory: %v", time.Since(t0))
+	c.Close()
+	root := filepath.Dir(filepath.Dir(spec.Dir))
+	procs, err := r.Processes(root)
+	if err != nil || len(procs) != 1 || procs[0].Role != runtime.RoleShim || !proc.Alive() {
+		t.Fatalf("processes of a released microVM: %+v, %v; want its shim alone", procs, err)
+	}
+	if frozen, err := r.Frozen(spec.ID, spec.Dir); err != nil || !frozen {
+		t.Fatalf("Frozen of a released microVM: %v, %v", frozen, err)
+	}
+	if _, err := os.Stat(filepath.Join(spec.Dir, shim.EntryMemory, shim.StateMemory)); err != nil {
+		t.Fatalf("the released memory: %v", err)
+	}
+	t1 := time.Now()
+	if err := r.Thaw(ctx, spec.ID, spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("resume of a released 256 MiB guest to its listening: %v", time.Since(t1))
+	c = dialAgent(ctx, t, r, spec.Dir, proc, spec.Capability)
+	defer c.Close()
+	if p, _ := readCount(ctx, t, c); p != pid {
+		t.Fatalf("the counter after the resume is pid %d, was %d", p, pid)
+	}
+	_, n := readCount(ctx, t, c)
+	waitCount(ctx, t, c, n+2)
+	if m := run(ctx, t, c, "cat", "/etc/machine-id"); m != machine {
+		t.Fatalf("the machine id changed over a release: %q, was %q", m, machine)
+	}
+	if _, err := os.Stat(filepath.Join(spec.Dir, shim.EntryMemory)); err == nil {
+		t.Fatal("the released memory is still there after the resume")
+	}
+	// A kill of a released launch ends it too.
+	if err := r.ReleaseMemory(ctx, spec.ID, spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Kill(ctx, spec.Dir, proc); err != nil {
+		t.Fatal(err)
+	}
+	if proc.Alive() {
+		t.Fatal("a released launch's shim outlived Kill")
+	}
+	if err := r.Cleanup(ctx, spec.ID, spec.Dir, proc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(spec.Dir, shim.EntryMemory)); err == nil {
+		t.Fatal("Cleanup left the released memory")
+	}
+}

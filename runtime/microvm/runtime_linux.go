@@ -304,6 +304,7 @@ func (r *Runtime) DeclaredEntries() []runtime.Entry {
 		{Name: shim.EntryLog},
 		{Name: shim.EntryOverlay},
 		{Name: shim.EntryAssets, Dir: true},
+		{Name: shim.EntryMemory, Dir: true},
 	}
 }
 
@@ -515,13 +516,22 @@ func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.Process
 }
 
 // Kill kills the sandbox's QEMU (the shim's only child) by verified identity and waits for
-// the shim to record the outcome and exit; a shim that lingers past ctx is killed too (QEMU
-// then dies with it by its parent-death signal).
+// the shim to record the outcome and exit (a shim without QEMU, whose memory is released,
+// gets a TERM, which ends its launch); a shim that lingers past ctx is killed too (QEMU then
+// dies with it by its parent-death signal).
 func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) error {
 	delay := time.Millisecond
 	for id.Alive() {
-		if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+		n, err := platform.SignalChildren(id, syscall.SIGKILL)
+		if err != nil && !errors.Is(err, platform.ErrProcessGone) {
 			return err
+		}
+		if n == 0 {
+			// No QEMU: its memory is released (or it is about to start). A TERM ends a
+			// released launch, which the shim records.
+			if err := platform.SignalVerified(id, syscall.SIGTERM); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+				return err
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -555,10 +565,14 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 			errs = append(errs, err)
 		}
 	}
-	for _, p := range []string{r.ControlPath(dir), qmpPath(dir)} {
+	for _, p := range []string{r.ControlPath(dir), qmpPath(dir), filepath.Join(dir, shim.EntryControl, shim.ShimSocketName)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
+	}
+	// Released memory is its launch's: the launch is over.
+	if err := os.RemoveAll(filepath.Join(dir, shim.EntryMemory)); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

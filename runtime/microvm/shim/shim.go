@@ -39,8 +39,14 @@ const (
 	// directory for them (Spec.HostBase "").
 	EntryAssets = "vmbase"
 	// QMPName is QEMU's monitor socket in EntryControl, which only the host-side driver
-	// dials (to stop, save and continue the VM).
+	// and the shim dial (to stop, save and continue the VM).
 	QMPName = "qmp.sock"
+	// ShimSocketName is the shim's own socket in EntryControl: the driver asks it to
+	// release the VM's memory and to restore it.
+	ShimSocketName = "shim.sock"
+	// EntryMemory holds a launch's released memory (StateMemory and StateMeta) while its
+	// QEMU is gone; it goes once the memory is restored, or with the launch.
+	EntryMemory = "memory"
 )
 
 // The files of a saved memory state (a directory: a memory generation's payload).
