@@ -236,6 +236,24 @@ func (e OnTimeout) Valid() bool {
 	}
 }
 
+// Defines values for PauseRequestMemory.
+const (
+	PauseRequestMemoryKeep    PauseRequestMemory = "keep"
+	PauseRequestMemoryRelease PauseRequestMemory = "release"
+)
+
+// Valid indicates whether the value is a known member of the PauseRequestMemory enum.
+func (e PauseRequestMemory) Valid() bool {
+	switch e {
+	case PauseRequestMemoryKeep:
+		return true
+	case PauseRequestMemoryRelease:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for RuntimeKind.
 const (
 	RuntimeKindMicrovm   RuntimeKind = "microvm"
@@ -1031,6 +1049,17 @@ type NetworkPolicy struct {
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
+// PauseRequest defines model for PauseRequest.
+type PauseRequest struct {
+	// Memory `release` saves a microVM's memory to its state directory and ends its QEMU while
+	// it is paused (the memory goes back to the host); `keep` (the default) keeps it.
+	Memory *PauseRequestMemory `json:"memory,omitempty"`
+}
+
+// PauseRequestMemory `release` saves a microVM's memory to its state directory and ends its QEMU while
+// it is paused (the memory goes back to the host); `keep` (the default) keeps it.
+type PauseRequestMemory string
+
 // PortLink defines model for PortLink.
 type PortLink struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1653,6 +1682,9 @@ type ExecCommandJSONRequestBody = ExecRequest
 
 // SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
 type SetSandboxNetworkJSONRequestBody = NetworkPolicy
+
+// PauseSandboxJSONRequestBody defines body for PauseSandbox for application/json ContentType.
+type PauseSandboxJSONRequestBody = PauseRequest
 
 // CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
 type CreatePortLinkJSONRequestBody = PortLinkRequest
@@ -6142,6 +6174,7 @@ func (response SetSandboxNetwork503ApplicationProblemPlusJSONResponse) VisitSetS
 type PauseSandboxRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params PauseSandboxParams
+	Body   *PauseSandboxJSONRequestBody
 }
 
 type PauseSandboxResponseObject interface {
@@ -9466,6 +9499,16 @@ func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id
 
 	request.ID = id
 	request.Params = params
+
+	var body PauseSandboxJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		if !errors.Is(err, io.EOF) {
+			sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+			return
+		}
+	} else {
+		request.Body = &body
+	}
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.PauseSandbox(ctx, request.(PauseSandboxRequestObject))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/microvm"
 )
 
@@ -26,7 +27,9 @@ const vmCounter = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i
 // after the capture. A generation made ineligible (its time contract read as early) is refused
 // at the clone and at the start of a clone that holds it, before any QEMU starts. The
 // generation's lease holds it until both clones are gone. A plain pause stops the VM and a
-// resume lets it count on. A SIGKILL of sandboxd while the capture holds the VM stopped leaves
+// resume lets it count on; a pause with the memory released ends QEMU, survives a SIGKILL of
+// sandboxd, and its resume restores the counter; a stop of a released VM discards its
+// memory. A SIGKILL of sandboxd while the capture holds the VM stopped leaves
 // it running after the restart, with no generation and nothing for sandboxd check to find.
 func TestMicroVMMemoryTemplate(t *testing.T) {
 	requireRoot(t)
@@ -168,11 +171,38 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	_, now := d.vmReadCount(src)
 	d.vmWaitCount(src, now+2)
 
+	// A pause with the memory released: QEMU ends, its memory saved in the state directory,
+	// and the shim alone stays; a restart of sandboxd finds it paused; a resume restores it
+	// and the counter runs on.
+	dir := filepath.Join(d.Root, "sandboxes", src)
+	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"paused"`) {
+		t.Fatalf("pause with the memory released: %d %s", r.Status, r.Body)
+	}
+	d.wantOnlyShim(vm, dir)
+	if _, err := os.Stat(filepath.Join(dir, "memory", "memory.state")); err != nil {
+		t.Fatalf("the released memory: %v", err)
+	}
+	d.Restart(true)
+	if r := d.vmDo("GET", "/v1/sandboxes/"+src, nil); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"paused"`) {
+		t.Fatalf("a released microVM after a restart of sandboxd: %d %s", r.Status, r.Body)
+	}
+	wantProblem(t, d.vmDo("POST", "/v1/sandboxes/"+src+"/exec", jsonBody(t, map[string]any{"command": []string{"true"}})), 409, "sandbox-paused")
+	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/resume?timeout=600000", nil); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"running"`) {
+		t.Fatalf("resume of a released microVM: %d %s", r.Status, r.Body)
+	}
+	if p, n := d.vmReadCount(src); p != pid || n < now {
+		t.Fatalf("the counter after the release and resume: pid %d at %d; was pid %d at %d", p, n, pid, now)
+	}
+	_, now = d.vmReadCount(src)
+	d.vmWaitCount(src, now+2)
+	if _, err := os.Stat(filepath.Join(dir, "memory")); err == nil {
+		t.Fatal("the released memory is still there after the resume")
+	}
+
 	// SIGKILL of sandboxd while the capture holds the VM stopped.
 	if r := d.vmDo("POST", "/v1/templates", jsonBody(t, map[string]any{"name": "killed"})); r.Status != 201 {
 		t.Fatalf("create template: %d %s", r.Status, r.Body)
 	}
-	dir := filepath.Join(d.Root, "sandboxes", src)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), vmDeadline)
 		defer cancel()
@@ -208,8 +238,15 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		t.Fatalf("sandboxd check after the killed capture exited %d: %+v\n%s", code, rep, stderr)
 	}
 
-	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/stop?force=true", nil); r.Status != 200 {
-		t.Fatalf("stop: %d %s", r.Status, r.Body)
+	// A stop of a released microVM discards its memory.
+	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 {
+		t.Fatalf("pause with the memory released: %d %s", r.Status, r.Body)
+	}
+	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/stop?timeout=300000", nil); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"stopped"`) {
+		t.Fatalf("stop of a released microVM: %d %s", r.Status, r.Body)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "memory")); err == nil {
+		t.Fatal("the stop left the released memory")
 	}
 	if r := d.vmDo("DELETE", "/v1/sandboxes/"+src, nil); r.Status != 204 {
 		t.Fatalf("delete: %d %s", r.Status, r.Body)
@@ -219,6 +256,24 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
 		t.Fatalf("sandboxd check at the end exited %d: %+v\n%s", code, rep, stderr)
+	}
+}
+
+// wantOnlyShim fails unless the microVM in dir has its shim and no QEMU.
+func (d *daemon) wantOnlyShim(vm *microvm.Runtime, dir string) {
+	d.t.Helper()
+	procs, err := vm.Processes(d.Root)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	var mine []runtime.Process
+	for _, p := range procs {
+		if p.Dir == dir {
+			mine = append(mine, p)
+		}
+	}
+	if len(mine) != 1 || mine[0].Role != runtime.RoleShim {
+		d.t.Fatalf("the processes of a microVM whose memory is released: %+v, want its shim alone", mine)
 	}
 }
 
