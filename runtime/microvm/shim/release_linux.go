@@ -122,7 +122,7 @@ func (v *vm) release(ctx context.Context) error {
 	}
 	port := v.port
 	v.mu.Unlock()
-	conn, err := net.Dial("unix", v.cfg.QMP)
+	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", v.cfg.QMP)
 	if err != nil {
 		return fmt.Errorf("the monitor: %w", err)
 	}

@@ -369,7 +369,7 @@ func (v *vm) continueRestored(cmd *exec.Cmd) {
 	defer cancel()
 	err := func() error {
 		for {
-			conn, err := net.Dial("unix", v.cfg.QMP)
+			conn, err := (&net.Dialer{}).DialContext(ctx, "unix", v.cfg.QMP)
 			if err == nil {
 				q, err := qmp.New(ctx, conn)
 				if err != nil {
