@@ -42,6 +42,7 @@ const (
 	InterruptedPause      = "interrupted-pause"       // paused.json names the live launch, whose processes are not frozen
 	InterruptedResume     = "interrupted-resume"      // the live launch's processes are frozen, and no paused.json says so
 	StalePause            = "stale-pause-record"      // paused.json names a launch that is not running
+	LeftoverLaunchEntry   = "leftover-launch-entry"   // what a runtime keeps for a live launch only (a microVM's released memory), and none runs
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
@@ -248,7 +249,9 @@ type pass struct {
 	unrecorded    []runtime.Process
 	leakedCgroups map[string]bool
 	leakedMounts  map[string]bool
-	leftovers     []string
+	// leftoverEntries are the sandboxes with a launch's entries and no launch.
+	leftoverEntries map[string]bool
+	leftovers       []string
 }
 
 func (p *pass) add(kind, sandbox, entry, format string, args ...any) {
@@ -359,6 +362,7 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	}
 	checkConfig(s, recs, entry, p)
 	c.checkRuntimeRecord(s, recs.rec, entry, p)
+	c.checkLaunchEntries(dir, s, entry, p)
 	c.checkPause(s, entry, p)
 	checkJournal(id, recs, entry, p)
 	if recs.cfg != nil {
@@ -494,6 +498,32 @@ func (c *checker) checkPause(s *sandboxState, entry string, p *pass) {
 		p.add(InterruptedPause, s.id, pe, "the sandbox is recorded paused but its processes are not frozen; the next transition on it, or sandboxd's start-up, freezes them")
 	case f.Frozen:
 		p.add(InterruptedResume, s.id, entry, "the sandbox's processes are frozen but no pause is recorded; the next transition on it, or sandboxd's start-up, thaws them")
+	}
+}
+
+// checkLaunchEntries reports what a runtime keeps in a state directory for a live launch
+// only ([runtime.LaunchEntrier]: a microVM's released memory) when no launch runs: its
+// runtime process died holding it. The next transition on the sandbox (its runtime's
+// Cleanup) or repair removes it.
+func (c *checker) checkLaunchEntries(dir *os.File, s *sandboxState, entry string, p *pass) {
+	if s.alive {
+		return
+	}
+	var names []string
+	for _, rt := range c.runtimes() { // the launch that left them may have no record left
+		if le, ok := rt.(runtime.LaunchEntrier); ok {
+			names = append(names, le.LaunchEntries()...)
+		}
+	}
+	for _, name := range names {
+		if _, err := platform.LstatAt(dir, name); err != nil {
+			continue
+		}
+		p.add(LeftoverLaunchEntry, s.id, filepath.Join(entry, name), "kept for a live launch only, and no launch runs; the next transition on the sandbox, or --repair, removes it")
+		if p.leftoverEntries == nil {
+			p.leftoverEntries = map[string]bool{}
+		}
+		p.leftoverEntries[s.id] = true
 	}
 }
 

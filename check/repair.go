@@ -45,6 +45,11 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 			work[id] = nil
 		}
 	}
+	for id := range p.leftoverEntries {
+		if _, ok := work[id]; !ok {
+			work[id] = nil
+		}
+	}
 	ids := make([]string, 0, len(work))
 	for id := range work {
 		ids = append(ids, id)

@@ -249,6 +249,13 @@ type MemoryCapturer interface {
 	CapturesMemory() bool
 }
 
+// LaunchEntrier is a Runtime that keeps entries in a state directory for a live launch only
+// (a microVM's released memory): present while no launch runs, they are left over, and
+// Cleanup removes them. The consistency checker reports them.
+type LaunchEntrier interface {
+	LaunchEntries() []string
+}
+
 // MemoryReleaser is a [Pauser] that can pause a sandbox with its memory released: saved to
 // its state directory and given back to the host, the launch living on. Thaw restores it, and
 // Frozen reads it frozen meanwhile.

@@ -7,11 +7,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/microvm"
 )
@@ -248,6 +251,35 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "memory")); err == nil {
 		t.Fatal("the stop left the released memory")
 	}
+
+	// The shim of a released microVM SIGKILLed: sandboxd check reports its memory as left
+	// over, and --repair removes it.
+	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/start?timeout=600000", nil); r.Status != 200 {
+		t.Fatalf("start again: %d %s", r.Status, r.Body)
+	}
+	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 {
+		t.Fatalf("pause with the memory released: %d %s", r.Status, r.Body)
+	}
+	d.Stop()
+	procs, err = vm.Processes(d.Root)
+	if err != nil || len(procs) != 1 {
+		t.Fatalf("the processes of the released microVM: %+v, %v", procs, err)
+	}
+	if err := platform.SignalVerified(procs[0].ID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, vmDeadline, "the killed shim to go", func() bool { return !procs[0].ID.Alive() })
+	rep, code, stderr := runCheck(t, d.Root)
+	if code == 0 || rep.OK || !slices.ContainsFunc(rep.Problems, func(p checkProblem) bool { return p.Kind == "leftover-launch-entry" }) {
+		t.Fatalf("sandboxd check beside the memory of a killed released microVM exited %d: %+v\n%s", code, rep, stderr)
+	}
+	if rep, code, stderr := runCheck(t, d.Root, "--repair"); code != 0 || !rep.OK {
+		t.Fatalf("sandboxd check --repair exited %d: %+v\n%s", code, rep, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "memory")); err == nil {
+		t.Fatal("the repair left the released memory")
+	}
+	d.start()
 	if r := d.vmDo("DELETE", "/v1/sandboxes/"+src, nil); r.Status != 204 {
 		t.Fatalf("delete: %d %s", r.Status, r.Body)
 	}
