@@ -204,6 +204,16 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	}
 	// A snapshot: of the sandbox's own disk, or of a VM's memory with its disk. The sandbox
 	// is frozen only until the snapshot is taken.
+	var at *template.TimeContract
+	if capturesMemory(rt) {
+		// The memory holds the moment it stopped: the generation's time contract is read
+		// then, so that a clone's downtime (its clock's advance) counts from it.
+		now, err := s.templates.Now()
+		if err != nil {
+			return none, nil, err
+		}
+		at = &now
+	}
 	frozenAt, err := freeze()
 	if err != nil {
 		return none, nil, err
@@ -221,6 +231,7 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	return template.CaptureHooks{
 		Hold:    func() error { return nil },
 		Release: func() time.Duration { return held },
+		Time:    at,
 	}, layer, nil
 }
 

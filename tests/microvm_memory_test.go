@@ -26,7 +26,8 @@ const vmCounter = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i
 
 // TestMicroVMMemoryTemplate captures a running microVM with a counter in its memory and clones
 // it twice: in each clone the counter's process runs on, with its pid, counting on from the
-// count at the capture, under the clone's own host name and machine id. The source runs on
+// count at the capture, under the clone's own host name and machine id, its clock reading the
+// host's. The source runs on
 // after the capture. A generation made ineligible (its time contract read as early) is refused
 // at the clone and at the start of a clone that holds it, before any QEMU starts. The
 // generation's lease holds it until both clones are gone. A plain pause stops the VM and a
@@ -92,6 +93,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		if h := d.vmExec(id, "hostname"); h != id {
 			t.Fatalf("clone %s has host name %q", id, h)
 		}
+		d.vmWantClock(id)
 		m := d.vmExec(id, "cat", "/etc/machine-id")
 		for other, om := range machines {
 			if m == om || len(m) != 32 {
@@ -198,6 +200,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	}
 	_, now = d.vmReadCount(src)
 	d.vmWaitCount(src, now+2)
+	d.vmWantClock(src)
 	if _, err := os.Stat(filepath.Join(dir, "memory")); err == nil {
 		t.Fatal("the released memory is still there after the resume")
 	}
@@ -231,6 +234,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	if p, _ := d.vmWaitCount(src, now+2); p != pid {
 		t.Fatalf("the counter after the killed capture is pid %d, was %d", p, pid)
 	}
+	d.vmWantClock(src) // it stood stopped over the restart; its cont advanced it
 	gens := decode[struct {
 		Generations []generationJSON `json:"generations"`
 	}](t, d.vmDo("GET", "/v1/templates/killed/generations", nil), 200)
@@ -306,6 +310,25 @@ func (d *daemon) wantOnlyShim(vm *microvm.Runtime, dir string) {
 	}
 	if len(mine) != 1 || mine[0].Role != runtime.RoleShim {
 		d.t.Fatalf("the processes of a microVM whose memory is released: %+v, want its shim alone", mine)
+	}
+}
+
+// vmWantClock fails unless the clock of the microVM id reads the host's, within two seconds
+// (an exec's round trip under TCG included): a VM stopped, saved or restored has its clock
+// advanced by the time it stood.
+func (d *daemon) vmWantClock(id string) {
+	d.t.Helper()
+	before := time.Now()
+	out := d.vmExec(id, "date", "+%s.%N")
+	after := time.Now()
+	secs, err := strconv.ParseFloat(out, 64)
+	if err != nil {
+		d.t.Fatalf("date in %s: %q", id, out)
+	}
+	guest := time.Unix(0, int64(secs*1e9))
+	want := before.Add(after.Sub(before) / 2)
+	if off := guest.Sub(want); off < -2*time.Second || off > 2*time.Second {
+		d.t.Fatalf("the clock of %s reads %v, %v off the host's", id, guest, off)
 	}
 }
 

@@ -41,8 +41,12 @@ const launchInfoName = "vm.json"
 // PauseSupport implements runtime.Pauser: every microVM can be stopped by its monitor.
 func (r *Runtime) PauseSupport() error { return r.refusal }
 
-// Freeze implements runtime.Pauser: the VM's vCPUs stop (QMP stop), its memory stays.
+// Freeze implements runtime.Pauser: the VM's vCPUs stop (QMP stop, through the shim, which
+// notes since when the guest's clock stands), its memory stays.
 func (r *Runtime) Freeze(ctx context.Context, sandboxID, dir string) error {
+	if _, err := askShim(ctx, dir, "stop"); !errors.Is(err, errNoShim) {
+		return err
+	}
 	q, err := dialQMP(ctx, dir)
 	if err != nil {
 		return err
@@ -52,14 +56,12 @@ func (r *Runtime) Freeze(ctx context.Context, sandboxID, dir string) error {
 	return err
 }
 
-// Thaw implements runtime.Pauser: the VM runs on (QMP cont), or, when its memory is released,
-// is restored and runs on from it (its clock advanced by the time it lay saved). A save still
-// streaming (a capture whose sandboxd died) is cancelled first. A VM without a monitor or a
-// shim does not run: thawed.
+// Thaw implements runtime.Pauser: the VM runs on (QMP cont, through the shim, which advances
+// the guest's clock by the time it stood), or, when its memory is released, is restored and
+// runs on from it. A save still streaming (a capture whose sandboxd died) is cancelled first.
+// A VM without a monitor or a shim does not run: thawed.
 func (r *Runtime) Thaw(ctx context.Context, sandboxID, dir string) error {
-	rep, err := askShim(ctx, dir, "state")
-	if err == nil && rep.Released {
-		_, err = askShim(ctx, dir, "resume")
+	if _, err := askShim(ctx, dir, "cont"); !errors.Is(err, errNoShim) {
 		return err
 	}
 	q, err := dialQMP(ctx, dir)
@@ -121,9 +123,15 @@ func (r *Runtime) ReleaseMemory(ctx context.Context, sandboxID, dir string) erro
 	return err
 }
 
+// errNoShim is a sandbox without a shim's socket: no launch runs.
+var errNoShim = errors.New("microvm runtime: no shim listens")
+
 // askShim sends the shim of the sandbox in dir one request on its socket.
 func askShim(ctx context.Context, dir, op string) (*shim.ShimReply, error) {
 	conn, err := platform.DialUnixNoFollow(ctx, filepath.Join(dir, shim.EntryControl, shim.ShimSocketName))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ECONNREFUSED) {
+		return nil, errNoShim
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -256,20 +256,30 @@ func setIdentity(hostname, machineID string) error {
 
 // applyRestore makes a guest that runs on from a memory state this launch's (see [Restore]).
 func applyRestore(r *Restore) error {
-	if r.ClockAdvanceNS > 0 {
-		var ts unix.Timespec
-		if err := unix.ClockGettime(unix.CLOCK_REALTIME, &ts); err != nil {
-			return err
-		}
-		ts = unix.NsecToTimespec(ts.Nano() + r.ClockAdvanceNS)
-		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
-			return fmt.Errorf("advance the clock: %w", err)
-		}
+	if err := advanceClock(r.ClockAdvanceNS); err != nil {
+		return err
 	}
 	if err := addEntropy(r.Entropy); err != nil {
 		return err
 	}
 	return setIdentity(r.Hostname, r.MachineID)
+}
+
+// advanceClock adds ns to CLOCK_REALTIME: the guest's clock stood while its VM was stopped or
+// saved.
+func advanceClock(ns int64) error {
+	if ns <= 0 {
+		return nil
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return err
+	}
+	ts = unix.NsecToTimespec(ts.Nano() + ns)
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("advance the clock: %w", err)
+	}
+	return nil
 }
 
 // addEntropy mixes b into the kernel's RNG and credits it (RNDADDENTROPY): a restored guest's
@@ -369,6 +379,12 @@ func (l *listener) serve(p *port) {
 			case l.accept <- c:
 			case <-l.done:
 				return
+			}
+		case portmux.FrameClock:
+			if len(payload) == 8 {
+				if err := advanceClock(int64(binary.BigEndian.Uint64(payload))); err != nil {
+					logf("%v", err)
+				}
 			}
 		case portmux.FrameShutdown:
 			// The shim was asked to end the sandbox (its TERM): the agent shuts down as on

@@ -5,6 +5,7 @@ package shim
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,13 +17,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
 	"github.com/sandboxd/sandboxd/runtime/microvm/qmp"
 )
 
 // The shim's own socket serves one request per line, JSON, and answers one [ShimReply]:
-// {"op":"release"} saves the VM's memory into EntryMemory and ends QEMU, the launch living on;
-// {"op":"resume"} restores it (a no-op when the memory is not released) and answers once the
-// guest listens again; {"op":"state"} says whether the memory is released.
+// {"op":"stop"} stops the VM's vCPUs (a pause, or a capture's hold); {"op":"cont"} lets them
+// run on and advances the guest's clock by the time they stood, or, when the memory is
+// released, restores it; {"op":"release"} saves the VM's memory into EntryMemory and ends
+// QEMU, the launch living on; {"op":"resume"} restores released memory (a no-op otherwise) and
+// answers once the guest listens again; {"op":"state"} says whether the memory is released.
 type shimRequest struct {
 	Op string `json:"op"`
 }
@@ -85,6 +89,10 @@ func (v *vm) serveShim(conn net.Conn) {
 		} else {
 			ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
 			switch req.Op {
+			case "stop":
+				err = v.stop(ctx)
+			case "cont":
+				err = v.cont(ctx)
 			case "release":
 				err = v.release(ctx)
 			case "resume":
@@ -122,11 +130,7 @@ func (v *vm) release(ctx context.Context) error {
 	}
 	port := v.port
 	v.mu.Unlock()
-	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", v.cfg.QMP)
-	if err != nil {
-		return fmt.Errorf("the monitor: %w", err)
-	}
-	q, err := qmp.New(ctx, conn)
+	q, err := v.monitor(ctx)
 	if err != nil {
 		return err
 	}
@@ -139,6 +143,9 @@ func (v *vm) release(ctx context.Context) error {
 	}
 	v.mu.Lock()
 	v.releasing, v.releasedAt = true, boottime()
+	if v.stopped { // its clock has stood since the pause
+		v.releasedAt, v.stopped = v.stoppedAt, false
+	}
 	v.mu.Unlock()
 	logf("the memory is saved; QEMU quits")
 	_, _ = q.Exec(ctx, "quit", nil, nil) // its answer may not come before it is gone
@@ -158,6 +165,87 @@ func (v *vm) release(ctx context.Context) error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// monitor dials QEMU's monitor.
+func (v *vm) monitor(ctx context.Context) (*qmp.Conn, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", v.cfg.QMP)
+	if err != nil {
+		return nil, fmt.Errorf("the monitor: %w", err)
+	}
+	return qmp.New(ctx, conn)
+}
+
+// stop stops the VM's vCPUs and notes since when its clock stands.
+func (v *vm) stop(ctx context.Context) error {
+	v.mu.Lock()
+	if v.released || v.w == nil {
+		v.mu.Unlock()
+		return nil // no QEMU runs: nothing to stop
+	}
+	v.mu.Unlock()
+	q, err := v.monitor(ctx)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if _, err := q.Exec(ctx, "stop", nil, nil); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	if !v.stopped {
+		v.stopped, v.stoppedAt = true, boottime()
+	}
+	v.mu.Unlock()
+	return nil
+}
+
+// cont lets a stopped VM run on (cancelling a save still streaming, a capture's whose
+// sandboxd died) and advances its clock by the time it stood; released memory is restored.
+func (v *vm) cont(ctx context.Context) error {
+	v.mu.Lock()
+	released, running := v.released, v.w != nil
+	v.mu.Unlock()
+	if released {
+		return v.resumeReleased(ctx)
+	}
+	if !running {
+		return nil
+	}
+	q, err := v.monitor(ctx)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	st, err := q.Status(ctx)
+	if err != nil {
+		return err
+	}
+	switch st {
+	case "running", "inmigrate", "prelaunch":
+	case "finish-migrate":
+		if _, err := q.Exec(ctx, "migrate_cancel", nil, nil); err != nil {
+			return err
+		}
+		fallthrough
+	default:
+		if _, err := q.Exec(ctx, "cont", nil, nil); err != nil {
+			return err
+		}
+	}
+	v.mu.Lock()
+	var stood time.Duration
+	if v.stopped {
+		stood, v.stopped = boottime()-v.stoppedAt, false
+	}
+	w := v.w
+	v.mu.Unlock()
+	if stood > 0 && w != nil {
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(stood))
+		return w.WriteFrame(portmux.FrameClock, 0, b[:])
+	}
+	return nil
 }
 
 // saveMemory writes the stopped VM's state into EntryMemory, anew, with its StateInfo.

@@ -5,6 +5,7 @@ package shim
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -86,6 +87,10 @@ type vm struct {
 	released   bool
 	releasedAt time.Duration
 	resume     chan struct{}
+	// stopped is set by a stop (a pause, a capture's hold) until the cont, since stoppedAt
+	// (CLOCK_BOOTTIME): the guest's clock stands meanwhile, and the cont advances it.
+	stopped   bool
+	stoppedAt time.Duration
 }
 
 func run(cfg *Config) int {
@@ -142,7 +147,8 @@ func run(cfg *Config) int {
 		restore, port = &Restore{Memory: filepath.Join(dir, EntryMemory, StateMemory), ClockAdvanceNS: int64(advance)}, 1-v.port
 		v.mu.Unlock()
 	}
-	signal.Stop(sigc)
+	// The signals stay handled until the shim exits: a TERM now (a Kill that finds QEMU gone
+	// already) must not end it before it has written the outcome.
 	v.shut()
 	if st != nil {
 		if st.Exited() {
@@ -241,7 +247,7 @@ func (v *vm) startQEMU(restore *Restore, port int) (*exec.Cmd, error) {
 			_ = cmd.Process.Kill()
 			return cmd, nil // the run's end is the launch's
 		}
-		go v.continueRestored(cmd)
+		go v.continueRestored(cmd, w, boottime())
 	}
 	// The other port carries nothing for this run: whatever the guest had half-written to it
 	// before a save arrives here and is dropped.
@@ -362,9 +368,10 @@ func (v *vm) sendRestore(w *portmux.Writer, r *Restore) error {
 const restoreTimeout = 5 * time.Minute
 
 // continueRestored lets the restored guest run once QEMU has loaded its state: a state saved
-// from a stopped VM (as a capture saves it) loads stopped. A restore that does not get there
-// ends QEMU, and so the launch.
-func (v *vm) continueRestored(cmd *exec.Cmd) {
+// from a stopped VM (as a capture saves it) loads stopped. Its clock stood during the load,
+// which began at started (CLOCK_BOOTTIME): that time is added to it (on w, after the restore
+// frame's advance). A restore that does not get there ends QEMU, and so the launch.
+func (v *vm) continueRestored(cmd *exec.Cmd, w *portmux.Writer, started time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
 	defer cancel()
 	err := func() error {
@@ -388,6 +395,12 @@ func (v *vm) continueRestored(cmd *exec.Cmd) {
 	if err != nil {
 		logf("the restore did not run: %v", err)
 		_ = cmd.Process.Kill()
+		return
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(boottime()-started))
+	if err := w.WriteFrame(portmux.FrameClock, 0, b[:]); err != nil {
+		logf("advance the restored guest's clock: %v", err)
 	}
 }
 
