@@ -253,6 +253,14 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 		if err != nil {
 			return &fs.PathError{Op: "create", Path: req.Path, Err: err}
 		}
+		// The metadata goes on the new inode before it is renamed into place: the path never
+		// shows the new content without it (nor the old file's: a write replaces it).
+		if err := writeMetadata(fd, req.Metadata); err != nil {
+			unix.Close(fd)
+			fd = -1
+			unix.Unlinkat(dfd, tmp, 0)
+			return err
+		}
 		// The umask may have narrowed the mode; the request's mode is what we promise.
 		if err := unix.Fchmod(fd, mode); err != nil {
 			unix.Close(fd)
@@ -302,8 +310,14 @@ func (a *agent) WriteFile(ctx context.Context, req *control.FileRequest, r io.Re
 // randomHex is the random part of the agent's temp names: 16 hex digits.
 func randomHex() string { return naming.RandomHex(8) }
 
-// listBatch is how many entries one list frame carries.
-const listBatch = 256
+// listBatch is how many entries one list frame carries; listDetailsBatch with details, where
+// one entry may take about 55 KiB of JSON (4 KiB of metadata and a 4 KiB target, each byte
+// of which JSON may spell in 6: "<" is \u003c), so that a frame stays below
+// control.MaxFramePayload.
+const (
+	listBatch        = 256
+	listDetailsBatch = 16
+)
 
 // List implements control.Handler. The whole listing runs as the user: stat of an entry
 // needs search permission on the directory, which is checked at each call. It reads and
@@ -329,18 +343,30 @@ func (a *agent) List(ctx context.Context, req *control.FileRequest, emit func([]
 		if !fi.IsDir() {
 			return syscall.ENOTDIR
 		}
+		// With details an entry may carry control.MaxMetadataBytes of metadata and a target
+		// of control.MaxPathLen: fewer of them fill a frame.
+		n := listBatch
+		var names *idNames
+		if req.Details {
+			n, names = listDetailsBatch, loadIDNames()
+		}
 		for {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			ents, err := d.ReadDir(listBatch)
+			ents, err := d.ReadDir(n)
 			batch := make([]control.FileInfo, 0, len(ents))
 			for _, e := range ents {
 				info, ierr := e.Info()
 				if ierr != nil {
 					continue // removed meanwhile
 				}
-				batch = append(batch, fileInfo(info))
+				fi := fileInfo(info)
+				if names != nil {
+					st, _ := info.Sys().(*syscall.Stat_t)
+					names.addDetails(&fi, filepath.Join(req.Path, e.Name()), st)
+				}
+				batch = append(batch, fi)
 			}
 			if len(batch) > 0 {
 				if eerr := emit(batch); eerr != nil {
@@ -367,6 +393,10 @@ func (a *agent) Stat(ctx context.Context, req *control.FileRequest) (control.Fil
 			return err
 		}
 		out = fileInfo(fi)
+		if req.Details {
+			st, _ := fi.Sys().(*syscall.Stat_t)
+			loadIDNames().addDetails(&out, req.Path, st)
+		}
 		return nil
 	})
 	return out, fileError(err, req.Path)

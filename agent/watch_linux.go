@@ -55,6 +55,16 @@ func (a *agent) Watch(ctx context.Context, req *control.WatchRequest, started fu
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			return &control.RemoteError{Code: control.CodeNotADirectory, Message: fmt.Sprintf("%q is not a directory.", truncate(root))}
 		}
+		if req.RefuseNetwork {
+			network, err := onNetworkFS(root)
+			if err != nil {
+				return fileError(err, root)
+			}
+			if network {
+				return &control.RemoteError{Code: control.CodeInvalidRequest, Message: fmt.Sprintf(
+					"%q is on a network or FUSE file system, whose changes inotify may not see, and the watch refuses such a directory.", truncate(root))}
+			}
+		}
 		return w.addTree("", true)
 	}); err != nil {
 		f.Close()

@@ -37,12 +37,13 @@ const (
 	UnrecordedProcess     = "unrecorded-process"      // a runtime process that no runtime record names
 	LeakedMount           = "leaked-mount"            // a host mount below the state root
 	LeakedCgroup          = "leaked-cgroup"           // the cgroup of a sandbox that is not running
+	LeakedRuntimeFile     = "leaked-runtime-file"     // a file only a running launch needs (a microVM's control socket), of a sandbox that is not running
+	StaleSharedFile       = "stale-shared-file"       // a runtime's shared asset (initramfs, base disk, a half-made build) that nothing needs
 	LeakedLoop            = "leaked-loop"             // a loop device holding a disk image of a sandbox that is not running
 	BindingWithoutLease   = "binding-without-lease"   // clone.json names a lease record that does not exist
 	InterruptedPause      = "interrupted-pause"       // paused.json names the live launch, whose processes are not frozen
 	InterruptedResume     = "interrupted-resume"      // the live launch's processes are frozen, and no paused.json says so
 	StalePause            = "stale-pause-record"      // paused.json names a launch that is not running
-	LeftoverLaunchEntry   = "leftover-launch-entry"   // what a runtime keeps for a live launch only (a microVM's released memory), and none runs
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
@@ -245,13 +246,12 @@ type pass struct {
 	paused    int
 	states    map[string]*sandboxState // by directory
 	procs     []runtime.Process
-	// unrecorded, leakedCgroups and leakedMounts are what repair acts on, by sandbox id.
-	unrecorded    []runtime.Process
-	leakedCgroups map[string]bool
-	leakedMounts  map[string]bool
-	// leftoverEntries are the sandboxes with a launch's entries and no launch.
-	leftoverEntries map[string]bool
-	leftovers       []string
+	// unrecorded, leaked (host resources: cgroups, files only a running launch needs) and
+	// leakedMounts are what repair acts on, by sandbox id.
+	unrecorded   []runtime.Process
+	leaked       map[string]bool
+	leakedMounts map[string]bool
+	leftovers    []string
 }
 
 func (p *pass) add(kind, sandbox, entry, format string, args ...any) {
@@ -289,7 +289,7 @@ func (c *checker) rel(path string) string {
 
 // scan makes one read-only pass over the state root.
 func (c *checker) scan(ctx context.Context) (*pass, error) {
-	p := &pass{states: map[string]*sandboxState{}, leakedCgroups: map[string]bool{}, leakedMounts: map[string]bool{}}
+	p := &pass{states: map[string]*sandboxState{}, leaked: map[string]bool{}, leakedMounts: map[string]bool{}}
 	// Processes first: see the package doc.
 	if err := c.listProcesses(p); err != nil {
 		return nil, err
@@ -327,7 +327,8 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	}
 	c.checkProcesses(p)
 	c.checkMounts(p)
-	c.checkCgroups(p)
+	c.checkHostResources(p)
+	c.checkShared(p, false)
 	c.checkLoops(p)
 	c.checkTemplates(ctx, p)
 	c.checkImages(ctx, p, false)
@@ -362,7 +363,6 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	}
 	checkConfig(s, recs, entry, p)
 	c.checkRuntimeRecord(s, recs.rec, entry, p)
-	c.checkLaunchEntries(dir, s, entry, p)
 	c.checkPause(s, entry, p)
 	checkJournal(id, recs, entry, p)
 	if recs.cfg != nil {
@@ -498,32 +498,6 @@ func (c *checker) checkPause(s *sandboxState, entry string, p *pass) {
 		p.add(InterruptedPause, s.id, pe, "the sandbox is recorded paused but its processes are not frozen; the next transition on it, or sandboxd's start-up, freezes them")
 	case f.Frozen:
 		p.add(InterruptedResume, s.id, entry, "the sandbox's processes are frozen but no pause is recorded; the next transition on it, or sandboxd's start-up, thaws them")
-	}
-}
-
-// checkLaunchEntries reports what a runtime keeps in a state directory for a live launch
-// only ([runtime.LaunchEntrier]: a microVM's released memory) when no launch runs: its
-// runtime process died holding it. The next transition on the sandbox (its runtime's
-// Cleanup) or repair removes it.
-func (c *checker) checkLaunchEntries(dir *os.File, s *sandboxState, entry string, p *pass) {
-	if s.alive {
-		return
-	}
-	var names []string
-	for _, rt := range c.runtimes() { // the launch that left them may have no record left
-		if le, ok := rt.(runtime.LaunchEntrier); ok {
-			names = append(names, le.LaunchEntries()...)
-		}
-	}
-	for _, name := range names {
-		if _, err := platform.LstatAt(dir, name); err != nil {
-			continue
-		}
-		p.add(LeftoverLaunchEntry, s.id, filepath.Join(entry, name), "kept for a live launch only, and no launch runs; the next transition on the sandbox, or --repair, removes it")
-		if p.leftoverEntries == nil {
-			p.leftoverEntries = map[string]bool{}
-		}
-		p.leftoverEntries[s.id] = true
 	}
 }
 
@@ -723,9 +697,10 @@ func (c *checker) checkLoops(p *pass) {
 	}
 }
 
-// checkCgroups reports the cgroups of this root's sandboxes that are not running. The runtime
-// finds them (Runtime.HostResources); those of other state roots are not among them.
-func (c *checker) checkCgroups(p *pass) {
+// checkHostResources reports what the runtimes hold for this root's sandboxes that are not
+// running (Runtime.HostResources): cgroups, and files only a running launch needs. Those of
+// other state roots are not among them.
+func (c *checker) checkHostResources(p *pass) {
 	found, err := c.hostResources()
 	if err != nil {
 		p.note(LeakedCgroup, "", "", "cannot find the cgroup hierarchy: %v", err)
@@ -733,23 +708,61 @@ func (c *checker) checkCgroups(p *pass) {
 	}
 	slices.SortStableFunc(found, func(a, b runtime.HostResource) int { return strings.Compare(a.SandboxID, b.SandboxID) })
 	for _, res := range found {
-		if res.Kind != runtime.ResourceCgroup || store.ValidateID(res.SandboxID) != nil {
+		kind, what := LeakedCgroup, "the cgroup of a sandbox that is not running"
+		switch res.Kind {
+		case runtime.ResourceCgroup:
+		case runtime.ResourceFile:
+			kind, what = LeakedRuntimeFile, "a file that only a running launch needs, of a sandbox that is not running"
+		default:
+			continue
+		}
+		if store.ValidateID(res.SandboxID) != nil {
 			continue
 		}
 		id, dir := res.SandboxID, res.Dir
 		s := p.states[dir]
 		if s == nil {
-			// The cgroup names this root's state directory, which was not there when the
-			// directories were read: a sandbox deleted without its cgroup, unless one of that
-			// id was provisioned since.
+			// It names this root's state directory, which was not there when the directories
+			// were read: a sandbox deleted without it, unless one of that id was provisioned
+			// since.
 			if _, err := os.Lstat(dir); err == nil {
 				continue
 			}
-		} else if s.busy || s.alive || !c.cgroupStillLeaked(res) {
+		} else if s.busy || s.alive || !c.stillLeaked(res) {
 			continue // in a transition, or running
 		}
-		p.leakedCgroups[id] = true
-		p.add(LeakedCgroup, id, res.Name, "the cgroup of a sandbox that is not running")
+		p.leaked[id] = true
+		p.add(kind, id, res.Name, "%s", what)
+	}
+}
+
+// checkShared reports (and with repair removes) the shared assets of every runtime that keeps
+// some in the host base directory (runtime.SharedFiles) that nothing needs any more.
+func (c *checker) checkShared(p *pass, repair bool) {
+	base := c.sup.HostBase()
+	for _, rt := range c.runtimes() {
+		sf, ok := rt.(runtime.SharedFiles)
+		if !ok {
+			continue
+		}
+		stale, err := sf.StaleShared(base, filepath.Join(c.root, store.SandboxesDir), repair)
+		if err != nil {
+			if repair {
+				c.o.Logger.Error("check: remove stale shared files", "runtime", rt.Kind(), "err", err)
+			} else {
+				p.note(StaleSharedFile, "", c.rel(base), "the %s runtime could not look at its shared files: %v", rt.Kind(), err)
+			}
+		}
+		for _, f := range stale {
+			switch {
+			case repair:
+				c.o.Logger.Warn("check: removed a stale shared file", "runtime", rt.Kind(), "file", filepath.Join(base, f.Name), "why", f.Why)
+			case f.Note:
+				p.note(StaleSharedFile, "", c.rel(filepath.Join(base, f.Name)), "%s (kept: %s runtime)", f.Why, rt.Kind())
+			default:
+				p.add(StaleSharedFile, "", c.rel(filepath.Join(base, f.Name)), "%s (%s runtime)", f.Why, rt.Kind())
+			}
+		}
 	}
 }
 
@@ -769,9 +782,9 @@ func (c *checker) stillIdle(dir, id string) bool {
 	return !(err == nil && rec != nil && platformID(rec).Alive())
 }
 
-// cgroupStillLeaked says whether the cgroup of a sandbox that was not running is still there
+// stillLeaked says whether a host resource of a sandbox that was not running is still there
 // while the sandbox is idle.
-func (c *checker) cgroupStillLeaked(res runtime.HostResource) bool {
+func (c *checker) stillLeaked(res runtime.HostResource) bool {
 	if !c.stillIdle(res.Dir, res.SandboxID) {
 		return false
 	}

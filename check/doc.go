@@ -30,7 +30,12 @@
 //     record (a shim by its identity, an init as the child of the recorded shim).
 //   - No host mount lies below the state root (the runtime mounts only inside sandboxes'
 //     own mount namespaces), and no sandbox cgroup exists for a sandbox of this root that is
-//     not running.
+//     not running, nor a file that only a running launch needs (Runtime.HostResources: a
+//     microVM's control socket). A runtime's processes include what outlived its runtime
+//     process (a microVM's QEMU whose shim is gone), which no record names.
+//   - A runtime that keeps files shared by its sandboxes in the host base directory
+//     (runtime.SharedFiles: a microVM's initramfs and base disks) says which of them nothing
+//     needs: half-made builds, an older guest stack's; those it cannot be sure of are notes.
 //   - Every clone binding names a lease record that exists, and the template store's own
 //     check passes: every lease record is matched by a clone binding, no generation payload
 //     lacks its index entry or the reverse, no retirement or capture was left half done.
@@ -48,10 +53,11 @@
 // Repair takes each sandbox's lifecycle lock (so it is safe beside a running server) and runs
 // the supervisor's own start-up reconciliation (Supervisor.ReattachAll): interrupted starts
 // are ended, stale records cleared. It then kills, under the sandbox's lock and by verified
-// identity, runtime processes that no record names; releases the cgroups and mounts of
-// sandboxes that are not running (Runtime.Cleanup); takes the lock of left-over directories
-// without config.json once, which lets the store remove them; and runs the template store's
-// check with repair. It never removes a sandbox, a foreign entry or a record it cannot read.
+// identity, runtime processes that no record names; releases the cgroups, launch files and
+// mounts of sandboxes that are not running (Runtime.Cleanup); takes the lock of left-over
+// directories without config.json once, which lets the store remove them; has each runtime
+// remove its stale shared files (looking again that no process took one up); and runs the
+// template store's check with repair. It never removes a sandbox, a foreign entry or a record it cannot read.
 // The state root is then checked again, and a problem is reported as repaired when the second
 // pass no longer finds it.
 //

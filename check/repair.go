@@ -35,17 +35,12 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 			strays = append(strays, pr)
 		}
 	}
-	for id := range p.leakedCgroups {
+	for id := range p.leaked {
 		if _, ok := work[id]; !ok {
 			work[id] = nil
 		}
 	}
 	for id := range p.leakedMounts {
-		if _, ok := work[id]; !ok {
-			work[id] = nil
-		}
-	}
-	for id := range p.leftoverEntries {
 		if _, ok := work[id]; !ok {
 			work[id] = nil
 		}
@@ -82,6 +77,8 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 	}
 
 	c.repairNetwork(p)
+
+	c.checkShared(&pass{}, true)
 
 	// Image references of users that are gone, then the image store's own leftovers.
 	c.checkImages(ctx, &pass{}, true)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/sandboxd/sandboxd/errcode"
 )
 
 // Client is sandboxd's side of a control connection. It is safe for concurrent use; every
@@ -182,6 +184,19 @@ func (c *Client) Stat(ctx context.Context, path, user string) (FileInfo, error) 
 	return fi, err
 }
 
+// StatDetails is Stat with the file's details (owner, group, symlink target, user
+// metadata) where the agent serves FeatureFileMeta; an agent without it answers none.
+func (c *Client) StatDetails(ctx context.Context, path, user string) (FileInfo, error) {
+	var fi FileInfo
+	if err := c.roundTrip(ctx, Header{Op: OpStat, File: &FileRequest{Path: path, User: user, Details: true}}, &fi); err != nil {
+		return FileInfo{}, err
+	}
+	if err := fi.checkDetails(); err != nil {
+		return FileInfo{}, fmt.Errorf("control: malformed stat answer: %w", err)
+	}
+	return fi, nil
+}
+
 // Mkdir creates a directory as user; with parents it creates the missing parents too and
 // an existing directory is not an error. mode 0 means 0755.
 func (c *Client) Mkdir(ctx context.Context, path, user string, mode fs.FileMode, parents bool) error {
@@ -222,10 +237,20 @@ func (c *Client) List(ctx context.Context, path, user string) ([]FileInfo, error
 // user sees them, and whether the directory has more. It never holds more than limit
 // entries, whatever the agent sends: past the limit it stops reading and ends the stream.
 func (c *Client) ListLimit(ctx context.Context, path, user string, limit int) (_ []FileInfo, truncated bool, _ error) {
+	return c.list(ctx, FileRequest{Path: path, User: user, Limit: limit})
+}
+
+// ListDetails is ListLimit with each entry's details (see StatDetails).
+func (c *Client) ListDetails(ctx context.Context, path, user string, limit int) (_ []FileInfo, truncated bool, _ error) {
+	return c.list(ctx, FileRequest{Path: path, User: user, Limit: limit, Details: true})
+}
+
+func (c *Client) list(ctx context.Context, req FileRequest) (_ []FileInfo, truncated bool, _ error) {
+	limit := req.Limit
 	if limit < 1 || limit > MaxListLimit {
 		return nil, false, fmt.Errorf("control: listing limit %d is not between 1 and %d", limit, MaxListLimit)
 	}
-	st, _, stop, err := c.open(ctx, Header{Op: OpList, File: &FileRequest{Path: path, User: user, Limit: limit}})
+	st, _, stop, err := c.open(ctx, Header{Op: OpList, File: &req})
 	if err != nil {
 		return nil, false, err
 	}
@@ -286,6 +311,9 @@ func appendBatch(out []FileInfo, p []byte, limit int) (_ []FileInfo, full bool, 
 		}
 		if len(fi.Name) > maxNameLen {
 			return nil, false, fmt.Errorf("control: malformed list batch: a name of %d bytes", len(fi.Name))
+		}
+		if err := fi.checkDetails(); err != nil {
+			return nil, false, fmt.Errorf("control: malformed list batch: %w", err)
 		}
 		out = append(out, fi)
 	}
@@ -391,14 +419,21 @@ type WriteRequest struct {
 	Mode fs.FileMode
 	// MakeParents creates missing parent directories (mode 0755, owned by User).
 	MakeParents bool
+	// Metadata is the user metadata the new file gets (see FileRequest.Metadata); it needs
+	// an agent that serves FeatureFileMeta.
+	Metadata map[string]string
 }
 
 // WriteFile streams r into a file: the agent writes a temporary file next to the target and
 // renames it into place only when everything arrived, so the path holds either the old or the
 // complete new content. It returns the size written.
 func (c *Client) WriteFile(ctx context.Context, req WriteRequest, r io.Reader) (int64, error) {
+	if len(req.Metadata) > 0 && !slices.Contains(c.hello.Features, FeatureFileMeta) {
+		return 0, errcode.New(errcode.NotImplemented,
+			"The sandbox's agent (%s) stores no file metadata; restart the sandbox with this sandboxd.", c.hello.AgentVersion)
+	}
 	st, fw, stop, err := c.open(ctx, Header{Op: OpWrite, File: &FileRequest{
-		Path: req.Path, User: req.User, Mode: uint32(req.Mode.Perm()), MakeParents: req.MakeParents}})
+		Path: req.Path, User: req.User, Mode: uint32(req.Mode.Perm()), MakeParents: req.MakeParents, Metadata: req.Metadata}})
 	if err != nil {
 		return 0, err
 	}

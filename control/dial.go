@@ -66,6 +66,9 @@ func features(h Handler) []string {
 	if _, ok := h.(ProcessTracker); ok {
 		f = append(f, FeatureProcs)
 	}
+	if _, ok := h.(FileMetaServer); ok {
+		f = append(f, FeatureFileMeta)
+	}
 	return f
 }
 

@@ -55,6 +55,12 @@
 //     or error. [Serve] enforces the limit whatever the [Handler] emits, and the client stops
 //     reading at it whatever the agent sends, so neither side holds more.
 //   - stat, mkdir, remove, stats, shutdown ({grace_ms}): one result (or error).
+//   - file details (feature "file-meta", [FeatureFileMeta]): with details set, stat and list
+//     answer each entry's owner and group (named from the sandbox's /etc/passwd and
+//     /etc/group), a symlink's target and its user metadata; a write's metadata is stored
+//     with the new file as [MetadataXattrPrefix] extended attributes, bounded by
+//     [ValidateMetadata] both ways; a watch's refuse_network refuses a network or FUSE file
+//     system. An agent without the feature ignores these fields.
 //   - dial ({port}; feature "dial"): the agent connects to 127.0.0.1:port in the sandbox's
 //     network namespace and answers a result {} or an error (port-refused: nothing listens).
 //     After the result the stream carries raw bytes both ways, unframed: what the client

@@ -264,6 +264,12 @@ type FileRequest struct {
 	// Limit is, for list, the most entries the agent sends (0 means DefaultListLimit, at most
 	// MaxListLimit). A listing cut at the limit ends with a ListEnd that says so.
 	Limit int `json:"limit,omitempty"`
+	// Details asks stat and list for each entry's owner, group, symlink target and user
+	// metadata (feature "file-meta").
+	Details bool `json:"details,omitempty"`
+	// Metadata is, for write, the user metadata stored with the new file (feature
+	// "file-meta"; see ValidateMetadata). The new file has no other: a write replaces the file.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // Bounds of a listing: what one list makes both sides hold. DefaultListLimit is the cap the
@@ -301,6 +307,9 @@ func (r *FileRequest) Validate() error {
 	}
 	if r.Limit < 0 || r.Limit > MaxListLimit {
 		return invalidf("The listing limit must be between 0 and %d entries.", MaxListLimit)
+	}
+	if err := ValidateMetadata(r.Metadata); err != nil {
+		return err
 	}
 	return validateUser(r.User)
 }
@@ -348,6 +357,17 @@ type FileInfo struct {
 	// Mode is the permission bits (with setuid, setgid and sticky).
 	Mode       uint32    `json:"mode"`
 	ModifiedAt time.Time `json:"modified_at"`
+	// The details, with FileRequest.Details: the owner's and group's names as the sandbox's
+	// /etc/passwd and /etc/group have them (the number where they have none); for a
+	// symlink, the absolute path it resolves to (its own where it resolves nowhere) and the
+	// type and mode of what is there (none where nothing is); the user metadata
+	// (MetadataXattrPrefix attributes the user may read).
+	Owner      string            `json:"owner,omitempty"`
+	Group      string            `json:"group,omitempty"`
+	Target     string            `json:"target,omitempty"`
+	TargetType FileType          `json:"target_type,omitempty"`
+	TargetMode uint32            `json:"target_mode,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
 }
 
 // ReadResult opens the answer to a read: the size of the file the agent opened, taken from

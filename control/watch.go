@@ -41,6 +41,10 @@ type WatchRequest struct {
 	User string `json:"user,omitempty"`
 	// Recursive also watches every directory below Path, those created later included.
 	Recursive bool `json:"recursive,omitempty"`
+	// RefuseNetwork refuses (invalid-request) a Path on a network or FUSE file system (NFS,
+	// CIFS, SMB, FUSE), whose changes inotify may never see (feature "file-meta"; an agent
+	// without it watches such a directory).
+	RefuseNetwork bool `json:"refuse_network,omitempty"`
 }
 
 // Validate checks the request's shape.

@@ -112,8 +112,10 @@ func controlMux(h *Handler) *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
 	m.HandleFunc("POST /sandboxes/{id}/pause", h.pause)
 	m.HandleFunc("POST /sandboxes/{id}/resume", h.connect)
+	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics throws
+	// SandboxNotFoundError), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "sandboxd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
+		writeError(w, http.StatusNotImplemented, "sandboxd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
 	})
 	return m
 }
@@ -125,6 +127,55 @@ type createBody struct {
 	AutoPause  *bool             `json:"autoPause"`
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
+	// AllowInternetAccess is E2B's switch for the internet (the SDKs send it only when the
+	// caller set it); Network its egress rules.
+	AllowInternetAccess *bool        `json:"allow_internet_access"`
+	Network             *networkBody `json:"network"`
+}
+
+// networkBody is the part of E2B's SandboxNetworkConfig that sandboxd's egress policy can say.
+type networkBody struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+}
+
+// allTraffic is how E2B's rules name every destination (the SDKs' ALL_TRAFFIC).
+const allTraffic = "0.0.0.0/0"
+
+// networkPolicy maps E2B's internet switch and egress rules onto sandboxd's policy, or nil
+// (no interface but loopback) when the caller asked for neither, or for nothing reachable: sandboxd's default, where
+// E2B's is the internet (docs/e2b.md says so). In E2B an allowOut entry wins over denyOut, so
+// with every destination denied (allow_internet_access false, or 0.0.0.0/0 in denyOut) the
+// allowOut entries are the only destinations, which is sandboxd's allow-list; with the
+// internet open, denyOut entries are sandboxd's deny list, and an allowOut entry is an
+// exception that sandboxd (whose deny wins) cannot say, so it is refused rather than lost.
+func networkPolicy(internet *bool, n *networkBody) (*supervisor.NetworkPolicy, error) {
+	if internet == nil && (n == nil || len(n.AllowOut)+len(n.DenyOut) == 0) {
+		return nil, nil
+	}
+	var allow, deny []string
+	if n != nil {
+		allow, deny = n.AllowOut, n.DenyOut
+	}
+	denyAll := internet != nil && !*internet
+	var rest []string
+	for _, d := range deny {
+		if d == allTraffic {
+			denyAll = true
+		} else {
+			rest = append(rest, d)
+		}
+	}
+	switch {
+	case denyAll && len(allow) == 0:
+		return nil, nil // nothing reachable: no interface at all
+	case denyAll:
+		return &supervisor.NetworkPolicy{Internet: false, Allow: allow}, nil
+	}
+	if len(allow) > 0 && len(rest) > 0 {
+		return nil, errcode.Invalid("network", "sandboxd cannot open allowOut exceptions in denyOut rules while the internet is open (its deny list wins over its allow list): deny %s to allow only allowOut, or leave allowOut out.", allTraffic)
+	}
+	return &supervisor.NetworkPolicy{Internet: true, Deny: rest}, nil
 }
 
 // created is E2B's Sandbox: what create and connect answer.
@@ -152,6 +203,14 @@ type detailBody struct {
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Domain          *string           `json:"domain"`
+	Lifecycle       *lifecycle        `json:"lifecycle,omitempty"`
+}
+
+// lifecycle is E2B's SandboxLifecycle: what the end of the lifetime does ("kill": delete;
+// "pause": stop, which connect undoes). sandboxd resumes no sandbox on traffic alone.
+type lifecycle struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
 }
 
 // createRequest maps E2B's create onto the supervisor's: a template or an image, labels from
@@ -171,6 +230,11 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 		}
 	}
 	req.Labels = b.Metadata
+	policy, err := networkPolicy(b.AllowInternetAccess, b.Network)
+	if err != nil {
+		return req, err
+	}
+	req.Network = policy
 	lt := &supervisor.Lifetime{Timeout: defaultTimeout, OnTimeout: supervisor.TimeoutDelete}
 	if b.Timeout != nil && *b.Timeout > 0 {
 		lt.Timeout = time.Duration(*b.Timeout) * time.Second
@@ -270,6 +334,10 @@ func (h *Handler) detailOf(st *supervisor.Status) detailBody {
 	d.EndAt = d.StartedAt
 	if st.ExpiresAt != nil {
 		d.EndAt = *st.ExpiresAt
+		d.Lifecycle = &lifecycle{OnTimeout: "pause"}
+		if st.OnTimeout == supervisor.TimeoutDelete {
+			d.Lifecycle.OnTimeout = "kill"
+		}
 	}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
@@ -361,18 +429,39 @@ func (h *Handler) lifetime(w http.ResponseWriter, r *http.Request, refresh bool)
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// pauseBody is E2B's pause body: memory false keeps the file system alone (the SDKs'
+// keepMemory), and a resume boots the sandbox afresh.
+type pauseBody struct {
+	Memory *bool `json:"memory"`
+}
+
+// pause freezes a running sandbox (its memory stays, as E2B's pause keeps it), or with
+// memory false stops it (gracefully, then by force), which keeps its file system alone:
+// connect then starts it again, as E2B resumes such a pause with a cold boot. 409 for a
+// sandbox that E2B sees paused (every one that does not run or start).
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request) {
 	st, ok := h.status(w, r)
 	if !ok {
 		return
 	}
-	if st.State == supervisor.StatePaused {
-		writeError(w, http.StatusConflict, "Sandbox %s is already paused.", st.Config.ID)
+	var b pauseBody
+	if err := json.NewDecoder(r.Body).Decode(&b); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "The request body is not valid JSON: %v.", err)
+		return
+	}
+	if stateOf(st.State) == "paused" {
+		writeError(w, http.StatusConflict, "Sandbox %s is already paused (it is %s).", st.Config.ID, st.State)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), transitionTimeout)
 	defer cancel()
-	if _, err := h.sup.Pause(ctx, st.Config.ID); err != nil {
+	var err error
+	if b.Memory != nil && !*b.Memory {
+		_, err = h.sup.Stop(ctx, st.Config.ID, false)
+	} else {
+		_, err = h.sup.Pause(ctx, st.Config.ID)
+	}
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}

@@ -24,6 +24,7 @@ type Supervisor interface {
 	Start(ctx context.Context, id string) (*supervisor.Status, error)
 	Delete(ctx context.Context, id string, force bool) error
 	Pause(ctx context.Context, id string) (*supervisor.Status, error)
+	Stop(ctx context.Context, id string, force bool) (*supervisor.Status, error)
 	Resume(ctx context.Context, id string) (*supervisor.Status, error)
 	SetTimeout(ctx context.Context, id string, lt *supervisor.Lifetime) (*supervisor.Status, error)
 	Template(name string) (*supervisor.Template, error)
@@ -33,9 +34,9 @@ type Supervisor interface {
 	AttachTracked(ctx context.Context, id string, pid int, tag string, replay bool) (*supervisor.Attachment, error)
 	ListTracked(ctx context.Context, id string) ([]supervisor.TrackedInfo, error)
 	InputTracked(ctx context.Context, id string, pid int, tag string, in supervisor.TrackedInput) error
-	WatchDir(ctx context.Context, id, path, user string, recursive bool) (*supervisor.DirWatch, error)
+	WatchDir(ctx context.Context, id, path, user string, opts supervisor.WatchOptions) (*supervisor.DirWatch, error)
 
-	ListFiles(ctx context.Context, id, path, user string) ([]supervisor.FileInfo, error)
+	ListFileDetails(ctx context.Context, id, path, user string, limit int) ([]supervisor.FileInfo, error)
 	StatFile(ctx context.Context, id, path, user string) (supervisor.FileInfo, error)
 	ReadFile(ctx context.Context, id, path, user string) (io.ReadCloser, int64, error)
 	WriteFile(ctx context.Context, id string, req supervisor.WriteRequest, r io.Reader) (int64, error)
@@ -45,11 +46,12 @@ type Supervisor interface {
 
 var _ Supervisor = (*supervisor.Supervisor)(nil)
 
-// EnvdVersion is the envd version that sandboxd reports to the SDKs. The SDKs turn features
-// on by it: 0.5.7 promises the octet-stream upload, closeStdin and recursive watching, and no
-// more. It stays below 0.6.2 until file metadata is stored (0.6.3's watch entries are served
-// already; see docs/e2b.md).
-const EnvdVersion = "0.5.7"
+// EnvdVersion is the envd version that sandboxd reports to the SDKs, which turn features on
+// by it: recursive watching (0.1.4), the choice of stdin (0.3.0), the default user (0.4.0),
+// closeStdin (0.5.2), the octet-stream upload (0.5.7), file metadata (0.6.2), entries in
+// watch events (0.6.3) and allowNetworkMounts (0.6.4), the newest of the SDKs' gates. Each
+// is served; see docs/e2b.md.
+const EnvdVersion = "0.6.4"
 
 // Defaults of E2B's API.
 const (

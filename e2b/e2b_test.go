@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -212,6 +214,103 @@ func TestDeleteAnswersE2BCodes(t *testing.T) {
 	}
 }
 
+// TestDetailLifecycle: GET /sandboxes/{id} reports the lifetime's end as endAt and what it
+// does as E2B's lifecycle (kill for a delete, pause for a stop); a sandbox without a
+// lifetime has no lifecycle and ends, for E2B's schema, at its start.
+func TestDetailLifecycle(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	end := started.Add(time.Hour)
+	for id, on := range map[string]supervisor.OnTimeout{"kill": supervisor.TimeoutDelete, "stop": supervisor.TimeoutStop, "none": ""} {
+		st := &supervisor.Status{Config: supervisor.Config{ID: id}, State: supervisor.StateRunning, StartedAt: &started}
+		if on != "" {
+			st.ExpiresAt, st.OnTimeout = &end, on
+		}
+		f.sandboxes[id] = st
+	}
+	for _, tc := range []struct {
+		id, onTimeout string
+		endAt         time.Time
+	}{{"kill", "kill", end}, {"stop", "pause", end}, {"none", "", started}} {
+		w := do(t, h, http.MethodGet, "/sandboxes/"+tc.id, "", apiKey)
+		var d struct {
+			EndAt     time.Time `json:"endAt"`
+			Lifecycle *struct {
+				OnTimeout  string `json:"onTimeout"`
+				AutoResume *bool  `json:"autoResume"`
+			} `json:"lifecycle"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &d); err != nil || w.Code != http.StatusOK {
+			t.Fatalf("detail of %s: %d %s", tc.id, w.Code, w.Body)
+		}
+		if !d.EndAt.Equal(tc.endAt) {
+			t.Errorf("%s: endAt %v, want %v", tc.id, d.EndAt, tc.endAt)
+		}
+		switch {
+		case tc.onTimeout == "" && d.Lifecycle != nil:
+			t.Errorf("%s: lifecycle %+v, want none", tc.id, *d.Lifecycle)
+		case tc.onTimeout != "" && (d.Lifecycle == nil || d.Lifecycle.OnTimeout != tc.onTimeout || d.Lifecycle.AutoResume == nil || *d.Lifecycle.AutoResume):
+			t.Errorf("%s: lifecycle %s, want onTimeout %s and autoResume false", tc.id, w.Body, tc.onTimeout)
+		}
+	}
+}
+
+// pauseSupervisor records how a pause came through: frozen (Pause) or stopped (Stop).
+type pauseSupervisor struct {
+	*fakeSupervisor
+	calls []string
+}
+
+func (f *pauseSupervisor) Pause(_ context.Context, id string) (*supervisor.Status, error) {
+	f.calls = append(f.calls, "pause "+id)
+	f.sandboxes[id].State = supervisor.StatePaused
+	return f.sandboxes[id], nil
+}
+
+func (f *pauseSupervisor) Stop(_ context.Context, id string, force bool) (*supervisor.Status, error) {
+	if force {
+		return nil, errors.New("a pause stops gracefully")
+	}
+	f.calls = append(f.calls, "stop "+id)
+	f.sandboxes[id].State = supervisor.StateStopped
+	return f.sandboxes[id], nil
+}
+
+// TestPauseKeepsMemoryOrNot: E2B's pause freezes (memory kept, the default of both SDKs;
+// Python sends memory true, JS nothing); memory false (keepMemory=False) stops the sandbox,
+// keeping its file system alone; a sandbox E2B sees paused is 409, whichever way it paused.
+func TestPauseKeepsMemoryOrNot(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	ps := &pauseSupervisor{fakeSupervisor: f}
+	h.sup = ps
+	for _, id := range []string{"a", "b", "c"} {
+		f.sandboxes[id] = &supervisor.Status{Config: supervisor.Config{ID: id}, State: supervisor.StateRunning}
+	}
+	for _, tc := range []struct{ id, body string }{{"a", ""}, {"b", `{"memory":true}`}, {"c", `{"memory":false}`}} {
+		if w := do(t, h, http.MethodPost, "/sandboxes/"+tc.id+"/pause", tc.body, apiKey); w.Code != http.StatusNoContent {
+			t.Fatalf("pause %s with %q: %d %s", tc.id, tc.body, w.Code, w.Body)
+		}
+	}
+	if want := []string{"pause a", "pause b", "stop c"}; !slices.Equal(ps.calls, want) {
+		t.Errorf("calls %v, want %v", ps.calls, want)
+	}
+	for _, id := range []string{"a", "c"} {
+		w := do(t, h, http.MethodPost, "/sandboxes/"+id+"/pause", `{"memory":false}`, apiKey)
+		var e apiError
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || w.Code != http.StatusConflict || e.Code != 409 {
+			t.Errorf("a second pause of %s: %d %s, want 409", id, w.Code, w.Body)
+		}
+	}
+	if w := do(t, h, http.MethodPost, "/sandboxes/a/pause", `{"memory":`, apiKey); w.Code != http.StatusBadRequest {
+		t.Errorf("a malformed body: %d %s, want 400", w.Code, w.Body)
+	}
+	if len(ps.calls) != 3 {
+		t.Errorf("calls %v after the refusals, want none more", ps.calls)
+	}
+}
+
 func TestListFiltersAndPages(t *testing.T) {
 	t.Parallel()
 	h, f := newTestHandler(t)
@@ -353,5 +452,74 @@ func TestEnvdAccessToken(t *testing.T) {
 	}
 	if w := do(t, h, http.MethodGet, "/health", "", map[string]string{SandboxHeader: "abc"}); w.Code != http.StatusNoContent {
 		t.Errorf("health: %d", w.Code)
+	}
+}
+
+// TestHealthIsTheSandboxs: with its access token, /health says whether the sandbox runs, as
+// E2B's edge does (502 when it does not: the SDKs' isRunning is then false, also after a
+// kill); without it, it tells nothing of the sandbox.
+func TestHealthIsTheSandboxs(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	f.sandboxes["run"] = &supervisor.Status{Config: supervisor.Config{ID: "run"}, State: supervisor.StateRunning}
+	f.sandboxes["zzz"] = &supervisor.Status{Config: supervisor.Config{ID: "zzz"}, State: supervisor.StatePaused}
+	f.sandboxes["off"] = &supervisor.Status{Config: supervisor.Config{ID: "off"}, State: supervisor.StateStopped}
+	for _, tc := range []struct {
+		id, token string
+		want      int
+	}{
+		{"run", h.accessToken("run"), http.StatusNoContent},
+		{"zzz", h.accessToken("zzz"), http.StatusBadGateway},
+		{"off", h.accessToken("off"), http.StatusBadGateway},
+		{"gone", h.accessToken("gone"), http.StatusBadGateway},
+		{"gone", "", http.StatusNoContent},
+		{"zzz", h.accessToken("run"), http.StatusNoContent},
+	} {
+		w := do(t, h, http.MethodGet, "/health", "", map[string]string{SandboxHeader: tc.id, "X-Access-Token": tc.token})
+		if w.Code != tc.want {
+			t.Errorf("health of %s (token %.8q): %d %s, want %d", tc.id, tc.token, w.Code, w.Body, tc.want)
+		}
+		if w.Code == http.StatusBadGateway {
+			var e apiError
+			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Code != http.StatusBadGateway {
+				t.Errorf("health of %s: body %s, want E2B's error with code 502", tc.id, w.Body)
+			}
+		}
+	}
+}
+
+// TestCreateMapsNetwork: E2B's internet switch and egress rules become sandboxd's policy: none
+// asked is no interface (sandboxd's default); allowOut under a denied internet is the
+// allow-list; denyOut under an open internet the deny list; an exception sandboxd cannot say
+// is refused naming the field.
+func TestCreateMapsNetwork(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	for _, tc := range []struct {
+		name, body string
+		want       *supervisor.NetworkPolicy
+	}{
+		{"nothing asked", `{}`, nil},
+		{"internet", `{"allow_internet_access":true}`, &supervisor.NetworkPolicy{Internet: true}},
+		{"no internet", `{"allow_internet_access":false}`, nil},
+		{"allow-list", `{"network":{"denyOut":["0.0.0.0/0"],"allowOut":["1.1.1.1","pypi.org"]}}`,
+			&supervisor.NetworkPolicy{Allow: []string{"1.1.1.1", "pypi.org"}}},
+		{"allow-list without internet", `{"allow_internet_access":false,"network":{"allowOut":["10.0.0.0/8"]}}`,
+			&supervisor.NetworkPolicy{Allow: []string{"10.0.0.0/8"}}},
+		{"deny list", `{"allow_internet_access":true,"network":{"denyOut":["10.0.0.0/8"]}}`,
+			&supervisor.NetworkPolicy{Internet: true, Deny: []string{"10.0.0.0/8"}}},
+	} {
+		w := do(t, h, http.MethodPost, "/v2/sandboxes", tc.body, apiKey)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+		got := f.created[len(f.created)-1].Network
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: policy %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+	w := do(t, h, http.MethodPost, "/v2/sandboxes", `{"network":{"denyOut":["10.0.0.0/8"],"allowOut":["10.1.1.1"]}}`, apiKey)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "allowOut") {
+		t.Fatalf("an exception sandboxd cannot say: %d %s", w.Code, w.Body)
 	}
 }

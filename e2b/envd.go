@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"path"
 	"strconv"
+	"strings"
 
 	"connectrpc.com/connect"
 
+	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/e2b/envd/filesystem/filesystemconnect"
 	"github.com/sandboxd/sandboxd/e2b/envd/process/processconnect"
 	"github.com/sandboxd/sandboxd/supervisor"
@@ -28,7 +30,6 @@ func sandboxOf(ctx context.Context) string { id, _ := ctx.Value(sandboxKey{}).(s
 // the Connect protocol (and gRPC, gRPC-Web) with its JSON and binary codecs.
 func (h *Handler) envdRoutes() http.Handler {
 	m := http.NewServeMux()
-	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	m.HandleFunc("GET /files", h.readFile)
 	m.HandleFunc("POST /files", h.writeFiles)
 	p, ph := processconnect.NewProcessHandler(&processService{h: h})
@@ -45,8 +46,7 @@ func (h *Handler) envdRoutes() http.Handler {
 func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(SandboxHeader)
 	if r.URL.Path == "/health" && r.Method == http.MethodGet {
-		// envd's health answers without credentials, as envd's own does.
-		h.envd.ServeHTTP(w, r)
+		h.health(w, r, id)
 		return
 	}
 	if !sandboxID.MatchString(id) {
@@ -58,6 +58,29 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id)))
+}
+
+// health is envd's GET /health as E2B's edge answers it: 204 while the sandbox runs, 502 while
+// it does not (gone, paused, stopped, not yet started), which the SDKs' isRunning and
+// is_running read as false and their error paths as "the sandbox is gone". It answers
+// without credentials, as envd's own does, but then says nothing of the sandbox (204): only
+// a caller with the sandbox's access token learns whether it runs.
+func (h *Handler) health(w http.ResponseWriter, r *http.Request, id string) {
+	if !sandboxID.MatchString(id) || !h.accessTokenOK(id, r.Header.Get("X-Access-Token")) {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	st, err := h.sup.Status(id)
+	switch {
+	case statusOf(err) == http.StatusNotFound:
+		writeError(w, http.StatusBadGateway, "Sandbox %s is not running: there is no such sandbox.", id)
+	case err != nil:
+		h.fail(w, r, err)
+	case st.State != supervisor.StateRunning:
+		writeError(w, http.StatusBadGateway, "Sandbox %s is not running: it is %s; connect to it to run it again.", id, st.State)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
 }
 
 // userOf is the user a call acts as: the username it names, or the default user.
@@ -91,11 +114,37 @@ func (h *Handler) readFile(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(w, rc)
 }
 
-// writtenEntry is envd's EntryInfo of the REST API: what POST /files answers per file.
+// writtenEntry is envd's EntryInfo of the REST API: what POST /files answers per file, its
+// metadata as read back from the file.
 type writtenEntry struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// metadataPrefix starts the upload headers that carry a file's metadata (envd 0.6.2).
+const metadataPrefix = "X-Metadata-"
+
+// uploadMetadata is the metadata an upload's headers carry: each X-Metadata-<key> header's
+// first value under its key in lower case, as envd has it. Every file of the upload gets it;
+// the file's former metadata goes with its former content.
+func uploadMetadata(h http.Header) (map[string]string, error) {
+	var m map[string]string
+	for name, values := range h {
+		k, ok := strings.CutPrefix(name, metadataPrefix)
+		if !ok || k == "" || len(values) == 0 {
+			continue
+		}
+		if m == nil {
+			m = map[string]string{}
+		}
+		m[strings.ToLower(k)] = values[0]
+	}
+	if err := control.ValidateMetadata(m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // writeFiles stores the files of a POST /files: the body itself (application/octet-stream,
@@ -104,6 +153,11 @@ type writtenEntry struct {
 func (h *Handler) writeFiles(w http.ResponseWriter, r *http.Request) {
 	id, user := sandboxOf(r.Context()), userOf(r)
 	dest := r.URL.Query().Get("path")
+	meta, err := uploadMetadata(r.Header)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%s", messageOf(err))
+		return
+	}
 	body := http.MaxBytesReader(w, r.Body, h.cfg.MaxFileBytes)
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var written []writtenEntry
@@ -112,12 +166,20 @@ func (h *Handler) writeFiles(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, "Name each file by an absolute path, in ?path= or as its part's filename.")
 			return false
 		}
-		req := supervisor.WriteRequest{Path: p, User: user, Mode: 0o644, MakeParents: true}
+		req := supervisor.WriteRequest{Path: p, User: user, Mode: 0o644, MakeParents: true, Metadata: meta}
 		if _, err := h.sup.WriteFile(r.Context(), id, req, src); err != nil {
 			h.fileError(w, r, err)
 			return false
 		}
-		written = append(written, writtenEntry{Path: p, Name: path.Base(p), Type: "file"})
+		e := writtenEntry{Path: p, Name: path.Base(p), Type: "file"}
+		if len(meta) > 0 {
+			// What was stored, as envd answers it: a file system without user attributes
+			// stores none.
+			if fi, err := h.sup.StatFile(r.Context(), id, path.Clean(p), user); err == nil {
+				e.Metadata = fi.Metadata
+			}
+		}
+		written = append(written, e)
 		return true
 	}
 	if mt != "multipart/form-data" {
@@ -193,4 +255,13 @@ func connectError(err error) error {
 		code = connect.CodePermissionDenied
 	}
 	return connect.NewError(code, err)
+}
+
+// messageOf is the message of a refusal: a control.RemoteError's own, without its code.
+func messageOf(err error) string {
+	var re *control.RemoteError
+	if errors.As(err, &re) {
+		return re.Message
+	}
+	return err.Error()
 }

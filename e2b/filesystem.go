@@ -46,17 +46,38 @@ func entryOf(dir string, fi supervisor.FileInfo) *filesystem.EntryInfo {
 		Mode:         fi.Mode & 0o7777,
 		Permissions:  permissions(fi.Type, fi.Mode),
 		ModifiedTime: timestamppb.New(fi.ModifiedAt),
+		Owner:        fi.Owner,
+		Group:        fi.Group,
+		Metadata:     fi.Metadata,
 	}
-	switch fi.Type {
-	case supervisor.FileDir:
-		e.Type = filesystem.FileType_FILE_TYPE_DIRECTORY
+	e.Type = fileType(fi.Type)
+	if fi.Type == supervisor.FileDir {
 		e.Mode |= uint32(fs.ModeDir)
-	case supervisor.FileSymlink:
-		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
-	default:
-		e.Type = filesystem.FileType_FILE_TYPE_FILE
+	}
+	if fi.Type == supervisor.FileSymlink && fi.Target != "" {
+		// As envd: a link is described by what it resolves to (its path, type and mode), or
+		// has no type where it resolves nowhere; its permissions stay the link's own.
+		e.SymlinkTarget = &fi.Target
+		e.Type, e.Mode = fileType(fi.TargetType), fi.TargetMode&0o7777
+		if fi.TargetType == supervisor.FileDir {
+			e.Mode |= uint32(fs.ModeDir)
+		}
 	}
 	return e
+}
+
+// fileType is envd's type of an entry: what is neither file, directory nor link (a FIFO,
+// a device, a link's target that is not there) has none.
+func fileType(t supervisor.FileType) filesystem.FileType {
+	switch t {
+	case supervisor.FileRegular:
+		return filesystem.FileType_FILE_TYPE_FILE
+	case supervisor.FileDir:
+		return filesystem.FileType_FILE_TYPE_DIRECTORY
+	case supervisor.FileSymlink:
+		return filesystem.FileType_FILE_TYPE_SYMLINK
+	}
+	return filesystem.FileType_FILE_TYPE_UNSPECIFIED
 }
 
 // permissions spells a mode as ls -l does.
@@ -167,7 +188,10 @@ func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	var out []*filesystem.EntryInfo
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
-		infos, err := s.h.sup.ListFiles(ctx, id, dir, user)
+		if len(out) >= maxListEntries {
+			return nil
+		}
+		infos, err := s.h.sup.ListFileDetails(ctx, id, dir, user, maxListEntries-len(out))
 		if err != nil {
 			return err
 		}

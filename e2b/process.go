@@ -86,13 +86,37 @@ func keptOf(cfg *process.ProcessConfig, pty bool) []byte {
 	return nil
 }
 
+// attachment is what relay reads of a tracked process: a *supervisor.Attachment.
+type attachment interface {
+	ReadOutput(p []byte) (supervisor.Stream, int, error)
+	Wait() (supervisor.ExitStatus, error)
+	Close() error
+}
+
+// errDeadline ends a stream whose call ran out of its time (Connect-Timeout-Ms), as envd
+// ends it: the SDKs make a TimeoutException (TimeoutError) of deadline_exceeded, and would
+// otherwise see a stream that ends without an end event.
+var errDeadline = connect.NewError(connect.CodeDeadlineExceeded, errors.New("the call ran out of its time (Connect-Timeout-Ms)"))
+
+// leave is how a stream ends when its call's context does: deadline_exceeded at its
+// deadline, nothing when the client left (no one reads the answer).
+func leave(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errDeadline
+	}
+	return nil
+}
+
 // relay sends an attachment's events until the process ends (its end event) or the client
 // leaves (the attachment is closed; the process runs on), with keepalive events at interval.
 // Reading the output waits while the client does not take it: the agent then holds the
-// process (see control.ProcReplayBytes), so no output is lost to a slow client.
-func relay(ctx context.Context, att *supervisor.Attachment, pty bool, interval time.Duration, send func(*process.ProcessEvent) error) error {
+// process (see control.ProcReplayBytes), so no output is lost to a slow client. limited says
+// that the call's deadline is the process's time limit (Start's): its end at that limit is
+// then the call's deadline_exceeded, not an end event, whichever of the two comes first.
+func relay(ctx context.Context, att attachment, pty, limited bool, interval time.Duration, send func(*process.ProcessEvent) error) error {
 	defer att.Close()
 	events := make(chan *process.ProcessEvent)
+	timedOut := false
 	go func() {
 		defer close(events)
 		buf := make([]byte, outputChunk)
@@ -117,8 +141,13 @@ func relay(ctx context.Context, att *supervisor.Attachment, pty bool, interval t
 			}
 			if err != nil {
 				if ctx.Err() == nil {
+					st, werr := att.Wait()
+					if limited && werr == nil && st.TimedOut {
+						timedOut = true // read after events is closed
+						return
+					}
 					select {
-					case events <- &process.ProcessEvent{Event: &process.ProcessEvent_End{End: endEvent(att.Wait())}}:
+					case events <- &process.ProcessEvent{Event: &process.ProcessEvent_End{End: endEvent(st, werr)}}:
 					case <-ctx.Done():
 					}
 				}
@@ -136,7 +165,10 @@ func relay(ctx context.Context, att *supervisor.Attachment, pty bool, interval t
 		select {
 		case ev, ok := <-events:
 			if !ok {
-				return nil
+				if timedOut {
+					return errDeadline
+				}
+				return leave(ctx)
 			}
 			if err := send(ev); err != nil {
 				return err
@@ -146,7 +178,7 @@ func relay(ctx context.Context, att *supervisor.Attachment, pty bool, interval t
 				return err
 			}
 		case <-ctx.Done():
-			return nil
+			return leave(ctx)
 		}
 	}
 }
@@ -221,7 +253,7 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 		att.Close()
 		return err
 	}
-	return relay(ctx, att, req.Msg.Pty != nil, keepalive(req.Header()), send)
+	return relay(ctx, att, req.Msg.Pty != nil, true, keepalive(req.Header()), send)
 }
 
 // Connect re-attaches to a running process: its start event, then the latest output the
@@ -250,7 +282,7 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[proce
 		att.Close()
 		return err
 	}
-	return relay(ctx, att, pty, keepalive(req.Header()), send)
+	return relay(ctx, att, pty, false, keepalive(req.Header()), send)
 }
 
 // configOf is the config a process was started with, and whether it runs on a terminal:
@@ -310,6 +342,43 @@ func (s *processService) SendInput(ctx context.Context, req *connect.Request[pro
 		return nil, err
 	}
 	return connect.NewResponse(&process.SendInputResponse{}), nil
+}
+
+// StreamInput feeds a process its input from a client stream: a start event naming the
+// process, then data events, each handed to the agent as SendInput's are; keepalive events
+// carry nothing. The end of the stream closes nothing (CloseStdin does). Client streams
+// work over HTTP/1.1 in the Connect protocol (the request body is the stream, the answer
+// follows its end); the SDKs send SendInput instead.
+func (s *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+	var sel *process.ProcessSelector
+	for stream.Receive() {
+		switch ev := stream.Msg().GetEvent().(type) {
+		case *process.StreamInputRequest_Start:
+			sel = ev.Start.GetProcess()
+			if _, _, err := selector(sel); err != nil {
+				return nil, err
+			}
+		case *process.StreamInputRequest_Data:
+			if sel == nil {
+				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("name the process in a start event before its input"))
+			}
+			in := ev.Data.GetInput()
+			data := in.GetStdin()
+			if data == nil {
+				data = in.GetPty()
+			}
+			if err := s.input(ctx, sel, supervisor.TrackedInput{Stdin: data}); err != nil {
+				return nil, err
+			}
+		case *process.StreamInputRequest_Keepalive:
+		default:
+			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("an input event is none of start, data and keepalive"))
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.StreamInputResponse{}), nil
 }
 
 func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {

@@ -29,6 +29,12 @@ const (
 var errOverflow = connect.NewError(connect.CodeResourceExhausted,
 	errors.New("the directory changed faster than the watch was read, and events were lost; watch again"))
 
+// watchOptions are envd's: a directory on a network or FUSE file system is refused
+// (invalid_argument) unless the client allows network mounts, as envd refuses it.
+func watchOptions(recursive, allowNetworkMounts bool) supervisor.WatchOptions {
+	return supervisor.WatchOptions{Recursive: recursive, RefuseNetwork: !allowNetworkMounts}
+}
+
 // watchEvent maps one of the agent's events to E2B's; overflow is not one.
 func (s *filesystemService) watchEvent(ctx context.Context, id, root, user string, ev supervisor.WatchEvent, entry bool) (*filesystem.FilesystemEvent, bool) {
 	out := &filesystem.FilesystemEvent{Name: ev.Name}
@@ -63,7 +69,7 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 		return err
 	}
 	id, user, root := sandboxOf(ctx), userOfHeader(req.Header()), path.Clean(req.Msg.Path)
-	w, err := s.h.sup.WatchDir(ctx, id, root, user, req.Msg.Recursive)
+	w, err := s.h.sup.WatchDir(ctx, id, root, user, watchOptions(req.Msg.Recursive, req.Msg.AllowNetworkMounts))
 	if err != nil {
 		return connectError(err)
 	}
@@ -101,7 +107,8 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 		select {
 		case b := <-batches:
 			if b.err != nil {
-				return nil // the directory went away, or its sandbox
+				// The directory went away, or its sandbox; or the call's end closed the watch.
+				return leave(ctx)
 			}
 			for _, ev := range b.evs {
 				if control.WatchOp(ev.Op) == control.WatchOverflow {
@@ -120,7 +127,7 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 				return err
 			}
 		case <-ctx.Done():
-			return nil
+			return leave(ctx)
 		}
 	}
 }
@@ -183,7 +190,7 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	}
 	id, user, root := sandboxOf(ctx), userOfHeader(req.Header()), path.Clean(req.Msg.Path)
 	// The watch outlives this call: it lasts until RemoveWatcher or its idle end.
-	w, err := s.h.sup.WatchDir(context.WithoutCancel(ctx), id, root, user, req.Msg.Recursive)
+	w, err := s.h.sup.WatchDir(context.WithoutCancel(ctx), id, root, user, watchOptions(req.Msg.Recursive, req.Msg.AllowNetworkMounts))
 	if err != nil {
 		return nil, connectError(err)
 	}

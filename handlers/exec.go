@@ -21,6 +21,9 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	if b.WaitMs != nil {
 		wait = time.Duration(*b.WaitMs) * time.Millisecond
 	}
+	if err := checkProgram(b.Command); err != nil {
+		return nil, err
+	}
 	ereq := execRequest(b)
 	umask, err := parseUmask(b.Umask)
 	if err != nil {
@@ -60,6 +63,16 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 		Signal:          signalName(res.ExitStatus),
 	}
 	return openapi.ExecCommand200JSONResponse(out), nil
+}
+
+// checkProgram refuses a command whose program is empty (`[""]`), naming the field: the
+// schema can bound each argument but not single out the first, and the agent's own refusal
+// would come back without a field.
+func checkProgram(command []string) error {
+	if len(command) > 0 && command[0] == "" {
+		return errcode.Invalid("command", "The command's first element, the program, is empty; name a program (for example \"sh\").")
+	}
+	return nil
 }
 
 // execRequest is the workload of a buffered exec, with the contract's defaults.

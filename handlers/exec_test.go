@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,5 +97,25 @@ func TestExecRefusals(t *testing.T) {
 	code, body = do(t, s, "POST", "/v1/sandboxes/a1/exec", `{"command":[],"timeout_ms":0}`)
 	if p := problemOf(t, body); code != http.StatusBadRequest || p.Code != string(errcode.InvalidRequest) {
 		t.Errorf("out of bounds: %d %+v", code, p)
+	}
+}
+
+// TestEmptyProgramNamesCommand: a command whose program is "" is refused naming the field
+// command, buffered and streamed alike, before anything is admitted.
+func TestEmptyProgramNamesCommand(t *testing.T) {
+	t.Parallel()
+	f := &fakeSupervisor{}
+	h, _ := newTestHandlers(t, f)
+	s := newTestServer(t, h)
+	code, body := do(t, s, "POST", "/v1/sandboxes/a1/exec", `{"command":["","x"]}`)
+	if p := problemOf(t, body); code != http.StatusBadRequest || p.Field != "command" || !strings.Contains(p.Detail, "name a program") {
+		t.Errorf("buffered: %d %+v", code, p)
+	}
+	code, body = do(t, s, "GET", "/v1/sandboxes/a1/exec/stream?command=&command=x", "", upgrade...)
+	if p := problemOf(t, body); code != http.StatusBadRequest || p.Field != "command" || !strings.Contains(p.Detail, "name a program") {
+		t.Errorf("streamed: %d %+v", code, p)
+	}
+	if len(f.admitted) != 0 || len(f.runs) != 0 {
+		t.Errorf("an empty program was admitted: %d admissions, %d runs", len(f.admitted), len(f.runs))
 	}
 }

@@ -27,20 +27,6 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 	}
 	// A read's slot is held until its body is sent (releasingReader); anything else ends here.
 	defer func() { release() }()
-	if req.Params.List != nil && *req.Params.List {
-		infos, err := h.sup.ListFiles(ctx, req.ID, req.Params.Path, fileUser)
-		if err != nil {
-			return nil, pathFault(err)
-		}
-		out := openapi.FileList{Items: make([]openapi.FileEntry, 0, min(len(infos), maxListEntries))}
-		for i, fi := range infos {
-			if i == maxListEntries {
-				break
-			}
-			out.Items = append(out.Items, apiFileEntry(fi))
-		}
-		return openapi.ReadFile200JSONResponse(out), nil
-	}
 	// The file's content belongs to the response, not to this call: the generated code
 	// streams it to the client and closes it. Its length is that of the file the agent
 	// opened, so a file renamed over meanwhile cannot make the two disagree.
@@ -54,6 +40,27 @@ func (h *Handlers) ReadFile(ctx context.Context, req openapi.ReadFileRequestObje
 		resp.ContentLength = size
 	}
 	return resp, nil
+}
+
+// ListFiles answers a directory's entries, at most maxListEntries of them.
+func (h *Handlers) ListFiles(ctx context.Context, req openapi.ListFilesRequestObject) (openapi.ListFilesResponseObject, error) {
+	release, err := h.bounds.admitFileOp(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	infos, err := h.sup.ListFiles(ctx, req.ID, req.Params.Path, fileUser)
+	if err != nil {
+		return nil, pathFault(err)
+	}
+	out := openapi.FileList{Items: make([]openapi.FileEntry, 0, min(len(infos), maxListEntries))}
+	for i, fi := range infos {
+		if i == maxListEntries {
+			break
+		}
+		out.Items = append(out.Items, apiFileEntry(fi))
+	}
+	return openapi.ListFiles200JSONResponse(out), nil
 }
 
 func (h *Handlers) WriteFile(ctx context.Context, req openapi.WriteFileRequestObject) (openapi.WriteFileResponseObject, error) {
@@ -109,7 +116,7 @@ func apiFileEntry(fi supervisor.FileInfo) openapi.FileEntry {
 }
 
 // pathFault names `path` as the field at fault of a file operation's invalid-request (a
-// directory read without list=true, a non-empty directory removed without recursive=true, a
+// directory read as a file, a non-empty directory removed without recursive=true, a
 // component that is not a directory): the path is the one input that such a refusal is about.
 func pathFault(err error) error {
 	var e *errcode.Error

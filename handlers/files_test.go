@@ -3,6 +3,7 @@ package handlers
 import (
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -29,7 +30,7 @@ func TestFileList(t *testing.T) {
 	}
 	f := &fakeSupervisor{files: files}
 	h, _ := newTestHandlers(t, f)
-	code, body := do(t, newTestServer(t, h), "GET", "/v1/sandboxes/a1/files?path=/home/user&list=true", "")
+	code, body := do(t, newTestServer(t, h), "GET", "/v1/sandboxes/a1/files/list?path=/home/user", "")
 	var l openapi.FileList
 	if err := json.Unmarshal(body, &l); err != nil || code != http.StatusOK {
 		t.Fatalf("%d %.200s", code, body)
@@ -67,7 +68,7 @@ func TestFileWriteReadRemove(t *testing.T) {
 	if rec := serve(s, req); rec.Code != http.StatusNoContent {
 		t.Fatalf("write: %d %s", rec.Code, rec.Body)
 	}
-	if want := (supervisor.WriteRequest{Path: "/home/user/a/b.txt", User: "user", Mode: 0o644, MakeParents: true}); len(f.writes) != 1 || f.writes[0] != want {
+	if want := (supervisor.WriteRequest{Path: "/home/user/a/b.txt", User: "user", Mode: 0o644, MakeParents: true}); len(f.writes) != 1 || !reflect.DeepEqual(f.writes[0], want) {
 		t.Errorf("wrote %+v, want %+v", f.writes, want)
 	}
 	rec := serve(s, newRequest("GET", "/v1/sandboxes/a1/files?path=/home/user/a/b.txt", ""))
@@ -91,7 +92,7 @@ func TestFileRefusals(t *testing.T) {
 	f := &fakeSupervisor{err: errcode.New(errcode.NotRunning, "Sandbox a1 is stopped; start it first.")}
 	h, _ := newTestHandlers(t, f)
 	s := newTestServer(t, h)
-	for _, target := range []string{"/v1/sandboxes/a1/files?path=/x", "/v1/sandboxes/a1/files?path=/x&list=true"} {
+	for _, target := range []string{"/v1/sandboxes/a1/files?path=/x", "/v1/sandboxes/a1/files/list?path=/x"} {
 		code, body := do(t, s, "GET", target, "")
 		if p := problemOf(t, body); code != http.StatusConflict || p.Code != string(errcode.NotRunning) {
 			t.Errorf("%s: %d %+v, want 409 not-running", target, code, p)

@@ -96,6 +96,10 @@ func apiRuntimes(rs []supervisor.RuntimeStatus) []openapi.RuntimeStatus {
 			a := openapi.RuntimeStatusAccelerator(r.Accelerator)
 			v.Accelerator = &a
 		}
+		if r.AccelMode != "" {
+			m := openapi.RuntimeStatusAcceleratorMode(r.AccelMode)
+			v.AcceleratorMode = &m
+		}
 		if r.Reason != "" {
 			reason := r.Reason
 			v.Reason = &reason

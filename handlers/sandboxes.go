@@ -63,7 +63,8 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 		creq.Runtime = string(*body.Runtime)
 		if *body.Runtime != openapi.RuntimeKindNamespace {
 			// The server's default disk is a namespace sandbox's (a loop-mounted image); a
-			// microVM's disk is its overlay, which no disk_mb sizes yet.
+			// microVM's disk is its overlay, with the runtime's default room unless the
+			// create names disk_mb.
 			creq.DiskMB = 0
 		}
 	}

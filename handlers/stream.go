@@ -148,6 +148,9 @@ func streamRequest(p stream.ExecStreamParams) (supervisor.ExecRequest, time.Dura
 
 // execStream admits and starts the workload, upgrades the connection and runs the stream.
 func (h *Handlers) execStream(w http.ResponseWriter, r *http.Request, id string, p stream.ExecStreamParams) error {
+	if err := checkProgram(p.Command); err != nil {
+		return err
+	}
 	req, wait := streamRequest(p)
 	var err error
 	if req.Umask, err = parseUmask(p.Umask); err != nil {

@@ -290,6 +290,27 @@ func (e RuntimeStatusAccelerator) Valid() bool {
 	}
 }
 
+// Defines values for RuntimeStatusAcceleratorMode.
+const (
+	RuntimeStatusAcceleratorModeAuto RuntimeStatusAcceleratorMode = "auto"
+	RuntimeStatusAcceleratorModeKvm  RuntimeStatusAcceleratorMode = "kvm"
+	RuntimeStatusAcceleratorModeTcg  RuntimeStatusAcceleratorMode = "tcg"
+)
+
+// Valid indicates whether the value is a known member of the RuntimeStatusAcceleratorMode enum.
+func (e RuntimeStatusAcceleratorMode) Valid() bool {
+	switch e {
+	case RuntimeStatusAcceleratorModeAuto:
+		return true
+	case RuntimeStatusAcceleratorModeKvm:
+		return true
+	case RuntimeStatusAcceleratorModeTcg:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for RuntimeStatusState.
 const (
 	RuntimeStatusStateProbing     RuntimeStatusState = "probing"
@@ -509,7 +530,7 @@ type CreateSandboxRequest struct {
 
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
-	Start *bool `json:"start,omitempty"`
+	Start *StartOnCreate `json:"start,omitempty"`
 
 	// Template Clone from this template.
 	Template *TemplateName `json:"template,omitempty"`
@@ -640,7 +661,8 @@ type EventType = string
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
-	// empty (the arguments may be).
+	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
+	// `command`).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -655,7 +677,7 @@ type ExecRequest struct {
 	Stdin *string `json:"stdin,omitempty"`
 
 	// TimeoutMs Kill the command after this many milliseconds.
-	TimeoutMs *int `json:"timeout_ms,omitempty"`
+	TimeoutMs *ExecTimeoutMS `json:"timeout_ms,omitempty"`
 
 	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
 	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
@@ -672,7 +694,7 @@ type ExecRequest struct {
 	User *User `json:"user,omitempty"`
 
 	// WaitMs How long to wait for another exec on this sandbox to end, in milliseconds.
-	WaitMs *int `json:"wait_ms,omitempty"`
+	WaitMs *ExecWaitMS `json:"wait_ms,omitempty"`
 }
 
 // ExecResult defines model for ExecResult.
@@ -703,6 +725,12 @@ type ExecResult struct {
 	// TimedOut The command was killed at `timeout_ms`.
 	TimedOut bool `json:"timed_out"`
 }
+
+// ExecTimeoutMS Kill the command after this many milliseconds.
+type ExecTimeoutMS = int
+
+// ExecWaitMS How long to wait for another exec on this sandbox to end, in milliseconds.
+type ExecWaitMS = int
 
 // FileEntry defines model for FileEntry.
 type FileEntry struct {
@@ -953,6 +981,9 @@ type Info struct {
 // InfoRuntimeKind defines model for Info.Runtime.Kind.
 type InfoRuntimeKind string
 
+// InternetAccess Every public destination, when `allow` is empty.
+type InternetAccess = bool
+
 // LabelKey defines model for LabelKey.
 type LabelKey = string
 
@@ -1043,7 +1074,7 @@ type NetworkPolicy struct {
 	Deny *[]string `json:"deny,omitempty"`
 
 	// Internet Every public destination, when `allow` is empty.
-	Internet *bool `json:"internet,omitempty"`
+	Internet *InternetAccess `json:"internet,omitempty"`
 }
 
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
@@ -1080,8 +1111,11 @@ type PortLink struct {
 // PortLinkRequest defines model for PortLinkRequest.
 type PortLinkRequest struct {
 	// TTLS How long the link works, in seconds.
-	TTLS *int `json:"ttl_s,omitempty"`
+	TTLS *PortLinkTTL `json:"ttl_s,omitempty"`
 }
+
+// PortLinkTTL How long the link works, in seconds.
+type PortLinkTTL = int
 
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
@@ -1173,6 +1207,12 @@ type RuntimeStatus struct {
 	// Accelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 	Accelerator *RuntimeStatusAccelerator `json:"accelerator,omitempty"`
 
+	// AcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+	// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+	// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+	// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+	AcceleratorMode *RuntimeStatusAcceleratorMode `json:"accelerator_mode,omitempty"`
+
 	// Default A create that names no runtime gets this one.
 	Default bool `json:"default"`
 
@@ -1196,6 +1236,12 @@ type RuntimeStatus struct {
 
 // RuntimeStatusAccelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 type RuntimeStatusAccelerator string
+
+// RuntimeStatusAcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+type RuntimeStatusAcceleratorMode string
 
 // RuntimeStatusState `ready`: sandboxes of this runtime can be created. `probing`: its start-up probe
 // (the microvm runtime boots a probe guest to choose its accelerator, some seconds)
@@ -1297,6 +1343,10 @@ type SandboxList struct {
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
 // `last_exit`).
 type SandboxState string
+
+// StartOnCreate Also start the sandbox before answering. The create is then all or nothing: a
+// start that fails removes the sandbox again (the id is free) and its error comes back.
+type StartOnCreate = bool
 
 // StorageHealth The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
 // creates, starts, captures and uploads answer `507 storage-full` until space is freed
@@ -1527,8 +1577,6 @@ type RemoveFileParams struct {
 
 // ReadFileParams defines parameters for ReadFile.
 type ReadFileParams struct {
-	List *bool `form:"list,omitempty" json:"list,omitempty"`
-
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1539,6 +1587,12 @@ type WriteFileParams struct {
 	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
 
 	// Path An absolute path inside the sandbox.
+	Path AbsolutePath `form:"path" json:"path"`
+}
+
+// ListFilesParams defines parameters for ListFiles.
+type ListFilesParams struct {
+	// Path An absolute path inside the sandbox, of a directory.
 	Path AbsolutePath `form:"path" json:"path"`
 }
 
@@ -1739,12 +1793,15 @@ type ServerInterface interface {
 	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params RemoveFileParams)
-	// ReadFile Read a file, or list a directory
+	// ReadFile Read a file
 	// (GET /v1/sandboxes/{id}/files)
 	ReadFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ReadFileParams)
 	// WriteFile Write a file
 	// (PUT /v1/sandboxes/{id}/files)
 	WriteFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params WriteFileParams)
+	// ListFiles List a directory
+	// (GET /v1/sandboxes/{id}/files/list)
+	ListFiles(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListFilesParams)
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
@@ -1889,7 +1946,7 @@ func (_ Unimplemented) RemoveFile(w http.ResponseWriter, r *http.Request, id San
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// ReadFile Read a file, or list a directory
+// ReadFile Read a file
 // (GET /v1/sandboxes/{id}/files)
 func (_ Unimplemented) ReadFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ReadFileParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1898,6 +1955,12 @@ func (_ Unimplemented) ReadFile(w http.ResponseWriter, r *http.Request, id Sandb
 // WriteFile Write a file
 // (PUT /v1/sandboxes/{id}/files)
 func (_ Unimplemented) WriteFile(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params WriteFileParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListFiles List a directory
+// (GET /v1/sandboxes/{id}/files/list)
+func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListFilesParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2449,19 +2512,6 @@ func (siw *ServerInterfaceWrapper) ReadFile(w http.ResponseWriter, r *http.Reque
 	// Parameter object where we will unmarshal all parameters from the context
 	var params ReadFileParams
 
-	// ------------- Optional query parameter "list" -------------
-
-	err = runtime.BindQueryParameterWithOptions("form", true, false, "list", r.URL.Query(), &params.List, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
-	if err != nil {
-		var requiredError *runtime.RequiredParameterError
-		if errors.As(err, &requiredError) {
-			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "list"})
-		} else {
-			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "list", Err: err})
-		}
-		return
-	}
-
 	// ------------- Required query parameter "path" -------------
 
 	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
@@ -2532,6 +2582,48 @@ func (siw *ServerInterfaceWrapper) WriteFile(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.WriteFile(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListFiles operation middleware
+func (siw *ServerInterfaceWrapper) ListFiles(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListFilesParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListFiles(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3562,6 +3654,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Put(options.BaseURL+"/v1/sandboxes/{id}/files", wrapper.WriteFile)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/files/list", wrapper.ListFiles)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/logs", wrapper.GetSandboxLogs)
@@ -5503,20 +5598,6 @@ type ReadFileResponseObject interface {
 	VisitReadFileResponse(w http.ResponseWriter) error
 }
 
-type ReadFile200JSONResponse FileList
-
-func (response ReadFile200JSONResponse) VisitReadFileResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(200)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type ReadFile200ApplicationOctetStreamResponse struct {
 	Body          io.Reader
 	ContentLength int64
@@ -5861,6 +5942,160 @@ func (response WriteFile507ApplicationProblemPlusJSONResponse) VisitWriteFileRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFilesRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params ListFilesParams
+}
+
+type ListFilesResponseObject interface {
+	VisitListFilesResponse(w http.ResponseWriter) error
+}
+
+type ListFiles200JSONResponse FileList
+
+func (response ListFiles200JSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles400ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles401ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles403ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles404ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles409ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles423ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles500ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles501ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -8914,12 +9149,15 @@ type StrictServerInterface interface {
 	// RemoveFile Remove a file, or a directory
 	// (DELETE /v1/sandboxes/{id}/files)
 	RemoveFile(ctx context.Context, request RemoveFileRequestObject) (RemoveFileResponseObject, error)
-	// ReadFile Read a file, or list a directory
+	// ReadFile Read a file
 	// (GET /v1/sandboxes/{id}/files)
 	ReadFile(ctx context.Context, request ReadFileRequestObject) (ReadFileResponseObject, error)
 	// WriteFile Write a file
 	// (PUT /v1/sandboxes/{id}/files)
 	WriteFile(ctx context.Context, request WriteFileRequestObject) (WriteFileResponseObject, error)
+	// ListFiles List a directory
+	// (GET /v1/sandboxes/{id}/files/list)
+	ListFiles(ctx context.Context, request ListFilesRequestObject) (ListFilesResponseObject, error)
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
@@ -9425,6 +9663,33 @@ func (sh *strictHandler) WriteFile(w http.ResponseWriter, r *http.Request, id Sa
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(WriteFileResponseObject); ok {
 		if err := validResponse.VisitWriteFileResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListFiles operation middleware
+func (sh *strictHandler) ListFiles(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListFilesParams) {
+	var request ListFilesRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListFiles(ctx, request.(ListFilesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListFiles")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListFilesResponseObject); ok {
+		if err := validResponse.VisitListFilesResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

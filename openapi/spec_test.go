@@ -154,8 +154,10 @@ func TestSpecRejectsBrokenEdits(t *testing.T) {
 			"NoSuchThing"},
 		{"example that contradicts its schema", "exit_code: 3", "exit_code: three",
 			"invalid example"},
-		{"unbounded deadline", "maximum: 3600000\n          default: 60000", "default: 60000",
+		{"unbounded deadline", "maximum: 3600000\n      default: 60000", "default: 60000",
 			"timeout_ms: a deadline must be between"},
+		{"request default inline", "        start:\n          $ref: '#/components/schemas/StartOnCreate'\n", "        start:\n          type: boolean\n          default: false\n",
+			"start: a request property with a default"},
 		{"error response without Problem", "\"400\": {$ref: '#/components/responses/BadRequest'}\n        \"401\": {$ref: '#/components/responses/Unauthorized'}\n        \"403\": {$ref: '#/components/responses/Forbidden'}\n        \"404\": {$ref: '#/components/responses/NotFound'}\n        \"500\"",
 			"\"400\": {description: plain, content: {text/plain: {schema: {type: string}}}}\n        \"401\": {$ref: '#/components/responses/Unauthorized'}\n        \"403\": {$ref: '#/components/responses/Forbidden'}\n        \"404\": {$ref: '#/components/responses/NotFound'}\n        \"500\"",
 			"the 400 response is not application/problem+json"},
@@ -393,6 +395,12 @@ func checkBounded(ref *openapi3.SchemaRef, where, name string, seen map[*openapi
 			add("%s: an object without additionalProperties: false", where)
 		}
 		for prop, sub := range s.Properties {
+			// openapi-typescript types a property whose own schema has a default as always
+			// present, so a client would have to send it; a reference to a named schema that
+			// holds the default keeps it optional, for every generator alike.
+			if sub.Ref == "" && sub.Value != nil && sub.Value.Default != nil {
+				add("%s.%s: a request property with a default must be a $ref to a named schema that holds it", where, prop)
+			}
 			checkBounded(sub, where+"."+prop, prop, seen, add)
 		}
 	case s.Type.Is("boolean"):

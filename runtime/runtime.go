@@ -181,10 +181,11 @@ type Runtime interface {
 	// forge, not by a marker in argv alone, which any process can give itself.
 	Processes(stateRoot string) ([]Process, error)
 	// HostResources lists what the runtime holds on the host, outside state directories (the
-	// cgroups), for the sandboxes whose state directories are <sandboxesDir>/<id>, whether
-	// they run or not and whether the directory still exists or not, for the consistency
-	// checker: Cleanup releases those of a sandbox that is not running. An error means the
-	// runtime could not look.
+	// cgroups), and the files in state directories that only a running launch needs (a
+	// microVM's control socket), for the sandboxes whose state directories are
+	// <sandboxesDir>/<id>, whether they run or not and whether the directory still exists or
+	// not, for the consistency checker: Cleanup releases those of a sandbox that is not
+	// running. An error means the runtime could not look.
 	HostResources(sandboxesDir string) ([]HostResource, error)
 }
 
@@ -210,7 +211,30 @@ type ResourceKind string
 const (
 	// ResourceCgroup is a sandbox's cgroup.
 	ResourceCgroup ResourceKind = "cgroup"
+	// ResourceFile is a file in a sandbox's state directory that only a running launch
+	// needs (a microVM's control socket, which nobody answers once its shim is gone).
+	ResourceFile ResourceKind = "file"
 )
+
+// SharedFiles is implemented by a runtime that keeps files shared by its sandboxes in the
+// host base directory (Spec.HostBase), for the consistency checker.
+type SharedFiles interface {
+	// StaleShared lists the entries of hostBase that this runtime made and that nothing
+	// needs any more, the sandboxes being those whose state directories are
+	// <sandboxesDir>/<id>: what a build that crashed left half made, and what an older guest
+	// stack left that no sandbox or live process uses. With remove it removes those (not the
+	// notes), each after looking again, and lists what it removed. An entry that may still be
+	// needed by something the runtime cannot see is a note, never removed.
+	StaleShared(hostBase, sandboxesDir string, remove bool) ([]StaleFile, error)
+}
+
+// StaleFile is an entry of the host base directory that its runtime made and nothing needs.
+type StaleFile struct {
+	Name string
+	Why  string
+	// Note: reported, never removed (something outside the runtime's sight may need it).
+	Note bool
+}
 
 // Process is a runtime process found by Processes.
 type Process struct {
@@ -247,13 +271,6 @@ type ResourcePinner interface {
 type MemoryCapturer interface {
 	// CapturesMemory reports whether the runtime's captures hold memory.
 	CapturesMemory() bool
-}
-
-// LaunchEntrier is a Runtime that keeps entries in a state directory for a live launch only
-// (a microVM's released memory): present while no launch runs, they are left over, and
-// Cleanup removes them. The consistency checker reports them.
-type LaunchEntrier interface {
-	LaunchEntries() []string
 }
 
 // MemoryReleaser is a [Pauser] that can pause a sandbox with its memory released: saved to

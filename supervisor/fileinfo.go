@@ -5,18 +5,18 @@ import (
 	"io/fs"
 )
 
-// StatFile describes the file at path as user sees it (a symlink itself, not its target).
-// Like the other file operations it takes no lock.
+// StatFile describes the file at path as user sees it (a symlink itself, not its target),
+// with its details. Like the other file operations it takes no lock.
 func (s *Supervisor) StatFile(ctx context.Context, id, path, user string) (FileInfo, error) {
 	agent, err := s.runningAgent(ctx, id)
 	if err != nil {
 		return FileInfo{}, err
 	}
-	fi, err := agent.Stat(ctx, path, user)
+	fi, err := agent.StatDetails(ctx, path, user)
 	if err != nil {
 		return FileInfo{}, err
 	}
-	return FileInfo{Name: fi.Name, Type: FileType(fi.Type), Size: fi.Size, Mode: fi.Mode, ModifiedAt: fi.ModifiedAt}, nil
+	return fileInfoOf(fi), nil
 }
 
 // MakeDir creates a directory as user (mode 0 means 0755); with parents it creates the

@@ -33,6 +33,20 @@ type FileInfo struct {
 	// (0o4000, 0o2000, 0o1000), not as fs.FileMode does.
 	Mode       uint32
 	ModifiedAt time.Time
+	// The details, from StatFile and ListFileDetails only (an agent of an older sandboxd
+	// answers none): owner and group names as the sandbox's /etc/passwd and /etc/group say
+	// (else the numbers); for a symlink the path it resolves to and the type and mode of
+	// what is there (see control.FileInfo); the user metadata stored by WriteFile.
+	Owner, Group, Target string
+	TargetType           FileType
+	TargetMode           uint32
+	Metadata             map[string]string
+}
+
+func fileInfoOf(fi control.FileInfo) FileInfo {
+	return FileInfo{Name: fi.Name, Type: FileType(fi.Type), Size: fi.Size, Mode: fi.Mode, ModifiedAt: fi.ModifiedAt,
+		Owner: fi.Owner, Group: fi.Group, Target: fi.Target, TargetType: FileType(fi.TargetType), TargetMode: fi.TargetMode,
+		Metadata: fi.Metadata}
 }
 
 // WriteRequest says where and how [Supervisor.WriteFile] stores a file.
@@ -43,6 +57,9 @@ type WriteRequest struct {
 	Mode fs.FileMode
 	// MakeParents creates missing parent directories (mode 0755, owned by User).
 	MakeParents bool
+	// Metadata is the user metadata stored with the file (control.ValidateMetadata says
+	// what it may hold), as extended attributes inside the sandbox.
+	Metadata map[string]string
 }
 
 // ListFiles lists a directory.
@@ -57,7 +74,25 @@ func (s *Supervisor) ListFiles(ctx context.Context, id, path, user string) ([]Fi
 	}
 	out := make([]FileInfo, len(infos))
 	for i, fi := range infos {
-		out[i] = FileInfo{Name: fi.Name, Type: FileType(fi.Type), Size: fi.Size, Mode: fi.Mode, ModifiedAt: fi.ModifiedAt}
+		out[i] = fileInfoOf(fi)
+	}
+	return out, nil
+}
+
+// ListFileDetails lists a directory with each entry's details, at most limit (1 to
+// control.MaxListLimit) entries.
+func (s *Supervisor) ListFileDetails(ctx context.Context, id, path, user string, limit int) ([]FileInfo, error) {
+	agent, err := s.runningAgent(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	infos, _, err := agent.ListDetails(ctx, path, user, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]FileInfo, len(infos))
+	for i, fi := range infos {
+		out[i] = fileInfoOf(fi)
 	}
 	return out, nil
 }
@@ -81,7 +116,7 @@ func (s *Supervisor) WriteFile(ctx context.Context, id string, req WriteRequest,
 	if err != nil {
 		return 0, err
 	}
-	n, err := agent.WriteFile(ctx, control.WriteRequest{Path: req.Path, User: req.User, Mode: req.Mode, MakeParents: req.MakeParents}, r)
+	n, err := agent.WriteFile(ctx, control.WriteRequest{Path: req.Path, User: req.User, Mode: req.Mode, MakeParents: req.MakeParents, Metadata: req.Metadata}, r)
 	return n, s.diskFullErr(id, err)
 }
 

@@ -103,7 +103,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		LaunchID: launchID,
 		Image:    cfg.Image,
 		ImageDir: img.dir,
-		HostBase: s.hostBase(),
+		HostBase: s.HostBase(),
 		Lowers:   append(slices.Clone(lowers), img.lowers...),
 		Resources: runtime.Resources{
 			VCPUs: cfg.Resources.VCPUs, MemoryMB: cfg.Resources.MemoryMB, Pids: cfg.Resources.Pids,

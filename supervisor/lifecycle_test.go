@@ -371,3 +371,93 @@ func TestCaptureOfARunningSandbox(t *testing.T) {
 		t.Fatalf("exec after the start-up: %v", err)
 	}
 }
+
+// TestReattachSweepsUnboundLeases: a crash between a clone's lease and its binding, or between
+// a removal's deprovision and its release, leaves a lease that no binding names; the start-up
+// reconciliation releases it (so the generation is not held and `sandboxd check` finds
+// nothing), and keeps the lease of a clone that is bound.
+func TestReattachSweepsUnboundLeases(t *testing.T) {
+	s, root := newSupervisor(t)
+	withTemplates := func(sv *Supervisor) {
+		ts, err := template.Open(root, template.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv.templates = ts
+	}
+	withTemplates(s)
+	ctx := testContext(t)
+	if _, err := s.templates.CreateTemplate(ctx, "tpl"); err != nil {
+		t.Fatal(err)
+	}
+	startNew(t, ctx, s, "src")
+	if _, err := s.Stop(ctx, "src", true); err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.Capture(ctx, "tpl", "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"bound", "unbound"} {
+		if _, err := s.Clone(ctx, store.Config{ID: id}, CloneRequest{Template: "tpl"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// "unbound" as a clone that crashed between its lease and its binding.
+	dir, err := s.store.Dir("unbound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, template.BindingFile)); err != nil {
+		t.Fatal(err)
+	}
+	// A lease of a sandbox that is gone, as a removal that crashed before its release.
+	tx, err := s.templates.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.WriteLease("tpl", g.ID, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	tx.Unlock()
+	unbound := func(sv *Supervisor) (n int) {
+		probs, err := sv.templates.Check(ctx, template.BindingChecker(sv.store.Dir), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range probs {
+			if p.Kind == template.LeaseWithoutBinding {
+				n++
+			}
+		}
+		return n
+	}
+	if n := unbound(s); n != 2 {
+		t.Fatalf("before the restart: %d leases without a binding, want 2", n)
+	}
+	s.Close()
+
+	again, err := open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	withTemplates(again)
+	if err := again.ReattachAll(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n := unbound(again); n != 0 {
+		t.Fatalf("after the reconciliation: %d leases without a binding", n)
+	}
+	now, err := again.templates.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, err := again.templates.Generation("tpl", g.ID, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gen.Leases != 1 {
+		t.Fatalf("generation %s holds %d leases after the sweep, want the bound clone's 1", g.ID, gen.Leases)
+	}
+}

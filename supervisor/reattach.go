@@ -192,6 +192,7 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 		cancel()
 	}
 	s.reconcileNetworks(ctx, timeout)
+	s.sweepUnboundLeases(ctx, timeout)
 	s.log.Info("reattached sandboxes", "sandboxes", len(ids), "running", running)
 	return nil
 }

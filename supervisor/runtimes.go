@@ -26,9 +26,11 @@ import (
 
 // Prober is a runtime that must find out at start-up whether, and how, it works here (the
 // microvm runtime boots a probe guest to choose its accelerator). Probe answers the same each
-// time once it has run; the first call may take seconds.
+// time once it has run; the first call may take seconds. AccelMode is the operator's choice
+// that the probe follows ("auto" probes; "kvm", "tcg" are taken as given).
 type Prober interface {
 	Probe() (accelerator string, err error)
+	AccelMode() string
 }
 
 // RuntimeState says whether a runtime can take new sandboxes.
@@ -54,6 +56,9 @@ type RuntimeStatus struct {
 	State   RuntimeState
 	// Accelerator is what runs its sandboxes ("kvm", "tcg"), "" for a runtime without one.
 	Accelerator string
+	// AccelMode is how the accelerator is chosen ("auto", "kvm", "tcg"), "" for a runtime
+	// without one.
+	AccelMode string
 	// Reason says why it is unavailable.
 	Reason string
 }
@@ -226,7 +231,8 @@ func (s *Supervisor) Runtimes() []RuntimeStatus {
 			out = append(out, st)
 			continue
 		}
-		if _, ok := rt.(Prober); ok {
+		if p, ok := rt.(Prober); ok {
+			st.AccelMode = p.AccelMode()
 			s.mu.Lock()
 			res, done := s.runtimes.probes[kind]
 			s.mu.Unlock()

@@ -66,7 +66,8 @@ type probed struct {
 	err     error
 }
 
-func (p *probed) Kind() string { return "probed" }
+func (p *probed) Kind() string      { return "probed" }
+func (p *probed) AccelMode() string { return "auto" }
 func (p *probed) Probe() (string, error) {
 	<-p.release
 	return "tcg", p.err
@@ -101,7 +102,7 @@ func TestRuntimeRefusals(t *testing.T) {
 	s.ProbeRuntimes()
 	ctx := testContext(t)
 	if rs := s.Runtimes(); len(rs) != 3 || rs[0].Kind != "namespace" || !rs[0].Default || rs[0].State != RuntimeReady ||
-		rs[1].Kind != "probed" || rs[1].State != RuntimeProbing ||
+		rs[1].Kind != "probed" || rs[1].State != RuntimeProbing || rs[1].AccelMode != "auto" || rs[0].AccelMode != "" ||
 		rs[2].Kind != "microvm" || rs[2].State != RuntimeUnavailable || rs[2].Reason != "missing qemu-system-x86_64" {
 		t.Fatalf("runtimes while probing: %+v", rs)
 	}

@@ -423,9 +423,10 @@ func (s *Supervisor) checkDisk(kind string, diskMB int) error {
 	return nil
 }
 
-// hostBase is where the runtime keeps the host image's shared base layer: under images/, in
-// a name no image can have (image names start with a letter or digit).
-func (s *Supervisor) hostBase() string {
+// HostBase is where the runtimes keep what their sandboxes share (Spec.HostBase: the host
+// image's base layer, a microVM's initramfs and base disks): under images/, in a name no
+// image can have (image names start with a letter or digit).
+func (s *Supervisor) HostBase() string {
 	return filepath.Join(s.store.Root(), "images", ".host")
 }
 

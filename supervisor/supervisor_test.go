@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	vmshim "github.com/sandboxd/sandboxd/runtime/microvm/shim"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 
 	"github.com/sandboxd/sandboxd/errcode"
@@ -40,6 +41,10 @@ func TestMain(m *testing.M) {
 	if code, ran := shim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
+	// The microvm runtime's shim, and its guest init: the runtime boots this binary as /init.
+	if code, ran := vmshim.Main(os.Args[1:]); ran {
+		os.Exit(code)
+	}
 	if os.Getenv(envCrashAt) != "" {
 		crashHelper()
 		os.Exit(3) // the helper dies by SIGKILL before it gets here
@@ -49,18 +54,24 @@ func TestMain(m *testing.M) {
 
 // crashHelper starts a sandbox and kills itself at the step envCrashAt names.
 func crashHelper() {
-	s, err := open(os.Getenv(envCrashRoot), nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
 	at := os.Getenv(envCrashAt)
-	s.crashPoint = func(step string) {
+	crash := func(step string) {
 		if step == at {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // SIGKILL cannot be caught; wait for it to land
 		}
 	}
+	if os.Getenv(envCrashVMAssets) != "" {
+		err := vmCrashHelper(crash)
+		fmt.Fprintf(os.Stderr, "crash helper: the microVM's launch did not reach %q: %v\n", at, err)
+		os.Exit(2)
+	}
+	s, err := open(os.Getenv(envCrashRoot), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	s.crashPoint = crash
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if name := os.Getenv(envCrashCapture); name != "" {

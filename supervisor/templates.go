@@ -528,6 +528,53 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 	}
 }
 
+// sweepUnboundLeases releases the leases whose sandbox has no clone binding naming them, as
+// the start-up reconciliation: a crash between a clone's lease and its binding, or between a
+// removal's deprovision and its release, leaves one, which would otherwise hold its
+// generation (and read as a problem to `sandboxd check`) until the next retirement. Each is
+// judged again under its sandbox's lock, which a clone holds from its lease to its binding,
+// so a clone in flight beside the reconciliation is never swept under it; the release runs
+// after that lock is let go (the template store's lock is never awaited under a sandbox's),
+// which is safe because no binding is ever written for an existing lease. A removal's own
+// release of the same lease afterwards finds nothing to remove. The clone left without its
+// lease refuses to start, as before ("delete it and clone again").
+func (s *Supervisor) sweepUnboundLeases(ctx context.Context, timeout time.Duration) {
+	if s.templates == nil {
+		return
+	}
+	bound := template.BindingChecker(s.store.Dir)
+	problems, err := s.templates.Check(ctx, bound, false)
+	if err != nil {
+		s.log.Warn("reattach: cannot look for leases without a binding", "err", err)
+		return
+	}
+	for _, p := range problems {
+		if p.Kind != template.LeaseWithoutBinding || !s.unboundUnderLock(ctx, timeout, p) {
+			continue
+		}
+		s.log.Warn("reattach: releasing a lease that no clone binding names (a clone or a removal was interrupted)",
+			"sandbox", p.Sandbox, "template", p.Template, "generation", p.Generation, "lease", p.Lease)
+		s.releaseLease(ctx, p.Sandbox, &template.Binding{Template: p.Template, Generation: p.Generation, Lease: p.Lease})
+	}
+}
+
+// unboundUnderLock says whether p's sandbox, under its lock, is gone or has no binding naming
+// p's lease.
+func (s *Supervisor) unboundUnderLock(ctx context.Context, timeout time.Duration, p template.Problem) bool {
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	l, err := s.store.LockExisting(lctx, p.Sandbox)
+	if errcode.Of(err) == errcode.SandboxNotFound {
+		return true
+	}
+	if err != nil {
+		s.log.Warn("reattach: cannot lock the sandbox of a lease without a binding", "sandbox", p.Sandbox, "lease", p.Lease, "err", err)
+		return false
+	}
+	defer s.unlock(l)
+	return !template.BindingChecker(s.store.Dir)(p.Sandbox, p.Lease)
+}
+
 // Tombstone quarantines a generation: no new lease, selection skips it, clones keep working.
 func (s *Supervisor) Tombstone(ctx context.Context, name, gen string) (*template.Generation, error) {
 	if err := s.requireTemplates(); err != nil {

@@ -20,15 +20,24 @@ type DirWatch struct {
 	w *control.DirWatch
 }
 
-// WatchDir watches the directory at path as user (recursive: with every directory below
-// it) through the sandbox's agent, and returns once it is watched. ctx bounds the start only;
-// the watch lasts until Close, or until the directory goes away (Next returns io.EOF).
-func (s *Supervisor) WatchDir(ctx context.Context, id, path, user string, recursive bool) (*DirWatch, error) {
+// WatchOptions say how [Supervisor.WatchDir] watches.
+type WatchOptions struct {
+	// Recursive watches every directory below too.
+	Recursive bool
+	// RefuseNetwork refuses (invalid-request) a directory on a network or FUSE file system,
+	// whose changes inotify may not see.
+	RefuseNetwork bool
+}
+
+// WatchDir watches the directory at path as user through the sandbox's agent, and returns
+// once it is watched. ctx bounds the start only; the watch lasts until Close, or until the
+// directory goes away (Next returns io.EOF).
+func (s *Supervisor) WatchDir(ctx context.Context, id, path, user string, opts WatchOptions) (*DirWatch, error) {
 	a, err := s.trackedAdmission(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	w, err := a.agent.Watch(ctx, control.WatchRequest{Path: path, User: user, Recursive: recursive})
+	w, err := a.agent.Watch(ctx, control.WatchRequest{Path: path, User: user, Recursive: opts.Recursive, RefuseNetwork: opts.RefuseNetwork})
 	if err != nil {
 		return nil, lost(a, err)
 	}

@@ -137,6 +137,8 @@ func TestAuthBeforeBody(t *testing.T) {
 	const clients = 50
 	conns := make([]net.Conn, clients)
 	for i := range conns {
+		// Raw connections on purpose: each sends its headers and then stalls in its body,
+		// which no http.Client can be made to do.
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)

@@ -61,7 +61,7 @@ func (d *daemon) hold(path string, want int) held {
 	}
 	req.Header.Set("Authorization", "Bearer "+d.Token)
 	// A connection of its own: a held body keeps its connection busy.
-	resp, err := d.httpClient().Do(req)
+	resp, err := d.checkedClient(nil).Do(req)
 	if err != nil {
 		cancel()
 		d.t.Fatalf("GET %s: %v", path, err)
@@ -109,11 +109,11 @@ func TestBoundsFileOps(t *testing.T) {
 	// Past the bound: reads, lists, writes and removes of this sandbox are refused.
 	p := wantProblem(t, d.do("GET", "/v1/sandboxes/slow/files?path=/home/user/small", nil, nil), 423, "sandbox-busy")
 	t.Logf("past the bound: %s", p.Detail)
-	wantProblem(t, d.do("GET", "/v1/sandboxes/slow/files?path=/home/user&list=true", nil, nil), 423, "sandbox-busy")
+	wantProblem(t, d.do("GET", "/v1/sandboxes/slow/files/list?path=/home/user", nil, nil), 423, "sandbox-busy")
 	wantProblem(t, d.do("PUT", "/v1/sandboxes/slow/files?path=/home/user/new", nil, http.Header{"Content-Type": {"application/octet-stream"}}), 423, "sandbox-busy")
 	wantProblem(t, d.do("DELETE", "/v1/sandboxes/slow/files?path=/home/user/small", nil, nil), 423, "sandbox-busy")
 	// The bound is per sandbox.
-	if r := d.do("GET", "/v1/sandboxes/other/files?path=/home/user&list=true", nil, nil); r.Status != 200 {
+	if r := d.do("GET", "/v1/sandboxes/other/files/list?path=/home/user", nil, nil); r.Status != 200 {
 		t.Fatalf("another sandbox's list while the first is at its bound: %d %s", r.Status, r.Body)
 	}
 
@@ -176,7 +176,7 @@ func TestBoundsEventStreams(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, "GET", d.URL+"/v1/events", nil)
 		req.Header.Set("Authorization", "Bearer "+d.Token)
-		resp, err := d.httpClient().Do(req)
+		resp, err := d.checkedClient(nil).Do(req)
 		if err != nil {
 			cancel()
 			t.Fatal(err)

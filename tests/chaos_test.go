@@ -250,7 +250,7 @@ func TestChaos(t *testing.T) {
 		close(old.up)
 	}
 	// The clients' sockets are made in sandboxd's namespace, whose loopback it listens on.
-	httpc := &http.Client{Timeout: 60 * time.Second, Transport: d.httpClient().Transport}
+	httpc := d.checkedClient(&http.Client{Timeout: 60 * time.Second, Transport: d.httpClient().Transport})
 	retried := 0
 
 	for round := 1; round <= rounds; round++ {

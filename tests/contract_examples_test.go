@@ -447,7 +447,7 @@ func eventHistory(t *testing.T, d *daemon) map[string]any {
 	}
 	req.Header.Set("Authorization", "Bearer "+d.Token)
 	req.Header.Set("Last-Event-ID", "0")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := d.checkedClient(nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,17 @@
 package tests
 
 import (
+	"bufio"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestContractFiles: the file operations answer what the contract says of them. A non-empty
-// directory is removed only with recursive=true; a directory read without list=true, and a
+// directory is removed only with recursive=true; a directory read as a file, and a
 // non-empty one removed without recursive, are refused with field path; an empty file's
 // Content-Length is 0; a write with parents=false into a missing directory is file-not-found
 // that offers parents=true.
@@ -35,7 +39,7 @@ func TestContractFiles(t *testing.T) {
 
 	p = wantProblem(t, d.do("GET", "/v1/sandboxes/files/files?path=/home/user", nil, nil), 400, "invalid-request")
 	if p.Field != "path" {
-		t.Errorf("reading a directory without list=true: field %q, want path", p.Field)
+		t.Errorf("reading a directory as a file: field %q, want path", p.Field)
 	}
 
 	if r := d.do("PUT", "/v1/sandboxes/files/files?path=/home/user/empty", strings.NewReader(""), octet); r.Status != 204 {
@@ -82,6 +86,41 @@ func TestContractRefusesUndocumentedInput(t *testing.T) {
 		wantProblem(t, r, 405, "method-not-allowed")
 		if r.Header.Get("Allow") != "GET" {
 			t.Errorf("%s %s: Allow %q, want GET", c.method, c.path, r.Header.Get("Allow"))
+		}
+	}
+}
+
+// TestContractHTTPLayerRefusals: what the spec documents as the one exception to
+// problem+json holds: a request that is not valid HTTP (a control byte in a header, headers
+// over 1 MiB) is refused by Go's HTTP server before sandboxd sees it, in plain text, with the
+// connection closed. Raw connections on purpose: no http.Client sends such a request.
+func TestContractHTTPLayerRefusals(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t)
+	addr := strings.TrimPrefix(d.URL, "http://")
+	for _, c := range []struct {
+		name, header string
+		status       int
+	}{
+		{"a control byte in a header", "X-Bad: a\x01b\r\n", 400},
+		{"headers over 1 MiB", "X-Big: " + strings.Repeat("a", 1<<20+8192) + "\r\n", 431},
+	} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: "+addr+"\r\n"+c.header+"\r\n"); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		resp.Body.Close()
+		conn.Close()
+		if ct := resp.Header.Get("Content-Type"); resp.StatusCode != c.status || !strings.HasPrefix(ct, "text/plain") || !resp.Close {
+			t.Errorf("%s: %d %q (close %v), want %d in plain text with the connection closed", c.name, resp.StatusCode, ct, resp.Close, c.status)
 		}
 	}
 }

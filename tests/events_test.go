@@ -46,7 +46,7 @@ func (d *daemon) subscribe(lastID string, queryToken bool) *sse {
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := d.checkedClient(nil).Do(req)
 	if err != nil {
 		cancel()
 		d.t.Fatal(err)

@@ -76,7 +76,7 @@ func TestLargeFileIsStreamed(t *testing.T) {
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.ContentLength = size
 	authorize(req)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := d.checkedClient(nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestLargeFileIsStreamed(t *testing.T) {
 
 	req, _ = http.NewRequestWithContext(ctx, "GET", d.URL+"/v1/sandboxes/big/files?path=/home/user/big.bin", nil)
 	authorize(req)
-	resp, err = http.DefaultClient.Do(req)
+	resp, err = d.checkedClient(nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestFileReadWhileReplaced(t *testing.T) {
 	loop := "i=0; while :; do i=$((i+1)); seq $i > /tmp/p; mv /tmp/p /tmp/progress; done"
 	res := make(chan response, 1)
 	go func() {
-		status, body, err := chaosDo(&http.Client{Timeout: 2 * time.Minute}, d.URL, "POST", "/v1/sandboxes/publisher/exec",
+		status, body, err := chaosDo(d.checkedClient(&http.Client{Timeout: 2 * time.Minute}), d.URL, "POST", "/v1/sandboxes/publisher/exec",
 			map[string]any{"command": []string{"sh", "-c", loop}, "timeout_ms": 60000})
 		if err != nil {
 			body = []byte(err.Error())

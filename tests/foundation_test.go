@@ -102,7 +102,7 @@ func (d *daemon) doHost(method, path string, body io.Reader, header http.Header)
 			d.t.Fatal(err)
 		}
 		req.Host = h
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := d.checkedClient(nil).Do(req)
 		if err != nil {
 			d.t.Fatal(err)
 		}

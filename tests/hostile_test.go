@@ -37,7 +37,7 @@ type watchdog struct {
 
 func startWatchdog(d *daemon, calm string) *watchdog {
 	w := &watchdog{stop: make(chan struct{}), done: make(chan struct{})}
-	httpc := &http.Client{Timeout: 60 * time.Second}
+	httpc := d.checkedClient(&http.Client{Timeout: 60 * time.Second})
 	go func() {
 		defer close(w.done)
 		for {
@@ -203,7 +203,7 @@ func TestHostileWorkloads(t *testing.T) {
 		res := make(chan response, 1)
 		go func() {
 			// Not d.doJSON: a failure here must not end the test from another goroutine.
-			status, body, err := chaosDo(&http.Client{Timeout: 2 * time.Minute}, d.URL, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
+			status, body, err := chaosDo(d.checkedClient(&http.Client{Timeout: 2 * time.Minute}), d.URL, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
 				"command":    []string{"sh", "-c", "b() { b | b & }; b; wait"},
 				"timeout_ms": 4000,
 			})
@@ -332,7 +332,7 @@ func TestHostileWorkloads(t *testing.T) {
 		res := make(chan error, 1)
 		go func() {
 			// Not d.doJSON: a failure here must not end the test from another goroutine.
-			_, _, err := chaosDo(&http.Client{Timeout: 5 * time.Minute}, d.URL, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
+			_, _, err := chaosDo(d.checkedClient(&http.Client{Timeout: 5 * time.Minute}), d.URL, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
 				// Open as many files as the limit allows, unlink them, and hold them.
 				"command":    []string{"perl", "-e", `my @h; for my $i (1..20000) { open(my $f, ">", "/tmp/f$i") or last; print $f "x"; unlink "/tmp/f$i"; push @h, $f } close(pop @h); open(my $m, ">", "/tmp/holding") or die; print $m scalar(@h); close $m; sleep 600`},
 				"timeout_ms": 600000,
@@ -450,7 +450,7 @@ func TestHostileWorkloads(t *testing.T) {
 
 		// Listing refuses what reading refuses: the agent's own descriptors.
 		for _, p := range []string{"/proc/self/fd", "/proc/1/fd", "/proc/self"} {
-			if r := d.do("GET", "/v1/sandboxes/"+id+"/files?list=true&path="+url.QueryEscape(p), nil, nil); r.Status == 200 || r.Status >= 500 {
+			if r := d.do("GET", "/v1/sandboxes/"+id+"/files/list?path="+url.QueryEscape(p), nil, nil); r.Status == 200 || r.Status >= 500 {
 				t.Errorf("listing %s: %d %s", p, r.Status, r.Body)
 			}
 		}
@@ -464,7 +464,7 @@ func TestHostileWorkloads(t *testing.T) {
 		for range 3 {
 			list := decode[struct {
 				Items []json.RawMessage `json:"items"`
-			}](t, d.do("GET", "/v1/sandboxes/"+id+"/files?list=true&path=/tmp/big", nil, nil), 200)
+			}](t, d.do("GET", "/v1/sandboxes/"+id+"/files/list?path=/tmp/big", nil, nil), 200)
 			if len(list.Items) != 10000 {
 				t.Fatalf("a listing of 120 000 entries answered %d items, want the cap of 10000", len(list.Items))
 			}

@@ -45,7 +45,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		t.Skipf("microVMs cannot run on this host (scripts/setup installs qemu-system-x86, qemu-utils and linux-image-cloud-amd64): %v", why)
 	}
 	newestCloudKernel(t)
-	d := startDaemon(t)
+	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
 	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
 	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
 	if st := microvmStatus(t, d); st.State != "ready" {
@@ -274,7 +274,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	}
 	waitFor(t, vmDeadline, "the killed shim to go", func() bool { return !procs[0].ID.Alive() })
 	rep, code, stderr := runCheck(t, d.Root)
-	if code == 0 || rep.OK || !slices.ContainsFunc(rep.Problems, func(p checkProblem) bool { return p.Kind == "leftover-launch-entry" }) {
+	if code == 0 || rep.OK || !slices.ContainsFunc(rep.Problems, func(p checkProblem) bool { return p.Kind == "leaked-runtime-file" }) {
 		t.Fatalf("sandboxd check beside the memory of a killed released microVM exited %d: %+v\n%s", code, rep, stderr)
 	}
 	if rep, code, stderr := runCheck(t, d.Root, "--repair"); code != 0 || !rep.OK {

@@ -21,8 +21,9 @@ import (
 // The test changes only what a test must: sandboxd is the binary under test instead of `go
 // run ./cmd/sandboxd` and listens on a free port instead of 7780, and bash runs in a temporary
 // directory, so the README's relative `.sandboxd` state root is a fresh one there. `sudo` is
-// the command itself: the test runs as root. A block that needs a program this machine does
-// not have (wscat) is skipped, and logged.
+// the command itself: the test runs as root. wscat is the one scripts/setup installs, pinned
+// (tests/testdata/wscat), and bash's standard input is a pipe that stays open until the end,
+// as a terminal's would: wscat, like an interactive client, ends when its input does.
 func TestReadmeWalkthrough(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the walkthrough starts sandboxes: needs root")
@@ -43,13 +44,14 @@ trap 'echo "walkthrough: failed: $BASH_COMMAND" >&2' ERR
 set -x
 trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT
 `)
-	for i, b := range blocks {
-		if strings.Contains(b, "wscat ") {
-			if _, err := exec.LookPath("wscat"); err != nil {
-				t.Logf("block %d skipped: it needs wscat, which is not installed", i+1)
-				continue
-			}
-		}
+	wscatBin, err := filepath.Abs(filepath.Join("testdata", "wscat", "node_modules", ".bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(wscatBin, "wscat")); err != nil {
+		t.Fatalf("the README's websocket example needs wscat: run scripts/setup, which installs it into %s (%v)", wscatBin, err)
+	}
+	for _, b := range blocks {
 		// Without sudo's wrapper, the background job is sandboxd itself, for the EXIT trap to end.
 		b = strings.ReplaceAll(b, "sudo go run ./cmd/sandboxd ", strconv.Quote(sandboxdBin)+" --listen 127.0.0.1:"+port+" ")
 		b = strings.ReplaceAll(b, "127.0.0.1:7780", "127.0.0.1:"+port)
@@ -62,6 +64,14 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script.String())
 	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PATH="+wscatBin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	stdin, keepOpen, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	defer keepOpen.Close()
+	cmd.Stdin = stdin
 	// Should the script hang, end everything it started, not bash alone.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -74,7 +84,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT
 	}
 	// What the README's comments promise, in the output.
 	out := stdout.String()
-	for _, want := range []string{`"id":"demo"`, `"state":"running"`, `hello from demo\n1000\n`, "hello from the host", `"state":"paused"`, `"state":"stopped"`} {
+	for _, want := range []string{`"id":"demo"`, `"state":"running"`, `hello from demo\n1000\n`, "hello from the host", `"state":"paused"`, `"state":"stopped"`,
+		"^Abin\n", `{"type":"exit","exit_code":0,"signal":null,`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the walkthrough's output lacks %q:\n%s", want, out)
 		}

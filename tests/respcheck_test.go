@@ -170,3 +170,125 @@ func TestResponseCheck(t *testing.T) {
 		}
 	}
 }
+
+// contractTransport holds every answer that passes through it to the contract, as
+// [daemon.do] does, for the requests that do cannot make: a stream read as it comes (the
+// event stream, a large file), a client with options of its own (a timeout, no redirects),
+// the generated Go client, the concurrent clients of the chaos and hostile tests. A streamed
+// answer (a file's bytes, server-sent events, a websocket's 101, a proxied service's own
+// answer) is checked without its body, as checkResponse does for those; any other body is read
+// whole, checked, and handed on unread.
+type contractTransport struct {
+	base http.RoundTripper
+	t    testing.TB
+}
+
+func (c contractTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if resp.StatusCode == http.StatusSwitchingProtocols || ct == "text/event-stream" || ct == "application/octet-stream" ||
+		(ct != "application/problem+json" && (strings.Contains(req.URL.Path, "/ports/") || strings.HasPrefix(req.URL.Path, "/p/"))) {
+		if why := checkResponse(req, resp.StatusCode, resp.Header, nil); why != "" {
+			c.t.Errorf("contract: %s", strings.TrimSpace(why))
+		}
+		return resp, nil
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	if why := checkResponse(req, resp.StatusCode, resp.Header, b); why != "" {
+		c.t.Errorf("contract: %s", strings.TrimSpace(why))
+	}
+	return resp, nil
+}
+
+// checkedClient is base (nil: d's own client, in d's network namespace if it has one) with
+// every answer checked against the contract.
+func (d *daemon) checkedClient(base *http.Client) *http.Client {
+	if base == nil {
+		base = d.httpClient()
+	}
+	tr := base.Transport
+	if tr == nil {
+		tr = http.DefaultTransport
+	}
+	return &http.Client{Transport: contractTransport{base: tr, t: d.t}, Timeout: base.Timeout, CheckRedirect: base.CheckRedirect, Jar: base.Jar}
+}
+
+// reportDial checks the answer to a websocket dial of d (wsURL, as given to the dialer):
+// its 101, or the refusal before the upgrade, whose body the dialer kept (the first KiB).
+func (d *daemon) reportDial(wsURL string, resp *http.Response) {
+	d.t.Helper()
+	if resp == nil {
+		return
+	}
+	req, err := http.NewRequest(http.MethodGet, "http"+strings.TrimPrefix(wsURL, "ws"), nil)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	var body []byte
+	if resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	d.reportContract(req, resp.StatusCode, resp.Header, body)
+}
+
+// errorRecorder is a testing.TB whose Errorf is recorded rather than failing the test.
+type errorRecorder struct {
+	testing.TB
+	errs []string
+}
+
+func (r *errorRecorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// roundTripFunc answers requests with a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// TestContractTransportCanFail: the transport that checks the requests d.do cannot make
+// reports an answer off its contract, hands the body on whole, and leaves a streamed body
+// unread.
+func TestContractTransportCanFail(t *testing.T) {
+	answer := func(status int, ct, body string) roundTripFunc {
+		return func(req *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: status, Header: http.Header{"Content-Type": {ct}}, Body: io.NopCloser(strings.NewReader(body)), Request: req}, nil
+		}
+	}
+	cases := []struct {
+		name, path string
+		rt         roundTripFunc
+		want       string // "" when the answer conforms
+	}{
+		{"conforming", "/healthz", answer(200, "application/json", `{"status":"ok"}`), ""},
+		{"body off its schema", "/v1/sandboxes/demo", answer(200, "application/json", `{"id":"demo"}`), "getSandbox"},
+		{"streamed file", "/v1/sandboxes/demo/files?path=/x", answer(200, "application/octet-stream", "bytes"), ""},
+		{"file read of an undocumented type", "/v1/sandboxes/demo/files?path=/x", answer(200, "text/csv", "a,b"), "readFile"},
+	}
+	for _, c := range cases {
+		rec := &errorRecorder{TB: t}
+		client := &http.Client{Transport: contractTransport{base: c.rt, t: rec}}
+		resp, err := client.Get("http://127.0.0.1:1" + c.path)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got := strings.Join(rec.errs, "\n")
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: reported %q, want one containing %q", c.name, got, c.want)
+		}
+		if len(body) == 0 {
+			t.Errorf("%s: the body did not reach the caller", c.name)
+		}
+	}
+}

@@ -29,10 +29,10 @@ func requireRoot(t testing.TB) {
 	}
 }
 
-// api is the generated client for a daemon.
+// api is the generated client for a daemon, its answers checked against the contract.
 func (d *daemon) api() *client.ClientWithResponses {
 	d.t.Helper()
-	c, err := client.NewClientWithResponses(d.URL, client.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+	c, err := client.NewClientWithResponses(d.URL, client.WithHTTPClient(d.checkedClient(nil)), client.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
 		if d.Token != "" {
 			req.Header.Set("Authorization", "Bearer "+d.Token)
 		}
@@ -196,9 +196,8 @@ func TestWalkthrough(t *testing.T) {
 	if err != nil || r.StatusCode() != 200 || string(r.Body) != "hello, sandbox" {
 		t.Fatalf("read file: %v %d %q", err, r.StatusCode(), r.Body)
 	}
-	listing := true
-	ls, err := api.ReadFileWithResponse(ctx, id, &client.ReadFileParams{Path: "/home/user/notes", List: &listing})
-	if err != nil || !strings.Contains(string(ls.Body), `"name":"hello.txt"`) {
+	ls, err := api.ListFilesWithResponse(ctx, id, &client.ListFilesParams{Path: "/home/user/notes"})
+	if err != nil || ls.JSON200 == nil || len(ls.JSON200.Items) != 1 || ls.JSON200.Items[0].Name != "hello.txt" {
 		t.Fatalf("list directory: %v %s", err, ls.Body)
 	}
 	if got := d.exec(id, map[string]any{"command": []string{"cat", path}}); got.Stdout != "hello, sandbox" {

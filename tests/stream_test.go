@@ -39,6 +39,7 @@ func (d *daemon) dialStream(id string, q url.Values) (*wsSession, *http.Response
 		h.Set("Authorization", "Bearer "+d.Token)
 	}
 	conn, resp, err := websocket.DefaultDialer.Dial(u, h)
+	d.reportDial(u, resp)
 	if err != nil {
 		return nil, resp, err
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime/microvm"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
@@ -49,6 +50,8 @@ type runtimeOptions struct {
 	userNamespaces bool
 	// runtimes is --runtimes, the kinds that take new sandboxes ("" for each that works here).
 	runtimes string
+	// microvmAccel is --microvm-accel, how the microvm runtime chooses its accelerator.
+	microvmAccel string
 }
 
 // userNamespacesFlag is the flag that turns sandboxes' user namespaces off; start errors of a
@@ -65,6 +68,7 @@ func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
 		return nil, err
 	}
 	fs.StringVar(&o.runtimes, "runtimes", os.Getenv("SANDBOXD_RUNTIMES"), "the runtimes that take new sandboxes, comma-separated: namespace, microvm (env SANDBOXD_RUNTIMES); default: each that works on this host")
+	fs.StringVar(&o.microvmAccel, "microvm-accel", envOr("SANDBOXD_MICROVM_ACCEL", microvm.AccelAuto), "how microVMs are accelerated: auto, kvm or tcg (env SANDBOXD_MICROVM_ACCEL); auto boots a probe guest under KVM once at start-up, in the background, and takes kvm if it answers within 10 s, else tcg; kvm and tcg skip the probe (kvm: the microvm runtime is unavailable where /dev/kvm does not open)")
 	fs.BoolVar(&o.userNamespaces, userNamespacesFlag, userns, "run each sandbox in a user namespace with host ids of its own (env SANDBOXD_USER_NAMESPACES); false: sandboxes run with the host's ids (root inside is host root for per-user kernel limits), for a state root or images on a file system that cannot be idmapped (overlayfs, NFS)")
 	return o, nil
 }
@@ -223,7 +227,73 @@ func provisionRuntime(root string, log *slog.Logger) (string, error) {
 		return "", err
 	}
 	log.Info("built sandboxd-runtime", "executable", exe, "took", time.Since(t0).Round(time.Millisecond))
-	return exe, checkRuntimeBinary(exe)
+	if err := checkRuntimeBinary(exe); err != nil {
+		return "", err
+	}
+	pruneRuntimes(bin, exe, time.Now(), log)
+	return exe, nil
+}
+
+// pruneRuntimes removes from bin what no server needs any more (after a build, the one time
+// something new appears there; a restart of the same build scans nothing), so that the edit-and-`go run`
+// loop does not leave a 6 MB binary per sandbox-side change behind: runtime binaries other
+// than keep that no live process runs, the stamps that name a binary no longer there, and
+// the build directories of provisioners that crashed. Whatever is younger than
+// provisionTimeout is left alone, since a concurrent provisioner (a `sandboxd check`, a server
+// of another build) may have renamed its binary in without having written its stamp yet, or
+// still be building. A server of an older build that starts again later finds its stamp's
+// binary gone and builds it again; sandboxes still running an old binary keep it, as it is
+// the executable of their processes. Failures are logged and change nothing else.
+func pruneRuntimes(bin, keep string, now time.Time, log *slog.Logger) {
+	entries, err := os.ReadDir(bin)
+	if err != nil {
+		log.Warn("cannot list the runtime binaries to prune them", "dir", bin, "error", err)
+		return
+	}
+	running := runningExecutables()
+	old := func(e os.DirEntry) bool {
+		fi, err := e.Info()
+		return err == nil && now.Sub(fi.ModTime()) > provisionTimeout
+	}
+	remove := func(name string) {
+		if err := os.RemoveAll(filepath.Join(bin, name)); err != nil {
+			log.Warn("cannot prune a runtime binary", "file", name, "error", err)
+		}
+	}
+	var stamps []string
+	for _, e := range entries {
+		name := e.Name()
+		full := filepath.Join(bin, name)
+		switch {
+		case strings.HasPrefix(name, "server-"):
+			stamps = append(stamps, name)
+		case runtimeName.MatchString(name) && full != keep && !running[full] && old(e):
+			remove(name)
+		case strings.HasPrefix(name, ".build-") && e.IsDir() && old(e):
+			remove(name)
+		}
+	}
+	for _, name := range stamps {
+		if _, err := stampedRuntime(bin, filepath.Join(bin, name)); errors.Is(err, os.ErrNotExist) {
+			remove(name)
+		}
+	}
+}
+
+// runningExecutables is the set of the executables of this pid namespace's processes, as
+// /proc names them (a file deleted since reads "... (deleted)" and so matches no path).
+func runningExecutables() map[string]bool {
+	running := map[string]bool{}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		if exe, err := os.Readlink(filepath.Join("/proc", d.Name(), "exe")); err == nil {
+			running[exe] = true
+		}
+	}
+	return running
 }
 
 // runtimeName is the name of a provisioned runtime binary in <root>/bin.

@@ -3,7 +3,13 @@ package main
 import (
 	"flag"
 	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestRuntimeFlags: --user-namespaces defaults to true, takes SANDBOXD_USER_NAMESPACES as its
@@ -56,5 +62,70 @@ func TestParseOptionsRuntime(t *testing.T) {
 	}
 	if o.runtime == nil || o.runtime.userNamespaces {
 		t.Fatalf("--user-namespaces=false parsed to %+v", o.runtime)
+	}
+}
+
+// TestPruneRuntimes: pruning keeps the runtime in use, binaries younger than a provisioner's
+// window and those a live process runs, and removes old unused binaries, the stamps that
+// named them and old build directories of crashed provisioners.
+func TestPruneRuntimes(t *testing.T) {
+	bin := t.TempDir()
+	now := time.Now()
+	past := now.Add(-2 * provisionTimeout)
+	write := func(name, content string, mtime time.Time) string {
+		t.Helper()
+		p := filepath.Join(bin, name)
+		if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	rt := func(c byte) string { return runtimeBinaryName + "-" + strings.Repeat(string(c), 24) }
+	keep := write(rt('a'), "current", past)
+	write(rt('b'), "old, unused", past)
+	write(rt('c'), "young, maybe a concurrent provisioner's", now)
+	write("server-"+strings.Repeat("1", 24), rt('a')+"\n", past)
+	write("server-"+strings.Repeat("2", 24), rt('b')+"\n", past)
+	write("server-"+strings.Repeat("3", 24), rt('c')+"\n", past)
+	oldBuild, youngBuild := filepath.Join(bin, ".build-1"), filepath.Join(bin, ".build-2")
+	for _, d := range []string{oldBuild, youngBuild} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chtimes(oldBuild, past, past); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of sleep(1) as an old runtime binary, running: one a live process runs.
+	sleep, err := os.ReadFile("/bin/sleep")
+	if err != nil {
+		t.Skip("no /bin/sleep to run as a runtime binary in use")
+	}
+	inUse := write(rt('d'), string(sleep), past)
+	cmd := exec.Command(inUse, "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if !runningExecutables()[inUse] {
+		t.Fatalf("runningExecutables does not list %s, which pid %d runs", inUse, cmd.Process.Pid)
+	}
+	pruneRuntimes(bin, keep, now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var left []string
+	entries, err := os.ReadDir(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	want := []string{".build-2", "sandboxd-runtime-" + strings.Repeat("a", 24), "sandboxd-runtime-" + strings.Repeat("c", 24),
+		"sandboxd-runtime-" + strings.Repeat("d", 24),
+		"server-" + strings.Repeat("1", 24), "server-" + strings.Repeat("3", 24)}
+	if strings.Join(left, " ") != strings.Join(want, " ") {
+		t.Fatalf("left after pruning:\n %v\nwant\n %v", left, want)
 	}
 }

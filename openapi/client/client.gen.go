@@ -292,6 +292,27 @@ func (e RuntimeStatusAccelerator) Valid() bool {
 	}
 }
 
+// Defines values for RuntimeStatusAcceleratorMode.
+const (
+	RuntimeStatusAcceleratorModeAuto RuntimeStatusAcceleratorMode = "auto"
+	RuntimeStatusAcceleratorModeKvm  RuntimeStatusAcceleratorMode = "kvm"
+	RuntimeStatusAcceleratorModeTcg  RuntimeStatusAcceleratorMode = "tcg"
+)
+
+// Valid indicates whether the value is a known member of the RuntimeStatusAcceleratorMode enum.
+func (e RuntimeStatusAcceleratorMode) Valid() bool {
+	switch e {
+	case RuntimeStatusAcceleratorModeAuto:
+		return true
+	case RuntimeStatusAcceleratorModeKvm:
+		return true
+	case RuntimeStatusAcceleratorModeTcg:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for RuntimeStatusState.
 const (
 	RuntimeStatusStateProbing     RuntimeStatusState = "probing"
@@ -511,7 +532,7 @@ type CreateSandboxRequest struct {
 
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
-	Start *bool `json:"start,omitempty"`
+	Start *StartOnCreate `json:"start,omitempty"`
 
 	// Template Clone from this template.
 	Template *TemplateName `json:"template,omitempty"`
@@ -642,7 +663,8 @@ type EventType = string
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
-	// empty (the arguments may be).
+	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
+	// `command`).
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -657,7 +679,7 @@ type ExecRequest struct {
 	Stdin *string `json:"stdin,omitempty"`
 
 	// TimeoutMs Kill the command after this many milliseconds.
-	TimeoutMs *int `json:"timeout_ms,omitempty"`
+	TimeoutMs *ExecTimeoutMS `json:"timeout_ms,omitempty"`
 
 	// Umask The command's file mode creation mask, in octal as the shell's `umask` prints it
 	// (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
@@ -674,7 +696,7 @@ type ExecRequest struct {
 	User *User `json:"user,omitempty"`
 
 	// WaitMs How long to wait for another exec on this sandbox to end, in milliseconds.
-	WaitMs *int `json:"wait_ms,omitempty"`
+	WaitMs *ExecWaitMS `json:"wait_ms,omitempty"`
 }
 
 // ExecResult defines model for ExecResult.
@@ -705,6 +727,12 @@ type ExecResult struct {
 	// TimedOut The command was killed at `timeout_ms`.
 	TimedOut bool `json:"timed_out"`
 }
+
+// ExecTimeoutMS Kill the command after this many milliseconds.
+type ExecTimeoutMS = int
+
+// ExecWaitMS How long to wait for another exec on this sandbox to end, in milliseconds.
+type ExecWaitMS = int
 
 // FileEntry defines model for FileEntry.
 type FileEntry struct {
@@ -955,6 +983,9 @@ type Info struct {
 // InfoRuntimeKind defines model for Info.Runtime.Kind.
 type InfoRuntimeKind string
 
+// InternetAccess Every public destination, when `allow` is empty.
+type InternetAccess = bool
+
 // LabelKey defines model for LabelKey.
 type LabelKey = string
 
@@ -1045,7 +1076,7 @@ type NetworkPolicy struct {
 	Deny *[]string `json:"deny,omitempty"`
 
 	// Internet Every public destination, when `allow` is empty.
-	Internet *bool `json:"internet,omitempty"`
+	Internet *InternetAccess `json:"internet,omitempty"`
 }
 
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
@@ -1082,8 +1113,11 @@ type PortLink struct {
 // PortLinkRequest defines model for PortLinkRequest.
 type PortLinkRequest struct {
 	// TTLS How long the link works, in seconds.
-	TTLS *int `json:"ttl_s,omitempty"`
+	TTLS *PortLinkTTL `json:"ttl_s,omitempty"`
 }
+
+// PortLinkTTL How long the link works, in seconds.
+type PortLinkTTL = int
 
 // Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
 type Problem struct {
@@ -1175,6 +1209,12 @@ type RuntimeStatus struct {
 	// Accelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 	Accelerator *RuntimeStatusAccelerator `json:"accelerator,omitempty"`
 
+	// AcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+	// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+	// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+	// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+	AcceleratorMode *RuntimeStatusAcceleratorMode `json:"accelerator_mode,omitempty"`
+
 	// Default A create that names no runtime gets this one.
 	Default bool `json:"default"`
 
@@ -1198,6 +1238,12 @@ type RuntimeStatus struct {
 
 // RuntimeStatusAccelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 type RuntimeStatusAccelerator string
+
+// RuntimeStatusAcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+type RuntimeStatusAcceleratorMode string
 
 // RuntimeStatusState `ready`: sandboxes of this runtime can be created. `probing`: its start-up probe
 // (the microvm runtime boots a probe guest to choose its accelerator, some seconds)
@@ -1299,6 +1345,10 @@ type SandboxList struct {
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
 // `last_exit`).
 type SandboxState string
+
+// StartOnCreate Also start the sandbox before answering. The create is then all or nothing: a
+// start that fails removes the sandbox again (the id is free) and its error comes back.
+type StartOnCreate = bool
 
 // StorageHealth The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and
 // creates, starts, captures and uploads answer `507 storage-full` until space is freed
@@ -1535,7 +1585,8 @@ type DeleteSandboxParams struct {
 
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
-	// Command The program and its arguments, one `command` per argument, in order.
+	// Command The program and its arguments, one `command` per argument, in order. The first, the
+	// program, must not be empty (`invalid-request`, field `command`).
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
@@ -1570,8 +1621,6 @@ type RemoveFileParams struct {
 
 // ReadFileParams defines parameters for ReadFile.
 type ReadFileParams struct {
-	List *bool `form:"list,omitempty" json:"list,omitempty"`
-
 	// Path An absolute path inside the sandbox.
 	Path AbsolutePath `form:"path" json:"path"`
 }
@@ -1582,6 +1631,12 @@ type WriteFileParams struct {
 	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
 
 	// Path An absolute path inside the sandbox.
+	Path AbsolutePath `form:"path" json:"path"`
+}
+
+// ListFilesParams defines parameters for ListFiles.
+type ListFilesParams struct {
+	// Path An absolute path inside the sandbox, of a directory.
 	Path AbsolutePath `form:"path" json:"path"`
 }
 
@@ -2128,11 +2183,11 @@ type ClientInterface interface {
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// ReadFile Read a file, or list a directory
+	// ReadFile Read a file
 	//
-	// Streams the content of a regular file as `application/octet-stream`. With
-	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
-	// a directory without `list=true` is refused with `invalid-request` (field `path`).
+	// Streams the content of a regular file as `application/octet-stream`. Reading a
+	// directory is refused with `invalid-request` (field `path`); list it with
+	// `GET /v1/sandboxes/{id}/files/list` instead.
 	//
 	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 	// empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -2157,6 +2212,16 @@ type ClientInterface interface {
 	//
 	// Corresponds with PUT /v1/sandboxes/{id}/files (the `WriteFile` operationId).
 	WriteFileWithBody(ctx context.Context, id SandboxIDPath, params *WriteFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListFiles List a directory
+	//
+	// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
+	// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+	// An operation of its own rather than a flag of the file read, so that each answer has
+	// one media type and a generated client one type for it.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+	ListFiles(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSandboxLogs Read the sandbox's console log
 	//
@@ -3041,11 +3106,11 @@ func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *Remov
 	return c.Client.Do(req)
 }
 
-// ReadFile Read a file, or list a directory
+// ReadFile Read a file
 //
-// Streams the content of a regular file as `application/octet-stream`. With
-// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
-// a directory without `list=true` is refused with `invalid-request` (field `path`).
+// Streams the content of a regular file as `application/octet-stream`. Reading a
+// directory is refused with `invalid-request` (field `path`); list it with
+// `GET /v1/sandboxes/{id}/files/list` instead.
 //
 // The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 // empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -3081,6 +3146,26 @@ func (c *Client) ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFil
 // Corresponds with PUT /v1/sandboxes/{id}/files (the `WriteFile` operationId).
 func (c *Client) WriteFileWithBody(ctx context.Context, id SandboxIDPath, params *WriteFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewWriteFileRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListFiles List a directory
+//
+// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
+// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+// An operation of its own rather than a flag of the file read, so that each answer has
+// one media type and a generated client one type for it.
+//
+// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+func (c *Client) ListFiles(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListFilesRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -4737,18 +4822,6 @@ func NewReadFileRequest(server string, id SandboxIDPath, params *ReadFileParams)
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.List != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "list", *params.List, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
 		} else {
@@ -4838,6 +4911,63 @@ func NewWriteFileRequestWithBody(server string, id SandboxIDPath, params *WriteF
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListFilesRequest constructs an http.Request for the ListFiles method
+func NewListFilesRequest(server string, id SandboxIDPath, params *ListFilesParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/files/list", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -6527,11 +6657,11 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFileWithResponse(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*RemoveFileResponse, error)
 
-	// ReadFileWithResponse Read a file, or list a directory
+	// ReadFileWithResponse Read a file
 	//
-	// Streams the content of a regular file as `application/octet-stream`. With
-	// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
-	// a directory without `list=true` is refused with `invalid-request` (field `path`).
+	// Streams the content of a regular file as `application/octet-stream`. Reading a
+	// directory is refused with `invalid-request` (field `path`); list it with
+	// `GET /v1/sandboxes/{id}/files/list` instead.
 	//
 	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 	// empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -6558,6 +6688,18 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PUT /v1/sandboxes/{id}/files (the `WriteFile` operationId).
 	WriteFileWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *WriteFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*WriteFileResponse, error)
+
+	// ListFilesWithResponse List a directory
+	//
+	// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
+	// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+	// An operation of its own rather than a flag of the file read, so that each answer has
+	// one media type and a generated client one type for it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+	ListFilesWithResponse(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*ListFilesResponse, error)
 
 	// GetSandboxLogsWithResponse Read the sandbox's console log
 	//
@@ -8699,8 +8841,6 @@ type ReadFileResponse401Headers struct {
 type ReadFileResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
-	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *FileList
 	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -8719,11 +8859,6 @@ type ReadFileResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ReadFileResponse401Headers
-}
-
-// GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r ReadFileResponse) GetJSON200() *FileList {
-	return r.JSON200
 }
 
 // GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
@@ -8907,6 +9042,110 @@ func (r WriteFileResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r WriteFileResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListFilesResponse401Headers the declared response headers of an HTTP 401 response for ListFiles
+type ListFilesResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListFilesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FileList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListFilesResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListFilesResponse) GetJSON200() *FileList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ListFilesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListFilesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListFilesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListFilesResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -11534,11 +11773,11 @@ func (c *ClientWithResponses) RemoveFileWithResponse(ctx context.Context, id San
 	return ParseRemoveFileResponse(rsp)
 }
 
-// ReadFileWithResponse Read a file, or list a directory
+// ReadFileWithResponse Read a file
 //
-// Streams the content of a regular file as `application/octet-stream`. With
-// `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
-// a directory without `list=true` is refused with `invalid-request` (field `path`).
+// Streams the content of a regular file as `application/octet-stream`. Reading a
+// directory is refused with `invalid-request` (field `path`); list it with
+// `GET /v1/sandboxes/{id}/files/list` instead.
 //
 // The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 // empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -11576,6 +11815,24 @@ func (c *ClientWithResponses) WriteFileWithBodyWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseWriteFileResponse(rsp)
+}
+
+// ListFilesWithResponse List a directory
+//
+// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
+// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+// An operation of its own rather than a flag of the file read, so that each answer has
+// one media type and a generated client one type for it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*ListFilesResponse, error) {
+	rsp, err := c.ListFiles(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListFilesResponse(rsp)
 }
 
 // GetSandboxLogsWithResponse Read the sandbox's console log
@@ -13706,13 +13963,6 @@ func ParseReadFileResponse(rsp *http.Response) (*ReadFileResponse, error) {
 	}
 
 	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest FileList
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON200 = &dest
-
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
 		var dest BadRequest
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13768,9 +14018,6 @@ func ParseReadFileResponse(rsp *http.Response) (*ReadFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
-
-	case rsp.StatusCode == 200:
-		// Content-type (application/octet-stream) unsupported
 
 	}
 
@@ -13889,6 +14136,101 @@ func ParseWriteFileResponse(rsp *http.Response) (*WriteFileResponse, error) {
 	switch {
 	case rsp.StatusCode == 401:
 		var headers WriteFileResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListFilesResponse parses an HTTP response from a ListFilesWithResponse call
+func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListFilesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FileList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListFilesResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

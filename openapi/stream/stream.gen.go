@@ -150,7 +150,8 @@ type Unauthorized = Problem
 
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
-	// Command The program and its arguments, one `command` per argument, in order.
+	// Command The program and its arguments, one `command` per argument, in order. The first, the
+	// program, must not be empty (`invalid-request`, field `command`).
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.

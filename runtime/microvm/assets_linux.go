@@ -256,7 +256,7 @@ func writeInitramfs(path string, files []cpioFile, order []byte) error {
 var hostCore = []string{"usr/bin", "usr/sbin", "usr/libexec", "usr/lib/x86_64-linux-gnu", "usr/lib64"}
 
 // hostBaseFormat names the base disk's layout; a change of it makes a new disk.
-const hostBaseFormat = "microvm-host-base 1"
+const hostBaseFormat = "microvm-host-base 2"
 
 // hostBaseName names the host image's base disk by its format and what it is made of: the
 // host's os-release and ld.so.cache stand for the host's installed packages.
@@ -273,31 +273,17 @@ func hostBaseName() string {
 
 // writeHostBase makes the host image's base disk at path: an ext4 file system (mke2fs -d)
 // of a tree staged beside it: the directory skeleton, a generated /etc, and hostCore linked
-// (or, on another file system, copied) from the host. It has a GiB of room beyond its
-// content for the sandbox's own files, which go to each sandbox's overlay.
+// (or, on another file system, copied) from the host. It is as small as its content allows:
+// the room for the sandbox's own files is its overlay's, which the guest's init grows the
+// file system into at boot.
 func writeHostBase(path, mkfs string) error {
-	stage := path + ".stage"
+	stage := path + stageSuffix
 	_ = os.RemoveAll(stage)
 	defer os.RemoveAll(stage)
 	if err := stageHostTree(stage); err != nil {
 		return err
 	}
-	var size int64
-	_ = filepath.WalkDir(stage, func(_ string, d os.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				size += fi.Size() + 4096
-			}
-		}
-		return nil
-	})
-	sizeMB := size>>20 + size>>22 + 1024
-	out, err := exec.Command(mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-d", stage, //nolint:noctx // a one-off build
-		"-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", path, fmt.Sprintf("%dM", sizeMB)).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("microvm runtime: mke2fs of the host base disk: %v: %s", err, bytes.TrimSpace(out))
-	}
-	return nil
+	return mkfsTree(mkfs, stage, path)
 }
 
 func stageHostTree(stage string) error {

@@ -28,11 +28,7 @@ var (
 	_ runtime.MemoryCapturer = (*Runtime)(nil)
 	_ runtime.ResourcePinner = (*Runtime)(nil)
 	_ runtime.MemoryReleaser = (*Runtime)(nil)
-	_ runtime.LaunchEntrier  = (*Runtime)(nil)
 )
-
-// LaunchEntries implements runtime.LaunchEntrier: a launch's released memory.
-func (r *Runtime) LaunchEntries() []string { return []string{shim.EntryMemory} }
 
 // launchInfoName is the running launch's [shim.StateInfo] in the control directory, written
 // by Start: which port its guest serves on, which a save records.

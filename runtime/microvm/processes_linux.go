@@ -15,7 +15,7 @@ import (
 )
 
 // Processes lists the shims and QEMUs of the sandboxes whose state directories lie below
-// stateRoot.
+// stateRoot, and QEMUs of such sandboxes that outlived their shim (see orphanQEMUs).
 //
 // A shim's argv marker (sandboxd __vmshim <dir>) is only a claim, which any process can make;
 // it is believed for a process in this process's pid namespace and of this process's user
@@ -58,7 +58,74 @@ func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 		}
 		out = append(out, runtime.Process{ID: id, Role: runtime.RoleInit, Dir: parent.Dir})
 	}
-	return out, nil
+	return append(out, r.orphanQEMUs(pids, stateRoot, ownNS, out)...), nil
+}
+
+// orphanQEMUs finds the QEMUs of sandboxes below stateRoot whose shim is gone: the parent-death
+// signal that should have ended them was lost (a bug's doing, not the rule). Such a QEMU still
+// holds its sandbox's overlay, and the checker must see it. It is believed by facts no
+// sandbox controls: its executable is this runtime's QEMU, it runs in this pid namespace as
+// this user, and its command line names the overlay of a state directory below stateRoot.
+// listed are the processes found already (a shim's child is no orphan).
+func (r *Runtime) orphanQEMUs(pids []int, stateRoot, ownNS string, listed []runtime.Process) []runtime.Process {
+	qemu := r.cfg.QEMU
+	if qemu == "" {
+		return nil
+	}
+	if resolved, err := filepath.EvalSymlinks(qemu); err == nil {
+		qemu = resolved
+	}
+	seen := map[int]bool{}
+	for _, p := range listed {
+		seen[p.ID.Pid] = true
+	}
+	var out []runtime.Process
+	for _, pid := range pids {
+		if seen[pid] {
+			continue
+		}
+		proc := "/proc/" + strconv.Itoa(pid)
+		if exe, err := os.Readlink(proc + "/exe"); err != nil || exe != qemu {
+			continue
+		}
+		dir, ok := overlayDir(cmdline(pid), stateRoot)
+		if !ok {
+			continue
+		}
+		id, err := platform.Identify(pid)
+		if err != nil {
+			continue
+		}
+		if ns, err := os.Readlink(proc + "/ns/pid"); err != nil || ns != ownNS {
+			continue
+		}
+		if st, err := os.Stat(proc); err != nil || !ownedByUs(st) {
+			continue
+		}
+		if again, ok := overlayDir(cmdline(pid), stateRoot); !ok || again != dir || !id.Alive() {
+			continue
+		}
+		out = append(out, runtime.Process{ID: id, Role: runtime.RoleInit, Dir: dir})
+	}
+	return out
+}
+
+// overlayDir is the state directory whose overlay a QEMU command line names as its root
+// drive (the last option of the drive's argument, as shim.QEMUArgs writes it), if that lies
+// below stateRoot.
+func overlayDir(argv [][]byte, stateRoot string) (string, bool) {
+	for _, a := range argv {
+		_, file, ok := bytes.Cut(a, []byte(",file="))
+		if !ok || !bytes.HasPrefix(a, []byte("if=none,id=root,")) {
+			continue
+		}
+		path := filepath.Clean(strings.ReplaceAll(string(file), ",,", ","))
+		dir := filepath.Dir(path)
+		if filepath.Base(path) == shim.EntryOverlay && strings.HasPrefix(dir, stateRoot+"/") {
+			return dir, true
+		}
+	}
+	return "", false
 }
 
 func procPids() ([]int, error) {

@@ -49,11 +49,34 @@ type Config struct {
 	// Kernel is the guest kernel image; "" means the newest /boot/vmlinuz-*-cloud-amd64. Its
 	// modules are /lib/modules/<release>, the release being the file name's rest.
 	Kernel string
-	// Accel forces the accelerator ("kvm" or "tcg"); "" probes: KVM if a probe guest boots
-	// under it within ProbeTimeout, TCG otherwise.
+	// Accel is the operator's choice of accelerator (sandboxd --microvm-accel): "auto" (or
+	// "") probes, KVM if the KVM device opens and a probe guest boots under it within
+	// ProbeTimeout, TCG otherwise; "kvm" uses KVM without a probe guest, and makes the runtime
+	// unavailable where the KVM device does not open; "tcg" never touches KVM.
 	Accel        string
 	ProbeTimeout time.Duration
+	// KVMDevice is the KVM device; "" means /dev/kvm.
+	KVMDevice string
+	// StepHook, when set (by tests), is called after each step of Start that leaves something
+	// behind (AfterAssets, AfterOverlay), where a test process kills itself to leave what a
+	// crash there leaves.
+	StepHook func(step string)
 }
+
+// The accelerator choices of Config.Accel.
+const (
+	AccelAuto = "auto"
+	AccelKVM  = "kvm"
+	AccelTCG  = "tcg"
+)
+
+// The steps of Start after which Config.StepHook is called.
+const (
+	// AfterAssets: the shared initramfs and base disk exist.
+	AfterAssets = "microvm-assets"
+	// AfterOverlay: the sandbox's disk overlay exists, and no shim was spawned yet.
+	AfterOverlay = "microvm-overlay"
+)
 
 // Versions are the guest stack's versions, which the runtime identity records.
 type Versions struct {
@@ -98,8 +121,15 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = DefaultProbeTimeout
 	}
-	if cfg.Accel != "" && cfg.Accel != "kvm" && cfg.Accel != "tcg" {
-		return nil, fmt.Errorf("microvm runtime: accelerator %q is neither kvm nor tcg", cfg.Accel)
+	switch cfg.Accel {
+	case "":
+		cfg.Accel = AccelAuto
+	case AccelAuto, AccelKVM, AccelTCG:
+	default:
+		return nil, fmt.Errorf("microvm runtime: accelerator %q is none of auto, kvm, tcg", cfg.Accel)
+	}
+	if cfg.KVMDevice == "" {
+		cfg.KVMDevice = "/dev/kvm"
 	}
 	var missing []string
 	if cfg.QEMU == "" {
@@ -216,10 +246,16 @@ func identityOf(v Versions, exeHash string) string {
 		v.QEMU, v.Kernel, v.Initramfs, hex.EncodeToString(h.Sum(nil))[:16])
 }
 
-// Probe says which accelerator this host's microVMs use: "kvm" when a probe guest boots
-// under KVM within the probe timeout, "tcg" otherwise (or Config.Accel when set), or why
-// microVMs cannot run here at all. The probe runs once per Runtime; the answer is kept.
+// Probe says which accelerator this host's microVMs use, or why microVMs cannot run here at
+// all. Under Config.Accel "auto" that is "kvm" when a probe guest boots under KVM within the
+// probe timeout and "tcg" otherwise; "kvm" and "tcg" are answered without a probe guest (an
+// operator who knows the host saves the probe's boot, and on a host whose nested KVM hangs,
+// as here, its whole timeout). The probe runs once per Runtime; the answer is kept, and
+// every Start uses it.
 func (r *Runtime) Probe() (string, error) { return r.probe() }
+
+// AccelMode is the operator's choice the probe follows: "auto", "kvm" or "tcg".
+func (r *Runtime) AccelMode() string { return r.cfg.Accel }
 
 func (r *Runtime) runProbe() (string, error) {
 	if r.refusal != nil {
@@ -228,20 +264,28 @@ func (r *Runtime) runProbe() (string, error) {
 	if _, err := r.stack(); err != nil {
 		return "", err
 	}
-	if r.cfg.Accel != "" {
-		return r.cfg.Accel, nil
+	if r.cfg.Accel == AccelTCG {
+		return AccelTCG, nil
 	}
-	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	// QEMU opens the device read-write (KVM_CREATE_VM needs it); so does this look.
+	f, err := os.OpenFile(r.cfg.KVMDevice, os.O_RDWR, 0)
 	if err != nil {
-		return "tcg", nil
+		if r.cfg.Accel == AccelKVM {
+			return "", errcode.Wrap(errcode.Unavailable, err,
+				"The microvm runtime is configured for KVM (--microvm-accel kvm), and %s does not open: %v.", r.cfg.KVMDevice, err)
+		}
+		return AccelTCG, nil
 	}
 	f.Close()
+	if r.cfg.Accel == AccelKVM {
+		return AccelKVM, nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProbeTimeout)
 	defer cancel()
-	if err := r.bootProbe(ctx, "kvm"); err != nil {
-		return "tcg", nil //nolint:nilerr // KVM that does not boot a guest is no KVM: TCG is the answer
+	if err := r.bootProbe(ctx, AccelKVM); err != nil {
+		return AccelTCG, nil //nolint:nilerr // KVM that does not boot a guest is no KVM: TCG is the answer
 	}
-	return "kvm", nil
+	return AccelKVM, nil
 }
 
 // bootProbe boots a guest without disk under accel and waits until its init answers on the
@@ -331,9 +375,19 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	if spec.ImageDir != "" || len(spec.Lowers) > 1 || spec.DiskMB > 0 {
+	// A clone of a memory generation has the generation's payload as its top lower layer;
+	// the layers below it are the image's.
+	gen := ""
+	if len(spec.Lowers) > 0 && isMemoryGeneration(spec.Lowers[0]) {
+		gen = spec.Lowers[0]
+		spec.Lowers = spec.Lowers[1:]
+	}
+	if spec.ImageDir == "" && len(spec.Lowers) > 0 {
 		return platform.ProcessID{}, errcode.New(errcode.NotImplemented,
-			"The microvm runtime runs the host image and its own memory generations only for now: images, file layers and disk sizes are not implemented.")
+			"The microvm runtime does not run template layers of files: a microVM's files are its disk overlay, and its generations hold its memory.")
+	}
+	if gen == "" && spec.Restore != nil {
+		return platform.ProcessID{}, errors.New("microvm runtime: a restore names no memory generation")
 	}
 	spec = withDefaults(spec)
 	accel, err := r.Probe()
@@ -344,18 +398,25 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if assets == "" {
 		assets = filepath.Join(spec.Dir, shim.EntryAssets)
 	}
-	initrd, base, err := r.ensureAssets(assets)
+	// A sandbox that ran before has its disk: its overlay names the base disk it was made
+	// over, which stays its base (the image or the host may have changed since).
+	// A clone's base is its generation's frozen disk.
+	needBase := gen == ""
+	if b, err := qcow2Backing(filepath.Join(spec.Dir, shim.EntryOverlay)); err == nil && b != "" {
+		needBase = false
+	}
+	initrd, base, err := r.ensureAssets(assets, spec, needBase)
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
+	r.step(AfterAssets)
 	if err := ctx.Err(); err != nil {
 		return platform.ProcessID{}, err
 	}
 	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB}
 	backing, backingFormat := base, "raw"
 	var restore *shim.Restore
-	if len(spec.Lowers) == 1 {
-		gen := spec.Lowers[0]
+	if gen != "" {
 		saved, err := savedState(gen, &launch)
 		if err != nil {
 			return platform.ProcessID{}, err
@@ -369,13 +430,15 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 			launch.Port = 1 - saved.Port
 			restore = &shim.Restore{Memory: filepath.Join(gen, shim.StateMemory), ClockAdvanceNS: int64(spec.Restore.ClockAdvance)}
 		}
-	} else if spec.Restore != nil {
-		return platform.ProcessID{}, errors.New("microvm runtime: a restore names no memory generation")
 	}
-	overlay, err := ensureOverlay(ctx, spec.Dir, backing, backingFormat)
+	// A start that crashed while it made the overlay left its temp file; the caller holds the
+	// sandbox's lifecycle lock, so no other start makes one now.
+	removeTemps(spec.Dir, shim.EntryOverlay)
+	overlay, err := ensureOverlay(ctx, spec.Dir, backing, backingFormat, roomMB(spec))
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
+	r.step(AfterOverlay)
 	if err := platform.EnsureDir(spec.Dir, shim.EntryControl, 0o700); err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -406,6 +469,13 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	return r.spawn(spec.Dir, logf, cfg)
 }
 
+// step calls the tests' step hook, if any.
+func (r *Runtime) step(name string) {
+	if r.cfg.StepHook != nil {
+		r.cfg.StepHook(name)
+	}
+}
+
 func withDefaults(spec runtime.Spec) runtime.Spec {
 	if spec.Hostname == "" {
 		spec.Hostname = spec.ID
@@ -419,30 +489,52 @@ func withDefaults(spec runtime.Spec) runtime.Spec {
 	return spec
 }
 
-// ensureAssets makes the initramfs and the host image's base disk in dir unless they are
-// there, and returns their paths.
-func (r *Runtime) ensureAssets(dir string) (initrd, base string, err error) {
+// ensureAssets makes the initramfs and (with needBase) the base disk of the spec's image (the
+// host's, or an OCI image's layers) in dir unless they are there, and returns their paths.
+func (r *Runtime) ensureAssets(dir string, spec runtime.Spec, needBase bool) (initrd, base string, err error) {
 	st, err := r.stack()
 	if err != nil {
 		return "", "", err
 	}
 	r.assetMu.Lock()
 	defer r.assetMu.Unlock()
-	initrd, err = ensureFile(dir, "microvm-initramfs-"+st.versions.Initramfs+".cpio", func(tmp string) error {
+	initrd, err = ensureFile(dir, initramfsName(st.versions.Initramfs), func(tmp string) error {
 		return writeInitramfs(tmp, st.files, st.order)
 	})
 	if err != nil {
 		return "", "", fmt.Errorf("microvm runtime: the initramfs: %w", err)
 	}
+	if !needBase {
+		return initrd, "", nil
+	}
 	mkfs, err := mke2fs()
 	if err != nil {
 		return "", "", err
 	}
-	base, err = ensureFile(dir, hostBaseName(), func(tmp string) error { return writeHostBase(tmp, mkfs) })
+	if spec.ImageDir == "" {
+		base, err = ensureFile(dir, hostBaseName(), func(tmp string) error { return writeHostBase(tmp, mkfs) })
+		if err != nil {
+			return "", "", fmt.Errorf("microvm runtime: the host base disk: %w", err)
+		}
+		return initrd, base, nil
+	}
+	layers := imageLayers(spec)
+	name, err := imageBaseName(layers, spec.Dir)
 	if err != nil {
-		return "", "", fmt.Errorf("microvm runtime: the host base disk: %w", err)
+		return "", "", err
+	}
+	base, err = ensureFile(dir, name, func(tmp string) error { return writeImageBase(tmp, mkfs, layers, spec.Dir) })
+	if err != nil {
+		return "", "", fmt.Errorf("microvm runtime: the base disk of image %s: %w", spec.Image, err)
 	}
 	return initrd, base, nil
+}
+
+// isMemoryGeneration reports whether the layer dir is a microVM's memory generation: it has
+// the state's description.
+func isMemoryGeneration(dir string) bool {
+	_, err := os.Lstat(filepath.Join(dir, shim.StateMeta))
+	return err == nil
 }
 
 // savedState reads the memory generation in gen and checks that a launch as described by
@@ -450,9 +542,6 @@ func (r *Runtime) ensureAssets(dir string) (initrd, base string, err error) {
 // memory, and its disk is the base of a clone's cold boots too.
 func savedState(gen string, launch *shim.StateInfo) (*shim.StateInfo, error) {
 	saved, err := readStateInfo(gen, shim.StateMeta)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, errcode.New(errcode.NotImplemented, "The microvm runtime runs over its own memory generations only; this generation holds no memory state.")
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -463,23 +552,48 @@ func savedState(gen string, launch *shim.StateInfo) (*shim.StateInfo, error) {
 	return saved, nil
 }
 
-// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base (of format
-// baseFormat: the image's raw base disk, or a memory generation's frozen overlay), unless it
-// has one: the sandbox's files persist across its runs as the namespace runtime's upper layer
-// does.
-func ensureOverlay(ctx context.Context, dir, base, baseFormat string) (string, error) {
+// DefaultRoomMB is the room for a sandbox's own files when its spec names no disk size.
+const DefaultRoomMB = 1024
+
+// roomMB is the room for the sandbox's own files on its disk, beyond the image's.
+func roomMB(spec runtime.Spec) int {
+	if spec.DiskMB > 0 {
+		return spec.DiskMB
+	}
+	return DefaultRoomMB
+}
+
+// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base unless it has one:
+// the sandbox's files persist across its runs as the namespace runtime's upper layer does.
+// Over an image's raw base disk (baseFormat "raw") it has room MiB beyond it: the guest's init
+// grows the file system into the room at boot, and the overlay file grows as the guest
+// writes, up to the disk's size (Spec.DiskMB bounds it). Over a memory generation's frozen
+// overlay ("qcow2") it has that disk's size, which the file system in the saved memory knows.
+func ensureOverlay(ctx context.Context, dir, base, baseFormat string, room int) (string, error) {
 	img, err := qemuImg()
 	if err != nil {
 		return "", err
 	}
 	return ensureFile(dir, shim.EntryOverlay, func(tmp string) error {
-		out, err := exec.CommandContext(ctx, img, "create", "-q", "-f", "qcow2", "-F", baseFormat, "-b", base, tmp).CombinedOutput()
+		args := []string{"create", "-q", "-f", "qcow2", "-F", baseFormat, "-b", base, tmp}
+		if baseFormat == "raw" {
+			fi, err := os.Stat(base)
+			if err != nil {
+				return err
+			}
+			args = append(args, strconv.FormatInt(fi.Size()+int64(room)<<20, 10))
+		}
+		out, err := exec.CommandContext(ctx, img, args...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("microvm runtime: qemu-img create: %v: %s", err, bytes.TrimSpace(out))
 		}
-		return nil
+		return syncFile(tmp)
 	})
 }
+
+// DiskSupport implements runtime.DiskLimiter: a microVM's disk is its overlay, sized by
+// Spec.DiskMB wherever microVMs run.
+func (r *Runtime) DiskSupport() error { return r.refusal }
 
 func qemuImg() (string, error) {
 	if p, err := exec.LookPath("qemu-img"); err == nil {
@@ -576,10 +690,6 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 	}
 	return errors.Join(errs...)
 }
-
-// HostResources implements runtime.Runtime: a microVM holds nothing on the host outside its
-// state directory but its processes.
-func (r *Runtime) HostResources(string) ([]runtime.HostResource, error) { return nil, nil }
 
 // hostTSCkHz is the host CPU's frequency in kHz as /proc/cpuinfo gives it (the TSC's on
 // CPUs with an invariant TSC), or 0 if it gives none.

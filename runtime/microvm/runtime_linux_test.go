@@ -17,9 +17,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/control"
+	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
 )
 
 func testSpec(t *testing.T, id string) runtime.Spec {
@@ -81,6 +83,75 @@ func TestProbeGuestAnswers(t *testing.T) {
 	}
 	if accel, err := r.Probe(); err != nil || accel != "tcg" {
 		t.Fatalf("Probe with the accelerator forced to tcg: %q, %v", accel, err)
+	}
+}
+
+// TestAcceleratorChoice: the operator's choice decides the probe without a probe guest where
+// it can: tcg never looks at KVM; kvm takes a KVM device that opens and makes the runtime
+// unavailable, saying why, where none does; auto without a KVM device is tcg at once. A choice
+// that is none of these is refused by New. No guest boots.
+func TestAcceleratorChoice(t *testing.T) {
+	newRuntime(t) // skips where microVMs cannot run
+	if _, err := New(Config{Accel: "xen"}); err == nil {
+		t.Fatal("New took the accelerator xen")
+	}
+	dev := filepath.Join(t.TempDir(), "kvm")
+	if err := os.WriteFile(dev, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(t.TempDir(), "no-kvm")
+	for _, c := range []struct {
+		accel, device, want string
+		unavailable         bool
+	}{
+		{"tcg", missing, "tcg", false},
+		{"", missing, "tcg", false},
+		{"auto", missing, "tcg", false},
+		{"kvm", dev, "kvm", false},
+		{"kvm", missing, "", true},
+	} {
+		r, err := New(Config{Accel: c.accel, KVMDevice: c.device, ProbeTimeout: time.Nanosecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.accel == "" && r.AccelMode() != AccelAuto || c.accel != "" && r.AccelMode() != c.accel {
+			t.Errorf("accel %q: mode %q", c.accel, r.AccelMode())
+		}
+		got, err := r.Probe()
+		if c.unavailable {
+			if errcode.Of(err) != errcode.Unavailable || !strings.Contains(err.Error(), missing) {
+				t.Errorf("accel %q without a KVM device: %q, %v; want unavailable naming the device", c.accel, got, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("accel %q, device %s: %q, %v; want %q", c.accel, c.device, got, err, c.want)
+		}
+	}
+}
+
+// TestQEMUArgsByAccelerator: under KVM QEMU gets the host's CPU and no TSC frequency on the
+// kernel's command line (kvmclock is the guest's clock); under TCG the emulated max CPU and
+// the host's TSC frequency, without which the boot hangs on a loaded host.
+func TestQEMUArgsByAccelerator(t *testing.T) {
+	args := func(accel string) string {
+		cfg := &shim.Config{Accel: accel, QEMU: "qemu", Kernel: "k", Initramfs: "i", Overlay: "o", TSCkHz: 2000000,
+			Spec: runtime.Spec{Resources: runtime.Resources{VCPUs: 2, MemoryMB: 256}}}
+		return strings.Join(shim.QEMUArgs(cfg, false), " ")
+	}
+	kvm, tcg := args("kvm"), args("tcg")
+	for _, want := range []string{"-accel kvm", "-cpu host", "-smp 2", "-m 256"} {
+		if !strings.Contains(kvm, want) {
+			t.Errorf("KVM's QEMU arguments lack %q: %s", want, kvm)
+		}
+	}
+	if strings.Contains(kvm, "tsc_early_khz") || strings.Contains(kvm, "-cpu max") {
+		t.Errorf("KVM's QEMU arguments carry TCG's: %s", kvm)
+	}
+	for _, want := range []string{"-accel tcg", "-cpu max", "tsc_early_khz=2000000 tsc=reliable"} {
+		if !strings.Contains(tcg, want) {
+			t.Errorf("TCG's QEMU arguments lack %q: %s", want, tcg)
+		}
 	}
 }
 

@@ -2,8 +2,9 @@
 // E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL to the server; nothing here patches the SDK.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { Sandbox, CommandExitError } from 'e2b';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { Sandbox, CommandExitError, TimeoutError } from 'e2b';
 
 const metadata = { suite: 'e2b-compat', run: String(process.pid) };
 
@@ -20,6 +21,7 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal(env.stdout, 'hello\n');
 
     await assert.rejects(sbx.commands.run('exit 3'), (err) => err instanceof CommandExitError && err.exitCode === 3);
+    await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 1000 }), TimeoutError);
 
     // Two commands at once: E2B processes take no exec lock.
     const bg = await sbx.commands.run('sleep 30', { background: true });
@@ -34,6 +36,30 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal(await sbx.files.exists('/tmp/e2b/hello.txt'), true);
     const entries = await sbx.files.list('/tmp/e2b');
     assert.deepEqual(entries.map((e) => e.name), ['hello.txt']);
+
+    // File metadata (envd 0.6.2), stored with the file; owner and group as the sandbox's own
+    // /etc/passwd and /etc/group name them.
+    const meta = { author: 'ada', purpose: 'e2b flow' };
+    const written = await sbx.files.write('/tmp/e2b/meta.txt', 'with metadata', { metadata: meta });
+    assert.deepEqual(written.metadata, meta);
+    const [owner, group] = (await sbx.commands.run('id -un; id -gn')).stdout.trim().split('\n');
+    const metaInfo = await sbx.files.getInfo('/tmp/e2b/meta.txt');
+    assert.deepEqual(metaInfo.metadata, meta);
+    assert.equal(metaInfo.owner, owner);
+    assert.equal(metaInfo.group, group);
+    const listedMeta = (await sbx.files.list('/tmp/e2b')).find((e) => e.name === 'meta.txt');
+    assert.deepEqual(listedMeta.metadata, meta);
+    assert.equal(listedMeta.owner, owner);
+    assert.equal((await sbx.files.getInfo('/', { user: 'root' })).owner, 'root');
+    await sbx.files.write('/tmp/e2b/meta.txt', 'replaced');
+    assert.equal((await sbx.files.getInfo('/tmp/e2b/meta.txt')).metadata, undefined, 'a write without metadata replaces it');
+    await sbx.files.remove('/tmp/e2b/meta.txt');
+    // A link is described by what it resolves to, as envd describes it.
+    await sbx.commands.run('ln -s hello.txt /tmp/e2b/link');
+    const link = await sbx.files.getInfo('/tmp/e2b/link');
+    assert.equal(link.symlinkTarget, '/tmp/e2b/hello.txt');
+    assert.equal(link.type, 'file');
+    await sbx.files.remove('/tmp/e2b/link');
     assert.equal(await sbx.files.makeDir('/tmp/e2b/sub'), true);
     assert.equal(await sbx.files.makeDir('/tmp/e2b/sub'), false);
     await sbx.files.rename('/tmp/e2b/hello.txt', '/tmp/e2b/sub/moved.txt');
@@ -46,6 +72,8 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal(info.sandboxId, sbx.sandboxId);
     assert.deepEqual(info.metadata, metadata);
     assert.ok(info.endAt.getTime() - Date.now() > 30_000, 'setTimeout moved the end');
+    assert.deepEqual(info.lifecycle, { onTimeout: 'kill', autoResume: false });
+    assert.equal(await sbx.isRunning(), true);
 
     // Re-attach to a background command by pid, and feed it stdin.
     const cat = await sbx.commands.run('cat', { background: true, stdin: true });
@@ -57,14 +85,25 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
 
     assert.equal(await sbx.pause(), true);
     assert.equal((await sbx.getInfo()).state, 'paused');
+    assert.equal(await sbx.isRunning(), false, 'a paused sandbox does not run');
     const back = await Sandbox.connect(sbx.sandboxId);
     assert.equal((await back.commands.run('echo back')).stdout, 'back\n');
+
+    // A pause without memory keeps the files alone: connect boots the sandbox afresh.
+    await sbx.files.write('/home/user/kept.txt', 'kept');
+    const sleeper = await sbx.commands.run('sleep 300', { background: true });
+    assert.equal(await sbx.pause({ keepMemory: false }), true);
+    assert.equal(await sbx.pause({ keepMemory: false }), false, 'a second pause finds it paused');
+    const cold = await Sandbox.connect(sbx.sandboxId);
+    assert.equal(await cold.files.read('/home/user/kept.txt'), 'kept');
+    assert.ok(!(await cold.commands.list()).some((p) => p.pid === sleeper.pid), 'the cold boot ran no old process');
 
     const page = await Sandbox.list({ query: { metadata } }).nextItems();
     assert.deepEqual(page.map((s) => s.sandboxId), [sbx.sandboxId]);
   } finally {
     assert.equal(await sbx.kill(), true);
   }
+  assert.equal(await sbx.isRunning(), false, 'a killed sandbox does not run');
   assert.equal(await Sandbox.kill(sbx.sandboxId), false, 'a second kill finds nothing');
 });
 
@@ -92,6 +131,15 @@ test('two sandboxes, watchDir, processes across a restart of sandboxd', { timeou
       events.some((e) => e.name === 'deep/nested.txt' && e.type === 'write'));
     await watch.stop();
 
+    // Entries in watch events (envd 0.6.3), and allowNetworkMounts (0.6.4), which lifts
+    // the refusal of network file systems and watches a local directory as before.
+    const withEntries = [];
+    const watch2 = await a.files.watchDir('/tmp/w', (e) => withEntries.push(e), { includeEntry: true, allowNetworkMounts: true });
+    await a.files.write('/tmp/w/entry.txt', 'entry', { metadata: { seen: 'yes' } });
+    await until('an event with its entry', () =>
+      withEntries.some((e) => e.name === 'entry.txt' && e.entry?.path === '/tmp/w/entry.txt' && e.entry?.type === 'file'));
+    await watch2.stop();
+
     // The two sandboxes are apart.
     assert.equal(await b.files.exists('/tmp/w/from-cmd.txt'), false);
     assert.equal((await b.commands.run('echo b')).stdout, 'b\n');
@@ -101,7 +149,12 @@ test('two sandboxes, watchDir, processes across a restart of sandboxd', { timeou
     const bg = await a.commands.run('echo started; read x; echo "got $x"', { background: true, stdin: true });
     await until('the first output', () => bg.stdout.includes('started'));
     await bg.disconnect();
-    execFileSync('bash', [process.env.SANDBOXD_RESTART, 'restart'], { stdio: 'inherit' });
+    // Asynchronously: a blocking execFileSync would stop node's event loop while sandboxd
+    // dies, so the pooled keep-alive connections' closing would be seen only after the next
+    // request had been written to one of them, which then fails with "fetch failed" (a race
+    // of the harness, not of sandboxd: a client's event loop runs while a server crashes).
+    const restarted = await promisify(execFile)('bash', [process.env.SANDBOXD_RESTART, 'restart']);
+    process.stderr.write(restarted.stderr);
 
     assert.ok((await a.commands.list()).some((p) => p.pid === bg.pid), 'listed after the restart');
     const again = await a.commands.connect(bg.pid);

@@ -171,6 +171,42 @@ func readConfig(port *os.File) (*Config, error) {
 	return &cfg, nil
 }
 
+// ext4ResizeFS is EXT4_IOC_RESIZE_FS, _IOW('f', 16, __u64): grow a mounted ext4 file system
+// to the given number of blocks.
+const ext4ResizeFS = 0x40086610
+
+// growRoot grows the ext4 file system mounted at mnt to the size of its disk dev. The base disk
+// is made as small as its content allows and the sandbox's overlay has its room beyond it
+// (its disk_mb); growing a file system that fills its disk already is a no-op for the kernel.
+func growRoot(mnt, dev string) error {
+	d, err := os.Open(dev)
+	if err != nil {
+		return err
+	}
+	size, err := unix.IoctlGetUint64(int(d.Fd()), unix.BLKGETSIZE64)
+	d.Close()
+	if err != nil {
+		return fmt.Errorf("the size of %s: %w", dev, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(mnt, &st); err != nil {
+		return err
+	}
+	if st.Bsize <= 0 {
+		return fmt.Errorf("block size %d", st.Bsize)
+	}
+	blocks := size / uint64(st.Bsize)
+	m, err := os.Open(mnt)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, m.Fd(), ext4ResizeFS, uintptr(unsafe.Pointer(&blocks))); errno != 0 {
+		return fmt.Errorf("EXT4_IOC_RESIZE_FS to %d blocks: %w", blocks, errno)
+	}
+	return nil
+}
+
 // switchRoot mounts the root disk and makes it /, with /dev, /proc and /sys moved along. The
 // initramfs's files are removed first (the running init stays mapped), so that the memory
 // they take goes back to the guest.
@@ -183,6 +219,10 @@ func switchRoot() error {
 	}
 	if err := unix.Mount(RootDevice, "/newroot", "ext4", 0, ""); err != nil {
 		return fmt.Errorf("mount the root disk: %w", err)
+	}
+	if err := growRoot("/newroot", RootDevice); err != nil {
+		// The sandbox runs, with the room its base disk has: say so on the console.
+		logf("growing the root file system to its disk: %v", err)
 	}
 	for _, d := range []string{"/dev", "/proc", "/sys"} {
 		if err := os.MkdirAll("/newroot"+d, 0o755); err != nil {

@@ -28,8 +28,7 @@ func (c *Client) ListFiles(ctx context.Context, id, path string) ([]FileEntry, e
 	var list struct {
 		Items []FileEntry `json:"items"`
 	}
-	q := url.Values{"path": {path}, "list": {"true"}}
-	if err := c.get(ctx, sandboxPath(id, "/files"), q, &list); err != nil {
+	if err := c.get(ctx, sandboxPath(id, "/files/list"), url.Values{"path": {path}}, &list); err != nil {
 		return nil, err
 	}
 	return list.Items, nil

@@ -7,8 +7,7 @@ import createClient, { type Client } from "openapi-fetch";
 import { ConnectionError, SandboxdError, problemError } from "./errors.js";
 import { parseEvent, parseServerSentEvents } from "./events.js";
 import { ExecStream, type ExecStreamOptions } from "./exec.js";
-import { isRecord, numberField, oneOf, stringField } from "./guards.js";
-import { fileEntryTypeValues, type paths } from "./schema.gen.js";
+import type { paths } from "./schema.gen.js";
 import type {
   CreateSandboxRequest,
   Event,
@@ -299,11 +298,8 @@ export class Sandboxd {
 
   /** A directory's entries. */
   async listFiles(id: string, path: string): Promise<FileEntry[]> {
-    const res = await this.#fetch(this.#url(`/v1/sandboxes/${encodeURIComponent(id)}/files`, { path, list: true }), {
-      method: "GET",
-    });
-    const list: unknown = await res.json();
-    return fileEntries(list);
+    const list = await this.#call(this.api.GET("/v1/sandboxes/{id}/files/list", { params: { path: { id }, query: { path } } }));
+    return list.items;
   }
 
   /** Removes a file or an empty directory. */
@@ -524,22 +520,3 @@ function deferred(): { promise: Promise<undefined>; resolve: () => void } {
   return { promise, resolve };
 }
 
-/** Validates a FileList body into its entries; an entry of an unknown shape is skipped. */
-function fileEntries(v: unknown): FileEntry[] {
-  const items = isRecord(v) ? v["items"] : undefined;
-  if (!Array.isArray(items)) return [];
-  const out: FileEntry[] = [];
-  for (const item of items) {
-    if (!isRecord(item)) continue;
-    const name = stringField(item, "name");
-    const type = oneOf(fileEntryTypeValues, item["type"]);
-    const size = numberField(item, "size");
-    const mode = stringField(item, "mode");
-    const modified = stringField(item, "modified_at");
-    if (name === undefined || type === undefined || size === undefined || mode === undefined || modified === undefined) {
-      continue;
-    }
-    out.push({ name, type, size, mode, modified_at: modified });
-  }
-  return out;
-}

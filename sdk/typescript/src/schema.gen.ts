@@ -363,10 +363,10 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * Read a file, or list a directory
-         * @description Streams the content of a regular file as `application/octet-stream`. With
-         *     `list=true`, `path` must be a directory and the answer is its entries as JSON. Reading
-         *     a directory without `list=true` is refused with `invalid-request` (field `path`).
+         * Read a file
+         * @description Streams the content of a regular file as `application/octet-stream`. Reading a
+         *     directory is refused with `invalid-request` (field `path`); list it with
+         *     `GET /v1/sandboxes/{id}/files/list` instead.
          *
          *     The answer is the file as it was opened: `Content-Length` is its size then (0 for an
          *     empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -395,6 +395,35 @@ export interface paths {
          *     with `invalid-request`.
          */
         delete: operations["removeFile"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/files/list": {
+        parameters: {
+            query: {
+                /** @description An absolute path inside the sandbox, of a directory. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List a directory
+         * @description The entries of the directory at `path` (at most 10000), as the sandbox's user sees
+         *     them. A path that is not a directory is refused with `invalid-request` (field `path`).
+         *     An operation of its own rather than a flag of the file read, so that each answer has
+         *     one media type and a generated client one type for it.
+         */
+        get: operations["listFiles"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -1415,12 +1444,7 @@ export interface components {
             env?: components["schemas"]["EnvVar"][];
             labels?: components["schemas"]["Labels"];
             network?: components["schemas"]["NetworkPolicy"];
-            /**
-             * @description Also start the sandbox before answering. The create is then all or nothing: a
-             *     start that fails removes the sandbox again (the id is free) and its error comes back.
-             * @default false
-             */
-            start?: boolean;
+            start?: components["schemas"]["StartOnCreate"];
             /**
              * @description The sandbox's lifetime in seconds from its create (1 s to 30 days; 0 or absent: the
              *     server's default, which is none unless configured). See `POST /timeout`.
@@ -1453,6 +1477,14 @@ export interface components {
              * @enum {string}
              */
             accelerator?: "kvm" | "tcg";
+            /**
+             * @description How the accelerator is chosen, as the operator configured it (`sandboxd
+             *     --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
+             *     `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
+             *     a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
+             * @enum {string}
+             */
+            accelerator_mode?: "auto" | "kvm" | "tcg";
             /** @description Why the runtime is unavailable. */
             reason?: string;
             /** @description The runtime identity that its sandboxes are bound to. */
@@ -1549,11 +1581,7 @@ export interface components {
          *     }
          */
         NetworkPolicy: {
-            /**
-             * @description Every public destination, when `allow` is empty.
-             * @default false
-             */
-            internet?: boolean;
+            internet?: components["schemas"]["InternetAccess"];
             /** @description The only destinations reachable, when not empty. */
             allow?: string[];
             /** @description Destinations never reachable; wins over `allow` and `internet`. */
@@ -1564,10 +1592,37 @@ export interface components {
             /** @description Pass as `cursor` for the next page; absent on the last page. */
             next_cursor?: string;
         };
+        /**
+         * @description Also start the sandbox before answering. The create is then all or nothing: a
+         *     start that fails removes the sandbox again (the id is free) and its error comes back.
+         * @default false
+         */
+        StartOnCreate: boolean;
+        /**
+         * @description Every public destination, when `allow` is empty.
+         * @default false
+         */
+        InternetAccess: boolean;
+        /**
+         * @description Kill the command after this many milliseconds.
+         * @default 60000
+         */
+        ExecTimeoutMS: number;
+        /**
+         * @description How long to wait for another exec on this sandbox to end, in milliseconds.
+         * @default 60000
+         */
+        ExecWaitMS: number;
+        /**
+         * @description How long the link works, in seconds.
+         * @default 3600
+         */
+        PortLinkTTL: number;
         ExecRequest: {
             /**
              * @description The program and its arguments. The program is looked up in `PATH`; it must not be
-             *     empty (the arguments may be).
+             *     empty (the arguments may be): `[""]` is refused with `invalid-request` (field
+             *     `command`).
              */
             command: components["schemas"]["Argument"][];
             /** @description Environment variables as `KEY=VALUE`, added to the sandbox's. */
@@ -1577,16 +1632,8 @@ export interface components {
             umask?: components["schemas"]["Umask"];
             /** @description Text written to the command's standard input, which is then closed. */
             stdin?: string;
-            /**
-             * @description Kill the command after this many milliseconds.
-             * @default 60000
-             */
-            timeout_ms?: number;
-            /**
-             * @description How long to wait for another exec on this sandbox to end, in milliseconds.
-             * @default 60000
-             */
-            wait_ms?: number;
+            timeout_ms?: components["schemas"]["ExecTimeoutMS"];
+            wait_ms?: components["schemas"]["ExecWaitMS"];
         };
         ExecResult: {
             /**
@@ -1821,11 +1868,7 @@ export interface components {
             path?: string;
         };
         PortLinkRequest: {
-            /**
-             * @description How long the link works, in seconds.
-             * @default 3600
-             */
-            ttl_s?: number;
+            ttl_s?: components["schemas"]["PortLinkTTL"];
         };
         PortLink: {
             /** @description The link's id, for revoking it. */
@@ -2641,7 +2684,10 @@ export interface operations {
     execStream: {
         parameters: {
             query: {
-                /** @description The program and its arguments, one `command` per argument, in order. */
+                /**
+                 * @description The program and its arguments, one `command` per argument, in order. The first, the
+                 *     program, must not be empty (`invalid-request`, field `command`).
+                 */
                 command: components["schemas"]["Argument"][];
                 /** @description An environment variable as `KEY=VALUE`; repeat for several. */
                 env?: components["schemas"]["EnvVar"][];
@@ -2692,7 +2738,6 @@ export interface operations {
             query: {
                 /** @description An absolute path inside the sandbox. */
                 path: components["schemas"]["AbsolutePath"];
-                list?: boolean;
             };
             header?: never;
             path: {
@@ -2703,14 +2748,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The file's bytes, or the directory's entries when `list=true`. */
+            /** @description The file's bytes. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/octet-stream": string;
-                    "application/json": components["schemas"]["FileList"];
                 };
             };
             400: components["responses"]["BadRequest"];
@@ -2787,6 +2831,40 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    listFiles: {
+        parameters: {
+            query: {
+                /** @description An absolute path inside the sandbox, of a directory. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The directory's entries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileList"];
+                };
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
@@ -4197,6 +4275,7 @@ export const pauseRequestMemoryValues: ReadonlyArray<FlattenedDeepRequired<compo
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
 export const runtimeStatusStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["state"]> = ["ready", "probing", "unavailable"];
 export const runtimeStatusAcceleratorValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator"]> = ["kvm", "tcg"];
+export const runtimeStatusAccelerator_modeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator_mode"]> = ["auto", "kvm", "tcg"];
 export const onTimeoutValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OnTimeout"]> = ["stop", "delete"];
 export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "expired", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];

@@ -1,0 +1,112 @@
+package e2b
+
+import (
+	"context"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/e2b/envd/process"
+	"github.com/sandboxd/sandboxd/supervisor"
+)
+
+// fakeAttachment is a tracked process's attachment: its output, then its end with status,
+// or (running) no end until it is closed.
+type fakeAttachment struct {
+	out     []string
+	status  supervisor.ExitStatus
+	running bool
+	closed  chan struct{}
+	once    sync.Once
+}
+
+func newFakeAttachment(status supervisor.ExitStatus, running bool, out ...string) *fakeAttachment {
+	return &fakeAttachment{out: out, status: status, running: running, closed: make(chan struct{})}
+}
+
+func (a *fakeAttachment) ReadOutput(p []byte) (supervisor.Stream, int, error) {
+	if len(a.out) > 0 {
+		n := copy(p, a.out[0])
+		a.out = a.out[1:]
+		return supervisor.Stdout, n, nil
+	}
+	if a.running {
+		<-a.closed
+	}
+	return supervisor.Stdout, 0, io.EOF
+}
+
+func (a *fakeAttachment) Wait() (supervisor.ExitStatus, error) { return a.status, nil }
+
+func (a *fakeAttachment) Close() error { a.once.Do(func() { close(a.closed) }); return nil }
+
+// relayed runs relay on att and returns the events it sent and what it returned.
+func relayed(ctx context.Context, att *fakeAttachment, limited bool) ([]*process.ProcessEvent, error) {
+	var sent []*process.ProcessEvent
+	err := relay(ctx, att, false, limited, 0, func(ev *process.ProcessEvent) error {
+		sent = append(sent, ev)
+		return nil
+	})
+	return sent, err
+}
+
+// TestRelayEnds: a stream ends with the process's end event; at its call's deadline with
+// deadline_exceeded (what the SDKs make a TimeoutException of), also when the process was
+// killed at Start's time limit, which is that deadline; and without error when the client
+// leaves.
+func TestRelayEnds(t *testing.T) {
+	t.Parallel()
+	t.Run("exit", func(t *testing.T) {
+		t.Parallel()
+		sent, err := relayed(context.Background(), newFakeAttachment(supervisor.ExitStatus{ExitCode: 3}, false, "out"), true)
+		if err != nil {
+			t.Fatalf("relay: %v", err)
+		}
+		if len(sent) != 2 || string(sent[0].GetData().GetStdout()) != "out" || sent[1].GetEnd().GetExitCode() != 3 {
+			t.Fatalf("events %v, want the output and an end with exit code 3", sent)
+		}
+	})
+	t.Run("deadline while it runs", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		att := newFakeAttachment(supervisor.ExitStatus{}, true, "started")
+		sent, err := relayed(ctx, att, true)
+		if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+			t.Fatalf("relay returned %v, want deadline_exceeded", err)
+		}
+		if len(sent) != 1 || sent[0].GetEnd() != nil {
+			t.Fatalf("events %v, want the output alone", sent)
+		}
+		select {
+		case <-att.closed:
+		default:
+			t.Fatal("the attachment is still open")
+		}
+	})
+	t.Run("killed at Start's time limit", func(t *testing.T) {
+		t.Parallel()
+		sent, err := relayed(context.Background(), newFakeAttachment(supervisor.ExitStatus{ExitCode: 137, Signal: "KILL", TimedOut: true}, false), true)
+		if connect.CodeOf(err) != connect.CodeDeadlineExceeded || len(sent) != 0 {
+			t.Fatalf("relay returned %v after %v, want deadline_exceeded and no end event", err, sent)
+		}
+	})
+	t.Run("a Connect sees that end", func(t *testing.T) {
+		t.Parallel()
+		sent, err := relayed(context.Background(), newFakeAttachment(supervisor.ExitStatus{ExitCode: 137, Signal: "KILL", TimedOut: true}, false), false)
+		if err != nil || len(sent) != 1 || sent[0].GetEnd().GetError() == "" || sent[0].GetEnd().GetExited() {
+			t.Fatalf("relay returned %v after %v, want an end event that names the time limit", err, sent)
+		}
+	})
+	t.Run("the client leaves", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := relayed(ctx, newFakeAttachment(supervisor.ExitStatus{}, true), true); err != nil {
+			t.Fatalf("relay returned %v, want nil: no one reads the answer", err)
+		}
+	})
+}
