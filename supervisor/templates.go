@@ -273,7 +273,7 @@ type CloneRequest struct {
 	// under that kind either way.
 	Runtime string
 	// DiskDefault says the create's disk size is the server's default, not the request's: a
-	// clone of a generation whose runtime has no disk sizes (microvm) gets none.
+	// clone of a generation of another runtime than the default (microvm) gets none.
 	DiskDefault bool
 }
 
@@ -349,8 +349,8 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if rt != s.rt || cfg.Runtime != "" {
 		cfg.Runtime = rt.Kind()
 	}
-	if _, sized := rt.(runtime.DiskLimiter); !sized && req.DiskDefault {
-		cfg.DiskMB = 0
+	if rt != s.rt && req.DiskDefault {
+		cfg.DiskMB = 0 // the server's default disk is the default runtime's (a loop-mounted image)
 	}
 	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
 		return nil, err
