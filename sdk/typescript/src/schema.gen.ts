@@ -1411,7 +1411,7 @@ export interface components {
              * @default keep
              * @enum {string}
              */
-            memory?: "keep" | "release";
+            memory: "keep" | "release";
         };
         CreateSandboxRequest: {
             /** @description The id to give the sandbox; the server picks one when absent. */
