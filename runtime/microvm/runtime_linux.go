@@ -375,19 +375,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	// A clone of a memory generation has the generation's payload as its top lower layer;
-	// the layers below it are the image's.
-	gen := ""
-	if len(spec.Lowers) > 0 && isMemoryGeneration(spec.Lowers[0]) {
-		gen = spec.Lowers[0]
-		spec.Lowers = spec.Lowers[1:]
-	}
-	if spec.ImageDir == "" && len(spec.Lowers) > 0 {
-		return platform.ProcessID{}, errcode.New(errcode.NotImplemented,
-			"The microvm runtime does not run template layers of files: a microVM's files are its disk overlay, and its generations hold its memory.")
-	}
-	if gen == "" && spec.Restore != nil {
-		return platform.ProcessID{}, errors.New("microvm runtime: a restore names no memory generation")
+	gen, err := splitGeneration(&spec)
+	if err != nil {
+		return platform.ProcessID{}, err
 	}
 	spec = withDefaults(spec)
 	accel, err := r.Probe()
@@ -417,19 +407,10 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	backing, backingFormat := base, "raw"
 	var restore *shim.Restore
 	if gen != "" {
-		saved, err := savedState(gen, &launch)
-		if err != nil {
+		if backing, restore, err = overGeneration(spec, gen, &launch); err != nil {
 			return platform.ProcessID{}, err
 		}
-		backing, backingFormat = filepath.Join(gen, shim.StateDisk), "qcow2"
-		if spec.Restore != nil {
-			// The memory is the frozen disk's: the sandbox's own disk starts anew over it.
-			if err := os.Remove(filepath.Join(spec.Dir, shim.EntryOverlay)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return platform.ProcessID{}, err
-			}
-			launch.Port = 1 - saved.Port
-			restore = &shim.Restore{Memory: filepath.Join(gen, shim.StateMemory), ClockAdvanceNS: int64(spec.Restore.ClockAdvance)}
-		}
+		backingFormat = "qcow2"
 	}
 	// A start that crashed while it made the overlay left its temp file; the caller holds the
 	// sandbox's lifecycle lock, so no other start makes one now.
@@ -528,6 +509,43 @@ func (r *Runtime) ensureAssets(dir string, spec runtime.Spec, needBase bool) (in
 		return "", "", fmt.Errorf("microvm runtime: the base disk of image %s: %w", spec.Image, err)
 	}
 	return initrd, base, nil
+}
+
+// splitGeneration takes a memory generation off the top of spec's lower layers, where a
+// clone of one has it, and returns its directory ("" for none); the layers below are the
+// image's. Layers of files are refused.
+func splitGeneration(spec *runtime.Spec) (string, error) {
+	gen := ""
+	if len(spec.Lowers) > 0 && isMemoryGeneration(spec.Lowers[0]) {
+		gen = spec.Lowers[0]
+		spec.Lowers = spec.Lowers[1:]
+	}
+	if spec.ImageDir == "" && len(spec.Lowers) > 0 {
+		return "", errcode.New(errcode.NotImplemented,
+			"The microvm runtime does not run template layers of files: a microVM's files are its disk overlay, and its generations hold its memory.")
+	}
+	if gen == "" && spec.Restore != nil {
+		return "", errors.New("microvm runtime: a restore names no memory generation")
+	}
+	return gen, nil
+}
+
+// overGeneration is a launch over the memory generation gen: the disk its overlay backs onto
+// (the frozen one) and, for a restore, the restore, with launch's port set to the one idle at
+// the save. A restore's overlay is made anew: the memory is the frozen disk's.
+func overGeneration(spec runtime.Spec, gen string, launch *shim.StateInfo) (string, *shim.Restore, error) {
+	saved, err := savedState(gen, launch)
+	if err != nil {
+		return "", nil, err
+	}
+	if spec.Restore == nil {
+		return filepath.Join(gen, shim.StateDisk), nil, nil
+	}
+	if err := os.Remove(filepath.Join(spec.Dir, shim.EntryOverlay)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", nil, err
+	}
+	launch.Port = 1 - saved.Port
+	return filepath.Join(gen, shim.StateDisk), &shim.Restore{Memory: filepath.Join(gen, shim.StateMemory), ClockAdvanceNS: int64(spec.Restore.ClockAdvance)}, nil
 }
 
 // isMemoryGeneration reports whether the layer dir is a microVM's memory generation: it has
