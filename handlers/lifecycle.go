@@ -20,9 +20,9 @@ func (h *Handlers) PauseSandbox(ctx context.Context, req openapi.PauseSandboxReq
 	pause := h.sup.Pause
 	if req.Body != nil && req.Body.Memory != nil {
 		switch *req.Body.Memory {
-		case openapi.PauseRequestMemoryRelease:
+		case openapi.PauseMemoryRelease:
 			pause = h.sup.PauseReleasing
-		case openapi.PauseRequestMemoryKeep:
+		case openapi.PauseMemoryKeep:
 		default:
 			return nil, errcode.Invalid("memory", "memory is keep or release, not %q.", *req.Body.Memory)
 		}

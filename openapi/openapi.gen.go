@@ -236,18 +236,18 @@ func (e OnTimeout) Valid() bool {
 	}
 }
 
-// Defines values for PauseRequestMemory.
+// Defines values for PauseMemory.
 const (
-	PauseRequestMemoryKeep    PauseRequestMemory = "keep"
-	PauseRequestMemoryRelease PauseRequestMemory = "release"
+	PauseMemoryKeep    PauseMemory = "keep"
+	PauseMemoryRelease PauseMemory = "release"
 )
 
-// Valid indicates whether the value is a known member of the PauseRequestMemory enum.
-func (e PauseRequestMemory) Valid() bool {
+// Valid indicates whether the value is a known member of the PauseMemory enum.
+func (e PauseMemory) Valid() bool {
 	switch e {
-	case PauseRequestMemoryKeep:
+	case PauseMemoryKeep:
 		return true
-	case PauseRequestMemoryRelease:
+	case PauseMemoryRelease:
 		return true
 	default:
 		return false
@@ -1080,16 +1080,16 @@ type NetworkPolicy struct {
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
+// PauseMemory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+type PauseMemory string
+
 // PauseRequest defines model for PauseRequest.
 type PauseRequest struct {
-	// Memory `release` saves a microVM's memory to its state directory and ends its QEMU while
-	// it is paused (the memory goes back to the host); `keep` (the default) keeps it.
-	Memory *PauseRequestMemory `json:"memory,omitempty"`
+	// Memory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+	// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+	Memory *PauseMemory `json:"memory,omitempty"`
 }
-
-// PauseRequestMemory `release` saves a microVM's memory to its state directory and ends its QEMU while
-// it is paused (the memory goes back to the host); `keep` (the default) keeps it.
-type PauseRequestMemory string
 
 // PortLink defines model for PortLink.
 type PortLink struct {
@@ -6509,6 +6509,22 @@ func (response PauseSandbox409ApplicationProblemPlusJSONResponse) VisitPauseSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox413ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }

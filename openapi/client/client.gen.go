@@ -238,18 +238,18 @@ func (e OnTimeout) Valid() bool {
 	}
 }
 
-// Defines values for PauseRequestMemory.
+// Defines values for PauseMemory.
 const (
-	PauseRequestMemoryKeep    PauseRequestMemory = "keep"
-	PauseRequestMemoryRelease PauseRequestMemory = "release"
+	PauseMemoryKeep    PauseMemory = "keep"
+	PauseMemoryRelease PauseMemory = "release"
 )
 
-// Valid indicates whether the value is a known member of the PauseRequestMemory enum.
-func (e PauseRequestMemory) Valid() bool {
+// Valid indicates whether the value is a known member of the PauseMemory enum.
+func (e PauseMemory) Valid() bool {
 	switch e {
-	case PauseRequestMemoryKeep:
+	case PauseMemoryKeep:
 		return true
-	case PauseRequestMemoryRelease:
+	case PauseMemoryRelease:
 		return true
 	default:
 		return false
@@ -1082,16 +1082,16 @@ type NetworkPolicy struct {
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
+// PauseMemory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+type PauseMemory string
+
 // PauseRequest defines model for PauseRequest.
 type PauseRequest struct {
-	// Memory `release` saves a microVM's memory to its state directory and ends its QEMU while
-	// it is paused (the memory goes back to the host); `keep` (the default) keeps it.
-	Memory *PauseRequestMemory `json:"memory,omitempty"`
+	// Memory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+	// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+	Memory *PauseMemory `json:"memory,omitempty"`
 }
-
-// PauseRequestMemory `release` saves a microVM's memory to its state directory and ends its QEMU while
-// it is paused (the memory goes back to the host); `keep` (the default) keeps it.
-type PauseRequestMemory string
 
 // PortLink defines model for PortLink.
 type PortLink struct {
@@ -9373,6 +9373,8 @@ type PauseSandboxResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -9413,6 +9415,11 @@ func (r PauseSandboxResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PauseSandboxResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -14482,6 +14489,13 @@ func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked

@@ -1405,14 +1405,15 @@ export interface components {
             disk_mb?: number;
         };
         PauseRequest: {
-            /**
-             * @description `release` saves a microVM's memory to its state directory and ends its QEMU while
-             *     it is paused (the memory goes back to the host); `keep` (the default) keeps it.
-             * @default keep
-             * @enum {string}
-             */
-            memory: "keep" | "release";
+            memory?: components["schemas"]["PauseMemory"];
         };
+        /**
+         * @description `release` saves a microVM's memory to its state directory and ends its QEMU while it
+         *     is paused (the memory goes back to the host); `keep` (the default) keeps it.
+         * @default keep
+         * @enum {string}
+         */
+        PauseMemory: "keep" | "release";
         CreateSandboxRequest: {
             /** @description The id to give the sandbox; the server picks one when absent. */
             id?: components["schemas"]["SandboxID"];
@@ -2510,6 +2511,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -4271,7 +4273,7 @@ export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValue
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
-export const pauseRequestMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseRequest"]["memory"]> = ["keep", "release"];
+export const pauseMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseMemory"]> = ["keep", "release"];
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
 export const runtimeStatusStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["state"]> = ["ready", "probing", "unavailable"];
 export const runtimeStatusAcceleratorValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator"]> = ["kvm", "tcg"];
