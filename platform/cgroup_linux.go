@@ -328,8 +328,14 @@ func (c *Cgroup) OpenDir() (*os.File, error) {
 // EnterThread moves the calling OS thread, and no other, into the cgroup (cgroup v1 only: v1
 // lets the threads of one process live in different cgroups). A process that thread then
 // forks is born inside the cgroup, and a cgroup namespace it creates is rooted there. The
-// caller must hold runtime.LockOSThread for the whole time; the returned function moves the
-// thread back to where it was.
+// caller must hold runtime.LockOSThread for the whole time, and call the returned function,
+// which moves the thread back to where it was, on that same thread.
+//
+// The thread is named by writing "0" (the writer itself) to each hierarchy's tasks file, not
+// its tid: the kernel (since 6.0) moves the writing thread alone without taking
+// cgroup_threadgroup_rwsem for writing, whose percpu_down_write waits for an RCU grace period
+// (about 11 ms on this host, once per hierarchy that the lock is idle) when a tid is written.
+// Older kernels take "0" as the writer too and pay the wait as before.
 func (c *Cgroup) EnterThread() (leave func() error, err error) {
 	if c.v2 {
 		return nil, fmt.Errorf("platform: moving one thread needs cgroup v1; use OpenDir on v2")
@@ -348,7 +354,7 @@ func (c *Cgroup) EnterThread() (leave func() error, err error) {
 		var first error
 		for _, ctl := range moved {
 			dir := filepath.Join(v1[ctl], prev[ctl])
-			if err := writeCgroupFile(dir, "tasks", strconv.Itoa(tid)); err != nil && first == nil {
+			if err := writeCgroupFile(dir, "tasks", "0"); err != nil && first == nil {
 				first = err
 			}
 		}
@@ -359,7 +365,7 @@ func (c *Cgroup) EnterThread() (leave func() error, err error) {
 			_ = back()
 			return nil, fmt.Errorf("platform: thread %d has no %s cgroup", tid, ctl)
 		}
-		if err := writeCgroupFile(c.dirs[ctl], "tasks", strconv.Itoa(tid)); err != nil {
+		if err := writeCgroupFile(c.dirs[ctl], "tasks", "0"); err != nil {
 			_ = back()
 			return nil, err
 		}

@@ -28,3 +28,22 @@ func WriteFileDurable(dir, name string, data []byte, perm fs.FileMode) error {
 func WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
 	return FS{}.WriteFileDurableAt(dir, name, data, perm)
 }
+
+// WriteFileAtomic is WriteFileAtomicAt for the directory at dir (a final component that is a
+// link is refused).
+func WriteFileAtomic(dir, name string, data []byte, perm fs.FileMode) error {
+	d, err := OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return WriteFileAtomicAt(d, name, data, perm)
+}
+
+// WriteFileAtomicAt is WriteFileDurableAt without its two fsyncs: readers see the old content
+// or the new, never a mix, and a crash of the process changes nothing of that (the page cache
+// keeps both writes), but after a crash of the host the file may hold the old content, the
+// new, or nothing. For what is worthless after a reboot: the callers say why theirs is.
+func WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return FS{}.WriteFileAtomicAt(dir, name, data, perm)
+}

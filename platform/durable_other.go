@@ -14,3 +14,7 @@ func WriteFileDurable(dir, name string, data []byte, perm fs.FileMode) error { r
 func WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
 	return ErrUnsupported
 }
+func WriteFileAtomic(dir, name string, data []byte, perm fs.FileMode) error { return ErrUnsupported }
+func WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return ErrUnsupported
+}

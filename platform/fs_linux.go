@@ -15,7 +15,19 @@ import (
 // WriteFileDurableAt is [WriteFileDurableAt] through f: the temp file's creation, its write,
 // its fsync, the rename and the directory's fsync each ask f.Fault first, and so does the
 // removal of the temp file after a failure.
-func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) (err error) {
+func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return f.writeFileAt(dir, name, data, perm, true)
+}
+
+// WriteFileAtomicAt is [WriteFileAtomicAt] through f, asking f.Fault as WriteFileDurableAt
+// does about each of its steps (it has no fsync).
+func (f FS) WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return f.writeFileAt(dir, name, data, perm, false)
+}
+
+// writeFileAt replaces name in dir with data through a temporary file renamed over it, both
+// synced when durable.
+func (f FS) writeFileAt(dir *os.File, name string, data []byte, perm fs.FileMode, durable bool) (err error) {
 	if err := checkName("write", name); err != nil {
 		return err
 	}
@@ -46,9 +58,11 @@ func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.F
 		file.Close()
 		return err
 	}
-	if err := f.sync(dir, tmp, file); err != nil {
-		file.Close()
-		return err
+	if durable {
+		if err := f.sync(dir, tmp, file); err != nil {
+			file.Close()
+			return err
+		}
 	}
 	if err := file.Close(); err != nil {
 		return err
@@ -63,6 +77,9 @@ func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.F
 		return &os.LinkError{Op: "rename", Old: filepath.Join(dir.Name(), tmp), New: path, Err: err}
 	}
 	renamed = true
+	if !durable {
+		return nil
+	}
 	// A failed directory sync must be reported: without it the new content may not survive a
 	// crash.
 	if serr := f.SyncDir(dir); serr != nil {

@@ -164,3 +164,40 @@ func TestFSRenameNoReplaceAt(t *testing.T) {
 		t.Fatalf("c reads %q", got)
 	}
 }
+
+// TestFSWriteFileAtomicAt: an atomic write makes the steps of a durable one but its two
+// fsyncs, replaces the old content whole, sets the mode exactly, and refuses a target that is
+// not a regular file.
+func TestFSWriteFileAtomicAt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rec"), []byte("old content"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	count, list := failAt(0, nil)
+	if err := count.WriteFileAtomicAt(d, "rec", []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if want := []Op{OpCreate, OpWrite, OpRename}; !slices.Equal(list(), want) {
+		t.Fatalf("an atomic write made %v, want %v", list(), want)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "rec"))
+	fi, serr := os.Stat(filepath.Join(dir, "rec"))
+	if err != nil || serr != nil || string(b) != "new" || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("after the write: %q %v, mode %v %v", b, err, fi.Mode(), serr)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("the directory holds %d entries, want the record alone", len(ents))
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFileAtomicAt(d, "sub", []byte("x"), 0o600); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("an atomic write over a directory: %v, want ErrNotRegular", err)
+	}
+}

@@ -13,6 +13,9 @@ import (
 func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
 	return ErrUnsupported
 }
+func (f FS) WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return ErrUnsupported
+}
 
 func (f FS) RenameNoReplaceAt(dir *os.File, old, new string) error { return ErrUnsupported }
 

@@ -41,9 +41,18 @@
 //
 //	sudo go run ./cmd/sandboxload bench
 //
+// # Teardown
+//
+// `sandboxload teardown --sandboxes N --clients C` starts N sandboxes (C at a time), then
+// stops (forced) and deletes every one of them from C clients, and prints the rate of that
+// second phase against issue 17's goal of 100 stop+deletes a second: how fast a host full of
+// running sandboxes empties, which depends on how much of the stop path scales with the
+// number of sandboxes still running. --disk-mb sets the disk of each sandbox (0: none), so
+// that the share of the disk's unmount in a stop shows.
+//
 // # Authentication
 //
-// Both modes send the token of --token-file, else the one sandboxd generated into its state
+// Every mode sends the token of --token-file, else the one sandboxd generated into its state
 // root (<--root>/token, by default .sandboxd/token as sandboxd's own default), else none.
 //
 // # Safety

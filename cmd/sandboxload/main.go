@@ -67,6 +67,9 @@ func run(args []string, stdout, stderr io.Writer) (int, error) {
 	if len(args) > 0 && args[0] == "bench" {
 		return runBench(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "teardown" {
+		return runTeardown(args[1:], stdout, stderr)
+	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -3,6 +3,7 @@
 package namespace
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -80,4 +81,9 @@ func checkNoLeaks() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// waitGone waits until id no longer runs or ctx ends.
+func waitGone(ctx context.Context, id platform.ProcessID) error {
+	return platform.WaitExit(ctx, id)
 }
