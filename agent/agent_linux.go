@@ -77,7 +77,7 @@ func RunContext(ctx context.Context, cfg Config) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := control.Serve(conn, cfg.Capability, handler)
+				err := control.Serve(conn, a.capability(), handler)
 				connMu.Lock()
 				delete(conns, conn)
 				connMu.Unlock()
@@ -165,8 +165,16 @@ type agent struct {
 
 var _ control.Handler = (*agent)(nil)
 
+// capability is the capability a new connection must present.
+func (a *agent) capability() []byte {
+	if a.cfg.CapabilityFunc != nil {
+		return a.cfg.CapabilityFunc()
+	}
+	return a.cfg.Capability
+}
+
 func newAgent(cfg Config) (*agent, error) {
-	if len(cfg.Capability) == 0 {
+	if len(cfg.Capability) == 0 && (cfg.CapabilityFunc == nil || len(cfg.CapabilityFunc()) == 0) {
 		return nil, errors.New("agent: no capability: refusing to serve a socket anyone could drive")
 	}
 	a := &agent{

@@ -26,6 +26,10 @@ type Config struct {
 	Listener net.Listener
 	// Capability is the launch's secret every connection must present in its hello.
 	Capability []byte
+	// CapabilityFunc, if set, is asked for the capability at each connection instead: a
+	// microVM restored from a memory state runs the saved agent on, under the new launch's
+	// capability, which its init learns after the agent started.
+	CapabilityFunc func() []byte
 	// DefaultEnv entries (K=V) are set for every workload, over the built-in defaults (PATH,
 	// HOME, USER, LOGNAME, TERM with a tty) and under the request's own.
 	DefaultEnv []string

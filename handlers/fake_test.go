@@ -148,6 +148,10 @@ func (f *fakeSupervisor) Pause(_ context.Context, id string) (*supervisor.Status
 	return f.setState(id, supervisor.StatePaused)
 }
 
+func (f *fakeSupervisor) PauseReleasing(_ context.Context, id string) (*supervisor.Status, error) {
+	return f.setState(id, supervisor.StatePaused)
+}
+
 func (f *fakeSupervisor) Resume(_ context.Context, id string) (*supervisor.Status, error) {
 	return f.setState(id, supervisor.StateRunning)
 }

@@ -33,6 +33,7 @@ type Supervisor interface {
 	Deprovision(ctx context.Context, id string) error
 	Delete(ctx context.Context, id string, force bool) error
 	Pause(ctx context.Context, id string) (*supervisor.Status, error)
+	PauseReleasing(ctx context.Context, id string) (*supervisor.Status, error)
 	Resume(ctx context.Context, id string) (*supervisor.Status, error)
 	SetTimeout(ctx context.Context, id string, lt *supervisor.Lifetime) (*supervisor.Status, error)
 	Logs(id string, tail int) ([]byte, error)

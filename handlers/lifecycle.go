@@ -17,7 +17,17 @@ const defaultWait = 60 * time.Second
 func (h *Handlers) PauseSandbox(ctx context.Context, req openapi.PauseSandboxRequestObject) (openapi.PauseSandboxResponseObject, error) {
 	ctx, cancel := deadline(ctx, req.Params.Timeout, defaultTimeout)
 	defer cancel()
-	st, err := h.sup.Pause(ctx, req.ID)
+	pause := h.sup.Pause
+	if req.Body != nil && req.Body.Memory != nil {
+		switch *req.Body.Memory {
+		case openapi.PauseMemoryRelease:
+			pause = h.sup.PauseReleasing
+		case openapi.PauseMemoryKeep:
+		default:
+			return nil, errcode.Invalid("memory", "memory is keep or release, not %q.", *req.Body.Memory)
+		}
+	}
+	st, err := pause(ctx, req.ID)
 	if err != nil {
 		return nil, err
 	}

@@ -83,7 +83,8 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 		creq.Labels = *body.Labels
 	}
 	if body.Template != nil {
-		creq.Clone = &supervisor.CloneRequest{Template: *body.Template, Generation: deref(body.Generation), Image: creq.Image}
+		creq.Clone = &supervisor.CloneRequest{Template: *body.Template, Generation: deref(body.Generation), Image: creq.Image,
+			Runtime: creq.Runtime, DiskDefault: body.Resources == nil || body.Resources.DiskMb == nil}
 		// The disk is the clone's own; the limits it names override the generation's, the
 		// others are the generation's, not the server's defaults.
 		if chosen {

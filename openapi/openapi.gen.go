@@ -236,6 +236,24 @@ func (e OnTimeout) Valid() bool {
 	}
 }
 
+// Defines values for PauseMemory.
+const (
+	PauseMemoryKeep    PauseMemory = "keep"
+	PauseMemoryRelease PauseMemory = "release"
+)
+
+// Valid indicates whether the value is a known member of the PauseMemory enum.
+func (e PauseMemory) Valid() bool {
+	switch e {
+	case PauseMemoryKeep:
+		return true
+	case PauseMemoryRelease:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for RuntimeKind.
 const (
 	RuntimeKindMicrovm   RuntimeKind = "microvm"
@@ -1063,6 +1081,17 @@ type NetworkPolicy struct {
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
+// PauseMemory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+type PauseMemory string
+
+// PauseRequest defines model for PauseRequest.
+type PauseRequest struct {
+	// Memory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+	// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+	Memory *PauseMemory `json:"memory,omitempty"`
+}
+
 // PortLink defines model for PortLink.
 type PortLink struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1708,6 +1737,9 @@ type ExecCommandJSONRequestBody = ExecRequest
 
 // SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
 type SetSandboxNetworkJSONRequestBody = NetworkPolicy
+
+// PauseSandboxJSONRequestBody defines body for PauseSandbox for application/json ContentType.
+type PauseSandboxJSONRequestBody = PauseRequest
 
 // CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
 type CreatePortLinkJSONRequestBody = PortLinkRequest
@@ -6378,6 +6410,7 @@ func (response SetSandboxNetwork503ApplicationProblemPlusJSONResponse) VisitSetS
 type PauseSandboxRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params PauseSandboxParams
+	Body   *PauseSandboxJSONRequestBody
 }
 
 type PauseSandboxResponseObject interface {
@@ -6477,6 +6510,22 @@ func (response PauseSandbox409ApplicationProblemPlusJSONResponse) VisitPauseSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox413ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -9732,6 +9781,16 @@ func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id
 
 	request.ID = id
 	request.Params = params
+
+	var body PauseSandboxJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		if !errors.Is(err, io.EOF) {
+			sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+			return
+		}
+	} else {
+		request.Body = &body
+	}
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.PauseSandbox(ctx, request.(PauseSandboxRequestObject))

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/platform"
@@ -62,6 +63,18 @@ type Spec struct {
 	// exist from the start, a VM's NIC, makes it only then; the namespace runtime gives every
 	// sandbox a network namespace of its own either way.
 	Network bool `json:"network,omitempty"`
+	// Restore, when set, restores the memory state of the generation in Lowers rather than
+	// booting (a [MemoryCapturer]'s generation): the processes that ran at the capture run
+	// on, on a disk of the sandbox's own over the generation's, made anew. The supervisor
+	// sets it only for a generation that is eligible by its time contract.
+	Restore *Restore `json:"restore,omitempty"`
+}
+
+// Restore is a launch that restores a saved memory state.
+type Restore struct {
+	// ClockAdvance is the state's downtime by the generation's time contract: the guest's
+	// clock, stopped at the capture, is advanced by it.
+	ClockAdvance time.Duration `json:"clock_advance"`
 }
 
 // Validate checks the parts of a spec that every runtime relies on.
@@ -254,6 +267,23 @@ const (
 type ResourcePinner interface {
 	// PinsCloneResources reports whether a clone must have its generation's resources.
 	PinsCloneResources() bool
+}
+
+// MemoryCapturer is a [LiveLayerer] whose live layer is a snapshot of the whole running
+// sandbox: its memory and device state with its disk, taken while the supervisor holds it
+// frozen, which a clone's launch restores (Spec.Restore) so that what ran at the capture runs
+// on. Its generations pin their resources ([ResourcePinner]).
+type MemoryCapturer interface {
+	// CapturesMemory reports whether the runtime's captures hold memory.
+	CapturesMemory() bool
+}
+
+// MemoryReleaser is a [Pauser] that can pause a sandbox with its memory released: saved to
+// its state directory and given back to the host, the launch living on. Thaw restores it, and
+// Frozen reads it frozen meanwhile.
+type MemoryReleaser interface {
+	// ReleaseMemory saves the running sandbox's memory and releases it.
+	ReleaseMemory(ctx context.Context, sandboxID, dir string) error
 }
 
 // LiveLayerer is a Runtime that can open a running sandbox's writable layer for a capture,

@@ -70,6 +70,9 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 	}
 	p := provisioning{pending: req.Start, lifetime: req.Lifetime}
 	if req.Clone != nil {
+		if req.Clone.Runtime == "" {
+			req.Clone.Runtime = req.Runtime
+		}
 		st, err := s.clone(ctx, cfg, *req.Clone, p)
 		if err != nil || !req.Start {
 			return st, err

@@ -15,7 +15,7 @@ type Declaration struct {
 // DeclaredEntries are the names that [New] declares to the store for a supervisor over rts,
 // each once: the supervisor's own ([ExecLockName], [CapabilityName], [LogName]), the clone
 // binding ([template.BindingFile]), the lifecycle's records ([PendingName], [LifetimeName],
-// [PausedName]), and the union of rts' [runtime.Runtime.DeclaredEntries]. The
+// [PausedName], [RestoreName]), and the union of rts' [runtime.Runtime.DeclaredEntries]. The
 // consistency checker asks it what a state directory may hold besides the store's records.
 func DeclaredEntries(rts ...runtime.Runtime) []Declaration {
 	var out []Declaration
@@ -26,7 +26,7 @@ func DeclaredEntries(rts ...runtime.Runtime) []Declaration {
 			out = append(out, Declaration{Name: name, Kind: kind})
 		}
 	}
-	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName, PendingName, LifetimeName, PausedName} {
+	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName, PendingName, LifetimeName, PausedName, RestoreName} {
 		add(name, store.EntryFile)
 	}
 	add(ImageFilesName, store.EntryDir)

@@ -73,6 +73,13 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	if err != nil {
 		return err
 	}
+	restore, err := s.restoreFor(l, cfg)
+	if err != nil {
+		return err
+	}
+	if restore != nil && s.net.mgr != nil && s.rulesOf(cfg).Networked() {
+		return errNetworkedMemory(cfg.ID, "restore a memory generation into a microVM with a network (its saved devices have no NIC)")
+	}
 	// No process of an earlier launch can run now (reattach made sure), so staging leftovers
 	// of its outcome report are garbage.
 	if err := l.CleanStaging(); err != nil {
@@ -114,6 +121,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Capability: capability,
 		Hostname:   cfg.ID,
 		Network:    s.net.mgr != nil && s.rulesOf(cfg).Networked(),
+		Restore:    restore,
 	}
 	proc, err := rt.Start(ctx, spec)
 	if err != nil {
@@ -137,6 +145,14 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
 		return errcode.Wrap(errcode.StartTimeout, err,
 			"Sandbox %s did not come up: %v. The end of its log:\n%s", cfg.ID, err, s.logTail(l.Dir(), 20))
+	}
+	if restore != nil {
+		if err := restored(l.Dir()); err != nil {
+			client.Close()
+			s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
+			return err
+		}
+		s.crash("restored")
 	}
 	if err := s.attachLaunchNetwork(ctx, l, cfg, proc, client); err != nil {
 		client.Close()

@@ -129,6 +129,14 @@ func (s *Supervisor) rulesOf(cfg *store.Config) *network.Rules {
 	return rules
 }
 
+// errNetworkedMemory refuses what a microVM's memory cannot yet do with a network: a
+// capture (a clone would restore its NIC with the source's identity), a clone or first start
+// restoring a memory generation with a network policy (the saved devices have no NIC), and a
+// release (QEMU's network namespace, which holds the sandbox's eth0, ends with it).
+func errNetworkedMemory(id, what string) error {
+	return errcode.New(errcode.Unavailable, "Sandbox %s: sandboxd cannot yet %s; remove its network policy (PUT /network with {}) while it is stopped, or do without the memory.", id, what)
+}
+
 // openNetNS opens the network namespace of the sandbox whose runtime process is proc: its
 // init's, found by the runtime, and checked after the open to be still that process's child,
 // so that a pid reused meanwhile is never taken for the init.

@@ -9,6 +9,7 @@ import (
 	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/store/template"
 )
 
 // PausedName is the pause record, and pausedFormat its record format.
@@ -36,7 +37,15 @@ type pauseRecord struct {
 	Format   int       `json:"format"`
 	LaunchID string    `json:"launch_id"`
 	At       time.Time `json:"at"`
+	// Memory is "released" for a pause that saved the sandbox's memory and gave it back to
+	// the host ([runtime.MemoryReleaser]); Time is then the time contract of the release,
+	// by which a resume checks its downtime as a clone's restore checks its generation's.
+	Memory string                 `json:"memory,omitempty"`
+	Time   *template.TimeContract `json:"time,omitempty"`
 }
+
+// MemoryReleased is a pause record's Memory of a pause that released the memory.
+const MemoryReleased = "released"
 
 func readPause(dir string) (*pauseRecord, error) {
 	var p pauseRecord
@@ -76,11 +85,26 @@ func pauserOf(rt runtime.Runtime) (runtime.Pauser, error) {
 // Pause freezes every process of a running sandbox. Pausing a paused sandbox is not an
 // error. Exec, files and streams are refused while it is paused (sandbox-paused); stop and
 // a forced delete thaw it first.
-func (s *Supervisor) Pause(ctx context.Context, id string) (_ *Status, err error) {
+func (s *Supervisor) Pause(ctx context.Context, id string) (*Status, error) {
+	return s.pause(ctx, id, false)
+}
+
+// PauseReleasing pauses a running sandbox and releases its memory: saved to its state
+// directory and given back to the host ([runtime.MemoryReleaser], the microvm runtime), the
+// launch living on; Resume restores it. A sandbox paused already has its memory released.
+func (s *Supervisor) PauseReleasing(ctx context.Context, id string) (*Status, error) {
+	return s.pause(ctx, id, true)
+}
+
+func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Status, err error) {
 	defer s.observe("pause", time.Now(), &err)
 	p, err := s.sandboxPauser(id)
 	if err != nil {
 		return nil, err
+	}
+	mr, canRelease := p.(runtime.MemoryReleaser)
+	if release && !canRelease {
+		return nil, errcode.New(errcode.Unavailable, "Sandbox %s's runtime cannot release a paused sandbox's memory; pause it without \"memory\": \"release\".", id)
 	}
 	l, _, err := s.lockProvisioned(ctx, id)
 	if err != nil {
@@ -96,10 +120,30 @@ func (s *Supervisor) Pause(ctx context.Context, id string) (_ *Status, err error
 		return nil, mismatchError(id)
 	case r.state != StateRunning:
 		return nil, errcode.New(errcode.NotRunning, "Sandbox %s is not running, so it cannot be paused.", id)
-	case r.paused:
+	case r.paused && !release:
 		return s.Status(id)
 	}
+	if release {
+		if cfg, err := l.Config(); err == nil && s.net.mgr != nil && s.rulesOf(cfg).Networked() {
+			return nil, errNetworkedMemory(id, "release the memory of a microVM with a network")
+		}
+	}
 	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC()}
+	if r.paused {
+		if rec, err = readPause(l.Dir()); err != nil || rec == nil {
+			return nil, errcode.Wrap(errcode.Internal, err, "The pause record of sandbox %s does not read.", id)
+		}
+		if rec.Memory == MemoryReleased {
+			return s.Status(id)
+		}
+	}
+	if release {
+		now, err := s.timeNow()
+		if err != nil {
+			return nil, err
+		}
+		rec.Memory, rec.Time = MemoryReleased, &now
+	}
 	data, err := record.Encode(rec)
 	if err != nil {
 		return nil, err
@@ -108,20 +152,68 @@ func (s *Supervisor) Pause(ctx context.Context, id string) (_ *Status, err error
 		return nil, err
 	}
 	s.crash("pause-recorded")
-	if err := p.Freeze(ctx, id, l.Dir()); err != nil {
-		// Undo: the sandbox runs on, and the record must not say otherwise.
+	if release {
+		err = mr.ReleaseMemory(ctx, id, l.Dir())
+		s.dropClient(id) // its session was the released guest's
+	} else {
+		err = p.Freeze(ctx, id, l.Dir())
+	}
+	if err != nil {
+		// Undo: the sandbox runs on (or stays paused, its memory kept), and the record must
+		// not say otherwise.
 		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
-		if rerr := removePause(l.Dir()); rerr == nil {
+		if r.paused {
+			rec.Memory, rec.Time = "", nil
+			if data, eerr := record.Encode(rec); eerr == nil {
+				_ = platform.WriteFileDurable(l.Dir(), PausedName, data, record.Perm)
+			}
+		} else if rerr := removePause(l.Dir()); rerr == nil {
 			_ = p.Thaw(cctx, id, l.Dir())
 		}
 		if ctx.Err() != nil {
-			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s did not freeze within the timeout and runs on; retry, with a longer timeout.", id)
+			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s did not pause within the timeout and runs on; retry, with a longer timeout.", id)
 		}
 		return nil, err
 	}
 	s.emit(Event{Type: EventPaused, Sandbox: id, State: StatePaused})
 	return s.Status(id)
+}
+
+// timeNow is the host's time contract now, the template store's clock when there is one.
+func (s *Supervisor) timeNow() (template.TimeContract, error) {
+	if s.templates != nil {
+		return s.templates.Now()
+	}
+	return template.HostNow()
+}
+
+// maxDowntime is the restore window: the template store's maximum age of a generation, which
+// a released pause's memory shares.
+func (s *Supervisor) maxDowntime() time.Duration {
+	if s.templates != nil {
+		return s.templates.MaxAge()
+	}
+	return template.DefaultMaxAge
+}
+
+// checkReleased refuses the resume of a pause whose memory was released when its downtime, by
+// the release's time contract, is negative (early) or beyond the restore window (expired),
+// as a clone's restore is refused.
+func (s *Supervisor) checkReleased(id string, pr *pauseRecord) error {
+	if pr.Memory != MemoryReleased || pr.Time == nil {
+		return nil
+	}
+	now, err := s.timeNow()
+	if err != nil {
+		return err
+	}
+	elig, down := template.EligibilityAt(*pr.Time, now, s.maxDowntime())
+	if elig != template.Eligible {
+		return errcode.New(errcode.TemplateIneligible, "Sandbox %s was paused with its memory released %v ago and is %s (restore window %v): its memory cannot be restored. Stop it, which discards the memory, and start it again.",
+			id, down.Round(time.Millisecond), elig, s.maxDowntime())
+	}
+	return nil
 }
 
 // Resume thaws a paused sandbox. Resuming a running sandbox that is not paused is not an
@@ -158,6 +250,9 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkReleased(id, pr); err != nil {
+		return nil, err
+	}
 	if err := removePause(l.Dir()); err != nil {
 		return nil, err
 	}
@@ -173,28 +268,36 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 		}
 		return nil, err
 	}
+	if pr.Memory == MemoryReleased {
+		s.dropClient(id) // a session of before the release is gone
+	}
 	s.emit(Event{Type: EventResumed, Sandbox: id, State: StateRunning})
 	return s.Status(id)
 }
 
-// thawForStop thaws a sandbox before a stop ends it, and removes its pause record.
-func (s *Supervisor) thawForStop(ctx context.Context, l *store.Lock) error {
+// thawForStop thaws a sandbox before a stop ends it, and removes its pause record. A sandbox
+// whose memory is released is not restored to be stopped: released says so, and the stop
+// ends its launch by force (there is no guest to shut down gracefully), discarding the memory.
+func (s *Supervisor) thawForStop(ctx context.Context, l *store.Lock) (released bool, err error) {
 	rec, err := readPause(l.Dir())
 	if err != nil || rec == nil {
-		return err
+		return false, err
 	}
 	if err := removePause(l.Dir()); err != nil {
-		return err
+		return false, err
+	}
+	if rec.Memory == MemoryReleased {
+		return true, nil
 	}
 	rt, err := s.lockedRuntime(l)
 	if err != nil {
-		return err
+		return false, err
 	}
 	p, ok := rt.(runtime.Pauser)
 	if !ok {
-		return nil
+		return false, nil
 	}
-	return p.Thaw(ctx, l.ID(), l.Dir())
+	return false, p.Thaw(ctx, l.ID(), l.Dir())
 }
 
 // reconcilePause makes the freezer state of the sandbox l locks agree with its pause record

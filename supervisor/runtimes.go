@@ -291,19 +291,16 @@ func (s *Supervisor) launchProcesses(rt runtime.Runtime, dir string, proc platfo
 	return out, nil
 }
 
-// checkCreateRuntime refuses what a create asks of a runtime that it cannot give: a clone
-// under another runtime than the default (generations are captured under the default
-// runtime alone for now), or a network for a runtime without network namespaces. A create
-// that names no runtime gets the default, which provision checks as for every sandbox.
+// checkCreateRuntime refuses what a create asks of a runtime that it cannot give: a network
+// for a runtime without network namespaces. A create that names no runtime gets the default
+// (a clone its generation's), which provision checks as for every sandbox; a clone that names
+// one must name its generation's (see [Supervisor.keyMismatch]).
 func (s *Supervisor) checkCreateRuntime(req CreateRequest) error {
 	if req.Runtime == "" {
 		return nil
 	}
 	if err := s.checkRuntime(req.Runtime); err != nil {
 		return err
-	}
-	if req.Clone != nil && req.Runtime != s.rt.Kind() {
-		return errcode.Invalid("runtime", "A clone runs under the %s runtime, whose generations it restores; leave out runtime.", s.rt.Kind())
 	}
 	rules, err := s.parseNetwork(req.Network)
 	if err != nil {

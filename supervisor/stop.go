@@ -53,10 +53,11 @@ func (s *Supervisor) stopLocked(ctx context.Context, l *store.Lock, rec *store.R
 	if err != nil {
 		return nil, err
 	}
-	if err := s.thawForStop(ctx, l); err != nil {
+	released, err := s.thawForStop(ctx, l)
+	if err != nil {
 		return nil, err
 	}
-	if force {
+	if force || released {
 		if err := rt.Kill(ctx, l.Dir(), proc); err != nil {
 			return nil, err
 		}

@@ -172,7 +172,7 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	if !ok {
 		return none, nil, errcode.New(errcode.SandboxLaunched, "Sandbox %s is running and the %s runtime captures stopped sandboxes only; stop it before capturing it.", id, rt.Kind())
 	}
-	p, err := s.pauser()
+	p, err := pauserOf(rt)
 	if err != nil {
 		return none, nil, errcode.Wrap(errcode.SandboxLaunched, err, "Sandbox %s is running and this server cannot freeze it for a capture; stop it before capturing it.", id)
 	}
@@ -185,7 +185,7 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 		s.crash("capture-frozen")
 		return at, nil
 	}
-	if cfg.DiskMB == 0 {
+	if cfg.DiskMB == 0 && !capturesMemory(rt) {
 		layer, _, err := live.OpenLiveLayer(ctx, id, l.Dir(), false)
 		if err != nil {
 			return none, nil, layerError(id, err)
@@ -202,11 +202,26 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 			},
 		}, layer, nil
 	}
+	// A snapshot: of the sandbox's own disk, or of a VM's memory with its disk. The sandbox
+	// is frozen only until the snapshot is taken.
+	var at *template.TimeContract
+	if capturesMemory(rt) {
+		if s.net.mgr != nil && s.rulesOf(cfg).Networked() {
+			return none, nil, errNetworkedMemory(id, "capture the memory of a microVM with a network")
+		}
+		// The memory holds the moment it stopped: the generation's time contract is read
+		// then, so that a clone's downtime (its clock's advance) counts from it.
+		now, err := s.templates.Now()
+		if err != nil {
+			return none, nil, err
+		}
+		at = &now
+	}
 	frozenAt, err := freeze()
 	if err != nil {
 		return none, nil, err
 	}
-	layer, snapshot, err := live.OpenLiveLayer(ctx, id, l.Dir(), true)
+	layer, snapshot, err := live.OpenLiveLayer(ctx, id, l.Dir(), cfg.DiskMB > 0)
 	if err == nil && !snapshot {
 		layer.Close()
 		err = errors.New("the runtime has no snapshot of a sandbox's own disk")
@@ -219,7 +234,14 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	return template.CaptureHooks{
 		Hold:    func() error { return nil },
 		Release: func() time.Duration { return held },
+		Time:    at,
 	}, layer, nil
+}
+
+// capturesMemory reports whether rt's captures of a running sandbox hold its memory.
+func capturesMemory(rt runtime.Runtime) bool {
+	m, ok := rt.(runtime.MemoryCapturer)
+	return ok && m.CapturesMemory()
 }
 
 func layerError(id string, err error) error {
@@ -250,6 +272,12 @@ type CloneRequest struct {
 	Generation string // "" for the latest eligible, non-tombstoned generation of a matching key
 	Image      string
 	Resources  *store.Resources
+	// Runtime, when set, must be the kind the generation was captured under; a clone runs
+	// under that kind either way.
+	Runtime string
+	// DiskDefault says the create's disk size is the server's default, not the request's: a
+	// clone of a generation of another runtime than the default (microvm) gets none.
+	DiskDefault bool
 }
 
 // cloneResources is what a clone of a generation captured with k runs with: the fields req
@@ -270,11 +298,17 @@ func cloneResources(k store.Resources, req *store.Resources) store.Resources {
 	return k
 }
 
-// pinsResources reports whether this server's runtime needs a clone's resources equal to its
-// generation's.
-func (s *Supervisor) pinsResources() bool {
-	p, ok := s.rt.(runtime.ResourcePinner)
+// pinsResources reports whether rt needs a clone's resources equal to its generation's.
+func pinsResources(rt runtime.Runtime) bool {
+	p, ok := rt.(runtime.ResourcePinner)
 	return ok && p.PinsCloneResources()
+}
+
+// keyKind is the runtime kind a generation was captured under: its key's runtime identity
+// begins with it ("namespace/p3/...", "microvm/p3/...").
+func keyKind(k template.Key) string {
+	kind, _, _ := strings.Cut(k.Runtime, "/")
+	return kind
 }
 
 // Clone provisions a sandbox whose lower layer is a template generation, and leases that
@@ -297,9 +331,6 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := template.ValidateName(req.Template); err != nil {
 		return nil, err
 	}
-	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
-		return nil, err
-	}
 	tx, err := s.templates.Lock(ctx)
 	if err != nil {
 		return nil, err
@@ -312,6 +343,24 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	g, err := s.pickGeneration(tx, req, now)
 	if err != nil {
 		return nil, err
+	}
+	// The clone runs under the runtime its generation was captured under.
+	rt, err := s.runtimeOf(keyKind(g.Key))
+	if err != nil {
+		return nil, err
+	}
+	if rt != s.rt || cfg.Runtime != "" {
+		cfg.Runtime = rt.Kind()
+	}
+	if rt != s.rt && req.DiskDefault {
+		cfg.DiskMB = 0 // the server's default disk is the default runtime's (a loop-mounted image)
+	}
+	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
+		return nil, err
+	}
+	memory := capturesMemory(rt)
+	if memory && s.net.mgr != nil && s.rulesOf(&cfg).Networked() {
+		return nil, errNetworkedMemory(cfg.ID, "restore a memory generation into a microVM with a network (its saved devices have no NIC)")
 	}
 	l, err := s.store.LockForProvision(ctx, cfg.ID)
 	if err != nil {
@@ -337,6 +386,14 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := s.prepare(l, p); err != nil {
 		s.undoProvision(ctx, l)
 		return nil, err
+	}
+	if memory {
+		// Recorded with the provision, before the lease: a crash leaves a clone that the next
+		// start-up removes as an interrupted provision or one whose lease is missing.
+		if err := writeRestore(l.Dir(), req.Template, g.ID); err != nil {
+			s.undoProvision(ctx, l)
+			return nil, err
+		}
 	}
 	lease, err := tx.WriteLease(req.Template, g.ID, cfg.ID)
 	if err == nil {
@@ -403,13 +460,16 @@ func (s *Supervisor) pickGeneration(tx *template.Tx, req CloneRequest, now templ
 
 // keyMismatch says why a generation's key does not fit this server and the request, or "".
 func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
+	rt, err := s.runtimeOf(keyKind(k))
 	switch {
-	case k.Runtime != s.rt.Identity():
+	case err != nil || k.Runtime != rt.Identity():
 		return "it was captured under another sandboxd build or runtime configuration"
+	case req.Runtime != "" && req.Runtime != rt.Kind():
+		return fmt.Sprintf("it was captured under the %s runtime, not %s", rt.Kind(), req.Runtime)
 	case req.Image != "" && req.Image != k.Image:
 		return fmt.Sprintf("it was captured from image %q, not %q", k.Image, req.Image)
-	case s.pinsResources() && cloneResources(k.Resources, req.Resources) != k.Resources:
-		return fmt.Sprintf("the %s runtime runs a clone with its generation's resources only (%s); leave resources out", s.rt.Kind(), k.Resources)
+	case pinsResources(rt) && cloneResources(k.Resources, req.Resources) != k.Resources:
+		return fmt.Sprintf("the %s runtime runs a clone with its generation's resources only (%s); leave resources out", rt.Kind(), k.Resources)
 	}
 	if d, err := s.imageDigest(k.Image); err != nil || d != k.ImageDigest {
 		return fmt.Sprintf("it was captured on image %s %s, which this server no longer holds as it was", k.Image, k.ImageDigest)

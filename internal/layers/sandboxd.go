@@ -22,6 +22,7 @@ var Classes = map[string]Class{
 	// from the runtime binary (the guest init inside the VM): sandbox side.
 	"runtime/microvm/guest":   Sandbox,
 	"runtime/microvm/portmux": Sandbox,
+	"runtime/microvm/qmp":     Sandbox,
 	"runtime/microvm/shim":    Sandbox,
 
 	"check":                     Host,

@@ -238,6 +238,24 @@ func (e OnTimeout) Valid() bool {
 	}
 }
 
+// Defines values for PauseMemory.
+const (
+	PauseMemoryKeep    PauseMemory = "keep"
+	PauseMemoryRelease PauseMemory = "release"
+)
+
+// Valid indicates whether the value is a known member of the PauseMemory enum.
+func (e PauseMemory) Valid() bool {
+	switch e {
+	case PauseMemoryKeep:
+		return true
+	case PauseMemoryRelease:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for RuntimeKind.
 const (
 	RuntimeKindMicrovm   RuntimeKind = "microvm"
@@ -1065,6 +1083,17 @@ type NetworkPolicy struct {
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
+// PauseMemory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+type PauseMemory string
+
+// PauseRequest defines model for PauseRequest.
+type PauseRequest struct {
+	// Memory `release` saves a microVM's memory to its state directory and ends its QEMU while it
+	// is paused (the memory goes back to the host); `keep` (the default) keeps it.
+	Memory *PauseMemory `json:"memory,omitempty"`
+}
+
 // PortLink defines model for PortLink.
 type PortLink struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1762,6 +1791,9 @@ type ExecCommandJSONRequestBody = ExecRequest
 // SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
 type SetSandboxNetworkJSONRequestBody = NetworkPolicy
 
+// PauseSandboxJSONRequestBody defines body for PauseSandbox for application/json ContentType.
+type PauseSandboxJSONRequestBody = PauseRequest
+
 // CreatePortLinkJSONRequestBody defines body for CreatePortLink for application/json ContentType.
 type CreatePortLinkJSONRequestBody = PortLinkRequest
 
@@ -2228,15 +2260,43 @@ type ClientInterface interface {
 	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
 	SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PauseSandbox Pause a running sandbox
+	// PauseSandboxWithBody Pause a running sandbox
 	//
-	// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
-	// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
-	// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
-	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+	// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+	// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+	// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+	// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+	// resume restores it, its processes running on, under the time contract of the release
+	// (as a clone's restore of a generation: a resume beyond the restore window is refused
+	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+	// first, or discard released memory); its lifetime keeps running. A paused sandbox
+	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// is, but for a release of a paused microVM's memory, which is made.
+	//
+	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
-	PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PauseSandboxWithBody(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PauseSandbox Pause a running sandbox
+	//
+	// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+	// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+	// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+	// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+	// resume restores it, its processes running on, under the time contract of the release
+	// (as a clone's restore of a generation: a resume beyond the restore window is refused
+	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+	// first, or discard released memory); its lifetime keeps running. A paused sandbox
+	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// is, but for a release of a paused microVM's memory, which is made.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+	PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreatePortLinkWithBody Make a link that opens the port without the API token
 	//
@@ -2292,8 +2352,11 @@ type ClientInterface interface {
 
 	// ResumeSandbox Resume a paused sandbox
 	//
-	// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
-	// paused answers it as it is.
+	// Thaws a paused sandbox and answers it `running`; a microVM whose memory was released
+	// is restored first, its clock advanced by the downtime, unless the downtime by the
+	// release's time contract is negative or beyond the restore window
+	// (`template-ineligible`: the sandbox stays paused; stop it). Resuming a running sandbox
+	// that is not paused answers it as it is.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
 	ResumeSandbox(ctx context.Context, id SandboxIDPath, params *ResumeSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2409,9 +2472,16 @@ type ClientInterface interface {
 
 	// CaptureGenerationWithBody Capture a sandbox as a new generation
 	//
-	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+	// device state and disk) as a new generation of the template, with the compatibility key
+	// and the time contract of the capture. A running microVM is stopped while its memory
+	// is saved and its disk overlay copied, then runs on; its clones restore that state
+	// (processes that ran at the capture run on in each, under its own host name, machine
+	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+	// the frozen one, and only while the generation is eligible by its time contract (a
+	// start of a clone that would restore an early or expired generation is refused with
+	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -2432,9 +2502,16 @@ type ClientInterface interface {
 
 	// CaptureGeneration Capture a sandbox as a new generation
 	//
-	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+	// device state and disk) as a new generation of the template, with the compatibility key
+	// and the time contract of the capture. A running microVM is stopped while its memory
+	// is saved and its disk overlay copied, then runs on; its clones restore that state
+	// (processes that ran at the capture run on in each, under its own host name, machine
+	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+	// the frozen one, and only while the generation is eligible by its time contract (a
+	// start of a clone that would restore an early or expired generation is refused with
+	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -3166,16 +3243,54 @@ func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params
 	return c.Client.Do(req)
 }
 
-// PauseSandbox Pause a running sandbox
+// PauseSandboxWithBody Pause a running sandbox
 //
-// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
-// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
-// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
-// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+// resume restores it, its processes running on, under the time contract of the release
+// (as a clone's restore of a generation: a resume beyond the restore window is refused
+// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+// first, or discard released memory); its lifetime keeps running. A paused sandbox
+// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// is, but for a release of a paused microVM's memory, which is made.
+//
+// Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
-func (c *Client) PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPauseSandboxRequest(c.Server, id, params)
+func (c *Client) PauseSandboxWithBody(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSandboxRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PauseSandbox Pause a running sandbox
+//
+// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+// resume restores it, its processes running on, under the time contract of the release
+// (as a clone's restore of a generation: a resume beyond the restore window is refused
+// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+// first, or discard released memory); its lifetime keeps running. A paused sandbox
+// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// is, but for a release of a paused microVM's memory, which is made.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+func (c *Client) PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSandboxRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3280,8 +3395,11 @@ func (c *Client) PortTunnel(ctx context.Context, id SandboxIDPath, port PortPath
 
 // ResumeSandbox Resume a paused sandbox
 //
-// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
-// paused answers it as it is.
+// Thaws a paused sandbox and answers it `running`; a microVM whose memory was released
+// is restored first, its clock advanced by the downtime, unless the downtime by the
+// release's time contract is negative or beyond the restore window
+// (`template-ineligible`: the sandbox stays paused; stop it). Resuming a running sandbox
+// that is not paused answers it as it is.
 //
 // Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
 func (c *Client) ResumeSandbox(ctx context.Context, id SandboxIDPath, params *ResumeSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3517,9 +3635,16 @@ func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, par
 
 // CaptureGenerationWithBody Capture a sandbox as a new generation
 //
-// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-// memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+// device state and disk) as a new generation of the template, with the compatibility key
+// and the time contract of the capture. A running microVM is stopped while its memory
+// is saved and its disk overlay copied, then runs on; its clones restore that state
+// (processes that ran at the capture run on in each, under its own host name, machine
+// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+// the frozen one, and only while the generation is eligible by its time contract (a
+// start of a clone that would restore an early or expired generation is refused with
+// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -3550,9 +3675,16 @@ func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNam
 
 // CaptureGeneration Capture a sandbox as a new generation
 //
-// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-// memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+// device state and disk) as a new generation of the template, with the compatibility key
+// and the time contract of the capture. A running microVM is stopped while its memory
+// is saved and its disk overlay copied, then runs on; its clones restore that state
+// (processes that ran at the capture run on in each, under its own host name, machine
+// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+// the frozen one, and only while the generation is eligible by its time contract (a
+// start of a clone that would restore an early or expired generation is refused with
+// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -4976,8 +5108,19 @@ func NewSetSandboxNetworkRequestWithBody(server string, id SandboxIDPath, params
 	return req, nil
 }
 
-// NewPauseSandboxRequest constructs an http.Request for the PauseSandbox method
-func NewPauseSandboxRequest(server string, id SandboxIDPath, params *PauseSandboxParams) (*http.Request, error) {
+// NewPauseSandboxRequest calls the generic PauseSandbox builder with application/json body
+func NewPauseSandboxRequest(server string, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPauseSandboxRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewPauseSandboxRequestWithBody constructs an http.Request for the PauseSandbox method, with any body, and a specified content type
+func NewPauseSandboxRequestWithBody(server string, id SandboxIDPath, params *PauseSandboxParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -5029,10 +5172,12 @@ func NewPauseSandboxRequest(server string, id SandboxIDPath, params *PauseSandbo
 		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -6595,17 +6740,43 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
 	SetSandboxNetworkWithResponse(ctx context.Context, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
 
-	// PauseSandboxWithResponse Pause a running sandbox
+	// PauseSandboxWithBodyWithResponse Pause a running sandbox
 	//
-	// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
-	// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
-	// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
-	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+	// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+	// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+	// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+	// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+	// resume restores it, its processes running on, under the time contract of the release
+	// (as a clone's restore of a generation: a resume beyond the restore window is refused
+	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+	// first, or discard released memory); its lifetime keeps running. A paused sandbox
+	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// is, but for a release of a paused microVM's memory, which is made.
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
-	PauseSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
+	PauseSandboxWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
+
+	// PauseSandboxWithResponse Pause a running sandbox
+	//
+	// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+	// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+	// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+	// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+	// resume restores it, its processes running on, under the time contract of the release
+	// (as a clone's restore of a generation: a resume beyond the restore window is refused
+	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+	// first, or discard released memory); its lifetime keeps running. A paused sandbox
+	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// is, but for a release of a paused microVM's memory, which is made.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+	PauseSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
 
 	// CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
 	//
@@ -6665,8 +6836,11 @@ type ClientWithResponsesInterface interface {
 
 	// ResumeSandboxWithResponse Resume a paused sandbox
 	//
-	// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
-	// paused answers it as it is.
+	// Thaws a paused sandbox and answers it `running`; a microVM whose memory was released
+	// is restored first, its clock advanced by the downtime, unless the downtime by the
+	// release's time contract is negative or beyond the restore window
+	// (`template-ineligible`: the sandbox stays paused; stop it). Resuming a running sandbox
+	// that is not paused answers it as it is.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6798,9 +6972,16 @@ type ClientWithResponsesInterface interface {
 
 	// CaptureGenerationWithBodyWithResponse Capture a sandbox as a new generation
 	//
-	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+	// device state and disk) as a new generation of the template, with the compatibility key
+	// and the time contract of the capture. A running microVM is stopped while its memory
+	// is saved and its disk overlay copied, then runs on; its clones restore that state
+	// (processes that ran at the capture run on in each, under its own host name, machine
+	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+	// the frozen one, and only while the generation is eligible by its time contract (a
+	// start of a clone that would restore an early or expired generation is refused with
+	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -6821,9 +7002,16 @@ type ClientWithResponsesInterface interface {
 
 	// CaptureGenerationWithResponse Capture a sandbox as a new generation
 	//
-	// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-	// memory) as a new generation of the template, with the compatibility key and the time
-	// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+	// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+	// device state and disk) as a new generation of the template, with the compatibility key
+	// and the time contract of the capture. A running microVM is stopped while its memory
+	// is saved and its disk overlay copied, then runs on; its clones restore that state
+	// (processes that ran at the capture run on in each, under its own host name, machine
+	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+	// the frozen one, and only while the generation is eligible by its time contract (a
+	// start of a clone that would restore an early or expired generation is refused with
+	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -9186,6 +9374,8 @@ type PauseSandboxResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -9226,6 +9416,11 @@ func (r PauseSandboxResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PauseSandboxResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -11704,18 +11899,50 @@ func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context,
 	return ParseSetSandboxNetworkResponse(rsp)
 }
 
-// PauseSandboxWithResponse Pause a running sandbox
+// PauseSandboxWithBodyWithResponse Pause a running sandbox
 //
-// Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
-// While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
-// forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
-// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+// resume restores it, its processes running on, under the time contract of the release
+// (as a clone's restore of a generation: a resume beyond the restore window is refused
+// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+// first, or discard released memory); its lifetime keeps running. A paused sandbox
+// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// is, but for a release of a paused microVM's memory, which is made.
 //
-// Returns a wrapper object for the known response body format(s).
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
-func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error) {
-	rsp, err := c.PauseSandbox(ctx, id, params, reqEditors...)
+func (c *ClientWithResponses) PauseSandboxWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error) {
+	rsp, err := c.PauseSandboxWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePauseSandboxResponse(rsp)
+}
+
+// PauseSandboxWithResponse Pause a running sandbox
+//
+// Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+// the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+// `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+// sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+// resume restores it, its processes running on, under the time contract of the release
+// (as a clone's restore of a generation: a resume beyond the restore window is refused
+// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+// first, or discard released memory); its lifetime keeps running. A paused sandbox
+// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// is, but for a release of a paused microVM's memory, which is made.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
+func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error) {
+	rsp, err := c.PauseSandbox(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -11804,8 +12031,11 @@ func (c *ClientWithResponses) PortTunnelWithResponse(ctx context.Context, id San
 
 // ResumeSandboxWithResponse Resume a paused sandbox
 //
-// Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
-// paused answers it as it is.
+// Thaws a paused sandbox and answers it `running`; a microVM whose memory was released
+// is restored first, its clock advanced by the downtime, unless the downtime by the
+// release's time contract is negative or beyond the restore window
+// (`template-ineligible`: the sandbox stays paused; stop it). Resuming a running sandbox
+// that is not paused answers it as it is.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -12009,9 +12239,16 @@ func (c *ClientWithResponses) ListGenerationsWithResponse(ctx context.Context, n
 
 // CaptureGenerationWithBodyWithResponse Capture a sandbox as a new generation
 //
-// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-// memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+// device state and disk) as a new generation of the template, with the compatibility key
+// and the time contract of the capture. A running microVM is stopped while its memory
+// is saved and its disk overlay copied, then runs on; its clones restore that state
+// (processes that ran at the capture run on in each, under its own host name, machine
+// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+// the frozen one, and only while the generation is eligible by its time contract (a
+// start of a clone that would restore an early or expired generation is refused with
+// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -12038,9 +12275,16 @@ func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.
 
 // CaptureGenerationWithResponse Capture a sandbox as a new generation
 //
-// Captures the sandbox's state (its writable layer; with the qemu runtime also its
-// memory) as a new generation of the template, with the compatibility key and the time
-// contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+// Captures the sandbox's state (its writable layer; of a running microVM its memory,
+// device state and disk) as a new generation of the template, with the compatibility key
+// and the time contract of the capture. A running microVM is stopped while its memory
+// is saved and its disk overlay copied, then runs on; its clones restore that state
+// (processes that ran at the capture run on in each, under its own host name, machine
+// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+// the frozen one, and only while the generation is eligible by its time contract (a
+// start of a clone that would restore an early or expired generation is refused with
+// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -14246,6 +14490,13 @@ func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked

@@ -45,7 +45,7 @@ const staleBuildAge = 10 * time.Minute
 var _ runtime.SharedFiles = (*Runtime)(nil)
 
 // HostResources implements runtime.Runtime: the control socket of each microVM's state
-// directory in sandboxesDir that has one. The shim makes it once the guest's agent listens; Cleanup removes
+// directory in sandboxesDir that has one, and a launch's released memory. The shim makes it once the guest's agent listens; Cleanup removes
 // it once the shim is gone. Outside state directories a microVM holds nothing on the host but
 // its processes.
 func (r *Runtime) HostResources(sandboxesDir string) ([]runtime.HostResource, error) {
@@ -62,6 +62,12 @@ func (r *Runtime) HostResources(sandboxesDir string) ([]runtime.HostResource, er
 			continue
 		}
 		dir := filepath.Join(sandboxesDir, e.Name())
+		// A launch's released memory (shim.EntryMemory), which only its shim restores: only a
+		// microVM makes the name.
+		if _, err := os.Lstat(filepath.Join(dir, shim.EntryMemory)); err == nil {
+			out = append(out, runtime.HostResource{Kind: runtime.ResourceFile, SandboxID: e.Name(), Dir: dir,
+				Name: filepath.Join(filepath.Base(sandboxesDir), e.Name(), shim.EntryMemory), Paths: []string{filepath.Join(dir, shim.EntryMemory)}})
+		}
 		sock := r.ControlPath(dir)
 		if _, err := os.Lstat(sock); err != nil {
 			continue

@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/record"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
 	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
@@ -347,6 +348,7 @@ func (r *Runtime) DeclaredEntries() []runtime.Entry {
 		{Name: shim.EntryLog},
 		{Name: shim.EntryOverlay},
 		{Name: shim.EntryAssets, Dir: true},
+		{Name: shim.EntryMemory, Dir: true},
 	}
 }
 
@@ -358,9 +360,9 @@ func (r *Runtime) ControlPath(dir string) string {
 }
 
 // OpenLayer is not implemented: a microVM's own files are a qcow2 overlay, not a directory
-// tree, and its capture (memory templates) is not built yet.
+// tree, and a microVM is captured running, with its memory ([Runtime.OpenLiveLayer]).
 func (r *Runtime) OpenLayer(dir string, disk bool) (*os.File, error) {
-	return nil, errcode.New(errcode.NotImplemented, "Capturing a microVM sandbox is not implemented yet.")
+	return nil, errcode.New(errcode.NotImplemented, "A microVM sandbox is captured while it runs, memory and all; start it (and resume it if paused) before capturing it.")
 }
 
 // Start prepares the guest stack (the initramfs and the image's base disk, shared by the
@@ -373,9 +375,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	if spec.ImageDir == "" && len(spec.Lowers) > 0 {
-		return platform.ProcessID{}, errcode.New(errcode.NotImplemented,
-			"The microvm runtime does not run template layers: a microVM's files are its disk overlay.")
+	gen, err := splitGeneration(&spec)
+	if err != nil {
+		return platform.ProcessID{}, err
 	}
 	spec = withDefaults(spec)
 	accel, err := r.Probe()
@@ -388,7 +390,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	}
 	// A sandbox that ran before has its disk: its overlay names the base disk it was made
 	// over, which stays its base (the image or the host may have changed since).
-	needBase := true
+	// A clone's base is its generation's frozen disk.
+	needBase := gen == ""
 	if b, err := qcow2Backing(filepath.Join(spec.Dir, shim.EntryOverlay)); err == nil && b != "" {
 		needBase = false
 	}
@@ -400,10 +403,19 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := ctx.Err(); err != nil {
 		return platform.ProcessID{}, err
 	}
+	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB}
+	backing, backingFormat := base, "raw"
+	var restore *shim.Restore
+	if gen != "" {
+		if backing, restore, err = overGeneration(spec, gen, &launch); err != nil {
+			return platform.ProcessID{}, err
+		}
+		backingFormat = "qcow2"
+	}
 	// A start that crashed while it made the overlay left its temp file; the caller holds the
 	// sandbox's lifecycle lock, so no other start makes one now.
 	removeTemps(spec.Dir, shim.EntryOverlay)
-	overlay, err := ensureOverlay(ctx, spec.Dir, base, roomMB(spec))
+	overlay, err := ensureOverlay(ctx, spec.Dir, backing, backingFormat, roomMB(spec))
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -411,9 +423,18 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := platform.EnsureDir(spec.Dir, shim.EntryControl, 0o700); err != nil {
 		return platform.ProcessID{}, err
 	}
-	// A socket left by the previous run answers nobody: gone, sandboxd waits for the shim's
+	// Sockets left by the previous run answer nobody: gone, sandboxd waits for the shim's
 	// new one rather than dialling a dead one.
-	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, p := range []string{r.ControlPath(spec.Dir), qmpPath(spec.Dir)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return platform.ProcessID{}, err
+		}
+	}
+	info, err := record.Encode(&launch)
+	if err != nil {
+		return platform.ProcessID{}, err
+	}
+	if err := platform.WriteFileDurable(filepath.Join(spec.Dir, shim.EntryControl), launchInfoName, info, 0o600); err != nil {
 		return platform.ProcessID{}, err
 	}
 	logf, err := openLog(spec.Dir)
@@ -421,7 +442,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	defer logf.Close()
-	cfg, err := json.Marshal(shim.Config{Spec: spec, QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, Overlay: overlay, TSCkHz: hostTSCkHz()})
+	cfg, err := json.Marshal(shim.Config{Spec: spec, QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, Overlay: overlay,
+		TSCkHz: hostTSCkHz(), QMP: qmpPath(spec.Dir), Port: launch.Port, Restore: restore})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -489,6 +511,65 @@ func (r *Runtime) ensureAssets(dir string, spec runtime.Spec, needBase bool) (in
 	return initrd, base, nil
 }
 
+// splitGeneration takes a memory generation off the top of spec's lower layers, where a
+// clone of one has it, and returns its directory ("" for none); the layers below are the
+// image's. Layers of files are refused.
+func splitGeneration(spec *runtime.Spec) (string, error) {
+	gen := ""
+	if len(spec.Lowers) > 0 && isMemoryGeneration(spec.Lowers[0]) {
+		gen = spec.Lowers[0]
+		spec.Lowers = spec.Lowers[1:]
+	}
+	if spec.ImageDir == "" && len(spec.Lowers) > 0 {
+		return "", errcode.New(errcode.NotImplemented,
+			"The microvm runtime does not run template layers of files: a microVM's files are its disk overlay, and its generations hold its memory.")
+	}
+	if gen == "" && spec.Restore != nil {
+		return "", errors.New("microvm runtime: a restore names no memory generation")
+	}
+	return gen, nil
+}
+
+// overGeneration is a launch over the memory generation gen: the disk its overlay backs onto
+// (the frozen one) and, for a restore, the restore, with launch's port set to the one idle at
+// the save. A restore's overlay is made anew: the memory is the frozen disk's.
+func overGeneration(spec runtime.Spec, gen string, launch *shim.StateInfo) (string, *shim.Restore, error) {
+	saved, err := savedState(gen, launch)
+	if err != nil {
+		return "", nil, err
+	}
+	if spec.Restore == nil {
+		return filepath.Join(gen, shim.StateDisk), nil, nil
+	}
+	if err := os.Remove(filepath.Join(spec.Dir, shim.EntryOverlay)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", nil, err
+	}
+	launch.Port = 1 - saved.Port
+	return filepath.Join(gen, shim.StateDisk), &shim.Restore{Memory: filepath.Join(gen, shim.StateMemory), ClockAdvanceNS: int64(spec.Restore.ClockAdvance)}, nil
+}
+
+// isMemoryGeneration reports whether the layer dir is a microVM's memory generation: it has
+// the state's description.
+func isMemoryGeneration(dir string) bool {
+	_, err := os.Lstat(filepath.Join(dir, shim.StateMeta))
+	return err == nil
+}
+
+// savedState reads the memory generation in gen and checks that a launch as described by
+// launch can run over it: a saved VM restores only into one of its accelerator, vCPUs and
+// memory, and its disk is the base of a clone's cold boots too.
+func savedState(gen string, launch *shim.StateInfo) (*shim.StateInfo, error) {
+	saved, err := readStateInfo(gen, shim.StateMeta)
+	if err != nil {
+		return nil, err
+	}
+	if saved.Accel != launch.Accel || saved.VCPUs != launch.VCPUs || saved.MemoryMB != launch.MemoryMB {
+		return nil, errcode.New(errcode.TemplateIneligible, "The memory state was saved from a VM of %d vCPUs and %d MiB under %s; this launch is of %d vCPUs and %d MiB under %s.",
+			saved.VCPUs, saved.MemoryMB, saved.Accel, launch.VCPUs, launch.MemoryMB, launch.Accel)
+	}
+	return saved, nil
+}
+
 // DefaultRoomMB is the room for a sandbox's own files when its spec names no disk size.
 const DefaultRoomMB = 1024
 
@@ -500,22 +581,27 @@ func roomMB(spec runtime.Spec) int {
 	return DefaultRoomMB
 }
 
-// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base with room MiB beyond
-// it, unless it has one: the sandbox's files persist across its runs as the namespace
-// runtime's upper layer does. The guest's init grows the file system into the room at boot;
-// the overlay file grows as the guest writes, up to the disk's size (Spec.DiskMB bounds it).
-func ensureOverlay(ctx context.Context, dir, base string, room int) (string, error) {
+// ensureOverlay makes the sandbox's own disk, a qcow2 overlay over base unless it has one:
+// the sandbox's files persist across its runs as the namespace runtime's upper layer does.
+// Over an image's raw base disk (baseFormat "raw") it has room MiB beyond it: the guest's init
+// grows the file system into the room at boot, and the overlay file grows as the guest
+// writes, up to the disk's size (Spec.DiskMB bounds it). Over a memory generation's frozen
+// overlay ("qcow2") it has that disk's size, which the file system in the saved memory knows.
+func ensureOverlay(ctx context.Context, dir, base, baseFormat string, room int) (string, error) {
 	img, err := qemuImg()
 	if err != nil {
 		return "", err
 	}
 	return ensureFile(dir, shim.EntryOverlay, func(tmp string) error {
-		fi, err := os.Stat(base)
-		if err != nil {
-			return err
+		args := []string{"create", "-q", "-f", "qcow2", "-F", baseFormat, "-b", base, tmp}
+		if baseFormat == "raw" {
+			fi, err := os.Stat(base)
+			if err != nil {
+				return err
+			}
+			args = append(args, strconv.FormatInt(fi.Size()+int64(room)<<20, 10))
 		}
-		size := fi.Size() + int64(room)<<20
-		out, err := exec.CommandContext(ctx, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, tmp, strconv.FormatInt(size, 10)).CombinedOutput()
+		out, err := exec.CommandContext(ctx, img, args...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("microvm runtime: qemu-img create: %v: %s", err, bytes.TrimSpace(out))
 		}
@@ -562,13 +648,22 @@ func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.Process
 }
 
 // Kill kills the sandbox's QEMU (the shim's only child) by verified identity and waits for
-// the shim to record the outcome and exit; a shim that lingers past ctx is killed too (QEMU
-// then dies with it by its parent-death signal).
+// the shim to record the outcome and exit (a shim without QEMU, whose memory is released,
+// gets a TERM, which ends its launch); a shim that lingers past ctx is killed too (QEMU then
+// dies with it by its parent-death signal).
 func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) error {
 	delay := time.Millisecond
 	for id.Alive() {
-		if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+		n, err := platform.SignalChildren(id, syscall.SIGKILL)
+		if err != nil && !errors.Is(err, platform.ErrProcessGone) {
 			return err
+		}
+		if n == 0 {
+			// No QEMU: its memory is released (or it is about to start). A TERM ends a
+			// released launch, which the shim records.
+			if err := platform.SignalVerified(id, syscall.SIGTERM); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+				return err
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -602,7 +697,13 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 			errs = append(errs, err)
 		}
 	}
-	if err := os.Remove(r.ControlPath(dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, p := range []string{r.ControlPath(dir), qmpPath(dir), filepath.Join(dir, shim.EntryControl, shim.ShimSocketName)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	// Released memory is its launch's: the launch is over.
+	if err := os.RemoveAll(filepath.Join(dir, shim.EntryMemory)); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

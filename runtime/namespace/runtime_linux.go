@@ -378,6 +378,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := checkSpec(spec); err != nil {
 		return platform.ProcessID{}, err
 	}
+	if spec.Restore != nil {
+		return platform.ProcessID{}, errors.New("namespace runtime: its generations are files; there is no memory to restore")
+	}
 	spec = withDefaults(spec)
 	if err := ctx.Err(); err != nil {
 		return platform.ProcessID{}, err

@@ -70,6 +70,10 @@ type CaptureHooks struct {
 	// and synced in full, or as soon as the capture fails. It returns how long the source was
 	// held, which the generation records as its capture pause.
 	Release func() time.Duration
+	// Time, if not nil, is the time contract of the captured state, read by the caller when
+	// it took the state before the capture (a snapshot of a running VM, whose memory holds
+	// that moment); nil reads the contract when the capture begins.
+	Time *TimeContract
 }
 
 // CaptureLayersWith is [Store.CaptureLayers] with hooks.
@@ -84,6 +88,10 @@ func (s *Store) CaptureLayersWith(ctx context.Context, name string, layers []*os
 	now, err := s.Now()
 	if err != nil {
 		return nil, err
+	}
+	at := now
+	if hooks.Time != nil {
+		at = *hooks.Time
 	}
 	c, err := s.reserve(ctx, name)
 	if err != nil {
@@ -111,7 +119,7 @@ func (s *Store) CaptureLayersWith(ctx context.Context, name string, layers []*os
 	}
 	release()
 	s.synced(StepCaptureCopied)
-	entry := &indexEntry{Format: IndexFormat, ID: c.gen, Template: name, Key: key, Time: now, CapturedAt: now.UTC, SizeBytes: size}
+	entry := &indexEntry{Format: IndexFormat, ID: c.gen, Template: name, Key: key, Time: at, CapturedAt: at.UTC, SizeBytes: size}
 	if held > 0 {
 		entry.PauseMS = max(held.Milliseconds(), 1)
 	}

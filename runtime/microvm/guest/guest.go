@@ -21,11 +21,19 @@ const (
 	// the order they load.
 	ModulesDir   = "/modules"
 	ModulesOrder = "/modules/order"
-	// PortDevice is the virtio-serial port of the control sessions (the first port of the
-	// first virtio-serial device), RootDevice the root disk.
-	PortDevice = "/dev/vport0p1"
+	// RootDevice is the root disk.
 	RootDevice = "/dev/vda"
+	// MachineIDFile is the guest's machine id, which each launch and each restore writes anew.
+	MachineIDFile = "/etc/machine-id"
 )
+
+// PortDevices are the two virtio-serial ports of the control sessions (ports 1 and 2 of the
+// first virtio-serial device). A boot says ready, takes its configuration and serves on the
+// first; the other stays idle, read only for a [Restore]. A guest restored from a memory state
+// serves on the port that was idle when the state was saved, so that no half-sent frame of the
+// saved VM's sessions (bytes that were in flight on the active port) is ever read as a frame
+// of the new launch's; the port it served on before becomes the idle one, reopened.
+var PortDevices = [2]string{"/dev/vport0p1", "/dev/vport0p2"}
 
 // Modules are the kernel modules the guest loads, in order: the virtio core and PCI
 // transport (modern and legacy libraries, which virtio_pci links either way), the console
@@ -46,6 +54,24 @@ type Config struct {
 	Capability []byte            `json:"capability"`
 	Hostname   string            `json:"hostname"`
 	Env        map[string]string `json:"env,omitempty"`
+	// MachineID is written to /etc/machine-id (32 hex digits), so that no two sandboxes share one.
+	MachineID string `json:"machine_id,omitempty"`
 	// Probe asks the guest only to say it listens and to power off: the accelerator probe.
 	Probe bool `json:"probe,omitempty"`
+}
+
+// Restore is what the shim of a launch that restores a memory state sends the guest (frame
+// portmux.FrameRestore, on the port that was idle at the save): the guest runs on from the
+// saved state, and this makes it the new launch's. Every clone of one state is made unique by
+// it: its own host name and machine id, its kernel's RNG reseeded with fresh host bytes (the
+// saved pool is every clone's), and its clock advanced over the time the state lay saved.
+type Restore struct {
+	Capability []byte `json:"capability"`
+	Hostname   string `json:"hostname"`
+	MachineID  string `json:"machine_id"`
+	// Entropy is credited to the guest's RNG (RNDADDENTROPY).
+	Entropy []byte `json:"entropy"`
+	// ClockAdvanceNS is added to the guest's CLOCK_REALTIME: the state's downtime, as the
+	// supervisor measured it by the generation's time contract.
+	ClockAdvanceNS int64 `json:"clock_advance_ns"`
 }

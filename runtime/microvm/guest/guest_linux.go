@@ -3,6 +3,7 @@
 package guest
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -55,7 +57,7 @@ func run() error {
 	if err := loadModules(); err != nil {
 		return err
 	}
-	port, err := openWhenPresent(PortDevice)
+	port, err := openWhenPresent(PortDevices[0])
 	if err != nil {
 		return err
 	}
@@ -74,11 +76,17 @@ func run() error {
 	if err := switchRoot(); err != nil {
 		return err
 	}
-	if err := setupRoot(cfg.Hostname); err != nil {
+	if err := setupRoot(cfg.Hostname, cfg.MachineID); err != nil {
 		return err
 	}
-	ln := newListener(port, w)
-	go ln.serve()
+	idle, err := openWhenPresent(PortDevices[1])
+	if err != nil {
+		return err
+	}
+	ln := newListener()
+	ln.capability.Store(&cfg.Capability)
+	ln.serveOn(0, port, w, true)
+	ln.serveOn(1, idle, portmux.NewWriter(idle), false)
 	if err := w.WriteFrame(portmux.FrameListening, 0, nil); err != nil {
 		return fmt.Errorf("port: %w", err)
 	}
@@ -88,11 +96,11 @@ func run() error {
 	}
 	slices.Sort(env)
 	return agent.Run(agent.Config{
-		Listener:   ln,
-		Capability: cfg.Capability,
-		DefaultEnv: env,
-		Hostname:   cfg.Hostname,
-		ReapAll:    true,
+		Listener:       ln,
+		CapabilityFunc: func() []byte { return *ln.capability.Load() },
+		DefaultEnv:     env,
+		Hostname:       cfg.Hostname,
+		ReapAll:        true,
 		// The guest's NIC is its own: the host gives the namespace's eth0 no more than layer 2.
 		ConfigureNetwork: configureNIC,
 	})
@@ -244,8 +252,9 @@ func switchRoot() error {
 	return unix.Chdir("/")
 }
 
-// setupRoot mounts the rest of the sandbox's file system and gives it its host name.
-func setupRoot(hostname string) error {
+// setupRoot mounts the rest of the sandbox's file system and gives it its host name and
+// machine id.
+func setupRoot(hostname, machineID string) error {
 	for _, m := range []struct {
 		fstype, target, data string
 		perm                 os.FileMode
@@ -264,44 +273,147 @@ func setupRoot(hostname string) error {
 	if err := os.Remove("/dev/ptmx"); err == nil || errors.Is(err, os.ErrNotExist) {
 		_ = os.Symlink("pts/ptmx", "/dev/ptmx")
 	}
+	if err := setIdentity(hostname, machineID); err != nil {
+		return err
+	}
+	return platform.LoopbackUp()
+}
+
+// setIdentity gives the guest its host name (the kernel's, /etc/hostname, /etc/hosts) and
+// its machine id.
+func setIdentity(hostname, machineID string) error {
 	if err := platform.SetHostname(hostname); err != nil {
 		return err
 	}
 	_ = os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644)
 	_ = os.WriteFile("/etc/hosts", []byte("127.0.0.1\tlocalhost\n127.0.1.1\t"+hostname+"\n::1\tlocalhost\n"), 0o644)
-	return platform.LoopbackUp()
+	if machineID != "" {
+		_ = os.Remove(MachineIDFile) // a link the sandbox made there is replaced, not followed
+		if err := os.WriteFile(MachineIDFile, []byte(machineID+"\n"), 0o444); err != nil {
+			return fmt.Errorf("write %s: %w", MachineIDFile, err)
+		}
+	}
+	return nil
 }
 
-// listener accepts the host's sessions on the port: each FrameOpen is one connection, that
-// is one control session (yamux) of the supervisor's.
+// applyRestore makes a guest that runs on from a memory state this launch's (see [Restore]).
+func applyRestore(r *Restore) error {
+	if err := advanceClock(r.ClockAdvanceNS); err != nil {
+		return err
+	}
+	if err := addEntropy(r.Entropy); err != nil {
+		return err
+	}
+	return setIdentity(r.Hostname, r.MachineID)
+}
+
+// advanceClock adds ns to CLOCK_REALTIME: the guest's clock stood while its VM was stopped or
+// saved.
+func advanceClock(ns int64) error {
+	if ns <= 0 {
+		return nil
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return err
+	}
+	ts = unix.NsecToTimespec(ts.Nano() + ns)
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("advance the clock: %w", err)
+	}
+	return nil
+}
+
+// addEntropy mixes b into the kernel's RNG and credits it (RNDADDENTROPY): a restored guest's
+// pool is the saved one, shared with every other restore of that state.
+func addEntropy(b []byte) error {
+	if len(b) == 0 {
+		return errors.New("the restore carries no entropy")
+	}
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	info := make([]byte, 8+len(b))
+	binary.NativeEndian.PutUint32(info[0:], uint32(len(b)*8))
+	binary.NativeEndian.PutUint32(info[4:], uint32(len(b)))
+	copy(info[8:], b)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); e != 0 {
+		return fmt.Errorf("RNDADDENTROPY: %w", e)
+	}
+	return nil
+}
+
+// listener accepts the host's sessions on the active port: each FrameOpen is one connection,
+// that is one control session (yamux) of the supervisor's. Each port has its own session
+// table; only the active port's frames are served, and a restore (on the idle port) makes
+// the idle port the active one.
 type listener struct {
-	port   *os.File
-	w      *portmux.Writer
-	table  *portmux.Table
-	accept chan *portmux.Conn
-	done   chan struct{}
-	once   sync.Once
+	accept     chan *portmux.Conn
+	done       chan struct{}
+	once       sync.Once
+	capability atomic.Pointer[[]byte]
+	mu         sync.Mutex
+	active     *port
 }
 
-func newListener(port *os.File, w *portmux.Writer) *listener {
-	return &listener{port: port, w: w, table: portmux.NewTable(), accept: make(chan *portmux.Conn), done: make(chan struct{})}
+// port is one of the two ports with its writer and session table.
+type port struct {
+	idx   int
+	f     *os.File
+	w     *portmux.Writer
+	table *portmux.Table
 }
 
-// serve reads the port's frames until it fails (the VM's end).
-func (l *listener) serve() {
+func newListener() *listener {
+	return &listener{accept: make(chan *portmux.Conn), done: make(chan struct{})}
+}
+
+// serveOn serves port idx (f, written through w) in the background; active makes it the one
+// whose sessions are served.
+func (l *listener) serveOn(idx int, f *os.File, w *portmux.Writer, active bool) {
+	p := &port{idx: idx, f: f, w: w, table: portmux.NewTable()}
+	if active {
+		l.mu.Lock()
+		l.active = p
+		l.mu.Unlock()
+	}
+	go l.serve(p)
+}
+
+func (l *listener) isActive(p *port) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.active == p
+}
+
+// serve reads a port's frames until it fails: the VM's end when it is the active port, else
+// its reopening after a restore.
+func (l *listener) serve(p *port) {
 	buf := make([]byte, portmux.MaxPayload)
 	for {
-		typ, id, p, err := portmux.ReadFrame(l.port, buf)
+		typ, id, payload, err := portmux.ReadFrame(p.f, buf)
 		if err != nil {
-			logf("the port failed: %v", err)
-			l.table.Shut(err)
-			l.Close()
+			p.table.Shut(err)
+			if l.isActive(p) {
+				logf("the port failed: %v", err)
+				l.Close()
+			}
 			return
+		}
+		if typ == portmux.FrameRestore {
+			l.restore(p, payload)
+			continue
+		}
+		if !l.isActive(p) {
+			continue // an idle port's stray bytes: nothing but a restore is taken from it
 		}
 		switch typ {
 		case portmux.FrameOpen:
-			c := portmux.NewConn(id, l.w, l.table.Remove)
-			if err := l.table.Add(c); err != nil {
+			c := portmux.NewConn(id, p.w, p.table.Remove)
+			if err := p.table.Add(c); err != nil {
 				logf("%v", err)
 				continue
 			}
@@ -310,13 +422,50 @@ func (l *listener) serve() {
 			case <-l.done:
 				return
 			}
+		case portmux.FrameClock:
+			if len(payload) == 8 {
+				if err := advanceClock(int64(binary.BigEndian.Uint64(payload))); err != nil {
+					logf("%v", err)
+				}
+			}
 		case portmux.FrameShutdown:
 			// The shim was asked to end the sandbox (its TERM): the agent shuts down as on
 			// its own TERM, gracefully.
 			_ = unix.Kill(os.Getpid(), unix.SIGTERM)
 		case portmux.FrameData, portmux.FrameClose:
-			l.table.Dispatch(typ, id, p)
+			p.table.Dispatch(typ, id, payload)
 		}
+	}
+}
+
+// restore takes a restore frame arriving on port p: the guest becomes the new launch's, p its
+// active port, and the port active before, whose sessions belonged to the saved VM's host, is
+// shut and reopened as the idle one (its close discards what was buffered of it).
+func (l *listener) restore(p *port, payload []byte) {
+	var r Restore
+	if err := json.Unmarshal(payload, &r); err != nil || len(r.Capability) == 0 {
+		logf("a restore frame that does not decode: %v", err)
+		return
+	}
+	if err := applyRestore(&r); err != nil {
+		logf("restore: %v", err)
+	}
+	l.capability.Store(&r.Capability)
+	l.mu.Lock()
+	old := l.active
+	l.active = p
+	l.mu.Unlock()
+	if old != nil && old != p {
+		old.table.Shut(errors.New("the VM was restored"))
+		old.f.Close()
+		if f, err := os.OpenFile(PortDevices[old.idx], os.O_RDWR, 0); err == nil {
+			l.serveOn(old.idx, f, portmux.NewWriter(f), false)
+		} else {
+			logf("reopen %s: %v", PortDevices[old.idx], err)
+		}
+	}
+	if err := p.w.WriteFrame(portmux.FrameListening, 0, nil); err != nil {
+		logf("port: %v", err)
 	}
 }
 
@@ -330,7 +479,7 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
-// Close implements net.Listener; the port itself stays open until the VM ends.
+// Close implements net.Listener; the ports themselves stay open until the VM ends.
 func (l *listener) Close() error {
 	l.once.Do(func() { close(l.done) })
 	return nil

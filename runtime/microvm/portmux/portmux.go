@@ -41,6 +41,14 @@ const (
 	// FrameShutdown (host to guest, session 0) asks the guest to end the sandbox gracefully,
 	// as a TERM to the agent does.
 	FrameShutdown byte = 7
+	// FrameRestore (host to guest, session 0) carries what a guest restored from a memory
+	// state needs to become this launch's: the launch's capability, host name, fresh
+	// entropy and machine id, and how far to advance its clock. It arrives on the port that
+	// was idle when the state was saved, which thus carries no half-sent frame of before.
+	FrameRestore byte = 8
+	// FrameClock (host to guest, session 0) carries a duration (int64 nanoseconds, big-endian)
+	// to add to the guest's clock: the time the VM lay stopped, during which its clock stood.
+	FrameClock byte = 9
 )
 
 // MaxPayload bounds one frame's payload; MaxBuffered what one side holds for a session its
@@ -62,7 +70,7 @@ func ReadFrame(r io.Reader, buf []byte) (typ byte, session uint32, payload []byt
 		return 0, 0, nil, err
 	}
 	n := binary.BigEndian.Uint32(h[5:])
-	if n > MaxPayload || h[0] < FrameReady || h[0] > FrameShutdown {
+	if n > MaxPayload || h[0] < FrameReady || h[0] > FrameClock {
 		return 0, 0, nil, fmt.Errorf("%w: type %d, length %d", ErrFrame, h[0], n)
 	}
 	if _, err := io.ReadFull(r, buf[:n]); err != nil {

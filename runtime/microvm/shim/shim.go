@@ -38,7 +38,42 @@ const (
 	// EntryAssets holds the initramfs and base disks when the spec names no shared
 	// directory for them (Spec.HostBase "").
 	EntryAssets = "vmbase"
+	// QMPName is QEMU's monitor socket in EntryControl, which only the host-side driver
+	// and the shim dial (to stop, save and continue the VM).
+	QMPName = "qmp.sock"
+	// ShimSocketName is the shim's own socket in EntryControl: the driver asks it to
+	// release the VM's memory and to restore it.
+	ShimSocketName = "shim.sock"
+	// EntryMemory holds a launch's released memory (StateMemory and StateMeta) while its
+	// QEMU is gone; it goes once the memory is restored, or with the launch.
+	EntryMemory = "memory"
 )
+
+// The files of a saved memory state (a directory: a memory generation's payload).
+const (
+	// StateMemory is QEMU's migration stream: the guest's memory and device state.
+	StateMemory = "memory.state"
+	// StateMeta is the state's description ([StateInfo]).
+	StateMeta = "vm.json"
+	// StateDisk is the disk overlay frozen with the memory: a clone's own overlay is made
+	// over it.
+	StateDisk = "disk.qcow2"
+)
+
+// StateInfo is a saved state's vm.json: what a restore must match or know.
+type StateInfo struct {
+	Format int `json:"format"`
+	// Port is the port the guest served on when the state was saved; a restore serves on
+	// the other (see guest.PortDevices).
+	Port int `json:"port"`
+	// Accel, VCPUs and MemoryMB are the saved VM's: a restore runs with the same.
+	Accel    string `json:"accel"`
+	VCPUs    int    `json:"vcpus"`
+	MemoryMB int    `json:"memory_mb"`
+}
+
+// StateFormat is StateInfo's record format.
+const StateFormat = 1
 
 // Config is what the host-side driver hands the shim on its fd 3.
 type Config struct {
@@ -54,6 +89,21 @@ type Config struct {
 	// host's): told on the kernel's command line, since the kernel's calibration against the
 	// emulated PIT fails on a loaded host and the boot then hangs.
 	TSCkHz int `json:"tsc_khz,omitempty"`
+	// QMP is the path of QEMU's monitor socket; "" for none.
+	QMP string `json:"qmp,omitempty"`
+	// Port is the port the guest serves on (see guest.PortDevices): 0 for a boot, the port
+	// idle at the save for a restore.
+	Port int `json:"port,omitempty"`
+	// Restore, when set, starts QEMU from a saved memory state rather than booting.
+	Restore *Restore `json:"restore,omitempty"`
+}
+
+// Restore is a launch from a saved memory state.
+type Restore struct {
+	// Memory is the state's migration stream (StateMemory), read by QEMU's -incoming.
+	Memory string `json:"memory"`
+	// ClockAdvanceNS is how far the guest's clock is advanced: the state's downtime.
+	ClockAdvanceNS int64 `json:"clock_advance_ns"`
 }
 
 // Main runs the sub-command that args (os.Args[1:]) names, if it names one of this runtime's,
@@ -72,8 +122,9 @@ func Main(args []string) (code int, ran bool) {
 	return 0, false
 }
 
-// QEMUArgs is QEMU's command line for cfg, with the port's chardev on fd 3 (probe: no disk,
-// for the accelerator probe).
+// QEMUArgs is QEMU's command line for cfg, with the ports' chardevs on fds 3 and 4 and a
+// restore's migration stream on fd 5 (probe: no disk, one port on fd 3, no monitor, for the
+// accelerator probe). A restore's command line must give the saved VM's devices exactly.
 func QEMUArgs(cfg *Config, probe bool) []string {
 	res := cfg.Spec.Resources
 	cmdline := "console=ttyS0 panic=-1 quiet random.trust_cpu=on"
@@ -100,8 +151,17 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 	}
 	if !probe {
 		args = append(args,
+			"-chardev", "socket,id=ctl1,fd=4",
+			"-device", "virtserialport,chardev=ctl1,name=sandboxd1",
 			"-drive", "if=none,id=root,format=qcow2,file="+optValue(cfg.Overlay),
 			"-device", "virtio-blk-pci,drive=root,disable-legacy=on")
+		if cfg.QMP != "" {
+			args = append(args, "-chardev", "socket,id=qmp,server=on,wait=off,path="+optValue(cfg.QMP),
+				"-mon", "chardev=qmp,mode=control")
+		}
+		if cfg.Restore != nil {
+			args = append(args, "-incoming", "fd:5")
+		}
 	}
 	if !probe && cfg.Spec.Network {
 		// QEMU makes the tap in the network namespace of its own that the shim starts it in;

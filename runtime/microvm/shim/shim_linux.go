@@ -3,6 +3,10 @@
 package shim
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/microvm/guest"
 	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
+	"github.com/sandboxd/sandboxd/runtime/microvm/qmp"
 )
 
 const fdConfig = 3
@@ -58,16 +63,34 @@ func shimMain(args []string) int {
 	return run(&cfg)
 }
 
-// vm is one launch: QEMU, the port's mux, and the control socket.
+// vm is one launch: QEMU (one run of it, or one after another when the launch's memory is
+// released and restored), the active port's mux, and the control socket.
 type vm struct {
 	cfg       *Config
-	cmd       *exec.Cmd
-	w         *portmux.Writer
-	table     *portmux.Table
-	listening atomic.Bool
+	listening atomic.Bool // the control socket is made
 	lnMu      sync.Mutex
 	ln        *net.UnixListener
 	nextID    atomic.Uint32
+
+	// mu guards the current run: its QEMU, the active port's writer and session table (nil
+	// while the memory is released), and the release's state.
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	w     *portmux.Writer
+	table *portmux.Table
+	port  int
+	// ready is signalled when the current run's guest listens.
+	ready chan struct{}
+	// releasing is set by a release before it quits QEMU, so that its end is no launch's end;
+	// released while QEMU is gone with its memory saved, since releasedAt (CLOCK_BOOTTIME).
+	releasing  bool
+	released   bool
+	releasedAt time.Duration
+	resume     chan struct{}
+	// stopped is set by a stop (a pause, a capture's hold) until the cont, since stoppedAt
+	// (CLOCK_BOOTTIME): the guest's clock stands meanwhile, and the cont advances it.
+	stopped   bool
+	stoppedAt time.Duration
 }
 
 func run(cfg *Config) int {
@@ -81,41 +104,62 @@ func run(cfg *Config) int {
 		}
 		return 1
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fail("socketpair: %v", err)
+	if cfg.Port != 0 && cfg.Port != 1 || cfg.Restore == nil && cfg.Port != 0 {
+		return fail("port %d: a boot serves on port 0, a restore on port 0 or 1", cfg.Port)
 	}
-	mine, theirs := os.NewFile(uintptr(fds[0]), "port"), os.NewFile(uintptr(fds[1]), "qemu port")
-	v := &vm{cfg: cfg, w: portmux.NewWriter(mine), table: portmux.NewTable()}
-	v.cmd = exec.Command(cfg.QEMU, QEMUArgs(cfg, false)...) //nolint:noctx // QEMU lives as long as the sandbox
-	v.cmd.Dir = "/"
-	v.cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	v.cmd.Stdout, v.cmd.Stderr = os.Stdout, os.Stderr
-	v.cmd.ExtraFiles = []*os.File{theirs}
-	// QEMU dies with the shim, even by SIGKILL: nothing of a launch outlives its runtime
-	// process.
-	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if cfg.Spec.Network {
-		// A network namespace of QEMU's own, which dies with it: the supervisor's
-		// network.Manager puts the sandbox's eth0 there, beside QEMU's tap.
-		v.cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	v := &vm{cfg: cfg, resume: make(chan struct{}, 1)}
+	if err := v.listenShim(); err != nil {
+		return fail("the shim's socket: %v", err)
 	}
-	logf("starting %s %q", cfg.QEMU, v.cmd.Args[1:])
-	if err := v.cmd.Start(); err != nil {
-		return fail("start QEMU: %v", err)
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	term := make(chan os.Signal, 1)
+	go v.onSignals(sigc, term)
+	restore, port := cfg.Restore, cfg.Port
+	var st *os.ProcessState
+	for {
+		cmd, err := v.startQEMU(restore, port)
+		if err != nil {
+			if !v.listening.Load() {
+				return fail("%v", err)
+			}
+			logf("%v", err)
+			outcome.Reason, outcome.ExitCode = runtime.ReasonStartFailed, -1
+			break
+		}
+		st = v.wait(cmd)
+		if !v.endRun(st) {
+			break
+		}
+		// The memory is released: wait for its restore, or for the launch's end.
+		select {
+		case <-v.resume:
+		case sig := <-term:
+			logf("%v while the memory is released: the launch ends", sig)
+			outcome.Reason, outcome.ExitCode, outcome.Signal = runtime.ReasonSignaled, -1, unix.SignalName(sig.(syscall.Signal))
+			st = nil
+		}
+		if st == nil {
+			break
+		}
+		v.mu.Lock()
+		advance := boottime() - v.releasedAt
+		restore, port = &Restore{Memory: filepath.Join(dir, EntryMemory, StateMemory), ClockAdvanceNS: int64(advance)}, 1-v.port
+		v.mu.Unlock()
 	}
-	theirs.Close()
-	go v.servePort(mine)
-	st := v.wait()
+	// The signals stay handled until the shim exits: a TERM now (a Kill that finds QEMU gone
+	// already) must not end it before it has written the outcome.
 	v.shut()
-	if st.Exited() {
-		outcome.Reason, outcome.ExitCode = runtime.ReasonExited, st.ExitCode()
-	} else {
-		ws, _ := st.Sys().(syscall.WaitStatus)
-		outcome.Reason, outcome.ExitCode, outcome.Signal = runtime.ReasonSignaled, -1, unix.SignalName(ws.Signal())
-	}
-	if !v.listening.Load() {
-		outcome.Reason = runtime.ReasonStartFailed
+	if st != nil {
+		if st.Exited() {
+			outcome.Reason, outcome.ExitCode = runtime.ReasonExited, st.ExitCode()
+		} else {
+			ws, _ := st.Sys().(syscall.WaitStatus)
+			outcome.Reason, outcome.ExitCode, outcome.Signal = runtime.ReasonSignaled, -1, unix.SignalName(ws.Signal())
+		}
+		if !v.listening.Load() {
+			outcome.Reason = runtime.ReasonStartFailed
+		}
 	}
 	logf("the VM ended: %s (exit code %d, signal %q)", outcome.Reason, outcome.ExitCode, outcome.Signal)
 	outcome.At = time.Now().UTC()
@@ -126,40 +170,137 @@ func run(cfg *Config) int {
 	return 0
 }
 
-// wait waits for QEMU to end. TERM, INT or HUP to the shim ask the guest to end the sandbox
-// gracefully (its agent's TERM); the shim stays to record the outcome.
-func (v *vm) wait() *os.ProcessState {
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	go func() {
-		for sig := range sigc {
-			logf("%v: asking the guest to shut down", sig)
-			_ = v.w.WriteFrame(portmux.FrameShutdown, 0, nil)
+// onSignals handles TERM, INT and HUP: while QEMU runs they ask the guest to end the sandbox
+// gracefully (its agent's TERM), and the shim stays to record the outcome; while the memory
+// is released they end the launch (to term).
+func (v *vm) onSignals(sigc <-chan os.Signal, term chan<- os.Signal) {
+	for sig := range sigc {
+		v.mu.Lock()
+		w, released := v.w, v.released
+		v.mu.Unlock()
+		if released {
+			select {
+			case term <- sig:
+			default:
+			}
+			continue
+		}
+		logf("%v: asking the guest to shut down", sig)
+		if w != nil {
+			_ = w.WriteFrame(portmux.FrameShutdown, 0, nil)
+		}
+	}
+}
+
+// startQEMU starts a run of QEMU: a boot, or the restore of a saved memory state, serving on
+// the given port.
+func (v *vm) startQEMU(restore *Restore, port int) (*exec.Cmd, error) {
+	var mine, theirs [2]*os.File
+	for i := range mine {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("socketpair: %w", err)
+		}
+		mine[i], theirs[i] = os.NewFile(uintptr(fds[0]), "port"), os.NewFile(uintptr(fds[1]), "qemu port")
+	}
+	defer func() {
+		for _, f := range theirs {
+			f.Close()
 		}
 	}()
-	err := v.cmd.Wait()
-	signal.Stop(sigc)
-	if v.cmd.ProcessState == nil {
+	cfg := *v.cfg
+	cfg.Restore, cfg.Port = restore, port
+	cmd := exec.Command(cfg.QEMU, QEMUArgs(&cfg, false)...) //nolint:noctx // QEMU lives as long as the sandbox
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{theirs[0], theirs[1]}
+	if restore != nil {
+		state, err := os.OpenFile(restore.Memory, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			mine[0].Close()
+			mine[1].Close()
+			return nil, fmt.Errorf("open the memory state: %w", err)
+		}
+		defer state.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, state)
+	}
+	// QEMU dies with the shim, even by SIGKILL: nothing of a launch outlives its runtime
+	// process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if cfg.Spec.Network {
+		// A network namespace of QEMU's own, which dies with it: the supervisor's
+		// network.Manager puts the sandbox's eth0 there, beside QEMU's tap.
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
+	_ = os.Remove(cfg.QMP)
+	logf("starting %s %q", cfg.QEMU, cmd.Args[1:])
+	v.mu.Lock()
+	if err := cmd.Start(); err != nil {
+		v.mu.Unlock()
+		mine[0].Close()
+		mine[1].Close()
+		return nil, fmt.Errorf("start QEMU: %w", err)
+	}
+	w, table := portmux.NewWriter(mine[port]), portmux.NewTable()
+	v.cmd, v.w, v.table, v.port, v.ready, v.released = cmd, w, table, port, make(chan struct{}), false
+	v.mu.Unlock()
+	if restore != nil {
+		// Sent at once: the socket holds it until the restored guest, which was reading this
+		// port when its state was saved, reads on.
+		if err := v.sendRestore(w, restore); err != nil {
+			_ = cmd.Process.Kill()
+			return cmd, nil // the run's end is the launch's
+		}
+		go v.continueRestored(cmd, w, boottime())
+	}
+	// The other port carries nothing for this run: whatever the guest had half-written to it
+	// before a save arrives here and is dropped.
+	go func() { _, _ = io.Copy(io.Discard, mine[1-port]); mine[1-port].Close() }()
+	go v.servePort(mine[port], w, table)
+	return cmd, nil
+}
+
+// wait waits for a run of QEMU to end.
+func (v *vm) wait(cmd *exec.Cmd) *os.ProcessState {
+	err := cmd.Wait()
+	if cmd.ProcessState == nil {
 		logf("wait for QEMU: %v", err)
 		return &os.ProcessState{}
 	}
-	return v.cmd.ProcessState
+	return cmd.ProcessState
 }
 
-// shut ends the control socket and every session once QEMU is gone.
+// endRun ends a run's sessions and reports whether it ended by a release of the memory (QEMU
+// quit after its state was saved), which the launch outlives.
+func (v *vm) endRun(st *os.ProcessState) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.table.Shut(errors.New("the VM ended"))
+	v.w, v.table = nil, nil
+	if v.releasing && st.Exited() && st.ExitCode() == 0 {
+		v.releasing, v.released = false, true
+		return true
+	}
+	v.releasing = false
+	return false
+}
+
+// shut ends the control socket and the shim's once the launch is over.
 func (v *vm) shut() {
 	v.lnMu.Lock()
 	if v.ln != nil {
 		v.ln.Close()
 	}
 	v.lnMu.Unlock()
-	v.table.Shut(errors.New("the VM ended"))
 	_ = os.Remove(filepath.Join(v.cfg.Spec.Dir, EntryControl, SocketName))
+	_ = os.Remove(filepath.Join(v.cfg.Spec.Dir, EntryControl, ShimSocketName))
 }
 
-// servePort reads the guest's frames: the handshake (ready, then listening) and the sessions'
-// data.
-func (v *vm) servePort(port *os.File) {
+// servePort reads the guest's frames of one run: the handshake (ready, then listening) and
+// the sessions' data.
+func (v *vm) servePort(port *os.File, w *portmux.Writer, table *portmux.Table) {
+	defer port.Close()
 	buf := make([]byte, portmux.MaxPayload)
 	for {
 		typ, id, p, err := portmux.ReadFrame(port, buf)
@@ -167,34 +308,112 @@ func (v *vm) servePort(port *os.File) {
 			if !errors.Is(err, io.EOF) {
 				logf("the port failed: %v", err)
 			}
-			v.table.Shut(err)
+			table.Shut(err)
 			return
 		}
 		switch typ {
 		case portmux.FrameReady:
-			if err := v.sendConfig(); err != nil {
+			if err := v.sendConfig(w); err != nil {
 				logf("send the guest its configuration: %v", err)
 			}
 		case portmux.FrameListening:
 			if v.listening.CompareAndSwap(false, true) {
 				if err := v.listen(); err != nil {
 					logf("control socket: %v", err)
+					v.mu.Lock()
 					_ = v.cmd.Process.Kill()
+					v.mu.Unlock()
 				}
 			}
+			v.mu.Lock()
+			if v.w == w {
+				select {
+				case <-v.ready:
+				default:
+					close(v.ready)
+				}
+			}
+			v.mu.Unlock()
 		case portmux.FrameData, portmux.FrameClose:
-			v.table.Dispatch(typ, id, p)
+			table.Dispatch(typ, id, p)
 		}
 	}
 }
 
-func (v *vm) sendConfig() error {
+func (v *vm) sendConfig(w *portmux.Writer) error {
 	s := &v.cfg.Spec
-	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env})
+	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env, MachineID: randomHex(16)})
 	if err != nil {
 		return err
 	}
-	return v.w.WriteFrame(portmux.FrameConfig, 0, b)
+	return w.WriteFrame(portmux.FrameConfig, 0, b)
+}
+
+// sendRestore sends a restored guest what makes it this launch's: capability, host name,
+// fresh entropy and the clock's advance, and a new machine id when the state is another
+// launch's (a clone's restore; a launch that restores its own released memory keeps its id).
+func (v *vm) sendRestore(w *portmux.Writer, r *Restore) error {
+	s := &v.cfg.Spec
+	entropy := make([]byte, 64)
+	if _, err := rand.Read(entropy); err != nil {
+		return err
+	}
+	msg := guest.Restore{Capability: s.Capability, Hostname: s.Hostname, Entropy: entropy, ClockAdvanceNS: r.ClockAdvanceNS}
+	if r == v.cfg.Restore {
+		msg.MachineID = randomHex(16)
+	}
+	b, err := json.Marshal(msg)
+	if err != nil {
+		return err
+	}
+	return w.WriteFrame(portmux.FrameRestore, 0, b)
+}
+
+// restoreTimeout bounds the load of a saved state, after which the launch has failed.
+const restoreTimeout = 5 * time.Minute
+
+// continueRestored lets the restored guest run once QEMU has loaded its state: a state saved
+// from a stopped VM (as a capture saves it) loads stopped. Its clock stood during the load,
+// which began at started (CLOCK_BOOTTIME): that time is added to it (on w, after the restore
+// frame's advance). A restore that does not get there ends QEMU, and so the launch.
+func (v *vm) continueRestored(cmd *exec.Cmd, w *portmux.Writer, started time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
+	defer cancel()
+	err := func() error {
+		for {
+			conn, err := (&net.Dialer{}).DialContext(ctx, "unix", v.cfg.QMP)
+			if err == nil {
+				q, err := qmp.New(ctx, conn)
+				if err != nil {
+					return err
+				}
+				defer q.Close()
+				return q.ContinueRestored(ctx)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("the monitor: %w", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	if err != nil {
+		logf("the restore did not run: %v", err)
+		_ = cmd.Process.Kill()
+		return
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(boottime()-started))
+	if err := w.WriteFrame(portmux.FrameClock, 0, b[:]); err != nil {
+		logf("advance the restored guest's clock: %v", err)
+	}
+}
+
+// randomHex is n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // listen makes the control socket, only now that the agent accepts sessions (the supervisor
@@ -224,15 +443,22 @@ func (v *vm) acceptLoop(ln *net.UnixListener) {
 		if err != nil {
 			return
 		}
+		v.mu.Lock()
+		w, table := v.w, v.table
+		v.mu.Unlock()
+		if w == nil {
+			conn.Close() // the memory is released: no guest to carry it to
+			continue
+		}
 		id := v.nextID.Add(1)
-		mc := portmux.NewConn(id, v.w, v.table.Remove)
-		if err := v.table.Add(mc); err != nil {
+		mc := portmux.NewConn(id, w, table.Remove)
+		if err := table.Add(mc); err != nil {
 			conn.Close()
 			continue
 		}
-		if err := v.w.WriteFrame(portmux.FrameOpen, id, nil); err != nil {
+		if err := w.WriteFrame(portmux.FrameOpen, id, nil); err != nil {
 			conn.Close()
-			v.table.Remove(mc)
+			table.Remove(mc)
 			continue
 		}
 		go splice(conn, mc)

@@ -339,6 +339,16 @@ func (c *Client) Pause(ctx context.Context, id string) (*Sandbox, error) {
 	return &sb, nil
 }
 
+// PauseReleasingMemory pauses a running microVM and releases its memory: saved to the
+// sandbox's state directory, its QEMU ended. Resume restores it, within the restore window.
+func (c *Client) PauseReleasingMemory(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	if err := c.post(ctx, sandboxPath(id, "/pause"), nil, map[string]string{"memory": "release"}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
 // Resume thaws a paused sandbox.
 func (c *Client) Resume(ctx context.Context, id string) (*Sandbox, error) {
 	var sb Sandbox

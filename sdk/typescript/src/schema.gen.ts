@@ -164,10 +164,17 @@ export interface paths {
         put?: never;
         /**
          * Pause a running sandbox
-         * @description Freezes every process of the sandbox (the cgroup freezer) and answers it `paused`.
-         *     While paused, exec, files and the exec stream answer `sandbox-paused`; stop and a
-         *     forced delete work (they thaw it first); its lifetime keeps running. A paused sandbox
-         *     stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it is.
+         * @description Freezes every process of the sandbox and answers it `paused`: a namespace sandbox by
+         *     the cgroup freezer, a microVM by stopping its vCPUs (its memory stays). With
+         *     `{"memory": "release"}` (microVMs) the VM's memory and device state are saved to the
+         *     sandbox's state directory and its QEMU ends, giving the memory back to the host; a
+         *     resume restores it, its processes running on, under the time contract of the release
+         *     (as a clone's restore of a generation: a resume beyond the restore window is refused
+         *     with `template-ineligible`; a stop discards the memory). While paused, exec, files and
+         *     the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
+         *     first, or discard released memory); its lifetime keeps running. A paused sandbox
+         *     stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+         *     is, but for a release of a paused microVM's memory, which is made.
          */
         post: operations["pauseSandbox"];
         delete?: never;
@@ -190,8 +197,11 @@ export interface paths {
         put?: never;
         /**
          * Resume a paused sandbox
-         * @description Thaws a paused sandbox and answers it `running`. Resuming a running sandbox that is not
-         *     paused answers it as it is.
+         * @description Thaws a paused sandbox and answers it `running`; a microVM whose memory was released
+         *     is restored first, its clock advanced by the downtime, unless the downtime by the
+         *     release's time contract is negative or beyond the restore window
+         *     (`template-ineligible`: the sandbox stays paused; stop it). Resuming a running sandbox
+         *     that is not paused answers it as it is.
          */
         post: operations["resumeSandbox"];
         delete?: never;
@@ -755,9 +765,16 @@ export interface paths {
         put?: never;
         /**
          * Capture a sandbox as a new generation
-         * @description Captures the sandbox's state (its writable layer; with the qemu runtime also its
-         *     memory) as a new generation of the template, with the compatibility key and the time
-         *     contract of the capture. A stopped sandbox is captured as it lies and stays stopped;
+         * @description Captures the sandbox's state (its writable layer; of a running microVM its memory,
+         *     device state and disk) as a new generation of the template, with the compatibility key
+         *     and the time contract of the capture. A running microVM is stopped while its memory
+         *     is saved and its disk overlay copied, then runs on; its clones restore that state
+         *     (processes that ran at the capture run on in each, under its own host name, machine
+         *     id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
+         *     the frozen one, and only while the generation is eligible by its time contract (a
+         *     start of a clone that would restore an early or expired generation is refused with
+         *     `template-ineligible` before anything starts). A stopped or paused microVM cannot be
+         *     captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
          *     a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
          *     exactly as long as the copy reads its writable layer, then thawed: the generation is
          *     a consistent picture of it, the sandbox runs on, and the generation's
@@ -1387,6 +1404,16 @@ export interface components {
              */
             disk_mb?: number;
         };
+        PauseRequest: {
+            memory?: components["schemas"]["PauseMemory"];
+        };
+        /**
+         * @description `release` saves a microVM's memory to its state directory and ends its QEMU while it
+         *     is paused (the memory goes back to the host); `keep` (the default) keeps it.
+         * @default keep
+         * @enum {string}
+         */
+        PauseMemory: "keep" | "release";
         CreateSandboxRequest: {
             /** @description The id to give the sandbox; the server picks one when absent. */
             id?: components["schemas"]["SandboxID"];
@@ -2465,7 +2492,11 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PauseRequest"];
+            };
+        };
         responses: {
             /** @description The sandbox, paused. */
             200: {
@@ -2481,6 +2512,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -4242,6 +4274,7 @@ export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValue
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
+export const pauseMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseMemory"]> = ["keep", "release"];
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
 export const runtimeStatusStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["state"]> = ["ready", "probing", "unavailable"];
 export const runtimeStatusAcceleratorValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator"]> = ["kvm", "tcg"];
