@@ -492,3 +492,27 @@ func TestOperationReconcilesBeforeTheStartUpPass(t *testing.T) {
 		t.Fatalf("status afterwards: %v, want sandbox-not-found", err)
 	}
 }
+
+// TestStatusSettlesBeforeTheStartUpPass: while the start-up pass runs, a status of a sandbox
+// it has not reached reconciles that sandbox first, so it never reads as a crash left it
+// (here a crashed create with start, which the reconciliation removes).
+func TestStatusSettlesBeforeTheStartUpPass(t *testing.T) {
+	requireRoot(t)
+	s, root := newSupervisor(t)
+	ctx := testContext(t)
+	if _, err := s.Create(ctx, CreateRequest{ID: "early"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, store.SandboxesDir, "early")
+	if err := platform.WriteFileDurable(dir, PendingName, []byte("start\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// As StartReattach leaves it before its pass reaches the sandbox, the pass still running.
+	s.mu.Lock()
+	s.unreconciled = map[string]bool{"early": true}
+	s.reconciled = make(chan struct{})
+	s.mu.Unlock()
+	if st, err := s.Status("early"); errcode.Of(err) != errcode.SandboxNotFound {
+		t.Fatalf("status of an unreconciled crashed create: %+v, %v; want sandbox-not-found", st, err)
+	}
+}

@@ -159,8 +159,10 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 // so that sandboxd serves at once after a restart however many sandboxes it has (issue 17:
 // 4000 took seconds one after the other). Until the pass has reached a sandbox, the first
 // operation that locks it ([Supervisor.lockProvisioned]) reconciles it first, exactly as the
-// pass would: nothing is ever driven unreconciled. Status and List need no pass: they read
-// the records and the processes as they are, as they always do. What only the pass does for
+// pass would: nothing is ever driven unreconciled. A status read meanwhile settles its
+// sandbox the same way ([Supervisor.settleAtStartup]), so that nothing reads as a crash left
+// it (an interrupted start as "starting"); once the pass is done, reads take no lock, as
+// always. What only the pass does for
 // every sandbox at once comes later by up to the pass's length: exits that happened while
 // sandboxd was down are noticed (and their events sent) and lifetimes re-armed as the pass
 // reaches each, and networks whose sandbox no longer runs are torn down at its end. A sandbox

@@ -242,6 +242,7 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 	if err := store.ValidateID(id); err != nil {
 		return nil, err
 	}
+	s.settleAtStartup(id)
 	cfg, err := s.store.ReadConfigUnlocked(id) // sandbox-not-found when there is none
 	if err != nil {
 		return nil, err
@@ -503,6 +504,27 @@ func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Loc
 		return nil, nil, err
 	}
 	return l, cfg, nil
+}
+
+// settleAtStartup, while the start-up reattach pass runs, waits for sandbox id's
+// reconciliation, doing it if the pass has not reached it: until then its records are as a
+// crash left them, and an interrupted start would read as "starting" though nothing runs.
+// Once the pass is done it costs nothing. A lock held past a short wait (another operation's
+// long start) leaves the status to be read as it is.
+func (s *Supervisor) settleAtStartup(id string) {
+	s.mu.Lock()
+	done := s.reconciled
+	s.mu.Unlock()
+	select {
+	case <-done:
+		return
+	default:
+	}
+	ctx, cancel := context.WithTimeout(s.life, 2*time.Second)
+	defer cancel()
+	if l, _, err := s.lockProvisioned(ctx, id); err == nil {
+		s.unlock(l)
+	}
 }
 
 func (s *Supervisor) unlock(l *store.Lock) {
