@@ -468,7 +468,7 @@ func (c *checker) checkRuntimeRecord(s *sandboxState, rec *store.RuntimeRecord, 
 	}
 	s.alive = true
 	p.running++
-	if !isShimOf(p.procs, proc, s.dir) {
+	if !isShimOf(p.procs, proc, s.dir) && !c.shimNow(s, proc) {
 		p.add(UnmarkedProcess, s.id, re, "names live process %s, which is not this sandbox's runtime process", proc)
 	}
 	if want := c.identityOf(rec.RuntimeKind); rec.RuntimeID != want {
@@ -499,6 +499,15 @@ func (c *checker) checkPause(s *sandboxState, entry string, p *pass) {
 	case f.Frozen:
 		p.add(InterruptedResume, s.id, entry, "the sandbox's processes are frozen but no pause is recorded; the next transition on it, or sandboxd's start-up, thaws them")
 	}
+}
+
+// shimNow looks for proc as s's shim in a fresh listing of its runtime's processes: a start
+// beside the check can make its shim after the listing the pass holds and record it before
+// the check reads the sandbox's records, which is no problem (the faster starts got, the more
+// often a check beside a server met this).
+func (c *checker) shimNow(s *sandboxState, proc platform.ProcessID) bool {
+	procs, err := c.sandboxRuntime(s).Processes(c.root)
+	return err == nil && isShimOf(procs, proc, s.dir)
 }
 
 // isShimOf says whether procs has proc as the shim of the state directory dir.
