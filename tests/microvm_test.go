@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +89,16 @@ func TestMicroVM(t *testing.T) {
 	if got != guestKernel || got == unix.ByteSliceToString(host.Release[:]) {
 		t.Fatalf("uname -r in the microVM reads %q; want the guest kernel %q, not the host's %q",
 			got, guestKernel, unix.ByteSliceToString(host.Release[:]))
+	}
+
+	// A live exec stream: stdin in, stdout and stderr out, the exit code at the end.
+	ws, _, err := d.dialStream(id, url.Values{"command": {"sh"}})
+	if err != nil {
+		t.Fatalf("an exec stream into the microVM: %v", err)
+	}
+	ws.send("echo streamed $(uname -r); echo oops >&2; exit 5\n")
+	if exit := ws.wait(); exit.ExitCode != 5 || ws.stdout.String() != "streamed "+guestKernel+"\n" || ws.stderr.String() != "oops\n" {
+		t.Fatalf("the stream in the microVM: exit %+v, stdout %q, stderr %q", exit, ws.stdout.String(), ws.stderr.String())
 	}
 
 	content := []byte("written into a microVM\n")
