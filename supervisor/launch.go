@@ -77,8 +77,8 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	if err != nil {
 		return err
 	}
-	if restore != nil && s.net.mgr != nil && s.rulesOf(cfg).Networked() {
-		return errNetworkedMemory(cfg.ID, "restore a memory generation into a microVM with a network (its saved devices have no NIC)")
+	if err := s.refuseNetworkedRestore(restore != nil, cfg); err != nil {
+		return err
 	}
 	// No process of an earlier launch can run now (reattach made sure), so staging leftovers
 	// of its outcome report are garbage.

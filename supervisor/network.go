@@ -137,6 +137,31 @@ func errNetworkedMemory(id, what string) error {
 	return errcode.New(errcode.Unavailable, "Sandbox %s: sandboxd cannot yet %s; remove its network policy (PUT /network with {}) while it is stopped, or do without the memory.", id, what)
 }
 
+// networked says whether cfg's sandbox gets a network interface from this server.
+func (s *Supervisor) networked(cfg *store.Config) bool {
+	return s.net.mgr != nil && s.rulesOf(cfg).Networked()
+}
+
+// refuseNetworkedRestore refuses a launch or clone that restores a memory generation under a
+// network policy (see errNetworkedMemory).
+func (s *Supervisor) refuseNetworkedRestore(restores bool, cfg *store.Config) error {
+	if restores && s.networked(cfg) {
+		return errNetworkedMemory(cfg.ID, "restore a memory generation into a microVM with a network (its saved devices have no NIC)")
+	}
+	return nil
+}
+
+// refuseNetworkedRelease refuses to release the memory of the networked sandbox l locks.
+func (s *Supervisor) refuseNetworkedRelease(l *store.Lock, release bool) error {
+	if !release {
+		return nil
+	}
+	if cfg, err := l.Config(); err == nil && s.networked(cfg) {
+		return errNetworkedMemory(l.ID(), "release the memory of a microVM with a network")
+	}
+	return nil
+}
+
 // openNetNS opens the network namespace of the sandbox whose runtime process is proc: its
 // init's, found by the runtime, and checked after the open to be still that process's child,
 // so that a pid reused meanwhile is never taken for the init.

@@ -123,10 +123,8 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 	case r.paused && !release:
 		return s.Status(id)
 	}
-	if release {
-		if cfg, err := l.Config(); err == nil && s.net.mgr != nil && s.rulesOf(cfg).Networked() {
-			return nil, errNetworkedMemory(id, "release the memory of a microVM with a network")
-		}
+	if err := s.refuseNetworkedRelease(l, release); err != nil {
+		return nil, err
 	}
 	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC()}
 	if r.paused {

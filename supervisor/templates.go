@@ -206,7 +206,7 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	// is frozen only until the snapshot is taken.
 	var at *template.TimeContract
 	if capturesMemory(rt) {
-		if s.net.mgr != nil && s.rulesOf(cfg).Networked() {
+		if s.networked(cfg) {
 			return none, nil, errNetworkedMemory(id, "capture the memory of a microVM with a network")
 		}
 		// The memory holds the moment it stopped: the generation's time contract is read
@@ -344,24 +344,11 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err != nil {
 		return nil, err
 	}
-	// The clone runs under the runtime its generation was captured under.
-	rt, err := s.runtimeOf(keyKind(g.Key))
+	rt, err := s.cloneRuntime(&cfg, g.Key, req)
 	if err != nil {
 		return nil, err
 	}
-	if rt != s.rt || cfg.Runtime != "" {
-		cfg.Runtime = rt.Kind()
-	}
-	if rt != s.rt && req.DiskDefault {
-		cfg.DiskMB = 0 // the server's default disk is the default runtime's (a loop-mounted image)
-	}
-	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
-		return nil, err
-	}
 	memory := capturesMemory(rt)
-	if memory && s.net.mgr != nil && s.rulesOf(&cfg).Networked() {
-		return nil, errNetworkedMemory(cfg.ID, "restore a memory generation into a microVM with a network (its saved devices have no NIC)")
-	}
 	l, err := s.store.LockForProvision(ctx, cfg.ID)
 	if err != nil {
 		return nil, err
@@ -417,6 +404,28 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	st := &Status{Config: cfg, State: StateProvisioned, Runtime: s.kindOf(&cfg), Binding: template.NewBinding(lease)}
 	st.ExpiresAt, st.OnTimeout = s.expiry(l.Dir())
 	return st, nil
+}
+
+// cloneRuntime is the runtime a clone runs under, the one its generation was captured under,
+// and sets cfg's runtime and disk for it; it refuses what that runtime cannot do for cfg.
+func (s *Supervisor) cloneRuntime(cfg *store.Config, k template.Key, req CloneRequest) (runtime.Runtime, error) {
+	rt, err := s.runtimeOf(keyKind(k))
+	if err != nil {
+		return nil, err
+	}
+	if rt != s.rt || cfg.Runtime != "" {
+		cfg.Runtime = rt.Kind()
+	}
+	if rt != s.rt && req.DiskDefault {
+		cfg.DiskMB = 0 // the server's default disk is the default runtime's (a loop-mounted image)
+	}
+	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
+		return nil, err
+	}
+	if err := s.refuseNetworkedRestore(capturesMemory(rt), cfg); err != nil {
+		return nil, err
+	}
+	return rt, nil
 }
 
 // pickGeneration chooses the generation a clone leases, under the template store's lock.
