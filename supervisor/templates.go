@@ -245,6 +245,9 @@ func capturesMemory(rt runtime.Runtime) bool {
 }
 
 func layerError(id string, err error) error {
+	if errcode.Of(err) == errcode.NotRunning {
+		return err // the sandbox stopped under the capture: the runtime says so
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return errcode.New(errcode.NotRunning, "Sandbox %s has never run, so it has nothing to capture: start it, make your changes, stop it, then capture it.", id)
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/sandboxd/sandboxd/errcode"
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
@@ -82,17 +83,25 @@ func (r *Runtime) syncSandbox(dir string) error {
 			continue
 		}
 		root, err := os.Open("/proc/" + strconv.Itoa(p.ID.Pid) + "/root")
+		if err != nil && !p.ID.Alive() {
+			return errInitEnded
+		}
 		if err != nil {
 			return err
 		}
 		defer root.Close()
 		if !p.ID.Alive() {
-			return errors.New("namespace: the sandbox's init ended during the capture")
+			return errInitEnded
 		}
 		return unix.Syncfs(int(root.Fd()))
 	}
-	return errors.New("namespace: the running sandbox has no init to sync its disk through")
+	return errInitEnded
 }
+
+// errInitEnded is why a running capture cannot go on when the sandbox's init ended under it
+// (killed, or its workload ended the sandbox): the sandbox is no longer running, which is the
+// caller's to retry, not a fault of the server's.
+var errInitEnded = errcode.New(errcode.NotRunning, "The sandbox stopped during its capture (its init ended); capture it again now that it is stopped, or start it first.")
 
 // copySparse copies src into the empty dst, data extent by data extent, so that the holes of
 // a sparse image stay holes (and a copy within one file system may share its blocks).
