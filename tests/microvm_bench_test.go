@@ -22,13 +22,7 @@ import (
 // apart (first-start-ms) and not in the loop. docs/microvm.md has the command and the figures.
 func BenchmarkMicroVMCycle(b *testing.B) {
 	requireRoot(b)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		b.Skipf("microVMs cannot run on this host: %v", why)
-	}
+	vm := requireMicroVM(b)
 	bwrap, err := exec.LookPath("bwrap")
 	if err != nil {
 		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); the ratio needs it")

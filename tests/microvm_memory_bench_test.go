@@ -22,13 +22,7 @@ import (
 // the baseline (restore/bwrap). docs/microvm.md has the command and the figures.
 func BenchmarkMicroVMMemory(b *testing.B) {
 	requireRoot(b)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		b.Skipf("microVMs cannot run on this host: %v", why)
-	}
+	vm := requireMicroVM(b)
 	d := startDaemon(b, withArgs("--log-level", "info", "--microvm-accel", vmAccel()))
 	b.Cleanup(func() { reapMicroVMs(b, vm, d.Root) })
 	waitFor(b, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(b, d).State != "probing" })

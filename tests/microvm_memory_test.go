@@ -37,13 +37,7 @@ const vmCounter = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i
 // it running after the restart, with no generation and nothing for sandboxd check to find.
 func TestMicroVMMemoryTemplate(t *testing.T) {
 	requireRoot(t)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		t.Skipf("microVMs cannot run on this host (scripts/setup installs qemu-system-x86, qemu-utils and linux-image-cloud-amd64): %v", why)
-	}
+	vm := requireMicroVM(t)
 	newestCloudKernel(t)
 	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
 	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })

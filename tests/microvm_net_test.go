@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-
-	"github.com/sandboxd/sandboxd/runtime/microvm"
 )
 
 // TestMicroVMNetwork boots one microVM inside the network tests' own small internet (see
@@ -23,13 +21,7 @@ import (
 // network behind.
 func TestMicroVMNetwork(t *testing.T) {
 	requireRoot(t)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		t.Skipf("microVMs cannot run on this host (scripts/setup installs qemu-system-x86, qemu-utils and linux-image-cloud-amd64): %v", why)
-	}
+	vm := requireMicroVM(t)
 	w := newNetWorld(t)
 	d := startDaemon(t, inNetNS(w.host), withArgs("--microvm-accel", vmAccel(),
 		"--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))

@@ -41,15 +41,23 @@ const vmDeadline = 5 * time.Minute
 // guest's own kernel, not the host's; a file written is read back; a SIGKILL of sandboxd
 // leaves it running and the restarted sandboxd reattaches it (exec works, the file is
 // there); sandboxd check is clean beside it; stop and delete leave no microVM process.
-func TestMicroVM(t *testing.T) {
-	requireRoot(t)
+// requireMicroVM returns the microvm runtime as the tests look at it, or skips tb where
+// microVMs cannot run, saying what is missing.
+func requireMicroVM(tb testing.TB) *microvm.Runtime {
+	tb.Helper()
 	vm, err := microvm.New(microvm.Config{})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if why := vm.Refusal(); why != nil {
-		t.Skipf("microVMs cannot run on this host (scripts/setup installs qemu-system-x86, qemu-utils and linux-image-cloud-amd64): %v", why)
+		tb.Skipf("microVMs cannot run on this host (scripts/setup installs qemu-system-x86, qemu-utils and linux-image-cloud-amd64): %v", why)
 	}
+	return vm
+}
+
+func TestMicroVM(t *testing.T) {
+	requireRoot(t)
+	vm := requireMicroVM(t)
 	guestKernel := newestCloudKernel(t)
 	accel := vmAccel()
 	d := startDaemon(t, withArgs("--microvm-accel", accel))
@@ -298,13 +306,7 @@ func reapMicroVMs(t testing.TB, vm *microvm.Runtime, root string) {
 // it), and so does an initramfs that a live QEMU names, until that QEMU is gone. It boots no VM.
 func TestMicroVMCheckFindsAndRepairs(t *testing.T) {
 	requireRoot(t)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		t.Skipf("microVMs cannot run on this host: %v", why)
-	}
+	vm := requireMicroVM(t)
 	d := startDaemon(t, withArgs("--microvm-accel", microvm.AccelTCG))
 	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
 	const id = "vmleft"
@@ -490,13 +492,7 @@ func microvmImage(t *testing.T, outside string) v1.Image {
 // a link of the image onto the host; sandboxd check stays clean.
 func TestMicroVMImage(t *testing.T) {
 	requireRoot(t)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		t.Skipf("microVMs cannot run on this host: %v", why)
-	}
+	vm := requireMicroVM(t)
 	guestKernel := newestCloudKernel(t)
 	outside := t.TempDir()
 	img := microvmImage(t, outside)
@@ -571,13 +567,7 @@ func TestMicroVMImage(t *testing.T) {
 // tests/microvm_memory_test.go clones).
 func TestMicroVMPolicyOfNothingIsTaken(t *testing.T) {
 	requireRoot(t)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		t.Skipf("microVMs cannot run on this host: %v", why)
-	}
+	requireMicroVM(t)
 	t.Parallel()
 	d := startDaemon(t, withArgs("--microvm-accel", microvm.AccelTCG))
 	decode[struct{}](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "vmquiet", "runtime": "microvm", "network": map[string]any{"internet": false}}), 201)
@@ -590,13 +580,7 @@ func TestMicroVMPolicyOfNothingIsTaken(t *testing.T) {
 // clean), and the sandbox starts again with the file it had written before (nothing lost).
 func TestMicroVMKilledMidLaunch(t *testing.T) {
 	requireRoot(t)
-	vm, err := microvm.New(microvm.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if why := vm.Refusal(); why != nil {
-		t.Skipf("microVMs cannot run on this host: %v", why)
-	}
+	vm := requireMicroVM(t)
 	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
 	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
 	const id = "vmmid"
