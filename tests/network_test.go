@@ -532,6 +532,11 @@ func TestNetworkPolicy(t *testing.T) {
 			return true
 		})
 		top.start()
+		// sandboxd serves while its start-up pass reattaches, and the pass tears the ended
+		// sandbox's network down: wait for that, then nothing may be left.
+		waitFor(t, 30*time.Second, "the restarted sandboxd to tear down the ended sandbox's network", func() bool {
+			return w.leftovers(t, top).Empty()
+		})
 		w.noLeftovers(t, top.in(t))
 	})
 
