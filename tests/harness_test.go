@@ -195,6 +195,13 @@ func (d *daemon) start() {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+	// sandboxd serves while its start-up pass reattaches (issue 17), and logs the pass's end
+	// whenever it serves (a pass that cannot start ends sandboxd). The e2e tests look at
+	// sandboxes, networks and processes as a reconciled server leaves them, so they start
+	// once the pass is done; the supervisor's tests cover what is served meanwhile.
+	waitFor(t, 60*time.Second, "sandboxd's start-up reattach pass", func() bool {
+		return strings.Contains(d.logs.String(), `"msg":"reattached sandboxes"`)
+	})
 	if !d.givenToken && !d.noAuth {
 		// sandboxd made it before it listened; as root the harness can read it whoever owns it.
 		b, err := os.ReadFile(filepath.Join(d.Root, "token"))
