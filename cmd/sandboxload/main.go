@@ -71,9 +71,18 @@ func run(args []string, stdout, stderr io.Writer) (int, error) {
 		return runTeardown(args[1:], stdout, stderr)
 	}
 	o, err := parseFlags(args, stderr)
-	token, code, err := prepare(err, o.url, o.allowRemote, o.tokenFile, o.root)
-	if err != nil || code >= 0 {
-		return max(code, 0), err
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, nil
+		}
+		return 2, err
+	}
+	if err := checkTarget(o.url, o.allowRemote); err != nil {
+		return 2, err
+	}
+	token, err := readToken(o.tokenFile, o.root)
+	if err != nil {
+		return 1, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -150,26 +159,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 // readToken is the API token: from tokenFile if one is given, else the one sandboxd
 // generated into its state root, else none (a server run with --insecure-no-auth).
-// prepare is what every mode does once its flags are parsed (parseErr their error): the
-// target's check and the token. It returns code -1 to go on, else the exit code to end with
-// (0 for -help) and the error to print.
-func prepare(parseErr error, url string, allowRemote bool, tokenFile, root string) (token string, code int, err error) {
-	if parseErr != nil {
-		if errors.Is(parseErr, flag.ErrHelp) {
-			return "", 0, nil
-		}
-		return "", 2, parseErr
-	}
-	if err := checkTarget(url, allowRemote); err != nil {
-		return "", 2, err
-	}
-	token, err = readToken(tokenFile, root)
-	if err != nil {
-		return "", 1, err
-	}
-	return token, -1, nil
-}
-
 func readToken(tokenFile, root string) (string, error) {
 	name := tokenFile
 	if name == "" {

@@ -32,9 +32,18 @@ const stopDeleteGoal = 100
 // empties. Both phases print their rate and the latencies of their steps.
 func runTeardown(args []string, stdout, stderr io.Writer) (int, error) {
 	o, err := parseTeardownFlags(args, stderr)
-	token, code, err := prepare(err, o.url, o.allowRemote, o.tokenFile, o.root)
-	if err != nil || code >= 0 {
-		return max(code, 0), err
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, nil
+		}
+		return 2, err
+	}
+	if err := checkTarget(o.url, o.allowRemote); err != nil {
+		return 2, err
+	}
+	token, err := readToken(o.tokenFile, o.root)
+	if err != nil {
+		return 1, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
