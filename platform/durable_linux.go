@@ -29,6 +29,16 @@ func WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode
 	return FS{}.WriteFileDurableAt(dir, name, data, perm)
 }
 
+// WriteFileWholeAt is WriteFileDurableAt without the directory's fsync: readers see the old
+// content or the new, never a mix, and after a crash of the host the file holds the old
+// content (or, if it had none, is absent) or the new, whole: the new content is synced before
+// the rename, so the rename never leaves an empty or torn file, but the rename itself may be
+// undone. For a record whose older version, or whose absence, is as good after a reboot; a
+// later fsync of dir (a durable write or removal in it) makes the rename durable too.
+func WriteFileWholeAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return FS{}.WriteFileWholeAt(dir, name, data, perm)
+}
+
 // WriteFileAtomic is WriteFileAtomicAt for the directory at dir (a final component that is a
 // link is refused).
 func WriteFileAtomic(dir, name string, data []byte, perm fs.FileMode) error {

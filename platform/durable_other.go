@@ -14,6 +14,9 @@ func WriteFileDurable(dir, name string, data []byte, perm fs.FileMode) error { r
 func WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
 	return ErrUnsupported
 }
+func WriteFileWholeAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return ErrUnsupported
+}
 func WriteFileAtomic(dir, name string, data []byte, perm fs.FileMode) error { return ErrUnsupported }
 func WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
 	return ErrUnsupported

@@ -16,18 +16,33 @@ import (
 // its fsync, the rename and the directory's fsync each ask f.Fault first, and so does the
 // removal of the temp file after a failure.
 func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
-	return f.writeFileAt(dir, name, data, perm, true)
+	return f.writeFileAt(dir, name, data, perm, syncName)
+}
+
+// WriteFileWholeAt is [WriteFileWholeAt] through f, asking f.Fault as WriteFileDurableAt
+// does about each of its steps (it has one fsync, of the file).
+func (f FS) WriteFileWholeAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return f.writeFileAt(dir, name, data, perm, syncContent)
 }
 
 // WriteFileAtomicAt is [WriteFileAtomicAt] through f, asking f.Fault as WriteFileDurableAt
 // does about each of its steps (it has no fsync).
 func (f FS) WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
-	return f.writeFileAt(dir, name, data, perm, false)
+	return f.writeFileAt(dir, name, data, perm, syncNothing)
 }
 
-// writeFileAt replaces name in dir with data through a temporary file renamed over it, both
-// synced when durable.
-func (f FS) writeFileAt(dir *os.File, name string, data []byte, perm fs.FileMode, durable bool) (err error) {
+// writeSync says how much of a replacement writeFileAt makes survive a crash of the host.
+type writeSync int
+
+const (
+	syncNothing writeSync = iota // no fsync: the page cache only
+	syncContent                  // the new file's content: the old file or the new, whole
+	syncName                     // the content and the directory: the new file
+)
+
+// writeFileAt replaces name in dir with data through a temporary file renamed over it,
+// synced as level says.
+func (f FS) writeFileAt(dir *os.File, name string, data []byte, perm fs.FileMode, level writeSync) (err error) {
 	if err := checkName("write", name); err != nil {
 		return err
 	}
@@ -58,7 +73,7 @@ func (f FS) writeFileAt(dir *os.File, name string, data []byte, perm fs.FileMode
 		file.Close()
 		return err
 	}
-	if durable {
+	if level >= syncContent {
 		if err := f.sync(dir, tmp, file); err != nil {
 			file.Close()
 			return err
@@ -77,7 +92,7 @@ func (f FS) writeFileAt(dir *os.File, name string, data []byte, perm fs.FileMode
 		return &os.LinkError{Op: "rename", Old: filepath.Join(dir.Name(), tmp), New: path, Err: err}
 	}
 	renamed = true
-	if !durable {
+	if level < syncName {
 		return nil
 	}
 	// A failed directory sync must be reported: without it the new content may not survive a

@@ -168,6 +168,44 @@ func TestFSRenameNoReplaceAt(t *testing.T) {
 // TestFSWriteFileAtomicAt: an atomic write makes the steps of a durable one but its two
 // fsyncs, replaces the old content whole, sets the mode exactly, and refuses a target that is
 // not a regular file.
+// TestFSWriteFileWholeAt: a whole write syncs the new file's content before the rename and
+// not the directory after it, and replaces the record as a durable write does.
+func TestFSWriteFileWholeAt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rec"), []byte("old content"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	count, list := failAt(0, nil)
+	if err := count.WriteFileWholeAt(d, "rec", []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if want := []Op{OpCreate, OpWrite, OpSync, OpRename}; !slices.Equal(list(), want) {
+		t.Fatalf("a whole write made %v, want %v", list(), want)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "rec"))
+	fi, serr := os.Stat(filepath.Join(dir, "rec"))
+	if err != nil || serr != nil || string(b) != "new" || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("after the write: %q %v, mode %v %v", b, err, fi.Mode(), serr)
+	}
+	// A failed content sync leaves the old record and no temp file.
+	f, _ := failAt(3, syscall.EIO)
+	if err := f.WriteFileWholeAt(d, "rec", []byte("newer"), 0o600); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("failing the content's fsync: err = %v, want EIO", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "rec")); string(b) != "new" {
+		t.Fatalf("after a failed whole write the record reads %q, want the old content", b)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("the directory holds %d entries, want the record alone", len(ents))
+	}
+}
+
 func TestFSWriteFileAtomicAt(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -13,6 +13,9 @@ import (
 func (f FS) WriteFileDurableAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
 	return ErrUnsupported
 }
+func (f FS) WriteFileWholeAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
+	return ErrUnsupported
+}
 func (f FS) WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.FileMode) error {
 	return ErrUnsupported
 }
