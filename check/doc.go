@@ -24,7 +24,8 @@
 //     (Runtime.Processes), or it is unmarked. A live process of another runtime identity is
 //     noted (runtime-mismatch), not a problem.
 //   - A launch journal without a runtime record of its launch is an interrupted start; one
-//     beside the record of its own launch is a journal whose removal was interrupted.
+//     beside the record of its own launch is a journal whose removal was interrupted, or
+//     undone by a crash of the host (that removal is not synced).
 //   - Every runtime process (shim or init) that the runtime finds under the state root (by
 //     facts a sandbox cannot forge, not by the marker in argv alone) is named by a runtime
 //     record (a shim by its identity, an init as the child of the recorded shim).

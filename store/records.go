@@ -140,13 +140,18 @@ func recordErr(name string, err error) error {
 // was told is not there. If that removal fails too, the record stays, whole: a state every
 // reader and the next transition accept (see the package documentation, "Faults").
 func (l *Lock) writeRecord(name string, v any) error {
+	return l.writeRecordWith(l.s.fs.WriteFileDurableAt, name, v)
+}
+
+// writeRecordWith is writeRecord through write, a replacement of [platform.FS].
+func (l *Lock) writeRecordWith(write func(*os.File, string, []byte, fs.FileMode) error, name string, v any) error {
 	data, err := record.Encode(v)
 	if err != nil {
 		return err
 	}
 	_, lerr := platform.LstatAt(l.dir, name)
 	fresh := errors.Is(lerr, fs.ErrNotExist)
-	if err := l.s.fs.WriteFileDurableAt(l.dir, name, data, recordPerm); err != nil {
+	if err := write(l.dir, name, data, recordPerm); err != nil {
 		if fresh {
 			err = errors.Join(err, l.undoFresh(name))
 		}
@@ -167,12 +172,20 @@ func (l *Lock) undoFresh(name string) error {
 }
 
 func (l *Lock) removeRecord(name string) error {
+	return l.removeRecordSynced(name, true)
+}
+
+// removeRecordSynced removes the record name, and with sync makes the removal durable.
+func (l *Lock) removeRecordSynced(name string, sync bool) error {
 	err := l.s.fs.UnlinkAt(l.dir, name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return l.s.storage(fmt.Errorf("store: remove %s: %w", name, err))
+	}
+	if !sync {
+		return nil
 	}
 	return l.s.storage(l.s.fs.SyncDir(l.dir))
 }
@@ -228,16 +241,28 @@ func (l *Lock) LaunchJournal() (*LaunchJournal, error) {
 	return &j, nil
 }
 
-// WriteLaunchJournal writes the launch journal atomically and durably, stamped with the
-// current format.
+// WriteLaunchJournal writes the launch journal atomically, whole but not durably
+// ([platform.WriteFileWholeAt]), stamped with the current format. The journal speaks of
+// processes, which a crash of the host ends: after one, the journal may be absent or an
+// earlier version of itself, whole, and either way it names a launch of an earlier boot that
+// nothing of runs. What it is for, a crash of sandboxd, keeps the page cache, and so the
+// journal as written. Against a crash of the host it would only save the outcome
+// "start-failed" of a start that never answered; two directory fsyncs a start are worth more.
 func (l *Lock) WriteLaunchJournal(j *LaunchJournal) error {
 	rec := *j
 	rec.Format = LaunchFormat
-	return l.writeRecord(LaunchName, &rec)
+	return l.writeRecordWith(l.s.fs.WriteFileWholeAt, LaunchName, &rec)
 }
 
 // RemoveLaunchJournal removes the launch journal durably; no journal is not an error.
 func (l *Lock) RemoveLaunchJournal() error { return l.removeRecord(LaunchName) }
+
+// RemoveCommittedLaunchJournal removes the journal of a launch whose runtime record is
+// written: without a directory fsync, since a journal that a crash of the host brings back
+// beside the runtime record of its launch is removed by the next reattach.
+func (l *Lock) RemoveCommittedLaunchJournal() error {
+	return l.removeRecordSynced(LaunchName, false)
+}
 
 // RuntimeRecord reads the runtime record; (nil, nil) when there is none.
 func (l *Lock) RuntimeRecord() (*RuntimeRecord, error) {
