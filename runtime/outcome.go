@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"io/fs"
+	"os"
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
@@ -46,11 +48,29 @@ type Outcome struct {
 // reader sees a whole report or none. A staging file left by a crash is removed by the store
 // (Lock.CleanStaging, or removal) once no process of that launch can run.
 func WriteOutcome(dir string, o *Outcome) error {
+	return writeOutcome(dir, o, platform.WriteFileDurableAt)
+}
+
+// AmendOutcome replaces the outcome report in dir with o as WriteOutcome does, but without
+// the directory's fsync ([platform.WriteFileWholeAt]): after a crash of the host the report
+// reads as o or as the one it replaced, whole. It is for the supervisor's amendment of a
+// report that the runtime process wrote durably (that the sandbox ended on request), which
+// the next durable change of dir makes durable too.
+func AmendOutcome(dir string, o *Outcome) error {
+	return writeOutcome(dir, o, platform.WriteFileWholeAt)
+}
+
+func writeOutcome(dir string, o *Outcome, write func(*os.File, string, []byte, fs.FileMode) error) error {
 	rec := *o
 	rec.Format = OutcomeFormat
 	data, err := record.Encode(&rec)
 	if err != nil {
 		return err
 	}
-	return platform.WriteFileDurable(dir, OutcomeName, data, record.Perm)
+	d, err := platform.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return write(d, OutcomeName, data, record.Perm)
 }

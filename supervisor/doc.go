@@ -12,10 +12,13 @@
 // # Launch
 //
 // Under the sandbox's lifecycle lock, after reattach ([Supervisor.Start]): write the
-// per-launch capability (control.capability, 0600, durably) and the launch journal (durably),
-// start the runtime process, rewrite the journal with the process's identity, wait until the
-// agent answers hello on the control socket, then commit: write the runtime record and remove
-// the journal. If the agent does not answer by the deadline, or the runtime process exits
+// per-launch capability (control.capability, 0600, atomically) and the launch journal
+// (atomically, its content synced), start the runtime process, rewrite the journal with the
+// process's identity, wait until the agent answers hello on the control socket, then commit:
+// write the runtime record (durably) and remove the journal (without a sync). Only the
+// runtime record must survive a crash of the host: the capability and the journal speak of
+// processes that such a crash ends, and a journal it brings back beside its launch's runtime
+// record is removed by the next reattach. If the agent does not answer by the deadline, or the runtime process exits
 // first, the launch is abandoned on a context of its own: the process is killed by verified
 // identity, its leftovers are cleaned up, an outcome start-failed is written, the journal is
 // removed, and the caller gets start-timeout with the tail of sandbox.log. Tests kill a launch

@@ -176,7 +176,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		return err
 	}
 	s.crash("recorded")
-	if err := l.RemoveLaunchJournal(); err != nil {
+	if err := l.RemoveCommittedLaunchJournal(); err != nil {
 		// The runtime record is durable, so the launch has committed: reattach removes a
 		// journal that a runtime record of the same launch supersedes.
 		s.log.Warn("removing the launch journal after commit", "sandbox", cfg.ID, "err", err)

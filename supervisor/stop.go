@@ -74,18 +74,20 @@ func (s *Supervisor) stopLocked(ctx context.Context, l *store.Lock, rec *store.R
 	if err := l.CleanStaging(); err != nil {
 		return nil, err
 	}
-	if err := l.RemoveRuntimeRecord(); err != nil {
-		return nil, err
-	}
 	// The runtime process reported how the sandbox ended; that it ended on request is ours
-	// to add. Nothing else writes the report now: its writer has exited.
+	// to add. Nothing else writes the report now: its writer has exited. The amendment is
+	// not synced on its own: the runtime record's removal, next, syncs the directory, and
+	// until then a crash of the host leaves the runtime process's report, which is true.
 	o, oerr := l.Outcome()
 	if oerr == nil && o != nil && o.LaunchID == rec.LaunchID {
 		o.Reason = runtime.ReasonStopped
 		if force {
 			o.Reason = ReasonKilled
 		}
-		_ = runtime.WriteOutcome(l.Dir(), o)
+		_ = runtime.AmendOutcome(l.Dir(), o)
+	}
+	if err := l.RemoveRuntimeRecord(); err != nil {
+		return nil, err
 	}
 	s.setTransient(id, "")
 	return o, nil
