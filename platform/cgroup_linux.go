@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -429,6 +430,52 @@ func (c *Cgroup) EnterThread() (leave func() error, err error) {
 	return back, nil
 }
 
+// PidsChild makes the child cgroup name of the cgroup in its pids hierarchy (cgroup v1 only),
+// limited to max tasks, and opens for writing the tasks files of the child and of the cgroup
+// itself. A thread that writes "0" to one of them moves itself there ([MoveThreadTo]). The
+// kernel judges such a write by the credentials of the file's opener, so a process handed the
+// two files can move its own threads between the two cgroups, and nowhere else, whatever it
+// runs as. It is idempotent; the child goes with the cgroup ([Cgroup.Remove]).
+func (c *Cgroup) PidsChild(name string, max int) (child, self *os.File, err error) {
+	dir, ok := c.dirs["pids"]
+	if c.v2 || !ok {
+		return nil, nil, errors.New("platform: a pids child cgroup needs cgroup v1's pids hierarchy")
+	}
+	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') || max < 1 {
+		return nil, nil, fmt.Errorf("platform: pids child cgroup %q of %d tasks", name, max)
+	}
+	sub := filepath.Join(dir, name)
+	if err := os.Mkdir(sub, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, nil, fmt.Errorf("platform: create cgroup: %w", err)
+	}
+	if err := writeCgroupFile(sub, "pids.max", strconv.Itoa(max)); err != nil {
+		return nil, nil, err
+	}
+	if child, err = os.OpenFile(filepath.Join(sub, "tasks"), os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+		return nil, nil, fmt.Errorf("platform: open a cgroup's tasks: %w", err)
+	}
+	if self, err = os.OpenFile(filepath.Join(dir, "tasks"), os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+		child.Close()
+		return nil, nil, fmt.Errorf("platform: open a cgroup's tasks: %w", err)
+	}
+	return child, self, nil
+}
+
+// MoveThreadTo moves the calling OS thread, and no other, into the cgroup v1 whose tasks file
+// is open for writing as tasks (see [Cgroup.PidsChild]); a process it forks then is born
+// there. Writing "0", the writer itself, spares the RCU wait a tid costs (see
+// [Cgroup.EnterThread]). The caller holds runtime.LockOSThread.
+func MoveThreadTo(tasks *os.File) error {
+	err := IgnoringEINTR(func() error {
+		_, err := unix.Pwrite(int(tasks.Fd()), []byte("0"), 0)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("platform: move a thread to %s: %w", tasks.Name(), err)
+	}
+	return nil
+}
+
 // threadCgroups reads /proc/self/task/<tid>/cgroup into controller → path.
 func threadCgroups(tid int) (map[string]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/cgroup", tid))
@@ -448,27 +495,47 @@ func threadCgroups(tid int) (map[string]string, error) {
 	return out, nil
 }
 
-// Pids returns the processes in the cgroup (on v1, in any of its directories).
+// Pids returns the processes in the cgroup (on v1, in any of its directories) and in its
+// children ([Cgroup.PidsChild]).
 func (c *Cgroup) Pids() ([]int, error) {
 	seen := map[int]bool{}
 	var out []int
 	for _, dir := range c.dirs {
-		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, f := range strings.Fields(string(b)) {
-			pid, err := strconv.Atoi(f)
-			if err == nil && !seen[pid] {
-				seen[pid] = true
-				out = append(out, pid)
+		for _, d := range append([]string{dir}, childCgroups(dir)...) {
+			b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			for _, f := range strings.Fields(string(b)) {
+				pid, err := strconv.Atoi(f)
+				if err == nil && !seen[pid] {
+					seen[pid] = true
+					out = append(out, pid)
+				}
 			}
 		}
 	}
 	return out, nil
+}
+
+// childCgroups lists the child cgroups of the cgroup directory dir, one level deep: the only
+// children sandboxd makes ([Cgroup.PidsChild]). Nothing in a sandbox can make one: its
+// cgroup file system is mounted read-only, or not at all.
+func childCgroups(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out
 }
 
 // killMember sends SIGKILL to pid if, once pinned by a pidfd, it is still in the cgroup.
@@ -483,7 +550,7 @@ func (c *Cgroup) killMember(pid int) {
 		return
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasSuffix(line, ":/"+c.name) {
+		if strings.HasSuffix(line, ":/"+c.name) || strings.Contains(line, ":/"+c.name+"/") {
 			_ = unix.PidfdSendSignal(fd, syscall.SIGKILL, nil, 0)
 			return
 		}
@@ -503,8 +570,10 @@ func (c *Cgroup) Remove(ctx context.Context) error {
 		}
 		var busy error
 		for _, dir := range c.dirs {
-			if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
-				busy = fmt.Errorf("platform: remove cgroup %s: %w", dir, err)
+			for _, d := range append(childCgroups(dir), dir) { // children first
+				if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+					busy = fmt.Errorf("platform: remove cgroup %s: %w", d, err)
+				}
 			}
 		}
 		if busy == nil {

@@ -119,3 +119,104 @@ func TestCgroupLifecycle(t *testing.T) {
 		t.Fatalf("OOMKilled on a removed cgroup = %v, %v", oom, err)
 	}
 }
+
+// TestCgroupPidsChild: a thread moved into a pids child (by the files PidsChild opens) forks
+// there, under the child's limit; the cgroup's Pids include the child's processes, and Remove
+// kills them and removes the child with the cgroup.
+func TestCgroupPidsChild(t *testing.T) {
+	needRoot(t)
+	if v, err := CgroupVersion(); err != nil || v != 1 {
+		t.Skipf("a pids child cgroup is for cgroup v1 (version %d, %v)", v, err)
+	}
+	name := fmt.Sprintf("sandboxd-test/child-%d", os.Getpid())
+	cg, err := OpenCgroup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cg.Remove(context.Background())
+		for _, d := range cg.Dirs() {
+			_ = os.Remove(filepath.Dir(d))
+		}
+	})
+	if err := cg.Create(CgroupLimits{Pids: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cg.PidsChild("../up", 1); err == nil {
+		t.Fatal("PidsChild took a name with a slash")
+	}
+	// 2: the forking thread counts there while it forks, and one child.
+	child, self, err := cg.PidsChild("workload", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer child.Close()
+	defer self.Close()
+	// The test's own thread must be in the cgroup to move between its two pids cgroups by
+	// the files alone, as the agent is.
+	start := func(n int) ([]*exec.Cmd, error) {
+		var cmds []*exec.Cmd
+		errc := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if err := MoveThreadTo(child); err != nil {
+				errc <- err
+				return
+			}
+			var err error
+			for range n {
+				cmd := exec.Command("sleep", "60")
+				if err = cmd.Start(); err != nil {
+					break
+				}
+				cmds = append(cmds, cmd)
+			}
+			_, other, _ := cgroupMounts()
+			if merr := writeCgroupFile(filepath.Join(other["pids"], threadPidsCgroup(t)), "tasks", "0"); merr != nil && err == nil {
+				err = merr
+			}
+			errc <- err
+		}()
+		return cmds, <-errc
+	}
+	cmds, err := start(2)
+	defer func() {
+		for _, c := range cmds {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}()
+	if len(cmds) != 1 || err == nil {
+		t.Fatalf("forks in a child of pids.max 2: %d started, err %v; want 1 and a refusal", len(cmds), err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", cmds[0].Process.Pid))
+	if err != nil || !strings.Contains(string(b), "pids:/"+name+"/workload") {
+		t.Fatalf("the child is not in the workloads' cgroup (%v):\n%s", err, b)
+	}
+	if self, _ := os.ReadFile("/proc/self/cgroup"); strings.Contains(string(self), name) {
+		t.Fatalf("the test process stayed in the cgroup:\n%s", self)
+	}
+	pids, err := cg.Pids()
+	if err != nil || len(pids) != 1 || pids[0] != cmds[0].Process.Pid {
+		t.Fatalf("Pids = %v, %v; want [%d]", pids, err, cmds[0].Process.Pid)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cg.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cg.Exists() {
+		t.Fatal("cgroup still exists after Remove")
+	}
+}
+
+// threadPidsCgroup is the pids cgroup the test process started in.
+func threadPidsCgroup(t *testing.T) string {
+	t.Helper()
+	cgs, err := threadCgroups(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cgs["pids"]
+}

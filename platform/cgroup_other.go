@@ -34,3 +34,8 @@ func (c *Cgroup) Pids() ([]int, error)               { return nil, ErrUnsupporte
 func (c *Cgroup) Remove(ctx context.Context) error   { return ErrUnsupported }
 func (c *Cgroup) OOMKilled() (bool, error)           { return false, ErrUnsupported }
 func (c *Cgroup) MemoryFailures() (uint64, error)    { return 0, ErrUnsupported }
+
+func (c *Cgroup) PidsChild(name string, max int) (child, self *os.File, err error) {
+	return nil, nil, ErrUnsupported
+}
+func MoveThreadTo(tasks *os.File) error { return ErrUnsupported }
