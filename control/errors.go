@@ -19,6 +19,9 @@ const (
 	CodeDirectoryNotEmpty = "directory-not-empty"
 	CodeFileExists        = "file-exists"
 	CodeCommandNotFound   = "command-not-found"
+	// CodePidsLimit: a command could not start, the sandbox's processes being at its pids
+	// limit (the fork's EAGAIN).
+	CodePidsLimit = string(errcode.PidsLimit)
 	// CodeNoSpace: the file system the sandbox wrote to is full or over a quota (ENOSPC,
 	// EDQUOT). The server says whose disk that is: the sandbox's own, or the state root's.
 	CodeNoSpace = "no-space"
@@ -57,6 +60,8 @@ func (e *RemoteError) ErrCode() errcode.Code {
 		return errcode.NotRunning
 	case CodeNoSpace:
 		return errcode.StorageFull
+	case CodePidsLimit:
+		return errcode.PidsLimit
 	case CodePortRefused:
 		return errcode.PortUnreachable
 	}

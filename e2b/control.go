@@ -62,7 +62,7 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errcode.SandboxBusy, errcode.TransitionInProgress, errcode.SandboxLeased:
 		return http.StatusLocked
-	case errcode.LimitReached:
+	case errcode.LimitReached, errcode.PidsLimit:
 		return http.StatusTooManyRequests
 	case errcode.StartTimeout, errcode.StopTimeout:
 		return http.StatusGatewayTimeout

@@ -63,6 +63,9 @@ const (
 	// LimitReached: the sandbox, or the server, has as many port connections (or port
 	// links) as it allows.
 	LimitReached Code = "limit-reached"
+	// PidsLimit: a command could not start because the sandbox's processes are at its pids
+	// limit (resources.pids).
+	PidsLimit Code = "pids-limit"
 	// LinkNotFound: no port link has this id or token (it never existed, expired or was
 	// revoked).
 	LinkNotFound Code = "link-not-found"

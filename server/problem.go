@@ -47,6 +47,7 @@ var statusOf = map[errcode.Code]int{
 	errcode.ProvisionedAgain:   http.StatusConflict,
 	errcode.AlreadyRunning:     http.StatusConflict,
 	errcode.NotRunning:         http.StatusConflict,
+	errcode.PidsLimit:          http.StatusConflict,
 	errcode.SandboxLaunched:    http.StatusConflict,
 	errcode.ForeignFiles:       http.StatusConflict,
 	errcode.RuntimeMismatch:    http.StatusConflict,

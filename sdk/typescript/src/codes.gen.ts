@@ -39,6 +39,7 @@ export type KnownErrorCode =
   | "start-timeout"
   | "port-unreachable"
   | "limit-reached"
+  | "pids-limit"
   | "link-not-found";
 
 /** The error codes the contract documents, in its order. */
@@ -80,6 +81,7 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "start-timeout",
   "port-unreachable",
   "limit-reached",
+  "pids-limit",
   "link-not-found",
 ];
 

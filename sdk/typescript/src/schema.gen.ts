@@ -1377,7 +1377,10 @@ export interface components {
              * @description Limit on the number of the workload's processes and threads. sandboxd's own agent
              *     inside the sandbox is not counted against it: the sandbox's cgroup allows this many
              *     plus an allowance of 32 for the agent, so the workload always has at least this
-             *     many, 1 included.
+             *     many, 1 included. On cgroup v1 hosts the workload's processes are limited to this
+             *     many on their own (a child cgroup), so a workload that forks without end cannot
+             *     take the agent's allowance; a command started while the workload is at its limit
+             *     is refused with `409 pids-limit`.
              */
             pids: number;
             /**
