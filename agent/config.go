@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"time"
 )
 
@@ -53,6 +54,11 @@ type Config struct {
 	// CgroupDir, if set, is the sandbox's cgroup directory as the agent sees it (v2, or v1's
 	// memory controller directory); it is read for memory usage and OOM kills.
 	CgroupDir string
+	// WorkloadTasks and AgentTasks, if set, are the tasks files (cgroup v1, open for writing)
+	// of the cgroup the workloads run in and of the agent's own: the agent forks each workload
+	// from a thread it moves into the first, and moves back into the second, so that a
+	// workload's forks count against the workloads' pids limit and never take the agent's.
+	WorkloadTasks, AgentTasks *os.File
 	// ConfigureNetwork, if set, serves control's network operation (and the agent announces
 	// it): it gives the sandbox's eth0 address and routes through gateway. A microVM's guest
 	// sets it; a namespace sandbox's eth0 is configured from the host.

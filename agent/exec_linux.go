@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/control"
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // drainIdle is how long output is still collected after the workload exited while its pipes
@@ -59,7 +61,7 @@ func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.E
 
 	umask := int(req.EffectiveUmask())
 	pid, exited, err := a.reaper.start(func() (int, error) {
-		p, err := startWithUmask(umask, argv0, req.Argv, &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: attr})
+		p, err := a.startWorkload(umask, argv0, req.Argv, &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: attr})
 		if err != nil {
 			return 0, err
 		}
@@ -158,6 +160,31 @@ func startWithUmask(umask int, argv0 string, argv []string, attr *os.ProcAttr) (
 	old := unix.Umask(umask)
 	defer unix.Umask(old)
 	return os.StartProcess(argv0, argv, attr)
+}
+
+// startWorkload starts a workload's process (startWithUmask) in the workloads' cgroup when
+// the agent has one (Config.WorkloadTasks): the forking thread moves there for the fork,
+// which the child inherits, and back after it. A thread that cannot move back is never given
+// back to the Go scheduler: locked to this goroutine, the request's, to its end, it exits
+// with it, so that no other work of the agent runs in the workloads' cgroup.
+func (a *agent) startWorkload(umask int, argv0 string, argv []string, attr *os.ProcAttr) (*os.Process, error) {
+	if a.cfg.WorkloadTasks == nil || a.cfg.AgentTasks == nil {
+		return startWithUmask(umask, argv0, argv, attr)
+	}
+	goruntime.LockOSThread()
+	if err := platform.MoveThreadTo(a.cfg.WorkloadTasks); err != nil {
+		if platform.MoveThreadTo(a.cfg.AgentTasks) == nil {
+			goruntime.UnlockOSThread()
+		}
+		return nil, err
+	}
+	p, err := startWithUmask(umask, argv0, argv, attr)
+	if berr := platform.MoveThreadTo(a.cfg.AgentTasks); berr != nil {
+		a.log.Error("a thread of the agent stays in the workloads' cgroup; it ends with its request", "err", berr)
+		return p, err
+	}
+	goruntime.UnlockOSThread()
+	return p, err
 }
 
 // workload holds one exec's process and the agent's ends of its stdio.
@@ -433,6 +460,9 @@ func startError(err error, cmd string) error {
 	case errors.Is(err, unix.ENOEXEC):
 		return &control.RemoteError{Code: control.CodeInvalidRequest,
 			Message: fmt.Sprintf("Command %q is not an executable this sandbox can run.", truncate(cmd))}
+	case errors.Is(err, unix.EAGAIN):
+		return &control.RemoteError{Code: control.CodePidsLimit,
+			Message: fmt.Sprintf("Command %q cannot start: the sandbox's processes are at its pids limit. Retry once some of them end (signal or stop them), or recreate the sandbox with a higher resources.pids.", truncate(cmd))}
 	}
 	return err
 }

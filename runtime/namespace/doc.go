@@ -124,7 +124,14 @@
 // fork alone; on v2 the init is cloned into it (CLONE_INTO_CGROUP) and makes its cgroup
 // namespace once inside. An out-of-memory kill goes into the outcome. The cgroup's pids.max
 // is the sandbox's pids limit plus [shim.AgentPids], since the agent's own threads count
-// against it: `pids: N` leaves the workload at least N processes and threads.
+// against it: `pids: N` leaves the workload at least N processes and threads. On v1 the
+// workloads run in a child of the pids cgroup ([shim.WorkloadCgroup], pids.max N+1: the
+// agent's forking thread is there while it forks) so that a workload forking without end is
+// refused there (a command started meanwhile is refused with pids-limit) and never takes the
+// threads the agent needs; the agent moves its forking thread between the two with tasks
+// files the shim opened (the kernel judges such a write by the opener), which it holds
+// close-on-exec and, not dumpable, out of the workloads' reach. On v2 the two share the
+// ceiling.
 //
 // The init holds the sandbox's capability set plus CAP_SYS_ADMIN, CAP_NET_ADMIN and
 // CAP_SYS_RESOURCE (all in its user namespace), which it drops before the agent runs. The agent keeps [platform.DefaultCapabilities] (Docker's

@@ -29,6 +29,8 @@ type agentConfig struct {
 	Env        map[string]string `json:"env,omitempty"`
 	Hostname   string            `json:"hostname"`
 	CgroupDir  string            `json:"cgroup_dir,omitempty"`
+	// WorkloadPids: fds 6 and 7 are the workloads' and the agent's tasks files.
+	WorkloadPids bool `json:"workload_pids,omitempty"`
 }
 
 func initLogf(format string, args ...any) {
@@ -174,7 +176,7 @@ func initStage() error {
 		return err
 	}
 
-	acfg := agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir}
+	acfg := agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir, WorkloadPids: spec.WorkloadPids}
 	prog, err := seccompProgram(cfg.Seccomp)
 	if err != nil {
 		return err
@@ -295,6 +297,13 @@ func agentStageMain() int {
 // socket that the shim made (fd 5).
 func runAgent(cfg agentConfig) error {
 	unix.CloseOnExec(fdLifeline)
+	var workloadTasks, agentTasks *os.File
+	if cfg.WorkloadPids {
+		// Opened by the shim, as host root: the kernel judges a move by the opener.
+		unix.CloseOnExec(fdWorkloadTasks)
+		unix.CloseOnExec(fdAgentTasks)
+		workloadTasks, agentTasks = os.NewFile(fdWorkloadTasks, "workload tasks"), os.NewFile(fdAgentTasks, "agent tasks")
+	}
 	lf := os.NewFile(fdListener, "control socket")
 	ln, err := net.FileListener(lf)
 	lf.Close() // FileListener holds a duplicate, close-on-exec: no workload inherits it
@@ -313,12 +322,14 @@ func runAgent(cfg agentConfig) error {
 	}
 	slices.Sort(env)
 	err = agent.Run(agent.Config{
-		Listener:   ln,
-		Capability: cfg.Capability,
-		DefaultEnv: env,
-		Hostname:   cfg.Hostname,
-		CgroupDir:  cfg.CgroupDir,
-		ReapAll:    true,
+		Listener:      ln,
+		Capability:    cfg.Capability,
+		DefaultEnv:    env,
+		Hostname:      cfg.Hostname,
+		CgroupDir:     cfg.CgroupDir,
+		WorkloadTasks: workloadTasks,
+		AgentTasks:    agentTasks,
+		ReapAll:       true,
 	})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)

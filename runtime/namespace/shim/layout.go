@@ -44,10 +44,21 @@ const (
 // 9 threads; each blocking system call in flight (a file operation, of which a sandbox has at
 // most 16, or an exec's wait) can take one more. Without the allowance a small `pids` left no
 // room for the agent (below 6 the sandbox never came up, at 8 it ran but could start no
-// command); with it, `pids: N` leaves at least N to the workload. The allowance is a ceiling
-// the sandbox shares, not a reserve: a workload that forks past N can take what the agent
-// does not use.
+// command); with it, `pids: N` leaves at least N to the workload.
+//
+// On cgroup v1 the allowance is the agent's own: the workloads live in a child of the
+// sandbox's pids cgroup, [WorkloadCgroup], limited to N (and the forking thread), so a workload that forks without end
+// is refused its forks there and never takes the thread the agent needs to answer (or to
+// live: a Go runtime that cannot make a thread dies). On cgroup v2 the two share the ceiling
+// (a v2 cgroup with children holds no processes of its own): a workload that forks past N
+// can take what the agent does not use.
 const AgentPids = 32
+
+// WorkloadCgroup is the child of a sandbox's pids cgroup (cgroup v1, with a pids limit) that
+// the agent starts every workload in: the shim makes it with the sandbox's pids limit (plus
+// one: the agent's thread that forks a workload counts there while it forks) and hands the init the tasks files of it and of the sandbox's cgroup (fds 6 and 7), between
+// which the agent moves the thread that forks a workload.
+const WorkloadCgroup = "workload"
 
 // Config is what the host-side driver hands the shim on its fd 3.
 type Config struct {

@@ -58,6 +58,9 @@ type shimSpec struct {
 	Hostname   string            `json:"hostname"`
 	// CgroupV2 says which kind of cgroup to mount inside for the agent.
 	CgroupV2 bool `json:"cgroup_v2,omitempty"`
+	// WorkloadPids says the init has the tasks files of [WorkloadCgroup] and of the sandbox's
+	// pids cgroup at fds 6 and 7.
+	WorkloadPids bool `json:"workload_pids,omitempty"`
 	// Disk says the writable layer lives on the sandbox's own disk (EntryDiskImage).
 	Disk bool `json:"disk,omitempty"`
 }
@@ -76,6 +79,10 @@ const (
 	fdConfig   = 3
 	fdLifeline = 4
 	fdListener = 5
+	// 6 and 7, with a pids limit on cgroup v1: the tasks files of [WorkloadCgroup] and of the
+	// sandbox's own pids cgroup.
+	fdWorkloadTasks = 6
+	fdAgentTasks    = 7
 )
 
 // ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup
@@ -140,7 +147,14 @@ func runShim(cfg *Config) int {
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
-	proc, err := startInit(spec.Dir, cg, ids)
+	tasks, err := workloadTasks(cg, spec.Resources.Pids)
+	if err != nil {
+		return l.fail(cg, "%v", err)
+	}
+	proc, err := startInit(spec.Dir, cg, ids, tasks)
+	for _, f := range tasks {
+		f.Close() // the init has its own now
+	}
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
@@ -275,6 +289,22 @@ func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
 	return cg, nil
 }
 
+// workloadTasks makes the workloads' pids cgroup ([WorkloadCgroup]) of a sandbox limited to
+// pids tasks (and the forking thread) and returns the tasks files the init gets (fds 6 and 7), or none: without a pids
+// limit, or on cgroup v2.
+func workloadTasks(cg *platform.Cgroup, pids int) ([]*os.File, error) {
+	if pids <= 0 || cg.V2() {
+		return nil, nil
+	}
+	// One more than the workload's limit: the agent's thread that forks a workload is in
+	// the cgroup while it forks, and counts.
+	child, self, err := cg.PidsChild(WorkloadCgroup, pids+1)
+	if err != nil {
+		return nil, fmt.Errorf("the workloads' cgroup: %w", err)
+	}
+	return []*os.File{child, self}, nil
+}
+
 // initProcess is the sandbox's init, started by [startInit].
 type initProcess struct {
 	cmd *exec.Cmd
@@ -289,6 +319,8 @@ type initProcess struct {
 	// leaveCgroup takes the shim's forking thread out of the sandbox's cgroup again (cgroup
 	// v1); on v2 the thread never entered it.
 	leaveCgroup func() error
+	// workloadPids says the init has the workloads' cgroup's tasks files (fds 6 and 7).
+	workloadPids bool
 }
 
 // startInit starts the sandbox's init in new namespaces and in the cgroup cg, with its
@@ -301,7 +333,7 @@ type initProcess struct {
 // sandboxd may check, are the shim's: the process that listened. Once the init has it, the
 // shim's own descriptor goes, so that the socket dies with the agent and a client waiting
 // in its queue learns so at once.
-func startInit(dir string, cg *platform.Cgroup, ids *idRange) (*initProcess, error) {
+func startInit(dir string, cg *platform.Cgroup, ids *idRange, tasks []*os.File) (*initProcess, error) {
 	ln, err := platform.ListenUnix(filepath.Join(dir, EntryControl, SocketName), 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
@@ -326,7 +358,7 @@ func startInit(dir string, cg *platform.Cgroup, ids *idRange) (*initProcess, err
 		cw.Close()
 		return nil, fmt.Errorf("pipe: %w", err)
 	}
-	p := &initProcess{cmd: initCommand(cr, lr, ln, ids), ids: ids, rootfs: rootfsID, config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
+	p := &initProcess{cmd: initCommand(cr, lr, ln, tasks, ids), workloadPids: len(tasks) > 0, ids: ids, rootfs: rootfsID, config: cw, lifeline: lw, leaveCgroup: func() error { return nil }}
 	err = p.start(cg, rootfs)
 	cr.Close()
 	lr.Close()
@@ -351,16 +383,16 @@ func configSocket() (shimEnd, initEnd *os.File, err error) {
 }
 
 // initCommand is the init's command, its configuration on fd 3 (cr), its lifeline on fd 4
-// (lr) and the control socket on fd 5 (ln), in a user namespace of the host ids ids unless
-// nil. Its argv names no host path (the state directory is in its configuration): a sandbox
+// (lr), the control socket on fd 5 (ln) and the tasks files of [workloadTasks] on 6 and 7,
+// in a user namespace of the host ids ids unless nil. Its argv names no host path (the state directory is in its configuration): a sandbox
 // can read it. Its working directory is the shim's at the start (see [initProcess.start]).
-func initCommand(cr, lr, ln *os.File, ids *idRange) *exec.Cmd {
+func initCommand(cr, lr, ln *os.File, tasks []*os.File, ids *idRange) *exec.Cmd {
 	cmd := exec.Command("/proc/self/exe", InitCommand) //nolint:noctx // the init lives as long as the sandbox
 	cmd.Args[0] = "sandboxd"
 	cmd.Env = []string{}
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stderr
-	cmd.ExtraFiles = []*os.File{cr, lr, ln}
+	cmd.ExtraFiles = append([]*os.File{cr, lr, ln}, tasks...)
 	// Go's own Pdeathsig cannot be used here: its check against a parent that died early
 	// compares getppid() with the parent's pid, and in a new pid namespace getppid() is 0, so
 	// the child would always kill itself. The init sets the signal itself and checks the
@@ -473,6 +505,7 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 		ss := shimSpec{
 			ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: b.dir, Lowers: spec.Lowers,
 			Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: v2, Disk: spec.DiskMB > 0,
+			WorkloadPids: p.workloadPids,
 		}
 		var mounts *rootMounts
 		mounts, err = p.makeMounts(&ss)
