@@ -5,12 +5,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // TestContractSmallPids: every pids limit the schema accepts gives a sandbox that starts and
 // runs commands, the small ones included (the agent's own threads are not counted against
 // the limit), and no such start or exec answers a 5xx. The limit still holds: a workload that
-// forks far past it is refused forks, and pids N leaves it at least N.
+// forks far past it is refused forks, and pids N leaves it at least N. On cgroup v1 the
+// workload's forks never take the agent's allowance: a command started at the limit is
+// refused with pids-limit, and the sandbox runs on.
 func TestContractSmallPids(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -45,24 +49,42 @@ func TestContractSmallPids(t *testing.T) {
 	if got.ExitCode != 0 || got.Stdout != "four\n" {
 		t.Errorf("pids 4: a shell with three children: %+v", got)
 	}
-	// pids 1: a hundred children is far beyond the limit and the agent's allowance. The
-	// allowance is a ceiling the sandbox shares with its agent (shim.AgentPids), so a workload
-	// that takes all of it can leave the agent no thread to answer with: that exec may then
-	// fail (500 internal) instead of answering the refused forks; either way the limit held,
-	// and the agent answers again once the workload's tasks are gone.
+	// pids 1: a hundred children is far beyond the limit and the agent's allowance. On cgroup
+	// v1 the workload's processes have a cgroup of their own, limited to 1 (and the agent's
+	// forking thread): the forks are refused there and the agent keeps its allowance, so it answers, and the
+	// sandbox lives on. On cgroup v2 the allowance is a ceiling the two share, so a workload
+	// that takes it all can leave the agent no thread to answer with (500) or even to live.
+	version, err := platform.CgroupVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := version == 1
+	if max := cgroupFile(t, d, "pids-1", "workload/pids.max"); v1 && max != "2" {
+		t.Fatalf("pids 1 on cgroup v1: the workloads' cgroup has pids.max %q, want 2 (1 and the forking thread)", max)
+	}
 	r := d.doJSON("POST", "/v1/sandboxes/pids-1/exec", map[string]any{"command": []string{"sh", "-c", "i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); done; echo forked $i"}})
-	switch r.Status {
-	case 200:
+	switch {
+	case r.Status == 200:
 		if got := decode[execJSON](t, r, 200); got.ExitCode == 0 || !strings.Contains(got.Stderr, "fork") {
 			t.Errorf("pids 1: a hundred forks were not refused: %+v", got)
 		}
-	case 500:
+	case r.Status == 500 && !v1:
 		wantProblem(t, r, 500, "internal")
 	default:
 		t.Errorf("pids 1: a hundred forks answered %d: %s", r.Status, r.Body)
 	}
+	if v1 {
+		// While the workload's processes are at the limit, a command cannot start; the agent
+		// says so, and the sandbox runs on.
+		if r := d.doJSON("POST", "/v1/sandboxes/pids-1/exec", map[string]any{"command": []string{"true"}}); r.Status != 200 {
+			wantProblem(t, r, 409, "pids-limit")
+		}
+	}
 	waitFor(t, 30*time.Second, "the fork bomb's tasks to end", func() bool {
 		r := d.doJSON("POST", "/v1/sandboxes/pids-1/exec", map[string]any{"command": []string{"true"}})
+		if v1 && r.Status != 200 {
+			wantProblem(t, r, 409, "pids-limit")
+		}
 		return r.Status == 200 && decode[execJSON](t, r, 200).ExitCode == 0
 	})
 	if got := d.exec("pids-1", map[string]any{"command": []string{"echo", "after"}}); got.Stdout != "after\n" {

@@ -212,13 +212,28 @@ func TestHostileWorkloads(t *testing.T) {
 			}
 			res <- response{Status: status, Body: body}
 		}()
+		// On cgroup v1 the workload forks in a cgroup of its own, limited to its 128 (and the
+		// agent's forking thread), where the refusals are counted: the agent's allowance stays
+		// its own. On v2 the two share the sandbox's cgroup.
+		events, v1 := "pids.events", false
+		if v, err := platform.CgroupVersion(); err == nil && v == 1 {
+			events, v1 = "workload/pids.events", true
+			if max := cgroupFile(t, d, id, "workload/pids.max"); max != "129" {
+				t.Errorf("the workloads' cgroup has pids.max %q, want 129 (128 and the forking thread)", max)
+			}
+		}
 		// The pids controller counts every fork it refused: the bomb hit the limit.
 		waitFor(t, 30*time.Second, "a fork refused at the pids limit", func() bool {
-			return keyed(cgroupFile(t, d, id, "pids.events"), "max") > 0
+			return keyed(cgroupFile(t, d, id, events), "max") > 0
 		})
 		cur, _ := strconv.Atoi(cgroupFile(t, d, id, "pids.current"))
 		if cur > limit {
 			t.Errorf("pids.current %d exceeds the limit %d", cur, limit)
+		}
+		if v1 {
+			if n := keyed(cgroupFile(t, d, id, "pids.events"), "max"); n > 0 {
+				t.Errorf("the sandbox's cgroup refused %d forks: the workload took the agent's allowance", n)
+			}
 		}
 		r := <-res
 		w.check(t, "the sandbox forked without end")
