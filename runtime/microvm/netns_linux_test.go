@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -260,5 +261,93 @@ func TestRestoreHasTheSavedNIC(t *testing.T) {
 		if _, err := (&Runtime{}).SavedNIC(gen); err == nil {
 			t.Errorf("the state %+v reads", bad)
 		}
+	}
+}
+
+// TestReleaseKeepsTheNetwork: a networked microVM's network namespace outlives a release of
+// its memory (the shim keeps it, with what the host made there: here an eth0 that JoinGuest
+// joined), the released state records the NIC, and the restore's QEMU runs in the same
+// namespace with a new tap, to which a second JoinGuest points the redirects.
+func TestReleaseKeepsTheNetwork(t *testing.T) {
+	r := newRuntime(t)
+	ctx := vmContext(t)
+	spec := testSpec(t, "relnet")
+	spec.Network = true
+	proc, err := r.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Kill(ctx, spec.Dir, proc) }()
+	dialAgent(ctx, t, r, spec.Dir, proc, spec.Capability).Close()
+	qemu, err := r.NetNS(spec.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := nsInode(qemu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox's eth0, as the Manager makes it: a veth whose peer is in the host's
+	// namespace, which goes when the namespace does.
+	join := func() {
+		t.Helper()
+		ns, err := os.Open("/proc/" + strconv.Itoa(qemu) + "/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		if err := r.JoinGuest(ns); err != nil {
+			t.Fatal(err)
+		}
+		h, err := netlink.NewHandleAt(netns.NsHandle(int(ns.Fd())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		checkRedirects(t, h)
+	}
+	func() {
+		ns, err := os.Open("/proc/" + strconv.Itoa(qemu) + "/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		h, err := netlink.NewHandleAt(netns.NsHandle(int(ns.Fd())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		peer := "vmnt" + strconv.Itoa(os.Getpid()%100000)
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: peer, PeerNamespace: netlink.NsPid(os.Getpid())}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if l, err := netlink.LinkByName(peer); err == nil {
+				_ = netlink.LinkDel(l)
+			}
+		})
+	}()
+	join()
+
+	if err := r.ReleaseMemory(ctx, spec.ID, spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if nic, err := r.SavedNIC(filepath.Join(spec.Dir, shim.EntryMemory)); err != nil || !nic {
+		t.Fatalf("the released state's NIC: %v, %v; want it recorded", nic, err)
+	}
+	if err := r.Thaw(ctx, spec.ID, spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if qemu, err = r.NetNS(spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if after, err := nsInode(qemu); err != nil || after != before {
+		t.Fatalf("the restored QEMU's network namespace is %d (%v); the launch's was %d", after, err, before)
+	}
+	join()
+	c := dialAgent(ctx, t, r, spec.Dir, proc, spec.Capability)
+	defer c.Close()
+	if got := run(ctx, t, c, "cat", "/sys/class/net/eth0/address"); got == "" {
+		t.Fatal("the restored guest has no eth0")
 	}
 }
