@@ -439,6 +439,10 @@ func (s *Supervisor) checkLiveNetwork(l *store.Lock, cfg *store.Config, rules *n
 	if !ok {
 		return nil
 	}
+	if pr, err := readPause(l.Dir()); err == nil && pr != nil && pr.Memory == MemoryReleased {
+		// No QEMU runs to say whether it has a NIC, or to be given a network.
+		return errcode.New(errcode.Unavailable, "Sandbox %s is paused with its memory released, so no guest is there to give a network; resume it, then set its network.", l.ID())
+	}
 	if _, err := gn.NetNS(l.Dir()); err != nil {
 		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s runs under the %s runtime without a network interface, which cannot be added while it runs (%v); stop it, set its network, and start it again.", l.ID(), rt.Kind(), err)
 	}

@@ -269,7 +269,6 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 	}
 	if pr.Memory == MemoryReleased {
 		s.dropClient(id) // a session of before the release is gone
-		s.crash("resume-restored")
 		if err := s.rejoinNetwork(l, r.rec); err != nil {
 			return nil, rejoinError(id, err)
 		}
