@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMicroVMNetworkMemory captures a networked microVM with a counter in its memory, inside
@@ -58,8 +59,10 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 
 	seen := map[netip.Addr]string{srcAddr: src}
 	for _, id := range []string{"n1", "n2"} {
+		begin := time.Now()
 		sb := decode[netSandboxJSON](t, d.vmDo("POST", "/v1/sandboxes?timeout=600000", jsonBody(t, map[string]any{
 			"id": id, "template": "netmem", "runtime": "microvm", "start": true, "network": policy})), 201)
+		t.Logf("networked clone %s: create and restore to running, its network attached: %v", id, time.Since(begin))
 		addr, err := netip.ParseAddr(sb.Address)
 		if err != nil || sb.State != "running" {
 			t.Fatalf("the networked clone %s: %+v", id, sb)
@@ -80,7 +83,9 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	}
 
 	// Without a network: the NIC is there (the saved devices), down, with no address.
+	begin := time.Now()
 	d.createVM(map[string]any{"id": "n3", "template": "netmem", "runtime": "microvm", "start": true})
+	t.Logf("clone without a network: create and restore to running, its NIC down: %v", time.Since(begin))
 	if got := d.vmExec("n3", "ip", "-4", "-o", "addr", "show", "dev", "eth0"); got != "" {
 		t.Fatalf("the clone without a network has addresses on eth0: %q", got)
 	}
@@ -105,18 +110,22 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	// side stay while QEMU is gone, across a SIGKILL of sandboxd.
 	const rel = "n1"
 	relAddr := d.vmAddress(rel)
+	begin = time.Now()
 	if r := d.vmDo("POST", "/v1/sandboxes/"+rel+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"paused"`) {
 		t.Fatalf("pause with the memory released: %d %s", r.Status, r.Body)
 	}
+	t.Logf("pause of a networked clone with its memory released: %v", time.Since(begin))
 	d.wantOnlyShim(vm, filepath.Join(d.Root, "sandboxes", rel))
 	d.Restart(true)
 	if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK {
 		t.Fatalf("sandboxd check beside a released networked microVM exited %d: %+v\n%s", code, rep, stderr)
 	}
 	w.noLeftovers(t, d, src, rel)
+	begin = time.Now()
 	if r := d.vmDo("POST", "/v1/sandboxes/"+rel+"/resume?timeout=600000", nil); r.Status != 200 {
 		t.Fatalf("resume of a released networked microVM: %d %s", r.Status, r.Body)
 	}
+	t.Logf("resume of the released networked clone (restore, Setup, the join), after a restart of sandboxd: %v", time.Since(begin))
 	if got := d.vmAddress(rel); got != relAddr {
 		t.Fatalf("the resumed clone has address %s; it had %s", got, relAddr)
 	}
@@ -137,7 +146,14 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 		t.Fatalf("sandboxd check after the resume exited %d: %+v\n%s", code, rep, stderr)
 	}
 
-	d.vmDo("POST", "/v1/sandboxes/"+rel+"/stop?force=true", nil)
+	// A stop of a released networked microVM ends it with its network.
+	if r := d.vmDo("POST", "/v1/sandboxes/"+rel+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 {
+		t.Fatalf("pause with the memory released: %d %s", r.Status, r.Body)
+	}
+	if r := d.vmDo("POST", "/v1/sandboxes/"+rel+"/stop?timeout=300000", nil); r.Status != 200 {
+		t.Fatalf("stop of a released networked microVM: %d %s", r.Status, r.Body)
+	}
+	w.noLeftovers(t, d, src)
 	if r := d.vmDo("DELETE", "/v1/sandboxes/"+rel, nil); r.Status != 204 {
 		t.Fatalf("delete %s: %d %s", rel, r.Status, r.Body)
 	}
