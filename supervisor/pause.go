@@ -359,7 +359,8 @@ func (s *Supervisor) reconcilePause(ctx context.Context, l *store.Lock, rec *sto
 			return false, err
 		}
 		if frozen {
-			// A microVM whose released memory that resume restores has a new tap to join.
+			// The interrupted resume may be of a microVM's released memory, which the thaw
+			// restored: its new QEMU has a new tap to join.
 			if err := s.rejoinNetwork(l, rec); err != nil {
 				s.log.Error("network: joining a resumed sandbox's network", "sandbox", l.ID(), "err", err)
 			}
