@@ -358,13 +358,6 @@ func (s *Supervisor) reconcilePause(ctx context.Context, l *store.Lock, rec *sto
 		if err := p.Thaw(ctx, l.ID(), l.Dir()); err != nil {
 			return false, err
 		}
-		if frozen {
-			// The interrupted resume may be of a microVM's released memory, which the thaw
-			// restored: its new QEMU has a new tap to join.
-			if err := s.rejoinNetwork(l, rec); err != nil {
-				s.log.Error("network: joining a resumed sandbox's network", "sandbox", l.ID(), "err", err)
-			}
-		}
 	}
 	return pr != nil, nil
 }

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"encoding/json"
 	"net/netip"
 	"os"
@@ -17,7 +18,8 @@ import (
 // the source's), which reaches the allowed host as the policy says; a clone without a network
 // has its NIC (the saved devices have one) but down, with no address, and reaches nothing. A
 // networked clone's memory released by a pause survives a SIGKILL of sandboxd (sandboxd check
-// clean beside it), and its resume keeps its address and its reach, the counter running on.
+// clean beside it), and its resume keeps its address and its reach, the counter running on;
+// so does a crash of sandboxd in either window of a resume (before and after the thaw).
 // A networked clone of a generation captured without a NIC is refused (503) before anything
 // is made.
 func TestMicroVMNetworkMemory(t *testing.T) {
@@ -144,6 +146,45 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	}
 	if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK {
 		t.Fatalf("sandboxd check after the resume exited %d: %+v\n%s", code, rep, stderr)
+	}
+
+	// The resume's crash windows, made by hand while sandboxd is down (SIGKILLed while the
+	// memory is released): the pause record removed and the VM still released (a crash before
+	// the thaw: start-up's reconcile restores it and joins), and the VM restored too (a crash
+	// before the join: the reattach adopts the network, pointing the join at the new tap).
+	dir := filepath.Join(d.Root, "sandboxes", rel)
+	for _, thawed := range []bool{false, true} {
+		if r := d.vmDo("POST", "/v1/sandboxes/"+rel+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 {
+			t.Fatalf("pause with the memory released: %d %s", r.Status, r.Body)
+		}
+		d.Kill()
+		if err := os.Remove(filepath.Join(dir, "paused.json")); err != nil {
+			t.Fatal(err)
+		}
+		if thawed {
+			ctx, cancel := context.WithTimeout(context.Background(), vmDeadline)
+			err := vm.Thaw(ctx, rel, dir)
+			cancel()
+			if err != nil {
+				t.Fatalf("the resume's thaw, by hand: %v", err)
+			}
+		}
+		d.start()
+		// Before any request that could adopt it: start-up attached the network (a sandbox
+		// shows its address only while this sandboxd has it attached).
+		if sb := decode[netSandboxJSON](t, d.vmDo("GET", "/v1/sandboxes/"+rel, nil), 200); sb.State != "running" || sb.Address != relAddr.String() {
+			t.Fatalf("after a crash mid-resume (thawed %v) and the restart: %+v; want it running with address %s", thawed, sb, relAddr)
+		}
+		if got := d.vmAddress(rel); got != relAddr {
+			t.Fatalf("after a crash mid-resume (thawed %v) the clone has address %s; it had %s", thawed, got, relAddr)
+		}
+		d.vmReaches(rel)
+		if log := d.logs.String(); !thawed && !strings.Contains(log, "finishing an interrupted resume") {
+			t.Fatalf("start-up did not finish the interrupted resume:\n%s", log)
+		}
+		if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK {
+			t.Fatalf("sandboxd check after a crash mid-resume (thawed %v) exited %d: %+v\n%s", thawed, code, rep, stderr)
+		}
 	}
 
 	// A stop of a released networked microVM ends it with its network.
