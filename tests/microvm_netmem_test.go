@@ -84,6 +84,12 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 		d.vmReaches(id)
 	}
 
+	for line := range strings.Lines(d.logs.String()) {
+		if strings.Contains(line, "network: attached") {
+			t.Logf("the supervisor's network setup (Setup and the join): %s", strings.TrimSpace(line))
+		}
+	}
+
 	// Without a network: the NIC is there (the saved devices), down, with no address.
 	begin := time.Now()
 	d.createVM(map[string]any{"id": "n3", "template": "netmem", "runtime": "microvm", "start": true})
