@@ -325,8 +325,29 @@ func (s *Supervisor) adoptNetwork(l *store.Lock, rec *store.RuntimeRecord) {
 		return
 	}
 	if _, err := s.setupNetwork(l, rules, processOf(rec)); err != nil {
+		if s.releasedVM(l) {
+			// A resume that sandboxd's death interrupted before its thaw: start-up's
+			// reconciliation restores it, and its network pass adopts it then.
+			s.log.Info("network: the sandbox's memory is released; its network is adopted once it is restored", "sandbox", l.ID())
+			return
+		}
 		s.log.Error("network: re-adopting a running sandbox's network", "sandbox", l.ID(), "err", err)
 	}
+}
+
+// releasedVM reports whether the sandbox l locks is a VM whose memory is released (its
+// runtime reads it frozen with no QEMU to join), whatever its pause record says.
+func (s *Supervisor) releasedVM(l *store.Lock) bool {
+	rt, err := s.lockedRuntime(l)
+	if err != nil {
+		return false
+	}
+	p, ok := rt.(runtime.Pauser)
+	if _, releases := rt.(runtime.MemoryReleaser); !ok || !releases {
+		return false
+	}
+	frozen, err := p.Frozen(l.ID(), l.Dir())
+	return err == nil && frozen
 }
 
 // rejoinNetwork joins a running microVM's network to its guest again once its released memory
