@@ -229,6 +229,10 @@ type netAgent struct {
 
 // ConfigureNetwork implements control.NetworkConfigurer.
 func (n netAgent) ConfigureNetwork(ctx context.Context, address netip.Prefix, gateway netip.Addr) error {
-	n.log.Info("configuring the network", "address", address, "gateway", gateway)
+	if !address.IsValid() {
+		n.log.Info("taking the network down")
+	} else {
+		n.log.Info("configuring the network", "address", address, "gateway", gateway)
+	}
 	return n.configure(ctx, address, gateway)
 }

@@ -60,8 +60,9 @@ type Config struct {
 	// workload's forks count against the workloads' pids limit and never take the agent's.
 	WorkloadTasks, AgentTasks *os.File
 	// ConfigureNetwork, if set, serves control's network operation (and the agent announces
-	// it): it gives the sandbox's eth0 address and routes through gateway. A microVM's guest
-	// sets it; a namespace sandbox's eth0 is configured from the host.
+	// it, and its down form): it gives the sandbox's eth0 address and routes through gateway,
+	// or, given the zero address and gateway, takes eth0 down. A microVM's guest sets it; a
+	// namespace sandbox's eth0 is configured from the host.
 	ConfigureNetwork func(ctx context.Context, address netip.Prefix, gateway netip.Addr) error
 	// Logger receives the agent's log; default slog.Default().
 	Logger *slog.Logger

@@ -70,7 +70,7 @@ func features(h Handler) []string {
 		f = append(f, FeatureFileMeta)
 	}
 	if _, ok := h.(NetworkConfigurer); ok {
-		f = append(f, FeatureNetwork)
+		f = append(f, FeatureNetwork, FeatureNetworkDown)
 	}
 	return f
 }

@@ -523,10 +523,16 @@ type CreateSandboxRequest struct {
 	// Runtime The runtime to run the sandbox under (default `namespace`). A runtime that does not
 	// work on this server, or that the operator turned off (see `runtimes` of
 	// `/v1/info`), is refused with `unavailable` (503) and the reason. A `microvm`
-	// sandbox runs the `host` image only, has no disk of its own (give `disk_mb: 0`:
-	// the server's default disk applies to `namespace` sandboxes only), a network only
-	// when its policy asks for one as it starts (a running microVM cannot be given one),
-	// no pause and no capture yet, and cannot be a clone.
+	// sandbox runs the `host` image or an OCI image on a disk overlay of its own, whose
+	// room beyond the image is `resources.disk_mb` (1024 MiB when not given: the
+	// server's default disk applies to `namespace` sandboxes only). It has a network
+	// interface when its policy asks for one as it starts (a running microVM started
+	// without one cannot be given one) and, as a clone of a memory generation, exactly
+	// when the generation was captured with one: a networked clone of a generation
+	// captured without one is refused with `unavailable`, and a clone without a network
+	// of one captured with one has it down, with no address. Its captures hold its
+	// memory (it is captured running), and its clones run on from them, each with an
+	// address of its own.
 	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
 	// Start Also start the sandbox before answering. The create is then all or nothing: a

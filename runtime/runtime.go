@@ -61,7 +61,9 @@ type Spec struct {
 	// Network says that the sandbox's policy gives it a network interface at this launch
 	// (the supervisor sets it up once the agent answers). A runtime whose interface must
 	// exist from the start, a VM's NIC, makes it only then; the namespace runtime gives every
-	// sandbox a network namespace of its own either way.
+	// sandbox a network namespace of its own either way. A restore of a memory generation
+	// has the generation's interface, whatever this says ([SavedNICer]): a runtime refuses
+	// Network for a generation saved without one.
 	Network bool `json:"network,omitempty"`
 	// Restore, when set, restores the memory state of the generation in Lowers rather than
 	// booting (a [MemoryCapturer]'s generation): the processes that ran at the capture run
@@ -276,6 +278,16 @@ type ResourcePinner interface {
 type MemoryCapturer interface {
 	// CapturesMemory reports whether the runtime's captures hold memory.
 	CapturesMemory() bool
+}
+
+// SavedNICer is a [MemoryCapturer] whose memory generations may hold the sandbox's network
+// interface among their saved devices, which a restore must have exactly: a clone of a
+// generation with one has it whatever its policy (the supervisor takes it down when the clone
+// has no network), and one of a generation without one cannot be given a network.
+type SavedNICer interface {
+	// SavedNIC reports whether the memory generation in dir (a payload directory) was saved
+	// with a network interface.
+	SavedNIC(dir string) (bool, error)
 }
 
 // MemoryReleaser is a [Pauser] that can pause a sandbox with its memory released: saved to

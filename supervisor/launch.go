@@ -77,8 +77,13 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	if err != nil {
 		return err
 	}
-	if err := s.refuseNetworkedRestore(restore != nil, cfg); err != nil {
-		return err
+	// A restore has its generation's NIC, whatever the policy: a networked restore of a
+	// generation without one is refused here, before anything of the launch is made.
+	restoredNIC := false
+	if restore != nil && len(lowers) > 0 {
+		if restoredNIC, err = s.restoreNIC(rt, cfg, lowers[0]); err != nil {
+			return err
+		}
 	}
 	// No process of an earlier launch can run now (reattach made sure), so staging leftovers
 	// of its outcome report are garbage.
@@ -153,6 +158,13 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 			return err
 		}
 		s.crash("restored")
+		if restoredNIC && !s.networked(cfg) {
+			if err := s.dropRestoredNetwork(ctx, cfg, client); err != nil {
+				client.Close()
+				s.abandon(ctx, l, launchID, proc, runtime.ReasonStartFailed)
+				return err
+			}
+		}
 	}
 	if err := s.attachLaunchNetwork(ctx, l, cfg, proc, client); err != nil {
 		client.Close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,11 @@ import (
 //   - Reattach of a running sandbox that this process has not attached (after a restart of
 //     sandboxd) sets it up again ([Supervisor.adoptNetwork]): the Manager keeps the veth and
 //     re-arms the resolver, which lived in the old process.
+//   - A resume of a microVM whose memory was released joins the network to the guest of its
+//     new QEMU ([Supervisor.rejoinNetwork]); the network itself stayed (the shim keeps the
+//     namespace). A restore of a memory generation has the generation's NIC, whatever the
+//     policy: a clone without a network takes its guest's down ([Supervisor.dropRestoredNetwork]),
+//     a networked one of a generation without one is refused ([Supervisor.restoreNIC]).
 //   - Start-up ([Supervisor.ReattachAll]) then tears down the network of every recorded
 //     sandbox that does not run ([Supervisor.reconcileNetworks]): a record can outlive its
 //     launch when the reconciliation that ended the launch had no Manager (`sandboxd check
@@ -129,35 +135,42 @@ func (s *Supervisor) rulesOf(cfg *store.Config) *network.Rules {
 	return rules
 }
 
-// errNetworkedMemory refuses what a microVM's memory cannot yet do with a network: a
-// capture (a clone would restore its NIC with the source's identity), a clone or first start
-// restoring a memory generation with a network policy (the saved devices have no NIC), and a
-// release (QEMU's network namespace, which holds the sandbox's eth0, ends with it).
-func errNetworkedMemory(id, what string) error {
-	return errcode.New(errcode.Unavailable, "Sandbox %s: sandboxd cannot yet %s; remove its network policy (PUT /network with {}) while it is stopped, or do without the memory.", id, what)
-}
-
 // networked says whether cfg's sandbox gets a network interface from this server.
 func (s *Supervisor) networked(cfg *store.Config) bool {
 	return s.net.mgr != nil && s.rulesOf(cfg).Networked()
 }
 
-// refuseNetworkedRestore refuses a launch or clone that restores a memory generation under a
-// network policy (see errNetworkedMemory).
-func (s *Supervisor) refuseNetworkedRestore(restores bool, cfg *store.Config) error {
-	if restores && s.networked(cfg) {
-		return errNetworkedMemory(cfg.ID, "restore a memory generation into a microVM with a network (its saved devices have no NIC)")
+// restoreNIC reports whether the restore of the memory generation in genDir by rt (a
+// [runtime.MemoryCapturer]) gives the guest a NIC: the saved devices say so
+// ([runtime.SavedNICer]), whatever cfg's policy, since a saved state loads only into the
+// devices it was saved from. A networked sandbox cannot restore a generation without one
+// (no hot-plug): that is refused, before anything is made.
+func (s *Supervisor) restoreNIC(rt runtime.Runtime, cfg *store.Config, genDir string) (bool, error) {
+	nic := false
+	if sn, ok := rt.(runtime.SavedNICer); ok {
+		var err error
+		if nic, err = sn.SavedNIC(genDir); err != nil {
+			return false, err
+		}
 	}
-	return nil
+	if !nic && s.networked(cfg) {
+		return false, errcode.New(errcode.Unavailable,
+			"Sandbox %s has a network policy, but its memory generation was captured from a microVM without a network interface, which a restore cannot add (no hot-plug); clone it without network (or set the network to {} while it is stopped), or clone a generation captured from a microVM started with a network.", cfg.ID)
+	}
+	return nic, nil
 }
 
-// refuseNetworkedRelease refuses to release the memory of the networked sandbox l locks.
-func (s *Supervisor) refuseNetworkedRelease(l *store.Lock, release bool) error {
-	if !release {
-		return nil
+// dropRestoredNetwork takes down the NIC of a guest restored, with its source's address, from
+// a generation saved with one, for a clone without a network: its QEMU is in a network
+// namespace of its own with nothing attached, so nothing leaves it either way, and the guest
+// keeps nothing of its source's network identity. An agent that cannot (one of a build
+// before the down form, in an older generation's memory) fails the launch.
+func (s *Supervisor) dropRestoredNetwork(ctx context.Context, cfg *store.Config, client *control.Client) error {
+	if !slices.Contains(client.Features(), control.FeatureNetworkDown) {
+		return errcode.New(errcode.Unavailable, "Sandbox %s restores a guest with its source's network interface, whose agent (%s) cannot take it down; clone it with a network, or capture a new generation.", cfg.ID, client.AgentVersion())
 	}
-	if cfg, err := l.Config(); err == nil && s.networked(cfg) {
-		return errNetworkedMemory(l.ID(), "release the memory of a microVM with a network")
+	if err := client.DropNetwork(ctx); err != nil {
+		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s could not take down the network interface of its restored guest: %v.", cfg.ID, err)
 	}
 	return nil
 }
@@ -290,12 +303,17 @@ func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc plat
 // adoptNetwork takes over the network of a running sandbox that this process has not
 // attached: after a restart of sandboxd, its filter and interface are still there, and its
 // resolver, which ran in the old process, is started again. A failure is logged: the sandbox
-// runs on, without name resolution, until a later reattach or a restart of it.
+// runs on, without name resolution, until a later reattach or a restart of it. A microVM
+// whose memory is released has no QEMU, and so no guest to join: its resume adopts it
+// ([Supervisor.rejoinNetwork]).
 func (s *Supervisor) adoptNetwork(l *store.Lock, rec *store.RuntimeRecord) {
 	if s.net.mgr == nil {
 		return
 	}
 	if _, ok := s.net.get(l.ID()); ok {
+		return
+	}
+	if pr, err := readPause(l.Dir()); err == nil && pr != nil && pr.LaunchID == rec.LaunchID && pr.Memory == MemoryReleased {
 		return
 	}
 	cfg, err := l.Config()
@@ -307,8 +325,68 @@ func (s *Supervisor) adoptNetwork(l *store.Lock, rec *store.RuntimeRecord) {
 		return
 	}
 	if _, err := s.setupNetwork(l, rules, processOf(rec)); err != nil {
+		if s.releasedVM(l) {
+			// A resume that sandboxd's death interrupted before its thaw: start-up's
+			// reconciliation restores it, and its network pass adopts it then.
+			s.log.Info("network: the sandbox's memory is released; its network is adopted once it is restored", "sandbox", l.ID())
+			return
+		}
 		s.log.Error("network: re-adopting a running sandbox's network", "sandbox", l.ID(), "err", err)
 	}
+}
+
+// releasedVM reports whether the sandbox l locks is a VM whose memory is released (its
+// runtime reads it frozen with no QEMU to join), whatever its pause record says.
+func (s *Supervisor) releasedVM(l *store.Lock) bool {
+	rt, err := s.lockedRuntime(l)
+	if err != nil {
+		return false
+	}
+	p, ok := rt.(runtime.Pauser)
+	if _, releases := rt.(runtime.MemoryReleaser); !ok || !releases {
+		return false
+	}
+	frozen, err := p.Frozen(l.ID(), l.Dir())
+	return err == nil && frozen
+}
+
+// rejoinNetwork joins a running microVM's network to its guest again once its released memory
+// is restored: the network namespace, its eth0 and the host's side stayed (the shim keeps the
+// namespace), but the restore's QEMU made a new tap, to which JoinGuest points the redirect.
+// The guest keeps its address, and the gateway its MAC. A sandbox that this process has not
+// attached (sandboxd restarted while the memory was released) is adopted whole: Setup, which
+// re-arms its resolver, and the join. It does nothing for a runtime without a guest's NIC or a
+// sandbox without a network.
+func (s *Supervisor) rejoinNetwork(l *store.Lock, rec *store.RuntimeRecord) error {
+	if s.net.mgr == nil {
+		return nil
+	}
+	rt, err := s.lockedRuntime(l)
+	if err != nil {
+		return err
+	}
+	gn, ok := rt.(runtime.GuestNetworker)
+	if !ok {
+		return nil
+	}
+	if _, ok := s.net.get(l.ID()); !ok {
+		cfg, err := l.Config()
+		if err != nil {
+			return err
+		}
+		rules := s.rulesOf(cfg)
+		if !rules.Networked() {
+			return nil
+		}
+		_, err = s.setupNetwork(l, rules, processOf(rec))
+		return err
+	}
+	ns, err := s.openNetNS(rt, l.Dir(), processOf(rec))
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return gn.JoinGuest(ns)
 }
 
 // detachNetwork tears down a sandbox's network, from the Manager's record, whether this
@@ -381,6 +459,10 @@ func (s *Supervisor) checkLiveNetwork(l *store.Lock, cfg *store.Config, rules *n
 	gn, ok := rt.(runtime.GuestNetworker)
 	if !ok {
 		return nil
+	}
+	if pr, err := readPause(l.Dir()); err == nil && pr != nil && pr.Memory == MemoryReleased {
+		// No QEMU runs to say whether it has a NIC, or to be given a network.
+		return errcode.New(errcode.Unavailable, "Sandbox %s is paused with its memory released, so no guest is there to give a network; resume it, then set its network.", l.ID())
 	}
 	if _, err := gn.NetNS(l.Dir()); err != nil {
 		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s runs under the %s runtime without a network interface, which cannot be added while it runs (%v); stop it, set its network, and start it again.", l.ID(), rt.Kind(), err)

@@ -123,9 +123,6 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 	case r.paused && !release:
 		return s.Status(id)
 	}
-	if err := s.refuseNetworkedRelease(l, release); err != nil {
-		return nil, err
-	}
 	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC()}
 	if r.paused {
 		if rec, err = readPause(l.Dir()); err != nil || rec == nil {
@@ -242,6 +239,10 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 		if err := p.Thaw(ctx, id, l.Dir()); err != nil {
 			return nil, err
 		}
+		// And joined: a resume of released memory whose join failed is retried so.
+		if err := s.rejoinNetwork(l, r.rec); err != nil {
+			return nil, rejoinError(id, err)
+		}
 		return s.Status(id)
 	}
 	pr, err := readPause(l.Dir())
@@ -268,9 +269,17 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 	}
 	if pr.Memory == MemoryReleased {
 		s.dropClient(id) // a session of before the release is gone
+		if err := s.rejoinNetwork(l, r.rec); err != nil {
+			return nil, rejoinError(id, err)
+		}
 	}
 	s.emit(Event{Type: EventResumed, Sandbox: id, State: StateRunning})
 	return s.Status(id)
+}
+
+// rejoinError is a resume whose guest runs again but whose network could not be joined to it.
+func rejoinError(id string, err error) error {
+	return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s runs again, but its network could not be joined to its restored guest (%v); resume it again to retry.", id, err)
 }
 
 // thawForStop thaws a sandbox before a stop ends it, and removes its pause record. A sandbox

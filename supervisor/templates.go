@@ -206,9 +206,6 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	// is frozen only until the snapshot is taken.
 	var at *template.TimeContract
 	if capturesMemory(rt) {
-		if s.networked(cfg) {
-			return none, nil, errNetworkedMemory(id, "capture the memory of a microVM with a network")
-		}
 		// The memory holds the moment it stopped: the generation's time contract is read
 		// then, so that a clone's downtime (its clock's advance) counts from it.
 		now, err := s.templates.Now()
@@ -352,6 +349,15 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 		return nil, err
 	}
 	memory := capturesMemory(rt)
+	if memory {
+		dir, err := s.templates.PayloadDir(req.Template, g.ID)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.restoreNIC(rt, &cfg, dir); err != nil {
+			return nil, err
+		}
+	}
 	l, err := s.store.LockForProvision(ctx, cfg.ID)
 	if err != nil {
 		return nil, err
@@ -423,9 +429,6 @@ func (s *Supervisor) cloneRuntime(cfg *store.Config, k template.Key, req CloneRe
 		cfg.DiskMB = 0 // the server's default disk is the default runtime's (a loop-mounted image)
 	}
 	if err := s.checkDisk(cfg.Runtime, cfg.DiskMB); err != nil {
-		return nil, err
-	}
-	if err := s.refuseNetworkedRestore(capturesMemory(rt), cfg); err != nil {
 		return nil, err
 	}
 	return rt, nil

@@ -28,6 +28,7 @@ var (
 	_ runtime.MemoryCapturer = (*Runtime)(nil)
 	_ runtime.ResourcePinner = (*Runtime)(nil)
 	_ runtime.MemoryReleaser = (*Runtime)(nil)
+	_ runtime.SavedNICer     = (*Runtime)(nil)
 )
 
 // launchInfoName is the running launch's [shim.StateInfo] in the control directory, written
@@ -257,6 +258,16 @@ func copyInto(dir *os.File, name string, src *os.File) error {
 	return dst.Sync()
 }
 
+// SavedNIC implements runtime.SavedNICer: whether the memory generation in dir was saved
+// from a VM with a NIC (its vm.json says so).
+func (r *Runtime) SavedNIC(dir string) (bool, error) {
+	info, err := readStateInfo(dir, shim.StateMeta)
+	if err != nil {
+		return false, err
+	}
+	return info.NIC, nil
+}
+
 // readLaunchInfo reads the running launch's StateInfo.
 func readLaunchInfo(dir string) (*shim.StateInfo, error) {
 	return readStateInfo(filepath.Join(dir, shim.EntryControl), launchInfoName)
@@ -272,7 +283,7 @@ func readStateInfo(dir, name string) (*shim.StateInfo, error) {
 	if err := json.Unmarshal(b, &info); err != nil {
 		return nil, fmt.Errorf("microvm runtime: %s: %w", name, err)
 	}
-	if info.Format != shim.StateFormat || (info.Port != 0 && info.Port != 1) {
+	if info.Format != shim.StateInfoFormat(info.NIC) || (info.Port != 0 && info.Port != 1) {
 		return nil, errcode.New(errcode.Internal, "The memory state's %s has format %d and port %d, which this sandboxd does not know.", name, info.Format, info.Port)
 	}
 	return &info, nil

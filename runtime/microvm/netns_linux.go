@@ -20,15 +20,17 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
 )
 
-// A networked microVM (runtime.Spec.Network) is a QEMU in a network namespace of its own,
-// which the shim starts it in and which dies with it. QEMU makes its tap (shim.TapName)
+// A microVM with a NIC (a networked boot, runtime.Spec.Network, or the restore of a memory
+// generation saved with one) is a QEMU in a network namespace of its own, which the launch's
+// first QEMU makes and the shim keeps for the launch's life (a release ends QEMU, and the
+// restore's QEMU starts in it again). QEMU makes its tap (shim.TapName)
 // there; the supervisor's network.Manager makes the sandbox's veth with its peer eth0 there,
 // as for a namespace sandbox; JoinGuest then redirects every frame either way between eth0
 // and the tap (tc ingress, u32 match-all, mirred egress redirect), so that the namespace's
 // own stack sees nothing and the guest's NIC, which the agent gives the sandbox's address,
 // is what the host's veth end talks to. The host side (record, filter by host interface,
 // resolver, teardown, `sandboxd check`) is the Manager's, unchanged: the namespace and the
-// veth's peer go with QEMU, the host end with its peer.
+// veth's peer go with the shim, the host end with its peer.
 
 // NetNS implements runtime.NetNSer: the QEMU of dir (the shim's verified child), once it
 // runs in a network namespace other than its shim's. A microVM started without a network has
@@ -71,7 +73,8 @@ func nsInode(pid int) (uint64, error) {
 
 // JoinGuest implements runtime.GuestNetworker: in the namespace ns, it brings the tap up and
 // redirects each of eth0's and the tap's incoming frames out of the other. It is idempotent:
-// a device that has its redirect already keeps it.
+// a device that has its redirect already keeps it, and a redirect to a tap that is gone (a
+// release ended its QEMU, the namespace being kept) is pointed at the new one.
 func (r *Runtime) JoinGuest(ns *os.File) error {
 	h, err := netlink.NewHandleAt(netns.NsHandle(int(ns.Fd())))
 	if err != nil {
@@ -115,8 +118,15 @@ func redirect(h *netlink.Handle, from, to netlink.Link) error {
 	if err != nil {
 		return fmt.Errorf("microvm: the filters of %s: %w", from.Attrs().Name, err)
 	}
-	if len(filters) > 0 {
+	if slices.ContainsFunc(filters, func(f netlink.Filter) bool { return redirectsTo(f, to) }) {
 		return nil
+	}
+	// A redirect to a device that is gone (the tap of a QEMU that a release ended; the
+	// restore's QEMU made a new one) goes: its frames would be dropped.
+	for _, f := range filters {
+		if err := h.FilterDel(f); err != nil {
+			return fmt.Errorf("microvm: remove the stale redirect of %s: %w", from.Attrs().Name, err)
+		}
 	}
 	f := &netlink.U32{
 		FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: unix.ETH_P_ALL},
@@ -128,4 +138,18 @@ func redirect(h *netlink.Handle, from, to netlink.Link) error {
 		return fmt.Errorf("microvm: redirect %s to %s: %w", from.Attrs().Name, to.Attrs().Name, err)
 	}
 	return nil
+}
+
+// redirectsTo reports whether f is a redirect of every frame out of to.
+func redirectsTo(f netlink.Filter, to netlink.Link) bool {
+	u, ok := f.(*netlink.U32)
+	if !ok {
+		return false
+	}
+	for _, a := range u.Actions {
+		if m, ok := a.(*netlink.MirredAction); ok && m.Ifindex == to.Attrs().Index && m.MirredAction == netlink.TCA_EGRESS_REDIR {
+			return true
+		}
+	}
+	return false
 }

@@ -3,9 +3,13 @@
 package microvm
 
 import (
+	"encoding/json"
+	"errors"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -17,12 +21,13 @@ import (
 	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
 )
 
-// TestQEMUArgsNetwork: a networked launch gets the tap and a modern-only virtio NIC, any other
-// launch (and the probe guest) no NIC at all.
+// TestQEMUArgsNetwork: a launch with a NIC gets the tap and a modern-only virtio NIC, any
+// other launch (and the probe guest) no NIC at all, whatever its spec's policy says (a
+// restore has its generation's devices).
 func TestQEMUArgsNetwork(t *testing.T) {
-	args := func(network, probe bool) []string {
+	args := func(nic, probe bool) []string {
 		cfg := &shim.Config{Accel: "tcg", QEMU: "qemu", Kernel: "k", Initramfs: "i", Overlay: "o",
-			Spec: runtime.Spec{Network: network}}
+			Spec: runtime.Spec{Network: !nic}, NIC: nic}
 		return shim.QEMUArgs(cfg, probe)
 	}
 	on := args(true, false)
@@ -54,8 +59,33 @@ func TestJoinGuestRedirects(t *testing.T) {
 	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
 		t.Fatal(err)
 	}
-	// A tap is made by an ioctl on /dev/net/tun, in the namespace of the calling thread (as
-	// QEMU makes it); it lives while its descriptor is open.
+	tun := makeTap(t, ns)
+	r := &Runtime{}
+	for range 2 {
+		if err := r.JoinGuest(ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkRedirects(t, h)
+
+	// A release ends QEMU, whose tap goes with its descriptor; the restore's QEMU makes a new
+	// one (another index) in the same namespace, and the join points both redirects at it.
+	old, _ := h.LinkByName(shim.TapName)
+	tun.Close()
+	makeTap(t, ns)
+	if tapl, err := h.LinkByName(shim.TapName); err != nil || tapl.Attrs().Index == old.Attrs().Index {
+		t.Fatalf("the new tap: %v, %v (the old one's index %d)", tapl, err, old.Attrs().Index)
+	}
+	if err := r.JoinGuest(ns); err != nil {
+		t.Fatal(err)
+	}
+	checkRedirects(t, h)
+}
+
+// makeTap makes QEMU's tap in ns, as QEMU does: an ioctl on /dev/net/tun in the namespace of
+// the calling thread. The tap lives while the returned descriptor is open.
+func makeTap(t *testing.T, ns *os.File) *os.File {
+	t.Helper()
 	var tun *os.File
 	if err := inNS(ns, func() error {
 		f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0)
@@ -78,12 +108,13 @@ func TestJoinGuestRedirects(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tun.Close() })
-	r := &Runtime{}
-	for range 2 {
-		if err := r.JoinGuest(ns); err != nil {
-			t.Fatal(err)
-		}
-	}
+	return tun
+}
+
+// checkRedirects checks that the tap is up and that eth0 and the tap each have exactly one
+// ingress filter, which redirects to the other.
+func checkRedirects(t *testing.T, h *netlink.Handle) {
+	t.Helper()
 	eth, _ := h.LinkByName("eth0")
 	tapl, err := h.LinkByName(shim.TapName)
 	if err != nil {
@@ -164,4 +195,159 @@ func inNS(ns *os.File, fn func() error) error {
 		done <- err
 	}()
 	return <-done
+}
+
+// TestRestoreHasTheSavedNIC: a restore gets the NIC iff its generation's vm.json records one,
+// whatever the launch's policy; a networked restore of a generation without one is refused
+// before the clone's overlay is touched; a boot over a generation (a clone's later start)
+// follows its policy. A state with a NIC is of its own format, and one that claims a NIC in
+// the old format (or the reverse) does not read.
+func TestRestoreHasTheSavedNIC(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name             string
+		saved, network   bool
+		restore          bool
+		wantNIC, refused bool
+	}{
+		{name: "networked restore of a NIC", saved: true, network: true, restore: true, wantNIC: true},
+		{name: "restore of a NIC without a network", saved: true, restore: true, wantNIC: true},
+		{name: "networked restore without a NIC", network: true, restore: true, refused: true},
+		{name: "restore without either", restore: true},
+		{name: "networked boot over a generation without a NIC", network: true, wantNIC: true},
+		{name: "boot over a generation with a NIC, no network", saved: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			gen, dir := t.TempDir(), t.TempDir()
+			info := shim.StateInfo{Format: shim.StateInfoFormat(tc.saved), Accel: "tcg", VCPUs: 1, MemoryMB: 256, NIC: tc.saved}
+			b, _ := json.Marshal(info)
+			if err := os.WriteFile(filepath.Join(gen, shim.StateMeta), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			overlay := filepath.Join(dir, shim.EntryOverlay)
+			if err := os.WriteFile(overlay, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			spec := runtime.Spec{Dir: dir, Network: tc.network}
+			if tc.restore {
+				spec.Restore = &runtime.Restore{}
+			}
+			launch := shim.StateInfo{Format: shim.StateFormat, Accel: "tcg", VCPUs: 1, MemoryMB: 256, NIC: tc.network}
+			_, _, err := overGeneration(spec, gen, &launch)
+			if tc.refused {
+				if !errors.Is(err, ErrNoSavedNIC) {
+					t.Fatalf("overGeneration = %v; want ErrNoSavedNIC", err)
+				}
+				if _, err := os.Stat(overlay); err != nil {
+					t.Fatalf("the refused restore touched the overlay: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if launch.NIC != tc.wantNIC {
+				t.Fatalf("the launch's NIC is %v; want %v", launch.NIC, tc.wantNIC)
+			}
+		})
+	}
+	gen := t.TempDir()
+	for _, bad := range []shim.StateInfo{{Format: shim.StateFormat, NIC: true}, {Format: shim.StateFormatNIC}} {
+		b, _ := json.Marshal(bad)
+		if err := os.WriteFile(filepath.Join(gen, shim.StateMeta), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := (&Runtime{}).SavedNIC(gen); err == nil {
+			t.Errorf("the state %+v reads", bad)
+		}
+	}
+}
+
+// TestReleaseKeepsTheNetwork: a networked microVM's network namespace outlives a release of
+// its memory (the shim keeps it, with what the host made there: here an eth0 that JoinGuest
+// joined), the released state records the NIC, and the restore's QEMU runs in the same
+// namespace with a new tap, to which a second JoinGuest points the redirects.
+func TestReleaseKeepsTheNetwork(t *testing.T) {
+	r := newRuntime(t)
+	ctx := vmContext(t)
+	spec := testSpec(t, "relnet")
+	spec.Network = true
+	proc, err := r.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Kill(ctx, spec.Dir, proc) }()
+	dialAgent(ctx, t, r, spec.Dir, proc, spec.Capability).Close()
+	qemu, err := r.NetNS(spec.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := nsInode(qemu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox's eth0, as the Manager makes it: a veth whose peer is in the host's
+	// namespace, which goes when the namespace does.
+	join := func() {
+		t.Helper()
+		ns, err := os.Open("/proc/" + strconv.Itoa(qemu) + "/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		if err := r.JoinGuest(ns); err != nil {
+			t.Fatal(err)
+		}
+		h, err := netlink.NewHandleAt(netns.NsHandle(int(ns.Fd())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		checkRedirects(t, h)
+	}
+	func() {
+		ns, err := os.Open("/proc/" + strconv.Itoa(qemu) + "/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		h, err := netlink.NewHandleAt(netns.NsHandle(int(ns.Fd())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		peer := "vmnt" + strconv.Itoa(os.Getpid()%100000)
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: peer, PeerNamespace: netlink.NsPid(os.Getpid())}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if l, err := netlink.LinkByName(peer); err == nil {
+				_ = netlink.LinkDel(l)
+			}
+		})
+	}()
+	join()
+
+	if err := r.ReleaseMemory(ctx, spec.ID, spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if nic, err := r.SavedNIC(filepath.Join(spec.Dir, shim.EntryMemory)); err != nil || !nic {
+		t.Fatalf("the released state's NIC: %v, %v; want it recorded", nic, err)
+	}
+	if err := r.Thaw(ctx, spec.ID, spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if qemu, err = r.NetNS(spec.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if after, err := nsInode(qemu); err != nil || after != before {
+		t.Fatalf("the restored QEMU's network namespace is %d (%v); the launch's was %d", after, err, before)
+	}
+	join()
+	c := dialAgent(ctx, t, r, spec.Dir, proc, spec.Capability)
+	defer c.Close()
+	if got := run(ctx, t, c, "cat", "/sys/class/net/eth0/address"); got == "" {
+		t.Fatal("the restored guest has no eth0")
+	}
 }

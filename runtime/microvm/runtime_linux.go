@@ -403,7 +403,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := ctx.Err(); err != nil {
 		return platform.ProcessID{}, err
 	}
-	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB}
+	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB, NIC: spec.Network}
 	backing, backingFormat := base, "raw"
 	var restore *shim.Restore
 	if gen != "" {
@@ -412,6 +412,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		}
 		backingFormat = "qcow2"
 	}
+	launch.Format = shim.StateInfoFormat(launch.NIC)
 	// A start that crashed while it made the overlay left its temp file; the caller holds the
 	// sandbox's lifecycle lock, so no other start makes one now.
 	removeTemps(spec.Dir, shim.EntryOverlay)
@@ -443,7 +444,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	}
 	defer logf.Close()
 	cfg, err := json.Marshal(shim.Config{Spec: spec, QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, Overlay: overlay,
-		TSCkHz: hostTSCkHz(), QMP: qmpPath(spec.Dir), Port: launch.Port, Restore: restore})
+		TSCkHz: hostTSCkHz(), QMP: qmpPath(spec.Dir), Port: launch.Port, Restore: restore, NIC: launch.NIC})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -532,7 +533,10 @@ func splitGeneration(spec *runtime.Spec) (string, error) {
 
 // overGeneration is a launch over the memory generation gen: the disk its overlay backs onto
 // (the frozen one) and, for a restore, the restore, with launch's port set to the one idle at
-// the save. A restore's overlay is made anew: the memory is the frozen disk's.
+// the save and its NIC the saved one's (a restore loads into exactly the saved devices, so a
+// generation with a NIC gives its clone one whatever its policy, and one without gives none:
+// a networked launch of it is refused, there being no hot-plug). A restore's overlay is made
+// anew: the memory is the frozen disk's.
 func overGeneration(spec runtime.Spec, gen string, launch *shim.StateInfo) (string, *shim.Restore, error) {
 	saved, err := savedState(gen, launch)
 	if err != nil {
@@ -541,12 +545,19 @@ func overGeneration(spec runtime.Spec, gen string, launch *shim.StateInfo) (stri
 	if spec.Restore == nil {
 		return filepath.Join(gen, shim.StateDisk), nil, nil
 	}
+	if spec.Network && !saved.NIC {
+		return "", nil, ErrNoSavedNIC
+	}
 	if err := os.Remove(filepath.Join(spec.Dir, shim.EntryOverlay)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", nil, err
 	}
-	launch.Port = 1 - saved.Port
+	launch.Port, launch.NIC = 1-saved.Port, saved.NIC
 	return filepath.Join(gen, shim.StateDisk), &shim.Restore{Memory: filepath.Join(gen, shim.StateMemory), ClockAdvanceNS: int64(spec.Restore.ClockAdvance)}, nil
 }
+
+// ErrNoSavedNIC refuses a networked restore of a memory generation saved without a NIC.
+var ErrNoSavedNIC = errcode.New(errcode.Unavailable,
+	"The memory generation was captured from a microVM without a network interface, and a restore has exactly the captured devices (no hot-plug); clone it without a network, or capture a generation of a microVM started with one.")
 
 // isMemoryGeneration reports whether the layer dir is a microVM's memory generation: it has
 // the state's description.

@@ -4,38 +4,50 @@ package guest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // configureNIC gives the guest's NIC the sandbox's address (the only one it keeps), brings lo
 // and it up and routes everything through gateway: what the host's network.Manager does for a
 // namespace sandbox's eth0, done here because the address is the guest's NIC's. Every step
 // replaces what is there, so a second call (the supervisor's re-adopt after a restart of
-// sandboxd) changes nothing.
+// sandboxd) changes nothing. The NIC's neighbours are forgotten: in a guest restored from a
+// memory generation they are its source's (the gateway's MAC is the source's veth end's, and
+// the gateway may be another's address now), and a stale entry would hold its traffic until
+// it expires. The zero address takes the NIC down instead (see downNIC).
 func configureNIC(_ context.Context, address netip.Prefix, gateway netip.Addr) error {
 	if lo, err := netlink.LinkByName("lo"); err == nil {
 		_ = netlink.LinkSetUp(lo)
 	}
 	l, err := netlink.LinkByName(NIC)
+	if !address.IsValid() {
+		var notFound netlink.LinkNotFoundError
+		if errors.As(err, &notFound) {
+			return nil // no NIC: nothing to take down
+		}
+		if err != nil {
+			return fmt.Errorf("find %s: %w", NIC, err)
+		}
+		return downNIC(l)
+	}
 	if err != nil {
 		return fmt.Errorf("this VM has no %s: %w", NIC, err)
 	}
 	want := &net.IPNet{IP: address.Addr().AsSlice(), Mask: net.CIDRMask(address.Bits(), 32)}
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("list the addresses of %s: %w", NIC, err)
-	}
-	for _, a := range addrs {
-		if !a.IP.Equal(want.IP) {
-			_ = netlink.AddrDel(l, &a)
-		}
+	if err := keepOnly(l, want.IP); err != nil {
+		return err
 	}
 	if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: want}); err != nil {
 		return fmt.Errorf("address %s: %w", NIC, err)
+	}
+	if err := flushNeighbours(l); err != nil {
+		return err
 	}
 	if err := netlink.LinkSetUp(l); err != nil {
 		return fmt.Errorf("bring %s up: %w", NIC, err)
@@ -45,4 +57,62 @@ func configureNIC(_ context.Context, address netip.Prefix, gateway netip.Addr) e
 		return fmt.Errorf("route through %s: %w", gateway, err)
 	}
 	return nil
+}
+
+// downNIC takes the NIC down with nothing left of an address: a clone without a network of a
+// guest that had one keeps no address, route or neighbour of its source's.
+func downNIC(l netlink.Link) error {
+	if err := netlink.LinkSetDown(l); err != nil {
+		return fmt.Errorf("take %s down: %w", NIC, err)
+	}
+	if err := keepOnly(l, nil); err != nil {
+		return err
+	}
+	routes, err := netlink.RouteList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list the routes of %s: %w", NIC, err)
+	}
+	for _, r := range routes {
+		if err := netlink.RouteDel(&r); err != nil && !gone(err) {
+			return fmt.Errorf("remove a route of %s: %w", NIC, err)
+		}
+	}
+	return flushNeighbours(l)
+}
+
+// keepOnly removes every IPv4 address of l other than keep (all of them for nil).
+func keepOnly(l netlink.Link, keep net.IP) error {
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list the addresses of %s: %w", NIC, err)
+	}
+	for _, a := range addrs {
+		if keep != nil && a.IP.Equal(keep) {
+			continue
+		}
+		if err := netlink.AddrDel(l, &a); err != nil && !gone(err) {
+			return fmt.Errorf("remove %s from %s: %w", a.IPNet, NIC, err)
+		}
+	}
+	return nil
+}
+
+// flushNeighbours forgets every IPv4 neighbour of l.
+func flushNeighbours(l netlink.Link) error {
+	neighs, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list the neighbours of %s: %w", NIC, err)
+	}
+	for _, n := range neighs {
+		if err := netlink.NeighDel(&n); err != nil && !gone(err) {
+			return fmt.Errorf("forget the neighbour %s of %s: %w", n.IP, NIC, err)
+		}
+	}
+	return nil
+}
+
+// gone reports netlink's answers for an entry that went meanwhile (a route that went with its
+// address, a neighbour that expired).
+func gone(err error) bool {
+	return errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EADDRNOTAVAIL)
 }

@@ -269,7 +269,7 @@ func (v *vm) saveMemory(ctx context.Context, q *qmp.Conn, port int) error {
 		return err
 	}
 	res := v.cfg.Spec.Resources
-	b, err := json.Marshal(StateInfo{Format: StateFormat, Port: port, Accel: v.cfg.Accel, VCPUs: res.VCPUs, MemoryMB: res.MemoryMB})
+	b, err := json.Marshal(StateInfo{Format: StateInfoFormat(v.cfg.NIC), Port: port, Accel: v.cfg.Accel, VCPUs: res.VCPUs, MemoryMB: res.MemoryMB, NIC: v.cfg.NIC})
 	if err != nil {
 		return err
 	}

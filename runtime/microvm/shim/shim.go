@@ -70,10 +70,27 @@ type StateInfo struct {
 	Accel    string `json:"accel"`
 	VCPUs    int    `json:"vcpus"`
 	MemoryMB int    `json:"memory_mb"`
+	// NIC says that the saved devices include the guest's NIC (a networked launch's): a
+	// restore starts QEMU with it, in a network namespace of its own, whatever the restoring
+	// launch's policy, since the state loads only into exactly the saved device set. A state
+	// with a NIC is of StateFormatNIC, which a build that knows no NIC refuses rather than
+	// restore without it.
+	NIC bool `json:"nic,omitempty"`
 }
 
-// StateFormat is StateInfo's record format.
-const StateFormat = 1
+// StateFormat is StateInfo's record format, StateFormatNIC that of a state with a NIC.
+const (
+	StateFormat    = 1
+	StateFormatNIC = 2
+)
+
+// StateInfoFormat is the format of a state info with or without a NIC.
+func StateInfoFormat(nic bool) int {
+	if nic {
+		return StateFormatNIC
+	}
+	return StateFormat
+}
 
 // Config is what the host-side driver hands the shim on its fd 3.
 type Config struct {
@@ -96,6 +113,9 @@ type Config struct {
 	Port int `json:"port,omitempty"`
 	// Restore, when set, starts QEMU from a saved memory state rather than booting.
 	Restore *Restore `json:"restore,omitempty"`
+	// NIC gives the guest its NIC (a tap in a network namespace of QEMU's own): a boot's
+	// when Spec.Network says so, a restore's when the saved state has one.
+	NIC bool `json:"nic,omitempty"`
 }
 
 // Restore is a launch from a saved memory state.
@@ -163,7 +183,7 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 			args = append(args, "-incoming", "fd:5")
 		}
 	}
-	if !probe && cfg.Spec.Network {
+	if !probe && cfg.NIC {
 		// QEMU makes the tap in the network namespace of its own that the shim starts it in;
 		// the driver's JoinGuest brings it up and joins it to that namespace's eth0. Every
 		// microVM is alone on its veth's layer 2, so QEMU's default MAC is no collision.

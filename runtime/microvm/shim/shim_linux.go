@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -91,6 +92,13 @@ type vm struct {
 	// (CLOCK_BOOTTIME): the guest's clock stands meanwhile, and the cont advances it.
 	stopped   bool
 	stoppedAt time.Duration
+
+	// netns is the network namespace of a launch with a NIC, made by its first QEMU and kept
+	// open for the launch's life: a release ends QEMU, and the namespace, which holds the
+	// sandbox's eth0 (the veth's peer), its address and the host's filter on the veth, must
+	// outlive it, so that the QEMU of the restore, started in it, finds the network as it was.
+	// Only the run loop (the main thread) touches it.
+	netns *os.File
 }
 
 func run(cfg *Config) int {
@@ -228,15 +236,16 @@ func (v *vm) startQEMU(restore *Restore, port int) (*exec.Cmd, error) {
 	// QEMU dies with the shim, even by SIGKILL: nothing of a launch outlives its runtime
 	// process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if cfg.Spec.Network {
-		// A network namespace of QEMU's own, which dies with it: the supervisor's
-		// network.Manager puts the sandbox's eth0 there, beside QEMU's tap.
+	if cfg.NIC && v.netns == nil {
+		// The launch's first QEMU makes a network namespace of its own, which the shim keeps
+		// (keepNetNS): the supervisor's network.Manager puts the sandbox's eth0 there, beside
+		// QEMU's tap.
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	}
 	_ = os.Remove(cfg.QMP)
 	logf("starting %s %q", cfg.QEMU, cmd.Args[1:])
 	v.mu.Lock()
-	if err := cmd.Start(); err != nil {
+	if err := v.startIn(cmd, cfg.NIC); err != nil {
 		v.mu.Unlock()
 		mine[0].Close()
 		mine[1].Close()
@@ -259,6 +268,56 @@ func (v *vm) startQEMU(restore *Restore, port int) (*exec.Cmd, error) {
 	go func() { _, _ = io.Copy(io.Discard, mine[1-port]); mine[1-port].Close() }()
 	go v.servePort(mine[port], w, table)
 	return cmd, nil
+}
+
+// startIn starts QEMU: in the launch's network namespace when nic and one is kept (a restore
+// after a release), and then keeps the namespace of a first run with a NIC. The namespace is
+// the forking thread's, so the thread enters it for the fork and goes back after: this runs
+// on the main thread, locked to the shim's main goroutine (shimMain), which no other
+// goroutine runs on, and the Go runtime makes no new thread from a locked one.
+func (v *vm) startIn(cmd *exec.Cmd, nic bool) error {
+	if !nic || v.netns == nil {
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		if nic {
+			return v.keepNetNS(cmd)
+		}
+		return nil
+	}
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return fmt.Errorf("open the shim's network namespace: %w", err)
+	}
+	defer self.Close()
+	if err := unix.Setns(int(v.netns.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("enter the launch's network namespace: %w", err)
+	}
+	startErr := cmd.Start()
+	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+		// The shim would read as in the VM's namespace (its thread group leader's), so
+		// NetNS would take the VM for one without a NIC: end this run, and so the launch.
+		if startErr == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		return fmt.Errorf("leave the launch's network namespace: %w", err)
+	}
+	return startErr
+}
+
+// keepNetNS opens the network namespace of the launch's first QEMU, which cmd just started
+// in a namespace of its own, and keeps it. A QEMU that ends before (its start failed) ends
+// the run, and so the launch: it is killed, and its end is the run's.
+func (v *vm) keepNetNS(cmd *exec.Cmd) error {
+	ns, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/net")
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("keep QEMU's network namespace: %w", err)
+	}
+	v.netns = ns
+	return nil
 }
 
 // wait waits for a run of QEMU to end.
