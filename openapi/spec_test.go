@@ -60,6 +60,7 @@ var statusOfCode = map[string]int{
 	"template-tombstoned": 409,
 	"template-ineligible": 409,
 	"sandbox-paused":      409,
+	"pids-limit":          409,
 
 	"sandbox-busy":           423,
 	"transition-in-progress": 423,
@@ -178,8 +179,8 @@ func TestSpecRejectsBrokenEdits(t *testing.T) {
 			"GET /v1/info: no 401 response"},
 		{"code under the wrong status", "\"423\": [sandbox-busy, transition-in-progress]", "\"423\": [sandbox-busy, transition-in-progress, stop-timeout]",
 			`lists "stop-timeout" under 423`},
-		{"error status without codes", "        \"404\": [sandbox-not-found]\n        \"409\": [not-running, sandbox-paused, runtime-mismatch]\n        \"413\": [payload-too-large]",
-			"        \"409\": [not-running, sandbox-paused, runtime-mismatch]\n        \"413\": [payload-too-large]",
+		{"error status without codes", "        \"404\": [sandbox-not-found]\n        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit]\n        \"413\": [payload-too-large]",
+			"        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit]\n        \"413\": [payload-too-large]",
 			"the 404 response names no codes"},
 	}
 	for _, tc := range tests {
