@@ -152,33 +152,45 @@ func TestCgroupPidsChild(t *testing.T) {
 	}
 	defer child.Close()
 	defer self.Close()
-	// The test's own thread must be in the cgroup to move between its two pids cgroups by
-	// the files alone, as the agent is.
-	start := func(n int) ([]*exec.Cmd, error) {
-		var cmds []*exec.Cmd
-		errc := make(chan error, 1)
+	// As the agent does: a thread in the cgroup (here: entered, as the shim's forking thread
+	// does) moves into the child by the file, forks, and moves back by the other file. A
+	// thread that did not get back out is never unlocked, so that it ends with its goroutine
+	// rather than leave the test process in the cgroup that Remove kills.
+	start := func(n int) (cmds []*exec.Cmd, forkErr error) {
+		done := make(chan error, 1)
 		go func() {
 			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			if err := MoveThreadTo(child); err != nil {
-				errc <- err
+			leave, err := cg.EnterThread()
+			if err != nil {
+				done <- err
 				return
 			}
-			var err error
+			if err := MoveThreadTo(child); err != nil {
+				done <- err
+				return
+			}
 			for range n {
 				cmd := exec.Command("sleep", "60")
-				if err = cmd.Start(); err != nil {
+				if forkErr = cmd.Start(); forkErr != nil {
 					break
 				}
 				cmds = append(cmds, cmd)
 			}
-			_, other, _ := cgroupMounts()
-			if merr := writeCgroupFile(filepath.Join(other["pids"], threadPidsCgroup(t)), "tasks", "0"); merr != nil && err == nil {
-				err = merr
+			if err := MoveThreadTo(self); err != nil {
+				done <- err
+				return
 			}
-			errc <- err
+			if err := leave(); err != nil {
+				done <- err
+				return
+			}
+			runtime.UnlockOSThread()
+			done <- nil
 		}()
-		return cmds, <-errc
+		if err := <-done; err != nil {
+			t.Fatalf("moving the forking thread: %v", err)
+		}
+		return cmds, forkErr
 	}
 	cmds, err := start(2)
 	defer func() {
@@ -209,14 +221,4 @@ func TestCgroupPidsChild(t *testing.T) {
 	if cg.Exists() {
 		t.Fatal("cgroup still exists after Remove")
 	}
-}
-
-// threadPidsCgroup is the pids cgroup the test process started in.
-func threadPidsCgroup(t *testing.T) string {
-	t.Helper()
-	cgs, err := threadCgroups(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cgs["pids"]
 }
