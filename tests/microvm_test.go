@@ -185,8 +185,8 @@ type runtimeStatusJSON struct {
 }
 
 // vmAccel is the --microvm-accel the tests' microVMs run with: SANDBOXD_MICROVM_ACCEL if set
-// (auto or kvm on a host with working KVM), else tcg, so that a server start here does not
-// spend the probe's timeout on KVM that hangs (nested KVM on this kind of host).
+// (auto or kvm on a host with working KVM), else tcg, so that a server start does not spend
+// the probe's timeout where nested KVM stalls a guest (here QEMU aborts under KVM at once).
 func vmAccel() string {
 	if a := os.Getenv("SANDBOXD_MICROVM_ACCEL"); a != "" {
 		return a

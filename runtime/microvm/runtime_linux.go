@@ -248,9 +248,9 @@ func identityOf(v Versions, exeHash string) string {
 
 // Probe says which accelerator this host's microVMs use, or why microVMs cannot run here at
 // all. Under Config.Accel "auto" that is "kvm" when a probe guest boots under KVM within the
-// probe timeout and "tcg" otherwise; "kvm" and "tcg" are answered without a probe guest (an
-// operator who knows the host saves the probe's boot, and on a host whose nested KVM hangs,
-// as here, its whole timeout). The probe runs once per Runtime; the answer is kept, and
+// probe timeout and "tcg" otherwise (a QEMU that fails under KVM, as here, answers at once; a
+// KVM that stalls the guest costs the whole timeout); "kvm" and "tcg" are answered without a
+// probe guest (an operator who knows the host saves the probe's boot). The probe runs once per Runtime; the answer is kept, and
 // every Start uses it.
 func (r *Runtime) Probe() (string, error) { return r.probe() }
 
