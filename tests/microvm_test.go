@@ -491,7 +491,9 @@ func microvmImage(t *testing.T, outside string) v1.Image {
 // shows them (whiteout, opaque directory, a directory over a link), are the root disk; the
 // sandbox's disk_mb is its room beyond the image (the guest grows its file system into it at
 // boot); a second microVM of the image shares the one base disk; nothing is written through
-// a link of the image onto the host; sandboxd check stays clean.
+// a link of the image onto the host; sandboxd check stays clean. The base disk stays while a
+// generation's disk backs onto it, and once nothing does, the repair removes it and the next
+// microVM makes it again.
 func TestMicroVMImage(t *testing.T) {
 	requireRoot(t)
 	vm := requireMicroVM(t)
@@ -561,6 +563,50 @@ func TestMicroVMImage(t *testing.T) {
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK || rep.Running != 2 {
 		t.Fatalf("sandboxd check beside two microVMs of an image exited %d: %+v\n%s", code, rep, stderr)
+	}
+
+	// The base disk stays while a generation's frozen disk backs onto it, its sandboxes gone;
+	// then, unused (and made long enough ago that no start can be about to make its overlay
+	// over it), it is stale, the repair removes it, and the next microVM of the image makes it
+	// again.
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(bases[0], old, old); err != nil {
+		t.Fatal(err)
+	}
+	d.mustStatus(201, "POST", "/v1/templates", map[string]any{"name": "vmimgt"})
+	g := decode[generationJSON](t, d.vmDo("POST", "/v1/templates/vmimgt/generations?timeout=600000", jsonBody(t, map[string]any{"sandbox": "vmimg2"})), 201)
+	for _, id := range []string{"vmimg1", "vmimg2"} {
+		d.vmDo("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+		if r := d.vmDo("DELETE", "/v1/sandboxes/"+id, nil); r.Status != 204 {
+			t.Fatalf("delete %s: %d %s", id, r.Status, r.Body)
+		}
+	}
+	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
+		t.Fatalf("sandboxd check with the image's base disk under a generation only exited %d: %+v\n%s", code, rep, stderr)
+	}
+	if r := d.vmDo("DELETE", "/v1/templates/vmimgt/generations/"+g.ID, nil); r.Status != 204 {
+		t.Fatalf("delete the generation: %d %s", r.Status, r.Body)
+	}
+	rel, _ := filepath.Rel(d.Root, bases[0])
+	rep, code, stderr := runCheck(t, d.Root)
+	if code != 1 || len(rep.Problems) != 1 || rep.Problems[0].Kind != "stale-shared-file" || rep.Problems[0].Entry != rel {
+		t.Fatalf("sandboxd check with an unused base disk exited %d: %+v; want %s stale\n%s", code, rep, rel, stderr)
+	}
+	if rep, code, stderr := runCheck(t, d.Root, "--repair"); code != 0 {
+		t.Fatalf("repair exited %d: %+v\n%s", code, rep, stderr)
+	}
+	if _, err := os.Lstat(bases[0]); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the unused base disk after the repair: %v", err)
+	}
+	d.createVM(map[string]any{"id": "vmimg3", "runtime": "microvm", "image": "vmimg", "start": true, "resources": map[string]any{"memory_mb": 256}})
+	if got := d.vmExec("vmimg3", "cat", "/esc/x"); got != "in the image" {
+		t.Fatalf("/esc/x in a microVM of the image after the repair: %q", got)
+	}
+	if _, err := os.Lstat(bases[0]); err != nil {
+		t.Fatalf("the base disk made again: %v", err)
+	}
+	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
+		t.Fatalf("sandboxd check at the end exited %d: %+v\n%s", code, rep, stderr)
 	}
 }
 
