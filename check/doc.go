@@ -36,7 +36,9 @@
 //     process (a microVM's QEMU whose shim is gone), which no record names.
 //   - A runtime that keeps files shared by its sandboxes in the host base directory
 //     (runtime.SharedFiles: a microVM's initramfs and base disks) says which of them nothing
-//     needs: half-made builds, an older guest stack's; those it cannot be sure of are notes.
+//     needs: half-made builds, an older guest stack's initramfs, base disks that no disk
+//     (a sandbox's overlay, a template generation's frozen disk) backs onto; those it cannot
+//     be sure of are notes.
 //   - Every clone binding names a lease record that exists, and the template store's own
 //     check passes: every lease record is matched by a clone binding, no generation payload
 //     lacks its index entry or the reverse, no retirement or capture was left half done.

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,8 +15,8 @@ import (
 // TestMicroVMNetworkMemory captures a networked microVM with a counter in its memory, inside
 // the network tests' own small internet (see newNetWorld; nothing leaves the test's
 // namespaces), and clones it: two clones with the source's policy each run the counter on
-// and have an address of their own (neither the source's nor the other's, nothing left of
-// the source's), which reaches the allowed host as the policy says; a clone without a network
+// and have an address and a MAC of their own (neither the source's nor the other's, nothing
+// left of the source's), which reaches the allowed host as the policy says; a clone without a network
 // has its NIC (the saved devices have one) but down, with no address, and reaches nothing. A
 // networked clone's memory released by a pause survives a SIGKILL of sandboxd (sandboxd check
 // clean beside it), and its resume keeps its address and its reach, the counter running on;
@@ -39,6 +40,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	const src = "nsrc"
 	d.createVM(map[string]any{"id": src, "runtime": "microvm", "start": true, "network": policy, "resources": map[string]any{"memory_mb": 256}})
 	srcAddr := d.vmAddress(src)
+	srcMAC := d.vmMAC(src)
 	d.vmExec(src, "sh", "-c", vmCounter)
 	pid, before := d.vmWaitCount(src, 2)
 	if r := d.vmDo("POST", "/v1/templates", jsonBody(t, map[string]any{"name": "netmem"})); r.Status != 201 {
@@ -60,6 +62,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	d.vmReaches(src)
 
 	seen := map[netip.Addr]string{srcAddr: src}
+	macs := map[string]string{srcMAC: src}
 	for _, id := range []string{"n1", "n2"} {
 		begin := time.Now()
 		sb := decode[netSandboxJSON](t, d.vmDo("POST", "/v1/sandboxes?timeout=600000", jsonBody(t, map[string]any{
@@ -76,6 +79,11 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 		if got := d.vmAddress(id); got != addr {
 			t.Fatalf("the guest of %s has address %s; the sandbox shows %s", id, got, addr)
 		}
+		mac := d.vmMAC(id)
+		if other, ok := macs[mac]; ok {
+			t.Fatalf("clone %s has MAC %s on eth0, as %s has", id, mac, other)
+		}
+		macs[mac] = id
 		cpid, first := d.vmReadCount(id)
 		if cpid != pid || first < before {
 			t.Fatalf("clone %s: counter pid %d at %d; the source's is pid %d, at %d before the capture", id, cpid, first, pid, before)
@@ -117,7 +125,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	// Release and resume of a networked clone: its network namespace, eth0 and the host's
 	// side stay while QEMU is gone, across a SIGKILL of sandboxd.
 	const rel = "n1"
-	relAddr := d.vmAddress(rel)
+	relAddr, relMAC := d.vmAddress(rel), d.vmMAC(rel)
 	begin = time.Now()
 	if r := d.vmDo("POST", "/v1/sandboxes/"+rel+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"paused"`) {
 		t.Fatalf("pause with the memory released: %d %s", r.Status, r.Body)
@@ -136,6 +144,9 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	t.Logf("resume of the released networked clone (restore, Setup, the join), after a restart of sandboxd: %v", time.Since(begin))
 	if got := d.vmAddress(rel); got != relAddr {
 		t.Fatalf("the resumed clone has address %s; it had %s", got, relAddr)
+	}
+	if got := d.vmMAC(rel); got != relMAC {
+		t.Fatalf("the resumed clone has MAC %s; it had %s", got, relMAC)
 	}
 	sb := decode[netSandboxJSON](t, d.vmDo("GET", "/v1/sandboxes/"+rel, nil), 200)
 	if sb.Address != relAddr.String() {
@@ -238,6 +249,16 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 }
 
 // vmAddress is the one IPv4 address of microVM id's eth0, as its guest has it.
+// vmMAC is the MAC of the guest's eth0.
+func (d *daemon) vmMAC(id string) string {
+	d.t.Helper()
+	out := strings.TrimSpace(d.vmExec(id, "cat", "/sys/class/net/eth0/address"))
+	if _, err := net.ParseMAC(out); err != nil {
+		d.t.Fatalf("the MAC of %s's eth0: %q: %v", id, out, err)
+	}
+	return out
+}
+
 func (d *daemon) vmAddress(id string) netip.Addr {
 	d.t.Helper()
 	out := d.vmExec(id, "ip", "-4", "-o", "addr", "show", "dev", "eth0")

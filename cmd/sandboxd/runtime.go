@@ -68,7 +68,7 @@ func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
 		return nil, err
 	}
 	fs.StringVar(&o.runtimes, "runtimes", os.Getenv("SANDBOXD_RUNTIMES"), "the runtimes that take new sandboxes, comma-separated: namespace, microvm (env SANDBOXD_RUNTIMES); default: each that works on this host")
-	fs.StringVar(&o.microvmAccel, "microvm-accel", envOr("SANDBOXD_MICROVM_ACCEL", microvm.AccelAuto), "how microVMs are accelerated: auto, kvm or tcg (env SANDBOXD_MICROVM_ACCEL); auto boots a probe guest under KVM once at start-up, in the background, and takes kvm if it answers within 10 s, else tcg; kvm and tcg skip the probe (kvm: the microvm runtime is unavailable where /dev/kvm does not open)")
+	fs.StringVar(&o.microvmAccel, "microvm-accel", envOr("SANDBOXD_MICROVM_ACCEL", microvm.AccelAuto), "how microVMs are accelerated: auto, kvm or tcg (env SANDBOXD_MICROVM_ACCEL); auto boots a probe guest under KVM once at start-up, in the background, and takes kvm if it answers within 10 s, else tcg (a QEMU that fails under KVM answers at once; a guest that KVM stalls costs the 10 s); kvm and tcg skip the probe (kvm: the microvm runtime is unavailable where /dev/kvm does not open)")
 	fs.BoolVar(&o.userNamespaces, userNamespacesFlag, userns, "run each sandbox in a user namespace with host ids of its own (env SANDBOXD_USER_NAMESPACES); false: sandboxes run with the host's ids (root inside is host root for per-user kernel limits), for a state root or images on a file system that cannot be idmapped (overlayfs, NFS)")
 	return o, nil
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/sandboxd/sandboxd/store/template"
 )
 
 // What a microVM leaves behind, for the consistency checker: its control socket once its shim
@@ -88,9 +90,12 @@ func (r *Runtime) HostResources(sandboxesDir string) ([]runtime.HostResource, er
 //   - a temp name of an asset older than staleBuildAge is a crashed build's;
 //   - an initramfs other than the current stack's that no live QEMU names (QEMU reads it at
 //     its start only) is an older build's;
-//   - a base disk (the host's other than the current one, or an image's) that no sandbox's
-//     overlay backs onto is a note only: a template generation's frozen disk may back onto
-//     it, and the next sandbox of the image would use it again.
+//   - a base disk (the host's other than the current one, or an image's) that no qcow2 disk
+//     backs onto (a sandbox's overlay, a template generation's frozen disk: see diskBackings)
+//     and no live QEMU names is unused, unless it is younger than staleBuildAge (made by a
+//     start that is about to make its overlay over it); the next sandbox of its image makes
+//     it again. Its removal looks again under the assets lock (lockAssets), which a start
+//     holds from its look at the base disk until its overlay is in place.
 func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]runtime.StaleFile, error) {
 	st, err := r.stack()
 	if err != nil {
@@ -104,7 +109,7 @@ func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]run
 		return nil, err
 	}
 	current := map[string]bool{initramfsName(st.versions.Initramfs): true, hostBaseName(): true}
-	var backing map[string]bool // read once, if a base disk needs it
+	var backing *diskSet // read once, if a base disk needs it
 	var out []runtime.StaleFile
 	for _, e := range ents {
 		name := e.Name()
@@ -126,16 +131,24 @@ func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]run
 				continue
 			}
 			f = runtime.StaleFile{Name: name, Why: "the initramfs of an older guest stack (another sandboxd build or kernel); no QEMU uses it"}
-		case strings.HasPrefix(name, hostBasePrefix) || strings.HasPrefix(name, imageBasePrefix):
+		case isBaseDisk(name):
 			if backing == nil {
-				backing = overlayBackings(sandboxesDir)
+				backing = diskBackings(sandboxesDir)
 			}
-			if backing[path] {
+			if r.baseInUse(path, backing) {
 				continue
 			}
-			out = append(out, runtime.StaleFile{Name: name, Note: true,
-				Why: "a base disk (of an older host, or of an image) that no sandbox's disk backs onto; a template generation's may"})
-			continue
+			f = runtime.StaleFile{Name: name, Why: "a base disk (of an older host, or of an image) that no sandbox's disk, template generation's disk or QEMU uses"}
+			if remove {
+				removed, err := r.removeBase(hostBase, path, sandboxesDir)
+				if err != nil {
+					return out, err
+				}
+				if removed {
+					out = append(out, f)
+				}
+				continue
+			}
 		default:
 			continue
 		}
@@ -147,6 +160,70 @@ func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]run
 		out = append(out, f)
 	}
 	return out, nil
+}
+
+// isBaseDisk says whether name is a base disk's: the host's or an OCI image's.
+func isBaseDisk(name string) bool {
+	return strings.HasPrefix(name, hostBasePrefix) || strings.HasPrefix(name, imageBasePrefix)
+}
+
+// baseInUse says whether the base disk at path is needed: a disk of backing backs onto it, a
+// live QEMU names it, or it is younger than staleBuildAge. The age covers a start that made
+// the disk and has yet to make its overlay over it without the assets lock (a sandboxd of
+// before the lock); a base disk is written once, so its mtime is its making.
+func (r *Runtime) baseInUse(path string, backing *diskSet) bool {
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() || time.Since(fi.ModTime()) < staleBuildAge {
+		return true
+	}
+	return backing.has(path, fi) || r.qemuNames(path)
+}
+
+// removeBase removes the unused base disk at path after looking again, under the assets
+// lock of hostBase taken exclusively, that no disk backs onto it and no QEMU names it: a start
+// holds that lock shared from its look at its base disk until its overlay names it, so none
+// is between the two now. It reports false (and removes nothing) if the lock is held, a start
+// being under way, or the disk came into use.
+func (r *Runtime) removeBase(hostBase, path, sandboxesDir string) (bool, error) {
+	l, err := lockAssets(hostBase, false)
+	if err != nil || l == nil {
+		return false, err
+	}
+	defer l.Close() // closing releases the lock
+	if r.baseInUse(path, diskBackings(sandboxesDir)) {
+		return false, nil
+	}
+	return true, os.Remove(path)
+}
+
+// assetsLockName is the assets lock in the host base directory (see lockAssets).
+const assetsLockName = assetPrefix + "assets.lock"
+
+// lockAssets takes the assets lock of the host base directory dir: shared (waiting for it)
+// by a start, from its look at its base disk until its overlay names it, and exclusive (not
+// waiting: nil if it is held) by the removal of an unused base disk. flock dies with its
+// holder, so a crashed start never keeps a disk. The caller closes the file to unlock.
+func lockAssets(dir string, shared bool) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := platform.OpenFile(filepath.Join(dir, assetsLockName), os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	how := unix.LOCK_EX | unix.LOCK_NB
+	if shared {
+		how = unix.LOCK_SH
+	}
+	err = platform.IgnoringEINTR(func() error { return unix.Flock(int(f.Fd()), how) })
+	if err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) && !shared {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("microvm runtime: the assets lock: %w", err)
+	}
+	return f, nil
 }
 
 // removeTemps removes the temp files of name's writes (platform.TempName) in dir, which a
@@ -196,21 +273,96 @@ func (r *Runtime) qemuNames(path string) bool {
 	return false
 }
 
-// overlayBackings is the set of backing files that the overlays of the state directories in
-// sandboxesDir name.
-func overlayBackings(sandboxesDir string) map[string]bool {
-	out := map[string]bool{}
-	ents, err := os.ReadDir(sandboxesDir)
-	if err != nil {
-		return out
+// diskSet is the set of files that qcow2 disks back onto, by the name in their headers (made
+// absolute) and by identity, so that a state root reached through another path still
+// matches. unsure says that a directory or a disk could not be read: then every file may be
+// in use.
+type diskSet struct {
+	names  map[string]bool
+	files  map[[2]uint64]bool
+	unsure bool
+}
+
+func (d *diskSet) add(disk, backing string) {
+	if !filepath.IsAbs(backing) {
+		backing = filepath.Join(filepath.Dir(disk), backing) // as QEMU resolves it
 	}
-	for _, e := range ents {
-		if b, err := qcow2Backing(filepath.Join(sandboxesDir, e.Name(), shim.EntryOverlay)); err == nil && b != "" {
-			out[filepath.Clean(b)] = true
+	d.names[filepath.Clean(backing)] = true
+	var st unix.Stat_t
+	if unix.Stat(backing, &st) == nil {
+		d.files[[2]uint64{st.Dev, st.Ino}] = true
+	}
+}
+
+// has says whether path, of file info fi, is in the set.
+func (d *diskSet) has(path string, fi fs.FileInfo) bool {
+	if d.unsure || d.names[filepath.Clean(path)] {
+		return true
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && d.files[[2]uint64{st.Dev, st.Ino}]
+}
+
+// diskBackings is the set of files that the microVM disks of the state root of sandboxesDir
+// back onto: the overlays of its state directories (<sandboxesDir>/<id>/disk.qcow2), then the
+// frozen disks of its template store's generations and captures in flight
+// (templates/<name>/<generation or staging>/payload/disk.qcow2). A clone's overlay backs
+// onto its generation's disk, a clone's generation's disk onto the one before, and the first
+// generation's onto a base disk: every base disk in use is the direct backing of one of
+// these. Released memory (shim.EntryMemory) holds no disk: its launch's is the overlay.
+//
+// The sandboxes are read first: a capture holds its sandbox's lifecycle lock until its
+// generation is in place, so a sandbox deleted after it was read has left its generation for
+// the read of the templates.
+//
+// A disk that is missing, a link or no qcow2 image is none (a namespace sandbox's state
+// directory, a namespace generation's payload, whose files are its sandbox's); one that is
+// there and does not read (a capture's copy just begun) makes the set unsure. The payload of
+// a namespace generation is written by its sandbox, which can so keep base disks, never have
+// one removed.
+func diskBackings(sandboxesDir string) *diskSet {
+	d := &diskSet{names: map[string]bool{}, files: map[[2]uint64]bool{}}
+	read := func(disk string) {
+		b, err := qcow2Backing(disk)
+		switch {
+		case err == nil && b != "":
+			d.add(disk, b)
+		case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, unix.ELOOP), errors.Is(err, errNotQCOW2):
+		default:
+			d.unsure = true
 		}
 	}
-	return out
+	for _, id := range d.dirNames(sandboxesDir) {
+		read(filepath.Join(sandboxesDir, id, shim.EntryOverlay))
+	}
+	templates := filepath.Join(filepath.Dir(sandboxesDir), template.TemplatesDir)
+	for _, name := range d.dirNames(templates) {
+		for _, gen := range d.dirNames(filepath.Join(templates, name)) {
+			read(filepath.Join(templates, name, gen, template.PayloadDir, shim.StateDisk))
+		}
+	}
+	return d
 }
+
+// dirNames lists the directories in dir; one that is there and does not read makes d unsure.
+func (d *diskSet) dirNames(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			d.unsure = true
+		}
+		return nil
+	}
+	names := make([]string, 0, len(ents))
+	for _, e := range ents {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+var errNotQCOW2 = errors.New("not a qcow2 image")
 
 // qcow2Backing reads the backing file name from a qcow2 image's header ("" if it has none).
 // The header is QEMU's writing, not the guest's (the guest writes the virtual disk only), but
@@ -226,7 +378,7 @@ func qcow2Backing(path string) (string, error) {
 		return "", err
 	}
 	if !bytes.Equal(hdr[:4], []byte("QFI\xfb")) {
-		return "", fmt.Errorf("%s: not a qcow2 image", path)
+		return "", fmt.Errorf("%s: %w", path, errNotQCOW2)
 	}
 	off, size := binary.BigEndian.Uint64(hdr[8:16]), binary.BigEndian.Uint32(hdr[16:20])
 	if off == 0 || size == 0 {

@@ -36,8 +36,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// newRuntime returns the runtime under TCG (KVM hangs in nested guests here, and a probe would
-// spend its timeout finding that out), or skips the test where microVMs cannot run.
+// newRuntime returns the runtime under TCG (QEMU aborts under this host's nested KVM, and on
+// hosts where nested KVM stalls a guest a probe would spend its timeout finding that out), or skips the test where microVMs cannot run.
 func newRuntime(t *testing.T) *Runtime {
 	t.Helper()
 	if os.Geteuid() != 0 {

@@ -248,9 +248,9 @@ func identityOf(v Versions, exeHash string) string {
 
 // Probe says which accelerator this host's microVMs use, or why microVMs cannot run here at
 // all. Under Config.Accel "auto" that is "kvm" when a probe guest boots under KVM within the
-// probe timeout and "tcg" otherwise; "kvm" and "tcg" are answered without a probe guest (an
-// operator who knows the host saves the probe's boot, and on a host whose nested KVM hangs,
-// as here, its whole timeout). The probe runs once per Runtime; the answer is kept, and
+// probe timeout and "tcg" otherwise (a QEMU that fails under KVM, as here, answers at once; a
+// KVM that stalls the guest costs the whole timeout); "kvm" and "tcg" are answered without a
+// probe guest (an operator who knows the host saves the probe's boot). The probe runs once per Runtime; the answer is kept, and
 // every Start uses it.
 func (r *Runtime) Probe() (string, error) { return r.probe() }
 
@@ -388,35 +388,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if assets == "" {
 		assets = filepath.Join(spec.Dir, shim.EntryAssets)
 	}
-	// A sandbox that ran before has its disk: its overlay names the base disk it was made
-	// over, which stays its base (the image or the host may have changed since).
-	// A clone's base is its generation's frozen disk.
-	needBase := gen == ""
-	if b, err := qcow2Backing(filepath.Join(spec.Dir, shim.EntryOverlay)); err == nil && b != "" {
-		needBase = false
-	}
-	initrd, base, err := r.ensureAssets(assets, spec, needBase)
-	if err != nil {
-		return platform.ProcessID{}, err
-	}
-	r.step(AfterAssets)
-	if err := ctx.Err(); err != nil {
-		return platform.ProcessID{}, err
-	}
 	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB, NIC: spec.Network}
-	backing, backingFormat := base, "raw"
-	var restore *shim.Restore
-	if gen != "" {
-		if backing, restore, err = overGeneration(spec, gen, &launch); err != nil {
-			return platform.ProcessID{}, err
-		}
-		backingFormat = "qcow2"
-	}
-	launch.Format = shim.StateInfoFormat(launch.NIC)
-	// A start that crashed while it made the overlay left its temp file; the caller holds the
-	// sandbox's lifecycle lock, so no other start makes one now.
-	removeTemps(spec.Dir, shim.EntryOverlay)
-	overlay, err := ensureOverlay(ctx, spec.Dir, backing, backingFormat, roomMB(spec))
+	initrd, overlay, restore, err := r.makeDisk(ctx, assets, spec, gen, &launch)
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -449,6 +422,51 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	return r.spawn(spec.Dir, logf, cfg)
+}
+
+// makeDisk makes (unless they are there) the initramfs, the base disk in assets and the
+// sandbox's overlay over it, or over the memory generation gen, and returns the initramfs,
+// the overlay and a clone's restore; it sets launch's port and NIC for a generation's. It
+// holds the assets lock shared throughout, so that sandboxd check --repair, which removes a
+// base disk no disk backs onto under that lock taken exclusively, never removes the one this
+// start is about to make its overlay over.
+func (r *Runtime) makeDisk(ctx context.Context, assets string, spec runtime.Spec, gen string, launch *shim.StateInfo) (initrd, overlay string, restore *shim.Restore, err error) {
+	l, err := lockAssets(assets, true)
+	if err != nil {
+		return "", "", nil, err
+	}
+	defer l.Close()
+	// A sandbox that ran before has its disk: its overlay names the base disk it was made
+	// over, which stays its base (the image or the host may have changed since).
+	// A clone's base is its generation's frozen disk.
+	needBase := gen == ""
+	if b, err := qcow2Backing(filepath.Join(spec.Dir, shim.EntryOverlay)); err == nil && b != "" {
+		needBase = false
+	}
+	initrd, base, err := r.ensureAssets(assets, spec, needBase)
+	if err != nil {
+		return "", "", nil, err
+	}
+	r.step(AfterAssets)
+	if err := ctx.Err(); err != nil {
+		return "", "", nil, err
+	}
+	backing, backingFormat := base, "raw"
+	if gen != "" {
+		if backing, restore, err = overGeneration(spec, gen, launch); err != nil {
+			return "", "", nil, err
+		}
+		backingFormat = "qcow2"
+	}
+	launch.Format = shim.StateInfoFormat(launch.NIC)
+	// A start that crashed while it made the overlay left its temp file; the caller holds the
+	// sandbox's lifecycle lock, so no other start makes one now.
+	removeTemps(spec.Dir, shim.EntryOverlay)
+	overlay, err = ensureOverlay(ctx, spec.Dir, backing, backingFormat, roomMB(spec))
+	if err != nil {
+		return "", "", nil, err
+	}
+	return initrd, overlay, restore, nil
 }
 
 // step calls the tests' step hook, if any.

@@ -3,6 +3,7 @@
 package guest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,7 +21,9 @@ import (
 // sandboxd) changes nothing. The NIC's neighbours are forgotten: in a guest restored from a
 // memory generation they are its source's (the gateway's MAC is the source's veth end's, and
 // the gateway may be another's address now), and a stale entry would hold its traffic until
-// it expires. The zero address takes the NIC down instead (see downNIC).
+// it expires. The NIC gets a MAC of its address (nicMAC) before anything is sent from it, so
+// that a clone, whose NIC has its source's MAC in the saved device state, has one of its own.
+// The zero address takes the NIC down instead (see downNIC).
 func configureNIC(_ context.Context, address netip.Prefix, gateway netip.Addr) error {
 	if lo, err := netlink.LinkByName("lo"); err == nil {
 		_ = netlink.LinkSetUp(lo)
@@ -39,6 +42,9 @@ func configureNIC(_ context.Context, address netip.Prefix, gateway netip.Addr) e
 	if err != nil {
 		return fmt.Errorf("this VM has no %s: %w", NIC, err)
 	}
+	if err := setMAC(l, nicMAC(address.Addr())); err != nil {
+		return err
+	}
 	want := &net.IPNet{IP: address.Addr().AsSlice(), Mask: net.CIDRMask(address.Bits(), 32)}
 	if err := keepOnly(l, want.IP); err != nil {
 		return err
@@ -55,6 +61,41 @@ func configureNIC(_ context.Context, address netip.Prefix, gateway netip.Addr) e
 	route := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: gateway.AsSlice()}
 	if err := netlink.RouteReplace(route); err != nil {
 		return fmt.Errorf("route through %s: %w", gateway, err)
+	}
+	return nil
+}
+
+// macPrefix begins every NIC's MAC: 0x02 is a locally administered unicast address (the
+// second bit of the first byte set, the first clear), never a vendor's; 0x73 is sandboxd's
+// mark.
+var macPrefix = [2]byte{0x02, 0x73}
+
+// nicMAC is the guest NIC's MAC for the sandbox's IPv4 address: the prefix and the address's
+// four bytes. Addresses are unique among the host's sandboxes (the network Manager allocates
+// them), so are the MACs; a clone's re-address gives it a new one, as its new veth's layer 2
+// would need nothing more (the redirect between eth0 and the tap is by device, not by MAC).
+func nicMAC(addr netip.Addr) net.HardwareAddr {
+	a := addr.Unmap().As4()
+	return net.HardwareAddr{macPrefix[0], macPrefix[1], a[0], a[1], a[2], a[3]}
+}
+
+// setMAC gives l the hardware address mac unless it has it. virtio-net changes it live when
+// the device offers VIRTIO_NET_F_CTRL_MAC_ADDR (QEMU's virtio-net-pci does by default), and
+// tells the device, whose receive filter would drop frames to an address it does not know;
+// a driver that cannot change it while the link is up (EBUSY) gets it down first, and
+// configureNIC brings it up again.
+func setMAC(l netlink.Link, mac net.HardwareAddr) error {
+	if bytes.Equal(l.Attrs().HardwareAddr, mac) {
+		return nil
+	}
+	err := netlink.LinkSetHardwareAddr(l, mac)
+	if errors.Is(err, unix.EBUSY) {
+		if err = netlink.LinkSetDown(l); err == nil {
+			err = netlink.LinkSetHardwareAddr(l, mac)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("set the MAC of %s to %s: %w", NIC, mac, err)
 	}
 	return nil
 }

@@ -185,8 +185,9 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 	}
 	if !probe && cfg.NIC {
 		// QEMU makes the tap in the network namespace of its own that the shim starts it in;
-		// the driver's JoinGuest brings it up and joins it to that namespace's eth0. Every
-		// microVM is alone on its veth's layer 2, so QEMU's default MAC is no collision.
+		// the driver's JoinGuest brings it up and joins it to that namespace's eth0. The MAC
+		// stays QEMU's default, as a restore's device must match the saved one; the guest's
+		// agent gives the NIC a MAC of its address (guest.nicMAC).
 		args = append(args,
 			"-netdev", "tap,id=net,ifname="+TapName+",script=no,downscript=no",
 			"-device", "virtio-net-pci,netdev=net,disable-legacy=on")
