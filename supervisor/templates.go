@@ -206,6 +206,13 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	// is frozen only until the snapshot is taken.
 	var at *template.TimeContract
 	if capturesMemory(rt) {
+		if cfg.Template != nil {
+			// The clone's disk is its writes over its generation's frozen disk, which its
+			// copy in a new generation would name as its backing file; that generation holds
+			// no lease on the older one, which could then be retired under it.
+			return none, nil, errcode.New(errcode.NotImplemented,
+				"Sandbox %s is a microVM cloned from template %s; a microVM clone's disk is kept as its changes over its generation's disk, so capturing a clone is not implemented. Capture the sandbox that generation was captured from instead.", id, cfg.Template.Template)
+		}
 		// The memory holds the moment it stopped: the generation's time contract is read
 		// then, so that a clone's downtime (its clock's advance) counts from it.
 		now, err := s.templates.Now()

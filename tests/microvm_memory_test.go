@@ -97,6 +97,10 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		machines[id] = m
 	}
 
+	// A clone is not captured: its disk is changes over the generation's, which a new
+	// generation would name as its backing file without holding the generation.
+	wantProblem(t, d.vmDo("POST", "/v1/templates/mem/generations?timeout=600000", jsonBody(t, map[string]any{"sandbox": "c1"})), 501, "not-implemented")
+
 	// Ineligible: the generation's time contract read as early (its monotonic reading moved
 	// past the host's). A clone is refused, and so is the start of a clone made before.
 	d.createVM(map[string]any{"id": "c3", "template": "mem", "runtime": "microvm"})
