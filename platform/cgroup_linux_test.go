@@ -43,12 +43,10 @@ func needRoot(t *testing.T) {
 	}
 }
 
-func TestCgroupLifecycle(t *testing.T) {
-	needRoot(t)
-	if _, err := CgroupVersion(); err != nil {
-		t.Skipf("no usable cgroup hierarchy: %v", err)
-	}
-	name := fmt.Sprintf("sandboxd-test/cg-%d", os.Getpid())
+// testCgroup opens the cgroup name for a test, which removes it, and its parents the test made,
+// when it ends.
+func testCgroup(t *testing.T, name string) *Cgroup {
+	t.Helper()
 	cg, err := OpenCgroup(name)
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +57,16 @@ func TestCgroupLifecycle(t *testing.T) {
 			_ = os.Remove(filepath.Dir(d))
 		}
 	})
+	return cg
+}
+
+func TestCgroupLifecycle(t *testing.T) {
+	needRoot(t)
+	if _, err := CgroupVersion(); err != nil {
+		t.Skipf("no usable cgroup hierarchy: %v", err)
+	}
+	name := fmt.Sprintf("sandboxd-test/cg-%d", os.Getpid())
+	cg := testCgroup(t, name)
 	if err := cg.Create(CgroupLimits{MemoryBytes: 64 << 20, VCPUs: 1, Pids: 16}); err != nil {
 		t.Fatal(err)
 	}
@@ -129,16 +137,7 @@ func TestCgroupPidsChild(t *testing.T) {
 		t.Skipf("a pids child cgroup is for cgroup v1 (version %d, %v)", v, err)
 	}
 	name := fmt.Sprintf("sandboxd-test/child-%d", os.Getpid())
-	cg, err := OpenCgroup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cg.Remove(context.Background())
-		for _, d := range cg.Dirs() {
-			_ = os.Remove(filepath.Dir(d))
-		}
-	})
+	cg := testCgroup(t, name)
 	if err := cg.Create(CgroupLimits{Pids: 16}); err != nil {
 		t.Fatal(err)
 	}

@@ -165,13 +165,10 @@ func TestFSRenameNoReplaceAt(t *testing.T) {
 	}
 }
 
-// TestFSWriteFileAtomicAt: an atomic write makes the steps of a durable one but its two
-// fsyncs, replaces the old content whole, sets the mode exactly, and refuses a target that is
-// not a regular file.
-// TestFSWriteFileWholeAt: a whole write syncs the new file's content before the rename and
-// not the directory after it, and replaces the record as a durable write does.
-func TestFSWriteFileWholeAt(t *testing.T) {
-	t.Parallel()
+// dirWithRecord makes a directory holding the record "rec" ("old content", mode 0644) and
+// opens it for the test.
+func dirWithRecord(t *testing.T) (string, *os.File) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "rec"), []byte("old content"), 0o644); err != nil {
 		t.Fatal(err)
@@ -180,7 +177,25 @@ func TestFSWriteFileWholeAt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
+	t.Cleanup(func() { d.Close() })
+	return dir, d
+}
+
+// wantNewRecord checks that dir's record reads "new" with mode 0600 exactly.
+func wantNewRecord(t *testing.T, dir string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "rec"))
+	fi, serr := os.Stat(filepath.Join(dir, "rec"))
+	if err != nil || serr != nil || string(b) != "new" || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("after the write: %q %v, mode %v %v", b, err, fi.Mode(), serr)
+	}
+}
+
+// TestFSWriteFileWholeAt: a whole write syncs the new file's content before the rename and
+// not the directory after it, and replaces the record as a durable write does.
+func TestFSWriteFileWholeAt(t *testing.T) {
+	t.Parallel()
+	dir, d := dirWithRecord(t)
 	count, list := failAt(0, nil)
 	if err := count.WriteFileWholeAt(d, "rec", []byte("new"), 0o600); err != nil {
 		t.Fatal(err)
@@ -188,11 +203,7 @@ func TestFSWriteFileWholeAt(t *testing.T) {
 	if want := []Op{OpCreate, OpWrite, OpSync, OpRename}; !slices.Equal(list(), want) {
 		t.Fatalf("a whole write made %v, want %v", list(), want)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "rec"))
-	fi, serr := os.Stat(filepath.Join(dir, "rec"))
-	if err != nil || serr != nil || string(b) != "new" || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("after the write: %q %v, mode %v %v", b, err, fi.Mode(), serr)
-	}
+	wantNewRecord(t, dir)
 	// A failed content sync leaves the old record and no temp file.
 	f, _ := failAt(3, syscall.EIO)
 	if err := f.WriteFileWholeAt(d, "rec", []byte("newer"), 0o600); !errors.Is(err, syscall.EIO) {
@@ -206,17 +217,12 @@ func TestFSWriteFileWholeAt(t *testing.T) {
 	}
 }
 
+// TestFSWriteFileAtomicAt: an atomic write makes the steps of a durable one but its two
+// fsyncs, replaces the old content whole, sets the mode exactly, and refuses a target that is
+// not a regular file.
 func TestFSWriteFileAtomicAt(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "rec"), []byte("old content"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	d, err := OpenDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	dir, d := dirWithRecord(t)
 	count, list := failAt(0, nil)
 	if err := count.WriteFileAtomicAt(d, "rec", []byte("new"), 0o600); err != nil {
 		t.Fatal(err)
@@ -224,11 +230,7 @@ func TestFSWriteFileAtomicAt(t *testing.T) {
 	if want := []Op{OpCreate, OpWrite, OpRename}; !slices.Equal(list(), want) {
 		t.Fatalf("an atomic write made %v, want %v", list(), want)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "rec"))
-	fi, serr := os.Stat(filepath.Join(dir, "rec"))
-	if err != nil || serr != nil || string(b) != "new" || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("after the write: %q %v, mode %v %v", b, err, fi.Mode(), serr)
-	}
+	wantNewRecord(t, dir)
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Fatalf("the directory holds %d entries, want the record alone", len(ents))
 	}
