@@ -173,9 +173,7 @@ func (a *agent) startWorkload(umask int, argv0 string, argv []string, attr *os.P
 	}
 	goruntime.LockOSThread()
 	if err := platform.MoveThreadTo(a.cfg.WorkloadTasks); err != nil {
-		if platform.MoveThreadTo(a.cfg.AgentTasks) == nil {
-			goruntime.UnlockOSThread()
-		}
+		goruntime.UnlockOSThread() // a write that failed moved nothing
 		return nil, err
 	}
 	p, err := startWithUmask(umask, argv0, argv, attr)

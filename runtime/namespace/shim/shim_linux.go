@@ -289,9 +289,9 @@ func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
 	return cg, nil
 }
 
-// workloadTasks makes the workloads' pids cgroup ([WorkloadCgroup]) of a sandbox limited to
-// pids tasks (and the forking thread) and returns the tasks files the init gets (fds 6 and 7), or none: without a pids
-// limit, or on cgroup v2.
+// workloadTasks makes the workloads' pids cgroup ([WorkloadCgroup]) of a sandbox, limited to
+// pids tasks and the forking thread, and returns the tasks files the init gets (fds 6 and
+// 7), or none: without a pids limit, or on cgroup v2.
 func workloadTasks(cg *platform.Cgroup, pids int) ([]*os.File, error) {
 	if pids <= 0 || cg.V2() {
 		return nil, nil
