@@ -32,7 +32,19 @@ func TryLock(f *os.File) (bool, error) {
 	return acquired, nil
 }
 
-// Unlock releases a flock taken with TryLock. Closing f releases it as well.
+// LockShared takes a shared flock(2) on f, waiting while another open file description holds
+// it exclusively (see TryLock for what the lock belongs to and when it ends).
+func LockShared(f *os.File) error {
+	err := control(f, func(fd int) error {
+		return IgnoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_SH) })
+	})
+	if err != nil {
+		return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
+	}
+	return nil
+}
+
+// Unlock releases a flock taken with TryLock or LockShared. Closing f releases it as well.
 func Unlock(f *os.File) error {
 	err := control(f, func(fd int) error {
 		return IgnoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_UN) })

@@ -211,16 +211,17 @@ func lockAssets(dir string, shared bool) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	how := unix.LOCK_EX | unix.LOCK_NB
 	if shared {
-		how = unix.LOCK_SH
-	}
-	err = platform.IgnoringEINTR(func() error { return unix.Flock(int(f.Fd()), how) })
-	if err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) && !shared {
+		err = platform.LockShared(f)
+	} else {
+		var taken bool
+		if taken, err = platform.TryLock(f); err == nil && !taken {
+			f.Close()
 			return nil, nil
 		}
+	}
+	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("microvm runtime: the assets lock: %w", err)
 	}
 	return f, nil
