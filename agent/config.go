@@ -59,6 +59,13 @@ type Config struct {
 	// from a thread it moves into the first, and moves back into the second, so that a
 	// workload's forks count against the workloads' pids limit and never take the agent's.
 	WorkloadTasks, AgentTasks *os.File
+	// WorkloadCapabilities, if set, bounds every workload's capabilities: it is forked from
+	// a thread whose bounding set the agent first limits to these names (such as "CAP_KILL";
+	// the thread keeps its own permitted set). A sandbox's init limits the permitted sets of
+	// all the agent's threads at once but bounds only its own thread, since the bounding set
+	// can be changed for the whole process only by one stop of the Go runtime per capability.
+	// The agent needs CAP_SETPCAP for it.
+	WorkloadCapabilities []string
 	// ConfigureNetwork, if set, serves control's network operation (and the agent announces
 	// it, and its down form): it gives the sandbox's eth0 address and routes through gateway,
 	// or, given the zero address and gateway, takes eth0 down. A microVM's guest sets it; a

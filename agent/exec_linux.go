@@ -162,16 +162,30 @@ func startWithUmask(umask int, argv0 string, argv []string, attr *os.ProcAttr) (
 	return os.StartProcess(argv0, argv, attr)
 }
 
-// startWorkload starts a workload's process (startWithUmask) in the workloads' cgroup when
-// the agent has one (Config.WorkloadTasks): the forking thread moves there for the fork,
-// which the child inherits, and back after it. A thread that cannot move back is never given
-// back to the Go scheduler: locked to this goroutine, the request's, to its end, it exits
-// with it, so that no other work of the agent runs in the workloads' cgroup.
+// startWorkload starts a workload's process (startWithUmask) from a thread of its own, locked
+// to this goroutine for the fork: with Config.WorkloadCapabilities, that thread's bounding
+// set is limited first, which the child inherits; with Config.WorkloadTasks, the thread
+// moves into the workloads' cgroup for the fork, which the child inherits too, and back
+// after it. A thread that cannot move back is never given back to the Go scheduler: locked
+// to this goroutine, the request's, to its end, it exits with it, so that no other work of
+// the agent runs in the workloads' cgroup.
 func (a *agent) startWorkload(umask int, argv0 string, argv []string, attr *os.ProcAttr) (*os.Process, error) {
-	if a.cfg.WorkloadTasks == nil || a.cfg.AgentTasks == nil {
+	moves := a.cfg.WorkloadTasks != nil && a.cfg.AgentTasks != nil
+	if !moves && a.cfg.WorkloadCapabilities == nil {
 		return startWithUmask(umask, argv0, argv, attr)
 	}
 	goruntime.LockOSThread()
+	if a.cfg.WorkloadCapabilities != nil {
+		// Only ever lowers what the thread may pass on; it stays so when given back.
+		if err := platform.BoundThreadCapabilities(a.cfg.WorkloadCapabilities); err != nil {
+			goruntime.UnlockOSThread()
+			return nil, err
+		}
+	}
+	if !moves {
+		defer goruntime.UnlockOSThread()
+		return startWithUmask(umask, argv0, argv, attr)
+	}
 	if err := platform.MoveThreadTo(a.cfg.WorkloadTasks); err != nil {
 		goruntime.UnlockOSThread() // a write that failed moved nothing
 		return nil, err

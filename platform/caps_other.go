@@ -18,8 +18,5 @@ var ErrAllThreadsUnsupported = errors.New("platform: per-process credential chan
 // LimitProcessCapabilities is unsupported off Linux.
 func LimitProcessCapabilities(keep []string) error { return ErrUnsupported }
 
-// SetProcessNoNewPrivs is unsupported off Linux.
-func SetProcessNoNewPrivs() error { return ErrUnsupported }
-
 // BoundThreadCapabilities is unsupported off Linux.
 func BoundThreadCapabilities(keep []string) error { return ErrUnsupported }

@@ -76,7 +76,9 @@ func (p *SeccompProgram) LoadThread() error {
 }
 
 // LoadProcess installs the filter on every thread of the process (SECCOMP_FILTER_FLAG_TSYNC).
-// Every thread must have no_new_privs set first (SetProcessNoNewPrivs).
+// The calling thread must have no_new_privs set first (SetNoNewPrivs); the kernel then sets
+// it on every thread it synchronises as well (seccomp_sync_threads), so no other thread needs
+// a change of its own (each would be a stop-the-world of the Go runtime).
 func (p *SeccompProgram) LoadProcess() error {
 	if len(p.filter) == 0 {
 		return fmt.Errorf("platform: empty seccomp program")

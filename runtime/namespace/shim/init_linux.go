@@ -185,9 +185,11 @@ func initStage() error {
 	// A binary built without cgo (sandboxd's release build) can change the credentials of
 	// every thread at once: the init then drops its privileges in place and becomes the agent
 	// without another exec. Otherwise it drops them on this thread and re-executes itself.
+	// Three system calls, two of them (capset and the filter) for every thread; each
+	// workload's bounding set is dropped on the thread the agent forks it from.
 	switch err := platform.LimitProcessCapabilities(platform.DefaultCapabilities); {
 	case err == nil:
-		if err := platform.SetProcessNoNewPrivs(); err != nil {
+		if err := platform.SetNoNewPrivs(); err != nil {
 			return err
 		}
 		if err := prog.LoadProcess(); err != nil {
@@ -329,7 +331,10 @@ func runAgent(cfg agentConfig) error {
 		CgroupDir:     cfg.CgroupDir,
 		WorkloadTasks: workloadTasks,
 		AgentTasks:    agentTasks,
-		ReapAll:       true,
+		// The init bounded the capabilities of its own thread only (or, built with cgo, of
+		// every thread by an exec): each workload's fork is bounded on its thread.
+		WorkloadCapabilities: platform.DefaultCapabilities,
+		ReapAll:              true,
 	})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)

@@ -428,8 +428,8 @@ func initCommand(cr, lr, ln *os.File, tasks []*os.File, ids *idRange) *exec.Cmd 
 // a sandbox's root would count against host root's limits.
 func (p *initProcess) start(cg *platform.Cgroup, rootfs *os.File) error {
 	// The init can never hold more than it needs to set the sandbox up: the forking thread's
-	// bounding set goes first, so that the init has only a few capabilities left to drop
-	// (each drop stops all its threads).
+	// bounding set goes first. (Without a user namespace it is the init's; a new user
+	// namespace starts with a full one, bounded only inside, on each workload's fork.)
 	if err := platform.BoundThreadCapabilities(initCapabilities); err != nil {
 		return err
 	}
