@@ -185,8 +185,8 @@ func initStage() error {
 	// A binary built without cgo (sandboxd's release build) can change the credentials of
 	// every thread at once: the init then drops its privileges in place and becomes the agent
 	// without another exec. Otherwise it drops them on this thread and re-executes itself.
-	// Three system calls, two of them (capset and the filter) for every thread; each
-	// workload's bounding set is dropped on the thread the agent forks it from.
+	// One stop of the Go runtime (capset on every thread; the filter's TSYNC is the
+	// kernel's); each workload's bounding set is dropped on the thread the agent forks it from.
 	switch err := platform.LimitProcessCapabilities(platform.DefaultCapabilities); {
 	case err == nil:
 		if err := platform.SetNoNewPrivs(); err != nil {
