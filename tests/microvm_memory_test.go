@@ -21,8 +21,9 @@ import (
 
 // vmCounter starts, detached in the guest, a shell loop that counts in memory and writes each
 // count to /dev/shm/count (a tmpfs: nothing but the VM's memory holds it) and its pid to
-// /dev/shm/pid. Only a restore of the VM's memory carries it into a clone.
-const vmCounter = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 &`
+// /dev/shm/pid. Only a restore of the VM's memory carries it into a clone. Each count is
+// renamed into place: a reader of a file rewritten in place could find it empty.
+const vmCounter = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count.new; mv -f /dev/shm/count.new /dev/shm/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 &`
 
 // TestMicroVMMemoryTemplate captures a running microVM with a counter in its memory and clones
 // it twice: in each clone the counter's process runs on, with its pid, counting on from the

@@ -19,8 +19,9 @@ import (
 )
 
 // counterScript runs a shell loop, detached, that counts in memory and writes each count to
-// /dev/shm/count (a tmpfs: only the VM's memory holds it) and its pid to /dev/shm/pid.
-const counterScript = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 &`
+// /dev/shm/count (a tmpfs: only the VM's memory holds it) and its pid to /dev/shm/pid. Each
+// count is renamed into place: a reader of a file rewritten in place could find it empty.
+const counterScript = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count.new; mv -f /dev/shm/count.new /dev/shm/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 &`
 
 // TestSaveAndRestore starts a counter in a microVM, saves the stopped VM's memory with its
 // disk (Freeze, OpenLiveLayer, Thaw), and restores the state into a second VM under a new
