@@ -16,3 +16,6 @@ func Run(cfg Config) error { return errUnsupported }
 
 // RunContext is unsupported on this OS.
 func RunContext(ctx context.Context, cfg Config) error { return errUnsupported }
+
+// PrepareSignals does nothing on this OS.
+func PrepareSignals() {}

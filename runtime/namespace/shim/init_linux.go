@@ -56,6 +56,9 @@ func InitMain(args []string) int {
 	}
 	switch {
 	case len(args) == 0:
+		// While the first stage waits for the shim's mounts; the exec of a cgo build's
+		// second stage undoes it, and its agent pays in full.
+		go agent.PrepareSignals()
 		if err := initStage(); err != nil {
 			initLogf("%v", err)
 			return 1
