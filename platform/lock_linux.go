@@ -3,6 +3,7 @@
 package platform
 
 import (
+	"errors"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -14,40 +15,27 @@ import (
 // and the lock ends when the last descriptor of that description is closed (also when the
 // process dies), which is what lets a crashed holder never wedge a lock.
 func TryLock(f *os.File) (bool, error) {
-	acquired := false
-	err := control(f, func(fd int) error {
-		err := IgnoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) })
-		switch err {
-		case nil:
-			acquired = true
-			return nil
-		case unix.EWOULDBLOCK:
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		return false, &os.PathError{Op: "flock", Path: f.Name(), Err: err}
+	switch err := flock(f, unix.LOCK_EX|unix.LOCK_NB); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return false, nil
+	default:
+		return false, err
 	}
-	return acquired, nil
 }
 
 // LockShared takes a shared flock(2) on f, waiting while another open file description holds
 // it exclusively (see TryLock for what the lock belongs to and when it ends).
-func LockShared(f *os.File) error {
-	err := control(f, func(fd int) error {
-		return IgnoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_SH) })
-	})
-	if err != nil {
-		return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
-	}
-	return nil
-}
+func LockShared(f *os.File) error { return flock(f, unix.LOCK_SH) }
 
 // Unlock releases a flock taken with TryLock or LockShared. Closing f releases it as well.
-func Unlock(f *os.File) error {
+func Unlock(f *os.File) error { return flock(f, unix.LOCK_UN) }
+
+// flock runs flock(2) with how on f, waiting if how does, and names f in its error.
+func flock(f *os.File, how int) error {
 	err := control(f, func(fd int) error {
-		return IgnoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_UN) })
+		return IgnoringEINTR(func() error { return unix.Flock(fd, how) })
 	})
 	if err != nil {
 		return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
