@@ -37,7 +37,8 @@ func TestMain(m *testing.M) {
 }
 
 // newRuntime returns the runtime under TCG (QEMU aborts under this host's nested KVM, and on
-// hosts where nested KVM stalls a guest a probe would spend its timeout finding that out), or skips the test where microVMs cannot run.
+// hosts where nested KVM stalls a guest a probe would spend its timeout finding that out), or
+// skips the test where microVMs cannot run.
 func newRuntime(t *testing.T) *Runtime {
 	t.Helper()
 	if os.Geteuid() != 0 {

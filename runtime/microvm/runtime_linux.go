@@ -250,8 +250,8 @@ func identityOf(v Versions, exeHash string) string {
 // all. Under Config.Accel "auto" that is "kvm" when a probe guest boots under KVM within the
 // probe timeout and "tcg" otherwise (a QEMU that fails under KVM, as here, answers at once; a
 // KVM that stalls the guest costs the whole timeout); "kvm" and "tcg" are answered without a
-// probe guest (an operator who knows the host saves the probe's boot). The probe runs once per Runtime; the answer is kept, and
-// every Start uses it.
+// probe guest (an operator who knows the host saves the probe's boot). The probe runs once
+// per Runtime; the answer is kept, and every Start uses it.
 func (r *Runtime) Probe() (string, error) { return r.probe() }
 
 // AccelMode is the operator's choice the probe follows: "auto", "kvm" or "tcg".
