@@ -16,11 +16,12 @@ import (
 // the network tests' own small internet (see newNetWorld; nothing leaves the test's
 // namespaces), and clones it: two clones with the source's policy each run the counter on
 // and have an address and a MAC of their own (neither the source's nor the other's, nothing
-// left of the source's), which reaches the allowed host as the policy says; a clone without a network
-// has its NIC (the saved devices have one) but down, with no address, and reaches nothing. A
-// networked clone's memory released by a pause survives a SIGKILL of sandboxd (sandboxd check
-// clean beside it), and its resume keeps its address and its reach, the counter running on;
-// so does a crash of sandboxd in either window of a resume (before and after the thaw).
+// left of the source's), which reaches the allowed host as the policy says; a clone without a
+// network has its NIC (the saved devices have one) but down, with no address, and reaches
+// nothing. A networked clone's memory released by a pause survives a SIGKILL of sandboxd
+// (sandboxd check clean beside it), and its resume keeps its address and its reach, the
+// counter running on; so does a crash of sandboxd in either window of a resume (before and
+// after the thaw).
 // A networked clone of a generation captured without a NIC is refused (503) before anything
 // is made.
 func TestMicroVMNetworkMemory(t *testing.T) {

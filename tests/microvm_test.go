@@ -304,9 +304,8 @@ func reapMicroVMs(t testing.TB, vm *microvm.Runtime, root string) {
 // the initramfs of an older guest stack, a half-made base disk of a crashed build, and a base
 // disk of an older host that nothing backs onto. A base disk that a sandbox's overlay backs
 // onto stays (or a template generation's frozen disk: TestStaleBaseDisks), as does one made
-// less than 10 min ago
-// (a start may be about to make its overlay over it), and an initramfs that a live QEMU
-// names, until that QEMU is gone. It boots no VM.
+// less than 10 min ago (a start may be about to make its overlay over it), and an initramfs
+// that a live QEMU names, until that QEMU is gone. It boots no VM.
 func TestMicroVMCheckFindsAndRepairs(t *testing.T) {
 	requireRoot(t)
 	vm := requireMicroVM(t)
