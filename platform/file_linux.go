@@ -311,3 +311,14 @@ func IgnoringEINTR(fn func() error) error {
 		}
 	}
 }
+
+// GrowPipe asks for a pipe's capacity to be size bytes, so that a reader takes up to that much
+// per read. It is only an optimisation: the kernel refuses it past fs.pipe-max-size or once
+// the user holds many pipe pages, and the pipe then keeps its size.
+func GrowPipe(f *os.File, size int) {
+	if sc, err := f.SyscallConn(); err == nil {
+		_ = sc.Control(func(fd uintptr) {
+			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, size) // refused: the size it had
+		})
+	}
+}

@@ -29,3 +29,6 @@ func SyncDirPath(path string) error                                      { retur
 func OpenFileAt(dir *os.File, name string, flag int, perm fs.FileMode) (*os.File, error) {
 	return nil, ErrUnsupported
 }
+
+// GrowPipe does nothing here: the pipe keeps its size.
+func GrowPipe(f *os.File, size int) {}
