@@ -41,7 +41,9 @@
 //
 // Output flows from the pipes (1 MiB where the kernel allows, or the pty) into the stream in
 // frames of 32 KiB, growing to 256 KiB while the workload keeps them full, and no faster than
-// the client reads: the workload blocks on a full pipe rather than the agent buffering.
+// the client reads: the workload blocks on a full pipe rather than the agent buffering. A
+// stdout pipe that sandboxd passed with the request (control.FeatureStdoutPipe) becomes the
+// workload's stdout as it is: the agent never reads it, and sandboxd does.
 // After the workload exits its output is drained until the pipes close or stay silent for
 // 100 ms, so a background process that inherited them does not hold the exec open.
 //

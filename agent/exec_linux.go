@@ -21,11 +21,6 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 )
 
-// drainIdle is how long output is still collected after the workload exited while its pipes
-// stay open but silent: a background process that inherited them must not hold the exec
-// open forever, but output already on its way is not cut.
-const drainIdle = 100 * time.Millisecond
-
 // Exec implements control.Handler.
 func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.ExecStream) (control.ExitStatus, error) {
 	if a.stopping.Load() {
@@ -52,7 +47,7 @@ func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.E
 	}
 
 	w := &workload{a: a, tty: req.TTY}
-	files, err := w.setupIO(req, attr)
+	files, err := w.setupIO(req, s.StdoutPipe(), attr)
 	if err != nil {
 		return control.ExitStatus{}, err
 	}
@@ -214,7 +209,13 @@ type workload struct {
 	exited atomic.Bool
 }
 
-func (w *workload) setupIO(req *control.ExecRequest, attr *syscall.SysProcAttr) ([]*os.File, error) {
+// UsesStdoutPipes implements control.StdoutPipeUser: Exec gives a passed stdout pipe to the
+// workload.
+func (a *agent) UsesStdoutPipes() {}
+
+// setupIO makes the workload's stdio: a terminal, or pipes (stdoutPipe, passed by sandboxd,
+// in place of one of ours when not nil).
+func (w *workload) setupIO(req *control.ExecRequest, stdoutPipe *os.File, attr *syscall.SysProcAttr) ([]*os.File, error) {
 	if w.tty {
 		master, slave, err := openPTY()
 		if err != nil {
@@ -255,14 +256,17 @@ func (w *workload) setupIO(req *control.ExecRequest, attr *syscall.SysProcAttr) 
 		stdin = f
 	}
 	w.child = append(w.child, stdin)
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		w.closeAll()
-		return nil, err
+	outW := stdoutPipe
+	if outW == nil {
+		outR, ourW, err := os.Pipe()
+		if err != nil {
+			w.closeAll()
+			return nil, err
+		}
+		w.stdoutR, outW = outR, ourW
+		platform.GrowPipe(outR, control.OutputPipeSize)
 	}
-	w.stdoutR = outR
 	w.child = append(w.child, outW)
-	growPipe(outR)
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		w.closeAll()
@@ -270,25 +274,8 @@ func (w *workload) setupIO(req *control.ExecRequest, attr *syscall.SysProcAttr) 
 	}
 	w.errR = errR
 	w.child = append(w.child, errW)
-	growPipe(errR)
+	platform.GrowPipe(errR, control.OutputPipeSize)
 	return []*os.File{stdin, outW, errW}, nil
-}
-
-// outputPipeSize is the capacity asked for the workload's stdout and stderr pipes. The
-// default 64 KiB lets a pump take at most that much per read, however far the workload is
-// ahead; a larger pipe lets it fill whole output frames with one read. It is part of what
-// the workload may write ahead of a client that does not read.
-const outputPipeSize = 1 << 20
-
-// growPipe raises a pipe's capacity to outputPipeSize. It is only an optimisation: the
-// kernel refuses it past fs.pipe-max-size or once the user holds many pipe pages, and the
-// pipe then keeps its size.
-func growPipe(f *os.File) {
-	if sc, err := f.SyscallConn(); err == nil {
-		_ = sc.Control(func(fd uintptr) {
-			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeSize) // refused: the default size
-		})
-	}
 }
 
 func (w *workload) closeChildEnds() {
@@ -336,7 +323,9 @@ func (w *workload) startPumps(s *control.ExecStream) *sync.WaitGroup {
 		}
 		return &wg
 	}
-	pump(s.Stdout(), w.stdoutR)
+	if w.stdoutR != nil {
+		pump(s.Stdout(), w.stdoutR)
+	}
 	pump(s.Stderr(), w.errR)
 	if stdin != nil {
 		go func() {
@@ -348,17 +337,17 @@ func (w *workload) startPumps(s *control.ExecStream) *sync.WaitGroup {
 }
 
 // armDrain, called once the workload exited, makes the output pumps give up on pipes that
-// stay silent for drainIdle.
+// stay silent for control.OutputDrainIdle.
 func (w *workload) armDrain() {
 	for _, f := range []*os.File{w.master, w.stdoutR, w.errR} {
 		if f != nil {
-			f.SetReadDeadline(time.Now().Add(drainIdle))
+			f.SetReadDeadline(time.Now().Add(control.OutputDrainIdle))
 		}
 	}
 }
 
 // drainReader re-arms the idle deadline before every read once the workload exited, so a
-// pump stops only when the pipe stayed silent for drainIdle, not while output still flows.
+// pump stops only when the pipe stayed silent for control.OutputDrainIdle, not while output still flows.
 // A pty master reports EIO once every holder of the terminal closed it: that is its EOF.
 type drainReader struct {
 	f      *os.File
@@ -367,7 +356,7 @@ type drainReader struct {
 
 func (d *drainReader) Read(p []byte) (int, error) {
 	if d.exited.Load() {
-		d.f.SetReadDeadline(time.Now().Add(drainIdle))
+		d.f.SetReadDeadline(time.Now().Add(control.OutputDrainIdle))
 	}
 	n, err := d.f.Read(p)
 	if err != nil && (errors.Is(err, unix.EIO) || errors.Is(err, os.ErrDeadlineExceeded)) {

@@ -22,6 +22,11 @@ import (
 type Client struct {
 	sess  *yamux.Session
 	hello HelloResponse
+	// fds passes descriptors to the agent; nil unless the connection is a unix socket.
+	fds *fdSender
+	// stdoutPipes says an exec's stdout goes to a pipe passed to the agent
+	// (FeatureStdoutPipe).
+	stdoutPipes bool
 }
 
 // ErrClosed is returned by operations on a client whose connection ended.
@@ -35,16 +40,18 @@ func Dial(conn io.ReadWriteCloser, capability []byte, timeout time.Duration) (*C
 		conn.Close()
 		return nil, fmt.Errorf("control: dial timeout must be positive")
 	}
+	conn, fds := senderConn(conn)
 	sess, err := yamux.Client(conn, yamuxConfig())
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
-	c := &Client{sess: sess}
+	c := &Client{sess: sess, fds: fds}
 	if err := c.doHello(capability, timeout); err != nil {
 		sess.Close()
 		return nil, err
 	}
+	c.stdoutPipes = fds != nil && slices.Contains(c.hello.Features, FeatureStdoutPipe)
 	return c, nil
 }
 

@@ -119,6 +119,12 @@ func (f *fakeHandler) Stats(ctx context.Context) (Stats, error) { return Stats{P
 func serve(t *testing.T, h Handler) (net.Conn, <-chan error) {
 	t.Helper()
 	a, b := net.Pipe()
+	return serveOn(t, a, b, h)
+}
+
+// serveOn is serve over the connected pair a (the client's end) and b.
+func serveOn(t *testing.T, a, b net.Conn, h Handler) (net.Conn, <-chan error) {
+	t.Helper()
 	done := make(chan error, 1)
 	returned := make(chan struct{})
 	go func() {
@@ -139,6 +145,12 @@ func serve(t *testing.T, h Handler) (net.Conn, <-chan error) {
 func dial(t *testing.T, h Handler) (*Client, <-chan error) {
 	t.Helper()
 	conn, done := serve(t, h)
+	return dialOn(t, conn, done)
+}
+
+// dialOn is dial over conn, whose Serve reports on done.
+func dialOn(t *testing.T, conn net.Conn, done <-chan error) (*Client, <-chan error) {
+	t.Helper()
 	c, err := Dial(conn, capability, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)

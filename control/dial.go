@@ -54,9 +54,13 @@ type PortDialer interface {
 	DialPort(ctx context.Context, port int) (net.Conn, error)
 }
 
-// features lists what the agent behind h announces.
-func features(h Handler) []string {
+// features lists what the agent behind h announces; fds is the connection's receiver of
+// passed descriptors, nil unless it is a unix socket.
+func features(h Handler, fds *fdReceiver) []string {
 	f := []string{FeatureExec, FeatureTTY, FeatureFiles, FeatureShutdown, FeatureStats}
+	if _, ok := h.(StdoutPipeUser); ok && fds != nil {
+		f = append(f, FeatureStdoutPipe)
+	}
 	if _, ok := h.(PortDialer); ok {
 		f = append(f, FeatureDial)
 	}

@@ -1,9 +1,11 @@
 // Package control is the control protocol between sandboxd and the agent inside a sandbox, both
 // ends of it: [Dial] and [Client] for sandboxd, [Serve] and [Handler] for the agent. It knows
 // frames, streams and messages, and nothing of processes or files: the agent package does the
-// work behind Handler. It must not rely on unix-socket features (no descriptor passing, no peer
-// credentials): the same protocol will run over a virtio serial port, so any io.ReadWriteCloser
-// carries it. It is shared by both sides and imports no host-side package of sandboxd.
+// work behind Handler. Any io.ReadWriteCloser carries it (a microVM's virtio serial port as
+// well as a unix socket): it needs no unix-socket feature. One is used where both ends have it:
+// over a unix socket, sandboxd passes an exec's stdout pipe to the agent ([FeatureStdoutPipe]),
+// and without it everything works the same, only with stdout in frames. It is shared by both
+// sides and imports no host-side package of sandboxd.
 // docs/design.md says where it sits between the supervisor and the agent.
 //
 // # Session
@@ -39,7 +41,8 @@
 //     {protocol, features, agent_version}, or an error protocol-mismatch.
 //   - exec ([ExecRequest]; an absent umask means [DefaultUmask]): the agent answers started
 //     {pid} (or error: the workload did not start), then stdout/stderr frames, and last exit
-//     ([ExitStatus]) or error. The client may
+//     ([ExitStatus]) or error. With stdout_pipe ([FeatureStdoutPipe]) the workload's stdout is
+//     the pipe passed with the request and only stderr comes in frames. The client may
 //     send stdin frames (if it asked for stdin), eof (stdin closed), resize and signal at any
 //     time before the exit.
 //   - read: a result {size} (of the file as opened), exactly size bytes in data frames, then

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -13,12 +14,13 @@ import (
 
 // ExecStream is the agent's side of one exec stream, handed to Handler.Exec.
 type ExecStream struct {
-	fw      *frameWriter
-	stdin   *stdinReader
-	stdout  frameStreamWriter
-	stderr  frameStreamWriter
-	resize  chan WindowSize
-	signals chan string
+	fw         *frameWriter
+	stdoutPipe *os.File
+	stdin      *stdinReader
+	stdout     frameStreamWriter
+	stderr     frameStreamWriter
+	resize     chan WindowSize
+	signals    chan string
 }
 
 // stdinQueueLen bounds how many stdin frames the agent holds that the workload has not read
@@ -38,6 +40,11 @@ func (s *ExecStream) Stdin() io.Reader {
 // Stdout writes stdout frames (the terminal's output with TTY). A write blocks while the
 // client is not reading: that is the flow control.
 func (s *ExecStream) Stdout() io.Writer { return &s.stdout }
+
+// StdoutPipe is the write end of the pipe sandboxd passed for the workload's stdout
+// ([FeatureStdoutPipe]), or nil: stdout then goes to Stdout. The handler gives it to the
+// workload and may close it once the workload holds it; Serve closes it after Exec returned.
+func (s *ExecStream) StdoutPipe() *os.File { return s.stdoutPipe }
 
 // Stderr writes stderr frames.
 func (s *ExecStream) Stderr() io.Writer { return &s.stderr }
@@ -120,6 +127,15 @@ func (s *server) serveExec(ctx context.Context, st *yamux.Stream, fw *frameWrite
 		resize:  make(chan WindowSize, 1),
 		signals: make(chan string, 16),
 	}
+	if req.StdoutPipe != 0 {
+		f, err := s.claimStdoutPipe(req)
+		if err != nil {
+			writeError(fw, err)
+			return
+		}
+		defer f.Close()
+		es.stdoutPipe = f
+	}
 	if req.Stdin {
 		es.stdin = &stdinReader{ch: make(chan stdinItem, stdinQueueLen), done: done, resize: es.resize}
 	}
@@ -144,6 +160,15 @@ func (s *server) serveExec(ctx context.Context, st *yamux.Stream, fw *frameWrite
 	// serveStream gives the client a moment to close.
 	st.SetReadDeadline(time.Now().Add(closeLinger))
 	readerDone.Wait()
+}
+
+// claimStdoutPipe takes the pipe an exec request names. Only an agent that announced
+// FeatureStdoutPipe is sent one, and only over a unix socket.
+func (s *server) claimStdoutPipe(req *ExecRequest) (*os.File, error) {
+	if _, ok := s.h.(StdoutPipeUser); !ok || s.fds == nil {
+		return nil, invalidf("This agent takes no stdout pipe on this connection.")
+	}
+	return s.fds.claim(req.StdoutPipe)
 }
 
 func readExecFrames(st io.Reader, es *ExecStream, done <-chan struct{}) {

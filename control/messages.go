@@ -170,6 +170,10 @@ type ExecRequest struct {
 	// a workload never inherits the agent's own mask, so that what root creates is not
 	// writable by the sandbox's user unless the request asks for it.
 	Umask *uint32 `json:"umask,omitempty"`
+	// StdoutPipe, when not 0, is the number of a descriptor passed with the request
+	// ([FeatureStdoutPipe]): the write end of a pipe whose read end sandboxd holds. The
+	// workload's stdout is that pipe, and no stdout frames come. Never with TTY.
+	StdoutPipe uint64 `json:"stdout_pipe,omitempty"`
 }
 
 // DefaultUmask is the workload's umask when the exec request names none: files 0644 and
@@ -220,6 +224,9 @@ func (r *ExecRequest) Validate() error {
 	}
 	if r.Umask != nil && *r.Umask > 0o777 {
 		return invalidf("The umask %#o has bits beyond permissions; give one between 0 and 0777.", *r.Umask)
+	}
+	if r.StdoutPipe != 0 && r.TTY {
+		return invalidf("A terminal's output cannot go to a passed pipe.")
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +22,8 @@ import (
 // and, through the flow control, the workload itself. ReadOutput instead hands out both
 // streams' output from one goroutine, in the agent's order and without the pipes' copy and
 // hand-off: the way to relay output elsewhere. Wait returns once the output was read to its
-// end and the exit status arrived.
+// end and the exit status arrived. Either way stdout may come through a pipe of its own
+// ([FeatureStdoutPipe]) rather than the stream; the two are merged as they arrive.
 type Process struct {
 	// PID is the workload's pid inside the sandbox.
 	PID int
@@ -52,6 +54,10 @@ type Process struct {
 	// agent's exit frame still arrives, so a caller sees one outcome for one action.
 	closedEarly atomic.Bool
 
+	// pipe is the stdout pipe and the stream's reader (FeatureStdoutPipe); nil when stdout
+	// comes in frames.
+	pipe *pipedOutput
+
 	// The frame being read: its type and how many of its payload bytes are still unread.
 	frameType FrameType
 	frameLeft int
@@ -80,9 +86,42 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 	if err := req.Validate(); err != nil {
 		return nil, asRemote(err).Err()
 	}
+	var stdout *os.File
+	if c.stdoutPipes && !req.TTY {
+		f, err := c.passStdoutPipe(&req)
+		if err != nil {
+			return nil, err
+		}
+		stdout = f
+	}
+	st, fw, s, err := c.startExec(ctx, req)
+	if err != nil {
+		if stdout != nil {
+			stdout.Close()
+		}
+		return nil, err
+	}
+	pr := &Process{PID: s.PID, c: c, st: st, fw: fw, done: make(chan struct{})}
+	if stdout != nil {
+		pr.pipe = newPipedOutput(stdout)
+		go pr.readStream()
+	}
+	pr.outR, pr.outW = io.Pipe()
+	pr.errR, pr.errW = io.Pipe()
+	pr.Stdout, pr.Stderr = &pipeOutput{p: pr, r: pr.outR}, &pipeOutput{p: pr, r: pr.errR}
+	if req.Stdin {
+		pr.Stdin = &stdinWriter{fw: fw}
+	}
+	return pr, nil
+}
+
+// startExec sends an exec's request and reads the agent's answer: the workload started, or
+// why not.
+func (c *Client) startExec(ctx context.Context, req ExecRequest) (*yamux.Stream, *frameWriter, Started, error) {
+	var s Started
 	st, fw, stop, err := c.open(ctx, Header{Op: OpExec, Exec: &req})
 	if err != nil {
-		return nil, err
+		return nil, nil, s, err
 	}
 	t, p, err := ReadFrame(st, nil)
 	live := stop()
@@ -91,30 +130,22 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		if err == nil {
 			err = context.Canceled
 		}
-		return nil, c.streamErr(ctx, err)
+		return nil, nil, s, c.streamErr(ctx, err)
 	}
 	switch t {
 	case FrameStarted:
 	case FrameError:
 		st.Close()
-		return nil, decodeRemoteError(p)
+		return nil, nil, s, decodeRemoteError(p)
 	default:
 		st.Close()
-		return nil, fmt.Errorf("control: unexpected %s frame starting an exec", t)
+		return nil, nil, s, fmt.Errorf("control: unexpected %s frame starting an exec", t)
 	}
-	var s Started
 	if err := json.Unmarshal(p, &s); err != nil {
 		st.Close()
-		return nil, fmt.Errorf("control: malformed started frame: %w", err)
+		return nil, nil, s, fmt.Errorf("control: malformed started frame: %w", err)
 	}
-	pr := &Process{PID: s.PID, c: c, st: st, fw: fw, done: make(chan struct{})}
-	pr.outR, pr.outW = io.Pipe()
-	pr.errR, pr.errW = io.Pipe()
-	pr.Stdout, pr.Stderr = &pipeOutput{p: pr, r: pr.outR}, &pipeOutput{p: pr, r: pr.errR}
-	if req.Stdin {
-		pr.Stdin = &stdinWriter{fw: fw}
-	}
-	return pr, nil
+	return st, fw, s, nil
 }
 
 // useMode chooses how the output is read, the first time anything reads it, and reports
@@ -205,6 +236,14 @@ func (p *Process) endErr() error {
 // next reads the next piece of output into b (at least one byte of it, at most len(b)). At the
 // exit frame it records the status and returns io.EOF; any other end is an error.
 func (p *Process) next(b []byte) (FrameType, int, error) {
+	if p.pipe != nil {
+		return p.nextPiped(b)
+	}
+	return p.nextFrame(b)
+}
+
+// nextFrame is next for the output that comes on the stream.
+func (p *Process) nextFrame(b []byte) (FrameType, int, error) {
 	for p.frameLeft == 0 {
 		t, n, err := readFrameHeader(p.st)
 		if err != nil {
@@ -266,6 +305,10 @@ func (p *Process) finish(err error) {
 		p.errW.Close()
 	}
 	p.st.Close()
+	if p.pipe != nil {
+		p.pipe.stop()
+		p.pipe.f.Close()
+	}
 	close(p.done)
 }
 
@@ -315,6 +358,11 @@ func (p *Process) Close() error {
 		p.st.SetReadDeadline(time.Now().Add(closeLinger))
 		p.outR.CloseWithError(ErrNoExit)
 		p.errR.CloseWithError(ErrNoExit)
+		if p.pipe != nil {
+			// Nobody reads on: the pipe goes now, whether or not anything reads the output.
+			p.pipe.stop()
+			p.pipe.f.Close()
+		}
 	})
 	return nil
 }

@@ -48,13 +48,14 @@ type Handler interface {
 // the caller must then exit. Serve closes conn, and returns only after every operation of the
 // connection finished (cancelled ones included).
 func Serve(conn io.ReadWriteCloser, capability []byte, h Handler) error {
+	conn, fds := receiverConn(conn)
 	sess, err := yamux.Server(conn, yamuxConfig())
 	if err != nil {
 		conn.Close()
 		return err
 	}
 	defer sess.Close()
-	if err := serveHello(sess, capability, h); err != nil {
+	if err := serveHello(sess, capability, h, fds); err != nil {
 		return err
 	}
 
@@ -70,7 +71,7 @@ func Serve(conn io.ReadWriteCloser, capability []byte, h Handler) error {
 	// the shutdown ended) send their exits, and only then does the session close.
 	acceptCtx, stopAccepting := context.WithCancel(ctx)
 	defer stopAccepting()
-	srv := &server{h: h, sess: sess, stopAccepting: stopAccepting}
+	srv := &server{h: h, sess: sess, fds: fds, stopAccepting: stopAccepting}
 	var wg sync.WaitGroup
 	for {
 		st, err := sess.AcceptStreamWithContext(acceptCtx)
@@ -108,7 +109,7 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) {
 	}
 }
 
-func serveHello(sess *yamux.Session, capability []byte, h Handler) error {
+func serveHello(sess *yamux.Session, capability []byte, h Handler, fds *fdReceiver) error {
 	ctx, cancel := context.WithTimeout(context.Background(), helloTimeout)
 	defer cancel()
 	st, err := sess.AcceptStreamWithContext(ctx)
@@ -141,7 +142,7 @@ func serveHello(sess *yamux.Session, capability []byte, h Handler) error {
 	}
 	resp := HelloResponse{
 		Protocol:     ProtocolVersion,
-		Features:     features(h),
+		Features:     features(h, fds),
 		AgentVersion: h.Version(),
 	}
 	if err := writeJSON(fw, FrameResult, resp); err != nil {
@@ -152,8 +153,11 @@ func serveHello(sess *yamux.Session, capability []byte, h Handler) error {
 }
 
 type server struct {
-	h             Handler
-	sess          *yamux.Session
+	h    Handler
+	sess *yamux.Session
+	// fds receives the descriptors sandboxd passes; nil unless the connection is a unix
+	// socket.
+	fds           *fdReceiver
 	shutdown      atomic.Bool
 	stopAccepting context.CancelFunc
 }
