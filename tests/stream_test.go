@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -237,6 +238,64 @@ func TestStreamBothStreamsInterleaved(t *testing.T) {
 	if s.stderr.String() != seq(nErr) {
 		t.Errorf("stderr is %d bytes and differs from seq's", s.stderr.Len())
 	}
+}
+
+// TestStreamStdoutSkipsTheAgent: a workload's stdout is a pipe whose read end sandboxd holds
+// (the agent passed it on and never reads it), while stderr stays the agent's; a background
+// process that keeps stdout open and silent does not hold the stream open once the workload
+// exited, and what it prints later is not part of the stream.
+func TestStreamStdoutSkipsTheAgent(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("pipe", true)
+	s, _, err := d.dialStream("pipe", url.Values{"command": {"sh", "-c",
+		"readlink /proc/self/fd/1 /proc/self/fd/2; echo listed; read line"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.readUntil("listed\n")
+	links := strings.Fields(s.stdout.String())
+	if len(links) < 2 || !strings.HasPrefix(links[0], "pipe:[") || !strings.HasPrefix(links[1], "pipe:[") {
+		t.Fatalf("the workload's stdout and stderr are %q, not two pipes", links)
+	}
+	held := sandboxdPipes(t, d)
+	if !held[links[0]] {
+		t.Errorf("sandboxd does not hold the workload's stdout pipe %s", links[0])
+	}
+	if held[links[1]] {
+		t.Errorf("sandboxd holds the workload's stderr pipe %s, which is the agent's", links[1])
+	}
+	s.send("go\n")
+	if exit := s.wait(); exit.ExitCode != 0 {
+		t.Fatalf("exit %+v", exit)
+	}
+
+	s, _, err = d.dialStream("pipe", url.Values{"command": {"sh", "-c",
+		"echo first; (sleep 5; echo late) & echo second"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit := s.wait(); exit.ExitCode != 0 || s.stdout.String() != "first\nsecond\n" {
+		t.Fatalf("exit %+v, stdout %q; want 0 and the two lines before the exit", exit, s.stdout.String())
+	}
+}
+
+// sandboxdPipes returns the pipes sandboxd's process holds, as /proc names them ("pipe:[N]").
+func sandboxdPipes(t *testing.T, d *daemon) map[string]bool {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipes := map[string]bool{}
+	for _, e := range entries {
+		if l, err := os.Readlink(dir + "/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:[") {
+			pipes[l] = true
+		}
+	}
+	return pipes
 }
 
 // TestStreamRefusalsAreProblems: validation and admission happen before the upgrade.
