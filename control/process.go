@@ -83,11 +83,23 @@ var errOutputMode = errors.New("control: the output is read either through Stdou
 // it. A workload that cannot start (no such command, a bad cwd) is an error here, not an exit
 // status.
 func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
+	return c.exec(ctx, req, false)
+}
+
+// ExecPiped is Exec with the workload's stdout in a pipe of its own, which the client reads
+// directly, wherever the connection and the agent allow it ([FeatureStdoutPipe]; never with
+// TTY); elsewhere it is Exec. It is for a caller that relays output in bulk: the pipe and its
+// reader cost a short command about a tenth of a millisecond more than Exec.
+func (c *Client) ExecPiped(ctx context.Context, req ExecRequest) (*Process, error) {
+	return c.exec(ctx, req, true)
+}
+
+func (c *Client) exec(ctx context.Context, req ExecRequest, piped bool) (*Process, error) {
 	if err := req.Validate(); err != nil {
 		return nil, asRemote(err).Err()
 	}
 	var stdout *os.File
-	if c.stdoutPipes && !req.TTY {
+	if piped && c.stdoutPipes && !req.TTY {
 		f, err := c.passStdoutPipe(&req)
 		if err != nil {
 			return nil, err

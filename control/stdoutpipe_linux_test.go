@@ -109,7 +109,7 @@ func TestStdoutPipe(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("read output", func(t *testing.T) {
-		p, err := c.Exec(ctx, ExecRequest{Argv: []string{"print", "9000000", "abc"}})
+		p, err := c.ExecPiped(ctx, ExecRequest{Argv: []string{"print", "9000000", "abc"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +131,7 @@ func TestStdoutPipe(t *testing.T) {
 	})
 
 	t.Run("stdout and stderr readers", func(t *testing.T) {
-		p, err := c.Exec(ctx, ExecRequest{Argv: []string{"print", "100000", "xy"}})
+		p, err := c.ExecPiped(ctx, ExecRequest{Argv: []string{"print", "100000", "xy"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +160,7 @@ func TestStdoutPipe(t *testing.T) {
 				f.Close()
 			}
 		}()
-		p, err := c.Exec(ctx, ExecRequest{Argv: []string{"linger"}})
+		p, err := c.ExecPiped(ctx, ExecRequest{Argv: []string{"linger"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,7 +186,7 @@ func TestStdoutPipe(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				seed := fmt.Sprintf("<%d>", i)
-				p, err := c.Exec(ctx, ExecRequest{Argv: []string{"print", "300000", seed}})
+				p, err := c.ExecPiped(ctx, ExecRequest{Argv: []string{"print", "300000", seed}})
 				if err != nil {
 					errs <- err
 					return
@@ -209,7 +209,11 @@ func TestStdoutPipe(t *testing.T) {
 	})
 
 	t.Run("a terminal still comes in frames", func(t *testing.T) {
-		echoInFrames(t, c, ExecRequest{Argv: []string{"echo"}, TTY: true, Stdin: true})
+		echoInFrames(t, c.ExecPiped, ExecRequest{Argv: []string{"echo"}, TTY: true, Stdin: true})
+	})
+
+	t.Run("Exec, not ExecPiped, comes in frames", func(t *testing.T) {
+		echoInFrames(t, c.Exec, ExecRequest{Argv: []string{"echo"}, Stdin: true})
 	})
 }
 
@@ -223,14 +227,14 @@ func TestStdoutPipeNotOverOtherConnections(t *testing.T) {
 	if slices.Contains(c2.Features(), FeatureStdoutPipe) {
 		t.Fatalf("a handler that does not use stdout pipes announced %s", FeatureStdoutPipe)
 	}
-	echoInFrames(t, c2, ExecRequest{Argv: []string{"echo"}, Stdin: true})
+	echoInFrames(t, c2.ExecPiped, ExecRequest{Argv: []string{"echo"}, Stdin: true})
 }
 
-// echoInFrames runs the fake's echo with req, which must not be given a stdout pipe, and
+// echoInFrames runs the fake's echo with exec and req, which must not be given a stdout pipe, and
 // expects its stdin back in frames.
-func echoInFrames(t *testing.T, c *Client, req ExecRequest) {
+func echoInFrames(t *testing.T, exec func(context.Context, ExecRequest) (*Process, error), req ExecRequest) {
 	t.Helper()
-	p, err := c.Exec(context.Background(), req)
+	p, err := exec(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,7 +158,8 @@ type Session struct {
 // workload runs until it exits, its timeout passes, or Close kills it; ctx bounds only the
 // start.
 func (s *Supervisor) StartExec(ctx context.Context, a *Admission, req ExecRequest) (*Session, error) {
-	proc, err := a.agent.Exec(ctx, a.defaults.apply(req).control(true))
+	// A relayed workload may flood its output: stdout bypasses the agent where it can.
+	proc, err := a.agent.ExecPiped(ctx, a.defaults.apply(req).control(true))
 	if msg, ok := commandNotFound(err); ok {
 		// As the buffered exec answers it: a session that says why and exits 127.
 		x := &Session{a: a, missing: []byte("sandboxd: " + msg + "\n"), missingStream: Stderr}
