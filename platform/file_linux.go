@@ -322,3 +322,21 @@ func GrowPipe(f *os.File, size int) {
 		})
 	}
 }
+
+// SetCloseOnExec sets or clears f's close-on-exec flag: a descriptor without it stays open in
+// the program an exec starts.
+func SetCloseOnExec(f *os.File, on bool) error {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	flags := 0
+	if on {
+		flags = unix.FD_CLOEXEC
+	}
+	var ferr error
+	if cerr := sc.Control(func(fd uintptr) { _, ferr = unix.FcntlInt(fd, unix.F_SETFD, flags) }); cerr != nil {
+		return cerr
+	}
+	return ferr
+}

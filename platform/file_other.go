@@ -32,3 +32,6 @@ func OpenFileAt(dir *os.File, name string, flag int, perm fs.FileMode) (*os.File
 
 // GrowPipe does nothing here: the pipe keeps its size.
 func GrowPipe(f *os.File, size int) {}
+
+// SetCloseOnExec is Linux's alone.
+func SetCloseOnExec(f *os.File, on bool) error { return ErrUnsupported }

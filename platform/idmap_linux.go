@@ -160,3 +160,7 @@ func (l *IDRangeLock) Held(n int) (bool, error) {
 
 // Close releases every slot taken through l (a process's death does the same).
 func (l *IDRangeLock) Close() error { return l.f.Close() }
+
+// KeepOnExec keeps the registry open, with the slots it holds, in the program an exec
+// starts (keep), or lets an exec close it again.
+func (l *IDRangeLock) KeepOnExec(keep bool) error { return SetCloseOnExec(l.f, !keep) }

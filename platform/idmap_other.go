@@ -20,3 +20,4 @@ func OpenIDRangeLock(path string) (*IDRangeLock, error) { return nil, ErrUnsuppo
 func (l *IDRangeLock) TryLock(n int) (bool, error)      { return false, ErrUnsupported }
 func (l *IDRangeLock) Held(n int) (bool, error)         { return false, ErrUnsupported }
 func (l *IDRangeLock) Close() error                     { return nil }
+func (l *IDRangeLock) KeepOnExec(keep bool) error       { return ErrUnsupported }
