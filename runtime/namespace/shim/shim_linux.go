@@ -99,6 +99,16 @@ func ShimMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ShimCommand)
 		return 2
 	}
+	// A shim that shed its set-up (shed) is back: fd 3 is not a configuration now but one of
+	// the descriptors it kept.
+	if v, ok := os.LookupEnv(waitStateEnv); ok {
+		var ws waitState
+		if err := json.Unmarshal([]byte(v), &ws); err != nil || ws.Dir != args[0] {
+			fmt.Fprintf(os.Stderr, "sandboxd shim: a wait state that is not this shim's (%v)\n", err)
+			return 2
+		}
+		return waitMain(&ws)
+	}
 	cfgFile := os.NewFile(fdConfig, "config")
 	b, err := io.ReadAll(io.LimitReader(cfgFile, 1<<20))
 	cfgFile.Close()
@@ -130,9 +140,8 @@ func runShim(cfg *Config) int {
 	// From the start, a TERM, INT or HUP is kept for the init (see wait), not the default
 	// death that would take the init along with no outcome written: sandboxd or an operator
 	// may send one as soon as the agent answers, which can be before the shim waits.
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(sigc)
+	fw := newForwarder(nil)
+	defer signal.Stop(fw.sigc)
 	baseDone := findHostBase(spec)
 	ids, err := allocateIDs(cfg.IDs)
 	if err != nil {
@@ -169,11 +178,16 @@ func runShim(cfg *Config) int {
 		_ = proc.cmd.Wait()
 		return l.fail(nil, "leave cgroup: %v", err)
 	}
-	st, err := proc.wait(sigc)
+	var shedding *waitState
+	if werr == nil {
+		shedding = &waitState{Dir: spec.Dir, LaunchID: spec.LaunchID, Cgroup: cfg.Cgroup, InitPID: proc.cmd.Process.Pid}
+	}
+	st, err := proc.wait(fw, shedding)
 	if st == nil {
 		return l.fail(cg, "wait for the init: %v", err)
 	}
-	l.recordEnd(st, cg)
+	ws, _ := st.Sys().(syscall.WaitStatus)
+	l.recordEnd(ws, cg)
 	if werr != nil && !errors.Is(werr, os.ErrClosed) {
 		logf("the init was not started: %v", werr)
 		l.outcome.Reason = runtime.ReasonStartFailed
@@ -214,17 +228,21 @@ func (l *launch) fail(cg *platform.Cgroup, format string, args ...any) int {
 	return 1
 }
 
-// recordEnd records how the init ended (st) and whether the kernel killed it for memory.
-func (l *launch) recordEnd(st *os.ProcessState, cg *platform.Cgroup) {
+// recordEnd records how the init ended (ws) and whether the kernel killed it for memory,
+// which its cgroup cg tells unless nil.
+func (l *launch) recordEnd(ws syscall.WaitStatus, cg *platform.Cgroup) {
 	o := &l.outcome
-	if st.Exited() {
+	if ws.Exited() {
 		o.Reason = runtime.ReasonExited
-		o.ExitCode = st.ExitCode()
+		o.ExitCode = ws.ExitStatus()
 	} else {
-		ws, _ := st.Sys().(syscall.WaitStatus)
 		o.Reason = runtime.ReasonSignaled
 		o.ExitCode = -1
 		o.Signal = unix.SignalName(ws.Signal())
+	}
+	if cg == nil {
+		logf("the sandbox ended: %s (exit code %d, signal %q, OOM not known)", o.Reason, o.ExitCode, o.Signal)
+		return
 	}
 	if oom, err := cg.OOMKilled(); err != nil {
 		logf("read OOM state: %v", err)
@@ -572,18 +590,19 @@ func sendConfig(sock *os.File, cfg []byte, files []*os.File) error {
 // init, whose agent ends the sandbox's processes; the shim stays to record the outcome. Dying
 // instead would take the init along (its parent-death signal) with no outcome written.
 //
-// sigc receives those signals, also any that came before.
-func (p *initProcess) wait(sigc chan os.Signal) (*os.ProcessState, error) {
-	go func() {
-		for sig := range sigc {
-			logf("forwarding %v to the sandbox", sig)
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		}
-	}()
+// fw has caught those signals since the shim started. With shedding, a sandbox still running
+// after shedAfter makes the shim shed its set-up (shed), and wait then never returns: the
+// waiter reports the end.
+func (p *initProcess) wait(fw *forwarder, shedding *waitState) (*os.ProcessState, error) {
+	fw.send = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+	fw.start()
 	// The shim now only waits, possibly for weeks: give the memory of the set-up back.
 	debug.FreeOSMemory()
+	if shedding != nil && p.settled(shedAfter) {
+		err := p.shed(fw, *shedding)
+		logf("the shim keeps its set-up: %v", err)
+	}
 	err := p.cmd.Wait()
-	signal.Stop(sigc)
-	close(sigc)
+	fw.stop()
 	return p.cmd.ProcessState, err
 }
