@@ -151,7 +151,7 @@
 //     it checks that the shim still holds its lifeline, fd 4), and with it its pid namespace
 //     and mounts. No outcome is written; the supervisor calls [Runtime.Cleanup], which removes
 //     the cgroup and anything mounted below the state directory on the host.
-//   - The shim dies while it sheds its set-up (its exec of itself, 2 s into the sandbox's
+//   - The shim dies while it sheds its set-up (its exec of itself, 10 s into the sandbox's
 //     life): as any death of the shim. An exec that fails leaves the old shim waiting, with
 //     its set-up; one that succeeds is the same process, pid and start time, so its recorded
 //     identity holds. A TERM, INT or HUP in the millisecond of the exec may end it: as any
