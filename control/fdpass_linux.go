@@ -43,7 +43,10 @@ const claimWait = 5 * time.Second
 // descriptors queued with send along with its writes.
 type fdSender struct {
 	*net.UnixConn
-	mu      sync.Mutex
+	// wmu keeps writes, and so the descriptors they take, in order. It is not held by send:
+	// a write may wait for a peer that does not read, and an exec must not wait behind it.
+	wmu     sync.Mutex
+	mu      sync.Mutex // guards the fields below
 	next    uint64     // the number of the next descriptor queued
 	pending []*os.File // queued, in order, not yet written
 	closed  bool
@@ -67,24 +70,26 @@ func (s *fdSender) send(f *os.File) (uint64, error) {
 // byte. yamux's send loop is the only writer, but the lock keeps the order of descriptors
 // and bytes whoever writes.
 func (s *fdSender) Write(b []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.pending) == 0 || len(b) == 0 {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	files := s.take()
+	if len(files) == 0 || len(b) == 0 {
+		s.requeue(files)
 		return s.UnixConn.Write(b)
 	}
-	files := s.pending[:min(len(s.pending), maxRightsPerWrite)]
 	fds := make([]int, len(files))
 	for i, f := range files {
 		fds[i] = int(f.Fd())
 	}
 	n, _, err := s.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
 	n = max(n, 0) // a failed sendmsg reports -1
-	if n > 0 {
+	if n == 0 {
+		s.requeue(files)
+	} else {
 		// The descriptors went with the first byte: the kernel holds them now.
 		for _, f := range files {
 			f.Close()
 		}
-		s.pending = s.pending[len(files):]
 	}
 	if err != nil || n == len(b) {
 		return n, err
@@ -92,6 +97,32 @@ func (s *fdSender) Write(b []byte) (int, error) {
 	// A stream socket may take part of a large write; the rest goes without descriptors.
 	m, err := s.UnixConn.Write(b[n:])
 	return n + m, err
+}
+
+// take removes the descriptors one write carries from the front of the queue.
+func (s *fdSender) take() []*os.File {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	files := slices.Clip(s.pending[:min(len(s.pending), maxRightsPerWrite)])
+	s.pending = s.pending[len(files):]
+	return files
+}
+
+// requeue puts back at the front of the queue the descriptors that a write took but did not
+// carry; after the connection closed it closes them instead.
+func (s *fdSender) requeue(files []*os.File) {
+	if len(files) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		for _, f := range files {
+			f.Close()
+		}
+		return
+	}
+	s.pending = append(files, s.pending...)
 }
 
 // Close closes the connection and the descriptors that never left.

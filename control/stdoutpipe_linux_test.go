@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -308,4 +309,53 @@ func TestUnclaimedDescriptorsAreBounded(t *testing.T) {
 	}
 	f.Close()
 	r.fail(ErrClosed)
+}
+
+// A descriptor is queued at once even while a write waits for a peer that does not read: an
+// exec on a stalled connection fails by its own deadline, not behind the send loop.
+func TestSendDoesNotWaitForAWrite(t *testing.T) {
+	t.Parallel()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := os.NewFile(uintptr(fds[1]), "peer")
+	defer peer.Close()
+	f := os.NewFile(uintptr(fds[0]), "socket")
+	conn, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fdSender{UnixConn: conn.(*net.UnixConn)}
+	defer s.Close()
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		s.Write(make([]byte, 64<<20)) // more than the socket holds: it waits for the peer
+	}()
+	// Bytes at the peer: the write is under way, and it cannot have finished.
+	pfd := []unix.PollFd{{Fd: int32(peer.Fd()), Events: unix.POLLIN}}
+	if n, err := unix.Poll(pfd, 10000); n != 1 || err != nil {
+		t.Fatalf("no bytes reached the peer: %d, %v", n, err)
+	}
+	queued := make(chan error, 1)
+	go func() {
+		r, w, err := os.Pipe()
+		if err == nil {
+			r.Close()
+			_, err = s.send(w)
+		}
+		queued <- err
+	}()
+	select {
+	case err := <-queued:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-wrote:
+		t.Fatal("the write ended before the test's end")
+	case <-time.After(10 * time.Second):
+		t.Fatal("send waited behind a write the peer does not read")
+	}
 }
