@@ -26,6 +26,9 @@ import (
 // freezePoll is how often a freeze in progress is looked at.
 const freezePoll = 2 * time.Millisecond
 
+// freezeKick is how long a v1 freeze waits for FROZEN before it asks the tasks again.
+const freezeKick = 250 * time.Millisecond
+
 // freezerV1Root returns the mount point of the v1 freezer hierarchy.
 func freezerV1Root() (string, error) {
 	h, err := cgroupHierarchies()
@@ -104,11 +107,22 @@ func (c *Cgroup) Freeze(ctx context.Context) error {
 		if err := writeCgroupFile(dir, "freezer.state", "FROZEN"); err != nil {
 			return err
 		}
+		kicked := time.Now()
 		if err := waitCgroup(ctx, func() (bool, error) {
 			b, err := os.ReadFile(filepath.Join(dir, "freezer.state"))
-			return strings.TrimSpace(string(b)) == "FROZEN", err
+			if err != nil || strings.TrimSpace(string(b)) == "FROZEN" {
+				return err == nil, err
+			}
+			// Still FREEZING: ask again, which wakes every task not frozen yet to freeze. A task
+			// that missed the first wake-up would otherwise hold the cgroup FREEZING until the
+			// caller gives up.
+			if time.Since(kicked) >= freezeKick {
+				kicked = time.Now()
+				return false, writeCgroupFile(dir, "freezer.state", "FROZEN")
+			}
+			return false, nil
 		}); err != nil {
-			return err
+			return fmt.Errorf("%w (%s)", err, unfrozenV1(dir))
 		}
 		outside, err := c.outsideV1(dir)
 		if err != nil {
@@ -164,6 +178,24 @@ func (c *Cgroup) Thaw(ctx context.Context) error {
 		}
 		return false, err
 	})
+}
+
+// unfrozenV1 describes a v1 freezer cgroup that is not frozen: its state and each of its tasks
+// that is not frozen, with its state and where it waits in the kernel.
+func unfrozenV1(dir string) string {
+	state, _ := os.ReadFile(filepath.Join(dir, "freezer.state"))
+	b, _ := os.ReadFile(filepath.Join(dir, "tasks"))
+	var tasks []string
+	for _, f := range strings.Fields(string(b)) {
+		stat, _ := os.ReadFile("/proc/" + f + "/stat")
+		wchan, _ := os.ReadFile("/proc/" + f + "/wchan")
+		st := string(stat)
+		if i := strings.LastIndexByte(st, ')'); i >= 0 && i+2 < len(st) {
+			st = st[:min(len(st), i+3)]
+		}
+		tasks = append(tasks, fmt.Sprintf("%s %s wchan %s", f, st, wchan))
+	}
+	return fmt.Sprintf("freezer.state %s; tasks: %s", strings.TrimSpace(string(state)), strings.Join(tasks, "; "))
 }
 
 // moveV1 moves the cgroup's processes into the freezer cgroup dir until none is left out. A

@@ -167,6 +167,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 			_ = p.Thaw(cctx, id, l.Dir())
 		}
 		if ctx.Err() != nil {
+			s.log.Warn("a pause did not finish in time", "sandbox", id, "err", err)
 			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s did not pause within the timeout and runs on; retry, with a longer timeout.", id)
 		}
 		return nil, err
