@@ -347,7 +347,8 @@ func (w *workload) armDrain() {
 }
 
 // drainReader re-arms the idle deadline before every read once the workload exited, so a
-// pump stops only when the pipe stayed silent for control.OutputDrainIdle, not while output still flows.
+// pump stops only when the pipe stayed silent for control.OutputDrainIdle, not while output
+// still flows.
 // A pty master reports EIO once every holder of the terminal closed it: that is its EOF.
 type drainReader struct {
 	f      *os.File

@@ -179,8 +179,8 @@ func TestTrackedReplayBounded(t *testing.T) {
 	}
 	out := readUntil(t, a, "END\n")
 	// What the attach reads is the replay plus what was still on its way when the process
-	// finished: the workload's stdout pipe (control.OutputPipeSize) and a frame in flight. Both are
-	// far below the 4 MB the process wrote, so an unbounded replay still fails.
+	// finished: the workload's stdout pipe (control.OutputPipeSize) and a frame in flight.
+	// Both are far below the 4 MB the process wrote, so an unbounded replay still fails.
 	if len(out) > control.ProcReplayBytes+control.OutputPipeSize+256<<10 {
 		t.Fatalf("the replay held %d bytes, more than its bound", len(out))
 	}

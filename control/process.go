@@ -89,7 +89,7 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 // ExecPiped is Exec with the workload's stdout in a pipe of its own, which the client reads
 // directly, wherever the connection and the agent allow it ([FeatureStdoutPipe]; never with
 // TTY); elsewhere it is Exec. It is for a caller that relays output in bulk: the pipe and its
-// reader cost a short command about a tenth of a millisecond more than Exec.
+// reader cost a short command 0.2-0.3 ms more of the client's CPU than Exec.
 func (c *Client) ExecPiped(ctx context.Context, req ExecRequest) (*Process, error) {
 	return c.exec(ctx, req, true)
 }
@@ -318,8 +318,7 @@ func (p *Process) finish(err error) {
 	}
 	p.st.Close()
 	if p.pipe != nil {
-		p.pipe.stop()
-		p.pipe.f.Close()
+		p.pipe.close()
 	}
 	close(p.done)
 }
@@ -372,8 +371,7 @@ func (p *Process) Close() error {
 		p.errR.CloseWithError(ErrNoExit)
 		if p.pipe != nil {
 			// Nobody reads on: the pipe goes now, whether or not anything reads the output.
-			p.pipe.stop()
-			p.pipe.f.Close()
+			p.pipe.close()
 		}
 	})
 	return nil

@@ -36,9 +36,9 @@ type StdoutPipeUser interface {
 // open forever, but output already on its way is not cut.
 const OutputDrainIdle = 100 * time.Millisecond
 
-// OutputPipeSize is the capacity asked for a workload's output pipes: a reader takes up to that much per
-// read, however far the workload is ahead. It is part of what a workload may write ahead of a
-// client that does not read.
+// OutputPipeSize is the capacity asked for a workload's output pipes: a reader takes up to
+// that much per read, however far the workload is ahead. It is part of what a workload may
+// write ahead of a client that does not read.
 const OutputPipeSize = 1 << 20
 
 // passStdoutPipe makes the pipe for an exec's stdout, names its write end in req and queues it
@@ -96,6 +96,12 @@ func newPipedOutput(f *os.File) *pipedOutput {
 func (o *pipedOutput) wake() { _ = o.f.SetReadDeadline(time.Unix(1, 0)) }
 
 func (o *pipedOutput) stop() { o.once.Do(func() { close(o.quit) }) }
+
+// close ends the stream reader's hand-over and closes the read end: nobody reads on.
+func (o *pipedOutput) close() {
+	o.stop()
+	o.f.Close()
+}
 
 // readStream reads the stream's frames until its end, queuing their output.
 func (p *Process) readStream() {
