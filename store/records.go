@@ -53,6 +53,10 @@ type Config struct {
 	// Runtime is the kind of the runtime the sandbox runs under ("namespace", "microvm"); ""
 	// (a record written before there was a choice) means the server's default runtime.
 	Runtime string `json:"runtime,omitempty"`
+	// Spare marks a sandbox started ahead for a create that has not come yet (the
+	// supervisor's spares): it is no client's, so listings, lookups and events leave it out
+	// until a create claims it, which rewrites the record without the mark.
+	Spare bool `json:"spare,omitempty"`
 }
 
 // NetworkPolicy is a sandbox's egress policy as recorded: the API's form, each entry as it
