@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"regexp"
 	"slices"
@@ -52,7 +51,7 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 		DiskMB:    h.cfg.DefaultDiskMB,
 	}
 	if creq.ID == "" {
-		creq.ID = newSandboxID()
+		creq.ID, creq.AnyID = supervisor.NewSandboxID(), true
 	}
 	creq.Start = body.Start != nil && *body.Start
 	seconds := h.cfg.DefaultTimeoutS
@@ -142,18 +141,6 @@ func deref(p *string) string {
 		return ""
 	}
 	return *p
-}
-
-// newSandboxID makes an id for a sandbox created without one: "sb-" and 12 characters of
-// a-z 0-9 (62 bits), unlikely to collide and refused by the store if it does.
-func newSandboxID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 12)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return "sb-" + string(b)
 }
 
 // envMap turns KEY=VALUE entries (their form checked by the contract) into a map.

@@ -98,6 +98,7 @@ func (s *Supervisor) dropClient(id string) {
 // Close stops the watchers and ends every control session (not the sandboxes: they outlive
 // sandboxd).
 func (s *Supervisor) Close() {
+	s.closeSpares()
 	s.mu.Lock()
 	s.closed = true
 	for id, t := range s.timers {

@@ -44,11 +44,23 @@ type CreateRequest struct {
 	// Runtime is the kind of runtime to run the sandbox under; "" means the default one
 	// (see [Supervisor.Runtimes]).
 	Runtime string
+	// AnyID says the server chose ID (see [NewSandboxID]): a create with start that asks for
+	// nothing but the defaults may then be given a spare, and its id (spares.go).
+	AnyID bool
+
+	// spare makes the sandbox a spare.
+	spare bool
 }
 
 // Create provisions a sandbox, or clones one (see [Supervisor.Provision] and
 // [Supervisor.Clone]), and with req.Start starts it.
 func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, error) {
+	if err := checkLifetime(req.Lifetime); err != nil {
+		return nil, err
+	}
+	if st := s.claimSpare(ctx, req); st != nil {
+		return st, nil
+	}
 	cfg := Config{
 		ID:        req.ID,
 		Image:     req.Image,
@@ -65,10 +77,7 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 	if err := s.checkCreateRuntime(req); err != nil {
 		return nil, err
 	}
-	if err := checkLifetime(req.Lifetime); err != nil {
-		return nil, err
-	}
-	p := provisioning{pending: req.Start, lifetime: req.Lifetime}
+	p := provisioning{pending: req.Start, lifetime: req.Lifetime, spare: req.spare}
 	if req.Clone != nil {
 		if req.Clone.Runtime == "" {
 			req.Clone.Runtime = req.Runtime
@@ -105,6 +114,8 @@ type provisioning struct {
 	// pending writes PendingName before the configuration record.
 	pending  bool
 	lifetime *Lifetime
+	// spare marks the sandbox a spare in its configuration record.
+	spare bool
 }
 
 // prepare writes what p asks for into the state directory l locks, right after the
@@ -146,7 +157,7 @@ func (s *Supervisor) startCreated(ctx context.Context, l *store.Lock) (_ *Status
 		// Only a clone can get here (another client started it between the clone and this
 		// start): the sandbox exists and runs, as the create asked.
 		err = nil
-		st, _ = s.Status(id)
+		st, _ = s.status(id, true)
 	}
 	if err == nil {
 		if rerr := removePending(l.Dir()); rerr != nil {
@@ -154,7 +165,7 @@ func (s *Supervisor) startCreated(ctx context.Context, l *store.Lock) (_ *Status
 		}
 		s.unlock(l)
 		if st == nil {
-			return s.Status(id)
+			return s.status(id, true)
 		}
 		return st, nil
 	}

@@ -45,7 +45,7 @@ type Progress struct {
 
 // emit reports an event to the OnEvent hook.
 func (s *Supervisor) emit(e Event) {
-	if s.onEvent != nil {
+	if s.onEvent != nil && !s.hidesEvent(e.Sandbox) {
 		s.onEvent(e)
 	}
 }

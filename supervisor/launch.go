@@ -60,7 +60,7 @@ func (s *Supervisor) startLocked(ctx context.Context, l *store.Lock) (*Status, e
 	}
 	s.setTransient(id, "")
 	s.emit(Event{Type: EventStarted, Sandbox: id, State: StateRunning})
-	return s.Status(id)
+	return s.status(id, true)
 }
 
 // launch runs the launch protocol (see the package doc) under l.

@@ -133,6 +133,12 @@ func (s *Supervisor) Delete(ctx context.Context, id string, force bool) (err err
 	if err != nil {
 		return err
 	}
+	return s.deleteLocked(ctx, l, force)
+}
+
+// deleteLocked is [Supervisor.Delete] of the sandbox l locks; it releases l.
+func (s *Supervisor) deleteLocked(ctx context.Context, l *store.Lock, force bool) error {
+	id := l.ID()
 	r, err := s.reattach(ctx, l)
 	if err != nil {
 		s.unlock(l)

@@ -83,6 +83,10 @@ type Options struct {
 	Ports PortLimits
 	// Network, if set, gives sandboxes the network their policies ask for (a network.Manager).
 	Network Networker
+	// Spares, if set, are the spares to keep once [Supervisor.StartSpares] is called (with a
+	// Count of 0: none, and those an earlier run left are deleted). Nil leaves spares alone,
+	// as sandboxd check and tests do.
+	Spares *SpareOptions
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -124,8 +128,9 @@ type Supervisor struct {
 	unreconciled map[string]bool
 	reconciled   chan struct{}
 
-	ports portConns
-	net   *netState
+	ports  portConns
+	net    *netState
+	spares *spareSet
 }
 
 // agentConn is a control session with one launch's agent.
@@ -176,6 +181,7 @@ func New(opts Options) (*Supervisor, error) {
 		timers:        map[string]*time.Timer{},
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
+		spares:        newSpareSet(opts.Spares),
 	}
 	for _, d := range DeclaredEntries(s.runtimes.all()...) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
@@ -237,8 +243,12 @@ func (s *Supervisor) setTransient(id string, state State) {
 }
 
 // Status reads a sandbox's state without taking its lock: records are replaced atomically,
-// so each read is consistent, and a transition in progress shows as starting or stopping.
-func (s *Supervisor) Status(id string) (*Status, error) {
+// so each read is consistent, and a transition in progress shows as starting or stopping. A
+// spare (spares.go) is no sandbox of a client's: sandbox-not-found.
+func (s *Supervisor) Status(id string) (*Status, error) { return s.status(id, false) }
+
+// status is [Supervisor.Status], which reads a spare too with spare set.
+func (s *Supervisor) status(id string, spare bool) (*Status, error) {
 	if err := store.ValidateID(id); err != nil {
 		return nil, err
 	}
@@ -246,6 +256,9 @@ func (s *Supervisor) Status(id string) (*Status, error) {
 	cfg, err := s.store.ReadConfigUnlocked(id) // sandbox-not-found when there is none
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Spare && !spare {
+		return nil, errNoSandbox(id)
 	}
 	st := &Status{Config: *cfg, State: StateProvisioned, Runtime: s.kindOf(cfg)}
 	if cfg.Template != nil {
@@ -408,6 +421,7 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 		return nil, err
 	}
 	cfg.Format = store.ConfigFormat
+	cfg.Spare = p.spare
 	if cfg.CreatedAt.IsZero() {
 		cfg.CreatedAt = time.Now().UTC()
 	}
@@ -430,7 +444,7 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 		return nil, nil
 	}
 	s.armLifetime(cfg.ID)
-	return s.Status(cfg.ID)
+	return s.status(cfg.ID, true)
 }
 
 // minDiskMB is the smallest disk of its own a sandbox can have.
@@ -485,17 +499,28 @@ func (s *Supervisor) imageDir(name string) (string, error) {
 	return dir, nil
 }
 
-// lockProvisioned locks an existing, provisioned sandbox and returns its configuration. A
-// sandbox that the start-up reattach pass has not reached yet is reconciled first, as the pass
-// would have (see [Supervisor.StartReattach]).
+// lockProvisioned locks an existing, provisioned sandbox of a client's and returns its
+// configuration: a spare (spares.go) is sandbox-not-found. A sandbox that the start-up
+// reattach pass has not reached yet is reconciled first, as the pass would have (see
+// [Supervisor.StartReattach]).
 func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Lock, *store.Config, error) {
+	l, cfg, err := s.lockAnyProvisioned(ctx, id)
+	if err == nil && cfg.Spare {
+		s.unlock(l)
+		return nil, nil, errNoSandbox(id)
+	}
+	return l, cfg, err
+}
+
+// lockAnyProvisioned is [Supervisor.lockProvisioned] for spares too.
+func (s *Supervisor) lockAnyProvisioned(ctx context.Context, id string) (*store.Lock, *store.Config, error) {
 	l, err := s.store.LockExisting(ctx, id) // validates the id; sandbox-not-found without config
 	if err != nil {
 		return nil, nil, err
 	}
 	if s.takeUnreconciled(id) {
 		if l = s.reconcileAtStartup(ctx, l); l == nil {
-			return nil, nil, errcode.New(errcode.SandboxNotFound, "There is no sandbox %s; create it first, or check the id.", id)
+			return nil, nil, errNoSandbox(id)
 		}
 	}
 	cfg, err := l.Config()
@@ -504,6 +529,11 @@ func (s *Supervisor) lockProvisioned(ctx context.Context, id string) (*store.Loc
 		return nil, nil, err
 	}
 	return l, cfg, nil
+}
+
+// errNoSandbox is sandbox-not-found for id.
+func errNoSandbox(id string) error {
+	return errcode.New(errcode.SandboxNotFound, "There is no sandbox %s; create it first, or check the id.", id)
 }
 
 // settleAtStartup, while the start-up reattach pass runs, waits for sandbox id's
