@@ -65,6 +65,10 @@ type options struct {
 	runtime        *runtimeOptions
 	defaultDiskMB  int
 	defaultTimeout int // seconds
+	// spares is how many started sandboxes are kept ready for creates (supervisor/spares.go);
+	// sparesExplicit says the operator chose it.
+	spares         int
+	sparesExplicit bool
 	// registryAuth and insecureRegistries configure image pulls.
 	registryAuth       string
 	insecureRegistries stringList
@@ -82,6 +86,14 @@ type options struct {
 // can fill the state root's file system. The image is sparse and its metadata made lazily, so
 // an unused disk costs about 0.7 MiB of the host's disk and a create about 10 ms.
 const boundedDiskMB = 1024
+
+// defaultSpares is how many spares a server keeps when the operator does not say: enough for
+// one client's creates one after the other (a claim starts the next spare, which is ready
+// before that client's next create in the usual cycle), at about 3 MiB of memory each.
+const defaultSpares = 2
+
+// maxSpares bounds --spares: a spare is a running sandbox.
+const maxSpares = 64
 
 type stringList []string
 
@@ -119,6 +131,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	fs.IntVar(&o.defaultTimeout, "default-timeout-s", timeoutS, "the lifetime in seconds of a sandbox whose create request names none; 0: none (env SANDBOXD_DEFAULT_TIMEOUT_S)")
+	spares, err := envParsed("SANDBOXD_SPARES", defaultSpares, strconv.Atoi)
+	if err != nil {
+		return nil, err
+	}
+	fs.IntVar(&o.spares, "spares", spares, "how many sandboxes with the default settings are kept started ahead, so that a create with start that names no id, image, limits, environment or network gets one at once; 0: none (env SANDBOXD_SPARES)")
 	fs.StringVar(&o.networkPool, "network-pool", envOr("SANDBOXD_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env SANDBOXD_NETWORK_POOL)")
 	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("SANDBOXD_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env SANDBOXD_NETWORK_UPLINK); default: any interface that is not a sandbox's")
 	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("SANDBOXD_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env SANDBOXD_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
@@ -133,6 +150,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { o.diskExplicit = o.diskExplicit || f.Name == "default-disk-mb" })
 	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
 		return nil, fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
+	}
+	_, o.sparesExplicit = os.LookupEnv("SANDBOXD_SPARES")
+	fs.Visit(func(f *flag.Flag) { o.sparesExplicit = o.sparesExplicit || f.Name == "spares" })
+	if o.spares < 0 || o.spares > maxSpares {
+		return nil, fmt.Errorf("--spares %d: want 0 (none) to %d", o.spares, maxSpares)
 	}
 	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
 		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
@@ -266,6 +288,7 @@ func serve(o *options, log *slog.Logger) error {
 		OnTransition: mx.OnTransition,
 		Storage:      health,
 		Network:      netw.networker(),
+		Spares:       spareOptions(o, rt, log),
 	})
 	if err != nil {
 		return err
@@ -280,6 +303,7 @@ func serve(o *options, log *slog.Logger) error {
 	if err := sup.StartReattach(ctx, 10*time.Second); err != nil {
 		return err
 	}
+	sup.StartSpares()
 	links, err := portlink.Open(o.root)
 	if err != nil {
 		return err
@@ -386,6 +410,20 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("--log-format %q: want auto, text or json", format)
 	}
+}
+
+// spareOptions are the spares' count and profile: what a create that names nothing gets. The
+// default count applies to the namespace runtime only: a spare microVM holds its guest's
+// memory, so keeping them is the operator's choice.
+func spareOptions(o *options, rt runtime.Runtime, log *slog.Logger) *supervisor.SpareOptions {
+	n := o.spares
+	if rt.Kind() != namespace.Kind && !o.sparesExplicit {
+		n = 0
+	}
+	if n > 0 {
+		log.Debug("keeping spares", "spares", n)
+	}
+	return &supervisor.SpareOptions{Count: n, Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB}
 }
 
 // defaultDisk is the disk of its own that sandboxes get by default: the operator's choice, or
