@@ -45,6 +45,7 @@ const (
 	InterruptedResume     = "interrupted-resume"      // the live launch's processes are frozen, and no paused.json says so
 	StalePause            = "stale-pause-record"      // paused.json names a launch that is not running
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
+	IdleSpare             = "idle-spare"              // note: a spare that does not run, which sandboxd's next start-up deletes
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
 	defaultLockTimeout    = 10 * time.Second
@@ -87,7 +88,10 @@ type Report struct {
 	Sandboxes int    `json:"sandboxes"`
 	Running   int    `json:"running"`
 	// Paused counts the running sandboxes that are paused (and frozen).
-	Paused    int `json:"paused"`
+	Paused int `json:"paused"`
+	// Spares counts the sandboxes that are a server's spares, started ahead for creates
+	// (supervisor/spares.go): no client's, and not listed by the API.
+	Spares    int `json:"spares"`
 	Processes int `json:"processes"`
 	// Problems are the inconsistencies found (by the first pass, with repair); Notes are
 	// observations that are not inconsistencies.
@@ -195,7 +199,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	r := first.report(root, true)
-	r.Sandboxes, r.Running, r.Processes = second.sandboxes, second.running, len(second.procs)
+	r.Sandboxes, r.Running, r.Spares, r.Processes = second.sandboxes, second.running, second.spares, len(second.procs)
 	r.Notes = second.notes
 	return r, nil
 }
@@ -244,6 +248,7 @@ type pass struct {
 	sandboxes int
 	running   int
 	paused    int
+	spares    int
 	states    map[string]*sandboxState // by directory
 	procs     []runtime.Process
 	// unrecorded, leaked (host resources: cgroups, files only a running launch needs) and
@@ -263,7 +268,7 @@ func (p *pass) note(kind, sandbox, entry, format string, args ...any) {
 }
 
 func (p *pass) report(root string, repair bool) *Report {
-	r := &Report{Root: root, Repair: repair, Sandboxes: p.sandboxes, Running: p.running, Paused: p.paused, Processes: len(p.procs),
+	r := &Report{Root: root, Repair: repair, Sandboxes: p.sandboxes, Running: p.running, Paused: p.paused, Spares: p.spares, Processes: len(p.procs),
 		Problems: p.problems, Notes: p.notes}
 	if r.Problems == nil {
 		r.Problems = []Problem{}
@@ -364,6 +369,12 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	checkConfig(s, recs, entry, p)
 	c.checkRuntimeRecord(s, recs.rec, entry, p)
 	c.checkPause(s, entry, p)
+	if recs.cfg != nil && recs.cfg.Spare {
+		p.spares++
+		if !s.alive {
+			p.note(IdleSpare, id, entry, "a spare that does not run; the next start-up of sandboxd deletes it")
+		}
+	}
 	checkJournal(id, recs, entry, p)
 	if recs.cfg != nil {
 		c.checkBinding(id, entry, p)
