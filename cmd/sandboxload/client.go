@@ -125,6 +125,20 @@ func (a *api) create(ctx context.Context, body map[string]any) error {
 	return a.call(ctx, "POST", "/v1/sandboxes", body, nil, http.StatusCreated)
 }
 
+// createServerID is create of a body that names no id: it returns the id the server chose.
+func (a *api) createServerID(ctx context.Context, body map[string]any) (string, error) {
+	var sb struct {
+		ID string `json:"id"`
+	}
+	if err := a.call(ctx, "POST", "/v1/sandboxes", body, &sb, http.StatusCreated); err != nil {
+		return "", err
+	}
+	if sb.ID == "" {
+		return "", errors.New("the create's answer names no id")
+	}
+	return sb.ID, nil
+}
+
 func (a *api) start(ctx context.Context, id string) error {
 	return a.call(ctx, "POST", "/v1/sandboxes/"+id+"/start", nil, nil, http.StatusOK)
 }
