@@ -124,6 +124,9 @@ var chaosAllowed = map[string][]int{
 	"clone":        {201, 404, 409, 423, 504},
 	"tombstone":    {200, 404, 423},
 	"retire":       {202, 204, 404, 423},
+	// claim is a create that names nothing (a spare's, when one is ready), deleted at once.
+	"claim":        {201, 423, 504},
+	"claim-delete": {204, 404, 409, 423},
 }
 
 // TestChaos: clients issue random lifecycle operations while sandboxd is killed with SIGKILL
@@ -160,7 +163,8 @@ func TestChaos(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
 	world := newNetWorld(t)
-	opts := []daemonOption{withArgs("--log-level", "info"), inNetNS(world.host),
+	// Two spares: claims take them, kills hit them, crashes leave them to the next server.
+	opts := []daemonOption{withArgs("--log-level", "info", "--spares", "2"), inNetNS(world.host),
 		withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0")}
 	var small *smallFS
 	if *chaosFill || os.Getenv("SANDBOXD_CHAOS_FILL") != "" {
@@ -340,6 +344,13 @@ func TestChaos(t *testing.T) {
 			t.Errorf("deleting the template at the end: %d %s", r.Status, r.Body)
 		}
 	}
+	for _, id := range listedIDs(t, d) {
+		if r := d.doJSON("DELETE", "/v1/sandboxes/"+id+"?force=true", nil); r.Status != 204 && r.Status != 404 {
+			t.Errorf("deleting the claimed %s at the end: %d %s", id, r.Status, r.Body)
+		}
+	}
+	// A server that stops deletes its spares.
+	d.Stop()
 	if procs, err := rt.Processes(d.Root); err != nil || len(procs) != 0 {
 		t.Errorf("runtime processes left at the end: %v %v", procs, err)
 	}
@@ -352,7 +363,6 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	world.noLeftovers(t, d)
-	d.Stop()
 	mustCheckCleanIn(t, world.host, d.Root, "offline at the end")
 	world.noLeftovers(t, d)
 
@@ -425,7 +435,7 @@ func (c *chaosTemplate) generations() []string {
 
 func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chaosServer], ids []string, ledger *chaosLedger, tpl *chaosTemplate, stats *chaosStats, stop <-chan struct{}) {
 	ops := []string{"create", "create", "start", "start", "exec", "exec", "exec", "stop", "stop-force", "delete", "delete", "get",
-		"delete-force", "pause", "pause", "resume", "resume", "timeout"}
+		"delete-force", "pause", "pause", "resume", "resume", "timeout", "claim"}
 	if tpl != nil {
 		ops = append(ops, "capture", "clone", "clone", "tombstone", "retire")
 	}
@@ -436,6 +446,17 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 		default:
 		}
 		op := ops[rng.IntN(len(ops))]
+		if op == "claim" {
+			if chaosClaim(httpc, server, stats) {
+				select {
+				case <-server.Load().up:
+				case <-stop:
+					return
+				case <-time.After(time.Second):
+				}
+			}
+			continue
+		}
 		id := ids[rng.IntN(len(ids))]
 		lock := ledger.locks[id]
 		var method, path string
@@ -561,6 +582,38 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			}
 		}
 	}
+}
+
+// chaosClaim creates a sandbox that names nothing, which a spare serves when one is ready,
+// and deletes it at once; it reports whether the server was down. A crash between the two
+// leaves a sandbox of the server's id, which chaosVerify counts as existing and the end of
+// the suite deletes.
+func chaosClaim(httpc *http.Client, server *atomic.Pointer[chaosServer], stats *chaosStats) (down bool) {
+	url := server.Load().url
+	status, respBody, err := chaosDo(httpc, url, "POST", "/v1/sandboxes", map[string]any{"start": true})
+	if err != nil {
+		stats.count("claim", "broken")
+		return errors.Is(err, syscall.ECONNREFUSED)
+	}
+	stats.count("claim", strconv.Itoa(status))
+	if !slices.Contains(chaosAllowed["claim"], status) {
+		stats.bad("a create that names nothing answered %d: %s", status, respBody)
+		return false
+	}
+	var sb sandboxJSON
+	if status != 201 || json.Unmarshal(respBody, &sb) != nil || sb.ID == "" {
+		return false
+	}
+	status, respBody, err = chaosDo(httpc, url, "DELETE", "/v1/sandboxes/"+sb.ID+"?force=true", nil)
+	if err != nil {
+		stats.count("claim-delete", "broken")
+		return errors.Is(err, syscall.ECONNREFUSED)
+	}
+	stats.count("claim-delete", strconv.Itoa(status))
+	if !slices.Contains(chaosAllowed["claim-delete"], status) {
+		stats.bad("deleting the claimed %s answered %d: %s", sb.ID, status, respBody)
+	}
+	return false
 }
 
 func chaosDo(httpc *http.Client, base, method, path string, body any) (int, []byte, error) {
@@ -714,17 +767,26 @@ func chaosVerify(t *testing.T, d *daemon, rt *namespace.Runtime, ids []string, l
 		if strings.HasPrefix(sb.ID, strings.Split(ids[0], "-")[0]+"-") && !exists[sb.ID] {
 			t.Errorf("round %d: %s is listed but GET does not find it", round, sb.ID)
 		}
-	}
-	if _, err := os.Stat(platform.LoopControl); err == nil {
-		for id := range d.attachedImages() {
-			if !exists[id] {
-				t.Errorf("round %d: a loop device holds the disk of %s, which does not exist", round, id)
-			}
+		if !slices.Contains(ids, sb.ID) {
+			exists[sb.ID] = true // a claimed spare whose delete a crash broke off
 		}
+	}
+	var attached map[string]int
+	if _, err := os.Stat(platform.LoopControl); err == nil {
+		attached = d.attachedImages()
 	}
 	procs, err := rt.Processes(d.Root)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Read after the disks and processes: a spare's configuration is written before them.
+	for _, id := range spareIDs(t, d.Root) {
+		exists[id] = true
+	}
+	for id := range attached {
+		if !exists[id] {
+			t.Errorf("round %d: a loop device holds the disk of %s, which does not exist", round, id)
+		}
 	}
 	for _, p := range procs {
 		if id := p.Dir[strings.LastIndex(p.Dir, "/")+1:]; !exists[id] && p.ID.Alive() {

@@ -26,6 +26,7 @@ type checkReport struct {
 	Sandboxes int            `json:"sandboxes"`
 	Running   int            `json:"running"`
 	Paused    int            `json:"paused"`
+	Spares    int            `json:"spares"`
 	Processes int            `json:"processes"`
 	Problems  []checkProblem `json:"problems"`
 	Notes     []checkProblem `json:"notes"`

@@ -149,7 +149,9 @@ func (d *daemon) in(t testing.TB) *daemon {
 func (d *daemon) start() {
 	t := d.t
 	t.Helper()
-	args := []string{"--listen", "127.0.0.1:0", "--root", d.Root, "--log-format", "json", "--log-level", "debug"}
+	// No spares unless a test asks (withArgs("--spares", …) comes later and wins): a test
+	// counts its own sandboxes and processes.
+	args := []string{"--listen", "127.0.0.1:0", "--root", d.Root, "--log-format", "json", "--log-level", "debug", "--spares", "0"}
 	if d.givenToken {
 		tokenFile := filepath.Join(t.TempDir(), "token")
 		if err := os.WriteFile(tokenFile, []byte(d.Token+"\n"), 0o600); err != nil {
