@@ -39,6 +39,14 @@
 // is also watched through a pidfd, and the sandbox is reconciled as soon as its runtime process
 // exits.
 //
+// # Spares
+//
+// With [Options.Spares], the supervisor keeps sandboxes started ahead with the server's
+// defaults ([Supervisor.StartSpares]); a create with start that names nothing but labels and a
+// lifetime ([CreateRequest.AnyID]) claims one by rewriting its configuration record without
+// the spare mark. A marked sandbox is invisible to every caller; spares.go says how a crash,
+// a restart and Close treat them.
+//
 // # Exec admission
 //
 // One exec runs at a time per sandbox. An exec ([Supervisor.AdmitExec]) takes exec.lock (a

@@ -31,9 +31,11 @@
 // # Bench
 //
 // `sandboxload bench` is the benchmark a user can run to reproduce docs/performance.md on
-// their own host: --cycles sequential full cycles (create with start, exec `true`, forced stop,
-// delete), each followed by a bare `bwrap --unshare-all ... true` spawn so that both are
-// measured under the same load of the machine, then websocket streams of
+// their own host: twice --cycles sequential full cycles (create with start, exec `true`, forced
+// stop, delete), each followed by a bare `bwrap --unshare-all ... true` spawn so that both are
+// measured under the same load of the machine, first with ids of their own (every create starts
+// a sandbox of its own: the rows "own id"), then with ids the server chooses (a create that
+// names nothing, which a server keeping spares answers from one), then websocket streams of
 // `head -c --stream-bytes /dev/zero` from a sandbox of each --stream-vcpus. It prints each
 // step's median and p90, the median as a multiple of bwrap's, and the verdict against the
 // goals of issue 17 (create+start at most 1.5x bwrap, forced stop 2x, a cycle 3x, streams at
