@@ -77,6 +77,38 @@ type spareSet struct {
 	// stop ends the refill (Close), done is closed when it has ended.
 	stop context.CancelFunc
 	done chan struct{}
+	// claimed and missed count the creates the spares serve that got one, and that found
+	// none ready (or none that could still be claimed).
+	claimed, missed uint64
+}
+
+// SpareStats is what [Supervisor.SpareStats] reports.
+type SpareStats struct {
+	// Wanted is how many spares the supervisor keeps; Ready how many are ready now.
+	Wanted, Ready int
+	// Claimed counts the creates given a spare since start-up; Missed those the spares
+	// serve that found none ready, and started a sandbox of their own. Many misses say the
+	// count is too small for the rate of creates.
+	Claimed, Missed uint64
+}
+
+// SpareStats reports the spares' count, and how creates fared with them.
+func (s *Supervisor) SpareStats() SpareStats {
+	sp := s.spares
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return SpareStats{Wanted: sp.opts.Count, Ready: len(sp.ready), Claimed: sp.claimed, Missed: sp.missed}
+}
+
+// count records how a create the spares serve fared.
+func (sp *spareSet) count(claimed bool) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if claimed {
+		sp.claimed++
+	} else {
+		sp.missed++
+	}
 }
 
 // newSpareSet is the spare set of opts; nil keeps none and never looks for any.
@@ -175,15 +207,18 @@ func (s *Supervisor) claimSpare(ctx context.Context, req CreateRequest) *Status 
 	for {
 		id, ok := s.spares.take()
 		if !ok {
+			s.spares.count(false)
 			return nil
 		}
 		st, err := s.claim(ctx, id, req)
 		if err == nil {
+			s.spares.count(true)
 			return st
 		}
 		s.log.Warn("a spare could not be claimed; discarding it", "spare", id, "err", err)
 		s.discardLater(id)
 		if ctx.Err() != nil {
+			s.spares.count(false)
 			return nil
 		}
 	}

@@ -75,6 +75,12 @@ func TestSpares(t *testing.T) {
 	// What names anything of its own is no spare's to give.
 	own := d.create("own-id", true)
 	env := decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"start": true, "env": []string{"A=1"}}), 201)
+	m := d.scrape()
+	if m[`sandboxd_spares{kind="wanted"}`] != 2 || m[`sandboxd_spares{kind="ready"}`] != 2 ||
+		m[`sandboxd_spare_creates_total{result="claimed"}`] != 1 || m[`sandboxd_spare_creates_total{result="missed"}`] != 0 ||
+		m[`sandboxd_sandboxes{state="running"}`] != 3 {
+		t.Fatalf("the metrics after one claim and two creates of their own, with both spares ready: %v", m)
+	}
 	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/"+env.ID+"?force=true", nil) })
 	if got := d.exec(env.ID, map[string]any{"command": []string{"sh", "-c", "echo $A"}}); got.Stdout != "1\n" {
 		t.Fatalf("a create with an environment: %+v", got)

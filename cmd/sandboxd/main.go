@@ -294,6 +294,7 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer sup.Close()
+	mx.WatchSpares(sup.SpareStats)
 	// A runtime's probe (the microvm runtime boots a guest to choose its accelerator) takes
 	// seconds: it runs while the server serves, and /v1/info says probing meanwhile.
 	sup.ProbeRuntimes()
