@@ -280,17 +280,20 @@ func (s *Supervisor) claim(ctx context.Context, id string, req CreateRequest) (_
 // [Supervisor.StartReattach]; without Options.Spares it does nothing.
 func (s *Supervisor) StartSpares() {
 	s.mu.Lock()
-	if s.closed || s.spares.stop != nil || !s.spares.managed {
-		s.mu.Unlock()
+	closed, reconciled := s.closed, s.reconciled
+	s.mu.Unlock()
+	sp := s.spares
+	sp.mu.Lock()
+	if closed || sp.stop != nil || !sp.managed {
+		sp.mu.Unlock()
 		return
 	}
 	ctx, stop := context.WithCancel(s.life)
-	s.spares.stop = stop
-	s.spares.done = make(chan struct{})
-	reconciled := s.reconciled
-	s.mu.Unlock()
+	done := make(chan struct{})
+	sp.stop, sp.done = stop, done
+	sp.mu.Unlock()
 	go func() {
-		defer close(s.spares.done)
+		defer close(done)
 		select {
 		case <-reconciled:
 		case <-ctx.Done():
