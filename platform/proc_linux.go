@@ -152,7 +152,7 @@ var errNoChildrenLists = errors.New("platform: no /proc/<pid>/task/<tid>/childre
 // taskChildren reads the children lists of every thread of pid.
 func taskChildren(pid int) ([]int, error) {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
 		return nil, nil // pid is gone, and with it its children's parenthood
 	}
 	if err != nil {
@@ -167,6 +167,11 @@ func taskChildren(pid int) ([]int, error) {
 				return nil, errNoChildrenLists
 			}
 			continue // the thread ended since the listing
+		case errors.Is(err, unix.ESRCH):
+			// The thread is ending (an exit, or an execve of another thread, as a shim's
+			// shed of its set-up makes: the kernel ends every other thread); its children
+			// go to a thread that stays, which this or the caller's next look reads.
+			continue
 		case err != nil:
 			return nil, err
 		}
