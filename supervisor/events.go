@@ -45,7 +45,13 @@ type Progress struct {
 
 // emit reports an event to the OnEvent hook.
 func (s *Supervisor) emit(e Event) {
-	if s.onEvent != nil && !s.hidesEvent(e.Sandbox) {
+	if s.hidesEvent(e.Sandbox) {
+		if e.Type == EventExited {
+			s.spareExited(e.Sandbox)
+		}
+		return
+	}
+	if s.onEvent != nil {
 		s.onEvent(e)
 	}
 }

@@ -407,6 +407,17 @@ func (s *Supervisor) makeSpare(ctx context.Context) error {
 	return nil
 }
 
+// spareExited replaces spare id, whose runtime process exited (a kill, the host's OOM killer):
+// it is no longer ready, it is deleted, and the refill makes another.
+func (s *Supervisor) spareExited(id string) {
+	sp := s.spares
+	sp.mu.Lock()
+	sp.ready = slices.DeleteFunc(sp.ready, func(r string) bool { return r == id })
+	sp.mu.Unlock()
+	s.discardLater(id)
+	sp.nudge()
+}
+
 // discardLater deletes spare id in the background (a claim must not wait for it).
 func (s *Supervisor) discardLater(id string) {
 	s.wg.Add(1)

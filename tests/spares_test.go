@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 )
 
@@ -16,8 +18,8 @@ import (
 // showed before; the sandbox carries the create's labels and lifetime and its own id as its
 // host name. A create that names anything of its own gets a sandbox of its own. A claimed
 // spare is replaced. A SIGKILLed server's spares are kept by the next one, as many as it
-// keeps, and the others deleted; `sandboxd check` finds them consistent; a server that stops
-// leaves no spare behind, and no event ever named one.
+// keeps, and the others deleted; a spare that dies is replaced at once; `sandboxd check` finds
+// them consistent; a server that stops leaves no spare behind, and no event ever named one.
 func TestSpares(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -72,6 +74,20 @@ func TestSpares(t *testing.T) {
 		t.Fatalf("the spares after a claim of %s: %v; want %s and a new one", sb.ID, second, kept[0])
 	}
 
+	// A spare that dies is replaced at once, not when a claim finds it dead.
+	killed := second[0]
+	if err := platform.SignalVerified(shimProcess(t, d, killed).ID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the killed spare "+killed+" to be deleted", func() bool {
+		_, err := os.Lstat(filepath.Join(d.Root, "sandboxes", killed))
+		return os.IsNotExist(err)
+	})
+	second = waitSpares(t, d, 2)
+	if slices.Contains(second, killed) {
+		t.Fatalf("the killed spare %s is still among the spares %v", killed, second)
+	}
+
 	// What names anything of its own is no spare's to give.
 	own := d.create("own-id", true)
 	env := decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"start": true, "env": []string{"A=1"}}), 201)
@@ -124,7 +140,7 @@ func TestSpares(t *testing.T) {
 			t.Fatalf("a runtime process of %s is left after the server stopped: %+v", id, p)
 		}
 	}
-	all := append(append(slices.Clone(first), second...), third...)
+	all := append(append(append(slices.Clone(first), second...), third...), killed)
 	for ended := false; !ended; {
 		select {
 		case e, ok := <-events.events:
