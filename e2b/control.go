@@ -2,7 +2,6 @@ package e2b
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/supervisor"
 )
 
@@ -610,14 +610,4 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 }
 
 // newID is a fresh sandbox id of E2B's form: 20 of a-z and 0-9, about 103 bits.
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	for i := range b {
-		// 256 % 36 = 4: the first four letters are a little likelier, which costs under a
-		// bit of the id's entropy and nothing else.
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return string(b)
-}
+func newID() string { return naming.RandomAlnum(20) }

@@ -116,3 +116,16 @@ func RandomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// RandomAlnum returns n random characters of a-z and 0-9 from crypto/rand, for ids that a
+// user reads and types: each carries a little under log2(36) ≈ 5.2 bits (256 % 36 = 4, so the
+// first four letters are a little likelier, which costs under a bit of an id's entropy).
+func RandomAlnum(n int) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}

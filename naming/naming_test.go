@@ -103,6 +103,24 @@ func TestIsCleanAbs(t *testing.T) {
 	}
 }
 
+func TestRandomAlnum(t *testing.T) {
+	t.Parallel()
+	alnum := regexp.MustCompile(`^[a-z0-9]*$`)
+	seen := map[string]bool{}
+	for _, n := range []int{0, 1, 12, 20} {
+		for range 4 {
+			s := RandomAlnum(n)
+			if len(s) != n || !alnum.MatchString(s) {
+				t.Fatalf("RandomAlnum(%d) = %q; want %d of a-z 0-9", n, s, n)
+			}
+			if n >= 12 && seen[s] {
+				t.Fatalf("RandomAlnum(%d) returned %q twice", n, s)
+			}
+			seen[s] = true
+		}
+	}
+}
+
 func TestRandomHex(t *testing.T) {
 	t.Parallel()
 	hexDigits := regexp.MustCompile(`^[0-9a-f]*$`)

@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/naming"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -123,15 +123,7 @@ func newSpareSet(opts *SpareOptions) *spareSet {
 
 // NewSandboxID makes an id for a sandbox whose create names none: "sb-" and 12 characters of
 // a-z 0-9 (62 bits), unlikely to collide and refused by the store if it does.
-func NewSandboxID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 12)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return "sb-" + string(b)
-}
+func NewSandboxID() string { return "sb-" + naming.RandomAlnum(12) }
 
 // serves reports whether a create of req may be given a spare: a start with the server's
 // id and the spares' profile, differing at most in labels and lifetime, which a claim
