@@ -129,10 +129,13 @@ func NewSandboxID() string { return "sb-" + naming.RandomAlnum(12) }
 // id and the spares' profile, differing at most in labels and lifetime, which a claim
 // records.
 func (sp *spareSet) serves(req CreateRequest) bool {
+	image := req.Image
+	if image == "" {
+		image = HostImage
+	}
 	return sp.opts.Count > 0 && req.AnyID && req.Start && req.Clone == nil &&
-		(req.Image == "" || req.Image == HostImage) && req.Runtime == "" &&
-		req.Resources == sp.opts.Resources && req.DiskMB == sp.opts.DiskMB &&
-		len(req.Env) == 0 && req.Network == nil
+		sp.matches(&store.Config{Image: image, Runtime: req.Runtime, Resources: req.Resources,
+			DiskMB: req.DiskMB, Env: req.Env, Network: req.Network})
 }
 
 // matches reports whether a spare's configuration is the profile's (a restart may have
@@ -345,8 +348,8 @@ func (s *Supervisor) claimable(id string) bool {
 	return s.spares.matches(&st.Config)
 }
 
-// refillSpares makes spares, one at a time, whenever fewer than Count are ready or being
-// made, until ctx ends.
+// refillSpares makes spares, one at a time, whenever fewer than Count are ready, until ctx
+// ends.
 func (s *Supervisor) refillSpares(ctx context.Context) {
 	sp := s.spares
 	backoff := spareBackoffMin
