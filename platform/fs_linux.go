@@ -109,28 +109,36 @@ func (f FS) writeFileAt(dir *os.File, name string, data []byte, perm fs.FileMode
 // system without RENAME_NOREPLACE it checks that new is missing and renames, which is
 // exclusive only among callers that hold a common lock (the stores' callers do).
 func (f FS) RenameNoReplaceAt(dir *os.File, old, new string) error {
+	return f.MoveNoReplaceAt(dir, old, dir, new)
+}
+
+// MoveNoReplaceAt is [FS.RenameNoReplaceAt] from the directory from to the directory to, which
+// must be on the same file system (else the error matches [unix.EXDEV]).
+func (f FS) MoveNoReplaceAt(from *os.File, old string, to *os.File, new string) error {
 	if err := checkName("rename", old); err != nil {
 		return err
 	}
 	if err := checkName("rename", new); err != nil {
 		return err
 	}
-	if err := f.fault(OpRename, dir, new); err != nil {
+	if err := f.fault(OpRename, to, new); err != nil {
 		return err
 	}
-	err := control(dir, func(fd int) error {
-		err := IgnoringEINTR(func() error { return unix.Renameat2(fd, old, fd, new, unix.RENAME_NOREPLACE) })
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-			var st unix.Stat_t
-			if serr := unix.Fstatat(fd, new, &st, unix.AT_SYMLINK_NOFOLLOW); serr == nil {
-				return unix.EEXIST
+	err := control(from, func(fromFD int) error {
+		return control(to, func(toFD int) error {
+			err := IgnoringEINTR(func() error { return unix.Renameat2(fromFD, old, toFD, new, unix.RENAME_NOREPLACE) })
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+				var st unix.Stat_t
+				if serr := unix.Fstatat(toFD, new, &st, unix.AT_SYMLINK_NOFOLLOW); serr == nil {
+					return unix.EEXIST
+				}
+				err = IgnoringEINTR(func() error { return unix.Renameat(fromFD, old, toFD, new) })
 			}
-			err = IgnoringEINTR(func() error { return unix.Renameat(fd, old, fd, new) })
-		}
-		return err
+			return err
+		})
 	})
 	if err != nil {
-		return &os.LinkError{Op: "rename", Old: filepath.Join(dir.Name(), old), New: filepath.Join(dir.Name(), new), Err: err}
+		return &os.LinkError{Op: "rename", Old: filepath.Join(from.Name(), old), New: filepath.Join(to.Name(), new), Err: err}
 	}
 	return nil
 }

@@ -22,4 +22,8 @@ func (f FS) WriteFileAtomicAt(dir *os.File, name string, data []byte, perm fs.Fi
 
 func (f FS) RenameNoReplaceAt(dir *os.File, old, new string) error { return ErrUnsupported }
 
+func (f FS) MoveNoReplaceAt(from *os.File, old string, to *os.File, new string) error {
+	return ErrUnsupported
+}
+
 func (f FS) RemoveAllAt(dir *os.File, name string) error { return ErrUnsupported }
