@@ -89,11 +89,12 @@
 //
 //  1. it needs the configuration record (else sandbox-not-found), and refuses with
 //     sandbox-launched while runtime.json or launch.json exists: stop first;
-//  2. it removes the store's files, the declared files and directories (recursively, with
-//     unlinkat and O_NOFOLLOW: a link is removed, never followed; a declared directory that is
-//     a mount point is refused) and the temp leftovers, then config.json last, durably: an
-//     interrupted removal leaves a provisioned sandbox that removing again finishes, never a
-//     half-removed one that looks provisioned;
+//  2. it moves the store's files, the declared files and directories (a declared directory
+//     that is a mount point is refused) and the temp leftovers into a new bin of the trash,
+//     <root>/trash/<id>.<random>, deleting in place (recursively, with unlinkat and
+//     O_NOFOLLOW: a link is removed, never followed) what it cannot move, then config.json
+//     last, durably: an interrupted removal leaves a provisioned sandbox that removing again
+//     finishes, never a half-removed one that looks provisioned;
 //  3. if foreign entries remain it reports foreign-files naming them and keeps the directory
 //     and them (the sandbox itself is removed);
 //  4. otherwise it removes its lock file while still holding the lock, then the directory.
@@ -127,7 +128,16 @@
 // a journal that the next transition's reattach ends, an empty state directory or temp
 // leftovers that the next lock (and sandboxd check --repair, which takes it) removes.
 //
-// Removal needs no space: it only unlinks, removes directories and fsyncs (no marker is
-// written first), so a delete works on a full disk, and that is how a user frees one. Reads
-// and lists change nothing and work too.
+// Removal needs no space: where making the bin or a move into it is refused it unlinks,
+// removes directories and fsyncs in place (no marker is written first), so a delete works on
+// a full disk, and that is how a user frees one. Reads and lists change nothing and work too.
+//
+// # The trash
+//
+// A move frees no block, so a removal answers without waiting for the file system to free
+// the sandbox's disk image and layers (and, on a file system mounted with discard, to
+// discard them). [Store.EmptyTrash] deletes the bins afterwards, with the same walk; a
+// server's janitor calls it after each removal ([Store.Trashed]) and at start-up, and sandboxd
+// check --repair does. Everything in the trash is garbage, which is why no record says what
+// is there: a crash leaves bins that the next call deletes.
 package store

@@ -184,7 +184,9 @@ func (l *Lock) Deprovision(ctx context.Context) (err error) {
 	return l.s.awaitRemoval(ctx, l.id, dirID, deadline)
 }
 
-// removeEntries removes the store's and declared entries (not the lock, not the config).
+// removeEntries removes the store's and declared entries (not the lock, not the config): it
+// moves them into the trash, which [Store.EmptyTrash] deletes after the removal answered, and
+// deletes in place what it could not move.
 func (l *Lock) removeEntries(e entries) error {
 	dirStat, err := platform.StatOf(l.dir)
 	if err != nil {
@@ -203,15 +205,16 @@ func (l *Lock) removeEntries(e entries) error {
 		if st.IsDir() && st.ID.Dev != dirStat.ID.Dev {
 			return errcode.New(errcode.SandboxLaunched, "Sandbox %s still has %s mounted; stop it before deleting it.", l.id, name)
 		}
+	}
+	for _, name := range l.moveToTrash(slices.Concat(e.dirs, e.files)) {
 		// RemoveAllAt removes links, never what they point to, removes a non-directory under
 		// the name as well, holds a bounded number of descriptors however deep the sandbox
 		// made its tree, and needs no space, so a delete frees a full disk.
-		if err := l.s.fs.RemoveAllAt(l.dir, name); err != nil {
-			return fmt.Errorf("store: remove %s of %s: %w", name, l.id, err)
+		remove := l.s.fs.UnlinkAt
+		if slices.Contains(e.dirs, name) {
+			remove = l.s.fs.RemoveAllAt
 		}
-	}
-	for _, name := range e.files {
-		if err := l.s.fs.UnlinkAt(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := remove(l.dir, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("store: remove %s of %s: %w", name, l.id, err)
 		}
 	}

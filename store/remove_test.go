@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,6 +43,8 @@ func TestDeprovisionRemovesEverything(t *testing.T) {
 	provision(t, s, "a")
 	l := lockExisting(t, s, "a")
 	populate(t, l.Dir())
+	moved := entriesOf(t, l.Dir())
+	moved = slices.DeleteFunc(moved, func(n string) bool { return n == LockName || n == ConfigName })
 	if err := l.Deprovision(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +58,26 @@ func TestDeprovisionRemovesEverything(t *testing.T) {
 	wantCode(t, err, errcode.SandboxNotFound)
 	// The id is free again.
 	provision(t, s, "a")
+
+	// What the removal took out is in one bin of the trash, until the trash is emptied.
+	select {
+	case <-s.Trashed():
+	default:
+		t.Fatal("the removal moved entries into the trash without a signal")
+	}
+	bins, err := s.TrashBins()
+	if err != nil || len(bins) != 1 || !strings.HasPrefix(bins[0], "a.") {
+		t.Fatalf("TrashBins = %v, %v; want one bin of a", bins, err)
+	}
+	if got := entriesOf(t, filepath.Join(s.Root(), TrashDir, bins[0])); !slices.Equal(got, moved) {
+		t.Fatalf("the bin holds %v; want what the state directory held, %v", got, moved)
+	}
+	if n, err := s.EmptyTrash(); n != 1 || err != nil {
+		t.Fatalf("EmptyTrash = %d, %v; want 1, nil", n, err)
+	}
+	if got := entriesOf(t, filepath.Join(s.Root(), TrashDir)); len(got) != 0 {
+		t.Fatalf("the trash holds %v after EmptyTrash", got)
+	}
 }
 
 func TestDeprovisionNeedsConfig(t *testing.T) {
@@ -173,14 +196,21 @@ func TestDeprovisionDoesNotFollowLinks(t *testing.T) {
 	if err := l.Deprovision(timeout(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	if exists(l.Dir()) {
+		t.Fatal("directory left")
+	}
+	// The links went to the trash; emptying it removes them, never what they point to.
+	if _, err := s.EmptyTrash(); err != nil {
+		t.Fatal(err)
+	}
 	if got, err := os.ReadFile(precious); err != nil || string(got) != "keep" {
 		t.Fatalf("a file reached through a link was changed: %q, %v", got, err)
 	}
 	if got := entriesOf(t, outside); !slices.Equal(got, []string{"precious"}) {
 		t.Fatalf("outside directory holds %v", got)
 	}
-	if exists(l.Dir()) {
-		t.Fatal("directory left")
+	if got := entriesOf(t, filepath.Join(s.Root(), TrashDir)); len(got) != 0 {
+		t.Fatalf("the trash holds %v after EmptyTrash", got)
 	}
 }
 

@@ -34,6 +34,9 @@ type Store struct {
 	// fs makes every change on disk; Options.FS, the zero (direct) FS in production.
 	fs platform.FS
 
+	// trash is where removals move what they take out of state directories (TrashDir).
+	trash *trash
+
 	mu       sync.RWMutex
 	declared map[string]declaration // keyed by the lowercased name
 
@@ -96,15 +99,15 @@ func OpenWith(root string, opts Options) (_ *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: %s must be a directory, not a link: %w", SandboxesDir, err)
 	}
-	return &Store{root: abs, sbx: sbx, fs: opts.FS, declared: map[string]declaration{}}, nil
+	return &Store{root: abs, sbx: sbx, fs: opts.FS, trash: openTrash(opts.FS, rootDir), declared: map[string]declaration{}}, nil
 }
 
 // storage gives err the code of its storage fault, if it has one (see [errcode.Storage]):
 // every error the store returns passes through it.
 func (s *Store) storage(err error) error { return errcode.Storage(err, s.root) }
 
-// Close releases the store's directory handle. Locks taken from it must be released first.
-func (s *Store) Close() error { return s.sbx.Close() }
+// Close releases the store's directory handles. Locks taken from it must be released first.
+func (s *Store) Close() error { return errors.Join(s.sbx.Close(), s.trash.close()) }
 
 // Root returns the absolute state root.
 func (s *Store) Root() string { return s.root }
