@@ -166,8 +166,13 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 // every sandbox at once comes later by up to the pass's length: exits that happened while
 // sandboxd was down are noticed (and their events sent) and lifetimes re-armed as the pass
 // reaches each, and networks whose sandbox no longer runs are torn down at its end. A sandbox
-// whose lock another process holds past timeout is skipped and reported.
+// whose lock another process holds past timeout is skipped and reported. The trash's janitor
+// starts with the first pass, and empties what a crash left there first.
 func (s *Supervisor) StartReattach(ctx context.Context, timeout time.Duration) error {
+	s.janitor.Do(func() {
+		s.wg.Add(1)
+		go s.emptyTrash()
+	})
 	t0 := time.Now()
 	ids, err := s.store.List()
 	if err != nil {

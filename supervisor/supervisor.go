@@ -110,6 +110,9 @@ type Supervisor struct {
 	// process kills itself to leave what a crash there leaves.
 	crashPoint func(step string)
 
+	// janitor starts the trash's janitor ([Supervisor.emptyTrash]) once, with the first
+	// reattach pass: a supervisor that only checks (sandboxd check) leaves the trash alone.
+	janitor sync.Once
 	// life ends when the supervisor closes; watchers stop with it.
 	life     context.Context
 	stopLife context.CancelFunc
