@@ -46,6 +46,7 @@ const (
 	StalePause            = "stale-pause-record"      // paused.json names a launch that is not running
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
 	IdleSpare             = "idle-spare"              // note: a spare that does not run, which sandboxd's next start-up deletes
+	TrashNote             = "trash"                   // note: deleted sandboxes' entries not yet freed, which a server frees at once
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
 	defaultLockTimeout    = 10 * time.Second
@@ -93,6 +94,9 @@ type Report struct {
 	// (supervisor/spares.go): no client's, and not listed by the API.
 	Spares    int `json:"spares"`
 	Processes int `json:"processes"`
+	// Trash counts the bins in the store's trash: what deletes moved out of state directories
+	// that the file system has not freed yet (store.TrashDir).
+	Trash int `json:"trash"`
 	// Problems are the inconsistencies found (by the first pass, with repair); Notes are
 	// observations that are not inconsistencies.
 	Problems []Problem `json:"problems"`
@@ -199,7 +203,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	r := first.report(root, true)
-	r.Sandboxes, r.Running, r.Spares, r.Processes = second.sandboxes, second.running, second.spares, len(second.procs)
+	r.Sandboxes, r.Running, r.Spares, r.Processes, r.Trash = second.sandboxes, second.running, second.spares, len(second.procs), second.trash
 	r.Notes = second.notes
 	return r, nil
 }
@@ -249,6 +253,7 @@ type pass struct {
 	running   int
 	paused    int
 	spares    int
+	trash     int
 	states    map[string]*sandboxState // by directory
 	procs     []runtime.Process
 	// unrecorded, leaked (host resources: cgroups, files only a running launch needs) and
@@ -269,7 +274,7 @@ func (p *pass) note(kind, sandbox, entry, format string, args ...any) {
 
 func (p *pass) report(root string, repair bool) *Report {
 	r := &Report{Root: root, Repair: repair, Sandboxes: p.sandboxes, Running: p.running, Paused: p.paused, Spares: p.spares, Processes: len(p.procs),
-		Problems: p.problems, Notes: p.notes}
+		Trash: p.trash, Problems: p.problems, Notes: p.notes}
 	if r.Problems == nil {
 		r.Problems = []Problem{}
 	}
@@ -338,7 +343,22 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkTemplates(ctx, p)
 	c.checkImages(ctx, p, false)
 	c.checkNetwork(p)
+	c.checkTrash(p)
 	return p, nil
+}
+
+// checkTrash counts the trash's bins. They are no inconsistency: a running server frees them
+// right after each delete, a server's start-up frees what a crash left, and so does --repair.
+func (c *checker) checkTrash(p *pass) {
+	bins, err := c.st.TrashBins()
+	if err != nil {
+		p.add(BadDirectory, "", store.TrashDir, "cannot read the trash: %v", err)
+		return
+	}
+	p.trash = len(bins)
+	if p.trash > 0 {
+		p.note(TrashNote, "", store.TrashDir, "%d deleted sandboxes' entries are not freed yet; a running server frees them at once, its next start-up or --repair does", p.trash)
+	}
 }
 
 // checkSandbox examines one state directory, holding its lock if nobody else does.

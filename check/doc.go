@@ -42,6 +42,9 @@
 //   - Every clone binding names a lease record that exists, and the template store's own
 //     check passes: every lease record is matched by a clone binding, no generation payload
 //     lacks its index entry or the reverse, no retirement or capture was left half done.
+//   - The store's trash (store.TrashDir) is counted: bins of deleted sandboxes' entries
+//     that nothing freed yet are a note (trash), not a problem, since a running server frees
+//     them right after each delete.
 //
 // # Beside a running server
 //
@@ -59,8 +62,8 @@
 // identity, runtime processes that no record names; releases the cgroups, launch files and
 // mounts of sandboxes that are not running (Runtime.Cleanup); takes the lock of left-over
 // directories without config.json once, which lets the store remove them; has each runtime
-// remove its stale shared files (looking again that no process took one up); and runs the
-// template store's check with repair. It never removes a sandbox, a foreign entry or a record it cannot read.
+// remove its stale shared files (looking again that no process took one up); empties the
+// store's trash; and runs the template store's check with repair. It never removes a sandbox, a foreign entry or a record it cannot read.
 // The state root is then checked again, and a problem is reported as repaired when the second
 // pass no longer finds it.
 //

@@ -23,6 +23,10 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 	if err := c.sup.ReattachAll(ctx, c.o.LockTimeout); err != nil {
 		log.Error("check: reattach", "err", err)
 	}
+	// What deletes moved into the trash and nothing freed yet (a crash in between).
+	if _, err := c.st.EmptyTrash(); err != nil {
+		log.Error("check: empty the trash", "err", err)
+	}
 
 	// Per sandbox: unrecorded processes to kill, and leaked cgroups or mounts to release.
 	sbxDir := filepath.Join(c.root, store.SandboxesDir)

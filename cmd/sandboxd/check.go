@@ -90,7 +90,7 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 }
 
 func printReport(w io.Writer, r *check.Report) {
-	fmt.Fprintf(w, "state root %s: %d sandboxes (%d of them spares), %d running, %d runtime processes\n", r.Root, r.Sandboxes, r.Spares, r.Running, r.Processes)
+	fmt.Fprintf(w, "state root %s: %d sandboxes (%d of them spares), %d running, %d runtime processes, %d deleted sandboxes' bins in the trash\n", r.Root, r.Sandboxes, r.Spares, r.Running, r.Processes, r.Trash)
 	for _, p := range r.Problems {
 		fmt.Fprintln(w, "problem:", p)
 	}
