@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // The chaos suite's size. The short form (the default) runs in CI in about a minute; the long
@@ -793,6 +794,12 @@ func chaosVerify(t *testing.T, d *daemon, rt *namespace.Runtime, ids []string, l
 			t.Errorf("round %d: a runtime process (%s %s) runs for %s, which does not exist", round, p.Role, p.ID, id)
 		}
 	}
+	// What the round's deletes moved into the trash, and what its crashes left there, the
+	// server frees.
+	waitFor(t, 30*time.Second, fmt.Sprintf("round %d: the trash to empty", round), func() bool {
+		es, err := os.ReadDir(filepath.Join(d.Root, store.TrashDir))
+		return err == nil && len(es) == 0
+	})
 }
 
 // TestExecRacingStopIsNotInternal: an exec whose sandbox is stopped under it ends with a

@@ -28,6 +28,7 @@ type checkReport struct {
 	Paused    int            `json:"paused"`
 	Spares    int            `json:"spares"`
 	Processes int            `json:"processes"`
+	Trash     int            `json:"trash"`
 	Problems  []checkProblem `json:"problems"`
 	Notes     []checkProblem `json:"notes"`
 	Remaining int            `json:"remaining"`
