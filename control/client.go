@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -27,6 +28,9 @@ type Client struct {
 	// stdoutPipes says an exec's stdout goes to a pipe passed to the agent
 	// (FeatureStdoutPipe).
 	stdoutPipes bool
+	// frozen, if set, says whether the agent is frozen now (its sandbox paused, or held by a
+	// capture's freeze): see [Client.SetFrozenCheck].
+	frozen atomic.Pointer[func() bool]
 }
 
 // ErrClosed is returned by operations on a client whose connection ended.
@@ -36,12 +40,21 @@ var ErrClosed = errors.New("control: the connection to the agent is closed")
 // if the agent does not answer within timeout, refuses the capability, speaks another protocol
 // version or lacks one of RequiredFeatures. The client owns conn from then on.
 func Dial(conn io.ReadWriteCloser, capability []byte, timeout time.Duration) (*Client, error) {
+	return dialWith(conn, capability, timeout, keepAlive)
+}
+
+// dialWith is Dial with keepAlive as the keepalive's interval and the session's write timeout
+// (a ping's too), which tests shorten.
+func dialWith(conn io.ReadWriteCloser, capability []byte, timeout, keepAlive time.Duration) (*Client, error) {
 	if timeout <= 0 {
 		conn.Close()
 		return nil, fmt.Errorf("control: dial timeout must be positive")
 	}
 	conn, fds := senderConn(conn)
-	sess, err := yamux.Client(conn, yamuxConfig())
+	cfg := yamuxConfig()
+	cfg.EnableKeepAlive = false // Client.keepalive instead
+	cfg.ConnectionWriteTimeout = keepAlive
+	sess, err := yamux.Client(conn, cfg)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -52,7 +65,46 @@ func Dial(conn io.ReadWriteCloser, capability []byte, timeout time.Duration) (*C
 		return nil, err
 	}
 	c.stdoutPipes = fds != nil && slices.Contains(c.hello.Features, FeatureStdoutPipe)
+	go c.keepalive(keepAlive)
 	return c, nil
+}
+
+// SetFrozenCheck gives the client a way to tell whether the agent is frozen now. A frozen
+// agent answers no ping until it is thawed, and without the check the keepalive would take
+// that silence for death and end the session, failing every exec that runs through it
+// though its sandbox is only paused. frozen is called at most once per ping, from the
+// keepalive's goroutine.
+func (c *Client) SetFrozenCheck(frozen func() bool) { c.frozen.Store(&frozen) }
+
+func (c *Client) agentFrozen() bool {
+	f := c.frozen.Load()
+	return f != nil && (*f)()
+}
+
+// keepalive pings the agent every interval and ends the session when a ping goes unanswered
+// for the connection write timeout (a killed sandbox, a dead socket), as yamux's own
+// keepalive would, except while the agent is frozen: then it does not ping, and a ping that
+// went out just before the freeze does not count.
+func (c *Client) keepalive(interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-c.sess.CloseChan():
+			return
+		}
+		if c.agentFrozen() {
+			continue
+		}
+		if _, err := c.sess.Ping(); err != nil {
+			if c.sess.IsClosed() || c.agentFrozen() {
+				continue // the loop ends at the close; a freeze began meanwhile
+			}
+			c.sess.Close()
+			return
+		}
+	}
 }
 
 func (c *Client) doHello(capability []byte, timeout time.Duration) error {

@@ -14,7 +14,12 @@
 // stream; the agent never does. Each stream is one operation. Per-stream flow control is
 // yamux's window (1 MiB): a side that stops reading stops the other side's writes, so neither
 // end buffers more than a window per stream, however much a workload prints. Keepalives find
-// a peer that vanished without closing the connection.
+// a peer that vanished without closing the connection: every 15 s each end pings, and a ping
+// unanswered for 15 s ends the session. The client's keepalive is its own (Client.keepalive,
+// not yamux's), because a paused sandbox's agent is frozen and answers nothing until it is
+// thawed: while the check given with Client.SetFrozenCheck says the agent is frozen, the
+// client does not ping, so the session, and every exec running through it, outlives a
+// pause of any length.
 //
 // # Frames
 //

@@ -21,15 +21,21 @@ const (
 	streamWindow = 1 << 20
 )
 
+// keepAlive is how often each end pings the other, and how long a ping (or any write) may
+// go unanswered before the session ends.
+const keepAlive = 15 * time.Second
+
 // yamuxConfig is the session configuration of both ends. Keepalives find a peer that went
 // away without closing the connection (a killed sandbox, a half-dead socket), and the
-// connection write timeout drops a session whose transport stopped draining.
+// connection write timeout drops a session whose transport stopped draining. The agent's end
+// uses yamux's keepalive; sandboxd's end turns it off and runs its own ([Client.keepalive]),
+// which knows that a frozen agent is silent, not dead.
 func yamuxConfig() *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	cfg.AcceptBacklog = 256
 	cfg.EnableKeepAlive = true
-	cfg.KeepAliveInterval = 15 * time.Second
-	cfg.ConnectionWriteTimeout = 15 * time.Second
+	cfg.KeepAliveInterval = keepAlive
+	cfg.ConnectionWriteTimeout = keepAlive
 	cfg.MaxStreamWindowSize = streamWindow
 	cfg.StreamOpenTimeout = 30 * time.Second
 	cfg.StreamCloseTimeout = 30 * time.Second
