@@ -5,6 +5,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/control"
 	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -73,17 +74,36 @@ func (s *Supervisor) agent(ctx context.Context, dir, id string, rec *store.Runti
 		return nil, errcode.Wrap(errcode.NotRunning, err,
 			"Sandbox %s does not answer: its agent is gone and the sandbox is ending; start it again once it has stopped.", id)
 	}
-	s.keepClient(id, rec.LaunchID, client)
+	s.keepClient(id, dir, rec.LaunchID, rt, client)
 	return client, nil
 }
 
-func (s *Supervisor) keepClient(id, launchID string, client *control.Client) {
+// keepClient caches client, the session with the agent of launchID under rt, and tells it how
+// to know its agent frozen.
+func (s *Supervisor) keepClient(id, dir, launchID string, rt runtime.Runtime, client *control.Client) {
+	client.SetFrozenCheck(func() bool { return agentFrozen(rt, id, dir, launchID) })
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old, ok := s.clients[id]; ok && old.client != client {
 		old.client.Close()
 	}
 	s.clients[id] = &agentConn{launchID: launchID, client: client}
+}
+
+// agentFrozen reports whether the agent of launchID is frozen now, or may be: the sandbox
+// is paused (its record says so; a microVM's pause stops its vCPUs), or the runtime reads its
+// processes as frozen (a pause under way, a capture's freeze). A frozen agent answers
+// nothing until it is thawed, which is no sign that it died.
+func agentFrozen(rt runtime.Runtime, id, dir, launchID string) bool {
+	if pausedLaunch(dir, launchID) {
+		return true
+	}
+	p, ok := rt.(runtime.Pauser)
+	if !ok || p.PauseSupport() != nil {
+		return false
+	}
+	frozen, err := p.Frozen(id, dir)
+	return err == nil && frozen
 }
 
 func (s *Supervisor) dropClient(id string) {

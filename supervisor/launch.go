@@ -193,7 +193,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		// journal that a runtime record of the same launch supersedes.
 		s.log.Warn("removing the launch journal after commit", "sandbox", cfg.ID, "err", err)
 	}
-	s.keepClient(cfg.ID, launchID, client)
+	s.keepClient(cfg.ID, l.Dir(), launchID, rt, client)
 	s.watch(cfg.ID, rec)
 	return nil
 }
