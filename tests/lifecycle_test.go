@@ -116,6 +116,45 @@ func TestPauseResume(t *testing.T) {
 	mustCheckClean(t, d.Root, "after the stop of a paused sandbox")
 }
 
+// TestExecOutlivesAPause: an exec that runs when its sandbox is paused finishes once the
+// sandbox resumes, with its output, however long the pause; it used to fail after 30 s with
+// not-running, "stopped while the command ran", when sandboxd's keepalive took the frozen
+// agent's silence for death (two 15 s keepalive periods, which the pause outlasts).
+func TestExecOutlivesAPause(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.create("doze", true)
+	res := make(chan response, 1)
+	go func() {
+		res <- d.doJSON("POST", "/v1/sandboxes/doze/exec", map[string]any{"command": []string{"sh", "-c", "touch /tmp/started; sleep 1; echo woke"}})
+	}()
+	waitFor(t, 20*time.Second, "the exec to start", func() bool {
+		return d.do("GET", "/v1/sandboxes/doze/files?path=/tmp/started", nil, nil).Status == 200
+	})
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/doze/pause", nil), 200)
+	// The pause must outlast the keepalive's ping and its timeout (15 s each).
+	select {
+	case r := <-res:
+		t.Fatalf("the exec of a paused sandbox answered during the pause: %d %s", r.Status, r.Body)
+	case <-time.After(35 * time.Second):
+	}
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/doze/resume", nil), 200)
+	var got execJSON
+	select {
+	case r := <-res:
+		got = decode[execJSON](t, r, 200)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the exec did not finish after the resume")
+	}
+	if got.ExitCode != 0 || got.Stdout != "woke\n" {
+		t.Fatalf("the exec across the pause: %+v", got)
+	}
+	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/doze", nil, nil), 200); sb.State != "running" {
+		t.Fatalf("state after the resume: %s", sb.State)
+	}
+}
+
 // TestWait: a wait answers as soon as the state is reached, wait-timeout when it is not,
 // sandbox-not-found once the sandbox is gone, and 204 for state=deleted.
 func TestWait(t *testing.T) {
