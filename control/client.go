@@ -76,6 +76,10 @@ func dialWith(conn io.ReadWriteCloser, capability []byte, timeout, keepAlive tim
 // keepalive's goroutine.
 func (c *Client) SetFrozenCheck(frozen func() bool) { c.frozen.Store(&frozen) }
 
+// Frozen reports what the check of SetFrozenCheck says now: whether the agent is frozen,
+// false without a check.
+func (c *Client) Frozen() bool { return c.agentFrozen() }
+
 func (c *Client) agentFrozen() bool {
 	f := c.frozen.Load()
 	return f != nil && (*f)()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/control"
@@ -76,7 +77,8 @@ type ExecResult struct {
 // collecting its output. The workload belongs to ctx: when ctx ends first, nobody can read
 // the result, so the workload is killed (closing its control stream makes the agent kill it).
 func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest, stdin io.Reader) (*ExecResult, error) {
-	proc, err := a.agent.Exec(ctx, a.defaults.apply(req).control(stdin != nil))
+	req = a.defaults.apply(req)
+	proc, err := a.agent.Exec(ctx, req.control(stdin != nil))
 	if msg, ok := commandNotFound(err); ok {
 		// As a shell answers it: exit 127, and why on stderr.
 		return &ExecResult{ExitStatus: ExitStatus{ExitCode: 127}, Stderr: "sandboxd: " + msg + "\n"}, nil
@@ -94,6 +96,7 @@ func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest,
 			proc.Stdin.Close()
 		}()
 	}
+	overdue := endOverdue(a, req.Timeout, proc)
 	var stdout, stderr cappedBuffer
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -101,6 +104,10 @@ func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest,
 	go func() { defer wg.Done(); _, _ = io.Copy(&stderr, proc.Stderr) }()
 	wg.Wait()
 	status, err := proc.Wait()
+	if overdue() {
+		return nil, errcode.New(errcode.SandboxPaused,
+			"Sandbox %s was paused while the command ran, past the command's timeout (%s); the command is killed when the sandbox resumes, and its output is lost.", a.id, req.Timeout)
+	}
 	if err != nil {
 		return nil, lost(a, err)
 	}
@@ -111,6 +118,44 @@ func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest,
 		StdoutTruncated: stdout.truncated,
 		StderrTruncated: stderr.truncated,
 	}, nil
+}
+
+// execOverdueGrace is how long past its timeout a command may run before the server ends its
+// exec, when the agent that should have ended it is frozen.
+const execOverdueGrace = 5 * time.Second
+
+// endOverdue ends proc, an exec with timeout, once it runs past the timeout and a grace while
+// its agent is frozen (its sandbox paused): the agent ends a command at its timeout, but a
+// frozen one cannot, and an exec of a sandbox paused for good would otherwise wait for the
+// resume however long. The returned func, called once the exec is over, reports whether it
+// ended it.
+func endOverdue(a *Admission, timeout time.Duration, proc *control.Process) (ended func() bool) {
+	if timeout <= 0 {
+		return func() bool { return false }
+	}
+	var overdue atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTimer(timeout + execOverdueGrace)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if a.agent.Frozen() {
+				overdue.Store(true)
+				proc.Close()
+				return
+			}
+			t.Reset(time.Second) // a live agent ends it, and the keepalive finds a dead one
+		}
+	}()
+	return func() bool {
+		close(done)
+		return overdue.Load()
+	}
 }
 
 // cappedBuffer keeps the first MaxExecOutput bytes written to it and discards the rest, so

@@ -483,7 +483,9 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			if rng.IntN(4) == 0 {
 				cmd = []string{"sleep", "0.3"}
 			}
-			method, path, body = "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": cmd, "wait_ms": 2000}
+			// A short timeout: an exec of a sandbox that another client pauses waits for the
+			// resume, or answers sandbox-paused 5 s past its timeout.
+			method, path, body = "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": cmd, "wait_ms": 2000, "timeout_ms": 3000}
 		case "delete":
 			method, path = "DELETE", "/v1/sandboxes/"+id
 		case "delete-force":

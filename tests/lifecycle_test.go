@@ -153,6 +153,31 @@ func TestExecOutlivesAPause(t *testing.T) {
 	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/doze", nil, nil), 200); sb.State != "running" {
 		t.Fatalf("state after the resume: %s", sb.State)
 	}
+
+	// A pause that outlasts the command's timeout: the frozen agent cannot end the command,
+	// so the server answers sandbox-paused (while the sandbox is still paused), and the
+	// command is killed once the sandbox resumes.
+	go func() {
+		res <- d.doJSON("POST", "/v1/sandboxes/doze/exec", map[string]any{"command": []string{"sh", "-c", "touch /tmp/again; exec sleep 600"}, "timeout_ms": 1000})
+	}()
+	waitFor(t, 20*time.Second, "the second exec to start", func() bool {
+		return d.do("GET", "/v1/sandboxes/doze/files?path=/tmp/again", nil, nil).Status == 200
+	})
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/doze/pause", nil), 200)
+	select {
+	case r := <-res:
+		wantProblem(t, r, 409, "sandbox-paused")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the exec of a sandbox paused past the command's timeout did not answer")
+	}
+	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/doze", nil, nil), 200); sb.State != "paused" {
+		t.Fatalf("state after the overdue exec answered: %s, want still paused", sb.State)
+	}
+	decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/doze/resume", nil), 200)
+	waitFor(t, 20*time.Second, "the overdue command to be killed after the resume", func() bool {
+		got := d.exec("doze", map[string]any{"command": []string{"sh", "-c", "pgrep -x sleep || true"}})
+		return got.ExitCode == 0 && strings.TrimSpace(got.Stdout) == ""
+	})
 }
 
 // TestWait: a wait answers as soon as the state is reached, wait-timeout when it is not,
