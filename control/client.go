@@ -72,8 +72,9 @@ func dialWith(conn io.ReadWriteCloser, capability []byte, timeout, keepAlive tim
 // SetFrozenCheck gives the client a way to tell whether the agent is frozen now. A frozen
 // agent answers no ping until it is thawed, and without the check the keepalive would take
 // that silence for death and end the session, failing every exec that runs through it
-// though its sandbox is only paused. frozen is called at most once per ping, from the
-// keepalive's goroutine.
+// though its sandbox is only paused. frozen is called before and after each ping, from the
+// keepalive's goroutine, and by [Client.Frozen]: it must be cheap and safe to call from any
+// goroutine.
 func (c *Client) SetFrozenCheck(frozen func() bool) { c.frozen.Store(&frozen) }
 
 // Frozen reports what the check of SetFrozenCheck says now: whether the agent is frozen,
