@@ -130,6 +130,9 @@ func (s *Store) EmptyTrash() (int, error) {
 	n := 0
 	for _, bin := range bins {
 		if err := s.fs.RemoveAllAt(s.trash.dir, bin); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if _, serr := platform.LstatAt(s.trash.dir, bin); errors.Is(serr, fs.ErrNotExist) {
+				continue // another process emptied it meanwhile (a second server, sandboxd check)
+			}
 			errs = append(errs, fmt.Errorf("store: empty the trash: %w", err))
 			continue
 		}
