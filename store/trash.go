@@ -28,13 +28,17 @@ type trash struct {
 	// emptying serializes EmptyTrash within the process: two walks of one tree would trip
 	// over each other's removals.
 	emptying sync.Mutex
+	// filling holds the bins that a removal of this process is moving entries into, which
+	// EmptyTrash leaves alone until the moves are done.
+	mu      sync.Mutex
+	filling map[string]bool
 }
 
 // openTrash opens (making it if missing) the trash below rootDir. Making it needs space; a
 // store on a full disk opens without one, and its removals delete in place, as they need no
 // space.
 func openTrash(fsys platform.FS, rootDir *os.File) *trash {
-	t := &trash{filled: make(chan struct{}, 1)}
+	t := &trash{filled: make(chan struct{}, 1), filling: map[string]bool{}}
 	dir, err := platform.OpenDirAt(rootDir, TrashDir)
 	if errors.Is(err, fs.ErrNotExist) {
 		if err := fsys.MkdirAt(rootDir, TrashDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -66,15 +70,20 @@ func (s *Store) Trashed() <-chan struct{} { return s.trash.filled }
 // entry on another file system: a mount point, refused before this).
 //
 // Moving needs no lock beyond the sandbox's: the bin's name is new, and nothing but
-// EmptyTrash touches the trash. The moves are made durable by the caller's sync of the state
-// directory; one lost in a crash of the host leaves the entry where it was, for the removal
-// that the still present configuration record calls for to take again.
+// EmptyTrash touches the trash, which leaves a bin this process is filling alone. Another
+// process's EmptyTrash (sandboxd check --repair beside a server) may remove the bin under the
+// moves: a move that then fails is one the caller removes in place. The moves are made
+// durable by the caller's sync of the state directory; one lost in a crash of the host leaves
+// the entry where it was, for the removal that the still present configuration record calls
+// for to take again.
 func (l *Lock) moveToTrash(names []string) (left []string) {
 	t := l.s.trash
 	if t.dir == nil || len(names) == 0 {
 		return names
 	}
 	bin := l.id + "." + naming.RandomHex(8)
+	t.fill(bin, true)
+	defer t.fill(bin, false)
 	if err := l.s.fs.MkdirAt(t.dir, bin, 0o700); err != nil {
 		return names
 	}
@@ -85,11 +94,36 @@ func (l *Lock) moveToTrash(names []string) (left []string) {
 	}
 	defer d.Close()
 	for _, name := range names {
-		if err := l.s.fs.MoveNoReplaceAt(l.dir, name, d, name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		err := l.s.fs.MoveNoReplaceAt(l.dir, name, d, name)
+		if errors.Is(err, fs.ErrNotExist) {
+			// The entry is gone, or the bin is (another process emptied the trash): only
+			// the first is done.
+			if _, serr := platform.LstatAt(l.dir, name); errors.Is(serr, fs.ErrNotExist) {
+				err = nil
+			}
+		}
+		if err != nil {
 			left = append(left, name)
 		}
 	}
 	return left
+}
+
+// fill marks bin as being filled by this process, or no longer.
+func (t *trash) fill(bin string, on bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if on {
+		t.filling[bin] = true
+	} else {
+		delete(t.filling, bin)
+	}
+}
+
+func (t *trash) isFilling(bin string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.filling[bin]
 }
 
 func (t *trash) signal() {
@@ -129,6 +163,9 @@ func (s *Store) EmptyTrash() (int, error) {
 	var errs []error
 	n := 0
 	for _, bin := range bins {
+		if s.trash.isFilling(bin) {
+			continue // a removal is moving entries into it; its signal comes once it is done
+		}
 		if err := s.fs.RemoveAllAt(s.trash.dir, bin); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			if _, serr := platform.LstatAt(s.trash.dir, bin); errors.Is(serr, fs.ErrNotExist) {
 				continue // another process emptied it meanwhile (a second server, sandboxd check)

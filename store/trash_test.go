@@ -4,8 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/platform"
 )
 
 // TestEmptyTrashBesideAnotherProcess empties one trash from two stores at once, as a server
@@ -40,5 +45,84 @@ func TestEmptyTrashBesideAnotherProcess(t *testing.T) {
 	}
 	if got := entriesOf(t, filepath.Join(root, TrashDir)); len(got) != 0 {
 		t.Fatalf("the trash holds %v after both emptied it", got)
+	}
+}
+
+// TestRemovalWhoseBinVanishes has another process empty the trash just as a removal moves
+// its first entry into its bin, which removes the bin: the removal must still leave no state
+// directory behind, deleting in place what it could not move.
+func TestRemovalWhoseBinVanishes(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	openStore(t, root) // makes the trash
+	var once sync.Once
+	emptied := false
+	fault := func(op platform.Op, path string) error {
+		if op == platform.OpRename && strings.Contains(path, string(filepath.Separator)+TrashDir+string(filepath.Separator)) {
+			once.Do(func() {
+				emptied = os.RemoveAll(filepath.Dir(path)) == nil
+			})
+		}
+		return nil
+	}
+	s, err := OpenWith(root, Options{FS: platform.FS{Fault: fault}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	declareAll(t, s)
+	provision(t, s, "a")
+	l := lockExisting(t, s, "a")
+	populate(t, l.Dir())
+	if err := l.Deprovision(timeout(t, 5*time.Second)); err != nil {
+		t.Fatalf("a removal whose bin vanished: %v", err)
+	}
+	l.Unlock()
+	if !emptied {
+		t.Fatal("the bin was never removed under the removal; the test is broken")
+	}
+	if exists(l.Dir()) {
+		t.Fatalf("the removal whose bin vanished left its state directory: %v", entriesOf(t, l.Dir()))
+	}
+}
+
+// TestEmptyTrashLeavesABinBeingFilled empties the trash from the same store just as a
+// removal moves its first entry into its bin: the bin is left alone, and receives every
+// entry.
+func TestEmptyTrashLeavesABinBeingFilled(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	var s *Store
+	var once sync.Once
+	var emptyErr error
+	fault := func(op platform.Op, path string) error {
+		if op == platform.OpRename && strings.Contains(path, string(filepath.Separator)+TrashDir+string(filepath.Separator)) {
+			once.Do(func() { _, emptyErr = s.EmptyTrash() })
+		}
+		return nil
+	}
+	s, err := OpenWith(root, Options{FS: platform.FS{Fault: fault}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	declareAll(t, s)
+	provision(t, s, "a")
+	l := lockExisting(t, s, "a")
+	populate(t, l.Dir())
+	moved := slices.DeleteFunc(entriesOf(t, l.Dir()), func(n string) bool { return n == LockName || n == ConfigName })
+	if err := l.Deprovision(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	l.Unlock()
+	if emptyErr != nil {
+		t.Fatalf("EmptyTrash during the moves: %v", emptyErr)
+	}
+	bins, err := s.TrashBins()
+	if err != nil || len(bins) != 1 {
+		t.Fatalf("TrashBins = %v, %v; want the one bin, left alone while it was filled", bins, err)
+	}
+	if got := entriesOf(t, filepath.Join(root, TrashDir, bins[0])); !slices.Equal(got, moved) {
+		t.Fatalf("the bin holds %v; want %v", got, moved)
 	}
 }
