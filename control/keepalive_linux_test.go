@@ -3,12 +3,9 @@ package control
 import (
 	"context"
 	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // frozenConn is the agent's end of a connection whose agent can be frozen: while it is, it
@@ -51,21 +48,9 @@ func TestKeepaliveTellsAFrozenAgentFromADeadOne(t *testing.T) {
 	t.Parallel()
 	const ka = 50 * time.Millisecond
 	for _, frozen := range []bool{true, false} {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns := make([]net.Conn, 2)
-		for i, fd := range fds {
-			f := os.NewFile(uintptr(fd), "socket")
-			conns[i], err = net.FileConn(f)
-			f.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		agent := newFrozenConn(conns[1])
-		conn, _ := serveOn(t, conns[0], agent, newFake())
+		client, agentEnd := unixPair(t)
+		agent := newFrozenConn(agentEnd)
+		conn, _ := serveOn(t, client, agent, newFake())
 		c, err := dialWith(conn, capability, 5*time.Second, ka)
 		if err != nil {
 			t.Fatal(err)

@@ -60,8 +60,8 @@ func seeded(seed string, n int) []byte {
 	return bytes.Repeat([]byte(seed), n/len(seed)+1)[:n]
 }
 
-// dialUnix runs Serve over a connected pair of unix sockets, as the namespace runtime does.
-func dialUnix(t *testing.T, h Handler) *Client {
+// unixPair returns a connected pair of unix stream sockets, as the namespace runtime's.
+func unixPair(t *testing.T) (net.Conn, net.Conn) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -76,7 +76,14 @@ func dialUnix(t *testing.T, h Handler) *Client {
 			t.Fatal(err)
 		}
 	}
-	conn, done := serveOn(t, conns[0], conns[1], h)
+	return conns[0], conns[1]
+}
+
+// dialUnix runs Serve over a connected pair of unix sockets, as the namespace runtime does.
+func dialUnix(t *testing.T, h Handler) *Client {
+	t.Helper()
+	a, b := unixPair(t)
+	conn, done := serveOn(t, a, b, h)
 	c, _ := dialOn(t, conn, done)
 	return c
 }

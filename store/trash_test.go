@@ -55,29 +55,11 @@ func TestRemovalWhoseBinVanishes(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	openStore(t, root) // makes the trash
-	var once sync.Once
 	emptied := false
-	fault := func(op platform.Op, path string) error {
-		if op == platform.OpRename && strings.Contains(path, string(filepath.Separator)+TrashDir+string(filepath.Separator)) {
-			once.Do(func() {
-				emptied = os.RemoveAll(filepath.Dir(path)) == nil
-			})
-		}
-		return nil
-	}
-	s, err := OpenWith(root, Options{FS: platform.FS{Fault: fault}})
+	_, l, _, err := removeWithHook(t, root, func(_ *Store, bin string) { emptied = os.RemoveAll(bin) == nil })
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	declareAll(t, s)
-	provision(t, s, "a")
-	l := lockExisting(t, s, "a")
-	populate(t, l.Dir())
-	if err := l.Deprovision(timeout(t, 5*time.Second)); err != nil {
 		t.Fatalf("a removal whose bin vanished: %v", err)
 	}
-	l.Unlock()
 	if !emptied {
 		t.Fatal("the bin was never removed under the removal; the test is broken")
 	}
@@ -92,29 +74,11 @@ func TestRemovalWhoseBinVanishes(t *testing.T) {
 func TestEmptyTrashLeavesABinBeingFilled(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	var s *Store
-	var once sync.Once
 	var emptyErr error
-	fault := func(op platform.Op, path string) error {
-		if op == platform.OpRename && strings.Contains(path, string(filepath.Separator)+TrashDir+string(filepath.Separator)) {
-			once.Do(func() { _, emptyErr = s.EmptyTrash() })
-		}
-		return nil
-	}
-	s, err := OpenWith(root, Options{FS: platform.FS{Fault: fault}})
+	s, _, moved, err := removeWithHook(t, root, func(s *Store, _ string) { _, emptyErr = s.EmptyTrash() })
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	declareAll(t, s)
-	provision(t, s, "a")
-	l := lockExisting(t, s, "a")
-	populate(t, l.Dir())
-	moved := slices.DeleteFunc(entriesOf(t, l.Dir()), func(n string) bool { return n == LockName || n == ConfigName })
-	if err := l.Deprovision(timeout(t, 5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	l.Unlock()
 	if emptyErr != nil {
 		t.Fatalf("EmptyTrash during the moves: %v", emptyErr)
 	}
@@ -125,4 +89,32 @@ func TestEmptyTrashLeavesABinBeingFilled(t *testing.T) {
 	if got := entriesOf(t, filepath.Join(root, TrashDir, bins[0])); !slices.Equal(got, moved) {
 		t.Fatalf("the bin holds %v; want %v", got, moved)
 	}
+}
+
+// removeWithHook removes a populated sandbox "a" of a store on root whose file system runs
+// hook (once) just before the removal's first move into its bin, and returns the store, the
+// removal's lock and what the state directory held but the lock and the configuration.
+func removeWithHook(t *testing.T, root string, hook func(s *Store, bin string)) (*Store, *Lock, []string, error) {
+	t.Helper()
+	var s *Store
+	var once sync.Once
+	fault := func(op platform.Op, path string) error {
+		if op == platform.OpRename && strings.Contains(path, string(filepath.Separator)+TrashDir+string(filepath.Separator)) {
+			once.Do(func() { hook(s, filepath.Dir(path)) })
+		}
+		return nil
+	}
+	s, err := OpenWith(root, Options{FS: platform.FS{Fault: fault}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	declareAll(t, s)
+	provision(t, s, "a")
+	l := lockExisting(t, s, "a")
+	populate(t, l.Dir())
+	moved := slices.DeleteFunc(entriesOf(t, l.Dir()), func(n string) bool { return n == LockName || n == ConfigName })
+	err = l.Deprovision(timeout(t, 5*time.Second))
+	l.Unlock()
+	return s, l, moved, err
 }
