@@ -83,11 +83,19 @@ func (l *Lock) moveToTrash(names []string) (left []string) {
 	}
 	bin := l.id + "." + naming.RandomHex(8)
 	t.fill(bin, true)
-	defer t.fill(bin, false)
+	made := false
+	defer func() {
+		// Unmarked before the signal: the janitor it wakes must not skip the bin as still
+		// being filled, and then sleep until the next removal.
+		t.fill(bin, false)
+		if made {
+			t.signal()
+		}
+	}()
 	if err := l.s.fs.MkdirAt(t.dir, bin, 0o700); err != nil {
 		return names
 	}
-	defer t.signal()
+	made = true
 	d, err := platform.OpenDirAt(t.dir, bin)
 	if err != nil {
 		return names
