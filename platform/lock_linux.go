@@ -5,6 +5,7 @@ package platform
 import (
 	"errors"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +29,39 @@ func TryLock(f *os.File) (bool, error) {
 // LockShared takes a shared flock(2) on f, waiting while another open file description holds
 // it exclusively (see TryLock for what the lock belongs to and when it ends).
 func LockShared(f *os.File) error { return flock(f, unix.LOCK_SH) }
+
+// ErrLockHeld says a lock stayed held by another open file description for as long as
+// [LockWithin] waited.
+var ErrLockHeld = errors.New("platform: the lock stayed held")
+
+// LockWithin takes a flock(2) on f, exclusive or shared, waiting up to d while another open
+// file description holds it (see TryLock for what the lock belongs to and when it ends). It
+// tries again after growing pauses (1 ms doubling to 20 ms) rather than blocking in flock, so
+// that the wait is bounded; once d has passed it returns an error that wraps ErrLockHeld.
+// waiting, unless nil, is called once, before the first pause.
+func LockWithin(f *os.File, exclusive bool, d time.Duration, waiting func()) error {
+	how := unix.LOCK_SH
+	if exclusive {
+		how = unix.LOCK_EX
+	}
+	deadline := time.Now().Add(d)
+	pause := time.Millisecond
+	for {
+		err := flock(f, how|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return err
+		}
+		if !time.Now().Before(deadline) {
+			return &os.PathError{Op: "flock", Path: f.Name(), Err: ErrLockHeld}
+		}
+		if waiting != nil {
+			waiting()
+			waiting = nil
+		}
+		time.Sleep(min(pause, time.Until(deadline)))
+		pause = min(2*pause, 20*time.Millisecond)
+	}
+}
 
 // Unlock releases a flock taken with TryLock or LockShared. Closing f releases it as well.
 func Unlock(f *os.File) error { return flock(f, unix.LOCK_UN) }

@@ -3,9 +3,11 @@
 package platform
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestTryLockExcludesOtherOpens(t *testing.T) {
@@ -37,5 +39,44 @@ func TestTryLockExcludesOtherOpens(t *testing.T) {
 	b.Close()
 	if ok, err := TryLock(open()); !ok || err != nil {
 		t.Fatalf("TryLock after close = %v, %v", ok, err)
+	}
+}
+
+// LockWithin waits for a holder to let go, and gives up with ErrLockHeld once its time is up.
+func TestLockWithinWaitsForTheHolder(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "lock")
+	open := func() *os.File {
+		f, err := OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	holder, waiter, reader := open(), open(), open()
+	if ok, err := TryLock(holder); !ok || err != nil {
+		t.Fatalf("TryLock = %v, %v", ok, err)
+	}
+	if err := LockWithin(reader, false, 0, nil); !errors.Is(err, ErrLockHeld) {
+		t.Fatalf("a shared lock beside an exclusive holder, no time to wait: %v, want ErrLockHeld", err)
+	}
+	waited := make(chan struct{})
+	got := make(chan error, 1)
+	go func() {
+		got <- LockWithin(waiter, true, time.Minute, func() { close(waited) })
+	}()
+	<-waited // it found the lock held and pauses
+	select {
+	case err := <-got:
+		t.Fatalf("LockWithin returned %v while the holder still holds the lock", err)
+	default:
+	}
+	holder.Close()
+	if err := <-got; err != nil {
+		t.Fatalf("LockWithin after the holder let go: %v", err)
+	}
+	if ok, err := TryLock(open()); ok || err != nil {
+		t.Fatalf("the waiter's lock does not exclude another open: %v, %v", ok, err)
 	}
 }
