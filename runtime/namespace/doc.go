@@ -156,7 +156,13 @@
 //     its set-up; one that succeeds is the same process, pid and start time, so its recorded
 //     identity holds. A TERM, INT or HUP in the millisecond of the exec may end it: as any
 //     death of the shim.
-//   - The init or agent dies: the shim writes the outcome, removes the cgroup and exits.
+//   - The init or agent dies: the shim writes the outcome, removes the cgroup, hands the
+//     overlay it holds and the disk's lock to a releaser (sandboxd __release <dir>) and exits;
+//     the releaser's close shuts the overlay and the disk down, after the stop has answered
+//     (docs/design.md, "The release"). The next launch, and a capture, wait for the disk's
+//     lock ([shim.LockDisk]) before they mount the image again.
+//   - The releaser dies, even by SIGKILL: the release happens in its exit, and its lock ends
+//     with it. Nothing records a releaser, since nothing of it can be left.
 //   - The host crashes: the boot id changes, so every recorded identity reads as gone.
 //   - [Runtime.Kill] kills the init by verified identity (a pidfd of a process checked to be
 //     the shim's child), and the shim too if it lingers.

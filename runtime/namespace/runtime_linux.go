@@ -587,11 +587,21 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 // (A mount in a mount namespace of a thread's own would need the thread to die with its
 // namespace; Go never ends the main thread, which a locked goroutine may run on, so the mount
 // could outlive the capture.)
+//
+// The disk's lock (shim.LockDisk) is taken first, shared, and let go once the mount is made:
+// the release of the last launch may still be in progress, and two superblocks on one image
+// at a time would corrupt it. No launch can start while the capture mounts it, since both
+// need the sandbox's lifecycle lock.
 func openDiskLayer(dir string) (*os.File, error) {
 	img := filepath.Join(dir, shim.EntryDiskImage)
 	if _, err := os.Lstat(img); err != nil {
 		return nil, err // never started: no disk yet
 	}
+	lock, err := shim.LockDisk(img, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
 	dev, err := platform.AttachLoop(img)
 	if err != nil {
 		return nil, err

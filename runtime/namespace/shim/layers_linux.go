@@ -22,6 +22,9 @@ import (
 // mount namespace.
 type rootMounts struct {
 	overlay *os.File
+	// diskLock is the lock of the sandbox's disk (LockDisk), nil without one: it is the
+	// launch's until the release (release_linux.go).
+	diskLock *os.File
 	// binds are the host's directories, each to be attached at bindPaths[i] below the root.
 	binds     []*os.File
 	bindPaths []string
@@ -34,11 +37,19 @@ func (m *rootMounts) Close() {
 	if m == nil {
 		return
 	}
-	for _, f := range m.files() {
+	for _, f := range append(m.files(), m.diskLock) {
 		if f != nil {
 			f.Close()
 		}
 	}
+}
+
+// keep takes the overlay and the disk's lock out of m, for the launch to hold until its
+// release; m.Close then leaves them open.
+func (m *rootMounts) keep() held {
+	h := held{root: m.overlay, diskLock: m.diskLock}
+	m.overlay, m.diskLock = nil, nil
+	return h
 }
 
 // makeRootMounts makes the sandbox's overlay and the host binds of spec. With a user
@@ -52,7 +63,8 @@ func makeRootMounts(spec *shimSpec, userns *os.File, ids *idRange) (*rootMounts,
 		return nil, err
 	}
 	defer l.Close()
-	m := &rootMounts{}
+	m := &rootMounts{diskLock: l.diskLock}
+	l.diskLock = nil
 	// The overlay writes its own files (whiteouts, its work directory) with the credentials of
 	// its maker: made as the sandbox's root (host root's capabilities, the range's first id),
 	// they are written through the idmapped upper as the sandbox's root, id 0 on disk, as
@@ -69,6 +81,7 @@ func makeRootMounts(spec *shimSpec, userns *os.File, ids *idRange) (*rootMounts,
 		err = mk()
 	}
 	if err != nil {
+		m.Close()
 		return nil, err
 	}
 	if spec.ImageDir == "" {
@@ -132,18 +145,30 @@ func cloneHost(src string, userns *os.File) (*os.File, error) {
 
 // openDiskLayer mounts the sandbox's own disk as a detached mount, which no path names and
 // only the overlay built on it keeps, and returns a handle of its root, which holds the
-// writable layer's upper and work directories. The loop device clears itself when the mount
-// goes, which it does with the overlay, and that with the sandbox's mount namespace: however
-// the sandbox ends, nothing of its disk stays attached on the host.
-func openDiskLayer(dir string, userns *os.File) (*os.File, error) {
-	dev, err := platform.AttachLoop(filepath.Join(dir, EntryDiskImage))
+// writable layer's upper and work directories, and the disk's lock, taken first. The loop
+// device clears itself when the mount goes, which it does with the overlay, once the
+// sandbox's mount namespace and the launch's own handle of the overlay are gone (see
+// release_linux.go): however the sandbox ends, nothing of its disk stays attached on the
+// host.
+func openDiskLayer(dir string, userns *os.File) (disk, lock *os.File, err error) {
+	img := filepath.Join(dir, EntryDiskImage)
+	lock, err = LockDisk(img, true, func() { logf("waiting for the release of the disk by an earlier launch") })
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
+	dev, err := platform.AttachLoop(img)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer dev.Close() // once mounted, the mount holds the device
-	disk, err := platform.MountDetached("ext4", dev.Name(), unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
+	disk, err = platform.MountDetached("ext4", dev.Name(), unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, e := range []struct {
 		name string
@@ -151,14 +176,14 @@ func openDiskLayer(dir string, userns *os.File) (*os.File, error) {
 	}{{EntryUpper, 0o755}, {EntryWork, 0o700}} {
 		if err := platform.MkdirAt(disk, e.name, e.perm); err != nil && !errors.Is(err, os.ErrExist) {
 			disk.Close()
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if err := idmap(disk, userns); err != nil {
 		disk.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return disk, nil
+	return disk, lock, nil
 }
 
 // idmap idmaps the detached mount m by userns, unless userns is nil. Every layer of the
@@ -187,10 +212,12 @@ type layers struct {
 	// clone lives as long as its own descriptor: closed before the overlay is made, it
 	// would leave upper and work on a mount that is no longer mounted anywhere.
 	upperMount *os.File
+	// diskLock is the disk's lock when upperMount is the sandbox's own disk.
+	diskLock *os.File
 }
 
 func (l *layers) Close() {
-	for _, f := range append(l.lowers, l.upper, l.work, l.upperMount) {
+	for _, f := range append(l.lowers, l.upper, l.work, l.upperMount, l.diskLock) {
 		if f != nil {
 			f.Close()
 		}
@@ -219,7 +246,7 @@ func openLayers(spec *shimSpec, userns *os.File) (*layers, error) {
 	}
 	var err error
 	if spec.Disk {
-		l.upperMount, err = openDiskLayer(spec.Dir, userns)
+		l.upperMount, l.diskLock, err = openDiskLayer(spec.Dir, userns)
 	} else if l.upperMount, err = platform.CloneMount(nil, spec.Dir, false); err == nil {
 		err = idmap(l.upperMount, userns)
 	}

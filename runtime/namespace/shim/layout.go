@@ -12,6 +12,9 @@ import (
 const (
 	ShimCommand = "__shim"
 	InitCommand = "__init"
+	// ReleaseCommand is the releaser (release_linux.go): sandboxd __release <dir>, with the
+	// overlay at fd 3 and the disk's lock at fd 4 (either may be absent).
+	ReleaseCommand = "__release"
 )
 
 // Names the namespace runtime keeps in a state directory. The host-side driver creates some
@@ -111,6 +114,8 @@ func Main(args []string) (code int, ran bool) {
 		return ShimMain(args[1:]), true
 	case InitCommand:
 		return InitMain(args[1:]), true
+	case ReleaseCommand:
+		return ReleaseMain(args[1:]), true
 	}
 	return 0, false
 }

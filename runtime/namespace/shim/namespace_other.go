@@ -17,3 +17,11 @@ func ShimMain(args []string) int {
 
 // InitMain is unsupported off Linux.
 func InitMain(args []string) int { return ShimMain(args) }
+
+// ReleaseMain is unsupported off Linux.
+func ReleaseMain(args []string) int { return ShimMain(args) }
+
+// LockDisk is unsupported off Linux.
+func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
+	return nil, fmt.Errorf("sandboxd: the namespace runtime needs Linux")
+}

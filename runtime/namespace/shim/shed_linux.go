@@ -29,8 +29,9 @@ import (
 //
 // What the waiter needs comes along: its process (it is still the init's parent, and the
 // init's parent-death signal watches the main thread, which makes the exec and lives on), the
-// lifeline and the id range's lock (their descriptors are kept open across the exec), the
-// shim's log (stderr), and a [waitState] in the environment.
+// lifeline, the id range's lock and what the launch holds for its release (their descriptors
+// are kept open across the exec), the shim's log (stderr), and a [waitState] in the
+// environment.
 //
 // A TERM, INT or HUP for the shim is passed on to the sandbox up to the exec, and by the
 // waiter from its first moments. One that comes in between (the exec and the start of a Go
@@ -57,6 +58,10 @@ type waitState struct {
 	LaunchID string `json:"launch_id"`
 	Cgroup   string `json:"cgroup"`
 	InitPID  int    `json:"init_pid"`
+	// RootFD and DiskLockFD are the descriptors of what the launch holds for its release
+	// (release_linux.go), kept across the exec; 0 for none.
+	RootFD     int `json:"root_fd,omitempty"`
+	DiskLockFD int `json:"disk_lock_fd,omitempty"`
 }
 
 // settled waits for the init to end within d without reaping it, and reports whether it is
@@ -83,6 +88,7 @@ func (p *initProcess) settled(d time.Duration) bool {
 // shed replaces the shim by a waiter (see above). It returns only if it could not, with
 // forwarding running again.
 func (p *initProcess) shed(fw *forwarder, ws waitState) error {
+	ws.RootFD, ws.DiskLockFD = p.held.fds()
 	b, err := json.Marshal(ws)
 	if err != nil {
 		return err
@@ -107,9 +113,13 @@ func (p *initProcess) shed(fw *forwarder, ws waitState) error {
 	return fmt.Errorf("exec: %w", err)
 }
 
-// keepOnExec keeps the lifeline and the id range's lock open across an exec, or no longer.
+// keepOnExec keeps the lifeline, the id range's lock and what the launch holds for its
+// release open across an exec, or no longer.
 func (p *initProcess) keepOnExec(keep bool) error {
 	if err := platform.SetCloseOnExec(p.lifeline, !keep); err != nil {
+		return err
+	}
+	if err := p.held.keepOnExec(keep); err != nil {
 		return err
 	}
 	if p.ids != nil {
@@ -124,7 +134,7 @@ func waitMain(ws *waitState) int {
 	// First thing: a signal for the shim is the sandbox's again (kept until forwarding starts).
 	fw := newForwarder(nil)
 	logf("shed its set-up: now only waits for the init (pid %d)", ws.InitPID)
-	l := &launch{dir: ws.Dir, outcome: runtime.Outcome{LaunchID: ws.LaunchID}}
+	l := &launch{dir: ws.Dir, outcome: runtime.Outcome{LaunchID: ws.LaunchID}, held: heldFrom(ws.RootFD, ws.DiskLockFD)}
 	cg, err := platform.OpenCgroup(ws.Cgroup)
 	if err != nil {
 		logf("the sandbox's cgroup: %v", err)

@@ -187,6 +187,7 @@ func runShim(cfg *Config) int {
 		return l.fail(cg, "wait for the init: %v", err)
 	}
 	ws, _ := st.Sys().(syscall.WaitStatus)
+	l.held = proc.held
 	l.recordEnd(ws, cg)
 	if werr != nil && !errors.Is(werr, os.ErrClosed) {
 		logf("the init was not started: %v", werr)
@@ -199,10 +200,13 @@ func runShim(cfg *Config) int {
 type launch struct {
 	dir     string
 	outcome runtime.Outcome
+	// held is what the launch releases last (release_linux.go).
+	held held
 }
 
-// finish removes the cgroup cg, unless it is nil, and writes the outcome report. It returns
-// the shim's exit code: 1 if the report could not be written.
+// finish removes the cgroup cg, unless it is nil, writes the outcome report, and hands what
+// the launch held to a releaser. It returns the shim's exit code: 1 if the report could not
+// be written.
 func (l *launch) finish(cg *platform.Cgroup) int {
 	if cg != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -212,6 +216,7 @@ func (l *launch) finish(cg *platform.Cgroup) int {
 		cancel()
 	}
 	l.outcome.At = time.Now().UTC()
+	defer l.held.release(l.dir)
 	if err := runtime.WriteOutcome(l.dir, &l.outcome); err != nil {
 		logf("write the outcome report: %v", err)
 		return 1
@@ -339,6 +344,9 @@ type initProcess struct {
 	leaveCgroup func() error
 	// workloadPids says the init has the workloads' cgroup's tasks files (fds 6 and 7).
 	workloadPids bool
+	// held is the sandbox's overlay and the disk's lock once the init has its configuration,
+	// for the release (release_linux.go).
+	held held
 }
 
 // startInit starts the sandbox's init in new namespaces and in the cgroup cg, with its
@@ -532,6 +540,9 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 			icfg, err = json.Marshal(initConfig{Spec: ss, Seccomp: seccomp, Binds: mounts.bindPaths, Rootfs: p.rootfs, UserNamespace: p.ids != nil})
 			if err == nil {
 				err = sendConfig(p.config, icfg, mounts.files())
+			}
+			if err == nil {
+				p.held = mounts.keep()
 			}
 			mounts.Close()
 		}

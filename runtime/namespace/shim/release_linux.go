@@ -1,0 +1,162 @@
+//go:build linux
+
+package shim
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/platform"
+)
+
+// A sandbox's end has a slow part that no one needs to wait for: the release of its root.
+// When the init dies its mount namespace goes, and with the last reference to the overlay
+// the kernel shuts the overlay and the disk's ext4 down in the dying process: their syncs,
+// the journal's checkpoint, the superblock, each flush a round trip to the host's disk
+// (about 11 ms of a stop here, docs/performance.md; seconds after a workload left much
+// unwritten). The shim would wait for that, since its init's exit includes it, and a stop
+// for the shim.
+//
+// So the shim keeps a descriptor of the overlay it made (launch.held): the init's death
+// unmounts it everywhere but frees nothing. Once the shim has written the outcome report it
+// starts a releaser, its own binary as `sandboxd __release <dir>`, hands it that descriptor
+// and exits; the releaser closes it, which releases the overlay and the disk in the
+// releaser's time, and exits. A shim that cannot start one closes the descriptor itself,
+// as before.
+//
+// What must not overlap a release waits for the disk's lock: the shim takes an exclusive
+// flock of disk.img before it attaches the image (LockDisk), keeps it for its life and hands
+// it to the releaser with the overlay, and the releaser drops it only once the close has
+// returned, when the kernel is done with the image. The next launch of the sandbox takes
+// the same lock before it attaches the image again, and a capture of the stopped sandbox
+// before it mounts it: two superblocks on one image at a time would corrupt it. Nothing
+// needs recording: a flock belongs to its open file, so it ends with the releaser whatever
+// happens to it (killed, it still releases, in its exit), and a crash of the host ends the
+// release with everything else.
+
+// Fds of the releaser.
+const (
+	fdReleaseRoot = 3
+	fdReleaseLock = 4
+)
+
+// diskLockWait bounds how long a launch or a capture waits for the release of an earlier
+// launch's disk: milliseconds as a rule, seconds after a workload left much unwritten.
+const diskLockWait = 2 * time.Minute
+
+// LockDisk opens the disk image img and takes its lock, exclusive for a launch that writes it
+// or shared for a reader, waiting (up to two minutes) while a launch runs on it or its
+// release is still in progress; waiting, unless nil, is called once if it has to wait. The
+// lock is held until the returned file is closed.
+func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
+	f, err := platform.OpenFile(img, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := platform.LockWithin(f, exclusive, diskLockWait, waiting); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("the disk of an earlier launch is still in use or being released: %w", err)
+	}
+	return f, nil
+}
+
+// held is what a launch keeps of its sandbox until the release: the overlay's mount and the
+// disk's lock, each nil if there is none.
+type held struct {
+	root, diskLock *os.File
+}
+
+// files lists the descriptors in the releaser's order (fds 3 and 4).
+func (h *held) files() []*os.File { return []*os.File{h.root, h.diskLock} }
+
+// empty says there is nothing to release.
+func (h *held) empty() bool { return h.root == nil && h.diskLock == nil }
+
+// close releases what h holds in this process, the overlay first, then the lock.
+func (h *held) close() {
+	for _, f := range h.files() {
+		if f != nil {
+			f.Close()
+		}
+	}
+	*h = held{}
+}
+
+// keepOnExec keeps h's descriptors open across an exec (the shed), or no longer.
+func (h *held) keepOnExec(keep bool) error {
+	for _, f := range h.files() {
+		if f == nil {
+			continue
+		}
+		if err := platform.SetCloseOnExec(f, !keep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fds are h's descriptor numbers for a [waitState], 0 for none.
+func (h *held) fds() (root, diskLock int) {
+	if h.root != nil {
+		root = int(h.root.Fd())
+	}
+	if h.diskLock != nil {
+		diskLock = int(h.diskLock.Fd())
+	}
+	return root, diskLock
+}
+
+// heldFrom is what a waiter inherited, by the fds a [waitState] names, close-on-exec again.
+func heldFrom(root, diskLock int) held {
+	var h held
+	for _, e := range []struct {
+		fd  int
+		dst **os.File
+	}{{root, &h.root}, {diskLock, &h.diskLock}} {
+		if e.fd <= 2 {
+			continue
+		}
+		unix.CloseOnExec(e.fd)
+		*e.dst = os.NewFile(uintptr(e.fd), "held")
+	}
+	return h
+}
+
+// release hands what h holds to a releaser for the state directory dir, or releases it here
+// if none can be started.
+func (h *held) release(dir string) {
+	if h.empty() {
+		return
+	}
+	cmd := exec.Command("/proc/self/exe", ReleaseCommand, dir) //nolint:noctx // the releaser outlives the shim, which exits next
+	cmd.Args[0] = "sandboxd"
+	cmd.Env = []string{}
+	cmd.Stderr = os.Stderr
+	cmd.ExtraFiles = h.files()
+	if err := cmd.Start(); err != nil {
+		logf("start the releaser: %v; the shim releases the sandbox's root itself", err)
+	} else {
+		_ = cmd.Process.Release()
+	}
+	h.close()
+}
+
+// ReleaseMain is the releaser (see above): it closes the overlay, then the disk's lock.
+func ReleaseMain(args []string) int {
+	if len(args) != 1 || !filepath.IsAbs(args[0]) {
+		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ReleaseCommand)
+		return 2
+	}
+	start := time.Now()
+	// Closing the last descriptor of the overlay shuts it and the disk down (in this call).
+	_ = unix.Close(fdReleaseRoot)
+	took := time.Since(start)
+	_ = unix.Close(fdReleaseLock)
+	fmt.Fprintf(os.Stderr, "%s sandboxd releaser: released the sandbox's root in %v\n", time.Now().UTC().Format(time.RFC3339Nano), took.Round(time.Microsecond))
+	return 0
+}
