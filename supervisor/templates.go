@@ -149,7 +149,10 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 // holdForCapture returns the hooks that keep the sandbox l locks still while a capture copies
 // its layer, r being what reattach found of it, and the layer to copy when it opened it (nil:
 // the caller opens the stopped sandbox's layer). A stopped sandbox needs nothing, and neither
-// does a paused one, which stays paused. A running one is frozen by the runtime's
+// does a paused one, which stays paused; but a paused one's own disk is still mounted by its
+// launch, so its layer comes from a snapshot of that disk (a second mount of a live image
+// would replay its journal under the live one; the disk's lock makes such a mount wait for
+// the launch to end). A running one is frozen by the runtime's
 // [runtime.Pauser], with no pause record written, and its layer opened by the runtime's
 // [runtime.LiveLayerer]: a live layer keeps it frozen until the copy has read it, a snapshot
 // only until the snapshot is taken. A crash of sandboxd while it is frozen leaves a frozen
@@ -159,8 +162,10 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	id := l.ID()
 	var none template.CaptureHooks
 	switch {
-	case r.state != StateRunning || r.paused:
+	case r.state != StateRunning:
 		return none, nil, nil
+	case r.paused:
+		return s.pausedDiskLayer(ctx, l, cfg)
 	case r.mismatch:
 		return none, nil, mismatchError(id)
 	}
@@ -240,6 +245,34 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 		Release: func() time.Duration { return held },
 		Time:    at,
 	}, layer, nil
+}
+
+// pausedDiskLayer is [Supervisor.holdForCapture] of a paused sandbox: the layer of a
+// snapshot of its own disk, which its frozen launch still has mounted, or nil (the caller
+// opens the layer) when it has no disk of its own or its runtime's captures do not read the
+// disk that way (a microVM's say themselves what they cannot do).
+func (s *Supervisor) pausedDiskLayer(ctx context.Context, l *store.Lock, cfg *store.Config) (template.CaptureHooks, *os.File, error) {
+	var none template.CaptureHooks
+	if cfg.DiskMB == 0 {
+		return none, nil, nil
+	}
+	rt, err := s.runtimeFor(cfg)
+	if err != nil {
+		return none, nil, err
+	}
+	live, ok := rt.(runtime.LiveLayerer)
+	if !ok || capturesMemory(rt) {
+		return none, nil, nil
+	}
+	layer, snapshot, err := live.OpenLiveLayer(ctx, l.ID(), l.Dir(), true)
+	if err == nil && !snapshot {
+		layer.Close()
+		err = errors.New("the runtime has no snapshot of a sandbox's own disk")
+	}
+	if err != nil {
+		return none, nil, layerError(l.ID(), err)
+	}
+	return none, layer, nil
 }
 
 // capturesMemory reports whether rt's captures of a running sandbox hold its memory.
