@@ -707,17 +707,22 @@ func (c *checker) checkMounts(p *pass) {
 }
 
 // checkLoops reports loop devices whose backing file lies under the state root while no
-// sandbox runs there to use it: a sandbox's disk is attached by its init with autoclear, so
-// the device goes with the sandbox's mount namespace, and one left means something else
-// holds it (a mount in another namespace). It is not repaired: detaching a device that is
-// mounted would fail, and whoever holds it must let go first.
+// sandbox runs there to use it: a sandbox's disk is attached by its shim with autoclear, so
+// the device goes with the sandbox's root, and one left means something else holds it (a
+// mount in another namespace). A device may still be going: a launch's releaser shuts its
+// root down after the launch has ended (runtime/namespace/shim, release_linux.go), so a
+// device is reported only once it is still there after loopReleaseGrace. It is not
+// repaired: detaching a device that is mounted would fail, and whoever holds it must let go
+// first.
 func (c *checker) checkLoops(p *pass) {
 	files, err := platform.LoopBackingFiles()
 	if err != nil {
 		return // no /sys/block: no loop devices to look at
 	}
-	for _, dev := range slices.Sorted(maps.Keys(files)) {
-		f := strings.TrimSuffix(files[dev], " (deleted)")
+	type leak struct{ id, rest string }
+	leaks := map[string]leak{}
+	for dev, f := range files {
+		f = strings.TrimSuffix(f, " (deleted)")
 		rest, ok := strings.CutPrefix(f, c.root+"/")
 		if !ok {
 			continue
@@ -733,9 +738,32 @@ func (c *checker) checkLoops(p *pass) {
 				continue // its unrecorded processes use it, and ending them (a repair) releases it
 			}
 		}
-		p.add(LeakedLoop, id, rest, "loop device /dev/%s holds it while no sandbox runs there; find what mounts it (findmnt /dev/%s in every mount namespace) and unmount it", dev, dev)
+		leaks[dev] = leak{id, rest}
+	}
+	stillThere := func() bool {
+		now, err := platform.LoopBackingFiles()
+		if err != nil {
+			return false
+		}
+		for dev := range leaks {
+			if now[dev] != files[dev] {
+				delete(leaks, dev) // released, or a device of something else since
+			}
+		}
+		return len(leaks) > 0
+	}
+	for pause, deadline := time.Millisecond, time.Now().Add(loopReleaseGrace); len(leaks) > 0 && time.Now().Before(deadline) && stillThere(); pause = min(2*pause, 100*time.Millisecond) {
+		time.Sleep(pause)
+	}
+	for _, dev := range slices.Sorted(maps.Keys(leaks)) {
+		l := leaks[dev]
+		p.add(LeakedLoop, l.id, l.rest, "loop device /dev/%s holds it while no sandbox runs there; find what mounts it (findmnt /dev/%s in every mount namespace) and unmount it", dev, dev)
 	}
 }
+
+// loopReleaseGrace is how long checkLoops lets a loop device of a sandbox that ended go
+// before it reports it: a release takes milliseconds as a rule.
+const loopReleaseGrace = 5 * time.Second
 
 // checkHostResources reports what the runtimes hold for this root's sandboxes that are not
 // running (Runtime.HostResources): cgroups, and files only a running launch needs. Those of
