@@ -2,6 +2,8 @@ package tests
 
 import (
 	"encoding/json"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -205,5 +207,99 @@ func TestDiskOfItsOwn(t *testing.T) {
 	t.Cleanup(func() { d2.dispose("dflt") })
 	if got := d2.diskMiB("dflt"); got > 40 || got < 24 {
 		t.Fatalf("with --default-disk-mb 40, / is %d MiB", got)
+	}
+}
+
+// TestDiskReleasedBehindTheStop: a stop does not wait for the kernel to shut the sandbox's
+// root and disk down. The shim hands that to a releaser once it has reported the end, so the
+// releaser's report comes after the outcome's time; the disk's loop device then goes. The
+// next start of the sandbox waits for the disk's lock, which a launch and then its releaser
+// hold: with the lock held here, as a releaser would hold it, the start waits and says so in
+// the sandbox's log, and it runs once the lock is let go, with the files the sandbox wrote.
+func TestDiskReleasedBehindTheStop(t *testing.T) {
+	requireRoot(t)
+	requireLoopDevices(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "rel", "start": true, "resources": map[string]any{"disk_mb": 64}})
+	t.Cleanup(func() { d.dispose("rel") })
+	// Data left unwritten, for the release to write back.
+	sum := d.exec("rel", map[string]any{"command": []string{"sh", "-c", "head -c 16777216 /dev/urandom > /home/user/data && md5sum /home/user/data"}})
+	if sum.ExitCode != 0 || len(sum.Stdout) < 32 {
+		t.Fatalf("write: %+v", sum)
+	}
+	var stopped struct {
+		LastExit struct {
+			At time.Time `json:"at"`
+		} `json:"last_exit"`
+	}
+	if err := json.Unmarshal(d.mustStatus(200, "POST", "/v1/sandboxes/rel/stop?force=true", nil).Body, &stopped); err != nil || stopped.LastExit.At.IsZero() {
+		t.Fatalf("the stop's answer has no last_exit.at (%v)", err)
+	}
+	logPath := filepath.Join(d.Root, "sandboxes", "rel", "sandbox.log")
+	const releasedLine = " sandboxd releaser: released the sandbox's root in "
+	var releasedAt time.Time
+	waitFor(t, 30*time.Second, "the releaser's report in the sandbox's log", func() bool {
+		b, _ := os.ReadFile(logPath)
+		for line := range strings.Lines(string(b)) {
+			if stamp, _, ok := strings.Cut(line, releasedLine); ok {
+				at, err := time.Parse(time.RFC3339Nano, stamp)
+				if err != nil {
+					t.Fatalf("the releaser's line %q: %v", line, err)
+				}
+				releasedAt = at
+			}
+		}
+		return !releasedAt.IsZero()
+	})
+	if releasedAt.Before(stopped.LastExit.At) {
+		t.Fatalf("the release ended at %v, before the launch's end was reported (%v)", releasedAt, stopped.LastExit.At)
+	}
+	waitFor(t, 20*time.Second, "rel's loop device to be released", func() bool { return d.attachedImages()["rel"] == 0 })
+
+	// The disk's lock, held as a releaser holds it.
+	lock, err := platform.OpenFile(filepath.Join(d.Root, "sandboxes", "rel", "disk.img"), os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if ok, err := platform.TryLock(lock); !ok || err != nil {
+		t.Fatalf("the disk's lock is not free after the release: %v, %v", ok, err)
+	}
+	started := make(chan int, 1)
+	go func() {
+		req, err := http.NewRequest("POST", d.URL+"/v1/sandboxes/rel/start", nil)
+		if err != nil {
+			started <- -1
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+d.Token)
+		resp, err := d.httpClient().Do(req)
+		if err != nil {
+			started <- -1
+			return
+		}
+		resp.Body.Close()
+		started <- resp.StatusCode
+	}()
+	waitFor(t, 30*time.Second, "the start to wait for the disk's lock", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return strings.Count(string(b), "waiting for the release of the disk by an earlier launch") == 1
+	})
+	select {
+	case code := <-started:
+		t.Fatalf("the start answered %d while the disk's lock was held", code)
+	default:
+	}
+	var st sandboxJSON
+	if err := json.Unmarshal(d.do("GET", "/v1/sandboxes/rel", nil, nil).Body, &st); err != nil || st.State == "running" {
+		t.Fatalf("rel reads %+v (%v) while its start waits for the disk", st, err)
+	}
+	lock.Close()
+	if code := <-started; code != 200 {
+		t.Fatalf("the start answered %d once the disk's lock was let go, want 200", code)
+	}
+	if got := d.exec("rel", map[string]any{"command": []string{"md5sum", "/home/user/data"}}); got.Stdout != sum.Stdout {
+		t.Fatalf("after the release and the start: %+v, want %q", got, sum.Stdout)
 	}
 }
