@@ -216,6 +216,12 @@ func scanChildren(pid int) ([]int, error) {
 // with a pidfd and then checked to still be parent's child, so that a pid freed and reused
 // between the scan and the signal is never signalled. It returns how many it signalled.
 func SignalChildren(parent ProcessID, sig syscall.Signal) (int, error) {
+	return SignalChildrenExcept(parent, sig, nil)
+}
+
+// SignalChildrenExcept is SignalChildren for the children that skip, unless nil, does not
+// pick out by pid.
+func SignalChildrenExcept(parent ProcessID, sig syscall.Signal, skip func(pid int) bool) (int, error) {
 	if !parent.Alive() {
 		return 0, fmt.Errorf("%w: %s", ErrProcessGone, parent)
 	}
@@ -227,6 +233,10 @@ func SignalChildren(parent ProcessID, sig syscall.Signal) (int, error) {
 	for _, kid := range kids {
 		fd, err := unix.PidfdOpen(kid, 0)
 		if err != nil {
+			continue
+		}
+		if skip != nil && skip(kid) {
+			unix.Close(fd)
 			continue
 		}
 		st, err := readStat(kid)

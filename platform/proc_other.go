@@ -29,3 +29,7 @@ func Children(pid int) ([]int, error) { return nil, ErrUnsupported }
 
 // SignalChildren is unsupported off Linux.
 func SignalChildren(parent ProcessID, sig syscall.Signal) (int, error) { return 0, ErrUnsupported }
+
+func SignalChildrenExcept(parent ProcessID, sig syscall.Signal, skip func(pid int) bool) (int, error) {
+	return 0, ErrUnsupported
+}

@@ -239,6 +239,12 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 	logPath := filepath.Join(d.Root, "sandboxes", "rel", "sandbox.log")
 	const releasedLine = " sandboxd releaser: released the sandbox's root in "
 	var releasedAt time.Time
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("rel's sandbox.log:\n%s", b)
+		}
+	})
 	waitFor(t, 30*time.Second, "the releaser's report in the sandbox's log", func() bool {
 		b, _ := os.ReadFile(logPath)
 		for line := range strings.Lines(string(b)) {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -524,7 +525,11 @@ func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) e
 	// started its init would otherwise start one after the first signal went out.
 	delay := time.Millisecond
 	for id.Alive() {
-		if _, err := platform.SignalChildren(id, syscall.SIGKILL); err != nil && !errors.Is(err, platform.ErrProcessGone) {
+		// Only the init is signalled, the one child in a pid namespace of its own: the shim's
+		// releaser, its child (from its fork on) for the moment before the shim exits, holds
+		// the disk's lock until the kernel is done with the image, which its death would not
+		// wait for (shim/release_linux.go).
+		if _, err := platform.SignalChildrenExcept(id, syscall.SIGKILL, inPidNamespaceOf(id.Pid)); err != nil && !errors.Is(err, platform.ErrProcessGone) {
 			return err
 		}
 		wctx, cancel := context.WithTimeout(ctx, delay)
@@ -543,6 +548,16 @@ func (r *Runtime) Kill(ctx context.Context, dir string, id platform.ProcessID) e
 		}
 	}
 	return nil
+}
+
+// inPidNamespaceOf returns a test of whether a process is in the pid namespace of the
+// process pid (as a shim's releaser is, and its init is not).
+func inPidNamespaceOf(pid int) func(int) bool {
+	own, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+	return func(kid int) bool {
+		ns, kerr := os.Readlink("/proc/" + strconv.Itoa(kid) + "/ns/pid")
+		return err == nil && kerr == nil && ns == own
+	}
 }
 
 // killShim kills the shim itself, for a shim that did not exit after its init was killed.

@@ -4,9 +4,12 @@ package shim
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -51,18 +54,48 @@ const diskLockWait = 2 * time.Minute
 
 // LockDisk opens the disk image img and takes its lock, exclusive for a launch that writes it
 // or shared for a reader, waiting (up to two minutes) while a launch runs on it or its
-// release is still in progress; waiting, unless nil, is called once if it has to wait. The
-// lock is held until the returned file is closed.
+// release is still in progress, and then for no loop device to hold the image (see
+// waitDetached); waiting, unless nil, is called once if it has to wait. The lock is held
+// until the returned file is closed.
 func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
 	f, err := platform.OpenFile(img, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}
+	deadline := time.Now().Add(diskLockWait)
+	if waiting != nil {
+		waiting = sync.OnceFunc(waiting)
+	}
 	if err := platform.LockWithin(f, exclusive, diskLockWait, waiting); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("the disk of an earlier launch is still in use or being released: %w", err)
 	}
+	if err := waitDetached(img, deadline, waiting); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return f, nil
+}
+
+// waitDetached waits, until deadline, for no loop device to hold img (by its path, as the
+// device reports its backing file), calling waiting if it must wait. The lock alone does not
+// say the kernel is done with the image when its holder was killed: a process's exit drops
+// its descriptors in an order of the kernel's, and its flock can go before the superblock it
+// held. The device, cleared when the superblock lets go of it, is the last to go.
+func waitDetached(img string, deadline time.Time, waiting func()) error {
+	for pause := time.Millisecond; ; pause = min(2*pause, 20*time.Millisecond) {
+		files, err := platform.LoopBackingFiles()
+		if err != nil || !slices.Contains(slices.Collect(maps.Values(files)), img) {
+			return nil // no loop devices to look at, or none holds it
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("the disk of an earlier launch is still attached to a loop device after %v", diskLockWait)
+		}
+		if waiting != nil {
+			waiting()
+		}
+		time.Sleep(pause)
+	}
 }
 
 // held is what a launch keeps of its sandbox until the release: the overlay's mount and the
