@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
+	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -131,11 +132,11 @@ var chaosAllowed = map[string][]int{
 }
 
 // TestChaos: clients issue random lifecycle operations while sandboxd is killed with SIGKILL
-// at random moments and restarted, and sandbox shims and inits are killed; after each round
-// `sandboxd check` passes beside the restarted server, every sandbox a client saw created and
-// not deleted still exists (and none it saw deleted came back), no runtime process runs
-// without its sandbox, and no network resource (interface, nftables object, address record)
-// outlives its sandbox. At the end everything is deleted and nothing is left.
+// at random moments and restarted, and sandbox shims, inits and releasers are killed; after
+// each round `sandboxd check` passes beside the restarted server, every sandbox a client saw
+// created and not deleted still exists (and none it saw deleted came back), no runtime
+// process runs without its sandbox, and no network resource (interface, nftables object,
+// address record) outlives its sandbox. At the end everything is deleted and nothing is left.
 //
 // Some creates ask for a network (chaosNetPolicy): sandboxd, its checker and the clients run
 // in a network namespace of the test's own (the network tests' netWorld), so that the veths,
@@ -275,7 +276,7 @@ func TestChaos(t *testing.T) {
 			what string
 		}
 		var events []event
-		kinds := []string{"server", "shim", "init"}
+		kinds := []string{"server", "shim", "init", "releaser"}
 		if small != nil {
 			kinds = append(kinds, "fill", "free", "fill")
 		}
@@ -301,6 +302,10 @@ func TestChaos(t *testing.T) {
 				}
 			case "free":
 				free()
+			case "releaser":
+				if chaosKillReleaser(d.Root, rng) {
+					kills["releaser"]++
+				}
 			default:
 				if chaosKillRuntime(t, rt, d.Root, runtime.Role(e.what), rng) {
 					kills[e.what]++
@@ -372,8 +377,8 @@ func TestChaos(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("%s: %d", k, n))
 	}
 	slices.Sort(lines)
-	t.Logf("chaos seed %d: %d rounds; killed sandboxd %d times, %d shims, %d inits; filled the state root %d times; offline repairs fixed %d problems; check needed a second look in %d rounds\n%s",
-		seed, rounds, kills["server"], kills["shim"], kills["init"], kills["fill"], repaired, retried, strings.Join(lines, "\n"))
+	t.Logf("chaos seed %d: %d rounds; killed sandboxd %d times, %d shims, %d inits, %d releasers; filled the state root %d times; offline repairs fixed %d problems; check needed a second look in %d rounds\n%s",
+		seed, rounds, kills["server"], kills["shim"], kills["init"], kills["releaser"], kills["fill"], repaired, retried, strings.Join(lines, "\n"))
 	// The suite must have crashed over networks, not only offered them.
 	if stats.ops["create-networked 201"] == 0 {
 		t.Errorf("no networked sandbox was created in %d rounds: the network's crash paths were not exercised", rounds)
@@ -664,6 +669,37 @@ func chaosKillRuntime(t *testing.T, rt *namespace.Runtime, root string, role run
 	}
 	slices.SortFunc(pick, func(a, b platform.ProcessID) int { return a.Pid - b.Pid })
 	return platform.SignalVerified(pick[rng.IntN(len(pick))], syscall.SIGKILL) == nil
+}
+
+// chaosKillReleaser SIGKILLs a releaser of a sandbox of root (sandboxd __release <dir>, which
+// shuts a sandbox's root down after its launch ended), by verified identity, waiting up to a
+// second for one to run: a release lasts milliseconds, and the clients stop sandboxes all the
+// time. It reports whether it killed one. A killed releaser still releases, in its exit, and
+// its disk's lock ends with it: the next start of the sandbox must not wait out the lock's
+// bound, and nothing may be left for the check.
+func chaosKillReleaser(root string, rng *rand.Rand) bool {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		var pick []platform.ProcessID
+		procs, _ := os.ReadDir("/proc")
+		for _, e := range procs {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			argv, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err != nil || !strings.HasPrefix(string(argv), "sandboxd\x00"+shim.ReleaseCommand+"\x00"+filepath.Join(root, "sandboxes")+"/") {
+				continue
+			}
+			if id, err := platform.Identify(pid); err == nil {
+				pick = append(pick, id)
+			}
+		}
+		if len(pick) > 0 {
+			return platform.SignalVerified(pick[rng.IntN(len(pick))], syscall.SIGKILL) == nil
+		}
+		time.Sleep(2 * time.Millisecond) // the next look at /proc
+	}
+	return false
 }
 
 // chaosCheck runs `sandboxd check` beside the restarted server until it passes. The restart
