@@ -740,21 +740,21 @@ func (c *checker) checkLoops(p *pass) {
 		}
 		leaks[dev] = leak{id, rest}
 	}
-	stillThere := func() bool {
+	if len(leaks) == 0 {
+		return
+	}
+	_, _ = platform.Poll(loopReleaseGrace, 100*time.Millisecond, nil, func() (bool, error) {
 		now, err := platform.LoopBackingFiles()
 		if err != nil {
-			return false
+			return true, nil
 		}
 		for dev := range leaks {
 			if now[dev] != files[dev] {
 				delete(leaks, dev) // released, or a device of something else since
 			}
 		}
-		return len(leaks) > 0
-	}
-	for pause, deadline := time.Millisecond, time.Now().Add(loopReleaseGrace); len(leaks) > 0 && time.Now().Before(deadline) && stillThere(); pause = min(2*pause, 100*time.Millisecond) {
-		time.Sleep(pause)
-	}
+		return len(leaks) == 0, nil
+	})
 	for _, dev := range slices.Sorted(maps.Keys(leaks)) {
 		l := leaks[dev]
 		p.add(LeakedLoop, l.id, l.rest, "loop device /dev/%s holds it while no sandbox runs there; find what mounts it (findmnt /dev/%s in every mount namespace) and unmount it", dev, dev)

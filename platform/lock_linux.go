@@ -36,7 +36,7 @@ var ErrLockHeld = errors.New("platform: the lock stayed held")
 
 // LockWithin takes a flock(2) on f, exclusive or shared, waiting up to d while another open
 // file description holds it (see TryLock for what the lock belongs to and when it ends). It
-// tries again after growing pauses (1 ms doubling to 20 ms) rather than blocking in flock, so
+// tries again after growing pauses ([Poll], up to 20 ms) rather than blocking in flock, so
 // that the wait is bounded; once d has passed it returns an error that wraps ErrLockHeld.
 // waiting, unless nil, is called once, before the first pause.
 func LockWithin(f *os.File, exclusive bool, d time.Duration, waiting func()) error {
@@ -44,23 +44,17 @@ func LockWithin(f *os.File, exclusive bool, d time.Duration, waiting func()) err
 	if exclusive {
 		how = unix.LOCK_EX
 	}
-	deadline := time.Now().Add(d)
-	pause := time.Millisecond
-	for {
+	locked, err := Poll(d, 20*time.Millisecond, waiting, func() (bool, error) {
 		err := flock(f, how|unix.LOCK_NB)
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			return err
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return false, nil
 		}
-		if !time.Now().Before(deadline) {
-			return &os.PathError{Op: "flock", Path: f.Name(), Err: ErrLockHeld}
-		}
-		if waiting != nil {
-			waiting()
-			waiting = nil
-		}
-		time.Sleep(min(pause, time.Until(deadline)))
-		pause = min(2*pause, 20*time.Millisecond)
+		return err == nil, err
+	})
+	if err == nil && !locked {
+		err = &os.PathError{Op: "flock", Path: f.Name(), Err: ErrLockHeld}
 	}
+	return err
 }
 
 // Unlock releases a flock taken with TryLock or LockShared. Closing f releases it as well.

@@ -4,11 +4,9 @@ package shim
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -83,19 +81,22 @@ func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
 // its descriptors in an order of the kernel's, and its flock can go before the superblock it
 // held. The device, cleared when the superblock lets go of it, is the last to go.
 func waitDetached(img string, deadline time.Time, waiting func()) error {
-	for pause := time.Millisecond; ; pause = min(2*pause, 20*time.Millisecond) {
+	free, err := platform.Poll(time.Until(deadline), 20*time.Millisecond, waiting, func() (bool, error) {
 		files, err := platform.LoopBackingFiles()
-		if err != nil || !slices.Contains(slices.Collect(maps.Values(files)), img) {
-			return nil // no loop devices to look at, or none holds it
+		if err != nil {
+			return true, nil // no loop devices to look at
 		}
-		if !time.Now().Before(deadline) {
-			return fmt.Errorf("the disk of an earlier launch is still attached to a loop device after %v", diskLockWait)
+		for _, f := range files {
+			if f == img {
+				return false, nil
+			}
 		}
-		if waiting != nil {
-			waiting()
-		}
-		time.Sleep(pause)
+		return true, nil
+	})
+	if err == nil && !free {
+		err = fmt.Errorf("the disk of an earlier launch is still attached to a loop device after %v", diskLockWait)
 	}
+	return err
 }
 
 // held is what a launch keeps of its sandbox until the release: the overlay's mount and the
