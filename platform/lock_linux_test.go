@@ -10,17 +10,21 @@ import (
 	"time"
 )
 
+// openLockFile opens path (made if missing) for a lock, closed when the test ends.
+func openLockFile(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 func TestTryLockExcludesOtherOpens(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "lock")
-	open := func() *os.File {
-		f, err := OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		return f
-	}
+	open := func() *os.File { return openLockFile(t, path) }
 	a, b := open(), open()
 	if ok, err := TryLock(a); !ok || err != nil {
 		t.Fatalf("first TryLock = %v, %v", ok, err)
@@ -46,14 +50,7 @@ func TestTryLockExcludesOtherOpens(t *testing.T) {
 func TestLockWithinWaitsForTheHolder(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "lock")
-	open := func() *os.File {
-		f, err := OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		return f
-	}
+	open := func() *os.File { return openLockFile(t, path) }
 	holder, waiter, reader := open(), open(), open()
 	if ok, err := TryLock(holder); !ok || err != nil {
 		t.Fatalf("TryLock = %v, %v", ok, err)
