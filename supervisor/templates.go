@@ -230,11 +230,7 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	if err != nil {
 		return none, nil, err
 	}
-	layer, snapshot, err := live.OpenLiveLayer(ctx, id, l.Dir(), cfg.DiskMB > 0)
-	if err == nil && !snapshot {
-		layer.Close()
-		err = errors.New("the runtime has no snapshot of a sandbox's own disk")
-	}
+	layer, err := openSnapshotLayer(ctx, live, l, cfg.DiskMB > 0)
 	s.thawAfterCapture(ctx, p, l)
 	held := time.Since(frozenAt)
 	if err != nil {
@@ -264,15 +260,23 @@ func (s *Supervisor) pausedDiskLayer(ctx context.Context, l *store.Lock, cfg *st
 	if !ok || capturesMemory(rt) {
 		return none, nil, nil
 	}
-	layer, snapshot, err := live.OpenLiveLayer(ctx, l.ID(), l.Dir(), true)
-	if err == nil && !snapshot {
-		layer.Close()
-		err = errors.New("the runtime has no snapshot of a sandbox's own disk")
-	}
+	layer, err := openSnapshotLayer(ctx, live, l, true)
 	if err != nil {
 		return none, nil, layerError(l.ID(), err)
 	}
 	return none, layer, nil
+}
+
+// openSnapshotLayer opens the layer of a snapshot of the sandbox l locks, which runs (frozen)
+// under live's runtime: of its own disk if disk says it has one, or of what else the runtime
+// snapshots (a microVM's memory with its disk); a live layer that is no snapshot is refused.
+func openSnapshotLayer(ctx context.Context, live runtime.LiveLayerer, l *store.Lock, disk bool) (*os.File, error) {
+	layer, snapshot, err := live.OpenLiveLayer(ctx, l.ID(), l.Dir(), disk)
+	if err == nil && !snapshot {
+		layer.Close()
+		err = errors.New("the runtime has no snapshot of a sandbox's own disk")
+	}
+	return layer, err
 }
 
 // capturesMemory reports whether rt's captures of a running sandbox hold its memory.
