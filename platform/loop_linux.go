@@ -64,6 +64,37 @@ func AttachLoopFile(backing *os.File) (*os.File, error) {
 	}
 }
 
+// OpenForWriting reports whether f's file is open for writing anywhere on the host, by a
+// process or by the kernel on one's behalf: a loop device bound to an image holds it open read
+// and write until the device is cleared, which is after the last superblock on it has gone.
+// It asks the kernel by taking a read lease (F_SETLEASE), which is refused while the file is
+// open for writing, and drops the lease at once: two system calls, where listing the loop
+// devices reads a file of each. f must be open read-only. Where leases are not served
+// (fs.leases-enable = 0, a file system without them) it returns the error, and the caller
+// must find out some other way.
+func OpenForWriting(f *os.File) (bool, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var leaseErr error
+	if err := rc.Control(func(fd uintptr) {
+		if _, leaseErr = unix.FcntlInt(fd, unix.F_SETLEASE, unix.F_RDLCK); leaseErr == nil {
+			_, leaseErr = unix.FcntlInt(fd, unix.F_SETLEASE, unix.F_UNLCK)
+		}
+	}); err != nil {
+		return false, err
+	}
+	switch {
+	case leaseErr == nil:
+		return false, nil
+	case errors.Is(leaseErr, unix.EAGAIN):
+		return true, nil
+	default:
+		return false, fmt.Errorf("platform: a lease on %s: %w", f.Name(), leaseErr)
+	}
+}
+
 // LoopBackingFiles lists the backing files of the host's attached loop devices, by device
 // name, as the kernel reports them.
 func LoopBackingFiles() (map[string]string, error) {
