@@ -52,7 +52,7 @@ const diskLockWait = 2 * time.Minute
 
 // LockDisk opens the disk image img and takes its lock, exclusive for a launch that writes it
 // or shared for a reader, waiting (up to two minutes) while a launch runs on it or its
-// release is still in progress, and then for no loop device to hold the image (see
+// release is still in progress, and then for nothing to hold the image open for writing (see
 // waitDetached); waiting, unless nil, is called once if it has to wait. The lock is held
 // until the returned file is closed.
 func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
@@ -68,33 +68,46 @@ func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
 		f.Close()
 		return nil, fmt.Errorf("the disk of an earlier launch is still in use or being released: %w", err)
 	}
-	if err := waitDetached(img, deadline, waiting); err != nil {
+	if err := waitDetached(f, deadline, waiting); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
 }
 
-// waitDetached waits, until deadline, for no loop device to hold img (by its path, as the
-// device reports its backing file), calling waiting if it must wait. The lock alone does not
-// say the kernel is done with the image when its holder was killed: a process's exit drops
-// its descriptors in an order of the kernel's, and its flock can go before the superblock it
-// held. The device, cleared when the superblock lets go of it, is the last to go.
-func waitDetached(img string, deadline time.Time, waiting func()) error {
-	free, err := platform.Poll(time.Until(deadline), 20*time.Millisecond, waiting, func() (bool, error) {
+// waitDetached waits, until deadline, for nothing to hold the image open for writing, as
+// the loop device of an earlier launch does until it is cleared; f is the image, open
+// read-only. waiting is called if it must wait. The lock alone does not say the kernel is
+// done with the image when its holder was killed: a process's exit drops its descriptors in
+// an order of the kernel's, and its flock can go before the superblock it held. The device,
+// cleared when the superblock lets go of it, is the last to go, and its hold on the image
+// with it.
+//
+// The kernel is asked with a read lease (platform.OpenForWriting), two system calls; where
+// leases are not served, by the backing files of all loop devices, a read of a file per
+// device (the image's path as the device reports it).
+func waitDetached(f *os.File, deadline time.Time, waiting func()) error {
+	held := func() (bool, error) {
+		if open, err := platform.OpenForWriting(f); err == nil {
+			return open, nil
+		}
 		files, err := platform.LoopBackingFiles()
 		if err != nil {
-			return true, nil // no loop devices to look at
+			return false, nil // no loop devices to look at
 		}
-		for _, f := range files {
-			if f == img {
-				return false, nil
+		for _, backing := range files {
+			if backing == f.Name() {
+				return true, nil
 			}
 		}
-		return true, nil
+		return false, nil
+	}
+	free, err := platform.Poll(time.Until(deadline), 20*time.Millisecond, waiting, func() (bool, error) {
+		open, err := held()
+		return !open, err
 	})
 	if err == nil && !free {
-		err = fmt.Errorf("the disk of an earlier launch is still attached to a loop device after %v", diskLockWait)
+		err = fmt.Errorf("the disk of an earlier launch is still held open after %v", diskLockWait)
 	}
 	return err
 }
