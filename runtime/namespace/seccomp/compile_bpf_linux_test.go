@@ -4,9 +4,12 @@ package seccomp
 
 import (
 	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"testing"
 
+	mobyseccomp "github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -14,10 +17,8 @@ import (
 	"github.com/sandboxd/sandboxd/platform"
 )
 
-// runFilter runs prog on a system call in x/net/bpf's virtual machine. The machine reads
-// big-endian words where the kernel reads native ones, so each 32-bit word of seccomp_data is
-// laid out big-endian for it.
-func runFilter(t *testing.T, prog *platform.SeccompProgram, arch uint32, nr uint32, args [6]uint64) uint32 {
+// filterVM loads prog into x/net/bpf's virtual machine.
+func filterVM(t *testing.T, prog *platform.SeccompProgram) *bpf.VM {
 	t.Helper()
 	insns := make([]bpf.Instruction, prog.Len())
 	for i, f := range prog.Filter() {
@@ -27,6 +28,13 @@ func runFilter(t *testing.T, prog *platform.SeccompProgram, arch uint32, nr uint
 	if err != nil {
 		t.Fatalf("the filter is not valid BPF: %v", err)
 	}
+	return vm
+}
+
+// runVM runs a filter on a system call. The machine reads big-endian words where the kernel
+// reads native ones, so each 32-bit word of seccomp_data is laid out big-endian for it.
+func runVM(t *testing.T, vm *bpf.VM, arch uint32, nr uint32, args [6]uint64) uint32 {
+	t.Helper()
 	data := make([]byte, 64)
 	binary.BigEndian.PutUint32(data[0:], nr)
 	binary.BigEndian.PutUint32(data[4:], arch)
@@ -39,6 +47,12 @@ func runFilter(t *testing.T, prog *platform.SeccompProgram, arch uint32, nr uint
 		t.Fatal(err)
 	}
 	return uint32(r)
+}
+
+// runFilter runs prog on a system call in x/net/bpf's virtual machine.
+func runFilter(t *testing.T, prog *platform.SeccompProgram, arch uint32, nr uint32, args [6]uint64) uint32 {
+	t.Helper()
+	return runVM(t, filterVM(t, prog), arch, nr, args)
 }
 
 func nrOf(t *testing.T, name string) uint32 {
@@ -149,5 +163,177 @@ func TestSyscallTableSorted(t *testing.T) {
 	}
 	if nr, ok := syscallNumber("read"); !ok || (runtime.GOARCH == "amd64" && nr != unix.SYS_READ) {
 		t.Fatalf("read = %d, %v", nr, ok)
+	}
+}
+
+// profileVerdict is what prof says of a native call nr with args, read straight from the
+// profile: the first rule, in order, that names the call and whose conditions all hold.
+func profileVerdict(t *testing.T, prof *specs.LinuxSeccomp, nr uint32, args [6]uint64) uint32 {
+	t.Helper()
+	defErrno := uint(unix.EPERM)
+	if prof.DefaultErrnoRet != nil {
+		defErrno = *prof.DefaultErrnoRet
+	}
+	for _, r := range prof.Syscalls {
+		named := false
+		for _, name := range r.Names {
+			if n, ok := syscallNumber(name); ok && n == nr {
+				named = true
+			}
+		}
+		holds := named
+		for _, a := range r.Args {
+			v := args[a.Index]
+			switch a.Op {
+			case specs.OpEqualTo:
+				holds = holds && v == a.Value
+			case specs.OpNotEqual:
+				holds = holds && v != a.Value
+			case specs.OpGreaterThan:
+				holds = holds && v > a.Value
+			case specs.OpGreaterEqual:
+				holds = holds && v >= a.Value
+			case specs.OpLessThan:
+				holds = holds && v < a.Value
+			case specs.OpLessEqual:
+				holds = holds && v <= a.Value
+			case specs.OpMaskedEqual:
+				holds = holds && v&a.Value == a.ValueTwo
+			default:
+				t.Fatalf("operator %q", a.Op)
+			}
+		}
+		if holds {
+			ret, err := actionRet(r.Action, r.ErrnoRet, defErrno)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ret
+		}
+	}
+	ret, err := actionRet(prof.DefaultAction, nil, defErrno)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ret
+}
+
+// argCases are argument vectors that sit on and beside every value prof's conditions test,
+// with zeros besides.
+func argCases(prof *specs.LinuxSeccomp) [][6]uint64 {
+	out := [][6]uint64{{}}
+	for _, r := range prof.Syscalls {
+		for _, a := range r.Args {
+			for _, v := range []uint64{a.Value, a.Value + 1, a.Value - 1, a.ValueTwo, a.ValueTwo | ^a.Value, a.Value<<32 | a.Value} {
+				var args [6]uint64
+				args[a.Index] = v
+				out = append(out, args)
+			}
+		}
+	}
+	return out
+}
+
+// checkAgainstProfile runs prog for every native system call number up to beyond the table's
+// last, with argCases, and wants what the profile says.
+func checkAgainstProfile(t *testing.T, what string, prof *specs.LinuxSeccomp, prog *platform.SeccompProgram) {
+	t.Helper()
+	arch, _ := nativeArch()
+	var maxNr uint32
+	for _, e := range syscallTable {
+		maxNr = max(maxNr, e.nr)
+	}
+	cases := argCases(prof)
+	// A call that no rule with conditions names is tried with a few of the vectors only.
+	conditional := map[uint32]bool{}
+	for _, r := range prof.Syscalls {
+		for _, name := range r.Names {
+			if nr, ok := syscallNumber(name); ok && len(r.Args) > 0 {
+				conditional[nr] = true
+			}
+		}
+	}
+	vm := filterVM(t, prog)
+	bad := 0
+	for nr := uint32(0); nr <= maxNr+64; nr++ {
+		tried := cases
+		if !conditional[nr] {
+			tried = cases[:min(len(cases), 4)]
+		}
+		for _, args := range tried {
+			want := profileVerdict(t, prof, nr, args)
+			if got := runVM(t, vm, arch, nr, args); got != want && bad < 10 {
+				bad++
+				t.Errorf("%s: call %d with %#x: %#x, the profile says %#x", what, nr, args, got, want)
+			}
+		}
+	}
+}
+
+// The compiled default profile decides every call as the profile reads, for each set of
+// capabilities that changes its rules.
+func TestDefaultAgreesWithTheProfile(t *testing.T) {
+	t.Parallel()
+	if len(syscallTable) == 0 {
+		t.Skipf("no syscall table for %s", runtime.GOARCH)
+	}
+	for _, caps := range [][]string{nil, platform.DefaultCapabilities, {"CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_BOOT"}} {
+		spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}}}
+		prof, err := mobyseccomp.GetDefaultProfile(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prog, err := Compile(prof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkAgainstProfile(t, fmt.Sprintf("caps %v", caps), prof, prog)
+	}
+}
+
+// Random profiles, whose rules name neighbouring calls with the same, different and
+// conditional actions, the default's included, compile to filters that agree with them.
+func TestRandomProfilesAgree(t *testing.T) {
+	t.Parallel()
+	if len(syscallTable) == 0 {
+		t.Skipf("no syscall table for %s", runtime.GOARCH)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	// Names of the lowest numbers, so that rules name neighbours often.
+	var names []string
+	for _, e := range syscallTable {
+		if e.nr < 40 {
+			names = append(names, e.name)
+		}
+	}
+	eperm, enosys := uint(unix.EPERM), uint(unix.ENOSYS)
+	actions := []struct {
+		act   specs.LinuxSeccompAction
+		errno *uint
+	}{{specs.ActAllow, nil}, {specs.ActErrno, nil}, {specs.ActErrno, &enosys}, {specs.ActKillProcess, nil}, {specs.ActLog, nil}}
+	ops := []specs.LinuxSeccompOperator{specs.OpEqualTo, specs.OpNotEqual, specs.OpGreaterThan, specs.OpGreaterEqual, specs.OpLessThan, specs.OpLessEqual, specs.OpMaskedEqual}
+	for round := range 40 {
+		def := actions[rng.IntN(len(actions))]
+		prof := &specs.LinuxSeccomp{DefaultAction: def.act, DefaultErrnoRet: &eperm}
+		if def.act != specs.ActErrno {
+			prof.DefaultErrnoRet = nil
+		}
+		for range 1 + rng.IntN(12) {
+			a := actions[rng.IntN(len(actions))]
+			r := specs.LinuxSyscall{Action: a.act, ErrnoRet: a.errno}
+			for range 1 + rng.IntN(8) {
+				r.Names = append(r.Names, names[rng.IntN(len(names))])
+			}
+			for range rng.IntN(3) {
+				r.Args = append(r.Args, specs.LinuxSeccompArg{Index: uint(rng.IntN(6)), Op: ops[rng.IntN(len(ops))],
+					Value: rng.Uint64() >> rng.IntN(64), ValueTwo: rng.Uint64() >> rng.IntN(64)})
+			}
+			prof.Syscalls = append(prof.Syscalls, r)
+		}
+		prog, err := Compile(prof)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		checkAgainstProfile(t, fmt.Sprintf("round %d", round), prof, prog)
 	}
 }

@@ -9,8 +9,9 @@
 // not carry.
 //
 // A compiled program checks the architecture first (a call by another ABI, i386 or x32 on
-// x86-64, gets the default action, since it would bypass every rule by number), then tests
-// the rules in the profile's order, the default action last. System call names that the
-// native architecture lacks are skipped; the tables of names come from golang.org/x/sys
-// (gen.go).
+// x86-64, gets the default action, since it would bypass every rule by number), then finds
+// the call's number by a binary search over runs of numbers treated alike, and for a number
+// whose rules have conditions tests them in the profile's order, the default action last
+// (see [Compile] for why a search). System call names that the native architecture lacks
+// are skipped; the tables of names come from golang.org/x/sys (gen.go).
 package seccomp
