@@ -127,6 +127,9 @@ func runBench(args []string, stdout, stderr io.Writer) (int, error) {
 	defer cancel()
 	b := &bench{o: o, api: newAPI(o.url, token, 1)}
 	defer b.cleanup()
+	if err := b.api.waitForProbes(ctx, stderr); err != nil {
+		return 1, err
+	}
 	rep, err := b.run(ctx)
 	if err != nil {
 		return 1, err

@@ -286,3 +286,47 @@ func (a *api) stream(ctx context.Context, id string, argv []string, waitMS int) 
 	}
 	return n, nil
 }
+
+// probeWait bounds how long sandboxload waits for the server's runtime probes.
+const probeWait = 3 * time.Minute
+
+// waitForProbes waits until no runtime of the server is still probing (/v1/info), saying so
+// on log once if it has to wait. A probe boots a guest (the microvm runtime's, seconds of
+// both CPUs under emulation) right after sandboxd starts, and figures taken beside it measure
+// the probe as much as the server.
+func (a *api) waitForProbes(ctx context.Context, log io.Writer) error {
+	deadline := time.Now().Add(probeWait)
+	said := false
+	for {
+		var info struct {
+			Runtimes []struct {
+				Kind  string `json:"kind"`
+				State string `json:"state"`
+			} `json:"runtimes"`
+		}
+		if err := a.call(ctx, "GET", "/v1/info", nil, &info, http.StatusOK); err != nil {
+			return err
+		}
+		var probing []string
+		for _, rt := range info.Runtimes {
+			if rt.State == "probing" {
+				probing = append(probing, rt.Kind)
+			}
+		}
+		if len(probing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the %s runtime is still probing after %v", strings.Join(probing, " and "), probeWait)
+		}
+		if !said {
+			fmt.Fprintf(log, "waiting for the server's %s runtime probe to finish: it would share the CPUs with the figures\n", strings.Join(probing, " and "))
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -22,6 +22,13 @@
 // --clients takes one number or a list (1,2,4,8,16,32); each level is a phase of its own with
 // the same duration or cycle budget, and the report has one table per phase.
 //
+// # Probes
+//
+// Before it measures anything, sandboxload waits (up to three minutes, saying so) until no
+// runtime of the server is still probing (/v1/info): the microvm runtime boots a probe guest
+// right after sandboxd starts, seconds of both CPUs under emulation, and figures taken beside
+// it measure the probe as much as the server.
+//
 // # Leaks
 //
 // With --pid, the tool samples the server's resident memory and open file descriptors from

@@ -88,6 +88,9 @@ func run(args []string, stdout, stderr io.Writer) (int, error) {
 	defer cancel()
 
 	l := &load{o: o, api: newAPI(o.url, token, slices.Max(o.clients)), log: stderr}
+	if err := l.api.waitForProbes(ctx, stderr); err != nil {
+		return 1, err
+	}
 	rep, err := l.run(ctx)
 	if rep != nil {
 		if o.jsonOut {
