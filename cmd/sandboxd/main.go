@@ -237,6 +237,13 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	rt := rts.def
+	// Before anything starts a sandbox: a shim whose launch ends hands its release here
+	// rather than start a releaser process (docs/design.md, "The release").
+	stopReleases, err := rt.ServeReleases(func(err error) { log.Warn("a release hand-off refused", "err", err) })
+	if err != nil {
+		return err
+	}
+	defer stopReleases()
 	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces)
 	for kind, why := range rts.unavailable {
 		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)

@@ -73,6 +73,10 @@ func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
 	return o, nil
 }
 
+// releaseSocketName is the socket in the state root where the server takes the releases of
+// sandboxes' ends from their shims (namespace.Runtime.ServeReleases).
+const releaseSocketName = "release.sock"
+
 // newRuntime returns the runtime as the server configures it, running the runtime binary
 // that runtimeExecutable chooses for o.binary and the state root, and that executable.
 // `sandboxd check` makes its runtime here too: a runtime's identity hashes its executable and
@@ -83,7 +87,11 @@ func newRuntime(o runtimeOptions, root string, log *slog.Logger) (*namespace.Run
 	if err != nil {
 		return nil, "", err
 	}
-	cfg := namespace.Config{Executable: exe}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, "", err
+	}
+	cfg := namespace.Config{Executable: exe, ReleaseSocket: filepath.Join(abs, releaseSocketName)}
 	cfg.IDs.Off = !o.userNamespaces
 	rt, err := namespace.New(cfg)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +47,10 @@ type Config struct {
 	// without one (their ids are the host's), for state roots and images on file systems
 	// that cannot be idmapped (overlayfs, NFS), and for measuring what the namespace costs.
 	IDs shim.IDConfig
+	// ReleaseSocket, unless empty, is where [Runtime.ServeReleases] takes the releases of
+	// launches that ended, which each shim is told: an absolute path in a directory of this
+	// user's that no one else may write.
+	ReleaseSocket string
 }
 
 // The defaults of Config.IDs. Each running sandbox has 65536 host ids of its own
@@ -118,6 +123,40 @@ func New(cfg Config) (*Runtime, error) {
 	r := &Runtime{cfg: cfg, seccomp: bpf, refusal: refusal}
 	r.identity = sync.OnceValues(r.computeIdentity)
 	return r, nil
+}
+
+// ServeReleases listens at Config.ReleaseSocket and takes there, until the returned stop is
+// called, the releases that shims hand over when their launch has ended
+// ([shim.ServeReleases]): a stop then starts no releaser process. Only the server calls it (a
+// checker that made the same runtime must not take the server's socket). failed is told of
+// each hand-off refused.
+func (r *Runtime) ServeReleases(failed func(error)) (stop func(), err error) {
+	if r.cfg.ReleaseSocket == "" || !filepath.IsAbs(r.cfg.ReleaseSocket) {
+		return nil, fmt.Errorf("namespace runtime: the release socket %q is no absolute path", r.cfg.ReleaseSocket)
+	}
+	f, err := platform.ListenUnix(r.cfg.ReleaseSocket, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("namespace runtime: %w", err)
+	}
+	defer f.Close()
+	fl, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("namespace runtime: the release socket: %w", err)
+	}
+	l, ok := fl.(*net.UnixListener)
+	if !ok {
+		fl.Close()
+		return nil, fmt.Errorf("namespace runtime: the release socket is no unix socket")
+	}
+	// The socket stays when the listener closes: a shim that ends later finds nothing
+	// listening and starts a releaser, and the next server's listen replaces it.
+	l.SetUnlinkOnClose(false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		shim.ServeReleases(l, failed)
+	}()
+	return func() { l.Close(); <-done }, nil
 }
 
 // Kind returns "namespace".
@@ -397,7 +436,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	defer logf.Close()
-	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp, IDs: r.cfg.IDs})
+	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp, IDs: r.cfg.IDs, ReleaseSocket: r.cfg.ReleaseSocket})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}

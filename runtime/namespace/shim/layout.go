@@ -72,6 +72,10 @@ type Config struct {
 	Seccomp []byte `json:"seccomp"`
 	// IDs is the sandbox's user namespace.
 	IDs IDConfig `json:"ids"`
+	// ReleaseSocket, unless empty, is the unix socket of the sandboxd that takes a launch's
+	// release off the shim (see [ServeReleases]); without it, or when nothing answers
+	// there, the shim starts a releaser process.
+	ReleaseSocket string `json:"release_socket,omitempty"`
 }
 
 // IDRangeSize is how many ids a sandbox's user namespace maps: ids 0 to 65535 inside (root,

@@ -4,6 +4,7 @@ package shim
 
 import (
 	"fmt"
+	"net"
 	"os"
 )
 
@@ -25,3 +26,6 @@ func ReleaseMain(args []string) int { return ShimMain(args) }
 func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
 	return nil, fmt.Errorf("sandboxd: the namespace runtime needs Linux")
 }
+
+// ServeReleases is unsupported off Linux: there are no releases to take.
+func ServeReleases(l *net.UnixListener, failed func(error)) {}

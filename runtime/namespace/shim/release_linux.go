@@ -3,7 +3,12 @@
 package shim
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"math/bits"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,19 +30,21 @@ import (
 //
 // So the shim keeps a descriptor of the overlay it made (launch.held): the init's death
 // unmounts it everywhere but frees nothing. Once the shim has written the outcome report it
-// starts a releaser, its own binary as `sandboxd __release <dir>`, hands it that descriptor
-// and exits; the releaser closes it, which releases the overlay and the disk in the
-// releaser's time, and exits. A shim that cannot start one closes the descriptor itself,
-// as before.
+// hands that descriptor to sandboxd, on the socket its configuration names (ServeReleases),
+// and exits; sandboxd closes it, which releases the overlay and the disk in sandboxd's time.
+// Where sandboxd does not answer, the shim starts a releaser instead, its own binary as
+// `sandboxd __release <dir>`, which closes it and exits. A shim that can do neither closes
+// the descriptor itself, as before. (The releaser came first; a Go process start per stop
+// costs some 3 ms of CPU, a hand-off 80 µs.)
 //
 // What must not overlap a release waits for the disk's lock: the shim takes an exclusive
 // flock of disk.img before it attaches the image (LockDisk), keeps it for its life and hands
-// it to the releaser with the overlay, and the releaser drops it only once the close has
+// it on with the overlay, and whoever releases drops it only once the close has
 // returned, when the kernel is done with the image. The next launch of the sandbox takes
 // the same lock before it attaches the image again, and a capture of the stopped sandbox
 // before it mounts it: two superblocks on one image at a time would corrupt it. Nothing
-// needs recording: a flock belongs to its open file, so it ends with the releaser whatever
-// happens to it (killed, it still releases, in its exit), and a crash of the host ends the
+// needs recording: a flock belongs to its open file, so it ends with its holder whatever
+// happens to it (sandboxd or a releaser killed still releases, in its exit), and a crash of the host ends the
 // release with everything else.
 
 // Fds of the releaser.
@@ -174,11 +181,20 @@ func heldFrom(root, diskLock int) held {
 	return h
 }
 
-// release hands what h holds to a releaser for the state directory dir, or releases it here
-// if none can be started.
-func (h *held) release(dir string) {
+// release hands what h holds to the sandboxd at socket (see [ServeReleases]), or, when socket
+// is empty or nothing takes it there, to a releaser process for the state directory dir, or
+// releases it here if none can be started.
+func (h *held) release(dir, socket string) {
 	if h.empty() {
 		return
+	}
+	if socket != "" {
+		err := h.handOff(socket, os.Stderr)
+		if err == nil {
+			h.close()
+			return
+		}
+		logf("hand the release to sandboxd: %v; a releaser takes it", err)
 	}
 	cmd := exec.Command("/proc/self/exe", ReleaseCommand, dir) //nolint:noctx // the releaser outlives the shim, which exits next
 	cmd.Args[0] = "sandboxd"
@@ -193,17 +209,164 @@ func (h *held) release(dir string) {
 	h.close()
 }
 
-// ReleaseMain is the releaser (see above): it closes the overlay, then the disk's lock.
+// A hand-off is one message on a connection to [ServeReleases]: one byte saying which of a
+// launch's held descriptors come, and the descriptors in that order, then the shim's stderr
+// (the sandbox's log) for the report.
+const (
+	handOffRoot     = 1 << iota // the overlay
+	handOffDiskLock             // the disk's lock
+)
+
+// handOffWait bounds a hand-off's connect and send: sandboxd answers at once or not at all.
+const handOffWait = time.Second
+
+// handOff gives what h holds to the sandboxd at socket, with report (the shim's stderr, the
+// sandbox's log) for the release's report. Once the message is sent the
+// descriptors are sandboxd's, in flight or received: if it dies before it takes them, they
+// close with its socket, as with a releaser killed before its close.
+func (h *held) handOff(socket string, report *os.File) error {
+	ctx, cancel := context.WithTimeout(context.Background(), handOffWait)
+	defer cancel()
+	conn, err := platform.DialUnixNoFollow(ctx, socket)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("%s is no unix socket", socket)
+	}
+	var flags byte
+	var fds []int
+	if h.root != nil {
+		flags |= handOffRoot
+		fds = append(fds, int(h.root.Fd()))
+	}
+	if h.diskLock != nil {
+		flags |= handOffDiskLock
+		fds = append(fds, int(h.diskLock.Fd()))
+	}
+	fds = append(fds, int(report.Fd()))
+	oob := unix.UnixRights(fds...)
+	_ = uc.SetWriteDeadline(time.Now().Add(handOffWait))
+	n, oobn, err := uc.WriteMsgUnix([]byte{flags}, oob, nil)
+	if err == nil && (n != 1 || oobn != len(oob)) {
+		err = errors.New("the message went in part")
+	}
+	return err
+}
+
+// handOffsAtOnce bounds the releases sandboxd runs at a time: each blocks a thread in its
+// close for as long as the kernel writes back what the sandbox left.
+const handOffsAtOnce = 64
+
+// ServeReleases takes the releases that shims hand to sandboxd on l (see [Config.ReleaseSocket])
+// until l is closed, and does each as a releaser would: it closes the overlay, then the
+// disk's lock, and writes the report to the sandbox's log. It is what spares a stop the
+// releaser's process start. A connection from another user than sandboxd's, or a message
+// that is not a hand-off, is refused, whatever descriptors it brought closed. failed, unless
+// nil, is told of each refusal.
+func ServeReleases(l *net.UnixListener, failed func(error)) {
+	if failed == nil {
+		failed = func(error) {}
+	}
+	slots := make(chan struct{}, handOffsAtOnce)
+	for {
+		conn, err := l.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			failed(err)
+			time.Sleep(10 * time.Millisecond) // descriptors may be short; try again
+			continue
+		}
+		h, report, err := takeHandOff(conn)
+		conn.Close()
+		if err != nil {
+			failed(err)
+			continue
+		}
+		go func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			h.releaseAndReport(report)
+			report.Close()
+		}()
+	}
+}
+
+// takeHandOff reads one hand-off from conn.
+func takeHandOff(conn *net.UnixConn) (held, *os.File, error) {
+	if _, uid, _, err := platform.PeerCred(conn); err != nil || uid != os.Geteuid() {
+		return held{}, nil, fmt.Errorf("a hand-off from uid %d refused (%v)", uid, err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(handOffWait))
+	buf := make([]byte, 2)
+	oob := make([]byte, unix.CmsgSpace(4*4)) // room for one more than a hand-off has
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+	var files []*os.File
+	msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			perr = errors.Join(perr, err)
+			continue
+		}
+		for _, fd := range fds {
+			unix.CloseOnExec(fd)
+			files = append(files, os.NewFile(uintptr(fd), "released"))
+		}
+	}
+	want := 1
+	if n == 1 {
+		want += bits.OnesCount8(buf[0] & (handOffRoot | handOffDiskLock))
+	}
+	switch {
+	case err == nil && perr != nil:
+		err = perr
+	case err == nil && (n != 1 || buf[0]&^(handOffRoot|handOffDiskLock) != 0 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(files) != want):
+		err = fmt.Errorf("a malformed hand-off (%d bytes, %d descriptors)", n, len(files))
+	}
+	if err != nil {
+		for _, f := range files {
+			f.Close()
+		}
+		return held{}, nil, err
+	}
+	var h held
+	if buf[0]&handOffRoot != 0 {
+		h.root, files = files[0], files[1:]
+	}
+	if buf[0]&handOffDiskLock != 0 {
+		h.diskLock, files = files[0], files[1:]
+	}
+	return h, files[0], nil
+}
+
+// releaseAndReport releases what h holds, the overlay first (closing its last descriptor
+// shuts it and the disk down, in that call), then the disk's lock, and reports it on report.
+func (h *held) releaseAndReport(report io.Writer) {
+	start := time.Now()
+	if h.root != nil {
+		h.root.Close()
+	}
+	took := time.Since(start)
+	if h.diskLock != nil {
+		h.diskLock.Close()
+	}
+	*h = held{}
+	fmt.Fprintf(report, "%s sandboxd releaser: released the sandbox's root in %v\n", time.Now().UTC().Format(time.RFC3339Nano), took.Round(time.Microsecond))
+}
+
+// ReleaseMain is the releaser process (see above): what it inherits at fds 3 and 4 is the
+// overlay and the disk's lock.
 func ReleaseMain(args []string) int {
 	if len(args) != 1 || !filepath.IsAbs(args[0]) {
 		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ReleaseCommand)
 		return 2
 	}
-	start := time.Now()
-	// Closing the last descriptor of the overlay shuts it and the disk down (in this call).
-	_ = unix.Close(fdReleaseRoot)
-	took := time.Since(start)
-	_ = unix.Close(fdReleaseLock)
-	fmt.Fprintf(os.Stderr, "%s sandboxd releaser: released the sandbox's root in %v\n", time.Now().UTC().Format(time.RFC3339Nano), took.Round(time.Microsecond))
+	h := heldFrom(fdReleaseRoot, fdReleaseLock)
+	h.releaseAndReport(os.Stderr)
 	return 0
 }

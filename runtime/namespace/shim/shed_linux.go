@@ -62,6 +62,8 @@ type waitState struct {
 	// (release_linux.go), kept across the exec; 0 for none.
 	RootFD     int `json:"root_fd,omitempty"`
 	DiskLockFD int `json:"disk_lock_fd,omitempty"`
+	// ReleaseSocket is [Config.ReleaseSocket].
+	ReleaseSocket string `json:"release_socket,omitempty"`
 }
 
 // settled waits for the init to end within d without reaping it, and reports whether it is
@@ -134,7 +136,7 @@ func waitMain(ws *waitState) int {
 	// First thing: a signal for the shim is the sandbox's again (kept until forwarding starts).
 	fw := newForwarder(nil)
 	logf("shed its set-up: now only waits for the init (pid %d)", ws.InitPID)
-	l := &launch{dir: ws.Dir, outcome: runtime.Outcome{LaunchID: ws.LaunchID}, held: heldFrom(ws.RootFD, ws.DiskLockFD)}
+	l := &launch{dir: ws.Dir, releaseSocket: ws.ReleaseSocket, outcome: runtime.Outcome{LaunchID: ws.LaunchID}, held: heldFrom(ws.RootFD, ws.DiskLockFD)}
 	cg, err := platform.OpenCgroup(ws.Cgroup)
 	if err != nil {
 		logf("the sandbox's cgroup: %v", err)

@@ -136,7 +136,7 @@ func logf(format string, args ...any) {
 // outcome. It returns the shim's exit code.
 func runShim(cfg *Config) int {
 	spec := &cfg.Spec
-	l := &launch{dir: spec.Dir, outcome: runtime.Outcome{LaunchID: spec.LaunchID}}
+	l := &launch{dir: spec.Dir, releaseSocket: cfg.ReleaseSocket, outcome: runtime.Outcome{LaunchID: spec.LaunchID}}
 	// From the start, a TERM, INT or HUP is kept for the init (see wait), not the default
 	// death that would take the init along with no outcome written: sandboxd or an operator
 	// may send one as soon as the agent answers, which can be before the shim waits.
@@ -180,7 +180,7 @@ func runShim(cfg *Config) int {
 	}
 	var shedding *waitState
 	if werr == nil {
-		shedding = &waitState{Dir: spec.Dir, LaunchID: spec.LaunchID, Cgroup: cfg.Cgroup, InitPID: proc.cmd.Process.Pid}
+		shedding = &waitState{Dir: spec.Dir, LaunchID: spec.LaunchID, Cgroup: cfg.Cgroup, InitPID: proc.cmd.Process.Pid, ReleaseSocket: cfg.ReleaseSocket}
 	}
 	st, err := proc.wait(fw, shedding)
 	if st == nil {
@@ -198,8 +198,10 @@ func runShim(cfg *Config) int {
 
 // launch is the outcome of the shim's launch as it builds up, and how it is reported.
 type launch struct {
-	dir     string
-	outcome runtime.Outcome
+	dir string
+	// releaseSocket is [Config.ReleaseSocket].
+	releaseSocket string
+	outcome       runtime.Outcome
 	// held is what the launch releases last (release_linux.go).
 	held held
 }
@@ -216,7 +218,7 @@ func (l *launch) finish(cg *platform.Cgroup) int {
 		cancel()
 	}
 	l.outcome.At = time.Now().UTC()
-	defer l.held.release(l.dir)
+	defer l.held.release(l.dir, l.releaseSocket)
 	if err := runtime.WriteOutcome(l.dir, &l.outcome); err != nil {
 		logf("write the outcome report: %v", err)
 		return 1
