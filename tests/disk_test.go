@@ -8,10 +8,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 	"github.com/sandboxd/sandboxd/runtime/namespace"
 )
 
@@ -211,8 +213,8 @@ func TestDiskOfItsOwn(t *testing.T) {
 }
 
 // TestDiskReleasedBehindTheStop: a stop does not wait for the kernel to shut the sandbox's
-// root and disk down. The shim hands that to a releaser once it has reported the end, so the
-// releaser's report comes after the outcome's time; the disk's loop device then goes. The
+// root and disk down. The shim hands that to sandboxd once it has reported the end, so the
+// release's report comes after the outcome's time; the disk's loop device then goes. The
 // next start of the sandbox waits for the disk's lock, which a launch and then its releaser
 // hold: with the lock held here, as a releaser would hold it, the start waits and says so in
 // the sandbox's log, and it runs once the lock is let go, with the files the sandbox wrote.
@@ -261,6 +263,10 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 	if releasedAt.Before(stopped.LastExit.At) {
 		t.Fatalf("the release ended at %v, before the launch's end was reported (%v)", releasedAt, stopped.LastExit.At)
 	}
+	// sandboxd took the release: the shim started no releaser.
+	if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "a releaser takes it") {
+		t.Fatalf("the shim did not hand the release to sandboxd:\n%s", b)
+	}
 	waitFor(t, 20*time.Second, "rel's loop device to be released", func() bool { return d.attachedImages()["rel"] == 0 })
 
 	// The disk's lock, held as a releaser holds it.
@@ -307,5 +313,55 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 	}
 	if got := d.exec("rel", map[string]any{"command": []string{"md5sum", "/home/user/data"}}); got.Stdout != sum.Stdout {
 		t.Fatalf("after the release and the start: %+v, want %q", got, sum.Stdout)
+	}
+}
+
+// TestReleaseWithoutSandboxd: a sandbox that ends while sandboxd is down (its init killed
+// here) is released by a releaser process, since nothing answers on the release socket; the
+// restarted sandboxd finds it stopped and starts it again on its disk.
+func TestReleaseWithoutSandboxd(t *testing.T) {
+	requireRoot(t)
+	requireLoopDevices(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "orphan", "start": true, "resources": map[string]any{"disk_mb": 64}})
+	t.Cleanup(func() { d.dispose("orphan") })
+	if got := d.exec("orphan", map[string]any{"command": []string{"sh", "-c", "echo kept > /home/user/f"}}); got.ExitCode != 0 {
+		t.Fatalf("write: %+v", got)
+	}
+	rt, err := namespace.New(namespace.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Kill()
+	procs, err := rt.Processes(d.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, p := range procs {
+		if p.Role == runtime.RoleInit && strings.HasSuffix(p.Dir, "/orphan") {
+			if err := platform.SignalVerified(p.ID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed++
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("killed %d inits of orphan, want 1 (%+v)", killed, procs)
+	}
+	logPath := filepath.Join(d.Root, "sandboxes", "orphan", "sandbox.log")
+	waitFor(t, 30*time.Second, "a releaser's report in orphan's log", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return strings.Contains(string(b), "a releaser takes it") && strings.Contains(string(b), " sandboxd releaser: released the sandbox's root in ")
+	})
+	d.start()
+	waitFor(t, 30*time.Second, "orphan to read as stopped", func() bool {
+		var st sandboxJSON
+		return json.Unmarshal(d.do("GET", "/v1/sandboxes/orphan", nil, nil).Body, &st) == nil && st.State == "stopped"
+	})
+	d.mustStatus(200, "POST", "/v1/sandboxes/orphan/start", nil)
+	if got := d.exec("orphan", map[string]any{"command": []string{"cat", "/home/user/f"}}); got.Stdout != "kept\n" {
+		t.Fatalf("after the releaser and a start: %+v", got)
 	}
 }
