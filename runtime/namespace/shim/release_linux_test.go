@@ -53,7 +53,7 @@ func TestLockDiskWaitsForTheLoopDevice(t *testing.T) {
 
 // serveReleases runs ServeReleases on a socket in a directory of the test's, which it
 // returns, with the refusals it is told of, until the test ends.
-func serveReleases(t *testing.T) (socket string, refused <-chan error) {
+func serveReleases(t testing.TB) (socket string, refused <-chan error) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.Chmod(dir, 0o700); err != nil {
@@ -167,23 +167,8 @@ func TestHandOffRefusesMalformed(t *testing.T) {
 //
 //	go test ./runtime/namespace/shim -run '^$' -bench HandOff
 func BenchmarkHandOff(b *testing.B) {
+	socket, refused := serveReleases(b)
 	dir := b.TempDir()
-	if err := os.Chmod(dir, 0o700); err != nil {
-		b.Fatal(err)
-	}
-	socket := filepath.Join(dir, "release.sock")
-	f, err := platform.ListenUnix(socket, 0o600)
-	if err != nil {
-		b.Fatal(err)
-	}
-	fl, err := net.FileListener(f)
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
-	l := fl.(*net.UnixListener)
-	go ServeReleases(l, func(err error) { b.Error(err) })
-	defer l.Close()
 	report, err := os.Create(filepath.Join(dir, EntryLog))
 	if err != nil {
 		b.Fatal(err)
@@ -207,4 +192,9 @@ func BenchmarkHandOff(b *testing.B) {
 		h.close()
 	}
 	b.ReportMetric(float64((cpu()-before).Microseconds())/float64(b.N), "cpu-µs/op")
+	select {
+	case err := <-refused:
+		b.Fatalf("a hand-off refused: %v", err)
+	default:
+	}
 }
