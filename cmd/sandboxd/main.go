@@ -238,12 +238,13 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	rt := rts.def
 	// Before anything starts a sandbox: a shim whose launch ends hands its release here
-	// rather than start a releaser process (docs/design.md, "The release").
-	stopReleases, err := rt.ServeReleases(func(err error) { log.Warn("a release hand-off refused", "err", err) })
-	if err != nil {
-		return err
+	// rather than start a releaser process (docs/design.md, "The release"). Without the
+	// socket the shims start releasers, which costs CPU but nothing else.
+	if stopReleases, err := rt.ServeReleases(func(err error) { log.Warn("a release hand-off refused", "err", err) }); err != nil {
+		log.Warn("shims will start releaser processes: the release socket", "err", err)
+	} else {
+		defer stopReleases()
 	}
-	defer stopReleases()
 	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces)
 	for kind, why := range rts.unavailable {
 		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
