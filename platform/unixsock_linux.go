@@ -4,6 +4,7 @@ package platform
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -146,4 +147,23 @@ func PeerCred(conn net.Conn) (pid, uid, gid int, err error) {
 		return 0, 0, 0, os.NewSyscallError("getsockopt SO_PEERCRED", cerr)
 	}
 	return int(cred.Pid), int(cred.Uid), int(cred.Gid), nil
+}
+
+// ReceivedFiles makes files, each named name, of the descriptors that the control messages
+// oob of one received message carried (SCM_RIGHTS). It returns every file it made also with
+// an error (a malformed message), so that the caller can close them all.
+func ReceivedFiles(oob []byte, name string) ([]*os.File, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	var files []*os.File
+	for _, m := range msgs {
+		fds, perr := unix.ParseUnixRights(&m)
+		if perr != nil {
+			err = errors.Join(err, perr)
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), name))
+		}
+	}
+	return files, err
 }

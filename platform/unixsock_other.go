@@ -15,4 +15,5 @@ func ListenUnix(path string, perm os.FileMode) (*os.File, error) { return nil, E
 func DialUnixNoFollow(ctx context.Context, path string) (net.Conn, error) {
 	return nil, ErrUnsupported
 }
-func PeerCred(conn net.Conn) (pid, uid, gid int, err error) { return 0, 0, 0, ErrUnsupported }
+func PeerCred(conn net.Conn) (pid, uid, gid int, err error)     { return 0, 0, 0, ErrUnsupported }
+func ReceivedFiles(oob []byte, name string) ([]*os.File, error) { return nil, ErrUnsupported }

@@ -104,18 +104,7 @@ func receiveConfig(v any) ([]*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read configuration: %w", err)
 	}
-	var files []*os.File
-	msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			perr = errors.Join(perr, err)
-			continue
-		}
-		for _, fd := range fds {
-			files = append(files, os.NewFile(uintptr(fd), "mount"))
-		}
-	}
+	files, perr := platform.ReceivedFiles(oob[:oobn], "mount")
 	fail := func(err error) ([]*os.File, error) {
 		for _, f := range files {
 			f.Close()
