@@ -131,7 +131,7 @@ func New(cfg Config) (*Runtime, error) {
 // checker that made the same runtime must not take the server's socket). failed is told of
 // each hand-off refused.
 func (r *Runtime) ServeReleases(failed func(error)) (stop func(), err error) {
-	if r.cfg.ReleaseSocket == "" || !filepath.IsAbs(r.cfg.ReleaseSocket) {
+	if !filepath.IsAbs(r.cfg.ReleaseSocket) {
 		return nil, fmt.Errorf("namespace runtime: the release socket %q is no absolute path", r.cfg.ReleaseSocket)
 	}
 	f, err := platform.ListenUnix(r.cfg.ReleaseSocket, 0o600)

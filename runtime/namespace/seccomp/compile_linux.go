@@ -334,11 +334,10 @@ func (a *assembler) search(segs []segment) {
 // condition going on to the next rule, and def after the last.
 func (a *assembler) chain(rules []rule, def uint32) error {
 	for _, r := range rules {
-		var body []insn
+		retAt := 0 // the conditions' length
 		for _, c := range r.conds {
-			body = append(body, c...)
+			retAt += len(c)
 		}
-		retAt := len(body)
 		failAt := retAt + 1 // the next rule's first instruction
 		if failAt > 255 {
 			return fmt.Errorf("a rule of %d instructions is too long", failAt)

@@ -44,8 +44,8 @@ import (
 // the same lock before it attaches the image again, and a capture of the stopped sandbox
 // before it mounts it: two superblocks on one image at a time would corrupt it. Nothing
 // needs recording: a flock belongs to its open file, so it ends with its holder whatever
-// happens to it (sandboxd or a releaser killed still releases, in its exit), and a crash of the host ends the
-// release with everything else.
+// happens to it (sandboxd or a releaser killed still releases, in its exit), and a crash of
+// the host ends the release with everything else.
 
 // Fds of the releaser.
 const (
@@ -94,7 +94,7 @@ func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
 // leases are not served, by the backing files of all loop devices, a read of a file per
 // device (the image's path as the device reports it).
 func waitDetached(f *os.File, deadline time.Time, waiting func()) error {
-	held := func() (bool, error) {
+	writing := func() (bool, error) {
 		if open, err := platform.OpenForWriting(f); err == nil {
 			return open, nil
 		}
@@ -110,7 +110,7 @@ func waitDetached(f *os.File, deadline time.Time, waiting func()) error {
 		return false, nil
 	}
 	free, err := platform.Poll(time.Until(deadline), 20*time.Millisecond, waiting, func() (bool, error) {
-		open, err := held()
+		open, err := writing()
 		return !open, err
 	})
 	if err == nil && !free {
@@ -221,9 +221,9 @@ const (
 const handOffWait = time.Second
 
 // handOff gives what h holds to the sandboxd at socket, with report (the shim's stderr, the
-// sandbox's log) for the release's report. Once the message is sent the
-// descriptors are sandboxd's, in flight or received: if it dies before it takes them, they
-// close with its socket, as with a releaser killed before its close.
+// sandbox's log) for the release's report. Once the message is sent the descriptors are
+// sandboxd's, in flight or received: if it dies before it takes them, they close with its
+// socket, as with a releaser killed before its close.
 func (h *held) handOff(socket string, report *os.File) error {
 	ctx, cancel := context.WithTimeout(context.Background(), handOffWait)
 	defer cancel()
@@ -305,19 +305,7 @@ func takeHandOff(conn *net.UnixConn) (held, *os.File, error) {
 	buf := make([]byte, 2)
 	oob := make([]byte, unix.CmsgSpace(4*4)) // room for one more than a hand-off has
 	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
-	var files []*os.File
-	msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			perr = errors.Join(perr, err)
-			continue
-		}
-		for _, fd := range fds {
-			unix.CloseOnExec(fd)
-			files = append(files, os.NewFile(uintptr(fd), "released"))
-		}
-	}
+	files, perr := platform.ReceivedFiles(oob[:oobn], "released") // close-on-exec: net passes MSG_CMSG_CLOEXEC
 	want := 1
 	if n == 1 {
 		want += bits.OnesCount8(buf[0] & (handOffRoot | handOffDiskLock))
@@ -350,12 +338,10 @@ func (h *held) releaseAndReport(report io.Writer) {
 	start := time.Now()
 	if h.root != nil {
 		h.root.Close()
+		h.root = nil
 	}
 	took := time.Since(start)
-	if h.diskLock != nil {
-		h.diskLock.Close()
-	}
-	*h = held{}
+	h.close() // the lock
 	fmt.Fprintf(report, "%s sandboxd releaser: released the sandbox's root in %v\n", time.Now().UTC().Format(time.RFC3339Nano), took.Round(time.Microsecond))
 }
 
