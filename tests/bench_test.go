@@ -32,12 +32,7 @@ func benchDaemon(b *testing.B) *daemon {
 	d := startDaemon(b, withArgs("--log-level", "info"))
 	// The microvm runtime's probe boots a guest right after the start, seconds of both CPUs
 	// under emulation: figures taken beside it measure the probe as much as the server.
-	waitFor(b, vmDeadline, "the runtimes' probes", func() bool {
-		info := decode[struct {
-			Runtimes []runtimeStatusJSON `json:"runtimes"`
-		}](b, d.do("GET", "/v1/info", nil, nil), 200)
-		return !slices.ContainsFunc(info.Runtimes, func(r runtimeStatusJSON) bool { return r.State == "probing" })
-	})
+	waitFor(b, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(b, d).State != "probing" })
 	return d
 }
 

@@ -676,9 +676,9 @@ func chaosKillRuntime(t *testing.T, rt *namespace.Runtime, root string, role run
 // second for one to run: a release lasts milliseconds, and the clients stop sandboxes all the
 // time. Releasers run only for shims that end while sandboxd does not answer on its release
 // socket (at a restart): sandboxd takes the others, and a sandboxd killed with releases in
-// hand is this suite's server kill. It reports whether it killed one. A killed releaser still releases, in its exit, and
-// its disk's lock ends with it: the next start of the sandbox must not wait out the lock's
-// bound, and nothing may be left for the check.
+// hand is this suite's server kill. It reports whether it killed one. A killed releaser
+// still releases, in its exit, and its disk's lock ends with it: the next start of the
+// sandbox must not wait out the lock's bound, and nothing may be left for the check.
 func chaosKillReleaser(root string, rng *rand.Rand) bool {
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
 		var pick []platform.ProcessID

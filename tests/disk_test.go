@@ -212,6 +212,21 @@ func TestDiskOfItsOwn(t *testing.T) {
 	}
 }
 
+// What a sandbox's log says of its release: the report, whoever released, and the shim's
+// line when it had to start a releaser process.
+const (
+	releasedLine    = " sandboxd releaser: released the sandbox's root in "
+	releaserStarted = "a releaser takes it"
+)
+
+// startDiskSandbox creates and starts the sandbox id on d with a 64 MiB disk of its own,
+// disposed of when the test ends.
+func startDiskSandbox(t *testing.T, d *daemon, id string) {
+	t.Helper()
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": id, "start": true, "resources": map[string]any{"disk_mb": 64}})
+	t.Cleanup(func() { d.dispose(id) })
+}
+
 // TestDiskReleasedBehindTheStop: a stop does not wait for the kernel to shut the sandbox's
 // root and disk down. The shim hands that to sandboxd once it has reported the end, so the
 // release's report comes after the outcome's time; the disk's loop device then goes. The
@@ -223,8 +238,7 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 	requireLoopDevices(t)
 	t.Parallel()
 	d := startDaemon(t)
-	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "rel", "start": true, "resources": map[string]any{"disk_mb": 64}})
-	t.Cleanup(func() { d.dispose("rel") })
+	startDiskSandbox(t, d, "rel")
 	// Data left unwritten, for the release to write back.
 	sum := d.exec("rel", map[string]any{"command": []string{"sh", "-c", "head -c 16777216 /dev/urandom > /home/user/data && md5sum /home/user/data"}})
 	if sum.ExitCode != 0 || len(sum.Stdout) < 32 {
@@ -239,7 +253,6 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 		t.Fatalf("the stop's answer has no last_exit.at (%v)", err)
 	}
 	logPath := filepath.Join(d.Root, "sandboxes", "rel", "sandbox.log")
-	const releasedLine = " sandboxd releaser: released the sandbox's root in "
 	var releasedAt time.Time
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -264,7 +277,7 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 		t.Fatalf("the release ended at %v, before the launch's end was reported (%v)", releasedAt, stopped.LastExit.At)
 	}
 	// sandboxd took the release: the shim started no releaser.
-	if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "a releaser takes it") {
+	if b, _ := os.ReadFile(logPath); strings.Contains(string(b), releaserStarted) {
 		t.Fatalf("the shim did not hand the release to sandboxd:\n%s", b)
 	}
 	waitFor(t, 20*time.Second, "rel's loop device to be released", func() bool { return d.attachedImages()["rel"] == 0 })
@@ -324,8 +337,7 @@ func TestReleaseWithoutSandboxd(t *testing.T) {
 	requireLoopDevices(t)
 	t.Parallel()
 	d := startDaemon(t)
-	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "orphan", "start": true, "resources": map[string]any{"disk_mb": 64}})
-	t.Cleanup(func() { d.dispose("orphan") })
+	startDiskSandbox(t, d, "orphan")
 	if got := d.exec("orphan", map[string]any{"command": []string{"sh", "-c", "echo kept > /home/user/f"}}); got.ExitCode != 0 {
 		t.Fatalf("write: %+v", got)
 	}
@@ -353,7 +365,7 @@ func TestReleaseWithoutSandboxd(t *testing.T) {
 	logPath := filepath.Join(d.Root, "sandboxes", "orphan", "sandbox.log")
 	waitFor(t, 30*time.Second, "a releaser's report in orphan's log", func() bool {
 		b, _ := os.ReadFile(logPath)
-		return strings.Contains(string(b), "a releaser takes it") && strings.Contains(string(b), " sandboxd releaser: released the sandbox's root in ")
+		return strings.Contains(string(b), releaserStarted) && strings.Contains(string(b), releasedLine)
 	})
 	d.start()
 	waitFor(t, 30*time.Second, "orphan to read as stopped", func() bool {
