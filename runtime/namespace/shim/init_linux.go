@@ -290,6 +290,11 @@ func agentStageMain() int {
 // runAgent runs the agent in this process, the sandbox's PID 1, accepting on the control
 // socket that the shim made (fd 5).
 func runAgent(cfg agentConfig) error {
+	// The set-up is over: privileges, no_new_privs and the filter are every thread's now, and
+	// the parent-death signal stays with the main thread, which Go never ends. A main
+	// goroutine locked to its thread would cost the agent a hand-off of the scheduler at
+	// every wait of its own.
+	runtime.UnlockOSThread()
 	unix.CloseOnExec(fdLifeline)
 	var workloadTasks, agentTasks *os.File
 	if cfg.WorkloadPids {
