@@ -81,10 +81,12 @@
 //
 //   - / is a nodev, nosuid overlay on <dir>/rootfs. Its lowers are, top first, Spec.Lowers
 //     (template generations) and then Spec.ImageDir, or, for the built-in host image
-//     (ImageDir ""), <dir>/hostfiles (the sandbox's /etc/hostname and /etc/hosts) over the
-//     host base layer. Its upper and work directories are <dir>/upper and <dir>/work, or, with
-//     a disk of its own (Spec.DiskMB), the same names on an ext4 image <dir>/disk.img that
-//     Start makes and the shim loop-mounts as a detached mount, at no path.
+//     (ImageDir ""), the sandbox's /etc/hostname and /etc/hosts, on a small detached tmpfs
+//     that the shim makes at every start, over the host base layer. Its upper and work
+//     directories are <dir>/upper and <dir>/work, or, with a disk of its own (Spec.DiskMB),
+//     the same names on an ext4 image <dir>/disk.img that Start makes and the shim
+//     loop-mounts as a detached mount, at no path (the state directory then has no upper
+//     and work).
 //   - The host base layer holds the directory skeleton, the host's merged-usr links and a
 //     generated /etc (passwd, group, nsswitch.conf, resolv.conf, and public host files such
 //     as os-release and ld.so.cache). It holds nothing of any sandbox, so one copy is shared

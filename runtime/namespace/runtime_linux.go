@@ -493,17 +493,29 @@ func checkLayers(spec runtime.Spec) error {
 // removes what an earlier run left that would get in the way, and prepares the sandbox's
 // own disk if it has one.
 func (r *Runtime) prepareStateDir(ctx context.Context, spec runtime.Spec) error {
-	for _, e := range []struct {
+	type entry struct {
 		name string
 		perm os.FileMode
-	}{{shim.EntryControl, 0o700}, {shim.EntryUpper, 0o755}, {shim.EntryWork, 0o700}, {shim.EntryRootfs, 0o700}} {
+	}
+	dirs := []entry{{shim.EntryControl, 0o700}, {shim.EntryRootfs, 0o700}}
+	if spec.DiskMB == 0 {
+		// With a disk of its own, the writable layer is on the disk: the state directory's
+		// would be two more inodes made and removed with every sandbox, and never used.
+		dirs = append(dirs, entry{shim.EntryUpper, 0o755}, entry{shim.EntryWork, 0o700})
+	}
+	for _, e := range dirs {
 		if err := platform.EnsureDir(spec.Dir, e.name, e.perm); err != nil {
 			return err
 		}
 	}
+	// Garbage of earlier versions: a base layer of the sandbox's own, made before the base
+	// was shared, and the host files' layer, on a tmpfs of the shim's now.
+	garbage := []string{shim.EntryHostFiles}
 	if spec.ImageDir == "" && spec.HostBase != "" {
-		// A base layer of the sandbox's own, made before the base was shared, is garbage.
-		if err := os.RemoveAll(filepath.Join(spec.Dir, shim.EntryBase)); err != nil {
+		garbage = append(garbage, shim.EntryBase)
+	}
+	for _, name := range garbage {
+		if err := os.RemoveAll(filepath.Join(spec.Dir, name)); err != nil {
 			return err
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/platform"
 	"github.com/sandboxd/sandboxd/runtime"
 )
@@ -22,7 +24,7 @@ const hostBaseFormat = "host-base 3"
 
 // hostBase is the lowest layer of the host image: the directory skeleton, the merged-usr
 // links, and a generated /etc, made from what the host has. It holds nothing of any sandbox
-// (each one's /etc/hostname and /etc/hosts are a layer of their own, see writeHostFiles) and
+// (each one's /etc/hostname and /etc/hosts are a layer of their own, see hostFilesLayer) and
 // nothing secret, so one copy serves every sandbox of a state root: it is built once, in a
 // directory named by a hash of its content, and shared read-only as an overlay lower layer.
 // (Built per sandbox, it cost some 40 inodes made and removed per sandbox, and on a busy
@@ -215,8 +217,7 @@ func (h *hostBase) write(base string) error {
 }
 
 // hostBaseFor finds (and makes, if need be) the host base layer for spec, under
-// spec.HostBase (or the sandbox's own directory), and writes the sandbox's own host files; it
-// returns the layer's directory.
+// spec.HostBase (or the sandbox's own directory); it returns the layer's directory.
 func hostBaseFor(spec *runtime.Spec) (string, error) {
 	hb, err := readHostBase()
 	if err != nil {
@@ -226,34 +227,51 @@ func hostBaseFor(spec *runtime.Spec) (string, error) {
 	if parent == "" {
 		parent = filepath.Join(spec.Dir, EntryBase)
 	}
-	dir, err := hb.ensure(parent)
-	if err != nil {
-		return "", err
-	}
-	return dir, writeHostFiles(filepath.Join(spec.Dir, EntryHostFiles), spec.Hostname)
+	return hb.ensure(parent)
 }
 
-// writeHostFiles writes the sandbox's own /etc/hostname and /etc/hosts into dir (the
-// sandbox's EntryHostFiles layer, which lies right above the shared base: a template
-// generation's files, whiteouts included, and the sandbox's own changes come above it, as
-// when these files were part of a base layer of each sandbox). A file already as wanted is
-// left alone, so a restart writes nothing. Nothing is synced: the files are remade from the
-// host name whenever they are not as wanted, a crash's leftovers included.
-func writeHostFiles(dir, hostname string) error {
-	want := map[string]string{
-		"hostname": hostname + "\n",
-		"hosts":    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n",
+// hostFilesLayer makes the sandbox's own /etc/hostname and /etc/hosts, the layer right above
+// the shared base (a template generation's files, whiteouts included, and the sandbox's own
+// changes come above it, as when these files were part of a base layer of each sandbox), on
+// a small tmpfs of its own, detached: nothing of it is on a disk. Remade at every start from
+// the host name, it needs no sync and leaves nothing behind a crash. (It was a directory of
+// the state directory, hostfiles/, whose four inodes made and removed with every sandbox fed
+// ext4's scan past recently deleted inodes: see docs/design-notes.md.)
+func hostFilesLayer(hostname string) (*os.File, error) {
+	m, err := platform.NewMount("tmpfs", "hostfiles", "size=64k,nr_inodes=16,mode=0755",
+		unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("the host files' layer: %w", err)
 	}
-	etc := filepath.Join(dir, "etc")
-	if err := os.MkdirAll(etc, 0o755); err != nil {
+	if err := writeHostFiles(m, hostname); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("the host files' layer: %w", err)
+	}
+	return m, nil
+}
+
+// writeHostFiles writes etc/hostname and etc/hosts into the fresh file system whose root is
+// m. Only the shim has seen it, so no name in it can be a link.
+func writeHostFiles(m *os.File, hostname string) error {
+	if err := unix.Mkdirat(int(m.Fd()), "etc", 0o755); err != nil {
 		return err
 	}
-	for _, name := range []string{"hostname", "hosts"} {
-		p := filepath.Join(etc, name)
-		if b, err := os.ReadFile(p); err == nil && string(b) == want[name] {
-			continue
+	etc, err := platform.OpenDirAt(m, "etc")
+	if err != nil {
+		return err
+	}
+	defer etc.Close()
+	for _, f := range []struct{ name, content string }{
+		{"hostname", hostname + "\n"},
+		{"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"},
+	} {
+		fd, err := unix.Openat(int(etc.Fd()), f.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return err
 		}
-		if err := os.WriteFile(p, []byte(want[name]), 0o644); err != nil {
+		_, err = unix.Write(fd, []byte(f.content))
+		unix.Close(fd)
+		if err != nil {
 			return err
 		}
 	}

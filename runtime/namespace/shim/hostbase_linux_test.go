@@ -3,16 +3,18 @@
 package shim
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestHostBaseShared: concurrent starts make the shared base layer once, under one name,
-// leaving no temporary directory; other host content makes another name; a sandbox's own
-// host files are written once and left alone when they are as wanted.
+// leaving no temporary directory; other host content makes another name.
 func TestHostBaseShared(t *testing.T) {
 	needRoot(t) // the layer's home/user belongs to the workload user
 	parent := filepath.Join(t.TempDir(), "host")
@@ -69,30 +71,38 @@ func TestHostBaseShared(t *testing.T) {
 		t.Fatal("other host content has the same layer name")
 	}
 
-	own := filepath.Join(t.TempDir(), EntryHostFiles)
-	if err := writeHostFiles(own, "box"); err != nil {
+}
+
+// TestHostFilesLayer: a sandbox's own /etc/hostname and /etc/hosts are made on a tmpfs of
+// their own, with the modes a base layer's files have, and nothing on the state directory's
+// disk.
+func TestHostFilesLayer(t *testing.T) {
+	needRoot(t)
+	m, err := hostFilesLayer("box")
+	if err != nil {
 		t.Fatal(err)
 	}
-	hosts := filepath.Join(own, "etc", "hosts")
-	b, err := os.ReadFile(hosts)
-	if err != nil || string(b) != "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tbox\n" {
-		t.Fatalf("hosts %q %v", b, err)
+	defer m.Close()
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(m.Fd()), &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		t.Fatalf("the layer's file system is %#x (%v), not a tmpfs", fs.Type, err)
 	}
-	old := time.Unix(1, 0)
-	if err := os.Chtimes(hosts, old, old); err != nil {
-		t.Fatal(err)
+	root := fmt.Sprintf("/proc/self/fd/%d", m.Fd())
+	for name, want := range map[string]string{
+		"hostname": "box\n",
+		"hosts":    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tbox\n",
+	} {
+		p := filepath.Join(root, "etc", name)
+		b, err := os.ReadFile(p)
+		if err != nil || string(b) != want {
+			t.Fatalf("%s %q %v", name, b, err)
+		}
+		if fi, err := os.Lstat(p); err != nil || fi.Mode() != 0o644 {
+			t.Fatalf("%s: %v %v", name, fi.Mode(), err)
+		}
 	}
-	if err := writeHostFiles(own, "box"); err != nil {
-		t.Fatal(err)
-	}
-	if fi, err := os.Stat(hosts); err != nil || !fi.ModTime().Equal(old) {
-		t.Fatalf("a second start rewrote hosts: %v %v", fi, err)
-	}
-	if err := writeHostFiles(own, "renamed"); err != nil {
-		t.Fatal(err)
-	}
-	if b, err := os.ReadFile(filepath.Join(own, "etc", "hostname")); err != nil || string(b) != "renamed\n" {
-		t.Fatalf("hostname after a new name %q %v", b, err)
+	if fi, err := os.Lstat(filepath.Join(root, "etc")); err != nil || fi.Mode() != os.ModeDir|0o755 {
+		t.Fatalf("etc: %v %v", fi, err)
 	}
 }
 

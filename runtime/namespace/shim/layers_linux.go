@@ -225,22 +225,32 @@ func (l *layers) Close() {
 }
 
 func openLayers(spec *shimSpec, userns *os.File) (*layers, error) {
-	paths := append([]string{}, spec.Lowers...)
-	if spec.ImageDir != "" {
-		paths = append(paths, spec.ImageDir)
-	} else {
-		// The shim has made the host image's base layer (see runShim).
-		paths = append(paths, filepath.Join(spec.Dir, EntryHostFiles), spec.BaseDir)
-	}
 	l := &layers{}
-	for _, p := range paths {
-		f, err := platform.CloneMount(nil, p, false)
+	add := func(f *os.File, err error) error {
 		if err == nil {
 			l.lowers = append(l.lowers, f)
 			err = idmap(f, userns)
 		}
 		if err != nil {
 			l.Close()
+		}
+		return err
+	}
+	for _, p := range spec.Lowers {
+		if err := add(platform.CloneMount(nil, p, false)); err != nil {
+			return nil, err
+		}
+	}
+	if spec.ImageDir != "" {
+		if err := add(platform.CloneMount(nil, spec.ImageDir, false)); err != nil {
+			return nil, err
+		}
+	} else {
+		// The shim has made the host image's base layer (see runShim).
+		if err := add(hostFilesLayer(spec.Hostname)); err != nil {
+			return nil, err
+		}
+		if err := add(platform.CloneMount(nil, spec.BaseDir, false)); err != nil {
 			return nil, err
 		}
 	}

@@ -28,8 +28,9 @@ const (
 	EntryWork    = "work"   // the overlay's work directory
 	EntryRootfs  = "rootfs" // the overlay's mount point (in the sandbox's mount namespace)
 	EntryBase    = "base"   // the host image's base layer when it is not shared (Spec.HostBase "")
-	// EntryHostFiles is the sandbox's own /etc/hostname and /etc/hosts, a layer right above
-	// the host image's shared base.
+	// EntryHostFiles held the sandbox's own /etc/hostname and /etc/hosts, a layer right
+	// above the host image's shared base, which the shim now makes on a tmpfs of its own;
+	// a state directory of an earlier version may hold it, which a start removes.
 	EntryHostFiles = "hostfiles"
 	EntryLog       = "sandbox.log" // the shim's and the init's output
 	// With a disk of its own (Spec.DiskMB), the sandbox's writable layer (upper and work)
