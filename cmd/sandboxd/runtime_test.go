@@ -129,3 +129,30 @@ func TestPruneRuntimes(t *testing.T) {
 		t.Fatalf("left after pruning:\n %v\nwant\n %v", left, want)
 	}
 }
+
+// TestRuntimeBuiltWithCgo: a runtime binary built with cgo is told from one built without,
+// and a file that is no Go binary says nothing.
+func TestRuntimeBuiltWithCgo(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no C compiler: cgo cannot be enabled here")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "main.go")
+	if err := os.WriteFile(src, []byte("package main\n\nimport \"net\"\n\nfunc main() { _, _ = net.Listen(\"tcp\", \"\") }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cgo := range []string{"0", "1"} {
+		out := filepath.Join(dir, "runtime-cgo-"+cgo)
+		build := exec.Command("go", "build", "-o", out, src)
+		build.Env = append(os.Environ(), "CGO_ENABLED="+cgo)
+		if b, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build with CGO_ENABLED=%s: %v\n%s", cgo, err, b)
+		}
+		if got := runtimeBuiltWithCgo(out); got != (cgo == "1") {
+			t.Errorf("runtimeBuiltWithCgo of a CGO_ENABLED=%s build = %v", cgo, got)
+		}
+	}
+	if runtimeBuiltWithCgo(src) {
+		t.Error("a source file was taken for a cgo build")
+	}
+}
