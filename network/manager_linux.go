@@ -427,13 +427,20 @@ func (m *Manager) Teardown(id string) error {
 // Recorded lists, sorted, the sandboxes that have an allocation record: those whose network
 // was set up and not yet torn down whole, by this process or any earlier one. Whether each
 // still runs is the caller's to judge, under the sandbox's lifecycle lock, before it calls
-// [Manager.Teardown] for one that does not.
+// [Manager.Teardown] for one that does not. What an interrupted record write left, a
+// temporary file that a crash kept from its rename, goes: its allocation was never made, and
+// this process's own writes wait for the manager's lock, which Recorded holds.
 func (m *Manager) Recorded() ([]string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	recs, _, err := readRecords(m.cfg.Dir)
+	recs, others, err := readRecords(m.cfg.Dir)
 	if err != nil {
 		return nil, err
+	}
+	for _, name := range others {
+		if err := removeOther(m.cfg.Dir, name); err != nil {
+			return nil, fmt.Errorf("network: remove an interrupted record write: %w", err)
+		}
 	}
 	ids := make([]string, 0, len(recs))
 	for id := range recs {

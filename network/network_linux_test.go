@@ -3,6 +3,7 @@
 package network
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -242,6 +243,30 @@ func TestLeftoversAndRepair(t *testing.T) {
 		t.Fatalf("the live sandbox's interface is gone: %v", err)
 	}
 	must(t, w.m.Teardown("live"))
+	w.assertClean(t)
+}
+
+// TestRecordedRemovesInterruptedWrites: the start-up's listing of the records removes what
+// an interrupted record write left (a SIGKILL between the temporary file and its rename),
+// which no repair would otherwise take away, and lists the records as they are.
+func TestRecordedRemovesInterruptedWrites(t *testing.T) {
+	w := newWorld(t)
+	w.sandbox(t, "kept", Policy{Internet: true})
+	tmp := filepath.Join(w.dir, ".cut.json.0123456789abcdef.tmp")
+	must(t, os.WriteFile(tmp, []byte("{"), 0o600))
+	m2, err := New(Config{Dir: w.dir, HostNS: w.host, Upstream: w.m.cfg.Upstream, Uplink: "up0", Log: quiet})
+	must(t, err)
+	ids, err := m2.Recorded()
+	if err != nil || !slices.Equal(ids, []string{"kept"}) {
+		t.Fatalf("Recorded = %v, %v; want [kept]", ids, err)
+	}
+	if _, err := os.Lstat(tmp); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the interrupted write is still there: %v", err)
+	}
+	if l, err := m2.Leftovers(func(id string) bool { return id == "kept" }); err != nil || len(l.Temp) != 0 {
+		t.Fatalf("Leftovers after Recorded: %s%v", l, err)
+	}
+	must(t, w.m.Teardown("kept"))
 	w.assertClean(t)
 }
 
