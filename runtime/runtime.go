@@ -335,3 +335,9 @@ func CleanupCheck(kind, sandboxID, dir string, id platform.ProcessID) error {
 	spec := Spec{ID: sandboxID, Dir: dir, Capability: []byte{1}, LaunchID: "cleanup"}
 	return spec.Validate()
 }
+
+// EtcHosts is a sandbox's /etc/hosts for its host name: localhost on the loopback addresses,
+// and the host name on 127.0.1.1, as Debian has it, so that it resolves without a network.
+func EtcHosts(hostname string) string {
+	return "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"
+}

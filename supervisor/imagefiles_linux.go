@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/platform"
+	"github.com/sandboxd/sandboxd/runtime"
 )
 
 // ImageFilesName is the layer of files sandboxd adds to a sandbox on an OCI image, in its
@@ -58,7 +59,7 @@ func writeImageFiles(dir string, layers []string, cfg ImageConfig, hostname stri
 	}
 	files := map[string]string{
 		"hostname": hostname + "\n",
-		"hosts":    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n",
+		"hosts":    runtime.EtcHosts(hostname),
 		// The sandbox has no network but loopback; a resolver that points nowhere fails fast.
 		"resolv.conf": "nameserver 127.0.0.1\n",
 	}
