@@ -251,9 +251,9 @@ func hostFilesLayer(hostname string) (*os.File, error) {
 }
 
 // writeHostFiles writes etc/hostname and etc/hosts into the fresh file system whose root is
-// m. Only the shim has seen it, so no name in it can be a link.
+// m.
 func writeHostFiles(m *os.File, hostname string) error {
-	if err := unix.Mkdirat(int(m.Fd()), "etc", 0o755); err != nil {
+	if err := platform.MkdirAt(m, "etc", 0o755); err != nil {
 		return err
 	}
 	etc, err := platform.OpenDirAt(m, "etc")
@@ -263,14 +263,16 @@ func writeHostFiles(m *os.File, hostname string) error {
 	defer etc.Close()
 	for _, f := range []struct{ name, content string }{
 		{"hostname", hostname + "\n"},
-		{"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"},
+		{"hosts", runtime.EtcHosts(hostname)},
 	} {
-		fd, err := unix.Openat(int(etc.Fd()), f.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		w, err := platform.OpenFileAt(etc, f.name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
 			return err
 		}
-		_, err = unix.Write(fd, []byte(f.content))
-		unix.Close(fd)
+		_, err = w.WriteString(f.content)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
 		if err != nil {
 			return err
 		}

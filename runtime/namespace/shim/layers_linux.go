@@ -226,50 +226,51 @@ func (l *layers) Close() {
 
 func openLayers(spec *shimSpec, userns *os.File) (*layers, error) {
 	l := &layers{}
-	add := func(f *os.File, err error) error {
-		if err == nil {
-			l.lowers = append(l.lowers, f)
-			err = idmap(f, userns)
-		}
+	if err := l.open(spec, userns); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// open opens the lowers, top first, then the upper and work directories; on an error, what
+// it opened is in l for the caller to close.
+func (l *layers) open(spec *shimSpec, userns *os.File) error {
+	lower := func(f *os.File, err error) error {
 		if err != nil {
-			l.Close()
+			return err
 		}
-		return err
+		l.lowers = append(l.lowers, f)
+		return idmap(f, userns)
 	}
 	for _, p := range spec.Lowers {
-		if err := add(platform.CloneMount(nil, p, false)); err != nil {
-			return nil, err
-		}
-	}
-	if spec.ImageDir != "" {
-		if err := add(platform.CloneMount(nil, spec.ImageDir, false)); err != nil {
-			return nil, err
-		}
-	} else {
-		// The shim has made the host image's base layer (see runShim).
-		if err := add(hostFilesLayer(spec.Hostname)); err != nil {
-			return nil, err
-		}
-		if err := add(platform.CloneMount(nil, spec.BaseDir, false)); err != nil {
-			return nil, err
+		if err := lower(platform.CloneMount(nil, p, false)); err != nil {
+			return err
 		}
 	}
 	var err error
+	if spec.ImageDir != "" {
+		err = lower(platform.CloneMount(nil, spec.ImageDir, false))
+	} else if err = lower(hostFilesLayer(spec.Hostname)); err == nil {
+		// The shim has made the host image's base layer (see runShim).
+		err = lower(platform.CloneMount(nil, spec.BaseDir, false))
+	}
+	if err != nil {
+		return err
+	}
 	if spec.Disk {
 		l.upperMount, l.diskLock, err = openDiskLayer(spec.Dir, userns)
 	} else if l.upperMount, err = platform.CloneMount(nil, spec.Dir, false); err == nil {
 		err = idmap(l.upperMount, userns)
 	}
-	if err == nil {
-		if l.upper, err = platform.OpenDirAt(l.upperMount, EntryUpper); err == nil {
-			l.work, err = platform.OpenDirAt(l.upperMount, EntryWork)
-		}
-	}
 	if err != nil {
-		l.Close()
-		return nil, err
+		return err
 	}
-	return l, nil
+	if l.upper, err = platform.OpenDirAt(l.upperMount, EntryUpper); err != nil {
+		return err
+	}
+	l.work, err = platform.OpenDirAt(l.upperMount, EntryWork)
+	return err
 }
 
 // newOverlay makes the sandbox's overlay, detached, on the layers l.
