@@ -1,4 +1,4 @@
-# sandboxd in a container.
+# bothyd in a container.
 #
 # Privileges: the namespace runtime creates mount, pid, uts, ipc, network and cgroup namespaces,
 # mounts overlayfs, proc, tmpfs and devpts, writes per-sandbox cgroups and sets seccomp filters.
@@ -10,9 +10,9 @@
 # installed below. In practice:
 #
 #   docker run --privileged --cgroupns=host -p 127.0.0.1:7780:7780 \
-#     -v sandboxd-state:/var/lib/sandboxd -v /path/to/token:/run/secrets/sandboxd-token:ro sandboxd
+#     -v bothy-state:/var/lib/bothy -v /path/to/token:/run/secrets/bothy-token:ro bothyd
 #
-# Off loopback sandboxd refuses to start without a token, hence SANDBOXD_TOKEN_FILE below.
+# Off loopback bothyd refuses to start without a token, hence BOTHY_TOKEN_FILE below.
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
@@ -20,20 +20,20 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/sandboxd ./cmd/sandboxd \
- && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/sandboxd-runtime ./cmd/sandboxd-runtime \
- && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/sandboxctl ./cmd/sandboxctl
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/bothyd ./cmd/bothyd \
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/bothyd-runtime ./cmd/bothyd-runtime \
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/bothy ./cmd/bothy
 
 FROM debian:bookworm-slim
 # The host image of a sandbox is this container's /usr: install here what workloads should find.
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates procps e2fsprogs \
  && rm -rf /var/lib/apt/lists/*
-# sandboxd-runtime beside sandboxd: sandboxes start from the small binary.
-COPY --from=build /out/sandboxd /out/sandboxd-runtime /out/sandboxctl /usr/local/bin/
-ENV SANDBOXD_LISTEN=0.0.0.0:7780 \
-    SANDBOXD_ROOT=/var/lib/sandboxd \
-    SANDBOXD_TOKEN_FILE=/run/secrets/sandboxd-token
-VOLUME /var/lib/sandboxd
+# bothyd-runtime beside bothyd: sandboxes start from the small binary.
+COPY --from=build /out/bothyd /out/bothyd-runtime /out/bothy /usr/local/bin/
+ENV BOTHY_LISTEN=0.0.0.0:7780 \
+    BOTHY_ROOT=/var/lib/bothy \
+    BOTHY_TOKEN_FILE=/run/secrets/bothy-token
+VOLUME /var/lib/bothy
 EXPOSE 7780
-HEALTHCHECK --interval=10s --timeout=3s --start-period=5s CMD ["/usr/local/bin/sandboxd", "healthcheck"]
-ENTRYPOINT ["/usr/local/bin/sandboxd"]
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s CMD ["/usr/local/bin/bothyd", "healthcheck"]
+ENTRYPOINT ["/usr/local/bin/bothyd"]

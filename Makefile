@@ -5,12 +5,12 @@ GOLANGCI_LINT = github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
 all: build
 
-# sandboxd-runtime beside sandboxd makes sandbox starts faster (see cmd/sandboxd-runtime);
+# bothyd-runtime beside bothyd makes sandbox starts faster (see cmd/bothyd-runtime);
 # without cgo it also skips a re-exec in each sandbox's init.
 build:
-	go build -o bin/sandboxd ./cmd/sandboxd
-	go build -o bin/sandboxctl ./cmd/sandboxctl
-	CGO_ENABLED=0 go build -o bin/sandboxd-runtime ./cmd/sandboxd-runtime
+	go build -o bin/bothyd ./cmd/bothyd
+	go build -o bin/bothy ./cmd/bothy
+	CGO_ENABLED=0 go build -o bin/bothyd-runtime ./cmd/bothyd-runtime
 
 test:
 	scripts/test

@@ -1,4 +1,4 @@
-module github.com/sandboxd/sandboxd
+module github.com/bothy/bothy
 
 go 1.26.0
 

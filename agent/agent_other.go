@@ -8,7 +8,7 @@ import (
 )
 
 // The agent is PID 1 of a Linux sandbox; on other systems it has nothing to run in. The stub
-// keeps the rest of sandboxd building there.
+// keeps the rest of bothyd building there.
 var errUnsupported = errors.New("agent: the in-sandbox agent is supported on Linux only")
 
 // Run is unsupported on this OS.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 // BenchmarkExecTrue measures an exec round trip of `true` over a unix socket: open the stream,

@@ -76,7 +76,7 @@ type Config struct {
 }
 
 // Version is the agent version reported in hello.
-const Version = "sandboxd-agent/1"
+const Version = "bothy-agent/1"
 
 const (
 	defaultPath    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

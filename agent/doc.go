@@ -4,8 +4,8 @@
 // calls [Run] after it set up the root file system; tests call [RunContext] without namespaces.
 // It does not set up namespaces, mounts, cgroups, seccomp or no_new_privs: the runtime has
 // done all of that before the agent starts, so it applies to the agent and every workload.
-// It imports no host-side package of sandboxd: it runs inside the sandbox, from
-// sandboxd-runtime as well as sandboxd. It refuses to serve without a capability
+// It imports no host-side package of bothyd: it runs inside the sandbox, from
+// bothyd-runtime as well as bothyd. It refuses to serve without a capability
 // ([Config].Capability), which every control connection must present.
 //
 // # PID 1 duties
@@ -42,8 +42,8 @@
 // Output flows from the pipes (1 MiB where the kernel allows, or the pty) into the stream in
 // frames of 32 KiB, growing to 256 KiB while the workload keeps them full, and no faster than
 // the client reads: the workload blocks on a full pipe rather than the agent buffering. A
-// stdout pipe that sandboxd passed with the request (control.FeatureStdoutPipe) becomes the
-// workload's stdout as it is: the agent never reads it, and sandboxd does.
+// stdout pipe that bothyd passed with the request (control.FeatureStdoutPipe) becomes the
+// workload's stdout as it is: the agent never reads it, and bothyd does.
 // After the workload exits its output is drained until the pipes close or stay silent for
 // 100 ms, so a background process that inherited them does not hold the exec open.
 //

@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/platform"
 )
 
 // Exec implements control.Handler.
@@ -213,7 +213,7 @@ type workload struct {
 // workload.
 func (a *agent) UsesStdoutPipes() {}
 
-// setupIO makes the workload's stdio: a terminal, or pipes (stdoutPipe, passed by sandboxd,
+// setupIO makes the workload's stdio: a terminal, or pipes (stdoutPipe, passed by bothyd,
 // in place of one of ours when not nil).
 func (w *workload) setupIO(req *control.ExecRequest, stdoutPipe *os.File, attr *syscall.SysProcAttr) ([]*os.File, error) {
 	if w.tty {

@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
 )
 
 // run executes req and collects everything.

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 var _ control.FileMetaServer = (*agent)(nil)

@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
 )
 
 // wantName is the name the system's own lookup gives uid (or gid), else the number.

@@ -13,9 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
 )
 
 // asUser runs fn with the file-system identity of the request's user, so the kernel checks

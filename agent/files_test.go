@@ -15,8 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
 )
 
 func TestFilesRoundTrip(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 var testCapability = []byte("0123456789abcdef0123456789abcdef")

@@ -13,15 +13,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
 )
 
 // The tests of this file run the agent the way the sandbox's init does, through Run in a
 // process of its own that starts with the shim's umask 0, and attack it as a hostile root
 // inside the sandbox would.
 
-const runEnv = "SANDBOXD_AGENT_RUN_SOCKET"
+const runEnv = "BOTHY_AGENT_RUN_SOCKET"
 
 func TestRunHelper(t *testing.T) {
 	sock := os.Getenv(runEnv)

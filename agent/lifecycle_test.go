@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 func TestShutdown(t *testing.T) {
@@ -123,7 +123,7 @@ func TestHelloRefusesWrongCapability(t *testing.T) {
 // The subreaper test: the orphans of a workload reparent to the agent only when it is PID 1 or
 // a child subreaper, so a re-executed test binary plays that part.
 
-const helperEnv = "SANDBOXD_AGENT_SUBREAPER_SOCKET"
+const helperEnv = "BOTHY_AGENT_SUBREAPER_SOCKET"
 
 func TestSubreaperHelper(t *testing.T) {
 	sock := os.Getenv(helperEnv)

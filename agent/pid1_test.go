@@ -12,14 +12,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 // The PID 1 test runs the agent the way a sandbox does: as init of a new pid namespace, with
 // its own /proc, so that kill(-1), reaping every orphan and the stats of the whole namespace
 // are exercised for real.
 
-const pid1Env = "SANDBOXD_AGENT_PID1_SOCKET"
+const pid1Env = "BOTHY_AGENT_PID1_SOCKET"
 
 func TestPID1Helper(t *testing.T) {
 	sock := os.Getenv(pid1Env)

@@ -9,14 +9,14 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 var _ control.ProcessTracker = (*agent)(nil)
 
 // trackedTable holds the agent's tracked processes (control.FeatureProcs), by pid. They
 // belong to the agent, not to a control connection: a client that leaves, its connection's
-// end and a restart of sandboxd leave them running, and the next client finds them here.
+// end and a restart of bothyd leave them running, and the next client finds them here.
 type trackedTable struct {
 	mu    sync.Mutex
 	byPID map[int]*trackedProc

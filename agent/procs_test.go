@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 // readUntil reads p's output until it contains want, and returns all of it; the attachment

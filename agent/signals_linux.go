@@ -45,7 +45,7 @@ func ignoredSignals() []os.Signal {
 // few milliseconds in all here), once per process. A caller that waits for something before
 // it runs the agent, as the sandbox's init waits for its mounts, calls it in a goroutine
 // meanwhile; Run then finds the signals enabled. Until Run, they are caught and dropped: none
-// of them is one that sandboxd or the shim sends (TERM and KILL are left as they were).
+// of them is one that bothyd or the shim sends (TERM and KILL are left as they were).
 func PrepareSignals() {
 	signal.Notify(make(chan os.Signal, 1), ignoredSignals()...)
 }

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 var _ control.DirWatcher = (*agent)(nil)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 // events reads a watch's events in order across batches.

@@ -13,13 +13,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/image"
-	"github.com/sandboxd/sandboxd/store/template"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/image"
+	"github.com/bothy/bothy/store/template"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // The kinds of problem the checker reports besides the template store's own
@@ -45,7 +45,7 @@ const (
 	InterruptedResume     = "interrupted-resume"      // the live launch's processes are frozen, and no paused.json says so
 	StalePause            = "stale-pause-record"      // paused.json names a launch that is not running
 	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
-	IdleSpare             = "idle-spare"              // note: a spare that does not run, which sandboxd's next start-up deletes
+	IdleSpare             = "idle-spare"              // note: a spare that does not run, which bothyd's next start-up deletes
 	TrashNote             = "trash"                   // note: deleted sandboxes' entries not yet freed, which a server frees at once
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
@@ -392,7 +392,7 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	if recs.cfg != nil && recs.cfg.Spare {
 		p.spares++
 		if !s.alive {
-			p.note(IdleSpare, id, entry, "a spare that does not run; the next start-up of sandboxd deletes it")
+			p.note(IdleSpare, id, entry, "a spare that does not run; the next start-up of bothyd deletes it")
 		}
 	}
 	checkJournal(id, recs, entry, p)
@@ -401,11 +401,11 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 	}
 }
 
-// checkPrivate reports a state directory that is not private to sandboxd's user.
+// checkPrivate reports a state directory that is not private to bothyd's user.
 func checkPrivate(dir *os.File, id, entry string, p *pass) {
 	if fst, err := platform.StatOf(dir); err == nil {
 		if fst.UID != uint32(os.Geteuid()) || fst.Mode.Perm() != 0o700 {
-			p.add(BadDirectory, id, entry, "not private to sandboxd's user: owner %d, mode %v (want %d, 0700)", fst.UID, fst.Mode.Perm(), os.Geteuid())
+			p.add(BadDirectory, id, entry, "not private to bothyd's user: owner %d, mode %v (want %d, 0700)", fst.UID, fst.Mode.Perm(), os.Geteuid())
 		}
 	}
 }
@@ -503,13 +503,13 @@ func (c *checker) checkRuntimeRecord(s *sandboxState, rec *store.RuntimeRecord, 
 		p.add(UnmarkedProcess, s.id, re, "names live process %s, which is not this sandbox's runtime process", proc)
 	}
 	if want := c.identityOf(rec.RuntimeKind); rec.RuntimeID != want {
-		p.note(RuntimeMismatchNote, s.id, entry, "runs under runtime %s, not this sandboxd's %s; a forced stop ends it", rec.RuntimeID, want)
+		p.note(RuntimeMismatchNote, s.id, entry, "runs under runtime %s, not this bothyd's %s; a forced stop ends it", rec.RuntimeID, want)
 	}
 }
 
 // checkPause reports a pause record and a freezer state that disagree (a pause or resume
 // that a crash interrupted between its two steps, which the next transition on the sandbox
-// or the next start-up of sandboxd finishes), and a pause record of a launch that is not
+// or the next start-up of bothyd finishes), and a pause record of a launch that is not
 // running; it counts the paused sandboxes.
 func (c *checker) checkPause(s *sandboxState, entry string, p *pass) {
 	launch := ""
@@ -526,9 +526,9 @@ func (c *checker) checkPause(s *sandboxState, entry string, p *pass) {
 	case f.Recorded && f.Frozen:
 		p.paused++
 	case f.Recorded:
-		p.add(InterruptedPause, s.id, pe, "the sandbox is recorded paused but its processes are not frozen; the next transition on it, or sandboxd's start-up, freezes them")
+		p.add(InterruptedPause, s.id, pe, "the sandbox is recorded paused but its processes are not frozen; the next transition on it, or bothyd's start-up, freezes them")
 	case f.Frozen:
-		p.add(InterruptedResume, s.id, entry, "the sandbox's processes are frozen but no pause is recorded; the next transition on it, or sandboxd's start-up, thaws them")
+		p.add(InterruptedResume, s.id, entry, "the sandbox's processes are frozen but no pause is recorded; the next transition on it, or bothyd's start-up, thaws them")
 	}
 }
 

@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // TestDeclaredNamesMatchTheSupervisor: every name the checker knows the kind of is one that

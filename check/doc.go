@@ -1,10 +1,10 @@
-// Package check is sandboxd's consistency checker: it verifies a state root offline or beside
-// a running server, and with repair fixes what is safe to fix. cmd/sandboxd serves it as
-// `sandboxd check`.
+// Package check is bothyd's consistency checker: it verifies a state root offline or beside
+// a running server, and with repair fixes what is safe to fix. cmd/bothyd serves it as
+// `bothyd check`.
 //
 // It reads the sandbox store, the runtime's processes and host resources, the host's mounts,
 // and the template store, through their exported functions and the runtime.Runtime interface
-// (cmd/sandboxd gives it the runtime the server uses, configured as the server configures
+// (cmd/bothyd gives it the runtime the server uses, configured as the server configures
 // it); it keeps no rules of its own about what a state directory holds beyond what those
 // packages declare (store.OwnNames, supervisor.DeclaredEntries), and knows no concrete
 // runtime. It must never delete a sandbox,
@@ -14,7 +14,7 @@
 // # What is checked
 //
 //   - The sandboxes directory holds only state directories named by valid ids.
-//   - Each state directory is a directory (not a link), owned by sandboxd's user, mode 0700,
+//   - Each state directory is a directory (not a link), owned by bothyd's user, mode 0700,
 //     holding only the store's entries, the names declared to the store (by the supervisor
 //     and its runtime), the store's temp names and NFS's ".nfs*" names; records and declared
 //     files are regular files, declared directories are directories; config.json reads and

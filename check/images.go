@@ -7,8 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/sandboxd/sandboxd/store/image"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/store/image"
+	"github.com/bothy/bothy/store/template"
 )
 
 // The kinds of image problem the checker reports besides the image store's own

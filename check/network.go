@@ -4,10 +4,10 @@ import (
 	"context"
 	"path/filepath"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/network"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/network"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/store"
 )
 
 // LeakedNetwork is a network resource (an address record, an interface, an nftables object)

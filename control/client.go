@@ -15,10 +15,10 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
-// Client is sandboxd's side of a control connection. It is safe for concurrent use; every
+// Client is bothyd's side of a control connection. It is safe for concurrent use; every
 // operation runs on its own stream.
 type Client struct {
 	sess  *yamux.Session
@@ -494,7 +494,7 @@ type WriteRequest struct {
 func (c *Client) WriteFile(ctx context.Context, req WriteRequest, r io.Reader) (int64, error) {
 	if len(req.Metadata) > 0 && !slices.Contains(c.hello.Features, FeatureFileMeta) {
 		return 0, errcode.New(errcode.NotImplemented,
-			"The sandbox's agent (%s) stores no file metadata; restart the sandbox with this sandboxd.", c.hello.AgentVersion)
+			"The sandbox's agent (%s) stores no file metadata; restart the sandbox with this bothyd.", c.hello.AgentVersion)
 	}
 	st, fw, stop, err := c.open(ctx, Header{Op: OpWrite, File: &FileRequest{
 		Path: req.Path, User: req.User, Mode: uint32(req.Mode.Perm()), MakeParents: req.MakeParents, Metadata: req.Metadata}})

@@ -158,7 +158,7 @@ func watchClientUntil(ctx context.Context, st *yamux.Stream) (context.Context, f
 // service that ends its output reads as io.EOF.
 func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if !slices.Contains(c.hello.Features, FeatureDial) {
-		return nil, fmt.Errorf("control: the agent (%s) does not serve %s; restart the sandbox with this sandboxd", c.hello.AgentVersion, OpDial)
+		return nil, fmt.Errorf("control: the agent (%s) does not serve %s; restart the sandbox with this bothyd", c.hello.AgentVersion, OpDial)
 	}
 	req := &DialRequest{Port: port}
 	if err := req.Validate(); err != nil {

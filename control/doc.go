@@ -1,16 +1,16 @@
-// Package control is the control protocol between sandboxd and the agent inside a sandbox, both
-// ends of it: [Dial] and [Client] for sandboxd, [Serve] and [Handler] for the agent. It knows
+// Package control is the control protocol between bothyd and the agent inside a sandbox, both
+// ends of it: [Dial] and [Client] for bothyd, [Serve] and [Handler] for the agent. It knows
 // frames, streams and messages, and nothing of processes or files: the agent package does the
 // work behind Handler. Any io.ReadWriteCloser carries it (a microVM's virtio serial port as
 // well as a unix socket): it needs no unix-socket feature. One is used where both ends have it:
-// over a unix socket, sandboxd passes an exec's stdout pipe to the agent ([FeatureStdoutPipe]),
+// over a unix socket, bothyd passes an exec's stdout pipe to the agent ([FeatureStdoutPipe]),
 // and without it everything works the same, only with stdout in frames. It is shared by both
-// sides and imports no host-side package of sandboxd.
+// sides and imports no host-side package of bothyd.
 // docs/design.md says where it sits between the supervisor and the agent.
 //
 // # Session
 //
-// One connection carries one hashicorp/yamux session. The client (sandboxd) opens every
+// One connection carries one hashicorp/yamux session. The client (bothyd) opens every
 // stream; the agent never does. Each stream is one operation. Per-stream flow control is
 // yamux's window (1 MiB): a side that stops reading stops the other side's writes, so neither
 // end buffers more than a window per stream, however much a workload prints. Keepalives find
@@ -120,7 +120,7 @@
 // # Versions
 //
 // [ProtocolVersion] names this protocol exactly; there is no negotiation. It is part of a
-// sandbox's runtime identity, so a sandboxd never drives an agent of another version.
+// sandbox's runtime identity, so a bothyd never drives an agent of another version.
 // Unknown JSON fields are ignored, unknown frame types are not. Features announce operations
 // added without a new version (dial, [FeatureDial]): an agent announces those its Handler
 // serves, and a client uses such an operation only with an agent that announced it, so an

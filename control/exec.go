@@ -41,7 +41,7 @@ func (s *ExecStream) Stdin() io.Reader {
 // client is not reading: that is the flow control.
 func (s *ExecStream) Stdout() io.Writer { return &s.stdout }
 
-// StdoutPipe is the write end of the pipe sandboxd passed for the workload's stdout
+// StdoutPipe is the write end of the pipe bothyd passed for the workload's stdout
 // ([FeatureStdoutPipe]), or nil: stdout then goes to Stdout. The handler gives it to the
 // workload and may close it once the workload holds it; Serve closes it after Exec returned.
 func (s *ExecStream) StdoutPipe() *os.File { return s.stdoutPipe }

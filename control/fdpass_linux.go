@@ -24,8 +24,8 @@ import (
 // receiver holds it by the time it reads that message, unless more were queued than one write
 // carries (then it comes with a later write, and the receiver waits for it).
 //
-// Only sandboxd sends: a pipe it made, whose read end it keeps. The agent only receives, so
-// nothing a sandbox sends can put a descriptor into sandboxd.
+// Only bothyd sends: a pipe it made, whose read end it keeps. The agent only receives, so
+// nothing a sandbox sends can put a descriptor into bothyd.
 
 // maxRightsPerWrite is how many descriptors one write carries: the kernel's SCM_MAX_FD.
 const maxRightsPerWrite = 253
@@ -39,7 +39,7 @@ const maxUnclaimedFDs = 1024
 // not arrived (it is behind more than one write's worth of others).
 const claimWait = 5 * time.Second
 
-// fdSender is sandboxd's end of a control connection over a unix socket: it passes the
+// fdSender is bothyd's end of a control connection over a unix socket: it passes the
 // descriptors queued with send along with its writes.
 type fdSender struct {
 	*net.UnixConn
@@ -269,7 +269,7 @@ func newCondTimer(c *sync.Cond, d time.Duration) *condTimer {
 func (ct *condTimer) expired() bool { return ct.fired.Load() }
 func (ct *condTimer) stop()         { ct.t.Stop() }
 
-// senderConn wraps conn for passing descriptors when it is a unix socket (sandboxd's end);
+// senderConn wraps conn for passing descriptors when it is a unix socket (bothyd's end);
 // receiverConn does so for the agent's end. Over anything else they return conn as it is.
 func senderConn(conn io.ReadWriteCloser) (io.ReadWriteCloser, *fdSender) {
 	if uc, ok := conn.(*net.UnixConn); ok {

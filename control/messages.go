@@ -23,7 +23,7 @@ const (
 	FeatureStats    = "stats"
 )
 
-// RequiredFeatures are the features Dial insists on: sandboxd needs all of them to serve the
+// RequiredFeatures are the features Dial insists on: bothyd needs all of them to serve the
 // API, so an agent without one is not a usable sandbox.
 var RequiredFeatures = []string{FeatureExec, FeatureTTY, FeatureFiles, FeatureShutdown, FeatureStats}
 
@@ -171,7 +171,7 @@ type ExecRequest struct {
 	// writable by the sandbox's user unless the request asks for it.
 	Umask *uint32 `json:"umask,omitempty"`
 	// StdoutPipe, when not 0, is the number of a descriptor passed with the request
-	// ([FeatureStdoutPipe]): the write end of a pipe whose read end sandboxd holds. The
+	// ([FeatureStdoutPipe]): the write end of a pipe whose read end bothyd holds. The
 	// workload's stdout is that pipe, and no stdout frames come. Never with TTY.
 	StdoutPipe uint64 `json:"stdout_pipe,omitempty"`
 }

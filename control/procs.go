@@ -15,7 +15,7 @@ import (
 // FeatureProcs is announced by an agent whose Handler is also a [ProcessTracker]: it serves
 // the tracked-process operations. They are the E2B surface's process model (docs/e2b.md):
 // unlike exec, a tracked process belongs to the agent, not to the stream that started it, so
-// it outlives its client, the client's connection and a restart of sandboxd, and any number
+// it outlives its client, the client's connection and a restart of bothyd, and any number
 // of streams may attach to it at once.
 const FeatureProcs = "procs"
 
@@ -68,7 +68,7 @@ type ProcRequest struct {
 	// is 0.
 	Tag string `json:"tag,omitempty"`
 	// Client is data of the client's own, kept with the process and returned by proc-list
-	// (sandboxd keeps E2B's process config there).
+	// (bothyd keeps E2B's process config there).
 	Client []byte `json:"client,omitempty"`
 	// PID selects the process of attach and input.
 	PID int `json:"pid,omitempty"`
@@ -340,7 +340,7 @@ func (l *LocalExec) Signal(ctx context.Context, name string) error {
 
 func (c *Client) procsServed() error {
 	if !slices.Contains(c.hello.Features, FeatureProcs) {
-		return fmt.Errorf("control: the agent (%s) does not serve tracked processes; restart the sandbox with this sandboxd", c.hello.AgentVersion)
+		return fmt.Errorf("control: the agent (%s) does not serve tracked processes; restart the sandbox with this bothyd", c.hello.AgentVersion)
 	}
 	return nil
 }

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // An agent whose handler neither watches nor tracks processes announces neither feature, and

@@ -155,7 +155,7 @@ func serveHello(sess *yamux.Session, capability []byte, h Handler, fds *fdReceiv
 type server struct {
 	h    Handler
 	sess *yamux.Session
-	// fds receives the descriptors sandboxd passes; nil unless the connection is a unix
+	// fds receives the descriptors bothyd passes; nil unless the connection is a unix
 	// socket.
 	fds           *fdReceiver
 	shutdown      atomic.Bool

@@ -8,11 +8,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // FeatureStdoutPipe is announced by an agent that takes an exec's stdout as a pipe passed with
-// the request ([ExecRequest.StdoutPipe]), on a connection over a unix socket. sandboxd makes
+// the request ([ExecRequest.StdoutPipe]), on a connection over a unix socket. bothyd makes
 // the pipe, passes its write end and reads the workload's stdout straight from the read end:
 // the bulk of a stream skips the agent, yamux and the frames (two copies by the kernel and one
 // in each process fewer). Stderr, the exit and everything else still travel on the exec's

@@ -127,7 +127,7 @@ type DirWatch struct {
 // after Watch returned is reported. ctx bounds the start only; the watch lasts until Close.
 func (c *Client) Watch(ctx context.Context, req WatchRequest) (*DirWatch, error) {
 	if !slices.Contains(c.hello.Features, FeatureWatch) {
-		return nil, fmt.Errorf("control: the agent (%s) does not serve %s; restart the sandbox with this sandboxd", c.hello.AgentVersion, OpWatch)
+		return nil, fmt.Errorf("control: the agent (%s) does not serve %s; restart the sandbox with this bothyd", c.hello.AgentVersion, OpWatch)
 	}
 	if err := req.Validate(); err != nil {
 		return nil, asRemote(err).Err()

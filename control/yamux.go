@@ -28,7 +28,7 @@ const keepAlive = 15 * time.Second
 // yamuxConfig is the session configuration of both ends. Keepalives find a peer that went
 // away without closing the connection (a killed sandbox, a half-dead socket), and the
 // connection write timeout drops a session whose transport stopped draining. The agent's end
-// uses yamux's keepalive; sandboxd's end turns it off and runs its own ([Client.keepalive]),
+// uses yamux's keepalive; bothyd's end turns it off and runs its own ([Client.keepalive]),
 // which knows that a frozen agent is silent, not dead.
 func yamuxConfig() *yamux.Config {
 	cfg := yamux.DefaultConfig()

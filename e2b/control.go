@@ -14,23 +14,23 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/supervisor"
 )
 
-// sandboxID is the form of the ids E2B's SDKs accept; a sandbox of sandboxd whose id does not
+// sandboxID is the form of the ids E2B's SDKs accept; a sandbox of bothyd whose id does not
 // have it (one with a '-') is invisible to E2B's list.
 var sandboxID = regexp.MustCompile(`^[a-z0-9]+$`)
 
-// labelKey is sandboxd's form of a label key, which a metadata key must have to become one.
+// labelKey is bothyd's form of a label key, which a metadata key must have to become one.
 var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
 
-// The template name that means sandboxd's default image, as E2B's default template.
+// The template name that means bothyd's default image, as E2B's default template.
 const baseTemplate = "base"
 
-// clientID is what E2B calls the cluster node that runs a sandbox; sandboxd is one node.
-const clientID = "sandboxd"
+// clientID is what E2B calls the cluster node that runs a sandbox; bothyd is one node.
+const clientID = "bothyd"
 
 // apiError is E2B's error body; its SDKs read code rather than the status.
 type apiError struct {
@@ -77,7 +77,7 @@ func statusOf(err error) int {
 }
 
 // fail answers err in E2B's form. An error without a code is answered without its text, as
-// sandboxd's own server does, and logged.
+// bothyd's own server does, and logged.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
 	msg := err.Error()
@@ -91,7 +91,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 // serveControl authenticates a control-plane call and routes it.
 func (h *Handler) serveControl(w http.ResponseWriter, r *http.Request) {
 	if !h.apiKeyOK(r.Header.Get("X-API-KEY")) {
-		writeError(w, http.StatusUnauthorized, "Invalid API key: set E2B_API_KEY to sandboxd's token, optionally behind the prefix e2b_ (see docs/e2b.md).")
+		writeError(w, http.StatusUnauthorized, "Invalid API key: set E2B_API_KEY to bothyd's token, optionally behind the prefix e2b_ (see docs/e2b.md).")
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxJSONBytes)
@@ -115,12 +115,12 @@ func controlMux(h *Handler) *http.ServeMux {
 	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics throws
 	// SandboxNotFoundError), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotImplemented, "sandboxd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
+		writeError(w, http.StatusNotImplemented, "bothyd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
 	})
 	return m
 }
 
-// createBody is E2B's NewSandbox, of which sandboxd reads what it can honour.
+// createBody is E2B's NewSandbox, of which bothyd reads what it can honour.
 type createBody struct {
 	TemplateID string            `json:"templateID"`
 	Timeout    *int              `json:"timeout"`
@@ -133,7 +133,7 @@ type createBody struct {
 	Network             *networkBody `json:"network"`
 }
 
-// networkBody is the part of E2B's SandboxNetworkConfig that sandboxd's egress policy can say.
+// networkBody is the part of E2B's SandboxNetworkConfig that bothyd's egress policy can say.
 type networkBody struct {
 	AllowOut []string `json:"allowOut"`
 	DenyOut  []string `json:"denyOut"`
@@ -142,13 +142,13 @@ type networkBody struct {
 // allTraffic is how E2B's rules name every destination (the SDKs' ALL_TRAFFIC).
 const allTraffic = "0.0.0.0/0"
 
-// networkPolicy maps E2B's internet switch and egress rules onto sandboxd's policy, or nil
-// (no interface but loopback) when the caller asked for neither, or for nothing reachable: sandboxd's default, where
+// networkPolicy maps E2B's internet switch and egress rules onto bothyd's policy, or nil
+// (no interface but loopback) when the caller asked for neither, or for nothing reachable: bothyd's default, where
 // E2B's is the internet (docs/e2b.md says so). In E2B an allowOut entry wins over denyOut, so
 // with every destination denied (allow_internet_access false, or 0.0.0.0/0 in denyOut) the
-// allowOut entries are the only destinations, which is sandboxd's allow-list; with the
-// internet open, denyOut entries are sandboxd's deny list, and an allowOut entry is an
-// exception that sandboxd (whose deny wins) cannot say, so it is refused rather than lost.
+// allowOut entries are the only destinations, which is bothyd's allow-list; with the
+// internet open, denyOut entries are bothyd's deny list, and an allowOut entry is an
+// exception that bothyd (whose deny wins) cannot say, so it is refused rather than lost.
 func networkPolicy(internet *bool, n *networkBody) (*supervisor.NetworkPolicy, error) {
 	if internet == nil && (n == nil || len(n.AllowOut)+len(n.DenyOut) == 0) {
 		return nil, nil
@@ -173,7 +173,7 @@ func networkPolicy(internet *bool, n *networkBody) (*supervisor.NetworkPolicy, e
 		return &supervisor.NetworkPolicy{Internet: false, Allow: allow}, nil
 	}
 	if len(allow) > 0 && len(rest) > 0 {
-		return nil, errcode.Invalid("network", "sandboxd cannot open allowOut exceptions in denyOut rules while the internet is open (its deny list wins over its allow list): deny %s to allow only allowOut, or leave allowOut out.", allTraffic)
+		return nil, errcode.Invalid("network", "bothyd cannot open allowOut exceptions in denyOut rules while the internet is open (its deny list wins over its allow list): deny %s to allow only allowOut, or leave allowOut out.", allTraffic)
 	}
 	return &supervisor.NetworkPolicy{Internet: true, Deny: rest}, nil
 }
@@ -207,7 +207,7 @@ type detailBody struct {
 }
 
 // lifecycle is E2B's SandboxLifecycle: what the end of the lifetime does ("kill": delete;
-// "pause": stop, which connect undoes). sandboxd resumes no sandbox on traffic alone.
+// "pause": stop, which connect undoes). bothyd resumes no sandbox on traffic alone.
 type lifecycle struct {
 	OnTimeout  string `json:"onTimeout"`
 	AutoResume bool   `json:"autoResume"`
@@ -226,7 +226,7 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 	}
 	for k := range b.Metadata {
 		if !labelKey.MatchString(k) {
-			return req, errcode.Invalid("metadata", "The metadata key %q cannot be a sandboxd label: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
+			return req, errcode.Invalid("metadata", "The metadata key %q cannot be a bothyd label: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
 		}
 	}
 	req.Labels = b.Metadata
@@ -245,7 +245,7 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 	req.Lifetime = lt
 	switch name := b.TemplateID; {
 	case name == "" || name == baseTemplate:
-		// sandboxd's default image.
+		// bothyd's default image.
 	case h.isTemplate(name):
 		req.Clone = &supervisor.CloneRequest{Template: name}
 	default:
@@ -254,7 +254,7 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 	return req, nil
 }
 
-// isTemplate reports whether name is one of sandboxd's templates; anything else is taken
+// isTemplate reports whether name is one of bothyd's templates; anything else is taken
 // for an image, whose absence the create reports.
 func (h *Handler) isTemplate(name string) bool {
 	_, err := h.sup.Template(name)

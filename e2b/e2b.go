@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // Supervisor is what this package needs of the supervisor ([supervisor.Supervisor]).
@@ -46,7 +46,7 @@ type Supervisor interface {
 
 var _ Supervisor = (*supervisor.Supervisor)(nil)
 
-// EnvdVersion is the envd version that sandboxd reports to the SDKs, which turn features on
+// EnvdVersion is the envd version that bothyd reports to the SDKs, which turn features on
 // by it: recursive watching (0.1.4), the choice of stdin (0.3.0), the default user (0.4.0),
 // closeStdin (0.5.2), the octet-stream upload (0.5.7), file metadata (0.6.2), entries in
 // watch events (0.6.3) and allowNetworkMounts (0.6.4), the newest of the SDKs' gates. Each
@@ -60,7 +60,7 @@ const (
 	// transitionTimeout bounds a lifecycle call made for the control plane.
 	transitionTimeout = 60 * time.Second
 	// defaultUser is who files and processes act as when the caller names nobody: E2B's
-	// and sandboxd's unprivileged user.
+	// and bothyd's unprivileged user.
 	defaultUser = "user"
 	// maxJSONBytes bounds a control-plane request body.
 	maxJSONBytes = 1 << 20
@@ -69,7 +69,7 @@ const (
 // Config is what the handler needs.
 type Config struct {
 	Supervisor Supervisor
-	// Token is sandboxd's API token; "" serves without authentication, as sandboxd does.
+	// Token is bothyd's API token; "" serves without authentication, as bothyd does.
 	Token string
 	// Resources and DiskMB are what a created sandbox gets (E2B's create names neither).
 	Resources supervisor.Resources
@@ -105,9 +105,9 @@ func New(cfg Config) *Handler {
 // SandboxHeader names the sandbox of an envd call.
 const SandboxHeader = "E2b-Sandbox-Id"
 
-// Claims reports whether r belongs to E2B's API rather than to sandboxd's own: an envd call
+// Claims reports whether r belongs to E2B's API rather than to bothyd's own: an envd call
 // (it names its sandbox in [SandboxHeader]) or a control-plane path. None of these paths is
-// one of sandboxd's, which all live below /v1/ or are its few open routes.
+// one of bothyd's, which all live below /v1/ or are its few open routes.
 func Claims(r *http.Request) bool {
 	if r.Header.Get(SandboxHeader) != "" {
 		return true
@@ -126,7 +126,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.serveControl(w, r)
 }
 
-// apiKeyOK reports whether key is sandboxd's token, bare or behind E2B's e2b_ prefix.
+// apiKeyOK reports whether key is bothyd's token, bare or behind E2B's e2b_ prefix.
 func (h *Handler) apiKeyOK(key string) bool {
 	if h.cfg.Token == "" {
 		return true
@@ -145,7 +145,7 @@ func (h *Handler) accessToken(id string) string {
 		return ""
 	}
 	m := hmac.New(sha256.New, []byte(h.cfg.Token))
-	m.Write([]byte("sandboxd e2b envd access token\x00" + id))
+	m.Write([]byte("bothyd e2b envd access token\x00" + id))
 	return hex.EncodeToString(m.Sum(nil))
 }
 

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/supervisor"
 )
 
 const testToken = "0123456789abcdef0123456789abcdef"
@@ -488,9 +488,9 @@ func TestHealthIsTheSandboxs(t *testing.T) {
 	}
 }
 
-// TestCreateMapsNetwork: E2B's internet switch and egress rules become sandboxd's policy: none
-// asked is no interface (sandboxd's default); allowOut under a denied internet is the
-// allow-list; denyOut under an open internet the deny list; an exception sandboxd cannot say
+// TestCreateMapsNetwork: E2B's internet switch and egress rules become bothyd's policy: none
+// asked is no interface (bothyd's default); allowOut under a denied internet is the
+// allow-list; denyOut under an open internet the deny list; an exception bothyd cannot say
 // is refused naming the field.
 func TestCreateMapsNetwork(t *testing.T) {
 	t.Parallel()
@@ -520,6 +520,6 @@ func TestCreateMapsNetwork(t *testing.T) {
 	}
 	w := do(t, h, http.MethodPost, "/v2/sandboxes", `{"network":{"denyOut":["10.0.0.0/8"],"allowOut":["10.1.1.1"]}}`, apiKey)
 	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "allowOut") {
-		t.Fatalf("an exception sandboxd cannot say: %d %s", w.Code, w.Body)
+		t.Fatalf("an exception bothyd cannot say: %d %s", w.Code, w.Body)
 	}
 }

@@ -14,10 +14,10 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/e2b/envd/filesystem/filesystemconnect"
-	"github.com/sandboxd/sandboxd/e2b/envd/process/processconnect"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/e2b/envd/filesystem/filesystemconnect"
+	"github.com/bothy/bothy/e2b/envd/process/processconnect"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // sandboxKey carries an envd call's sandbox id into the Connect services.
@@ -37,7 +37,7 @@ func (h *Handler) envdRoutes() http.Handler {
 	f, fh := filesystemconnect.NewFilesystemHandler(&filesystemService{h: h})
 	m.Handle(f, fh)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "sandboxd's envd does not implement %s %s (see docs/e2b.md).", r.Method, r.URL.Path)
+		writeError(w, http.StatusNotFound, "bothyd's envd does not implement %s %s (see docs/e2b.md).", r.Method, r.URL.Path)
 	})
 	return m
 }
@@ -230,8 +230,8 @@ func rawFilename(p *multipart.Part) string {
 	return params["filename"]
 }
 
-// connectError is err as a Connect error: its code from sandboxd's code, its message
-// sandboxd's own.
+// connectError is err as a Connect error: its code from bothyd's code, its message
+// bothyd's own.
 func connectError(err error) error {
 	var ce *connect.Error
 	if errors.As(err, &ce) {

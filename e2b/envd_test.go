@@ -14,12 +14,12 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/e2b/envd/filesystem"
-	"github.com/sandboxd/sandboxd/e2b/envd/filesystem/filesystemconnect"
-	"github.com/sandboxd/sandboxd/e2b/envd/process"
-	"github.com/sandboxd/sandboxd/e2b/envd/process/processconnect"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/e2b/envd/filesystem"
+	"github.com/bothy/bothy/e2b/envd/filesystem/filesystemconnect"
+	"github.com/bothy/bothy/e2b/envd/process"
+	"github.com/bothy/bothy/e2b/envd/process/processconnect"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // envdSupervisor adds to fakeSupervisor what the envd tests drive: writes (stored, with their
@@ -64,7 +64,7 @@ func newEnvdServer(t *testing.T) (*httptest.Server, *envdSupervisor, http.Header
 	f.sandboxes["abc"] = &supervisor.Status{Config: supervisor.Config{ID: "abc"}, State: supervisor.StateRunning}
 	es := &envdSupervisor{fakeSupervisor: f}
 	h.sup = es
-	// httptest's server speaks HTTP/1.1 alone, as sandboxd's listener does to the SDKs.
+	// httptest's server speaks HTTP/1.1 alone, as bothyd's listener does to the SDKs.
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	hdr := http.Header{}
@@ -209,7 +209,7 @@ func TestStreamInput(t *testing.T) {
 	}
 }
 
-// TestUnimplementedIsNotNotFound: a path of E2B's API that sandboxd does not serve is 501,
+// TestUnimplementedIsNotNotFound: a path of E2B's API that bothyd does not serve is 501,
 // which the SDKs do not take for a missing sandbox.
 func TestUnimplementedIsNotNotFound(t *testing.T) {
 	t.Parallel()

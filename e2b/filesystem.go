@@ -10,10 +10,10 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/sandboxd/sandboxd/e2b/envd/filesystem"
-	"github.com/sandboxd/sandboxd/e2b/envd/filesystem/filesystemconnect"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/e2b/envd/filesystem"
+	"github.com/bothy/bothy/e2b/envd/filesystem/filesystemconnect"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // maxListDepth bounds ListDir's recursion, and maxListEntries its answer.
@@ -140,7 +140,7 @@ func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 }
 
 // Move renames source to destination by running mv as the user: the agent has no rename
-// of its own, and mv is in every image sandboxd runs E2B's SDKs against.
+// of its own, and mv is in every image bothyd runs E2B's SDKs against.
 func (s *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
 	src, dst := req.Msg.Source, req.Msg.Destination
 	if err := checkPath(src); err != nil {

@@ -16,10 +16,10 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/e2b/envd/process"
-	"github.com/sandboxd/sandboxd/e2b/envd/process/processconnect"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/e2b/envd/process"
+	"github.com/bothy/bothy/e2b/envd/process/processconnect"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // maxKeepalive bounds the keepalive interval a client may ask for; outputChunk is the size of
@@ -31,7 +31,7 @@ const (
 
 // processService implements envd's process service over the agent's tracked processes
 // ([Supervisor.StartTracked]): the agent holds each process, its output and its stdin, so
-// a restart of sandboxd leaves them running and Connect and List find them again.
+// a restart of bothyd leaves them running and Connect and List find them again.
 type processService struct {
 	processconnect.UnimplementedProcessHandler
 	h *Handler
@@ -63,7 +63,7 @@ func processError(err error) error {
 	return connectError(err)
 }
 
-// kept is what the agent keeps with a process for sandboxd (control.ProcRequest.Client):
+// kept is what the agent keeps with a process for bothyd (control.ProcRequest.Client):
 // its E2B config, for List, and whether it runs on a terminal, for Connect.
 type kept struct {
 	PTY    bool            `json:"pty,omitempty"`
@@ -216,7 +216,7 @@ func startEvent(pid uint32) *process.ProcessEvent {
 	return &process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: pid}}}
 }
 
-// execRequest maps envd's process config onto sandboxd's workload.
+// execRequest maps envd's process config onto bothyd's workload.
 func execRequest(cfg *process.ProcessConfig, pty *process.PTY, user string) supervisor.ExecRequest {
 	req := supervisor.ExecRequest{Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Cwd: cfg.GetCwd(), User: user}
 	for _, k := range slices.Sorted(maps.Keys(cfg.GetEnvs())) {
@@ -258,7 +258,7 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 
 // Connect re-attaches to a running process: its start event, then the latest output the
 // agent holds (up to control.ProcReplayBytes of it), then its events from now on. A process
-// started before a restart of sandboxd is found as well.
+// started before a restart of bothyd is found as well.
 func (s *processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
 	pid, tag, err := selector(req.Msg.GetProcess())
 	if err != nil {
@@ -286,7 +286,7 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[proce
 }
 
 // configOf is the config a process was started with, and whether it runs on a terminal:
-// what sandboxd kept with it, else what the agent knows (its argv and cwd).
+// what bothyd kept with it, else what the agent knows (its argv and cwd).
 func configOf(p supervisor.TrackedInfo) (*process.ProcessConfig, bool) {
 	var k kept
 	var cfg process.ProcessConfig

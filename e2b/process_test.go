@@ -9,8 +9,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/e2b/envd/process"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/e2b/envd/process"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // fakeAttachment is a tracked process's attachment: its output, then its end with status,

@@ -12,12 +12,12 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/e2b/envd/filesystem"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/e2b/envd/filesystem"
+	"github.com/bothy/bothy/supervisor"
 )
 
-// Bounds of the polled watchers, which live in sandboxd's memory: how many there are at
+// Bounds of the polled watchers, which live in bothyd's memory: how many there are at
 // once, and how long one lives without being polled.
 const (
 	maxWatchers   = 1024
@@ -186,7 +186,7 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	n := len(t.byID)
 	t.mu.Unlock()
 	if n >= maxWatchers {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers exist, the most sandboxd keeps; remove one", maxWatchers))
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers exist, the most bothyd keeps; remove one", maxWatchers))
 	}
 	id, user, root := sandboxOf(ctx), userOfHeader(req.Header()), path.Clean(req.Msg.Path)
 	// The watch outlives this call: it lasts until RemoveWatcher or its idle end.

@@ -3,7 +3,7 @@
 // code to a status. Domain packages return [*Error] values ([New], [Wrap], [Invalid]) or wrap
 // them; callers test them with errors.Is against a [Code], or read the code with [Of].
 //
-// It is a leaf, imported by both sides of sandboxd, and imports only the standard library. A
+// It is a leaf, imported by both sides of bothyd, and imports only the standard library. A
 // code is part of the API contract: it is never renamed, and a new one also needs a status in
 // the server and an entry in openapi.yaml (CONTRIBUTING.md, "Adding an error code").
 package errcode

@@ -22,7 +22,7 @@ func Exhausted(err error) error {
 	switch {
 	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE):
 		return Wrap(Unavailable, err,
-			"The server has run out of file descriptors; retry shortly, close streams you no longer need, and if it persists ask the operator to raise sandboxd's RLIMIT_NOFILE.")
+			"The server has run out of file descriptors; retry shortly, close streams you no longer need, and if it persists ask the operator to raise bothyd's RLIMIT_NOFILE.")
 	case errors.Is(err, syscall.EAGAIN):
 		return Wrap(Unavailable, err,
 			"The server cannot start another process right now (the host's process or thread limit); retry shortly, and if it persists ask the operator to raise the limit.")

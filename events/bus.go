@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/openapi"
 )
 
 // Defaults of Options.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/openapi"
 )
 
 func sandboxEvent(id string) openapi.Event {

@@ -1,6 +1,6 @@
-// Package events is sandboxd's in-process event bus and its server-sent-events endpoint,
+// Package events is bothyd's in-process event bus and its server-sent-events endpoint,
 // GET /v1/events. It knows nothing of sandboxes or templates beyond the contract's
-// [openapi.Event]: cmd/sandboxd publishes what the supervisor's OnEvent hook reports, and the
+// [openapi.Event]: cmd/bothyd publishes what the supervisor's OnEvent hook reports, and the
 // SSE [Handler] and tests subscribe ([Bus.Subscribe]).
 //
 // # Ordering and replay

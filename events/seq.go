@@ -6,8 +6,8 @@ import (
 	"io/fs"
 	"path/filepath"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
 )
 
 // SeqName is the record of the reserved sequence numbers in the directory Options.SeqDir, and

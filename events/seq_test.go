@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/openapi"
 )
 
 // TestSeqSurvivesRestart: a bus opened again on the same directory numbers its events after

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/openapi"
 )
 
 // sseEvent is one parsed server-sent event.

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // The bounds on what a client can hold open, so that no sandbox (and no crowd of clients)
@@ -29,7 +29,7 @@ const (
 // Bounds are the limits in force, as /v1/info reports them.
 type Bounds struct {
 	FileOpsPerSandbox, FileOps, ExecsPerSandbox, Execs, EventStreams int
-	// NoFile is sandboxd's RLIMIT_NOFILE (0: unknown).
+	// NoFile is bothyd's RLIMIT_NOFILE (0: unknown).
 	NoFile uint64
 }
 

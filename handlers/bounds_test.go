@@ -3,7 +3,7 @@ package handlers
 import (
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 func TestFileOpBounds(t *testing.T) {

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/server"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/server"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // fakeSupervisor records what the handlers ask of it and answers what a test set. Every
@@ -341,7 +341,7 @@ func newTestHandlers(t *testing.T, f *fakeSupervisor) (*Handlers, *[]string) {
 	return h, &execs
 }
 
-// newTestServer serves h as sandboxd does: the contract's validation and the one error
+// newTestServer serves h as bothyd does: the contract's validation and the one error
 // mapper in front of the handlers.
 func newTestServer(t testing.TB, h *Handlers) *server.Server {
 	t.Helper()

@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/sandboxd/sandboxd/events"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/portlink"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/events"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/portlink"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // The handlers must implement every operation of the contract, and the supervisor must be
@@ -83,7 +83,7 @@ type Config struct {
 	// DefaultDiskMB is the disk of their own that sandboxes get when a create request names
 	// none (0: none).
 	DefaultDiskMB int
-	Version       string // sandboxd's version, reported by /v1/info
+	Version       string // bothyd's version, reported by /v1/info
 	// MaxGenerationAge is how long after capture a generation can be cloned.
 	MaxGenerationAge time.Duration
 	MaxJSONBytes     int64
@@ -101,7 +101,7 @@ type Config struct {
 	OnExec func(mode string, d time.Duration, timedOut bool, err error)
 	// Storage, if set, reports the state root's health for /v1/info.
 	Storage func() supervisor.StorageStatus
-	// NoFileLimit is sandboxd's RLIMIT_NOFILE, for /v1/info (0: unknown).
+	// NoFileLimit is bothyd's RLIMIT_NOFILE, for /v1/info (0: unknown).
 	NoFileLimit uint64
 	// Links, if set, keeps the port links; nil answers their routes not-implemented.
 	Links *portlink.Store

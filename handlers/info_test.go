@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // TestInfo: /v1/info names the supervisor's runtime and images and the handlers' limits.

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/events"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/events"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // defaultWait is how long a wait for a state lasts when the request names no timeout_ms.

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/events"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/events"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // TestDeleteForce: force=true reaches the supervisor; without it, a plain delete.

@@ -3,9 +3,9 @@ package handlers
 import (
 	"context"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // networkSetter is the supervisor's live policy change ([supervisor.Supervisor.SetNetwork]);

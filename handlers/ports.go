@@ -15,10 +15,10 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/portlink"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/portlink"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // PortDialer is what the port routes need of the supervisor besides [Supervisor]:
@@ -240,7 +240,7 @@ func stripCredentials(r *http.Request) {
 // its silence past pongWait) closes the connection to the service.
 func (h *Handlers) PortTunnel(w http.ResponseWriter, r *http.Request) error {
 	if !websocket.IsWebSocketUpgrade(r) {
-		return errcode.Invalid("Upgrade", "This route is a websocket; connect with a websocket client (or sandboxctl port-forward).")
+		return errcode.Invalid("Upgrade", "This route is a websocket; connect with a websocket client (or bothy port-forward).")
 	}
 	id, port, _, ok := splitPortPath(r.URL.Path)
 	if !ok || port == 0 {

@@ -7,9 +7,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // labelKey is the rule for label keys, which OpenAPI 3.0 cannot express for map keys.

@@ -11,9 +11,9 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi/stream"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi/stream"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // Websocket timing and sizes (see gorilla/websocket's command example for the pattern).

@@ -6,10 +6,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/supervisor"
 )
 
 func (h *Handlers) CreateTemplate(ctx context.Context, req openapi.CreateTemplateRequestObject) (openapi.CreateTemplateResponseObject, error) {

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // TestTemplateNotFound: the supervisor's not-found codes are the API's 404s, on every read.

@@ -10,11 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/supervisor"
 )
 
-// The states reported by sandboxd_sandboxes, all of them on every scrape (zeros included), so
+// The states reported by bothy_sandboxes, all of them on every scrape (zeros included), so
 // that a query sees a state go to zero rather than vanish.
 var states = []supervisor.State{
 	supervisor.StateProvisioned,
@@ -27,7 +27,7 @@ var states = []supervisor.State{
 // latencyBuckets span a fast exec admission (sub-millisecond) to a slow stop (a minute).
 var latencyBuckets = prometheus.ExponentialBucketsRange(0.0005, 60, 16)
 
-// Metrics holds sandboxd's collectors. Its methods are safe for concurrent use and never
+// Metrics holds bothyd's collectors. Its methods are safe for concurrent use and never
 // block on anything but the collectors' own locks.
 type Metrics struct {
 	reg *prometheus.Registry
@@ -56,34 +56,34 @@ func New(list Lister, log *slog.Logger) *Metrics {
 		reg: prometheus.NewRegistry(),
 		log: log,
 		transitions: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sandboxd_transition_duration_seconds",
+			Name:    "bothy_transition_duration_seconds",
 			Help:    "Lifecycle transitions by operation and result (ok or the error code).",
 			Buckets: latencyBuckets,
 		}, []string{"op", "result"}),
 		admission: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sandboxd_exec_admission_wait_seconds",
+			Name:    "bothy_exec_admission_wait_seconds",
 			Help:    "How long execs waited for admission (the sandbox's exec lock), by result.",
 			Buckets: latencyBuckets,
 		}, []string{"result"}),
 		busy: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sandboxd_exec_busy_total",
+			Name: "bothy_exec_busy_total",
 			Help: "Execs refused with sandbox-busy: another exec held the sandbox for all of wait_ms.",
 		}),
 		execs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sandboxd_execs_total",
+			Name: "bothy_execs_total",
 			Help: "Execs run, by mode (buffered or stream) and result (ok, timed-out or an error code).",
 		}, []string{"mode", "result"}),
 		execTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sandboxd_exec_duration_seconds",
+			Name:    "bothy_exec_duration_seconds",
 			Help:    "How long admitted execs ran, by mode (buffered or stream).",
 			Buckets: prometheus.ExponentialBucketsRange(0.001, 3600, 20),
 		}, []string{"mode"}),
 		problems: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sandboxd_http_errors_total",
+			Name: "bothy_http_errors_total",
 			Help: "Problem responses by error code and HTTP status.",
 		}, []string{"code", "status"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sandboxd_events_total",
+			Name: "bothy_events_total",
 			Help: "Events published on /v1/events, by type.",
 		}, []string{"type"}),
 		storageFaults: newStorageFaults(),
@@ -159,7 +159,7 @@ type sandboxCollector struct {
 	log  *slog.Logger
 }
 
-var sandboxesDesc = prometheus.NewDesc("sandboxd_sandboxes", "Sandboxes by state, at scrape time.", []string{"state"}, nil)
+var sandboxesDesc = prometheus.NewDesc("bothy_sandboxes", "Sandboxes by state, at scrape time.", []string{"state"}, nil)
 
 func (c *sandboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sandboxesDesc }
 

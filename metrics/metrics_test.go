@@ -10,8 +10,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // value finds one sample by name and labels in a gather.
@@ -61,7 +61,7 @@ func TestMetrics(t *testing.T) {
 
 	sandboxes = []*supervisor.Status{{State: "running"}, {State: "running"}, {State: "stopped"}}
 	for state, want := range map[string]float64{"running": 2, "stopped": 1, "provisioned": 0} {
-		if got, ok := value(t, m, "sandboxd_sandboxes", map[string]string{"state": state}); !ok || got != want {
+		if got, ok := value(t, m, "bothy_sandboxes", map[string]string{"state": state}); !ok || got != want {
 			t.Errorf("sandboxes{state=%s} = %v (present %v), want %v", state, got, ok, want)
 		}
 	}
@@ -81,16 +81,16 @@ func TestMetrics(t *testing.T) {
 		labels map[string]string
 		want   float64
 	}{
-		{"sandboxd_transition_duration_seconds", map[string]string{"op": "start", "result": "ok"}, 1},
-		{"sandboxd_transition_duration_seconds", map[string]string{"op": "stop", "result": "internal"}, 1},
-		{"sandboxd_exec_admission_wait_seconds", map[string]string{"result": "ok"}, 1},
-		{"sandboxd_exec_admission_wait_seconds", map[string]string{"result": "sandbox-busy"}, 1},
-		{"sandboxd_exec_busy_total", nil, 1},
-		{"sandboxd_execs_total", map[string]string{"mode": "stream", "result": "ok"}, 1},
-		{"sandboxd_execs_total", map[string]string{"mode": "buffered", "result": "timed-out"}, 1},
-		{"sandboxd_exec_duration_seconds", map[string]string{"mode": "stream"}, 1},
-		{"sandboxd_http_errors_total", map[string]string{"code": "sandbox-busy", "status": "423"}, 1},
-		{"sandboxd_events_total", map[string]string{"type": "sandbox.created"}, 1},
+		{"bothy_transition_duration_seconds", map[string]string{"op": "start", "result": "ok"}, 1},
+		{"bothy_transition_duration_seconds", map[string]string{"op": "stop", "result": "internal"}, 1},
+		{"bothy_exec_admission_wait_seconds", map[string]string{"result": "ok"}, 1},
+		{"bothy_exec_admission_wait_seconds", map[string]string{"result": "sandbox-busy"}, 1},
+		{"bothy_exec_busy_total", nil, 1},
+		{"bothy_execs_total", map[string]string{"mode": "stream", "result": "ok"}, 1},
+		{"bothy_execs_total", map[string]string{"mode": "buffered", "result": "timed-out"}, 1},
+		{"bothy_exec_duration_seconds", map[string]string{"mode": "stream"}, 1},
+		{"bothy_http_errors_total", map[string]string{"code": "sandbox-busy", "status": "423"}, 1},
+		{"bothy_events_total", map[string]string{"type": "sandbox.created"}, 1},
 	}
 	for _, tc := range cases {
 		if got, ok := value(t, m, tc.name, tc.labels); !ok || got != tc.want {
@@ -101,7 +101,7 @@ func TestMetrics(t *testing.T) {
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), "GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
-	for _, want := range []string{`sandboxd_sandboxes{state="running"} 2`, "go_goroutines", "process_start_time_seconds"} {
+	for _, want := range []string{`bothy_sandboxes{state="running"} 2`, "go_goroutines", "process_start_time_seconds"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("the exposition lacks %q", want)
 		}

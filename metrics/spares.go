@@ -3,19 +3,19 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/supervisor"
 )
 
 var (
-	sparesDesc = prometheus.NewDesc("sandboxd_spares",
+	sparesDesc = prometheus.NewDesc("bothy_spares",
 		"Spare sandboxes (started ahead for creates that name nothing), by kind: wanted (--spares) and ready.",
 		[]string{"kind"}, nil)
-	spareCreatesDesc = prometheus.NewDesc("sandboxd_spare_creates_total",
+	spareCreatesDesc = prometheus.NewDesc("bothy_spare_creates_total",
 		"Creates that a spare could serve, by result: claimed (given one) and missed (none was ready, so the create started a sandbox of its own).",
 		[]string{"result"}, nil)
 )
 
-// WatchSpares reports sandboxd_spares and sandboxd_spare_creates_total from stats, called at
+// WatchSpares reports bothy_spares and bothy_spare_creates_total from stats, called at
 // every scrape.
 func (m *Metrics) WatchSpares(stats func() supervisor.SpareStats) {
 	m.reg.MustRegister(&sparesCollector{stats: stats})

@@ -3,12 +3,12 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 func newStorageFaults() *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sandboxd_storage_faults_total",
+		Name: "bothy_storage_faults_total",
 		Help: "Writes under the state root that its file system failed, by error code (storage-full, storage-unavailable).",
 	}, []string{"code"})
 	// Both codes are reported from the start, so that a query sees the first fault as an

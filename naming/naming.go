@@ -1,9 +1,9 @@
-// Package naming holds the naming rules that every side of sandboxd shares: the shape of an
+// Package naming holds the naming rules that every side of bothyd shares: the shape of an
 // id (sandbox ids, template names), what counts as a clean absolute path, and fresh random
 // names. It exists so that the stores, the runtime, the agent and the server check one rule
 // instead of each keeping a copy that could drift from the others.
 //
-// It is a leaf: it imports only the standard library, never another package of sandboxd, so
+// It is a leaf: it imports only the standard library, never another package of bothyd, so
 // that sandbox-side packages (the agent, the runtime, platform) and host-side ones (the stores,
 // the server) can all use it without importing each other. It says whether a string breaks a
 // rule and which part; the wording of errors for an API or a log is its callers' business.

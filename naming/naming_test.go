@@ -86,7 +86,7 @@ func TestIsCleanAbs(t *testing.T) {
 		ok   bool
 	}{
 		{"/", true},
-		{"/var/lib/sandboxd", true},
+		{"/var/lib/bothy", true},
 		{"", false},
 		{"var/lib", false},
 		{"./var", false},

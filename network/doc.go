@@ -10,7 +10,7 @@
 // ("example.com"), wildcards ("*.example.org", every name below, not the apex), CIDRs or bare
 // addresses, and address:port pairs (TCP and UDP), IPv4 only. Deny wins over allow; a
 // non-empty allow list is the only thing reachable, whatever internet says; internet with no
-// allow list opens every public address. Whatever the policy, the host itself (sandboxd's API
+// allow list opens every public address. Whatever the policy, the host itself (bothyd's API
 // included), the other sandboxes (the whole pool), link-local and cloud metadata
 // (169.254.0.0/16), loopback, multicast and reserved addresses are never reachable, and
 // private ranges (RFC 1918, 100.64.0.0/10) only through an allow entry that lies inside one.
@@ -19,13 +19,13 @@
 //
 // [Manager.Setup] records the sandbox's allocation (its /30 and interface name) durably in
 // the record directory first, so that a crash at any later point leaves a record naming what
-// may exist. It then makes, in sandboxd's own inet table, the sandbox's chain, sets and
+// may exist. It then makes, in bothyd's own inet table, the sandbox's chain, sets and
 // counters and its entry in the dispatch map (until that entry exists, the base chain drops
 // everything from the interface), then the veth pair with the sandbox's end created directly
 // in its namespace as eth0, the addresses and the default route, and last the resolver on the
 // gateway. [Manager.Teardown] removes them in the reverse order and the record last; both are
 // idempotent. [Manager.Leftovers] lists what has no live owner and [Manager.Repair] removes
-// it, for `sandboxd check --repair`.
+// it, for `bothyd check --repair`.
 //
 // # DNS pinning
 //
@@ -38,7 +38,7 @@
 //
 // # Invariants
 //
-// One Manager runs per host. sandboxd owns the table "sandboxd" and every interface whose name
+// One Manager runs per host. bothyd owns the table "bothy" and every interface whose name
 // starts with "sbxd"; it touches no other table. [Manager.Update] replaces a policy in one
 // nftables transaction: new connections follow it at once, established ones continue.
 package network

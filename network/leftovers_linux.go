@@ -11,7 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // Leftovers lists the network resources that have no live owner: records of sandboxes live

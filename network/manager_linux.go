@@ -22,11 +22,11 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/naming"
+	"github.com/bothy/bothy/naming"
 )
 
 // Manager makes, updates and removes the network of sandboxes on one host. One Manager runs
-// per host (the caller holds sandboxd's single-instance lock); its methods are safe for
+// per host (the caller holds bothyd's single-instance lock); its methods are safe for
 // concurrent use.
 type Manager struct {
 	cfg   Config
@@ -55,7 +55,7 @@ type sandbox struct {
 	refused atomic.Uint64
 }
 
-// New returns a Manager and makes sure sandboxd's nftables table and base chains exist. It
+// New returns a Manager and makes sure bothyd's nftables table and base chains exist. It
 // does not touch sandboxes set up by an earlier process: call [Manager.Setup] again for those
 // that still run (it is idempotent) and [Manager.Repair] for the rest.
 func New(cfg Config) (*Manager, error) {
@@ -571,7 +571,7 @@ func (m *Manager) removeFilter(ids func(string) bool, ifs func(string) bool, gws
 // it jumps to.
 type dispatchEntry struct{ ifName, id string }
 
-// nftState is what sandboxd's table holds per sandbox.
+// nftState is what bothyd's table holds per sandbox.
 type nftState struct {
 	table    bool
 	chains   []string // per-sandbox chains
@@ -581,7 +581,7 @@ type nftState struct {
 	gateways []netip.Addr
 }
 
-// state lists the per-sandbox objects of sandboxd's table; a table that is not there holds
+// state lists the per-sandbox objects of bothyd's table; a table that is not there holds
 // none.
 func (m *Manager) state() (nftState, error) {
 	var st nftState
@@ -689,7 +689,7 @@ func (m *Manager) Drops(id string) (Drops, error) {
 }
 
 // HostDrops returns how many packets sandboxes sent to the host itself (its addresses and
-// sandboxd's API) that were dropped, for all sandboxes together.
+// bothyd's API) that were dropped, for all sandboxes together.
 func (m *Manager) HostDrops() (uint64, error) {
 	c, err := m.nft()
 	if err != nil {

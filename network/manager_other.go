@@ -2,7 +2,7 @@
 
 package network
 
-import "github.com/sandboxd/sandboxd/platform"
+import "github.com/bothy/bothy/platform"
 
 // Manager is unsupported off Linux: veth pairs, network namespaces and nftables are Linux's.
 // The stub exists so that the packages that hold a Manager build everywhere, and fail clearly

@@ -14,10 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The names of sandboxd's nftables objects. Everything lives in one table of the inet family,
-// owned by sandboxd: nothing else adds to it, and sandboxd touches no other table.
+// The names of bothyd's nftables objects. Everything lives in one table of the inet family,
+// owned by bothyd: nothing else adds to it, and bothyd touches no other table.
 const (
-	tableName     = "sandboxd"
+	tableName     = "bothy"
 	forwardChain  = "forward"
 	inputChain    = "input"
 	natChain      = "postrouting"
@@ -212,7 +212,7 @@ func rule(chain *nftables.Chain, parts ...any) *nftables.Rule {
 	return &nftables.Rule{Table: table, Chain: chain, Exprs: exprs}
 }
 
-// baseChains returns sandboxd's base chains. Their policy is accept: they only ever drop
+// baseChains returns bothyd's base chains. Their policy is accept: they only ever drop
 // sandbox traffic, and must not decide for the rest of the host.
 func baseChains() (forward, input, nat *nftables.Chain) {
 	accept := nftables.ChainPolicyAccept

@@ -9,10 +9,10 @@ import (
 	"os"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
 )
 
 // DefaultPool is the pool of sandbox addresses when the operator names none.
@@ -22,7 +22,7 @@ var DefaultPool = netip.MustParsePrefix("10.88.0.0/16")
 // end (the sandbox's gateway and resolver), the sandbox's end and the broadcast address.
 const slotBits = 2
 
-// ifPrefix starts the name of every host-side interface sandboxd makes; [Manager.Leftovers]
+// ifPrefix starts the name of every host-side interface bothyd makes; [Manager.Leftovers]
 // judges interfaces by it, so nothing else on the host may use it.
 const ifPrefix = "sbxd"
 
@@ -162,7 +162,7 @@ func allocate(dir, id string, pool netip.Prefix) (*allocation, error) {
 		}
 		return a, nil
 	}
-	return nil, errcode.New(errcode.Unavailable, "The network pool %s has no free address for another sandbox; stop a networked sandbox or give sandboxd a larger --network-pool.", pool)
+	return nil, errcode.New(errcode.Unavailable, "The network pool %s has no free address for another sandbox; stop a networked sandbox or give bothyd a larger --network-pool.", pool)
 }
 
 // forget removes id's record, durably; a record already gone is not an error.

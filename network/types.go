@@ -10,7 +10,7 @@ import (
 
 // Config configures a [Manager].
 type Config struct {
-	// Dir is the directory of the allocation records; it must exist and be sandboxd's alone.
+	// Dir is the directory of the allocation records; it must exist and be bothyd's alone.
 	Dir string
 	// Pool is where sandbox subnets come from (--network-pool); zero means [DefaultPool].
 	Pool netip.Prefix
@@ -62,7 +62,7 @@ type Leftovers struct {
 	// Records are sandbox ids whose allocation record has no live sandbox; everything the
 	// record names goes with it.
 	Records []string
-	// Interfaces are host interfaces of sandboxd's name that no record names.
+	// Interfaces are host interfaces of bothyd's name that no record names.
 	Interfaces []string
 	// Chains, Sets and Counters are per-sandbox nftables objects of a sandbox with no record.
 	Chains, Sets, Counters []string
@@ -77,7 +77,7 @@ func (l Leftovers) Empty() bool {
 	return len(l.Records)+len(l.Interfaces)+len(l.Chains)+len(l.Sets)+len(l.Counters)+len(l.Gateways)+len(l.Temp) == 0
 }
 
-// String lists the leftovers for `sandboxd check`, one kind a line.
+// String lists the leftovers for `bothyd check`, one kind a line.
 func (l Leftovers) String() string {
 	var b strings.Builder
 	line := func(what string, items []string) {

@@ -167,7 +167,7 @@ func newWorld(t *testing.T) *world {
 	// The internet serves HTTP on port 80 of all its addresses, saying which one answered,
 	// and DNS for the test zone.
 	serveHTTP(t, w.inet, ":80")
-	serveHTTP(t, w.host, fmt.Sprintf(":%d", hostAPIPort)) // the host's own service, sandboxd's API say
+	serveHTTP(t, w.host, fmt.Sprintf(":%d", hostAPIPort)) // the host's own service, bothyd's API say
 	var pc net.PacketConn
 	must(t, inNS(t, w.inet, func() (err error) {
 		pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(netUplink.Addr(), 53).String())

@@ -1,4 +1,4 @@
-// Package openapi holds sandboxd's v1 contract, openapi.yaml, and the code generated from it:
+// Package openapi holds bothyd's v1 contract, openapi.yaml, and the code generated from it:
 // the strict server interface ([StrictServerInterface]) that package handlers implements,
 // the chi routing glue that package server mounts, the models, and the spec itself as bytes
 // ([Spec]) for serving and validation. The Go client lives in openapi/client.

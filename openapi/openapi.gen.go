@@ -467,7 +467,7 @@ type CompatibilityKey struct {
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
 
-	// Runtime The runtime identity (runtime kind, sandboxd build, runtime configuration).
+	// Runtime The runtime identity (runtime kind, bothyd build, runtime configuration).
 	Runtime string `json:"runtime"`
 }
 
@@ -510,7 +510,7 @@ type CreateSandboxRequest struct {
 	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
 	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
 	// answers only allowed names and opens their answered addresses for their TTL. Always
-	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// denied, whatever the policy: the host itself and bothyd's API, other sandboxes,
 	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
 	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
 	// CIDR lies inside one.
@@ -842,7 +842,7 @@ type HealthStatus string
 
 // Image defines model for Image.
 type Image struct {
-	// Config The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+	// Config The image configuration bothyd honours: `env`, `working_dir` and `user` are the
 	// defaults of every exec (the exec's own fields override; a `user` other than root is
 	// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
 	Config       *ImageConfig `json:"config,omitempty"`
@@ -884,7 +884,7 @@ type ImageKind string
 // ImageState defines model for Image.State.
 type ImageState string
 
-// ImageConfig The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+// ImageConfig The image configuration bothyd honours: `env`, `working_dir` and `user` are the
 // defaults of every exec (the exec's own fields override; a `user` other than root is
 // the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
 type ImageConfig struct {
@@ -984,7 +984,7 @@ type Info struct {
 	// it is not `ok` and returns to `ok` by itself.
 	Storage StorageHealth `json:"storage"`
 
-	// Version The sandboxd build.
+	// Version The bothyd build.
 	//
 	// Example: v0.1.0
 	Version string `json:"version"`
@@ -1072,7 +1072,7 @@ type LeaseList struct {
 // public destination is reachable; with `allow`, only what it lists. `deny` wins over
 // `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
 // answers only allowed names and opens their answered addresses for their TTL. Always
-// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+// denied, whatever the policy: the host itself and bothyd's API, other sandboxes,
 // 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
 // addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
 // CIDR lies inside one.
@@ -1129,7 +1129,7 @@ type PortLinkRequest struct {
 // PortLinkTTL How long the link works, in seconds.
 type PortLinkTTL = int
 
-// Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Problem An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
 	// added, so clients treat an unknown code by its HTTP status. The list is open
@@ -1149,9 +1149,9 @@ type Problem struct {
 	// Title The HTTP status text.
 	Title string `json:"title"`
 
-	// Type A URI naming the problem type, `urn:sandboxd:problem:<code>`. Switch on `code`.
+	// Type A URI naming the problem type, `urn:bothyd:problem:<code>`. Switch on `code`.
 	//
-	// Example: urn:sandboxd:problem:sandbox-busy
+	// Example: urn:bothyd:problem:sandbox-busy
 	Type string `json:"type"`
 }
 
@@ -1184,7 +1184,7 @@ type Resources struct {
 	// MemoryMb Memory limit in MiB.
 	MemoryMb int `json:"memory_mb"`
 
-	// Pids Limit on the number of the workload's processes and threads. sandboxd's own agent
+	// Pids Limit on the number of the workload's processes and threads. bothyd's own agent
 	// inside the sandbox is not counted against it: the sandbox's cgroup allows this many
 	// plus an allowance of 32 for the agent, so the workload always has at least this
 	// many, 1 included. On cgroup v1 hosts the workload's processes are limited to this
@@ -1222,7 +1222,7 @@ type RuntimeStatus struct {
 	// Accelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 	Accelerator *RuntimeStatusAccelerator `json:"accelerator,omitempty"`
 
-	// AcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+	// AcceleratorMode How the accelerator is chosen, as the operator configured it (`bothyd
 	// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
 	// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
 	// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
@@ -1252,7 +1252,7 @@ type RuntimeStatus struct {
 // RuntimeStatusAccelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 type RuntimeStatusAccelerator string
 
-// RuntimeStatusAcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+// RuntimeStatusAcceleratorMode How the accelerator is chosen, as the operator configured it (`bothyd
 // --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
 // `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
 // a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
@@ -1306,7 +1306,7 @@ type Sandbox struct {
 	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
 	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
 	// answers only allowed names and opens their answered addresses for their TTL. Always
-	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// denied, whatever the policy: the host itself and bothyd's API, other sandboxes,
 	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
 	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
 	// CIDR lies inside one.
@@ -1326,7 +1326,7 @@ type Sandbox struct {
 	Runtime RuntimeKind `json:"runtime"`
 
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
-	// linger until sandboxd has reconciled a run that ended by itself): how the last run
+	// linger until bothyd has reconciled a run that ended by itself): how the last run
 	// ended, and when, is `last_exit`.
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
@@ -1501,49 +1501,49 @@ type TemplateNamePath = TemplateName
 // Timeout defines model for Timeout.
 type Timeout = int
 
-// BadGateway An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// BadGateway An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadGateway = Problem
 
-// BadRequest An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// BadRequest An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadRequest = Problem
 
-// Conflict An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Conflict An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Conflict = Problem
 
-// Forbidden An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Forbidden An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Forbidden = Problem
 
-// GatewayTimeout An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// GatewayTimeout An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type GatewayTimeout = Problem
 
-// InsufficientStorage An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// InsufficientStorage An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type InsufficientStorage = Problem
 
-// InternalError An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// InternalError An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type InternalError = Problem
 
-// Locked An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Locked An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Locked = Problem
 
-// NotFound An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// NotFound An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotFound = Problem
 
-// NotImplemented An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// NotImplemented An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotImplemented = Problem
 
-// PayloadTooLarge An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// PayloadTooLarge An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type PayloadTooLarge = Problem
 
-// RequestTimeout An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// RequestTimeout An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type RequestTimeout = Problem
 
-// ServiceUnavailable An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// ServiceUnavailable An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type ServiceUnavailable = Problem
 
-// TooManyRequests An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// TooManyRequests An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type TooManyRequests = Problem
 
-// Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
 // ListSandboxesParams defines parameters for ListSandboxes.

@@ -4,7 +4,7 @@ package platform
 
 import "time"
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 // BootID is unsupported off Linux.
 func BootID() (string, error) { return "", ErrUnsupported }

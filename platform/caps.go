@@ -1,7 +1,7 @@
 package platform
 
 // DefaultCapabilities is the capability set a root workload keeps, Docker's default set minus
-// CAP_MKNOD (sandboxd has no devices cgroup to make device nodes harmless, so none may be
+// CAP_MKNOD (bothyd has no devices cgroup to make device nodes harmless, so none may be
 // made) — enough for package managers and servers on low ports, nothing that reaches the
 // kernel's administrative interfaces.
 var DefaultCapabilities = []string{

@@ -4,7 +4,7 @@ package platform
 
 import "errors"
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 // LimitThreadCapabilities is unsupported off Linux.
 func LimitThreadCapabilities(keep []string) error { return ErrUnsupported }

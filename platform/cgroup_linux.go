@@ -23,7 +23,7 @@ import (
 // cgroupV1Controllers are the v1 hierarchies a sandbox's cgroup lives in.
 var cgroupV1Controllers = []string{"memory", "cpu", "pids"}
 
-// cfsPeriodMicros is the CFS period sandboxd sets; the quota is VCPUs times this.
+// cfsPeriodMicros is the CFS period bothyd sets; the quota is VCPUs times this.
 const cfsPeriodMicros = 100000
 
 // Cgroup is one control group, either a cgroup v2 directory or, on v1, one directory of the
@@ -102,7 +102,7 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-// CgroupVersion reports which cgroup version sandboxd uses on this host: 2 if a cgroup2
+// CgroupVersion reports which cgroup version bothyd uses on this host: 2 if a cgroup2
 // hierarchy has the memory, cpu and pids controllers available, else 1 if v1 hierarchies for
 // all three are mounted, else an error.
 func CgroupVersion() (int, error) {
@@ -127,7 +127,7 @@ func cgroupMounts() (v2 string, v1 map[string]string, err error) {
 	return h.v2, h.v1, err
 }
 
-// hierarchies are where this mount namespace has the cgroup hierarchies that sandboxd uses.
+// hierarchies are where this mount namespace has the cgroup hierarchies that bothyd uses.
 type hierarchies struct {
 	v2      string
 	v1      map[string]string
@@ -136,7 +136,7 @@ type hierarchies struct {
 
 // hierarchyCache is the last mount namespace's hierarchies. Finding them means reading and
 // parsing the whole mount table, and every cgroup handle needs them: reattaching a running
-// sandbox opened its cgroup three times, which made the mount table 31% of sandboxd's
+// sandbox opened its cgroup three times, which made the mount table 31% of bothyd's
 // start-up CPU with 1000 sandboxes (issue 17). Cgroup hierarchies are mounted when the host
 // boots; a namespace is named by its nsfs device and inode.
 var hierarchyCache struct {
@@ -213,7 +213,7 @@ func scanHierarchies() (hierarchies, error) {
 	return h, nil
 }
 
-// OpenCgroup returns a handle on the cgroup name (a relative path such as "sandboxd/abc")
+// OpenCgroup returns a handle on the cgroup name (a relative path such as "bothy/abc")
 // below the root of this host's hierarchy: v2 where its controllers are enabled, v1
 // otherwise.
 func OpenCgroup(name string) (*Cgroup, error) {
@@ -338,9 +338,9 @@ func (c *Cgroup) createV2(l CgroupLimits) error {
 		if err := writeCgroupFile(cur, "cgroup.subtree_control", "+memory +cpu +pids"); err != nil {
 			if errors.Is(err, unix.EBUSY) {
 				// cgroup v2 lets no cgroup but the root both hold processes and delegate
-				// controllers: typically sandboxd runs in the root of a container's cgroup
+				// controllers: typically bothyd runs in the root of a container's cgroup
 				// namespace.
-				return fmt.Errorf("%w: the cgroup %s holds processes, so it cannot delegate controllers; run sandboxd in a leaf cgroup of its own (move it, and everything else in %s, into a child cgroup first)", err, cur, cur)
+				return fmt.Errorf("%w: the cgroup %s holds processes, so it cannot delegate controllers; run bothyd in a leaf cgroup of its own (move it, and everything else in %s, into a child cgroup first)", err, cur, cur)
 			}
 			return err
 		}
@@ -522,7 +522,7 @@ func (c *Cgroup) Pids() ([]int, error) {
 }
 
 // childCgroups lists the child cgroups of the cgroup directory dir, one level deep: the only
-// children sandboxd makes ([Cgroup.PidsChild]). Nothing in a sandbox can make one: its
+// children bothyd makes ([Cgroup.PidsChild]). Nothing in a sandbox can make one: its
 // cgroup file system is mounted read-only, or not at all.
 func childCgroups(dir string) []string {
 	ents, err := os.ReadDir(dir)

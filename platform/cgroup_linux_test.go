@@ -16,7 +16,7 @@ import (
 
 func TestValidCgroupName(t *testing.T) {
 	t.Parallel()
-	for _, ok := range []string{"sandboxd/abc", "a", "sandboxd/a-b_c.d"} {
+	for _, ok := range []string{"bothy/abc", "a", "bothy/a-b_c.d"} {
 		if err := validCgroupName(ok); err != nil {
 			t.Errorf("%q refused: %v", ok, err)
 		}
@@ -65,7 +65,7 @@ func TestCgroupLifecycle(t *testing.T) {
 	if _, err := CgroupVersion(); err != nil {
 		t.Skipf("no usable cgroup hierarchy: %v", err)
 	}
-	name := fmt.Sprintf("sandboxd-test/cg-%d", os.Getpid())
+	name := fmt.Sprintf("bothyd-test/cg-%d", os.Getpid())
 	cg := testCgroup(t, name)
 	if err := cg.Create(CgroupLimits{MemoryBytes: 64 << 20, VCPUs: 1, Pids: 16}); err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func TestCgroupPidsChild(t *testing.T) {
 	if v, err := CgroupVersion(); err != nil || v != 1 {
 		t.Skipf("a pids child cgroup is for cgroup v1 (version %d, %v)", v, err)
 	}
-	name := fmt.Sprintf("sandboxd-test/child-%d", os.Getpid())
+	name := fmt.Sprintf("bothyd-test/child-%d", os.Getpid())
 	cg := testCgroup(t, name)
 	if err := cg.Create(CgroupLimits{Pids: 16}); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,7 @@ import (
 	"os"
 )
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 // Cgroup is unsupported off Linux.
 type Cgroup struct{}

@@ -32,7 +32,7 @@ func Now() Instant {
 	return now
 }
 
-// Deadline is a point in time that survives a restart of sandboxd and a jump of the wall
+// Deadline is a point in time that survives a restart of bothyd and a jump of the wall
 // clock. It keeps the deadline twice: as UTC, and as the CLOCK_BOOTTIME reading at which it
 // falls, with the boot id that reading belongs to. On the boot that set it, it is judged by
 // CLOCK_BOOTTIME alone, which no one can set, so a wall clock set forward does not expire it

@@ -6,7 +6,7 @@
 //
 // It must not know about sandboxes, HTTP or records: it offers primitives with precise
 // semantics and leaves policy to its callers (the stores, the supervisor, the runtime). It is a
-// leaf that both sides of sandboxd use, the sandbox side included, so it links no library
+// leaf that both sides of bothyd use, the sandbox side included, so it links no library
 // beyond golang.org/x/sys: compiling a seccomp profile is the namespace runtime's host side.
 // Linux code lives in _linux.go files, each with an _other.go twin that returns
 // [ErrUnsupported], so that the module still builds (and its pure parts still test) on other
@@ -16,4 +16,4 @@ package platform
 import "errors"
 
 // ErrUnsupported is returned by every primitive that this operating system cannot provide.
-var ErrUnsupported = errors.New("platform: unsupported on this operating system (sandboxd needs Linux)")
+var ErrUnsupported = errors.New("platform: unsupported on this operating system (bothyd needs Linux)")

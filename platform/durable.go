@@ -3,7 +3,7 @@ package platform
 import (
 	"strings"
 
-	"github.com/sandboxd/sandboxd/naming"
+	"github.com/bothy/bothy/naming"
 )
 
 // The temporary names of durable writes have one fixed form, ".<name>.<random>.tmp", where

@@ -8,7 +8,7 @@ import (
 )
 
 // These stubs exist so that the module builds on other systems (for editing and for testing
-// the pure parts); sandboxd relies on Linux semantics (flock, O_NOFOLLOW, *at calls), so every
+// the pure parts); bothyd relies on Linux semantics (flock, O_NOFOLLOW, *at calls), so every
 // primitive reports ErrUnsupported rather than approximating them.
 
 func StatOf(f *os.File) (Stat, error)                                    { return Stat{}, ErrUnsupported }

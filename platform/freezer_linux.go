@@ -17,7 +17,7 @@ import (
 )
 
 // The cgroup freezer, for pausing a sandbox. On cgroup v2 every cgroup has cgroup.freeze. On
-// v1 the freezer is a hierarchy of its own, in which sandboxd keeps no cgroup while a sandbox
+// v1 the freezer is a hierarchy of its own, in which bothyd keeps no cgroup while a sandbox
 // runs: Freeze makes one of the cgroup's name there, moves the cgroup's processes into it and
 // freezes it; Thaw thaws it, moves the processes back to the hierarchy's root and removes it,
 // so that a freezer cgroup exists exactly while the sandbox is frozen (or a crash interrupted

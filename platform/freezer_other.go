@@ -4,7 +4,7 @@ package platform
 
 import "context"
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 // FreezerSupport is unsupported off Linux.
 func FreezerSupport() error { return ErrUnsupported }

@@ -7,7 +7,7 @@ import (
 	"os"
 )
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 func OpenInRoot(root *os.File, p string, flags int) (*os.File, error) { return nil, ErrUnsupported }
 func MkdirAllInRoot(root *os.File, p string, perm fs.FileMode) (*os.File, error) {

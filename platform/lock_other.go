@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The stubs exist so that the module builds elsewhere; sandboxd's locks rely on Linux flock.
+// The stubs exist so that the module builds elsewhere; bothyd's locks rely on Linux flock.
 
 func TryLock(f *os.File) (bool, error) { return false, ErrUnsupported }
 func LockShared(f *os.File) error      { return ErrUnsupported }

@@ -4,7 +4,7 @@ package platform
 
 import "os"
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 func Mount(source, target, fstype string, flags uintptr, data string) error { return ErrUnsupported }
 func MountDetached(fstype, source string, attrs int) (*os.File, error)      { return nil, ErrUnsupported }

@@ -4,7 +4,7 @@ package platform
 
 import "os"
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 func NewMount(fstype, source, options string, attrs int) (*os.File, error) {
 	return nil, ErrUnsupported

@@ -4,7 +4,7 @@ package platform
 
 import "syscall"
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 // SetHostname is unsupported off Linux.
 func SetHostname(name string) error { return ErrUnsupported }

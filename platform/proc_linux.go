@@ -18,7 +18,7 @@ import (
 // now belongs to another process, or it is a zombie waiting to be reaped.
 var ErrProcessGone = errors.New("platform: process is gone")
 
-// procStat is what sandboxd needs from /proc/<pid>/stat.
+// procStat is what bothyd needs from /proc/<pid>/stat.
 type procStat struct {
 	State     byte
 	PPid      int

@@ -7,7 +7,7 @@ import (
 	"syscall"
 )
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 // ErrProcessGone means the process named by a ProcessID no longer runs.
 var ErrProcessGone = errors.New("platform: process is gone")

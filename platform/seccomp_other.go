@@ -2,7 +2,7 @@
 
 package platform
 
-// These stubs exist so that the module builds on other systems; sandboxd runs only on Linux.
+// These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 // SeccompProgram is unsupported off Linux.
 type SeccompProgram struct{}

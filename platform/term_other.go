@@ -2,6 +2,6 @@
 
 package platform
 
-// IsTerminal reports false: sandboxd runs only on Linux, and this stub exists so that the
+// IsTerminal reports false: bothyd runs only on Linux, and this stub exists so that the
 // pure parts of the module build and test elsewhere.
 func IsTerminal(fd uintptr) bool { return false }

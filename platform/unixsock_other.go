@@ -8,7 +8,7 @@ import (
 	"os"
 )
 
-// DialUnix is unsupported: sandboxd runs only on Linux; the stub keeps the module building.
+// DialUnix is unsupported: bothyd runs only on Linux; the stub keeps the module building.
 func DialUnix(ctx context.Context, path string) (net.Conn, error) { return nil, ErrUnsupported }
 
 func ListenUnix(path string, perm os.FileMode) (*os.File, error) { return nil, ErrUnsupported }

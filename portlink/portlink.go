@@ -31,8 +31,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // Names in the state root.
@@ -167,7 +167,7 @@ func readKey(path string) ([]byte, error) {
 // sign is the token's signature of l.
 func (s *Store) sign(l Link) string {
 	m := hmac.New(sha256.New, s.key)
-	fmt.Fprintf(m, "sandboxd port link v1\n%s\n%s\n%d\n%d\n%d\n", l.ID, l.Sandbox, l.SandboxCreated.UnixNano(), l.Port, l.ExpiresAt.UnixNano())
+	fmt.Fprintf(m, "bothyd port link v1\n%s\n%s\n%d\n%d\n%d\n", l.ID, l.Sandbox, l.SandboxCreated.UnixNano(), l.Port, l.ExpiresAt.UnixNano())
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 

@@ -1,4 +1,4 @@
-// Package record is the one on-disk form of every record sandboxd keeps: the sandbox store's
+// Package record is the one on-disk form of every record bothyd keeps: the sandbox store's
 // (config.json, launch.json, runtime.json), the runtime's outcome report (outcome.json) and the
 // template store's. A record is indented JSON with a "format" number; a reader refuses a format
 // it does not know by name ([FormatError]), never guesses at it, and reads at most [MaxSize]
@@ -11,7 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // MaxSize bounds every record read; records are small, and an unbounded read of a file that
@@ -29,7 +29,7 @@ type FormatError struct {
 }
 
 func (e *FormatError) Error() string {
-	return fmt.Sprintf("%s has format %d, which this version of sandboxd does not know", e.Record, e.Format)
+	return fmt.Sprintf("%s has format %d, which this version of bothyd does not know", e.Record, e.Format)
 }
 
 // Decode checks a record's format number before decoding the rest into v, and refuses a format
@@ -39,7 +39,7 @@ func Decode(name string, data []byte, want int, v any) error {
 		Format *int `json:"format"`
 	}
 	if err := json.Unmarshal(data, &probe); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The record %s is not valid JSON; run sandboxd check.", name)
+		return errcode.Wrap(errcode.Internal, err, "The record %s is not valid JSON; run bothyd check.", name)
 	}
 	got := 0
 	if probe.Format != nil {
@@ -47,15 +47,15 @@ func Decode(name string, data []byte, want int, v any) error {
 	}
 	if got != want {
 		return errcode.Wrap(errcode.Internal, &FormatError{Record: name, Format: got},
-			"The record %s has format %d, which this version of sandboxd does not know (it knows %d); run a sandboxd that does.", name, got, want)
+			"The record %s has format %d, which this version of bothyd does not know (it knows %d); run a bothyd that does.", name, got, want)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
-		return errcode.Wrap(errcode.Internal, err, "The record %s does not decode; run sandboxd check.", name)
+		return errcode.Wrap(errcode.Internal, err, "The record %s does not decode; run bothyd check.", name)
 	}
 	return nil
 }
 
-// Encode is the form of every record sandboxd writes: indented JSON with a final newline, so
+// Encode is the form of every record bothyd writes: indented JSON with a final newline, so
 // that an operator can read it.
 func Encode(v any) ([]byte, error) {
 	var buf bytes.Buffer

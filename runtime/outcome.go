@@ -5,8 +5,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
 )
 
 // OutcomeName is the outcome report in a state directory, and OutcomeFormat its record format.

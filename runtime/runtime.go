@@ -5,7 +5,7 @@
 // A runtime knows nothing of records, journals or locks: the supervisor calls it under the
 // sandbox's lifecycle lock and keeps the records. The runtime starts one detached process per
 // launch (the runtime process, whose identity the supervisor records), which outlives
-// sandboxd, waits for the sandbox, writes the outcome report and cleans up after itself; Kill
+// bothyd, waits for the sandbox, writes the outcome report and cleans up after itself; Kill
 // and Cleanup exist for when it cannot (it was killed, or the host crashed).
 package runtime
 
@@ -16,8 +16,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
 )
 
 // Resources are a sandbox's limits. Zero means the runtime's default.
@@ -151,13 +151,13 @@ type Entry struct {
 type Runtime interface {
 	// Kind names the runtime ("namespace").
 	Kind() string
-	// Identity is the runtime kind, the control protocol version, and a hash of the sandboxd
+	// Identity is the runtime kind, the control protocol version, and a hash of the bothyd
 	// executable and the runtime's configuration: a process started under another identity is
 	// never driven (runtime-mismatch).
 	Identity() string
 	// DeclaredEntries are the names the runtime keeps in a state directory.
 	DeclaredEntries() []Entry
-	// Start launches the runtime process for spec, detached (own session, survives sandboxd's
+	// Start launches the runtime process for spec, detached (own session, survives bothyd's
 	// exit, stdout and stderr to <dir>/sandbox.log, replaced at each start), and returns its
 	// identity at once: readiness is the agent answering on ControlPath, which the caller
 	// waits for.
@@ -204,7 +204,7 @@ type HostResource struct {
 	SandboxID string
 	Dir       string
 	// Name is what an operator knows it by (a cgroup's path below the hierarchy's root,
-	// "sandboxd/demo.1a2b3c4d").
+	// "bothy/demo.1a2b3c4d").
 	Name string
 	// Paths are where it lies on the host (a cgroup's directory, on cgroup v1 one in each
 	// hierarchy): it exists while any of them does.

@@ -10,13 +10,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // SpawnDetached starts a runtime process for a launch, the way every runtime's Start does:
-// exe with args (argv[0] "sandboxd"), in its own session so that it outlives sandboxd and
-// no terminal signal of sandboxd's reaches it, in /, with a minimal PATH, stdout and stderr
+// exe with args (argv[0] "bothyd"), in its own session so that it outlives bothyd and
+// no terminal signal of bothyd's reaches it, in /, with a minimal PATH, stdout and stderr
 // to log, and config written on a pipe that is its fd 3 (so the capability it carries never
 // lies in a file). It returns the process's verified identity once it has taken its
 // configuration. A process that ends as it starts (killed from outside) is start-timeout:
@@ -28,8 +28,8 @@ func SpawnDetached(kind, exe string, args []string, log *os.File, config []byte)
 		return platform.ProcessID{}, err
 	}
 	defer pw.Close()
-	cmd := exec.Command(exe, args...) //nolint:noctx // the runtime process outlives every request, and sandboxd
-	cmd.Args[0] = "sandboxd"
+	cmd := exec.Command(exe, args...) //nolint:noctx // the runtime process outlives every request, and bothyd
+	cmd.Args[0] = "bothyd"
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = log, log
@@ -41,7 +41,7 @@ func SpawnDetached(kind, exe string, args []string, log *os.File, config []byte)
 		return platform.ProcessID{}, fmt.Errorf("%s runtime: start the runtime process: %w", kind, err)
 	}
 	id, err := platform.Identify(cmd.Process.Pid)
-	// Reap it if it ends while this sandboxd still runs; after a restart of sandboxd the
+	// Reap it if it ends while this bothyd still runs; after a restart of bothyd the
 	// host's init (or a subreaper) does.
 	if err != nil {
 		_ = cmd.Process.Kill()
@@ -56,9 +56,9 @@ func SpawnDetached(kind, exe string, args []string, log *os.File, config []byte)
 	return id, nil
 }
 
-// reap reaps cmd's process once it ends, without an OS thread of sandboxd's blocked in a wait
+// reap reaps cmd's process once it ends, without an OS thread of bothyd's blocked in a wait
 // for it: cmd.Wait blocks one thread per child, and every running sandbox is a child of the
-// sandboxd that started it, so 4000 sandboxes held 4000 threads of sandboxd, each a host pid
+// bothyd that started it, so 4000 sandboxes held 4000 threads of bothyd, each a host pid
 // (kernel.pid_max is 32768 by default) and about 50 KiB of host memory (issue 17). A pidfd is
 // readable once its process ended, so the runtime's poller waits for all of them on one
 // epoll; the wait itself then does not block. Where pidfds are missing (Linux before 5.3)

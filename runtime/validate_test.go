@@ -9,9 +9,9 @@ func TestSpecValidate(t *testing.T) {
 	t.Parallel()
 	good := func() Spec {
 		return Spec{
-			ID: "sb-1", Dir: "/var/lib/sandboxd/sandboxes/sb-1", LaunchID: "l1",
-			ImageDir: "/var/lib/sandboxd/images/base", HostBase: "/var/lib/sandboxd/host",
-			Lowers:     []string{"/var/lib/sandboxd/templates/t/g000001/payload"},
+			ID: "sb-1", Dir: "/var/lib/bothy/sandboxes/sb-1", LaunchID: "l1",
+			ImageDir: "/var/lib/bothy/images/base", HostBase: "/var/lib/bothy/host",
+			Lowers:     []string{"/var/lib/bothy/templates/t/g000001/payload"},
 			Capability: []byte("secret"),
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/openapi"
 )
 
 // uploader is a handler whose file upload reads the whole body and reports how it ended.

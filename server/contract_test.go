@@ -9,7 +9,7 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/openapi"
 )
 
 // contractServer serves every route of the table, the ones outside the strict interface

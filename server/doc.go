@@ -1,4 +1,4 @@
-// Package server builds sandboxd's http.Handler: the chi router, the middleware (request id,
+// Package server builds bothyd's http.Handler: the chi router, the middleware (request id,
 // access log, panic recovery, origin and host checks, bearer-token auth, request validation
 // against the OpenAPI contract, body limits), the routes that live outside the generated strict
 // interface, and the one place where errors become application/problem+json responses.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi"
 )
 
 // fuzzHandlers answers the operations the fuzz target reaches with a coded error, so that any

@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // DefaultLoginTTL is how long a dashboard login code stays good, unused.
@@ -74,7 +74,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) error {
 	}
 	if !s.redeemLogin(in.Code) {
 		return errcode.New(errcode.Unauthorized,
-			"This login link was used already, has expired, or is not this server's; restart sandboxd for a new one, or paste the token from the token file in its state root.")
+			"This login link was used already, has expired, or is not this server's; restart bothyd for a new one, or paste the token from the token file in its state root.")
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
 )
 
 type ctxKey int

@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
-// problem is the application/problem+json body (RFC 9457) with sandboxd's extensions.
+// problem is the application/problem+json body (RFC 9457) with bothyd's extensions.
 type problem struct {
 	Type      string `json:"type"`
 	Title     string `json:"title"`
@@ -109,14 +109,14 @@ func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, err error)
 		s.log.Error("request failed", "request_id", requestIDOf(r), "code", e.Code, "err", err)
 	}
 	if e.Code == errcode.Unauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sandboxd"`)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="bothyd"`)
 	}
 	if abandonBody(r) {
 		// Answer now and close, rather than wait for a body that may never come.
 		w.Header().Set("Connection", "close")
 	}
 	writeProblemBody(w, status, problem{
-		Type:      "urn:sandboxd:problem:" + string(e.Code),
+		Type:      "urn:bothyd:problem:" + string(e.Code),
 		Title:     http.StatusText(status),
 		Status:    status,
 		Detail:    e.Msg,
@@ -131,7 +131,7 @@ func writeProblemBody(w http.ResponseWriter, status int, p problem) {
 	if err != nil {
 		// A problem holds only strings and an int; this cannot fail, but never answer nothing.
 		slog.Error("encoding a problem", "err", err)
-		body = []byte(`{"type":"urn:sandboxd:problem:internal","title":"Internal Server Error","status":500,"code":"internal"}`)
+		body = []byte(`{"type":"urn:bothyd:problem:internal","title":"Internal Server Error","status":500,"code":"internal"}`)
 		status = http.StatusInternalServerError
 	}
 	h := w.Header()

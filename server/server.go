@@ -15,8 +15,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi"
 )
 
 // Defaults for Config's limits.
@@ -65,9 +65,9 @@ type Config struct {
 	Dashboard  http.Handler
 	Ports      PortRoutes
 
-	// Foreign, if set, serves every request that ForeignClaims claims, ahead of sandboxd's
+	// Foreign, if set, serves every request that ForeignClaims claims, ahead of bothyd's
 	// own routes and outside their authentication (it brings its own): E2B's API (package
-	// e2b, docs/e2b.md), whose paths none of sandboxd's routes use.
+	// e2b, docs/e2b.md), whose paths none of bothyd's routes use.
 	Foreign       http.Handler
 	ForeignClaims func(*http.Request) bool
 
@@ -80,7 +80,7 @@ type Config struct {
 	ClassifyError func(error) error
 }
 
-// Server is sandboxd's HTTP handler together with the state it needs to shut down cleanly.
+// Server is bothyd's HTTP handler together with the state it needs to shut down cleanly.
 type Server struct {
 	handler        http.Handler
 	log            *slog.Logger
@@ -244,7 +244,7 @@ func allowedMethods(router *chi.Mux, path string) []string {
 func (s *Server) handle(h HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if h == nil {
-			s.writeProblem(w, r, errcode.New(errcode.NotImplemented, "%s is not implemented in this version of sandboxd.", r.URL.Path))
+			s.writeProblem(w, r, errcode.New(errcode.NotImplemented, "%s is not implemented in this version of bothyd.", r.URL.Path))
 			return
 		}
 		if err := h(w, r); err != nil {

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi"
 )
 
 // TestEveryCodeHasAStatus keeps the mapper's table complete: a code added to errcode without
@@ -53,7 +53,7 @@ func TestClassify(t *testing.T) {
 		{"coded", errcode.New(errcode.SandboxBusy, "busy"), errcode.SandboxBusy},
 		{"wrapped coded", fmt.Errorf("exec: %w", errcode.New(errcode.NotRunning, "stopped")), errcode.NotRunning},
 		{"body too large", fmt.Errorf("decoding: %w", &http.MaxBytesError{Limit: 10}), errcode.PayloadTooLarge},
-		{"plain error", errors.New("open /var/lib/sandboxd/secret: permission denied"), errcode.Internal},
+		{"plain error", errors.New("open /var/lib/bothy/secret: permission denied"), errcode.Internal},
 		{"unknown code", errcode.New(errcode.Code("made-up"), "x"), errcode.Internal},
 	}
 	for _, tc := range cases {

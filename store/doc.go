@@ -73,7 +73,7 @@
 // Busy attempts are repeated every [RetryInterval] (25 ms) until the caller's deadline (the
 // context's deadline, which must exist; a context without one is refused with
 // invalid-request before anything waits); no attempt starts after the deadline, and the
-// caller gets transition-in-progress. [Retry] is that rule, shared by every lock of sandboxd.
+// caller gets transition-in-progress. [Retry] is that rule, shared by every lock of bothyd.
 // Attempts that lost a race with a removal (step 2 or 5) are repeated at once.
 //
 // Only a holder ever removes a lock file, so a holder's identity check followed by unlink
@@ -126,7 +126,7 @@
 // make the lock file in it. When such an undo fails too (the file system went read-only),
 // what stays is whole and reads as what it is: a provisioned sandbox that a delete removes,
 // a journal that the next transition's reattach ends, an empty state directory or temp
-// leftovers that the next lock (and sandboxd check --repair, which takes it) removes.
+// leftovers that the next lock (and bothyd check --repair, which takes it) removes.
 //
 // Removal needs no space: where making the bin or a move into it is refused it unlinks,
 // removes directories and fsyncs in place (no marker is written first), so a delete works on
@@ -137,7 +137,7 @@
 // A move frees no block, so a removal answers without waiting for the file system to free
 // the sandbox's disk image and layers (and, on a file system mounted with discard, to
 // discard them). [Store.EmptyTrash] deletes the bins afterwards, with the same walk; a
-// server's janitor calls it after each removal ([Store.Trashed]) and at start-up, and sandboxd
+// server's janitor calls it after each removal ([Store.Trashed]) and at start-up, and bothyd
 // check --repair does. Everything in the trash is garbage, which is why no record says what
 // is there: a crash leaves bins that the next call deletes.
 package store

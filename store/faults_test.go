@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // injector is a platform.FS fault that, once armed, counts the changing operations and fails
@@ -305,7 +305,7 @@ func storeTxs() []storeTx {
 				if provisioned(t, s, "a") {
 					t.Fatal("a provision that failed left the sandbox provisioned, though its undo could run")
 				}
-				// A directory without config.json is what sandboxd check reports as left over.
+				// A directory without config.json is what bothyd check reports as left over.
 				if dir := filepath.Join(s.Root(), SandboxesDir, "a"); exists(dir) {
 					t.Fatalf("a provision that failed left its state directory: %v", entriesOf(t, dir))
 				}

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
 )
 
 // FuzzDecodeRecords feeds arbitrary bytes to the decoder of every record the store reads from

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // ErrNotPrivate is wrapped by the error of a provision that finds an existing state directory
@@ -118,7 +118,7 @@ func (a Attempt) String() string {
 	return fmt.Sprintf("Attempt(%d)", int(a))
 }
 
-// Retry is the waiting rule of every lock of sandboxd (the lifecycle lock, the template
+// Retry is the waiting rule of every lock of bothyd (the lifecycle lock, the template
 // store's lock, exec admission): try at once, then every RetryInterval while attempt reports
 // [Busy], until it reports [Acquired] or fails (an error, or [Failed]), or ctx's deadline
 // passes; no attempt starts after the deadline, and an attempt that reports [Raced] is made
@@ -273,7 +273,7 @@ func requirePrivate(id string, dir *os.File) error {
 	if st.UID != uint32(os.Geteuid()) || st.Mode.Perm()&0o077 != 0 {
 		return errcode.Wrap(errcode.Internal,
 			fmt.Errorf("%w: owner %d, mode %v", ErrNotPrivate, st.UID, st.Mode.Perm()),
-			"The state directory of sandbox %s is not private to sandboxd's user; fix its owner and mode (0700) or remove it.", id)
+			"The state directory of sandbox %s is not private to bothyd's user; fix its owner and mode (0700) or remove it.", id)
 	}
 	return nil
 }

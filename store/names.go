@@ -6,9 +6,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/runtime"
 )
 
 // The store's own entries in a state directory. Nothing else may use these names, in any

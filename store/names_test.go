@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 func TestValidateID(t *testing.T) {

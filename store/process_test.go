@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // The tests here re-execute the test binary: TestMain runs a helper instead of the tests when

@@ -7,10 +7,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
 )
 
 // The format numbers of the records this version writes and reads. A record with another
@@ -48,7 +48,7 @@ type Config struct {
 	Template *TemplateRef `json:"template,omitempty"`
 	// Network is the sandbox's egress policy (see the network package); nil, like a policy
 	// that allows nothing, means no interface but lo. A live change rewrites it, so that the
-	// next start, and a restarted sandboxd's reattach, apply the policy in force.
+	// next start, and a restarted bothyd's reattach, apply the policy in force.
 	Network *NetworkPolicy `json:"network,omitempty"`
 	// Runtime is the kind of the runtime the sandbox runs under ("namespace", "microvm"); ""
 	// (a record written before there was a choice) means the server's default runtime.
@@ -249,7 +249,7 @@ func (l *Lock) LaunchJournal() (*LaunchJournal, error) {
 // ([platform.WriteFileWholeAt]), stamped with the current format. The journal speaks of
 // processes, which a crash of the host ends: after one, the journal may be absent or an
 // earlier version of itself, whole, and either way it names a launch of an earlier boot that
-// nothing of runs. What it is for, a crash of sandboxd, keeps the page cache, and so the
+// nothing of runs. What it is for, a crash of bothyd, keeps the page cache, and so the
 // journal as written. Against a crash of the host it would only save the outcome
 // "start-failed" of a start that never answered; two directory fsyncs a start are worth more.
 func (l *Lock) WriteLaunchJournal(j *LaunchJournal) error {

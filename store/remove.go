@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // CleanStaging removes the outcome report's staging leftovers (".outcome.json.<random>.tmp")
@@ -154,7 +154,7 @@ func (l *Lock) Deprovision(ctx context.Context) (err error) {
 	}
 	if len(e.foreign) > 0 {
 		return errcode.Wrap(errcode.ForeignFiles, &ForeignFilesError{Entries: e.foreign},
-			"Sandbox %s was removed, but its state directory holds entries sandboxd does not own (%s); they were kept, remove them by hand.",
+			"Sandbox %s was removed, but its state directory holds entries bothyd does not own (%s); they were kept, remove them by hand.",
 			l.id, strings.Join(e.foreign, ", "))
 	}
 

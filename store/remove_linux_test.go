@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 	"golang.org/x/sys/unix"
 )
 

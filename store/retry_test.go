@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // TestRetry checks what Retry does with each Attempt and error an attempt reports.

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // SandboxesDir is the directory under the state root that holds one state directory per sandbox.

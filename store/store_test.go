@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
-// declareAll declares the names the other components of sandboxd declare.
+// declareAll declares the names the other components of bothyd declare.
 func declareAll(t testing.TB, s *Store) {
 	t.Helper()
 	for _, name := range []string{"exec.lock", "clone.json", "control.capability", "sandbox.log"} {

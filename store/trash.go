@@ -8,8 +8,8 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
 )
 
 // TrashDir is the directory under the state root where a removal moves a sandbox's entries
@@ -71,7 +71,7 @@ func (s *Store) Trashed() <-chan struct{} { return s.trash.filled }
 //
 // Moving needs no lock beyond the sandbox's: the bin's name is new, and nothing but
 // EmptyTrash touches the trash, which leaves a bin this process is filling alone. Another
-// process's EmptyTrash (sandboxd check --repair beside a server) may remove the bin under the
+// process's EmptyTrash (bothyd check --repair beside a server) may remove the bin under the
 // moves: a move that then fails is one the caller removes in place. The moves are made
 // durable by the caller's sync of the state directory; one lost in a crash of the host leaves
 // the entry where it was, for the removal that the still present configuration record calls
@@ -176,7 +176,7 @@ func (s *Store) EmptyTrash() (int, error) {
 		}
 		if err := s.fs.RemoveAllAt(s.trash.dir, bin); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			if _, serr := platform.LstatAt(s.trash.dir, bin); errors.Is(serr, fs.ErrNotExist) {
-				continue // another process emptied it meanwhile (a second server, sandboxd check)
+				continue // another process emptied it meanwhile (a second server, bothyd check)
 			}
 			errs = append(errs, fmt.Errorf("store: empty the trash: %w", err))
 			continue

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // TestEmptyTrashBesideAnotherProcess empties one trash from two stores at once, as a server
-// and sandboxd check --repair (or two servers) on one state root do: each bin goes, and
+// and bothyd check --repair (or two servers) on one state root do: each bin goes, and
 // neither reports the other's removals as errors.
 func TestEmptyTrashBesideAnotherProcess(t *testing.T) {
 	t.Parallel()

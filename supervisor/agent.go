@@ -3,10 +3,10 @@ package supervisor
 import (
 	"context"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
 )
 
 // runningAgent returns a control session with a running sandbox's agent, for file
@@ -41,7 +41,7 @@ func (s *Supervisor) runningAgent(ctx context.Context, id string) (*control.Clie
 }
 
 // agent returns the cached session with the agent of rec's launch, or dials a new one (after
-// a restart of sandboxd, or when the last one died).
+// a restart of bothyd, or when the last one died).
 func (s *Supervisor) agent(ctx context.Context, dir, id string, rec *store.RuntimeRecord) (*control.Client, error) {
 	s.mu.Lock()
 	if c, ok := s.clients[id]; ok {
@@ -116,7 +116,7 @@ func (s *Supervisor) dropClient(id string) {
 }
 
 // Close stops the watchers and ends every control session (not the sandboxes: they outlive
-// sandboxd).
+// bothyd).
 func (s *Supervisor) Close() {
 	s.closeSpares()
 	s.mu.Lock()

@@ -6,13 +6,13 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/store"
 )
 
 // PendingName marks a sandbox whose create asked for a start that has not yet succeeded: if
-// sandboxd crashes before the start commits, the next start-up ([Supervisor.ReattachAll])
+// bothyd crashes before the start commits, the next start-up ([Supervisor.ReattachAll])
 // removes the sandbox, so that a create with start is all or nothing across crashes too
 // (but for the window that [Supervisor.prepare] describes).
 const PendingName = "create.pending"
@@ -121,7 +121,7 @@ type provisioning struct {
 // prepare writes what p asks for into the state directory l locks, right after the
 // configuration record that makes the sandbox exist: before it, a crash would leave a
 // directory with more in it than an interrupted provision leaves, which neither the store nor
-// sandboxd check would then remove. A crash between the two writes leaves a sandbox as a plain
+// bothyd check would then remove. A crash between the two writes leaves a sandbox as a plain
 // create makes it (provisioned, without a lifetime or the mark); that window is one durable
 // write long.
 func (s *Supervisor) prepare(l *store.Lock, p provisioning) error {
@@ -172,7 +172,7 @@ func (s *Supervisor) startCreated(ctx context.Context, l *store.Lock) (_ *Status
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	if derr := s.deprovisionLocked(cctx, l); derr != nil {
-		s.log.Error("undoing a create whose start failed; the next start-up of sandboxd removes it", "sandbox", id, "err", derr)
+		s.log.Error("undoing a create whose start failed; the next start-up of bothyd removes it", "sandbox", id, "err", derr)
 	}
 	return nil, err
 }

@@ -33,7 +33,7 @@
 // record whose process is alive is held; one whose process is gone is cleared, so the sandbox
 // reads as stopped; a live process of another runtime identity is running, flagged
 // [Status.RuntimeMismatch], and never driven (runtime-mismatch), except by a forced stop.
-// sandboxd reattaches every sandbox at start-up ([Supervisor.StartReattach]), in a pass that runs
+// bothyd reattaches every sandbox at start-up ([Supervisor.StartReattach]), in a pass that runs
 // while it serves; an operation that locks a sandbox the pass has not reached reconciles it
 // first. A committed launch
 // is also watched through a pidfd, and the sandbox is reconciled as soon as its runtime process

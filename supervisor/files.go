@@ -6,7 +6,7 @@ import (
 	"io/fs"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 // The file operations below act inside a running sandbox, through its agent, as the user
@@ -33,7 +33,7 @@ type FileInfo struct {
 	// (0o4000, 0o2000, 0o1000), not as fs.FileMode does.
 	Mode       uint32
 	ModifiedAt time.Time
-	// The details, from StatFile and ListFileDetails only (an agent of an older sandboxd
+	// The details, from StatFile and ListFileDetails only (an agent of an older bothyd
 	// answers none): owner and group names as the sandbox's /etc/passwd and /etc/group say
 	// (else the numbers); for a symlink the path it resolves to and the type and mode of
 	// what is there (see control.FileInfo); the user metadata stored by WriteFile.

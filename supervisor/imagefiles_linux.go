@@ -16,11 +16,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
-// ImageFilesName is the layer of files sandboxd adds to a sandbox on an OCI image, in its
+// ImageFilesName is the layer of files bothyd adds to a sandbox on an OCI image, in its
 // state directory: stacked right above the image's layers (below a clone's generation and
 // the sandbox's own writable layer), made afresh at every launch, never written into the
 // image's layers, which other sandboxes share.

@@ -4,7 +4,7 @@ package supervisor
 
 import "errors"
 
-// ImageFilesName is the layer of files sandboxd adds to a sandbox on an OCI image.
+// ImageFilesName is the layer of files bothyd adds to a sandbox on an OCI image.
 const ImageFilesName = "imagefiles"
 
 // writeImageFiles exists so that the package builds elsewhere; sandboxes run on Linux only.

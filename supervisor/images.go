@@ -13,15 +13,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/image"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/image"
 )
 
 // Images. A sandbox runs on one of three kinds of image: the built-in host image, a root
 // file system directory that an operator put under the state root's images/, or an OCI
 // image of the image store (pulled or imported), whose layers the sandbox stacks below a
-// small layer of files sandboxd adds (see imagefiles_linux.go). OCI images are resources
+// small layer of files bothyd adds (see imagefiles_linux.go). OCI images are resources
 // with references: a sandbox provisioned on one and a template generation captured on one
 // each hold a durable reference in the image store, which refuses to delete (or replace)
 // an image while any remains.
@@ -52,7 +52,7 @@ const (
 // pullTimeout bounds one pull; a pull of many gigabytes over a slow link needs long.
 const pullTimeout = 6 * time.Hour
 
-// ImageConfig is the part of an OCI image's configuration that sandboxd honours or shows.
+// ImageConfig is the part of an OCI image's configuration that bothyd honours or shows.
 type ImageConfig = image.Config
 
 // ImageLayer is one layer of an image, bottom first, with a pull's progress on it.
@@ -520,14 +520,14 @@ func (u *imageUse) done(errp *error) {
 	}
 	if *errp != nil && u.created {
 		if err := u.tx.RemoveUse(u.name, image.UseSandbox, u.id); err != nil {
-			u.s.log.Warn("removing the image reference of a failed provision; sandboxd check repairs it", "sandbox", u.id, "image", u.name, "err", err)
+			u.s.log.Warn("removing the image reference of a failed provision; bothyd check repairs it", "sandbox", u.id, "image", u.name, "err", err)
 		}
 	}
 	_ = u.tx.Unlock()
 }
 
 // releaseImage removes a user's reference to an image once the user is gone. A failure
-// leaves a stale reference, which the image's delete sweeps and sandboxd check repairs; it is
+// leaves a stale reference, which the image's delete sweeps and bothyd check repairs; it is
 // logged, not returned.
 func (s *Supervisor) releaseImage(ctx context.Context, name string, kind image.UseKind, id string) {
 	if s.images == nil || name == "" || name == HostImage || image.ValidateName(name) != nil {
@@ -541,7 +541,7 @@ func (s *Supervisor) releaseImage(ctx context.Context, name string, kind image.U
 		_ = tx.Unlock()
 	}
 	if err != nil {
-		s.log.Warn("releasing an image reference; sandboxd check repairs it", "image", name, "user", string(kind)+" "+id, "err", err)
+		s.log.Warn("releasing an image reference; bothyd check repairs it", "image", name, "user", string(kind)+" "+id, "err", err)
 	}
 }
 
@@ -608,7 +608,7 @@ type imageStack struct {
 
 // stackImage resolves a sandbox's image into the runtime's terms. An OCI image is its layers,
 // the bottom one as the image directory and the others as lowers, under a layer of files
-// sandboxd adds, made afresh in the sandbox's state directory for this launch.
+// bothyd adds, made afresh in the sandbox's state directory for this launch.
 func (s *Supervisor) stackImage(dir string, cfg *store.Config) (*imageStack, error) {
 	img, err := s.ociImage(cfg.Image)
 	if err != nil {
@@ -631,7 +631,7 @@ func (s *Supervisor) stackImage(dir string, cfg *store.Config) (*imageStack, err
 	hostname := cfg.ID
 	files := filepath.Join(dir, ImageFilesName)
 	if err := writeImageFiles(files, layers, img.Config, hostname); err != nil {
-		return nil, errcode.Wrap(errcode.Internal, err, "The files sandboxd adds to image %s could not be made for sandbox %s.", img.Name, cfg.ID)
+		return nil, errcode.Wrap(errcode.Internal, err, "The files bothyd adds to image %s could not be made for sandbox %s.", img.Name, cfg.ID)
 	}
 	return &imageStack{
 		dir:    layers[len(layers)-1],
@@ -692,7 +692,7 @@ func (d execDefaults) apply(req ExecRequest) ExecRequest {
 	return req
 }
 
-// CheckImageUses is for sandboxd check: it reports references whose user is gone, under the
+// CheckImageUses is for bothyd check: it reports references whose user is gone, under the
 // image store's lock, and with repair removes them. It answers nothing without an image store.
 func (s *Supervisor) CheckImageUses(ctx context.Context, repair bool) ([]image.Use, error) {
 	if s.images == nil {

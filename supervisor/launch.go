@@ -9,12 +9,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
 )
 
 // requiredFeatures are what the server needs of an agent before a launch commits.
@@ -93,7 +93,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 	launchID := naming.RandomHex(8)
 	capability := []byte(naming.RandomHex(32))
 	// Atomic but not synced: the capability is read only to dial this launch's agent while
-	// it runs. A crash of sandboxd keeps the page cache, so the next sandboxd reads it whole;
+	// it runs. A crash of bothyd keeps the page cache, so the next bothyd reads it whole;
 	// a crash of the host ends the launch (its records name the old boot), so whatever the
 	// file then holds is never used, and the next launch writes a new one. Two fsyncs less
 	// per start.

@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
 )
 
 // openWithEvents is open with an event channel.
@@ -374,7 +374,7 @@ func TestCaptureOfARunningSandbox(t *testing.T) {
 
 // TestReattachSweepsUnboundLeases: a crash between a clone's lease and its binding, or between
 // a removal's deprovision and its release, leaves a lease that no binding names; the start-up
-// reconciliation releases it (so the generation is not held and `sandboxd check` finds
+// reconciliation releases it (so the generation is not held and `bothyd check` finds
 // nothing), and keeps the lease of a clone that is bound.
 func TestReattachSweepsUnboundLeases(t *testing.T) {
 	s, root := newSupervisor(t)
@@ -443,7 +443,7 @@ func TestReattachSweepsUnboundLeases(t *testing.T) {
 	}
 	defer again.Close()
 	withTemplates(again)
-	// Without a deadline, as sandboxd's start-up pass runs: the sweep must bring its own.
+	// Without a deadline, as bothyd's start-up pass runs: the sweep must bring its own.
 	if err := again.ReattachAll(context.Background(), 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +463,7 @@ func TestReattachSweepsUnboundLeases(t *testing.T) {
 	}
 }
 
-// TestOperationReconcilesBeforeTheStartUpPass: sandboxd serves while its start-up reattach
+// TestOperationReconcilesBeforeTheStartUpPass: bothyd serves while its start-up reattach
 // pass runs, so an operation can reach a sandbox that the pass has not; it reconciles that
 // sandbox first, as the pass would. Here the sandbox is what a crashed create with start
 // leaves, which the reconciliation removes: the start finds no sandbox instead of starting it.

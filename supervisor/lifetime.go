@@ -4,11 +4,11 @@ import (
 	"context"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
 )
 
 // LifetimeName is a sandbox's lifetime record, and lifetimeFormat its record format.

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // maxLogRead bounds how much of a log is read to find its last lines.
@@ -53,7 +53,7 @@ func (s *Supervisor) logTail(dir string, lines int) string {
 // begin with a timestamp (the shim's and the agent's log lines) and the headline of a Go
 // crash (panic:, fatal error:, and the runtime's own runtime: messages). A crash's goroutine
 // dump, its frames, file positions and "created by" lines, is left out: a problem's detail
-// is read by the API's callers, for whom it is noise about sandboxd's internals; the log
+// is read by the API's callers, for whom it is noise about bothyd's internals; the log
 // endpoint still serves all of it.
 func humanLines(b []byte) []string {
 	var kept []string

@@ -12,7 +12,7 @@ import (
 // human lines of it and none of the frames.
 func TestLogTailLeavesOutGoTracebacks(t *testing.T) {
 	t.Parallel()
-	const log = `2026-12-01T13:37:38.913108133Z sandboxd shim: user namespace: ids 0-65535 are host ids 1879048192-1879113727 (slot 0)
+	const log = `2026-12-01T13:37:38.913108133Z bothyd shim: user namespace: ids 0-65535 are host ids 1879048192-1879113727 (slot 0)
 2026/12/01 13:38:02 INFO agent listening hostname=p6 pid=1
 runtime: failed to create new OS thread (have 8 already; errno=11)
 runtime: may need to increase max user processes (ulimit -u)
@@ -26,10 +26,10 @@ runtime.newosproc(0x312aec60b808)
 
 goroutine 1 [running]:
 main.main()
-	/src/cmd/sandboxd/main.go:12 +0x1f
+	/src/cmd/bothyd/main.go:12 +0x1f
 created by os/signal.Notify.func1.1 in goroutine 1
 	/usr/local/go/src/os/signal/signal.go:152 +0x1f
-2026-12-01T13:37:39.169484451Z sandboxd shim: the sandbox ended: exited (exit code 2, signal "", oom false)
+2026-12-01T13:37:39.169484451Z bothyd shim: the sandbox ended: exited (exit code 2, signal "", oom false)
 `
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, LogName), []byte(log), 0o600); err != nil {

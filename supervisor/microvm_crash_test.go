@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/store"
 )
 
 // envCrashVMAssets, set for the crash helper, makes it start a microVM sandbox, with the
@@ -78,7 +78,7 @@ func vmCrashHelper(crash func(string)) error {
 // after the journal, after the shared assets, after the sandbox's disk overlay, after the
 // shim's spawn, after the journal names it (before the control socket: the guest is still
 // booting), and after the runtime record. The next start (from another supervisor, as after
-// a restart of sandboxd) ends the interrupted launch, and then exactly one shim and one QEMU
+// a restart of bothyd) ends the interrupted launch, and then exactly one shim and one QEMU
 // run; the file the sandbox wrote before is on its disk (nothing lost), and a stop leaves no
 // microVM process (nothing orphaned). One sandbox goes through every step, so that its disk
 // is the same throughout.

@@ -12,12 +12,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/network"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/network"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
 )
 
 // A sandbox's network follows its launch (see the network package for what is made):
@@ -28,9 +28,9 @@ import (
 //     launch, whose endLaunch tears the network down.
 //   - Every end of a launch (a stop, an exit noticed, an abandoned or interrupted start) and a
 //     delete calls [Supervisor.detachNetwork], which tears down from the Manager's record, so
-//     that what a crashed sandboxd made goes too.
+//     that what a crashed bothyd made goes too.
 //   - Reattach of a running sandbox that this process has not attached (after a restart of
-//     sandboxd) sets it up again ([Supervisor.adoptNetwork]): the Manager keeps the veth and
+//     bothyd) sets it up again ([Supervisor.adoptNetwork]): the Manager keeps the veth and
 //     re-arms the resolver, which lived in the old process.
 //   - A resume of a microVM whose memory was released joins the network to the guest of its
 //     new QEMU ([Supervisor.rejoinNetwork]); the network itself stayed (the shim keeps the
@@ -39,7 +39,7 @@ import (
 //     a networked one of a generation without one is refused ([Supervisor.restoreNIC]).
 //   - Start-up ([Supervisor.ReattachAll]) then tears down the network of every recorded
 //     sandbox that does not run ([Supervisor.reconcileNetworks]): a record can outlive its
-//     launch when the reconciliation that ended the launch had no Manager (`sandboxd check
+//     launch when the reconciliation that ended the launch had no Manager (`bothyd check
 //     --repair`'s) or its Teardown failed, and afterwards no launch is left whose end would
 //     look at it again.
 //
@@ -110,7 +110,7 @@ func (s *Supervisor) parseNetwork(p *NetworkPolicy) (*network.Rules, error) {
 		return rules, nil
 	}
 	if s.net.mgr == nil {
-		return nil, errcode.New(errcode.Unavailable, "This sandboxd gives sandboxes no network; leave out network, or ask the operator to run it as root on Linux.")
+		return nil, errcode.New(errcode.Unavailable, "This bothyd gives sandboxes no network; leave out network, or ask the operator to run it as root on Linux.")
 	}
 	if _, ok := s.rt.(runtime.NetNSer); !ok {
 		return nil, errcode.New(errcode.Unavailable, "The %s runtime cannot give a sandbox a network interface; leave out network.", s.rt.Kind())
@@ -301,7 +301,7 @@ func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc plat
 }
 
 // adoptNetwork takes over the network of a running sandbox that this process has not
-// attached: after a restart of sandboxd, its filter and interface are still there, and its
+// attached: after a restart of bothyd, its filter and interface are still there, and its
 // resolver, which ran in the old process, is started again. A failure is logged: the sandbox
 // runs on, without name resolution, until a later reattach or a restart of it. A microVM
 // whose memory is released has no QEMU, and so no guest to join: its resume adopts it
@@ -326,7 +326,7 @@ func (s *Supervisor) adoptNetwork(l *store.Lock, rec *store.RuntimeRecord) {
 	}
 	if _, err := s.setupNetwork(l, rules, processOf(rec)); err != nil {
 		if s.releasedVM(l) {
-			// A resume that sandboxd's death interrupted before its thaw: start-up's
+			// A resume that bothyd's death interrupted before its thaw: start-up's
 			// reconciliation restores it, and its network pass adopts it then.
 			s.log.Info("network: the sandbox's memory is released; its network is adopted once it is restored", "sandbox", l.ID())
 			return
@@ -354,7 +354,7 @@ func (s *Supervisor) releasedVM(l *store.Lock) bool {
 // is restored: the network namespace, its eth0 and the host's side stayed (the shim keeps the
 // namespace), but the restore's QEMU made a new tap, to which JoinGuest points the redirect.
 // The guest keeps its address, and the gateway its MAC. A sandbox that this process has not
-// attached (sandboxd restarted while the memory was released) is adopted whole: Setup, which
+// attached (bothyd restarted while the memory was released) is adopted whole: Setup, which
 // re-arms its resolver, and the join. It does nothing for a runtime without a guest's NIC or a
 // sandbox without a network.
 func (s *Supervisor) rejoinNetwork(l *store.Lock, rec *store.RuntimeRecord) error {
@@ -390,7 +390,7 @@ func (s *Supervisor) rejoinNetwork(l *store.Lock, rec *store.RuntimeRecord) erro
 }
 
 // detachNetwork tears down a sandbox's network, from the Manager's record, whether this
-// process made it or not. A failure is logged: `sandboxd check --repair` removes what is left.
+// process made it or not. A failure is logged: `bothyd check --repair` removes what is left.
 func (s *Supervisor) detachNetwork(id string) {
 	if s.net.mgr == nil {
 		return

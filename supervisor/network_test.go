@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/network"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/network"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/store"
 )
 
 // recordNet is a Networker that keeps only the Manager's records: what a sandbox's network
@@ -51,7 +51,7 @@ func (n *recordNet) Recorded() ([]string, error) {
 }
 
 // TestStartupTearsDownNetworksOfSandboxesNotRunning: a network record can outlive its launch
-// (a `sandboxd check --repair`, whose supervisor has no Manager, cleared the launch's runtime
+// (a `bothyd check --repair`, whose supervisor has no Manager, cleared the launch's runtime
 // record; a Teardown failed), and then no launch is left whose end would tear it down. The
 // start-up reconciliation removes the records of a stopped sandbox and of one that is gone,
 // and keeps those of a running sandbox and of a sandbox whose lock another process holds.
@@ -79,7 +79,7 @@ func TestStartupTearsDownNetworksOfSandboxesNotRunning(t *testing.T) {
 	}
 	defer held.Unlock()
 
-	// A restarted sandboxd on the same root, with the records an earlier process left.
+	// A restarted bothyd on the same root, with the records an earlier process left.
 	net := &recordNet{records: map[string]bool{"netrun": true, "netstopped": true, "netgone": true, "netbusy": true}}
 	st, err := store.Open(root)
 	if err != nil {

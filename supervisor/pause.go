@@ -4,12 +4,12 @@ import (
 	"context"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
 )
 
 // PausedName is the pause record, and pausedFormat its record format.

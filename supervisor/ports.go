@@ -5,7 +5,7 @@ import (
 	"net"
 	"sync"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // Bounds of port connections ([Supervisor.DialPort]). Each one holds a descriptor-free yamux

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // TestPortConnsBounds: a sandbox gets no more than its share, all sandboxes together no more

@@ -4,15 +4,15 @@ import (
 	"context"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
 )
 
 func mismatchError(id string) error {
 	return errcode.New(errcode.RuntimeMismatch,
-		"Sandbox %s runs under another sandboxd build or runtime configuration; this server will not drive it. Stop it with force=true, or use the sandboxd that started it.", id)
+		"Sandbox %s runs under another bothyd build or runtime configuration; this server will not drive it. Stop it with force=true, or use the bothyd that started it.", id)
 }
 
 // reconciled is what reattach found. A live launch is StateRunning with its runtime record;
@@ -140,7 +140,7 @@ func journalProcess(j *store.LaunchJournal) (p platform.ProcessID) {
 	return p
 }
 
-// ReattachAll reconciles every sandbox of the state root, as sandboxd does at start-up:
+// ReattachAll reconciles every sandbox of the state root, as bothyd does at start-up:
 // interrupted starts are ended, stale records cleared, running sandboxes kept. It is
 // [Supervisor.StartReattach] and a wait for its pass to end.
 func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) error {
@@ -156,7 +156,7 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 }
 
 // StartReattach lists the sandboxes of the state root and reconciles them in the background,
-// so that sandboxd serves at once after a restart however many sandboxes it has (issue 17:
+// so that bothyd serves at once after a restart however many sandboxes it has (issue 17:
 // 4000 took seconds one after the other). Until the pass has reached a sandbox, the first
 // operation that locks it ([Supervisor.lockProvisioned]) reconciles it first, exactly as the
 // pass would: nothing is ever driven unreconciled. A status read meanwhile settles its
@@ -164,7 +164,7 @@ func (s *Supervisor) ReattachAll(ctx context.Context, timeout time.Duration) err
 // it (an interrupted start as "starting"); once the pass is done, reads take no lock, as
 // always. What only the pass does for
 // every sandbox at once comes later by up to the pass's length: exits that happened while
-// sandboxd was down are noticed (and their events sent) and lifetimes re-armed as the pass
+// bothyd was down are noticed (and their events sent) and lifetimes re-armed as the pass
 // reaches each, and networks whose sandbox no longer runs are torn down at its end. A sandbox
 // whose lock another process holds past timeout is skipped and reported. The trash's janitor
 // starts with the first pass, and empties what a crash left there first.

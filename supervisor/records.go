@@ -6,8 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
 )
 
 // The supervisor's own small records in a state directory (paused.json, lifetime.json, the

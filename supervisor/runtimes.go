@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/network"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/network"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
 )
 
 // A supervisor drives sandboxes of several runtime kinds. Each sandbox's configuration record
@@ -127,9 +127,9 @@ func (s *Supervisor) runtimeOf(kind string) (runtime.Runtime, error) {
 		return rt, nil
 	}
 	if why := s.runtimes.unavailable[kind]; why != nil {
-		return nil, errcode.Wrap(errcode.Unavailable, why, "This server has no %s runtime (%v); use a sandboxd that has one.", kind, why)
+		return nil, errcode.Wrap(errcode.Unavailable, why, "This server has no %s runtime (%v); use a bothyd that has one.", kind, why)
 	}
-	return nil, errcode.New(errcode.Unavailable, "This server has no %s runtime; use a sandboxd that has one.", kind)
+	return nil, errcode.New(errcode.Unavailable, "This server has no %s runtime; use a bothyd that has one.", kind)
 }
 
 // runtimeFor returns the runtime of the sandbox that cfg configures.
@@ -191,7 +191,7 @@ func (s *Supervisor) checkRuntime(kind string) error {
 }
 
 // ProbeRuntimes runs the start-up probe of every runtime that has one ([Prober]) and is not
-// unavailable, each in the background: a probe may boot a guest for seconds, and sandboxd
+// unavailable, each in the background: a probe may boot a guest for seconds, and bothyd
 // serves meanwhile ([Supervisor.Runtimes] says probing). It returns at once.
 func (s *Supervisor) ProbeRuntimes() {
 	for _, rt := range s.runtimes.all() {

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/store"
 )
 
 // kinded is a runtime of another kind that runs its sandboxes with the namespace runtime,

@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
 )
 
 // MaxExecOutput caps each of a buffered exec's stdout and stderr ([Supervisor.RunExec]); the
@@ -81,7 +81,7 @@ func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest,
 	proc, err := a.agent.Exec(ctx, req.control(stdin != nil))
 	if msg, ok := commandNotFound(err); ok {
 		// As a shell answers it: exit 127, and why on stderr.
-		return &ExecResult{ExitStatus: ExitStatus{ExitCode: 127}, Stderr: "sandboxd: " + msg + "\n"}, nil
+		return &ExecResult{ExitStatus: ExitStatus{ExitCode: 127}, Stderr: "bothyd: " + msg + "\n"}, nil
 	}
 	if err != nil {
 		return nil, lost(a, err)
@@ -207,7 +207,7 @@ func (s *Supervisor) StartExec(ctx context.Context, a *Admission, req ExecReques
 	proc, err := a.agent.ExecPiped(ctx, a.defaults.apply(req).control(true))
 	if msg, ok := commandNotFound(err); ok {
 		// As the buffered exec answers it: a session that says why and exits 127.
-		x := &Session{a: a, missing: []byte("sandboxd: " + msg + "\n"), missingStream: Stderr}
+		x := &Session{a: a, missing: []byte("bothyd: " + msg + "\n"), missingStream: Stderr}
 		if req.TTY {
 			x.missingStream = Stdout
 		}

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/store"
 )
 
 // Spares are sandboxes started ahead, with the server's defaults, for creates that have not
@@ -24,7 +24,7 @@ import (
 // A spare is an ordinary sandbox of the store whose configuration record carries
 // [store.Config.Spare]: recorded before it is made (the mark is in the first record written),
 // started under the crash protocol of any create with start, reconciled by reattach, read by
-// sandboxd check. The mark keeps it out of listings, lookups and every by-id operation, so no
+// bothyd check. The mark keeps it out of listings, lookups and every by-id operation, so no
 // client can see or drive it; its events are not published. A claim is the rewrite of that
 // record without the mark (and with the create's labels and lifetime): before the rewrite the
 // sandbox is a spare, after it the client's, and a crash between leaves one or the other.

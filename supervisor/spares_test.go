@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/store"
 )
 
 // TestSparesServeOnlyTheDefaults: a spare goes only to a create with start whose id the server

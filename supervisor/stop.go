@@ -4,11 +4,11 @@ import (
 	"context"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/image"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/image"
 )
 
 // Stop ends a running sandbox: gracefully through its agent (TERM every process, wait a

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // StorageState is the health of the state root's file system, as the last fault or probe
@@ -74,7 +74,7 @@ const storageProbePrefix = ".storage-probe-"
 
 // NewStorageHealth returns the health of the state root root, probed once now so that a root
 // that is already full or read-only reads so from the start. onFault, if set, is told of
-// every fault (for sandboxd_storage_faults_total); it must not block.
+// every fault (for bothy_storage_faults_total); it must not block.
 func NewStorageHealth(root string, log *slog.Logger, onFault func(errcode.Code)) *StorageHealth {
 	if log == nil {
 		log = slog.Default()

@@ -10,20 +10,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/image"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/image"
+	"github.com/bothy/bothy/store/template"
 )
 
 // Names the supervisor keeps in a state directory besides the runtime's.
 const (
 	// ExecLockName is the exec admission lock.
 	ExecLockName = "exec.lock"
-	// CapabilityName holds the launch's control capability, so that a restarted sandboxd can
+	// CapabilityName holds the launch's control capability, so that a restarted bothyd can
 	// dial the agent again. It is outside the part of the state directory the sandbox sees.
 	CapabilityName = "control.capability"
 	// LogName is the runtime's log, read by Logs.
@@ -85,7 +85,7 @@ type Options struct {
 	Network Networker
 	// Spares, if set, are the spares to keep once [Supervisor.StartSpares] is called (with a
 	// Count of 0: none, and those an earlier run left are deleted). Nil leaves spares alone,
-	// as sandboxd check and tests do.
+	// as bothyd check and tests do.
 	Spares *SpareOptions
 }
 
@@ -111,7 +111,7 @@ type Supervisor struct {
 	crashPoint func(step string)
 
 	// janitor starts the trash's janitor ([Supervisor.emptyTrash]) once, with the first
-	// reattach pass: a supervisor that only checks (sandboxd check) leaves the trash alone.
+	// reattach pass: a supervisor that only checks (bothyd check) leaves the trash alone.
 	janitor sync.Once
 	// life ends when the supervisor closes; watchers stop with it.
 	life     context.Context
@@ -201,7 +201,7 @@ func (s *Supervisor) Store() *store.Store { return s.store }
 type RuntimeInfo struct {
 	// Kind is the runtime's kind ("namespace").
 	Kind string
-	// Identity is the runtime identity: its kind, sandboxd's build and the runtime's
+	// Identity is the runtime identity: its kind, bothyd's build and the runtime's
 	// configuration. Template generations are captured under it and clone only under it.
 	Identity string
 	// Runtimes are every runtime kind of the server, this one first ([Supervisor.Runtimes]).

@@ -14,14 +14,14 @@ import (
 	"testing"
 	"time"
 
-	vmshim "github.com/sandboxd/sandboxd/runtime/microvm/shim"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	vmshim "github.com/bothy/bothy/runtime/microvm/shim"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
 )
 
 // Environment of the crash helper: the test binary re-executed to start a sandbox and die
@@ -35,8 +35,8 @@ const (
 	envCrashCapture = "SUPERVISOR_TEST_CRASH_CAPTURE"
 )
 
-// testCgroupParent keeps the tests' cgroups apart from a real sandboxd's.
-const testCgroupParent = "sandboxd-test-supervisor"
+// testCgroupParent keeps the tests' cgroups apart from a real bothyd's.
+const testCgroupParent = "bothyd-test-supervisor"
 
 func TestMain(m *testing.M) {
 	if code, ran := shim.Main(os.Args[1:]); ran {
@@ -218,7 +218,7 @@ func execTrue(ctx context.Context, s *Supervisor, id string) error {
 	return err
 }
 
-// otherBuild is a runtime that claims another identity, as another sandboxd build would.
+// otherBuild is a runtime that claims another identity, as another bothyd build would.
 type otherBuild struct{ runtime.Runtime }
 
 func (otherBuild) Identity() string { return "namespace/p1/another-build" }
@@ -272,7 +272,7 @@ func TestRuntimeMismatch(t *testing.T) {
 	}
 }
 
-// TestReattachAfterRestart: a new supervisor on the same root (a restarted sandboxd) finds
+// TestReattachAfterRestart: a new supervisor on the same root (a restarted bothyd) finds
 // the running sandbox, dials its agent with the launch's capability, and stops it.
 func TestReattachAfterRestart(t *testing.T) {
 	s, root := newSupervisor(t)

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
 )
 
 // The types of the template events.
@@ -63,7 +63,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	defer func() {
 		if err == nil && onImage != "" {
 			if rerr := s.referGeneration(ctx, onImage, templateName, g.ID); rerr != nil {
-				s.log.Warn("recording the image reference of a generation; sandboxd check repairs it", "template", templateName, "generation", g.ID, "err", rerr)
+				s.log.Warn("recording the image reference of a generation; bothyd check repairs it", "template", templateName, "generation", g.ID, "err", rerr)
 			}
 		}
 	}()
@@ -155,7 +155,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 // the launch to end). A running one is frozen by the runtime's
 // [runtime.Pauser], with no pause record written, and its layer opened by the runtime's
 // [runtime.LiveLayerer]: a live layer keeps it frozen until the copy has read it, a snapshot
-// only until the snapshot is taken. A crash of sandboxd while it is frozen leaves a frozen
+// only until the snapshot is taken. A crash of bothyd while it is frozen leaves a frozen
 // sandbox without a record, which start-up thaws (the thorough [Supervisor.reconcilePause] of
 // [Supervisor.ReattachAll]), as it does after a resume that crashed.
 func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *store.Config, r reconciled) (template.CaptureHooks, *os.File, error) {
@@ -522,7 +522,7 @@ func (s *Supervisor) keyMismatch(k template.Key, req CloneRequest) string {
 	rt, err := s.runtimeOf(keyKind(k))
 	switch {
 	case err != nil || k.Runtime != rt.Identity():
-		return "it was captured under another sandboxd build or runtime configuration"
+		return "it was captured under another bothyd build or runtime configuration"
 	case req.Runtime != "" && req.Runtime != rt.Kind():
 		return fmt.Sprintf("it was captured under the %s runtime, not %s", rt.Kind(), req.Runtime)
 	case req.Image != "" && req.Image != k.Image:
@@ -596,7 +596,7 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 // sweepUnboundLeases releases the leases whose sandbox has no clone binding naming them, as
 // the start-up reconciliation: a crash between a clone's lease and its binding, or between a
 // removal's deprovision and its release, leaves one, which would otherwise hold its
-// generation (and read as a problem to `sandboxd check`) until the next retirement. Each is
+// generation (and read as a problem to `bothyd check`) until the next retirement. Each is
 // judged again under its sandbox's lock, which a clone holds from its lease to its binding,
 // so a clone in flight beside the reconciliation is never swept under it; the release runs
 // after that lock is let go (the template store's lock is never awaited under a sandbox's),

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
 )
 
 // Tracked processes are the E2B surface's process model (docs/e2b.md): the sandbox's agent
-// holds them (control.FeatureProcs), not sandboxd, so they outlive the call that started
-// them, every client's connection and a restart of sandboxd. Like [Supervisor.StartProcess]
+// holds them (control.FeatureProcs), not bothyd, so they outlive the call that started
+// them, every client's connection and a restart of bothyd. Like [Supervisor.StartProcess]
 // they take no exec lock.
 
 // TrackedInput is input for a tracked process: stdin bytes, then (EOF) the end of stdin, a

@@ -20,7 +20,7 @@ func (s *Supervisor) emptyTrash() {
 func (s *Supervisor) emptyTrashOnce() {
 	n, err := s.store.EmptyTrash()
 	if err != nil {
-		// The next removal tries again, and so does sandboxd check --repair.
+		// The next removal tries again, and so does bothyd check --repair.
 		s.log.Warn("emptying the trash", "err", err)
 	}
 	if n > 0 {

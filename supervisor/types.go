@@ -1,9 +1,9 @@
 package supervisor
 
 import (
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
 )
 
 // The supervisor's callers (the HTTP handlers) see sandboxes, runs and templates through the

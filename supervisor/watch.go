@@ -3,7 +3,7 @@ package supervisor
 import (
 	"context"
 
-	"github.com/sandboxd/sandboxd/control"
+	"github.com/bothy/bothy/control"
 )
 
 // WatchEvent is one change below a watched directory: Name is relative to it, Op one of

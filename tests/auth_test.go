@@ -18,8 +18,8 @@ import (
 	"time"
 )
 
-// TestAuthByDefault: a sandboxd started with no token options generates one into its state
-// root, readable by its own user alone, requires it, keeps it across restarts, and sandboxctl
+// TestAuthByDefault: a bothyd started with no token options generates one into its state
+// root, readable by its own user alone, requires it, keeps it across restarts, and bothy
 // finds it there. --insecure-no-auth is the explicit way out.
 func TestAuthByDefault(t *testing.T) {
 	t.Parallel()
@@ -33,13 +33,13 @@ func TestAuthByDefault(t *testing.T) {
 		t.Fatalf("the token file has mode %o, want 600", perm)
 	}
 	if uid := st.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() {
-		t.Fatalf("the token file belongs to uid %d, not to sandboxd's user %d", uid, os.Geteuid())
+		t.Fatalf("the token file belongs to uid %d, not to bothyd's user %d", uid, os.Geteuid())
 	}
 	if len(d.Token) < 32 {
 		t.Fatalf("the generated token %q is short", d.Token)
 	}
 	if strings.Contains(d.logs.String(), d.Token) {
-		t.Fatal("the generated token is in sandboxd's log")
+		t.Fatal("the generated token is in bothyd's log")
 	}
 
 	wantProblem(t, d.do("GET", "/v1/sandboxes", nil, http.Header{"Authorization": {""}}), http.StatusUnauthorized, "unauthorized")
@@ -61,11 +61,11 @@ func TestAuthByDefault(t *testing.T) {
 	}
 	wantProblem(t, d.do("POST", "/login", strings.NewReader(body), http.Header{"Authorization": {""}}), http.StatusUnauthorized, "unauthorized")
 
-	t.Run("sandboxctl finds it in the state root", func(t *testing.T) {
+	t.Run("bothy finds it in the state root", func(t *testing.T) {
 		d := d.in(t)
 		ctl := func(root string) (string, int) {
-			cmd := exec.Command(sandboxctlBin, "ls")
-			cmd.Env = append(os.Environ(), "SANDBOXD_URL="+d.URL, "SANDBOXD_ROOT="+root, "SANDBOXD_TOKEN_FILE=")
+			cmd := exec.Command(bothyBin, "ls")
+			cmd.Env = append(os.Environ(), "BOTHY_URL="+d.URL, "BOTHY_ROOT="+root, "BOTHY_TOKEN_FILE=")
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			err := cmd.Run()
@@ -78,10 +78,10 @@ func TestAuthByDefault(t *testing.T) {
 			return stderr.String(), 0
 		}
 		if stderr, code := ctl(d.Root); code != 0 {
-			t.Fatalf("sandboxctl with SANDBOXD_ROOT: exit %d: %s", code, stderr)
+			t.Fatalf("bothy with BOTHY_ROOT: exit %d: %s", code, stderr)
 		}
 		if stderr, code := ctl(t.TempDir()); code == 0 || !strings.Contains(stderr, "unauthorized") {
-			t.Fatalf("sandboxctl without a token: exit %d: %s", code, stderr)
+			t.Fatalf("bothy without a token: exit %d: %s", code, stderr)
 		}
 	})
 

@@ -24,7 +24,7 @@ import (
 // read as a ratio measured under the same load of the machine. docs/performance.md has the
 // commands and the figures.
 
-// benchDaemon starts sandboxd for a benchmark at the default log level (the harness logs at
+// benchDaemon starts bothyd for a benchmark at the default log level (the harness logs at
 // debug, which would time the logging too).
 func benchDaemon(b *testing.B) *daemon {
 	b.Helper()
@@ -459,11 +459,11 @@ func BenchmarkCapture(b *testing.B) {
 	b.ReportMetric(capture.median()/cp.median(), "capture/cp-a")
 }
 
-// BenchmarkReadmeCycle is issue 17's measurement: sandboxd as the README starts it (`go run
-// ./cmd/sandboxd`, the binary alone, without sandboxd-runtime beside it), a full cycle (create
+// BenchmarkReadmeCycle is issue 17's measurement: bothyd as the README starts it (`go run
+// ./cmd/bothyd`, the binary alone, without bothyd-runtime beside it), a full cycle (create
 // with start, exec `true`, forced stop, delete), and a bare bwrap spawn, interleaved in one loop
 // so that every figure and ratio is measured under the same load of the machine. Two servers run
-// side by side: default (what a user gets: the runtime sandboxd builds from its source) and self
+// side by side: default (what a user gets: the runtime bothyd builds from its source) and self
 // (--runtime-binary self: what they got before, every sandbox process the server binary).
 // disk=none runs both with --default-disk-mb 0 (bwrap has no disk of its own). Goals:
 // create+start at most 1.5x bwrap, stop 2x, the cycle 3x.

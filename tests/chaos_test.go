@@ -23,20 +23,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/runtime/namespace/shim"
+	"github.com/bothy/bothy/store"
 )
 
 // The chaos suite's size. The short form (the default) runs in CI in about a minute; the long
-// form runs on demand: go test ./tests -run TestChaos -chaos.long (or SANDBOXD_CHAOS_ROUNDS=N).
-// SANDBOXD_CHAOS_SEED=N replays a seed: the same clients, operations, ids and kill schedule
+// form runs on demand: go test ./tests -run TestChaos -chaos.long (or BOTHY_CHAOS_ROUNDS=N).
+// BOTHY_CHAOS_SEED=N replays a seed: the same clients, operations, ids and kill schedule
 // (the interleaving of goroutines and processes is the machine's).
 var chaosLong = flag.Bool("chaos.long", false, "run the long form of the chaos suite (many more rounds)")
 
-// chaosFill (or SANDBOXD_CHAOS_FILL=1) runs the suite on a small loop-mounted state root that
+// chaosFill (or BOTHY_CHAOS_FILL=1) runs the suite on a small loop-mounted state root that
 // the kill schedule also fills (from the host, every free block) and frees: writes may then
 // answer 507 storage-full, but nothing else changes, and every round must still check clean.
 var chaosFill = flag.Bool("chaos.fill", false, "also fill and free the state root (a small loop-mounted file system) while killing processes")
@@ -131,37 +131,37 @@ var chaosAllowed = map[string][]int{
 	"claim-delete": {204, 404, 409, 423},
 }
 
-// TestChaos: clients issue random lifecycle operations while sandboxd is killed with SIGKILL
+// TestChaos: clients issue random lifecycle operations while bothyd is killed with SIGKILL
 // at random moments and restarted, and sandbox shims, inits and releasers are killed; after
-// each round `sandboxd check` passes beside the restarted server, every sandbox a client saw
+// each round `bothyd check` passes beside the restarted server, every sandbox a client saw
 // created and not deleted still exists (and none it saw deleted came back), no runtime
 // process runs without its sandbox, and no network resource (interface, nftables object,
 // address record) outlives its sandbox. At the end everything is deleted and nothing is left.
 //
-// Some creates ask for a network (chaosNetPolicy): sandboxd, its checker and the clients run
+// Some creates ask for a network (chaosNetPolicy): bothyd, its checker and the clients run
 // in a network namespace of the test's own (the network tests' netWorld), so that the veths,
 // addresses and nftables tables the suite makes and crashes over are never the real host's.
 func TestChaos(t *testing.T) {
 	requireRoot(t)
 	seed := time.Now().UnixNano()
-	if s := os.Getenv("SANDBOXD_CHAOS_SEED"); s != "" {
+	if s := os.Getenv("BOTHY_CHAOS_SEED"); s != "" {
 		var err error
 		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
-			t.Fatalf("SANDBOXD_CHAOS_SEED=%q: %v", s, err)
+			t.Fatalf("BOTHY_CHAOS_SEED=%q: %v", s, err)
 		}
 	}
 	rounds := chaosShortRounds
 	if *chaosLong {
 		rounds = chaosLongRounds
 	}
-	if s := os.Getenv("SANDBOXD_CHAOS_ROUNDS"); s != "" {
+	if s := os.Getenv("BOTHY_CHAOS_ROUNDS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
-			t.Fatalf("SANDBOXD_CHAOS_ROUNDS=%q: want a positive number", s)
+			t.Fatalf("BOTHY_CHAOS_ROUNDS=%q: want a positive number", s)
 		}
 		rounds = n
 	}
-	t.Logf("chaos seed %d, %d rounds (reproduce with SANDBOXD_CHAOS_SEED=%d SANDBOXD_CHAOS_ROUNDS=%d)", seed, rounds, seed, rounds)
+	t.Logf("chaos seed %d, %d rounds (reproduce with BOTHY_CHAOS_SEED=%d BOTHY_CHAOS_ROUNDS=%d)", seed, rounds, seed, rounds)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
 	world := newNetWorld(t)
@@ -169,7 +169,7 @@ func TestChaos(t *testing.T) {
 	opts := []daemonOption{withArgs("--log-level", "info", "--spares", "2"), inNetNS(world.host),
 		withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0")}
 	var small *smallFS
-	if *chaosFill || os.Getenv("SANDBOXD_CHAOS_FILL") != "" {
+	if *chaosFill || os.Getenv("BOTHY_CHAOS_FILL") != "" {
 		small = newSmallFS(t, 256)
 		root := filepath.Join(small.Dir, "root")
 		opts = append(opts, func(d *daemon) { d.Root = root })
@@ -233,7 +233,7 @@ func TestChaos(t *testing.T) {
 			t.Logf("the servers' warnings and errors:\n%s", strings.Join(serverErrors, "\n"))
 		}
 	})
-	// restart crashes sandboxd and starts it again; with repairFirst, `sandboxd check
+	// restart crashes bothyd and starts it again; with repairFirst, `bothyd check
 	// --repair` runs on the crashed server's state root before the restart, and must leave it
 	// consistent.
 	repaired := 0
@@ -245,7 +245,7 @@ func TestChaos(t *testing.T) {
 			r, code, stderr := runCheckIn(t, world.host, d.Root, "--repair")
 			if code != 0 || !r.OK {
 				b, _ := json.MarshalIndent(r, "", "  ")
-				t.Fatalf("sandboxd check --repair on a crashed server's root exited %d:\n%s\n%s", code, b, stderr)
+				t.Fatalf("bothyd check --repair on a crashed server's root exited %d:\n%s\n%s", code, b, stderr)
 			}
 			repaired += len(r.Problems)
 			d.start()
@@ -255,7 +255,7 @@ func TestChaos(t *testing.T) {
 		server.Store(&chaosServer{url: d.URL, up: make(chan struct{})})
 		close(old.up)
 	}
-	// The clients' sockets are made in sandboxd's namespace, whose loopback it listens on.
+	// The clients' sockets are made in bothyd's namespace, whose loopback it listens on.
 	httpc := d.checkedClient(&http.Client{Timeout: 60 * time.Second, Transport: d.httpClient().Transport})
 	retried := 0
 
@@ -291,7 +291,7 @@ func TestChaos(t *testing.T) {
 			time.Sleep(time.Until(begin.Add(e.at)))
 			switch e.what {
 			case "server":
-				// Half the crashes are repaired offline by sandboxd check --repair before the
+				// Half the crashes are repaired offline by bothyd check --repair before the
 				// restart: a crash in mid-traffic leaves interrupted starts and stale records.
 				restartWith(rng.IntN(2) == 0)
 				kills["server"]++
@@ -377,16 +377,16 @@ func TestChaos(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("%s: %d", k, n))
 	}
 	slices.Sort(lines)
-	t.Logf("chaos seed %d: %d rounds; killed sandboxd %d times, %d shims, %d inits, %d releasers; filled the state root %d times; offline repairs fixed %d problems; check needed a second look in %d rounds\n%s",
+	t.Logf("chaos seed %d: %d rounds; killed bothyd %d times, %d shims, %d inits, %d releasers; filled the state root %d times; offline repairs fixed %d problems; check needed a second look in %d rounds\n%s",
 		seed, rounds, kills["server"], kills["shim"], kills["init"], kills["releaser"], kills["fill"], repaired, retried, strings.Join(lines, "\n"))
 	// The suite must have crashed over networks, not only offered them.
 	if stats.ops["create-networked 201"] == 0 {
 		t.Errorf("no networked sandbox was created in %d rounds: the network's crash paths were not exercised", rounds)
 	}
 	// A 500 is a finding. Those of known, reported bugs are logged (and fail the test only
-	// with SANDBOXD_CHAOS_STRICT=1, or once fixed they disappear); any other fails it.
+	// with BOTHY_CHAOS_STRICT=1, or once fixed they disappear); any other fails it.
 	keepErrors()
-	strict := os.Getenv("SANDBOXD_CHAOS_STRICT") != ""
+	strict := os.Getenv("BOTHY_CHAOS_STRICT") != ""
 	for _, u := range stats.unexpected {
 		cause := ""
 		if _, rid, ok := strings.Cut(u, `"request_id":"`); ok {
@@ -671,11 +671,11 @@ func chaosKillRuntime(t *testing.T, rt *namespace.Runtime, root string, role run
 	return platform.SignalVerified(pick[rng.IntN(len(pick))], syscall.SIGKILL) == nil
 }
 
-// chaosKillReleaser SIGKILLs a releaser of a sandbox of root (sandboxd __release <dir>, which
+// chaosKillReleaser SIGKILLs a releaser of a sandbox of root (bothyd __release <dir>, which
 // shuts a sandbox's root down after its launch ended), by verified identity, waiting up to a
 // second for one to run: a release lasts milliseconds, and the clients stop sandboxes all the
-// time. Releasers run only for shims that end while sandboxd does not answer on its release
-// socket (at a restart): sandboxd takes the others, and a sandboxd killed with releases in
+// time. Releasers run only for shims that end while bothyd does not answer on its release
+// socket (at a restart): bothyd takes the others, and a bothyd killed with releases in
 // hand is this suite's server kill. It reports whether it killed one. A killed releaser
 // still releases, in its exit, and its disk's lock ends with it: the next start of the
 // sandbox must not wait out the lock's bound, and nothing may be left for the check.
@@ -689,7 +689,7 @@ func chaosKillReleaser(root string, rng *rand.Rand) bool {
 				continue
 			}
 			argv, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if err != nil || !strings.HasPrefix(string(argv), "sandboxd\x00"+shim.ReleaseCommand+"\x00"+filepath.Join(root, "sandboxes")+"/") {
+			if err != nil || !strings.HasPrefix(string(argv), "bothyd\x00"+shim.ReleaseCommand+"\x00"+filepath.Join(root, "sandboxes")+"/") {
 				continue
 			}
 			if id, err := platform.Identify(pid); err == nil {
@@ -704,7 +704,7 @@ func chaosKillReleaser(root string, rng *rand.Rand) bool {
 	return false
 }
 
-// chaosCheck runs `sandboxd check` beside the restarted server until it passes. The restart
+// chaosCheck runs `bothyd check` beside the restarted server until it passes. The restart
 // reattached every sandbox before serving, but a runtime process told to shut down before the
 // crash may exit just after, and the server reconciles it a moment later; a check that looks
 // in between sees a stale record. It must converge within the deadline. It reports whether it
@@ -719,7 +719,7 @@ func chaosCheck(t *testing.T, ns *os.File, root string, round int) bool {
 		}
 		b, _ := json.MarshalIndent(r, "", "  ")
 		if time.Now().After(deadline) {
-			t.Fatalf("round %d: sandboxd check still fails after the restart (exit %d):\n%s\n%s", round, code, b, stderr)
+			t.Fatalf("round %d: bothyd check still fails after the restart (exit %d):\n%s\n%s", round, code, b, stderr)
 		}
 		t.Logf("round %d: check attempt %d found (exit %d):\n%s", round, attempt, code, b)
 		time.Sleep(200 * time.Millisecond) // the server's reconciliation is what is awaited

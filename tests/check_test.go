@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
 )
 
-// checkReport is the part of `sandboxd check --json` the tests look at.
+// checkReport is the part of `bothyd check --json` the tests look at.
 type checkReport struct {
 	Sandboxes int            `json:"sandboxes"`
 	Running   int            `json:"running"`
@@ -43,7 +43,7 @@ type checkProblem struct {
 	Repaired bool   `json:"repaired"`
 }
 
-// runCheck runs the built `sandboxd check --json` on root and returns its report and exit
+// runCheck runs the built `bothyd check --json` on root and returns its report and exit
 // status.
 func runCheck(t testing.TB, root string, extra ...string) (checkReport, int, string) {
 	t.Helper()
@@ -57,7 +57,7 @@ func runCheckIn(t testing.TB, ns *os.File, root string, extra ...string) (checkR
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, sandboxdBin, append([]string{"check", "--root", root, "--json"}, extra...)...)
+	cmd := exec.CommandContext(ctx, bothydBin, append([]string{"check", "--root", root, "--json"}, extra...)...)
 	var stdout bytes.Buffer
 	var stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -70,12 +70,12 @@ func runCheckIn(t testing.TB, ns *os.File, root string, extra ...string) (checkR
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		t.Fatalf("sandboxd check: %v", err)
+		t.Fatalf("bothyd check: %v", err)
 	}
 	var r checkReport
 	if code != 2 {
 		if err := json.Unmarshal(out, &r); err != nil {
-			t.Fatalf("sandboxd check --json printed %q (stderr %s): %v", out, stderr.String(), err)
+			t.Fatalf("bothyd check --json printed %q (stderr %s): %v", out, stderr.String(), err)
 		}
 	}
 	return r, code, stderr.String()
@@ -93,7 +93,7 @@ func mustCheckCleanIn(t testing.TB, ns *os.File, root, when string) checkReport 
 	r, code, stderr := runCheckIn(t, ns, root)
 	if code != 0 || !r.OK {
 		b, _ := json.MarshalIndent(r, "", "  ")
-		t.Fatalf("%s: sandboxd check exited %d:\n%s\n%s", when, code, b, stderr)
+		t.Fatalf("%s: bothyd check exited %d:\n%s\n%s", when, code, b, stderr)
 	}
 	return r
 }
@@ -120,7 +120,7 @@ func TestCheckUsage(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(sandboxdBin, c.args...)
+			cmd := exec.Command(bothydBin, c.args...)
 			out, err := cmd.CombinedOutput()
 			code := 0
 			if ee, ok := err.(*exec.ExitError); ok {
@@ -179,11 +179,11 @@ func TestCheckCleanBesideServer(t *testing.T) {
 	d.start() // for the harness's clean-up
 }
 
-// TestCheckJudgesRuntimeAsServer: `sandboxd check` makes its runtime as the server does
-// (here: sandboxd-runtime beside sandboxd), so a sandbox the server runs is no runtime
-// mismatch; given another runtime binary (--runtime-binary, sandboxd itself), it notes one.
-// Without the shared choice, the checker run from sandboxd always used sandboxd itself and
-// noted every running sandbox of a server using sandboxd-runtime as a mismatch.
+// TestCheckJudgesRuntimeAsServer: `bothyd check` makes its runtime as the server does
+// (here: bothyd-runtime beside bothyd), so a sandbox the server runs is no runtime
+// mismatch; given another runtime binary (--runtime-binary, bothyd itself), it notes one.
+// Without the shared choice, the checker run from bothyd always used bothyd itself and
+// noted every running sandbox of a server using bothyd-runtime as a mismatch.
 func TestCheckJudgesRuntimeAsServer(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -205,9 +205,9 @@ func TestCheckJudgesRuntimeAsServer(t *testing.T) {
 	if m := mismatches(r); len(m) != 0 {
 		t.Errorf("the checker takes the server's sandboxes %v for ones of another runtime: %+v", m, r.Notes)
 	}
-	r, code, stderr := runCheck(t, d.Root, "--runtime-binary", sandboxdBin)
+	r, code, stderr := runCheck(t, d.Root, "--runtime-binary", bothydBin)
 	if code != 0 {
-		t.Fatalf("check --runtime-binary %s exited %d: %+v %s", sandboxdBin, code, r, stderr)
+		t.Fatalf("check --runtime-binary %s exited %d: %+v %s", bothydBin, code, r, stderr)
 	}
 	if m := mismatches(r); len(m) != 1 || m[0] != "ckrt" {
 		t.Errorf("with another runtime binary, the checker notes runtime mismatches %v, want [ckrt]: %+v", m, r.Notes)

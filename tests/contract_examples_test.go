@@ -207,8 +207,8 @@ func sortedKeys(maps ...map[string]any) []string {
 func TestContractExamples(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
-	// The registries first, so that they close after sandboxd: a stalled pull holds a
-	// connection until sandboxd goes away.
+	// The registries first, so that they close after bothyd: a stalled pull holds a
+	// connection until bothyd goes away.
 	img := busyboxImage(t, v1.Config{Env: []string{"PATH=/bin"}, WorkingDir: "/app", Cmd: []string{"sh"}}, 2<<20)
 	pulledRef := serveRegistry(t, img, "library/busybox:1.36")
 	var stall atomic.Bool
@@ -264,7 +264,7 @@ func TestContractExamples(t *testing.T) {
 	real["setSandboxTimeout 200"] = d.doJSON("POST", "/v1/sandboxes/plain/timeout", map[string]any{"timeout_s": 3600, "on_timeout": "stop"})
 	// The egress policy, on a server in a network world of the test's own (network_test.go):
 	// a networked sandbox in the host's namespace would leave an interface and nftables
-	// objects there, which the `sandboxd check` of a test running alongside takes for leaks.
+	// objects there, which the `bothyd check` of a test running alongside takes for leaks.
 	w := newNetWorld(t)
 	nd := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
 	if r := nd.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "net", "start": true}); r.Status != 201 {

@@ -92,7 +92,7 @@ func TestContractRefusesUndocumentedInput(t *testing.T) {
 
 // TestContractHTTPLayerRefusals: what the spec documents as the one exception to
 // problem+json holds: a request that is not valid HTTP (a control byte in a header, headers
-// over 1 MiB) is refused by Go's HTTP server before sandboxd sees it, in plain text, with the
+// over 1 MiB) is refused by Go's HTTP server before bothyd sees it, in plain text, with the
 // connection closed. Raw connections on purpose: no http.Client sends such a request.
 func TestContractHTTPLayerRefusals(t *testing.T) {
 	t.Parallel()

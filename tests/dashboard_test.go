@@ -326,7 +326,7 @@ func TestDashboardTemplates(t *testing.T) {
 	}
 }
 
-// TestDashboardLogin: the login URL that a default sandboxd prints logs the dashboard in once.
+// TestDashboardLogin: the login URL that a default bothyd prints logs the dashboard in once.
 // The page trades the code for the token, keeps the token, and takes the code out of the
 // address bar; the same URL a second time is refused, and the kept token still works.
 func TestDashboardLogin(t *testing.T) {
@@ -336,13 +336,13 @@ func TestDashboardLogin(t *testing.T) {
 	ctx := browser(t)
 	login := d.LoginURL()
 	if strings.Contains(login, d.Token) || strings.Contains(d.logs.String(), d.Token) {
-		t.Fatal("the token itself is in sandboxd's log")
+		t.Fatal("the token itself is in bothyd's log")
 	}
 
 	run(ctx, t, "opening the login URL", chromedp.Navigate(login))
 	until(ctx, t, "live events", `document.querySelector("#live").textContent === "live" && document.querySelector("#token-panel").hidden`)
 	until(ctx, t, "the code out of the address bar", `location.hash === ""`)
-	kept, err := chromedp.Run(ctx, chromedp.Evaluate[string](`localStorage.getItem("sandboxd.token")`))
+	kept, err := chromedp.Run(ctx, chromedp.Evaluate[string](`localStorage.getItem("bothy.token")`))
 	if err != nil || kept != d.Token {
 		t.Fatalf("the page kept %q (%v), not the server's token", kept, err)
 	}

@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace"
 )
 
 // disksUnsupported says why sandboxes cannot have disks of their own on this host (the
-// runtime's own DiskSupport: no loop devices, or no mke2fs), or "" if they can: sandboxd
+// runtime's own DiskSupport: no loop devices, or no mke2fs), or "" if they can: bothyd
 // then answers such a create 503.
 func disksUnsupported() string {
 	rt, err := namespace.New(namespace.Config{})
@@ -215,7 +215,7 @@ func TestDiskOfItsOwn(t *testing.T) {
 // What a sandbox's log says of its release: the report, whoever released, and the shim's
 // line when it had to start a releaser process.
 const (
-	releasedLine    = " sandboxd releaser: released the sandbox's root in "
+	releasedLine    = " bothyd releaser: released the sandbox's root in "
 	releaserStarted = "a releaser takes it"
 )
 
@@ -228,7 +228,7 @@ func startDiskSandbox(t *testing.T, d *daemon, id string) {
 }
 
 // TestDiskReleasedBehindTheStop: a stop does not wait for the kernel to shut the sandbox's
-// root and disk down. The shim hands that to sandboxd once it has reported the end, so the
+// root and disk down. The shim hands that to bothyd once it has reported the end, so the
 // release's report comes after the outcome's time; the disk's loop device then goes. The
 // next start of the sandbox waits for the disk's lock, which a launch and then its releaser
 // hold: with the lock held here, as a releaser would hold it, the start waits and says so in
@@ -276,9 +276,9 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 	if releasedAt.Before(stopped.LastExit.At) {
 		t.Fatalf("the release ended at %v, before the launch's end was reported (%v)", releasedAt, stopped.LastExit.At)
 	}
-	// sandboxd took the release: the shim started no releaser.
+	// bothyd took the release: the shim started no releaser.
 	if b, _ := os.ReadFile(logPath); strings.Contains(string(b), releaserStarted) {
-		t.Fatalf("the shim did not hand the release to sandboxd:\n%s", b)
+		t.Fatalf("the shim did not hand the release to bothyd:\n%s", b)
 	}
 	waitFor(t, 20*time.Second, "rel's loop device to be released", func() bool { return d.attachedImages()["rel"] == 0 })
 
@@ -329,10 +329,10 @@ func TestDiskReleasedBehindTheStop(t *testing.T) {
 	}
 }
 
-// TestReleaseWithoutSandboxd: a sandbox that ends while sandboxd is down (its init killed
+// TestReleaseWithoutBothyd: a sandbox that ends while bothyd is down (its init killed
 // here) is released by a releaser process, since nothing answers on the release socket; the
-// restarted sandboxd finds it stopped and starts it again on its disk.
-func TestReleaseWithoutSandboxd(t *testing.T) {
+// restarted bothyd finds it stopped and starts it again on its disk.
+func TestReleaseWithoutBothyd(t *testing.T) {
 	requireRoot(t)
 	requireLoopDevices(t)
 	t.Parallel()

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/openapi"
+	"github.com/bothy/bothy/openapi"
 )
 
 // sse is a subscriber of /v1/events.
@@ -230,7 +230,7 @@ func TestEventsOfALifecycle(t *testing.T) {
 }
 
 // TestEventIDsSurviveRestart: event ids go on increasing across a SIGKILL and restart of
-// sandboxd, so a client that reconnects with the Last-Event-ID it saw before the restart is
+// bothyd, so a client that reconnects with the Last-Event-ID it saw before the restart is
 // sent only events it has not seen, each with an id it has never seen.
 func TestEventIDsSurviveRestart(t *testing.T) {
 	requireRoot(t)

@@ -54,7 +54,7 @@ func peakRSS(t *testing.T, pid int) int64 {
 }
 
 // TestLargeFileIsStreamed puts a 1 GiB file into a sandbox and reads it back: the content
-// arrives intact both ways, and sandboxd's peak memory stays far below the file's size.
+// arrives intact both ways, and bothyd's peak memory stays far below the file's size.
 func TestLargeFileIsStreamed(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -109,9 +109,9 @@ func TestLargeFileIsStreamed(t *testing.T) {
 	// A server that held the file would have grown by about a GiB.
 	const allowance = 128 << 20
 	if after := peakRSS(t, d.Pid()); after-before > allowance {
-		t.Fatalf("sandboxd's peak memory grew by %d MiB moving a 1 GiB file", (after-before)>>20)
+		t.Fatalf("bothyd's peak memory grew by %d MiB moving a 1 GiB file", (after-before)>>20)
 	} else {
-		t.Logf("sandboxd's peak memory: %d MiB before, %d MiB after moving 1 GiB each way", before>>20, after>>20)
+		t.Logf("bothyd's peak memory: %d MiB before, %d MiB after moving 1 GiB each way", before>>20, after>>20)
 	}
 }
 

@@ -190,20 +190,20 @@ func TestTokenIsRequired(t *testing.T) {
 
 func TestRefusesNonLoopbackWithoutToken(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(sandboxdBin, "--listen", "0.0.0.0:0", "--root", t.TempDir(), "--log-format", "json", "--insecure-no-auth")
+	cmd := exec.Command(bothydBin, "--listen", "0.0.0.0:0", "--root", t.TempDir(), "--log-format", "json", "--insecure-no-auth")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err == nil {
-		t.Fatalf("sandboxd served 0.0.0.0 without a token; output:\n%s", out)
+		t.Fatalf("bothyd served 0.0.0.0 without a token; output:\n%s", out)
 	}
 	if !strings.Contains(string(out), "without an API token") {
 		t.Fatalf("the refusal does not say why:\n%s", out)
 	}
 }
 
-// TestWithoutRoot: a sandboxd that is not root serves its API, and refuses only to start
+// TestWithoutRoot: a bothyd that is not root serves its API, and refuses only to start
 // sandboxes, with 503 unavailable saying why; the refused create leaves nothing behind.
 func TestWithoutRoot(t *testing.T) {
 	requireRoot(t) // to switch to another user

@@ -17,14 +17,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/runtime/namespace"
+	"github.com/bothy/bothy/runtime/namespace"
 )
 
-// sandboxdBin and sandboxctlBin are the binaries under test, built once by TestMain.
-var sandboxdBin, sandboxctlBin string
+// bothydBin and bothyBin are the binaries under test, built once by TestMain.
+var bothydBin, bothyBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sandboxd-e2e-")
+	dir, err := os.MkdirTemp("", "bothyd-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -34,19 +34,19 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	sandboxdBin = filepath.Join(dir, "sandboxd")
-	sandboxctlBin = filepath.Join(dir, "sandboxctl")
-	build := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd",
-		"github.com/sandboxd/sandboxd/cmd/sandboxctl")
-	// sandboxd-runtime beside sandboxd, built without cgo as `make build` and the image do:
-	// the installed layout (TestSingleBinary covers sandboxd alone; the namespace package's
+	bothydBin = filepath.Join(dir, "bothyd")
+	bothyBin = filepath.Join(dir, "bothy")
+	build := exec.Command("go", "build", "-o", dir, "github.com/bothy/bothy/cmd/bothyd",
+		"github.com/bothy/bothy/cmd/bothy")
+	// bothyd-runtime beside bothyd, built without cgo as `make build` and the image do:
+	// the installed layout (TestSingleBinary covers bothyd alone; the namespace package's
 	// own tests cover a runtime that links cgo).
-	buildRuntime := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd-runtime")
+	buildRuntime := exec.Command("go", "build", "-o", dir, "github.com/bothy/bothy/cmd/bothyd-runtime")
 	buildRuntime.Env = append(os.Environ(), "CGO_ENABLED=0")
 	for _, b := range []*exec.Cmd{build, buildRuntime} {
 		b.Stdout, b.Stderr = os.Stderr, os.Stderr
 		if err := b.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building sandboxd:", err)
+			fmt.Fprintln(os.Stderr, "building bothyd:", err)
 			os.Exit(1)
 		}
 	}
@@ -55,7 +55,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// daemon is one running sandboxd.
+// daemon is one running bothyd.
 type daemon struct {
 	t     testing.TB
 	Root  string
@@ -66,35 +66,35 @@ type daemon struct {
 	cmd  *exec.Cmd
 	logs *lineLog
 	done chan error
-	// uid, when not zero, is the user sandboxd runs as.
+	// uid, when not zero, is the user bothyd runs as.
 	uid int
-	// bin, when set, is the sandboxd binary to run instead of sandboxdBin.
+	// bin, when set, is the bothyd binary to run instead of bothydBin.
 	bin string
 	// givenToken says that Token was chosen by the test and is passed with --token-file;
-	// otherwise Token is the one sandboxd generated into its state root (or none, noAuth).
+	// otherwise Token is the one bothyd generated into its state root (or none, noAuth).
 	givenToken bool
 	noAuth     bool
-	// netns, when set, is the network namespace sandboxd runs in (see inNetNS).
+	// netns, when set, is the network namespace bothyd runs in (see inNetNS).
 	netns *os.File
 }
 
 type daemonOption func(*daemon)
 
-// withToken configures an API token (written to a 0600 file). Without it, sandboxd generates
+// withToken configures an API token (written to a 0600 file). Without it, bothyd generates
 // its own into the state root, as it does by default, and the daemon's Token is that one.
 func withToken(token string) daemonOption {
 	return func(d *daemon) { d.Token, d.givenToken = token, true }
 }
 
-// withoutAuth runs sandboxd with --insecure-no-auth: no token at all.
+// withoutAuth runs bothyd with --insecure-no-auth: no token at all.
 func withoutAuth() daemonOption {
 	return func(d *daemon) { d.noAuth = true; d.Args = append(d.Args, "--insecure-no-auth") }
 }
 
-// asUser runs sandboxd as another user, with a state root that user owns.
+// asUser runs bothyd as another user, with a state root that user owns.
 func asUser(uid int) daemonOption { return func(d *daemon) { d.uid = uid } }
 
-// withBinary runs another sandboxd binary.
+// withBinary runs another bothyd binary.
 func withBinary(path string) daemonOption { return func(d *daemon) { d.bin = path } }
 
 // withArgs adds command-line arguments.
@@ -102,7 +102,7 @@ func withArgs(args ...string) daemonOption {
 	return func(d *daemon) { d.Args = append(d.Args, args...) }
 }
 
-// startDaemon starts sandboxd on a free loopback port and waits until /healthz answers.
+// startDaemon starts bothyd on a free loopback port and waits until /healthz answers.
 // It is stopped (gracefully) when the test ends; its log is printed if the test failed.
 func startDaemon(t testing.TB, opts ...daemonOption) *daemon {
 	t.Helper()
@@ -129,7 +129,7 @@ func startDaemon(t testing.TB, opts ...daemonOption) *daemon {
 	t.Cleanup(func() {
 		d.Stop()
 		if t.Failed() {
-			t.Logf("sandboxd log:\n%s", d.logs.String())
+			t.Logf("bothyd log:\n%s", d.logs.String())
 		}
 		reapSandboxes(t, d.Root)
 	})
@@ -160,7 +160,7 @@ func (d *daemon) start() {
 		args = append(args, "--token-file", tokenFile)
 	}
 	args = append(args, d.Args...)
-	bin := sandboxdBin
+	bin := bothydBin
 	if d.bin != "" {
 		bin = d.bin
 	}
@@ -185,11 +185,11 @@ func (d *daemon) start() {
 	case a := <-addr:
 		d.URL = "http://" + a
 	case err := <-d.done:
-		t.Fatalf("sandboxd exited before serving: %v\n%s", err, d.logs.String())
+		t.Fatalf("bothyd exited before serving: %v\n%s", err, d.logs.String())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("sandboxd did not report its address within 30s\n%s", d.logs.String())
+		t.Fatalf("bothyd did not report its address within 30s\n%s", d.logs.String())
 	}
-	waitFor(t, 10*time.Second, "sandboxd /healthz", func() bool {
+	waitFor(t, 10*time.Second, "bothyd /healthz", func() bool {
 		resp, err := d.httpClient().Get(d.URL + "/healthz")
 		if err != nil {
 			return false
@@ -197,18 +197,18 @@ func (d *daemon) start() {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	// sandboxd serves while its start-up pass reattaches (issue 17), and logs the pass's end
-	// whenever it serves (a pass that cannot start ends sandboxd). The e2e tests look at
+	// bothyd serves while its start-up pass reattaches (issue 17), and logs the pass's end
+	// whenever it serves (a pass that cannot start ends bothyd). The e2e tests look at
 	// sandboxes, networks and processes as a reconciled server leaves them, so they start
 	// once the pass is done; the supervisor's tests cover what is served meanwhile.
-	waitFor(t, 60*time.Second, "sandboxd's start-up reattach pass", func() bool {
+	waitFor(t, 60*time.Second, "bothyd's start-up reattach pass", func() bool {
 		return strings.Contains(d.logs.String(), `"msg":"reattached sandboxes"`)
 	})
 	if !d.givenToken && !d.noAuth {
-		// sandboxd made it before it listened; as root the harness can read it whoever owns it.
+		// bothyd made it before it listened; as root the harness can read it whoever owns it.
 		b, err := os.ReadFile(filepath.Join(d.Root, "token"))
 		if err != nil {
-			t.Fatalf("the token sandboxd generated: %v", err)
+			t.Fatalf("the token bothyd generated: %v", err)
 		}
 		d.Token = strings.TrimSpace(string(b))
 	}
@@ -227,15 +227,15 @@ func authorize(req *http.Request) {
 	}
 }
 
-// LoginURL is the dashboard's one-time login URL that sandboxd printed at its last start.
+// LoginURL is the dashboard's one-time login URL that bothyd printed at its last start.
 func (d *daemon) LoginURL() string {
 	d.t.Helper()
-	// It is logged just before sandboxd serves, but read from its log by another goroutine.
-	waitFor(d.t, 10*time.Second, "the dashboard login URL in sandboxd's log", func() bool { return d.logs.loginURL() != "" })
+	// It is logged just before bothyd serves, but read from its log by another goroutine.
+	waitFor(d.t, 10*time.Second, "the dashboard login URL in bothyd's log", func() bool { return d.logs.loginURL() != "" })
 	return d.logs.loginURL()
 }
 
-// Stop ends sandboxd with SIGTERM and waits for it; it is idempotent.
+// Stop ends bothyd with SIGTERM and waits for it; it is idempotent.
 func (d *daemon) Stop() {
 	if d.cmd == nil || d.cmd.ProcessState != nil {
 		return
@@ -246,11 +246,11 @@ func (d *daemon) Stop() {
 	case <-time.After(45 * time.Second):
 		_ = d.cmd.Process.Kill()
 		<-d.done
-		d.t.Errorf("sandboxd did not stop within 45s of SIGTERM")
+		d.t.Errorf("bothyd did not stop within 45s of SIGTERM")
 	}
 }
 
-// Kill ends sandboxd with SIGKILL, as a crash would.
+// Kill ends bothyd with SIGKILL, as a crash would.
 func (d *daemon) Kill() {
 	if d.cmd == nil || d.cmd.ProcessState != nil {
 		return
@@ -259,7 +259,7 @@ func (d *daemon) Kill() {
 	<-d.done
 }
 
-// Restart stops sandboxd (gracefully, or with SIGKILL) and starts it again on the same root.
+// Restart stops bothyd (gracefully, or with SIGKILL) and starts it again on the same root.
 func (d *daemon) Restart(kill bool) {
 	if kill {
 		d.Kill()
@@ -301,7 +301,7 @@ func (l *lineLog) consume(r io.Reader, addr chan<- string) {
 			l.login = rec.URL
 			l.mu.Unlock()
 		}
-		if !sent && json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "sandboxd serving" && rec.Addr != "" {
+		if !sent && json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "bothyd serving" && rec.Addr != "" {
 			addr <- rec.Addr
 			sent = true
 		}
@@ -412,7 +412,7 @@ func wantProblem(t testing.TB, r response, status int, code string) problem {
 
 // reapSandboxes ends every sandbox still running under a state root once its test is over, so
 // that a test that failed half-way (or that leaves sandboxes on purpose) leaks no process or
-// cgroup onto the machine: sandboxes outlive sandboxd by design.
+// cgroup onto the machine: sandboxes outlive bothyd by design.
 func reapSandboxes(t testing.TB, root string) {
 	if os.Geteuid() != 0 {
 		return

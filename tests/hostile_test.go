@@ -16,8 +16,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // The hostile-workload suite: each workload runs in a sandbox of its own while a second,
@@ -286,7 +286,7 @@ func TestHostileWorkloads(t *testing.T) {
 			t.Fatalf("a 256 MiB flood through buffered exec: exit %d, %d bytes kept, truncated %v", got.ExitCode, len(got.Stdout), got.StdoutTruncated)
 		}
 		if grew := rssKiB(t, pid) - before; grew > 64<<10 {
-			t.Errorf("sandboxd's RSS grew by %d KiB over a 256 MiB flood", grew)
+			t.Errorf("bothyd's RSS grew by %d KiB over a 256 MiB flood", grew)
 		}
 
 		// A websocket client that does not read holds the workload back: what the workload
@@ -334,7 +334,7 @@ func TestHostileWorkloads(t *testing.T) {
 			t.Fatalf("the slow client read %d bytes, want %d", read, chunks*chunk)
 		}
 		if grew := rssKiB(t, pid) - before; grew > 64<<10 {
-			t.Errorf("sandboxd's RSS grew by %d KiB over the floods", grew)
+			t.Errorf("bothyd's RSS grew by %d KiB over the floods", grew)
 		}
 	})
 
@@ -470,7 +470,7 @@ func TestHostileWorkloads(t *testing.T) {
 			}
 		}
 
-		// A huge directory's listing costs sandboxd no more than the listing's cap.
+		// A huge directory's listing costs bothyd no more than the listing's cap.
 		if got := d.exec(id, map[string]any{"command": []string{"perl", "-e", `mkdir "/tmp/big" or die; for my $i (1..120000) { open(my $f, ">", "/tmp/big/entry-$i") or die; close $f } print "made\n"`}, "timeout_ms": 300000}); got.Stdout != "made\n" {
 			t.Fatalf("making 120 000 files: %+v", got)
 		}
@@ -485,7 +485,7 @@ func TestHostileWorkloads(t *testing.T) {
 			}
 		}
 		if grew := rssKiB(t, pid) - before; grew > 64<<10 {
-			t.Errorf("sandboxd's RSS grew by %d KiB over three listings of 120 000 entries", grew)
+			t.Errorf("bothyd's RSS grew by %d KiB over three listings of 120 000 entries", grew)
 		}
 		w.check(t, "the sandbox attacked its agent as root")
 	})

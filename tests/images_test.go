@@ -68,7 +68,7 @@ func tarLayer(t testing.TB, add func(tw *tar.Writer)) v1.Layer {
 
 // busyboxImage builds a two-layer image from the host's static busybox (scripts/setup
 // installs busybox-static): /bin with busybox and its applets, an /etc/passwd with root
-// alone (so sandboxd must add the sandbox's user), and, in the top layer, /app/hello.txt.
+// alone (so bothyd must add the sandbox's user), and, in the top layer, /app/hello.txt.
 // pad adds a file of that many random-looking bytes to the top layer.
 func busyboxImage(t testing.TB, cfg v1.Config, pad int) v1.Image {
 	t.Helper()
@@ -398,8 +398,8 @@ func stallingRegistry(t testing.TB, stall *atomic.Bool) *httptest.Server {
 	return srv
 }
 
-// TestImagePullKilled kills sandboxd with SIGKILL in the middle of a layer's pull, twice:
-// `sandboxd check` reports what the first kill left and `--repair` removes it; the next start
+// TestImagePullKilled kills bothyd with SIGKILL in the middle of a layer's pull, twice:
+// `bothyd check` reports what the first kill left and `--repair` removes it; the next start
 // cleans what the second left by itself; and the pull, retried, succeeds.
 func TestImagePullKilled(t *testing.T) {
 	requireRoot(t)

@@ -64,7 +64,7 @@ func TestCreateStartAllOrNothing(t *testing.T) {
 }
 
 // TestPauseResume: a paused sandbox refuses exec, files and the stream with sandbox-paused,
-// stays paused across a SIGKILL and restart of sandboxd, resumes, and stops while paused.
+// stays paused across a SIGKILL and restart of bothyd, resumes, and stops while paused.
 func TestPauseResume(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -92,11 +92,11 @@ func TestPauseResume(t *testing.T) {
 
 	d.Restart(true)
 	if sb := decode[lifecycleJSON](t, d.do("GET", "/v1/sandboxes/nap", nil, nil), 200); sb.State != "paused" {
-		t.Fatalf("state after a restart of sandboxd: %s", sb.State)
+		t.Fatalf("state after a restart of bothyd: %s", sb.State)
 	}
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/nap/exec", map[string]any{"command": []string{"true"}}), 409, "sandbox-paused")
 	if r := mustCheckClean(t, d.Root, "while paused"); r.Paused != 1 || r.Running != 1 {
-		t.Fatalf("sandboxd check while paused: %d running, %d paused; want 1 and 1", r.Running, r.Paused)
+		t.Fatalf("bothyd check while paused: %d running, %d paused; want 1 and 1", r.Running, r.Paused)
 	}
 	if sb := decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/resume", nil), 200); sb.State != "running" {
 		t.Fatalf("state after resume: %s", sb.State)
@@ -118,7 +118,7 @@ func TestPauseResume(t *testing.T) {
 
 // TestExecOutlivesAPause: an exec that runs when its sandbox is paused finishes once the
 // sandbox resumes, with its output, however long the pause; it used to fail after 30 s with
-// not-running, "stopped while the command ran", when sandboxd's keepalive took the frozen
+// not-running, "stopped while the command ran", when bothyd's keepalive took the frozen
 // agent's silence for death (two 15 s keepalive periods, which the pause outlasts).
 func TestExecOutlivesAPause(t *testing.T) {
 	requireRoot(t)
@@ -214,7 +214,7 @@ func TestWait(t *testing.T) {
 }
 
 // TestLifetime: a sandbox created with timeout_s is stopped when it expires (last_exit
-// reason expired); POST /timeout sets it anew; one whose lifetime ends while sandboxd is
+// reason expired); POST /timeout sets it anew; one whose lifetime ends while bothyd is
 // SIGKILLed is acted on at the restart.
 func TestLifetime(t *testing.T) {
 	requireRoot(t)
@@ -244,14 +244,14 @@ func TestLifetime(t *testing.T) {
 	}
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/brief/timeout", map[string]any{"timeout_s": -1}), 400, "invalid-request")
 
-	// Expiry while sandboxd is down, with on_timeout delete.
+	// Expiry while bothyd is down, with on_timeout delete.
 	sb = decode[lifecycleJSON](t, d.doJSON("POST", "/v1/sandboxes/brief/timeout", map[string]any{"timeout_s": 1, "on_timeout": "delete"}), 200)
 	d.Kill()
-	waitFor(t, 30*time.Second, "the lifetime to pass while sandboxd is down", func() bool {
+	waitFor(t, 30*time.Second, "the lifetime to pass while bothyd is down", func() bool {
 		return time.Now().After(sb.ExpiresAt.Add(time.Second))
 	})
 	if procs := runtimeProcesses(t, d.Root); len(procs) != 1 {
-		t.Fatalf("runtime processes while sandboxd is down: %v, want the sandbox's", procs)
+		t.Fatalf("runtime processes while bothyd is down: %v, want the sandbox's", procs)
 	}
 	d.start()
 	if r := d.do("GET", "/v1/sandboxes/brief/wait?state=deleted&timeout_ms=30000", nil, nil); r.Status != 204 {
@@ -378,7 +378,7 @@ func TestCaptureOfARunningSandbox(t *testing.T) {
 // TestLifecycleRace races pause, resume, timeout (lifetimes that expire during the race
 // among them) and forced delete against each other and against start and stop, from several
 // clients over a few sandboxes: no answer is a 500, every sandbox the server lists is whole
-// (sandboxd check finds nothing, each can still be started and run a command), and once all
+// (bothyd check finds nothing, each can still be started and run a command), and once all
 // are deleted no runtime process is left.
 func TestLifecycleRace(t *testing.T) {
 	requireRoot(t)

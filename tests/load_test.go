@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Pid is sandboxd's process id, for reading its /proc entries.
+// Pid is bothyd's process id, for reading its /proc entries.
 func (d *daemon) Pid() int { return d.cmd.Process.Pid }
 
 // procUsage is a process's resident memory and open descriptors.
@@ -47,7 +47,7 @@ func readProcUsage(t testing.TB, pid int) procUsage {
 	return u
 }
 
-// loadReport is the part of sandboxload's JSON report the test checks.
+// loadReport is the part of bothyload's JSON report the test checks.
 type loadReport struct {
 	Phases []struct {
 		Clients int `json:"clients"`
@@ -64,7 +64,7 @@ type loadReport struct {
 	Unexpected int `json:"unexpected_errors"`
 }
 
-// TestLoadReturnsToBaseline runs sandboxload against a fresh sandboxd: 8 clients for 10 s of
+// TestLoadReturnsToBaseline runs bothyload against a fresh bothyd: 8 clients for 10 s of
 // lifecycle cycles mixed with execs in 4 shared sandboxes (so that clients contend for exec
 // admission). No error but the two busy answers may come back (`sandbox-busy`, or
 // `transition-in-progress` when the wait for the sandbox's lifecycle lock, which other
@@ -77,9 +77,9 @@ func TestLoadReturnsToBaseline(t *testing.T) {
 		t.Skip("the load run takes about 20 s; skipped in -short mode")
 	}
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "sandboxload")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/sandboxd/sandboxd/cmd/sandboxload").CombinedOutput(); err != nil {
-		t.Fatalf("building sandboxload: %v\n%s", err, out)
+	bin := filepath.Join(t.TempDir(), "bothyload")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/bothy/bothy/cmd/bothyload").CombinedOutput(); err != nil {
+		t.Fatalf("building bothyload: %v\n%s", err, out)
 	}
 	d := startDaemon(t, withArgs("--log-level", "info"))
 
@@ -99,11 +99,11 @@ func TestLoadReturnsToBaseline(t *testing.T) {
 	runErr := cmd.Run()
 	var rep loadReport
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("sandboxload (%v) printed no report: %v\nstdout %s\nstderr %s", runErr, err, stdout.Bytes(), stderr.Bytes())
+		t.Fatalf("bothyload (%v) printed no report: %v\nstdout %s\nstderr %s", runErr, err, stdout.Bytes(), stderr.Bytes())
 	}
-	t.Logf("sandboxload report:\n%s", stdout.Bytes())
+	t.Logf("bothyload report:\n%s", stdout.Bytes())
 	if runErr != nil {
-		t.Fatalf("sandboxload: %v\n%s", runErr, stderr.Bytes())
+		t.Fatalf("bothyload: %v\n%s", runErr, stderr.Bytes())
 	}
 
 	if len(rep.Phases) != 1 || rep.Proc == nil {
@@ -122,7 +122,7 @@ func TestLoadReturnsToBaseline(t *testing.T) {
 		}
 	}
 	if rep.Unexpected != 0 {
-		t.Errorf("sandboxload counted %d unexpected errors", rep.Unexpected)
+		t.Errorf("bothyload counted %d unexpected errors", rep.Unexpected)
 	}
 	if counts["lifecycle"] == 0 || counts["exec"] == 0 {
 		t.Fatalf("the load ran %d lifecycle cycles and %d execs; both kinds must run", counts["lifecycle"], counts["exec"])
@@ -154,11 +154,11 @@ func TestLoadReturnsToBaseline(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("sandboxd before %+v, peak %+v, after %+v", before, rep.Proc.Peak, after)
+	t.Logf("bothyd before %+v, peak %+v, after %+v", before, rep.Proc.Peak, after)
 	if after.FDs > before.FDs+fdMargin {
-		t.Errorf("sandboxd holds %d descriptors after the load, %d before", after.FDs, before.FDs)
+		t.Errorf("bothyd holds %d descriptors after the load, %d before", after.FDs, before.FDs)
 	}
 	if after.RSSKiB > before.RSSKiB+rssMarginKiB {
-		t.Errorf("sandboxd's RSS is %d KiB after the load, %d KiB before (margin %d KiB)", after.RSSKiB, before.RSSKiB, rssMarginKiB)
+		t.Errorf("bothyd's RSS is %d KiB after the load, %d KiB before (margin %d KiB)", after.RSSKiB, before.RSSKiB, rssMarginKiB)
 	}
 }

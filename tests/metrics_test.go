@@ -12,7 +12,7 @@ import (
 )
 
 // scrape reads /metrics into sample lines keyed by name and labels as exposed, e.g.
-// `sandboxd_sandboxes{state="running"}`.
+// `bothy_sandboxes{state="running"}`.
 func (d *daemon) scrape() map[string]float64 {
 	d.t.Helper()
 	r := d.do("GET", "/metrics", nil, nil)
@@ -45,7 +45,7 @@ func TestMetricsFollowState(t *testing.T) {
 	d := startDaemon(t, withToken("metrics-test-token-0123456789"))
 	wantProblem(t, d.do("GET", "/metrics", nil, http.Header{"Authorization": {""}}), 401, "unauthorized")
 
-	running, stopped := `sandboxd_sandboxes{state="running"}`, `sandboxd_sandboxes{state="stopped"}`
+	running, stopped := `bothy_sandboxes{state="running"}`, `bothy_sandboxes{state="stopped"}`
 	m := d.scrape()
 	if m[running] != 0 || m[stopped] != 0 {
 		t.Fatalf("before any sandbox: running %v, stopped %v", m[running], m[stopped])
@@ -61,7 +61,7 @@ func TestMetricsFollowState(t *testing.T) {
 	if m[running] != 1 {
 		t.Fatalf("running after a start: %v", m[running])
 	}
-	if n := m[`sandboxd_transition_duration_seconds_count{op="start",result="ok"}`]; n != 1 {
+	if n := m[`bothy_transition_duration_seconds_count{op="start",result="ok"}`]; n != 1 {
 		t.Fatalf("start transitions counted: %v", n)
 	}
 
@@ -82,23 +82,23 @@ func TestMetricsFollowState(t *testing.T) {
 	// The stream's handler records it just after the connection closes.
 	waitFor(t, 10*time.Second, "the stream exec to be counted", func() bool {
 		m = d.scrape()
-		return m[`sandboxd_execs_total{mode="stream",result="ok"}`] == 1
+		return m[`bothy_execs_total{mode="stream",result="ok"}`] == 1
 	})
 	want := map[string]float64{
 		running: 0,
 		stopped: 1,
-		`sandboxd_execs_total{mode="buffered",result="ok"}`:                           1,
-		`sandboxd_execs_total{mode="stream",result="ok"}`:                             1,
-		`sandboxd_exec_busy_total`:                                                    1,
-		`sandboxd_exec_admission_wait_seconds_count{result="sandbox-busy"}`:           1,
-		`sandboxd_exec_admission_wait_seconds_count{result="ok"}`:                     2,
-		`sandboxd_http_errors_total{code="sandbox-busy",status="423"}`:                1,
-		`sandboxd_http_errors_total{code="already-running",status="409"}`:             1,
-		`sandboxd_transition_duration_seconds_count{op="stop",result="ok"}`:           1,
-		`sandboxd_events_total{type="sandbox.stopped"}`:                               1,
-		`sandboxd_http_errors_total{code="unauthorized",status="401"}`:                1,
-		`sandboxd_transition_duration_seconds_count{op="provision",result="ok"}`:      1,
-		`sandboxd_transition_duration_seconds_count{op="exec-admission",result="ok"}`: 2,
+		`bothy_execs_total{mode="buffered",result="ok"}`:                           1,
+		`bothy_execs_total{mode="stream",result="ok"}`:                             1,
+		`bothy_exec_busy_total`:                                                    1,
+		`bothy_exec_admission_wait_seconds_count{result="sandbox-busy"}`:           1,
+		`bothy_exec_admission_wait_seconds_count{result="ok"}`:                     2,
+		`bothy_http_errors_total{code="sandbox-busy",status="423"}`:                1,
+		`bothy_http_errors_total{code="already-running",status="409"}`:             1,
+		`bothy_transition_duration_seconds_count{op="stop",result="ok"}`:           1,
+		`bothy_events_total{type="sandbox.stopped"}`:                               1,
+		`bothy_http_errors_total{code="unauthorized",status="401"}`:                1,
+		`bothy_transition_duration_seconds_count{op="provision",result="ok"}`:      1,
+		`bothy_transition_duration_seconds_count{op="exec-admission",result="ok"}`: 2,
 	}
 	for k, v := range want {
 		if m[k] != v {

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm"
 )
 
 // BenchmarkMicroVMCycle is a microVM's whole life through HTTP (host image, 256 MiB, 1 vCPU,

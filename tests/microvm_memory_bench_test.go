@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm"
 )
 
 // BenchmarkMicroVMMemory measures memory templates of microVMs, for a 256 MiB and a 1 GiB

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm"
 )
 
 // vmCounter starts, detached in the guest, a shell loop that counts in memory and writes each
@@ -33,9 +33,9 @@ const vmCounter = `setsid sh -c 'echo $$ > /dev/shm/pid; i=0; while :; do i=$((i
 // at the clone and at the start of a clone that holds it, before any QEMU starts. The
 // generation's lease holds it until both clones are gone. A plain pause stops the VM and a
 // resume lets it count on; a pause with the memory released ends QEMU, survives a SIGKILL of
-// sandboxd, and its resume restores the counter; a stop of a released VM discards its
-// memory. A SIGKILL of sandboxd while the capture holds the VM stopped leaves
-// it running after the restart, with no generation and nothing for sandboxd check to find.
+// bothyd, and its resume restores the counter; a stop of a released VM discards its
+// memory. A SIGKILL of bothyd while the capture holds the VM stopped leaves
+// it running after the restart, with no generation and nothing for bothyd check to find.
 func TestMicroVMMemoryTemplate(t *testing.T) {
 	requireRoot(t)
 	vm := requireMicroVM(t)
@@ -176,7 +176,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	d.vmWaitCount(src, now+2)
 
 	// A pause with the memory released: QEMU ends, its memory saved in the state directory,
-	// and the shim alone stays; a restart of sandboxd finds it paused; a resume restores it
+	// and the shim alone stays; a restart of bothyd finds it paused; a resume restores it
 	// and the counter runs on.
 	dir := filepath.Join(d.Root, "sandboxes", src)
 	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/pause", jsonBody(t, map[string]any{"memory": "release"})); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"paused"`) {
@@ -188,7 +188,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	}
 	d.Restart(true)
 	if r := d.vmDo("GET", "/v1/sandboxes/"+src, nil); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"paused"`) {
-		t.Fatalf("a released microVM after a restart of sandboxd: %d %s", r.Status, r.Body)
+		t.Fatalf("a released microVM after a restart of bothyd: %d %s", r.Status, r.Body)
 	}
 	wantProblem(t, d.vmDo("POST", "/v1/sandboxes/"+src+"/exec", jsonBody(t, map[string]any{"command": []string{"true"}})), 409, "sandbox-paused")
 	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/resume?timeout=600000", nil); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"running"`) {
@@ -204,7 +204,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		t.Fatal("the released memory is still there after the resume")
 	}
 
-	// SIGKILL of sandboxd while the capture holds the VM stopped.
+	// SIGKILL of bothyd while the capture holds the VM stopped.
 	if r := d.vmDo("POST", "/v1/templates", jsonBody(t, map[string]any{"name": "killed"})); r.Status != 201 {
 		t.Fatalf("create template: %d %s", r.Status, r.Body)
 	}
@@ -225,7 +225,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		return err == nil && frozen
 	})
 	d.Restart(true)
-	waitFor(t, vmDeadline, "the restarted sandboxd to let the VM run on", func() bool {
+	waitFor(t, vmDeadline, "the restarted bothyd to let the VM run on", func() bool {
 		frozen, err := vm.Frozen(src, dir)
 		return err == nil && !frozen
 	})
@@ -241,7 +241,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		t.Fatalf("a capture killed half-way left generations: %+v", gens.Generations)
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK || rep.Running != 1 {
-		t.Fatalf("sandboxd check after the killed capture exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check after the killed capture exited %d: %+v\n%s", code, rep, stderr)
 	}
 
 	// A stop of a released microVM discards its memory.
@@ -255,7 +255,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		t.Fatal("the stop left the released memory")
 	}
 
-	// The shim of a released microVM SIGKILLed: sandboxd check reports its memory as left
+	// The shim of a released microVM SIGKILLed: bothyd check reports its memory as left
 	// over, and --repair removes it.
 	if r := d.vmDo("POST", "/v1/sandboxes/"+src+"/start?timeout=600000", nil); r.Status != 200 {
 		t.Fatalf("start again: %d %s", r.Status, r.Body)
@@ -274,10 +274,10 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	waitFor(t, vmDeadline, "the killed shim to go", func() bool { return !procs[0].ID.Alive() })
 	rep, code, stderr := runCheck(t, d.Root)
 	if code == 0 || rep.OK || !slices.ContainsFunc(rep.Problems, func(p checkProblem) bool { return p.Kind == "leaked-runtime-file" }) {
-		t.Fatalf("sandboxd check beside the memory of a killed released microVM exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check beside the memory of a killed released microVM exited %d: %+v\n%s", code, rep, stderr)
 	}
 	if rep, code, stderr := runCheck(t, d.Root, "--repair"); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check --repair exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check --repair exited %d: %+v\n%s", code, rep, stderr)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "memory")); err == nil {
 		t.Fatal("the repair left the released memory")
@@ -290,7 +290,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 		t.Fatalf("microVM processes after the deletes: %+v, %v", left, err)
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check at the end exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check at the end exited %d: %+v\n%s", code, rep, stderr)
 	}
 }
 

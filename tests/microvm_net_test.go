@@ -16,8 +16,8 @@ import (
 // lo, and a policy cannot give it an interface while it runs (refused, nothing recorded);
 // started again with an allow-list its guest's eth0 has the sandbox's address, the allowed
 // name resolves and its host answers, a name and a host the policy does not allow are refused
-// and dropped, as for a namespace sandbox; a SIGKILL of sandboxd and a restart keep all of
-// it (the resolver re-armed), sandboxd check is clean beside it, and stop and delete leave no
+// and dropped, as for a namespace sandbox; a SIGKILL of bothyd and a restart keep all of
+// it (the resolver re-armed), bothyd check is clean beside it, and stop and delete leave no
 // network behind.
 func TestMicroVMNetwork(t *testing.T) {
 	requireRoot(t)
@@ -92,20 +92,20 @@ func TestMicroVMNetwork(t *testing.T) {
 		d.Restart(true)
 		d := d.in(t)
 		d.vmReaches(id)
-		// The restarted sandboxd re-adopted the network (Setup and the join again), which
+		// The restarted bothyd re-adopted the network (Setup and the join again), which
 		// it only logs when it fails.
 		if log := d.logs.String(); strings.Contains(log, "re-adopting a running sandbox's network") {
-			t.Fatalf("the restarted sandboxd failed to re-adopt the network:\n%s", log)
+			t.Fatalf("the restarted bothyd failed to re-adopt the network:\n%s", log)
 		}
 		if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK || rep.Running != 1 {
-			t.Fatalf("sandboxd check beside a networked microVM exited %d: %+v\n%s", code, rep, stderr)
+			t.Fatalf("bothyd check beside a networked microVM exited %d: %+v\n%s", code, rep, stderr)
 		}
 		w.noLeftovers(t, d, id)
 	})
 
 	t.Run("killed-mid-setup", func(t *testing.T) {
-		// sandboxd SIGKILLed once the veth of a start exists: while the guest's NIC is
-		// configured, or just after the launch committed. Either way the restarted sandboxd
+		// bothyd SIGKILLed once the veth of a start exists: while the guest's NIC is
+		// configured, or just after the launch committed. Either way the restarted bothyd
 		// leaves a consistent sandbox: stopped with no network and no process (and it starts
 		// again, networked), or running and reachable.
 		v := d.in(t)
@@ -113,7 +113,7 @@ func TestMicroVMNetwork(t *testing.T) {
 			t.Fatalf("stop: %d %s", r.Status, r.Body)
 		}
 		w.noLeftovers(t, v)
-		// The start's answer never comes (sandboxd dies under it), so it is sent aside.
+		// The start's answer never comes (bothyd dies under it), so it is sent aside.
 		url, token, client := v.URL, v.Token, v.httpClient()
 		go func() {
 			req, err := http.NewRequest("POST", url+"/v1/sandboxes/"+id+"/start?timeout=600000", nil)
@@ -156,7 +156,7 @@ func TestMicroVMNetwork(t *testing.T) {
 			t.Fatalf("after the kill and a restart the sandbox is %+v", sb)
 		}
 		if rep, code, stderr := runCheckIn(t, w.host, v.Root); code != 0 || !rep.OK {
-			t.Fatalf("sandboxd check after the kill exited %d: %+v\n%s", code, rep, stderr)
+			t.Fatalf("bothyd check after the kill exited %d: %+v\n%s", code, rep, stderr)
 		}
 	})
 

@@ -18,9 +18,9 @@ import (
 // and have an address and a MAC of their own (neither the source's nor the other's, nothing
 // left of the source's), which reaches the allowed host as the policy says; a clone without a
 // network has its NIC (the saved devices have one) but down, with no address, and reaches
-// nothing. A networked clone's memory released by a pause survives a SIGKILL of sandboxd
-// (sandboxd check clean beside it), and its resume keeps its address and its reach, the
-// counter running on; so does a crash of sandboxd in either window of a resume (before and
+// nothing. A networked clone's memory released by a pause survives a SIGKILL of bothyd
+// (bothyd check clean beside it), and its resume keeps its address and its reach, the
+// counter running on; so does a crash of bothyd in either window of a resume (before and
 // after the thaw).
 // A networked clone of a generation captured without a NIC is refused (503) before anything
 // is made.
@@ -124,7 +124,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	}
 
 	// Release and resume of a networked clone: its network namespace, eth0 and the host's
-	// side stay while QEMU is gone, across a SIGKILL of sandboxd.
+	// side stay while QEMU is gone, across a SIGKILL of bothyd.
 	const rel = "n1"
 	relAddr, relMAC := d.vmAddress(rel), d.vmMAC(rel)
 	begin = time.Now()
@@ -135,14 +135,14 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	d.wantOnlyShim(vm, filepath.Join(d.Root, "sandboxes", rel))
 	d.Restart(true)
 	if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check beside a released networked microVM exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check beside a released networked microVM exited %d: %+v\n%s", code, rep, stderr)
 	}
 	w.noLeftovers(t, d, src, rel)
 	begin = time.Now()
 	if r := d.vmDo("POST", "/v1/sandboxes/"+rel+"/resume?timeout=600000", nil); r.Status != 200 {
 		t.Fatalf("resume of a released networked microVM: %d %s", r.Status, r.Body)
 	}
-	t.Logf("resume of the released networked clone (restore, Setup, the join), after a restart of sandboxd: %v", time.Since(begin))
+	t.Logf("resume of the released networked clone (restore, Setup, the join), after a restart of bothyd: %v", time.Since(begin))
 	if got := d.vmAddress(rel); got != relAddr {
 		t.Fatalf("the resumed clone has address %s; it had %s", got, relAddr)
 	}
@@ -160,13 +160,13 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	d.vmWaitCount(rel, n+3)
 	d.vmReaches(rel)
 	if log := d.logs.String(); strings.Contains(log, "network: re-adopting") || strings.Contains(log, "network: joining") {
-		t.Fatalf("the restarted sandboxd failed to adopt a network:\n%s", log)
+		t.Fatalf("the restarted bothyd failed to adopt a network:\n%s", log)
 	}
 	if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check after the resume exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check after the resume exited %d: %+v\n%s", code, rep, stderr)
 	}
 
-	// The resume's crash windows, made by hand while sandboxd is down (SIGKILLed while the
+	// The resume's crash windows, made by hand while bothyd is down (SIGKILLed while the
 	// memory is released): the pause record removed and the VM still released (a crash before
 	// the thaw: start-up's reconcile restores it and joins), and the VM restored too (a crash
 	// before the join: the reattach adopts the network, pointing the join at the new tap).
@@ -189,7 +189,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 		}
 		d.start()
 		// Before any request that could adopt it: start-up attached the network (a sandbox
-		// shows its address only while this sandboxd has it attached).
+		// shows its address only while this bothyd has it attached).
 		if sb := decode[netSandboxJSON](t, d.vmDo("GET", "/v1/sandboxes/"+rel, nil), 200); sb.State != "running" || sb.Address != relAddr.String() {
 			t.Fatalf("after a crash mid-resume (thawed %v) and the restart: %+v; want it running with address %s", thawed, sb, relAddr)
 		}
@@ -201,7 +201,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 			t.Fatalf("start-up did not finish the interrupted resume, or logged a failed adoption:\n%s", log)
 		}
 		if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK {
-			t.Fatalf("sandboxd check after a crash mid-resume (thawed %v) exited %d: %+v\n%s", thawed, code, rep, stderr)
+			t.Fatalf("bothyd check after a crash mid-resume (thawed %v) exited %d: %+v\n%s", thawed, code, rep, stderr)
 		}
 	}
 
@@ -245,7 +245,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	}
 	w.noLeftovers(t, d)
 	if rep, code, stderr := runCheckIn(t, w.host, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check at the end exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check at the end exited %d: %+v\n%s", code, rep, stderr)
 	}
 }
 

@@ -26,9 +26,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm"
 )
 
 // vmDeadline bounds each step that boots or reaches a microVM. Under TCG on a loaded 2-core
@@ -38,9 +38,9 @@ const vmDeadline = 5 * time.Minute
 
 // TestMicroVM drives one microVM through the API: /v1/info lists the microvm runtime (probing,
 // then ready with its accelerator); a create with runtime microvm starts it; an exec shows the
-// guest's own kernel, not the host's; a file written is read back; a SIGKILL of sandboxd
-// leaves it running and the restarted sandboxd reattaches it (exec works, the file is
-// there); sandboxd check is clean beside it; stop and delete leave no microVM process.
+// guest's own kernel, not the host's; a file written is read back; a SIGKILL of bothyd
+// leaves it running and the restarted bothyd reattaches it (exec works, the file is
+// there); bothyd check is clean beside it; stop and delete leave no microVM process.
 // requireMicroVM returns the microvm runtime as the tests look at it, or skips tb where
 // microVMs cannot run, saying what is missing.
 func requireMicroVM(tb testing.TB) *microvm.Runtime {
@@ -123,7 +123,7 @@ func TestMicroVM(t *testing.T) {
 	}
 	d.Restart(true)
 	if r := d.vmDo("GET", "/v1/sandboxes/"+id, nil); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"running"`) {
-		t.Fatalf("after a SIGKILL of sandboxd and a restart: %d %s", r.Status, r.Body)
+		t.Fatalf("after a SIGKILL of bothyd and a restart: %d %s", r.Status, r.Body)
 	}
 	if got := d.vmExec(id, "cat", "/home/user/vm.txt"); got+"\n" != string(content) {
 		t.Fatalf("the file after the restart reads %q", got)
@@ -134,7 +134,7 @@ func TestMicroVM(t *testing.T) {
 	}
 
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK || rep.Running != 1 {
-		t.Fatalf("sandboxd check beside a running microVM exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check beside a running microVM exited %d: %+v\n%s", code, rep, stderr)
 	}
 
 	if r := d.vmDo("POST", "/v1/sandboxes/"+id+"/stop?timeout=300000", nil); r.Status != 200 || !strings.Contains(string(r.Body), `"state":"stopped"`) {
@@ -147,7 +147,7 @@ func TestMicroVM(t *testing.T) {
 		t.Fatalf("microVM processes after the delete: %+v, %v", left, err)
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check after the delete exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check after the delete exited %d: %+v\n%s", code, rep, stderr)
 	}
 }
 
@@ -184,11 +184,11 @@ type runtimeStatusJSON struct {
 	Identity        string `json:"identity"`
 }
 
-// vmAccel is the --microvm-accel the tests' microVMs run with: SANDBOXD_MICROVM_ACCEL if set
+// vmAccel is the --microvm-accel the tests' microVMs run with: BOTHY_MICROVM_ACCEL if set
 // (auto or kvm on a host with working KVM), else tcg, so that a server start does not spend
 // the probe's timeout where nested KVM stalls a guest (here QEMU aborts under KVM at once).
 func vmAccel() string {
-	if a := os.Getenv("SANDBOXD_MICROVM_ACCEL"); a != "" {
+	if a := os.Getenv("BOTHY_MICROVM_ACCEL"); a != "" {
 		return a
 	}
 	return microvm.AccelTCG
@@ -284,7 +284,7 @@ func sameProcesses(a, b []runtime.Process) bool {
 }
 
 // reapMicroVMs ends any microVM left under root by a test that failed half-way: a microVM
-// outlives sandboxd by design.
+// outlives bothyd by design.
 func reapMicroVMs(t testing.TB, vm *microvm.Runtime, root string) {
 	procs, err := vm.Processes(root)
 	if err != nil {
@@ -298,7 +298,7 @@ func reapMicroVMs(t testing.TB, vm *microvm.Runtime, root string) {
 	}
 }
 
-// TestMicroVMCheckFindsAndRepairs: sandboxd check knows what a microVM leaves behind, and
+// TestMicroVMCheckFindsAndRepairs: bothyd check knows what a microVM leaves behind, and
 // --repair removes it: a QEMU whose shim is gone (here one started by the test, paused, naming
 // a sandbox's overlay as a microVM's does), the control socket of a microVM that does not run,
 // the initramfs of an older guest stack, a half-made base disk of a crashed build, and a base
@@ -490,7 +490,7 @@ func microvmImage(t *testing.T, outside string) v1.Image {
 // shows them (whiteout, opaque directory, a directory over a link), are the root disk; the
 // sandbox's disk_mb is its room beyond the image (the guest grows its file system into it at
 // boot); a second microVM of the image shares the one base disk; nothing is written through
-// a link of the image onto the host; sandboxd check stays clean. The base disk stays while a
+// a link of the image onto the host; bothyd check stays clean. The base disk stays while a
 // generation's disk backs onto it, and once nothing does, the repair removes it and the next
 // microVM makes it again.
 func TestMicroVMImage(t *testing.T) {
@@ -561,7 +561,7 @@ func TestMicroVMImage(t *testing.T) {
 		t.Fatalf("base disks of the image: %v, want exactly one shared by both microVMs", bases)
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK || rep.Running != 2 {
-		t.Fatalf("sandboxd check beside two microVMs of an image exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check beside two microVMs of an image exited %d: %+v\n%s", code, rep, stderr)
 	}
 
 	// The base disk stays while a generation's frozen disk backs onto it, its sandboxes gone;
@@ -581,7 +581,7 @@ func TestMicroVMImage(t *testing.T) {
 		}
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check with the image's base disk under a generation only exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check with the image's base disk under a generation only exited %d: %+v\n%s", code, rep, stderr)
 	}
 	if r := d.vmDo("DELETE", "/v1/templates/vmimgt/generations/"+g.ID, nil); r.Status != 204 {
 		t.Fatalf("delete the generation: %d %s", r.Status, r.Body)
@@ -589,7 +589,7 @@ func TestMicroVMImage(t *testing.T) {
 	rel, _ := filepath.Rel(d.Root, bases[0])
 	rep, code, stderr := runCheck(t, d.Root)
 	if code != 1 || len(rep.Problems) != 1 || rep.Problems[0].Kind != "stale-shared-file" || rep.Problems[0].Entry != rel {
-		t.Fatalf("sandboxd check with an unused base disk exited %d: %+v; want %s stale\n%s", code, rep, rel, stderr)
+		t.Fatalf("bothyd check with an unused base disk exited %d: %+v; want %s stale\n%s", code, rep, rel, stderr)
 	}
 	if rep, code, stderr := runCheck(t, d.Root, "--repair"); code != 0 {
 		t.Fatalf("repair exited %d: %+v\n%s", code, rep, stderr)
@@ -605,7 +605,7 @@ func TestMicroVMImage(t *testing.T) {
 		t.Fatalf("the base disk made again: %v", err)
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check at the end exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check at the end exited %d: %+v\n%s", code, rep, stderr)
 	}
 }
 
@@ -621,9 +621,9 @@ func TestMicroVMPolicyOfNothingIsTaken(t *testing.T) {
 	t.Cleanup(func() { d.do("DELETE", "/v1/sandboxes/vmquiet", nil, nil) })
 }
 
-// TestMicroVMKilledMidLaunch SIGKILLs the real sandboxd while a microVM's start is under way
-// (its shim runs, the guest boots, the control socket is not there yet) and starts sandboxd
-// again: the restart ends the interrupted launch (no shim or QEMU is left, sandboxd check is
+// TestMicroVMKilledMidLaunch SIGKILLs the real bothyd while a microVM's start is under way
+// (its shim runs, the guest boots, the control socket is not there yet) and starts bothyd
+// again: the restart ends the interrupted launch (no shim or QEMU is left, bothyd check is
 // clean), and the sandbox starts again with the file it had written before (nothing lost).
 func TestMicroVMKilledMidLaunch(t *testing.T) {
 	requireRoot(t)
@@ -677,10 +677,10 @@ func TestMicroVMKilledMidLaunch(t *testing.T) {
 	})
 	d.Kill()
 	if !beforeSocket {
-		t.Log("the control socket was there already when sandboxd was killed: the guest booted faster than the test looked")
+		t.Log("the control socket was there already when bothyd was killed: the guest booted faster than the test looked")
 	}
 	if procs, _ := vm.Processes(d.Root); len(procs) == 0 {
-		t.Fatal("the microVM did not outlive sandboxd's SIGKILL: the test shows nothing")
+		t.Fatal("the microVM did not outlive bothyd's SIGKILL: the test shows nothing")
 	}
 
 	d.start()
@@ -694,7 +694,7 @@ func TestMicroVMKilledMidLaunch(t *testing.T) {
 		t.Fatalf("microVM processes after the restart ended the interrupted start: %+v, %v", procs, err)
 	}
 	if rep, code, stderr := runCheck(t, d.Root); code != 0 || !rep.OK {
-		t.Fatalf("sandboxd check after the restart exited %d: %+v\n%s", code, rep, stderr)
+		t.Fatalf("bothyd check after the restart exited %d: %+v\n%s", code, rep, stderr)
 	}
 	if r := d.vmDo("POST", "/v1/sandboxes/"+id+"/start?timeout=600000", nil); r.Status != 200 {
 		t.Fatalf("start after the restart: %d %s", r.Status, r.Body)

@@ -34,7 +34,7 @@ func TestRegistryMirror(t *testing.T) {
 	t.Cleanup(mirror.Close)
 	host := strings.TrimPrefix(mirror.URL, "http://")
 	img := busyboxImage(t, v1.Config{Env: []string{"PATH=/bin", "FROM=mirror"}}, 0)
-	pushRef, err := name.ParseReference(host+"/sandboxd-test/busybox:v1", name.Insecure)
+	pushRef, err := name.ParseReference(host+"/bothyd-test/busybox:v1", name.Insecure)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,10 +53,10 @@ func TestRegistryMirror(t *testing.T) {
 	}
 
 	d := startDaemon(t, withArgs("--registry-mirror", host))
-	decode[imageJSON](t, d.doJSON("POST", "/v1/images", map[string]any{"ref": "sandboxd-test/busybox:v1", "name": "mirrored"}), 202)
+	decode[imageJSON](t, d.doJSON("POST", "/v1/images", map[string]any{"ref": "bothyd-test/busybox:v1", "name": "mirrored"}), 202)
 	got := d.waitImage("mirrored")
 	want, _ := img.Digest()
-	if got.Digest != want.String() || !wasAsked("/v2/sandboxd-test/busybox/manifests/v1") {
+	if got.Digest != want.String() || !wasAsked("/v2/bothyd-test/busybox/manifests/v1") {
 		t.Fatalf("pulled %+v; want %s, from the mirror", got, want)
 	}
 	d.createOn("mirrored", "mirrored")

@@ -23,16 +23,16 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/sandboxd/sandboxd/network"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/network"
+	"github.com/bothy/bothy/platform"
 )
 
 // The network tests build their own small internet out of network namespaces they make, and
-// send traffic only inside it: sandboxd runs in a "host" namespace of the test's (so its
+// send traffic only inside it: bothyd runs in a "host" namespace of the test's (so its
 // uplink, NAT and nftables are never the real host's), behind which an "internet" namespace
 // holds an HTTP server on every test address (169.254.169.254 included, so that the only thing
 // that could answer a leak is the test's own namespace) and a DNS server for a test zone,
-// which sandboxd's --dns-upstream names. The test reaches sandboxd's API through sockets made
+// which bothyd's --dns-upstream names. The test reaches bothyd's API through sockets made
 // inside the host namespace.
 var (
 	netHostUplink = netip.MustParsePrefix("198.51.100.1/24") // the host's end of its uplink
@@ -47,7 +47,7 @@ var (
 
 var netZone = map[string]string{"allowed.test.": netAllowed, "other.test.": netOther}
 
-// inNetNS starts sandboxd inside ns and talks to it through sockets made there.
+// inNetNS starts bothyd inside ns and talks to it through sockets made there.
 func inNetNS(ns *os.File) daemonOption { return func(d *daemon) { d.netns = ns } }
 
 // startCmd starts d.cmd, inside d.netns when there is one (startIn).
@@ -175,7 +175,7 @@ func nsLinkUp(t *testing.T, h *netlink.Handle, name string, addrs ...netip.Prefi
 	return l
 }
 
-// netWorld is the test's internet: the host namespace sandboxd runs in and the internet
+// netWorld is the test's internet: the host namespace bothyd runs in and the internet
 // behind it.
 type netWorld struct {
 	host, inet *os.File
@@ -393,7 +393,7 @@ func (w *netWorld) noLeftovers(t *testing.T, d *daemon, live ...string) {
 	}
 }
 
-// apiPort is the port sandboxd's API listens on.
+// apiPort is the port bothyd's API listens on.
 func (d *daemon) apiPort() int {
 	u, err := url.Parse(d.URL)
 	if err != nil {
@@ -448,8 +448,8 @@ func TestNetworkPolicy(t *testing.T) {
 		for _, id := range []string{"open", "box"} {
 			d.dropped(id, netMetadata, 80)
 			d.dropped(id, netHostUplink.Addr().String(), netHostPort) // the host's own service
-			d.dropped(id, gw, d.apiPort())                            // sandboxd's API, at the gateway
-			// The sandbox's loopback is its own: nothing listens there, sandboxd's API least of all.
+			d.dropped(id, gw, d.apiPort())                            // bothyd's API, at the gateway
+			// The sandbox's loopback is its own: nothing listens there, bothyd's API least of all.
 			if got := d.probe(id, "get", "127.0.0.1", strconv.Itoa(d.apiPort())); got != "error=ConnectionRefusedError" {
 				t.Fatalf("GET 127.0.0.1:%d from %s = %q; want it refused by the sandbox's own loopback", d.apiPort(), id, got)
 			}
@@ -478,15 +478,15 @@ func TestNetworkPolicy(t *testing.T) {
 		d := d.in(t)
 		r := d.do("GET", "/metrics", nil, nil)
 		for _, kind := range []string{"policy", "always-denied", "dns-refused", "host"} {
-			m := regexp.MustCompile(`sandboxd_network_denied_total\{kind="` + kind + `"\} (\d+)`).FindSubmatch(r.Body)
+			m := regexp.MustCompile(`bothy_network_denied_total\{kind="` + kind + `"\} (\d+)`).FindSubmatch(r.Body)
 			if m == nil || string(m[1]) == "0" {
-				t.Errorf("sandboxd_network_denied_total{kind=%q} = %s; want it counted", kind, m)
+				t.Errorf("bothy_network_denied_total{kind=%q} = %s; want it counted", kind, m)
 			}
 		}
 	})
 
 	t.Run("kill-and-restart", func(t *testing.T) {
-		// A SIGKILLed sandboxd leaves the running sandboxes' networks, whose resolvers died
+		// A SIGKILLed bothyd leaves the running sandboxes' networks, whose resolvers died
 		// with it; the restarted one re-arms them, and keeps their policy.
 		top.Restart(true)
 		d := top.in(t)
@@ -510,9 +510,9 @@ func TestNetworkPolicy(t *testing.T) {
 		w.noLeftovers(t, d)
 	})
 
-	t.Run("killed-sandboxd-then-stopped", func(t *testing.T) {
-		// A sandbox that ends while sandboxd is down leaves its network to the restarted
-		// sandboxd's reattach, which tears it down.
+	t.Run("killed-bothyd-then-stopped", func(t *testing.T) {
+		// A sandbox that ends while bothyd is down leaves its network to the restarted
+		// bothyd's reattach, which tears it down.
 		d := d.in(t)
 		decode[netSandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/open/start", nil), 200)
 		top.Kill()
@@ -532,9 +532,9 @@ func TestNetworkPolicy(t *testing.T) {
 			return true
 		})
 		top.start()
-		// sandboxd serves while its start-up pass reattaches, and the pass tears the ended
+		// bothyd serves while its start-up pass reattaches, and the pass tears the ended
 		// sandbox's network down: wait for that, then nothing may be left.
-		waitFor(t, 30*time.Second, "the restarted sandboxd to tear down the ended sandbox's network", func() bool {
+		waitFor(t, 30*time.Second, "the restarted bothyd to tear down the ended sandbox's network", func() bool {
 			return w.leftovers(t, top).Empty()
 		})
 		w.noLeftovers(t, top.in(t))

@@ -20,23 +20,23 @@ var serverOnlyModules = []string{
 	"github.com/go-chi/chi/v5",
 }
 
-// readmeBinary is sandboxd built as the README's `go run ./cmd/sandboxd` builds it (copied out
+// readmeBinary is bothyd built as the README's `go run ./cmd/bothyd` builds it (copied out
 // of the go command by -exec cp, byte for byte), alone in a directory of its own.
 func readmeBinary(t testing.TB) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "sandboxd")
-	cmd := exec.Command("go", "run", "-exec", "cp", "github.com/sandboxd/sandboxd/cmd/sandboxd", out)
+	out := filepath.Join(t.TempDir(), "bothyd")
+	cmd := exec.Command("go", "run", "-exec", "cp", "github.com/bothy/bothy/cmd/bothyd", out)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go run -exec cp: %v: %s", err, b)
 	}
 	return out
 }
 
-// builtAlone is the test's `go build` of sandboxd, copied alone into a directory of its own.
+// builtAlone is the test's `go build` of bothyd, copied alone into a directory of its own.
 func builtAlone(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "sandboxd")
-	b, err := os.ReadFile(sandboxdBin)
+	out := filepath.Join(t.TempDir(), "bothyd")
+	b, err := os.ReadFile(bothydBin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,10 +46,10 @@ func builtAlone(t *testing.T) string {
 	return out
 }
 
-// TestDefaultRuntimeIsSlim: sandboxd started as the README starts it (`go run`), or as a plain
-// `go build` binary, without sandboxd-runtime beside it, runs its sandboxes' shim and init from
+// TestDefaultRuntimeIsSlim: bothyd started as the README starts it (`go run`), or as a plain
+// `go build` binary, without bothyd-runtime beside it, runs its sandboxes' shim and init from
 // a binary that links none of the server's modules, and the same one again after a restart
-// (so that its running sandboxes keep their runtime identity), and `sandboxd check` of the same
+// (so that its running sandboxes keep their runtime identity), and `bothyd check` of the same
 // binary judges its sandboxes as the server's own.
 func TestDefaultRuntimeIsSlim(t *testing.T) {
 	requireRoot(t)
@@ -68,14 +68,14 @@ func TestDefaultRuntimeIsSlim(t *testing.T) {
 			for role, exe := range first {
 				assertSlim(t, role, exe, bin)
 			}
-			// `sandboxd check` of the same binary makes the same choice, so the sandbox is
+			// `bothyd check` of the same binary makes the same choice, so the sandbox is
 			// no runtime mismatch to it.
 			out, err := exec.Command(bin, "check", "--root", d.Root, "--json").Output()
 			if err != nil {
-				t.Fatalf("sandboxd check: %v\n%s", err, out)
+				t.Fatalf("bothyd check: %v\n%s", err, out)
 			}
 			if strings.Contains(string(out), "runtime-mismatch") {
-				t.Fatalf("sandboxd check takes the sandbox for one of another runtime:\n%s", out)
+				t.Fatalf("bothyd check takes the sandbox for one of another runtime:\n%s", out)
 			}
 			d.Stop()
 			d.start()

@@ -65,7 +65,7 @@ func (d *daemon) authHeader() http.Header {
 }
 
 // TestPortProxy: HTTP and a websocket reach a service inside a sandbox without any network,
-// through sandboxd; the service sees no credential of the API; the proxy needs the token;
+// through bothyd; the service sees no credential of the API; the proxy needs the token;
 // nothing listening is port-unreachable; and an exec runs while a port connection is open.
 func TestPortProxy(t *testing.T) {
 	requireRoot(t)
@@ -168,7 +168,7 @@ func TestPortExecBesideLongRequest(t *testing.T) {
 }
 
 // TestPortTunnel: GET .../ports/{port}/tcp carries a byte stream both ways, in binary
-// frames, and sandboxctl port-forward serves it on a local port.
+// frames, and bothy port-forward serves it on a local port.
 func TestPortTunnel(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -212,9 +212,9 @@ func TestPortTunnel(t *testing.T) {
 		t.Fatalf("a tunnel to a closed port: %v %v", resp, err)
 	}
 
-	// sandboxctl port-forward: a local port that reaches the sandbox's 8000.
+	// bothy port-forward: a local port that reaches the sandbox's 8000.
 	local := freePort(t)
-	cmd := exec.Command(sandboxctlBin, "--url", d.URL, "--token-file", d.tokenFile(t), "port-forward", "tcp", strconv.Itoa(local)+":8000")
+	cmd := exec.Command(bothyBin, "--url", d.URL, "--token-file", d.tokenFile(t), "port-forward", "tcp", strconv.Itoa(local)+":8000")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -223,7 +223,7 @@ func TestPortTunnel(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	var resp2 *http.Response
 	waitFor(t, 30*time.Second, "port-forward to serve", func() bool {
-		// Not sandboxd: sandboxctl's local end of the forward, answering as the sandbox's service.
+		// Not bothyd: bothy's local end of the forward, answering as the sandbox's service.
 		resp2, err = http.Get(fmt.Sprintf("http://127.0.0.1:%d/forwarded", local))
 		return err == nil
 	})
@@ -246,7 +246,7 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// tokenFile is a file holding the daemon's token, for sandboxctl.
+// tokenFile is a file holding the daemon's token, for bothy.
 func (d *daemon) tokenFile(t *testing.T) string {
 	f := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(f, []byte(d.Token), 0o600); err != nil {
@@ -263,7 +263,7 @@ type linkJSON struct {
 }
 
 // TestPortLinks: a link works without the token, never as the API's token, expires, stops
-// working when revoked, and survives a restart of sandboxd, its revocation too.
+// working when revoked, and survives a restart of bothyd, its revocation too.
 func TestPortLinks(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -329,7 +329,7 @@ func TestPortLinks(t *testing.T) {
 }
 
 // directFigures measures, from inside the sandbox, what TestPortFigures measures through
-// sandboxd: n keep-alive GETs of 127.0.0.1:8000, and size bytes echoed by 127.0.0.1:9000.
+// bothyd: n keep-alive GETs of 127.0.0.1:8000, and size bytes echoed by 127.0.0.1:9000.
 const directFigures = `
 import http.client, socket, sys, threading, time
 n, size = int(sys.argv[1]), int(sys.argv[2])

@@ -18,9 +18,9 @@ import (
 // blocks run in one bash with `set -euo pipefail`, so every command must succeed, and each
 // curl gets --fail-with-body, since every request of the walkthrough is meant to succeed.
 //
-// The test changes only what a test must: sandboxd is the binary under test instead of `go
-// run ./cmd/sandboxd` and listens on a free port instead of 7780, and bash runs in a temporary
-// directory, so the README's relative `.sandboxd` state root is a fresh one there. `sudo` is
+// The test changes only what a test must: bothyd is the binary under test instead of `go
+// run ./cmd/bothyd` and listens on a free port instead of 7780, and bash runs in a temporary
+// directory, so the README's relative `.bothy` state root is a fresh one there. `sudo` is
 // the command itself: the test runs as root. wscat is the one scripts/setup installs, pinned
 // (tests/testdata/wscat), and bash's standard input is a pipe that stays open until the end,
 // as a terminal's would: wscat, like an interactive client, ends when its input does.
@@ -35,7 +35,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 	blocks := walkthroughBlocks(t, string(readme))
 	port := strconv.Itoa(freePort(t))
 	dir := t.TempDir()
-	t.Cleanup(func() { reapSandboxes(t, filepath.Join(dir, ".sandboxd")) })
+	t.Cleanup(func() { reapSandboxes(t, filepath.Join(dir, ".bothy")) })
 
 	var script strings.Builder
 	script.WriteString(`set -euo pipefail
@@ -52,8 +52,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT
 		t.Fatalf("the README's websocket example needs wscat: run scripts/setup, which installs it into %s (%v)", wscatBin, err)
 	}
 	for _, b := range blocks {
-		// Without sudo's wrapper, the background job is sandboxd itself, for the EXIT trap to end.
-		b = strings.ReplaceAll(b, "sudo go run ./cmd/sandboxd ", strconv.Quote(sandboxdBin)+" --listen 127.0.0.1:"+port+" ")
+		// Without sudo's wrapper, the background job is bothyd itself, for the EXIT trap to end.
+		b = strings.ReplaceAll(b, "sudo go run ./cmd/bothyd ", strconv.Quote(bothydBin)+" --listen 127.0.0.1:"+port+" ")
 		b = strings.ReplaceAll(b, "127.0.0.1:7780", "127.0.0.1:"+port)
 		b = strings.ReplaceAll(b, "curl -s ", "curl -s --fail-with-body ")
 		script.WriteString(b)
@@ -90,9 +90,9 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT
 			t.Errorf("the walkthrough's output lacks %q:\n%s", want, out)
 		}
 	}
-	// sandboxd says where its (relative, by default) state root is, as an absolute path.
-	if abs := filepath.Join(dir, ".sandboxd"); !strings.Contains(stderr.String(), `"root":`+strconv.Quote(abs)) {
-		t.Errorf("sandboxd's log does not name its state root %s:\n%s", abs, stderr.String())
+	// bothyd says where its (relative, by default) state root is, as an absolute path.
+	if abs := filepath.Join(dir, ".bothy"); !strings.Contains(stderr.String(), `"root":`+strconv.Quote(abs)) {
+		t.Errorf("bothyd's log does not name its state root %s:\n%s", abs, stderr.String())
 	}
 }
 

@@ -34,7 +34,7 @@ import (
 //     which kin-openapi cannot decode as one body;
 //   - the exec websocket's 101: past the upgrade the exchange is frames, not a response body;
 //   - the ports proxy and signed links (/v1/sandboxes/{id}/ports/{port}/{path}, /p/{token}/...):
-//     their answers are the sandboxed service's, any status and any body; only sandboxd's own
+//     their answers are the sandboxed service's, any status and any body; only bothyd's own
 //     refusals there (application/problem+json) are checked.
 //
 // Requests that match no operation of the contract (a deliberately bad path, a method the

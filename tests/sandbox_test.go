@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/openapi/client"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/openapi/client"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // requireRoot skips a test that starts sandboxes when it cannot: the namespace runtime needs
@@ -94,7 +94,7 @@ func (d *daemon) exec(id string, body map[string]any) execJSON {
 
 // cgroupName is the cgroup of a sandbox of this daemon (below the default parent).
 func (d *daemon) cgroupName(id string) string {
-	return "sandboxd/" + shim.CgroupLeaf(id, filepath.Join(d.Root, "sandboxes", id))
+	return "bothy/" + shim.CgroupLeaf(id, filepath.Join(d.Root, "sandboxes", id))
 }
 
 // listProcesses lists the live runtime processes (shims and inits) of a state root.
@@ -393,7 +393,7 @@ func TestOverlappingStarts(t *testing.T) {
 	}
 }
 
-// TestRestartKeepsSandboxes: sandboxes keep running across a restart of sandboxd, gracefully
+// TestRestartKeepsSandboxes: sandboxes keep running across a restart of bothyd, gracefully
 // or by SIGKILL, and answer exec afterwards; no duplicate or orphaned sandbox process.
 func TestRestartKeepsSandboxes(t *testing.T) {
 	requireRoot(t)
@@ -450,15 +450,15 @@ func TestSandboxExitIsSeen(t *testing.T) {
 	}
 }
 
-// TestSingleBinary: sandboxd alone, told to (--runtime-binary self; without the flag it would
-// build sandboxd-runtime from its source tree, see TestDefaultRuntimeIsSlim), runs sandboxes by
+// TestSingleBinary: bothyd alone, told to (--runtime-binary self; without the flag it would
+// build bothyd-runtime from its source tree, see TestDefaultRuntimeIsSlim), runs sandboxes by
 // re-executing itself; one binary is enough.
 func TestSingleBinary(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	dir := t.TempDir()
-	alone := filepath.Join(dir, "sandboxd")
-	b, err := os.ReadFile(sandboxdBin)
+	alone := filepath.Join(dir, "bothyd")
+	b, err := os.ReadFile(bothydBin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +467,7 @@ func TestSingleBinary(t *testing.T) {
 	}
 	d := startDaemon(t, withBinary(alone), withArgs("--runtime-binary", "self"))
 	if !strings.Contains(d.logs.String(), `"executable":""`) {
-		t.Fatalf("sandboxd alone did not choose to re-execute itself:\n%s", d.logs.String())
+		t.Fatalf("bothyd alone did not choose to re-execute itself:\n%s", d.logs.String())
 	}
 	d.create("alone", true)
 	if got := d.exec("alone", map[string]any{"command": []string{"echo", "one binary"}}); got.Stdout != "one binary\n" {
@@ -478,7 +478,7 @@ func TestSingleBinary(t *testing.T) {
 	}
 }
 
-// TestRuntimeBinaryIsUsed: with sandboxd-runtime beside sandboxd (the test binaries' layout),
+// TestRuntimeBinaryIsUsed: with bothyd-runtime beside bothyd (the test binaries' layout),
 // sandboxes run the small binary.
 func TestRuntimeBinaryIsUsed(t *testing.T) {
 	requireRoot(t)
@@ -497,8 +497,8 @@ func TestRuntimeBinaryIsUsed(t *testing.T) {
 				continue
 			}
 			exe, _ := os.Readlink(filepath.Join("/proc", p.Name(), "exe"))
-			if filepath.Base(exe) != "sandboxd-runtime" {
-				t.Fatalf("the shim runs %s, not sandboxd-runtime", exe)
+			if filepath.Base(exe) != "bothyd-runtime" {
+				t.Fatalf("the shim runs %s, not bothyd-runtime", exe)
 			}
 			found = true
 		}

@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
 // TestShimShedsItsSetUp: a sandbox that keeps running has its shim replace itself by a
 // process that only waits (runtime/namespace/shim, shed). The runtime process stays the one
-// sandboxd recorded (pid and start time); the sandbox serves on, survives a SIGKILLed
-// sandboxd, passes `sandboxd check`, and still ends as a sandbox should: a TERM to the shim
+// bothyd recorded (pid and start time); the sandbox serves on, survives a SIGKILLed
+// bothyd, passes `bothyd check`, and still ends as a sandbox should: a TERM to the shim
 // shuts it down gracefully with its outcome recorded, and a stop stops it.
 func TestShimShedsItsSetUp(t *testing.T) {
 	requireRoot(t)
@@ -46,11 +46,11 @@ func TestShimShedsItsSetUp(t *testing.T) {
 	d.Restart(true)
 	for _, id := range ids {
 		if got := d.exec(id, map[string]any{"command": []string{"true"}}); got.ExitCode != 0 {
-			t.Fatalf("exec in %s after sandboxd was killed and restarted: %+v", id, got)
+			t.Fatalf("exec in %s after bothyd was killed and restarted: %+v", id, got)
 		}
 	}
 	if report, code, stderr := runCheck(t, d.Root); code != 0 {
-		t.Fatalf("sandboxd check beside shims that shed: exit %d, %+v %s", code, report, stderr)
+		t.Fatalf("bothyd check beside shims that shed: exit %d, %+v %s", code, report, stderr)
 	}
 
 	// A TERM for the shim is still the sandbox's request to shut down.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
 // TestSpares: a server that keeps spares gives a create with start that names nothing a
@@ -18,7 +18,7 @@ import (
 // showed before; the sandbox carries the create's labels and lifetime and its own id as its
 // host name. A create that names anything of its own gets a sandbox of its own. A claimed
 // spare is replaced. A SIGKILLed server's spares are kept by the next one, as many as it
-// keeps, and the others deleted; a spare that dies is replaced at once; `sandboxd check` finds
+// keeps, and the others deleted; a spare that dies is replaced at once; `bothyd check` finds
 // them consistent; a server that stops leaves no spare behind, and no event ever named one.
 func TestSpares(t *testing.T) {
 	requireRoot(t)
@@ -92,9 +92,9 @@ func TestSpares(t *testing.T) {
 	own := d.create("own-id", true)
 	env := decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"start": true, "env": []string{"A=1"}}), 201)
 	m := d.scrape()
-	if m[`sandboxd_spares{kind="wanted"}`] != 2 || m[`sandboxd_spares{kind="ready"}`] != 2 ||
-		m[`sandboxd_spare_creates_total{result="claimed"}`] != 1 || m[`sandboxd_spare_creates_total{result="missed"}`] != 0 ||
-		m[`sandboxd_sandboxes{state="running"}`] != 3 {
+	if m[`bothy_spares{kind="wanted"}`] != 2 || m[`bothy_spares{kind="ready"}`] != 2 ||
+		m[`bothy_spare_creates_total{result="claimed"}`] != 1 || m[`bothy_spare_creates_total{result="missed"}`] != 0 ||
+		m[`bothy_sandboxes{state="running"}`] != 3 {
 		t.Fatalf("the metrics after one claim and two creates of their own, with both spares ready: %v", m)
 	}
 	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/"+env.ID+"?force=true", nil) })
@@ -127,7 +127,7 @@ func TestSpares(t *testing.T) {
 		}
 	}
 	if report, code, stderr := runCheck(t, d.Root); code != 0 || report.Spares != 1 || report.Sandboxes != 4 {
-		t.Fatalf("sandboxd check beside a spare: exit %d, %+v %s; want 4 sandboxes, 1 of them a spare", code, report, stderr)
+		t.Fatalf("bothyd check beside a spare: exit %d, %+v %s; want 4 sandboxes, 1 of them a spare", code, report, stderr)
 	}
 
 	// A server that stops deletes its spares.

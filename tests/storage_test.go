@@ -15,7 +15,7 @@ import (
 
 // smallFS is an ext4 file system of its own, in an image file on a loop device, mounted in a
 // temporary directory: a state root that a test can fill, and make read-only, without
-// touching the host's disk. It is made without reserved blocks, so that root (which sandboxd
+// touching the host's disk. It is made without reserved blocks, so that root (which bothyd
 // is) meets ENOSPC when the file system is full rather than eating the reserve.
 type smallFS struct {
 	t   testing.TB
@@ -95,7 +95,7 @@ func (f *smallFS) readOnly() bool {
 		f.t.Fatalf("findmnt %s: %v", f.Dir, err)
 	}
 	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(strings.TrimSpace(string(src))), "trigger_fs_error")
-	if err := os.WriteFile(trigger, []byte("sandboxd test\n"), 0o200); err != nil {
+	if err := os.WriteFile(trigger, []byte("bothyd test\n"), 0o200); err != nil {
 		f.t.Skipf("cannot make the file system read-only (busy, and %s: %v)", trigger, err)
 	}
 	return false
@@ -145,7 +145,7 @@ func (d *daemon) ids(path string) []string {
 	return out
 }
 
-// TestStorageFull runs sandboxd on a small file system, fills it from inside a sandbox
+// TestStorageFull runs bothyd on a small file system, fills it from inside a sandbox
 // without a disk of its own and from the host, and checks that every write answers 507
 // storage-full naming the state root and leaves nothing behind, that reads, stops and
 // deletes still work, and that once space is freed everything works and the state root
@@ -224,8 +224,8 @@ func TestStorageFull(t *testing.T) {
 		if err := json.Unmarshal(d.do("GET", "/v1/info", nil, nil).Body, &info); err != nil || info.Storage.State != "full" || info.Storage.Root != root {
 			t.Errorf("/v1/info storage = %+v (%v), want full at %s", info.Storage, err, root)
 		}
-		if n := d.scrape()[`sandboxd_storage_faults_total{code="storage-full"}`]; n < 1 {
-			t.Errorf("sandboxd_storage_faults_total{code=storage-full} = %v, want at least 1", n)
+		if n := d.scrape()[`bothy_storage_faults_total{code="storage-full"}`]; n < 1 {
+			t.Errorf("bothy_storage_faults_total{code=storage-full} = %v, want at least 1", n)
 		}
 		decode[sandboxJSON](t, d.do("GET", "/v1/sandboxes/keep", nil, nil), 200)
 		if r := d.do("GET", "/v1/sandboxes/keep/logs", nil, nil); r.Status != 200 {
@@ -286,8 +286,8 @@ func TestStorageReadOnly(t *testing.T) {
 	if got := d.storageState(); got != "unavailable" {
 		t.Errorf("/v1/info storage state %q on a read-only root, want unavailable", got)
 	}
-	if n := d.scrape()[`sandboxd_storage_faults_total{code="storage-unavailable"}`]; n < 1 {
-		t.Errorf("sandboxd_storage_faults_total{code=storage-unavailable} = %v, want at least 1", n)
+	if n := d.scrape()[`bothy_storage_faults_total{code="storage-unavailable"}`]; n < 1 {
+		t.Errorf("bothy_storage_faults_total{code=storage-unavailable} = %v, want at least 1", n)
 	}
 	if ids := d.ids("/v1/sandboxes"); len(ids) != 1 || ids[0] != "keep" {
 		t.Errorf("sandboxes on a read-only root: %v, want [keep]", ids)

@@ -240,7 +240,7 @@ func TestStreamBothStreamsInterleaved(t *testing.T) {
 	}
 }
 
-// TestStreamStdoutSkipsTheAgent: a workload's stdout is a pipe whose read end sandboxd holds
+// TestStreamStdoutSkipsTheAgent: a workload's stdout is a pipe whose read end bothyd holds
 // (the agent passed it on and never reads it), while stderr stays the agent's; a background
 // process that keeps stdout open and silent does not hold the stream open once the workload
 // exited, and what it prints later is not part of the stream.
@@ -259,12 +259,12 @@ func TestStreamStdoutSkipsTheAgent(t *testing.T) {
 	if len(links) < 2 || !strings.HasPrefix(links[0], "pipe:[") || !strings.HasPrefix(links[1], "pipe:[") {
 		t.Fatalf("the workload's stdout and stderr are %q, not two pipes", links)
 	}
-	held := sandboxdPipes(t, d)
+	held := bothydPipes(t, d)
 	if !held[links[0]] {
-		t.Errorf("sandboxd does not hold the workload's stdout pipe %s", links[0])
+		t.Errorf("bothyd does not hold the workload's stdout pipe %s", links[0])
 	}
 	if held[links[1]] {
-		t.Errorf("sandboxd holds the workload's stderr pipe %s, which is the agent's", links[1])
+		t.Errorf("bothyd holds the workload's stderr pipe %s, which is the agent's", links[1])
 	}
 	s.send("go\n")
 	if exit := s.wait(); exit.ExitCode != 0 {
@@ -281,8 +281,8 @@ func TestStreamStdoutSkipsTheAgent(t *testing.T) {
 	}
 }
 
-// sandboxdPipes returns the pipes sandboxd's process holds, as /proc names them ("pipe:[N]").
-func sandboxdPipes(t *testing.T, d *daemon) map[string]bool {
+// bothydPipes returns the pipes bothyd's process holds, as /proc names them ("pipe:[N]").
+func bothydPipes(t *testing.T, d *daemon) map[string]bool {
 	t.Helper()
 	dir := fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid)
 	entries, err := os.ReadDir(dir)

@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/store"
 )
 
 // TestTrash checks that a delete answers with its sandbox gone and moves what its state
 // directory held into the trash, which the server then empties; that what a crash leaves in
-// the trash is reported by sandboxd check (a note, not a problem), removed by check --repair
+// the trash is reported by bothyd check (a note, not a problem), removed by check --repair
 // and by the server's start-up, and that emptying it never follows a link out of it.
 func TestTrash(t *testing.T) {
 	requireRoot(t)

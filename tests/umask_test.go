@@ -6,7 +6,7 @@ import (
 )
 
 // TestExecUmask: a workload's umask is the request's when it names one, through the
-// buffered exec, the stream and sandboxctl, and 022 when it does not; a umask that is not
+// buffered exec, the stream and bothy, and 022 when it does not; a umask that is not
 // octal is refused before anything runs.
 func TestExecUmask(t *testing.T) {
 	requireRoot(t)
@@ -35,7 +35,7 @@ func TestExecUmask(t *testing.T) {
 	}
 
 	if out := d.ctlOK("", "exec", "umask", "--umask", "0007", "--", "sh", "-c", made); out != "660\n770\n0007\n" {
-		t.Fatalf("sandboxctl exec --umask 0007: %q", out)
+		t.Fatalf("bothy exec --umask 0007: %q", out)
 	}
 
 	for _, bad := range []any{"77", "0800", 63} {

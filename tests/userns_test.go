@@ -24,7 +24,7 @@ const hostUIDMap = "0 0 4294967295"
 
 // TestUserNamespacesOff: on a state root that cannot be idmapped (overlayfs, as inside a
 // container's root file system), a start fails and its error names --user-namespaces=false;
-// with that flag the same root starts sandboxes, with the host's ids, and `sandboxd check`
+// with that flag the same root starts sandboxes, with the host's ids, and `bothyd check`
 // given the flag finds it consistent. A default root runs sandboxes in a user namespace.
 func TestUserNamespacesOff(t *testing.T) {
 	requireRoot(t)
@@ -66,6 +66,6 @@ func TestUserNamespacesOff(t *testing.T) {
 		t.Fatalf("with --user-namespaces=false the uid map is %q, want the host's %q", m, hostUIDMap)
 	}
 	if r, code, stderr := runCheck(t, d.Root, "--user-namespaces=false"); code != 0 || !r.OK || r.Running != 1 {
-		t.Fatalf("sandboxd check --user-namespaces=false exited %d: %+v %s", code, r, stderr)
+		t.Fatalf("bothyd check --user-namespaces=false exited %d: %+v %s", code, r, stderr)
 	}
 }

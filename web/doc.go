@@ -1,4 +1,4 @@
-// Package web is sandboxd's dashboard and its API reference. The dashboard is a small
+// Package web is bothyd's dashboard and its API reference. The dashboard is a small
 // hand-written page (HTML, CSS and JavaScript under assets/) served at /; the API reference at
 // /docs is rendered in the browser by the vendored Redoc from the served /openapi.yaml.
 // xterm.js and Redoc are vendored into assets/vendor/ by `npm run build`; everything is

@@ -48,7 +48,7 @@ func Handler() http.Handler {
 			// Answer like every other route: problem+json with a code.
 			h.Set("Content-Type", "application/problem+json")
 			w.WriteHeader(http.StatusNotFound)
-			_, _ = w.Write([]byte(`{"type":"urn:sandboxd:problem:not-found","title":"Not Found","status":404,` +
+			_, _ = w.Write([]byte(`{"type":"urn:bothyd:problem:not-found","title":"Not Found","status":404,` +
 				`"detail":"The dashboard has no such file.","code":"not-found"}` + "\n"))
 		}
 	})

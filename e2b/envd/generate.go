@@ -1,4 +1,4 @@
-// Package envd holds the wire protocol of E2B's in-sandbox daemon as sandboxd serves it: the
+// Package envd holds the wire protocol of E2B's in-sandbox daemon as bothyd serves it: the
 // process and filesystem services, described in this project's own .proto files and generated
 // into Go by protoc-gen-go and protoc-gen-connect-go (both pinned in go.mod's tool block; protoc
 // itself comes from the system, e.g. Debian's protobuf-compiler). The generated packages are

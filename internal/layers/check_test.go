@@ -7,7 +7,7 @@ import (
 )
 
 // syntheticClasses classifies the packages of the synthetic module "sb" the way [Classes]
-// classifies sandboxd's, plus a new leaf.
+// classifies bothyd's, plus a new leaf.
 var syntheticClasses = map[string]Class{
 	"agent":                     Sandbox,
 	"control":                   Sandbox,
@@ -25,8 +25,8 @@ var syntheticClasses = map[string]Class{
 	"events":                    HTTP,
 	"handlers":                  HTTP,
 	"server":                    HTTP,
-	"cmd/sandboxd":              Command,
-	"cmd/sandboxd-runtime":      Command,
+	"cmd/bothyd":              Command,
+	"cmd/bothyd-runtime":      Command,
 	"tests":                     Tool,
 }
 
@@ -49,8 +49,8 @@ func cleanGraph() map[string][]string {
 		"sb/events":                           {"net/http"},
 		"sb/handlers":                         {"sb/supervisor", "sb/events", "github.com/go-chi/chi/v5", "github.com/gorilla/websocket"},
 		"sb/server":                           {"sb/handlers", "net/http", "github.com/go-chi/chi/v5/middleware"},
-		"sb/cmd/sandboxd":                     {"sb/server", "sb/runtime/namespace", "sb/runtime/namespace/shim", "sb/check"},
-		"sb/cmd/sandboxd-runtime":             {"sb/runtime/namespace/shim", "os"},
+		"sb/cmd/bothyd":                     {"sb/server", "sb/runtime/namespace", "sb/runtime/namespace/shim", "sb/check"},
+		"sb/cmd/bothyd-runtime":             {"sb/runtime/namespace/shim", "os"},
 		"sb/tests":                            {"sb/server", "net/http"},
 		"net/http":                            {"net/url", "crypto/tls"},
 		"github.com/go-chi/chi/v5/middleware": {"net/http"},
@@ -91,10 +91,10 @@ func TestCheck(t *testing.T) {
 		{
 			name: "agent imports the store",
 			edit: func(g map[string][]string, _ map[string]Class) { g["sb/agent"] = append(g["sb/agent"], "sb/store") },
-			// The agent is linked into sandboxd-runtime, which therefore links the store too.
+			// The agent is linked into bothyd-runtime, which therefore links the store too.
 			want: []string{
 				"sandbox-side: agent -> store",
-				"sandboxd-runtime-links: cmd/sandboxd-runtime -> store",
+				"bothyd-runtime-links: cmd/bothyd-runtime -> store",
 			},
 		},
 		{
@@ -102,7 +102,7 @@ func TestCheck(t *testing.T) {
 			edit: func(g map[string][]string, _ map[string]Class) { g["sb/ids"] = []string{"sb/supervisor"} },
 			want: []string{
 				"sandbox-side: ids -> supervisor",
-				"sandboxd-runtime-links: cmd/sandboxd-runtime -> supervisor",
+				"bothyd-runtime-links: cmd/bothyd-runtime -> supervisor",
 			},
 		},
 		{
@@ -113,7 +113,7 @@ func TestCheck(t *testing.T) {
 			want: []string{
 				"no-concrete-runtime: control -> runtime/namespace",
 				"sandbox-side: control -> runtime/namespace",
-				"sandboxd-runtime-links: cmd/sandboxd-runtime -> runtime/namespace",
+				"bothyd-runtime-links: cmd/bothyd-runtime -> runtime/namespace",
 			},
 		},
 		{
@@ -135,10 +135,10 @@ func TestCheck(t *testing.T) {
 				g["sb/platform"] = append(g["sb/platform"], "github.com/gorilla/websocket")
 			},
 			// Every package below handlers links platform, but the walk stops at a package
-			// that the rule judges on its own; sandboxd-runtime has its own rule.
+			// that the rule judges on its own; bothyd-runtime has its own rule.
 			want: []string{
 				"no-http-below-handlers: platform -> github.com/gorilla/websocket",
-				"sandboxd-runtime-links: cmd/sandboxd-runtime -> github.com/gorilla/websocket",
+				"bothyd-runtime-links: cmd/bothyd-runtime -> github.com/gorilla/websocket",
 			},
 		},
 		{
@@ -204,7 +204,7 @@ func TestCheck(t *testing.T) {
 			},
 		},
 		{
-			name: "sandboxd-runtime links the server through the shim",
+			name: "bothyd-runtime links the server through the shim",
 			edit: func(g map[string][]string, _ map[string]Class) {
 				g["sb/runtime/namespace/shim"] = append(g["sb/runtime/namespace/shim"], "sb/server")
 			},
@@ -216,32 +216,32 @@ func TestCheck(t *testing.T) {
 				"no-http-below-handlers: runtime/namespace/shim -> github.com/go-chi/chi/v5",
 				"no-http-below-handlers: runtime/namespace/shim -> github.com/go-chi/chi/v5/middleware",
 				"no-http-below-handlers: runtime/namespace/shim -> github.com/gorilla/websocket",
-				"sandboxd-runtime-links: cmd/sandboxd-runtime -> server",
+				"bothyd-runtime-links: cmd/bothyd-runtime -> server",
 			},
 		},
 		{
-			name: "sandboxd-runtime imports the namespace driver",
+			name: "bothyd-runtime imports the namespace driver",
 			edit: func(g map[string][]string, _ map[string]Class) {
-				g["sb/cmd/sandboxd-runtime"] = append(g["sb/cmd/sandboxd-runtime"], "sb/runtime/namespace")
+				g["sb/cmd/bothyd-runtime"] = append(g["sb/cmd/bothyd-runtime"], "sb/runtime/namespace")
 			},
 			// The command may import a concrete runtime; what it may link is its own rule.
-			want:  []string{"sandboxd-runtime-links: cmd/sandboxd-runtime -> runtime/namespace"},
-			chain: []string{"cmd/sandboxd-runtime", "runtime/namespace"},
+			want:  []string{"bothyd-runtime-links: cmd/bothyd-runtime -> runtime/namespace"},
+			chain: []string{"cmd/bothyd-runtime", "runtime/namespace"},
 		},
 		{
-			name: "sandboxd-runtime links net/http through a library",
+			name: "bothyd-runtime links net/http through a library",
 			edit: func(g map[string][]string, _ map[string]Class) {
-				g["sb/cmd/sandboxd-runtime"] = append(g["sb/cmd/sandboxd-runtime"], "github.com/some/httplib")
+				g["sb/cmd/bothyd-runtime"] = append(g["sb/cmd/bothyd-runtime"], "github.com/some/httplib")
 			},
-			want: []string{"sandboxd-runtime-links: cmd/sandboxd-runtime -> net/http"},
+			want: []string{"bothyd-runtime-links: cmd/bothyd-runtime -> net/http"},
 		},
 		{
 			name: "platform links the seccomp profile library again",
 			edit: func(g map[string][]string, _ map[string]Class) {
 				g["sb/platform"] = append(g["sb/platform"], "github.com/moby/profiles/seccomp")
 			},
-			want:  []string{"sandboxd-runtime-links: cmd/sandboxd-runtime -> github.com/moby/profiles/seccomp"},
-			chain: []string{"cmd/sandboxd-runtime", "runtime/namespace/shim", "agent", "platform", "github.com/moby/profiles/seccomp"},
+			want:  []string{"bothyd-runtime-links: cmd/bothyd-runtime -> github.com/moby/profiles/seccomp"},
+			chain: []string{"cmd/bothyd-runtime", "runtime/namespace/shim", "agent", "platform", "github.com/moby/profiles/seccomp"},
 		},
 		{
 			name: "the shim imports the seccomp compiler",
@@ -251,7 +251,7 @@ func TestCheck(t *testing.T) {
 			// The compiler is the namespace runtime's own package, but it is host-side.
 			want: []string{
 				"sandbox-side: runtime/namespace/shim -> runtime/namespace/seccomp",
-				"sandboxd-runtime-links: cmd/sandboxd-runtime -> runtime/namespace/seccomp",
+				"bothyd-runtime-links: cmd/bothyd-runtime -> runtime/namespace/seccomp",
 			},
 		},
 		{

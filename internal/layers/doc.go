@@ -1,10 +1,10 @@
-// Package layers enforces sandboxd's import rules: which package may import which, read off
+// Package layers enforces bothyd's import rules: which package may import which, read off
 // the real import graph of the module's non-test code (`go list -deps -json ./...`), so that
 // the layering in the architecture plan holds by test rather than by review.
 //
 // The package's own test (module_test.go) loads the module's graph for each platform the code
 // builds for and fails on every violation of [Rules], naming the import chain that breaks the
-// rule. [Check] is the checker itself; it knows nothing of sandboxd and is tested on synthetic
+// rule. [Check] is the checker itself; it knows nothing of bothyd and is tested on synthetic
 // graphs, so that a violation demonstrably fails the test.
 //
 // # Every package is classified
@@ -18,7 +18,7 @@
 //
 // # The rules
 //
-//   - Sandbox-side packages (what runs inside a sandbox, or in sandboxd-runtime) import only
+//   - Sandbox-side packages (what runs inside a sandbox, or in bothyd-runtime) import only
 //     sandbox-side packages: never a store, the supervisor, the namespace driver, the checker
 //     or the HTTP layer.
 //   - Host-side packages below handlers (the stores, the supervisor, the namespace driver,
@@ -30,7 +30,7 @@
 //   - The handlers reach templates, the control protocol and the agent through the
 //     supervisor, not directly.
 //   - Nothing imports a [Tool] package (the end-to-end suite, this package).
-//   - cmd/sandboxd-runtime links only sandbox-side packages of the module (checked on its
+//   - cmd/bothyd-runtime links only sandbox-side packages of the module (checked on its
 //     whole link set, not just its imports), no HTTP library and not the seccomp profile
 //     libraries that only the host-side compiler needs.
 //

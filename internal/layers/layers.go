@@ -21,7 +21,7 @@ type Class int
 const (
 	// Unclassified is a package that [Classes] does not name.
 	Unclassified Class = iota
-	// Sandbox is code that runs inside a sandbox or is linked into sandboxd-runtime: the
+	// Sandbox is code that runs inside a sandbox or is linked into bothyd-runtime: the
 	// agent, the shim and init, and the leaves they share with the host (the control
 	// protocol, the runtime interface, the record codec, the OS wrappers, the error codes).
 	Sandbox

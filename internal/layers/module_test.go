@@ -29,7 +29,7 @@ func moduleRoot(t *testing.T) string {
 	return filepath.Dir(gomod)
 }
 
-// TestModule checks sandboxd's own import graph against [Rules].
+// TestModule checks bothyd's own import graph against [Rules].
 func TestModule(t *testing.T) {
 	t.Parallel()
 	root := moduleRoot(t)
@@ -41,7 +41,7 @@ func TestModule(t *testing.T) {
 				t.Fatal(err)
 			}
 			// A graph that lost its edges would pass every rule; these are known to exist.
-			for _, edge := range [][2]string{{"handlers", "supervisor"}, {"cmd/sandboxd-runtime", "runtime/namespace/shim"}} {
+			for _, edge := range [][2]string{{"handlers", "supervisor"}, {"cmd/bothyd-runtime", "runtime/namespace/shim"}} {
 				if !imports(g, edge[0], edge[1]) {
 					t.Fatalf("the loaded graph has no edge %s -> %s; the loader is broken", edge[0], edge[1])
 				}

@@ -469,7 +469,7 @@ type CompatibilityKey struct {
 	// Resources Resource limits, applied through the sandbox's cgroup.
 	Resources Resources `json:"resources"`
 
-	// Runtime The runtime identity (runtime kind, sandboxd build, runtime configuration).
+	// Runtime The runtime identity (runtime kind, bothyd build, runtime configuration).
 	Runtime string `json:"runtime"`
 }
 
@@ -512,7 +512,7 @@ type CreateSandboxRequest struct {
 	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
 	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
 	// answers only allowed names and opens their answered addresses for their TTL. Always
-	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// denied, whatever the policy: the host itself and bothyd's API, other sandboxes,
 	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
 	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
 	// CIDR lies inside one.
@@ -844,7 +844,7 @@ type HealthStatus string
 
 // Image defines model for Image.
 type Image struct {
-	// Config The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+	// Config The image configuration bothyd honours: `env`, `working_dir` and `user` are the
 	// defaults of every exec (the exec's own fields override; a `user` other than root is
 	// the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
 	Config       *ImageConfig `json:"config,omitempty"`
@@ -886,7 +886,7 @@ type ImageKind string
 // ImageState defines model for Image.State.
 type ImageState string
 
-// ImageConfig The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+// ImageConfig The image configuration bothyd honours: `env`, `working_dir` and `user` are the
 // defaults of every exec (the exec's own fields override; a `user` other than root is
 // the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
 type ImageConfig struct {
@@ -986,7 +986,7 @@ type Info struct {
 	// it is not `ok` and returns to `ok` by itself.
 	Storage StorageHealth `json:"storage"`
 
-	// Version The sandboxd build.
+	// Version The bothyd build.
 	//
 	// Example: v0.1.0
 	Version string `json:"version"`
@@ -1074,7 +1074,7 @@ type LeaseList struct {
 // public destination is reachable; with `allow`, only what it lists. `deny` wins over
 // `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
 // answers only allowed names and opens their answered addresses for their TTL. Always
-// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+// denied, whatever the policy: the host itself and bothyd's API, other sandboxes,
 // 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
 // addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
 // CIDR lies inside one.
@@ -1131,7 +1131,7 @@ type PortLinkRequest struct {
 // PortLinkTTL How long the link works, in seconds.
 type PortLinkTTL = int
 
-// Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Problem An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
 	// added, so clients treat an unknown code by its HTTP status. The list is open
@@ -1151,9 +1151,9 @@ type Problem struct {
 	// Title The HTTP status text.
 	Title string `json:"title"`
 
-	// Type A URI naming the problem type, `urn:sandboxd:problem:<code>`. Switch on `code`.
+	// Type A URI naming the problem type, `urn:bothyd:problem:<code>`. Switch on `code`.
 	//
-	// Example: urn:sandboxd:problem:sandbox-busy
+	// Example: urn:bothyd:problem:sandbox-busy
 	Type string `json:"type"`
 }
 
@@ -1186,7 +1186,7 @@ type Resources struct {
 	// MemoryMb Memory limit in MiB.
 	MemoryMb int `json:"memory_mb"`
 
-	// Pids Limit on the number of the workload's processes and threads. sandboxd's own agent
+	// Pids Limit on the number of the workload's processes and threads. bothyd's own agent
 	// inside the sandbox is not counted against it: the sandbox's cgroup allows this many
 	// plus an allowance of 32 for the agent, so the workload always has at least this
 	// many, 1 included. On cgroup v1 hosts the workload's processes are limited to this
@@ -1224,7 +1224,7 @@ type RuntimeStatus struct {
 	// Accelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 	Accelerator *RuntimeStatusAccelerator `json:"accelerator,omitempty"`
 
-	// AcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+	// AcceleratorMode How the accelerator is chosen, as the operator configured it (`bothyd
 	// --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
 	// `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
 	// a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
@@ -1254,7 +1254,7 @@ type RuntimeStatus struct {
 // RuntimeStatusAccelerator What runs the microVMs, once probed: `kvm`, or `tcg` (emulation, much slower).
 type RuntimeStatusAccelerator string
 
-// RuntimeStatusAcceleratorMode How the accelerator is chosen, as the operator configured it (`sandboxd
+// RuntimeStatusAcceleratorMode How the accelerator is chosen, as the operator configured it (`bothyd
 // --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
 // `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
 // a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
@@ -1308,7 +1308,7 @@ type Sandbox struct {
 	// public destination is reachable; with `allow`, only what it lists. `deny` wins over
 	// `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
 	// answers only allowed names and opens their answered addresses for their TTL. Always
-	// denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+	// denied, whatever the policy: the host itself and bothyd's API, other sandboxes,
 	// 169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
 	// addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
 	// CIDR lies inside one.
@@ -1328,7 +1328,7 @@ type Sandbox struct {
 	Runtime RuntimeKind `json:"runtime"`
 
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
-	// linger until sandboxd has reconciled a run that ended by itself): how the last run
+	// linger until bothyd has reconciled a run that ended by itself): how the last run
 	// ended, and when, is `last_exit`.
 	StartedAt *time.Time `json:"started_at,omitempty"`
 
@@ -1503,49 +1503,49 @@ type TemplateNamePath = TemplateName
 // Timeout defines model for Timeout.
 type Timeout = int
 
-// BadGateway An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// BadGateway An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadGateway = Problem
 
-// BadRequest An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// BadRequest An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadRequest = Problem
 
-// Conflict An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Conflict An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Conflict = Problem
 
-// Forbidden An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Forbidden An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Forbidden = Problem
 
-// GatewayTimeout An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// GatewayTimeout An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type GatewayTimeout = Problem
 
-// InsufficientStorage An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// InsufficientStorage An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type InsufficientStorage = Problem
 
-// InternalError An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// InternalError An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type InternalError = Problem
 
-// Locked An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Locked An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Locked = Problem
 
-// NotFound An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// NotFound An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotFound = Problem
 
-// NotImplemented An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// NotImplemented An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotImplemented = Problem
 
-// PayloadTooLarge An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// PayloadTooLarge An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type PayloadTooLarge = Problem
 
-// RequestTimeout An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// RequestTimeout An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type RequestTimeout = Problem
 
-// ServiceUnavailable An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// ServiceUnavailable An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type ServiceUnavailable = Problem
 
-// TooManyRequests An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// TooManyRequests An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type TooManyRequests = Problem
 
-// Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
 // DashboardLoginJSONBody defines parameters for DashboardLogin.
@@ -1919,7 +1919,7 @@ type ClientInterface interface {
 
 	// DashboardLoginWithBody Exchange the dashboard's one-time login code for the token
 	//
-	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
 	// token it gets back. A code is good once, for 15 minutes, and only on the server that
 	// printed it; the token itself is never printed. Open without a token, since the code is
@@ -1932,7 +1932,7 @@ type ClientInterface interface {
 
 	// DashboardLogin Exchange the dashboard's one-time login code for the token
 	//
-	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
 	// token it gets back. A code is good once, for 15 minutes, and only on the server that
 	// printed it; the token itself is never printed. Open without a token, since the code is
@@ -1966,7 +1966,7 @@ type ClientInterface interface {
 	//
 	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
 	// gets the events it missed, from the last 1024 of this server process. Ids grow across
-	// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+	// restarts of bothyd too (they are reserved in the state root in blocks, and a
 	// restart skips the rest of a block, so ids may jump but are never reused): an id seen
 	// before a restart never names a later event, and reconnecting with it after the
 	// restart replays the new process's kept events, all of them new to the client. An id
@@ -2018,7 +2018,7 @@ type ClientInterface interface {
 
 	// DeleteImage Delete an OCI image
 	//
-	// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+	// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
 	// once no image uses them. While a sandbox or a template generation uses the image it
 	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
 	// are not deleted (`invalid-request`).
@@ -2107,7 +2107,7 @@ type ClientInterface interface {
 	// `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
 	// stop does, also one started by another runtime identity) and deprovisions it in the
 	// same transition, under one lock, so that nothing can start it in between. Files that
-	// sandboxd did not write in the state directory are named in a `foreign-files` problem
+	// bothyd did not write in the state directory are named in a `foreign-files` problem
 	// and the directory is kept.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id} (the `DeleteSandbox` operationId).
@@ -2285,7 +2285,7 @@ type ClientInterface interface {
 	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
-	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 	// is, but for a release of a paused microVM's memory, which is made.
 	//
 	// Takes any type of body and a specified content type.
@@ -2304,7 +2304,7 @@ type ClientInterface interface {
 	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
-	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 	// is, but for a release of a paused microVM's memory, which is made.
 	//
 	// Takes a body of the `application/json` content type.
@@ -2358,7 +2358,7 @@ type ClientInterface interface {
 	// are not used. When the service closes its end, the server sends a normal close
 	// (1000); when the client closes, the connection to the service is closed. The server
 	// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
-	// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+	// any exec. `bothy port-forward` uses it. Browsers may pass the token as
 	// `access_token`.
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
@@ -2403,7 +2403,7 @@ type ClientInterface interface {
 	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 	// its start-up.
 	//
 	// Takes any type of body and a specified content type.
@@ -2418,7 +2418,7 @@ type ClientInterface interface {
 	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 	// its start-up.
 	//
 	// Takes a body of the `application/json` content type.
@@ -2499,7 +2499,7 @@ type ClientInterface interface {
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
-	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 	// identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -2529,7 +2529,7 @@ type ClientInterface interface {
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
-	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 	// identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -2632,7 +2632,7 @@ func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (
 
 // DashboardLoginWithBody Exchange the dashboard's one-time login code for the token
 //
-// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 // fragment (which browsers do not send). The dashboard posts the code here and keeps the
 // token it gets back. A code is good once, for 15 minutes, and only on the server that
 // printed it; the token itself is never printed. Open without a token, since the code is
@@ -2655,7 +2655,7 @@ func (c *Client) DashboardLoginWithBody(ctx context.Context, contentType string,
 
 // DashboardLogin Exchange the dashboard's one-time login code for the token
 //
-// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 // fragment (which browsers do not send). The dashboard posts the code here and keeps the
 // token it gets back. A code is good once, for 15 minutes, and only on the server that
 // printed it; the token itself is never printed. Open without a token, since the code is
@@ -2719,7 +2719,7 @@ func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditor
 //
 // A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
 // gets the events it missed, from the last 1024 of this server process. Ids grow across
-// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+// restarts of bothyd too (they are reserved in the state root in blocks, and a
 // restart skips the rest of a block, so ids may jump but are never reused): an id seen
 // before a restart never names a later event, and reconnecting with it after the
 // restart replays the new process's kept events, all of them new to the client. An id
@@ -2811,7 +2811,7 @@ func (c *Client) PullImage(ctx context.Context, body PullImageJSONRequestBody, r
 
 // DeleteImage Delete an OCI image
 //
-// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
 // once no image uses them. While a sandbox or a template generation uses the image it
 // is refused with `image-in-use`, naming them. `host` and directories under `images/`
 // are not deleted (`invalid-request`).
@@ -2970,7 +2970,7 @@ func (c *Client) CreateSandbox(ctx context.Context, params *CreateSandboxParams,
 // `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
 // stop does, also one started by another runtime identity) and deprovisions it in the
 // same transition, under one lock, so that nothing can start it in between. Files that
-// sandboxd did not write in the state directory are named in a `foreign-files` problem
+// bothyd did not write in the state directory are named in a `foreign-files` problem
 // and the directory is kept.
 //
 // Corresponds with DELETE /v1/sandboxes/{id} (the `DeleteSandbox` operationId).
@@ -3268,7 +3268,7 @@ func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params
 // with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
-// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 // is, but for a release of a paused microVM's memory, which is made.
 //
 // Takes any type of body and a specified content type.
@@ -3297,7 +3297,7 @@ func (c *Client) PauseSandboxWithBody(ctx context.Context, id SandboxIDPath, par
 // with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
-// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 // is, but for a release of a paused microVM's memory, which is made.
 //
 // Takes a body of the `application/json` content type.
@@ -3391,7 +3391,7 @@ func (c *Client) DeletePortLink(ctx context.Context, id SandboxIDPath, port Port
 // are not used. When the service closes its end, the server sends a normal close
 // (1000); when the client closes, the connection to the service is closed. The server
 // pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
-// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+// any exec. `bothy port-forward` uses it. Browsers may pass the token as
 // `access_token`.
 //
 // Corresponds with GET /v1/sandboxes/{id}/ports/{port}/tcp (the `PortTunnel` operationId).
@@ -3476,7 +3476,7 @@ func (c *Client) StopSandbox(ctx context.Context, id SandboxIDPath, params *Stop
 // then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 // its start-up.
 //
 // Takes any type of body and a specified content type.
@@ -3501,7 +3501,7 @@ func (c *Client) SetSandboxTimeoutWithBody(ctx context.Context, id SandboxIDPath
 // then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 // its start-up.
 //
 // Takes a body of the `application/json` content type.
@@ -3662,7 +3662,7 @@ func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, par
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
-// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 // frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 // files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 // identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -3702,7 +3702,7 @@ func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNam
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
-// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 // frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 // files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 // identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -6369,7 +6369,7 @@ type ClientWithResponsesInterface interface {
 
 	// DashboardLoginWithBodyWithResponse Exchange the dashboard's one-time login code for the token
 	//
-	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
 	// token it gets back. A code is good once, for 15 minutes, and only on the server that
 	// printed it; the token itself is never printed. Open without a token, since the code is
@@ -6382,7 +6382,7 @@ type ClientWithResponsesInterface interface {
 
 	// DashboardLoginWithResponse Exchange the dashboard's one-time login code for the token
 	//
-	// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+	// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 	// fragment (which browsers do not send). The dashboard posts the code here and keeps the
 	// token it gets back. A code is good once, for 15 minutes, and only on the server that
 	// printed it; the token itself is never printed. Open without a token, since the code is
@@ -6420,7 +6420,7 @@ type ClientWithResponsesInterface interface {
 	//
 	// A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
 	// gets the events it missed, from the last 1024 of this server process. Ids grow across
-	// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+	// restarts of bothyd too (they are reserved in the state root in blocks, and a
 	// restart skips the rest of a block, so ids may jump but are never reused): an id seen
 	// before a restart never names a later event, and reconnecting with it after the
 	// restart replays the new process's kept events, all of them new to the client. An id
@@ -6476,7 +6476,7 @@ type ClientWithResponsesInterface interface {
 
 	// DeleteImageWithResponse Delete an OCI image
 	//
-	// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+	// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
 	// once no image uses them. While a sandbox or a template generation uses the image it
 	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
 	// are not deleted (`invalid-request`).
@@ -6573,7 +6573,7 @@ type ClientWithResponsesInterface interface {
 	// `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
 	// stop does, also one started by another runtime identity) and deprovisions it in the
 	// same transition, under one lock, so that nothing can start it in between. Files that
-	// sandboxd did not write in the state directory are named in a `foreign-files` problem
+	// bothyd did not write in the state directory are named in a `foreign-files` problem
 	// and the directory is kept.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -6765,7 +6765,7 @@ type ClientWithResponsesInterface interface {
 	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
-	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 	// is, but for a release of a paused microVM's memory, which is made.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -6784,7 +6784,7 @@ type ClientWithResponsesInterface interface {
 	// with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
-	// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 	// is, but for a release of a paused microVM's memory, which is made.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -6840,7 +6840,7 @@ type ClientWithResponsesInterface interface {
 	// are not used. When the service closes its end, the server sends a normal close
 	// (1000); when the client closes, the connection to the service is closed. The server
 	// pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
-	// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+	// any exec. `bothy port-forward` uses it. Browsers may pass the token as
 	// `access_token`.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -6893,7 +6893,7 @@ type ClientWithResponsesInterface interface {
 	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 	// its start-up.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -6908,7 +6908,7 @@ type ClientWithResponsesInterface interface {
 	// then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-	// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 	// its start-up.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -6999,7 +6999,7 @@ type ClientWithResponsesInterface interface {
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
-	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 	// identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -7029,7 +7029,7 @@ type ClientWithResponsesInterface interface {
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
-	// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+	// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 	// frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 	// files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 	// identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -11366,7 +11366,7 @@ func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEdit
 
 // DashboardLoginWithBodyWithResponse Exchange the dashboard's one-time login code for the token
 //
-// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 // fragment (which browsers do not send). The dashboard posts the code here and keeps the
 // token it gets back. A code is good once, for 15 minutes, and only on the server that
 // printed it; the token itself is never printed. Open without a token, since the code is
@@ -11385,7 +11385,7 @@ func (c *ClientWithResponses) DashboardLoginWithBodyWithResponse(ctx context.Con
 
 // DashboardLoginWithResponse Exchange the dashboard's one-time login code for the token
 //
-// sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+// bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
 // fragment (which browsers do not send). The dashboard posts the code here and keeps the
 // token it gets back. A code is good once, for 15 minutes, and only on the server that
 // printed it; the token itself is never printed. Open without a token, since the code is
@@ -11441,7 +11441,7 @@ func (c *ClientWithResponses) GetOpenAPISpecWithResponse(ctx context.Context, re
 //
 // A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
 // gets the events it missed, from the last 1024 of this server process. Ids grow across
-// restarts of sandboxd too (they are reserved in the state root in blocks, and a
+// restarts of bothyd too (they are reserved in the state root in blocks, and a
 // restart skips the rest of a block, so ids may jump but are never reused): an id seen
 // before a restart never names a later event, and reconnecting with it after the
 // restart replays the new process's kept events, all of them new to the client. An id
@@ -11521,7 +11521,7 @@ func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, body Pu
 
 // DeleteImageWithResponse Delete an OCI image
 //
-// Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
 // once no image uses them. While a sandbox or a template generation uses the image it
 // is refused with `image-in-use`, naming them. `host` and directories under `images/`
 // are not deleted (`invalid-request`).
@@ -11660,7 +11660,7 @@ func (c *ClientWithResponses) CreateSandboxWithResponse(ctx context.Context, par
 // `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
 // stop does, also one started by another runtime identity) and deprovisions it in the
 // same transition, under one lock, so that nothing can start it in between. Files that
-// sandboxd did not write in the state directory are named in a `foreign-files` problem
+// bothyd did not write in the state directory are named in a `foreign-files` problem
 // and the directory is kept.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -11924,7 +11924,7 @@ func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context,
 // with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
-// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 // is, but for a release of a paused microVM's memory, which is made.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -11949,7 +11949,7 @@ func (c *ClientWithResponses) PauseSandboxWithBodyWithResponse(ctx context.Conte
 // with `template-ineligible`; a stop discards the memory). While paused, exec, files and
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
-// stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
 // is, but for a release of a paused microVM's memory, which is made.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -12029,7 +12029,7 @@ func (c *ClientWithResponses) DeletePortLinkWithResponse(ctx context.Context, id
 // are not used. When the service closes its end, the server sends a normal close
 // (1000); when the client closes, the connection to the service is closed. The server
 // pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
-// any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+// any exec. `bothy port-forward` uses it. Browsers may pass the token as
 // `access_token`.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -12106,7 +12106,7 @@ func (c *ClientWithResponses) StopSandboxWithResponse(ctx context.Context, id Sa
 // then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 // its start-up.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -12127,7 +12127,7 @@ func (c *ClientWithResponses) SetSandboxTimeoutWithBodyWithResponse(ctx context.
 // then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-// it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+// it survives a restart of bothyd, and one that ended while bothyd was down acts at
 // its start-up.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -12266,7 +12266,7 @@ func (c *ClientWithResponses) ListGenerationsWithResponse(ctx context.Context, n
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
-// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 // frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 // files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 // identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -12302,7 +12302,7 @@ func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
-// `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+// `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
 // frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
 // files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
 // identity, and one on a host that cannot freeze sandboxes must be stopped first

@@ -45,7 +45,7 @@ type GenerationID = string
 // Example: host
 type ImageName = string
 
-// Problem An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Problem An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Problem struct {
 	// Code The stable error codes, identical to package errcode. Never renamed; new ones may be
 	// added, so clients treat an unknown code by its HTTP status. The list is open
@@ -65,9 +65,9 @@ type Problem struct {
 	// Title The HTTP status text.
 	Title string `json:"title"`
 
-	// Type A URI naming the problem type, `urn:sandboxd:problem:<code>`. Switch on `code`.
+	// Type A URI naming the problem type, `urn:bothyd:problem:<code>`. Switch on `code`.
 	//
-	// Example: urn:sandboxd:problem:sandbox-busy
+	// Example: urn:bothyd:problem:sandbox-busy
 	Type string `json:"type"`
 }
 
@@ -124,28 +124,28 @@ type SandboxIDPath = SandboxID
 // Example: python-base
 type TemplateNamePath = TemplateName
 
-// BadRequest An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// BadRequest An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadRequest = Problem
 
-// Conflict An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Conflict An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Conflict = Problem
 
-// Forbidden An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Forbidden An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Forbidden = Problem
 
-// InternalError An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// InternalError An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type InternalError = Problem
 
-// Locked An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Locked An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Locked = Problem
 
-// NotFound An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// NotFound An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotFound = Problem
 
-// NotImplemented An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// NotImplemented An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotImplemented = Problem
 
-// Unauthorized An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`.
+// Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
 // ExecStreamParams defines parameters for ExecStream.

@@ -16,8 +16,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/microvm/guest"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/microvm/guest"
 )
 
 // cpioFile is one entry of the initramfs.

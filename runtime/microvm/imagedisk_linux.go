@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/runtime"
 )
 
 // An OCI image's base disk: the image's layers (overlay lower directories, unpacked by the
@@ -25,7 +25,7 @@ import (
 // trusted.overlay.opaque=y) merged bottom to top into a staged tree, and the tree made an ext4
 // file system by mke2fs -d. It is shared by every microVM of the image, named by a hash of
 // its layers (directories named by their diff ids, so content-addressed) and of the files
-// sandboxd adds to the image (the image files layer, in the sandbox's state directory),
+// bothyd adds to the image (the image files layer, in the sandbox's state directory),
 // without the two that differ per sandbox and that the guest's init writes at every boot
 // anyway (/etc/hostname, /etc/hosts).
 //
@@ -77,7 +77,7 @@ func imageBaseName(layers []string, dir string) (string, error) {
 	return imageBasePrefix + hex.EncodeToString(h.Sum(nil))[:16] + ".ext4", nil
 }
 
-// maxOwnLayer bounds what is hashed of a layer in the sandbox's state directory: sandboxd
+// maxOwnLayer bounds what is hashed of a layer in the sandbox's state directory: bothyd
 // writes it (a few small files of /etc and some directories).
 const maxOwnLayer = 16 << 20
 

@@ -18,10 +18,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/shim"
+	"github.com/bothy/bothy/store/template"
 )
 
 // What a microVM leaves behind, for the consistency checker: its control socket once its shim
@@ -130,7 +130,7 @@ func (r *Runtime) StaleShared(hostBase, sandboxesDir string, remove bool) ([]run
 			if r.qemuNames(path) {
 				continue
 			}
-			f = runtime.StaleFile{Name: name, Why: "the initramfs of an older guest stack (another sandboxd build or kernel); no QEMU uses it"}
+			f = runtime.StaleFile{Name: name, Why: "the initramfs of an older guest stack (another bothyd build or kernel); no QEMU uses it"}
 		case isBaseDisk(name):
 			if backing == nil {
 				backing = diskBackings(sandboxesDir)
@@ -169,7 +169,7 @@ func isBaseDisk(name string) bool {
 
 // baseInUse says whether the base disk at path is needed: a disk of backing backs onto it, a
 // live QEMU names it, or it is younger than staleBuildAge. The age covers a start that made
-// the disk and has yet to make its overlay over it without the assets lock (a sandboxd of
+// the disk and has yet to make its overlay over it without the assets lock (a bothyd of
 // before the lock); a base disk is written once, so its mtime is its making.
 func (r *Runtime) baseInUse(path string, backing *diskSet) bool {
 	fi, err := os.Lstat(path)

@@ -12,16 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/runtime/microvm/shim"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
 )
 
 // TestOverlayDirOfQEMUArgs: the orphan QEMU search reads the state directory back from the
 // command line that shim.QEMUArgs writes (a comma in the path doubled), and only below the
 // state root; a change of the drive's option that it no longer reads fails here.
 func TestOverlayDirOfQEMUArgs(t *testing.T) {
-	const root = "/srv/sandboxd,root"
+	const root = "/srv/bothyd,root"
 	dir := root + "/sandboxes/a,b"
 	args := shim.QEMUArgs(&shim.Config{Accel: "tcg", Kernel: "k", Initramfs: "i", Overlay: dir + "/" + shim.EntryOverlay}, false)
 	argv := make([][]byte, len(args))

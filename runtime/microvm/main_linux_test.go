@@ -10,22 +10,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 // sharedAssets holds the initramfs and the host base disk for every test: the base disk takes
 // some seconds to make, once.
 var sharedAssets string
 
-// TestMain dispatches the runtime's sub-commands, as cmd/sandboxd does: the runtime
+// TestMain dispatches the runtime's sub-commands, as cmd/bothyd does: the runtime
 // re-executes this test binary as the shim, and boots it as the guest's /init.
 func TestMain(m *testing.M) {
 	if code, ran := shim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
-	dir, err := os.MkdirTemp("", "sandboxd-microvm-test-")
+	dir, err := os.MkdirTemp("", "bothyd-microvm-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

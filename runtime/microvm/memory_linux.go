@@ -14,12 +14,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/qmp"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/qmp"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 var (
@@ -55,7 +55,7 @@ func (r *Runtime) Freeze(ctx context.Context, sandboxID, dir string) error {
 
 // Thaw implements runtime.Pauser: the VM runs on (QMP cont, through the shim, which advances
 // the guest's clock by the time it stood), or, when its memory is released, is restored and
-// runs on from it. A save still streaming (a capture whose sandboxd died) is cancelled first.
+// runs on from it. A save still streaming (a capture whose bothyd died) is cancelled first.
 // A VM without a monitor or a shim does not run: thawed.
 func (r *Runtime) Thaw(ctx context.Context, sandboxID, dir string) error {
 	if _, err := askShim(ctx, dir, "cont"); !errors.Is(err, errNoShim) {
@@ -169,7 +169,7 @@ func (r *Runtime) CapturesMemory() bool { return true }
 // flushed and inactivated by the save, and returns the directory of the two with their
 // [shim.StateInfo], a snapshot (the VM may continue at once). The directory is the root of a
 // detached tmpfs that only the returned descriptor reaches: closing it frees it, so a crash
-// of sandboxd leaves nothing of a capture behind in the state directory.
+// of bothyd leaves nothing of a capture behind in the state directory.
 func (r *Runtime) OpenLiveLayer(ctx context.Context, sandboxID, dir string, disk bool) (*os.File, bool, error) {
 	info, err := readLaunchInfo(dir)
 	if err != nil {
@@ -206,7 +206,7 @@ func (r *Runtime) OpenLiveLayer(ctx context.Context, sandboxID, dir string, disk
 // openScratch mounts a tmpfs, detached, and opens its root, 0700: a directory that only the
 // descriptor reaches, freed when it is closed.
 func openScratch() (*os.File, error) {
-	m, err := platform.MountDetached("tmpfs", "sandboxd-capture", unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)
+	m, err := platform.MountDetached("tmpfs", "bothyd-capture", unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func openScratch() (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("microvm runtime: open the capture's scratch directory: %w", err)
 	}
-	root := os.NewFile(uintptr(fd), "sandboxd-capture")
+	root := os.NewFile(uintptr(fd), "bothyd-capture")
 	return root, nil
 }
 
@@ -284,7 +284,7 @@ func readStateInfo(dir, name string) (*shim.StateInfo, error) {
 		return nil, fmt.Errorf("microvm runtime: %s: %w", name, err)
 	}
 	if info.Format != shim.StateInfoFormat(info.NIC) || (info.Port != 0 && info.Port != 1) {
-		return nil, errcode.New(errcode.Internal, "The memory state's %s has format %d and port %d, which this sandboxd does not know.", name, info.Format, info.Port)
+		return nil, errcode.New(errcode.Internal, "The memory state's %s has format %d and port %d, which this bothyd does not know.", name, info.Format, info.Port)
 	}
 	return &info, nil
 }

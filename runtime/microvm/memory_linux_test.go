@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 // counterScript runs a shell loop, detached, that counts in memory and writes each count to

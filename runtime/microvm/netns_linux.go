@@ -15,9 +15,9 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 // A microVM with a NIC (a networked boot, runtime.Spec.Network, or the restore of a memory
@@ -29,7 +29,7 @@ import (
 // and the tap (tc ingress, u32 match-all, mirred egress redirect), so that the namespace's
 // own stack sees nothing and the guest's NIC, which the agent gives the sandbox's address,
 // is what the host's veth end talks to. The host side (record, filter by host interface,
-// resolver, teardown, `sandboxd check`) is the Manager's, unchanged: the namespace and the
+// resolver, teardown, `bothyd check`) is the Manager's, unchanged: the namespace and the
 // veth's peer go with the shim, the host end with its peer.
 
 // NetNS implements runtime.NetNSer: the QEMU of dir (the shim's verified child), once it

@@ -17,8 +17,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 // TestQEMUArgsNetwork: a launch with a NIC gets the tap and a modern-only virtio NIC, any

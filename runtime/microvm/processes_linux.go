@@ -9,15 +9,15 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 // Processes lists the shims and QEMUs of the sandboxes whose state directories lie below
 // stateRoot, and QEMUs of such sandboxes that outlived their shim (see orphanQEMUs).
 //
-// A shim's argv marker (sandboxd __vmshim <dir>) is only a claim, which any process can make;
+// A shim's argv marker (bothyd __vmshim <dir>) is only a claim, which any process can make;
 // it is believed for a process in this process's pid namespace and of this process's user
 // (a namespace sandbox's processes live in pid namespaces below it, and a microVM's in no
 // host namespace at all). A QEMU ([runtime.RoleInit]: the guest's init runs in it) is a

@@ -11,9 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/microvm/qmp"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/microvm/qmp"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 // errNoMonitor is a sandbox whose QEMU has no monitor socket: it does not run (or was started

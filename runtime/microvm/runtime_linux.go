@@ -23,13 +23,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/portmux"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 // DefaultResources are applied to a Spec's zero resources (Pids does not apply: the guest
@@ -41,7 +41,7 @@ const DefaultProbeTimeout = 10 * time.Second
 
 // Config configures the runtime. Its zero value is the default configuration.
 type Config struct {
-	// Executable is the sandboxd binary, re-executed as the shim and copied into the
+	// Executable is the bothyd binary, re-executed as the shim and copied into the
 	// initramfs as the guest's /init; "" means the running executable.
 	Executable string
 	// QEMU is qemu-system-x86_64; "" looks it up in PATH.
@@ -49,7 +49,7 @@ type Config struct {
 	// Kernel is the guest kernel image; "" means the newest /boot/vmlinuz-*-cloud-amd64. Its
 	// modules are /lib/modules/<release>, the release being the file name's rest.
 	Kernel string
-	// Accel is the operator's choice of accelerator (sandboxd --microvm-accel): "auto" (or
+	// Accel is the operator's choice of accelerator (bothyd --microvm-accel): "auto" (or
 	// "") probes, KVM if the KVM device opens and a probe guest boots under it within
 	// ProbeTimeout, TCG otherwise; "kvm" uses KVM without a probe guest, and makes the runtime
 	// unavailable where the KVM device does not open; "tcg" never touches KVM.
@@ -295,7 +295,7 @@ func (r *Runtime) bootProbe(ctx context.Context, accel string) error {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "sandboxd-microvm-probe-")
+	dir, err := os.MkdirTemp("", "bothyd-microvm-probe-")
 	if err != nil {
 		return err
 	}
@@ -397,7 +397,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := platform.EnsureDir(spec.Dir, shim.EntryControl, 0o700); err != nil {
 		return platform.ProcessID{}, err
 	}
-	// Sockets left by the previous run answer nobody: gone, sandboxd waits for the shim's
+	// Sockets left by the previous run answer nobody: gone, bothyd waits for the shim's
 	// new one rather than dialling a dead one.
 	for _, p := range []string{r.ControlPath(spec.Dir), qmpPath(spec.Dir)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -427,7 +427,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 // makeDisk makes (unless they are there) the initramfs, the base disk in assets and the
 // sandbox's overlay over it, or over the memory generation gen, and returns the initramfs,
 // the overlay and a clone's restore; it sets launch's port and NIC for a generation's. It
-// holds the assets lock shared throughout, so that sandboxd check --repair, which removes a
+// holds the assets lock shared throughout, so that bothyd check --repair, which removes a
 // base disk no disk backs onto under that lock taken exclusively, never removes the one this
 // start is about to make its overlay over.
 func (r *Runtime) makeDisk(ctx context.Context, assets string, spec runtime.Spec, gen string, launch *shim.StateInfo) (initrd, overlay string, restore *shim.Restore, err error) {

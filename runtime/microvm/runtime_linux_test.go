@@ -16,12 +16,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/shim"
 )
 
 func testSpec(t *testing.T, id string) runtime.Spec {

@@ -12,14 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/store"
-	"github.com/sandboxd/sandboxd/supervisor"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/supervisor"
 )
 
 // TestSupervisorDrivesAMicroVM proves the runtime keeps the runtime.Runtime contract: a
-// supervisor built over it (as cmd/sandboxd builds one over the namespace runtime) starts a
+// supervisor built over it (as cmd/bothyd builds one over the namespace runtime) starts a
 // sandbox, which passes its peer-credential check and hello, runs an exec and a file round
 // trip in it, stops it gracefully (the agent ends it, the shim exits) and force-stops a second
 // run, and leaves no runtime process behind.

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // rssKiB returns the resident set size of pid in KiB.
@@ -40,7 +40,7 @@ func rssKiB(pid int) int {
 }
 
 // pssKiB returns the proportional set size of pid in KiB: its private pages plus its share
-// of pages shared with other processes (the sandboxd binary's, above all).
+// of pages shared with other processes (the bothyd binary's, above all).
 func pssKiB(pid int) int {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
 	if err != nil {
@@ -61,7 +61,7 @@ func pssKiB(pid int) int {
 // BenchmarkStart measures Start until the agent answers hello on the control socket. Stopping
 // the sandbox is outside the timer. It also reports the memory of an idle sandbox right after
 // hello, summed over the shim and every process in the sandbox's cgroup: as RSS (which counts
-// the sandboxd binary's pages once per process) and as PSS (which shares them out).
+// the bothyd binary's pages once per process) and as PSS (which shares them out).
 //
 // It runs twice in one run: "userns" is the default, each sandbox in a user namespace of its
 // own with idmapped layers; "hostids" is the same start without one (Config.IDs.Off), for

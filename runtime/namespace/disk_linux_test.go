@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // TestEnsureDiskImage: the image is made once, of the size asked, sparse, an ext4 file system

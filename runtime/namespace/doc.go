@@ -1,7 +1,7 @@
-// Package namespace is the host-side driver of sandboxd's default runtime ([runtime.Runtime]):
+// Package namespace is the host-side driver of bothyd's default runtime ([runtime.Runtime]):
 // each sandbox is a tree of processes in its own Linux user, mount, pid, uts, ipc, network
 // and cgroup namespaces, on an overlay root, with its limits in a cgroup, its capabilities
-// bounded, no_new_privs and a seccomp filter. It needs the sandboxd binary alone (and mke2fs
+// bounded, no_new_privs and a seccomp filter. It needs the bothyd binary alone (and mke2fs
 // for a sandbox with a disk of its own).
 //
 // The driver starts, kills, finds and cleans up after runtime processes; it keeps no records
@@ -13,8 +13,8 @@
 //
 // # Processes
 //
-//	sandboxd __shim <dir>      the runtime process: own session, outlives sandboxd
-//	└─ sandboxd __init         PID 1 of the sandbox, in its namespaces and cgroup; sets the
+//	bothyd __shim <dir>      the runtime process: own session, outlives bothyd
+//	└─ bothyd __init         PID 1 of the sandbox, in its namespaces and cgroup; sets the
 //	   │                       sandbox up, drops to its privileges, runs the agent
 //	   └─ workloads            run by the agent as "user" (uid 1000) or "root"
 //
@@ -23,7 +23,7 @@
 // spec, capability included, and the seccomp filter that New compiled once, package
 // [seccomp]) on fd 3. It returns the shim's identity ([platform.ProcessID]), which is what the
 // supervisor records. The shim is the init's parent, so it learns how the sandbox ended also
-// while sandboxd is down: it writes outcome.json ([runtime.WriteOutcome]), removes the
+// while bothyd is down: it writes outcome.json ([runtime.WriteOutcome]), removes the
 // cgroup and exits. Capabilities, no_new_privs and the filter reach every thread of the agent
 // before it runs, so the agent and everything it starts carry exactly the sandbox's
 // privileges. The capability travels on pipes only, never in a file inside the sandbox.
@@ -54,7 +54,7 @@
 // configuration (one message on a socket, fd 3). It makes the overlay as the slot's first id
 // (with host root's capabilities), so that the overlay's own files, whiteouts and its work
 // directory, are written as the sandbox's root, 0 on disk. The sandbox's own mounts (proc,
-// /dev's tmpfs and devpts, /run/sandboxd, the cgroup) are made by the init inside the
+// /dev's tmpfs and devpts, /run/bothyd, the cgroup) are made by the init inside the
 // namespace; the host's device nodes show as nobody's.
 //
 // Root inside holds its capabilities in its namespace alone: over the host's files (host
@@ -102,15 +102,15 @@
 //     host, a new devpts instance, and a tmpfs /dev/shm.
 //   - The sandbox's own cgroup, read-only, at /sys/fs/cgroup/memory (v1) or /sys/fs/cgroup
 //     (v2); the cgroup namespace is rooted at it. Nothing else of /sys.
-//   - /run/sandboxd is a small, empty tmpfs, root's alone (0700). Nothing of the state
+//   - /run/bothyd is a small, empty tmpfs, root's alone (0700). Nothing of the state
 //     directory is visible inside.
 //
 // The control socket is <dir>/control/control.sock ([Runtime.ControlPath]). The shim makes
 // it and listens on it before it starts the init, and hands the listening descriptor down
 // (fd 5); the agent accepts on it. The directory is never mounted inside, so nothing in the
-// sandbox can rename, replace or add the entry that sandboxd connects to, and nothing it
+// sandbox can rename, replace or add the entry that bothyd connects to, and nothing it
 // writes reaches the host's state root. A connection's peer credentials (SO_PEERCRED) are
-// the shim's, the process that listened, whose identity Start returns: sandboxd can check
+// the shim's, the process that listened, whose identity Start returns: bothyd can check
 // them before it sends the capability.
 //
 // The old root is detached after pivot_root: nothing else of the host (its /root, /home,
@@ -121,7 +121,7 @@
 //
 // The cgroup is <Config.CgroupParent>/<[shim.CgroupLeaf]>: on v1 a directory in each of the
 // memory (with memory+swap where accounted), cpu (CFS quota) and pids hierarchies, on v2 one
-// directory whose ancestors all delegate memory, cpu and pids (so sandboxd must not run in a
+// directory whose ancestors all delegate memory, cpu and pids (so bothyd must not run in a
 // cgroup that holds processes). On v1 the shim's forking thread enters the cgroup for the
 // fork alone; on v2 the init is cloned into it (CLONE_INTO_CGROUP) and makes its cgroup
 // namespace once inside. An out-of-memory kill goes into the outcome. The cgroup's pids.max
@@ -145,7 +145,7 @@
 //
 // # Crashes
 //
-//   - sandboxd dies: the sandbox runs on; a restarted sandboxd finds the shim by its recorded
+//   - bothyd dies: the sandbox runs on; a restarted bothyd finds the shim by its recorded
 //     identity.
 //   - The shim gets TERM, INT or HUP: it forwards TERM to the init, whose agent ends the
 //     sandbox gracefully, and records the outcome as usual.
@@ -159,7 +159,7 @@
 //     identity holds. A TERM, INT or HUP in the millisecond of the exec may end it: as any
 //     death of the shim.
 //   - The init or agent dies: the shim writes the outcome, removes the cgroup, hands the
-//     overlay it holds and the disk's lock to a releaser (sandboxd __release <dir>) and exits;
+//     overlay it holds and the disk's lock to a releaser (bothyd __release <dir>) and exits;
 //     the releaser's close shuts the overlay and the disk down, after the stop has answered
 //     (docs/design.md, "The release"). The next launch, and a capture, wait for the disk's
 //     lock ([shim.LockDisk]) before they mount the image again.
@@ -174,5 +174,5 @@
 // Root with a full capability set (CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID,
 // CAP_SETPCAP, CAP_DAC_OVERRIDE) and a writable cgroup hierarchy; in a container, that means
 // --privileged or the equivalent; Linux 6.13 (overlay layers as descriptors, idmapped
-// layers). Running sandboxd itself without root (rootless) is not implemented.
+// layers). Running bothyd itself without root (rootless) is not implemented.
 package namespace

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // restart starts the stopped sandbox s again, as a new launch of the same spec, and waits
@@ -33,15 +33,15 @@ func (s *sandbox) restart(tb testing.TB, launch string) error {
 
 // TestPlantedLinksStayInside: root in a sandbox replaces directories that the init makes
 // things in at the next start (/sys, where the cgroup is mounted, and /run, which holds
-// /run/sandboxd) with links to a host directory. The init, still host root before pivot_root,
+// /run/bothyd) with links to a host directory. The init, still host root before pivot_root,
 // must not follow them out: nothing appears in the host directory, and the start either fails
 // or succeeds with the links resolved inside the sandbox. Here the same path exists inside,
 // so it succeeds, with the cgroup inside. Without RESOLVE_IN_ROOT the init made
-// <host dir>/fs/cgroup and <host dir>/sandboxd on the host.
+// <host dir>/fs/cgroup and <host dir>/bothyd on the host.
 func TestPlantedLinksStayInside(t *testing.T) {
 	rt := newTestRuntime(t)
 	root := newStateRoot(t)
-	host, err := os.MkdirTemp("", "sandboxd-planted-")
+	host, err := os.MkdirTemp("", "bothyd-planted-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestPlantedLinksStayInside(t *testing.T) {
 		t.Fatalf("the start failed: %v", startErr)
 	}
 	r := s.sh(t, "root", "ls "+host+"; ls /sys/fs/cgroup | head -n 3")
-	if !strings.Contains(r.Output, "fs") || !strings.Contains(r.Output, "sandboxd") {
+	if !strings.Contains(r.Output, "fs") || !strings.Contains(r.Output, "bothyd") {
 		t.Fatalf("the links were not followed inside the sandbox: %+v", r)
 	}
 }
@@ -84,7 +84,7 @@ func TestPlantedLinksStayInside(t *testing.T) {
 func TestDanglingPlantedLinkFailsCleanly(t *testing.T) {
 	rt := newTestRuntime(t)
 	root := newStateRoot(t)
-	host, err := os.MkdirTemp("", "sandboxd-planted-")
+	host, err := os.MkdirTemp("", "bothyd-planted-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,16 +129,16 @@ func TestNoHostPathInside(t *testing.T) {
 	}
 }
 
-// TestControlDirectoryUnreachable: the host's control directory, where sandboxd connects, is
+// TestControlDirectoryUnreachable: the host's control directory, where bothyd connects, is
 // nowhere inside: root in the sandbox cannot rename, replace or add anything there, and what
-// it writes to /run/sandboxd stays in the sandbox.
+// it writes to /run/bothyd stays in the sandbox.
 func TestControlDirectoryUnreachable(t *testing.T) {
 	rt := newTestRuntime(t)
 	root := newStateRoot(t)
 	s := startSandbox(t, rt, root, "ctl", runtime.Resources{})
-	r := s.sh(t, "root", "ls -A /run/sandboxd | wc -l; echo x > /run/sandboxd/planted; echo rc=$?")
+	r := s.sh(t, "root", "ls -A /run/bothyd | wc -l; echo x > /run/bothyd/planted; echo rc=$?")
 	if !strings.HasPrefix(r.Output, "0\n") {
-		t.Fatalf("/run/sandboxd inside is not empty: %+v", r)
+		t.Fatalf("/run/bothyd inside is not empty: %+v", r)
 	}
 	ents, err := os.ReadDir(filepath.Join(s.spec.Dir, shim.EntryControl))
 	if err != nil {

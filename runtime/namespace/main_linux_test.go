@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
-// testCgroupParent keeps the tests' cgroups apart from a real sandboxd's.
-const testCgroupParent = "sandboxd-test"
+// testCgroupParent keeps the tests' cgroups apart from a real bothyd's.
+const testCgroupParent = "bothyd-test"
 
-// TestMain dispatches the hidden sub-commands, as cmd/sandboxd does, so that the runtime
+// TestMain dispatches the hidden sub-commands, as cmd/bothyd does, so that the runtime
 // re-executes this test binary as shim and init; then it runs the tests and checks that
 // nothing was left behind.
 func TestMain(m *testing.M) {

@@ -1,8 +1,8 @@
 package namespace
 
 import (
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // Kind is this runtime's kind.

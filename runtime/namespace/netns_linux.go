@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/runtime"
 )
 
 // NetNS implements runtime.NetNSer: the sandbox's init is the one process that Processes

@@ -8,9 +8,9 @@ import (
 	"io/fs"
 	"syscall"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
 // The namespace runtime pauses a sandbox with the cgroup freezer of the sandbox's cgroup

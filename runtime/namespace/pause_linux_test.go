@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // TestPauseOfAnEndedSandbox: a sandbox whose cgroup is gone (it ended between the caller's

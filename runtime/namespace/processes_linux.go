@@ -10,16 +10,16 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // Processes lists the shims and inits of the sandboxes whose state directories lie below
 // stateRoot.
 //
 // Any process can give itself any argv, and a workload inside a sandbox can run one whose
-// argv reads "sandboxd __shim <dir>". So the marker in argv only says which process claims to
+// argv reads "bothyd __shim <dir>". So the marker in argv only says which process claims to
 // be a shim, and for which directory; the claim is believed only for a process that shows
 // what no process inside a sandbox can:
 //
@@ -33,7 +33,7 @@ import (
 //     Its directory is its shim's, whatever its own argv says.
 //
 // The executable is not compared with this runtime's: a shim of another build (an upgrade, a
-// server using sandboxd-runtime) is still a runtime process, whose identity the supervisor
+// server using bothyd-runtime) is still a runtime process, whose identity the supervisor
 // and the checker judge (runtime-mismatch).
 //
 // Each process is identified (pid and start time) before its facts are read, and checked to
@@ -112,7 +112,7 @@ func verifiedShim(pid int, stateRoot, ownNS string) (runtime.Process, bool) {
 }
 
 // shimClaim returns the state directory that the process at proc (its /proc directory) names
-// in a shim's marker (argv: sandboxd __shim <dir>), if it is one below stateRoot.
+// in a shim's marker (argv: bothyd __shim <dir>), if it is one below stateRoot.
 func shimClaim(proc, stateRoot string) (string, bool) {
 	b, err := os.ReadFile(proc + "/cmdline")
 	if err != nil {

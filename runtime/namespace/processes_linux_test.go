@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // TestProcessesIgnoreForgedMarkers: a workload inside a sandbox runs processes whose argv is

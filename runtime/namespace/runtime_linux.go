@@ -23,12 +23,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace/seccomp"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace/seccomp"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 // DefaultResources are applied to a Spec's zero resources.
@@ -36,11 +36,11 @@ var DefaultResources = runtime.Resources{VCPUs: 1, MemoryMB: 512, Pids: 512}
 
 // Config configures the runtime. Its zero value is the default configuration.
 type Config struct {
-	// Executable is the sandboxd binary to re-execute as shim and init; "" means the running
+	// Executable is the bothyd binary to re-execute as shim and init; "" means the running
 	// executable (/proc/self/exe, which keeps working if the file is replaced on disk).
 	Executable string
 	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<shim.CgroupLeaf>; "" means
-	// "sandboxd".
+	// "bothyd".
 	CgroupParent string
 	// IDs are the host ids of the sandboxes' user namespaces; zero fields take the defaults
 	// ([DefaultIDBase], [DefaultIDSlots], [DefaultIDRegistry]). IDs.Off runs sandboxes
@@ -59,12 +59,12 @@ type Config struct {
 // /etc/subgid (100000 to 600100000 + 65536 by default) and above systemd-nspawn's
 // (0x00080000-0x6FFFFFFF), and the slots end below systemd's foreign range (0x7FFE0000)
 // and below 2^31, where signed id bugs live; a slot that /etc/subuid or /etc/subgid still
-// hands to a user is skipped. The registry is a lock file on /run, shared by every sandboxd
+// hands to a user is skipped. The registry is a lock file on /run, shared by every bothyd
 // of the host, so that sandboxes of two state roots never share a range either.
 const (
 	DefaultIDBase     = 0x70000000
 	DefaultIDSlots    = (0x7FFE0000 - DefaultIDBase) / shim.IDRangeSize
-	DefaultIDRegistry = "/run/sandboxd/idranges.lock"
+	DefaultIDRegistry = "/run/bothyd/idranges.lock"
 )
 
 // Runtime is the namespace runtime. Create it with New.
@@ -92,13 +92,13 @@ var _ runtime.Runtime = (*Runtime)(nil)
 func New(cfg Config) (*Runtime, error) {
 	var refusal error
 	if os.Geteuid() != 0 {
-		refusal = errcode.New(errcode.Unavailable, "This sandboxd runs without root, so it cannot start sandboxes; run it as root (or with CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID and write access to the cgroup hierarchy). Rootless sandboxes are not supported yet.")
+		refusal = errcode.New(errcode.Unavailable, "This bothyd runs without root, so it cannot start sandboxes; run it as root (or with CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID and write access to the cgroup hierarchy). Rootless sandboxes are not supported yet.")
 	}
 	if cfg.Executable == "" {
 		cfg.Executable = "/proc/self/exe"
 	}
 	if cfg.CgroupParent == "" {
-		cfg.CgroupParent = "sandboxd"
+		cfg.CgroupParent = "bothy"
 	}
 	if cfg.IDs.Base == 0 {
 		cfg.IDs.Base = DefaultIDBase
@@ -524,7 +524,7 @@ func (r *Runtime) prepareStateDir(ctx context.Context, spec runtime.Spec) error 
 			return err
 		}
 	}
-	// A socket left by the previous run answers nobody: gone, sandboxd waits for the shim's
+	// A socket left by the previous run answers nobody: gone, bothyd waits for the shim's
 	// new one rather than dialling a dead one.
 	if err := os.Remove(r.ControlPath(spec.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err

@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/control"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/namespace/shim"
+	"github.com/bothy/bothy/control"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
 func needRoot(tb testing.TB) {
@@ -43,7 +43,7 @@ func newTestRuntime(tb testing.TB) *Runtime {
 
 // newStateRoot makes a state root with a sandboxes/ directory, remembered for the leak check.
 func newStateRoot(tb testing.TB) string {
-	root, err := os.MkdirTemp("", "sandboxd-ns-test-")
+	root, err := os.MkdirTemp("", "bothyd-ns-test-")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -251,12 +251,12 @@ func TestIsolation(t *testing.T) {
 		{"workload user", "user", `id -u; id -g; pwd; touch /home/user/f && echo wrote`, func(out string) bool {
 			return strings.HasPrefix(out, "1000\n1000\n") && strings.Contains(out, "/home/user") && strings.Contains(out, "wrote")
 		}},
-		{"layout", "user", `stat -c '%n %a %u' /tmp /home/user /root /run/sandboxd /usr; readlink /bin; head -c 4 /etc/passwd; touch /tmp/t && echo tmp-ok`, func(out string) bool {
+		{"layout", "user", `stat -c '%n %a %u' /tmp /home/user /root /run/bothyd /usr; readlink /bin; head -c 4 /etc/passwd; touch /tmp/t && echo tmp-ok`, func(out string) bool {
 			return strings.Contains(out, "/tmp 1777 0") && strings.Contains(out, "/home/user 755 1000") &&
-				strings.Contains(out, "/root 700 0") && strings.Contains(out, "/run/sandboxd 700 0") &&
+				strings.Contains(out, "/root 700 0") && strings.Contains(out, "/run/bothyd 700 0") &&
 				strings.Contains(out, "usr/bin") && strings.Contains(out, "root") && strings.Contains(out, "tmp-ok")
 		}},
-		{"user cannot reach the socket", "user", `ls /run/sandboxd; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=2") }},
+		{"user cannot reach the socket", "user", `ls /run/bothyd; echo rc=$?`, func(out string) bool { return strings.Contains(out, "rc=2") }},
 		{"user has no capabilities", "user", `grep CapEff /proc/self/status`, func(out string) bool { return strings.Contains(out, "0000000000000000") }},
 		{"root capabilities bounded", "root", `grep -E 'CapBnd|NoNewPrivs|Seccomp:' /proc/self/status`, func(out string) bool {
 			return !strings.Contains(out, "000001ffffffffff") && strings.Contains(out, "NoNewPrivs:\t1") && strings.Contains(out, "Seccomp:\t2")

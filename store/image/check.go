@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // ProblemKind names an inconsistency that Check finds.
@@ -101,7 +101,7 @@ func (s *Store) Check(ctx context.Context, repair bool) ([]Problem, error) {
 }
 
 // checkUses reports references that do not read and references to images without a record.
-// Whether the user a reference names still exists is the caller's question (sandboxd check
+// Whether the user a reference names still exists is the caller's question (bothyd check
 // asks the sandbox and template stores).
 func (s *Store) checkUses(repair bool) ([]Problem, error) {
 	names, err := platform.ReadDirNames(s.uses)

@@ -63,7 +63,7 @@
 // OCI whiteouts become overlay whiteouts: ".wh.<name>" a character device 0/0 named <name>
 // (unless this layer has <name> itself: a whiteout hides only lower layers), and
 // ".wh..wh..opq" the xattr trusted.overlay.opaque=y on its directory. Owners are the tar's
-// uid and gid as they are; sandboxd runs as root and sandboxes share the host's user ids
+// uid and gid as they are; bothyd runs as root and sandboxes share the host's user ids
 // today (mapping them for a user namespace is a pending issue, and would shift them here or
 // at mount time). Each layer is bounded ([Limits]: bytes, compressed and not, and entries);
 // an import is bounded in bytes and members; beyond a bound is [ErrTooLarge].

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // add makes every layer of src present and then writes the image record name under the

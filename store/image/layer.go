@@ -15,9 +15,9 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
 )
 
 // Source is an image to add to the store, whatever it came from: a registry (see
@@ -111,7 +111,7 @@ func (s *Store) ensureLayer(ctx context.Context, index int, diffID string, sl So
 		if rec, ok := s.presentLayer(hexID); ok {
 			return rec, true, nil
 		}
-		return nil, false, errcode.New(errcode.Internal, "The layer %s is in the store but its record does not read; run sandboxd check --repair.", diffID)
+		return nil, false, errcode.New(errcode.Internal, "The layer %s is in the store but its record does not read; run bothyd check --repair.", diffID)
 	}
 	if err != nil {
 		return nil, false, err

@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // Fetcher resolves a reference to an image's parts. store/image/registry implements it with

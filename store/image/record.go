@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
 )
 
 // The record formats this version reads and writes.
@@ -21,7 +21,7 @@ const (
 	refExt      = ".json"
 )
 
-// Config is the part of an image's configuration that sandboxd honours or shows: Env,
+// Config is the part of an image's configuration that bothyd honours or shows: Env,
 // WorkingDir and User are the defaults of every exec; Entrypoint and Cmd are shown, not run.
 type Config struct {
 	Env        []string `json:"env,omitempty"`
@@ -99,7 +99,7 @@ func parseConfig(data []byte) (*imageConfig, error) {
 		}
 	}
 	if c.OS != "" && c.OS != "linux" {
-		return nil, badArchive("the image is for %q; sandboxd runs Linux images", c.OS)
+		return nil, badArchive("the image is for %q; bothyd runs Linux images", c.OS)
 	}
 	return &c, nil
 }
@@ -125,14 +125,14 @@ func readImage(refs *os.File, name string) (*Image, error) {
 		return nil, errcode.New(errcode.ImageNotFound, "There is no image %q.", name)
 	}
 	if err != nil {
-		return nil, errcode.Wrap(errcode.Internal, err, "The record of image %s does not read; run sandboxd check.", name)
+		return nil, errcode.Wrap(errcode.Internal, err, "The record of image %s does not read; run bothyd check.", name)
 	}
 	var img Image
 	if err := record.Decode("image "+name, data, imageFormat, &img); err != nil {
 		return nil, err
 	}
 	if img.Name != name {
-		return nil, errcode.New(errcode.Internal, "The record of image %s names %q; run sandboxd check.", name, img.Name)
+		return nil, errcode.New(errcode.Internal, "The record of image %s names %q; run bothyd check.", name, img.Name)
 	}
 	return &img, nil
 }

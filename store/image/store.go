@@ -12,10 +12,10 @@ import (
 	"regexp"
 	"sync"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/store"
 )
 
 // The layout of the store below the state root. ImagesDir is shared with the root
@@ -97,7 +97,7 @@ func digestMismatch(what, want, got string) error {
 func badArchive(format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	return errcode.Wrap(errcode.InvalidRequest, fmt.Errorf("%w: %s", ErrBadArchive, msg),
-		"The archive is not an image sandboxd can import: %s.", msg)
+		"The archive is not an image bothyd can import: %s.", msg)
 }
 
 // nameRule is the local name (alias) of an image: the rule of the image names that the
@@ -130,7 +130,7 @@ type Store struct {
 
 // Open opens the image store under the state root stateRoot, creating what is missing (mode
 // 0700). A directory of the store that is a link, not a directory, or not private to
-// sandboxd's user is refused.
+// bothyd's user is refused.
 func Open(stateRoot string, opts Options) (*Store, error) {
 	if opts.MaxLayerBytes <= 0 {
 		opts.MaxLayerBytes = DefaultMaxLayerBytes
@@ -210,7 +210,7 @@ func ensurePrivateDir(dir *os.File, name string) (*os.File, error) {
 	}
 	if st.UID != uint32(os.Geteuid()) || st.Mode.Perm()&0o077 != 0 {
 		d.Close()
-		return nil, fmt.Errorf("image: %s is not private to sandboxd's user (owner %d, mode %v); fix its owner and mode (0700)", d.Name(), st.UID, st.Mode.Perm())
+		return nil, fmt.Errorf("image: %s is not private to bothyd's user (owner %d, mode %v); fix its owner and mode (0700)", d.Name(), st.UID, st.Mode.Perm())
 	}
 	return d, nil
 }

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 	"golang.org/x/sys/unix"
 )
 
@@ -386,7 +386,7 @@ func (u *unpacker) hardlink(pfd int, hdr *tar.Header, name, base string) error {
 
 // device keeps a character device 0/0, which is an overlay whiteout and means what the
 // layer's ".wh." entry for it would mean, and skips every other device node: no image needs
-// one (sandboxd gives each sandbox its own /dev), and the overlay is mounted nodev anyway.
+// one (bothyd gives each sandbox its own /dev), and the overlay is mounted nodev anyway.
 func (u *unpacker) device(pfd int, hdr *tar.Header, name, base string) error {
 	if hdr.Typeflag != tar.TypeChar || hdr.Devmajor != 0 || hdr.Devminor != 0 {
 		u.stats.SkippedDevices++
@@ -414,7 +414,7 @@ func (u *unpacker) fifo(pfd int, hdr *tar.Header, name, base string) error {
 		return err
 	}
 	// fchmodat follows a final link, but base was made a FIFO just above in a directory
-	// that only sandboxd can write.
+	// that only bothyd can write.
 	if err := platform.IgnoringEINTR(func() error { return unix.Fchmodat(pfd, base, u.mode(hdr, false), 0) }); err != nil {
 		return fmt.Errorf("image: set the mode of %s: %w", hdr.Name, err)
 	}

@@ -6,7 +6,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // The stubs exist so that the module builds elsewhere; unpacking a layer safely relies on

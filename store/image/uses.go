@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
 )
 
 // References. The store does not know sandboxes or templates, but it keeps, for its
@@ -22,7 +22,7 @@ import (
 // is deleted (or replaced by other content) under the same lock only when it has none, so
 // that no user is ever left on an image that is gone. Which references are stale (a sandbox
 // that no longer exists, a generation retired) is for the caller to judge: see
-// [Tx.RemoveUse] and sandboxd check.
+// [Tx.RemoveUse] and bothyd check.
 
 // UseKind is what uses an image.
 type UseKind string

@@ -8,7 +8,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 func importTwoLayers(t *testing.T, s *Store, as string) {

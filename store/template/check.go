@@ -8,9 +8,9 @@ import (
 	"os"
 	"slices"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
 )
 
 // ProblemKind names an inconsistency that Check finds.

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // The tree copy and removal need system calls that package platform does not wrap (mknodat,
@@ -320,7 +320,7 @@ func (c *copier) copyEntry(s, d *platform.DirPath, name string, st *unix.Stat_t,
 // linkTo makes name in the directory dfd a hard link to first, the path (relative to
 // c.dstRoot) of the inode's first copy. A path too long for one system call (deep in a deep
 // tree) is walked one directory at a time; these are directories of the copy, which only
-// sandboxd writes.
+// bothyd writes.
 func (c *copier) linkTo(first string, dfd int, name string, at func() string) error {
 	full := filepath.Join(c.dstRoot, first)
 	if len(full) < unix.PathMax {

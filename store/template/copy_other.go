@@ -6,7 +6,7 @@ import (
 	"context"
 	"os"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // The template store copies layers with Linux system calls (mknodat for overlayfs whiteouts,

@@ -7,14 +7,14 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/sandboxd/sandboxd/store/template"
+	"github.com/bothy/bothy/store/template"
 )
 
 // Example shows the calls the supervisor makes: capture a stopped sandbox's layer, clone it
 // (lease, then binding, under the store's lock), remove the clone (binding, then release),
 // and retire the generation.
 func Example() {
-	root, _ := os.MkdirTemp("", "sandboxd-example")
+	root, _ := os.MkdirTemp("", "bothyd-example")
 	defer os.RemoveAll(root)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

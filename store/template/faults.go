@@ -5,7 +5,7 @@ import (
 	"os"
 	"syscall"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // isNotEmpty reports whether a removal of a directory failed because it is not empty.

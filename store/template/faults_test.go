@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // injector is a platform.FS fault that, once armed, counts the changing operations and fails

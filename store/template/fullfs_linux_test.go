@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // smallFS mounts a tmpfs of size bytes on a fresh directory and returns it; it skips when

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/record"
 )
 
 // FuzzDecodeRecords feeds arbitrary bytes to every record decoder: none may panic, every

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // Eligibility is whether a generation may be cloned at a host time.

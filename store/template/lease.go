@@ -8,8 +8,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // Leasable checks, under the lock, that a clone may lease generation gen of template name at

@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
 )
 
 // The template store's entries. Every name in the store is one of these, a valid template name,

@@ -15,18 +15,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
+	"github.com/bothy/bothy/errcode"
 )
 
 // Multi-process and crash tests re-execute the test binary: TestMain runs a helper instead of
 // the tests when helperEnv names one. The helper's parameters come in helperArgsEnv as JSON.
 const (
-	helperEnv     = "SANDBOXD_TEMPLATE_HELPER"
-	helperArgsEnv = "SANDBOXD_TEMPLATE_HELPER_ARGS"
+	helperEnv     = "BOTHY_TEMPLATE_HELPER"
+	helperArgsEnv = "BOTHY_TEMPLATE_HELPER_ARGS"
 	// crashEnv names a durable step (a Step* constant, "binding:write", "binding:remove", or
 	// "capture:progress" for the middle of a copy) at which the helper kills itself with
 	// SIGKILL.
-	crashEnv = "SANDBOXD_TEMPLATE_CRASH_AT"
+	crashEnv = "BOTHY_TEMPLATE_CRASH_AT"
 	// exitRefused is the helper's exit status when the operation was refused with a domain
 	// error (printed on stdout); any other failure exits 1.
 	exitRefused = 3

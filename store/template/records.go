@@ -9,11 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/store"
 )
 
 // The format numbers of the records this version writes and reads. A record with another
@@ -39,7 +39,7 @@ type Resources = store.Resources
 // Key is a generation's compatibility key: a clone may use the generation only if its own key
 // is equal, field by field.
 type Key struct {
-	// Runtime is the runtime identity (runtime kind, sandboxd build, runtime configuration).
+	// Runtime is the runtime identity (runtime kind, bothyd build, runtime configuration).
 	Runtime string `json:"runtime"`
 	Image   string `json:"image"`
 	// ImageDigest is the manifest digest of an OCI image (store/image), "" for the host
@@ -137,7 +137,7 @@ func decodeRecord(name string, data []byte, want int, v any) error {
 
 func badRecord(name, format string, args ...any) error {
 	return errcode.Wrap(errcode.Internal, fmt.Errorf("%w: %s", ErrBadRecord, fmt.Sprintf(format, args...)),
-		"The template store record %s is damaged; run sandboxd check.", name)
+		"The template store record %s is damaged; run bothyd check.", name)
 }
 
 func decodeTemplate(data []byte) (*templateRecord, error) {

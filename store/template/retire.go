@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // Outcome is the result of a retirement that did not fail.
@@ -288,7 +288,7 @@ func (s *Store) finishRetire(tdir *os.File, name, gen string) error {
 	}
 	if len(names) > 0 {
 		slices.Sort(names)
-		return errcode.New(errcode.ForeignFiles, "Generation %s of template %s was retired, but its directory holds entries sandboxd does not own (%s); they were kept, remove them by hand.", gen, name, strings.Join(names, ", "))
+		return errcode.New(errcode.ForeignFiles, "Generation %s of template %s was retired, but its directory holds entries bothyd does not own (%s); they were kept, remove them by hand.", gen, name, strings.Join(names, ", "))
 	}
 	return s.removeDir(tdir, gen, StepRetireDir)
 }

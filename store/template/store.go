@@ -10,11 +10,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/store"
 )
 
 // DefaultMaxAge is how long after its capture a generation stays eligible unless
@@ -113,7 +113,7 @@ func Open(stateRoot string, opts Options) (_ *Store, err error) {
 	}
 	if st.UID != uint32(os.Geteuid()) || st.Mode.Perm()&0o077 != 0 {
 		dir.Close()
-		return nil, fmt.Errorf("template: %s is not private to sandboxd's user (owner %d, mode %v); fix its owner and mode (0700)", filepath.Join(abs, TemplatesDir), st.UID, st.Mode.Perm())
+		return nil, fmt.Errorf("template: %s is not private to bothyd's user (owner %d, mode %v); fix its owner and mode (0700)", filepath.Join(abs, TemplatesDir), st.UID, st.Mode.Perm())
 	}
 	return &Store{root: abs, path: filepath.Join(abs, TemplatesDir), dir: dir, opts: opts}, nil
 }

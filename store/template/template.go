@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/platform"
 )
 
 // Template is the view of one template.
@@ -76,7 +76,7 @@ func (s *Store) CreateTemplate(ctx context.Context, name string) (*Template, err
 		if gens, err := generationNames(tdir); err != nil {
 			return err
 		} else if len(gens) > 0 {
-			return errcode.New(errcode.Internal, "The directory of template %s holds generations (%s) but no template record; run sandboxd check.", name, strings.Join(gens, ", "))
+			return errcode.New(errcode.Internal, "The directory of template %s holds generations (%s) but no template record; run bothyd check.", name, strings.Join(gens, ", "))
 		}
 		rec := &templateRecord{Format: TemplateFormat, Name: name, UID: randomUID(), CreatedAt: time.Now().UTC(), NextGeneration: 1}
 		if err := s.writeRecord(tdir, TemplateRecordName, rec, StepTemplateCreate); err != nil {
@@ -241,7 +241,7 @@ func (s *Store) removeTemplateDirIfEmpty(tdir *os.File, name string) error {
 	}
 	if len(foreign) > 0 {
 		slices.Sort(foreign)
-		return errcode.New(errcode.ForeignFiles, "Template %s was removed, but its directory holds entries sandboxd does not own (%s); they were kept, remove them by hand.", name, strings.Join(foreign, ", "))
+		return errcode.New(errcode.ForeignFiles, "Template %s was removed, but its directory holds entries bothyd does not own (%s); they were kept, remove them by hand.", name, strings.Join(foreign, ", "))
 	}
 	if staging {
 		return nil

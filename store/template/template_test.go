@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/naming"
-	"github.com/sandboxd/sandboxd/record"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/record"
 )
 
 func TestValidate(t *testing.T) {

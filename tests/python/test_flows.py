@@ -1,6 +1,6 @@
 """The main flows through a Python client generated from openapi/openapi.yaml by
-openapi-python-client with its defaults, against a live sandboxd (tests/python/run.sh starts
-one and generates the client into a temporary directory on PYTHONPATH as sandboxd_client).
+openapi-python-client with its defaults, against a live bothyd (tests/python/run.sh starts
+one and generates the client into a temporary directory on PYTHONPATH as bothy_client).
 
 Each flow uses the generated functions and models as a user would, with no cast and no
 hand-made request: a create, an exec, a file written and read back as bytes, a directory
@@ -14,16 +14,16 @@ import os
 import secrets
 import unittest
 
-from sandboxd_client import AuthenticatedClient, Client
-from sandboxd_client.api.exec_ import exec_command
-from sandboxd_client.api.files import list_files, read_file, write_file
-from sandboxd_client.api.sandboxes import create_sandbox, delete_sandbox, get_sandbox, stop_sandbox
-from sandboxd_client.models import CreateSandboxRequest, ExecRequest, ExecResult, FileEntryType, FileList, Problem, Sandbox
-from sandboxd_client.types import File
+from bothy_client import AuthenticatedClient, Client
+from bothy_client.api.exec_ import exec_command
+from bothy_client.api.files import list_files, read_file, write_file
+from bothy_client.api.sandboxes import create_sandbox, delete_sandbox, get_sandbox, stop_sandbox
+from bothy_client.models import CreateSandboxRequest, ExecRequest, ExecResult, FileEntryType, FileList, Problem, Sandbox
+from bothy_client.types import File
 
 
 def client():
-    url, token = os.environ["SANDBOXD_URL"], os.environ.get("SANDBOXD_TOKEN", "")
+    url, token = os.environ["BOTHY_URL"], os.environ.get("BOTHY_TOKEN", "")
     if token:
         return AuthenticatedClient(base_url=url, token=token, raise_on_unexpected_status=True)
     return Client(base_url=url, raise_on_unexpected_status=True)

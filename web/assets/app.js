@@ -1,10 +1,10 @@
-// The sandboxd dashboard: a plain client of the API. Everything it shows from the API is
+// The bothyd dashboard: a plain client of the API. Everything it shows from the API is
 // rendered with textContent (never as HTML); the token stays in this browser's localStorage,
-// where the token form or the one-time login URL that sandboxd prints at start put it.
+// where the token form or the one-time login URL that bothyd prints at start put it.
 "use strict";
 
 (() => {
-  const TOKEN_KEY = "sandboxd.token";
+  const TOKEN_KEY = "bothy.token";
   const EVENT_TYPES = [
     "sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted",
     "sandbox.paused", "sandbox.resumed", "sandbox.expired",
@@ -567,7 +567,7 @@
     });
   }
 
-  // login exchanges the one-time code of the login URL that sandboxd prints at start
+  // login exchanges the one-time code of the login URL that bothyd prints at start
   // (/#login=<code>) for the token, and keeps the token like one entered in the form. The code
   // is in the fragment, which the browser never sends, and is taken out of the address bar
   // and history before anything else: it is good once, and a bookmark of it would not be.

@@ -1,4 +1,4 @@
-// Drives a live sandboxd with the unmodified E2B JS SDK (docs/e2b.md). run.sh sets
+// Drives a live bothyd with the unmodified E2B JS SDK (docs/e2b.md). run.sh sets
 // E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL to the server; nothing here patches the SDK.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -116,7 +116,7 @@ async function until(what, cond, ms = 20_000) {
   }
 }
 
-test('two sandboxes, watchDir, processes across a restart of sandboxd', { timeout: 240_000 }, async () => {
+test('two sandboxes, watchDir, processes across a restart of bothyd', { timeout: 240_000 }, async () => {
   const [a, b] = await Promise.all([Sandbox.create({ metadata }), Sandbox.create({ metadata })]);
   try {
     assert.notEqual(a.sandboxId, b.sandboxId);
@@ -144,16 +144,16 @@ test('two sandboxes, watchDir, processes across a restart of sandboxd', { timeou
     assert.equal(await b.files.exists('/tmp/w/from-cmd.txt'), false);
     assert.equal((await b.commands.run('echo b')).stdout, 'b\n');
 
-    // A background command outlives sandboxd: killed with SIGKILL and started again on the
+    // A background command outlives bothyd: killed with SIGKILL and started again on the
     // same state, it finds the command again by pid, with its output so far.
     const bg = await a.commands.run('echo started; read x; echo "got $x"', { background: true, stdin: true });
     await until('the first output', () => bg.stdout.includes('started'));
     await bg.disconnect();
-    // Asynchronously: a blocking execFileSync would stop node's event loop while sandboxd
+    // Asynchronously: a blocking execFileSync would stop node's event loop while bothyd
     // dies, so the pooled keep-alive connections' closing would be seen only after the next
     // request had been written to one of them, which then fails with "fetch failed" (a race
-    // of the harness, not of sandboxd: a client's event loop runs while a server crashes).
-    const restarted = await promisify(execFile)('bash', [process.env.SANDBOXD_RESTART, 'restart']);
+    // of the harness, not of bothyd: a client's event loop runs while a server crashes).
+    const restarted = await promisify(execFile)('bash', [process.env.BOTHY_RESTART, 'restart']);
     process.stderr.write(restarted.stderr);
 
     assert.ok((await a.commands.list()).some((p) => p.pid === bg.pid), 'listed after the restart');

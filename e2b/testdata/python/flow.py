@@ -1,6 +1,6 @@
-"""Drives a live sandboxd with the unmodified E2B Python SDK (docs/e2b.md).
+"""Drives a live bothyd with the unmodified E2B Python SDK (docs/e2b.md).
 
-run.sh beside this file starts sandboxd and sets E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL;
+run.sh beside this file starts bothyd and sets E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL;
 the SDK must be importable (PyPI `e2b`, which this project's CI cannot reach: see README.md).
 The same flow as ../js/flow.test.mjs, through both of the SDK's faces: the synchronous one
 (whose watch_dir polls CreateWatcher/GetWatcherEvents) and the asynchronous one (whose
@@ -183,7 +183,7 @@ class SyncFlow(unittest.TestCase):
         self.assertFalse(sbx.is_running(), "a killed sandbox does not run")
         self.assertFalse(Sandbox.kill(sbx.sandbox_id), "a second kill finds nothing")
 
-    def test_two_sandboxes_and_a_restart_of_sandboxd(self):
+    def test_two_sandboxes_and_a_restart_of_bothyd(self):
         a = Sandbox.create(metadata=METADATA)
         b = Sandbox.create(metadata=METADATA)
         try:
@@ -191,7 +191,7 @@ class SyncFlow(unittest.TestCase):
             a.files.write("/tmp/only-a.txt", "a")
             self.assertFalse(b.files.exists("/tmp/only-a.txt"))
 
-            # A background command outlives sandboxd (SIGKILL, started again on the same state).
+            # A background command outlives bothyd (SIGKILL, started again on the same state).
             bg = a.commands.run('echo started; read x; echo "got $x"', background=True, stdin=True)
             out = []
             for stdout, _, _ in bg:
@@ -199,7 +199,7 @@ class SyncFlow(unittest.TestCase):
                 if "started" in "".join(out):
                     break
             bg.disconnect()
-            subprocess.run(["bash", os.environ["SANDBOXD_RESTART"], "restart"], check=True)
+            subprocess.run(["bash", os.environ["BOTHY_RESTART"], "restart"], check=True)
 
             self.assertIn(bg.pid, [p.pid for p in a.commands.list()])
             again = a.commands.connect(bg.pid)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs flow.py, the unmodified E2B Python SDK, against a live sandboxd that ../live.sh builds
+# Runs flow.py, the unmodified E2B Python SDK, against a live bothyd that ../live.sh builds
 # and starts. The SDK must be importable by python3 (PYTHON names another interpreter): it
 # comes from PyPI, which this project's machines and CI do not reach, so without it this
 # says so and exits 0 (see README.md). Arguments go to unittest (e.g. SyncFlow).

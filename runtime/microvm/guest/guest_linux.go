@@ -19,16 +19,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/agent"
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
+	"github.com/bothy/bothy/agent"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/microvm/portmux"
 )
 
 // devWait bounds how long the init waits for a device node to appear after its driver loaded.
 const devWait = 30 * time.Second
 
 func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "sandboxd guest: %s\n", fmt.Sprintf(format, args...))
+	fmt.Fprintf(os.Stderr, "bothyd guest: %s\n", fmt.Sprintf(format, args...))
 }
 
 // Main is the guest's init (the initramfs's /init, run by the kernel with the argument

@@ -18,7 +18,7 @@ import (
 // and it up and routes everything through gateway: what the host's network.Manager does for a
 // namespace sandbox's eth0, done here because the address is the guest's NIC's. Every step
 // replaces what is there, so a second call (the supervisor's re-adopt after a restart of
-// sandboxd) changes nothing. The NIC's neighbours are forgotten: in a guest restored from a
+// bothyd) changes nothing. The NIC's neighbours are forgotten: in a guest restored from a
 // memory generation they are its source's (the gateway's MAC is the source's veth end's, and
 // the gateway may be another's address now), and a stale entry would hold its traffic until
 // it expires. The NIC gets a MAC of its address (nicMAC) before anything is sent from it, so
@@ -66,7 +66,7 @@ func configureNIC(_ context.Context, address netip.Prefix, gateway netip.Addr) e
 }
 
 // macPrefix begins every NIC's MAC: 0x02 is a locally administered unicast address (the
-// second bit of the first byte set, the first clear), never a vendor's; 0x73 is sandboxd's
+// second bit of the first byte set, the first clear), never a vendor's; 0x73 is bothyd's
 // mark.
 var macPrefix = [2]byte{0x02, 0x73}
 

@@ -10,7 +10,7 @@
 // [MaxPayload] bytes of payload. Each side bounds what it buffers for a session that its
 // reader does not drain ([MaxBuffered]) by dropping that session, so a peer cannot make the
 // other side hold unbounded memory; yamux's stream windows keep honest sessions far below it.
-// The package imports nothing of sandboxd: it runs in the guest and in the shim.
+// The package imports nothing of bothyd: it runs in the guest and in the shim.
 package portmux
 
 import (

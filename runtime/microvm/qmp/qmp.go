@@ -2,7 +2,7 @@
 // runtime drives: stop and cont, the run state, and saving a VM's state to a file (migrate to
 // a descriptor passed with SCM_RIGHTS). The host-side driver dials the monitor socket safely
 // and hands the connection over; the shim uses it to start a restored VM. It imports nothing
-// of sandboxd.
+// of bothyd.
 package qmp
 
 import (
@@ -156,10 +156,10 @@ func (q *Conn) SaveTo(ctx context.Context, f *os.File) error {
 	if _, err := q.Exec(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
 		return err
 	}
-	if _, err := q.Exec(ctx, "getfd", map[string]any{"fdname": "sandboxd-save"}, f); err != nil {
+	if _, err := q.Exec(ctx, "getfd", map[string]any{"fdname": "bothyd-save"}, f); err != nil {
 		return err
 	}
-	if _, err := q.Exec(ctx, "migrate", map[string]any{"uri": "fd:sandboxd-save"}, nil); err != nil {
+	if _, err := q.Exec(ctx, "migrate", map[string]any{"uri": "fd:bothyd-save"}, nil); err != nil {
 		return err
 	}
 	delay := time.Millisecond

@@ -16,9 +16,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
-	"github.com/sandboxd/sandboxd/runtime/microvm/qmp"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime/microvm/portmux"
+	"github.com/bothy/bothy/runtime/microvm/qmp"
 )
 
 // The shim's own socket serves one request per line, JSON, and answers one [ShimReply]:
@@ -201,7 +201,7 @@ func (v *vm) stop(ctx context.Context) error {
 }
 
 // cont lets a stopped VM run on (cancelling a save still streaming, a capture's whose
-// sandboxd died) and advances its clock by the time it stood; released memory is restored.
+// bothyd died) and advances its clock by the time it stood; released memory is restored.
 func (v *vm) cont(ctx context.Context) error {
 	v.mu.Lock()
 	released, running := v.released, v.w != nil

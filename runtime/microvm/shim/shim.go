@@ -1,5 +1,5 @@
-// Package shim is the microvm runtime's runtime process: sandboxd __vmshim <dir>, detached
-// (its own session, outliving sandboxd), the parent of the sandbox's QEMU. Binaries run it,
+// Package shim is the microvm runtime's runtime process: bothyd __vmshim <dir>, detached
+// (its own session, outliving bothyd), the parent of the sandbox's QEMU. Binaries run it,
 // and the guest's init ([guest.Main]) which the same binary is inside the VM, through
 // [Main]. It imports nothing of the host side: what it shares with the host-side driver
 // (package microvm) is [Config] and the state directory's names, declared here.
@@ -16,8 +16,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/guest"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/guest"
 )
 
 // The sub-commands of the runtime binary: the shim on the host, the guest init in the VM.
@@ -162,7 +162,7 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 		"-append", cmdline + " -- " + GuestCommand,
 		"-device", "virtio-serial-pci,disable-legacy=on",
 		"-chardev", "socket,id=ctl,fd=3",
-		"-device", "virtserialport,chardev=ctl,name=sandboxd",
+		"-device", "virtserialport,chardev=ctl,name=bothyd",
 	}
 	if cfg.Accel == "tcg" {
 		args = append(args, "-cpu", "max")
@@ -172,7 +172,7 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 	if !probe {
 		args = append(args,
 			"-chardev", "socket,id=ctl1,fd=4",
-			"-device", "virtserialport,chardev=ctl1,name=sandboxd1",
+			"-device", "virtserialport,chardev=ctl1,name=bothyd1",
 			"-drive", "if=none,id=root,format=qcow2,file="+optValue(cfg.Overlay),
 			"-device", "virtio-blk-pci,drive=root,disable-legacy=on")
 		if cfg.QMP != "" {

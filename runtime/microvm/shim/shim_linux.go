@@ -25,17 +25,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
-	"github.com/sandboxd/sandboxd/runtime/microvm/guest"
-	"github.com/sandboxd/sandboxd/runtime/microvm/portmux"
-	"github.com/sandboxd/sandboxd/runtime/microvm/qmp"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/runtime/microvm/guest"
+	"github.com/bothy/bothy/runtime/microvm/portmux"
+	"github.com/bothy/bothy/runtime/microvm/qmp"
 )
 
 const fdConfig = 3
 
 func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s sandboxd vmshim: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+	fmt.Fprintf(os.Stderr, "%s bothyd vmshim: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
 func shimMain(args []string) int {
@@ -43,7 +43,7 @@ func shimMain(args []string) int {
 	// main thread, which lives as long as the shim.
 	goruntime.LockOSThread()
 	if len(args) != 1 {
-		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ShimCommand)
+		fmt.Fprintf(os.Stderr, "bothyd %s: want exactly one argument, the state directory\n", ShimCommand)
 		return 2
 	}
 	f := os.NewFile(fdConfig, "config")

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // What the kernel takes to install the default filter (checking it, compiling it, and

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // filterVM loads prog into x/net/bpf's virtual machine.

@@ -13,7 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // Default compiles Docker's default seccomp profile (github.com/moby/profiles/seccomp,

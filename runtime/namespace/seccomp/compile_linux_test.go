@@ -5,7 +5,7 @@ package seccomp
 import (
 	"testing"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 func TestDefaultCompiles(t *testing.T) {

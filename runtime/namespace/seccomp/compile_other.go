@@ -2,8 +2,8 @@
 
 package seccomp
 
-import "github.com/sandboxd/sandboxd/platform"
+import "github.com/bothy/bothy/platform"
 
 // Default is unsupported off Linux; this stub exists so that the module builds on other
-// systems, and sandboxd runs only on Linux.
+// systems, and bothyd runs only on Linux.
 func Default(caps []string) (*platform.SeccompProgram, error) { return nil, platform.ErrUnsupported }

@@ -5,7 +5,7 @@
 // [platform.SeccompProgram], which needs no profile library.
 //
 // Only host-side packages may import it: it links github.com/moby/profiles/seccomp and
-// github.com/opencontainers/runtime-spec, which the sandbox side (cmd/sandboxd-runtime) must
+// github.com/opencontainers/runtime-spec, which the sandbox side (cmd/bothyd-runtime) must
 // not carry.
 //
 // A compiled program checks the architecture first (a call by another ABI, i386 or x32 on

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
 // hostBaseFormat names the layout hostBase.write produces; a change of it makes a new layer.
@@ -154,7 +154,7 @@ func (h *hostBase) write(base string) error {
 	}{
 		{"", 0o755},
 		{"usr", 0o755}, {"proc", 0o555}, {"dev", 0o755}, {"etc", 0o755}, {"run", 0o755},
-		{"run/sandboxd", 0o700}, {"tmp", os.ModeSticky | 0o777}, {"var", 0o755}, {"var/tmp", os.ModeSticky | 0o777},
+		{"run/bothyd", 0o700}, {"tmp", os.ModeSticky | 0o777}, {"var", 0o755}, {"var/tmp", os.ModeSticky | 0o777},
 		{"home", 0o755}, {"home/user", 0o755}, {"root", 0o700}, {"opt", 0o755}, {"mnt", 0o755},
 		{"srv", 0o755},
 	}

@@ -12,15 +12,15 @@ import (
 	"runtime"
 	"slices"
 
-	"github.com/sandboxd/sandboxd/agent"
+	"github.com/bothy/bothy/agent"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // agentStage is the argument of the init's second stage, in binaries with cgo (after the
-// exec that drops its privileges): sandboxd __init agent.
+// exec that drops its privileges): bothyd __init agent.
 const agentStage = "agent"
 
 // agentConfig is what the init's first stage hands the second on fd 3.
@@ -34,10 +34,10 @@ type agentConfig struct {
 }
 
 func initLogf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "sandboxd init: %s\n", fmt.Sprintf(format, args...))
+	fmt.Fprintf(os.Stderr, "bothyd init: %s\n", fmt.Sprintf(format, args...))
 }
 
-// InitMain is the sandbox's init (sandboxd __init [agent]), PID 1 of the sandbox. Its state
+// InitMain is the sandbox's init (bothyd __init [agent]), PID 1 of the sandbox. Its state
 // directory is in its configuration, not its argv, which the sandbox can read. It
 // sets the sandbox up (root file system, host name, loopback), drops to the sandbox's
 // privileges and runs the agent ([agent.Run]). A binary built without cgo drops them on every
@@ -67,7 +67,7 @@ func InitMain(args []string) int {
 	case len(args) == 1 && args[0] == agentStage:
 		return agentStageMain()
 	}
-	initLogf("usage: sandboxd %s [%s]", InitCommand, agentStage)
+	initLogf("usage: bothyd %s [%s]", InitCommand, agentStage)
 	return 2
 }
 
@@ -174,7 +174,7 @@ func initStage() error {
 		return err
 	}
 
-	// A binary built without cgo (sandboxd's release build) can change the credentials of
+	// A binary built without cgo (bothyd's release build) can change the credentials of
 	// every thread at once: the init then drops its privileges in place and becomes the agent
 	// without another exec. Otherwise it drops them on this thread and re-executes itself.
 	// One stop of the Go runtime (capset on every thread; the filter's TSYNC is the
@@ -229,7 +229,7 @@ func initStage() error {
 	if err := prog.LoadThread(); err != nil {
 		return err
 	}
-	argv := []string{"sandboxd", InitCommand, agentStage}
+	argv := []string{"bothyd", InitCommand, agentStage}
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	err = execveat(int(exe.Fd()), argv, env)
 	// Without this, exe could be collected (closing its descriptor, which another file may
@@ -265,7 +265,7 @@ func openExecutable() (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	return os.NewFile(uintptr(high), "sandboxd"), nil
+	return os.NewFile(uintptr(high), "bothyd"), nil
 }
 
 // execveat executes the file open at fd, through its /proc/self/fd link.
@@ -311,7 +311,7 @@ func runAgent(cfg agentConfig) error {
 	}
 	// Not dumpable: a workload, even as root, cannot then reach the agent through /proc/1
 	// (its memory holds the capability; its descriptors include sandbox.log on the host and
-	// the sandboxd executable), since that needs CAP_SYS_PTRACE, which no workload has.
+	// the bothyd executable), since that needs CAP_SYS_PTRACE, which no workload has.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("PR_SET_DUMPABLE: %w", err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // rootMounts are the mounts of the sandbox's root that the shim makes, on the host and as host
@@ -194,9 +194,9 @@ func idmap(m, userns *os.File) error {
 	}
 	err := platform.SetMountIDMap(m, userns, false)
 	if errors.Is(err, platform.ErrIDMapUnsupported) {
-		// The message names sandboxd's flag for Config.IDs.Off: it reaches the API's caller
-		// and the operator through the start's error, who run sandboxd, not this package.
-		return fmt.Errorf("%w: a sandbox's user namespace needs its state directory and layers on a file system that can be idmapped (ext4, xfs, btrfs, tmpfs); move the state root to one, or run sandboxd with --user-namespaces=false (sandboxes then run with the host's ids)", err)
+		// The message names bothyd's flag for Config.IDs.Off: it reaches the API's caller
+		// and the operator through the start's error, who run bothyd, not this package.
+		return fmt.Errorf("%w: a sandbox's user namespace needs its state directory and layers on a file system that can be idmapped (ext4, xfs, btrfs, tmpfs); move the state root to one, or run bothyd with --user-namespaces=false (sandboxes then run with the host's ids)", err)
 	}
 	return err
 }

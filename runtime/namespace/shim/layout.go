@@ -4,15 +4,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/runtime"
 )
 
-// The sub-commands of the runtime binary (sandboxd, or sandboxd-runtime) that the namespace
+// The sub-commands of the runtime binary (bothyd, or bothyd-runtime) that the namespace
 // runtime runs as: cmd/ dispatches os.Args[1] to [Main] before anything else.
 const (
 	ShimCommand = "__shim"
 	InitCommand = "__init"
-	// ReleaseCommand is the releaser (release_linux.go): sandboxd __release <dir>, with the
+	// ReleaseCommand is the releaser (release_linux.go): bothyd __release <dir>, with the
 	// overlay at fd 3 and the disk's lock at fd 4 (either may be absent).
 	ReleaseCommand = "__release"
 )
@@ -69,11 +69,11 @@ type Config struct {
 	Spec   runtime.Spec `json:"spec"`
 	Cgroup string       `json:"cgroup"`
 	// Seccomp is the sandbox's seccomp filter, compiled by the host-side driver, in the binary
-	// form of [github.com/sandboxd/sandboxd/platform.SeccompProgram].
+	// form of [github.com/bothy/bothy/platform.SeccompProgram].
 	Seccomp []byte `json:"seccomp"`
 	// IDs is the sandbox's user namespace.
 	IDs IDConfig `json:"ids"`
-	// ReleaseSocket, unless empty, is the unix socket of the sandboxd that takes a launch's
+	// ReleaseSocket, unless empty, is the unix socket of the bothyd that takes a launch's
 	// release off the shim (see [ServeReleases]); without it, or when nothing answers
 	// there, the shim starts a releaser process.
 	ReleaseSocket string `json:"release_socket,omitempty"`
@@ -84,7 +84,7 @@ type Config struct {
 const IDRangeSize = 65536
 
 // IDConfig says how the shim gives its sandbox a user namespace with a range of host ids of
-// its own. Slot n of the registry (a host-wide lock file, shared by every sandboxd on the
+// its own. Slot n of the registry (a host-wide lock file, shared by every bothyd on the
 // host) is the host ids Base+n*IDRangeSize to Base+(n+1)*IDRangeSize-1; the shim holds its
 // slot for its whole life, and the kernel releases it when the shim ends, however it ends.
 type IDConfig struct {
@@ -99,7 +99,7 @@ type IDConfig struct {
 
 // CgroupLeaf names a sandbox's cgroup below the runtime's parent: its id, a dot (which no id
 // contains), and a hash of its state directory, so that sandboxes of one id in two state roots
-// (two sandboxd instances, or tests) never share a cgroup, where ending one would end both.
+// (two bothyd instances, or tests) never share a cgroup, where ending one would end both.
 func CgroupLeaf(id, dir string) string {
 	sum := sha256.Sum256([]byte(dir))
 	return id + "." + hex.EncodeToString(sum[:4])
@@ -108,7 +108,7 @@ func CgroupLeaf(id, dir string) string {
 // Main runs the sub-command that args (os.Args[1:]) names, if it names one of this runtime's:
 // the shim ([ShimCommand]) or the sandbox's init ([InitCommand]), which becomes the agent. It
 // returns the process's exit code and whether args named a sub-command. Every binary that the
-// runtime executes as shim and init (sandboxd, sandboxd-runtime, and test binaries that
+// runtime executes as shim and init (bothyd, bothyd-runtime, and test binaries that
 // re-execute themselves) calls it first thing in main or TestMain.
 func Main(args []string) (code int, ran bool) {
 	if len(args) == 0 {

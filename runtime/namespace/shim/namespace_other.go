@@ -12,7 +12,7 @@ import (
 
 // ShimMain is unsupported off Linux.
 func ShimMain(args []string) int {
-	fmt.Fprintln(os.Stderr, "sandboxd: the namespace runtime needs Linux")
+	fmt.Fprintln(os.Stderr, "bothyd: the namespace runtime needs Linux")
 	return 1
 }
 
@@ -24,7 +24,7 @@ func ReleaseMain(args []string) int { return ShimMain(args) }
 
 // LockDisk is unsupported off Linux.
 func LockDisk(img string, exclusive bool, waiting func()) (*os.File, error) {
-	return nil, fmt.Errorf("sandboxd: the namespace runtime needs Linux")
+	return nil, fmt.Errorf("bothyd: the namespace runtime needs Linux")
 }
 
 // ServeReleases is unsupported off Linux: there are no releases to take.

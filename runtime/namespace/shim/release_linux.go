@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // A sandbox's end has a slow part that no one needs to wait for: the release of its root.
@@ -30,10 +30,10 @@ import (
 //
 // So the shim keeps a descriptor of the overlay it made (launch.held): the init's death
 // unmounts it everywhere but frees nothing. Once the shim has written the outcome report it
-// hands that descriptor to sandboxd, on the socket its configuration names (ServeReleases),
-// and exits; sandboxd closes it, which releases the overlay and the disk in sandboxd's time.
-// Where sandboxd does not answer, the shim starts a releaser instead, its own binary as
-// `sandboxd __release <dir>`, which closes it and exits. A shim that can do neither closes
+// hands that descriptor to bothyd, on the socket its configuration names (ServeReleases),
+// and exits; bothyd closes it, which releases the overlay and the disk in bothyd's time.
+// Where bothyd does not answer, the shim starts a releaser instead, its own binary as
+// `bothyd __release <dir>`, which closes it and exits. A shim that can do neither closes
 // the descriptor itself, as before. (The releaser came first; a Go process start per stop
 // costs some 3 ms of CPU, a hand-off 80 µs.)
 //
@@ -44,7 +44,7 @@ import (
 // the same lock before it attaches the image again, and a capture of the stopped sandbox
 // before it mounts it: two superblocks on one image at a time would corrupt it. Nothing
 // needs recording: a flock belongs to its open file, so it ends with its holder whatever
-// happens to it (sandboxd or a releaser killed still releases, in its exit), and a crash of
+// happens to it (bothyd or a releaser killed still releases, in its exit), and a crash of
 // the host ends the release with everything else.
 
 // Fds of the releaser.
@@ -181,7 +181,7 @@ func heldFrom(root, diskLock int) held {
 	return h
 }
 
-// release hands what h holds to the sandboxd at socket (see [ServeReleases]), or, when socket
+// release hands what h holds to the bothyd at socket (see [ServeReleases]), or, when socket
 // is empty or nothing takes it there, to a releaser process for the state directory dir, or
 // releases it here if none can be started.
 func (h *held) release(dir, socket string) {
@@ -194,10 +194,10 @@ func (h *held) release(dir, socket string) {
 			h.close()
 			return
 		}
-		logf("hand the release to sandboxd: %v; a releaser takes it", err)
+		logf("hand the release to bothyd: %v; a releaser takes it", err)
 	}
 	cmd := exec.Command("/proc/self/exe", ReleaseCommand, dir) //nolint:noctx // the releaser outlives the shim, which exits next
-	cmd.Args[0] = "sandboxd"
+	cmd.Args[0] = "bothyd"
 	cmd.Env = []string{}
 	cmd.Stderr = os.Stderr
 	cmd.ExtraFiles = h.files()
@@ -217,12 +217,12 @@ const (
 	handOffDiskLock             // the disk's lock
 )
 
-// handOffWait bounds a hand-off's connect and send: sandboxd answers at once or not at all.
+// handOffWait bounds a hand-off's connect and send: bothyd answers at once or not at all.
 const handOffWait = time.Second
 
-// handOff gives what h holds to the sandboxd at socket, with report (the shim's stderr, the
+// handOff gives what h holds to the bothyd at socket, with report (the shim's stderr, the
 // sandbox's log) for the release's report. Once the message is sent the descriptors are
-// sandboxd's, in flight or received: if it dies before it takes them, they close with its
+// bothyd's, in flight or received: if it dies before it takes them, they close with its
 // socket, as with a releaser killed before its close.
 func (h *held) handOff(socket string, report *os.File) error {
 	ctx, cancel := context.WithTimeout(context.Background(), handOffWait)
@@ -256,14 +256,14 @@ func (h *held) handOff(socket string, report *os.File) error {
 	return err
 }
 
-// handOffsAtOnce bounds the releases sandboxd runs at a time: each blocks a thread in its
+// handOffsAtOnce bounds the releases bothyd runs at a time: each blocks a thread in its
 // close for as long as the kernel writes back what the sandbox left.
 const handOffsAtOnce = 64
 
-// ServeReleases takes the releases that shims hand to sandboxd on l (see [Config.ReleaseSocket])
+// ServeReleases takes the releases that shims hand to bothyd on l (see [Config.ReleaseSocket])
 // until l is closed, and does each as a releaser would: it closes the overlay, then the
 // disk's lock, and writes the report to the sandbox's log. It is what spares a stop the
-// releaser's process start. A connection from another user than sandboxd's, or a message
+// releaser's process start. A connection from another user than bothyd's, or a message
 // that is not a hand-off, is refused, whatever descriptors it brought closed. failed, unless
 // nil, is told of each refusal.
 func ServeReleases(l *net.UnixListener, failed func(error)) {
@@ -342,14 +342,14 @@ func (h *held) releaseAndReport(report io.Writer) {
 	}
 	took := time.Since(start)
 	h.close() // the lock
-	fmt.Fprintf(report, "%s sandboxd releaser: released the sandbox's root in %v\n", time.Now().UTC().Format(time.RFC3339Nano), took.Round(time.Microsecond))
+	fmt.Fprintf(report, "%s bothyd releaser: released the sandbox's root in %v\n", time.Now().UTC().Format(time.RFC3339Nano), took.Round(time.Microsecond))
 }
 
 // ReleaseMain is the releaser process (see above): what it inherits at fds 3 and 4 is the
 // overlay and the disk's lock.
 func ReleaseMain(args []string) int {
 	if len(args) != 1 || !filepath.IsAbs(args[0]) {
-		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ReleaseCommand)
+		fmt.Fprintf(os.Stderr, "bothyd %s: want exactly one argument, the state directory\n", ReleaseCommand)
 		return 2
 	}
 	h := heldFrom(fdReleaseRoot, fdReleaseLock)

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // TestLockDiskWaitsForTheLoopDevice: a launch that has the disk's lock still waits while a
@@ -80,7 +80,7 @@ func serveReleases(t testing.TB) (socket string, refused <-chan error) {
 	return socket, errs
 }
 
-// A launch's release handed to sandboxd: the shim's descriptors can close at once, the lock
+// A launch's release handed to bothyd: the shim's descriptors can close at once, the lock
 // ends once the server has closed what it took, and the report reaches the sandbox's log.
 func TestHandOffReleases(t *testing.T) {
 	socket, refused := serveReleases(t)
@@ -117,7 +117,7 @@ func TestHandOffReleases(t *testing.T) {
 	ok, _ := platform.Poll(10*time.Second, 10*time.Millisecond, nil, func() (bool, error) {
 		b, err := os.ReadFile(filepath.Join(dir, EntryLog))
 		line = string(b)
-		return strings.Contains(line, " sandboxd releaser: released the sandbox's root in "), err
+		return strings.Contains(line, " bothyd releaser: released the sandbox's root in "), err
 	})
 	if !ok {
 		t.Fatalf("the sandbox's log has no report: %q", line)

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
+	"github.com/bothy/bothy/platform"
 )
 
 // The workload user of the host image.
@@ -170,9 +170,9 @@ func setupRootTree(cfg *initConfig, root *os.File, binds []*os.File) error {
 		return err
 	}
 	// The control socket is not in the sandbox: the shim listens on the host, and the agent
-	// accepts on the descriptor it inherits. /run/sandboxd stays, an empty, small tmpfs of
+	// accepts on the descriptor it inherits. /run/bothyd stays, an empty, small tmpfs of
 	// root's alone, so that nothing written there reaches the host or lasts.
-	return mountNew(root, "run/sandboxd", "tmpfs", "mode=700,size=16k,nr_inodes=16",
+	return mountNew(root, "run/bothyd", "tmpfs", "mode=700,size=16k,nr_inodes=16",
 		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 }
 

@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
 // A shim whose sandbox runs on sheds its set-up: once the sandbox has run for shedAfter, the
@@ -37,7 +37,7 @@ import (
 // waiter from its first moments. One that comes in between (the exec and the start of a Go
 // program, about a millisecond) is lost or ends the waiter, and the init with it, as one in
 // the first moments of any shim's start would: the supervisor then finds a shim that ended
-// without an outcome and cleans up (Runtime.Cleanup). sandboxd never signals a shim; an
+// without an outcome and cleans up (Runtime.Cleanup). bothyd never signals a shim; an
 // operator or a service manager does, and a service manager escalates to KILL.
 // (Blocking the signals across the exec cannot close the gap: Go changes another thread's mask
 // only from a signal handler, whose return restores it, and a new Go program unblocks TERM
@@ -47,7 +47,7 @@ import (
 const shedAfter = 10 * time.Second
 
 // waitStateEnv names the environment variable that carries a [waitState] to the waiter.
-const waitStateEnv = "SANDBOXD_SHIM_WAITING"
+const waitStateEnv = "BOTHY_SHIM_WAITING"
 
 // forwardedSignals are the signals the shim passes to its sandbox as a request to shut down.
 var forwardedSignals = []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP}

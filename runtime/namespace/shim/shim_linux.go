@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/platform"
-	"github.com/sandboxd/sandboxd/runtime"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
 // cloneFlags are the namespaces of a sandbox; a user namespace (CLONE_NEWUSER) joins them
@@ -74,7 +74,7 @@ var initCapabilities = append([]string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SY
 // Fds of the init: 3 carries its configuration (one message on a socket, with the
 // descriptors of its root's mounts; see [sendConfig]), 4 is the lifeline, a pipe whose
 // write end only the shim holds, so that the init can tell whether the shim still lives, and
-// 5 is the control socket, listening, on which the agent accepts sandboxd's connections.
+// 5 is the control socket, listening, on which the agent accepts bothyd's connections.
 const (
 	fdConfig   = 3
 	fdLifeline = 4
@@ -85,7 +85,7 @@ const (
 	fdAgentTasks    = 7
 )
 
-// ShimMain is the runtime process (sandboxd __shim <dir>): it creates the sandbox's cgroup
+// ShimMain is the runtime process (bothyd __shim <dir>): it creates the sandbox's cgroup
 // and its control socket, starts the init in new namespaces, waits for it, writes the outcome report, removes the
 // cgroup and exits. It returns the process exit code.
 func ShimMain(args []string) int {
@@ -96,7 +96,7 @@ func ShimMain(args []string) int {
 	// 1777, /etc files 0644, records 0600).
 	unix.Umask(0)
 	if len(args) != 1 {
-		fmt.Fprintf(os.Stderr, "sandboxd %s: want exactly one argument, the state directory\n", ShimCommand)
+		fmt.Fprintf(os.Stderr, "bothyd %s: want exactly one argument, the state directory\n", ShimCommand)
 		return 2
 	}
 	// A shim that shed its set-up (shed) is back: fd 3 is not a configuration now but one of
@@ -104,7 +104,7 @@ func ShimMain(args []string) int {
 	if v, ok := os.LookupEnv(waitStateEnv); ok {
 		var ws waitState
 		if err := json.Unmarshal([]byte(v), &ws); err != nil || ws.Dir != args[0] {
-			fmt.Fprintf(os.Stderr, "sandboxd shim: a wait state that is not this shim's (%v)\n", err)
+			fmt.Fprintf(os.Stderr, "bothyd shim: a wait state that is not this shim's (%v)\n", err)
 			return 2
 		}
 		return waitMain(&ws)
@@ -117,18 +117,18 @@ func ShimMain(args []string) int {
 		err = json.Unmarshal(b, &cfg)
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "sandboxd shim: read configuration: %v\n", err)
+		fmt.Fprintf(os.Stderr, "bothyd shim: read configuration: %v\n", err)
 		return 2
 	}
 	if cfg.Spec.Dir != args[0] {
-		fmt.Fprintf(os.Stderr, "sandboxd shim: configuration names %s, argv %s\n", cfg.Spec.Dir, args[0])
+		fmt.Fprintf(os.Stderr, "bothyd shim: configuration names %s, argv %s\n", cfg.Spec.Dir, args[0])
 		return 2
 	}
 	return runShim(&cfg)
 }
 
 func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s sandboxd shim: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+	fmt.Fprintf(os.Stderr, "%s bothyd shim: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
 // runShim runs one launch: it finds the host base (in the background), creates the cgroup,
@@ -138,7 +138,7 @@ func runShim(cfg *Config) int {
 	spec := &cfg.Spec
 	l := &launch{dir: spec.Dir, releaseSocket: cfg.ReleaseSocket, outcome: runtime.Outcome{LaunchID: spec.LaunchID}}
 	// From the start, a TERM, INT or HUP is kept for the init (see wait), not the default
-	// death that would take the init along with no outcome written: sandboxd or an operator
+	// death that would take the init along with no outcome written: bothyd or an operator
 	// may send one as soon as the agent answers, which can be before the shim waits.
 	fw := newForwarder(nil)
 	defer signal.Stop(fw.sigc)
@@ -356,9 +356,9 @@ type initProcess struct {
 //
 // The control socket is made here, on the host, at <dir>/control/control.sock, before the
 // init exists: the sandbox never sees that directory (nothing of the state directory is
-// mounted inside), so nothing inside can rename, replace or add what sandboxd connects to.
+// mounted inside), so nothing inside can rename, replace or add what bothyd connects to.
 // The agent accepts on the listening descriptor it inherits. Its peer credentials, which
-// sandboxd may check, are the shim's: the process that listened. Once the init has it, the
+// bothyd may check, are the shim's: the process that listened. Once the init has it, the
 // shim's own descriptor goes, so that the socket dies with the agent and a client waiting
 // in its queue learns so at once.
 func startInit(dir string, cg *platform.Cgroup, ids *idRange, tasks []*os.File) (*initProcess, error) {
@@ -416,7 +416,7 @@ func configSocket() (shimEnd, initEnd *os.File, err error) {
 // can read it. Its working directory is the shim's at the start (see [initProcess.start]).
 func initCommand(cr, lr, ln *os.File, tasks []*os.File, ids *idRange) *exec.Cmd {
 	cmd := exec.Command("/proc/self/exe", InitCommand) //nolint:noctx // the init lives as long as the sandbox
-	cmd.Args[0] = "sandboxd"
+	cmd.Args[0] = "bothyd"
 	cmd.Env = []string{}
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stderr

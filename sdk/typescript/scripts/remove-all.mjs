@@ -1,9 +1,9 @@
-// Removes every sandbox and template of the server at SANDBOXD_URL (force-stopping running
+// Removes every sandbox and template of the server at BOTHY_URL (force-stopping running
 // sandboxes first). test-live.sh runs it before it stops the server, so that a failed test
 // leaves nothing running behind it. It uses the built SDK.
-import { Sandboxd } from "../dist/src/index.js";
+import { Bothy } from "../dist/src/index.js";
 
-const client = new Sandboxd({ baseUrl: process.env.SANDBOXD_URL, token: process.env.SANDBOXD_TOKEN || undefined });
+const client = new Bothy({ baseUrl: process.env.BOTHY_URL, token: process.env.BOTHY_TOKEN || undefined });
 const sandboxes = [];
 for (let cursor; ; ) {
   const page = await client.listSandboxes({ cursor, limit: 1000 });

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the SDK's tests against a live sandboxd: builds sandboxd and sandboxd-runtime from this
-# checkout into a temporary directory, starts sandboxd as root on a free loopback port with a
+# Runs the SDK's tests against a live bothyd: builds bothyd and bothyd-runtime from this
+# checkout into a temporary directory, starts bothyd as root on a free loopback port with a
 # temporary state root and a token file that this script writes (so the tests do not depend on
 # the server's default token), waits for /healthz, runs `npm test`, and stops the server.
 # SDK_TEST_TOKEN=none starts the server without a token instead, to check that the SDK works
@@ -21,13 +21,13 @@ cleanup() {
 	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
 		# Remove what the tests left behind (a failed test may not reach its own cleanup), so
 		# that no sandbox outlives the server, then stop the server.
-		SANDBOXD_URL=$url SANDBOXD_TOKEN=$token node "$sdk/scripts/remove-all.mjs" || true
+		BOTHY_URL=$url BOTHY_TOKEN=$token node "$sdk/scripts/remove-all.mjs" || true
 		kill -TERM "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
 	fi
-	if [ "$status" -ne 0 ] && [ -f "$tmp/sandboxd.log" ]; then
-		echo "test-live: the last lines of sandboxd's log:" >&2
-		tail -n 40 "$tmp/sandboxd.log" >&2
+	if [ "$status" -ne 0 ] && [ -f "$tmp/bothyd.log" ]; then
+		echo "test-live: the last lines of bothyd's log:" >&2
+		tail -n 40 "$tmp/bothyd.log" >&2
 	fi
 	rm -rf --one-file-system "$tmp"
 	exit "$status"
@@ -38,11 +38,11 @@ cd "$sdk"
 [ -d node_modules ] || npm ci --no-audit --no-fund
 npm run --silent build
 
-echo "test-live: building sandboxd and sandboxd-runtime" >&2
-(cd "$repo" && go build -o "$tmp/bin/sandboxd" ./cmd/sandboxd && go build -o "$tmp/bin/sandboxd-runtime" ./cmd/sandboxd-runtime)
+echo "test-live: building bothyd and bothyd-runtime" >&2
+(cd "$repo" && go build -o "$tmp/bin/bothyd" ./cmd/bothyd && go build -o "$tmp/bin/bothyd-runtime" ./cmd/bothyd-runtime)
 
 # A free loopback port: the kernel picks one for a listener that is closed at once. Another
-# process could take it before sandboxd binds it; then sandboxd fails to start and so does
+# process could take it before bothyd binds it; then bothyd fails to start and so does
 # this script, loudly.
 port=$(node -e 'const s = require("node:net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); });')
 url="http://127.0.0.1:$port"
@@ -54,14 +54,14 @@ if [ "${SDK_TEST_TOKEN:-file}" != none ]; then
 	auth=(--token-file "$tmp/token")
 fi
 
-"$tmp/bin/sandboxd" --listen "127.0.0.1:$port" --root "$tmp/root" "${auth[@]}" \
-	--log-format json --log-level info >"$tmp/sandboxd.log" 2>&1 &
+"$tmp/bin/bothyd" --listen "127.0.0.1:$port" --root "$tmp/root" "${auth[@]}" \
+	--log-format json --log-level info >"$tmp/bothyd.log" 2>&1 &
 pid=$!
 
 # Wait for /healthz, with a deadline; a server that exited is reported at once.
 for _ in $(seq 1 300); do
 	if ! kill -0 "$pid" 2>/dev/null; then
-		echo "test-live: sandboxd exited before it served /healthz" >&2
+		echo "test-live: bothyd exited before it served /healthz" >&2
 		exit 1
 	fi
 	if node -e 'fetch(process.argv[1]).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' "$url/healthz"; then
@@ -70,7 +70,7 @@ for _ in $(seq 1 300); do
 	sleep 0.1
 done
 node -e 'fetch(process.argv[1]).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' "$url/healthz" || {
-	echo "test-live: sandboxd did not serve /healthz within 30 s" >&2
+	echo "test-live: bothyd did not serve /healthz within 30 s" >&2
 	exit 1
 }
 
@@ -80,8 +80,8 @@ if [ -z "$token" ] && [ -f "$tmp/root/token" ]; then
 	token=$(tr -d '[:space:]' <"$tmp/root/token")
 fi
 if [ -n "$token" ]; then
-	echo "test-live: sandboxd at $url, with a token" >&2
+	echo "test-live: bothyd at $url, with a token" >&2
 else
-	echo "test-live: sandboxd at $url, without a token" >&2
+	echo "test-live: bothyd at $url, without a token" >&2
 fi
-SANDBOXD_URL=$url SANDBOXD_TOKEN=$token node --test --test-concurrency=1 "$@" dist/test/
+BOTHY_URL=$url BOTHY_TOKEN=$token node --test --test-concurrency=1 "$@" dist/test/

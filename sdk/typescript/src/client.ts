@@ -1,10 +1,10 @@
 // The client: the generated openapi-fetch client for every operation of the contract, and
-// methods over it that return the answer or throw a SandboxdError, plus what a generator does
+// methods over it that return the answer or throw a BothyError, plus what a generator does
 // not do well: the exec websocket, file streams, the event stream and waiting for a state.
 
 import createClient, { type Client } from "openapi-fetch";
 
-import { ConnectionError, SandboxdError, problemError } from "./errors.js";
+import { ConnectionError, BothyError, problemError } from "./errors.js";
 import { parseEvent, parseServerSentEvents } from "./events.js";
 import { ExecStream, type ExecStreamOptions } from "./exec.js";
 import type { paths } from "./schema.gen.js";
@@ -25,8 +25,8 @@ import type {
   TemplateList,
 } from "./types.js";
 
-/** How to reach sandboxd. */
-export interface SandboxdOptions {
+/** How to reach bothyd. */
+export interface BothyOptions {
   /** The server's address, for example http://127.0.0.1:7780. */
   baseUrl: string;
   /**
@@ -49,7 +49,7 @@ export type FileBody = string | Uint8Array | Blob | ReadableStream<Uint8Array> |
 /** How a retirement ended: gone now, or tombstoned and draining until its last lease goes. */
 export type Retirement = "deleted" | "draining";
 
-/** Options of {@link Sandboxd.waitForState}. */
+/** Options of {@link Bothy.waitForState}. */
 export interface WaitOptions {
   /** Give up after this many milliseconds (default 60000) with a {@link WaitTimeoutError}. */
   timeoutMs?: number;
@@ -57,7 +57,7 @@ export interface WaitOptions {
   signal?: AbortSignal;
 }
 
-/** Options of {@link Sandboxd.subscribe}. */
+/** Options of {@link Bothy.subscribe}. */
 export interface SubscribeOptions {
   /** Start after this event id (the `seq` of the last event seen): the server replays what came since. */
   lastEventId?: string;
@@ -92,17 +92,17 @@ export interface EventSubscription extends AsyncIterable<Event> {
 type FetchResult<D, E> = { data: D; error?: never; response: Response } | { data?: never; error: E; response: Response };
 
 /**
- * A sandboxd client. Methods return the answer's body and throw a {@link SandboxdError} for
- * every refusal (switch on its `code`) and a {@link ConnectionError} when sandboxd cannot be
+ * A bothyd client. Methods return the answer's body and throw a {@link BothyError} for
+ * every refusal (switch on its `code`) and a {@link ConnectionError} when bothyd cannot be
  * reached. `api` is the generated client itself, for anything not wrapped here.
  */
-export class Sandboxd {
+export class Bothy {
   /** The generated openapi-fetch client, typed by openapi/openapi.yaml. */
   readonly api: Client<paths>;
   readonly #base: URL;
   readonly #headers: Record<string, string>;
 
-  constructor(options: SandboxdOptions) {
+  constructor(options: BothyOptions) {
     this.#base = new URL(options.baseUrl);
     this.#headers = options.token === undefined ? {} : { Authorization: `Bearer ${options.token}` };
     this.api = createClient<paths>({ baseUrl: this.#base.origin + this.#base.pathname.replace(/\/+$/, ""), headers: this.#headers });
@@ -110,7 +110,7 @@ export class Sandboxd {
 
   // ---- helpers -------------------------------------------------------------------------------
 
-  /** Awaits an openapi-fetch call: its data, or the SandboxdError of its refusal. */
+  /** Awaits an openapi-fetch call: its data, or the BothyError of its refusal. */
   async #call<D, E>(p: Promise<FetchResult<D, E>>): Promise<NonNullable<D>> {
     let r: FetchResult<D, E>;
     try {
@@ -137,7 +137,7 @@ export class Sandboxd {
   }
 
   #connectionError(err: unknown): Error {
-    if (err instanceof SandboxdError || err instanceof ConnectionError) return err;
+    if (err instanceof BothyError || err instanceof ConnectionError) return err;
     if (err instanceof Error && err.name === "AbortError") return err;
     return new ConnectionError(this.#base.origin, err);
   }
@@ -151,7 +151,7 @@ export class Sandboxd {
     return u;
   }
 
-  /** A plain fetch with the token, whose refusal throws its SandboxdError. */
+  /** A plain fetch with the token, whose refusal throws its BothyError. */
   async #fetch(url: URL, init: RequestInit): Promise<Response> {
     let res: Response;
     try {
@@ -226,7 +226,7 @@ export class Sandboxd {
   /**
    * Runs a command with live input and output over the exec websocket. Resolves once the
    * server admitted it; a refusal (`not-running`, `sandbox-busy`, ...) rejects with its
-   * SandboxdError.
+   * BothyError.
    */
   execStream(id: string, command: string[], opts: ExecStreamOptions = {}): Promise<ExecStream> {
     const u = this.#url(`/v1/sandboxes/${encodeURIComponent(id)}/exec/stream`, {
@@ -488,7 +488,7 @@ export class Sandboxd {
           const e = woke.value;
           if (e.sandbox !== id) continue;
           if (e.type === "sandbox.deleted") {
-            throw new SandboxdError({
+            throw new BothyError({
               code: "sandbox-not-found",
               status: 404,
               detail: `Sandbox ${id} was deleted while waiting for it to be ${want.join(" or ")}.`,
@@ -501,7 +501,7 @@ export class Sandboxd {
       }
       throw give();
     } catch (err) {
-      if (ac.signal.aborted && !(err instanceof SandboxdError)) throw give();
+      if (ac.signal.aborted && !(err instanceof BothyError)) throw give();
       throw err;
     } finally {
       clearTimeout(timer);

@@ -1,5 +1,5 @@
-// Errors of the SDK. Every refusal from sandboxd is an application/problem+json body with a
-// stable code; SandboxdError carries that code so that callers switch on it, never on the
+// Errors of the SDK. Every refusal from bothyd is an application/problem+json body with a
+// stable code; BothyError carries that code so that callers switch on it, never on the
 // message. A failure to reach the server at all is a ConnectionError.
 
 import { knownErrorCodes } from "./codes.gen.js";
@@ -34,9 +34,9 @@ function codeOfStatus(status: number): ErrorCode {
   }
 }
 
-/** An error answered by sandboxd: the problem's code, status and detail. */
-export class SandboxdError extends Error {
-  override readonly name = "SandboxdError";
+/** An error answered by bothyd: the problem's code, status and detail. */
+export class BothyError extends Error {
+  override readonly name = "BothyError";
   /** The stable error code; switch on it. */
   readonly code: ErrorCode;
   /**
@@ -73,7 +73,7 @@ export class SandboxdError extends Error {
   /** The error as a problem object, as the server would have sent it. */
   toProblem(): Problem {
     const p: Problem = {
-      type: `urn:sandboxd:problem:${this.code}`,
+      type: `urn:bothyd:problem:${this.code}`,
       title: this.status > 0 ? String(this.status) : "websocket",
       status: this.status,
       detail: this.detail,
@@ -85,53 +85,53 @@ export class SandboxdError extends Error {
   }
 }
 
-/** sandboxd could not be reached: it is not running, or baseUrl is wrong. */
+/** bothyd could not be reached: it is not running, or baseUrl is wrong. */
 export class ConnectionError extends Error {
   override readonly name = "ConnectionError";
   readonly url: string;
 
   constructor(url: string, cause: unknown) {
     const why = cause instanceof Error ? cause.message : String(cause);
-    super(`Cannot reach sandboxd at ${url} (${why}); is it running, and is baseUrl right?`, { cause });
+    super(`Cannot reach bothyd at ${url} (${why}); is it running, and is baseUrl right?`, { cause });
     this.url = url;
   }
 }
 
 /**
- * Whether err is a SandboxdError, and with code when one is given:
- * `if (isSandboxdError(err, "sandbox-busy")) retry()`.
+ * Whether err is a BothyError, and with code when one is given:
+ * `if (isBothyError(err, "sandbox-busy")) retry()`.
  */
-export function isSandboxdError(err: unknown, code?: ErrorCode): err is SandboxdError {
-  return err instanceof SandboxdError && (code === undefined || err.code === code);
+export function isBothyError(err: unknown, code?: ErrorCode): err is BothyError {
+  return err instanceof BothyError && (code === undefined || err.code === code);
 }
 
-/** The SandboxdError for a refused HTTP answer whose body (already read) is body. */
-export function problemError(response: Response, body: unknown): SandboxdError {
+/** The BothyError for a refused HTTP answer whose body (already read) is body. */
+export function problemError(response: Response, body: unknown): BothyError {
   const requestId = response.headers.get("X-Request-Id") ?? undefined;
   const problem = typeof body === "string" ? parseJSON(body) : body;
   if (!isRecord(problem)) {
-    return new SandboxdError({
+    return new BothyError({
       code: codeOfStatus(response.status),
       status: response.status,
-      detail: `sandboxd answered HTTP ${response.status} ${response.statusText} without a problem body.`,
+      detail: `bothyd answered HTTP ${response.status} ${response.statusText} without a problem body.`,
       requestId,
     });
   }
   const raw = stringField(problem, "code");
-  return new SandboxdError({
+  return new BothyError({
     code: oneOf(knownErrorCodes, raw) ?? codeOfStatus(response.status),
     rawCode: raw ?? codeOfStatus(response.status),
     status: numberField(problem, "status") ?? response.status,
-    detail: stringField(problem, "detail") ?? `sandboxd answered HTTP ${response.status}.`,
+    detail: stringField(problem, "detail") ?? `bothyd answered HTTP ${response.status}.`,
     field: stringField(problem, "field"),
     requestId: stringField(problem, "request_id") ?? requestId,
   });
 }
 
-/** The SandboxdError for a websocket closed with a code other than 1000. */
-export function closeError(closeCode: number, reason: string): SandboxdError {
+/** The BothyError for a websocket closed with a code other than 1000. */
+export function closeError(closeCode: number, reason: string): BothyError {
   const code = oneOf(knownErrorCodes, reason);
-  return new SandboxdError({
+  return new BothyError({
     code: code ?? "internal",
     rawCode: reason === "" ? "internal" : reason,
     status: 0,

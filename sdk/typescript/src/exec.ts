@@ -8,7 +8,7 @@
 import type { IncomingMessage } from "node:http";
 import WebSocket from "ws";
 
-import { ConnectionError, SandboxdError, closeError, problemError } from "./errors.js";
+import { ConnectionError, BothyError, closeError, problemError } from "./errors.js";
 import { isRecord, numberField, parseJSON, stringField } from "./guards.js";
 
 const streamStdin = 0;
@@ -113,9 +113,9 @@ function headersOf(res: IncomingMessage): Headers {
 }
 
 /**
- * A running command over the exec websocket. Get one from {@link Sandboxd.execStream}, which
+ * A running command over the exec websocket. Get one from {@link Bothy.execStream}, which
  * resolves once the server admitted the command (or rejects with the refusal's
- * {@link SandboxdError}, for example `not-running` or `sandbox-busy`).
+ * {@link BothyError}, for example `not-running` or `sandbox-busy`).
  *
  * Iterate it for the output; `exit` resolves when the command has ended and all its output
  * was received. The output is buffered for a reader that has not started iterating, so
@@ -154,7 +154,7 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
 
   /**
    * Opens the websocket at url and resolves once the server has upgraded it. A refusal before
-   * the upgrade rejects with the problem's SandboxdError.
+   * the upgrade rejects with the problem's BothyError.
    */
   static open(url: URL, headers: Record<string, string>, origin: string): Promise<ExecStream> {
     return new Promise((resolve, reject) => {
@@ -286,7 +286,7 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
   #fail(err: Error): void {
     if (this.#done) return;
     this.#done = true;
-    this.#failure = err instanceof SandboxdError || err instanceof ConnectionError ? err : new ConnectionError(this.#origin, err);
+    this.#failure = err instanceof BothyError || err instanceof ConnectionError ? err : new ConnectionError(this.#origin, err);
     this.#exitSettle.reject(this.#failure);
     this.#notify();
   }

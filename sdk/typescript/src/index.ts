@@ -1,18 +1,18 @@
-// sandboxd's TypeScript SDK. The types and the raw client are generated from
+// bothyd's TypeScript SDK. The types and the raw client are generated from
 // openapi/openapi.yaml (schema.gen.ts, by openapi-typescript; the client by openapi-fetch);
 // the rest is a small hand-written layer for what a generator does not do well.
 
-export { Sandboxd, WaitTimeoutError } from "./client.js";
+export { Bothy, WaitTimeoutError } from "./client.js";
 export type {
   EventSubscription,
   FileBody,
   Retirement,
-  SandboxdOptions,
+  BothyOptions,
   SubscribeOptions,
   TransitionOptions,
   WaitOptions,
 } from "./client.js";
-export { ConnectionError, SandboxdError, isSandboxdError } from "./errors.js";
+export { ConnectionError, BothyError, isBothyError } from "./errors.js";
 export { ExecStream } from "./exec.js";
 export type { CollectedOutput, ExecExit, ExecStreamOptions, OutputChunk } from "./exec.js";
 export { parseEvent, parseServerSentEvents } from "./events.js";

@@ -60,7 +60,7 @@ export interface paths {
          *     `sandbox-launched`: stop it first, or pass `force=true`, which kills it (as a forced
          *     stop does, also one started by another runtime identity) and deprovisions it in the
          *     same transition, under one lock, so that nothing can start it in between. Files that
-         *     sandboxd did not write in the state directory are named in a `foreign-files` problem
+         *     bothyd did not write in the state directory are named in a `foreign-files` problem
          *     and the directory is kept.
          */
         delete: operations["deleteSandbox"];
@@ -173,7 +173,7 @@ export interface paths {
          *     with `template-ineligible`; a stop discards the memory). While paused, exec, files and
          *     the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
          *     first, or discard released memory); its lifetime keeps running. A paused sandbox
-         *     stays paused across a restart of sandboxd. Pausing a paused sandbox answers it as it
+         *     stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
          *     is, but for a release of a paused microVM's memory, which is made.
          */
         post: operations["pauseSandbox"];
@@ -229,7 +229,7 @@ export interface paths {
          *     then by force) with `last_exit.reason` `expired`, and with `on_timeout: delete` also
          *     deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
          *     monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
-         *     it survives a restart of sandboxd, and one that ended while sandboxd was down acts at
+         *     it survives a restart of bothyd, and one that ended while bothyd was down acts at
          *     its start-up.
          */
         post: operations["setSandboxTimeout"];
@@ -474,7 +474,7 @@ export interface paths {
          *     are not used. When the service closes its end, the server sends a normal close
          *     (1000); when the client closes, the connection to the service is closed. The server
          *     pings; a client that stops answering is dropped. It takes no exec lock: it runs beside
-         *     any exec. `sandboxctl port-forward` uses it. Browsers may pass the token as
+         *     any exec. `bothy port-forward` uses it. Browsers may pass the token as
          *     `access_token`.
          */
         get: operations["portTunnel"];
@@ -778,7 +778,7 @@ export interface paths {
          *     a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
          *     exactly as long as the copy reads its writable layer, then thawed: the generation is
          *     a consistent picture of it, the sandbox runs on, and the generation's
-         *     `capture_pause_ms` says how long it was frozen. A crash of sandboxd while it is
+         *     `capture_pause_ms` says how long it was frozen. A crash of bothyd while it is
          *     frozen does not leave it frozen: the next start-up thaws it. A running sandbox whose
          *     files lie on a disk of its own (`resources.disk_mb`), one run by another runtime
          *     identity, and one on a host that cannot freeze sandboxes must be stopped first
@@ -939,7 +939,7 @@ export interface paths {
         post?: never;
         /**
          * Delete an OCI image
-         * @description Deletes an OCI image's record; its layers go at the next `sandboxd check --repair`
+         * @description Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
          *     once no image uses them. While a sandbox or a template generation uses the image it
          *     is refused with `image-in-use`, naming them. `host` and directories under `images/`
          *     are not deleted (`invalid-request`).
@@ -985,7 +985,7 @@ export interface paths {
          *
          *     A client that reconnects with `Last-Event-ID` (as EventSource does by itself) first
          *     gets the events it missed, from the last 1024 of this server process. Ids grow across
-         *     restarts of sandboxd too (they are reserved in the state root in blocks, and a
+         *     restarts of bothyd too (they are reserved in the state root in blocks, and a
          *     restart skips the rest of a block, so ids may jump but are never reused): an id seen
          *     before a restart never names a later event, and reconnecting with it after the
          *     restart replays the new process's kept events, all of them new to the client. An id
@@ -1175,7 +1175,7 @@ export interface paths {
         put?: never;
         /**
          * Exchange the dashboard's one-time login code for the token
-         * @description sandboxd prints a login URL at start, `/#login=<code>`, with a one-time code in its
+         * @description bothyd prints a login URL at start, `/#login=<code>`, with a one-time code in its
          *     fragment (which browsers do not send). The dashboard posts the code here and keeps the
          *     token it gets back. A code is good once, for 15 minutes, and only on the server that
          *     printed it; the token itself is never printed. Open without a token, since the code is
@@ -1268,7 +1268,7 @@ export interface components {
             present?: boolean;
         };
         /**
-         * @description The image configuration sandboxd honours: `env`, `working_dir` and `user` are the
+         * @description The image configuration bothyd honours: `env`, `working_dir` and `user` are the
          *     defaults of every exec (the exec's own fields override; a `user` other than root is
          *     the sandboxes' unprivileged user). `entrypoint` and `cmd` are shown, not run.
          */
@@ -1374,7 +1374,7 @@ export interface components {
             /** @description Memory limit in MiB. */
             memory_mb: number;
             /**
-             * @description Limit on the number of the workload's processes and threads. sandboxd's own agent
+             * @description Limit on the number of the workload's processes and threads. bothyd's own agent
              *     inside the sandbox is not counted against it: the sandbox's cgroup allows this many
              *     plus an allowance of 32 for the agent, so the workload always has at least this
              *     many, 1 included. On cgroup v1 hosts the workload's processes are limited to this
@@ -1496,7 +1496,7 @@ export interface components {
              */
             accelerator?: "kvm" | "tcg";
             /**
-             * @description How the accelerator is chosen, as the operator configured it (`sandboxd
+             * @description How the accelerator is chosen, as the operator configured it (`bothyd
              *     --microvm-accel`): `auto` boots a probe guest under KVM once at start-up and takes
              *     `kvm` if it answers in time, else `tcg`; `kvm` and `tcg` are taken as given, without
              *     a probe guest (`kvm` makes the runtime unavailable where /dev/kvm does not open).
@@ -1558,7 +1558,7 @@ export interface components {
             /**
              * Format: date-time
              * @description When the current run started. Once the sandbox has stopped it is absent (it may
-             *     linger until sandboxd has reconciled a run that ended by itself): how the last run
+             *     linger until bothyd has reconciled a run that ended by itself): how the last run
              *     ended, and when, is `last_exit`.
              */
             started_at?: string;
@@ -1584,7 +1584,7 @@ export interface components {
          *     public destination is reachable; with `allow`, only what it lists. `deny` wins over
          *     `allow`. Domains are enforced by DNS pinning: the sandbox's resolver (its gateway)
          *     answers only allowed names and opens their answered addresses for their TTL. Always
-         *     denied, whatever the policy: the host itself and sandboxd's API, other sandboxes,
+         *     denied, whatever the policy: the host itself and bothyd's API, other sandboxes,
          *     169.254.0.0/16 (link-local and cloud metadata), loopback, multicast and reserved
          *     addresses; private ranges (10/8, 172.16/12, 192.168/16, 100.64/10) unless an `allow`
          *     CIDR lies inside one.
@@ -1723,7 +1723,7 @@ export interface components {
          *     may choose others (see `CreateSandboxRequest.resources`).
          */
         CompatibilityKey: {
-            /** @description The runtime identity (runtime kind, sandboxd build, runtime configuration). */
+            /** @description The runtime identity (runtime kind, bothyd build, runtime configuration). */
             runtime: string;
             image: components["schemas"]["ImageName"];
             resources: components["schemas"]["Resources"];
@@ -1775,7 +1775,7 @@ export interface components {
         };
         Info: {
             /**
-             * @description The sandboxd build.
+             * @description The bothyd build.
              * @example v0.1.0
              */
             version: string;
@@ -1979,11 +1979,11 @@ export interface components {
          *     (`x-extensible-enum`): a client must accept a code it does not know.
          */
         ErrorCode: string;
-        /** @description An RFC 9457 problem with sandboxd's `code`, `field` and `request_id`. */
+        /** @description An RFC 9457 problem with bothyd's `code`, `field` and `request_id`. */
         Problem: {
             /**
-             * @description A URI naming the problem type, `urn:sandboxd:problem:<code>`. Switch on `code`.
-             * @example urn:sandboxd:problem:sandbox-busy
+             * @description A URI naming the problem type, `urn:bothyd:problem:<code>`. Switch on `code`.
+             * @example urn:bothyd:problem:sandbox-busy
              */
             type: string;
             /** @description The HTTP status text. */
@@ -2048,7 +2048,7 @@ export interface components {
          *     `already-provisioned` (the id is taken), `provisioned-again` (a create won the race
          *     with this removal; the new sandbox is left alone), `already-running`, `not-running`,
          *     `sandbox-launched` (stop it first), `foreign-files` (its state directory holds files
-         *     sandboxd did not write; they are named), `runtime-mismatch` (started by another
+         *     bothyd did not write; they are named), `runtime-mismatch` (started by another
          *     runtime identity; only a forced stop drives it), `template-exists`,
          *     `template-tombstoned` (the generation is quarantined), `template-ineligible` (no
          *     generation is eligible at this host time, or the chosen one is not), `sandbox-paused`

@@ -1,14 +1,14 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { ConnectionError, Sandboxd, SandboxdError, isSandboxdError } from "../src/index.js";
+import { ConnectionError, Bothy, BothyError, isBothyError } from "../src/index.js";
 import { baseUrl, client, cleanup, rejectsWithCode, removeSandbox, startedSandbox, token, uniqueId } from "./live.js";
 
 test("a missing sandbox is sandbox-not-found, with a detail and a request id", async () => {
   const err = await rejectsWithCode(client.getSandbox(uniqueId("missing")), "sandbox-not-found", 404);
   assert.ok(err.requestId !== undefined && err.requestId.length > 0);
-  assert.ok(isSandboxdError(err, "sandbox-not-found"));
-  assert.equal(isSandboxdError(err, "sandbox-busy"), false);
+  assert.ok(isBothyError(err, "sandbox-not-found"));
+  assert.equal(isBothyError(err, "sandbox-busy"), false);
   assert.equal(err.toProblem().code, "sandbox-not-found");
 });
 
@@ -48,20 +48,20 @@ test("a second exec while one runs is sandbox-busy after wait_ms", async () => {
 });
 
 test("a wrong token is unauthorized, when the server has a token", { skip: token === undefined }, async () => {
-  const wrong = new Sandboxd({ baseUrl, token: "wrong-token-0123456789abcdef" });
+  const wrong = new Bothy({ baseUrl, token: "wrong-token-0123456789abcdef" });
   await rejectsWithCode(wrong.listSandboxes(), "unauthorized", 401);
   await rejectsWithCode(wrong.execStream("any", ["true"]), "unauthorized", 401);
   await rejectsWithCode(wrong.subscribe(), "unauthorized", 401);
-  const none = new Sandboxd({ baseUrl });
+  const none = new Bothy({ baseUrl });
   await rejectsWithCode(none.getSandbox("any"), "unauthorized", 401);
 });
 
-test("a server that is not there is a ConnectionError, not a SandboxdError", async () => {
+test("a server that is not there is a ConnectionError, not a BothyError", async () => {
   // Port 1 on loopback: nothing listens there without root's explicit doing.
-  const gone = new Sandboxd({ baseUrl: "http://127.0.0.1:1" });
+  const gone = new Bothy({ baseUrl: "http://127.0.0.1:1" });
   await assert.rejects(gone.listSandboxes(), (err: unknown) => {
     assert.ok(err instanceof ConnectionError, `want a ConnectionError, got ${String(err)}`);
-    assert.ok(!(err instanceof SandboxdError));
+    assert.ok(!(err instanceof BothyError));
     assert.match(err.message, /is it running/);
     return true;
   });

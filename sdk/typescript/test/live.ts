@@ -1,20 +1,20 @@
-// What the live tests share: a client for the sandboxd that scripts/test-live.sh started
-// (SANDBOXD_URL, SANDBOXD_TOKEN), unique ids, cleanup, and an assertion on error codes.
+// What the live tests share: a client for the bothyd that scripts/test-live.sh started
+// (BOTHY_URL, BOTHY_TOKEN), unique ids, cleanup, and an assertion on error codes.
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { after } from "node:test";
 
-import { Sandboxd, SandboxdError, type ErrorCode } from "../src/index.js";
+import { Bothy, BothyError, type ErrorCode } from "../src/index.js";
 
-const url = process.env["SANDBOXD_URL"];
+const url = process.env["BOTHY_URL"];
 if (url === undefined || url === "") {
-  throw new Error("SANDBOXD_URL is not set: run these tests through scripts/test-live.sh, which starts a sandboxd.");
+  throw new Error("BOTHY_URL is not set: run these tests through scripts/test-live.sh, which starts a bothyd.");
 }
 export const baseUrl: string = url;
-export const token: string | undefined = process.env["SANDBOXD_TOKEN"] || undefined;
+export const token: string | undefined = process.env["BOTHY_TOKEN"] || undefined;
 
-export const client = new Sandboxd({ baseUrl, token });
+export const client = new Bothy({ baseUrl, token });
 
 /** A fresh id with a prefix that says which test made it. */
 export function uniqueId(prefix: string): string {
@@ -49,12 +49,12 @@ export async function startedSandbox(prefix: string): Promise<string> {
   return id;
 }
 
-/** Asserts that p rejects with a SandboxdError of code (and status), and returns it. */
-export async function rejectsWithCode(p: Promise<unknown>, code: ErrorCode, status?: number): Promise<SandboxdError> {
+/** Asserts that p rejects with a BothyError of code (and status), and returns it. */
+export async function rejectsWithCode(p: Promise<unknown>, code: ErrorCode, status?: number): Promise<BothyError> {
   try {
     await p;
   } catch (err) {
-    assert.ok(err instanceof SandboxdError, `want a SandboxdError with code ${code}, got ${String(err)}`);
+    assert.ok(err instanceof BothyError, `want a BothyError with code ${code}, got ${String(err)}`);
     assert.equal(err.code, code, `want code ${code}, got ${err.code}: ${err.message}`);
     if (status !== undefined) assert.equal(err.status, status);
     assert.ok(err.detail.length > 0, "the problem has a detail");

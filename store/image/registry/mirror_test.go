@@ -14,9 +14,9 @@ import (
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/store/image"
-	"github.com/sandboxd/sandboxd/store/image/registry"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/store/image"
+	"github.com/bothy/bothy/store/image/registry"
 )
 
 // counted is a loopback registry that counts the requests it serves.

@@ -27,9 +27,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/record"
-	"github.com/sandboxd/sandboxd/store/image"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/store/image"
 )
 
 // Options configure a [Registry].

@@ -26,9 +26,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/sandboxd/sandboxd/errcode"
-	"github.com/sandboxd/sandboxd/store/image"
-	"github.com/sandboxd/sandboxd/store/image/registry"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/store/image"
+	"github.com/bothy/bothy/store/image/registry"
 )
 
 func needRoot(t *testing.T) {

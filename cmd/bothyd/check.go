@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os/signal"
+	"syscall"
+
+	"github.com/bothy/bothy/check"
+)
+
+// checkCommand is `bothyd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair] [--json]`:
+// the consistency checker. It judges the state root with the runtime that the server makes
+// from the same flags (newRuntime). It exits 0 when the state root is consistent (after repair, with --repair), 1 when problems
+// remain, and 2 on a usage error or when the check could not be made.
+func checkCommand(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bothyd check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	root := fs.String("root", envOr("BOTHY_ROOT", ".bothy"), "state root to check (env BOTHY_ROOT)")
+	// The runtime's flags are the server's, so that the checker's runtime is the server's.
+	rtOpts, err := addRuntimeFlags(fs)
+	if err != nil {
+		fmt.Fprintln(stderr, "bothyd check:", err)
+		return 2
+	}
+	repair := fs.Bool("repair", false, "fix what is safe to fix: end interrupted starts, clear stale records, kill unrecorded runtime processes, release leaked cgroups and mounts, finish template retirements")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: bothyd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair] [--json]")
+		fmt.Fprintln(stderr, "Verifies a bothyd state root, offline or beside a running server. Exit status: 0 consistent, 1 problems found, 2 usage error or the check could not run.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bothyd check: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return 2
+	}
+	// The report is the output; the log only carries warnings, coloured like the server's.
+	log, err := newLogger("text", "warn", stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "bothyd check:", err)
+		return 2
+	}
+	rts, err := newRuntimes(*rtOpts, *root, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "bothyd check:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	opts := check.Options{Root: *root, Runtime: rts.def, Runtimes: rts.others, Repair: *repair, Logger: log}
+	netw, err := checkerNetwork(*root, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "bothyd check:", err)
+		return 2
+	}
+	if netw != nil {
+		defer netw.Close()
+		opts.Network = netw
+	}
+	rep, err := check.Run(ctx, opts)
+	if err != nil {
+		fmt.Fprintln(stderr, "bothyd check:", err)
+		return 2
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			fmt.Fprintln(stderr, "bothyd check:", err)
+			return 2
+		}
+	} else {
+		printReport(stdout, rep)
+	}
+	if !rep.OK {
+		return 1
+	}
+	return 0
+}
+
+func printReport(w io.Writer, r *check.Report) {
+	fmt.Fprintf(w, "state root %s: %d sandboxes (%d of them spares), %d running, %d runtime processes, %d deleted sandboxes' bins in the trash\n", r.Root, r.Sandboxes, r.Spares, r.Running, r.Processes, r.Trash)
+	for _, p := range r.Problems {
+		fmt.Fprintln(w, "problem:", p)
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+	switch {
+	case len(r.Problems) == 0:
+		fmt.Fprintln(w, "ok: consistent")
+	case r.OK:
+		fmt.Fprintf(w, "ok: %d problems found, all repaired\n", len(r.Problems))
+	case r.Repair:
+		fmt.Fprintf(w, "FAILED: %d problems found, %d not repaired\n", len(r.Problems), r.Remaining)
+	default:
+		fmt.Fprintf(w, "FAILED: %d problems found; --repair fixes those that are safe to fix\n", len(r.Problems))
+	}
+}

@@ -1,0 +1,458 @@
+// Command bothyd serves the bothyd API and dashboard. The same binary is also the runtime's
+// shim and the in-sandbox init and agent, as hidden sub-commands, so that one binary is enough.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/bothy/bothy/runtime"
+	vmshim "github.com/bothy/bothy/runtime/microvm/shim"
+	"github.com/bothy/bothy/runtime/namespace/shim"
+
+	"github.com/lmittmann/tint"
+
+	"github.com/bothy/bothy/e2b"
+	"github.com/bothy/bothy/events"
+	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/metrics"
+	"github.com/bothy/bothy/network"
+	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/portlink"
+	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/server"
+	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/store/template"
+	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/web"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	if code, ran := shim.Main(os.Args[1:]); ran {
+		os.Exit(code)
+	}
+	if code, ran := vmshim.Main(os.Args[1:]); ran {
+		os.Exit(code)
+	}
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// options are the command line, each flag with an environment variable as its default.
+type options struct {
+	listen         string
+	root           string
+	tokenFile      string
+	insecureNoAuth bool
+	logFormat      string
+	logLevel       string
+	allowedOrigins stringList
+	templateMaxAge time.Duration
+	runtime        *runtimeOptions
+	defaultDiskMB  int
+	defaultTimeout int // seconds
+	// spares is how many started sandboxes are kept ready for creates (supervisor/spares.go);
+	// sparesExplicit says the operator chose it.
+	spares         int
+	sparesExplicit bool
+	// registryAuth and insecureRegistries configure image pulls.
+	registryAuth       string
+	insecureRegistries stringList
+	// registryMirror is where pulls from Docker Hub go first.
+	registryMirror string
+	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
+	// that cannot give sandboxes a disk is an error rather than a warning.
+	diskExplicit bool
+	// networkPool, networkUplink and dnsUpstream configure sandbox networks (network.Config).
+	networkPool, networkUplink, dnsUpstream string
+}
+
+// boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
+// the operator names one: every sandbox's writes are bounded by default, so that no workload
+// can fill the state root's file system. The image is sparse and its metadata made lazily, so
+// an unused disk costs about 0.7 MiB of the host's disk and a create about 10 ms.
+const boundedDiskMB = 1024
+
+// defaultSpares is how many spares a server keeps when the operator does not say: enough for
+// one client's creates one after the other (a claim starts the next spare, which is ready
+// before that client's next create in the usual cycle), at about 3 MiB of memory each.
+const defaultSpares = 2
+
+// maxSpares bounds --spares: a spare is a running sandbox.
+const maxSpares = 64
+
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("bothyd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.listen, "listen", envOr("BOTHY_LISTEN", "127.0.0.1:7780"), "address to serve on (env BOTHY_LISTEN); off loopback a token is required")
+	fs.StringVar(&o.root, "root", envOr("BOTHY_ROOT", ".bothy"), "state root (env BOTHY_ROOT)")
+	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: one generated into <root>/token")
+	fs.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "serve without a token, on loopback only: any user of this host can then drive sandboxes; for a trusted single-user host")
+	fs.StringVar(&o.logFormat, "log-format", envOr("BOTHY_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, JSON otherwise), text or json (env BOTHY_LOG_FORMAT)")
+	fs.StringVar(&o.logLevel, "log-level", envOr("BOTHY_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env BOTHY_LOG_LEVEL)")
+	maxAge, err := envParsed("BOTHY_TEMPLATE_MAX_AGE", template.DefaultMaxAge, time.ParseDuration)
+	if err != nil {
+		return nil, err
+	}
+	fs.DurationVar(&o.templateMaxAge, "template-max-age", maxAge, "how long after its capture a template generation can be cloned (env BOTHY_TEMPLATE_MAX_AGE)")
+	if o.runtime, err = addRuntimeFlags(fs); err != nil {
+		return nil, err
+	}
+	diskMB, err := envParsed("BOTHY_DEFAULT_DISK_MB", boundedDiskMB, strconv.Atoi)
+	if err != nil {
+		return nil, err
+	}
+	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded, for trusted work only (env BOTHY_DEFAULT_DISK_MB)")
+	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("BOTHY_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env BOTHY_REGISTRY_AUTH); default: anonymous pulls")
+	fs.StringVar(&o.registryMirror, "registry-mirror", os.Getenv("BOTHY_REGISTRY_MIRROR"), "a registry (host or host:port) that pulls from Docker Hub go to first, falling back to Docker Hub when it lacks the image or is unreachable (env BOTHY_REGISTRY_MIRROR)")
+	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
+	timeoutS, err := envParsed("BOTHY_DEFAULT_TIMEOUT_S", 0, strconv.Atoi)
+	if err != nil {
+		return nil, err
+	}
+	fs.IntVar(&o.defaultTimeout, "default-timeout-s", timeoutS, "the lifetime in seconds of a sandbox whose create request names none; 0: none (env BOTHY_DEFAULT_TIMEOUT_S)")
+	spares, err := envParsed("BOTHY_SPARES", defaultSpares, strconv.Atoi)
+	if err != nil {
+		return nil, err
+	}
+	fs.IntVar(&o.spares, "spares", spares, "how many sandboxes with the default settings are kept started ahead, so that a create with start that names no id, image, limits, environment or network gets one at once; 0: none (env BOTHY_SPARES)")
+	fs.StringVar(&o.networkPool, "network-pool", envOr("BOTHY_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env BOTHY_NETWORK_POOL)")
+	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("BOTHY_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env BOTHY_NETWORK_UPLINK); default: any interface that is not a sandbox's")
+	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("BOTHY_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env BOTHY_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
+	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	_, o.diskExplicit = os.LookupEnv("BOTHY_DEFAULT_DISK_MB")
+	fs.Visit(func(f *flag.Flag) { o.diskExplicit = o.diskExplicit || f.Name == "default-disk-mb" })
+	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
+		return nil, fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
+	}
+	_, o.sparesExplicit = os.LookupEnv("BOTHY_SPARES")
+	fs.Visit(func(f *flag.Flag) { o.sparesExplicit = o.sparesExplicit || f.Name == "spares" })
+	if o.spares < 0 || o.spares > maxSpares {
+		return nil, fmt.Errorf("--spares %d: want 0 (none) to %d", o.spares, maxSpares)
+	}
+	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
+		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
+	}
+	return o, nil
+}
+
+// envParsed is the environment variable name parsed by parse, or def when it is not set.
+func envParsed[T any](name string, def T, parse func(string) (T, error)) (T, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def, nil
+	}
+	x, err := parse(v)
+	if err != nil {
+		return def, fmt.Errorf("%s=%q: %v", name, v, err)
+	}
+	return x, nil
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "healthcheck" {
+		return healthcheck(stderr)
+	}
+	if len(args) > 0 && args[0] == "check" {
+		return checkCommand(args[1:], os.Stdout, stderr)
+	}
+	o, err := parseOptions(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "bothyd:", err)
+		return 2
+	}
+	log, err := newLogger(o.logFormat, o.logLevel, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "bothyd:", err)
+		return 2
+	}
+	if err := serve(o, log); err != nil {
+		log.Error("bothyd stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(o *options, log *slog.Logger) error {
+	token, auth, err := apiToken(o, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen) //nolint:noctx // start-up: no request to end it
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	if err := server.CheckListener(ln, token); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	noFile := raiseNoFile(log)
+	st, err := store.Open(o.root)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rts, err := newRuntimes(*o.runtime, o.root, log)
+	if err != nil {
+		return err
+	}
+	rt := rts.def
+	// Before anything starts a sandbox: a shim whose launch ends hands its release here
+	// rather than start a releaser process (docs/design.md, "The release"). Without the
+	// socket the shims start releasers, which costs CPU but nothing else.
+	if stopReleases, err := rt.ServeReleases(func(err error) { log.Warn("a release hand-off refused", "err", err) }); err != nil {
+		log.Warn("shims will start releaser processes: the release socket", "err", err)
+	} else {
+		defer stopReleases()
+	}
+	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces)
+	for kind, why := range rts.unavailable {
+		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
+	}
+	if o.defaultDiskMB, err = defaultDisk(rt, o, log); err != nil {
+		return err
+	}
+	// The event bus and the metrics observe the supervisor through its hooks; the metrics
+	// count sandboxes by state from the supervisor itself, at scrape time.
+	bus, err := events.Open(events.Options{SeqDir: o.root, OnError: func(err error) {
+		log.Warn("event ids may be reused after a restart", "err", err)
+	}})
+	if err != nil {
+		return fmt.Errorf("the event sequence record: %w", err)
+	}
+	var sup *supervisor.Supervisor
+	mx := metrics.New(func() ([]*supervisor.Status, error) { return sup.List() }, log)
+	// The state root's health: every fault is counted, a change of state logged once.
+	health := supervisor.NewStorageHealth(st.Root(), log, mx.OnStorageFault)
+	defer health.Close()
+	if o.templateMaxAge <= 0 {
+		return fmt.Errorf("--template-max-age must be positive")
+	}
+	ts, err := template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+	if err != nil {
+		return err
+	}
+	netw, err := openNetwork(o, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		defer netw.Close()
+		mx.WatchNetwork(netw.denied)
+		go netw.watch(ctx)
+	}
+	images, err := openImages(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	defer images.Close()
+	sup, err = supervisor.New(supervisor.Options{
+		Store: st, Runtime: rt, Runtimes: rts.others, Unavailable: rts.unavailable,
+		Templates: ts, Images: images, Logger: log,
+		OnEvent: func(e supervisor.Event) {
+			mx.OnEvent(e.Type)
+			bus.Publish(handlers.EventOf(e))
+		},
+		OnTransition: mx.OnTransition,
+		Storage:      health,
+		Network:      netw.networker(),
+		Spares:       spareOptions(o, rt, log),
+	})
+	if err != nil {
+		return err
+	}
+	defer sup.Close()
+	mx.WatchSpares(sup.SpareStats)
+	// A runtime's probe (the microvm runtime boots a guest to choose its accelerator) takes
+	// seconds: it runs while the server serves, and /v1/info says probing meanwhile.
+	sup.ProbeRuntimes()
+	// Reconcile every sandbox: interrupted starts end, stale records clear, running sandboxes
+	// are found again. It runs while the server serves; an operation on a sandbox that it has
+	// not reached yet reconciles that sandbox first.
+	if err := sup.StartReattach(ctx, 10*time.Second); err != nil {
+		return err
+	}
+	sup.StartSpares()
+	links, err := portlink.Open(o.root)
+	if err != nil {
+		return err
+	}
+	h, err := handlers.New(handlers.Config{
+		Supervisor:       sup,
+		DefaultResources: store.Resources(namespace.DefaultResources),
+		DefaultDiskMB:    o.defaultDiskMB,
+		DefaultTimeoutS:  o.defaultTimeout,
+		Version:          version,
+		MaxGenerationAge: o.templateMaxAge,
+		MaxJSONBytes:     server.DefaultMaxJSONBytes,
+		MaxFileBytes:     server.DefaultMaxFileBytes,
+		Logger:           log,
+		Events:           bus,
+		Images:           sup,
+		OnExec:           mx.OnExec,
+		Storage:          health.Status,
+		NoFileLimit:      noFile,
+		Links:            links,
+	})
+	if err != nil {
+		return err
+	}
+	// E2B's API on the same listener (docs/e2b.md): its paths and its envd header are none
+	// of bothyd's.
+	e2bAPI := e2b.New(e2b.Config{
+		Supervisor: sup, Token: token, Logger: log,
+		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
+		MaxFileBytes: server.DefaultMaxFileBytes,
+	})
+	srv, err := server.New(server.Config{
+		Foreign:        e2bAPI,
+		ForeignClaims:  e2b.Claims,
+		Handlers:       h,
+		Token:          token,
+		AllowedOrigins: o.allowedOrigins,
+		Logger:         log,
+		ExecStream:     h.ExecStream,
+		Events:         h.BoundEvents((&events.Handler{Bus: bus, Logger: log}).ServeEvents),
+		Metrics:        mx.Handler(),
+		Dashboard:      web.Handler(),
+		OnProblem:      mx.OnProblem,
+		ClassifyError:  health.Classify,
+		Ports:          server.PortRoutes{Proxy: h.PortProxy, Tunnel: h.PortTunnel, Link: h.LinkProxy},
+	})
+	if err != nil {
+		return err
+	}
+	srv.OnShutdown(h.CloseStreams)
+	srv.OnShutdown(bus.Close)
+	root, _ := filepath.Abs(o.root) // the default root is relative: say where it is
+	log.Info("bothyd serving", "addr", ln.Addr().String(), "root", root, "version", version, "token", token != "", "auth", auth)
+	if token != "" {
+		if err := logLogin(srv, ln.Addr(), log); err != nil {
+			return err
+		}
+	}
+	err = srv.Serve(ctx, ln)
+	log.Info("bothyd shut down")
+	return err
+}
+
+// readToken reads the API token from a file; an empty path means no token.
+func readToken(path string, log *slog.Logger) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("reading the token file: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Mode().Perm()&0o077 != 0 {
+		log.Warn("the token file is readable by other users; chmod 600 it", "path", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return "", fmt.Errorf("reading the token file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if len(token) < 16 {
+		return "", fmt.Errorf("the token in %s is shorter than 16 characters; use a long random one, e.g. `head -c 32 /dev/urandom | base64`", path)
+	}
+	return token, nil
+}
+
+func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	if format == "auto" {
+		format = "json"
+		if f, ok := w.(*os.File); ok && platform.IsTerminal(f.Fd()) {
+			format = "text"
+		}
+	}
+	switch format {
+	case "text":
+		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: lvl, TimeFormat: time.TimeOnly})), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want auto, text or json", format)
+	}
+}
+
+// spareOptions are the spares' count and profile: what a create that names nothing gets. The
+// default count applies to the namespace runtime only: a spare microVM holds its guest's
+// memory, so keeping them is the operator's choice.
+func spareOptions(o *options, rt runtime.Runtime, log *slog.Logger) *supervisor.SpareOptions {
+	n := o.spares
+	if rt.Kind() != namespace.Kind && !o.sparesExplicit {
+		n = 0
+	}
+	if n > 0 {
+		log.Debug("keeping spares", "spares", n)
+	}
+	return &supervisor.SpareOptions{Count: n, Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB}
+}
+
+// defaultDisk is the disk of its own that sandboxes get by default: the operator's choice, or
+// boundedDiskMB where the runtime can give one. A host without loop devices or mke2fs still
+// serves, with a warning that sandboxes are unbounded, unless the operator asked for a disk.
+func defaultDisk(rt runtime.Runtime, o *options, log *slog.Logger) (int, error) {
+	if o.defaultDiskMB == 0 {
+		log.Warn("sandboxes get no disk of their own unless they ask for one: a sandbox can fill the state root's file system", "root", o.root)
+		return 0, nil
+	}
+	why := errors.New("the runtime gives sandboxes no disk of their own")
+	if dl, ok := rt.(runtime.DiskLimiter); ok {
+		why = dl.DiskSupport()
+	}
+	switch {
+	case why == nil:
+		return o.defaultDiskMB, nil
+	case o.diskExplicit:
+		return 0, fmt.Errorf("--default-disk-mb %d: this host cannot give sandboxes a disk of their own: %v", o.defaultDiskMB, why)
+	}
+	log.Warn("sandboxes get no disk of their own on this host, so a sandbox can fill the state root's file system", "root", o.root, "reason", why)
+	return 0, nil
+}

@@ -1,0 +1,157 @@
+package bothy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/openapi/client"
+)
+
+// Code is a problem's stable code. A Code is an error so that errors.Is(err, ErrX) matches an
+// [*APIError] with that code.
+type Code string
+
+func (c Code) Error() string { return "bothyd: " + string(c) }
+
+// The codes of the contract (openapi.yaml's ErrorCode, the same as package errcode's), and
+// those of operations newer than this package. The contract's list is open: a newer server
+// may send a code that is none of these, and callers treat it by its HTTP status.
+var (
+	ErrAlreadyProvisioned   = Code(errcode.AlreadyProvisioned)
+	ErrAlreadyRunning       = Code(errcode.AlreadyRunning)
+	ErrFileNotFound         = Code(errcode.FileNotFound)
+	ErrForbidden            = Code(errcode.Forbidden)
+	ErrForeignFiles         = Code(errcode.ForeignFiles)
+	ErrGenerationLeased     = Code(errcode.GenerationLeased)
+	ErrGenerationNotFound   = Code(errcode.GenerationNotFound)
+	ErrImageInUse           = Code(errcode.ImageInUse)
+	ErrImageNotFound        = Code(errcode.ImageNotFound)
+	ErrInternal             = Code(errcode.Internal)
+	ErrInvalidRequest       = Code(errcode.InvalidRequest)
+	ErrMethodNotAllowed     = Code(errcode.MethodNotAllowed)
+	ErrNotFound             = Code(errcode.NotFound)
+	ErrNotImplemented       = Code(errcode.NotImplemented)
+	ErrNotRunning           = Code(errcode.NotRunning)
+	ErrPayloadTooLarge      = Code(errcode.PayloadTooLarge)
+	ErrProvisionedAgain     = Code(errcode.ProvisionedAgain)
+	ErrRuntimeMismatch      = Code(errcode.RuntimeMismatch)
+	ErrSandboxBusy          = Code(errcode.SandboxBusy)
+	ErrSandboxLaunched      = Code(errcode.SandboxLaunched)
+	ErrSandboxLeased        = Code(errcode.SandboxLeased)
+	ErrSandboxNotFound      = Code(errcode.SandboxNotFound)
+	ErrStartTimeout         = Code(errcode.StartTimeout)
+	ErrStopTimeout          = Code(errcode.StopTimeout)
+	ErrStorageFull          = Code(errcode.StorageFull)
+	ErrStorageUnavailable   = Code(errcode.StorageUnavailable)
+	ErrTemplateExists       = Code(errcode.TemplateExists)
+	ErrTemplateIneligible   = Code(errcode.TemplateIneligible)
+	ErrTemplateNotFound     = Code(errcode.TemplateNotFound)
+	ErrTemplateTombstoned   = Code(errcode.TemplateTombstoned)
+	ErrTransitionInProgress = Code(errcode.TransitionInProgress)
+	ErrUnauthorized         = Code(errcode.Unauthorized)
+	ErrUnavailable          = Code(errcode.Unavailable)
+	ErrSandboxPaused        = Code(errcode.SandboxPaused)
+	ErrWaitTimeout          = Code(errcode.WaitTimeout)
+)
+
+// APIError is an answer that was not a success: the problem+json the server sent, or what
+// could be made of a body that was not one.
+type APIError struct {
+	Status    int
+	Code      Code
+	Detail    string
+	Field     string
+	RequestID string
+}
+
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return fmt.Sprintf("%s (HTTP %d)", e.Detail, e.Status)
+	}
+	return fmt.Sprintf("%s (%s, HTTP %d)", e.Detail, string(e.Code), e.Status)
+}
+
+// Is matches a [Code] equal to the error's.
+func (e *APIError) Is(target error) bool {
+	c, ok := target.(Code)
+	return ok && c == e.Code
+}
+
+// IsCode reports whether err is an [*APIError] with code c.
+func IsCode(err error, c Code) bool { return errors.Is(err, c) }
+
+// IsUnsupported reports whether err says that the server does not have the operation: an
+// older server answers an unknown route with not-found or method-not-allowed, and one that
+// has the route but not the operation with not-implemented.
+func IsUnsupported(err error) bool {
+	return IsCode(err, ErrNotFound) || IsCode(err, ErrMethodNotAllowed) || IsCode(err, ErrNotImplemented)
+}
+
+// readProblem reads a failed answer's body as a problem.
+func readProblem(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	return problemOf(resp.StatusCode, body)
+}
+
+// ProblemOf is the [*APIError] of a failed answer with this status and body (a problem+json
+// document, or whatever the server sent), for callers that reach a route themselves, such as
+// a websocket dial's refusal.
+func ProblemOf(status int, body []byte) error { return problemOf(status, body) }
+
+func problemOf(status int, body []byte) error {
+	var p client.Problem
+	if json.Unmarshal(body, &p) != nil || p.Code == "" {
+		detail := strings.TrimSpace(string(body))
+		if detail == "" {
+			detail = http.StatusText(status)
+		}
+		return &APIError{Status: status, Detail: detail}
+	}
+	e := &APIError{Status: status, Code: Code(p.Code), Detail: p.Detail}
+	if p.Field != nil {
+		e.Field = *p.Field
+	}
+	if p.RequestID != nil {
+		e.RequestID = *p.RequestID
+	}
+	return e
+}
+
+// ErrUnreachable is matched by an [*UnreachableError].
+var ErrUnreachable = errors.New("bothyd cannot be reached")
+
+// UnreachableError is a request that no server answered: nothing listens at the URL, or the
+// connection failed before an answer.
+type UnreachableError struct {
+	URL string
+	Err error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("bothyd cannot be reached at %s: %v", e.URL, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
+// Is matches [ErrUnreachable].
+func (e *UnreachableError) Is(target error) bool { return target == ErrUnreachable }
+
+// transportError marks a failure to connect as an [*UnreachableError]; other failures (a
+// cancelled context, a connection cut mid-answer) stay as they are.
+func (c *Client) transportError(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return &UnreachableError{URL: c.base.String(), Err: err}
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return &UnreachableError{URL: c.base.String(), Err: err}
+	}
+	return err
+}
