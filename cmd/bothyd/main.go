@@ -27,6 +27,7 @@ import (
 	"github.com/bothy/bothy/e2b"
 	"github.com/bothy/bothy/events"
 	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/internal/systemd"
 	"github.com/bothy/bothy/metrics"
 	"github.com/bothy/bothy/network"
 	"github.com/bothy/bothy/platform"
@@ -108,7 +109,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.root, "root", envOr("BOTHY_ROOT", ".bothy"), "state root (env BOTHY_ROOT)")
 	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: one generated into <root>/token")
 	fs.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "serve without a token, on loopback only: any user of this host can then drive sandboxes; for a trusted single-user host")
-	fs.StringVar(&o.logFormat, "log-format", envOr("BOTHY_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, JSON otherwise), text or json (env BOTHY_LOG_FORMAT)")
+	fs.StringVar(&o.logFormat, "log-format", envOr("BOTHY_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, journal under systemd, JSON otherwise), text, journal (text with syslog priorities and no time, for the journal) or json (env BOTHY_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", envOr("BOTHY_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env BOTHY_LOG_LEVEL)")
 	maxAge, err := envParsed("BOTHY_TEMPLATE_MAX_AGE", template.DefaultMaxAge, time.ParseDuration)
 	if err != nil {
@@ -188,6 +189,9 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "check" {
 		return checkCommand(args[1:], os.Stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "hold" {
+		return holdCommand(args[1:], stderr)
 	}
 	o, err := parseOptions(args, stderr)
 	if err != nil {
@@ -371,6 +375,13 @@ func serve(o *options, log *slog.Logger) error {
 			return err
 		}
 	}
+	// systemd (Type=notify) learns that bothyd serves once /healthz answers, and that it stops
+	// as soon as it begins to; off systemd both do nothing.
+	go notifyReady(ctx, ln.Addr(), log)
+	go func() {
+		<-ctx.Done()
+		notifyStopping(log)
+	}()
 	err = srv.Serve(ctx, ln)
 	log.Info("bothyd shut down")
 	return err
@@ -409,15 +420,21 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 		format = "json"
 		if f, ok := w.(*os.File); ok && platform.IsTerminal(f.Fd()) {
 			format = "text"
+		} else if systemd.Journal(w) {
+			// Under systemd, stderr is the journal's stream: it stamps each line and reads
+			// its level from a syslog prefix, so neither the time nor colours belong there.
+			format = "journal"
 		}
 	}
 	switch format {
 	case "text":
 		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: lvl, TimeFormat: time.TimeOnly})), nil
+	case "journal":
+		return slog.New(systemd.NewJournalHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 	default:
-		return nil, fmt.Errorf("--log-format %q: want auto, text or json", format)
+		return nil, fmt.Errorf("--log-format %q: want auto, text, journal or json", format)
 	}
 }
 
