@@ -85,4 +85,3 @@ func TestDialable(t *testing.T) {
 		}
 	}
 }
-
