@@ -58,6 +58,7 @@ type options struct {
 	listen         string
 	root           string
 	tokenFile      string
+	tokenGroup     string // a group whose members may read the generated token
 	insecureNoAuth bool
 	logFormat      string
 	logLevel       string
@@ -108,6 +109,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.listen, "listen", envOr("BOTHY_LISTEN", "127.0.0.1:7780"), "address to serve on (env BOTHY_LISTEN); off loopback a token is required")
 	fs.StringVar(&o.root, "root", envOr("BOTHY_ROOT", ".bothy"), "state root (env BOTHY_ROOT)")
 	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: one generated into <root>/token")
+	fs.StringVar(&o.tokenGroup, "token-group", os.Getenv("BOTHY_TOKEN_GROUP"), "a group whose members may read the generated token, and so use the bothy CLI as themselves (env BOTHY_TOKEN_GROUP): the token becomes mode 0640 in that group and the state root 0710 in that group, which lets them reach the token but list and read nothing else; default: the token is the owner's alone")
 	fs.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "serve without a token, on loopback only: any user of this host can then drive sandboxes; for a trusted single-user host")
 	fs.StringVar(&o.logFormat, "log-format", envOr("BOTHY_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, journal under systemd, JSON otherwise), text, journal (text with syslog priorities and no time, for the journal) or json (env BOTHY_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", envOr("BOTHY_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env BOTHY_LOG_LEVEL)")

@@ -34,4 +34,3 @@ func TestPackagedRuntime(t *testing.T) {
 		t.Fatal("a packaged runtime binary writable by others was taken")
 	}
 }
-
