@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,7 +41,9 @@ import (
 	"github.com/bothy/bothy/web"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with -ldflags "-X main.version=..." (scripts/package, the
+// Dockerfile); `go install …/cmd/bothyd@v1.2.3` leaves it "dev" and the module version
+// recorded in the binary says it instead (moduleVersion).
 var version = "dev"
 
 func main() {
@@ -50,7 +53,20 @@ func main() {
 	if code, ran := vmshim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
+	version = moduleVersion(version)
 	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// moduleVersion is v, or, when v is the default "dev", the version of the module this binary
+// was built from when the toolchain recorded one (go install of a tagged version).
+func moduleVersion(v string) string {
+	if v != "dev" {
+		return v
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return v
 }
 
 // options are the command line, each flag with an environment variable as its default.
