@@ -102,6 +102,8 @@ func TestPackages(t *testing.T) {
 		t.Fatalf("bothyd.env lacks the cgroup parent's default (%v):\n%s", err, env)
 	}
 
+	verifyUnits(t, root)
+
 	// The same tree, built again, gives the same .deb.
 	again := buildPackages(t, repo, t.TempDir(), "deb")["deb"]
 	if a, b := fileSum(t, deb), fileSum(t, again); a != b {
@@ -135,6 +137,34 @@ func TestPackages(t *testing.T) {
 		if !strings.Contains(scripts, s) {
 			t.Errorf("rpm scripts lack %q:\n%s", s, scripts)
 		}
+	}
+}
+
+// verifyUnits runs systemd-analyze verify on the packaged units, as extracted into root, and
+// fails on anything it says (it exits 0 on a setting it ignores, such as a misspelled value).
+// The units' absolute paths are rewritten into root, where their binary is.
+func verifyUnits(t *testing.T, root string) {
+	t.Helper()
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Logf("no systemd-analyze here (%v): the units are not verified", err)
+		return
+	}
+	dir := t.TempDir()
+	var units []string
+	for _, name := range []string{"bothy-sandboxes.service", "bothyd.service"} {
+		b, err := os.ReadFile(filepath.Join(root, "usr/lib/systemd/system", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unit := strings.NewReplacer("=/usr/bin/", "="+root+"/usr/bin/", "=-/etc/bothy/", "=-"+root+"/etc/bothy/").Replace(string(b))
+		units = append(units, filepath.Join(dir, name))
+		if err := os.WriteFile(units[len(units)-1], []byte(unit), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command("systemd-analyze", append([]string{"verify", "--man=no"}, units...)...).CombinedOutput()
+	if err != nil || len(out) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
 
