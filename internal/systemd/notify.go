@@ -9,8 +9,9 @@ import (
 // NOTIFY_SOCKET. It reports whether a message was sent: false with no error when no manager
 // listens, which is every run outside a Type=notify unit.
 func Notify(state string) (bool, error) {
-	// The variable stays set: the server notifies twice (ready, then stopping), and the
-	// processes bothyd starts never read it, since they get an environment of their own.
+	// The variable stays set, since the server notifies twice (ready, then stopping). The
+	// processes bothyd starts may inherit it, but systemd takes a Type=notify unit's
+	// notifications from its main process only (NotifyAccess=main, the default).
 	return daemon.SdNotify(false, state)
 }
 
