@@ -29,10 +29,7 @@ func notifyReady(ctx context.Context, addr net.Addr, log *slog.Logger) {
 	client := &http.Client{Timeout: 2 * time.Second}
 	t := time.NewTicker(readyPoll)
 	defer t.Stop()
-	for {
-		if healthy(ctx, client, url) {
-			break
-		}
+	for !healthy(ctx, client, url) {
 		select {
 		case <-ctx.Done():
 			return
@@ -54,11 +51,11 @@ func notifyStopping(log *slog.Logger) {
 }
 
 func healthy(ctx context.Context, client *http.Client, url string) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil) //nolint:gosec // G704: our own address
 	if err != nil {
 		return false
 	}
-	resp, err := client.Do(req)
+	resp, err := client.Do(req) //nolint:gosec // G704: our own address
 	if err != nil {
 		return false
 	}

@@ -238,8 +238,9 @@ func reachableByOthers(m fs.FileMode) bool {
 func lookupGroup(name string) (int, error) {
 	g, err := user.LookupGroup(name)
 	if err != nil {
+		// A number names the group with that id, if there is one.
 		if id, perr := strconv.Atoi(name); perr == nil {
-			if g, err = user.LookupGroupId(strconv.Itoa(id)); err == nil {
+			if _, err = user.LookupGroupId(name); err == nil {
 				return id, nil
 			}
 		}
