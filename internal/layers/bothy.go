@@ -51,14 +51,14 @@ var Classes = map[string]Class{
 	"openapi":                               HTTP,
 	"openapi/stream":                        HTTP,
 	"openapi/client":                        HTTP,
-	"sdk/go/bothy":                       HTTP,
+	"sdk/go/bothy":                          HTTP,
 	"server":                                HTTP,
 	// The registry client links net/http, which no package below the handlers may; the
 	// image store knows it only as an image.Fetcher.
 	"store/image/registry": HTTP,
 	"web":                  HTTP,
 
-	"cmd/bothy":       Command,
+	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
 	"cmd/bothyd-runtime": Command,
 	"cmd/bothyload":      Command,
