@@ -26,6 +26,7 @@ var Classes = map[string]Class{
 	"runtime/microvm/shim":    Sandbox,
 
 	"check":                     Host,
+	"internal/systemd":          Host,
 	"network":                   Host,
 	"portlink":                  Host,
 	"runtime/microvm":           Host,
