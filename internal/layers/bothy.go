@@ -13,6 +13,7 @@ var Classes = map[string]Class{
 	"agent":                  Sandbox,
 	"control":                Sandbox,
 	"errcode":                Sandbox,
+	"internal/ratelog":       Sandbox, // rate-limited logging, on log/slog alone
 	"naming":                 Sandbox,
 	"platform":               Sandbox,
 	"record":                 Sandbox,
