@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 )
 
 // The bounds of a pin's life. A TTL of a few seconds (or zero) would let the pin lapse
@@ -42,13 +44,17 @@ func pinTTL(ttl uint32) time.Duration {
 
 // serve starts sb's resolver on port 53 of its gateway, over UDP and TCP, with sockets opened
 // in the host namespace. Each sandbox has its own listener, so a query's sandbox is known by
-// where it arrived, not by a source address it could try to forge.
+// where it arrived, not by a source address it could try to forge. The sockets are bound to
+// the sandbox's host interface (SO_BINDTODEVICE): every gateway is an address of the host, and
+// a socket bound to an address alone would take a query that another sandbox sent to it
+// through its own interface. The input chain drops such a query already (localToIIF); the
+// binding holds even without it.
 func (m *Manager) serve(sb *sandbox) error {
 	at := netip.AddrPortFrom(sb.att.Gateway, 53).String()
 	var pc net.PacketConn
 	var ln net.Listener
 	err := m.inHost(func() (err error) {
-		var lc net.ListenConfig
+		lc := net.ListenConfig{Control: bindToDevice(sb.att.Interface)}
 		if pc, err = lc.ListenPacket(context.Background(), "udp4", at); err != nil {
 			return err
 		}
@@ -70,6 +76,22 @@ func (m *Manager) serve(sb *sandbox) error {
 		}()
 	}
 	return nil
+}
+
+// bindToDevice returns a socket control that binds the socket to the interface ifname.
+func bindToDevice(ifname string) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) {
+			err = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifname)
+		}); cerr != nil {
+			return cerr
+		}
+		if err != nil {
+			return fmt.Errorf("bind to %s: %w", ifname, err)
+		}
+		return nil
+	}
 }
 
 // answer answers one query of sb: REFUSED for a name its policy does not allow, and otherwise

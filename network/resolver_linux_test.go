@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
 )
 
@@ -33,6 +35,57 @@ func (s *testSandbox) ask(server netip.Addr, network, name string, timeout time.
 		return 0, err
 	}
 	return r.Rcode, nil
+}
+
+// TestResolverAnswersOnlyItsSandbox: every gateway is an address of the host, so a sandbox
+// can send a query to another sandbox's gateway. Issue 37 item 1: such a query was answered,
+// under the other sandbox's policy. It must get no answer at all, from the input chain and,
+// with that rule gone, from the resolver's sockets being bound to their interface; the
+// sandbox's own resolver answers under its own policy throughout.
+func TestResolverAnswersOnlyItsSandbox(t *testing.T) {
+	w := newWorld(t)
+	narrow := w.sandbox(t, "narrow", Policy{Allow: []string{"allowed.test"}})
+	open := w.sandbox(t, "open", Policy{Internet: true})
+	open.resolves("other.test", otherHost.String())
+
+	check := func(t *testing.T, filtered bool) {
+		narrow.t = t
+		narrow.resolves("allowed.test", allowedHost.String())
+		narrow.refused("other.test")
+		dropped, err := w.m.HostDrops()
+		must(t, err)
+		for _, network := range []string{"udp", "tcp"} {
+			rcode, err := narrow.ask(open.att.Gateway, network, "other.test.", time.Second)
+			if err == nil {
+				t.Errorf("a query over %s from narrow to open's resolver (%s) was answered %s; want no answer",
+					network, open.att.Gateway, dns.RcodeToString[rcode])
+			}
+		}
+		if after, err := w.m.HostDrops(); filtered && (err != nil || after <= dropped) {
+			t.Errorf("host drops %d then %d (%v); want the queries to open's resolver dropped by the input chain", dropped, after, err)
+		}
+		n := 0
+		for _, name := range w.upstreamAsked() {
+			if name == "other.test." {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("the upstream was asked other.test. %d times; want once, for open's own query", n)
+		}
+	}
+	t.Run("filtered", func(t *testing.T) { check(t, true) })
+
+	// Without the input chain's rule (a host whose own firewall accepts before bothyd's
+	// table would not bring it back, as a drop anywhere is final; this takes the rule away
+	// altogether), the resolvers' sockets still take only their own interface's queries.
+	c, err := w.m.nft()
+	must(t, err)
+	_, input, _ := baseChains()
+	c.FlushChain(input)
+	c.AddRule(&nftables.Rule{Table: table, Chain: input, Exprs: []expr.Any{accept}})
+	must(t, c.Flush())
+	t.Run("unfiltered", func(t *testing.T) { check(t, false) })
 }
 
 // TestResolverRefusesNamesThatAreNotHostNames: issue 37 item 6. miekg/dns presents a label's
