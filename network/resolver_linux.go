@@ -48,7 +48,7 @@ func pinTTL(ttl uint32) time.Duration {
 // the sandbox's host interface (SO_BINDTODEVICE): every gateway is an address of the host, and
 // a socket bound to an address alone would take a query that another sandbox sent to it
 // through its own interface. The input chain drops such a query already (localToIIF); the
-// binding holds even without it.
+// binding holds even without it. TCP connections are bounded (bounds_linux.go).
 func (m *Manager) serve(sb *sandbox) error {
 	at := netip.AddrPortFrom(sb.att.Gateway, 53).String()
 	var pc net.PacketConn
@@ -66,8 +66,18 @@ func (m *Manager) serve(sb *sandbox) error {
 	if err != nil {
 		return fmt.Errorf("network: start the resolver of %s on %s: %w", sb.id, at, err)
 	}
+	ln = &boundedListener{Listener: ln, gates: []*gate{&sb.conns, &m.conns},
+		full: func() {
+			m.rl.Warn(sb.id+" conns", "network: a TCP connection to the sandbox's resolver was closed at its bound",
+				"sandbox", sb.id, "per_sandbox", sb.conns.max, "all", m.conns.max)
+		},
+		failed: func(err error) {
+			m.rl.Warn(sb.id+" accept", "network: the sandbox's resolver cannot accept a TCP connection", "sandbox", sb.id, "err", err)
+		}}
 	handler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { m.answer(sb, w, q) })
-	sb.servers = []*dns.Server{{PacketConn: pc, Handler: handler}, {Listener: ln, Handler: handler}}
+	idle := func() time.Duration { return resolverIdleTimeout }
+	sb.servers = []*dns.Server{{PacketConn: pc, Handler: handler},
+		{Listener: ln, Handler: handler, ReadTimeout: resolverReadTimeout, IdleTimeout: idle, WriteTimeout: resolverWriteTimeout}}
 	for _, s := range sb.servers {
 		go func() {
 			if err := s.ActivateAndServe(); err != nil {
@@ -92,6 +102,12 @@ func bindToDevice(ifname string) func(network, address string, c syscall.RawConn
 		}
 		return nil
 	}
+}
+
+// setLimits sets the resolvers' bounds, before any sandbox is set up.
+func (m *Manager) setLimits(l limits) {
+	m.lim = l
+	m.conns.max, m.pending.max = l.conns, l.pending
 }
 
 // answer answers one query of sb: REFUSED for a name its policy does not allow, and otherwise
@@ -124,15 +140,25 @@ func (m *Manager) answer(sb *sandbox, w dns.ResponseWriter, q *dns.Msg) {
 		reply(dns.RcodeRefused)
 		return
 	}
+	// A query goes upstream only within the bounds of pending queries: each holds a socket
+	// until the upstream answers or its timeout passes, and an upstream that never answers
+	// would otherwise let a sandbox hold as many as it sends.
+	if !enterAll(&sb.pending, &m.pending) {
+		m.rl.Warn(sb.id+" pending", "network: a query of the sandbox was not forwarded: too many are pending upstream",
+			"sandbox", sb.id, "name", name, "per_sandbox", sb.pending.max, "all", m.pending.max)
+		reply(dns.RcodeServerFailure)
+		return
+	}
 	resp, err := m.forward(q)
+	leaveAll(&sb.pending, &m.pending)
 	if err != nil {
-		m.log.Warn("network: the upstream resolver failed", "sandbox", sb.id, "name", name, "err", err)
+		m.rl.Warn(sb.id+" upstream", "network: the upstream resolver failed", "sandbox", sb.id, "name", name, "err", err)
 		reply(dns.RcodeServerFailure)
 		return
 	}
 	if rules.pins() {
 		if err := m.pinAnswers(sb, rules, name, resp); err != nil {
-			m.log.Warn("network: pin an answer", "sandbox", sb.id, "name", name, "err", err)
+			m.rl.Warn(sb.id+" pin", "network: pin an answer", "sandbox", sb.id, "name", name, "err", err)
 			reply(dns.RcodeServerFailure)
 			return
 		}

@@ -3,14 +3,28 @@
 package network
 
 import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
+
+	"github.com/bothy/bothy/internal/ratelog"
 )
 
 // ask sends one query for name's A records, from inside the sandbox, to port 53 of server over
@@ -108,5 +122,174 @@ func TestResolverRefusesNamesThatAreNotHostNames(t *testing.T) {
 		if name != "sub.wild.test." {
 			t.Errorf("the upstream was asked %q", name)
 		}
+	}
+}
+
+// The flood's child process: BOTHY_TEST_FLOOD names the resolver to flood, and the child,
+// started inside the flooding sandbox's namespace, opens TCP connections to it and sends
+// queries for names the upstream never answers, again and again, until its stdin closes. It
+// prints "ready" after its first round.
+const floodEnv = "BOTHY_TEST_FLOOD"
+
+func TestMain(m *testing.M) {
+	if at := os.Getenv(floodEnv); at != "" {
+		flood(at)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func flood(at string) {
+	stop := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+	udp, err := net.Dial("udp4", at)
+	if err != nil {
+		fmt.Println("error", err)
+		return
+	}
+	var conns []net.Conn
+	for round := 0; ; round++ {
+		for i := range 1000 {
+			c, err := net.DialTimeout("tcp4", at, time.Second)
+			if err != nil {
+				continue
+			}
+			conns = append(conns, c)
+			q := new(dns.Msg)
+			q.SetQuestion(fmt.Sprintf("t%d-%d.blackhole.test.", round, i), dns.TypeA)
+			_ = (&dns.Conn{Conn: c}).WriteMsg(q)
+		}
+		for i := range 2000 {
+			q := new(dns.Msg)
+			q.SetQuestion(fmt.Sprintf("u%d-%d.blackhole.test.", round, i), dns.TypeA)
+			_ = (&dns.Conn{Conn: udp}).WriteMsg(q)
+		}
+		if round == 0 {
+			fmt.Println("ready")
+		}
+		// Keep the sockets of this round, and drop those of the one before: the flood holds
+		// about two rounds' worth of connections at a time, whatever the resolver closed.
+		if len(conns) > 2000 {
+			for _, c := range conns[:len(conns)-1000] {
+				c.Close()
+			}
+			conns = slices.Clone(conns[len(conns)-1000:])
+		}
+		select {
+		case <-stop:
+			return
+		default:
+		}
+	}
+}
+
+// startIn starts cmd inside the network namespace ns: the child inherits the namespace of the
+// thread that forks it, and that thread is never returned to the pool.
+func startIn(ns *os.File, cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		if err := netns.Set(netns.NsHandle(ns.Fd())); err != nil {
+			errc <- err
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	must(t, err)
+	return len(entries)
+}
+
+// syncBuffer is a log sink the test reads while the Manager writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) lines(substr string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), substr)
+}
+
+// TestResolverFloodIsBounded: issue 37 item 4. Root in one sandbox opens thousands of TCP
+// connections to its resolver and sends thousands of queries the upstream never answers,
+// without end. The process that runs the resolvers (this test's, which runs no other
+// sockets meanwhile: the flood is a child process) holds at most the sandbox's bounds of
+// connections and pending queries, and a few more descriptors; another sandbox's resolver
+// answers throughout; and the flood's log lines are a handful.
+func TestResolverFloodIsBounded(t *testing.T) {
+	w := newWorld(t)
+	var logs syncBuffer
+	w.m.log = slog.New(slog.NewJSONHandler(&logs, nil))
+	w.m.rl = ratelog.New(w.m.log, logEvery, maxLogKeys)
+	fl := w.sandbox(t, "flood", Policy{Internet: true})
+	calm := w.sandbox(t, "calm", Policy{Allow: []string{"allowed.test"}})
+	calm.resolves("allowed.test", allowedHost.String())
+
+	before := openFDs(t)
+	// What the sandbox can make the resolver hold: its connections and its pending queries
+	// (a socket each), plus a little for what the test and the Manager open meanwhile (the
+	// other sandbox's queries at both ends, a namespace handle while a query goes upstream).
+	bound := before + maxConnsPerSandbox + maxPendingPerSandbox + 16
+
+	exe, err := os.Executable()
+	must(t, err)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), floodEnv+"="+netip.AddrPortFrom(fl.att.Gateway, 53).String())
+	stdin, err := cmd.StdinPipe()
+	must(t, err)
+	stdout, err := cmd.StdoutPipe()
+	must(t, err)
+	cmd.Stderr = os.Stderr
+	must(t, startIn(fl.ns, cmd))
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Fatalf("the flood's child said %q, %v", line, err)
+	}
+
+	// While the flood goes on, for twice the upstream timeout (so that queries forwarded at
+	// its start have timed out and been replaced): the descriptors stay within the bound,
+	// and the other sandbox's resolver answers, over UDP and TCP.
+	most := 0
+	for end := time.Now().Add(2 * upstreamTimeout); time.Now().Before(end); {
+		most = max(most, openFDs(t))
+		calm.resolves("allowed.test", allowedHost.String())
+		if rcode, err := calm.ask(calm.att.Gateway, "tcp", "allowed.test.", 5*time.Second); err != nil || rcode != dns.RcodeSuccess {
+			t.Fatalf("calm's resolver over TCP during the flood: %s, %v", dns.RcodeToString[rcode], err)
+		}
+	}
+	t.Logf("open descriptors: %d before the flood, at most %d during it (bound %d)", before, most, bound)
+	if most > bound {
+		t.Errorf("the resolvers' process held %d descriptors during the flood; want at most %d", most, bound)
+	}
+	w.m.mu.Lock()
+	sb := w.m.sandboxes["flood"]
+	w.m.mu.Unlock()
+	if n := sb.conns.n.Load(); n > maxConnsPerSandbox {
+		t.Errorf("%d connections admitted; want at most %d", n, maxConnsPerSandbox)
+	}
+	// One line per kind and logEvery: at most three kinds (connections closed at the bound,
+	// queries not forwarded, the upstream's failures), in two periods of the flood.
+	if n := logs.lines(`"sandbox":"flood"`); n > 6 {
+		t.Errorf("the flood caused %d log lines; want at most 6:\n%s", n, logs.buf.String())
+	}
+	if n := logs.lines(`"suppressed"`) + logs.lines(`at its bound`); n == 0 {
+		t.Errorf("no log line says the flood was bounded:\n%s", logs.buf.String())
 	}
 }
