@@ -26,6 +26,10 @@ const (
 	// answered; each holds one socket to the upstream.
 	maxPendingPerSandbox = 32
 	maxPending           = 256
+	// maxPinsPerSandbox bounds the addresses pinned for a sandbox at a time: each is an
+	// element of its nftables set, kernel memory, and a zone the policy allows answers as
+	// many distinct addresses, for as long (up to maxPinTTL), as its owner likes.
+	maxPinsPerSandbox = 4096
 
 	// A TCP connection must bring a whole first query within resolverReadTimeout of its
 	// accept, and each later one within resolverIdleTimeout of the last answer; an answer
@@ -41,9 +45,10 @@ const (
 // limits are the bounds a Manager applies; the tests lower them.
 type limits struct {
 	connsPerSandbox, conns, pendingPerSandbox, pending int64
+	pinsPerSandbox                                     int
 }
 
-var defaultLimits = limits{maxConnsPerSandbox, maxConns, maxPendingPerSandbox, maxPending}
+var defaultLimits = limits{maxConnsPerSandbox, maxConns, maxPendingPerSandbox, maxPending, maxPinsPerSandbox}
 
 // gate counts the holders of a resource against its bound.
 type gate struct {

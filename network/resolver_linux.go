@@ -226,6 +226,9 @@ func (m *Manager) pinAnswers(sb *sandbox, rules *Rules, name string, resp *dns.M
 		// longer in force.
 		return fmt.Errorf("the policy changed while %s was resolved", name)
 	}
+	if err := m.roomForPins(sb, fresh); err != nil {
+		return err
+	}
 	set := ipv4Set(chainOf(sb.id)+pinnedSuffix, false, true)
 	c, err := m.nft()
 	if err != nil {
@@ -260,6 +263,33 @@ func (m *Manager) pinAnswers(sb *sandbox, rules *Rules, name string, resp *dns.M
 		if old, ok := sb.pins[p.addr]; !ok || !old.until.After(p.until) {
 			sb.pins[p.addr] = p
 		}
+	}
+	return nil
+}
+
+// roomForPins makes sure that pinning fresh keeps sb within its bound of pinned addresses,
+// forgetting the pins that have lapsed (the kernel's set times them out on its own) if need
+// be; when they are not enough, the answer is not pinned and not given.
+func (m *Manager) roomForPins(sb *sandbox, fresh []pin) error {
+	added := func() int {
+		n := 0
+		for _, p := range fresh {
+			if _, ok := sb.pins[p.addr]; !ok {
+				n++
+			}
+		}
+		return n
+	}
+	if len(sb.pins)+added() <= m.lim.pinsPerSandbox {
+		return nil
+	}
+	for addr, p := range sb.pins {
+		if !p.live() {
+			delete(sb.pins, addr)
+		}
+	}
+	if n := len(sb.pins) + added(); n > m.lim.pinsPerSandbox {
+		return fmt.Errorf("%d addresses would be pinned, and the bound is %d", n, m.lim.pinsPerSandbox)
 	}
 	return nil
 }

@@ -293,3 +293,24 @@ func TestResolverFloodIsBounded(t *testing.T) {
 		t.Errorf("no log line says the flood was bounded:\n%s", logs.buf.String())
 	}
 }
+
+// TestPinsAreBounded: a zone the policy allows can answer as many distinct addresses as its
+// owner likes, each pinned (a kernel set element) for up to a day. Past the sandbox's bound of
+// pinned addresses an answer with a new one is SERVFAIL, unpinned; addresses already pinned
+// are answered still.
+func TestPinsAreBounded(t *testing.T) {
+	w := newWorld(t)
+	l := defaultLimits
+	l.pinsPerSandbox = 3
+	w.m.setLimits(l)
+	s := w.sandbox(t, "box", Policy{Allow: []string{"*.test"}})
+	s.resolves("allowed.test", allowedHost.String())
+	s.resolves("other.test", otherHost.String())
+	s.resolves("private.test", privateHost.String())
+	if rcode, addrs := s.resolve("cidr.test"); rcode != dns.RcodeServerFailure || len(addrs) != 0 {
+		t.Fatalf("a fourth address past a bound of 3 = %s %v; want SERVFAIL", dns.RcodeToString[rcode], addrs)
+	}
+	s.resolves("sub.wild.test", allowedHost.String()) // pinned already
+	s.unreachable(cidrHost.String(), 80)              // not pinned
+	s.reachable(allowedHost.String(), 80)
+}

@@ -46,6 +46,7 @@ var zone = map[string]netip.Addr{
 	"bad.wild.test.": otherHost,
 	"private.test.":  privateHost,
 	"meta.test.":     metadata,
+	"cidr.test.":     cidrHost,
 }
 
 func needRoot(t *testing.T) {
