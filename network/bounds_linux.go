@@ -152,7 +152,7 @@ func (c *boundedConn) SetDeadline(t time.Time) error {
 	if err := c.SetReadDeadline(t); err != nil {
 		return err
 	}
-	return c.Conn.SetWriteDeadline(t)
+	return c.SetWriteDeadline(t)
 }
 
 func (c *boundedConn) Write(b []byte) (int, error) {
@@ -160,7 +160,7 @@ func (c *boundedConn) Write(b []byte) (int, error) {
 	if d.After(c.end) {
 		d = c.end
 	}
-	_ = c.Conn.SetWriteDeadline(d)
+	_ = c.SetWriteDeadline(d)
 	return c.Conn.Write(b)
 }
 
