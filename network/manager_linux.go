@@ -22,7 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/bothy/bothy/internal/ratelog"
+	"github.com/bothy/bothy/internal/ratelog/perkey"
 	"github.com/bothy/bothy/naming"
 )
 
@@ -46,7 +46,7 @@ type Manager struct {
 	// can cause, at a bounded rate.
 	lim            limits
 	conns, pending gate
-	rl             *ratelog.Logger
+	rl             *perkey.Logger
 }
 
 // sandbox is a set-up sandbox's live state: its policy, its resolver and what it pinned.
@@ -98,7 +98,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.never = append(m.never, alwaysDenied...)
 	m.setLimits(defaultLimits)
-	m.rl = ratelog.New(m.log, logEvery, maxLogKeys)
+	m.rl = perkey.New(m.log, logEvery, maxLogKeys)
 	return m, nil
 }
 

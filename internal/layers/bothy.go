@@ -13,7 +13,6 @@ var Classes = map[string]Class{
 	"agent":                  Sandbox,
 	"control":                Sandbox,
 	"errcode":                Sandbox,
-	"internal/ratelog":       Sandbox, // rate-limited logging, on log/slog alone
 	"naming":                 Sandbox,
 	"platform":               Sandbox,
 	"record":                 Sandbox,
@@ -25,6 +24,8 @@ var Classes = map[string]Class{
 	"runtime/microvm/portmux": Sandbox,
 	"runtime/microvm/qmp":     Sandbox,
 	"runtime/microvm/shim":    Sandbox,
+	// Rate-limited logging by key (issue 37), on log/slog alone: usable on either side.
+	"internal/ratelog/perkey": Sandbox,
 
 	"check":                     Host,
 	"network":                   Host,

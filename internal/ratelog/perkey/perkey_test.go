@@ -1,4 +1,4 @@
-package ratelog
+package perkey
 
 import (
 	"bytes"

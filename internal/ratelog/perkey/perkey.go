@@ -1,4 +1,4 @@
-// Package ratelog bounds the log lines that someone bothyd does not trust can cause: a
+// Package perkey bounds the log lines that someone bothyd does not trust can cause: a
 // sandbox's root, a remote client. Each such line is logged under a key (the sandbox's id and
 // what happened, say) at most once per period; the lines dropped in between are counted, and
 // the next line logged under the key says how many. The number of keys is bounded too, so
@@ -7,7 +7,7 @@
 //
 // It must not be used for lines bothyd's own operation causes, which are few and each of
 // which matters; only for those whose rate someone outside chooses.
-package ratelog
+package perkey
 
 import (
 	"context"
