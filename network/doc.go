@@ -29,7 +29,9 @@
 //
 // # DNS pinning
 //
-// Each networked sandbox has a resolver on port 53 of its gateway. It answers REFUSED for a
+// Each networked sandbox has a resolver on port 53 of its gateway, and reaches no other: the
+// input chain accepts a query only to a gateway that is local to the interface it came in on,
+// and the resolver's sockets are bound to the sandbox's interface. It answers REFUSED for a
 // name the policy does not allow (not NXDOMAIN: the name may exist, and a negative answer
 // would be cached past a policy change), forwards the rest to the upstream, and before
 // replying adds the answer's IPv4 addresses to the sandbox's pinned set for their TTL

@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/bothy/bothy/internal/ratelog/perkey"
 	"github.com/bothy/bothy/naming"
 )
 
@@ -39,6 +40,13 @@ type Manager struct {
 	baseDone  bool
 
 	refused atomic.Uint64
+
+	// lim are the resolvers' bounds; conns and pending count against them for all sandboxes
+	// together, each sandbox's own gates for it alone (bounds.go). rl logs what sandboxes
+	// can cause, at a bounded rate.
+	lim            limits
+	conns, pending gate
+	rl             *perkey.Logger
 }
 
 // sandbox is a set-up sandbox's live state: its policy, its resolver and what it pinned.
@@ -53,6 +61,8 @@ type sandbox struct {
 
 	servers []*dns.Server
 	refused atomic.Uint64
+	// conns and pending are the sandbox's own share of the resolver's bounds.
+	conns, pending gate
 }
 
 // New returns a Manager and makes sure bothyd's nftables table and base chains exist. It
@@ -87,6 +97,8 @@ func New(cfg Config) (*Manager, error) {
 		m.nsFD = int(cfg.HostNS.Fd())
 	}
 	m.never = append(m.never, alwaysDenied...)
+	m.setLimits(defaultLimits)
+	m.rl = perkey.New(m.log, logEvery, maxLogKeys)
 	return m, nil
 }
 
@@ -220,6 +232,7 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 	sb := m.sandboxes[id]
 	if sb == nil {
 		sb = &sandbox{id: id, alloc: a, att: att}
+		sb.conns.max, sb.pending.max = m.lim.connsPerSandbox, m.lim.pendingPerSandbox
 	}
 	if err := m.filter(sb, rules); err != nil {
 		return att, err
