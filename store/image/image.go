@@ -61,6 +61,9 @@ func (s *Store) checkSource(src *Source) (*imageConfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(src.Layers) > MaxLayers {
+		return nil, tooLarge("it has %d layers, more than the %d bothyd stacks", len(src.Layers), MaxLayers)
+	}
 	if len(cfg.RootFS.DiffIDs) != len(src.Layers) {
 		return nil, badArchive("the manifest has %d layers but the configuration %d diff ids", len(src.Layers), len(cfg.RootFS.DiffIDs))
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bothy/bothy/errcode"
 )
 
 // fakeFetcher serves one image made of plain tar layers, counting fetches and opens. An
@@ -290,5 +293,24 @@ func TestCheckRepairsUnreferencedLayers(t *testing.T) {
 		if _, err := os.Lstat(filepath.Dir(dir)); !os.IsNotExist(err) {
 			t.Errorf("layer %s is still there: %v", d, err)
 		}
+	}
+}
+
+// TestPullBoundsLayers: an image of more layers than MaxLayers is refused before any layer
+// is read, whatever its fetcher (a registry's manifest, an archive's) declares.
+func TestPullBoundsLayers(t *testing.T) {
+	t.Parallel()
+	layers := make([][]byte, MaxLayers+1)
+	for i := range layers {
+		layers[i] = []byte(fmt.Sprintf("layer %d", i))
+	}
+	f := &fakeFetcher{layers: layers}
+	s, _ := openStore(t, Options{Fetcher: f})
+	_, err := s.Pull(ctxT(t), "example.com/many:1", "many", nil)
+	if !errors.Is(err, ErrTooLarge) || errcode.Of(err) != errcode.PayloadTooLarge || !strings.Contains(err.Error(), "129 layers") {
+		t.Fatalf("Pull of %d layers = %v; want payload-too-large: 129 layers", len(layers), err)
+	}
+	if n := f.opens.Load(); n != 0 {
+		t.Errorf("the refused pull opened %d layers; want none", n)
 	}
 }

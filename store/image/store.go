@@ -40,6 +40,11 @@ const (
 	DefaultMaxLayerBytes   = 16 << 30
 	DefaultMaxEntries      = 1 << 20
 	DefaultMaxArchiveBytes = 32 << 30
+	// MaxLayers bounds the layers of one image, pulled or imported. Docker's overlay
+	// driver stacks at most 128 (and refuses to build more), so no image that runs
+	// elsewhere has more; a hostile manifest of thousands would cost a descriptor, a record
+	// and a lower directory each.
+	MaxLayers = 128
 	// maxArchiveMembers bounds the members of an imported archive; an image has a few
 	// hundred layers at most, each one or a few members.
 	maxArchiveMembers = 10000
