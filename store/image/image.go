@@ -159,8 +159,7 @@ func (s *Store) LayerDirs(name string) ([]string, error) {
 }
 
 // Delete removes the record of the image name, refusing with image-in-use while a
-// reference to it remains (see [Tx.Delete]). Its layers stay until a Repair finds no image
-// referencing them.
+// reference to it remains, and the layers no other image names (see [Tx.Delete]).
 func (s *Store) Delete(ctx context.Context, name string) error {
 	if err := ValidateName(name); err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // fakeFetcher serves one image made of plain tar layers, counting fetches and opens. An
@@ -268,13 +269,14 @@ func TestCheckRepairsUnreferencedLayers(t *testing.T) {
 	if ps, err := s.Check(ctx, false); err != nil || len(ps) != 0 {
 		t.Fatalf("Check of a consistent store = %v, %v", ps, err)
 	}
-	// A live import holds a work lock: Repair reports the unreferenced layers but keeps
-	// them, since a live import's fresh layers are unreferenced too.
-	if err := s.Delete(ctx, "a"); err != nil {
-		t.Fatal(err)
-	}
+	// A live import holds a work lock: a deletion leaves the layers (the import may be
+	// about to record an image on them), and Repair reports them but keeps them, since a
+	// live import's fresh layers are unreferenced too.
 	w, err := s.lockWork(ctx, importKey(), true)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
 	ps, err := s.Check(ctx, true)
@@ -312,5 +314,44 @@ func TestPullBoundsLayers(t *testing.T) {
 	}
 	if n := f.opens.Load(); n != 0 {
 		t.Errorf("the refused pull opened %d layers; want none", n)
+	}
+}
+
+// TestDeleteRemovesLayers: deleting an image removes the layers no other image names, at
+// once, so that a check right after finds nothing (issue 37: check reported them as
+// unreferenced until the server's next start); a layer another image shares stays.
+func TestDeleteRemovesLayers(t *testing.T) {
+	needRoot(t)
+	t.Parallel()
+	shared, own := tarOf(t, file("shared", "1")), tarOf(t, file("own", "2"))
+	s, _ := openStore(t, Options{Fetcher: &fakeFetcher{layers: [][]byte{shared, own}}})
+	ctx := ctxT(t)
+	a, err := s.Pull(ctx, "example.com/a:1", "a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.opts.Fetcher = &fakeFetcher{layers: [][]byte{shared}}
+	if _, err := s.Pull(ctx, "example.com/b:1", "b", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ps, err := s.Check(ctx, false); err != nil || len(ps) != 0 {
+		t.Fatalf("Check right after a deletion = %v, %v; want nothing", ps, err)
+	}
+	for i, want := range []bool{true, false} {
+		dir, _ := s.LayerDir(a.Layers[i])
+		_, err := os.Lstat(filepath.Dir(dir))
+		if got := err == nil; got != want {
+			t.Errorf("layer %d (%s) present = %v (%v); want %v", i, a.Layers[i], got, err, want)
+		}
+	}
+	names, err := platform.ReadDirNames(s.layers)
+	if err != nil || len(names) != 1 {
+		t.Errorf("layers/sha256 holds %v (%v); want the shared layer alone", names, err)
+	}
+	if got := readLayerFile(t, s, a.Layers[0], "shared"); got != "1" {
+		t.Errorf("the shared layer's file = %q", got)
 	}
 }

@@ -273,11 +273,16 @@ func digestOf(sum []byte) string { return Algorithm + ":" + hex.EncodeToString(s
 type Tx struct {
 	f *os.File
 	s *Store
+	// detached are the layers a deletion took out of the store, removed once the lock is
+	// released (see collect.go).
+	detached []detached
 }
 
-// Unlock releases the lock.
+// Unlock releases the lock, then removes the files of the layers a deletion under it
+// detached.
 func (tx *Tx) Unlock() error {
-	return errors.Join(platform.Unlock(tx.f), tx.f.Close())
+	err := errors.Join(platform.Unlock(tx.f), tx.f.Close())
+	return errors.Join(err, tx.removeDetached())
 }
 
 func storeBusy() error {
