@@ -4,6 +4,10 @@
 // credentials from a docker-style config.json) and returns the image as an
 // [image.Source] whose layers are downloaded only when the image store opens them.
 //
+// A registry is not trusted: every request of a pull goes through a RoundTripper of this
+// package that bounds redirects and the bodies the pull holds in memory, and a manifest is
+// held to bounds on what it declares before anything it names is read (bounds.go).
+//
 // It is the HTTP client side of images and nothing else: it writes nothing to disk (the
 // image store unpacks and checks), and the store knows it only as an [image.Fetcher]. It is
 // apart from store/image because it links net/http, which no package below the handlers
