@@ -2018,8 +2018,9 @@ type ClientInterface interface {
 
 	// DeleteImage Delete an OCI image
 	//
-	// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
-	// once no image uses them. While a sandbox or a template generation uses the image it
+	// Deletes an OCI image's record and the layers no other image uses (while a pull or
+	// an import runs, those wait for the next start or `bothyd check --repair`). While a
+	// sandbox or a template generation uses the image it
 	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
 	// are not deleted (`invalid-request`).
 	//
@@ -2811,8 +2812,9 @@ func (c *Client) PullImage(ctx context.Context, body PullImageJSONRequestBody, r
 
 // DeleteImage Delete an OCI image
 //
-// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
-// once no image uses them. While a sandbox or a template generation uses the image it
+// Deletes an OCI image's record and the layers no other image uses (while a pull or
+// an import runs, those wait for the next start or `bothyd check --repair`). While a
+// sandbox or a template generation uses the image it
 // is refused with `image-in-use`, naming them. `host` and directories under `images/`
 // are not deleted (`invalid-request`).
 //
@@ -6476,8 +6478,9 @@ type ClientWithResponsesInterface interface {
 
 	// DeleteImageWithResponse Delete an OCI image
 	//
-	// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
-	// once no image uses them. While a sandbox or a template generation uses the image it
+	// Deletes an OCI image's record and the layers no other image uses (while a pull or
+	// an import runs, those wait for the next start or `bothyd check --repair`). While a
+	// sandbox or a template generation uses the image it
 	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
 	// are not deleted (`invalid-request`).
 	//
@@ -11521,8 +11524,9 @@ func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, body Pu
 
 // DeleteImageWithResponse Delete an OCI image
 //
-// Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
-// once no image uses them. While a sandbox or a template generation uses the image it
+// Deletes an OCI image's record and the layers no other image uses (while a pull or
+// an import runs, those wait for the next start or `bothyd check --repair`). While a
+// sandbox or a template generation uses the image it
 // is refused with `image-in-use`, naming them. `host` and directories under `images/`
 // are not deleted (`invalid-request`).
 //

@@ -939,8 +939,9 @@ export interface paths {
         post?: never;
         /**
          * Delete an OCI image
-         * @description Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
-         *     once no image uses them. While a sandbox or a template generation uses the image it
+         * @description Deletes an OCI image's record and the layers no other image uses (while a pull or
+         *     an import runs, those wait for the next start or `bothyd check --repair`). While a
+         *     sandbox or a template generation uses the image it
          *     is refused with `image-in-use`, naming them. `host` and directories under `images/`
          *     are not deleted (`invalid-request`).
          */
