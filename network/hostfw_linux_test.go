@@ -153,7 +153,9 @@ func TestBesideHostFirewall(t *testing.T) {
 					t.Fatalf("OpenHostFirewall = %+v; want ok", fw)
 				}
 			}
+			begin := time.Now()
 			w.m.OpenHostFirewall()
+			t.Logf("a look at a firewall already opened takes %v", time.Since(begin))
 			if got := perChain(); !mapsEqual(got, tc.want) {
 				t.Fatalf("after a restart and repeated looks, bothyd's rules per chain: %v; want %v", got, tc.want)
 			}
@@ -218,9 +220,11 @@ func mapsEqual(a, b map[string]int) bool {
 // host without any changes nothing.
 func TestHostFirewallFindings(t *testing.T) {
 	w := newWorld(t)
+	begin := time.Now()
 	if fw := w.m.OpenHostFirewall(); fw.State != FirewallOK {
 		t.Fatalf("with no other filter, OpenHostFirewall = %+v; want ok", fw)
 	}
+	t.Logf("a look with no other filter takes %v", time.Since(begin))
 	c, err := nftables.New(nftables.WithNetNSFd(int(w.host.Fd())))
 	must(t, err)
 	tables, err := c.ListTables()
