@@ -3,12 +3,14 @@
 package network
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
@@ -45,6 +47,10 @@ var (
 // dockerUserChain is where Docker documents that users' rules go: it is jumped to first from
 // FORWARD, and Docker keeps it, and what it holds, across its restarts.
 const dockerUserChain = "DOCKER-USER"
+
+// xtablesWait bounds, in seconds, how long an iptables command waits for the xtables lock
+// another program holds: a look runs under the Manager's lock, in a sandbox's setup.
+const xtablesWait = 5
 
 // HostFirewall returns what the last [Manager.OpenHostFirewall] found.
 func (m *Manager) HostFirewall() HostFirewall {
@@ -92,7 +98,6 @@ type finding struct {
 // that the iptables commands it runs work there too (a child inherits the namespace of the
 // thread that forks it).
 func (m *Manager) openHostFirewall() HostFirewall {
-	var found []finding
 	c, err := m.nft()
 	if err != nil {
 		return HostFirewall{State: FirewallUnknown, Detail: fmt.Sprintf("nftables could not be read: %v", err)}
@@ -101,6 +106,36 @@ func (m *Manager) openHostFirewall() HostFirewall {
 	if err != nil {
 		return HostFirewall{State: FirewallUnknown, Detail: fmt.Sprintf("nftables' chains could not be listed: %v", err)}
 	}
+	found, xtNFT := classify(c, chains)
+	if xtNFT != nil {
+		found = append(found, m.openXtables("iptables-nft", "nf_tables", xtNFT))
+	}
+	if legacyFilter() {
+		// The legacy tables are not nftables: their policies are only seen through the
+		// command, so each chain counts as present, its verdict unknown until then.
+		found = append(found, m.openXtables("iptables-legacy", "legacy", &xtChains{legacy: true,
+			forward: chainState{exists: true}, input: chainState{exists: true}}))
+	}
+	if len(found) == 0 {
+		return HostFirewall{State: FirewallOK, Detail: "no other filter is on the sandboxes' path"}
+	}
+	fw := HostFirewall{State: FirewallOK}
+	var details []string
+	for _, f := range found {
+		if rank(f.state) > rank(fw.State) {
+			fw.State = f.state
+		}
+		details = append(details, f.detail)
+	}
+	fw.Detail = strings.Join(details, "; ")
+	return fw
+}
+
+// classify judges the foreign base chains on the forward and input hooks: firewalld's and
+// those that drop by policy are findings; iptables-nft's filter table is returned, to be
+// opened with its command.
+func classify(c *nftables.Conn, chains []*nftables.Chain) ([]finding, *xtChains) {
+	var found []finding
 	var xtNFT *xtChains
 	for _, ch := range chains {
 		if ch.Hooknum == nil || ch.Table == nil {
@@ -120,7 +155,7 @@ func (m *Manager) openHostFirewall() HostFirewall {
 		case fam == nftables.TableFamilyINet && tbl == tableName:
 			// bothyd's own.
 		case fam == nftables.TableFamilyIPv4 && tbl == "filter" && (ch.Name == "FORWARD" || ch.Name == "INPUT"):
-			// iptables-nft's filter table: opened with the iptables command below.
+			// iptables-nft's filter table: opened with the iptables command.
 			if xtNFT == nil {
 				xtNFT = &xtChains{}
 			}
@@ -144,28 +179,7 @@ func (m *Manager) openHostFirewall() HostFirewall {
 				ch.Name, familyName(fam), tbl, ifPrefix+"*", ifPrefix+"*")})
 		}
 	}
-	if xtNFT != nil {
-		found = append(found, m.openXtables("iptables-nft", "nf_tables", xtNFT))
-	}
-	if legacyFilter() {
-		// The legacy tables are not nftables: their policies are only seen through the
-		// command, so each chain counts as present, its verdict unknown until then.
-		found = append(found, m.openXtables("iptables-legacy", "legacy", &xtChains{legacy: true,
-			forward: chainState{exists: true}, input: chainState{exists: true}}))
-	}
-	if len(found) == 0 {
-		return HostFirewall{State: FirewallOK, Detail: "no other filter is on the sandboxes' path"}
-	}
-	fw := HostFirewall{State: FirewallOK}
-	var details []string
-	for _, f := range found {
-		if rank(f.state) > rank(fw.State) {
-			fw.State = f.state
-		}
-		details = append(details, f.detail)
-	}
-	fw.Detail = strings.Join(details, "; ")
-	return fw
+	return found, xtNFT
 }
 
 func rank(state string) int {
@@ -277,20 +291,22 @@ func (m *Manager) openXtables(backend, mode string, known *xtChains) finding {
 // iptables-legacy), or plain iptables when that is the backend's.
 func xtablesCommand(backend, mode string) (*iptables.IPTables, error) {
 	if p, err := exec.LookPath(backend); err == nil {
-		return iptables.New(iptables.Path(p))
+		return iptables.New(iptables.Path(p), iptables.Timeout(xtablesWait))
 	}
 	p, err := exec.LookPath("iptables")
 	if err != nil {
 		return nil, fmt.Errorf("neither %s nor iptables is in PATH", backend)
 	}
-	out, err := exec.Command(p, "--version").Output()
+	ctx, cancel := context.WithTimeout(context.Background(), xtablesWait*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, p, "--version").Output()
 	if err != nil {
 		return nil, fmt.Errorf("%s --version: %w", p, err)
 	}
 	if !strings.Contains(string(out), "("+mode+")") {
 		return nil, fmt.Errorf("%s is not %s (%s)", p, backend, strings.TrimSpace(string(out)))
 	}
-	return iptables.New(iptables.Path(p))
+	return iptables.New(iptables.Path(p), iptables.Timeout(xtablesWait))
 }
 
 // needsOpening reports whether a built-in chain, as `iptables -S` lists it, could drop: its
