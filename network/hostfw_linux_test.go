@@ -262,3 +262,35 @@ func TestHostFirewallFindings(t *testing.T) {
 		t.Fatal("a look made iptables' filter table where there was none")
 	}
 }
+
+// TestDockerStartedAfter shows that rules put at the top of FORWARD move to DOCKER-USER once
+// Docker has made it (Docker started after bothyd), and that the sandbox keeps its way out.
+func TestDockerStartedAfter(t *testing.T) {
+	needCommand(t, "iptables-nft")
+	w := newWorld(t)
+	w.xt(t, "iptables-nft", "-P", "FORWARD", "DROP")
+	s := w.sandbox(t, "box", Policy{Allow: []string{"allowed.test"}})
+	s.resolves("allowed.test", allowedHost.String())
+	chains := func() []string {
+		var out []string
+		for _, l := range w.bothyRules(t, "iptables-nft") {
+			out = append(out, strings.Fields(l)[1])
+		}
+		return out
+	}
+	if got := chains(); !slices.Equal(got, []string{"FORWARD", "FORWARD"}) {
+		t.Fatalf("before Docker, bothyd's rules are in %v; want FORWARD's top", got)
+	}
+	for _, r := range dockerRules[1:] {
+		w.xt(t, "iptables-nft", r...)
+	}
+	w.xt(t, "iptables-nft", "-I", "FORWARD", "-j", "DOCKER-USER") // Docker puts its jump first
+	if fw := w.m.OpenHostFirewall(); fw.State != FirewallOK || !strings.Contains(fw.Detail, "DOCKER-USER") {
+		t.Fatalf("after Docker, OpenHostFirewall = %+v; want ok, at DOCKER-USER", fw)
+	}
+	if got := chains(); !slices.Equal(got, []string{"DOCKER-USER", "DOCKER-USER"}) {
+		t.Fatalf("after Docker, bothyd's rules are in %v; want DOCKER-USER alone", got)
+	}
+	s.reachable(allowedHost.String(), 80)
+	s.unreachable(otherHost.String(), 80)
+}
