@@ -56,6 +56,9 @@ const xtablesWait = 5
 func (m *Manager) HostFirewall() HostFirewall {
 	m.fwMu.Lock()
 	defer m.fwMu.Unlock()
+	if m.fw.State == "" {
+		return HostFirewall{State: FirewallUnknown, Detail: "bothy has not looked at the host's firewall yet"}
+	}
 	return m.fw
 }
 
@@ -159,8 +162,12 @@ func classify(c *nftables.Conn, chains []*nftables.Chain) ([]finding, *xtChains)
 			if xtNFT == nil {
 				xtNFT = &xtChains{}
 			}
-			rules, err := c.GetRules(ch.Table, ch)
-			st := chainState{exists: true, drops: drops, rules: len(rules), err: err}
+			st := chainState{exists: true, drops: drops}
+			if rules, err := c.GetRules(ch.Table, ch); err != nil {
+				st.rules = 1 // unread: it may have rules
+			} else {
+				st.rules = len(rules)
+			}
 			if ch.Name == "FORWARD" {
 				xtNFT.forward = st
 			} else {
@@ -214,7 +221,6 @@ func legacyFilter() bool {
 type chainState struct {
 	exists, drops bool
 	rules         int // its rules, bothyd's own included
-	err           error
 }
 
 // xtChains is what is known of one backend's filter table before its command is run.
