@@ -14,6 +14,7 @@ import (
 
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 )
 
 // The host's own firewall.
@@ -65,10 +66,11 @@ func (m *Manager) HostFirewall() HostFirewall {
 // OpenHostFirewall finds the foreign filters on the sandboxes' path in the Manager's
 // namespace (iptables' filter table, nft or legacy backend; firewalld's table; any other
 // nftables base chain that drops by policy), makes sure that bothyd's accept rules are in
-// iptables' filter table, exactly once, and returns (and keeps, for [Manager.HostFirewall])
-// what it found. It is idempotent, cheap where there is no foreign filter (one netlink
-// listing), and logs a line only when the state differs from the last call's. It changes no
-// other filter than iptables' filter table, and that only where one exists.
+// iptables' filter table, exactly once, and that its interfaces are in firewalld's trusted
+// zone, and returns (and keeps, for [Manager.HostFirewall]) what it found. It is idempotent,
+// cheap where there is no foreign filter (one netlink listing), and logs a line only when the
+// state differs from the last call's. It changes nothing else, and iptables' filter table
+// only where one exists.
 func (m *Manager) OpenHostFirewall() HostFirewall {
 	m.fwMu.Lock()
 	defer m.fwMu.Unlock()
@@ -109,7 +111,10 @@ func (m *Manager) openHostFirewall() HostFirewall {
 	if err != nil {
 		return HostFirewall{State: FirewallUnknown, Detail: fmt.Sprintf("nftables' chains could not be listed: %v", err)}
 	}
-	found, xtNFT := classify(c, chains)
+	found, xtNFT, firewalld := classify(c, chains)
+	if firewalld != nil {
+		found = append(found, openFirewalld(c, firewalld))
+	}
 	if xtNFT != nil {
 		found = append(found, m.openXtables("iptables-nft", "nf_tables", xtNFT))
 	}
@@ -134,12 +139,13 @@ func (m *Manager) openHostFirewall() HostFirewall {
 	return fw
 }
 
-// classify judges the foreign base chains on the forward and input hooks: firewalld's and
-// those that drop by policy are findings; iptables-nft's filter table is returned, to be
-// opened with its command.
-func classify(c *nftables.Conn, chains []*nftables.Chain) ([]finding, *xtChains) {
+// classify judges the foreign base chains on the forward and input hooks: those that drop by
+// policy are findings; iptables-nft's filter table and firewalld's table are returned, to be
+// opened with their commands.
+func classify(c *nftables.Conn, chains []*nftables.Chain) ([]finding, *xtChains, *nftables.Table) {
 	var found []finding
 	var xtNFT *xtChains
+	var firewalld *nftables.Table
 	for _, ch := range chains {
 		if ch.Hooknum == nil || ch.Table == nil {
 			continue
@@ -174,11 +180,7 @@ func classify(c *nftables.Conn, chains []*nftables.Chain) ([]finding, *xtChains)
 				xtNFT.input = st
 			}
 		case fam == nftables.TableFamilyINet && tbl == "firewalld":
-			if hook == *nftables.ChainHookForward {
-				found = append(found, finding{FirewallUnknown, "firewalld filters forwarded traffic by zone (table inet firewalld), " +
-					"and bothy does not change firewalld's configuration: put bothy's interfaces in a zone that accepts " +
-					"forwarded traffic, e.g. firewall-cmd --permanent --zone=trusted --add-interface=" + ifPrefix + "+ && firewall-cmd --reload"})
-			}
+			firewalld = ch.Table
 		case drops:
 			found = append(found, finding{FirewallBlocked, fmt.Sprintf("the nftables chain %s of table %s %s drops by policy "+
 				"what bothy's table does not decide, and bothy does not change other programs' nftables tables: accept "+
@@ -186,7 +188,81 @@ func classify(c *nftables.Conn, chains []*nftables.Chain) ([]finding, *xtChains)
 				ch.Name, familyName(fam), tbl, ifPrefix+"*", ifPrefix+"*")})
 		}
 	}
-	return found, xtNFT
+	return found, xtNFT, firewalld
+}
+
+// firewalldZone is the zone bothyd puts its interfaces in: its target accepts what comes in
+// from them, to the host and forwarded. bothyd's own chains, at the same hooks, still drop
+// what a sandbox's policy does not allow and everything to the host but its resolver.
+const firewalldZone = "trusted"
+
+// openFirewalld puts bothyd's interfaces ("sbxd+", a name firewalld matches as a prefix) in
+// firewalld's trusted zone, through firewall-cmd, firewalld's sanctioned interface, in its
+// runtime configuration only: bothyd leaves firewalld's permanent configuration to the host's
+// owner, and looks again at its next start and at each sandbox's setup, so a reload of
+// firewalld (which drops the runtime configuration) is repaired then. Interfaces that someone
+// put in another zone stay there. Whether they are in a zone is read from firewalld's table,
+// so a look where they are costs no command.
+func openFirewalld(c *nftables.Conn, t *nftables.Table) finding {
+	binding := ifPrefix + "+"
+	zone, err := firewalldZoneOf(c, t)
+	switch {
+	case err != nil:
+		return finding{FirewallUnknown, fmt.Sprintf("firewalld: its zones could not be read from table inet firewalld: %v", err)}
+	case zone == firewalldZone:
+		return finding{FirewallOK, fmt.Sprintf("firewalld: bothy's interfaces (%s) are in zone %s", binding, zone)}
+	case zone != "":
+		return finding{FirewallUnknown, fmt.Sprintf("firewalld: bothy's interfaces (%s) are in zone %s, which bothy leaves as it "+
+			"was chosen; they need a zone that accepts forwarded traffic, such as %s", binding, zone, firewalldZone)}
+	}
+	p, err := exec.LookPath("firewall-cmd")
+	if err != nil {
+		return finding{FirewallUnknown, fmt.Sprintf("firewalld filters forwarded traffic by zone (table inet firewalld), and bothy "+
+			"found no firewall-cmd to put its interfaces in a zone (%v): install firewalld's firewall-cmd, or run "+
+			"firewall-cmd --permanent --zone=%s --add-interface=%s && firewall-cmd --reload", err, firewalldZone, binding)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), firewallCmdWait)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, p, "--zone="+firewalldZone, "--add-interface="+binding).CombinedOutput()
+	if err != nil {
+		return finding{FirewallBlocked, fmt.Sprintf("firewalld: firewall-cmd --zone=%s --add-interface=%s failed (%v: %s): "+
+			"put bothy's interfaces in a zone that accepts forwarded traffic", firewalldZone, binding, err, strings.TrimSpace(string(out)))}
+	}
+	if zone, err := firewalldZoneOf(c, t); err != nil || zone != firewalldZone {
+		return finding{FirewallUnknown, fmt.Sprintf("firewalld: firewall-cmd put bothy's interfaces (%s) in zone %s, and its table "+
+			"does not show it (%q, %v)", binding, firewalldZone, zone, err)}
+	}
+	return finding{FirewallOK, fmt.Sprintf("firewalld: bothy put its interfaces (%s) in zone %s (runtime configuration: "+
+		"a reload of firewalld drops it until bothy's next look)", binding, firewalldZone)}
+}
+
+// firewallCmdWait bounds a firewall-cmd run: a look runs under the Manager's lock.
+const firewallCmdWait = 15 * time.Second
+
+// firewalldZoneOf returns the zone firewalld dispatches forwarded traffic from bothyd's
+// interfaces to ("" when none): the rule `iifname "sbxd*" goto filter_FWD_<zone>` of its
+// chain filter_FORWARD_ZONES.
+func firewalldZoneOf(c *nftables.Conn, t *nftables.Table) (string, error) {
+	rules, err := c.GetRules(t, &nftables.Chain{Name: "filter_FORWARD_ZONES", Table: t})
+	if err != nil {
+		return "", err
+	}
+	for _, r := range rules {
+		var iif, ours bool
+		for _, e := range r.Exprs {
+			switch e := e.(type) {
+			case *expr.Meta:
+				iif = e.Key == expr.MetaKeyIIFNAME
+			case *expr.Cmp:
+				ours = ours || iif && e.Op == expr.CmpOpEq && string(e.Data) == ifPrefix
+			case *expr.Verdict:
+				if zone, ok := strings.CutPrefix(e.Chain, "filter_FWD_"); ok && ours {
+					return zone, nil
+				}
+			}
+		}
+	}
+	return "", nil
 }
 
 func rank(state string) int {

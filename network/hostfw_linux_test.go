@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -247,6 +248,7 @@ func TestHostFirewallFindings(t *testing.T) {
 	c.AddChain(&nftables.Chain{Name: "filter_FORWARD", Table: firewalld, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	must(t, c.Flush())
+	t.Setenv("PATH", t.TempDir()) // no firewall-cmd (TestBesideFirewalld runs it)
 	fw = w.m.OpenHostFirewall()
 	if fw.State != FirewallUnknown || !strings.Contains(fw.Detail, "firewalld") {
 		t.Fatalf("beside firewalld, OpenHostFirewall = %+v; want unknown, naming firewalld", fw)
@@ -293,4 +295,88 @@ func TestDockerStartedAfter(t *testing.T) {
 	}
 	s.reachable(allowedHost.String(), 80)
 	s.unreachable(otherHost.String(), 80)
+}
+
+// startFirewalld runs firewalld in the world's host namespace, on a D-Bus system bus of the
+// test's own (DBUS_SYSTEM_BUS_ADDRESS, which firewall-cmd, the Manager's included, follows),
+// and waits until it answers.
+func startFirewalld(t *testing.T, w *world) {
+	t.Helper()
+	for _, cmd := range []string{"firewalld", "firewall-cmd", "dbus-daemon"} {
+		needCommand(t, cmd)
+	}
+	dir := t.TempDir()
+	bus := "unix:path=" + filepath.Join(dir, "bus")
+	daemon := func(name string, args ...string) {
+		cmd := exec.Command(name, args...)
+		must(t, inNS(t, w.host, cmd.Start))
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+		})
+	}
+	daemon("dbus-daemon", "--system", "--nofork", "--nopidfile", "--address="+bus)
+	t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", bus)
+	daemon("firewalld", "--nofork", "--nopid")
+	deadline := time.Now().Add(120 * time.Second) // python, and its ruleset, on shared cores
+	for exec.Command("firewall-cmd", "--state").Run() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("firewalld did not answer within 120 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func firewallCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("firewall-cmd", args...).CombinedOutput(); err != nil {
+		t.Fatalf("firewall-cmd %v: %v: %s", args, err, out)
+	}
+}
+
+// TestBesideFirewalld shows that firewalld's default rules (forwarded traffic from an
+// interface of no zone is rejected) drop a sandbox's allowed host, that bothy's interfaces in
+// its trusted zone let it through and no more, and that their removal (a reload of
+// firewalld's) is repaired at the next look. firewalld runs in the test's namespace.
+func TestBesideFirewalld(t *testing.T) {
+	w := newWorld(t)
+	begin := time.Now()
+	startFirewalld(t, w)
+	t.Logf("firewalld answered after %v", time.Since(begin))
+	begin = time.Now()
+	s := w.sandbox(t, "box", Policy{Allow: []string{"allowed.test"}})
+	t.Logf("Setup took %v", time.Since(begin))
+	if fw := w.m.HostFirewall(); fw.State != FirewallOK || !strings.Contains(fw.Detail, "zone trusted") {
+		t.Fatalf("after Setup beside firewalld, HostFirewall = %+v; want ok, in zone trusted", fw)
+	}
+	s.resolves("allowed.test", allowedHost.String())
+	s.reachable(allowedHost.String(), 80)
+	s.unreachable(otherHost.String(), 80)
+	inboundDropped(t, w, s)
+
+	// Without bothy's interfaces in a zone (as a reload of firewalld leaves them, its runtime
+	// configuration gone), firewalld rejects the allowed host: the regression. The next look
+	// puts them back.
+	firewallCmd(t, "--zone=trusted", "--remove-interface=sbxd+")
+	s.unreachable(allowedHost.String(), 80)
+	if fw := w.m.OpenHostFirewall(); fw.State != FirewallOK {
+		t.Fatalf("after the interfaces left the zone, OpenHostFirewall = %+v; want ok", fw)
+	}
+	s.reachable(allowedHost.String(), 80)
+	s.unreachable(otherHost.String(), 80)
+
+	// Interfaces someone put in another zone stay there, and that is said.
+	firewallCmd(t, "--zone=trusted", "--remove-interface=sbxd+")
+	firewallCmd(t, "--zone=public", "--add-interface=sbxd+")
+	if fw := w.m.OpenHostFirewall(); fw.State != FirewallUnknown || !strings.Contains(fw.Detail, "zone public") {
+		t.Fatalf("with bothy's interfaces in zone public, OpenHostFirewall = %+v; want unknown, naming the zone", fw)
+	}
+	firewallCmd(t, "--zone=public", "--remove-interface=sbxd+")
+
+	// Without firewall-cmd, the zone cannot be chosen, and that is said.
+	t.Setenv("PATH", t.TempDir())
+	if fw := w.m.OpenHostFirewall(); fw.State != FirewallUnknown || !strings.Contains(fw.Detail, "firewall-cmd") {
+		t.Fatalf("without firewall-cmd, OpenHostFirewall = %+v; want unknown, naming firewall-cmd", fw)
+	}
+	s.unreachable(allowedHost.String(), 80)
 }

@@ -108,7 +108,8 @@ const (
 	// open it; the detail says which, and what to do.
 	FirewallBlocked = "blocked"
 	// FirewallUnknown: a foreign filter is on the path whose verdict bothyd cannot judge
-	// (firewalld's zones, iptables-legacy without its command).
+	// (its interfaces in a firewalld zone someone else chose, iptables-legacy or firewalld
+	// without its command).
 	FirewallUnknown = "unknown"
 )
 

@@ -868,8 +868,8 @@ type HealthStatus string
 // `ok`: nothing else on the path drops it, or the server added accept rules for its own
 // interfaces where it does (see docs/network.md). `blocked`: a rule the server could not
 // open drops it; `detail` says which and what to do. `unknown`: a filter is on the path
-// whose verdict the server cannot judge (firewalld's zones, iptables-legacy without its
-// command).
+// whose verdict the server cannot judge (its interfaces in a firewalld zone someone else
+// chose, iptables-legacy or firewalld without its command).
 type HostFirewall struct {
 	// Detail Example: iptables-nft: bothy's accept rules for its interfaces are at DOCKER-USER
 	Detail string            `json:"detail"`
@@ -1010,8 +1010,8 @@ type Info struct {
 		// `ok`: nothing else on the path drops it, or the server added accept rules for its own
 		// interfaces where it does (see docs/network.md). `blocked`: a rule the server could not
 		// open drops it; `detail` says which and what to do. `unknown`: a filter is on the path
-		// whose verdict the server cannot judge (firewalld's zones, iptables-legacy without its
-		// command).
+		// whose verdict the server cannot judge (its interfaces in a firewalld zone someone else
+		// chose, iptables-legacy or firewalld without its command).
 		HostFirewall HostFirewall `json:"host_firewall"`
 	} `json:"network,omitempty"`
 

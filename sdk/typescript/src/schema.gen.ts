@@ -1852,8 +1852,8 @@ export interface components {
          *     `ok`: nothing else on the path drops it, or the server added accept rules for its own
          *     interfaces where it does (see docs/network.md). `blocked`: a rule the server could not
          *     open drops it; `detail` says which and what to do. `unknown`: a filter is on the path
-         *     whose verdict the server cannot judge (firewalld's zones, iptables-legacy without its
-         *     command).
+         *     whose verdict the server cannot judge (its interfaces in a firewalld zone someone else
+         *     chose, iptables-legacy or firewalld without its command).
          */
         HostFirewall: {
             /** @enum {string} */
