@@ -47,6 +47,9 @@ type Manager struct {
 	lim            limits
 	conns, pending gate
 	rl             *perkey.Logger
+	// fwMu orders the looks at the host's firewall; fw is the last one's finding.
+	fwMu sync.Mutex
+	fw   HostFirewall
 }
 
 // sandbox is a set-up sandbox's live state: its policy, its resolver and what it pinned.
@@ -237,6 +240,10 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 	if err := m.filter(sb, rules); err != nil {
 		return att, err
 	}
+	// A firewall started or reloaded since bothyd's start (Docker's, ufw's) may have come
+	// between: its rules are looked at again, before the interface exists. What it finds is
+	// reported, not a failure: the sandbox's own filter is in place either way.
+	m.OpenHostFirewall()
 	if err := m.plumb(a, att, target); err != nil {
 		return att, err
 	}

@@ -353,6 +353,7 @@ func serve(o *options, log *slog.Logger) error {
 		Images:           sup,
 		OnExec:           mx.OnExec,
 		Storage:          health.Status,
+		HostFirewall:     netw.hostFirewall(),
 		NoFileLimit:      noFile,
 		Links:            links,
 	})
