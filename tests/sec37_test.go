@@ -206,10 +206,10 @@ func TestStreamFloodFromOneClient(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 400 {
 		req := events
-		switch {
-		case i%4 == 1:
+		switch i % 4 {
+		case 1:
 			req = watch
-		case i%4 == 2:
+		case 2:
 			req = "" // an idle connection
 		}
 		wg.Add(1)
