@@ -2133,8 +2133,9 @@ export interface components {
             };
         };
         /**
-         * @description `limit-reached`: the sandbox, or the server, has as many port connections or links as
-         *     it allows (see `/v1/info`); retry once some have closed or expired.
+         * @description `limit-reached`: the sandbox, the client or the server holds as many port
+         *     connections, links, streams or connections as it allows (see `/v1/info` and
+         *     docs/security.md, "Bounds"); retry once some have closed or expired.
          */
         TooManyRequests: {
             headers: {
