@@ -3,7 +3,11 @@ package tests
 import (
 	"bufio"
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -353,5 +358,77 @@ func credentialForms(secret string) map[string]string {
 		"base64":           base64.StdEncoding.EncodeToString(b),
 		"base64, unpadded": base64.RawStdEncoding.EncodeToString(b),
 		"base64url":        base64.RawURLEncoding.EncodeToString(b),
+	}
+}
+
+// envdAccessToken is sandbox id's E2B envd access token under token (e2b.Handler's).
+func envdAccessToken(token, id string) string {
+	m := hmac.New(sha256.New, []byte(token))
+	m.Write([]byte("bothyd e2b envd access token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// TestWatchFloodFromOneClient (issue 37, item 4): one client opening E2B WatchDir streams on
+// a running sandbox holds MaxStreamsPerClient of them and is answered 429 past that, while
+// another client's watch still opens and /healthz answers.
+func TestWatchFloodFromOneClient(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	const perClientStreams = 32 // server.MaxStreamsPerClient
+	d := startDaemon(t)
+	d.create("watched", true)
+	addr := strings.TrimPrefix(d.URL, "http://")
+	var body bytes.Buffer
+	msg := []byte(`{"path":"/tmp"}`)
+	body.WriteByte(0)
+	_ = binary.Write(&body, binary.BigEndian, uint32(len(msg)))
+	body.Write(msg)
+	watch := "POST /filesystem.Filesystem/WatchDir HTTP/1.1\r\nHost: " + addr + "\r\nE2b-Sandbox-Id: watched\r\n" +
+		"X-Access-Token: " + envdAccessToken(d.Token, "watched") + "\r\nContent-Type: application/connect+json\r\n" +
+		"Content-Length: " + strconv.Itoa(body.Len()) + "\r\n\r\n" + body.String()
+	// open sends a watch from local and returns the status and the connection, held open.
+	open := func(local string) (int, net.Conn) {
+		c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}).Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.WriteString(c, watch); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("a watch from %s: %v", local, err)
+		}
+		if resp.StatusCode == http.StatusOK {
+			// The start event arrives once the watch is set up: the watch is held.
+			var head [5]byte
+			if _, err := io.ReadFull(resp.Body, head[:]); err != nil || head[0] != 0 {
+				t.Fatalf("a watch from %s: no start event (%v, flags %d)", local, err, head[0])
+			}
+		}
+		_ = c.SetDeadline(time.Time{})
+		return resp.StatusCode, c
+	}
+	held := 0
+	for range perClientStreams + 8 {
+		switch status, _ := open("127.0.0.6"); status {
+		case http.StatusOK:
+			held++
+		case http.StatusTooManyRequests:
+		default:
+			t.Fatalf("a watch of the flood: %d", status)
+		}
+	}
+	if held != perClientStreams {
+		t.Fatalf("one client holds %d watches, want its %d", held, perClientStreams)
+	}
+	if status, _ := open("127.0.0.1"); status != http.StatusOK {
+		t.Fatalf("another client's watch during the flood: %d", status)
+	}
+	if r := d.do("GET", "/healthz", nil, nil); r.Status != 200 {
+		t.Fatalf("/healthz during the flood: %d", r.Status)
 	}
 }
