@@ -251,7 +251,9 @@ func TestStreamFloodFromOneClient(t *testing.T) {
 	}(); status != http.StatusOK {
 		t.Fatalf("another client's event stream during the flood: %d", status)
 	}
-	if fds, bound := openFDs(t, pid), before+perClientConns+refusing+16; fds > bound {
+	fds, bound := openFDs(t, pid), before+perClientConns+refusing+16
+	t.Logf("the server's descriptors: %d before the flood, %d during it (bound %d)", before, fds, bound)
+	if fds > bound {
 		t.Fatalf("the server holds %d descriptors during one client's flood, more than %d (%d before it)", fds, bound, before)
 	}
 }
