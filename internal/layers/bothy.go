@@ -10,9 +10,12 @@ import (
 // leaf helper that the sandbox side may use (an ids or names package) is [Sandbox]: the
 // sandbox rules then keep it free of host-side imports, and the host may still use it.
 var Classes = map[string]Class{
-	"agent":                  Sandbox,
-	"control":                Sandbox,
-	"errcode":                Sandbox,
+	"agent":   Sandbox,
+	"control": Sandbox,
+	"errcode": Sandbox,
+	// The rate-limited log handler: a leaf on the standard library, for the server and
+	// for whatever logs what a sandbox causes (issue 37).
+	"internal/ratelog":       Sandbox,
 	"naming":                 Sandbox,
 	"platform":               Sandbox,
 	"record":                 Sandbox,
@@ -50,14 +53,14 @@ var Classes = map[string]Class{
 	"openapi":                               HTTP,
 	"openapi/stream":                        HTTP,
 	"openapi/client":                        HTTP,
-	"sdk/go/bothy":                       HTTP,
+	"sdk/go/bothy":                          HTTP,
 	"server":                                HTTP,
 	// The registry client links net/http, which no package below the handlers may; the
 	// image store knows it only as an image.Fetcher.
 	"store/image/registry": HTTP,
 	"web":                  HTTP,
 
-	"cmd/bothy":       Command,
+	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
 	"cmd/bothyd-runtime": Command,
 	"cmd/bothyload":      Command,
