@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -208,6 +209,15 @@ type countedConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+}
+
+// ReadFrom keeps the connection's own ReadFrom (sendfile and splice for a *net.TCPConn),
+// which net/http uses when it copies a file to a response.
+func (c *countedConn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
 }
 
 func (c *countedConn) Close() error {
