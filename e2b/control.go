@@ -23,9 +23,6 @@ import (
 // have it (one with a '-') is invisible to E2B's list.
 var sandboxID = regexp.MustCompile(`^[a-z0-9]+$`)
 
-// labelKey is bothyd's form of a label key, which a metadata key must have to become one.
-var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
-
 // The template name that means bothyd's default image, as E2B's default template.
 const baseTemplate = "base"
 
@@ -224,12 +221,14 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 		Env:       b.EnvVars,
 		Start:     true,
 	}
-	for k := range b.Metadata {
-		if !labelKey.MatchString(k) {
-			return req, errcode.Invalid("metadata", "The metadata key %q cannot be a bothyd label: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
-		}
+	// Metadata becomes bothyd's labels, held to the rules of bothyd's own create.
+	if err := naming.CheckLabels(b.Metadata); err != nil {
+		return req, errcode.Invalid("metadata", "The metadata cannot be bothyd's labels: %v.", err)
 	}
 	req.Labels = b.Metadata
+	if err := naming.CheckEnv(b.EnvVars); err != nil {
+		return req, errcode.Invalid("envVars", "The envVars are not valid: %v.", err)
+	}
 	policy, err := networkPolicy(b.AllowInternetAccess, b.Network)
 	if err != nil {
 		return req, err

@@ -11,7 +11,10 @@
 // of the in-sandbox daemon, envd (files, processes), is addressed by the headers
 // E2b-Sandbox-Id and E2b-Sandbox-Port, which the SDKs set on every envd call when
 // E2B_SANDBOX_URL names one origin for all sandboxes. [Claims] tells the two apart from
-// bothyd's own routes, so [Handler] mounts in front of bothyd's router on its listener.
+// bothyd's own routes, so [Handler] mounts in front of bothyd's router on its listener, but
+// behind the guards every route of that listener passes (package server: the Host and Origin
+// checks, the body deadline, the per-client bounds); [IsUpload] and [IsStream] tell the server
+// which calls are uploads and which are long-lived.
 //
 // # Credentials
 //

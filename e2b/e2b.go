@@ -117,6 +117,27 @@ func Claims(r *http.Request) bool {
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/")
 }
 
+// IsUpload reports whether r, which [Claims] claims, is a file upload (envd's POST
+// /files), whose body may be large and slow: bothyd's server bounds its pauses rather than
+// its whole time.
+func IsUpload(r *http.Request) bool {
+	return r.Header.Get(SandboxHeader) != "" && r.Method == http.MethodPost && r.URL.Path == "/files"
+}
+
+// streamProcedures are the envd plane's calls that last as long as their client (or their
+// process) likes: bothyd's server counts them against the client's streams.
+var streamProcedures = map[string]bool{
+	"/process.Process/Start":          true,
+	"/process.Process/Connect":        true,
+	"/process.Process/StreamInput":    true,
+	"/filesystem.Filesystem/WatchDir": true,
+}
+
+// IsStream reports whether r, which [Claims] claims, is one of the long-lived calls.
+func IsStream(r *http.Request) bool {
+	return r.Header.Get(SandboxHeader) != "" && streamProcedures[r.URL.Path]
+}
+
 // ServeHTTP dispatches to the envd plane or the control plane.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get(SandboxHeader) != "" {

@@ -32,9 +32,11 @@ func (h *Handler) envdRoutes() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /files", h.readFile)
 	m.HandleFunc("POST /files", h.writeFiles)
-	p, ph := processconnect.NewProcessHandler(&processService{h: h})
+	// A Connect message is bounded like a control-plane body: none of envd's is larger.
+	limit := connect.WithReadMaxBytes(maxJSONBytes)
+	p, ph := processconnect.NewProcessHandler(&processService{h: h}, limit)
 	m.Handle(p, ph)
-	f, fh := filesystemconnect.NewFilesystemHandler(&filesystemService{h: h})
+	f, fh := filesystemconnect.NewFilesystemHandler(&filesystemService{h: h}, limit)
 	m.Handle(f, fh)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "bothyd's envd does not implement %s %s (see docs/e2b.md).", r.Method, r.URL.Path)

@@ -20,9 +20,11 @@ import (
 // Bounds of the polled watchers, which live in bothyd's memory: how many there are at
 // once, and how long one lives without being polled.
 const (
-	maxWatchers   = 1024
-	watcherIdle   = 10 * time.Minute
-	maxPolledKept = control.MaxWatchQueued
+	maxWatchers = 1024
+	// maxSandboxWatchers bounds one sandbox's share of them.
+	maxSandboxWatchers = 64
+	watcherIdle        = 10 * time.Minute
+	maxPolledKept      = control.MaxWatchQueued
 )
 
 // errOverflow ends a watch whose events were lost: E2B's events have no way to say so.
@@ -182,13 +184,21 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	}
 	t := &s.h.watchers
 	t.sweep(time.Now())
+	id, user, root := sandboxOf(ctx), userOfHeader(req.Header()), path.Clean(req.Msg.Path)
 	t.mu.Lock()
-	n := len(t.byID)
+	n, mine := len(t.byID), 0
+	for _, p := range t.byID {
+		if p.sandbox == id {
+			mine++
+		}
+	}
 	t.mu.Unlock()
 	if n >= maxWatchers {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers exist, the most bothyd keeps; remove one", maxWatchers))
 	}
-	id, user, root := sandboxOf(ctx), userOfHeader(req.Header()), path.Clean(req.Msg.Path)
+	if mine >= maxSandboxWatchers {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("sandbox %s has %d watchers, the most one sandbox may; remove one", id, maxSandboxWatchers))
+	}
 	// The watch outlives this call: it lasts until RemoveWatcher or its idle end.
 	w, err := s.h.sup.WatchDir(context.WithoutCancel(ctx), id, root, user, watchOptions(req.Msg.Recursive, req.Msg.AllowNetworkMounts))
 	if err != nil {

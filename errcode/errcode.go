@@ -60,8 +60,8 @@ const (
 
 	// PortUnreachable: nothing listens on the sandbox's port (a port connection).
 	PortUnreachable Code = "port-unreachable"
-	// LimitReached: the sandbox, or the server, has as many port connections (or port
-	// links) as it allows.
+	// LimitReached: the sandbox, the client or the server holds as many of something as it
+	// may: port connections, port links, connections, streams (docs/security.md, "Bounds").
 	LimitReached Code = "limit-reached"
 	// PidsLimit: a command could not start because the sandbox's processes are at its pids
 	// limit (resources.pids).

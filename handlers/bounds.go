@@ -81,12 +81,12 @@ func (b *bounds) admitExec() (release func(), err error) {
 	return b.once(func() { b.execs-- }), nil
 }
 
-// admitEventStream counts an event stream, or refuses it with unavailable.
+// admitEventStream counts an event stream, or refuses it with limit-reached (429).
 func (b *bounds) admitEventStream() (release func(), err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.events >= MaxEventStreams {
-		return nil, errcode.New(errcode.Unavailable,
+		return nil, errcode.New(errcode.LimitReached,
 			"The server has %d event streams open, the most it takes; close one, or retry shortly.", MaxEventStreams)
 	}
 	b.events++

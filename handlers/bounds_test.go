@@ -66,7 +66,7 @@ func TestExecAndEventBounds(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := b.admitEventStream(); errcode.Of(err) != errcode.Unavailable {
-		t.Fatalf("one event stream past the bound: %v, want unavailable", err)
+	if _, err := b.admitEventStream(); errcode.Of(err) != errcode.LimitReached {
+		t.Fatalf("one event stream past the bound: %v, want limit-reached", err)
 	}
 }

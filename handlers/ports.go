@@ -223,14 +223,45 @@ func proxyErrText(err error) string {
 }
 
 // stripCredentials removes the API's credentials from a request the service will see: the
-// bearer token and the access_token parameter. The service never learns them.
+// Authorization header and every access_token parameter, however its name is escaped
+// (access%5Ftoken, access_token+, twice-escaped): the server does not take a token from a
+// port URL, but one pasted there must still never reach the service. Other parameters are
+// passed on as they came.
 func stripCredentials(r *http.Request) {
 	r.Header.Del("Authorization")
-	if r.URL.RawQuery != "" && strings.Contains(r.URL.RawQuery, "access_token") {
-		q := r.URL.Query()
-		q.Del("access_token")
-		r.URL.RawQuery = q.Encode()
+	r.Header.Del("Proxy-Authorization")
+	if r.URL.RawQuery == "" {
+		return
 	}
+	parts := strings.Split(r.URL.RawQuery, "&")
+	kept := parts[:0]
+	for _, p := range parts {
+		name, _, _ := strings.Cut(p, "=")
+		if !isTokenParam(name) {
+			kept = append(kept, p)
+		}
+	}
+	r.URL.RawQuery = strings.Join(kept, "&")
+	r.URL.ForceQuery = false
+}
+
+// isTokenParam reports whether a raw query parameter's name, unescaped as many times as a
+// service might, is access_token (in any case, with any spaces or semicolons around it). A
+// name that does not unescape is taken for one too: no service can read it reliably.
+func isTokenParam(raw string) bool {
+	name := raw
+	for range 4 {
+		u, err := url.QueryUnescape(name)
+		if err != nil {
+			return strings.Contains(strings.ToLower(name), "access")
+		}
+		if u == name {
+			break
+		}
+		name = u
+	}
+	name = strings.ToLower(strings.Trim(name, " \t;"))
+	return name == "access_token" || strings.HasSuffix(name, ";access_token")
 }
 
 // PortTunnel serves GET /v1/sandboxes/{id}/ports/{port}/tcp: one TCP connection to the

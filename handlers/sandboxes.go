@@ -3,17 +3,14 @@ package handlers
 import (
 	"context"
 	"encoding/base64"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/naming"
 	"github.com/bothy/bothy/openapi"
 	"github.com/bothy/bothy/supervisor"
 )
-
-// labelKey is the rule for label keys, which OpenAPI 3.0 cannot express for map keys.
-var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
 
 func (h *Handlers) CreateSandbox(ctx context.Context, req openapi.CreateSandboxRequestObject) (openapi.CreateSandboxResponseObject, error) {
 	body := req.Body
@@ -125,12 +122,11 @@ func cloneLimits(r *openapi.ResourcesRequest) *supervisor.Resources {
 	return &supervisor.Resources{VCPUs: or0(r.Vcpus), MemoryMB: or0(r.MemoryMb), Pids: or0(r.Pids)}
 }
 
-// checkLabels refuses a label key that is not valid.
+// checkLabels refuses labels that break the label rules (naming.CheckLabels, which E2B's
+// metadata is held to as well).
 func checkLabels(labels map[string]string) error {
-	for k := range labels {
-		if !labelKey.MatchString(k) {
-			return errcode.Invalid("labels", "The label key %q is not valid: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit.", k)
-		}
+	if err := naming.CheckLabels(labels); err != nil {
+		return errcode.Invalid("labels", "The labels are not valid: %v.", err)
 	}
 	return nil
 }
@@ -173,7 +169,7 @@ func (h *Handlers) ListSandboxes(_ context.Context, req openapi.ListSandboxesReq
 	if p.Label != nil {
 		for _, sel := range *p.Label {
 			k, v, ok := strings.Cut(sel, "=")
-			if !ok || !labelKey.MatchString(k) {
+			if !ok || !naming.ValidLabelKey(k) {
 				return nil, errcode.Invalid("label", "The label selector %q is not of the form key=value.", sel)
 			}
 			selectors[k] = v

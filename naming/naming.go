@@ -18,6 +18,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
 )
 
 // MaxIDLen is the longest id, in bytes (all of an id's characters are ASCII).
@@ -128,4 +131,83 @@ func RandomAlnum(n int) string {
 		b[i] = alphabet[int(b[i])%len(alphabet)]
 	}
 	return string(b)
+}
+
+// The label rules, part of the API contract (openapi/openapi.yaml's Labels, LabelKey and
+// LabelValue): every way a sandbox gets labels (bothyd's create, E2B's metadata) checks them
+// here, so that none is looser than another.
+const (
+	// MaxLabels is the most labels a sandbox has.
+	MaxLabels = 64
+	// MaxLabelLen is the longest label key, and the longest label value.
+	MaxLabelLen = 63
+)
+
+var (
+	labelKey   = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
+	labelValue = regexp.MustCompile(`^[A-Za-z0-9._-]{0,63}$`)
+)
+
+// ValidLabelKey reports whether k is a label key: 1-63 of a-z 0-9 . _ / -, starting and
+// ending with a letter or a digit.
+func ValidLabelKey(k string) bool { return labelKey.MatchString(k) }
+
+// ValidLabelValue reports whether v is a label value: up to 63 of A-Z a-z 0-9 . _ -.
+func ValidLabelValue(v string) bool { return labelValue.MatchString(v) }
+
+// CheckLabels says which rule labels break, as a sentence a caller can put in its answer,
+// or returns nil. Keys are checked in sorted order, so that the answer does not vary.
+func CheckLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fmt.Errorf("there are %d labels, more than the %d a sandbox may have", len(labels), MaxLabels)
+	}
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !ValidLabelKey(k) {
+			return fmt.Errorf("the label key %q is not valid: use 1-63 of a-z 0-9 . _ / - starting and ending with a letter or digit", k)
+		}
+		if !ValidLabelValue(labels[k]) {
+			return fmt.Errorf("the value of label %q is not valid: use up to 63 of A-Z a-z 0-9 . _ -", k)
+		}
+	}
+	return nil
+}
+
+// The environment rules of the API contract (openapi/openapi.yaml's EnvVar): every way a
+// sandbox or a process gets an environment checks them here.
+const (
+	// MaxEnv is the most variables a sandbox's environment has.
+	MaxEnv = 256
+	// MaxEnvEntry is the longest KEY=VALUE entry.
+	MaxEnvEntry = 32768
+)
+
+var envKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
+
+// CheckEnv says which rule env breaks, as a sentence, or returns nil.
+func CheckEnv(env map[string]string) error {
+	if len(env) > MaxEnv {
+		return fmt.Errorf("there are %d environment variables, more than the %d allowed", len(env), MaxEnv)
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := env[k]
+		switch {
+		case !envKey.MatchString(k):
+			return fmt.Errorf("the environment variable name %q is not valid: use letters, digits and '_', not starting with a digit, at most 256", k)
+		case len(k)+1+len(v) > MaxEnvEntry:
+			return fmt.Errorf("the environment variable %s is longer than %d bytes", k, MaxEnvEntry)
+		case strings.IndexByte(v, 0) >= 0:
+			return fmt.Errorf("the value of the environment variable %s holds a NUL byte", k)
+		}
+	}
+	return nil
 }

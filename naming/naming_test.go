@@ -138,3 +138,59 @@ func TestRandomHex(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckLabels: the label rules of the contract, the one check bothyd's create and E2B's
+// metadata share.
+func TestCheckLabels(t *testing.T) {
+	t.Parallel()
+	many := map[string]string{}
+	for i := range MaxLabels + 1 {
+		many[strings.Repeat("k", 1+i%60)+string(rune('a'+i%26))+strings.Repeat("0", i/26)] = "v"
+	}
+	tests := []struct {
+		name   string
+		labels map[string]string
+		ok     bool
+	}{
+		{"none", nil, true},
+		{"plain", map[string]string{"team": "grading", "job": "42", "a.b/c_d-e": ""}, true},
+		{"63-character key and value", map[string]string{strings.Repeat("k", 63): strings.Repeat("v", 63)}, true},
+		{"64-character key", map[string]string{strings.Repeat("k", 64): "v"}, false},
+		{"64-character value", map[string]string{"k": strings.Repeat("v", 64)}, false},
+		{"a value with spaces", map[string]string{"k": "a b"}, false},
+		{"an uppercase key", map[string]string{"Team": "x"}, false},
+		{"a key ending in a dash", map[string]string{"team-": "x"}, false},
+		{"65 labels", many, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if err := CheckLabels(tt.labels); (err == nil) != tt.ok {
+				t.Fatalf("CheckLabels: %v, want ok=%v", err, tt.ok)
+			}
+		})
+	}
+	if len(many) != MaxLabels+1 {
+		t.Fatalf("the test's map has %d labels", len(many))
+	}
+}
+
+// TestCheckEnv: the environment rules of the contract.
+func TestCheckEnv(t *testing.T) {
+	t.Parallel()
+	for name, tt := range map[string]struct {
+		env map[string]string
+		ok  bool
+	}{
+		"plain":          {map[string]string{"PATH": "/bin", "_x1": ""}, true},
+		"digit first":    {map[string]string{"1X": "v"}, false},
+		"a dash":         {map[string]string{"A-B": "v"}, false},
+		"a NUL":          {map[string]string{"A": "a\x00b"}, false},
+		"a long entry":   {map[string]string{"A": strings.Repeat("v", MaxEnvEntry)}, false},
+		"the longest ok": {map[string]string{"A": strings.Repeat("v", MaxEnvEntry-2)}, true},
+	} {
+		if err := CheckEnv(tt.env); (err == nil) != tt.ok {
+			t.Errorf("%s: CheckEnv: %v, want ok=%v", name, err, tt.ok)
+		}
+	}
+}

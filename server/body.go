@@ -94,7 +94,7 @@ func (s *Server) guardBody(total, idle time.Duration) func(http.Handler) http.Ha
 				return
 			}
 			b := &guardedBody{ReadCloser: r.Body, rc: http.NewResponseController(w), limit: total}
-			if isFileUpload(r) || isPortProxyRequest(r) {
+			if s.isUpload(r) {
 				b.idle = idle
 			} else {
 				// A server without a connection to set deadlines on (a test's recorder) has
@@ -106,4 +106,17 @@ func (s *Server) guardBody(total, idle time.Duration) func(http.Handler) http.Ha
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// isForeign reports whether the foreign API (Config.Foreign) serves r.
+func (s *Server) isForeign(r *http.Request) bool { return s.foreignClaims != nil && s.foreignClaims(r) }
+
+// isUpload reports whether r's body is bounded by its pauses rather than in total: a file
+// upload, a port proxy's request (its service's body, of any size), or the foreign API's
+// uploads.
+func (s *Server) isUpload(r *http.Request) bool {
+	if s.isForeign(r) {
+		return s.foreignUpload(r)
+	}
+	return isFileUpload(r) || isPortProxyRequest(r)
 }

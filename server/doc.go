@@ -29,5 +29,14 @@
 // can still reach. To keep such pages out, a tokenless server accepts only loopback Host
 // headers (which defeats DNS rebinding), and every server refuses a request whose Origin
 // header names another origin than the one it serves, unless that origin is allowed by
-// configuration.
+// configuration. These checks come before every route the listener serves, the foreign API
+// (E2B's) included, and so do the body guard and the per-client bounds (clients.go): a route
+// mounted outside them would be a way around them.
+//
+// # Clients
+//
+// A client is a remote IP. The listener holds at most so many connections per client and in
+// all (LimitListener), and the long-lived requests (streams, tunnels, proxied requests) are
+// counted per client too; past either bound the answer is 429 limit-reached, so that one
+// client's flood leaves the server's descriptors, /healthz and other clients alone.
 package server

@@ -176,8 +176,9 @@ func (s *Server) checkBrowser(next http.Handler) http.Handler {
 			return
 		}
 		// A port proxy's requests are its service's: its pages run in an opaque origin
-		// (their answers are sandboxed), so their own requests carry Origin: null.
-		if origin := r.Header.Get("Origin"); origin != "" && !isPortProxyRequest(r) && !s.originAllowed(origin, r.Host) {
+		// (their answers are sandboxed), so their own requests carry Origin: null. A
+		// foreign API's requests are never a port proxy's, whatever their path.
+		if origin := r.Header.Get("Origin"); origin != "" && !(isPortProxyRequest(r) && !s.isForeign(r)) && !s.originAllowed(origin, r.Host) {
 			s.writeProblem(w, r, errcode.New(errcode.Forbidden,
 				"Requests from the origin %q are not allowed; open the dashboard from this server, or allow the origin with --allowed-origin.", origin))
 			return
@@ -220,6 +221,11 @@ func isLoopbackHost(hostport string) bool {
 // authenticate requires the bearer token on every route that needs one. Websocket routes
 // (which browsers cannot give headers) also accept it as the access_token query parameter.
 func (s *Server) authenticate(queryTokenOK bool) func(http.Handler) http.Handler {
+	return s.authenticateSaying(queryTokenOK, "This server needs its API token: send it as 'Authorization: Bearer <token>'.")
+}
+
+// authenticateSaying is authenticate with its own refusal.
+func (s *Server) authenticateSaying(queryTokenOK bool, refusal string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		if s.token == "" {
 			return next
@@ -233,8 +239,7 @@ func (s *Server) authenticate(queryTokenOK bool) func(http.Handler) http.Handler
 				got = r.URL.Query().Get("access_token")
 			}
 			if got == "" || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
-				s.writeProblem(w, r, errcode.New(errcode.Unauthorized,
-					"This server needs its API token: send it as 'Authorization: Bearer <token>'."))
+				s.writeProblem(w, r, errcode.New(errcode.Unauthorized, "%s", refusal))
 				return
 			}
 			next.ServeHTTP(w, r)

@@ -21,23 +21,33 @@ type PortRoutes struct {
 // portRoutes mounts the port routes. The proxies are not validated against the contract:
 // their query, body and headers are the service's, whatever it takes. Their bodies are
 // bounded as file uploads are (a service may take large ones), and the API token, which the
-// proxy never passes on, may come as access_token for a browser. A link's route is open: the
-// link is its credential, checked by its handler.
+// proxy never passes on, comes in the Authorization header alone (see authenticatePort). A
+// link's route is open: the link is its credential, checked by its handler. Each proxied
+// request, tunnel and link request counts against its client's streams.
 func (s *Server) portRoutes(r chi.Router, cfg Config) {
 	r.Group(func(r chi.Router) {
-		r.Use(s.authenticate(true), s.limitBody(cfg.MaxFileBytes))
+		r.Use(s.authenticatePort, s.limitBody(cfg.MaxFileBytes), s.boundStreams(nil))
 		r.Handle("/v1/sandboxes/{id}/ports/{port}", s.handle(cfg.Ports.Proxy))
 		r.Handle("/v1/sandboxes/{id}/ports/{port}/*", s.handle(cfg.Ports.Proxy))
 	})
 	r.Group(func(r chi.Router) {
-		r.Use(s.authenticate(true), s.validate)
+		r.Use(s.authenticate(true), s.validate, s.boundStreams(nil))
 		r.Get("/v1/sandboxes/{id}/ports/{port}/tcp", s.handle(cfg.Ports.Tunnel))
 	})
 	r.Group(func(r chi.Router) {
-		r.Use(s.limitBody(cfg.MaxFileBytes))
+		r.Use(s.limitBody(cfg.MaxFileBytes), s.boundStreams(nil))
 		r.Handle("/p/{token}", s.handle(cfg.Ports.Link))
 		r.Handle("/p/{token}/*", s.handle(cfg.Ports.Link))
 	})
+}
+
+// authenticatePort authenticates a port proxy's request by its Authorization header alone.
+// The access_token parameter is not taken there (issue 37): a page opened with the token in
+// its URL could read it, and send it on in Referer. A browser opens a port through a link
+// (/p/{token}/), which reaches that port alone.
+func (s *Server) authenticatePort(next http.Handler) http.Handler {
+	return s.authenticateSaying(false,
+		"This port needs the API token in 'Authorization: Bearer <token>'; a browser opens a port through a link (POST /v1/sandboxes/{id}/ports/{port}/links), never with the token in its URL.")(next)
 }
 
 // isPortProxyPath reports whether path is served by a port proxy (not the tunnel, not the

@@ -57,6 +57,9 @@ type Config struct {
 	// the headers; BodyIdleTimeout bounds a pause in a file upload. Zero: the defaults.
 	BodyTimeout     time.Duration
 	BodyIdleTimeout time.Duration
+	// MaxConns and MaxConnsPerClient bound the listener's open connections (Serve); zero:
+	// DefaultMaxConns and DefaultMaxConnsPerClient.
+	MaxConns, MaxConnsPerClient int
 
 	// Routes outside the strict interface; nil ones answer 501 not-implemented.
 	ExecStream HandlerFunc
@@ -66,10 +69,17 @@ type Config struct {
 	Ports      PortRoutes
 
 	// Foreign, if set, serves every request that ForeignClaims claims, ahead of bothyd's
-	// own routes and outside their authentication (it brings its own): E2B's API (package
-	// e2b, docs/e2b.md), whose paths none of bothyd's routes use.
+	// own routes and outside their authentication (it brings its own), but behind the same
+	// guards: the Host and Origin checks, the body deadline, the per-client bounds, and an
+	// error answer that does not wait for an unread body. It is E2B's API (package e2b,
+	// docs/e2b.md), whose paths none of bothyd's routes use. ForeignUpload says which of its
+	// requests are file uploads, whose bodies are bounded by pauses rather than in total;
+	// ForeignStream which hold their connection as long as the client likes (streams,
+	// watches), and count against the client's streams.
 	Foreign       http.Handler
 	ForeignClaims func(*http.Request) bool
+	ForeignUpload func(*http.Request) bool
+	ForeignStream func(*http.Request) bool
 
 	// OnProblem, if set, is told of every problem response (for the errors-by-code metric).
 	// It must not block.
@@ -89,6 +99,12 @@ type Server struct {
 	validator      *validator
 	onProblem      func(errcode.Code, int)
 	classifyError  func(error) error
+	// The foreign API's classifiers (see Config.Foreign); nil without one.
+	foreignClaims, foreignUpload, foreignStream func(*http.Request) bool
+
+	// streams counts the long-lived requests per client (boundStreams).
+	streams               *counter
+	maxConns, maxConnsPer int
 
 	// now is the clock of login codes' expiry; tests replace it.
 	now func() time.Time
@@ -119,6 +135,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.BodyIdleTimeout <= 0 {
 		cfg.BodyIdleTimeout = DefaultBodyIdleTimeout
 	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxConnsPerClient <= 0 {
+		cfg.MaxConnsPerClient = DefaultMaxConnsPerClient
+	}
 	v, err := newValidator(openapi.Spec)
 	if err != nil {
 		return nil, err
@@ -131,6 +153,20 @@ func New(cfg Config) (*Server, error) {
 		onProblem:      cfg.OnProblem,
 		classifyError:  cfg.ClassifyError,
 		now:            time.Now,
+		streams:        &counter{per: MaxStreamsPerClient, total: MaxStreams},
+		maxConns:       cfg.MaxConns,
+		maxConnsPer:    cfg.MaxConnsPerClient,
+	}
+	if cfg.Foreign != nil && cfg.ForeignClaims != nil {
+		s.foreignClaims = cfg.ForeignClaims
+		s.foreignUpload = cfg.ForeignUpload
+		s.foreignStream = cfg.ForeignStream
+		if s.foreignUpload == nil {
+			s.foreignUpload = func(*http.Request) bool { return false }
+		}
+		if s.foreignStream == nil {
+			s.foreignStream = func(*http.Request) bool { return false }
+		}
 	}
 	s.handler = s.routes(cfg)
 	return s, nil
@@ -166,10 +202,12 @@ func (s *Server) routes(cfg Config) http.Handler {
 	// The body guard comes before anything that could answer, so that every answer to a
 	// request whose body is unread closes the connection (writeProblem).
 	r.Use(requestID, s.accessLog, s.recoverer)
-	if cfg.Foreign != nil && cfg.ForeignClaims != nil {
-		r.Use(foreign(cfg.Foreign, cfg.ForeignClaims))
-	}
+	// Every route the listener serves, the foreign ones included, passes the body guard and
+	// the browser checks (issue 37): a foreign API is no way around them.
 	r.Use(s.guardBody(cfg.BodyTimeout, cfg.BodyIdleTimeout), s.checkBrowser)
+	if s.foreignClaims != nil {
+		r.Use(foreign(s.boundStreams(s.foreignStream)(s.answerWithoutBody(cfg.Foreign)), s.foreignClaims))
+	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, errcode.New(errcode.NotFound, "There is no route %s; see /openapi.yaml for the API.", r.URL.Path))
 	})
@@ -217,7 +255,7 @@ func (s *Server) routes(cfg Config) http.Handler {
 	// Browsers cannot set headers on a websocket or an EventSource, so these routes also take
 	// ?access_token=.
 	r.Group(func(r chi.Router) {
-		r.Use(s.authenticate(true), s.validate)
+		r.Use(s.authenticate(true), s.validate, s.boundStreams(nil))
 		r.Get("/v1/sandboxes/{id}/exec/stream", s.handle(cfg.ExecStream))
 		r.Get("/v1/events", s.handle(cfg.Events))
 	})
@@ -369,7 +407,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		defer cancel()
 		done <- hs.Shutdown(sctx)
 	}()
-	if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := hs.Serve(LimitListener(ln, s.maxConns, s.maxConnsPer)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return <-done

@@ -3,7 +3,9 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -54,6 +56,19 @@ func (h held) drop() {
 // other than want fails the test.
 func (d *daemon) hold(path string, want int) held {
 	d.t.Helper()
+	return d.holdFrom(nil, path, want)
+}
+
+// fromAddr is a client of the local address ip (an address of lo, 127.0.0.0/8): a client of
+// its own to the server's per-client bounds.
+func fromAddr(ip string) *http.Client {
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+}
+
+// holdFrom is hold with the client base (nil: the daemon's own).
+func (d *daemon) holdFrom(base *http.Client, path string, want int) held {
+	d.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, "GET", d.URL+path, nil)
 	if err != nil {
@@ -61,7 +76,7 @@ func (d *daemon) hold(path string, want int) held {
 	}
 	req.Header.Set("Authorization", "Bearer "+d.Token)
 	// A connection of its own: a held body keeps its connection busy.
-	resp, err := d.checkedClient(nil).Do(req)
+	resp, err := d.checkedClient(base).Do(req)
 	if err != nil {
 		cancel()
 		d.t.Fatalf("GET %s: %v", path, err)
@@ -146,7 +161,9 @@ func TestBoundsFileOps(t *testing.T) {
 }
 
 // TestBoundsEventStreams: the open /v1/events streams are bounded server-wide; past the bound
-// a stream is refused 503 unavailable (before it opens), and closing one lets the next in.
+// a stream is refused 429 limit-reached (before it opens), and closing one lets the next in.
+// The streams come from several clients (addresses of lo), since one client holds at most
+// server.MaxStreamsPerClient.
 func TestBoundsEventStreams(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t)
@@ -157,14 +174,14 @@ func TestBoundsEventStreams(t *testing.T) {
 			s.drop()
 		}
 	})
-	for range bound {
-		s := d.hold("/v1/events", 200)
+	for i := range bound {
+		s := d.holdFrom(fromAddr(fmt.Sprintf("127.0.0.%d", 10+i/16)), "/v1/events", 200)
 		if ct := s.resp.Header.Get("Content-Type"); ct != "text/event-stream" {
 			t.Fatalf("an admitted event stream has Content-Type %q", ct)
 		}
 		streams = append(streams, s)
 	}
-	p := wantProblem(t, d.do("GET", "/v1/events", nil, nil), 503, "unavailable")
+	p := wantProblem(t, d.do("GET", "/v1/events", nil, nil), 429, "limit-reached")
 	t.Logf("past the bound: %s", p.Detail)
 	// Other requests are not affected by the streams' bound.
 	d.mustStatus(200, "GET", "/v1/info", nil)
@@ -191,5 +208,5 @@ func TestBoundsEventStreams(t *testing.T) {
 	})
 	streams = append(streams, next)
 	// The one slot freed is taken again.
-	wantProblem(t, d.do("GET", "/v1/events", nil, nil), 503, "unavailable")
+	wantProblem(t, d.do("GET", "/v1/events", nil, nil), 429, "limit-reached")
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/bothy/bothy/e2b"
 	"github.com/bothy/bothy/events"
 	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/internal/ratelog"
 	"github.com/bothy/bothy/internal/systemd"
 	"github.com/bothy/bothy/metrics"
 	"github.com/bothy/bothy/network"
@@ -339,6 +340,9 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Every line a remote client can cause (access log, refusals, E2B's and the handlers'
+	// lines) goes through a rate limit per message (issue 37): a flood cannot fill the log.
+	rlog := ratelog.Logger(log)
 	h, err := handlers.New(handlers.Config{
 		Supervisor:       sup,
 		DefaultResources: store.Resources(namespace.DefaultResources),
@@ -348,7 +352,7 @@ func serve(o *options, log *slog.Logger) error {
 		MaxGenerationAge: o.templateMaxAge,
 		MaxJSONBytes:     server.DefaultMaxJSONBytes,
 		MaxFileBytes:     server.DefaultMaxFileBytes,
-		Logger:           log,
+		Logger:           rlog,
 		Events:           bus,
 		Images:           sup,
 		OnExec:           mx.OnExec,
@@ -363,19 +367,22 @@ func serve(o *options, log *slog.Logger) error {
 	// E2B's API on the same listener (docs/e2b.md): its paths and its envd header are none
 	// of bothyd's.
 	e2bAPI := e2b.New(e2b.Config{
-		Supervisor: sup, Token: token, Logger: log,
+		Supervisor: sup, Token: token, Logger: rlog,
 		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
 		MaxFileBytes: server.DefaultMaxFileBytes,
 	})
 	srv, err := server.New(server.Config{
 		Foreign:        e2bAPI,
 		ForeignClaims:  e2b.Claims,
+		ForeignUpload:  e2b.IsUpload,
+		ForeignStream:  e2b.IsStream,
+		MaxConns:       maxConns(noFile),
 		Handlers:       h,
 		Token:          token,
 		AllowedOrigins: o.allowedOrigins,
-		Logger:         log,
+		Logger:         rlog,
 		ExecStream:     h.ExecStream,
-		Events:         h.BoundEvents((&events.Handler{Bus: bus, Logger: log}).ServeEvents),
+		Events:         h.BoundEvents((&events.Handler{Bus: bus, Logger: rlog}).ServeEvents),
 		Metrics:        mx.Handler(),
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,

@@ -10,9 +10,12 @@ import (
 // leaf helper that the sandbox side may use (an ids or names package) is [Sandbox]: the
 // sandbox rules then keep it free of host-side imports, and the host may still use it.
 var Classes = map[string]Class{
-	"agent":                  Sandbox,
-	"control":                Sandbox,
-	"errcode":                Sandbox,
+	"agent":   Sandbox,
+	"control": Sandbox,
+	"errcode": Sandbox,
+	// The rate-limited log handler: a leaf on the standard library, for the server and
+	// for whatever logs what a sandbox causes (issue 37).
+	"internal/ratelog":       Sandbox,
 	"naming":                 Sandbox,
 	"platform":               Sandbox,
 	"record":                 Sandbox,

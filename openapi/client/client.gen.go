@@ -2366,8 +2366,10 @@ type ClientInterface interface {
 	//
 	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-	// it and without the API token: for sharing a preview. The link reaches that port of that
-	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// it and without the API token: for sharing a preview, and the way a browser opens a
+	// port (the port routes take no token in a URL). The link reaches that port of that
+	// sandbox only, never the API; the pages it serves can read their own URL, and so the
+	// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 	// and can be revoked; links are recorded in the state root, so that a restart keeps
 	// them, and their revocations too. A sandbox deleted and created again under the same
 	// id does not inherit its links. The token is shown only in this answer.
@@ -2381,8 +2383,10 @@ type ClientInterface interface {
 	//
 	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-	// it and without the API token: for sharing a preview. The link reaches that port of that
-	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// it and without the API token: for sharing a preview, and the way a browser opens a
+	// port (the port routes take no token in a URL). The link reaches that port of that
+	// sandbox only, never the API; the pages it serves can read their own URL, and so the
+	// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 	// and can be revoked; links are recorded in the state root, so that a restart keeps
 	// them, and their revocations too. A sandbox deleted and created again under the same
 	// id does not inherit its links. The token is shown only in this answer.
@@ -3370,8 +3374,10 @@ func (c *Client) PauseSandbox(ctx context.Context, id SandboxIDPath, params *Pau
 //
 // Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 // websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-// it and without the API token: for sharing a preview. The link reaches that port of that
-// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// it and without the API token: for sharing a preview, and the way a browser opens a
+// port (the port routes take no token in a URL). The link reaches that port of that
+// sandbox only, never the API; the pages it serves can read their own URL, and so the
+// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 // and can be revoked; links are recorded in the state root, so that a restart keeps
 // them, and their revocations too. A sandbox deleted and created again under the same
 // id does not inherit its links. The token is shown only in this answer.
@@ -3395,8 +3401,10 @@ func (c *Client) CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, p
 //
 // Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 // websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-// it and without the API token: for sharing a preview. The link reaches that port of that
-// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// it and without the API token: for sharing a preview, and the way a browser opens a
+// port (the port routes take no token in a URL). The link reaches that port of that
+// sandbox only, never the API; the pages it serves can read their own URL, and so the
+// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 // and can be revoked; links are recorded in the state root, so that a restart keeps
 // them, and their revocations too. A sandbox deleted and created again under the same
 // id does not inherit its links. The token is shown only in this answer.
@@ -6848,8 +6856,10 @@ type ClientWithResponsesInterface interface {
 	//
 	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-	// it and without the API token: for sharing a preview. The link reaches that port of that
-	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// it and without the API token: for sharing a preview, and the way a browser opens a
+	// port (the port routes take no token in a URL). The link reaches that port of that
+	// sandbox only, never the API; the pages it serves can read their own URL, and so the
+	// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 	// and can be revoked; links are recorded in the state root, so that a restart keeps
 	// them, and their revocations too. A sandbox deleted and created again under the same
 	// id does not inherit its links. The token is shown only in this answer.
@@ -6863,8 +6873,10 @@ type ClientWithResponsesInterface interface {
 	//
 	// Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 	// websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-	// it and without the API token: for sharing a preview. The link reaches that port of that
-	// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+	// it and without the API token: for sharing a preview, and the way a browser opens a
+	// port (the port routes take no token in a URL). The link reaches that port of that
+	// sandbox only, never the API; the pages it serves can read their own URL, and so the
+	// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 	// and can be revoked; links are recorded in the state root, so that a restart keeps
 	// them, and their revocations too. A sandbox deleted and created again under the same
 	// id does not inherit its links. The token is shown only in this answer.
@@ -7520,6 +7532,8 @@ type StreamEventsResponse struct {
 	ApplicationProblemJSON401 *Unauthorized
 	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
 	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
@@ -7543,6 +7557,11 @@ func (r StreamEventsResponse) GetApplicationProblemJSON401() *Unauthorized {
 // GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
 func (r StreamEventsResponse) GetApplicationProblemJSON403() *Forbidden {
 	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r StreamEventsResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -8724,6 +8743,8 @@ type ExecStreamResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
@@ -8762,6 +8783,11 @@ func (r ExecStreamResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
 func (r ExecStreamResponse) GetApplicationProblemJSON423() *Locked {
 	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ExecStreamResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -12020,8 +12046,10 @@ func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id S
 //
 // Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 // websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-// it and without the API token: for sharing a preview. The link reaches that port of that
-// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// it and without the API token: for sharing a preview, and the way a browser opens a
+// port (the port routes take no token in a URL). The link reaches that port of that
+// sandbox only, never the API; the pages it serves can read their own URL, and so the
+// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 // and can be revoked; links are recorded in the state root, so that a restart keeps
 // them, and their revocations too. A sandbox deleted and created again under the same
 // id does not inherit its links. The token is shown only in this answer.
@@ -12041,8 +12069,10 @@ func (c *ClientWithResponses) CreatePortLinkWithBodyWithResponse(ctx context.Con
 //
 // Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
 // websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-// it and without the API token: for sharing a preview. The link reaches that port of that
-// sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+// it and without the API token: for sharing a preview, and the way a browser opens a
+// port (the port routes take no token in a URL). The link reaches that port of that
+// sandbox only, never the API; the pages it serves can read their own URL, and so the
+// link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
 // and can be revoked; links are recorded in the state root, so that a restart keeps
 // them, and their revocations too. A sandbox deleted and created again under the same
 // id does not inherit its links. The token is shown only in this answer.
@@ -12763,6 +12793,13 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 			return nil, err
 		}
 		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
@@ -13883,6 +13920,13 @@ func ParseExecStreamResponse(rsp *http.Response) (*ExecStreamResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError

@@ -145,6 +145,9 @@ type NotFound = Problem
 // NotImplemented An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotImplemented = Problem
 
+// TooManyRequests An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+type TooManyRequests = Problem
+
 // Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 

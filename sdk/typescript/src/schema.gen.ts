@@ -504,8 +504,10 @@ export interface paths {
          * Make a link that opens the port without the API token
          * @description Makes a signed link, `/p/{token}/`, on this server's listener, that proxies HTTP (and
          *     websockets) to the port as `/v1/sandboxes/{id}/ports/{port}/` does, for whoever holds
-         *     it and without the API token: for sharing a preview. The link reaches that port of that
-         *     sandbox only, never the API. It expires after `ttl_s` (default 3600, at most 604800)
+         *     it and without the API token: for sharing a preview, and the way a browser opens a
+         *     port (the port routes take no token in a URL). The link reaches that port of that
+         *     sandbox only, never the API; the pages it serves can read their own URL, and so the
+         *     link, but nothing of the API's. It expires after `ttl_s` (default 3600, at most 604800)
          *     and can be revoked; links are recorded in the state root, so that a restart keeps
          *     them, and their revocations too. A sandbox deleted and created again under the same
          *     id does not inherit its links. The token is shown only in this answer.
@@ -567,9 +569,12 @@ export interface paths {
          * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
          *     OPTIONS; each is described here under its own operation id), to
          *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
-         *     sandbox without any network, and takes no exec lock. The query, the body and the
-         *     headers are passed on but for the API's credentials (`Authorization`, the
-         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     sandbox without any network, and takes no exec lock. The API token is taken from
+         *     `Authorization` alone, never from the URL (a page served with the token in its URL
+         *     could read it, and send it on in `Referer`): a browser opens a port through a link
+         *     (`POST /v1/sandboxes/{id}/ports/{port}/links`, then `/p/{token}/`). The query, the
+         *     body and the headers are passed on but for the API's credentials (`Authorization`,
+         *     and any `access_token` parameter, however escaped) and hop-by-hop headers; `X-Forwarded-For`,
          *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
          *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
          *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
@@ -586,9 +591,12 @@ export interface paths {
          * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
          *     OPTIONS; each is described here under its own operation id), to
          *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
-         *     sandbox without any network, and takes no exec lock. The query, the body and the
-         *     headers are passed on but for the API's credentials (`Authorization`, the
-         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     sandbox without any network, and takes no exec lock. The API token is taken from
+         *     `Authorization` alone, never from the URL (a page served with the token in its URL
+         *     could read it, and send it on in `Referer`): a browser opens a port through a link
+         *     (`POST /v1/sandboxes/{id}/ports/{port}/links`, then `/p/{token}/`). The query, the
+         *     body and the headers are passed on but for the API's credentials (`Authorization`,
+         *     and any `access_token` parameter, however escaped) and hop-by-hop headers; `X-Forwarded-For`,
          *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
          *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
          *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
@@ -605,9 +613,12 @@ export interface paths {
          * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
          *     OPTIONS; each is described here under its own operation id), to
          *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
-         *     sandbox without any network, and takes no exec lock. The query, the body and the
-         *     headers are passed on but for the API's credentials (`Authorization`, the
-         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     sandbox without any network, and takes no exec lock. The API token is taken from
+         *     `Authorization` alone, never from the URL (a page served with the token in its URL
+         *     could read it, and send it on in `Referer`): a browser opens a port through a link
+         *     (`POST /v1/sandboxes/{id}/ports/{port}/links`, then `/p/{token}/`). The query, the
+         *     body and the headers are passed on but for the API's credentials (`Authorization`,
+         *     and any `access_token` parameter, however escaped) and hop-by-hop headers; `X-Forwarded-For`,
          *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
          *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
          *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
@@ -624,9 +635,12 @@ export interface paths {
          * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
          *     OPTIONS; each is described here under its own operation id), to
          *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
-         *     sandbox without any network, and takes no exec lock. The query, the body and the
-         *     headers are passed on but for the API's credentials (`Authorization`, the
-         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     sandbox without any network, and takes no exec lock. The API token is taken from
+         *     `Authorization` alone, never from the URL (a page served with the token in its URL
+         *     could read it, and send it on in `Referer`): a browser opens a port through a link
+         *     (`POST /v1/sandboxes/{id}/ports/{port}/links`, then `/p/{token}/`). The query, the
+         *     body and the headers are passed on but for the API's credentials (`Authorization`,
+         *     and any `access_token` parameter, however escaped) and hop-by-hop headers; `X-Forwarded-For`,
          *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
          *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
          *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
@@ -643,9 +657,12 @@ export interface paths {
          * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
          *     OPTIONS; each is described here under its own operation id), to
          *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
-         *     sandbox without any network, and takes no exec lock. The query, the body and the
-         *     headers are passed on but for the API's credentials (`Authorization`, the
-         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     sandbox without any network, and takes no exec lock. The API token is taken from
+         *     `Authorization` alone, never from the URL (a page served with the token in its URL
+         *     could read it, and send it on in `Referer`): a browser opens a port through a link
+         *     (`POST /v1/sandboxes/{id}/ports/{port}/links`, then `/p/{token}/`). The query, the
+         *     body and the headers are passed on but for the API's credentials (`Authorization`,
+         *     and any `access_token` parameter, however escaped) and hop-by-hop headers; `X-Forwarded-For`,
          *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
          *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
          *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
@@ -662,9 +679,12 @@ export interface paths {
          * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
          *     OPTIONS; each is described here under its own operation id), to
          *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
-         *     sandbox without any network, and takes no exec lock. The query, the body and the
-         *     headers are passed on but for the API's credentials (`Authorization`, the
-         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     sandbox without any network, and takes no exec lock. The API token is taken from
+         *     `Authorization` alone, never from the URL (a page served with the token in its URL
+         *     could read it, and send it on in `Referer`): a browser opens a port through a link
+         *     (`POST /v1/sandboxes/{id}/ports/{port}/links`, then `/p/{token}/`). The query, the
+         *     body and the headers are passed on but for the API's credentials (`Authorization`,
+         *     and any `access_token` parameter, however escaped) and hop-by-hop headers; `X-Forwarded-For`,
          *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
          *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
          *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
@@ -681,9 +701,12 @@ export interface paths {
          * @description Proxies the request, whatever its method (GET, HEAD, POST, PUT, PATCH, DELETE and
          *     OPTIONS; each is described here under its own operation id), to
          *     `http://127.0.0.1:{port}/{path}` inside the sandbox, through its agent: it works for a
-         *     sandbox without any network, and takes no exec lock. The query, the body and the
-         *     headers are passed on but for the API's credentials (`Authorization`, the
-         *     `access_token` parameter) and hop-by-hop headers; `X-Forwarded-For`,
+         *     sandbox without any network, and takes no exec lock. The API token is taken from
+         *     `Authorization` alone, never from the URL (a page served with the token in its URL
+         *     could read it, and send it on in `Referer`): a browser opens a port through a link
+         *     (`POST /v1/sandboxes/{id}/ports/{port}/links`, then `/p/{token}/`). The query, the
+         *     body and the headers are passed on but for the API's credentials (`Authorization`,
+         *     and any `access_token` parameter, however escaped) and hop-by-hop headers; `X-Forwarded-For`,
          *     `X-Forwarded-Host`, `X-Forwarded-Proto` and `X-Forwarded-Prefix` (this route up to
          *     the port) say where the request came from, and `Host` is `127.0.0.1:{port}`.
          *     Keep-alive, streamed answers and websocket upgrades work. Answers are the service's;
@@ -2130,8 +2153,9 @@ export interface components {
             };
         };
         /**
-         * @description `limit-reached`: the sandbox, or the server, has as many port connections or links as
-         *     it allows (see `/v1/info`); retry once some have closed or expired.
+         * @description `limit-reached`: the sandbox, the client or the server holds as many port
+         *     connections, links, streams or connections as it allows (see `/v1/info` and
+         *     docs/security.md, "Bounds"); retry once some have closed or expired.
          */
         TooManyRequests: {
             headers: {
@@ -2768,6 +2792,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             423: components["responses"]["Locked"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
         };
@@ -3908,6 +3933,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
