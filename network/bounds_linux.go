@@ -171,7 +171,7 @@ func (c *boundedConn) Close() error {
 
 // The resolvers' log lines that a sandbox can cause go out at most once per logEvery for each
 // sandbox and kind of line, and for at most maxLogKeys sandboxes and kinds at a time
-// (internal/ratelog/perkey).
+// (internal/ratelog, Keyed).
 const (
 	logEvery   = 10 * time.Second
 	maxLogKeys = 1024

@@ -22,7 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/bothy/bothy/internal/ratelog/perkey"
+	"github.com/bothy/bothy/internal/ratelog"
 	"github.com/bothy/bothy/naming"
 )
 
@@ -46,7 +46,7 @@ type Manager struct {
 	// can cause, at a bounded rate.
 	lim            limits
 	conns, pending gate
-	rl             *perkey.Logger
+	rl             *ratelog.Keyed
 	// fwMu orders the looks at the host's firewall; fw is the last one's finding.
 	fwMu sync.Mutex
 	fw   HostFirewall
@@ -101,7 +101,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.never = append(m.never, alwaysDenied...)
 	m.setLimits(defaultLimits)
-	m.rl = perkey.New(m.log, logEvery, maxLogKeys)
+	m.rl = ratelog.NewKeyed(m.log, logEvery, maxLogKeys)
 	return m, nil
 }
 

@@ -24,7 +24,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 
-	"github.com/bothy/bothy/internal/ratelog/perkey"
+	"github.com/bothy/bothy/internal/ratelog"
 )
 
 // ask sends one query for name's A records, from inside the sandbox, to port 53 of server over
@@ -233,7 +233,7 @@ func TestResolverFloodIsBounded(t *testing.T) {
 	w := newWorld(t)
 	var logs syncBuffer
 	w.m.log = slog.New(slog.NewJSONHandler(&logs, nil))
-	w.m.rl = perkey.New(w.m.log, logEvery, maxLogKeys)
+	w.m.rl = ratelog.NewKeyed(w.m.log, logEvery, maxLogKeys)
 	fl := w.sandbox(t, "flood", Policy{Internet: true})
 	calm := w.sandbox(t, "calm", Policy{Allow: []string{"allowed.test"}})
 	calm.resolves("allowed.test", allowedHost.String())

@@ -28,7 +28,6 @@ var Classes = map[string]Class{
 	"runtime/microvm/qmp":     Sandbox,
 	"runtime/microvm/shim":    Sandbox,
 	// Rate-limited logging by key (issue 37), on log/slog alone: usable on either side.
-	"internal/ratelog/perkey": Sandbox,
 
 	"check":                     Host,
 	"internal/systemd":          Host,

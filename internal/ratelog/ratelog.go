@@ -4,7 +4,9 @@
 // sandbox) does, the log grows at a bounded rate, and a flood is still visible in it.
 //
 // Records are grouped by level and message, which in bothyd are constant strings; the
-// number of groups kept is bounded too, past which records share one group.
+// number of groups kept is bounded too, past which records share one group. [Keyed] is the
+// other way: a logger that gives each key (a sandbox and what it did) its own allowance, for
+// lines whose rate one sandbox chooses.
 package ratelog
 
 import (

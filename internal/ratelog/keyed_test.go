@@ -1,4 +1,4 @@
-package perkey
+package ratelog
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ func lines(t *testing.T, buf *bytes.Buffer) []map[string]any {
 func TestOneLinePerKeyAndPeriod(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
-	l := New(slog.New(slog.NewJSONHandler(&buf, nil)), time.Hour, 16)
+	l := NewKeyed(slog.New(slog.NewJSONHandler(&buf, nil)), time.Hour, 16)
 	for range 1000 {
 		l.Warn("a", "flood", "sandbox", "a")
 	}
@@ -49,7 +49,7 @@ func TestOneLinePerKeyAndPeriod(t *testing.T) {
 func TestKeysAreBounded(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
-	l := New(slog.New(slog.NewJSONHandler(&buf, nil)), time.Hour, 8)
+	l := NewKeyed(slog.New(slog.NewJSONHandler(&buf, nil)), time.Hour, 8)
 	for i := range 100 {
 		l.Warn(strings.Repeat("k", i+1), "flood")
 	}
@@ -72,7 +72,7 @@ func TestKeysAreBounded(t *testing.T) {
 func TestDisabledLevelCostsNothing(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
-	l := New(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelError})), time.Hour, 8)
+	l := NewKeyed(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelError})), time.Hour, 8)
 	l.Warn("a", "quiet")
 	if buf.Len() != 0 || len(l.keys) != 0 {
 		t.Fatalf("a disabled level logged %q and kept %d keys", buf.String(), len(l.keys))
