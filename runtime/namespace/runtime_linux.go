@@ -112,7 +112,13 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := platform.OpenCgroup(cfg.CgroupParent + "/probe"); err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
-	prog, err := seccomp.Default(platform.DefaultCapabilities)
+	// On cgroup v2 the agent clones workloads into their cgroup with clone3, which Docker's
+	// profile refuses (seccomp.DefaultWithClone3 says why allowing it is safe).
+	compile := seccomp.Default
+	if v, err := platform.CgroupVersion(); err == nil && v == 2 {
+		compile = seccomp.DefaultWithClone3
+	}
+	prog, err := compile(platform.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
