@@ -303,11 +303,29 @@ func TestPidsLimit(t *testing.T) {
 	rt := newTestRuntime(t)
 	root := newStateRoot(t)
 	s := startSandbox(t, rt, root, "pids", runtime.Resources{Pids: 40})
+	if cg := s.cgroup(t); cg.V2() {
+		// The init, which became the agent, is in the agent's child; a workload is in the
+		// workloads' child, and its cgroup namespace, rooted at the sandbox's cgroup, shows
+		// it there, and the sandbox's own tree (both children) at /sys/fs/cgroup.
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", s.initOf(t).Pid))
+		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(b)), "/"+platform.V2AgentCgroup) {
+			t.Errorf("the agent's cgroup: %q (%v), want the sandbox's %s", b, err, platform.V2AgentCgroup)
+		}
+		inside := s.sh(t, "root", `cat /proc/self/cgroup; ls /sys/fs/cgroup/agent/cgroup.procs /sys/fs/cgroup/workloads/pids.max`)
+		want := "0::/" + platform.V2WorkloadsCgroup + "\n/sys/fs/cgroup/agent/cgroup.procs\n/sys/fs/cgroup/workloads/pids.max\n"
+		if inside.Output != want {
+			t.Errorf("inside, /proc/self/cgroup and the sandbox's cgroup tree: %q, want %q", inside.Output, want)
+		}
+	}
 	r := s.sh(t, "user", `i=0; while [ $i -lt 200 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); done 2>&1 | tail -n 1; echo done`)
 	cg := s.cgroup(t)
-	// On cgroup v1 the workload forks in a child of its own (shim.WorkloadCgroup), which
-	// refuses the forks past its 40: the sandbox's own cgroup, and with it the agent's
-	// allowance, never reaches its limit. On v2 the two share the sandbox's cgroup.
+	// The workload forks in a child of its own, which refuses the forks past its 40, and the
+	// agent's tasks are outside it, so that their allowance is never taken. On cgroup v1 the
+	// child is shim.WorkloadCgroup of the pids cgroup, where the agent stays: the sandbox's
+	// own pids.events counts its refusals. On v2 the sandbox's cgroup has two children,
+	// platform.V2WorkloadsCgroup and platform.V2AgentCgroup, where the agent is (the
+	// sandbox's own pids.events is hierarchical from Linux 6.13: the agent's child's counts
+	// the agent's alone).
 	events := func(sub string) string {
 		for _, d := range cg.Dirs() {
 			if b, err := os.ReadFile(filepath.Join(d, sub, "pids.events")); err == nil {
@@ -316,12 +334,13 @@ func TestPidsLimit(t *testing.T) {
 		}
 		return ""
 	}
-	refused := events("")
-	if !cg.V2() {
-		refused = events(shim.WorkloadCgroup)
-		if own := events(""); !strings.Contains(own, "max 0") {
-			t.Errorf("the sandbox's cgroup refused forks (pids.events %q): the workload took the agent's allowance", own)
-		}
+	workloads, agentCgroup := shim.WorkloadCgroup, ""
+	if cg.V2() {
+		workloads, agentCgroup = platform.V2WorkloadsCgroup, platform.V2AgentCgroup
+	}
+	refused := events(workloads)
+	if own := events(agentCgroup); !strings.Contains(own, "max 0") {
+		t.Errorf("the agent's cgroup refused forks (pids.events %q): the workload took the agent's allowance", own)
 	}
 	if !strings.Contains(refused, "max ") || strings.Contains(refused, "max 0") {
 		t.Fatalf("pids limit never hit: pids.events %q; output %q", refused, r.Output)
@@ -348,7 +367,7 @@ func TestPidsLimit(t *testing.T) {
 			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
 			cmds = append(cmds, strings.ReplaceAll(string(b), "\x00", " "))
 		}
-		t.Fatalf("%d processes in the cgroup (pids.current %s, the workloads' %s): the workload did not get its 40 beside the agent: %q", len(pids), cur(""), cur(shim.WorkloadCgroup), cmds)
+		t.Fatalf("%d processes in the cgroup (pids.current %s, the workloads' %s): the workload did not get its 40 beside the agent: %q", len(pids), cur(""), cur(workloads), cmds)
 	}
 }
 
