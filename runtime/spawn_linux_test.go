@@ -48,7 +48,7 @@ func TestSpawnDetachedReapsWithoutAThreadEach(t *testing.T) {
 	}()
 	for range n {
 		// The configuration is read, then the process waits until it is killed.
-		id, err := SpawnDetached("test", "/bin/sh", []string{"-c", "cat <&3 >/dev/null; exec sleep 60"}, log, []byte("{}"))
+		id, err := SpawnDetached("test", "/bin/sh", []string{"-c", "cat <&3 >/dev/null; exec sleep 60"}, log, []byte("{}"), "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,8 +39,9 @@ type Config struct {
 	// Executable is the bothyd binary to re-execute as shim and init; "" means the running
 	// executable (/proc/self/exe, which keeps working if the file is replaced on disk).
 	Executable string
-	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<shim.CgroupLeaf>; "" means
-	// "bothyd".
+	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<shim.CgroupLeaf>
+	// and, on cgroup v2, the shims start in <CgroupParent>/runtime (runtime.SpawnDetached); ""
+	// means "bothy" (bothyd's --cgroup-parent).
 	CgroupParent string
 	// IDs are the host ids of the sandboxes' user namespaces; zero fields take the defaults
 	// ([DefaultIDBase], [DefaultIDSlots], [DefaultIDRegistry]). IDs.Off runs sandboxes
@@ -568,7 +569,7 @@ func openLog(dir string) (*os.File, error) {
 // hands it cfg on its fd 3. It returns the shim's identity once the shim has its
 // configuration.
 func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.ProcessID, error) {
-	return runtime.SpawnDetached("namespace", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg)
+	return runtime.SpawnDetached("namespace", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg, r.cfg.CgroupParent)
 }
 
 // Kill kills the sandbox's init (the shim's only child) by verified identity and waits for the
