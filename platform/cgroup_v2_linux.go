@@ -243,16 +243,18 @@ func (c *Cgroup) OpenLeaf() (*os.File, error) {
 // above the sandbox's cgroup. The cgroup namespace is rooted at the sandbox's cgroup, so
 // both children are inside it.
 //
-// What can root inside do with that? Write those two files, at most, and only through a
-// cgroup file system it can write: the one mounted inside is read-only, a new mount or a
-// remount needs CAP_SYS_ADMIN, which no process of a sandbox keeps, and the agent, which
-// holds the workloads' descriptor, is not dumpable. Even with a writable mount, a write to
-// cgroup.procs moves a process only between cgroups whose files it may write and that its
-// cgroup namespace shows: between agent and workloads (into workloads only, agent's file
-// stays host root's), never out of the sandbox's cgroup (its parent's cgroup.procs is host
-// root's, and outside its namespace), and never into the sandbox's cgroup itself, which
-// holds no process once it delegates a controller. No limit changes: every limit file
-// stays host root's.
+// What can root inside do with that? The cgroup file system inside is mounted read-only, so
+// no write(2) reaches a cgroup file (a new mount or a remount needs CAP_SYS_ADMIN, which no
+// process of a sandbox keeps, and the agent, which holds the workloads' descriptor, is not
+// dumpable). But clone3 needs no write(2): a directory opened on the read-only mount serves
+// as CLONE_INTO_CGROUP's descriptor, and the kernel checks the permission of the
+// cgroup.procs inodes, not the mount. So root inside, as owner, can clone its own new
+// children into workloads, and into nothing else: agent's cgroup.procs stays host root's,
+// the sandbox's cgroup takes no process once it delegates a controller (EBUSY), and
+// everything above is host root's and outside its cgroup namespace. No limit file,
+// cgroup.subtree_control or directory is owner's, so no limit changes and no cgroup is made.
+// A process already in agent (the agent) is not moved by it either: a write(2) to
+// cgroup.procs is what moves one, and no writable mount is there to write through.
 func (c *Cgroup) SplitV2(owner int) (workloads *os.File, err error) {
 	d, err := c.v2("the workloads' cgroup")
 	if err != nil {

@@ -228,6 +228,12 @@ func TestIsolation(t *testing.T) {
 		t.Fatalf("write in the other sandbox: %+v", r)
 	}
 
+	// The sandbox's own memory limit, where the read-only cgroup mount inside shows it.
+	memoryMax := "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+	if v, err := platform.CgroupVersion(); err == nil && v == 2 {
+		memoryMax = "/sys/fs/cgroup/memory.max"
+	}
+
 	cases := []struct {
 		name   string
 		user   string
@@ -265,7 +271,7 @@ func TestIsolation(t *testing.T) {
 		{"devices", "root", `echo hi > /dev/null && head -c 4 /dev/urandom | wc -c && ls /dev/pts/ptmx /dev/shm && readlink /dev/ptmx`, func(out string) bool {
 			return strings.Contains(out, "4\n") && strings.Contains(out, "pts/ptmx")
 		}},
-		{"own cgroup read-only", "root", `cat /sys/fs/cgroup/memory/memory.limit_in_bytes; echo 1 > /sys/fs/cgroup/memory/memory.limit_in_bytes; echo rc=$?`, func(out string) bool {
+		{"own cgroup read-only", "root", fmt.Sprintf(`cat %[1]s; echo 1 > %[1]s; echo rc=$?`, memoryMax), func(out string) bool {
 			return strings.HasPrefix(out, strconv.Itoa(DefaultResources.MemoryMB<<20)+"\n") && !strings.Contains(out, "rc=0")
 		}},
 		{"agent unreachable through /proc/1", "root", `echo x >> /proc/1/fd/1; echo rc=$?; cat /proc/1/environ; echo rc=$?; readlink /proc/1/exe; echo rc=$?; head -c1 /proc/1/mem; echo rc=$?`, func(out string) bool {
