@@ -58,8 +58,9 @@ type shimSpec struct {
 	Hostname   string            `json:"hostname"`
 	// CgroupV2 says which kind of cgroup to mount inside for the agent.
 	CgroupV2 bool `json:"cgroup_v2,omitempty"`
-	// WorkloadPids says the init has the tasks files of [WorkloadCgroup] and of the sandbox's
-	// pids cgroup at fds 6 and 7.
+	// WorkloadPids says the init has, on cgroup v1, the tasks files of [WorkloadCgroup] and of
+	// the sandbox's pids cgroup at fds 6 and 7; on v2, the directory of the workloads' cgroup
+	// at fd 6, and it asks the shim to be moved into the agent's ([settleCgroup]).
 	WorkloadPids bool `json:"workload_pids,omitempty"`
 	// Disk says the writable layer lives on the sandbox's own disk (EntryDiskImage).
 	Disk bool `json:"disk,omitempty"`
@@ -80,7 +81,7 @@ const (
 	fdLifeline = 4
 	fdListener = 5
 	// 6 and 7, with a pids limit on cgroup v1: the tasks files of [WorkloadCgroup] and of the
-	// sandbox's own pids cgroup.
+	// sandbox's own pids cgroup; 6 alone on v2: the workloads' cgroup directory.
 	fdWorkloadTasks = 6
 	fdAgentTasks    = 7
 )
