@@ -59,6 +59,11 @@ type Config struct {
 	// from a thread it moves into the first, and moves back into the second, so that a
 	// workload's forks count against the workloads' pids limit and never take the agent's.
 	WorkloadTasks, AgentTasks *os.File
+	// WorkloadCgroup, if set, is the directory (cgroup v2, open) of the cgroup the workloads
+	// run in: each workload is cloned straight into it (CLONE_INTO_CGROUP), so that its forks
+	// count against the workloads' pids limit and never take the agent's. v2 places whole
+	// processes only, so no thread of the agent moves (see platform's cgroupDriver).
+	WorkloadCgroup *os.File
 	// WorkloadCapabilities, if set, bounds every workload's capabilities: it is forked from
 	// a thread whose bounding set the agent first limits to these names (such as "CAP_KILL";
 	// the thread keeps its own permitted set). A sandbox's init limits the permitted sets of

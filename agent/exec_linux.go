@@ -159,12 +159,19 @@ func startWithUmask(umask int, argv0 string, argv []string, attr *os.ProcAttr) (
 
 // startWorkload starts a workload's process (startWithUmask) from a thread of its own, locked
 // to this goroutine for the fork: with Config.WorkloadCapabilities, that thread's bounding
-// set is limited first, which the child inherits; with Config.WorkloadTasks, the thread
-// moves into the workloads' cgroup for the fork, which the child inherits too, and back
-// after it. A thread that cannot move back is never given back to the Go scheduler: locked
+// set is limited first, which the child inherits; with Config.WorkloadTasks (cgroup v1), the
+// thread moves into the workloads' cgroup for the fork, which the child inherits too, and
+// back after it; with Config.WorkloadCgroup (v2), the child is cloned into that cgroup. A thread that cannot move back is never given back to the Go scheduler: locked
 // to this goroutine, the request's, to its end, it exits with it, so that no other work of
 // the agent runs in the workloads' cgroup.
 func (a *agent) startWorkload(umask int, argv0 string, argv []string, attr *os.ProcAttr) (*os.Process, error) {
+	if a.cfg.WorkloadCgroup != nil {
+		if attr.Sys == nil {
+			attr.Sys = &syscall.SysProcAttr{}
+		}
+		attr.Sys.UseCgroupFD = true
+		attr.Sys.CgroupFD = int(a.cfg.WorkloadCgroup.Fd())
+	}
 	moves := a.cfg.WorkloadTasks != nil && a.cfg.AgentTasks != nil
 	if !moves && a.cfg.WorkloadCapabilities == nil {
 		return startWithUmask(umask, argv0, argv, attr)

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,14 +25,13 @@ var cgroupV1Controllers = []string{"memory", "cpu", "pids"}
 // cfsPeriodMicros is the CFS period bothyd sets; the quota is VCPUs times this.
 const cfsPeriodMicros = 100000
 
-// Cgroup is one control group, either a cgroup v2 directory or, on v1, one directory of the
-// same name in each of the memory, cpu and pids hierarchies. It is a handle: creating it does
-// not touch the file system until Create.
+// Cgroup is one control group: on cgroup v2 one directory, on v1 one directory of the same
+// name in each of the memory, cpu and pids hierarchies. It is a handle: creating it does not
+// touch the file system until Create. What it does on each version is its driver's
+// ([cgroupDriver]; the two differ as the comment there says).
 type Cgroup struct {
 	name string
-	v2   bool
-	// dirs maps a controller to its absolute directory; on v2 the key is "".
-	dirs map[string]string
+	drv  cgroupDriver
 }
 
 type mountEntry struct {
@@ -215,49 +213,40 @@ func scanHierarchies() (hierarchies, error) {
 
 // OpenCgroup returns a handle on the cgroup name (a relative path such as "bothy/abc")
 // below the root of this host's hierarchy: v2 where its controllers are enabled, v1
-// otherwise.
+// otherwise. The version is chosen here, once per handle, as [CgroupVersion] chooses it.
 func OpenCgroup(name string) (*Cgroup, error) {
 	if err := validCgroupName(name); err != nil {
 		return nil, err
 	}
-	v2, v1, err := cgroupMounts()
+	h, err := cgroupHierarchies()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cgroup{name: name, dirs: map[string]string{}}
-	if v2 != "" {
-		c.v2 = true
-		c.dirs[""] = filepath.Join(v2, name)
-		return c, nil
+	if h.v2 != "" {
+		return &Cgroup{name: name, drv: newCgroupV2(h.v2, name)}, nil
 	}
-	for _, ctl := range cgroupV1Controllers {
-		p, ok := v1[ctl]
-		if !ok {
-			return nil, fmt.Errorf("platform: cgroup v1 %s hierarchy is not mounted and cgroup v2 lacks its controllers", ctl)
-		}
-		c.dirs[ctl] = filepath.Join(p, name)
+	d, err := newCgroupV1(h, name)
+	if err != nil {
+		return nil, err
 	}
-	return c, nil
+	return &Cgroup{name: name, drv: d}, nil
 }
 
 // Name returns the cgroup's relative name.
 func (c *Cgroup) Name() string { return c.name }
 
 // V2 reports whether the cgroup is a cgroup v2 one.
-func (c *Cgroup) V2() bool { return c.v2 }
+func (c *Cgroup) V2() bool {
+	_, ok := c.drv.(*cgroupV2)
+	return ok
+}
 
 // Dirs returns the cgroup's directories (one on v2, one per controller on v1).
-func (c *Cgroup) Dirs() []string {
-	out := make([]string, 0, len(c.dirs))
-	for _, d := range c.dirs {
-		out = append(out, d)
-	}
-	return out
-}
+func (c *Cgroup) Dirs() []string { return c.drv.dirs() }
 
 // Exists reports whether any of the cgroup's directories exists.
 func (c *Cgroup) Exists() bool {
-	for _, d := range c.dirs {
+	for _, d := range c.drv.dirs() {
 		if _, err := os.Lstat(d); err == nil {
 			return true
 		}
@@ -287,193 +276,7 @@ func (c *Cgroup) Create(l CgroupLimits) error {
 	if l.MemoryBytes < 0 || l.VCPUs < 0 || l.Pids < 0 {
 		return fmt.Errorf("platform: negative cgroup limit %+v", l)
 	}
-	if c.v2 {
-		return c.createV2(l)
-	}
-	for ctl, dir := range c.dirs {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("platform: create cgroup: %w", err)
-		}
-		switch ctl {
-		case "memory":
-			if l.MemoryBytes > 0 {
-				v := strconv.FormatInt(l.MemoryBytes, 10)
-				if err := writeCgroupFile(dir, "memory.limit_in_bytes", v); err != nil {
-					return err
-				}
-				// With swap accounting, also cap memory+swap so that swap is no way around
-				// the limit.
-				if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
-					if err := writeCgroupFile(dir, "memory.memsw.limit_in_bytes", v); err != nil {
-						return err
-					}
-				}
-			}
-		case "cpu":
-			if l.VCPUs > 0 {
-				if err := writeCgroupFile(dir, "cpu.cfs_period_us", strconv.Itoa(cfsPeriodMicros)); err != nil {
-					return err
-				}
-				if err := writeCgroupFile(dir, "cpu.cfs_quota_us", strconv.Itoa(l.VCPUs*cfsPeriodMicros)); err != nil {
-					return err
-				}
-			}
-		case "pids":
-			if l.Pids > 0 {
-				if err := writeCgroupFile(dir, "pids.max", strconv.Itoa(l.Pids)); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
-func (c *Cgroup) createV2(l CgroupLimits) error {
-	root := strings.TrimSuffix(c.dirs[""], c.name)
-	// Every ancestor must delegate the controllers to its children.
-	cur := filepath.Clean(root)
-	parts := strings.Split(c.name, "/")
-	for _, part := range parts {
-		if err := writeCgroupFile(cur, "cgroup.subtree_control", "+memory +cpu +pids"); err != nil {
-			if errors.Is(err, unix.EBUSY) {
-				// cgroup v2 lets no cgroup but the root both hold processes and delegate
-				// controllers: typically bothyd runs in the root of a container's cgroup
-				// namespace.
-				return fmt.Errorf("%w: the cgroup %s holds processes, so it cannot delegate controllers; run bothyd in a leaf cgroup of its own (move it, and everything else in %s, into a child cgroup first)", err, cur, cur)
-			}
-			return err
-		}
-		cur = filepath.Join(cur, part)
-		if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("platform: create cgroup: %w", err)
-		}
-	}
-	dir := c.dirs[""]
-	if l.MemoryBytes > 0 {
-		v := strconv.FormatInt(l.MemoryBytes, 10)
-		if err := writeCgroupFile(dir, "memory.max", v); err != nil {
-			return err
-		}
-		if err := writeCgroupFile(dir, "memory.swap.max", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-	}
-	if l.VCPUs > 0 {
-		if err := writeCgroupFile(dir, "cpu.max", fmt.Sprintf("%d %d", l.VCPUs*cfsPeriodMicros, cfsPeriodMicros)); err != nil {
-			return err
-		}
-	}
-	if l.Pids > 0 {
-		if err := writeCgroupFile(dir, "pids.max", strconv.Itoa(l.Pids)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// OpenDir opens the cgroup v2 directory, for clone3's CLONE_INTO_CGROUP
-// (syscall.SysProcAttr.CgroupFD). It fails on v1.
-func (c *Cgroup) OpenDir() (*os.File, error) {
-	if !c.v2 {
-		return nil, fmt.Errorf("platform: CLONE_INTO_CGROUP needs cgroup v2")
-	}
-	return os.OpenFile(c.dirs[""], os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
-}
-
-// EnterThread moves the calling OS thread, and no other, into the cgroup (cgroup v1 only: v1
-// lets the threads of one process live in different cgroups). A process that thread then
-// forks is born inside the cgroup, and a cgroup namespace it creates is rooted there. The
-// caller must hold runtime.LockOSThread for the whole time, and call the returned function,
-// which moves the thread back to where it was, on that same thread.
-//
-// The thread is named by writing "0" (the writer itself) to each hierarchy's tasks file, not
-// its tid: the kernel (since 6.0) moves the writing thread alone without taking
-// cgroup_threadgroup_rwsem for writing, whose percpu_down_write waits for an RCU grace period
-// (about 11 ms on this host, once per hierarchy that the lock is idle) when a tid is written.
-// Older kernels take "0" as the writer too and pay the wait as before.
-func (c *Cgroup) EnterThread() (leave func() error, err error) {
-	if c.v2 {
-		return nil, fmt.Errorf("platform: moving one thread needs cgroup v1; use OpenDir on v2")
-	}
-	tid := unix.Gettid()
-	prev, err := threadCgroups(tid)
-	if err != nil {
-		return nil, err
-	}
-	_, v1, err := cgroupMounts()
-	if err != nil {
-		return nil, err
-	}
-	var moved []string
-	back := func() error {
-		var first error
-		for _, ctl := range moved {
-			dir := filepath.Join(v1[ctl], prev[ctl])
-			if err := writeCgroupFile(dir, "tasks", "0"); err != nil && first == nil {
-				first = err
-			}
-		}
-		return first
-	}
-	for _, ctl := range cgroupV1Controllers {
-		if _, ok := prev[ctl]; !ok {
-			_ = back()
-			return nil, fmt.Errorf("platform: thread %d has no %s cgroup", tid, ctl)
-		}
-		if err := writeCgroupFile(c.dirs[ctl], "tasks", "0"); err != nil {
-			_ = back()
-			return nil, err
-		}
-		moved = append(moved, ctl)
-	}
-	return back, nil
-}
-
-// PidsChild makes the child cgroup name of the cgroup in its pids hierarchy (cgroup v1 only),
-// limited to max tasks, and opens for writing the tasks files of the child and of the cgroup
-// itself. A thread that writes "0" to one of them moves itself there ([MoveThreadTo]). The
-// kernel judges such a write by the credentials of the file's opener, so a process handed the
-// two files can move its own threads between the two cgroups, and nowhere else, whatever it
-// runs as. It is idempotent; the child goes with the cgroup ([Cgroup.Remove]).
-func (c *Cgroup) PidsChild(name string, max int) (child, self *os.File, err error) {
-	dir, ok := c.dirs["pids"]
-	if c.v2 || !ok {
-		return nil, nil, errors.New("platform: a pids child cgroup needs cgroup v1's pids hierarchy")
-	}
-	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') || max < 1 {
-		return nil, nil, fmt.Errorf("platform: pids child cgroup %q of %d tasks", name, max)
-	}
-	sub := filepath.Join(dir, name)
-	if err := os.Mkdir(sub, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, nil, fmt.Errorf("platform: create cgroup: %w", err)
-	}
-	if err := writeCgroupFile(sub, "pids.max", strconv.Itoa(max)); err != nil {
-		return nil, nil, err
-	}
-	if child, err = os.OpenFile(filepath.Join(sub, "tasks"), os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
-		return nil, nil, fmt.Errorf("platform: open a cgroup's tasks: %w", err)
-	}
-	if self, err = os.OpenFile(filepath.Join(dir, "tasks"), os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
-		child.Close()
-		return nil, nil, fmt.Errorf("platform: open a cgroup's tasks: %w", err)
-	}
-	return child, self, nil
-}
-
-// MoveThreadTo moves the calling OS thread, and no other, into the cgroup v1 whose tasks file
-// is open for writing as tasks (see [Cgroup.PidsChild]); a process it forks then is born
-// there. Writing "0", the writer itself, spares the RCU wait a tid costs (see
-// [Cgroup.EnterThread]). The caller holds runtime.LockOSThread.
-func MoveThreadTo(tasks *os.File) error {
-	err := IgnoringEINTR(func() error {
-		_, err := unix.Pwrite(int(tasks.Fd()), []byte("0"), 0)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("platform: move a thread to %s: %w", tasks.Name(), err)
-	}
-	return nil
+	return c.drv.create(l)
 }
 
 // threadCgroups reads /proc/self/task/<tid>/cgroup into controller → path.
@@ -496,11 +299,14 @@ func threadCgroups(tid int) (map[string]string, error) {
 }
 
 // Pids returns the processes in the cgroup (on v1, in any of its directories) and in its
-// children ([Cgroup.PidsChild]).
-func (c *Cgroup) Pids() ([]int, error) {
+// children ([Cgroup.PidsChild], [Cgroup.SplitV2]).
+func (c *Cgroup) Pids() ([]int, error) { return procsOf(c.drv.dirs()) }
+
+// procsOf returns the processes in the cgroup directories dirs and in their children.
+func procsOf(dirs []string) ([]int, error) {
 	seen := map[int]bool{}
 	var out []int
-	for _, dir := range c.dirs {
+	for _, dir := range dirs {
 		for _, d := range append([]string{dir}, childCgroups(dir)...) {
 			b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 			if errors.Is(err, os.ErrNotExist) {
@@ -522,7 +328,7 @@ func (c *Cgroup) Pids() ([]int, error) {
 }
 
 // childCgroups lists the child cgroups of the cgroup directory dir, one level deep: the only
-// children bothyd makes ([Cgroup.PidsChild]). Nothing in a sandbox can make one: its
+// children bothyd makes ([Cgroup.PidsChild] on v1, [Cgroup.SplitV2] on v2). Nothing in a sandbox can make one: its
 // cgroup file system is mounted read-only, or not at all.
 func childCgroups(dir string) []string {
 	ents, err := os.ReadDir(dir)
@@ -561,6 +367,10 @@ func (c *Cgroup) killMember(pid int) {
 // they are gone or ctx ends. A cgroup that does not exist is removed already.
 func (c *Cgroup) Remove(ctx context.Context) error {
 	for {
+		// v2's cgroup.kill (Linux 5.14) kills the whole subtree at once, processes forked
+		// meanwhile included; each member is also killed by pidfd below, which is all that
+		// v1 (and an older v2 kernel) has.
+		c.drv.killAll()
 		pids, err := c.Pids()
 		if err != nil {
 			return err
@@ -569,7 +379,7 @@ func (c *Cgroup) Remove(ctx context.Context) error {
 			c.killMember(pid)
 		}
 		var busy error
-		for _, dir := range c.dirs {
+		for _, dir := range c.drv.dirs() {
 			for _, d := range append(childCgroups(dir), dir) { // children first
 				if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 					busy = fmt.Errorf("platform: remove cgroup %s: %w", d, err)
@@ -587,41 +397,13 @@ func (c *Cgroup) Remove(ctx context.Context) error {
 	}
 }
 
-// OOMKilled reports whether the kernel's OOM killer killed a process of this cgroup because
-// of its memory limit.
-func (c *Cgroup) OOMKilled() (bool, error) {
-	if c.v2 {
-		b, err := os.ReadFile(filepath.Join(c.dirs[""], "memory.events"))
-		if err != nil {
-			return false, err
-		}
-		return keyedCounter(b, "oom_kill") > 0, nil
-	}
-	dir := c.dirs["memory"]
-	b, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
-	if err != nil {
-		return false, err
-	}
-	// The oom_kill counter exists since Linux 4.13.
-	return keyedCounter(b, "oom_kill") > 0, nil
-}
+// OOMKilled reports whether the kernel's OOM killer killed a process of this cgroup, or of a
+// child of it, because of its memory limit.
+func (c *Cgroup) OOMKilled() (bool, error) { return c.drv.oomKilled() }
 
 // MemoryFailures returns how often the cgroup hit its memory limit (v1 memory.failcnt, v2
 // memory.events max).
-func (c *Cgroup) MemoryFailures() (uint64, error) {
-	if c.v2 {
-		b, err := os.ReadFile(filepath.Join(c.dirs[""], "memory.events"))
-		if err != nil {
-			return 0, err
-		}
-		return keyedCounter(b, "max"), nil
-	}
-	b, err := os.ReadFile(filepath.Join(c.dirs["memory"], "memory.failcnt"))
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-}
+func (c *Cgroup) MemoryFailures() (uint64, error) { return c.drv.memoryFailures() }
 
 // keyedCounter reads "key value" lines.
 func keyedCounter(b []byte, key string) uint64 {
@@ -633,4 +415,53 @@ func keyedCounter(b []byte, key string) uint64 {
 		}
 	}
 	return 0
+}
+
+// cgroupDriver is what one cgroup version does for a [Cgroup]: [cgroupV1] (the memory, cpu,
+// pids and freezer hierarchies) or [cgroupV2] (the unified hierarchy), like runc's fs and
+// fs2. [OpenCgroup] chooses one, as [CgroupVersion] does: v2 where a cgroup2 hierarchy has
+// the memory, cpu and pids controllers, else v1. Everything bothyd does to a cgroup that
+// differs between the two versions differs here, and only here:
+//
+//   - Where a cgroup is. v1: a directory of the same name in each of the memory, cpu and pids
+//     hierarchies. v2: one directory; every ancestor must have the controllers in its
+//     cgroup.subtree_control, and only those missing are written (systemd owns the levels
+//     above a delegated subtree, and a write there may be refused or undone).
+//   - Limits. v1: memory.limit_in_bytes (and memory.memsw.limit_in_bytes with swap
+//     accounting), cpu.cfs_period_us/cpu.cfs_quota_us, pids.max. v2: memory.max with
+//     memory.swap.max 0, cpu.max, pids.max.
+//   - Freezing. v1: a hierarchy of its own, in which a cgroup of the same name exists only
+//     while frozen (processes are moved in, frozen, thawed and moved back out). v2:
+//     cgroup.freeze, done once cgroup.events says "frozen 1".
+//   - OOM. v1: oom_kill in memory.oom_control. v2: oom_kill in memory.events, which counts
+//     the cgroup's descendants too (memory.events.local would not).
+//   - Removal. v1: every member is killed by pidfd until the directories can go. v2 the same,
+//     after writing 1 to cgroup.kill where the kernel has it (5.14+), which kills the whole
+//     subtree, forks in flight included.
+//   - The pids allowance of a sandbox (see runtime/namespace/shim's AgentPids): the agent
+//     keeps a few tasks for itself, and every workload is started in a child cgroup limited
+//     to the sandbox's pids, so that a fork bomb's refusals count there and never starve
+//     the agent. v1 lets the threads of one process be in different cgroups: the agent's
+//     forking thread moves into the child's pids cgroup for the fork ([Cgroup.PidsChild],
+//     [MoveThreadTo]). v2 places whole processes only, and a cgroup with children holds
+//     none of its own: the sandbox's cgroup gets two children, agent and workloads, and each
+//     workload is cloned straight into workloads with CLONE_INTO_CGROUP ([Cgroup.SplitV2],
+//     whose comment has the permissions).
+//   - A cgroup namespace rooted at the sandbox's cgroup. v1: the shim's forking thread enters
+//     the cgroup for the fork ([Cgroup.EnterThread]), so the namespace the clone makes is
+//     rooted there. v2: clone3 makes namespaces before it places the child into its cgroup,
+//     so the init is cloned into the sandbox's cgroup without one and makes its own there.
+type cgroupDriver interface {
+	// dirs are the cgroup's directories.
+	dirs() []string
+	// create makes the directories and sets the limits.
+	create(l CgroupLimits) error
+	// killAll kills every process of the cgroup and its children at once where the kernel
+	// can; [Cgroup.Remove] kills members one by one after it either way.
+	killAll()
+	oomKilled() (bool, error)
+	memoryFailures() (uint64, error)
+	frozen() (bool, error)
+	freeze(ctx context.Context) error
+	thaw(ctx context.Context) error
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -74,7 +75,8 @@ func TestCgroupLifecycle(t *testing.T) {
 		t.Fatal("cgroup missing after Create")
 	}
 	if cg.V2() {
-		t.Skip("cgroup v2 host: thread placement is tested on v1 only")
+		testCgroupLifecycleV2(t, cg, name)
+		return
 	}
 	// A process forked from a thread that entered the cgroup is born in it.
 	var cmd *exec.Cmd
@@ -219,5 +221,54 @@ func TestCgroupPidsChild(t *testing.T) {
 	}
 	if cg.Exists() {
 		t.Fatal("cgroup still exists after Remove")
+	}
+}
+
+// testCgroupLifecycleV2 is TestCgroupLifecycle's v2 half: a process cloned into the cgroup
+// (CLONE_INTO_CGROUP) is in it, a freeze waits for cgroup.events' frozen 1 and a thaw for 0,
+// and Remove kills it (cgroup.kill where the kernel has it) and removes the cgroup.
+func testCgroupLifecycleV2(t *testing.T, cg *Cgroup, name string) {
+	dir, err := cg.OpenDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
+	err = cmd.Start()
+	dir.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", cmd.Process.Pid))
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(b)), ":/"+name) {
+		t.Fatalf("the child is not in %s (%v): %s", name, err, b)
+	}
+	pids, err := cg.Pids()
+	if err != nil || len(pids) != 1 || pids[0] != cmd.Process.Pid {
+		t.Fatalf("Pids = %v, %v; want [%d]", pids, err, cmd.Process.Pid)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cg.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if frozen, err := cg.Frozen(); err != nil || !frozen {
+		t.Fatalf("Frozen after Freeze = %v, %v", frozen, err)
+	}
+	if err := cg.Thaw(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if frozen, err := cg.Frozen(); err != nil || frozen {
+		t.Fatalf("Frozen after Thaw = %v, %v", frozen, err)
+	}
+	if err := cg.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cg.Exists() {
+		t.Fatal("cgroup still exists after Remove")
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("the child survived Remove")
 	}
 }

@@ -14,6 +14,11 @@ import (
 	"github.com/bothy/bothy/platform"
 )
 
+// RuntimeCgroup is the leaf cgroup, below the cgroup parent, that bothyd starts the processes
+// that must outlive it in on cgroup v2 ([SpawnDetached]). It is no sandbox's: a sandbox's
+// cgroup is <parent>/<id>.<hash>, and `bothyd check` tells them apart by that dot.
+const RuntimeCgroup = "runtime"
+
 // SpawnDetached starts a runtime process for a launch, the way every runtime's Start does:
 // exe with args (argv[0] "bothyd"), in its own session so that it outlives bothyd and
 // no terminal signal of bothyd's reaches it, in /, with a minimal PATH, stdout and stderr
@@ -22,7 +27,32 @@ import (
 // configuration. A process that ends as it starts (killed from outside) is start-timeout:
 // the sandbox did not come up, and a new start may be tried. kind names the runtime in
 // errors.
-func SpawnDetached(kind, exe string, args []string, log *os.File, config []byte) (platform.ProcessID, error) {
+//
+// With a cgroup parent on cgroup v2, the process starts in the leaf <cgroupParent>/runtime
+// ([RuntimeCgroup], made if missing) by CLONE_INTO_CGROUP, never in bothyd's own cgroup:
+// under systemd, a stop or restart of bothyd's unit kills every process of its cgroup, and
+// what SpawnDetached starts (shims, releasers, microVM runtime processes) must outlive bothyd.
+// On v1 nothing changes: there, systemd's stop of a unit with cgroup v1 hierarchies still
+// kills by its own (named) hierarchy, which bothyd does not run on, and the hosts bothyd
+// runs on with v1 have no systemd (docs/architecture.md, "cgroups").
+func SpawnDetached(kind, exe string, args []string, log *os.File, config []byte, cgroupParent string) (platform.ProcessID, error) {
+	attr := &syscall.SysProcAttr{Setsid: true}
+	if cgroupParent != "" {
+		cg, err := platform.OpenCgroup(cgroupParent + "/" + RuntimeCgroup)
+		if err != nil {
+			return platform.ProcessID{}, fmt.Errorf("%s runtime: the runtime processes' cgroup: %w", kind, err)
+		}
+		if cg.V2() {
+			dir, err := cg.OpenLeaf()
+			if err != nil {
+				return platform.ProcessID{}, fmt.Errorf("%s runtime: the runtime processes' cgroup: %w", kind, err)
+			}
+			// The clone has used it by the time Start returns.
+			defer dir.Close()
+			attr.UseCgroupFD = true
+			attr.CgroupFD = int(dir.Fd())
+		}
+	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return platform.ProcessID{}, err
@@ -34,7 +64,7 @@ func SpawnDetached(kind, exe string, args []string, log *os.File, config []byte)
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.ExtraFiles = []*os.File{pr}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.SysProcAttr = attr
 	err = cmd.Start()
 	pr.Close()
 	if err != nil {

@@ -3,7 +3,9 @@ package runtime
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -48,7 +50,7 @@ func TestSpawnDetachedReapsWithoutAThreadEach(t *testing.T) {
 	}()
 	for range n {
 		// The configuration is read, then the process waits until it is killed.
-		id, err := SpawnDetached("test", "/bin/sh", []string{"-c", "cat <&3 >/dev/null; exec sleep 60"}, log, []byte("{}"))
+		id, err := SpawnDetached("test", "/bin/sh", []string{"-c", "cat <&3 >/dev/null; exec sleep 60"}, log, []byte("{}"), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,5 +86,63 @@ func TestSpawnDetachedReapsWithoutAThreadEach(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// On cgroup v2 a runtime process starts in the leaf <parent>/runtime, made if missing, not in
+// bothyd's cgroup (a restart of bothyd's systemd unit would kill it there); on v1 it stays
+// where bothyd is.
+func TestSpawnDetachedIntoRuntimeCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (cgroups); CI runs as root")
+	}
+	v, err := platform.CgroupVersion()
+	if err != nil {
+		t.Skipf("no usable cgroup hierarchy: %v", err)
+	}
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	log, err := os.CreateTemp(t.TempDir(), "log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	parent := "bothyd-test-spawn-" + strconv.Itoa(os.Getpid())
+	leaf, err := platform.OpenCgroup(parent + "/" + RuntimeCgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := SpawnDetached("test", "/bin/sh", []string{"-c", "cat <&3 >/dev/null; exec sleep 60"}, log, []byte("{}"), parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, rerr := os.ReadFile("/proc/" + strconv.Itoa(id.Pid) + "/cgroup")
+	_ = platform.SignalVerified(id, syscall.SIGKILL)
+	_ = platform.WaitExit(t.Context(), id)
+	t.Cleanup(func() {
+		for _, d := range leaf.Dirs() {
+			_ = os.Remove(d)
+			_ = os.Remove(filepath.Dir(d))
+		}
+	})
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v == 2 {
+		if got := strings.TrimSpace(string(b)); !strings.HasSuffix(got, "/"+parent+"/"+RuntimeCgroup) {
+			t.Fatalf("the runtime process is in %q, want %s/%s", got, parent, RuntimeCgroup)
+		}
+		return
+	}
+	if string(b) != string(self) {
+		t.Fatalf("on cgroup v1 the runtime process moved: %q, bothyd's %q", b, self)
+	}
+	if leaf.Exists() {
+		t.Fatal("on cgroup v1 a runtime leaf was made")
 	}
 }

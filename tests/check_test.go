@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/runtime/namespace/shim"
 	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/store/template"
 )
@@ -283,6 +285,38 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gone.Remove(context.Background()) })
+	// With the children a running sandbox's cgroup has with a pids limit (cgroup v1: the
+	// workloads' pids child; v2: agent and workloads), which repair removes with it.
+	if gone.V2() {
+		f, err := gone.SplitV2(-1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	} else {
+		child, self, err := gone.PidsChild(shim.WorkloadCgroup, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		child.Close()
+		self.Close()
+	}
+	// The runtime processes' leaf beside the sandboxes' cgroups (runtime.SpawnDetached, cgroup
+	// v2; made here on v1 too, empty) is no sandbox's: neither reported nor removed.
+	leaf, err := platform.OpenCgroup("bothy/" + runtime.RuntimeCgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.Create(platform.CgroupLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if !leaf.V2() {
+		t.Cleanup(func() {
+			for _, dir := range leaf.Dirs() {
+				_ = os.Remove(dir) // refused while it holds processes
+			}
+		})
+	}
 
 	// The template store: a lease whose clone has no binding (repairable), and a binding that
 	// names a lease that does not exist (not repairable: it is a bug to report).
@@ -401,6 +435,9 @@ func TestCheckFindsAndRepairs(t *testing.T) {
 	}
 	if gone.Exists() {
 		t.Errorf("repair left the cgroup of a sandbox that is gone")
+	}
+	if !leaf.Exists() {
+		t.Errorf("repair removed the runtime processes' cgroup %s", leaf.Name())
 	}
 	if _, err := os.Lstat(filepath.Join(sbx, "foreign", "junk")); err != nil {
 		t.Fatalf("repair touched a foreign file: %v", err)

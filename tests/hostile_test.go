@@ -127,6 +127,33 @@ func cgroupFile(t *testing.T, d *daemon, id, name string) string {
 	return ""
 }
 
+// workloadsLayout is where a sandbox's workloads run, on this host's cgroup version, relative
+// to the sandbox's cgroup.
+type workloadsLayout struct {
+	// dir is the workloads' child cgroup.
+	dir string
+	// forkingThread is 1 where the agent's forking thread counts in the workloads' limit
+	// (v1, where it moves there to fork), 0 where the workload is cloned straight in (v2).
+	forkingThread int
+	// agentEvents is the pids.events that counts the forks refused to the agent's own
+	// tasks: on v1 the sandbox's pids cgroup (where the agent is; its events are its own),
+	// on v2 the agent's child (the sandbox's own pids.events is hierarchical from Linux 6.13).
+	agentEvents string
+}
+
+// workloadsCgroup is the layout of the workloads' cgroup on this host.
+func workloadsCgroup(t *testing.T) workloadsLayout {
+	t.Helper()
+	v, err := platform.CgroupVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v == 2 {
+		return workloadsLayout{dir: platform.V2WorkloadsCgroup, agentEvents: platform.V2AgentCgroup + "/pids.events"}
+	}
+	return workloadsLayout{dir: shim.WorkloadCgroup, forkingThread: 1, agentEvents: "pids.events"}
+}
+
 // keyed reads the number after key in a "key value" cgroup file.
 func keyed(content, key string) int64 {
 	for _, line := range strings.Split(content, "\n") {
@@ -212,28 +239,25 @@ func TestHostileWorkloads(t *testing.T) {
 			}
 			res <- response{Status: status, Body: body}
 		}()
-		// On cgroup v1 the workload forks in a cgroup of its own, limited to its 128 (and the
-		// agent's forking thread), where the refusals are counted: the agent's allowance stays
-		// its own. On v2 the two share the sandbox's cgroup.
-		events, v1 := "pids.events", false
-		if v, err := platform.CgroupVersion(); err == nil && v == 1 {
-			events, v1 = "workload/pids.events", true
-			if max := cgroupFile(t, d, id, "workload/pids.max"); max != "129" {
-				t.Errorf("the workloads' cgroup has pids.max %q, want 129 (128 and the forking thread)", max)
-			}
+		// The workload forks in a cgroup of its own, where the refusals are counted: the
+		// agent's allowance stays its own. On cgroup v1 that is the child "workload" of the
+		// pids cgroup, limited to the workload's 128 and the agent's forking thread, which
+		// the agent's own tasks are outside; on v2 the child "workloads", limited to 128,
+		// beside "agent", where the agent is (platform.Cgroup.SplitV2).
+		w1 := workloadsCgroup(t)
+		if max := cgroupFile(t, d, id, w1.dir+"/pids.max"); max != strconv.Itoa(128+w1.forkingThread) {
+			t.Errorf("the workloads' cgroup has pids.max %q, want %d", max, 128+w1.forkingThread)
 		}
 		// The pids controller counts every fork it refused: the bomb hit the limit.
 		waitFor(t, 30*time.Second, "a fork refused at the pids limit", func() bool {
-			return keyed(cgroupFile(t, d, id, events), "max") > 0
+			return keyed(cgroupFile(t, d, id, w1.dir+"/pids.events"), "max") > 0
 		})
 		cur, _ := strconv.Atoi(cgroupFile(t, d, id, "pids.current"))
 		if cur > limit {
 			t.Errorf("pids.current %d exceeds the limit %d", cur, limit)
 		}
-		if v1 {
-			if n := keyed(cgroupFile(t, d, id, "pids.events"), "max"); n > 0 {
-				t.Errorf("the sandbox's cgroup refused %d forks: the workload took the agent's allowance", n)
-			}
+		if n := keyed(cgroupFile(t, d, id, w1.agentEvents), "max"); n > 0 {
+			t.Errorf("the agent's cgroup (%s) refused %d forks: the workload took the agent's allowance", w1.agentEvents, n)
 		}
 		r := <-res
 		w.check(t, "the sandbox forked without end")

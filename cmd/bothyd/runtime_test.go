@@ -54,6 +54,38 @@ func TestRuntimeFlags(t *testing.T) {
 	}
 }
 
+// TestCgroupParentFlag: --cgroup-parent, else BOTHY_CGROUP_PARENT, else bothy; the namespace
+// runtime gets it (its identity hashes it, so the server and check agree).
+func TestCgroupParentFlag(t *testing.T) {
+	for _, c := range []struct {
+		name, env string
+		args      []string
+		want      string
+	}{
+		{name: "default", want: defaultCgroupParent},
+		{name: "env", env: "system.slice/bothy-sandboxes.service", want: "system.slice/bothy-sandboxes.service"},
+		{name: "flag over env", env: "a", args: []string{"--cgroup-parent", "b/c"}, want: "b/c"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv("BOTHY_CGROUP_PARENT", c.env)
+			}
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			o, err := addRuntimeFlags(fs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fs.Parse(c.args); err != nil {
+				t.Fatal(err)
+			}
+			if o.cgroupParent != c.want {
+				t.Fatalf("cgroupParent %q, want %q", o.cgroupParent, c.want)
+			}
+		})
+	}
+}
+
 // TestParseOptionsRuntime: the server's command line carries the runtime's flags.
 func TestParseOptionsRuntime(t *testing.T) {
 	o, err := parseOptions([]string{"--user-namespaces=false"}, io.Discard)

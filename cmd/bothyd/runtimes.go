@@ -66,7 +66,7 @@ func newRuntimes(o runtimeOptions, root string, log *slog.Logger) (*runtimeSet, 
 	if !slices.Contains(kinds, namespace.Kind) {
 		set.unavailable[namespace.Kind] = errTurnedOff
 	}
-	vm, err := microvm.New(microvm.Config{Executable: exe, Accel: o.microvmAccel})
+	vm, err := microvm.New(microvm.Config{Executable: exe, Accel: o.microvmAccel, CgroupParent: o.cgroupParent})
 	if err != nil {
 		return nil, err
 	}

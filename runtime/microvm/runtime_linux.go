@@ -57,6 +57,10 @@ type Config struct {
 	ProbeTimeout time.Duration
 	// KVMDevice is the KVM device; "" means /dev/kvm.
 	KVMDevice string
+	// CgroupParent is the cgroup below which, on cgroup v2, the runtime processes start
+	// (runtime.SpawnDetached's <parent>/runtime); "" leaves them in bothyd's. The microVM
+	// runtime makes no cgroup of a sandbox's own.
+	CgroupParent string
 	// StepHook, when set (by tests), is called after each step of Start that leaves something
 	// behind (AfterAssets, AfterOverlay), where a test process kills itself to leave what a
 	// crash there leaves.
@@ -673,7 +677,7 @@ func openLog(dir string) (*os.File, error) {
 
 // spawn starts the shim for dir, detached, with its output to logf and cfg on its fd 3.
 func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.ProcessID, error) {
-	return runtime.SpawnDetached("microvm", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg)
+	return runtime.SpawnDetached("microvm", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg, r.cfg.CgroupParent)
 }
 
 // Kill kills the sandbox's QEMU (the shim's only child) by verified identity and waits for

@@ -121,10 +121,14 @@
 //
 // The cgroup is <Config.CgroupParent>/<[shim.CgroupLeaf]>: on v1 a directory in each of the
 // memory (with memory+swap where accounted), cpu (CFS quota) and pids hierarchies, on v2 one
-// directory whose ancestors all delegate memory, cpu and pids (so bothyd must not run in a
-// cgroup that holds processes). On v1 the shim's forking thread enters the cgroup for the
+// directory whose ancestors all delegate memory, cpu and pids (so the parent must not be a
+// cgroup that holds processes; only the missing controllers are written, systemd owning the
+// levels above a delegated parent). On v1 the shim's forking thread enters the cgroup for the
 // fork alone; on v2 the init is cloned into it (CLONE_INTO_CGROUP) and makes its cgroup
-// namespace once inside. An out-of-memory kill goes into the outcome. The cgroup's pids.max
+// namespace once inside. Either way the namespace is rooted at the sandbox's cgroup, which
+// is what the read-only cgroup mount at /sys/fs/cgroup shows inside. On v2 the shim itself
+// was started in <Config.CgroupParent>/runtime (runtime.SpawnDetached), outside bothyd's
+// cgroup, so that a restart of bothyd's systemd unit kills no sandbox. An out-of-memory kill goes into the outcome. The cgroup's pids.max
 // is the sandbox's pids limit plus [shim.AgentPids], since the agent's own threads count
 // against it: `pids: N` leaves the workload at least N processes and threads. On v1 the
 // workloads run in a child of the pids cgroup ([shim.WorkloadCgroup], pids.max N+1: the
@@ -132,8 +136,14 @@
 // refused there (a command started meanwhile is refused with pids-limit) and never takes the
 // threads the agent needs; the agent moves its forking thread between the two with tasks
 // files the shim opened (the kernel judges such a write by the opener), which it holds
-// close-on-exec and, not dumpable, out of the workloads' reach. On v2 the two share the
-// ceiling.
+// close-on-exec and, not dumpable, out of the workloads' reach. On v2, which places whole
+// processes only, the sandbox's cgroup has two children: agent, into which the shim moves
+// the init once it made its cgroup namespace (one byte each way on the configuration
+// socket), and workloads (pids.max N), into which the agent clones each workload
+// (CLONE_INTO_CGROUP) through a directory descriptor the shim opened; the cgroup.procs files
+// that clone checks are the sandbox's root's host uid's, nothing else (platform.Cgroup.SplitV2
+// says why root inside gains nothing by it). Where v1 and v2 differ is said once, on
+// platform's cgroupDriver.
 //
 // The init holds the sandbox's capability set plus CAP_SYS_ADMIN, CAP_NET_ADMIN and
 // CAP_SYS_RESOURCE (all in its user namespace), which it drops before the agent runs. The agent keeps [platform.DefaultCapabilities] (Docker's

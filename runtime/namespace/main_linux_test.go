@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 	"github.com/bothy/bothy/runtime/namespace/shim"
 )
 
@@ -64,6 +65,13 @@ func checkNoLeaks() error {
 			for _, d := range cg.Dirs() {
 				ents, _ := os.ReadDir(d)
 				for _, e := range ents {
+					// The runtime processes' leaf (cgroup v2) is no sandbox's; with every
+					// runtime process gone it is empty, and goes.
+					if e.IsDir() && e.Name() == runtime.RuntimeCgroup {
+						if err := os.Remove(filepath.Join(d, e.Name())); err == nil {
+							continue
+						}
+					}
 					if e.IsDir() {
 						problems = append(problems, "cgroup left: "+filepath.Join(d, e.Name()))
 					}

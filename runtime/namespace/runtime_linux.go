@@ -39,8 +39,9 @@ type Config struct {
 	// Executable is the bothyd binary to re-execute as shim and init; "" means the running
 	// executable (/proc/self/exe, which keeps working if the file is replaced on disk).
 	Executable string
-	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<shim.CgroupLeaf>; "" means
-	// "bothyd".
+	// CgroupParent is the cgroup below which each sandbox gets <CgroupParent>/<shim.CgroupLeaf>
+	// and, on cgroup v2, the shims start in <CgroupParent>/runtime (runtime.SpawnDetached); ""
+	// means "bothy" (bothyd's --cgroup-parent).
 	CgroupParent string
 	// IDs are the host ids of the sandboxes' user namespaces; zero fields take the defaults
 	// ([DefaultIDBase], [DefaultIDSlots], [DefaultIDRegistry]). IDs.Off runs sandboxes
@@ -112,7 +113,13 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := platform.OpenCgroup(cfg.CgroupParent + "/probe"); err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
-	prog, err := seccomp.Default(platform.DefaultCapabilities)
+	// On cgroup v2 the agent clones workloads into their cgroup with clone3, which Docker's
+	// profile refuses (seccomp.DefaultWithClone3 says why allowing it is safe).
+	compile := seccomp.Default
+	if v, err := platform.CgroupVersion(); err == nil && v == 2 {
+		compile = seccomp.DefaultWithClone3
+	}
+	prog, err := compile(platform.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("namespace runtime: %w", err)
 	}
@@ -562,7 +569,7 @@ func openLog(dir string) (*os.File, error) {
 // hands it cfg on its fd 3. It returns the shim's identity once the shim has its
 // configuration.
 func (r *Runtime) spawn(dir string, logf *os.File, cfg []byte) (platform.ProcessID, error) {
-	return runtime.SpawnDetached("namespace", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg)
+	return runtime.SpawnDetached("namespace", r.cfg.Executable, []string{shim.ShimCommand, dir}, logf, cfg, r.cfg.CgroupParent)
 }
 
 // Kill kills the sandbox's init (the shim's only child) by verified identity and waits for the

@@ -228,6 +228,12 @@ func TestIsolation(t *testing.T) {
 		t.Fatalf("write in the other sandbox: %+v", r)
 	}
 
+	// The sandbox's own memory limit, where the read-only cgroup mount inside shows it.
+	memoryMax := "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+	if v, err := platform.CgroupVersion(); err == nil && v == 2 {
+		memoryMax = "/sys/fs/cgroup/memory.max"
+	}
+
 	cases := []struct {
 		name   string
 		user   string
@@ -265,7 +271,7 @@ func TestIsolation(t *testing.T) {
 		{"devices", "root", `echo hi > /dev/null && head -c 4 /dev/urandom | wc -c && ls /dev/pts/ptmx /dev/shm && readlink /dev/ptmx`, func(out string) bool {
 			return strings.Contains(out, "4\n") && strings.Contains(out, "pts/ptmx")
 		}},
-		{"own cgroup read-only", "root", `cat /sys/fs/cgroup/memory/memory.limit_in_bytes; echo 1 > /sys/fs/cgroup/memory/memory.limit_in_bytes; echo rc=$?`, func(out string) bool {
+		{"own cgroup read-only", "root", fmt.Sprintf(`cat %[1]s; echo 1 > %[1]s; echo rc=$?`, memoryMax), func(out string) bool {
 			return strings.HasPrefix(out, strconv.Itoa(DefaultResources.MemoryMB<<20)+"\n") && !strings.Contains(out, "rc=0")
 		}},
 		{"agent unreachable through /proc/1", "root", `echo x >> /proc/1/fd/1; echo rc=$?; cat /proc/1/environ; echo rc=$?; readlink /proc/1/exe; echo rc=$?; head -c1 /proc/1/mem; echo rc=$?`, func(out string) bool {
@@ -303,11 +309,29 @@ func TestPidsLimit(t *testing.T) {
 	rt := newTestRuntime(t)
 	root := newStateRoot(t)
 	s := startSandbox(t, rt, root, "pids", runtime.Resources{Pids: 40})
+	if cg := s.cgroup(t); cg.V2() {
+		// The init, which became the agent, is in the agent's child; a workload is in the
+		// workloads' child, and its cgroup namespace, rooted at the sandbox's cgroup, shows
+		// it there, and the sandbox's own tree (both children) at /sys/fs/cgroup.
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", s.initOf(t).Pid))
+		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(b)), "/"+platform.V2AgentCgroup) {
+			t.Errorf("the agent's cgroup: %q (%v), want the sandbox's %s", b, err, platform.V2AgentCgroup)
+		}
+		inside := s.sh(t, "root", `cat /proc/self/cgroup; ls /sys/fs/cgroup/agent/cgroup.procs /sys/fs/cgroup/workloads/pids.max`)
+		want := "0::/" + platform.V2WorkloadsCgroup + "\n/sys/fs/cgroup/agent/cgroup.procs\n/sys/fs/cgroup/workloads/pids.max\n"
+		if inside.Output != want {
+			t.Errorf("inside, /proc/self/cgroup and the sandbox's cgroup tree: %q, want %q", inside.Output, want)
+		}
+	}
 	r := s.sh(t, "user", `i=0; while [ $i -lt 200 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); done 2>&1 | tail -n 1; echo done`)
 	cg := s.cgroup(t)
-	// On cgroup v1 the workload forks in a child of its own (shim.WorkloadCgroup), which
-	// refuses the forks past its 40: the sandbox's own cgroup, and with it the agent's
-	// allowance, never reaches its limit. On v2 the two share the sandbox's cgroup.
+	// The workload forks in a child of its own, which refuses the forks past its 40, and the
+	// agent's tasks are outside it, so that their allowance is never taken. On cgroup v1 the
+	// child is shim.WorkloadCgroup of the pids cgroup, where the agent stays: the sandbox's
+	// own pids.events counts its refusals. On v2 the sandbox's cgroup has two children,
+	// platform.V2WorkloadsCgroup and platform.V2AgentCgroup, where the agent is (the
+	// sandbox's own pids.events is hierarchical from Linux 6.13: the agent's child's counts
+	// the agent's alone).
 	events := func(sub string) string {
 		for _, d := range cg.Dirs() {
 			if b, err := os.ReadFile(filepath.Join(d, sub, "pids.events")); err == nil {
@@ -316,12 +340,13 @@ func TestPidsLimit(t *testing.T) {
 		}
 		return ""
 	}
-	refused := events("")
-	if !cg.V2() {
-		refused = events(shim.WorkloadCgroup)
-		if own := events(""); !strings.Contains(own, "max 0") {
-			t.Errorf("the sandbox's cgroup refused forks (pids.events %q): the workload took the agent's allowance", own)
-		}
+	workloads, agentCgroup := shim.WorkloadCgroup, ""
+	if cg.V2() {
+		workloads, agentCgroup = platform.V2WorkloadsCgroup, platform.V2AgentCgroup
+	}
+	refused := events(workloads)
+	if own := events(agentCgroup); !strings.Contains(own, "max 0") {
+		t.Errorf("the agent's cgroup refused forks (pids.events %q): the workload took the agent's allowance", own)
 	}
 	if !strings.Contains(refused, "max ") || strings.Contains(refused, "max 0") {
 		t.Fatalf("pids limit never hit: pids.events %q; output %q", refused, r.Output)
@@ -348,7 +373,7 @@ func TestPidsLimit(t *testing.T) {
 			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
 			cmds = append(cmds, strings.ReplaceAll(string(b), "\x00", " "))
 		}
-		t.Fatalf("%d processes in the cgroup (pids.current %s, the workloads' %s): the workload did not get its 40 beside the agent: %q", len(pids), cur(""), cur(shim.WorkloadCgroup), cmds)
+		t.Fatalf("%d processes in the cgroup (pids.current %s, the workloads' %s): the workload did not get its 40 beside the agent: %q", len(pids), cur(""), cur(workloads), cmds)
 	}
 }
 

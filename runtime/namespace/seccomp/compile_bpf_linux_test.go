@@ -103,6 +103,34 @@ func TestDefaultSemantics(t *testing.T) {
 	}
 }
 
+// For cgroup v2 the agent clones workloads into their cgroup with clone3: that program
+// allows clone3 and is otherwise the default, clone's flag rules included.
+func TestDefaultWithClone3(t *testing.T) {
+	t.Parallel()
+	prog, err := DefaultWithClone3(platform.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arch, _ := nativeArch()
+	eperm := uint32(unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM))
+	for _, c := range []struct {
+		name string
+		call string
+		args [6]uint64
+		want uint32
+	}{
+		{"clone3 allowed", "clone3", [6]uint64{}, unix.SECCOMP_RET_ALLOW},
+		{"plain clone allowed", "clone", [6]uint64{uint64(unix.SIGCHLD)}, unix.SECCOMP_RET_ALLOW},
+		{"clone into a user namespace refused", "clone", [6]uint64{unix.CLONE_NEWUSER | uint64(unix.SIGCHLD)}, eperm},
+		{"mount refused", "mount", [6]uint64{}, eperm},
+		{"read allowed", "read", [6]uint64{}, unix.SECCOMP_RET_ALLOW},
+	} {
+		if got := runFilter(t, prog, arch, nrOf(t, c.call), c.args); got != c.want {
+			t.Errorf("%s: %#x, want %#x", c.name, got, c.want)
+		}
+	}
+}
+
 func TestOperators(t *testing.T) {
 	t.Parallel()
 	eperm := uint(unix.EPERM)

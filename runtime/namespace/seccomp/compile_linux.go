@@ -7,6 +7,7 @@ package seccomp
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sort"
 
 	mobyseccomp "github.com/moby/profiles/seccomp"
@@ -30,6 +31,45 @@ func Default(caps []string) (*platform.SeccompProgram, error) {
 		return nil, fmt.Errorf("seccomp: build the default profile: %w", err)
 	}
 	return Compile(prof)
+}
+
+// DefaultWithClone3 is [Default] with clone3 allowed, for sandboxes on cgroup v2: there the
+// agent starts every workload into the workloads' cgroup with clone3's CLONE_INTO_CGROUP,
+// and the agent runs under the same filter as its workloads (the init loads it on every
+// thread before the agent runs). Docker's profile answers clone3 with ENOSYS (so that libc
+// falls back to clone) without CAP_SYS_ADMIN, because a filter cannot read clone3's flags,
+// which lie in memory, as it reads clone's. What that rule on clone keeps a workload from
+// doing stays refused by the kernel itself: a namespace other than a user namespace needs
+// CAP_SYS_ADMIN, which no process of a sandbox keeps; a user namespace is refused by the
+// sandbox's max_user_namespaces of 0; CLONE_INTO_CGROUP needs write access to the
+// destination's cgroup.procs, and the only cgroup.procs files of the sandbox's root are the
+// workloads' and their parent's, which holds no process (platform.Cgroup.SplitV2).
+func DefaultWithClone3(caps []string) (*platform.SeccompProgram, error) {
+	spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{
+		Bounding: caps, Effective: caps, Permitted: caps,
+	}}}
+	prof, err := mobyseccomp.GetDefaultProfile(spec)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: build the default profile: %w", err)
+	}
+	return Compile(allowClone3(prof))
+}
+
+// allowClone3 takes clone3 out of the profile's rules that refuse it, and allows it.
+func allowClone3(prof *specs.LinuxSeccomp) *specs.LinuxSeccomp {
+	out := *prof
+	out.Syscalls = nil
+	for _, sc := range prof.Syscalls {
+		if sc.Action != specs.ActAllow && slices.Contains(sc.Names, "clone3") {
+			sc.Names = slices.DeleteFunc(slices.Clone(sc.Names), func(n string) bool { return n == "clone3" })
+			if len(sc.Names) == 0 {
+				continue
+			}
+		}
+		out.Syscalls = append(out.Syscalls, sc)
+	}
+	out.Syscalls = append(out.Syscalls, specs.LinuxSyscall{Names: []string{"clone3"}, Action: specs.ActAllow})
+	return &out
 }
 
 // syscallEntry is one entry of the generated syscall tables.

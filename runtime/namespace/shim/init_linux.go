@@ -29,8 +29,10 @@ type agentConfig struct {
 	Env        map[string]string `json:"env,omitempty"`
 	Hostname   string            `json:"hostname"`
 	CgroupDir  string            `json:"cgroup_dir,omitempty"`
-	// WorkloadPids: fds 6 and 7 are the workloads' and the agent's tasks files.
+	// WorkloadPids: fds 6 and 7 are the workloads' and the agent's tasks files (cgroup v1),
+	// or fd 6 is the workloads' cgroup directory (CgroupV2).
 	WorkloadPids bool `json:"workload_pids,omitempty"`
+	CgroupV2     bool `json:"cgroup_v2,omitempty"`
 }
 
 func initLogf(format string, args ...any) {
@@ -85,10 +87,9 @@ func lifelineHeld() bool {
 const maxConfigMounts = 32
 
 // receiveConfig reads the init's configuration, one message on the socket at fd 3 (see
-// [sendConfig]), into v and returns the descriptors that came with it, close-on-exec.
+// [sendConfig]), into v and returns the descriptors that came with it, close-on-exec. The
+// socket stays open for [settleCgroup]; the caller closes fd 3.
 func receiveConfig(v any) ([]*os.File, error) {
-	f := os.NewFile(fdConfig, "config")
-	defer f.Close()
 	buf := make([]byte, maxConfigSize)
 	oob := make([]byte, unix.CmsgSpace(maxConfigMounts*4))
 	var (
@@ -125,6 +126,43 @@ func receiveConfig(v any) ([]*os.File, error) {
 	return files, nil
 }
 
+// settleCgroup makes the init's cgroup namespace on cgroup v2, rooted at the sandbox's
+// cgroup, into which the init was cloned without one (clone3 makes namespaces before it
+// places the child: see the shim's startV2). With the workloads' cgroup (spec.WorkloadPids),
+// the shim then moves the init into the agent's child and limits the workloads
+// (platform.Cgroup.SettleV2): the init asks with one byte on the configuration socket and
+// waits for the shim's byte back. The namespace stays rooted at the sandbox's cgroup, so
+// the agent sees both children and may clone workloads into theirs. On v1 the clone made the
+// namespace already, rooted where the shim's forking thread was: the sandbox's cgroup.
+//
+// Namespaces are per thread: in a binary without cgo every thread moves; with cgo only this
+// one, locked, which is also the one that execs the agent stage, so the whole sandbox gets it
+// either way.
+func settleCgroup(spec *shimSpec) error {
+	if !spec.CgroupV2 {
+		return nil
+	}
+	if _, err := platform.UnshareCgroupNamespace(); err != nil {
+		return err
+	}
+	if !spec.WorkloadPids {
+		return nil
+	}
+	if _, err := unix.Write(fdConfig, []byte{1}); err != nil {
+		return fmt.Errorf("ask the shim for the agent's cgroup: %w", err)
+	}
+	var b [1]byte
+	var n int
+	err := platform.IgnoringEINTR(func() (err error) {
+		n, err = unix.Read(fdConfig, b[:])
+		return err
+	})
+	if err != nil || n != 1 || b[0] != 1 {
+		return fmt.Errorf("the shim did not move the init into the agent's cgroup (%d bytes, %v)", n, err)
+	}
+	return nil
+}
+
 // readConfig reads the agent stage's configuration from the pipe at fd 3.
 func readConfig(v any) error {
 	f := os.NewFile(fdConfig, "config")
@@ -139,6 +177,10 @@ func readConfig(v any) error {
 func initStage() error {
 	var cfg initConfig
 	mounts, err := receiveConfig(&cfg)
+	if err == nil {
+		err = settleCgroup(&cfg.Spec)
+	}
+	unix.Close(fdConfig)
 	if err != nil {
 		return err
 	}
@@ -168,7 +210,7 @@ func initStage() error {
 		return err
 	}
 
-	acfg := agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir, WorkloadPids: spec.WorkloadPids}
+	acfg := agentConfig{Capability: spec.Capability, Env: spec.Env, Hostname: spec.Hostname, CgroupDir: cgroupDir, WorkloadPids: spec.WorkloadPids, CgroupV2: spec.CgroupV2}
 	prog, err := seccompProgram(cfg.Seccomp)
 	if err != nil {
 		return err
@@ -296,8 +338,13 @@ func runAgent(cfg agentConfig) error {
 	// every wait of its own.
 	runtime.UnlockOSThread()
 	unix.CloseOnExec(fdLifeline)
-	var workloadTasks, agentTasks *os.File
-	if cfg.WorkloadPids {
+	var workloadTasks, agentTasks, workloadCgroup *os.File
+	switch {
+	case cfg.WorkloadPids && cfg.CgroupV2:
+		// The workloads' cgroup directory, opened by the shim (platform.Cgroup.SplitV2).
+		unix.CloseOnExec(fdWorkloadTasks)
+		workloadCgroup = os.NewFile(fdWorkloadTasks, "workloads' cgroup")
+	case cfg.WorkloadPids:
 		// Opened by the shim, as host root: the kernel judges a move by the opener.
 		unix.CloseOnExec(fdWorkloadTasks)
 		unix.CloseOnExec(fdAgentTasks)
@@ -321,13 +368,14 @@ func runAgent(cfg agentConfig) error {
 	}
 	slices.Sort(env)
 	err = agent.Run(agent.Config{
-		Listener:      ln,
-		Capability:    cfg.Capability,
-		DefaultEnv:    env,
-		Hostname:      cfg.Hostname,
-		CgroupDir:     cfg.CgroupDir,
-		WorkloadTasks: workloadTasks,
-		AgentTasks:    agentTasks,
+		Listener:       ln,
+		Capability:     cfg.Capability,
+		DefaultEnv:     env,
+		Hostname:       cfg.Hostname,
+		CgroupDir:      cfg.CgroupDir,
+		WorkloadTasks:  workloadTasks,
+		AgentTasks:     agentTasks,
+		WorkloadCgroup: workloadCgroup,
 		// The init bounded the capabilities of its own thread only (or, built with cgo, of
 		// every thread by an exec): each workload's fork is bounded on its thread.
 		WorkloadCapabilities: platform.DefaultCapabilities,

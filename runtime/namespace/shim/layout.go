@@ -50,12 +50,14 @@ const (
 // room for the agent (below 6 the sandbox never came up, at 8 it ran but could start no
 // command); with it, `pids: N` leaves at least N to the workload.
 //
-// On cgroup v1 the allowance is the agent's own: the workloads live in a child of the
-// sandbox's pids cgroup, [WorkloadCgroup], limited to N (and the forking thread), so a workload that forks without end
-// is refused its forks there and never takes the thread the agent needs to answer (or to
-// live: a Go runtime that cannot make a thread dies). On cgroup v2 the two share the ceiling
-// (a v2 cgroup with children holds no processes of its own): a workload that forks past N
-// can take what the agent does not use.
+// The allowance is the agent's own: the workloads live in a cgroup of their own limited to
+// N, so a workload that forks without end is refused its forks there and never takes the
+// thread the agent needs to answer (or to live: a Go runtime that cannot make a thread
+// dies). On cgroup v1 that is [WorkloadCgroup], a child of the sandbox's pids cgroup
+// limited to N and the forking thread; on v2 (where a cgroup with children holds no process
+// of its own) the sandbox's cgroup has two children, platform.V2AgentCgroup with the agent
+// and platform.V2WorkloadsCgroup limited to N, into which each workload is cloned
+// (platform.Cgroup.SplitV2).
 const AgentPids = 32
 
 // WorkloadCgroup is the child of a sandbox's pids cgroup (cgroup v1, with a pids limit) that

@@ -57,16 +57,9 @@ func setupRoot(cfg *initConfig, mounts []*os.File) (string, error) {
 
 // mountOwnCgroup mounts the sandbox's own cgroup read-only at /sys/fs/cgroup (v2) or
 // /sys/fs/cgroup/memory (v1's memory hierarchy), for the agent's statistics. The init's
-// cgroup namespace is rooted at the sandbox's cgroup, so nothing above it shows.
+// cgroup namespace is rooted at the sandbox's cgroup ([settleCgroup] on v2), so nothing above
+// it shows; on v2 with a pids limit, its children agent and workloads do.
 func mountOwnCgroup(root *os.File, v2 bool) (string, error) {
-	if v2 {
-		// The init was cloned into its cgroup without a cgroup namespace (see runShim); the
-		// namespace made now is rooted at the sandbox's cgroup. This thread mounts, and
-		// with cgo it is also the one that execs, so the whole sandbox gets it either way.
-		if _, err := platform.UnshareCgroupNamespace(); err != nil {
-			return "", err
-		}
-	}
 	inside, fstype, opts := "/sys/fs/cgroup", "cgroup2", ""
 	if !v2 {
 		inside, fstype, opts = "/sys/fs/cgroup/memory", "cgroup", "memory"

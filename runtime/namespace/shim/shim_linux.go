@@ -58,8 +58,9 @@ type shimSpec struct {
 	Hostname   string            `json:"hostname"`
 	// CgroupV2 says which kind of cgroup to mount inside for the agent.
 	CgroupV2 bool `json:"cgroup_v2,omitempty"`
-	// WorkloadPids says the init has the tasks files of [WorkloadCgroup] and of the sandbox's
-	// pids cgroup at fds 6 and 7.
+	// WorkloadPids says the init has, on cgroup v1, the tasks files of [WorkloadCgroup] and of
+	// the sandbox's pids cgroup at fds 6 and 7; on v2, the directory of the workloads' cgroup
+	// at fd 6, and it asks the shim to be moved into the agent's ([settleCgroup]).
 	WorkloadPids bool `json:"workload_pids,omitempty"`
 	// Disk says the writable layer lives on the sandbox's own disk (EntryDiskImage).
 	Disk bool `json:"disk,omitempty"`
@@ -80,7 +81,7 @@ const (
 	fdLifeline = 4
 	fdListener = 5
 	// 6 and 7, with a pids limit on cgroup v1: the tasks files of [WorkloadCgroup] and of the
-	// sandbox's own pids cgroup.
+	// sandbox's own pids cgroup; 6 alone on v2: the workloads' cgroup directory.
 	fdWorkloadTasks = 6
 	fdAgentTasks    = 7
 )
@@ -156,7 +157,11 @@ func runShim(cfg *Config) int {
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
-	tasks, err := workloadTasks(cg, spec.Resources.Pids)
+	owner := -1
+	if ids != nil {
+		owner = int(ids.base)
+	}
+	tasks, err := workloadTasks(cg, spec.Resources.Pids, owner)
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
@@ -169,7 +174,7 @@ func runShim(cfg *Config) int {
 	}
 	// The lifeline's write end stays open (close-on-exec) for the shim's whole life.
 	defer proc.lifeline.Close()
-	werr := proc.configure(spec, <-baseDone, cfg.Seccomp, cg.V2())
+	werr := proc.configure(spec, <-baseDone, cfg.Seccomp, cg)
 	if err := proc.leaveCgroup(); err != nil {
 		// The shim's own thread would stay in the sandbox's cgroup, where removing the cgroup
 		// at the end would kill the shim itself: end the sandbox, and leave the cgroup to the
@@ -314,12 +319,23 @@ func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
 	return cg, nil
 }
 
-// workloadTasks makes the workloads' pids cgroup ([WorkloadCgroup]) of a sandbox, limited to
-// pids tasks and the forking thread, and returns the tasks files the init gets (fds 6 and
-// 7), or none: without a pids limit, or on cgroup v2.
-func workloadTasks(cg *platform.Cgroup, pids int) ([]*os.File, error) {
-	if pids <= 0 || cg.V2() {
+// workloadTasks makes the workloads' cgroup of a sandbox, limited to pids tasks, and returns
+// what the init gets of it (fds 6 and 7), or nothing without a pids limit. On cgroup v1 that
+// is the tasks files of [WorkloadCgroup], a child of the sandbox's pids cgroup limited to pids
+// and the forking thread, and of the sandbox's pids cgroup; on v2 the directory of the
+// child platform.V2WorkloadsCgroup, whose limit [initProcess.configure] writes once the init
+// is in the agent's child (platform.Cgroup.SplitV2, which says why owner, the host uid of the
+// sandbox's root or -1, may write what it may).
+func workloadTasks(cg *platform.Cgroup, pids, owner int) ([]*os.File, error) {
+	if pids <= 0 {
 		return nil, nil
+	}
+	if cg.V2() {
+		dir, err := cg.SplitV2(owner)
+		if err != nil {
+			return nil, fmt.Errorf("the workloads' cgroup: %w", err)
+		}
+		return []*os.File{dir}, nil
 	}
 	// One more than the workload's limit: the agent's thread that forks a workload is in
 	// the cgroup while it forks, and counts.
@@ -525,7 +541,8 @@ func (p *initProcess) startV1(cg *platform.Cgroup) error {
 // configure makes the mounts of the sandbox's root (see [rootMounts]), with the host base b,
 // and hands them to the init with its configuration and the compiled seccomp filter, and
 // closes the socket. An init that cannot have them is killed; the error says why.
-func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []byte, v2 bool) error {
+func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []byte, cg *platform.Cgroup) error {
+	v2 := cg.V2()
 	err := b.err
 	if err != nil {
 		logf("build the host image: %v", err)
@@ -547,6 +564,9 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 				p.held = mounts.keep()
 			}
 			mounts.Close()
+			if err == nil && v2 && p.workloadPids {
+				err = p.settleV2(cg, spec.Resources.Pids)
+			}
 		}
 	}
 	p.config.Close()
@@ -554,6 +574,24 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 		_ = p.cmd.Process.Kill()
 	}
 	return err
+}
+
+// settleV2 answers the init's request (one byte on the configuration socket, sent once it
+// made its cgroup namespace in the sandbox's cgroup; see settleCgroup) by moving it into the
+// agent's child and limiting the workloads' child to pids tasks (platform.Cgroup.SettleV2),
+// and tells it so with one byte back. An init that ends first closes its end: the read fails.
+func (p *initProcess) settleV2(cg *platform.Cgroup, pids int) error {
+	var b [1]byte
+	if n, err := p.config.Read(b[:]); n != 1 || b[0] != 1 {
+		return fmt.Errorf("the init did not ask for its cgroup (%d bytes, %v)", n, err)
+	}
+	if err := cg.SettleV2(p.cmd.Process.Pid, pids); err != nil {
+		return fmt.Errorf("the agent's and the workloads' cgroups: %w", err)
+	}
+	if _, err := p.config.Write(b[:]); err != nil {
+		return fmt.Errorf("tell the init its cgroup: %w", err)
+	}
+	return nil
 }
 
 // makeMounts makes the mounts of the sandbox's root, idmapped by the init's user namespace
