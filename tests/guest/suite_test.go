@@ -103,7 +103,10 @@ func (s *suite) hostTests(t *testing.T) {
 	for _, c := range []struct{ name, dir, bin, run string }{
 		{"platform", "platform", "platform.test", "Cgroup"},
 		{"runtime-namespace", "runtime/namespace", "namespace.test", "^(TestPidsLimit|TestMemoryLimitOOM|TestPauseOfAnEndedSandbox)$"},
-		{"tests", "tests", "tests.test", "^(TestContractSmallPids|TestHostileWorkloads|TestExecOutcomes|TestPauseResume|TestExecOutlivesAPause|TestCaptureOfARunningSandbox|TestCaptureOfAClone)$"},
+		{"tests", "tests", "tests.test", "^(TestContractSmallPids|TestExecOutcomes|TestPauseResume|TestExecOutlivesAPause|TestCaptureOfARunningSandbox|TestCaptureOfAClone)$"},
+		// Of the hostile workloads, the two the cgroup limits answer (the others, a full disk
+		// and a flood of output, are the same on v1 and v2, and slow under TCG).
+		{"tests-hostile", "tests", "tests.test", "^TestHostileWorkloads$/^(forks_without_end|allocates_without_end)$"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, err := g.run(20*time.Minute, fmt.Sprintf(
@@ -568,7 +571,12 @@ func (s *suite) reboot(t *testing.T) {
 	start := time.Now()
 	_, _ = g.run(30*time.Second, "systemctl reboot")
 	waitFor(t, 3*time.Minute, "the guest to go down", func() bool { return !g.up() })
-	waitFor(t, 10*time.Minute, "the guest's ssh after the reboot", g.up)
+	for deadline := time.Now().Add(10 * time.Minute); !g.up(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no ssh 10 minutes after the reboot; the serial console's end:\n%s", g.serialTail())
+		}
+		time.Sleep(time.Second)
+	}
 	ssh := time.Since(start)
 	s.waitServing(t, 5*time.Minute)
 	// scripts/guest/test reports this line's figures (docs/performance.md).
