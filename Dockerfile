@@ -22,7 +22,7 @@ COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/bothyd ./cmd/bothyd \
  && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/bothyd-runtime ./cmd/bothyd-runtime \
- && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/bothy ./cmd/bothy
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/bothy ./cmd/bothy
 
 FROM debian:bookworm-slim
 # The host image of a sandbox is this container's /usr: install here what workloads should find.

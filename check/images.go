@@ -44,7 +44,15 @@ func (c *checker) checkImages(ctx context.Context, p *pass, repair bool) {
 	}
 	if !repair {
 		for _, ip := range probs {
-			p.problems = append(p.problems, Problem{Kind: string(ip.Kind), Entry: filepath.Join(entry, ip.Entry), Detail: ip.Detail})
+			pr := Problem{Kind: string(ip.Kind), Entry: filepath.Join(entry, ip.Entry), Detail: ip.Detail}
+			if ip.Kind == image.UnreferencedLayer {
+				// Not an inconsistency: a layer a live pull has just unpacked, or one a
+				// failed pull left for its retry (see image.UnreferencedLayer).
+				pr.Detail += "; bothyd's next start or check --repair removes it"
+				p.notes = append(p.notes, pr)
+				continue
+			}
+			p.problems = append(p.problems, pr)
 		}
 	}
 	stale, err := c.sup.CheckImageUses(lctx, repair)

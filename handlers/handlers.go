@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/events"
+	"github.com/bothy/bothy/network"
 	"github.com/bothy/bothy/openapi"
 	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/supervisor"
@@ -101,6 +102,9 @@ type Config struct {
 	OnExec func(mode string, d time.Duration, timedOut bool, err error)
 	// Storage, if set, reports the state root's health for /v1/info.
 	Storage func() supervisor.StorageStatus
+	// HostFirewall, if set, reports what the host's own firewall does to the sandboxes'
+	// traffic, for /v1/info's network; nil (no sandbox network) leaves network out.
+	HostFirewall func() network.HostFirewall
 	// NoFileLimit is bothyd's RLIMIT_NOFILE, for /v1/info (0: unknown).
 	NoFileLimit uint64
 	// Links, if set, keeps the port links; nil answers their routes not-implemented.

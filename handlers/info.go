@@ -48,6 +48,12 @@ func (h *Handlers) GetInfo(context.Context, openapi.GetInfoRequestObject) (opena
 	}
 	info.Storage = h.storageHealth()
 	h.portInfo(&info)
+	if h.cfg.HostFirewall != nil {
+		fw := h.cfg.HostFirewall()
+		info.Network = &struct {
+			HostFirewall openapi.HostFirewall `json:"host_firewall"`
+		}{openapi.HostFirewall{State: openapi.HostFirewallState(fw.State), Detail: fw.Detail}}
+	}
 	return openapi.GetInfo200JSONResponse(info), nil
 }
 

@@ -29,7 +29,9 @@
 //
 // # DNS pinning
 //
-// Each networked sandbox has a resolver on port 53 of its gateway. It answers REFUSED for a
+// Each networked sandbox has a resolver on port 53 of its gateway, and reaches no other: the
+// input chain accepts a query only to a gateway that is local to the interface it came in on,
+// and the resolver's sockets are bound to the sandbox's interface. It answers REFUSED for a
 // name the policy does not allow (not NXDOMAIN: the name may exist, and a negative answer
 // would be cached past a policy change), forwards the rest to the upstream, and before
 // replying adds the answer's IPv4 addresses to the sandbox's pinned set for their TTL
@@ -39,6 +41,22 @@
 // # Invariants
 //
 // One Manager runs per host. bothyd owns the table "bothy" and every interface whose name
-// starts with "sbxd"; it touches no other table. [Manager.Update] replaces a policy in one
-// nftables transaction: new connections follow it at once, established ones continue.
+// starts with "sbxd"; it touches no other nftables table; of the host's own firewall it
+// changes only iptables' filter table, where it keeps its accept rules for those interfaces,
+// and firewalld's runtime zones, through firewall-cmd. [Manager.Update] replaces a policy in
+// one nftables transaction: new connections follow it at once, established ones continue.
+//
+// # The host's own firewall
+//
+// A drop in any base chain of a hook is final, whatever bothyd's own chains accept, so
+// Docker's and ufw's iptables rules (FORWARD policy DROP; ufw's INPUT too) and firewalld's
+// zones would drop the sandboxes' traffic before bothyd's policy decides.
+// [Manager.OpenHostFirewall], at bothyd's start and again at each [Manager.Setup], puts accept
+// rules for "sbxd+" alone, tagged "bothy-sandboxes-*", into DOCKER-USER or at the top of
+// FORWARD (and port 53 into INPUT), exactly once, with the iptables command of each backend
+// present (nft, legacy), and puts "sbxd+" in firewalld's trusted zone (runtime configuration,
+// with firewall-cmd); bothyd's own chains still drop what the policy forbids. What it cannot
+// open is reported ([Manager.HostFirewall]): a foreign nftables chain that drops by policy, a
+// missing command, interfaces someone put in another zone. The rules stay when bothyd stops:
+// the sandboxes outlive it.
 package network

@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/bothy/bothy/internal/ratelog/perkey"
 	"github.com/bothy/bothy/naming"
 )
 
@@ -39,6 +40,16 @@ type Manager struct {
 	baseDone  bool
 
 	refused atomic.Uint64
+
+	// lim are the resolvers' bounds; conns and pending count against them for all sandboxes
+	// together, each sandbox's own gates for it alone (bounds.go). rl logs what sandboxes
+	// can cause, at a bounded rate.
+	lim            limits
+	conns, pending gate
+	rl             *perkey.Logger
+	// fwMu orders the looks at the host's firewall; fw is the last one's finding.
+	fwMu sync.Mutex
+	fw   HostFirewall
 }
 
 // sandbox is a set-up sandbox's live state: its policy, its resolver and what it pinned.
@@ -53,6 +64,8 @@ type sandbox struct {
 
 	servers []*dns.Server
 	refused atomic.Uint64
+	// conns and pending are the sandbox's own share of the resolver's bounds.
+	conns, pending gate
 }
 
 // New returns a Manager and makes sure bothyd's nftables table and base chains exist. It
@@ -87,6 +100,8 @@ func New(cfg Config) (*Manager, error) {
 		m.nsFD = int(cfg.HostNS.Fd())
 	}
 	m.never = append(m.never, alwaysDenied...)
+	m.setLimits(defaultLimits)
+	m.rl = perkey.New(m.log, logEvery, maxLogKeys)
 	return m, nil
 }
 
@@ -220,10 +235,15 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 	sb := m.sandboxes[id]
 	if sb == nil {
 		sb = &sandbox{id: id, alloc: a, att: att}
+		sb.conns.max, sb.pending.max = m.lim.connsPerSandbox, m.lim.pendingPerSandbox
 	}
 	if err := m.filter(sb, rules); err != nil {
 		return att, err
 	}
+	// A firewall started or reloaded since bothyd's start (Docker's, ufw's) may have come
+	// between: its rules are looked at again, before the interface exists. What it finds is
+	// reported, not a failure: the sandbox's own filter is in place either way.
+	m.OpenHostFirewall()
 	if err := m.plumb(a, att, target); err != nil {
 		return att, err
 	}

@@ -27,3 +27,9 @@ func (m *Manager) Leftovers(live func(id string) bool) (Leftovers, error) {
 }
 func (m *Manager) Repair(l Leftovers) error { return platform.ErrUnsupported }
 func (m *Manager) Close() error             { return nil }
+
+// OpenHostFirewall and HostFirewall report that there is no sandbox network to let through.
+func (m *Manager) OpenHostFirewall() HostFirewall {
+	return HostFirewall{State: FirewallUnknown, Detail: "sandbox networking needs Linux"}
+}
+func (m *Manager) HostFirewall() HostFirewall { return m.OpenHostFirewall() }

@@ -192,6 +192,16 @@ func ctEstablished() []expr.Any {
 	}
 }
 
+// localToIIF matches a destination that is a local address of the interface the packet came
+// in on (nft's "fib daddr . iif type local"): the kernel's lookup answers RTN_LOCAL only when
+// the address's local route is on that interface.
+func localToIIF() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true, FlagIIF: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+	}
+}
+
 func count(name string) expr.Any { return &expr.Objref{Type: objrefCounter, Name: name} }
 
 var (
@@ -262,10 +272,13 @@ func addBase(c *nftables.Conn, never []netip.Prefix, pools []netip.Prefix, uplin
 	c.AddRule(rule(forward, sbx(expr.MetaKeyIIFNAME), drop))
 	c.AddRule(rule(forward, sbx(expr.MetaKeyOIFNAME), drop))
 
-	// The host answers a sandbox only on port 53 of a gateway address, where its resolver is.
+	// The host answers a sandbox only on port 53 of its own gateway, where its resolver is: a
+	// gateway address that is local to the interface the packet came in on. Every gateway is
+	// an address of the host, so without the fib match a sandbox could query another's
+	// resolver, under the other's policy.
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		c.AddRule(rule(input, sbx(expr.MetaKeyIIFNAME), nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), l4proto(proto),
-			dportIs(53), daddrIn(gatewaysSet), accept))
+			dportIs(53), daddrIn(gatewaysSet), localToIIF(), accept))
 	}
 	c.AddRule(rule(input, sbx(expr.MetaKeyIIFNAME), count(hostDenied), drop))
 

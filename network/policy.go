@@ -3,6 +3,7 @@ package network
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/bothy/bothy/errcode"
@@ -239,28 +240,69 @@ func checkDomain(name string) error {
 	return nil
 }
 
-// matches reports whether e is a domain or wildcard entry that covers name (lower case,
-// without a final dot).
-func (e Entry) matches(name string) bool {
-	switch e.Kind {
-	case Domain:
-		return name == e.Name
-	case Wildcard:
-		return strings.HasSuffix(name, "."+e.Name)
+// matches reports whether e is a domain or wildcard entry that covers the name of labels
+// (lower case, root last, as [hostLabels] gives them). The comparison is label by label: a
+// wildcard covers names with more labels than its domain whose last labels are the domain's.
+func (e Entry) matches(labels []string) bool {
+	if e.Kind != Domain && e.Kind != Wildcard {
+		return false
 	}
-	return false
+	zone := strings.Split(e.Name, ".")
+	if e.Kind == Domain {
+		return slices.Equal(labels, zone)
+	}
+	return len(labels) > len(zone) && slices.Equal(labels[len(labels)-len(zone):], zone)
 }
 
-// AllowsName reports whether the sandbox's resolver answers name: never when a deny entry
-// covers it; when the allow list is not empty, only if an allow entry covers it; otherwise if
-// the sandbox has the internet. Addresses are judged apart, by the filter, when connected to.
+// hostLabels returns the labels of a queried name in the presentation form miekg/dns gives
+// (dns.Name: a label's dot, space, backslash and other special or unprintable bytes escaped,
+// as "evil\.allowed.test."), lower case, or false when the name is not a host name: a label
+// holds a byte other than a letter, a digit, '-' or '_' (so every escaped byte, a dot inside a
+// label first among them), or a label is empty or too long. Such a name is refused whatever
+// the policy: matched as text, "evil\.allowed.test." would end in ".allowed.test" while its
+// labels on the wire are "evil.allowed" and "test", a name outside allowed.test. The root
+// name has no labels.
+func hostLabels(name string) ([]string, bool) {
+	name = strings.TrimSuffix(name, ".")
+	if name == "" {
+		return nil, true
+	}
+	if len(name) > 253 {
+		return nil, false
+	}
+	b := []byte(name)
+	for i, c := range b {
+		switch {
+		case c >= 'A' && c <= 'Z':
+			b[i] = c + 'a' - 'A'
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			return nil, false
+		}
+	}
+	labels := strings.Split(string(b), ".")
+	for _, l := range labels {
+		if l == "" || len(l) > 63 {
+			return nil, false
+		}
+	}
+	return labels, true
+}
+
+// AllowsName reports whether the sandbox's resolver answers name (in miekg/dns's presentation
+// form, see [hostLabels]): never when it is not a host name or a deny entry covers it; when the
+// allow list is not empty, only if an allow entry covers it; otherwise if the sandbox has the
+// internet. Addresses are judged apart, by the filter, when connected to.
 func (r *Rules) AllowsName(name string) bool {
 	if r == nil {
 		return false
 	}
-	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	labels, ok := hostLabels(name)
+	if !ok {
+		return false
+	}
 	for _, e := range r.Deny {
-		if e.matches(name) {
+		if e.matches(labels) {
 			return false
 		}
 	}
@@ -268,7 +310,7 @@ func (r *Rules) AllowsName(name string) bool {
 		return r.Internet
 	}
 	for _, e := range r.Allow {
-		if e.matches(name) {
+		if e.matches(labels) {
 			return true
 		}
 	}

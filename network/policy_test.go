@@ -100,6 +100,19 @@ func TestAllowsName(t *testing.T) {
 		{internet, "anything.test", true},
 		{internet, "x.tracker.test", false},
 		{none, "example.com", false},
+		// Names are matched on their labels, and a name that is not a host name is refused
+		// whatever the policy. miekg/dns presents a label's dot escaped: the wire labels of
+		// `x\.example.org.` are "x.example" and "org", a name outside example.org whose
+		// text ends in ".example.org".
+		{list, `x\.example.org.`, false},
+		{list, `evil\.com.example.org.`, false},
+		{list, `a\000b.example.org.`, false},
+		{list, `a\ b.example.org.`, false},
+		{list, "a..example.org", false},
+		{list, "A.B.Example.ORG.", true},
+		{list, "_srv._tcp.example.org.", true},
+		{internet, `evil\.com.`, false},
+		{internet, strings.Repeat("a", 64) + ".test", false},
 		{nil, "example.com", false},
 	}
 	for _, tc := range cases {

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 )
 
 // The bounds of a pin's life. A TTL of a few seconds (or zero) would let the pin lapse
@@ -42,13 +44,17 @@ func pinTTL(ttl uint32) time.Duration {
 
 // serve starts sb's resolver on port 53 of its gateway, over UDP and TCP, with sockets opened
 // in the host namespace. Each sandbox has its own listener, so a query's sandbox is known by
-// where it arrived, not by a source address it could try to forge.
+// where it arrived, not by a source address it could try to forge. The sockets are bound to
+// the sandbox's host interface (SO_BINDTODEVICE): every gateway is an address of the host, and
+// a socket bound to an address alone would take a query that another sandbox sent to it
+// through its own interface. The input chain drops such a query already (localToIIF); the
+// binding holds even without it. TCP connections are bounded (bounds_linux.go).
 func (m *Manager) serve(sb *sandbox) error {
 	at := netip.AddrPortFrom(sb.att.Gateway, 53).String()
 	var pc net.PacketConn
 	var ln net.Listener
 	err := m.inHost(func() (err error) {
-		var lc net.ListenConfig
+		lc := net.ListenConfig{Control: bindToDevice(sb.att.Interface)}
 		if pc, err = lc.ListenPacket(context.Background(), "udp4", at); err != nil {
 			return err
 		}
@@ -60,8 +66,18 @@ func (m *Manager) serve(sb *sandbox) error {
 	if err != nil {
 		return fmt.Errorf("network: start the resolver of %s on %s: %w", sb.id, at, err)
 	}
+	ln = &boundedListener{Listener: ln, gates: []*gate{&sb.conns, &m.conns},
+		full: func() {
+			m.rl.Warn(sb.id+" conns", "network: a TCP connection to the sandbox's resolver was closed at its bound",
+				"sandbox", sb.id, "per_sandbox", sb.conns.max, "all", m.conns.max)
+		},
+		failed: func(err error) {
+			m.rl.Warn(sb.id+" accept", "network: the sandbox's resolver cannot accept a TCP connection", "sandbox", sb.id, "err", err)
+		}}
 	handler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { m.answer(sb, w, q) })
-	sb.servers = []*dns.Server{{PacketConn: pc, Handler: handler}, {Listener: ln, Handler: handler}}
+	idle := func() time.Duration { return resolverIdleTimeout }
+	sb.servers = []*dns.Server{{PacketConn: pc, Handler: handler},
+		{Listener: ln, Handler: handler, ReadTimeout: resolverReadTimeout, IdleTimeout: idle, WriteTimeout: resolverWriteTimeout}}
 	for _, s := range sb.servers {
 		go func() {
 			if err := s.ActivateAndServe(); err != nil {
@@ -70,6 +86,28 @@ func (m *Manager) serve(sb *sandbox) error {
 		}()
 	}
 	return nil
+}
+
+// bindToDevice returns a socket control that binds the socket to the interface ifname.
+func bindToDevice(ifname string) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) {
+			err = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifname)
+		}); cerr != nil {
+			return cerr
+		}
+		if err != nil {
+			return fmt.Errorf("bind to %s: %w", ifname, err)
+		}
+		return nil
+	}
+}
+
+// setLimits sets the resolvers' bounds, before any sandbox is set up.
+func (m *Manager) setLimits(l limits) {
+	m.lim = l
+	m.conns.max, m.pending.max = l.conns, l.pending
 }
 
 // answer answers one query of sb: REFUSED for a name its policy does not allow, and otherwise
@@ -102,15 +140,25 @@ func (m *Manager) answer(sb *sandbox, w dns.ResponseWriter, q *dns.Msg) {
 		reply(dns.RcodeRefused)
 		return
 	}
+	// A query goes upstream only within the bounds of pending queries: each holds a socket
+	// until the upstream answers or its timeout passes, and an upstream that never answers
+	// would otherwise let a sandbox hold as many as it sends.
+	if !enterAll(&sb.pending, &m.pending) {
+		m.rl.Warn(sb.id+" pending", "network: a query of the sandbox was not forwarded: too many are pending upstream",
+			"sandbox", sb.id, "name", name, "per_sandbox", sb.pending.max, "all", m.pending.max)
+		reply(dns.RcodeServerFailure)
+		return
+	}
 	resp, err := m.forward(q)
+	leaveAll(&sb.pending, &m.pending)
 	if err != nil {
-		m.log.Warn("network: the upstream resolver failed", "sandbox", sb.id, "name", name, "err", err)
+		m.rl.Warn(sb.id+" upstream", "network: the upstream resolver failed", "sandbox", sb.id, "name", name, "err", err)
 		reply(dns.RcodeServerFailure)
 		return
 	}
 	if rules.pins() {
 		if err := m.pinAnswers(sb, rules, name, resp); err != nil {
-			m.log.Warn("network: pin an answer", "sandbox", sb.id, "name", name, "err", err)
+			m.rl.Warn(sb.id+" pin", "network: pin an answer", "sandbox", sb.id, "name", name, "err", err)
 			reply(dns.RcodeServerFailure)
 			return
 		}
@@ -178,6 +226,9 @@ func (m *Manager) pinAnswers(sb *sandbox, rules *Rules, name string, resp *dns.M
 		// longer in force.
 		return fmt.Errorf("the policy changed while %s was resolved", name)
 	}
+	if err := m.roomForPins(sb, fresh); err != nil {
+		return err
+	}
 	set := ipv4Set(chainOf(sb.id)+pinnedSuffix, false, true)
 	c, err := m.nft()
 	if err != nil {
@@ -212,6 +263,33 @@ func (m *Manager) pinAnswers(sb *sandbox, rules *Rules, name string, resp *dns.M
 		if old, ok := sb.pins[p.addr]; !ok || !old.until.After(p.until) {
 			sb.pins[p.addr] = p
 		}
+	}
+	return nil
+}
+
+// roomForPins makes sure that pinning fresh keeps sb within its bound of pinned addresses,
+// forgetting the pins that have lapsed (the kernel's set times them out on its own) if need
+// be; when they are not enough, the answer is not pinned and not given.
+func (m *Manager) roomForPins(sb *sandbox, fresh []pin) error {
+	added := func() int {
+		n := 0
+		for _, p := range fresh {
+			if _, ok := sb.pins[p.addr]; !ok {
+				n++
+			}
+		}
+		return n
+	}
+	if len(sb.pins)+added() <= m.lim.pinsPerSandbox {
+		return nil
+	}
+	for addr, p := range sb.pins {
+		if !p.live() {
+			delete(sb.pins, addr)
+		}
+	}
+	if n := len(sb.pins) + added(); n > m.lim.pinsPerSandbox {
+		return fmt.Errorf("%d addresses would be pinned, and the bound is %d", n, m.lim.pinsPerSandbox)
 	}
 	return nil
 }

@@ -98,3 +98,26 @@ func (l Leftovers) String() string {
 	line("interrupted record writes", l.Temp)
 	return b.String()
 }
+
+// The states of the host's firewall, as [HostFirewall.State] says them.
+const (
+	// FirewallOK: no foreign filter on the sandboxes' path drops their traffic, or bothyd
+	// opened every one that would.
+	FirewallOK = "ok"
+	// FirewallBlocked: a foreign filter drops the sandboxes' traffic and bothyd could not
+	// open it; the detail says which, and what to do.
+	FirewallBlocked = "blocked"
+	// FirewallUnknown: a foreign filter is on the path whose verdict bothyd cannot judge
+	// (its interfaces in a firewalld zone someone else chose, iptables-legacy or firewalld
+	// without its command).
+	FirewallUnknown = "unknown"
+)
+
+// HostFirewall is what the host's own firewall (Docker's, ufw's, firewalld's rules) does to
+// the sandboxes' traffic, as the Manager last found it.
+type HostFirewall struct {
+	// State is FirewallOK, FirewallBlocked or FirewallUnknown.
+	State string
+	// Detail says what was found and what bothyd did, or what the host's owner must do.
+	Detail string
+}

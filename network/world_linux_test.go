@@ -11,7 +11,9 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,6 +46,7 @@ var zone = map[string]netip.Addr{
 	"bad.wild.test.": otherHost,
 	"private.test.":  privateHost,
 	"meta.test.":     metadata,
+	"cidr.test.":     cidrHost,
 }
 
 func needRoot(t *testing.T) {
@@ -145,6 +148,16 @@ type world struct {
 	host, inet *os.File
 	m          *Manager
 	dir        string
+
+	mu    sync.Mutex
+	asked []string // the names the internet's DNS server was asked, as it saw them
+}
+
+// upstreamAsked returns the names the internet's DNS server was asked so far.
+func (w *world) upstreamAsked() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.asked)
 }
 
 func newWorld(t *testing.T) *world {
@@ -173,7 +186,14 @@ func newWorld(t *testing.T) *world {
 		pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(netUplink.Addr(), 53).String())
 		return err
 	}))
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(serveZone)}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(rw dns.ResponseWriter, q *dns.Msg) {
+		if len(q.Question) == 1 {
+			w.mu.Lock()
+			w.asked = append(w.asked, q.Question[0].Name)
+			w.mu.Unlock()
+		}
+		serveZone(rw, q)
+	})}
 	go srv.ActivateAndServe()
 	t.Cleanup(func() { srv.Shutdown() })
 
@@ -195,10 +215,15 @@ func serveHTTP(t *testing.T, ns *os.File, at string) {
 	t.Cleanup(func() { s.Close() })
 }
 
+// serveZone answers the test zone; names below blackhole.test get no answer at all, as from
+// an upstream that is down or slow.
 func serveZone(w dns.ResponseWriter, q *dns.Msg) {
 	r := new(dns.Msg)
 	r.SetReply(q)
 	name := strings.ToLower(q.Question[0].Name)
+	if strings.HasSuffix(name, ".blackhole.test.") {
+		return
+	}
 	addr, ok := zone[name]
 	switch {
 	case !ok:

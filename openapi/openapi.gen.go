@@ -125,6 +125,27 @@ func (e HealthStatus) Valid() bool {
 	}
 }
 
+// Defines values for HostFirewallState.
+const (
+	HostFirewallStateBlocked HostFirewallState = "blocked"
+	HostFirewallStateOk      HostFirewallState = "ok"
+	HostFirewallStateUnknown HostFirewallState = "unknown"
+)
+
+// Valid indicates whether the value is a known member of the HostFirewallState enum.
+func (e HostFirewallState) Valid() bool {
+	switch e {
+	case HostFirewallStateBlocked:
+		return true
+	case HostFirewallStateOk:
+		return true
+	case HostFirewallStateUnknown:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ImageKind.
 const (
 	ImageKindDirectory ImageKind = "directory"
@@ -840,6 +861,22 @@ type Health struct {
 // HealthStatus defines model for Health.Status.
 type HealthStatus string
 
+// HostFirewall What the host's own firewall (Docker's, ufw's, firewalld's rules) does to the sandboxes'
+// traffic, as the server last looked (at its start and at each sandbox network's setup).
+// `ok`: nothing else on the path drops it, or the server added accept rules for its own
+// interfaces where it does (see docs/network.md). `blocked`: a rule the server could not
+// open drops it; `detail` says which and what to do. `unknown`: a filter is on the path
+// whose verdict the server cannot judge (its interfaces in a firewalld zone someone else
+// chose, iptables-legacy or firewalld without its command).
+type HostFirewall struct {
+	// Detail Example: iptables-nft: bothy's accept rules for its interfaces are at DOCKER-USER
+	Detail string            `json:"detail"`
+	State  HostFirewallState `json:"state"`
+}
+
+// HostFirewallState defines model for HostFirewall.State.
+type HostFirewallState string
+
 // Image defines model for Image.
 type Image struct {
 	// Config The image configuration bothyd honours: `env`, `working_dir` and `user` are the
@@ -963,6 +1000,18 @@ type Info struct {
 		// MaxResources Resource limits, applied through the sandbox's cgroup.
 		MaxResources Resources `json:"max_resources"`
 	} `json:"limits"`
+
+	// Network The sandboxes' network; absent where the server gives sandboxes none (not root, not Linux).
+	Network *struct {
+		// HostFirewall What the host's own firewall (Docker's, ufw's, firewalld's rules) does to the sandboxes'
+		// traffic, as the server last looked (at its start and at each sandbox network's setup).
+		// `ok`: nothing else on the path drops it, or the server added accept rules for its own
+		// interfaces where it does (see docs/network.md). `blocked`: a rule the server could not
+		// open drops it; `detail` says which and what to do. `unknown`: a filter is on the path
+		// whose verdict the server cannot judge (its interfaces in a firewalld zone someone else
+		// chose, iptables-legacy or firewalld without its command).
+		HostFirewall HostFirewall `json:"host_firewall"`
+	} `json:"network,omitempty"`
 
 	// Runtime The default runtime (see `runtimes` for all).
 	Runtime struct {

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -73,13 +74,17 @@ func startIn(ns *os.File, cmd *exec.Cmd) error {
 }
 
 // httpClient is the client for d's API: the default one, or one whose sockets are made in
-// d.netns.
+// d.netns, one per namespace, so that its idle connections are reused rather than left open
+// on both sides at every request (TestNetworkResolvers counts bothyd's descriptors).
 func (d *daemon) httpClient() *http.Client {
 	if d.netns == nil {
 		return http.DefaultClient
 	}
 	ns := d.netns
-	return &http.Client{Transport: &http.Transport{
+	if c, ok := nsClients.Load(ns); ok {
+		return c.(*http.Client)
+	}
+	c, _ := nsClients.LoadOrStore(ns, &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, netw, addr string) (net.Conn, error) {
 			var c net.Conn
 			err := runInNS(ns, func() (err error) {
@@ -88,8 +93,12 @@ func (d *daemon) httpClient() *http.Client {
 			})
 			return c, err
 		},
-	}}
+	}})
+	return c.(*http.Client)
 }
+
+// nsClients are the clients of httpClient, by namespace.
+var nsClients sync.Map
 
 // runInNS runs fn on a thread in ns; sockets it makes stay in ns.
 func runInNS(ns *os.File, fn func() error) error {
@@ -236,6 +245,9 @@ func serveTestZone(w dns.ResponseWriter, q *dns.Msg) {
 	r := new(dns.Msg)
 	r.SetReply(q)
 	name := strings.ToLower(q.Question[0].Name)
+	if strings.HasSuffix(name, ".blackhole.test.") {
+		return // as from an upstream that is down
+	}
 	addr, ok := netZone[name]
 	switch {
 	case !ok:
@@ -247,20 +259,28 @@ func serveTestZone(w dns.ResponseWriter, q *dns.Msg) {
 	w.WriteMsg(r)
 }
 
-// probe is run inside a sandbox by the host's python3: "dns NAME" asks the resolver that
-// /etc/resolv.conf names and prints the rcode and the A records; "get ADDR PORT" prints the
+// probe is run inside a sandbox by the host's python3: "dns NAME [SERVER]" asks the resolver
+// that /etc/resolv.conf names (or SERVER) and prints the rcode and the A records, or the
+// error's type when no answer comes ("timeout"); "get ADDR PORT" prints the
 // body of an HTTP GET, or the error's type ("timeout" for a dropped connection); "links"
 // prints the interfaces.
 const probe = `
 import socket, struct, sys
-def dns(name):
-    ns = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
+def dns(name, ns=None):
+    ns = ns or [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
     q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0)
     q += b''.join(bytes([len(p)]) + p.encode() for p in name.split('.')) + b'\0' + struct.pack('>HH', 1, 1)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(3)
-    s.sendto(q, (ns, 53))
-    r = s.recv(1500)
+    try:
+        s.sendto(q, (ns, 53))
+        r = s.recv(1500)
+    except socket.timeout:
+        print('error=timeout')
+        return
+    except Exception as e:
+        print('error=' + type(e).__name__)
+        return
     i = 12
     while r[i]:
         i += r[i] + 1
@@ -295,7 +315,7 @@ def get(addr, port):
     except Exception as e:
         print('error=' + type(e).__name__)
 if sys.argv[1] == 'dns':
-    dns(sys.argv[2])
+    dns(*sys.argv[2:4])
 elif sys.argv[1] == 'get':
     get(sys.argv[2], int(sys.argv[3]))
 else:

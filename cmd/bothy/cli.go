@@ -37,8 +37,10 @@ const rootLong = `bothy talks to bothyd, which runs isolated Linux sandboxes on 
 
 The server is --url, else $BOTHY_URL, else http://127.0.0.1:7780. The API token is
 --token, else --token-file, else $BOTHY_TOKEN, else the file $BOTHY_TOKEN_FILE, else the
-token bothyd generated in its state root (--root, $BOTHY_ROOT, default .bothy), which
-only the user that runs bothyd can read: run bothy as that user (sudo if it is root).
+token bothyd generated in its state root (--root, $BOTHY_ROOT, default .bothy, else the
+installed server's /var/lib/bothy), which only the user that runs bothyd can read: run
+bothy as that user (sudo if it is root), or, with the packages, as a member of the group
+bothy.
 
 Flags may come before or after arguments; put a command's own arguments after "--"
 (bothy exec ID -- ls -l /).
@@ -62,7 +64,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	pf.StringVar(&c.url, "url", "", "bothyd's URL (default $BOTHY_URL, else "+bothy.DefaultURL+")")
 	pf.StringVar(&c.token, "token", "", "the API token (default $BOTHY_TOKEN)")
 	pf.StringVar(&c.tokenFile, "token-file", "", "a file holding the API token (default $BOTHY_TOKEN_FILE)")
-	pf.StringVar(&c.root, "root", "", "bothyd's state root, holding the token it generated (default $BOTHY_ROOT, else .bothy)")
+	pf.StringVar(&c.root, "root", "", "bothyd's state root, holding the token it generated (default $BOTHY_ROOT, else .bothy, else /var/lib/bothy)")
 	pf.StringVar(&c.color, "color", "auto", "colour the output: auto (on a terminal, unless $NO_COLOR), always or never")
 
 	root.AddGroup(&cobra.Group{ID: "sandboxes", Title: "Sandboxes:"},
@@ -132,7 +134,30 @@ func (c *cli) readToken() (string, error) {
 	if f := os.Getenv("BOTHY_TOKEN_FILE"); f != "" {
 		return readTokenFile(f)
 	}
-	file := filepath.Join(firstOf(c.root, os.Getenv("BOTHY_ROOT"), ".bothy"), "token")
+	root := firstOf(c.root, os.Getenv("BOTHY_ROOT"))
+	if root != "" {
+		return readRootToken(root)
+	}
+	// No root named: the one `go run ./cmd/bothyd` makes in the current directory, else the
+	// installed server's.
+	token, err := readRootToken(defaultRoot)
+	if token != "" || err != nil {
+		return token, err
+	}
+	return readRootToken(installedRoot)
+}
+
+// defaultRoot and installedRoot are bothyd's state roots: its default, relative to the
+// directory it runs in, and the one its packages' unit gives it (packaging/bothyd.env).
+// A variable, so that a test can point it elsewhere.
+const defaultRoot = ".bothy"
+
+var installedRoot = "/var/lib/bothy"
+
+// readRootToken reads the token bothyd generated into root. No token file is no token (a
+// server run without auth); one this user cannot read is an error that says whose it is.
+func readRootToken(root string) (string, error) {
+	file := filepath.Join(root, "token")
 	b, err := os.ReadFile(file)
 	switch {
 	case err == nil:
@@ -140,7 +165,8 @@ func (c *cli) readToken() (string, error) {
 	case errors.Is(err, fs.ErrNotExist):
 		return "", nil
 	case errors.Is(err, fs.ErrPermission):
-		return "", fmt.Errorf("cannot read bothyd's token at %s: only the user that runs bothyd can (use sudo if it runs as root), or give --token-file", file)
+		return "", fmt.Errorf("cannot read bothyd's token at %s: only the user that runs bothyd can (use sudo if it runs as root), "+
+			"or a member of its --token-group (the packages' group bothy: `sudo usermod -aG bothy $USER`, then log in again), or give --token-file", file)
 	default:
 		return "", err
 	}

@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/bothy/bothy/sdk/go/bothy"
+	"github.com/gorilla/websocket"
 	"github.com/spf13/cobra"
 )
 

@@ -63,14 +63,24 @@ func resources(r bothy.Resources) string {
 	return s
 }
 
-// clientVersion is this build's module version and VCS revision, as the Go toolchain
-// recorded them.
+// version is set at build time with -ldflags "-X main.version=...", as bothyd's is: the
+// packages (scripts/package) give both the same.
+var version string
+
+// clientVersion is this build's version: the one set at build time, else the module version
+// the Go toolchain recorded; with the VCS revision when it recorded one.
 func clientVersion() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
+		if version != "" {
+			return version
+		}
 		return "unknown"
 	}
 	v := bi.Main.Version
+	if version != "" {
+		v = version
+	}
 	for _, s := range bi.Settings {
 		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
 			v += " (" + s.Value[:12] + ")"

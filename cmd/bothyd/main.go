@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,6 +28,7 @@ import (
 	"github.com/bothy/bothy/e2b"
 	"github.com/bothy/bothy/events"
 	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/internal/systemd"
 	"github.com/bothy/bothy/metrics"
 	"github.com/bothy/bothy/network"
 	"github.com/bothy/bothy/platform"
@@ -39,7 +41,9 @@ import (
 	"github.com/bothy/bothy/web"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with -ldflags "-X main.version=..." (scripts/package, the
+// Dockerfile); `go install …/cmd/bothyd@v1.2.3` leaves it "dev" and the module version
+// recorded in the binary says it instead (moduleVersion).
 var version = "dev"
 
 func main() {
@@ -49,7 +53,20 @@ func main() {
 	if code, ran := vmshim.Main(os.Args[1:]); ran {
 		os.Exit(code)
 	}
+	version = moduleVersion(version)
 	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// moduleVersion is v, or, when v is the default "dev", the version of the module this binary
+// was built from when the toolchain recorded one (go install of a tagged version).
+func moduleVersion(v string) string {
+	if v != "dev" {
+		return v
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return v
 }
 
 // options are the command line, each flag with an environment variable as its default.
@@ -57,6 +74,7 @@ type options struct {
 	listen         string
 	root           string
 	tokenFile      string
+	tokenGroup     string // a group whose members may read the generated token
 	insecureNoAuth bool
 	logFormat      string
 	logLevel       string
@@ -107,8 +125,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.listen, "listen", envOr("BOTHY_LISTEN", "127.0.0.1:7780"), "address to serve on (env BOTHY_LISTEN); off loopback a token is required")
 	fs.StringVar(&o.root, "root", envOr("BOTHY_ROOT", ".bothy"), "state root (env BOTHY_ROOT)")
 	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: one generated into <root>/token")
+	fs.StringVar(&o.tokenGroup, "token-group", os.Getenv("BOTHY_TOKEN_GROUP"), "a group whose members may read the generated token, and so use the bothy CLI as themselves (env BOTHY_TOKEN_GROUP): the token becomes mode 0640 in that group and the state root 0710 in that group, which lets them reach the token but list and read nothing else; default: the token is the owner's alone")
 	fs.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "serve without a token, on loopback only: any user of this host can then drive sandboxes; for a trusted single-user host")
-	fs.StringVar(&o.logFormat, "log-format", envOr("BOTHY_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, JSON otherwise), text or json (env BOTHY_LOG_FORMAT)")
+	fs.StringVar(&o.logFormat, "log-format", envOr("BOTHY_LOG_FORMAT", "auto"), "log format: auto (coloured text on a terminal, journal under systemd, JSON otherwise), text, journal (text with syslog priorities and no time, for the journal) or json (env BOTHY_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", envOr("BOTHY_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env BOTHY_LOG_LEVEL)")
 	maxAge, err := envParsed("BOTHY_TEMPLATE_MAX_AGE", template.DefaultMaxAge, time.ParseDuration)
 	if err != nil {
@@ -188,6 +207,9 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "check" {
 		return checkCommand(args[1:], os.Stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "hold" {
+		return holdCommand(args[1:], stderr)
 	}
 	o, err := parseOptions(args, stderr)
 	if err != nil {
@@ -331,6 +353,7 @@ func serve(o *options, log *slog.Logger) error {
 		Images:           sup,
 		OnExec:           mx.OnExec,
 		Storage:          health.Status,
+		HostFirewall:     netw.hostFirewall(),
 		NoFileLimit:      noFile,
 		Links:            links,
 	})
@@ -371,6 +394,13 @@ func serve(o *options, log *slog.Logger) error {
 			return err
 		}
 	}
+	// systemd (Type=notify) learns that bothyd serves once /healthz answers, and that it stops
+	// as soon as it begins to; off systemd both do nothing.
+	go notifyReady(ctx, ln.Addr(), log)
+	go func() {
+		<-ctx.Done()
+		notifyStopping(log)
+	}()
 	err = srv.Serve(ctx, ln)
 	log.Info("bothyd shut down")
 	return err
@@ -409,15 +439,21 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 		format = "json"
 		if f, ok := w.(*os.File); ok && platform.IsTerminal(f.Fd()) {
 			format = "text"
+		} else if systemd.Journal(w) {
+			// Under systemd, stderr is the journal's stream: it stamps each line and reads
+			// its level from a syslog prefix, so neither the time nor colours belong there.
+			format = "journal"
 		}
 	}
 	switch format {
 	case "text":
 		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: lvl, TimeFormat: time.TimeOnly})), nil
+	case "journal":
+		return slog.New(systemd.NewJournalHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 	default:
-		return nil, fmt.Errorf("--log-format %q: want auto, text or json", format)
+		return nil, fmt.Errorf("--log-format %q: want auto, text, journal or json", format)
 	}
 }
 

@@ -25,7 +25,10 @@ const logEvery = 10 * time.Second
 
 // openNetwork makes the network Manager from the flags, or returns nil (sandboxes then get no
 // network, and a policy that asks for one is refused) where it cannot work: not root, not
-// Linux. Nothing on the host changes until the first networked sandbox starts.
+// Linux. It looks at the host's own firewall and logs, in one line, whether the sandboxes'
+// traffic gets through it; where Docker's or ufw's rules would drop it, it adds accept rules
+// for the sandboxes' interfaces there (docs/network.md). Nothing else on the host changes
+// until the first networked sandbox starts.
 func openNetwork(o *options, log *slog.Logger) (*netAccount, error) {
 	if os.Geteuid() != 0 {
 		log.Warn("sandboxes get no network: bothyd is not root, and making their interfaces and filters needs it")
@@ -58,7 +61,16 @@ func openNetwork(o *options, log *slog.Logger) (*netAccount, error) {
 		return nil, err
 	}
 	a.Manager = m
+	m.OpenHostFirewall()
 	return a, nil
+}
+
+// hostFirewall is what /v1/info says of the host's firewall, nil when there is no network.
+func (a *netAccount) hostFirewall() func() network.HostFirewall {
+	if a == nil {
+		return nil
+	}
+	return a.HostFirewall
 }
 
 // netAccount is the Manager with the accounting /metrics and the log need: the drop counters

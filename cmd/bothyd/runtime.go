@@ -29,6 +29,10 @@ import (
 // runtimeBinaryName is the binary of the sandbox side (cmd/bothyd-runtime).
 const runtimeBinaryName = "bothyd-runtime"
 
+// packagedRuntime is where the .deb and .rpm packages install the runtime binary
+// (packaging/nfpm.yaml). A variable, so that a test can point it elsewhere.
+var packagedRuntime = "/usr/libexec/bothy/" + runtimeBinaryName
+
 // runtimeSelf, given as the runtime binary, makes sandboxes run bothyd itself.
 const runtimeSelf = "self"
 
@@ -63,7 +67,7 @@ const userNamespacesFlag = "user-namespaces"
 // variable, and returns where they land once fs is parsed.
 func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
 	o := &runtimeOptions{}
-	fs.StringVar(&o.binary, "runtime-binary", os.Getenv("BOTHY_RUNTIME_BINARY"), "the bothyd-runtime binary that sandboxes run (env BOTHY_RUNTIME_BINARY); default: bothyd-runtime beside bothyd if there is one, else one built from bothyd's source tree into <root>/bin, else bothyd itself; self: bothyd itself")
+	fs.StringVar(&o.binary, "runtime-binary", os.Getenv("BOTHY_RUNTIME_BINARY"), "the bothyd-runtime binary that sandboxes run (env BOTHY_RUNTIME_BINARY); default: bothyd-runtime beside bothyd if there is one, else /usr/libexec/bothy/bothyd-runtime if there is one, else one built from bothyd's source tree into <root>/bin, else bothyd itself; self: bothyd itself")
 	userns, err := envParsed("BOTHY_USER_NAMESPACES", true, strconv.ParseBool)
 	if err != nil {
 		return nil, err
@@ -106,9 +110,11 @@ func newRuntime(o runtimeOptions, root string, log *slog.Logger) (*namespace.Run
 //  1. the binary given, or this executable itself if that is "self" (the single-binary mode,
 //     for a host that should run no toolchain);
 //  2. bothyd-runtime beside this executable (`make build`, the container image);
-//  3. the bothyd-runtime that bothyd built from its own source tree into the state root
+//  3. the packages' /usr/libexec/bothy/bothyd-runtime (packagedRuntime), which is not on
+//     the PATH beside /usr/bin/bothyd, since no one runs it by hand;
+//  4. the bothyd-runtime that bothyd built from its own source tree into the state root
 //     (provisionRuntime: `go run ./cmd/bothyd`, or a `go build` binary next to its source);
-//  4. this executable itself ("" lets the runtime use /proc/self/exe): one binary is enough.
+//  5. this executable itself ("" lets the runtime use /proc/self/exe): one binary is enough.
 //
 // The small binary starts sandboxes several milliseconds faster per process, since the
 // server's binary runs the package initialisers of the HTTP stack, the request validator and
@@ -129,17 +135,18 @@ func runtimeExecutable(given, root string, log *slog.Logger) (string, error) {
 		warnIfCgo(abs, log)
 		return abs, nil
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return "", nil
+	var installed []string
+	if self, err := os.Executable(); err == nil {
+		installed = append(installed, filepath.Join(filepath.Dir(self), runtimeBinaryName))
 	}
-	beside := filepath.Join(filepath.Dir(self), runtimeBinaryName)
-	if _, err := os.Lstat(beside); !errors.Is(err, os.ErrNotExist) {
-		if err := checkRuntimeBinary(beside); err != nil {
-			return "", err
+	for _, exe := range append(installed, packagedRuntime) {
+		if _, err := os.Lstat(exe); !errors.Is(err, os.ErrNotExist) {
+			if err := checkRuntimeBinary(exe); err != nil {
+				return "", err
+			}
+			warnIfCgo(exe, log)
+			return exe, nil
 		}
-		warnIfCgo(beside, log)
-		return beside, nil
 	}
 	exe, err := provisionRuntime(root, log)
 	if errors.Is(err, errNoRoot) {

@@ -24,8 +24,11 @@ var Classes = map[string]Class{
 	"runtime/microvm/portmux": Sandbox,
 	"runtime/microvm/qmp":     Sandbox,
 	"runtime/microvm/shim":    Sandbox,
+	// Rate-limited logging by key (issue 37), on log/slog alone: usable on either side.
+	"internal/ratelog/perkey": Sandbox,
 
 	"check":                     Host,
+	"internal/systemd":          Host,
 	"network":                   Host,
 	"portlink":                  Host,
 	"runtime/microvm":           Host,
@@ -50,14 +53,14 @@ var Classes = map[string]Class{
 	"openapi":                               HTTP,
 	"openapi/stream":                        HTTP,
 	"openapi/client":                        HTTP,
-	"sdk/go/bothy":                       HTTP,
+	"sdk/go/bothy":                          HTTP,
 	"server":                                HTTP,
 	// The registry client links net/http, which no package below the handlers may; the
 	// image store knows it only as an image.Fetcher.
 	"store/image/registry": HTTP,
 	"web":                  HTTP,
 
-	"cmd/bothy":       Command,
+	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
 	"cmd/bothyd-runtime": Command,
 	"cmd/bothyload":      Command,

@@ -25,8 +25,8 @@ var syntheticClasses = map[string]Class{
 	"events":                    HTTP,
 	"handlers":                  HTTP,
 	"server":                    HTTP,
-	"cmd/bothyd":              Command,
-	"cmd/bothyd-runtime":      Command,
+	"cmd/bothyd":                Command,
+	"cmd/bothyd-runtime":        Command,
 	"tests":                     Tool,
 }
 
@@ -49,8 +49,8 @@ func cleanGraph() map[string][]string {
 		"sb/events":                           {"net/http"},
 		"sb/handlers":                         {"sb/supervisor", "sb/events", "github.com/go-chi/chi/v5", "github.com/gorilla/websocket"},
 		"sb/server":                           {"sb/handlers", "net/http", "github.com/go-chi/chi/v5/middleware"},
-		"sb/cmd/bothyd":                     {"sb/server", "sb/runtime/namespace", "sb/runtime/namespace/shim", "sb/check"},
-		"sb/cmd/bothyd-runtime":             {"sb/runtime/namespace/shim", "os"},
+		"sb/cmd/bothyd":                       {"sb/server", "sb/runtime/namespace", "sb/runtime/namespace/shim", "sb/check"},
+		"sb/cmd/bothyd-runtime":               {"sb/runtime/namespace/shim", "os"},
 		"sb/tests":                            {"sb/server", "net/http"},
 		"net/http":                            {"net/url", "crypto/tls"},
 		"github.com/go-chi/chi/v5/middleware": {"net/http"},

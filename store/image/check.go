@@ -17,10 +17,15 @@ import (
 type ProblemKind string
 
 const (
-	// A layer directory under a temporary name that no live unpacker holds: a pull or
-	// import died while unpacking it. Repair removes it.
+	// A layer directory under a temporary name that no live unpacker or remover holds: a
+	// pull or import died while unpacking it, or a deletion while removing it. Repair
+	// removes it.
 	HalfUnpacked ProblemKind = "half-unpacked-layer"
-	// A whole layer that no image record names. Repair removes it.
+	// A whole layer that no image record names: one a live pull or import has just
+	// unpacked, one a failed pull or import left (a retry finds it present), or one of an
+	// image deleted while a pull or import ran (a deletion otherwise removes its layers).
+	// Nothing is inconsistent: bothyd check notes it rather than failing. Repair removes it
+	// while no pull or import runs.
 	UnreferencedLayer ProblemKind = "unreferenced-layer"
 	// A layer directory under its final name whose record does not read or names another
 	// diff id: no step of this store leaves one. Repair removes it (a pull or import of an
@@ -339,7 +344,7 @@ func (s *Store) checkLayer(n string, referenced map[string][]string, whole map[s
 		if err != nil || h {
 			return nil, err // a live unpacker's
 		}
-		return &Problem{Kind: HalfUnpacked, Layer: Algorithm + ":" + target, Detail: "a layer whose unpacking did not finish"}, nil
+		return &Problem{Kind: HalfUnpacked, Layer: Algorithm + ":" + target, Detail: "a layer whose unpacking or removal did not finish"}, nil
 	}
 	if !isHex64(n) || !st.IsDir() {
 		return &Problem{Kind: ForeignEntry, Detail: "not a layer directory"}, nil

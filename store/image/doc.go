@@ -34,6 +34,11 @@
 //   - Check with repair removes layers (half-unpacked or unreferenced) only while no work
 //     lock is held. Work locks are taken under the store's lock, which Check holds
 //     throughout, so a pull or import either is seen by Check or starts after it.
+//   - Deleting an image removes, under the same rule, the layers no other record names:
+//     each is locked and renamed to a temporary name under the store's lock, and its files
+//     removed after (collect.go). An unreferenced whole layer is therefore one a live or
+//     failed pull or import left, or one of an image deleted while such work ran: not an
+//     inconsistency, and bothyd check only notes it.
 //
 // # Unpacking is safe against hostile layers
 //

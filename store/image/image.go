@@ -61,6 +61,9 @@ func (s *Store) checkSource(src *Source) (*imageConfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(src.Layers) > MaxLayers {
+		return nil, tooLarge("it has %d layers, more than the %d bothyd stacks", len(src.Layers), MaxLayers)
+	}
 	if len(cfg.RootFS.DiffIDs) != len(src.Layers) {
 		return nil, badArchive("the manifest has %d layers but the configuration %d diff ids", len(src.Layers), len(cfg.RootFS.DiffIDs))
 	}
@@ -156,8 +159,7 @@ func (s *Store) LayerDirs(name string) ([]string, error) {
 }
 
 // Delete removes the record of the image name, refusing with image-in-use while a
-// reference to it remains (see [Tx.Delete]). Its layers stay until a Repair finds no image
-// referencing them.
+// reference to it remains, and the layers no other image names (see [Tx.Delete]).
 func (s *Store) Delete(ctx context.Context, name string) error {
 	if err := ValidateName(name); err != nil {
 		return err

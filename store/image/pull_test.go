@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -18,6 +19,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/platform"
 )
 
 // fakeFetcher serves one image made of plain tar layers, counting fetches and opens. An
@@ -265,13 +269,14 @@ func TestCheckRepairsUnreferencedLayers(t *testing.T) {
 	if ps, err := s.Check(ctx, false); err != nil || len(ps) != 0 {
 		t.Fatalf("Check of a consistent store = %v, %v", ps, err)
 	}
-	// A live import holds a work lock: Repair reports the unreferenced layers but keeps
-	// them, since a live import's fresh layers are unreferenced too.
-	if err := s.Delete(ctx, "a"); err != nil {
-		t.Fatal(err)
-	}
+	// A live import holds a work lock: a deletion leaves the layers (the import may be
+	// about to record an image on them), and Repair reports them but keeps them, since a
+	// live import's fresh layers are unreferenced too.
 	w, err := s.lockWork(ctx, importKey(), true)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
 	ps, err := s.Check(ctx, true)
@@ -290,5 +295,63 @@ func TestCheckRepairsUnreferencedLayers(t *testing.T) {
 		if _, err := os.Lstat(filepath.Dir(dir)); !os.IsNotExist(err) {
 			t.Errorf("layer %s is still there: %v", d, err)
 		}
+	}
+}
+
+// TestPullBoundsLayers: an image of more layers than MaxLayers is refused before any layer
+// is read, whatever its fetcher (a registry's manifest, an archive's) declares.
+func TestPullBoundsLayers(t *testing.T) {
+	t.Parallel()
+	layers := make([][]byte, MaxLayers+1)
+	for i := range layers {
+		layers[i] = []byte(fmt.Sprintf("layer %d", i))
+	}
+	f := &fakeFetcher{layers: layers}
+	s, _ := openStore(t, Options{Fetcher: f})
+	_, err := s.Pull(ctxT(t), "example.com/many:1", "many", nil)
+	if !errors.Is(err, ErrTooLarge) || errcode.Of(err) != errcode.PayloadTooLarge || !strings.Contains(err.Error(), "129 layers") {
+		t.Fatalf("Pull of %d layers = %v; want payload-too-large: 129 layers", len(layers), err)
+	}
+	if n := f.opens.Load(); n != 0 {
+		t.Errorf("the refused pull opened %d layers; want none", n)
+	}
+}
+
+// TestDeleteRemovesLayers: deleting an image removes the layers no other image names, at
+// once, so that a check right after finds nothing (issue 37: check reported them as
+// unreferenced until the server's next start); a layer another image shares stays.
+func TestDeleteRemovesLayers(t *testing.T) {
+	needRoot(t)
+	t.Parallel()
+	shared, own := tarOf(t, file("shared", "1")), tarOf(t, file("own", "2"))
+	s, _ := openStore(t, Options{Fetcher: &fakeFetcher{layers: [][]byte{shared, own}}})
+	ctx := ctxT(t)
+	a, err := s.Pull(ctx, "example.com/a:1", "a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.opts.Fetcher = &fakeFetcher{layers: [][]byte{shared}}
+	if _, err := s.Pull(ctx, "example.com/b:1", "b", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ps, err := s.Check(ctx, false); err != nil || len(ps) != 0 {
+		t.Fatalf("Check right after a deletion = %v, %v; want nothing", ps, err)
+	}
+	for i, want := range []bool{true, false} {
+		dir, _ := s.LayerDir(a.Layers[i])
+		_, err := os.Lstat(filepath.Dir(dir))
+		if got := err == nil; got != want {
+			t.Errorf("layer %d (%s) present = %v (%v); want %v", i, a.Layers[i], got, err, want)
+		}
+	}
+	names, err := platform.ReadDirNames(s.layers)
+	if err != nil || len(names) != 1 {
+		t.Errorf("layers/sha256 holds %v (%v); want the shared layer alone", names, err)
+	}
+	if got := readLayerFile(t, s, a.Layers[0], "shared"); got != "1" {
+		t.Errorf("the shared layer's file = %q", got)
 	}
 }

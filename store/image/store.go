@@ -40,6 +40,11 @@ const (
 	DefaultMaxLayerBytes   = 16 << 30
 	DefaultMaxEntries      = 1 << 20
 	DefaultMaxArchiveBytes = 32 << 30
+	// MaxLayers bounds the layers of one image, pulled or imported. Docker's overlay
+	// driver stacks at most 128 (and refuses to build more), so no image that runs
+	// elsewhere has more; a hostile manifest of thousands would cost a descriptor, a record
+	// and a lower directory each.
+	MaxLayers = 128
 	// maxArchiveMembers bounds the members of an imported archive; an image has a few
 	// hundred layers at most, each one or a few members.
 	maxArchiveMembers = 10000
@@ -268,11 +273,16 @@ func digestOf(sum []byte) string { return Algorithm + ":" + hex.EncodeToString(s
 type Tx struct {
 	f *os.File
 	s *Store
+	// detached are the layers a deletion took out of the store, removed once the lock is
+	// released (see collect.go).
+	detached []detached
 }
 
-// Unlock releases the lock.
+// Unlock releases the lock, then removes the files of the layers a deletion under it
+// detached.
 func (tx *Tx) Unlock() error {
-	return errors.Join(platform.Unlock(tx.f), tx.f.Close())
+	err := errors.Join(platform.Unlock(tx.f), tx.f.Close())
+	return errors.Join(err, tx.removeDetached())
 }
 
 func storeBusy() error {

@@ -209,12 +209,14 @@ func readUse(dir *os.File, image, file string) (*Use, error) {
 
 // Delete removes the record of the image name, refusing with image-in-use while any
 // reference to it remains: the check and the removal are under the same lock that every
-// reference is written under.
+// reference is written under. The layers that no other image names are removed too, unless
+// a pull or import is live (see collect.go); their files go when the lock is released.
 func (tx *Tx) Delete(name string) error {
 	if err := ValidateName(name); err != nil {
 		return err
 	}
-	if _, err := tx.s.Get(name); err != nil {
+	img, err := tx.s.Get(name)
+	if err != nil {
 		return err
 	}
 	uses, err := tx.s.Uses(name)
@@ -236,5 +238,9 @@ func (tx *Tx) Delete(name string) error {
 	// The empty reference directory goes too; one that is not empty (a reference that does
 	// not read) stays for Check to report.
 	_ = platform.RmdirAt(tx.s.uses, name)
+	// Its layers go with it, those no other image uses (see collect.go).
+	if err := tx.collectLayers(img.Layers); err != nil {
+		return errcode.Wrap(errcode.Internal, err, "Image %s is deleted, but not all of its layers could be removed (%v); bothyd check reports what is left and --repair removes it.", name, err)
+	}
 	return nil
 }

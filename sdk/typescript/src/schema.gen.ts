@@ -939,8 +939,9 @@ export interface paths {
         post?: never;
         /**
          * Delete an OCI image
-         * @description Deletes an OCI image's record; its layers go at the next `bothyd check --repair`
-         *     once no image uses them. While a sandbox or a template generation uses the image it
+         * @description Deletes an OCI image's record and the layers no other image uses (while a pull or
+         *     an import runs, those wait for the next start or `bothyd check --repair`). While a
+         *     sandbox or a template generation uses the image it
          *     is refused with `image-in-use`, naming them. `host` and directories under `images/`
          *     are not deleted (`invalid-request`).
          */
@@ -1841,6 +1842,25 @@ export interface components {
                 max_port_link_ttl_seconds?: number;
             };
             storage: components["schemas"]["StorageHealth"];
+            /** @description The sandboxes' network; absent where the server gives sandboxes none (not root, not Linux). */
+            network?: {
+                host_firewall: components["schemas"]["HostFirewall"];
+            };
+        };
+        /**
+         * @description What the host's own firewall (Docker's, ufw's, firewalld's rules) does to the sandboxes'
+         *     traffic, as the server last looked (at its start and at each sandbox network's setup).
+         *     `ok`: nothing else on the path drops it, or the server added accept rules for its own
+         *     interfaces where it does (see docs/network.md). `blocked`: a rule the server could not
+         *     open drops it; `detail` says which and what to do. `unknown`: a filter is on the path
+         *     whose verdict the server cannot judge (its interfaces in a firewalld zone someone else
+         *     chose, iptables-legacy or firewalld without its command).
+         */
+        HostFirewall: {
+            /** @enum {string} */
+            state: "ok" | "blocked" | "unknown";
+            /** @example iptables-nft: bothy's accept rules for its interfaces are at DOCKER-USER */
+            detail: string;
         };
         /**
          * @description What clients may hold open at once, so that no sandbox and no crowd of clients can
@@ -4301,6 +4321,7 @@ export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components
 export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["state"]> = ["active", "tombstoned", "retiring"];
 export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired", "tombstoned", "retiring"];
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
+export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["HostFirewall"]["state"]> = ["ok", "blocked", "unknown"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];

@@ -4,6 +4,10 @@
 // credentials from a docker-style config.json) and returns the image as an
 // [image.Source] whose layers are downloaded only when the image store opens them.
 //
+// A registry is not trusted: every request of a pull goes through a RoundTripper of this
+// package that bounds redirects and the bodies the pull holds in memory, and a manifest is
+// held to bounds on what it declares before anything it names is read (bounds.go).
+//
 // It is the HTTP client side of images and nothing else: it writes nothing to disk (the
 // image store unpacks and checks), and the store knows it only as an [image.Fetcher]. It is
 // apart from store/image because it links net/http, which no package below the handlers
@@ -224,46 +228,100 @@ func mirrorMissed(err error) bool {
 }
 
 // fetch is [Registry.Fetch] from parsed, which is ref or ref rewritten to the mirror; label
-// names it in errors.
+// names it in errors. Every request goes through a [guard], and the manifest is held to the
+// bounds before anything it names is read (see MaxManifestBytes and the others).
 func (r *Registry) fetch(ctx context.Context, ref, label string, parsed name.Reference) (*image.Source, error) {
-	ropts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(r.keychain), remote.WithPlatform(r.platform)}
-	if r.opts.Transport != nil {
-		ropts = append(ropts, remote.WithTransport(r.opts.Transport))
+	g := newGuard(r.base())
+	fail := func(err error) error {
+		if b := g.broken(); b != nil {
+			return b
+		}
+		return fetchError(label, err)
+	}
+	ropts := []remote.Option{
+		remote.WithContext(ctx), remote.WithAuthFromKeychain(r.keychain), remote.WithPlatform(r.platform),
+		remote.WithTransport(g), remote.WithRetryBackoff(retryBackoff),
 	}
 	img, err := remote.Image(parsed, ropts...)
 	if err != nil {
-		return nil, fetchError(label, err)
+		return nil, fail(err)
 	}
 	digest, err := img.Digest()
 	if err != nil {
-		return nil, fetchError(label, err)
+		return nil, fail(err)
 	}
 	manifest, err := img.Manifest()
 	if err != nil {
-		return nil, fetchError(label, err)
+		return nil, fail(err)
 	}
+	if err := checkManifest(label, manifest); err != nil {
+		return nil, err
+	}
+	g.expectConfig(manifest.Config.Digest.String())
 	config, err := img.RawConfigFile()
 	if err != nil {
-		return nil, fetchError(label, err)
+		return nil, fail(err)
 	}
 	src := &image.Source{Ref: ref, ManifestDigest: digest.String(), Config: config, ConfigDigest: manifest.Config.Digest.String()}
 	for _, d := range manifest.Layers {
 		l, err := img.LayerByDigest(d.Digest)
 		if err != nil {
-			return nil, fetchError(label, err)
+			return nil, fail(err)
 		}
 		src.Layers = append(src.Layers, image.SourceLayer{
 			Digest: d.Digest.String(), Size: d.Size,
 			Open: func(context.Context) (io.ReadCloser, error) {
 				rc, err := l.Compressed()
 				if err != nil {
-					return nil, fetchError(label, err)
+					return nil, fail(err)
 				}
 				return rc, nil
 			},
 		})
 	}
 	return src, nil
+}
+
+// base is the transport under the guard: the configured one (tests give an httptest
+// server's), or go-containerregistry's default with response headers bounded.
+func (r *Registry) base() http.RoundTripper {
+	if r.opts.Transport != nil {
+		return r.opts.Transport
+	}
+	if t, ok := remote.DefaultTransport.(*http.Transport); ok {
+		t = t.Clone()
+		t.MaxResponseHeaderBytes = maxHeaderBytes
+		return t
+	}
+	return remote.DefaultTransport
+}
+
+// checkManifest holds a parsed manifest to the bounds on what it declares: the number of
+// layers, the sizes of the configuration and of the layers. A size must be declared: a
+// negative one would let go-containerregistry read a blob without bound.
+func checkManifest(label string, m *v1.Manifest) error {
+	tooLarge := func(format string, args ...any) error {
+		msg := fmt.Sprintf(format, args...)
+		return errcode.Wrap(errcode.PayloadTooLarge, fmt.Errorf("%w: %w: %s", errBound, image.ErrTooLarge, msg),
+			"The image %s is beyond a bound of bothyd: %s.", label, msg)
+	}
+	if n := len(m.Layers); n > image.MaxLayers {
+		return tooLarge("its manifest lists %d layers, more than the %d bothyd pulls", n, image.MaxLayers)
+	}
+	if m.Config.Size < 0 || m.Config.Size > MaxConfigBytes {
+		return tooLarge("its manifest declares a configuration of %d bytes, not 0 to %d", m.Config.Size, MaxConfigBytes)
+	}
+	var total int64
+	for i, l := range m.Layers {
+		if l.Size < 0 {
+			return tooLarge("its manifest declares layer %d of %d bytes", i, l.Size)
+		}
+		total += l.Size
+		if total > MaxImageBytes || total < 0 {
+			return tooLarge("its manifest declares layers of more than %d bytes in all", int64(MaxImageBytes))
+		}
+	}
+	return nil
 }
 
 // fetchError gives a registry failure a code the API can map: an unknown image, refused
