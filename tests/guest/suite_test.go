@@ -23,8 +23,6 @@ type suite struct {
 	token string
 	// installed says the install step succeeded: the steps that talk to bothyd need it.
 	installed bool
-	// fromDeb says bothyd was installed from the .deb (the purge step needs it).
-	fromDeb bool
 }
 
 // The addresses of the "internet" the egress steps make in the guest: a network namespace
@@ -145,15 +143,9 @@ func (s *suite) install(t *testing.T) {
 	case deb != "":
 		g.put(t, deb, "/root/"+filepath.Base(deb))
 		g.must(t, "DEBIAN_FRONTEND=noninteractive apt-get install -y /root/"+filepath.Base(deb)+" 2>&1 | tail -20")
-		s.fromDeb = true
 		if out, err := g.run(time.Minute, "getent group bothy"); err != nil {
 			t.Errorf("the package made no group bothy: %v %s", err, out)
 		}
-	case os.Getenv("BOTHY_GUEST_BIN_DIR") != "":
-		// Before the package exists: the binaries at the installed paths and a unit of the
-		// shared contract's shape. Not the promise (the committed suite installs the .deb).
-		t.Log("BOTHY_GUEST_DEB unset: installing BOTHY_GUEST_BIN_DIR's binaries by hand, not the package")
-		s.installByHand(t, os.Getenv("BOTHY_GUEST_BIN_DIR"))
 	default:
 		t.Fatal("BOTHY_GUEST_DEB unset: the suite installs the package scripts/package builds (dist/bothy_<version>_amd64.deb)")
 	}
@@ -177,32 +169,6 @@ func (s *suite) install(t *testing.T) {
 		t.Fatalf("bothyd.service is %q", out)
 	}
 	s.installed = true
-}
-
-// installByHand installs prebuilt binaries at the package's paths with units of the shared
-// systemd contract (bothy-sandboxes.service holding the delegated subtree, bothyd.service
-// beside it): for developing the suite before the package exists.
-func (s *suite) installByHand(t *testing.T, dir string) {
-	g := s.g
-	g.must(t, "mkdir -p /usr/libexec/bothy /etc/bothy /var/lib/bothy && (getent group bothy >/dev/null || groupadd --system bothy)")
-	g.put(t, filepath.Join(dir, "bothyd"), "/usr/bin/bothyd")
-	g.put(t, filepath.Join(dir, "bothy"), "/usr/bin/bothy")
-	g.put(t, filepath.Join(dir, "bothyd-runtime"), "/usr/libexec/bothy/bothyd-runtime")
-	// bothyd looks for its runtime beside itself until it searches /usr/libexec/bothy.
-	g.must(t, "ln -sf /usr/libexec/bothy/bothyd-runtime /usr/bin/bothyd-runtime")
-	g.must(t, `cat >/etc/systemd/system/bothyd.service <<'EOF'
-[Unit]
-Description=bothy sandboxes' API (installed by hand by tests/guest)
-After=network-online.target
-[Service]
-EnvironmentFile=-/etc/bothy/bothyd.env
-Environment=BOTHY_ROOT=/var/lib/bothy
-ExecStart=/usr/bin/bothyd
-Delegate=yes
-[Install]
-WantedBy=multi-user.target
-EOF
-systemctl daemon-reload`)
 }
 
 // waitServing waits until bothyd's health endpoint answers through the forward.
@@ -634,9 +600,6 @@ func (s *suite) egressDocker(t *testing.T) {
 // purge: `apt-get purge bothy` leaves nothing: no binaries, units, configuration, state,
 // processes, cgroups or nftables table of bothy's.
 func (s *suite) purge(t *testing.T) {
-	if !s.fromDeb {
-		t.Skip("bothyd was installed by hand, not from the package: nothing to purge")
-	}
 	g := s.g
 	// The suite's own internet goes first: it is no part of bothy's.
 	g.must(t, "systemctl stop guest-inet-http; ip netns del "+inetNS+"; ip link del inet0 2>/dev/null; true")
