@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -212,6 +213,24 @@ func (s *suite) lifecycle(t *testing.T) {
 	if err != nil || exit == nil || exit.Code != 4 || out.String() != "line1\nline2\nline3\n" || errOut.String() != "e\n" {
 		t.Fatalf("streamed exec: exit %+v, err %v, stdout %q, stderr %q", exit, err, out.String(), errOut.String())
 	}
+
+	// create+start, five times, for docs/performance.md (the guest's cgroup v2 beside the
+	// host's v1: different machines, and TCG here).
+	var took []time.Duration
+	for i := range 5 {
+		id := fmt.Sprintf("timed-%d", i)
+		t0 := time.Now()
+		if _, err := c.Create(ctx(t), bothy.CreateOptions{ID: id, Start: true}); err != nil {
+			t.Fatalf("create and start %s: %v", id, err)
+		}
+		took = append(took, time.Since(t0))
+		if err := c.Delete(ctx(t), id, true); err != nil {
+			t.Fatalf("delete %s: %v", id, err)
+		}
+	}
+	slices.Sort(took)
+	t.Logf("timing: create+start median %s, min %s, max %s (5 runs)", took[2].Round(time.Millisecond),
+		took[0].Round(time.Millisecond), took[4].Round(time.Millisecond))
 
 	const path = "/home/user/guest.txt"
 	if err := c.WriteFile(ctx(t), "life", path, strings.NewReader("written from the host\n")); err != nil {
