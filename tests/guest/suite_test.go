@@ -86,18 +86,19 @@ func (s *suite) hostTests(t *testing.T) {
 		t.Skip("BOTHY_GUEST_TESTBIN unset: scripts/guest/test builds the host-side test binaries into it")
 	}
 	g, root := s.g, repoRoot(t)
-	// The tests read testdata and the spec relative to their package's directory.
-	g.must(t, "rm -rf /root/bothy-tests && mkdir -p /root/bothy-tests/bin /root/bothy-tests/src/tests /root/bothy-tests/src/openapi /root/bothy-tests/src/runtime/namespace /root/bothy-tests/src/platform")
+	// The tests read testdata and the spec relative to their package's directory. Under /opt,
+	// not root's home (0700): some tests run their own binary as another user.
+	g.must(t, "rm -rf /opt/bothy-tests && mkdir -p /opt/bothy-tests/bin /opt/bothy-tests/src/tests /opt/bothy-tests/src/openapi /opt/bothy-tests/src/runtime/namespace /opt/bothy-tests/src/platform && chmod 755 /opt/bothy-tests")
 	for _, f := range []string{"bothyd", "bothy", "bothyd-runtime", "tests.test", "namespace.test", "platform.test"} {
-		g.put(t, filepath.Join(bin, f), "/root/bothy-tests/bin/"+f)
+		g.put(t, filepath.Join(bin, f), "/opt/bothy-tests/bin/"+f)
 	}
-	g.put(t, filepath.Join(root, "openapi", "openapi.yaml"), "/root/bothy-tests/src/openapi/openapi.yaml")
+	g.put(t, filepath.Join(root, "openapi", "openapi.yaml"), "/opt/bothy-tests/src/openapi/openapi.yaml")
 	tar := filepath.Join(t.TempDir(), "testdata.tar")
 	if out, err := execOut("tar", "-C", filepath.Join(root, "tests"), "-cf", tar, "testdata"); err != nil {
 		t.Fatalf("tar testdata: %v %s", err, out)
 	}
-	g.put(t, tar, "/root/bothy-tests/testdata.tar")
-	g.must(t, "tar -C /root/bothy-tests/src/tests -xf /root/bothy-tests/testdata.tar")
+	g.put(t, tar, "/opt/bothy-tests/testdata.tar")
+	g.must(t, "tar -C /opt/bothy-tests/src/tests -xf /opt/bothy-tests/testdata.tar")
 
 	for _, c := range []struct{ name, dir, bin, run string }{
 		{"platform", "platform", "platform.test", "Cgroup"},
@@ -109,7 +110,7 @@ func (s *suite) hostTests(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, err := g.run(20*time.Minute, fmt.Sprintf(
-				"cd /root/bothy-tests/src/%s && BOTHY_TEST_BIN_DIR=/root/bothy-tests/bin /root/bothy-tests/bin/%s -test.v -test.timeout 18m -test.run '%s' 2>&1",
+				"cd /opt/bothy-tests/src/%s && BOTHY_TEST_BIN_DIR=/opt/bothy-tests/bin /opt/bothy-tests/bin/%s -test.v -test.timeout 18m -test.run '%s' 2>&1",
 				c.dir, c.bin, c.run))
 			t.Logf("%s in the guest:\n%s", c.bin, summary(out))
 			if err != nil {
@@ -117,7 +118,7 @@ func (s *suite) hostTests(t *testing.T) {
 			}
 		})
 	}
-	g.must(t, "rm -rf /root/bothy-tests")
+	g.must(t, "rm -rf /opt/bothy-tests")
 }
 
 // summary keeps a go test -v output's verdict lines and the messages of what failed or
