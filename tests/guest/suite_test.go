@@ -171,6 +171,22 @@ func (s *suite) install(t *testing.T) {
 		t.Fatalf("bothyd.service is %q", out)
 	}
 	s.installed = true
+	// The shared systemd contract: bothy-sandboxes.service holds the delegated subtree
+	// sandboxes' cgroups live in, its holder in the leaf hold/, with the controllers
+	// enabled for the sandboxes.
+	const held = "/sys/fs/cgroup/system.slice/bothy-sandboxes.service"
+	if out, err := g.run(time.Minute, "systemctl is-active bothy-sandboxes"); err != nil || strings.TrimSpace(out) != "active" {
+		t.Errorf("bothy-sandboxes.service is %q (%v)", strings.TrimSpace(out), err)
+	}
+	sub, _ := g.run(time.Minute, "cat "+held+"/cgroup.subtree_control")
+	for _, ctl := range []string{"memory", "cpu", "pids"} {
+		if !slices.Contains(strings.Fields(sub), ctl) {
+			t.Errorf("%s/cgroup.subtree_control is %q: no %s", held, strings.TrimSpace(sub), ctl)
+		}
+	}
+	if out, err := g.run(time.Minute, "cat "+held+"/hold/cgroup.procs"); err != nil || strings.TrimSpace(out) == "" {
+		t.Errorf("no holder process in %s/hold: %q %v", held, out, err)
+	}
 }
 
 // waitServing waits until bothyd's health endpoint answers through the forward.
