@@ -367,13 +367,28 @@ func (s *suite) cpuPids(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("the fork bomb: %v", err)
 	}
-	// Where the refusals were counted: in a cgroup below the sandbox's (the workloads'), not
-	// in the sandbox's own, whose allowance is the agent's.
-	events := g.must(t, "for f in $(find "+cg+" -name pids.events); do echo \"$f $(grep '^max ' $f)\"; done")
-	t.Logf("pids.events after the bomb:\n%s", events)
-	top := keyed(g.must(t, "cat "+cg+"/pids.events"), "max")
-	if top != 0 {
-		t.Errorf("the sandbox's own cgroup refused %d forks: the workload took the agent's allowance (cgroup v2's workloads' leaf missing?)", top)
+	// Where the refusals were counted: at the workloads' limit, in a cgroup below the
+	// sandbox's, and not at the sandbox's own, whose allowance is the agent's. Since Linux
+	// 6.15 pids.events counts a subtree's refusals (hierarchical); pids.events.local, where
+	// the kernel has it, counts those at the cgroup's own limit.
+	events := g.must(t, "cd "+cg+" && for f in $(find . -name 'pids.events*'); do echo \"$f $(grep '^max ' $f)\"; done")
+	t.Logf("pids events after the bomb:\n%s", events)
+	local := "pids.events.local"
+	if _, err := g.run(time.Minute, "test -e "+cg+"/"+local); err != nil {
+		local = "pids.events"
+	}
+	if n := keyed(g.must(t, "cat "+cg+"/"+local), "max"); n != 0 {
+		t.Errorf("the sandbox's own cgroup refused %d forks at its limit (%s): the workload took the agent's allowance", n, local)
+	}
+	var below int64
+	for _, l := range strings.Split(g.must(t, "cat $(find "+cg+" -mindepth 2 -name "+local+") /dev/null"), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "max" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			below += n
+		}
+	}
+	if below == 0 {
+		t.Errorf("no cgroup below the sandbox's refused a fork (%s): the bomb was not stopped at the workloads' limit", local)
 	}
 	waitFor(t, 2*time.Minute, "the agent to run a command after the bomb", func() bool {
 		r, err := c.Exec(ctx(t), "bomb", []string{"echo", "alive"}, nil)
