@@ -298,6 +298,13 @@ func (s *suite) oom(t *testing.T) {
 	}
 	r, err := c.Exec(ctx(t), "oom", []string{"sh", "-c", "x=$(head -c 400m /dev/zero | tr '\\0' a); echo survived"},
 		&bothy.ExecOptions{Timeout: 2 * time.Minute})
+	// What the kernel killed, for the diagnosis of a failure.
+	defer func() {
+		if t.Failed() {
+			out, _ := s.g.run(time.Minute, "dmesg | grep -E 'oom-kill:|Killed process|Memory cgroup out of memory' | tail -10")
+			t.Logf("the kernel's OOM lines:\n%s", out)
+		}
+	}()
 	if err != nil {
 		t.Fatalf("the memory hog: %v", err)
 	}
