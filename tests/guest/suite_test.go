@@ -622,8 +622,13 @@ func (s *suite) reboot(t *testing.T) {
 			t.Errorf("%s after the reboot: state %s", sb.ID, sb.State)
 		}
 	}
+	// As a user types it at a shell, without the unit's environment.
 	if out, err := g.run(5*time.Minute, "bothyd check --root /var/lib/bothy"); err != nil {
-		t.Errorf("bothyd check after the reboot: %v\n%s", err, out)
+		t.Errorf("bothyd check --root /var/lib/bothy after the reboot: %v\n%s", err, out)
+		// For the diagnosis: the same with the unit's environment (its cgroup parent).
+		env := `$(systemctl show bothyd -p Environment --value) $(grep -E '^[A-Z_]+=' /etc/bothy/bothyd.env)`
+		out, err = g.run(5*time.Minute, "env "+env+" bothyd check --root /var/lib/bothy")
+		t.Logf("the same with bothyd.service's environment: %v\n%s", err, out)
 	}
 	if _, err := c.Start(ctx(t), "life", 0); err != nil {
 		t.Fatalf("start after the reboot: %v", err)
