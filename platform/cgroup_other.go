@@ -47,6 +47,6 @@ const (
 	V2WorkloadsCgroup = "workloads"
 )
 
-func (c *Cgroup) OpenLeaf() (*os.File, error)         { return nil, ErrUnsupported }
-func (c *Cgroup) SplitV2(owner int) (*os.File, error) { return nil, ErrUnsupported }
-func (c *Cgroup) SettleV2(pid, pids int) error        { return ErrUnsupported }
+func (c *Cgroup) OpenLeaf() (*os.File, error)                     { return nil, ErrUnsupported }
+func (c *Cgroup) SplitV2(owner int) (*os.File, error)             { return nil, ErrUnsupported }
+func (c *Cgroup) SettleV2(pid, pids int, memoryBytes int64) error { return ErrUnsupported }

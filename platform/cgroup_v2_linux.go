@@ -277,10 +277,17 @@ func (c *Cgroup) SplitV2(owner int) (workloads *os.File, err error) {
 
 // SettleV2 finishes [Cgroup.SplitV2] once the init (pid), cloned into the cgroup, has made
 // its cgroup namespace there: it moves the init into [V2AgentCgroup], delegates the pids
-// controller to the children (which the cgroup may do only once it holds no process), and
-// limits [V2WorkloadsCgroup] to pids tasks. The agent's allowance is what the cgroup's own
-// limit leaves.
-func (c *Cgroup) SettleV2(pid, pids int) error {
+// controller (and, with memoryBytes > 0, the memory controller) to the children (which the
+// cgroup may do only once it holds no process), and limits [V2WorkloadsCgroup] to pids tasks
+// and memoryBytes of memory without swap. The agent's allowance is what the cgroup's own
+// limits leave.
+//
+// The memory limit of the workloads' own is what keeps the agent alive through a workload's
+// OOM: a memory cgroup's OOM killer picks its victim among that cgroup's processes, so a
+// workload over its limit is killed in workloads, never the agent. With one limit on the
+// sandbox's cgroup for both, the kernel killed the workload and then, 0.1 s later with the
+// memory not yet returned, the agent (seen in the cgroup-v2 guest, tests/guest).
+func (c *Cgroup) SettleV2(pid, pids int, memoryBytes int64) error {
 	d, err := c.v2("the workloads' cgroup")
 	if err != nil {
 		return err
@@ -291,8 +298,21 @@ func (c *Cgroup) SettleV2(pid, pids int) error {
 	if err := moveProc(filepath.Join(d.dir, V2AgentCgroup), pid); err != nil {
 		return err
 	}
-	if err := enableControllers(d.dir, []string{"pids"}); err != nil {
+	controllers := []string{"pids"}
+	if memoryBytes > 0 {
+		controllers = append(controllers, "memory")
+	}
+	if err := enableControllers(d.dir, controllers); err != nil {
 		return err
 	}
-	return writeCgroupFile(filepath.Join(d.dir, V2WorkloadsCgroup), "pids.max", strconv.Itoa(pids))
+	workloads := filepath.Join(d.dir, V2WorkloadsCgroup)
+	if memoryBytes > 0 {
+		if err := writeCgroupFile(workloads, "memory.max", strconv.FormatInt(memoryBytes, 10)); err != nil {
+			return err
+		}
+		if err := writeCgroupFile(workloads, "memory.swap.max", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return writeCgroupFile(workloads, "pids.max", strconv.Itoa(pids))
 }

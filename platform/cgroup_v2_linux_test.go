@@ -206,6 +206,7 @@ func TestCgroupV2SplitAndSettle(t *testing.T) {
 		"sb.x/pids.max":               "",
 		"sb.x/workloads/cgroup.procs": "",
 		"sb.x/workloads/pids.max":     "",
+		"sb.x/workloads/memory.max":   "",
 		"sb.x/agent/cgroup.procs":     "",
 	})
 	cg := fakeCgroupV2(root, "sb.x")
@@ -242,13 +243,17 @@ func TestCgroupV2SplitAndSettle(t *testing.T) {
 			t.Errorf("%s is owned by %d:%d, want %d", p, st.Uid, st.Gid, ownerWant)
 		}
 	}
-	if err := cg.SettleV2(4242, 16); err != nil {
+	// The workloads get the sandbox's memory limit of their own, so that an OOM among them
+	// never picks the agent (memory.swap.max is absent here, as on a kernel without swap
+	// accounting, and skipped).
+	if err := cg.SettleV2(4242, 16, 64<<20); err != nil {
 		t.Fatal(err)
 	}
 	for p, want := range map[string]string{
 		"sb.x/agent/cgroup.procs":     "4242",
-		"sb.x/cgroup.subtree_control": "+pids",
+		"sb.x/cgroup.subtree_control": "+pids +memory",
 		"sb.x/workloads/pids.max":     "16",
+		"sb.x/workloads/memory.max":   "67108864",
 	} {
 		if got := readFake(t, root, p); got != want {
 			t.Errorf("%s = %q, want %q", p, got, want)

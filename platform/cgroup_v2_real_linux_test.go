@@ -65,7 +65,7 @@ func TestCgroupV2SplitPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	if err := cg.SettleV2(cmd.Process.Pid, 2); err != nil {
+	if err := cg.SettleV2(cmd.Process.Pid, 2, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := stdin.Write([]byte("go\n")); err != nil {

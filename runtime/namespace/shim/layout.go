@@ -60,6 +60,14 @@ const (
 // (platform.Cgroup.SplitV2).
 const AgentPids = 32
 
+// AgentMemory is the allowance of memory that the shim adds, on cgroup v2, to a sandbox's
+// memory limit for its agent, whose workloads get a memory cgroup of their own with the
+// sandbox's limit (platform.Cgroup.SettleV2): a workload that runs out of memory is then
+// OOM-killed among the workloads, and the agent, beside them, answers on. Idle, the agent
+// holds about 4 MiB; each exec buffers at most 1 MiB per stream. On cgroup v1 the memory
+// hierarchy has no such child and the two share the sandbox's limit.
+const AgentMemory = 32 << 20
+
 // WorkloadCgroup is the child of a sandbox's pids cgroup (cgroup v1, with a pids limit) that
 // the agent starts every workload in: the shim makes it with the sandbox's pids limit (plus
 // one: the agent's thread that forks a workload counts there while it forks) and hands the init the tasks files of it and of the sandbox's cgroup (fds 6 and 7), between

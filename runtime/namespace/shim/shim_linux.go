@@ -312,6 +312,11 @@ func newCgroup(name string, res runtime.Resources) (*platform.Cgroup, error) {
 	if res.Pids > 0 {
 		// The agent is in the cgroup too: the workload's limit comes on top of its allowance.
 		limits.Pids = res.Pids + AgentPids
+		if cg.V2() && limits.MemoryBytes > 0 {
+			// On v2 the workloads get a memory cgroup of their own with the sandbox's limit
+			// (platform.Cgroup.SettleV2), and the agent its allowance beside it.
+			limits.MemoryBytes += AgentMemory
+		}
 	}
 	if err := cg.Create(limits); err != nil {
 		return cg, fmt.Errorf("create cgroup: %w", err)
@@ -565,7 +570,7 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 			}
 			mounts.Close()
 			if err == nil && v2 && p.workloadPids {
-				err = p.settleV2(cg, spec.Resources.Pids)
+				err = p.settleV2(cg, spec.Resources.Pids, int64(spec.Resources.MemoryMB)<<20)
 			}
 		}
 	}
@@ -578,14 +583,15 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 
 // settleV2 answers the init's request (one byte on the configuration socket, sent once it
 // made its cgroup namespace in the sandbox's cgroup; see settleCgroup) by moving it into the
-// agent's child and limiting the workloads' child to pids tasks (platform.Cgroup.SettleV2),
+// agent's child and limiting the workloads' child to pids tasks and the sandbox's memory
+// (platform.Cgroup.SettleV2),
 // and tells it so with one byte back. An init that ends first closes its end: the read fails.
-func (p *initProcess) settleV2(cg *platform.Cgroup, pids int) error {
+func (p *initProcess) settleV2(cg *platform.Cgroup, pids int, memoryBytes int64) error {
 	var b [1]byte
 	if n, err := p.config.Read(b[:]); n != 1 || b[0] != 1 {
 		return fmt.Errorf("the init did not ask for its cgroup (%d bytes, %v)", n, err)
 	}
-	if err := cg.SettleV2(p.cmd.Process.Pid, pids); err != nil {
+	if err := cg.SettleV2(p.cmd.Process.Pid, pids, memoryBytes); err != nil {
 		return fmt.Errorf("the agent's and the workloads' cgroups: %w", err)
 	}
 	if _, err := p.config.Write(b[:]); err != nil {
