@@ -69,6 +69,7 @@ var Classes = map[string]Class{
 
 	"internal/layers": Tool,
 	"tests":           Tool,
+	"tests/guest":     Tool,
 }
 
 // httpLibraries are the packages that make code an HTTP server or client; a package is one

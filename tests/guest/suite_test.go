@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bothy/bothy/runtime/namespace/shim"
 	"github.com/bothy/bothy/sdk/go/bothy"
 )
 
@@ -285,7 +286,8 @@ func (s *suite) lifecycle(t *testing.T) {
 }
 
 // oom: a workload over its memory limit is killed by the kernel's OOM killer and the exec
-// says so; the sandbox's cgroup counted it, and the agent still answers.
+// says so; the sandbox's cgroup counted it, and the agent, in a memory cgroup beside the
+// workloads', still answers.
 func (s *suite) oom(t *testing.T) {
 	c := s.c
 	if _, err := c.Create(ctx(t), bothy.CreateOptions{ID: "oom", Start: true, Resources: &bothy.ResourcesRequest{MemoryMb: 64}}); err != nil {
@@ -293,8 +295,13 @@ func (s *suite) oom(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), "oom", true) })
 	cg := s.cgroupOf(t, "oom")
-	if got := strings.TrimSpace(s.g.must(t, "cat "+cg+"/memory.max")); got != strconv.Itoa(64<<20) {
-		t.Errorf("memory.max of the sandbox's cgroup is %s, want %d", got, 64<<20)
+	// The workloads have the sandbox's limit in a memory cgroup of their own, where the OOM
+	// killer picks its victim; the agent has its allowance beside them (shim.AgentMemory).
+	if got := strings.TrimSpace(s.g.must(t, "cat "+cg+"/workloads/memory.max")); got != strconv.Itoa(64<<20) {
+		t.Errorf("memory.max of the workloads' cgroup is %s, want %d", got, 64<<20)
+	}
+	if got := strings.TrimSpace(s.g.must(t, "cat "+cg+"/memory.max")); got != strconv.Itoa(64<<20+shim.AgentMemory) {
+		t.Errorf("memory.max of the sandbox's cgroup is %s, want %d", got, 64<<20+shim.AgentMemory)
 	}
 	r, err := c.Exec(ctx(t), "oom", []string{"sh", "-c", "x=$(head -c 400m /dev/zero | tr '\\0' a); echo survived"},
 		&bothy.ExecOptions{Timeout: 2 * time.Minute})
