@@ -70,8 +70,11 @@ func readCgroupParent(root string) (string, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
-	if err != nil {
+	if errors.Is(err, platform.ErrNotRegular) {
 		return "", fmt.Errorf("the state root's record of its cgroup parent: %w; remove %s and start bothyd with the --cgroup-parent its sandboxes run below", err, path)
+	}
+	if err != nil {
+		return "", fmt.Errorf("the state root's record of its cgroup parent: %w", err)
 	}
 	var r cgroupParentRecord
 	if err := record.Decode(cgroupParentName, data, cgroupParentFormat, &r); err != nil {
