@@ -483,3 +483,145 @@ func TestSameIDInTwoStateRoots(t *testing.T) {
 		t.Fatalf("exec in the second after the first stopped: %d %s", r.Status, r.Body)
 	}
 }
+
+// testCgroupParent is a cgroup parent of the test's own, other than bothyd's default, removed
+// (with whatever is left below it) once the test and its daemons are done.
+func testCgroupParent(t *testing.T, tag string) string {
+	t.Helper()
+	name := fmt.Sprintf("bothy-test-%d-%s", os.Getpid(), tag)
+	t.Cleanup(func() {
+		cg, err := platform.OpenCgroup(name)
+		if err != nil {
+			t.Errorf("the test's cgroup parent %s: %v", name, err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cg.Remove(ctx); err != nil {
+			t.Errorf("removing the test's cgroup parent %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// wantSandboxCgroup fails the test unless the cgroup of the sandbox id of d lies below parent:
+// the sandbox's limits really are where the test's cgroup parent says.
+func wantSandboxCgroup(t *testing.T, d *daemon, parent, id string) {
+	t.Helper()
+	cg, err := platform.OpenCgroup(parent + "/" + shim.CgroupLeaf(id, filepath.Join(d.Root, store.SandboxesDir, id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cg.Exists() {
+		t.Fatalf("the cgroup of sandbox %s is not below the cgroup parent %s (%v)", id, parent, cg.Dirs())
+	}
+}
+
+// recordedCgroupParent is the cgroup parent that the state root records (<root>/cgroup.json).
+func recordedCgroupParent(t *testing.T, root string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "cgroup.json"))
+	if err != nil {
+		t.Fatalf("the state root's record of its cgroup parent: %v", err)
+	}
+	var r struct {
+		Parent string `json:"parent"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("cgroup.json %q: %v", b, err)
+	}
+	return r.Parent
+}
+
+// TestCheckFindsRecordedCgroupParent: `bothyd check --root R`, typed without --cgroup-parent
+// and BOTHY_CGROUP_PARENT, judges a root whose server runs with another cgroup parent (as the
+// packages' unit does) consistent, beside the server and offline: the server records its
+// parent in the root and the checker takes it from there. Before the record, the checker
+// looked below the default parent and took the running sandbox for a bad record.
+func TestCheckFindsRecordedCgroupParent(t *testing.T) {
+	requireRoot(t)
+	if os.Getenv("BOTHY_CGROUP_PARENT") != "" {
+		t.Skip("BOTHY_CGROUP_PARENT is set: this test runs the checker without it")
+	}
+	t.Parallel()
+	parent := testCgroupParent(t, "check")
+	d := startDaemon(t, withArgs("--cgroup-parent", parent))
+	d.create("ckparent", true)
+	wantSandboxCgroup(t, d, parent, "ckparent")
+	// Paused, as spares are: the pause is judged from the sandbox's cgroup's freezer, which
+	// the checker read below the default parent and, not finding it, took the pause record
+	// for a bad record (what the guest suite saw after a reboot, with the packages' unit).
+	d.create("ckpaused", true)
+	d.mustStatus(200, "POST", "/v1/sandboxes/ckpaused/pause", nil)
+	r := mustCheckClean(t, d.Root, "beside a server with --cgroup-parent, checked without it")
+	if r.Running != 2 || r.Paused != 1 {
+		t.Fatalf("report counts %+v, want 2 running, 1 paused", r)
+	}
+	if got := recordedCgroupParent(t, d.Root); got != parent {
+		t.Fatalf("the state root records the cgroup parent %q, want %q", got, parent)
+	}
+	d.Stop()
+	r = mustCheckClean(t, d.Root, "offline, checked without --cgroup-parent")
+	if r.Running != 2 || r.Paused != 1 {
+		t.Fatalf("offline report counts %+v, want 2 running, 1 paused", r)
+	}
+	// Given explicitly, the flag wins over the record: below the default parent there is no
+	// cgroup of the paused sandbox, so its pause is a problem (on v1 a freezer not frozen, on
+	// v2 one that does not read).
+	r, code, stderr := runCheck(t, d.Root, "--cgroup-parent", "bothy")
+	if code != 1 || !slices.ContainsFunc(r.Problems, func(p checkProblem) bool { return p.Sandbox == "ckpaused" }) {
+		t.Errorf("check --cgroup-parent bothy exited %d, want 1 with a problem of ckpaused, whose cgroup is below %s: %+v %s", code, parent, r, stderr)
+	}
+	d.start() // for the sandbox's clean-up
+}
+
+// TestCgroupParentChangeRefused: a server given a cgroup parent other than the one its state
+// root records refuses to start while sandboxes' cgroups remain below the recorded one (it
+// would orphan them), naming both; a server given none takes the recorded one and reattaches
+// the sandbox; once no sandbox runs, the new parent is taken and recorded.
+func TestCgroupParentChangeRefused(t *testing.T) {
+	requireRoot(t)
+	if os.Getenv("BOTHY_CGROUP_PARENT") != "" {
+		t.Skip("BOTHY_CGROUP_PARENT is set: this test starts bothyd without it")
+	}
+	t.Parallel()
+	first, second := testCgroupParent(t, "first"), testCgroupParent(t, "second")
+	d := startDaemon(t, withArgs("--cgroup-parent", first))
+	d.create("ckmove", true)
+	wantSandboxCgroup(t, d, first, "ckmove")
+	d.Stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bothydBin, "--listen", "127.0.0.1:0", "--root", d.Root, "--spares", "0", "--cgroup-parent", second)
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("bothyd --cgroup-parent %s with a sandbox running below %s: %v, want exit status 1: %s", second, first, err, out)
+	}
+	if !strings.Contains(string(out), "--cgroup-parent "+first) || !strings.Contains(string(out), "--cgroup-parent "+second) {
+		t.Errorf("the refusal does not name both parents (%s, %s): %s", first, second, out)
+	}
+	if got := recordedCgroupParent(t, d.Root); got != first {
+		t.Fatalf("after the refusal the state root records %q, want %q", got, first)
+	}
+
+	// Without the flag: the recorded parent, so the sandbox is found again and driven.
+	d.Args = nil
+	d.start()
+	if sb := decode[sandboxJSON](t, d.doJSON("GET", "/v1/sandboxes/ckmove", nil), 200); sb.State != "running" {
+		t.Fatalf("a server without --cgroup-parent reattached the sandbox as %q, want running", sb.State)
+	}
+	d.execTrue("ckmove")
+	d.dispose("ckmove")
+	d.Stop()
+
+	// No sandbox runs below the first parent any more: the second is taken and recorded.
+	d.Args = []string{"--cgroup-parent", second}
+	d.start()
+	if got := recordedCgroupParent(t, d.Root); got != second {
+		t.Fatalf("with no sandbox left below %s, the state root records %q, want %q", first, got, second)
+	}
+	d.create("ckmoved", true)
+	wantSandboxCgroup(t, d, second, "ckmoved")
+	mustCheckClean(t, d.Root, "after the move, checked without --cgroup-parent")
+}

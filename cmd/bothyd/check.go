@@ -15,7 +15,8 @@ import (
 
 // checkCommand is `bothyd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair] [--json]`:
 // the consistency checker. It judges the state root with the runtime that the server makes
-// from the same flags (newRuntime). It exits 0 when the state root is consistent (after repair, with --repair), 1 when problems
+// from the same flags (newRuntime), with the cgroup parent that the state root records unless
+// --cgroup-parent or BOTHY_CGROUP_PARENT gives one (settleCgroupParent). It exits 0 when the state root is consistent (after repair, with --repair), 1 when problems
 // remain, and 2 on a usage error or when the check could not be made.
 func checkCommand(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bothyd check", flag.ContinueOnError)
@@ -43,6 +44,13 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "bothyd check: unexpected argument %q\n", fs.Arg(0))
 		fs.Usage()
+		return 2
+	}
+	// The sandboxes' cgroups are where the server that made them says (cgroupparent.go), so
+	// that a check typed at a shell, without the unit's environment, judges them right.
+	rtOpts.noteCgroupParentSource(fs)
+	if _, err := settleCgroupParent(rtOpts, *root); err != nil {
+		fmt.Fprintln(stderr, "bothyd check:", err)
 		return 2
 	}
 	// The report is the output; the log only carries warnings, coloured like the server's.

@@ -166,6 +166,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	o.runtime.noteCgroupParentSource(fs)
 	_, o.diskExplicit = os.LookupEnv("BOTHY_DEFAULT_DISK_MB")
 	fs.Visit(func(f *flag.Flag) { o.diskExplicit = o.diskExplicit || f.Name == "default-disk-mb" })
 	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
@@ -255,8 +256,17 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
+	recorded, err := settleCgroupParent(o.runtime, o.root)
+	if err != nil {
+		return err
+	}
 	rts, err := newRuntimes(*o.runtime, o.root, log)
 	if err != nil {
+		return err
+	}
+	// Before any sandbox starts or is reattached below it: the state root records where its
+	// sandboxes' cgroups are, for `bothyd check` and the next start (cgroupparent.go).
+	if err := recordCgroupParent(o.root, o.runtime, recorded, log); err != nil {
 		return err
 	}
 	rt := rts.def
@@ -268,7 +278,7 @@ func serve(o *options, log *slog.Logger) error {
 	} else {
 		defer stopReleases()
 	}
-	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces)
+	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces, "cgroup_parent", o.runtime.cgroupParent)
 	for kind, why := range rts.unavailable {
 		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
 	}

@@ -60,6 +60,10 @@ type runtimeOptions struct {
 	// cgroupParent is --cgroup-parent, the cgroup below which sandboxes' cgroups, and on
 	// cgroup v2 the runtime processes' leaf, live (namespace.Config.CgroupParent).
 	cgroupParent string
+	// cgroupParentFrom says where cgroupParent came from, for messages: "--cgroup-parent",
+	// "BOTHY_CGROUP_PARENT", the state root's record (settleCgroupParent), or "" for the
+	// default.
+	cgroupParentFrom string
 }
 
 // defaultCgroupParent is --cgroup-parent's default, a cgroup of bothyd's own below the
@@ -81,7 +85,7 @@ func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
 	}
 	fs.StringVar(&o.runtimes, "runtimes", os.Getenv("BOTHY_RUNTIMES"), "the runtimes that take new sandboxes, comma-separated: namespace, microvm (env BOTHY_RUNTIMES); default: each that works on this host")
 	fs.StringVar(&o.microvmAccel, "microvm-accel", envOr("BOTHY_MICROVM_ACCEL", microvm.AccelAuto), "how microVMs are accelerated: auto, kvm or tcg (env BOTHY_MICROVM_ACCEL); auto boots a probe guest under KVM once at start-up, in the background, and takes kvm if it answers within 10 s, else tcg (a QEMU that fails under KVM answers at once; a guest that KVM stalls costs the 10 s); kvm and tcg skip the probe (kvm: the microvm runtime is unavailable where /dev/kvm does not open)")
-	fs.StringVar(&o.cgroupParent, "cgroup-parent", envOr("BOTHY_CGROUP_PARENT", defaultCgroupParent), "the cgroup, relative to the cgroup hierarchy's root, below which each sandbox gets a cgroup <parent>/<id>.<hash> and, on cgroup v2, the processes that outlive bothyd start in <parent>/runtime (env BOTHY_CGROUP_PARENT); under systemd, a cgroup delegated to the sandboxes' own unit (system.slice/bothy-sandboxes.service), so that a restart of bothyd's unit kills no sandbox")
+	fs.StringVar(&o.cgroupParent, "cgroup-parent", envOr("BOTHY_CGROUP_PARENT", defaultCgroupParent), "the cgroup, relative to the cgroup hierarchy's root, below which each sandbox gets a cgroup <parent>/<id>.<hash> and, on cgroup v2, the processes that outlive bothyd start in <parent>/runtime (env BOTHY_CGROUP_PARENT); under systemd, a cgroup delegated to the sandboxes' own unit (system.slice/bothy-sandboxes.service), so that a restart of bothyd's unit kills no sandbox. Given neither, the parent that the state root records (<root>/cgroup.json, written by bothyd at start) is taken, else bothy; bothyd refuses another parent than the recorded one while sandboxes' cgroups remain below that")
 	fs.BoolVar(&o.userNamespaces, userNamespacesFlag, userns, "run each sandbox in a user namespace with host ids of its own (env BOTHY_USER_NAMESPACES); false: sandboxes run with the host's ids (root inside is host root for per-user kernel limits), for a state root or images on a file system that cannot be idmapped (overlayfs, NFS)")
 	return o, nil
 }

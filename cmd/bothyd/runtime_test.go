@@ -188,3 +188,69 @@ func TestRuntimeBuiltWithCgo(t *testing.T) {
 		t.Error("a source file was taken for a cgo build")
 	}
 }
+
+// TestSettleCgroupParent: --cgroup-parent, else BOTHY_CGROUP_PARENT, else the parent the
+// state root records, else bothy; a record that is a link is refused.
+func TestSettleCgroupParent(t *testing.T) {
+	for _, c := range []struct {
+		name, env, recorded string
+		args                []string
+		want, from          string
+	}{
+		{name: "default", want: defaultCgroupParent},
+		{name: "recorded", recorded: "r", want: "r", from: "record"},
+		{name: "env over record", env: "e", recorded: "r", want: "e", from: "BOTHY_CGROUP_PARENT"},
+		{name: "flag over env and record", env: "e", recorded: "r", args: []string{"--cgroup-parent", "f"}, want: "f", from: "--cgroup-parent"},
+		{name: "flag equal to the default over record", recorded: "r", args: []string{"--cgroup-parent", defaultCgroupParent}, want: defaultCgroupParent, from: "--cgroup-parent"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv("BOTHY_CGROUP_PARENT", c.env)
+			}
+			root := t.TempDir()
+			if c.recorded != "" {
+				o := &runtimeOptions{cgroupParent: c.recorded}
+				if err := recordCgroupParent(root, o, "", slog.New(slog.DiscardHandler)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			o, err := addRuntimeFlags(fs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fs.Parse(c.args); err != nil {
+				t.Fatal(err)
+			}
+			o.noteCgroupParentSource(fs)
+			recorded, err := settleCgroupParent(o, root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if recorded != c.recorded || o.cgroupParent != c.want {
+				t.Fatalf("recorded %q, cgroupParent %q; want %q, %q", recorded, o.cgroupParent, c.recorded, c.want)
+			}
+			if from := o.cgroupParentFrom; (c.from == "record") != strings.HasSuffix(from, cgroupParentName) || (c.from != "record" && from != c.from) {
+				t.Fatalf("cgroupParentFrom %q, want %s", from, c.from)
+			}
+		})
+	}
+	t.Run("link", func(t *testing.T) {
+		root := t.TempDir()
+		target := filepath.Join(t.TempDir(), "elsewhere.json")
+		if err := os.WriteFile(target, []byte(`{"format": 1, "parent": "elsewhere"}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(root, cgroupParentName)); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := readCgroupParent(root); err == nil {
+			t.Fatalf("a record that is a link read as %q", p)
+		}
+		o := &runtimeOptions{cgroupParent: "new"}
+		if err := recordCgroupParent(root, o, "", slog.New(slog.DiscardHandler)); err == nil {
+			t.Fatal("a record that is a link was replaced")
+		}
+	})
+}
