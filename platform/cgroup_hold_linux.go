@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -52,30 +51,17 @@ func HoldCgroup(leaf string, controllers []string) (cgroup string, enabled []str
 	if err := os.WriteFile(filepath.Join(dir, leaf, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
 		return "", nil, fmt.Errorf("moving into the holder's leaf %s: %w", filepath.Join(dir, leaf), err)
 	}
-	available, err := cgroupList(filepath.Join(dir, "cgroup.controllers"))
+	active, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
 	if err != nil {
-		return "", nil, err
+		return "", nil, fmt.Errorf("platform: cgroup: %w", err)
 	}
-	active, err := cgroupList(filepath.Join(dir, "cgroup.subtree_control"))
-	if err != nil {
-		return "", nil, err
+	// enableControllers writes only what is missing, in one write (the kernel applies all of
+	// it or none), and says which unit setting a controller the cgroup lacks needs.
+	for _, c := range missingControllers(string(active), controllers) {
+		enabled = append(enabled, strings.TrimPrefix(c, "+"))
 	}
-	var change []string
-	for _, c := range controllers {
-		switch {
-		case slices.Contains(active, c):
-		case !slices.Contains(available, c):
-			return "", nil, fmt.Errorf("the cgroup %s lacks the %s controller: its unit needs MemoryAccounting=yes, CPUAccounting=yes and TasksAccounting=yes", cgroup, c)
-		default:
-			enabled = append(enabled, c)
-			change = append(change, "+"+c)
-		}
-	}
-	if len(change) > 0 {
-		// One write: the kernel applies all of it or none.
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(change, " ")), 0); err != nil {
-			return "", nil, fmt.Errorf("enabling %s for %s's children: %w", strings.Join(change, " "), cgroup, err)
-		}
+	if err := enableControllers(dir, controllers); err != nil {
+		return "", nil, fmt.Errorf("enabling %s for %s's children: %w", strings.Join(enabled, " "), cgroup, err)
 	}
 	return cgroup, enabled, nil
 }
@@ -101,14 +87,4 @@ func ownUnifiedCgroup() (string, error) {
 		return "", err
 	}
 	return "", errors.New("/proc/self/cgroup names no cgroup v2 cgroup")
-}
-
-// cgroupList reads a space-separated cgroup v2 list file (cgroup.controllers,
-// cgroup.subtree_control).
-func cgroupList(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return strings.Fields(string(b)), nil
 }

@@ -111,7 +111,7 @@ func enableControllers(dir string, want []string) error {
 		// controllers: typically bothyd runs in the root of a container's cgroup namespace.
 		return fmt.Errorf("%w: the cgroup %s holds processes, so it cannot delegate controllers; run bothyd in a leaf cgroup of its own (move it, and everything else in %s, into a child cgroup first), or give it a --cgroup-parent that holds none", err, dir, dir)
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("%w: %s does not have %s in its cgroup.controllers; under systemd, run bothyd's sandboxes in a unit with Delegate=yes and MemoryAccounting, CPUAccounting and TasksAccounting on", err, dir, strings.Join(add, " "))
+		return fmt.Errorf("%w: %s does not have %s in its cgroup.controllers; under systemd, run bothyd's sandboxes in a unit with Delegate=yes, MemoryAccounting=yes, CPUAccounting=yes and TasksAccounting=yes", err, dir, strings.Join(add, " "))
 	}
 	return err
 }
