@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -48,8 +47,8 @@ func HoldCgroup(leaf string, controllers []string) (cgroup string, enabled []str
 	if err := os.Mkdir(filepath.Join(dir, leaf), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", nil, fmt.Errorf("creating the holder's leaf: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, leaf, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-		return "", nil, fmt.Errorf("moving into the holder's leaf %s: %w", filepath.Join(dir, leaf), err)
+	if err := moveProc(filepath.Join(dir, leaf), os.Getpid()); err != nil {
+		return "", nil, fmt.Errorf("moving into the holder's leaf: %w", err)
 	}
 	active, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
 	if err != nil {
