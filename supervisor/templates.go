@@ -593,7 +593,8 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 	}
 }
 
-// sweepUnboundLeases releases the leases whose sandbox has no clone binding naming them, as
+// sweepUnboundLeases first removes what interrupted writes left in the template store (temp
+// files of records, dead captures' staging), then releases the leases whose sandbox has no clone binding naming them, as
 // the start-up reconciliation: a crash between a clone's lease and its binding, or between a
 // removal's deprovision and its release, leaves one, which would otherwise hold its
 // generation (and read as a problem to `bothyd check`) until the next retirement. Each is
@@ -609,6 +610,9 @@ func (s *Supervisor) sweepUnboundLeases(ctx context.Context, timeout time.Durati
 	}
 	bound := template.BindingChecker(s.store.Dir)
 	cctx, cancel := context.WithTimeout(ctx, timeout) // the store's lock waits for a deadline
+	if err := s.templates.RemoveLeftovers(cctx); err != nil {
+		s.log.Warn("reattach: cannot remove what interrupted template writes left", "err", err)
+	}
 	problems, err := s.templates.Check(cctx, bound, false)
 	cancel()
 	if err != nil {

@@ -100,6 +100,64 @@ func (s *Store) Check(ctx context.Context, bindingExists func(sandboxID, leaseID
 	return out, err
 }
 
+// RemoveLeftovers removes, under the store's lock, what dead writes and captures left in
+// every template and generation directory: temp files of records (every record is written
+// under the lock, so none is in flight) and staging directories no live capture holds. It is
+// the start-up's share of check --repair: a SIGKILL mid-write would otherwise leave a temp file
+// that check reports as staging-leftover until someone repairs it. Anything else check would
+// report (foreign entries, unreadable records) is left for check to report.
+func (s *Store) RemoveLeftovers(ctx context.Context) error {
+	return s.withLock(ctx, func(tx *Tx) error {
+		names, err := platform.ReadDirNames(s.dir)
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if name == LockName || !naming.ValidID(name) {
+				continue
+			}
+			if st, err := platform.LstatAt(s.dir, name); err != nil || !st.IsDir() {
+				continue // gone, or foreign: check reports it
+			}
+			if err := s.removeTemplateLeftovers(name); err != nil {
+				return fmt.Errorf("template: remove leftovers of %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// removeTemplateLeftovers is RemoveLeftovers for one template's directory and its generations.
+func (s *Store) removeTemplateLeftovers(name string) error {
+	tdir, found, err := s.openTemplateDir(name)
+	if err != nil || !found {
+		return err
+	}
+	defer tdir.Close()
+	if err := s.cleanTemplateDir(tdir, name); err != nil {
+		return err
+	}
+	gens, err := generationNames(tdir)
+	if err != nil {
+		return err
+	}
+	for _, gen := range gens {
+		gdir, err := platform.OpenDirAt(tdir, gen)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		err = s.cleanGenerationDir(gdir)
+		gdir.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkTemplate checks one template's directory: its record, its entries, each generation,
 // and a delete that did not finish.
 func (s *Store) checkTemplate(name string, bindingExists func(string, string) bool, repair bool) ([]Problem, error) {

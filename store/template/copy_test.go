@@ -474,3 +474,78 @@ func TestCaptureHooks(t *testing.T) {
 		t.Fatalf("generations after the failures: %d, %v; want the one that succeeded", len(gens), err)
 	}
 }
+
+// TestRemoveLeftovers is the start-up's clean: the temp files a SIGKILL mid-write leaves beside
+// a template's and a generation's records and leases go, and so does a dead capture's staging;
+// a live capture's staging, a foreign file and the records themselves stay, and check finds
+// nothing left to repair but the foreign file.
+func TestRemoveLeftovers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	gen := e.template(t, "py")
+	tdir := filepath.Join(e.s.Path(), "py")
+	gdir := filepath.Join(tdir, gen)
+	dead := filepath.Join(tdir, ".g000007.0123456789abcdef.tmp")
+	live := filepath.Join(tdir, ".g000008.0123456789abcdef.tmp")
+	for _, d := range []string{dead, live} {
+		if err := os.MkdirAll(filepath.Join(d, "payload"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(gdir, LeasesDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	temps := []string{
+		filepath.Join(tdir, ".template.json.0123456789abcdef.tmp"),
+		filepath.Join(gdir, ".tombstone.json.0123456789abcdef.tmp"),
+		filepath.Join(gdir, ".index.json.0123456789abcdef.tmp"),
+		filepath.Join(gdir, LeasesDir, "."+leasePrefix+"0123456789abcdef"+leaseExt+".0123456789abcdef.tmp"),
+	}
+	for _, p := range temps {
+		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	foreign := filepath.Join(gdir, "notes.txt")
+	os.WriteFile(foreign, []byte("mine"), 0o600)
+	f, err := os.Open(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.s.Check(ctxT(t), nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.RemoveLeftovers(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range append(temps, dead) {
+		if exists(p) {
+			t.Errorf("%s survived RemoveLeftovers", p)
+		}
+	}
+	for _, p := range []string{live, foreign, filepath.Join(tdir, TemplateRecordName), filepath.Join(gdir, IndexName), filepath.Join(gdir, PayloadDir)} {
+		if !exists(p) {
+			t.Errorf("%s was removed", p)
+		}
+	}
+	after, err := e.s.Check(ctxT(t), nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, p := range after {
+		kinds = append(kinds, string(p.Kind)+" "+p.Entry)
+	}
+	want := []string{"foreign-entry py/" + gen + "/notes.txt"}
+	if !slices.Equal(kinds, want) {
+		t.Fatalf("check after RemoveLeftovers: %v; want %v (before: %d problems)", kinds, want, len(before))
+	}
+	if len(before) < len(temps)+1 {
+		t.Fatalf("check before found only %v", before)
+	}
+}
