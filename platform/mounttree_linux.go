@@ -11,7 +11,7 @@ import (
 )
 
 // The functions here build mounts with the new mount API (Linux 5.2; overlay layers given as
-// descriptors need 6.13): a mount is made detached, named by a descriptor, given its
+// descriptors need 6.13, see [NewOverlay] for the older kernels): a mount is made detached, named by a descriptor, given its
 // attributes, and then attached onto a target that is itself a descriptor. No path is
 // resolved between choosing a target and mounting on it, so a link swapped in meanwhile
 // cannot redirect the mount.
@@ -37,12 +37,36 @@ func NewMount(fstype, source, options string, attrs int) (*os.File, error) {
 	return createMount(fsfd, fstype, attrs)
 }
 
+// OverlayLayers says how [NewOverlay] hands overlayfs its layers.
+type OverlayLayers string
+
+const (
+	// OverlayLayersByFD gives each layer as a descriptor (fsconfig FSCONFIG_SET_FD with
+	// "lowerdir+", "upperdir", "workdir"): Linux 6.13 and later.
+	OverlayLayersByFD OverlayLayers = "descriptors"
+	// OverlayLayersByPath names each layer by the path /proc/self/fd/<n> of a descriptor this
+	// process holds ("lowerdir=/proc/self/fd/5:/proc/self/fd/6,upperdir=..."): every kernel
+	// with overlayfs. See [NewOverlay] for why such a path is safe.
+	OverlayLayersByPath OverlayLayers = "paths"
+)
+
 // NewOverlay makes an overlay as a detached mount with the MOUNT_ATTR_* attrs, its layers
 // given as descriptors (lowers top first, upper and work may be nil for a read-only
-// overlay), with further options as [NewMount] takes them. The overlay's mount options name
-// each layer by its path as this process sees it at the time: a layer opened on a detached
-// mount (see [CloneMount]) shows as a path below "/", which reveals nothing of the host.
-func NewOverlay(lowers []*os.File, upper, work *os.File, options string, attrs int) (*os.File, error) {
+// overlay), with further options as [NewMount] takes them, handed to overlayfs as how says.
+//
+// With [OverlayLayersByFD] the kernel takes the descriptors themselves. With
+// [OverlayLayersByPath] (kernels before 6.13, which take no descriptor for a layer) each
+// layer is named by /proc/self/fd/<n>, n a descriptor held here for the whole call. That path
+// is safe whoever can write below the layers: /proc is the host's procfs, which no sandbox
+// can change, and the kernel resolves /proc/self/fd/<n> as a magic link, straight to the
+// very file the descriptor holds (its mount and dentry), never through the names of the
+// directories above it, so a sandbox that renames or replaces a directory of a layer's path,
+// or swaps in a link, steers nothing: the layer is what was opened, before the sandbox ran.
+//
+// The overlay's mount options name each layer by its path as this process sees it at the
+// time: a layer opened on a detached mount (see [CloneMount]) shows as a path below "/" (or
+// as /proc/self/fd/<n>), which reveals nothing of the host.
+func NewOverlay(how OverlayLayers, lowers []*os.File, upper, work *os.File, options string, attrs int) (*os.File, error) {
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("platform: fsopen overlay: %w", err)
@@ -51,6 +75,24 @@ func NewOverlay(lowers []*os.File, upper, work *os.File, options string, attrs i
 	if err := unix.FsconfigSetString(fsfd, "source", "overlay"); err != nil {
 		return nil, fmt.Errorf("platform: mount overlay: source: %w", err)
 	}
+	switch how {
+	case OverlayLayersByFD:
+		err = setLayerFDs(fsfd, lowers, upper, work)
+	case OverlayLayersByPath:
+		err = setLayerPaths(fsfd, lowers, upper, work)
+	default:
+		err = fmt.Errorf("platform: mount overlay: no way %q to give its layers", how)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := setOptions(fsfd, "overlay", options); err != nil {
+		return nil, err
+	}
+	return createMount(fsfd, "overlay", attrs)
+}
+
+func setLayerFDs(fsfd int, lowers []*os.File, upper, work *os.File) error {
 	set := func(key string, f *os.File) error {
 		err := control(f, func(fd int) error { return unix.FsconfigSetFd(fsfd, key, fd) })
 		if err != nil {
@@ -60,21 +102,43 @@ func NewOverlay(lowers []*os.File, upper, work *os.File, options string, attrs i
 	}
 	for _, l := range lowers {
 		if err := set("lowerdir+", l); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if upper != nil {
 		if err := set("upperdir", upper); err != nil {
-			return nil, err
+			return err
 		}
-		if err := set("workdir", work); err != nil {
-			return nil, err
+		return set("workdir", work)
+	}
+	return nil
+}
+
+// setLayerPaths names the layers by /proc/self/fd/<n>. The descriptors must stay open until
+// the overlay is created: before Linux 6.5 overlayfs (a "legacy" file system to fsconfig)
+// resolves the paths only then, at FSCONFIG_CMD_CREATE, which the caller's files outlive.
+func setLayerPaths(fsfd int, lowers []*os.File, upper, work *os.File) error {
+	path := func(f *os.File) string { return fmt.Sprintf("/proc/self/fd/%d", f.Fd()) }
+	set := func(key, value string) error {
+		if err := unix.FsconfigSetString(fsfd, key, value); err != nil {
+			return fmt.Errorf("platform: mount overlay: %s %s: %w", key, value, err)
 		}
+		return nil
 	}
-	if err := setOptions(fsfd, "overlay", options); err != nil {
-		return nil, err
+	paths := make([]string, len(lowers))
+	for i, l := range lowers {
+		paths[i] = path(l)
 	}
-	return createMount(fsfd, "overlay", attrs)
+	if err := set("lowerdir", strings.Join(paths, ":")); err != nil {
+		return err
+	}
+	if upper != nil {
+		if err := set("upperdir", path(upper)); err != nil {
+			return err
+		}
+		return set("workdir", path(work))
+	}
+	return nil
 }
 
 func setOptions(fsfd int, fstype, options string) error {

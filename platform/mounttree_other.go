@@ -4,12 +4,20 @@ package platform
 
 import "os"
 
+// OverlayLayers says how NewOverlay hands overlayfs its layers (mounttree_linux.go).
+type OverlayLayers string
+
+const (
+	OverlayLayersByFD   OverlayLayers = "descriptors"
+	OverlayLayersByPath OverlayLayers = "paths"
+)
+
 // These stubs exist so that the module builds on other systems; bothyd runs only on Linux.
 
 func NewMount(fstype, source, options string, attrs int) (*os.File, error) {
 	return nil, ErrUnsupported
 }
-func NewOverlay(lowers []*os.File, upper, work *os.File, options string, attrs int) (*os.File, error) {
+func NewOverlay(how OverlayLayers, lowers []*os.File, upper, work *os.File, options string, attrs int) (*os.File, error) {
 	return nil, ErrUnsupported
 }
 func CloneMount(dir *os.File, p string, recursive bool) (*os.File, error) { return nil, ErrUnsupported }

@@ -52,6 +52,14 @@ type Config struct {
 	// launches that ended, which each shim is told: an absolute path in a directory of this
 	// user's that no one else may write.
 	ReleaseSocket string
+	// StateRoot, unless "", is the state root, whose file system the start-up probes try
+	// idmapped mounts on (mechanisms_linux.go).
+	StateRoot string
+	// ForceFallbacks makes the start-up probes take each feature's fallback wherever it works
+	// (overlay layers by path, tmpfs layers chowned rather than idmapped), whatever better
+	// this kernel has: for tests, on a host whose kernel has everything (bothyd's
+	// BOTHY_TEST_FORCE_FALLBACKS).
+	ForceFallbacks bool
 }
 
 // The defaults of Config.IDs. Each running sandbox has 65536 host ids of its own
@@ -75,8 +83,13 @@ type Runtime struct {
 	// seccomp is the compiled filter of every sandbox, in its binary form: compiled once
 	// here, since the sandbox side links no compiler.
 	seccomp []byte
-	// refusal, when set, is why this runtime cannot start sandboxes (no root).
+	// refusal, when set, is why this runtime cannot start sandboxes (no root, or a kernel
+	// without a feature they need: kernelRefusal).
 	refusal error
+	// kernelRefusal is why this host's kernel cannot run sandboxes, found by the start-up
+	// probes; probe is what they found and chose.
+	kernelRefusal error
+	probe         mountProbe
 	// diskTemplates are the empty disk images that sandboxes' disks are copied from
 	// ([Runtime.diskTemplate]), under diskMu.
 	diskMu        sync.Mutex
@@ -128,6 +141,13 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: cfg, seccomp: bpf, refusal: refusal}
+	if refusal == nil {
+		// Once, before any sandbox: every start uses what these choose (Start passes it
+		// to each shim).
+		r.probe = probeMounts(cfg)
+		r.kernelRefusal = r.probe.refusal
+		r.refusal = r.probe.refusal
+	}
 	r.identity = sync.OnceValues(r.computeIdentity)
 	return r, nil
 }
@@ -165,6 +185,18 @@ func (r *Runtime) ServeReleases(failed func(error)) (stop func(), err error) {
 	}()
 	return func() { l.Close(); <-done }, nil
 }
+
+// Mechanisms are the mount mechanisms the start-up probes chose for this kernel.
+func (r *Runtime) Mechanisms() runtime.Mechanisms { return r.probe.report }
+
+// ProbeNotes are what the start-up probes found beyond their choice (why a better mechanism
+// was not taken), for the log.
+func (r *Runtime) ProbeNotes() []string { return r.probe.notes }
+
+// KernelRefusal says why this host's kernel cannot run sandboxes of this runtime (nil if it
+// can), in a message that names the kernel, the feature and what to do: found once, by the
+// start-up probes.
+func (r *Runtime) KernelRefusal() error { return r.kernelRefusal }
 
 // Kind returns "namespace".
 func (r *Runtime) Kind() string { return Kind }
@@ -443,7 +475,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 		return platform.ProcessID{}, err
 	}
 	defer logf.Close()
-	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp, IDs: r.cfg.IDs, ReleaseSocket: r.cfg.ReleaseSocket})
+	cfg, err := json.Marshal(shim.Config{Spec: spec, Cgroup: r.cgroupName(spec.ID, spec.Dir), Seccomp: r.seccomp, IDs: r.cfg.IDs, ReleaseSocket: r.cfg.ReleaseSocket, Mounts: r.probe.mounts})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}

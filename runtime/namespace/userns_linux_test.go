@@ -132,7 +132,12 @@ func TestUserNamespaceIDs(t *testing.T) {
 // lower layer owned by 1000 on disk is 1000 inside; what the sandbox writes lands on disk
 // under its inside ids, whiteouts and opaque directories in the format a capture expects.
 func TestUserNamespaceOwnership(t *testing.T) {
-	rt := newTestRuntime(t)
+	checkOwnership(t, newTestRuntime(t))
+}
+
+// checkOwnership is TestUserNamespaceOwnership with the runtime rt.
+func checkOwnership(t *testing.T, rt *Runtime) {
+	t.Helper()
 	root := newStateRoot(t)
 	lower := filepath.Join(root, "lower")
 	if err := os.MkdirAll(filepath.Join(lower, "opt/owned"), 0o755); err != nil {
@@ -147,8 +152,10 @@ func TestUserNamespaceOwnership(t *testing.T) {
 		}
 	}
 	s := startSpec(t, rt, root, "owner", func(sp *runtime.Spec) { sp.Lowers = []string{lower} })
-	r := s.sh(t, "root", "stat -c '%n %u:%g' /etc/passwd /usr/bin/env /home/user /opt/owned/f /tmp /dev/pts/ptmx")
-	want := "/etc/passwd 0:0\n/usr/bin/env 0:0\n/home/user 1000:1000\n/opt/owned/f 1000:1000\n/tmp 0:0\n/dev/pts/ptmx 0:0\n"
+	// /etc and /etc/hostname are the host files' layer's, a tmpfs (the uppermost lower with
+	// an /etc gives the directory its owner).
+	r := s.sh(t, "root", "stat -c '%n %u:%g' /etc /etc/hostname /etc/passwd /usr/bin/env /home/user /opt/owned/f /tmp /dev/pts/ptmx")
+	want := "/etc 0:0\n/etc/hostname 0:0\n/etc/passwd 0:0\n/usr/bin/env 0:0\n/home/user 1000:1000\n/opt/owned/f 1000:1000\n/tmp 0:0\n/dev/pts/ptmx 0:0\n"
 	if r.Code != 0 || r.Output != want {
 		t.Fatalf("ownership inside:\n%s\nwant:\n%s", r.Output, want)
 	}

@@ -237,13 +237,21 @@ func hostBaseFor(spec *runtime.Spec) (string, error) {
 // the host name, it needs no sync and leaves nothing behind a crash. (It was a directory of
 // the state directory, hostfiles/, whose four inodes made and removed with every sandbox fed
 // ext4's scan past recently deleted inodes: see docs/design-notes.md.)
-func hostFilesLayer(hostname string) (*os.File, error) {
-	m, err := platform.NewMount("tmpfs", "hostfiles", "size=64k,nr_inodes=16,mode=0755",
+//
+// owner, unless -1, is the host id that owns every file of it (the root directory by tmpfs's
+// uid= and gid= options, which the kernel applies as it makes the file system, the rest by
+// fchown as each is made): the sandbox root's, where the kernel cannot idmap a tmpfs.
+func hostFilesLayer(hostname string, owner int) (*os.File, error) {
+	options := "size=64k,nr_inodes=16,mode=0755"
+	if owner >= 0 {
+		options += fmt.Sprintf(",uid=%d,gid=%d", owner, owner)
+	}
+	m, err := platform.NewMount("tmpfs", "hostfiles", options,
 		unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("the host files' layer: %w", err)
 	}
-	if err := writeHostFiles(m, hostname); err != nil {
+	if err := writeHostFiles(m, hostname, owner); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("the host files' layer: %w", err)
 	}
@@ -251,8 +259,8 @@ func hostFilesLayer(hostname string) (*os.File, error) {
 }
 
 // writeHostFiles writes etc/hostname and etc/hosts into the fresh file system whose root is
-// m.
-func writeHostFiles(m *os.File, hostname string) error {
+// m, owned by owner unless it is -1.
+func writeHostFiles(m *os.File, hostname string, owner int) error {
 	if err := platform.MkdirAt(m, "etc", 0o755); err != nil {
 		return err
 	}
@@ -261,6 +269,11 @@ func writeHostFiles(m *os.File, hostname string) error {
 		return err
 	}
 	defer etc.Close()
+	if owner >= 0 {
+		if err := etc.Chown(owner, owner); err != nil {
+			return err
+		}
+	}
 	for _, f := range []struct{ name, content string }{
 		{"hostname", hostname + "\n"},
 		{"hosts", runtime.EtcHosts(hostname)},
@@ -269,7 +282,12 @@ func writeHostFiles(m *os.File, hostname string) error {
 		if err != nil {
 			return err
 		}
-		_, err = w.WriteString(f.content)
+		if owner >= 0 {
+			err = w.Chown(owner, owner)
+		}
+		if err == nil {
+			_, err = w.WriteString(f.content)
+		}
 		if cerr := w.Close(); err == nil {
 			err = cerr
 		}

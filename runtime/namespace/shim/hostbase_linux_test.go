@@ -78,7 +78,7 @@ func TestHostBaseShared(t *testing.T) {
 // disk.
 func TestHostFilesLayer(t *testing.T) {
 	needRoot(t)
-	m, err := hostFilesLayer("box")
+	m, err := hostFilesLayer("box", -1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func (m *rootMounts) keep() held {
 // layers, template generations and disk images need no change of ownership, whichever host
 // ids the sandbox runs as this time.
 func makeRootMounts(spec *shimSpec, userns *os.File, ids *idRange) (*rootMounts, error) {
-	l, err := openLayers(spec, userns)
+	l, err := openLayers(spec, userns, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ func makeRootMounts(spec *shimSpec, userns *os.File, ids *idRange) (*rootMounts,
 	// be written at all.
 	mk := func() error {
 		var err error
-		m.overlay, err = newOverlay(l)
+		m.overlay, err = newOverlay(l, spec.Mounts.overlayLayers())
 		return err
 	}
 	if ids != nil {
@@ -224,9 +224,9 @@ func (l *layers) Close() {
 	}
 }
 
-func openLayers(spec *shimSpec, userns *os.File) (*layers, error) {
+func openLayers(spec *shimSpec, userns *os.File, ids *idRange) (*layers, error) {
 	l := &layers{}
-	if err := l.open(spec, userns); err != nil {
+	if err := l.open(spec, userns, ids); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -235,7 +235,7 @@ func openLayers(spec *shimSpec, userns *os.File) (*layers, error) {
 
 // open opens the lowers, top first, then the upper and work directories; on an error, what
 // it opened is in l for the caller to close.
-func (l *layers) open(spec *shimSpec, userns *os.File) error {
+func (l *layers) open(spec *shimSpec, userns *os.File, ids *idRange) error {
 	lower := func(f *os.File, err error) error {
 		if err != nil {
 			return err
@@ -251,7 +251,7 @@ func (l *layers) open(spec *shimSpec, userns *os.File) error {
 	var err error
 	if spec.ImageDir != "" {
 		err = lower(platform.CloneMount(nil, spec.ImageDir, false))
-	} else if err = lower(hostFilesLayer(spec.Hostname)); err == nil {
+	} else if err = l.hostFiles(spec, userns, ids); err == nil {
 		// The shim has made the host image's base layer (see runShim).
 		err = lower(platform.CloneMount(nil, spec.BaseDir, false))
 	}
@@ -273,13 +273,33 @@ func (l *layers) open(spec *shimSpec, userns *os.File) error {
 	return err
 }
 
-// newOverlay makes the sandbox's overlay, detached, on the layers l.
-func newOverlay(l *layers) (*os.File, error) {
+// hostFiles adds the host files' layer, a tmpfs, to the lowers: idmapped like the others
+// where the kernel idmaps a tmpfs (Linux 6.3), else made owned by the host id of the
+// sandbox's root, which shows inside as root's (see Mounts.TmpfsIDMap).
+func (l *layers) hostFiles(spec *shimSpec, userns *os.File, ids *idRange) error {
+	owner := -1
+	if userns != nil && !spec.Mounts.TmpfsIDMap {
+		owner = int(ids.base)
+	}
+	m, err := hostFilesLayer(spec.Hostname, owner)
+	if err != nil {
+		return err
+	}
+	l.lowers = append(l.lowers, m)
+	if owner >= 0 {
+		return nil
+	}
+	return idmap(m, userns)
+}
+
+// newOverlay makes the sandbox's overlay, detached, on the layers l, handed to overlayfs as
+// how says.
+func newOverlay(l *layers, how platform.OverlayLayers) (*os.File, error) {
 	// The upper layer must stand on its own once captured as a template generation: no
 	// metadata-only copies that point into a lower (metacopy), no renamed directories that
 	// refer to lower paths (redirect_dir), no inode index tied to these lowers (index).
 	// nodev: no device node on the sandbox's own layers works, whoever made it.
-	m, err := platform.NewOverlay(l.lowers, l.upper, l.work, "index=off,redirect_dir=off,metacopy=off",
+	m, err := platform.NewOverlay(how, l.lowers, l.upper, l.work, "index=off,redirect_dir=off,metacopy=off",
 		unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
 	if err != nil {
 		return nil, fmt.Errorf("the sandbox's overlay: %w", err)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
+	"github.com/bothy/bothy/platform"
 	"github.com/bothy/bothy/runtime"
 )
 
@@ -87,6 +88,31 @@ type Config struct {
 	// release off the shim (see [ServeReleases]); without it, or when nothing answers
 	// there, the shim starts a releaser process.
 	ReleaseSocket string `json:"release_socket,omitempty"`
+	// Mounts are the mechanisms that this kernel gives the shim to build the sandbox's root
+	// with, chosen once at the runtime's start-up by its probes.
+	Mounts Mounts `json:"mounts"`
+}
+
+// Mounts are the mechanisms the shim builds a sandbox's root with, chosen once by the
+// host-side driver's start-up probes (the namespace runtime's probeMounts) for the kernel it
+// runs on, each the best one that kernel has.
+type Mounts struct {
+	// OverlayLayers is how overlayfs is handed its layers: as descriptors (Linux 6.13), or by
+	// the /proc/self/fd paths of descriptors the shim holds (every kernel). "" is descriptors.
+	OverlayLayers platform.OverlayLayers `json:"overlay_layers,omitempty"`
+	// TmpfsIDMap says that tmpfs takes idmapped mounts (Linux 6.3): the host files' layer, a
+	// tmpfs, is then idmapped like every other layer. Without it, that layer is made owned by
+	// the host id of the sandbox's root (its root directory by tmpfs's uid= and gid=, its files
+	// by fchown), which shows inside as root's, as the idmapped layer does.
+	TmpfsIDMap bool `json:"tmpfs_idmap,omitempty"`
+}
+
+// overlayLayers is m.OverlayLayers with its default.
+func (m Mounts) overlayLayers() platform.OverlayLayers {
+	if m.OverlayLayers == "" {
+		return platform.OverlayLayersByFD
+	}
+	return m.OverlayLayers
 }
 
 // IDRangeSize is how many ids a sandbox's user namespace maps: ids 0 to 65535 inside (root,

@@ -64,6 +64,8 @@ type shimSpec struct {
 	WorkloadPids bool `json:"workload_pids,omitempty"`
 	// Disk says the writable layer lives on the sandbox's own disk (EntryDiskImage).
 	Disk bool `json:"disk,omitempty"`
+	// Mounts are the mechanisms the shim builds the root with (Config.Mounts).
+	Mounts Mounts `json:"mounts"`
 }
 
 // initCapabilities bound the init: the sandbox's own set (platform.DefaultCapabilities),
@@ -174,7 +176,7 @@ func runShim(cfg *Config) int {
 	}
 	// The lifeline's write end stays open (close-on-exec) for the shim's whole life.
 	defer proc.lifeline.Close()
-	werr := proc.configure(spec, <-baseDone, cfg.Seccomp, cg)
+	werr := proc.configure(spec, <-baseDone, cfg.Seccomp, cfg.Mounts, cg)
 	if err := proc.leaveCgroup(); err != nil {
 		// The shim's own thread would stay in the sandbox's cgroup, where removing the cgroup
 		// at the end would kill the shim itself: end the sandbox, and leave the cgroup to the
@@ -546,7 +548,7 @@ func (p *initProcess) startV1(cg *platform.Cgroup) error {
 // configure makes the mounts of the sandbox's root (see [rootMounts]), with the host base b,
 // and hands them to the init with its configuration and the compiled seccomp filter, and
 // closes the socket. An init that cannot have them is killed; the error says why.
-func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []byte, cg *platform.Cgroup) error {
+func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []byte, mech Mounts, cg *platform.Cgroup) error {
 	v2 := cg.V2()
 	err := b.err
 	if err != nil {
@@ -555,7 +557,7 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 		ss := shimSpec{
 			ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: b.dir, Lowers: spec.Lowers,
 			Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: v2, Disk: spec.DiskMB > 0,
-			WorkloadPids: p.workloadPids,
+			WorkloadPids: p.workloadPids, Mounts: mech,
 		}
 		var mounts *rootMounts
 		mounts, err = p.makeMounts(&ss)

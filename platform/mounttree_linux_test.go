@@ -1,0 +1,79 @@
+//go:build linux
+
+package platform
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestNewOverlayLayers: an overlay made either way shows its lowers merged, top first, and
+// writes to its upper; the paths way names each layer by /proc/self/fd/<n> and works on
+// layers that no path names at all (a detached tmpfs).
+func TestNewOverlayLayers(t *testing.T) {
+	needRoot(t)
+	for _, how := range []OverlayLayers{OverlayLayersByFD, OverlayLayersByPath} {
+		t.Run(string(how), func(t *testing.T) {
+			if how == OverlayLayersByFD && !kernelTakesLayerFDs() {
+				t.Skip("this kernel takes no overlay layers as descriptors (Linux 6.13)")
+			}
+			m, err := NewMount("tmpfs", "test", "size=64k,mode=0700", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			dirs := map[string]*os.File{}
+			for _, name := range []string{"top", "bottom", "upper", "work"} {
+				if err := MkdirAt(m, name, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if dirs[name], err = OpenDirAt(m, name); err != nil {
+					t.Fatal(err)
+				}
+				defer dirs[name].Close()
+			}
+			for dir, content := range map[string]string{"top": "top", "bottom": "bottom"} {
+				for _, name := range []string{dir, "both"} {
+					f, err := OpenFileAt(dirs[dir], name, os.O_WRONLY|os.O_CREATE, 0o644)
+					if err != nil {
+						t.Fatal(err)
+					}
+					_, _ = f.WriteString(content)
+					f.Close()
+				}
+			}
+			ov, err := NewOverlay(how, []*os.File{dirs["top"], dirs["bottom"]}, dirs["upper"], dirs["work"], "index=off", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ov.Close()
+			for name, want := range map[string]string{"top": "top", "bottom": "bottom", "both": "top"} {
+				b, err := ReadFileAt(ov, name, 64)
+				if err != nil || string(b) != want {
+					t.Fatalf("%s reads %q (%v), want %q", name, b, err, want)
+				}
+			}
+			f, err := OpenFileAt(ov, "new", os.O_WRONLY|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			if _, err := LstatAt(dirs["upper"], "new"); err != nil {
+				t.Fatalf("a file made in the overlay is not in its upper: %v", err)
+			}
+		})
+	}
+}
+
+// kernelTakesLayerFDs says whether overlayfs takes "lowerdir+" descriptors here.
+func kernelTakesLayerFDs() bool {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	var major, minor int
+	_, _ = fmt.Sscanf(strings.TrimRight(string(u.Release[:]), "\x00"), "%d.%d", &major, &minor)
+	return major > 6 || major == 6 && minor >= 13
+}
