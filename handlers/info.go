@@ -114,6 +114,15 @@ func apiRuntimes(rs []supervisor.RuntimeStatus) []openapi.RuntimeStatus {
 			id := r.Identity
 			v.Identity = &id
 		}
+		if m := r.Mechanisms; m != nil && m.OverlayLayers != "" {
+			// A runtime without root probes nothing: it shows no mechanisms.
+			v.Mechanisms = &openapi.KernelMechanisms{Kernel: m.Kernel, OverlayLayers: openapi.KernelMechanismsOverlayLayers(m.OverlayLayers),
+				UserNamespaces: m.UserNamespaces, Forced: m.Forced}
+			if m.TmpfsOwnership != "" {
+				o := openapi.KernelMechanismsTmpfsOwnership(m.TmpfsOwnership)
+				v.Mechanisms.TmpfsOwnership = &o
+			}
+		}
 		out = append(out, v)
 	}
 	return out

@@ -206,6 +206,42 @@ func (e InfoRuntimeKind) Valid() bool {
 	}
 }
 
+// Defines values for KernelMechanismsOverlayLayers.
+const (
+	KernelMechanismsOverlayLayersDescriptors KernelMechanismsOverlayLayers = "descriptors"
+	KernelMechanismsOverlayLayersPaths       KernelMechanismsOverlayLayers = "paths"
+)
+
+// Valid indicates whether the value is a known member of the KernelMechanismsOverlayLayers enum.
+func (e KernelMechanismsOverlayLayers) Valid() bool {
+	switch e {
+	case KernelMechanismsOverlayLayersDescriptors:
+		return true
+	case KernelMechanismsOverlayLayersPaths:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for KernelMechanismsTmpfsOwnership.
+const (
+	KernelMechanismsTmpfsOwnershipChowned  KernelMechanismsTmpfsOwnership = "chowned"
+	KernelMechanismsTmpfsOwnershipIdmapped KernelMechanismsTmpfsOwnership = "idmapped"
+)
+
+// Valid indicates whether the value is a known member of the KernelMechanismsTmpfsOwnership enum.
+func (e KernelMechanismsTmpfsOwnership) Valid() bool {
+	switch e {
+	case KernelMechanismsTmpfsOwnershipChowned:
+		return true
+	case KernelMechanismsTmpfsOwnershipIdmapped:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for LastExitReason.
 const (
 	LastExitReasonExited      LastExitReason = "exited"
@@ -1045,6 +1081,39 @@ type InfoRuntimeKind string
 // InternetAccess Every public destination, when `allow` is empty.
 type InternetAccess = bool
 
+// KernelMechanisms How the namespace runtime builds a sandbox's root on this host's kernel, chosen once at
+// start-up by trying each mechanism on scratch mounts: the best one the kernel has, else
+// its fallback (docs/install.md lists the kernel each needs). A kernel that lacks a
+// feature with no fallback makes the runtime `unavailable`, with the reason.
+type KernelMechanisms struct {
+	// Forced The fallbacks were forced for a test (`BOTHY_TEST_FORCE_FALLBACKS`), whatever the kernel has.
+	Forced bool `json:"forced"`
+
+	// Kernel The running kernel's release (`uname -r`).
+	//
+	// Example: 6.1.0-31-cloud-amd64
+	Kernel string `json:"kernel"`
+
+	// OverlayLayers How overlayfs is handed a sandbox's layers: `descriptors` (Linux 6.13), or `paths`,
+	// the /proc/self/fd paths of descriptors the runtime holds (every kernel).
+	OverlayLayers KernelMechanismsOverlayLayers `json:"overlay_layers"`
+
+	// TmpfsOwnership How a tmpfs layer gets the ids of a sandbox's user namespace: `idmapped` (Linux 6.3),
+	// or `chowned` to the host id of the sandbox's root. Absent without user namespaces.
+	TmpfsOwnership *KernelMechanismsTmpfsOwnership `json:"tmpfs_ownership,omitempty"`
+
+	// UserNamespaces Sandboxes run in user namespaces of their own (`bothyd --user-namespaces`).
+	UserNamespaces bool `json:"user_namespaces"`
+}
+
+// KernelMechanismsOverlayLayers How overlayfs is handed a sandbox's layers: `descriptors` (Linux 6.13), or `paths`,
+// the /proc/self/fd paths of descriptors the runtime holds (every kernel).
+type KernelMechanismsOverlayLayers string
+
+// KernelMechanismsTmpfsOwnership How a tmpfs layer gets the ids of a sandbox's user namespace: `idmapped` (Linux 6.3),
+// or `chowned` to the host id of the sandbox's root. Absent without user namespaces.
+type KernelMechanismsTmpfsOwnership string
+
 // LabelKey defines model for LabelKey.
 type LabelKey = string
 
@@ -1286,6 +1355,12 @@ type RuntimeStatus struct {
 	// Kind A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
 	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
 	Kind RuntimeKind `json:"kind"`
+
+	// Mechanisms How the namespace runtime builds a sandbox's root on this host's kernel, chosen once at
+	// start-up by trying each mechanism on scratch mounts: the best one the kernel has, else
+	// its fallback (docs/install.md lists the kernel each needs). A kernel that lacks a
+	// feature with no fallback makes the runtime `unavailable`, with the reason.
+	Mechanisms *KernelMechanisms `json:"mechanisms,omitempty"`
 
 	// Reason Why the runtime is unavailable.
 	Reason *string `json:"reason,omitempty"`

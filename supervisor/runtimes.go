@@ -61,6 +61,9 @@ type RuntimeStatus struct {
 	AccelMode string
 	// Reason says why it is unavailable.
 	Reason string
+	// Mechanisms are the kernel mechanisms it chose at start-up, nil for a runtime that
+	// chooses none ([runtime.MechanismReporter]).
+	Mechanisms *runtime.Mechanisms
 }
 
 // probeResult is a finished probe.
@@ -225,6 +228,10 @@ func (s *Supervisor) Runtimes() []RuntimeStatus {
 		rt, have := s.runtimes.byKind[kind]
 		if have {
 			st.Identity = rt.Identity()
+			if m, ok := rt.(runtime.MechanismReporter); ok {
+				mech := m.Mechanisms()
+				st.Mechanisms = &mech
+			}
 		}
 		if why := s.runtimes.unavailable[kind]; why != nil {
 			st.State, st.Reason = RuntimeUnavailable, why.Error()

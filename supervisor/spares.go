@@ -349,9 +349,15 @@ func (s *Supervisor) claimable(id string) bool {
 }
 
 // refillSpares makes spares, one at a time, whenever fewer than Count are ready, until ctx
-// ends.
+// ends. A default runtime that cannot take sandboxes on this host (a kernel without a
+// feature they need, found at start-up) makes none: its refusal is final, and each retry
+// would only log it again.
 func (s *Supervisor) refillSpares(ctx context.Context) {
 	sp := s.spares
+	if s.runtimes.unavailable[s.rt.Kind()] != nil {
+		s.log.Warn("no spares are made: the default runtime takes no sandboxes here", "runtime", s.rt.Kind(), "reason", s.runtimes.unavailable[s.rt.Kind()])
+		return
+	}
 	backoff := spareBackoffMin
 	for {
 		sp.mu.Lock()

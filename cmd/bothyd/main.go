@@ -279,6 +279,12 @@ func serve(o *options, log *slog.Logger) error {
 		defer stopReleases()
 	}
 	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces, "cgroup_parent", o.runtime.cgroupParent)
+	mech := rt.Mechanisms()
+	log.Info("namespace runtime: kernel mechanisms", "kernel", mech.Kernel, "overlay_layers", mech.OverlayLayers,
+		"tmpfs_ownership", mech.TmpfsOwnership, "forced", mech.Forced)
+	for _, note := range rt.ProbeNotes() {
+		log.Info("namespace runtime: a better mechanism is missing here", "probe", note)
+	}
 	for kind, why := range rts.unavailable {
 		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
 	}

@@ -90,6 +90,11 @@ func addRuntimeFlags(fs *flag.FlagSet) (*runtimeOptions, error) {
 	return o, nil
 }
 
+// forceFallbacksEnv, set to true, makes the namespace runtime's start-up probes take each
+// feature's fallback wherever it works (namespace.Config.ForceFallbacks). It is for tests
+// alone, and so an environment variable rather than a flag that --help would offer.
+const forceFallbacksEnv = "BOTHY_TEST_FORCE_FALLBACKS"
+
 // releaseSocketName is the socket in the state root where the server takes the releases of
 // sandboxes' ends from their shims (namespace.Runtime.ServeReleases).
 const releaseSocketName = "release.sock"
@@ -108,8 +113,16 @@ func newRuntime(o runtimeOptions, root string, log *slog.Logger) (*namespace.Run
 	if err != nil {
 		return nil, "", err
 	}
-	cfg := namespace.Config{Executable: exe, ReleaseSocket: filepath.Join(abs, releaseSocketName), CgroupParent: o.cgroupParent}
+	cfg := namespace.Config{Executable: exe, ReleaseSocket: filepath.Join(abs, releaseSocketName), CgroupParent: o.cgroupParent, StateRoot: abs}
 	cfg.IDs.Off = !o.userNamespaces
+	// For tests only: the probes take every fallback, so that a host whose kernel has
+	// everything runs the paths that older kernels take (docs/install.md).
+	if v, err := envParsed(forceFallbacksEnv, false, strconv.ParseBool); err != nil {
+		return nil, "", err
+	} else if v {
+		cfg.ForceFallbacks = true
+		log.Warn("the kernel probes' fallbacks are forced (" + forceFallbacksEnv + "), for a test; never set it in production")
+	}
 	rt, err := namespace.New(cfg)
 	if err != nil {
 		return nil, "", err

@@ -85,5 +85,12 @@ func newRuntimes(o runtimeOptions, root string, log *slog.Logger) (*runtimeSet, 
 	if len(set.unavailable) == len(runtimeKinds) {
 		return nil, fmt.Errorf("--runtimes %q leaves no runtime that works here", list)
 	}
+	// A kernel that cannot run namespace sandboxes is found by the runtime's probes: the
+	// server still starts (to drive the sandboxes it has, serve its templates and its API,
+	// and run microVMs), and every create of a namespace sandbox is refused at once with the
+	// probe's reason, which /v1/info shows too.
+	if why := def.KernelRefusal(); why != nil && set.unavailable[namespace.Kind] == nil {
+		set.unavailable[namespace.Kind] = why
+	}
 	return set, nil
 }
