@@ -1531,6 +1531,36 @@ export interface components {
             reason?: string;
             /** @description The runtime identity that its sandboxes are bound to. */
             identity?: string;
+            mechanisms?: components["schemas"]["KernelMechanisms"];
+        };
+        /**
+         * @description How the namespace runtime builds a sandbox's root on this host's kernel, chosen once at
+         *     start-up by trying each mechanism on scratch mounts: the best one the kernel has, else
+         *     its fallback (docs/install.md lists the kernel each needs). A kernel that lacks a
+         *     feature with no fallback makes the runtime `unavailable`, with the reason.
+         */
+        KernelMechanisms: {
+            /**
+             * @description The running kernel's release (`uname -r`).
+             * @example 6.1.0-31-cloud-amd64
+             */
+            kernel: string;
+            /**
+             * @description How overlayfs is handed a sandbox's layers: `descriptors` (Linux 6.13), or `paths`,
+             *     the /proc/self/fd paths of descriptors the runtime holds (every kernel).
+             * @enum {string}
+             */
+            overlay_layers: "descriptors" | "paths";
+            /**
+             * @description How a tmpfs layer gets the ids of a sandbox's user namespace: `idmapped` (Linux 6.3),
+             *     or `chowned` to the host id of the sandbox's root. Absent without user namespaces.
+             * @enum {string}
+             */
+            tmpfs_ownership?: "idmapped" | "chowned";
+            /** @description Sandboxes run in user namespaces of their own (`bothyd --user-namespaces`). */
+            user_namespaces: boolean;
+            /** @description The fallbacks were forced for a test (`BOTHY_TEST_FORCE_FALLBACKS`), whatever the kernel has. */
+            forced: boolean;
         };
         /**
          * @description What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
@@ -4341,6 +4371,8 @@ export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>[
 export const runtimeStatusStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["state"]> = ["ready", "probing", "unavailable"];
 export const runtimeStatusAcceleratorValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator"]> = ["kvm", "tcg"];
 export const runtimeStatusAccelerator_modeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["accelerator_mode"]> = ["auto", "kvm", "tcg"];
+export const kernelMechanismsOverlay_layersValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["KernelMechanisms"]["overlay_layers"]> = ["descriptors", "paths"];
+export const kernelMechanismsTmpfs_ownershipValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["KernelMechanisms"]["tmpfs_ownership"]> = ["idmapped", "chowned"];
 export const onTimeoutValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OnTimeout"]> = ["stop", "delete"];
 export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "expired", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
