@@ -84,6 +84,8 @@ type daemon struct {
 	noAuth     bool
 	// netns, when set, is the network namespace bothyd runs in (see inNetNS).
 	netns *os.File
+	// env is added to bothyd's environment (withEnv).
+	env []string
 }
 
 type daemonOption func(*daemon)
@@ -104,6 +106,11 @@ func asUser(uid int) daemonOption { return func(d *daemon) { d.uid = uid } }
 
 // withBinary runs another bothyd binary.
 func withBinary(path string) daemonOption { return func(d *daemon) { d.bin = path } }
+
+// withEnv adds variables (NAME=value) to bothyd's environment.
+func withEnv(vars ...string) daemonOption {
+	return func(d *daemon) { d.env = append(d.env, vars...) }
+}
 
 // withArgs adds command-line arguments.
 func withArgs(args ...string) daemonOption {
@@ -173,6 +180,9 @@ func (d *daemon) start() {
 		bin = d.bin
 	}
 	d.cmd = exec.Command(bin, args...)
+	if len(d.env) > 0 {
+		d.cmd.Env = append(os.Environ(), d.env...)
+	}
 	if d.uid != 0 {
 		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(d.uid), Gid: uint32(d.uid)}}
 	}

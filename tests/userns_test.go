@@ -23,7 +23,9 @@ func (d *daemon) uidMap(id string) string {
 const hostUIDMap = "0 0 4294967295"
 
 // TestUserNamespacesOff: on a state root that cannot be idmapped (overlayfs, as inside a
-// container's root file system), a start fails and its error names --user-namespaces=false;
+// container's root file system), bothyd's start-up probe finds so: /v1/info lists the
+// namespace runtime unavailable and a create is refused at once (503 unavailable, where it
+// was a 504 start-timeout after the fact), naming the kernel and --user-namespaces=false;
 // with that flag the same root starts sandboxes, with the host's ids, and `bothyd check`
 // given the flag finds it consistent. A default root runs sandboxes in a user namespace.
 func TestUserNamespacesOff(t *testing.T) {
@@ -54,9 +56,14 @@ func TestUserNamespacesOff(t *testing.T) {
 		}
 	})
 	d := startDaemon(t, func(d *daemon) { d.Root = filepath.Join(mnt, "root") })
-	p := wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "ov", "start": true}), 504, "start-timeout")
-	if !strings.Contains(p.Detail, "idmapped") || !strings.Contains(p.Detail, "--user-namespaces=false") {
-		t.Fatalf("the start error on overlayfs does not name the flag: %s", p.Detail)
+	p := wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "ov", "start": true}), 503, "unavailable")
+	for _, part := range []string{"idmapped", "--user-namespaces=false", "Linux "} {
+		if !strings.Contains(p.Detail, part) {
+			t.Fatalf("the refusal on overlayfs does not say %q: %s", part, p.Detail)
+		}
+	}
+	if st := d.runtimeStatus("namespace"); st.State != "unavailable" || !strings.Contains(st.Reason, "--user-namespaces=false") {
+		t.Fatalf("/v1/info shows the namespace runtime as %+v", st)
 	}
 
 	d.Args = append(d.Args, "--user-namespaces=false")
