@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,5 +118,24 @@ func waitReady(t *testing.T, s *Supervisor, n int) []string {
 			t.Fatalf("%d spares ready after 60s, want %d", len(ready), n)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNoSparesOnAnUnavailableRuntime: a default runtime that cannot take sandboxes here (a
+// kernel without a feature they need, found at start-up) makes the spare pool give up at
+// once, with nothing made, where it retried and logged for ever. Without the check the refill
+// never ends and the wait below times out.
+func TestNoSparesOnAnUnavailableRuntime(t *testing.T) {
+	s, _ := newSupervisor(t)
+	s.runtimes.unavailable[s.rt.Kind()] = errors.New("this host's kernel cannot give the runtime a feature")
+	s.spares = newSpareSet(&SpareOptions{Count: 1, Resources: Resources{VCPUs: 1, MemoryMB: 512, Pids: 512}})
+	s.StartSpares()
+	select {
+	case <-s.spares.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the spare pool still tries after 30s on a runtime that takes no sandboxes")
+	}
+	if ids, err := s.store.List(); err != nil || len(ids) != 0 {
+		t.Fatalf("sandboxes %v (%v) made for spares", ids, err)
 	}
 }
