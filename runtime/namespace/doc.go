@@ -77,7 +77,8 @@
 // made detached and attached onto a handle of its target (move_mount), so that a link
 // planted inside (a /sys pointing at a host directory) is followed inside or fails the
 // start, and never leads out. The overlay's layers are detached clones of their mounts, so
-// the sandbox's mount table names them "/", "/upper" and "/work", not by their host paths.
+// the sandbox's mount table names them "/", "/upper" and "/work" (or /proc/self/fd/<n>, on a
+// kernel before 6.13 that takes no layer as a descriptor), not by their host paths.
 //
 //   - / is a nodev, nosuid overlay on <dir>/rootfs. Its lowers are, top first, Spec.Lowers
 //     (template generations) and then Spec.ImageDir, or, for the built-in host image
@@ -183,6 +184,9 @@
 //
 // Root with a full capability set (CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETUID, CAP_SETGID,
 // CAP_SETPCAP, CAP_DAC_OVERRIDE) and a writable cgroup hierarchy; in a container, that means
-// --privileged or the equivalent; Linux 6.13 (overlay layers as descriptors, idmapped
-// layers). Running bothyd itself without root (rootless) is not implemented.
+// --privileged or the equivalent; Linux 5.12, and 5.19 for user namespaces (overlays of
+// idmapped layers). Where the kernel gives a feature in more than one way, New probes each
+// once on scratch mounts and takes the best one that works (mechanisms_linux.go): overlay
+// layers as descriptors (6.13) or by /proc/self/fd path, the host files' tmpfs idmapped (6.3)
+// or chowned to the sandbox root's host id. Running bothyd itself without root (rootless) is not implemented.
 package namespace
