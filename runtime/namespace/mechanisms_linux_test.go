@@ -124,6 +124,7 @@ func TestFallbacksOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkOwnership(t, rt)
+	t.Run("disk", func(t *testing.T) { checkDiskOwnership(t, rt) })
 }
 
 // TestFallbacksWithoutUserNamespace: with the fallbacks forced and no user namespace, a

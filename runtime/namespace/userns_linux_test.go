@@ -211,7 +211,12 @@ func startSpec(tb testing.TB, rt *Runtime, root, name string, edit func(*runtime
 // TestUserNamespaceDiskOwnership: on a disk of the sandbox's own too, the user's files are
 // 1000's on disk, as a capture reads them.
 func TestUserNamespaceDiskOwnership(t *testing.T) {
-	rt := newTestRuntime(t)
+	checkDiskOwnership(t, newTestRuntime(t))
+}
+
+// checkDiskOwnership is TestUserNamespaceDiskOwnership with the runtime rt.
+func checkDiskOwnership(t *testing.T, rt *Runtime) {
+	t.Helper()
 	if err := rt.DiskSupport(); err != nil {
 		t.Skipf("no disk support here: %v", err)
 	}
