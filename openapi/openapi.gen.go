@@ -1058,7 +1058,7 @@ type Info struct {
 
 	// Runtimes Every runtime of this server, the default first.
 	//
-	// Example: [{"default":true,"identity":"namespace/p1/3f2a9c0e5b7d41a6","kind":"namespace","state":"ready"},{"accelerator":"tcg","default":false,"identity":"microvm/p1/qemu-7.2.15/kernel-6.1.0-31-cloud-amd64+1a2b3c4d/initramfs-9f8e7d6c/0a1b2c3d4e5f6a7b","kind":"microvm","state":"ready"}]
+	// Example: [{"default":true,"identity":"namespace/p1/3f2a9c0e5b7d41a6","kind":"namespace","mechanisms":{"forced":false,"kernel":"6.12.48+deb13-cloud-amd64","overlay_layers":"paths","tmpfs_ownership":"idmapped","user_namespaces":true},"state":"ready"},{"accelerator":"tcg","default":false,"identity":"microvm/p1/qemu-7.2.15/kernel-6.1.0-31-cloud-amd64+1a2b3c4d/initramfs-9f8e7d6c/0a1b2c3d4e5f6a7b","kind":"microvm","state":"ready"}]
 	Runtimes []RuntimeStatus `json:"runtimes"`
 
 	// Storage The health of the state root's file system. `full`: a write met ENOSPC or EDQUOT, and

@@ -1847,7 +1847,14 @@ export interface components {
              *         "kind": "namespace",
              *         "default": true,
              *         "state": "ready",
-             *         "identity": "namespace/p1/3f2a9c0e5b7d41a6"
+             *         "identity": "namespace/p1/3f2a9c0e5b7d41a6",
+             *         "mechanisms": {
+             *           "kernel": "6.12.48+deb13-cloud-amd64",
+             *           "overlay_layers": "paths",
+             *           "tmpfs_ownership": "idmapped",
+             *           "user_namespaces": true,
+             *           "forced": false
+             *         }
              *       },
              *       {
              *         "kind": "microvm",
