@@ -95,13 +95,15 @@ func probeMounts(cfg Config) mountProbe {
 		return p
 	}
 	if err := probeIDMap(userns, cfg.StateRoot); err != nil {
-		refuse("idmapped mounts of the state root's file system", "5.12 (ext4, xfs, btrfs; tmpfs 6.3)",
-			"put the state root on ext4, xfs or btrfs, or run bothyd with --user-namespaces=false (sandboxes then run with the host's ids)", err)
+		// The file system more than the kernel: overlayfs and NFS take no id mapping on any.
+		p.refusal = errcode.New(errcode.Unavailable,
+			"The state root %s is on a file system that this host's kernel (Linux %s) cannot idmap (%v), and sandboxes in user namespaces need idmapped layers (ext4, xfs and btrfs from Linux 5.12, tmpfs from 6.3; never overlayfs or NFS); put the state root on ext4, xfs or btrfs, or run bothyd with --user-namespaces=false (sandboxes then run with the host's ids). docs/install.md lists the kernel each feature needs.",
+			cfg.StateRoot, p.report.Kernel, err)
 		return p
 	}
 	if _, err := p.probeOverlay(scratch, userns, false); err != nil {
-		// probeOverlay tried the mechanism chosen above first: the idmapped layer is what
-		// this kernel refuses.
+		// The overlay of the mechanism chosen above worked without an idmapped layer: the
+		// idmapped layer is what this kernel refuses.
 		refuse("overlays of idmapped layers (user namespaces)", "5.19",
 			"upgrade the kernel, or run bothyd with --user-namespaces=false (sandboxes then run with the host's ids)", err)
 		return p

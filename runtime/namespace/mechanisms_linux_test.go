@@ -97,7 +97,7 @@ func TestProbeRefusesUnidmappableStateRoot(t *testing.T) {
 	if why == nil {
 		t.Fatal("a state root on overlayfs was taken for user namespaces")
 	}
-	for _, part := range []string{"Linux " + kernelRelease(), "idmapped mounts of the state root", "--user-namespaces=false", "docs/install.md"} {
+	for _, part := range []string{"Linux " + kernelRelease(), "cannot idmap", root + "/ovl", "--user-namespaces=false", "docs/install.md"} {
 		if !strings.Contains(why.Error(), part) {
 			t.Fatalf("the refusal %q does not say %q", why, part)
 		}
