@@ -5,6 +5,7 @@ package platform
 import (
 	"fmt"
 	"os"
+	goruntime "runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -112,6 +113,40 @@ func setLayerFDs(fsfd int, lowers []*os.File, upper, work *os.File) error {
 		return set("workdir", work)
 	}
 	return nil
+}
+
+// WithMountsAttached runs fn with the detached mounts attached, stacked on the directory
+// target, in a mount namespace of its own: on a thread of its own that unshares its mount
+// namespace (CLONE_NEWNS, every mount in it made private, so that nothing propagates to the
+// host's) and ends with fn, taking that namespace, and the attachments in it, along.
+//
+// Before Linux 6.15 overlayfs takes no layer on a detached mount (clone_private_mount
+// refuses a mount outside the caller's namespace: EINVAL): with [OverlayLayersByPath] the
+// layers' mounts are attached this way while fn makes the overlay, which keeps clones of its
+// own. target is only a place to stack them on, which nothing looks up below: the layers are
+// still named by /proc/self/fd/<n>. fn runs with the thread locked (see [AsThreadUser]).
+func WithMountsAttached(mounts []*os.File, target string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: Go ends the thread of a goroutine that exits locked, so no other
+		// goroutine ever runs in this namespace.
+		goruntime.LockOSThread()
+		errc <- func() error {
+			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+				return fmt.Errorf("platform: a mount namespace for the layers: %w", err)
+			}
+			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+				return fmt.Errorf("platform: make the layers' mount namespace private: %w", err)
+			}
+			for _, m := range mounts {
+				if err := AttachMountAt(m, target); err != nil {
+					return err
+				}
+			}
+			return fn()
+		}()
+	}()
+	return <-errc
 }
 
 // setLayerPaths names the layers by /proc/self/fd/<n>. The descriptors must stay open until

@@ -12,8 +12,8 @@ import (
 )
 
 // TestNewOverlayLayers: an overlay made either way shows its lowers merged, top first, and
-// writes to its upper; the paths way names each layer by /proc/self/fd/<n> and works on
-// layers that no path names at all (a detached tmpfs).
+// writes to its upper; the paths way names each layer by /proc/self/fd/<n>, its layers' mount
+// attached in a namespace of its own (WithMountsAttached), and the overlay outlives that.
 func TestNewOverlayLayers(t *testing.T) {
 	needRoot(t)
 	for _, how := range []OverlayLayers{OverlayLayersByFD, OverlayLayersByPath} {
@@ -46,7 +46,18 @@ func TestNewOverlayLayers(t *testing.T) {
 					f.Close()
 				}
 			}
-			ov, err := NewOverlay(how, []*os.File{dirs["top"], dirs["bottom"]}, dirs["upper"], dirs["work"], "index=off", 0)
+			var ov *os.File
+			mk := func() error {
+				var err error
+				ov, err = NewOverlay(how, []*os.File{dirs["top"], dirs["bottom"]}, dirs["upper"], dirs["work"], "index=off", 0)
+				return err
+			}
+			if how == OverlayLayersByPath {
+				// As the shim does: before 6.15 no layer may be on a detached mount.
+				err = WithMountsAttached([]*os.File{m}, t.TempDir(), mk)
+			} else {
+				err = mk()
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

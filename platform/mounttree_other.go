@@ -25,3 +25,6 @@ func SetMountAttrs(m *os.File, attrs uint64, recursive bool) error        { retu
 func AttachMount(m, target *os.File) error                                { return ErrUnsupported }
 func AttachMountAt(m *os.File, target string) error                       { return ErrUnsupported }
 func AttachMountOnCwd(m *os.File) error                                   { return ErrUnsupported }
+func WithMountsAttached(mounts []*os.File, target string, fn func() error) error {
+	return ErrUnsupported
+}

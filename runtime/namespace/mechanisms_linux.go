@@ -63,9 +63,9 @@ func probeMounts(cfg Config) mountProbe {
 		refuse("the new mount API (fsopen, fsmount)", "5.12", "upgrade the kernel", err)
 		return p
 	}
-	defer scratch.Close()
+	scratch.Close()
 
-	how, err := p.probeOverlay(scratch, nil, cfg.ForceFallbacks)
+	how, err := p.probeOverlay(nil, cfg.ForceFallbacks)
 	if err != nil {
 		refuse("overlayfs", "5.12", "load the overlay module (modprobe overlay) or upgrade the kernel", err)
 		return p
@@ -101,7 +101,7 @@ func probeMounts(cfg Config) mountProbe {
 			cfg.StateRoot, p.report.Kernel, err)
 		return p
 	}
-	if _, err := p.probeOverlay(scratch, userns, false); err != nil {
+	if _, err := p.probeOverlay(userns, false); err != nil {
 		// The overlay of the mechanism chosen above worked without an idmapped layer: the
 		// idmapped layer is what this kernel refuses.
 		refuse("overlays of idmapped layers (user namespaces)", "5.19",
@@ -148,12 +148,11 @@ func (s *scratch) Close() {
 	}
 }
 
-// probeOverlay makes a writable overlay of the scratch directories, with a detached clone of
-// the state root idmapped by userns as its lowest layer if userns is not nil, its layers given
-// as descriptors unless fallback, else (or where descriptors are refused) by path. It returns
-// the way that worked.
-func (p *mountProbe) probeOverlay(s *scratch, userns *os.File, fallback bool) (platform.OverlayLayers, error) {
-	lowers := []*os.File{s.lower1, s.lower2}
+// probeOverlay makes a writable overlay of fresh scratch directories, or, if userns is not
+// nil, a read-only one with an idmapped clone of the state root as a layer, its layers given
+// as descriptors unless fallback, else (or where descriptors are refused) by path. With
+// userns it tries the way chosen already. It returns the way that worked.
+func (p *mountProbe) probeOverlay(userns *os.File, fallback bool) (platform.OverlayLayers, error) {
 	if userns != nil {
 		// A read-only overlay of an idmapped clone of the state root (the layers of
 		// sandboxes are idmapped clones of its directories) above a tmpfs (as the host files'
@@ -163,29 +162,52 @@ func (p *mountProbe) probeOverlay(s *scratch, userns *os.File, fallback bool) (p
 			return "", err
 		}
 		defer clone.Close()
-		m, err := platform.NewOverlay(p.mounts.OverlayLayers, []*os.File{clone, s.lower1}, nil, nil, "", unix.MOUNT_ATTR_RDONLY)
-		if err != nil {
-			return "", err
-		}
-		m.Close()
-		return p.mounts.OverlayLayers, nil
+		return p.mounts.OverlayLayers, tryOverlay(p.mounts.OverlayLayers, clone)
 	}
 	var fdErr error
 	if !fallback {
-		m, err := platform.NewOverlay(platform.OverlayLayersByFD, lowers, s.upper, s.work, "index=off,redirect_dir=off,metacopy=off", 0)
-		if err == nil {
-			m.Close()
+		if fdErr = tryOverlay(platform.OverlayLayersByFD, nil); fdErr == nil {
 			return platform.OverlayLayersByFD, nil
 		}
-		fdErr = err
-		p.notes = append(p.notes, fmt.Sprintf("overlay layers as descriptors: %v", err))
+		p.notes = append(p.notes, fmt.Sprintf("overlay layers as descriptors: %v", fdErr))
 	}
-	m, err := platform.NewOverlay(platform.OverlayLayersByPath, lowers, s.upper, s.work, "index=off,redirect_dir=off,metacopy=off", 0)
-	if err != nil {
+	if err := tryOverlay(platform.OverlayLayersByPath, nil); err != nil {
 		return "", errors.Join(fdErr, err)
 	}
-	m.Close()
 	return platform.OverlayLayersByPath, nil
+}
+
+// tryOverlay makes an overlay of fresh scratch directories as how says (by path, with their
+// mounts attached in a namespace of its own, as the shim does), writable, or read-only over
+// the mount extra if not nil. Each try takes new scratch mounts: a mount attached for one
+// is gone with its namespace.
+func tryOverlay(how platform.OverlayLayers, extra *os.File) error {
+	s, err := newScratch()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	mk := func() error {
+		var m *os.File
+		var err error
+		if extra != nil {
+			m, err = platform.NewOverlay(how, []*os.File{extra, s.lower1}, nil, nil, "", unix.MOUNT_ATTR_RDONLY)
+		} else {
+			m, err = platform.NewOverlay(how, []*os.File{s.lower1, s.lower2}, s.upper, s.work, "index=off,redirect_dir=off,metacopy=off", 0)
+		}
+		if err == nil {
+			m.Close()
+		}
+		return err
+	}
+	if how != platform.OverlayLayersByPath {
+		return mk()
+	}
+	holders := []*os.File{s.root}
+	if extra != nil {
+		holders = append(holders, extra)
+	}
+	return platform.WithMountsAttached(holders, os.TempDir(), mk)
 }
 
 // probeIDMap idmaps, by userns, a detached clone of the directory dir, or a fresh tmpfs if

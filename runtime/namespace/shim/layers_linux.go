@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -75,10 +76,18 @@ func makeRootMounts(spec *shimSpec, userns *os.File, ids *idRange) (*rootMounts,
 		m.overlay, err = newOverlay(l, spec.Mounts.overlayLayers())
 		return err
 	}
+	run := mk
 	if ids != nil {
-		err = platform.AsThreadUser(int(ids.base), int(ids.base), mk)
+		run = func() error { return platform.AsThreadUser(int(ids.base), int(ids.base), mk) }
+	}
+	if how := spec.Mounts.overlayLayers(); how == platform.OverlayLayersByPath {
+		// Before Linux 6.15 overlayfs takes no layer on a detached mount: the layers' mounts
+		// are attached, in a mount namespace of the overlay's maker alone, on the state
+		// directory's rootfs (a directory of the host's, which only this thread's namespace
+		// sees them on), and the overlay names them by /proc/self/fd path all the same.
+		err = platform.WithMountsAttached(l.holders(), rootfsPath(spec.Dir), run)
 	} else {
-		err = mk()
+		err = run()
 	}
 	if err != nil {
 		m.Close()
@@ -215,6 +224,9 @@ type layers struct {
 	// diskLock is the disk's lock when upperMount is the sandbox's own disk.
 	diskLock *os.File
 }
+
+// holders are the mounts that hold the layers: each lower's, and the upper and work's.
+func (l *layers) holders() []*os.File { return append(slices.Clone(l.lowers), l.upperMount) }
 
 func (l *layers) Close() {
 	for _, f := range append(l.lowers, l.upper, l.work, l.upperMount, l.diskLock) {
