@@ -139,6 +139,16 @@ func WithMountsAttached(mounts []*os.File, target string, fn func() error) error
 				return fmt.Errorf("platform: make the layers' mount namespace private: %w", err)
 			}
 			for _, m := range mounts {
+				// Private first: a clone of a shared mount (open_tree of a directory of a host
+				// whose root is shared, as under systemd) is a peer of it, and a mount then
+				// stacked on it would propagate to the host's namespace (found on Debian 12:
+				// a sandbox's disk showed on the host base's directory).
+				err := control(m, func(fd int) error {
+					return unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Propagation: unix.MS_PRIVATE})
+				})
+				if err != nil {
+					return fmt.Errorf("platform: make the layer's mount %s private: %w", m.Name(), err)
+				}
 				if err := AttachMountAt(m, target); err != nil {
 					return err
 				}

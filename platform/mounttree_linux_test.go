@@ -88,3 +88,40 @@ func kernelTakesLayerFDs() bool {
 	_, _ = fmt.Sscanf(strings.TrimRight(string(u.Release[:]), "\x00"), "%d.%d", &major, &minor)
 	return major > 6 || major == 6 && minor >= 13
 }
+
+// TestWithMountsAttachedStaysPrivate: a clone of a shared mount, attached by
+// WithMountsAttached with another mount stacked on it, leaves nothing in this mount
+// namespace: the clone, a peer of the shared mount, would otherwise propagate the stacked
+// mount to it. Without making each mount private first, the stacked tmpfs showed on the
+// shared mount's directory (as a sandbox's disk did on Debian 12's host base).
+func TestWithMountsAttachedStaysPrivate(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	clone, err := CloneMount(nil, dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer clone.Close()
+	top, err := NewMount("tmpfs", "stacked", "size=16k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer top.Close()
+	if err := WithMountsAttached([]*os.File{clone, top}, t.TempDir(), func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := MountsUnder(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mounts) > 1 {
+		t.Fatalf("mounts under the shared directory after the attachment: %v", mounts)
+	}
+}
