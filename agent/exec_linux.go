@@ -61,6 +61,7 @@ func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.E
 			return 0, err
 		}
 		pid := p.Pid
+		a.raiseOOMScore(pid)
 		// The reaper collects the status; the handle (a pidfd) is not needed.
 		p.Release()
 		return pid, nil
@@ -150,6 +151,22 @@ func endedByOOM(st control.ExitStatus, killed bool) bool {
 		return false
 	}
 	return st.Signal == "KILL" || st.Signal == "" && st.ExitCode == 128+int(unix.SIGKILL)
+}
+
+// raiseOOMScore gives the workload pid, just started, [WorkloadOOMScoreAdj]. Its pid is
+// still its own: the reaper reaps it only once it exits, and a pid freed that fast and taken
+// again would be another process of the same sandbox, whose score may go up too. A workload
+// that already ended answers ESRCH, which is no failure. Any other failure leaves the
+// workload at the agent's score, weighed against it by size: logged once, since it is the
+// sandbox's (no /proc, or a kernel that refuses), not this workload's.
+func (a *agent) raiseOOMScore(pid int) {
+	err := platform.SetOOMScoreAdj(pid, WorkloadOOMScoreAdj)
+	if err == nil || errors.Is(err, unix.ESRCH) || errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	a.oomScoreFailed.Do(func() {
+		a.log.Warn("a workload keeps the agent's OOM score: the OOM killer weighs the two by size alone", "err", err)
+	})
 }
 
 // umaskMu serialises the forks that set the umask: it belongs to the whole process (every

@@ -172,6 +172,12 @@ func runShim(cfg *Config) int {
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
+	// Before the init has its configuration, and so before the agent starts any workload.
+	// Where bothyd lacks CAP_SYS_RESOURCE (a container's default set) the agent stays at the
+	// shim's score and its workloads above it (agent.WorkloadOOMScoreAdj) still go first.
+	if err := platform.SetOOMScoreAdj(proc.cmd.Process.Pid, AgentOOMScoreAdj); err != nil {
+		logf("lower the agent's OOM score: %v; it keeps the shim's, below its workloads'", err)
+	}
 	// The lifeline's write end stays open (close-on-exec) for the shim's whole life.
 	defer proc.lifeline.Close()
 	werr := proc.configure(spec, <-baseDone, cfg.Seccomp, cg)
