@@ -740,7 +740,12 @@ type ExecResult struct {
 	ExitCode int `json:"exit_code"`
 
 	// OomKilled The kernel's out-of-memory killer ended the command (the sandbox hit its
-	// `memory_mb`); `signal` is then `SIGKILL`.
+	// `memory_mb`): the sandbox's OOM kill count rose while it ran and it ended with
+	// `signal` `SIGKILL` or, when the process killed was one it waited for (the `tail`
+	// of `sh -c 'head -c 200m /dev/zero | tail'`), with `exit_code` 137 and no `signal`.
+	// The count is the sandbox's workloads', not the command's own: with commands
+	// running side by side, one that ends with 137 or by SIGKILL for another reason
+	// while another's process is OOM-killed is reported too.
 	OomKilled *bool `json:"oom_killed,omitempty"`
 
 	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent

@@ -133,6 +133,25 @@ func (d *cgroupV2) oomKilled() (bool, error) {
 	return keyedCounter(b, "oom_kill") > 0, nil
 }
 
+// AgentOOMKilled reports whether the kernel's OOM killer killed a process of a sandbox's
+// agent. On cgroup v2 with the children of [Cgroup.SplitV2] and a memory limit, that is one
+// in [V2AgentCgroup], whose memory.events counts the agent's kills and no workload's.
+// Otherwise (v1, whose memory hierarchy has no such child, or v2 without the split) it is
+// [Cgroup.OOMKilled]: a kill of any process of the sandbox, the workloads' included, which
+// the caller must judge with how the agent ended.
+func (c *Cgroup) AgentOOMKilled() (bool, error) {
+	if d, ok := c.drv.(*cgroupV2); ok {
+		b, err := os.ReadFile(filepath.Join(d.dir, V2AgentCgroup, "memory.events"))
+		if err == nil {
+			return keyedCounter(b, "oom_kill") > 0, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return false, err
+		}
+	}
+	return c.drv.oomKilled()
+}
+
 func (d *cgroupV2) memoryFailures() (uint64, error) {
 	b, err := os.ReadFile(filepath.Join(d.dir, "memory.events"))
 	if err != nil {

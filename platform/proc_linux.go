@@ -249,3 +249,27 @@ func SignalChildrenExcept(parent ProcessID, sig syscall.Signal, skip func(pid in
 	}
 	return n, nil
 }
+
+// SetOOMScoreAdj writes score to the oom_score_adj of the process pid (-1000 to 1000): the
+// OOM killer weighs each process by its memory plus score thousandths of the memory it may
+// use, and never kills one at -1000. Each process also has a least score, inherited at fork
+// (0 from the host's init): a write by a process with CAP_SYS_RESOURCE in the host's user
+// namespace sets both, and any other writer that may write the file can set any score down
+// to the least, never below. A process that is gone answers ESRCH.
+func SetOOMScoreAdj(pid, score int) error {
+	if score < -1000 || score > 1000 {
+		return fmt.Errorf("platform: oom_score_adj %d is outside -1000 to 1000", score)
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), os.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("platform: oom_score_adj of %d: %w", pid, err)
+	}
+	_, err = f.WriteString(strconv.Itoa(score))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("platform: set oom_score_adj of %d to %d: %w", pid, score, err)
+	}
+	return nil
+}

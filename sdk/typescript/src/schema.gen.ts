@@ -1693,7 +1693,12 @@ export interface components {
             timed_out: boolean;
             /**
              * @description The kernel's out-of-memory killer ended the command (the sandbox hit its
-             *     `memory_mb`); `signal` is then `SIGKILL`.
+             *     `memory_mb`): the sandbox's OOM kill count rose while it ran and it ended with
+             *     `signal` `SIGKILL` or, when the process killed was one it waited for (the `tail`
+             *     of `sh -c 'head -c 200m /dev/zero | tail'`), with `exit_code` 137 and no `signal`.
+             *     The count is the sandbox's workloads', not the command's own: with commands
+             *     running side by side, one that ends with 137 or by SIGKILL for another reason
+             *     while another's process is OOM-killed is reported too.
              */
             oom_killed?: boolean;
             /** @description Standard output as UTF-8 (invalid bytes replaced by U+FFFD). */
