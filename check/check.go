@@ -347,6 +347,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkNetwork(p)
 	c.checkTrash(p)
 	c.checkWebhooks(p, false)
+	c.checkIdempotency(p, false)
 	return p, nil
 }
 

@@ -45,6 +45,8 @@
 //   - The webhooks' records (package webhook, <root>/webhooks): every record and outbox
 //     entry reads, no temporary file or outbox of a deleted webhook is left; beside a running
 //     server, which holds their lock, they are only read (a note says so).
+//   - The kept answers of idempotent creates (package idempotency): every record reads; an
+//     expired record or an old temporary file is a leftover.
 //   - The store's trash (store.TrashDir) is counted: bins of deleted sandboxes' entries
 //     that nothing freed yet are a note (trash), not a problem, since a running server frees
 //     them right after each delete.
@@ -67,7 +69,7 @@
 // directories without config.json once, which lets the store remove them; has each runtime
 // remove its stale shared files (looking again that no process took one up); empties the
 // store's trash; runs the template store's check with repair; and, when no server holds their
-// lock, removes the webhooks' leftovers. It never removes a sandbox, a foreign entry or a record it
+// lock, removes the webhooks' leftovers, and the kept answers' leftovers. It never removes a sandbox, a foreign entry or a record it
 // cannot read.
 // The state root is then checked again, and a problem is reported as repaired when the second
 // pass no longer finds it.

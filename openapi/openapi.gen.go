@@ -1584,6 +1584,9 @@ type Drain = bool
 // Example: g000003
 type GenerationIDPath = GenerationID
 
+// IdempotencyKey defines model for IdempotencyKey.
+type IdempotencyKey = string
+
 // ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
 //
 // Example: host
@@ -1662,6 +1665,17 @@ type Unauthorized = Problem
 // UnprocessableEntity An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type UnprocessableEntity = Problem
 
+// PullImageParams defines parameters for PullImage.
+type PullImageParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {
 	State *SandboxState `form:"state,omitempty" json:"state,omitempty"`
@@ -1684,6 +1698,14 @@ type CreateSandboxParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // DeleteSandboxParams defines parameters for DeleteSandbox.
@@ -1749,6 +1771,17 @@ type PauseSandboxParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// CreatePortLinkParams defines parameters for CreatePortLink.
+type CreatePortLinkParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // ResumeSandboxParams defines parameters for ResumeSandbox.
 type ResumeSandboxParams struct {
 	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
@@ -1807,6 +1840,17 @@ type ListTemplatesParams struct {
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
+// CreateTemplateParams defines parameters for CreateTemplate.
+type CreateTemplateParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // DeleteTemplateParams defines parameters for DeleteTemplate.
 type DeleteTemplateParams struct {
 	// Drain Instead of refusing while clones hold leases, tombstone now and finish later.
@@ -1835,6 +1879,14 @@ type CaptureGenerationParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // RetireGenerationParams defines parameters for RetireGeneration.
@@ -1854,6 +1906,17 @@ type TombstoneGenerationParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// CreateWebhookParams defines parameters for CreateWebhook.
+type CreateWebhookParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // PullImageJSONRequestBody defines body for PullImage for application/json ContentType.
@@ -1896,7 +1959,7 @@ type ServerInterface interface {
 	ListImages(w http.ResponseWriter, r *http.Request)
 	// PullImage Pull an image from a registry
 	// (POST /v1/images)
-	PullImage(w http.ResponseWriter, r *http.Request)
+	PullImage(w http.ResponseWriter, r *http.Request, params PullImageParams)
 	// DeleteImage Delete an OCI image
 	// (DELETE /v1/images/{name})
 	DeleteImage(w http.ResponseWriter, r *http.Request, name ImageNamePath)
@@ -1947,7 +2010,7 @@ type ServerInterface interface {
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams)
 	// CreatePortLink Make a link that opens the port without the API token
 	// (POST /v1/sandboxes/{id}/ports/{port}/links)
-	CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath)
+	CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, params CreatePortLinkParams)
 	// DeletePortLink Revoke a link
 	// (DELETE /v1/sandboxes/{id}/ports/{port}/links/{link})
 	DeletePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, link string)
@@ -1971,7 +2034,7 @@ type ServerInterface interface {
 	ListTemplates(w http.ResponseWriter, r *http.Request, params ListTemplatesParams)
 	// CreateTemplate Create a template
 	// (POST /v1/templates)
-	CreateTemplate(w http.ResponseWriter, r *http.Request)
+	CreateTemplate(w http.ResponseWriter, r *http.Request, params CreateTemplateParams)
 	// DeleteTemplate Delete a template and retire all its generations
 	// (DELETE /v1/templates/{name})
 	DeleteTemplate(w http.ResponseWriter, r *http.Request, name TemplateNamePath, params DeleteTemplateParams)
@@ -2001,7 +2064,7 @@ type ServerInterface interface {
 	ListWebhooks(w http.ResponseWriter, r *http.Request)
 	// CreateWebhook Register a webhook
 	// (POST /v1/webhooks)
-	CreateWebhook(w http.ResponseWriter, r *http.Request)
+	CreateWebhook(w http.ResponseWriter, r *http.Request, params CreateWebhookParams)
 	// DeleteWebhook Delete a webhook
 	// (DELETE /v1/webhooks/{webhook})
 	DeleteWebhook(w http.ResponseWriter, r *http.Request, webhook WebhookIDPath)
@@ -2028,7 +2091,7 @@ func (_ Unimplemented) ListImages(w http.ResponseWriter, r *http.Request) {
 
 // PullImage Pull an image from a registry
 // (POST /v1/images)
-func (_ Unimplemented) PullImage(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) PullImage(w http.ResponseWriter, r *http.Request, params PullImageParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2130,7 +2193,7 @@ func (_ Unimplemented) PauseSandbox(w http.ResponseWriter, r *http.Request, id S
 
 // CreatePortLink Make a link that opens the port without the API token
 // (POST /v1/sandboxes/{id}/ports/{port}/links)
-func (_ Unimplemented) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
+func (_ Unimplemented) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, params CreatePortLinkParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2178,7 +2241,7 @@ func (_ Unimplemented) ListTemplates(w http.ResponseWriter, r *http.Request, par
 
 // CreateTemplate Create a template
 // (POST /v1/templates)
-func (_ Unimplemented) CreateTemplate(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) CreateTemplate(w http.ResponseWriter, r *http.Request, params CreateTemplateParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2238,7 +2301,7 @@ func (_ Unimplemented) ListWebhooks(w http.ResponseWriter, r *http.Request) {
 
 // CreateWebhook Register a webhook
 // (POST /v1/webhooks)
-func (_ Unimplemented) CreateWebhook(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) CreateWebhook(w http.ResponseWriter, r *http.Request, params CreateWebhookParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2294,8 +2357,35 @@ func (siw *ServerInterfaceWrapper) ListImages(w http.ResponseWriter, r *http.Req
 // PullImage operation middleware
 func (siw *ServerInterfaceWrapper) PullImage(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params PullImageParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.PullImage(w, r)
+		siw.Handler.PullImage(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2489,6 +2579,27 @@ func (siw *ServerInterfaceWrapper) CreateSandbox(w http.ResponseWriter, r *http.
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
 		}
 		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
 	}
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -2953,8 +3064,32 @@ func (siw *ServerInterfaceWrapper) CreatePortLink(w http.ResponseWriter, r *http
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreatePortLinkParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CreatePortLink(w, r, id, port)
+		siw.Handler.CreatePortLink(w, r, id, port, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3293,8 +3428,35 @@ func (siw *ServerInterfaceWrapper) ListTemplates(w http.ResponseWriter, r *http.
 // CreateTemplate operation middleware
 func (siw *ServerInterfaceWrapper) CreateTemplate(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateTemplateParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CreateTemplate(w, r)
+		siw.Handler.CreateTemplate(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3469,6 +3631,27 @@ func (siw *ServerInterfaceWrapper) CaptureGeneration(w http.ResponseWriter, r *h
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
 		}
 		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
 	}
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -3684,8 +3867,35 @@ func (siw *ServerInterfaceWrapper) ListWebhooks(w http.ResponseWriter, r *http.R
 // CreateWebhook operation middleware
 func (siw *ServerInterfaceWrapper) CreateWebhook(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateWebhookParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CreateWebhook(w, r)
+		siw.Handler.CreateWebhook(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4197,7 +4407,8 @@ func (response ListImages501ApplicationProblemPlusJSONResponse) VisitListImagesR
 }
 
 type PullImageRequestObject struct {
-	Body *PullImageJSONRequestBody
+	Params PullImageParams
+	Body   *PullImageJSONRequestBody
 }
 
 type PullImageResponseObject interface {
@@ -4307,6 +4518,22 @@ func (response PullImage413ApplicationProblemPlusJSONResponse) VisitPullImageRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage422ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5166,6 +5393,22 @@ func (response CreateSandbox413ApplicationProblemPlusJSONResponse) VisitCreateSa
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSandbox422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSandbox422ApplicationProblemPlusJSONResponse) VisitCreateSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6858,9 +7101,10 @@ func (response PauseSandbox503ApplicationProblemPlusJSONResponse) VisitPauseSand
 }
 
 type CreatePortLinkRequestObject struct {
-	ID   SandboxIDPath `json:"id"`
-	Port PortPath      `json:"port"`
-	Body *CreatePortLinkJSONRequestBody
+	ID     SandboxIDPath `json:"id"`
+	Port   PortPath      `json:"port"`
+	Params CreatePortLinkParams
+	Body   *CreatePortLinkJSONRequestBody
 }
 
 type CreatePortLinkResponseObject interface {
@@ -6948,6 +7192,22 @@ func (response CreatePortLink404ApplicationProblemPlusJSONResponse) VisitCreateP
 	return err
 }
 
+type CreatePortLink409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink409ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreatePortLink413ApplicationProblemPlusJSONResponse struct {
 	PayloadTooLargeApplicationProblemPlusJSONResponse
 }
@@ -6960,6 +7220,22 @@ func (response CreatePortLink413ApplicationProblemPlusJSONResponse) VisitCreateP
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink422ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -8078,7 +8354,8 @@ func (response ListTemplates501ApplicationProblemPlusJSONResponse) VisitListTemp
 }
 
 type CreateTemplateRequestObject struct {
-	Body *CreateTemplateJSONRequestBody
+	Params CreateTemplateParams
+	Body   *CreateTemplateJSONRequestBody
 }
 
 type CreateTemplateResponseObject interface {
@@ -8188,6 +8465,22 @@ func (response CreateTemplate413ApplicationProblemPlusJSONResponse) VisitCreateT
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTemplate422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateTemplate422ApplicationProblemPlusJSONResponse) VisitCreateTemplateResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -8774,6 +9067,22 @@ func (response CaptureGeneration413ApplicationProblemPlusJSONResponse) VisitCapt
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CaptureGeneration422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CaptureGeneration422ApplicationProblemPlusJSONResponse) VisitCaptureGenerationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -9477,7 +9786,8 @@ func (response ListWebhooks501ApplicationProblemPlusJSONResponse) VisitListWebho
 }
 
 type CreateWebhookRequestObject struct {
-	Body *CreateWebhookJSONRequestBody
+	Params CreateWebhookParams
+	Body   *CreateWebhookJSONRequestBody
 }
 
 type CreateWebhookResponseObject interface {
@@ -9559,6 +9869,22 @@ func (response CreateWebhook403ApplicationProblemPlusJSONResponse) VisitCreateWe
 	return err
 }
 
+type CreateWebhook409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook409ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateWebhook413ApplicationProblemPlusJSONResponse struct {
 	PayloadTooLargeApplicationProblemPlusJSONResponse
 }
@@ -9571,6 +9897,22 @@ func (response CreateWebhook413ApplicationProblemPlusJSONResponse) VisitCreateWe
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook422ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -10135,8 +10477,10 @@ func (sh *strictHandler) ListImages(w http.ResponseWriter, r *http.Request) {
 }
 
 // PullImage operation middleware
-func (sh *strictHandler) PullImage(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) PullImage(w http.ResponseWriter, r *http.Request, params PullImageParams) {
 	var request PullImageRequestObject
+
+	request.Params = params
 
 	var body PullImageJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -10623,11 +10967,12 @@ func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id
 }
 
 // CreatePortLink operation middleware
-func (sh *strictHandler) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
+func (sh *strictHandler) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, params CreatePortLinkParams) {
 	var request CreatePortLinkRequestObject
 
 	request.ID = id
 	request.Port = port
+	request.Params = params
 
 	var body CreatePortLinkJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -10856,8 +11201,10 @@ func (sh *strictHandler) ListTemplates(w http.ResponseWriter, r *http.Request, p
 }
 
 // CreateTemplate operation middleware
-func (sh *strictHandler) CreateTemplate(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) CreateTemplate(w http.ResponseWriter, r *http.Request, params CreateTemplateParams) {
 	var request CreateTemplateRequestObject
+
+	request.Params = params
 
 	var body CreateTemplateJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -11135,8 +11482,10 @@ func (sh *strictHandler) ListWebhooks(w http.ResponseWriter, r *http.Request) {
 }
 
 // CreateWebhook operation middleware
-func (sh *strictHandler) CreateWebhook(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) CreateWebhook(w http.ResponseWriter, r *http.Request, params CreateWebhookParams) {
 	var request CreateWebhookRequestObject
+
+	request.Params = params
 
 	var body CreateWebhookJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {

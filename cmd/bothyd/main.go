@@ -33,7 +33,6 @@ import (
 	"github.com/bothy/bothy/metrics"
 	"github.com/bothy/bothy/network"
 	"github.com/bothy/bothy/platform"
-	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/runtime/namespace"
 	"github.com/bothy/bothy/server"
 	"github.com/bothy/bothy/store"
@@ -354,7 +353,7 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	sup.StartSpares()
-	links, err := portlink.Open(o.root)
+	links, idem, err := openRecords(o.root, log)
 	if err != nil {
 		return err
 	}
@@ -406,6 +405,7 @@ func serve(o *options, log *slog.Logger) error {
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,
 		ClassifyError:  health.Classify,
+		Idempotency:    idem,
 		Ports:          server.PortRoutes{Proxy: h.PortProxy, Tunnel: h.PortTunnel, Link: h.LinkProxy},
 	})
 	if err != nil {

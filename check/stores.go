@@ -1,5 +1,11 @@
 package check
 
+import (
+	"time"
+
+	"github.com/bothy/bothy/idempotency"
+)
+
 // WebhooksInUse is a note: a running server holds the webhooks' lock, so their records were
 // only read, and what an interrupted write of that server left is its own start-up's to clean.
 const WebhooksInUse = "webhooks-in-use"
@@ -37,4 +43,20 @@ func (c *checker) checkWebhooks(p *pass, repair bool) {
 		p.note(WebhooksInUse, "", webhooksDir, "a running server delivers the webhooks; their records were only read")
 	}
 	p.problems = append(p.problems, probs...)
+}
+
+// checkIdempotency runs the idempotent creates' check ([idempotency.Check]): it is safe beside
+// a running server, so repair runs whether one runs or not.
+func (c *checker) checkIdempotency(p *pass, repair bool) {
+	probs, err := idempotency.Check(c.root, repair, time.Now())
+	if err != nil {
+		p.add(idempotency.BadRecord, "", idempotency.Dir, "the kept answers could not be checked: %v", err)
+		return
+	}
+	if repair {
+		return
+	}
+	for _, ip := range probs {
+		p.add(ip.Kind, "", ip.Entry, "%s", ip.Detail)
+	}
 }

@@ -8,7 +8,9 @@ import (
 
 	"github.com/bothy/bothy/check"
 	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/idempotency"
 	"github.com/bothy/bothy/network"
+	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/webhook"
 )
 
@@ -45,4 +47,18 @@ func checkWebhooks(root string) check.StoreCheck {
 		}
 		return out, busy, err
 	}
+}
+
+// openRecords opens the port links and the answers of idempotent creates (Idempotency-Key),
+// both kept in the state root across restarts.
+func openRecords(root string, log *slog.Logger) (*portlink.Store, *idempotency.Store, error) {
+	links, err := portlink.Open(root)
+	if err != nil {
+		return nil, nil, err
+	}
+	idem, err := idempotency.Open(root, idempotency.Options{Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	return links, idem, nil
 }
