@@ -223,6 +223,23 @@ func TestWebhookRefusesPrivateReceivers(t *testing.T) {
 	if n, _ := rcv.state(); n != 0 {
 		t.Fatalf("the loopback receiver was reached %d times", n)
 	}
+
+	// The CLI: create with the secret on stdin, list, inspect, delete; the secret is in none
+	// of its output.
+	id := strings.TrimSpace(d.ctlOK(secret+"\n", "webhook", "create", "https://hooks.example.com/bothy",
+		"--event", "sandbox.created", "--event", "sandbox.deleted", "--secret-file", "-"))
+	var listed []webhookJSON
+	d.ctlJSON(&listed, "webhook", "ls", "-o", "json")
+	var inspected webhookJSON
+	d.ctlJSON(&inspected, "webhook", "inspect", id)
+	if len(listed) != 2 || inspected.ID != id || inspected.URL != "https://hooks.example.com/bothy" || len(inspected.Events) != 2 {
+		t.Fatalf("bothy webhook ls: %+v; inspect: %+v", listed, inspected)
+	}
+	if out := d.ctlOK("", "webhook", "ls"); strings.Contains(out, secret) || !strings.Contains(out, id) {
+		t.Fatalf("bothy webhook ls:\n%s", out)
+	}
+	d.ctlOK("", "webhook", "rm", id)
+	d.wantFail(1, "webhook-not-found", "webhook", "inspect", id)
 }
 
 // nextOf2 returns the next event of either type.
