@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -259,4 +261,66 @@ func (s *sse) nextOf2(types ...string) sseEvent {
 			s.t.Fatalf("no %v event within 30s", types)
 		}
 	}
+}
+
+// TestCheckWebhooksAndIdempotency: `bothyd check` knows the webhooks' and the idempotent
+// creates' records: clean beside a server that uses them; offline, it reports what an
+// interrupted write or delete leaves, --repair removes it, and a record that does not read is
+// reported and left alone.
+func TestCheckWebhooksAndIdempotency(t *testing.T) {
+	requireRoot(t)
+	d := startDaemon(t)
+	hook := decode[webhookJSON](t, d.doJSON("POST", "/v1/webhooks", map[string]any{
+		"url": "https://hooks.example.com/bothy", "events": []string{"sandbox.created"}, "secret": "a-receiver-secret-0123456789",
+	}), 201)
+	if r := d.do("POST", "/v1/templates", strings.NewReader(`{"name":"idem-check"}`), http.Header{"Idempotency-Key": {"k"}}); r.Status != 201 {
+		t.Fatalf("an idempotent create: %d %s", r.Status, r.Body)
+	}
+	r := mustCheckClean(t, d.Root, "beside the server")
+	if len(r.Notes) == 0 || !slices.ContainsFunc(r.Notes, func(p checkProblem) bool { return p.Kind == "webhooks-in-use" }) {
+		t.Fatalf("beside the server, no webhooks-in-use note: %+v", r.Notes)
+	}
+	d.Stop()
+
+	hooks, idem := filepath.Join(d.Root, "webhooks"), filepath.Join(d.Root, "idempotency")
+	old := time.Now().Add(-time.Hour)
+	plant := func(path, data string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(hooks, "wh-00000000000000aa"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	plant(filepath.Join(hooks, "."+hook.ID+".json.0123456789abcdef.tmp"), "{")
+	plant(filepath.Join(idem, ".x.json.0123456789abcdef.tmp"), "{")
+	bad := filepath.Join(hooks, hook.ID, "00000000000000000042.json")
+	plant(bad, "{")
+
+	r, code, stderr := runCheck(t, d.Root)
+	k := r.kinds()
+	if code != 1 || len(k["webhook-leftover"]) != 2 || len(k["idempotency-leftover"]) != 1 || len(k["webhook-bad-record"]) != 1 {
+		t.Fatalf("offline: exit %d, %+v %s", code, r.Problems, stderr)
+	}
+	r, code, _ = runCheck(t, d.Root, "--repair")
+	for _, p := range r.Problems {
+		if p.Repaired != (p.Kind != "webhook-bad-record") {
+			t.Errorf("after --repair: %+v", p)
+		}
+	}
+	if code != 1 || r.Remaining != 1 {
+		t.Fatalf("after --repair: exit %d, %+v", code, r)
+	}
+	if _, err := os.Lstat(bad); err != nil {
+		t.Fatalf("the unreadable outbox entry after --repair: %v", err)
+	}
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	mustCheckClean(t, d.Root, "after the operator removed the unreadable entry")
+	d.start() // for the harness's clean-up
 }
