@@ -124,9 +124,10 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	hooks  map[string]*hook
-	closed bool
+	mu      sync.Mutex
+	hooks   map[string]*hook
+	started bool // Start was called: webhooks made later deliver at once
+	closed  bool
 }
 
 // Open loads the webhooks of o.Root, taking its lock (one server delivers), and removes what
@@ -203,13 +204,14 @@ func (m *Manager) load(rec *hookRecord, entries []*entry, st *deliveryState) {
 func (m *Manager) Start() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.started = true
 	for _, h := range m.hooks {
 		m.startLocked(h)
 	}
 }
 
 func (m *Manager) startLocked(h *hook) {
-	if m.closed || h.cancel != nil {
+	if !m.started || m.closed || h.cancel != nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
