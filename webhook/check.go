@@ -219,6 +219,7 @@ func scanOutbox(obox, id string, repair bool) ([]*entry, *deliveryState, []Probl
 				add(BadRecord, name, fmt.Sprintf("an outbox entry does not read, so it is not delivered: %v; look at it, and remove it by hand", err), nil)
 				continue
 			}
+			e.Body = nil // read again for each attempt (Manager.run)
 			entries = append(entries, e)
 			continue
 		}

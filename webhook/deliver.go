@@ -161,20 +161,39 @@ func (m *Manager) run(ctx context.Context, h *hook) {
 		case <-ctx.Done():
 			return
 		}
+		full, err := readRecord[entry](h.dir, entryName(e.EventID), entryFormat)
+		if err != nil {
+			<-m.sem
+			m.unreadable(h, e, err)
+			continue
+		}
 		attempt := e.Attempts + 1
 		now := m.o.Now()
-		status, err := m.send.deliver(ctx, &h.rec, e, attempt, now)
+		status, err := m.send.deliver(ctx, &h.rec, full, attempt, now)
 		<-m.sem
 		if ctx.Err() != nil {
 			return // cut off by a delete or a shutdown: the entry stays for the next start
 		}
-		m.settle(h, e, attempt, now, status, err)
+		m.settle(h, e, full.Body, attempt, now, status, err)
 	}
+}
+
+// unreadable gives up an outbox entry whose file no longer reads: it is counted as failed and
+// left on disk, where bothyd check reports it.
+func (m *Manager) unreadable(h *hook, e *entry, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h.deleted || len(h.pending) == 0 || h.pending[0] != e {
+		return
+	}
+	h.pending = h.pending[1:]
+	h.state.Failed++
+	m.log.Error("webhooks: an outbox entry does not read; it is not delivered", "webhook", h.rec.ID, "event", e.EventID, "err", err)
 }
 
 // settle records the outcome of an attempt: a delivered or given-up entry leaves the outbox,
 // a failed one waits for its next attempt, durably.
-func (m *Manager) settle(h *hook, e *entry, attempt int, at time.Time, status int, err error) {
+func (m *Manager) settle(h *hook, e *entry, body []byte, attempt int, at time.Time, status int, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if h.deleted {
@@ -206,7 +225,9 @@ func (m *Manager) settle(h *hook, e *entry, attempt int, at time.Time, status in
 	} else {
 		e.Attempts = attempt
 		e.NextAt = at.Add(m.backoff(attempt))
-		if werr := writeRecord(h.dir, entryName(e.EventID), e); werr != nil {
+		rec := *e
+		rec.Body = body
+		if werr := writeRecord(h.dir, entryName(e.EventID), &rec); werr != nil {
 			m.log.Warn("webhooks: recording a delivery's attempts", "webhook", h.rec.ID, "event", e.EventID, "err", werr)
 		}
 	}

@@ -406,7 +406,9 @@ func (m *Manager) Enqueue(e openapi.Event) {
 			m.log.Error("webhooks: the event could not be recorded in the outbox; it is not delivered", "webhook", h.rec.ID, "event", e.Seq, "err", err)
 			continue
 		}
-		h.pending = append(h.pending, en)
+		// The body stays on disk only: pending events cost memory by their count, not their
+		// size (it is read again for each attempt).
+		h.pending = append(h.pending, &entry{Format: entryFormat, EventID: e.Seq, Type: e.Type, EnqueuedAt: now, NextAt: now})
 		select {
 		case h.wake <- struct{}{}:
 		default:
