@@ -98,6 +98,9 @@ func (s *Server) idempotent(store Idempotency, maxBody int64) func(http.Handler)
 			scope := idempotency.Scope(credentialOf(r))
 			replay, err := store.Begin(scope, key, idempotency.RequestHash(r.Method, r.URL.RequestURI(), body))
 			if err != nil {
+				if errcode.Of(err) == errcode.IdempotencyKeyInFlight {
+					w.Header().Set("Retry-After", "1")
+				}
 				s.writeProblem(w, r, err)
 				return
 			}

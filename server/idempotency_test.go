@@ -66,7 +66,7 @@ func TestIdempotentCreate(t *testing.T) {
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- do("alice", "slow-key", `{"id":"slow"}`) }()
 	<-entered
-	if rec := do("alice", "slow-key", `{"id":"slow"}`); rec.Code != 409 || decodeProblem(t, rec).Code != "idempotency-key-in-flight" {
+	if rec := do("alice", "slow-key", `{"id":"slow"}`); rec.Code != 409 || decodeProblem(t, rec).Code != "idempotency-key-in-flight" || rec.Header().Get("Retry-After") != "1" {
 		t.Fatalf("a repeat in flight: %d %s", rec.Code, rec.Body)
 	}
 	close(release)
