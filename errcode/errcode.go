@@ -69,6 +69,14 @@ const (
 	// LinkNotFound: no port link has this id or token (it never existed, expired or was
 	// revoked).
 	LinkNotFound Code = "link-not-found"
+	// WebhookNotFound: no webhook has this id (it never existed, or was deleted).
+	WebhookNotFound Code = "webhook-not-found"
+	// IdempotencyKeyReused: an Idempotency-Key came again with another request (another
+	// method, path or body) than the one it was first used for.
+	IdempotencyKeyReused Code = "idempotency-key-reused"
+	// IdempotencyKeyInFlight: the request that first used this Idempotency-Key is still
+	// being answered; repeat this one once it is.
+	IdempotencyKeyInFlight Code = "idempotency-key-in-flight"
 
 	// StorageFull: the file system of the state root is out of space or over a quota
 	// (ENOSPC, EDQUOT). Made by [Storage].

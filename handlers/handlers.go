@@ -109,6 +109,8 @@ type Config struct {
 	NoFileLimit uint64
 	// Links, if set, keeps the port links; nil answers their routes not-implemented.
 	Links *portlink.Store
+	// Webhooks, if set, keeps the webhooks; nil answers their routes not-implemented.
+	Webhooks Webhooks
 }
 
 // Handlers implements openapi.StrictServerInterface.
@@ -144,6 +146,17 @@ func deadline(ctx context.Context, ms *int, def time.Duration) (context.Context,
 
 func (h *Handlers) GetHealth(context.Context, openapi.GetHealthRequestObject) (openapi.GetHealthResponseObject, error) {
 	return openapi.GetHealth200JSONResponse{Status: "ok"}, nil
+}
+
+// EventTypes are the types of the events the supervisor reports (the contract's EventType):
+// those a webhook may ask for.
+var EventTypes = []string{
+	supervisor.EventCreated, supervisor.EventStarted, supervisor.EventStopped, supervisor.EventExited,
+	supervisor.EventDeleted, supervisor.EventPaused, supervisor.EventResumed, supervisor.EventExpired,
+	supervisor.EventCaptured, supervisor.EventTombstoned, supervisor.EventRetired,
+	supervisor.EventAcquired, supervisor.EventReleased, supervisor.EventProgress,
+	supervisor.EventImagePullProgress, supervisor.EventImagePulled, supervisor.EventImageImported,
+	supervisor.EventImageFailed, supervisor.EventImageDeleted,
 }
 
 // EventOf is the contract's view of a supervisor event, ready for events.Bus.Publish (which

@@ -76,6 +76,10 @@ var statusOfCode = map[string]int{
 	"port-unreachable": 502,
 	"limit-reached":    429,
 	"link-not-found":   404,
+
+	"webhook-not-found":         404,
+	"idempotency-key-reused":    422,
+	"idempotency-key-in-flight": 409,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so

@@ -67,9 +67,12 @@ var statusOf = map[errcode.Code]int{
 	errcode.StopTimeout:  http.StatusGatewayTimeout,
 	errcode.StartTimeout: http.StatusGatewayTimeout,
 
-	errcode.PortUnreachable: http.StatusBadGateway,
-	errcode.LimitReached:    http.StatusTooManyRequests,
-	errcode.LinkNotFound:    http.StatusNotFound,
+	errcode.PortUnreachable:        http.StatusBadGateway,
+	errcode.LimitReached:           http.StatusTooManyRequests,
+	errcode.LinkNotFound:           http.StatusNotFound,
+	errcode.WebhookNotFound:        http.StatusNotFound,
+	errcode.IdempotencyKeyReused:   http.StatusUnprocessableEntity,
+	errcode.IdempotencyKeyInFlight: http.StatusConflict,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a

@@ -83,7 +83,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand())
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
 	add("images", c.imageCommand(), c.pullCommand())
-	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand())
+	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand(), c.webhookCommand())
 	// The commands of bothy before cp took their place, kept for scripts that use them.
 	root.AddCommand(c.putCommand(), c.fetchCommand())
 	return root

@@ -33,7 +33,6 @@ import (
 	"github.com/bothy/bothy/metrics"
 	"github.com/bothy/bothy/network"
 	"github.com/bothy/bothy/platform"
-	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/runtime/namespace"
 	"github.com/bothy/bothy/server"
 	"github.com/bothy/bothy/store"
@@ -98,6 +97,8 @@ type options struct {
 	diskExplicit bool
 	// networkPool, networkUplink and dnsUpstream configure sandbox networks (network.Config).
 	networkPool, networkUplink, dnsUpstream string
+	// webhookAllowPrivate lets webhook deliveries reach private addresses (webhook.Options).
+	webhookAllowPrivate bool
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -159,6 +160,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.networkPool, "network-pool", envOr("BOTHY_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env BOTHY_NETWORK_POOL)")
 	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("BOTHY_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env BOTHY_NETWORK_UPLINK); default: any interface that is not a sandbox's")
 	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("BOTHY_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env BOTHY_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
+	fs.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", os.Getenv("BOTHY_WEBHOOK_ALLOW_PRIVATE") == "1", "let webhook deliveries reach loopback, link-local, private (RFC 1918, ULA) and sandbox addresses, for receivers on this host or its network (env BOTHY_WEBHOOK_ALLOW_PRIVATE=1); default: only public addresses, checked on the address connected to")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -287,9 +289,14 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	// The event bus and the metrics observe the supervisor through its hooks; the metrics
 	// count sandboxes by state from the supervisor itself, at scrape time.
+	hooks, err := openWebhooks(o, log)
+	if err != nil {
+		return err
+	}
+	defer hooks.Close()
 	bus, err := events.Open(events.Options{SeqDir: o.root, OnError: func(err error) {
 		log.Warn("event ids may be reused after a restart", "err", err)
-	}})
+	}, OnPublish: hooks.Enqueue})
 	if err != nil {
 		return fmt.Errorf("the event sequence record: %w", err)
 	}
@@ -346,7 +353,7 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	sup.StartSpares()
-	links, err := portlink.Open(o.root)
+	links, idem, err := openRecords(o.root, log)
 	if err != nil {
 		return err
 	}
@@ -370,6 +377,7 @@ func serve(o *options, log *slog.Logger) error {
 		HostFirewall:     netw.hostFirewall(),
 		NoFileLimit:      noFile,
 		Links:            links,
+		Webhooks:         hooks,
 	})
 	if err != nil {
 		return err
@@ -397,11 +405,13 @@ func serve(o *options, log *slog.Logger) error {
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,
 		ClassifyError:  health.Classify,
+		Idempotency:    idem,
 		Ports:          server.PortRoutes{Proxy: h.PortProxy, Tunnel: h.PortTunnel, Link: h.LinkProxy},
 	})
 	if err != nil {
 		return err
 	}
+	hooks.Start()
 	srv.OnShutdown(h.CloseStreams)
 	srv.OnShutdown(bus.Close)
 	root, _ := filepath.Abs(o.root) // the default root is relative: say where it is

@@ -94,6 +94,9 @@ type Umask = string
 // Example: user
 type User = string
 
+// WebhookID A webhook's id, given by the server.
+type WebhookID = string
+
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
 // digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
 // the server could not have assigned (`g1`, `g000000`) names no generation: it is
@@ -123,6 +126,9 @@ type SandboxIDPath = SandboxID
 //
 // Example: python-base
 type TemplateNamePath = TemplateName
+
+// WebhookIDPath A webhook's id, given by the server.
+type WebhookIDPath = WebhookID
 
 // BadRequest An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadRequest = Problem

@@ -113,6 +113,9 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 		req.Header.Set("Content-Type", r.ctype)
 	}
 	c.authorize(req.Header)
+	if key, ok := ctx.Value(idempotencyKey{}).(string); ok && r.method == http.MethodPost {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, c.transportError(err)

@@ -58,6 +58,12 @@ var (
 	ErrUnavailable          = Code(errcode.Unavailable)
 	ErrSandboxPaused        = Code(errcode.SandboxPaused)
 	ErrWaitTimeout          = Code(errcode.WaitTimeout)
+	ErrWebhookNotFound      = Code(errcode.WebhookNotFound)
+	// ErrIdempotencyKeyReused: the Idempotency-Key was first used with another request.
+	ErrIdempotencyKeyReused = Code(errcode.IdempotencyKeyReused)
+	// ErrIdempotencyKeyInFlight: the first request with the Idempotency-Key still runs;
+	// repeat in a moment.
+	ErrIdempotencyKeyInFlight = Code(errcode.IdempotencyKeyInFlight)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

@@ -40,7 +40,10 @@ export type KnownErrorCode =
   | "port-unreachable"
   | "limit-reached"
   | "pids-limit"
-  | "link-not-found";
+  | "link-not-found"
+  | "webhook-not-found"
+  | "idempotency-key-reused"
+  | "idempotency-key-in-flight";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -83,6 +86,9 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "limit-reached",
   "pids-limit",
   "link-not-found",
+  "webhook-not-found",
+  "idempotency-key-reused",
+  "idempotency-key-in-flight",
 ];
 
 /** An event type the contract documents; a newer server may send others. */

@@ -974,6 +974,61 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List webhooks, with their delivery state */
+        get: operations["listWebhooks"];
+        put?: never;
+        /**
+         * Register a webhook
+         * @description Registers a URL that is sent every event of the named types, as the event stream
+         *     (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+         *     secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+         *     body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+         *     the receiver answers 2xx: a receiver that is down, or a server that restarts or
+         *     crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+         *     deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+         *     are not followed. The receiver must be at a public address: a URL that resolves to a
+         *     loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+         *     to, unless the server was started with `--webhook-allow-private`. The secret is
+         *     write-only: no answer ever carries it. At most 32 webhooks per server.
+         */
+        post: operations["createWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's id. */
+                webhook: components["parameters"]["WebhookIDPath"];
+            };
+            cookie?: never;
+        };
+        /** Show a webhook and its delivery state */
+        get: operations["getWebhook"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a webhook
+         * @description The webhook and its outbox go; its pending events are not delivered.
+         */
+        delete: operations["deleteWebhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/info": {
         parameters: {
             query?: never;
@@ -1950,6 +2005,66 @@ export interface components {
             /** Format: date-time */
             expires_at: string;
         };
+        CreateWebhookRequest: {
+            /**
+             * @description An absolute `http://` or `https://` URL, without a user, password or fragment.
+             *     Deliveries are `POST`s to it.
+             */
+            url: string;
+            /** @description The event types to deliver (see `EventType`); at least one. */
+            events: string[];
+            /**
+             * @description The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
+             *     it, and it is never logged. Use a long random one.
+             */
+            secret: string;
+        };
+        Webhook: {
+            id: components["schemas"]["WebhookID"];
+            url: string;
+            events: components["schemas"]["EventType"][];
+            /** Format: date-time */
+            created_at: string;
+            delivery: components["schemas"]["WebhookDelivery"];
+        };
+        /** @description How the webhook's deliveries go. */
+        WebhookDelivery: {
+            /** @description Events in its outbox, not yet delivered (at most 1000; more are dropped). */
+            pending: number;
+            /**
+             * Format: int64
+             * @description Events the receiver took (answered 2xx).
+             */
+            delivered: number;
+            /**
+             * Format: int64
+             * @description Events given up after 24 hours of failed attempts.
+             */
+            failed: number;
+            /**
+             * Format: int64
+             * @description Events not enqueued because the outbox was full.
+             */
+            dropped: number;
+            /** Format: date-time */
+            last_attempt_at?: string;
+            /** @description The HTTP status of the last attempt's answer; absent when none came. */
+            last_status?: number;
+            /** @description Why the last attempt failed; absent when it succeeded. */
+            last_error?: string;
+            /** Format: date-time */
+            last_success_at?: string;
+            /**
+             * Format: date-time
+             * @description When the oldest pending event is tried next; absent when none is pending.
+             */
+            next_attempt_at?: string;
+        };
+        WebhookList: {
+            items: components["schemas"]["Webhook"][];
+        };
+        /** @description A webhook's id, given by the server. */
+        WebhookID: string;
         Health: {
             /** @enum {string} */
             status: "ok";
@@ -2080,7 +2195,7 @@ export interface components {
         };
         /**
          * @description `sandbox-not-found`, `template-not-found`, `generation-not-found`, `file-not-found`,
-         *     `image-not-found`: the named thing does not exist (the operation's `x-error-codes`
+         *     `image-not-found`, `webhook-not-found`: the named thing does not exist (the operation's `x-error-codes`
          *     says which apply).
          */
         NotFound: {
@@ -2100,9 +2215,23 @@ export interface components {
          *     runtime identity; only a forced stop drives it), `template-exists`,
          *     `template-tombstoned` (the generation is quarantined), `template-ineligible` (no
          *     generation is eligible at this host time, or the chosen one is not), `sandbox-paused`
-         *     (resume it first). The operation's `x-error-codes` says which apply.
+         *     (resume it first), `idempotency-key-in-flight` (the request that first used this
+         *     `Idempotency-Key` is still being answered; repeat this one once it is). The
+         *     operation's `x-error-codes` says which apply.
          */
         Conflict: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description `idempotency-key-reused`: the `Idempotency-Key` was first used with another request
+         *     (another method, path or body); use a new key for a new request.
+         */
+        UnprocessableEntity: {
             headers: {
                 [name: string]: unknown;
             };
@@ -2236,6 +2365,17 @@ export interface components {
         AccessToken: string;
         /** @description The sandbox id. */
         SandboxIDPath: components["schemas"]["SandboxID"];
+        /** @description The webhook's id. */
+        WebhookIDPath: components["schemas"]["WebhookID"];
+        /**
+         * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+         *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+         *     true`) instead of creating again, also after a restart of the server. A repeat with
+         *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+         *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+         *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+         */
+        IdempotencyKey: string;
         /** @description The template name. */
         TemplateNamePath: components["schemas"]["TemplateName"];
         /** @description The image name. */
@@ -2312,7 +2452,17 @@ export interface operations {
                  */
                 timeout?: components["parameters"]["Timeout"];
             };
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -2339,6 +2489,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3017,7 +3168,17 @@ export interface operations {
     createPortLink: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -3045,7 +3206,9 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3385,7 +3548,17 @@ export interface operations {
     createTemplate: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3411,6 +3584,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
@@ -3540,7 +3714,17 @@ export interface operations {
                  */
                 timeout?: components["parameters"]["Timeout"];
             };
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path: {
                 /** @description The template name. */
                 name: components["parameters"]["TemplateNamePath"];
@@ -3570,6 +3754,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3754,7 +3939,17 @@ export interface operations {
     pullImage: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3780,6 +3975,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3879,6 +4075,135 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+        };
+    };
+    listWebhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every webhook, oldest first (there are at most 32). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    createWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWebhookRequest"];
+            };
+        };
+        responses: {
+            /** @description The webhook, without its secret. */
+            201: {
+                headers: {
+                    /** @description The path of the new webhook. */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Webhook"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
+    getWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's id. */
+                webhook: components["parameters"]["WebhookIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhook, without its secret. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Webhook"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    deleteWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's id. */
+                webhook: components["parameters"]["WebhookIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhook is deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     getInfo: {
