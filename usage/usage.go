@@ -61,7 +61,7 @@ type Sample struct {
 	HasDisk                       bool
 	DiskUsedBytes, DiskLimitBytes int64
 
-	HasNetwork            bool
+	HasNetwork              bool
 	NetInBytes, NetOutBytes uint64
 }
 
