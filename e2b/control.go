@@ -109,8 +109,10 @@ func controlMux(h *Handler) *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
 	m.HandleFunc("POST /sandboxes/{id}/pause", h.pause)
 	m.HandleFunc("POST /sandboxes/{id}/resume", h.connect)
-	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics throws
-	// SandboxNotFoundError), which would misname what is missing.
+	m.HandleFunc("GET /sandboxes/{id}/metrics", h.metrics)
+	m.HandleFunc("GET /sandboxes/metrics", h.sandboxesMetrics)
+	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics threw
+	// SandboxNotFoundError before bothyd served it), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, "bothyd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
 	})

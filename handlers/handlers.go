@@ -12,6 +12,7 @@ import (
 	"github.com/bothy/bothy/openapi"
 	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/usage"
 )
 
 // The handlers must implement every operation of the contract, and the supervisor must be
@@ -109,6 +110,8 @@ type Config struct {
 	NoFileLimit uint64
 	// Links, if set, keeps the port links; nil answers their routes not-implemented.
 	Links *portlink.Store
+	// Usage, if set, answers GET /v1/sandboxes/{id}/metrics; nil answers it not-implemented.
+	Usage *usage.Sampler
 }
 
 // Handlers implements openapi.StrictServerInterface.

@@ -1402,6 +1402,18 @@ type SandboxList struct {
 	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
+// SandboxMetrics defines model for SandboxMetrics.
+type SandboxMetrics struct {
+	Current UsageSample `json:"current"`
+
+	// History The server's samples, oldest first (empty for a sandbox beyond the cap, or one it has not sampled yet).
+	History []UsageSample `json:"history"`
+	ID      string        `json:"id"`
+
+	// IntervalMs The time between two samples of `history`.
+	IntervalMs int64 `json:"interval_ms"`
+}
+
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
 // `running`: its agent answers; `paused`: running, with every process frozen (see
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
@@ -1499,6 +1511,44 @@ type TimeoutRequest struct {
 //
 // Example: 0077
 type Umask = string
+
+// UsageSample defines model for UsageSample.
+type UsageSample struct {
+	At time.Time `json:"at"`
+
+	// CPUApproximate `cpu_seconds` is summed from the sandbox's live processes and the children they
+	// reaped (a cgroup v1 host whose cpuacct controller is not mounted with cpu).
+	CPUApproximate *bool `json:"cpu_approximate,omitempty"`
+
+	// CPURate CPUs used on average since the reading before (1.0: one CPU busy); absent on a
+	// first reading.
+	CPURate *float64 `json:"cpu_rate,omitempty"`
+
+	// CPUSeconds CPU time used since the launch.
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	DiskLimitBytes *int64  `json:"disk_limit_bytes,omitempty"`
+
+	// DiskUsedBytes What the sandbox's own disk holds on the host (its sparse image's blocks); absent without a disk of its own.
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	MemoryBytes   int64  `json:"memory_bytes"`
+
+	// MemoryLimitBytes 0 without a limit.
+	MemoryLimitBytes *int64 `json:"memory_limit_bytes,omitempty"`
+
+	// MemoryPeakBytes The most memory charged since the launch, where the kernel says (Linux 5.19+ on cgroup v2).
+	MemoryPeakBytes *int64 `json:"memory_peak_bytes,omitempty"`
+
+	// NetInBytes Bytes that arrived at the sandbox's interface; absent without a network.
+	NetInBytes  *int64 `json:"net_in_bytes,omitempty"`
+	NetOutBytes *int64 `json:"net_out_bytes,omitempty"`
+	Pids        int64  `json:"pids"`
+
+	// PidsLimit 0 for the server's default.
+	PidsLimit *int64 `json:"pids_limit,omitempty"`
+
+	// Vcpus The sandbox's CPU limit in whole CPUs (0 for the server's default).
+	Vcpus *int `json:"vcpus,omitempty"`
+}
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
@@ -1869,6 +1919,9 @@ type ServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
 	// SetSandboxNetwork Replace a sandbox's egress policy
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams)
@@ -2031,6 +2084,12 @@ func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id Sand
 // GetSandboxLogs Read the sandbox's console log
 // (GET /v1/sandboxes/{id}/logs)
 func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetSandboxMetrics What a running sandbox uses, now and lately
+// (GET /v1/sandboxes/{id}/metrics)
+func (_ Unimplemented) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2730,6 +2789,32 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandboxLogs(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxMetrics(w, r, id)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3700,6 +3785,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/resume", wrapper.ResumeSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/metrics", wrapper.GetSandboxMetrics)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/timeout", wrapper.SetSandboxTimeout)
@@ -6279,6 +6367,159 @@ func (response GetSandboxLogs501ApplicationProblemPlusJSONResponse) VisitGetSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetricsRequestObject struct {
+	ID SandboxIDPath `json:"id"`
+}
+
+type GetSandboxMetricsResponseObject interface {
+	VisitGetSandboxMetricsResponse(w http.ResponseWriter) error
+}
+
+type GetSandboxMetrics200JSONResponse SandboxMetrics
+
+func (response GetSandboxMetrics200JSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics400ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics401ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics403ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics404ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics409ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics500ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics501ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics503ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -9241,6 +9482,9 @@ type StrictServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(ctx context.Context, request GetSandboxMetricsRequestObject) (GetSandboxMetricsResponseObject, error)
 	// SetSandboxNetwork Replace a sandbox's egress policy
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
@@ -9797,6 +10041,32 @@ func (sh *strictHandler) GetSandboxLogs(w http.ResponseWriter, r *http.Request, 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetSandboxLogsResponseObject); ok {
 		if err := validResponse.VisitGetSandboxLogsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetSandboxMetrics operation middleware
+func (sh *strictHandler) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
+	var request GetSandboxMetricsRequestObject
+
+	request.ID = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetSandboxMetrics(ctx, request.(GetSandboxMetricsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetSandboxMetrics")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetSandboxMetricsResponseObject); ok {
+		if err := validResponse.VisitGetSandboxMetricsResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
