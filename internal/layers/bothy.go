@@ -33,6 +33,7 @@ var Classes = map[string]Class{
 	"internal/systemd":          Host,
 	"network":                   Host,
 	"portlink":                  Host,
+	"usage":                     Host,
 	"runtime/microvm":           Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
