@@ -65,7 +65,7 @@ func statusOf(err error) int {
 		return http.StatusGatewayTimeout
 	case errcode.StorageFull:
 		return http.StatusInsufficientStorage
-	case errcode.Unavailable, errcode.StorageUnavailable:
+	case errcode.Unavailable, errcode.StorageUnavailable, errcode.SandboxWaking:
 		return http.StatusServiceUnavailable
 	case errcode.NotImplemented:
 		return http.StatusNotImplemented
@@ -124,6 +124,10 @@ type createBody struct {
 	TemplateID string            `json:"templateID"`
 	Timeout    *int              `json:"timeout"`
 	AutoPause  *bool             `json:"autoPause"`
+	// AutoResume is E2B's {enabled}: with autoPause, traffic wakes the paused sandbox.
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
 	// AllowInternetAccess is E2B's switch for the internet (the SDKs send it only when the
@@ -244,6 +248,14 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 		lt.OnTimeout = supervisor.TimeoutStop
 	}
 	req.Lifetime = lt
+	if b.AutoPause != nil && *b.AutoPause && b.AutoResume != nil && b.AutoResume.Enabled {
+		// autoPause with autoResume: bothyd's sleep and wake. E2B pauses at the end of the
+		// timeout and the next traffic resumes it; bothyd pauses after the timeout without a
+		// use (each use restarts it, as E2B's resume restarts the timeout), whatever runs
+		// inside, and any request wakes it. No lifetime ends it meanwhile.
+		req.Sleep = &supervisor.SleepPolicy{IdleTimeoutS: int(lt.Timeout / time.Second), AutoResume: true, IgnoreWork: true}
+		req.Lifetime = nil
+	}
 	switch name := b.TemplateID; {
 	case name == "" || name == baseTemplate:
 		// bothyd's default image.
@@ -338,6 +350,12 @@ func (h *Handler) detailOf(st *supervisor.Status) detailBody {
 		d.Lifecycle = &lifecycle{OnTimeout: "pause"}
 		if st.OnTimeout == supervisor.TimeoutDelete {
 			d.Lifecycle.OnTimeout = "kill"
+		}
+	}
+	if p := st.Config.Sleep; p != nil {
+		d.Lifecycle = &lifecycle{OnTimeout: "pause", AutoResume: p.AutoResume}
+		if st.StartedAt != nil {
+			d.EndAt = st.StartedAt.Add(time.Duration(p.IdleTimeoutS) * time.Second)
 		}
 	}
 	if d.Metadata == nil {

@@ -445,6 +445,9 @@ type AbsolutePath = string
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
 
+// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+type AutoResume = bool
+
 // Bounds What clients may hold open at once, so that no sandbox and no crowd of clients can
 // exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
 // sandbox-busy`; past a server-wide one, `503 unavailable`; both say to retry.
@@ -561,6 +564,19 @@ type CreateSandboxRequest struct {
 	// address of its own.
 	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. See docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
 	Start *StartOnCreate `json:"start,omitempty"`
@@ -602,6 +618,8 @@ type ErrorCode = string
 //   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
 //     `exit`;
 //   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+//   - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
+//     (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
 //   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
 //     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -876,6 +894,9 @@ type HostFirewall struct {
 
 // HostFirewallState defines model for HostFirewall.State.
 type HostFirewallState string
+
+// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+type IdleIgnoresWork = bool
 
 // Image defines model for Image.
 type Image struct {
@@ -1317,7 +1338,10 @@ type RuntimeStatusState string
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
 	// Address The sandbox's own address, while it runs with a network interface.
-	Address   *string   `json:"address,omitempty"`
+	Address *string `json:"address,omitempty"`
+
+	// Asleep The sandbox is `paused` because it was idle for its `sleep.idle_timeout_seconds`.
+	Asleep    *bool     `json:"asleep,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
@@ -1374,6 +1398,19 @@ type Sandbox struct {
 	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
 	Runtime RuntimeKind `json:"runtime"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. See docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
 	// linger until bothyd has reconciled a run that ended by itself): how the last run
 	// ended, and when, is `last_exit`.
@@ -1419,6 +1456,26 @@ type SandboxMetrics struct {
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
 // `last_exit`).
 type SandboxState string
+
+// SleepPolicy Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+// as a use until it closes), and no work inside using more than 2% of a CPU unless
+// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+// keeps running while it sleeps. See docs/design.md, "Sleep and wake".
+type SleepPolicy struct {
+	// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+	AutoResume *AutoResume `json:"auto_resume,omitempty"`
+
+	// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+	IdleIgnoresWork    *IdleIgnoresWork `json:"idle_ignores_work,omitempty"`
+	IdleTimeoutSeconds int              `json:"idle_timeout_seconds"`
+}
 
 // StartOnCreate Also start the sandbox before answering. The create is then all or nothing: a
 // start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -5593,6 +5650,22 @@ func (response ExecCommand501ApplicationProblemPlusJSONResponse) VisitExecComman
 	return err
 }
 
+type ExecCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ExecCommand503ApplicationProblemPlusJSONResponse) VisitExecCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RemoveFileRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params RemoveFileParams
@@ -5737,6 +5810,22 @@ func (response RemoveFile501ApplicationProblemPlusJSONResponse) VisitRemoveFileR
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RemoveFile503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response RemoveFile503ApplicationProblemPlusJSONResponse) VisitRemoveFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5897,6 +5986,22 @@ func (response ReadFile501ApplicationProblemPlusJSONResponse) VisitReadFileRespo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReadFile503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ReadFile503ApplicationProblemPlusJSONResponse) VisitReadFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6248,6 +6353,22 @@ func (response ListFiles501ApplicationProblemPlusJSONResponse) VisitListFilesRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles503ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }

@@ -22,10 +22,15 @@ type Admission struct {
 	// defaults are the image's defaults of every exec.
 	defaults execDefaults
 	lock     *os.File
+	// inUse ends the exec's use of a sandbox that may sleep (sleep.go).
+	inUse func()
 }
 
 // Release gives the exec lock back. It is idempotent.
 func (a *Admission) Release() {
+	if a.inUse != nil {
+		a.inUse()
+	}
 	if a.lock != nil {
 		_ = platform.Unlock(a.lock)
 		a.lock.Close()
@@ -40,6 +45,11 @@ func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duratio
 	if wait <= 0 {
 		return nil, errcode.Invalid("wait_ms", "The admission wait must be positive.")
 	}
+	// A sleeping sandbox is woken before the admission, which waits for no wake.
+	cfg, err := s.wakeIfAsleep(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -51,6 +61,7 @@ func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duratio
 		got, busy, err := s.tryAdmit(ctx, id)
 		if got != nil {
 			got.Waited = time.Since(start)
+			got.inUse = s.use(cfg)
 			a = got
 		}
 		switch {

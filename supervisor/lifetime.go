@@ -181,6 +181,7 @@ func (s *Supervisor) armLifetime(id string) {
 
 // forgetSandbox drops what this process keeps of a sandbox that is gone.
 func (s *Supervisor) forgetSandbox(id string) {
+	s.activity.Forget(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.timers[id]; t != nil {

@@ -42,6 +42,9 @@ type pauseRecord struct {
 	// by which a resume checks its downtime as a clone's restore checks its generation's.
 	Memory string                 `json:"memory,omitempty"`
 	Time   *template.TimeContract `json:"time,omitempty"`
+	// Reason is [PauseIdle] for a sandbox put to sleep because it was idle (sleep.go), ""
+	// for a pause asked for.
+	Reason string `json:"reason,omitempty"`
 }
 
 // MemoryReleased is a pause record's Memory of a pause that released the memory.
@@ -86,17 +89,18 @@ func pauserOf(rt runtime.Runtime) (runtime.Pauser, error) {
 // error. Exec, files and streams are refused while it is paused (sandbox-paused); stop and
 // a forced delete thaw it first.
 func (s *Supervisor) Pause(ctx context.Context, id string) (*Status, error) {
-	return s.pause(ctx, id, false)
+	return s.pause(ctx, id, false, "")
 }
 
 // PauseReleasing pauses a running sandbox and releases its memory: saved to its state
 // directory and given back to the host ([runtime.MemoryReleaser], the microvm runtime), the
 // launch living on; Resume restores it. A sandbox paused already has its memory released.
 func (s *Supervisor) PauseReleasing(ctx context.Context, id string) (*Status, error) {
-	return s.pause(ctx, id, true)
+	return s.pause(ctx, id, true, "")
 }
 
-func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Status, err error) {
+// pause pauses sandbox id, for reason ("" or [PauseIdle]).
+func (s *Supervisor) pause(ctx context.Context, id string, release bool, reason string) (_ *Status, err error) {
 	defer s.observe("pause", time.Now(), &err)
 	p, err := s.sandboxPauser(id)
 	if err != nil {
@@ -123,7 +127,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 	case r.paused && !release:
 		return s.Status(id)
 	}
-	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC()}
+	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC(), Reason: reason}
 	if r.paused {
 		if rec, err = readPause(l.Dir()); err != nil || rec == nil {
 			return nil, errcode.Wrap(errcode.Internal, err, "The pause record of sandbox %s does not read.", id)
@@ -173,6 +177,9 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 		return nil, err
 	}
 	s.emit(Event{Type: EventPaused, Sandbox: id, State: StatePaused})
+	if reason == PauseIdle {
+		s.emit(Event{Type: EventAsleep, Sandbox: id, State: StatePaused})
+	}
 	return s.Status(id)
 }
 

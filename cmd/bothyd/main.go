@@ -28,6 +28,7 @@ import (
 	"github.com/bothy/bothy/e2b"
 	"github.com/bothy/bothy/events"
 	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/idle"
 	"github.com/bothy/bothy/internal/ratelog"
 	"github.com/bothy/bothy/internal/systemd"
 	"github.com/bothy/bothy/metrics"
@@ -365,6 +366,12 @@ func serve(o *options, log *slog.Logger) error {
 	if o.sandboxMetrics {
 		mx.WatchUsage(sampler, o.sandboxMetricsMax)
 	}
+	// Sleep and wake: sandboxes with a sleep policy are paused once idle for their timeout
+	// (idle, and the supervisor's sleep.go); a request that needs one wakes it.
+	go sup.Activity().Watch(ctx, idle.WatchConfig{
+		Candidates: sup.SleepCandidates, CPU: sup.SleepCPU, Sleep: sup.Sleep,
+		Persist: sup.RecordActivity, Load: sup.LastActivity, Logger: log,
+	})
 	links, err := portlink.Open(o.root)
 	if err != nil {
 		return err
