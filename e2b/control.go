@@ -121,15 +121,15 @@ func controlMux(h *Handler) *http.ServeMux {
 
 // createBody is E2B's NewSandbox, of which bothyd reads what it can honour.
 type createBody struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int              `json:"timeout"`
-	AutoPause  *bool             `json:"autoPause"`
+	TemplateID string `json:"templateID"`
+	Timeout    *int   `json:"timeout"`
+	AutoPause  *bool  `json:"autoPause"`
 	// AutoResume is E2B's {enabled}: with autoPause, traffic wakes the paused sandbox.
 	AutoResume *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
+	Metadata map[string]string `json:"metadata"`
+	EnvVars  map[string]string `json:"envVars"`
 	// AllowInternetAccess is E2B's switch for the internet (the SDKs send it only when the
 	// caller set it); Network its egress rules.
 	AllowInternetAccess *bool        `json:"allow_internet_access"`
