@@ -135,8 +135,8 @@ func (t *Tracker) Check(ctx context.Context, cfg WatchConfig) {
 	for _, c := range cands {
 		t.known(c, cfg)
 		if !c.IgnoreWork && cfg.CPU != nil {
-			if cpu, err := cfg.CPU(c.ID); err == nil {
-				t.sawCPU(c.ID, cpu)
+			if cpu, err := cfg.CPU(c.ID); err == nil && t.sawCPU(c.ID, cpu) {
+				cfg.Logger.Debug("idle: the work inside keeps a sandbox awake", "sandbox", c.ID, "cpu", cpu)
 			}
 		}
 		last, idle, persist := t.judge(c)
@@ -192,18 +192,20 @@ func (t *Tracker) known(c Candidate, cfg WatchConfig) {
 	t.m[c.ID] = e
 }
 
-// sawCPU counts the CPU the work used since the last tick as a use, above BusyShare.
-func (t *Tracker) sawCPU(id string, cpu time.Duration) {
+// sawCPU counts the CPU the work used since the last tick as a use, above BusyShare, and
+// says whether it did.
+func (t *Tracker) sawCPU(id string, cpu time.Duration) (busy bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entry(id)
 	now := t.now()
 	if !e.cpuAt.IsZero() && cpu > e.cpu {
 		if dt := now.Sub(e.cpuAt); dt > 0 && float64(cpu-e.cpu) > BusyShare*float64(dt) {
-			e.last = now
+			e.last, busy = now, true
 		}
 	}
 	e.cpu, e.cpuAt = cpu, now
+	return busy
 }
 
 // judge says c's last use, whether it is idle for its timeout, and whether its last use is

@@ -83,26 +83,25 @@ func (s *Supervisor) PortConns() int {
 // so a served app and an exec run side by side; a sandbox that stops ends its connections.
 // ctx bounds the dial only. The connection counts against [PortLimits] until it is closed.
 func (s *Supervisor) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
-	agent, cfg, err := s.usedAgent(ctx, id)
+	// A dial is a use of a moment. The requests through a connection are the uses that last
+	// ([Supervisor.Use]): the port proxy keeps idle connections pooled, and a pooled
+	// connection that nothing uses must not keep its sandbox awake.
+	agent, err := s.runningAgent(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.ports.acquire(id); err != nil {
 		return nil, err
 	}
-	// An open port connection is a use until it closes: a sandbox serving a long download or
-	// a websocket does not fall asleep under it.
-	inUse := s.use(cfg)
 	conn, err := agent.DialPort(ctx, port)
 	if err != nil {
-		inUse()
 		s.ports.release(id)
 		if errcode.Of(err) == "" && ctx.Err() == nil {
 			return nil, errcode.Wrap(errcode.Internal, err, "Connecting to port %d of sandbox %s failed.", port, id)
 		}
 		return nil, err
 	}
-	return &countedConn{Conn: conn, release: func() { inUse(); s.ports.release(id) }}, nil
+	return &countedConn{Conn: conn, release: func() { s.ports.release(id) }}, nil
 }
 
 // countedConn gives its slot back once, at the first Close.

@@ -78,8 +78,25 @@ func (s *Supervisor) use(cfg *Config) (end func()) {
 	return s.activity.Begin(cfg.ID)
 }
 
+// sleepTimeout bounds a sleep's pause, as a pause request's default timeout would.
+const sleepTimeout = time.Minute
+
+// Use records a use of sandbox id that lasts until end is called (a proxied request, a port
+// tunnel), after waking the sandbox if it sleeps and its policy says so. A sandbox without a
+// sleep policy has no clock, and end does nothing. A request that reuses a pooled connection
+// to a port reaches no dial: it wakes the sandbox here.
+func (s *Supervisor) Use(ctx context.Context, id string) (end func(), err error) {
+	cfg, err := s.wakeIfAsleep(ctx, id)
+	if err != nil {
+		return func() {}, err
+	}
+	return s.use(cfg), nil
+}
+
 // Sleep puts a running sandbox to sleep: it pauses it, recording why.
 func (s *Supervisor) Sleep(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, sleepTimeout)
+	defer cancel()
 	_, err := s.pause(ctx, id, false, PauseIdle)
 	return err
 }

@@ -1,0 +1,120 @@
+package tests
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sleepyJSON is what the sleep tests read of a sandbox.
+type sleepyJSON struct {
+	State  string `json:"state"`
+	Asleep *bool  `json:"asleep"`
+}
+
+// createSleepy creates and starts sandbox id with an idle timeout of idleS seconds.
+func (d *daemon) createSleepy(id string, idleS int) {
+	d.t.Helper()
+	body := map[string]any{"id": id, "start": true, "sleep": map[string]any{"idle_timeout_seconds": idleS}}
+	decode[sandboxJSON](d.t, d.doJSON("POST", "/v1/sandboxes", body), 201)
+	d.t.Cleanup(func() {
+		d.doJSON("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+		d.doJSON("DELETE", "/v1/sandboxes/"+id, nil)
+	})
+}
+
+func (d *daemon) sleepy(id string) sleepyJSON {
+	d.t.Helper()
+	return decode[sleepyJSON](d.t, d.do("GET", "/v1/sandboxes/"+id, nil, nil), 200)
+}
+
+// waitAsleep waits until sandbox id is paused for idleness.
+func (d *daemon) waitAsleep(id string) {
+	d.t.Helper()
+	start := time.Now()
+	waitFor(d.t, 60*time.Second, id+" to fall asleep", func() bool {
+		s := d.sleepy(id)
+		return s.State == "paused" && s.Asleep != nil && *s.Asleep
+	})
+	d.t.Logf("%s fell asleep after %v", id, time.Since(start).Round(time.Millisecond))
+}
+
+// browserGet is a GET as a browser sends it, without the API's token (a link needs none).
+func (d *daemon) browserGet(path string) response {
+	d.t.Helper()
+	req, err := http.NewRequest("GET", d.URL+path, nil)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	req.Header.Set("User-Agent", "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0")
+	req.Header.Set("Accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+	req.Header.Set("Accept-Language", "en-GB,en;q=0.5")
+	req.Header.Set("Sec-Fetch-Mode", "navigate")
+	req.Header.Set("Sec-Fetch-Dest", "document")
+	resp, err := d.checkedClient(nil).Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
+// TestSleepAndWake: a sandbox with a short idle timeout falls asleep (paused, asleep, the
+// event sandbox.asleep) while the server in it waits; a browser's GET of a port link wakes it
+// (sandbox.awake) and gets the server's answer; asleep again, an exec wakes it; asleep again
+// and with bothyd killed and restarted, it is still asleep, and a port request wakes it. A
+// sandbox whose work keeps a CPU busy does not fall asleep meanwhile.
+func TestSleepAndWake(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	ev := d.subscribe("", false)
+
+	// Work inside keeps a sandbox awake (its policy does not ignore work).
+	d.createSleepy("busy", 2)
+	if got := d.exec("busy", map[string]any{"command": []string{"sh", "-c", "setsid timeout 300 sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"}}); got.ExitCode != 0 {
+		t.Fatalf("starting the burner: %+v", got)
+	}
+
+	d.createSleepy("nap", 2)
+	d.portService("nap")
+	link := decode[linkJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/ports/8000/links", map[string]any{"ttl_s": 600}), 201)
+
+	d.waitAsleep("nap")
+	ev.nextOf("sandbox.asleep")
+
+	r := d.browserGet(link.Path + "woken?by=link")
+	var e echoed
+	if err := json.Unmarshal(r.Body, &e); r.Status != 200 || err != nil || e.Path != "/woken?by=link" {
+		t.Fatalf("a browser's GET of the link to the sleeping sandbox: %d %s", r.Status, r.Body)
+	}
+	if s := d.sleepy("nap"); s.State != "running" || (s.Asleep != nil && *s.Asleep) {
+		t.Fatalf("after the link's request the sandbox is %+v, want running and awake", s)
+	}
+	if got := ev.nextOf("sandbox.awake"); got.Event.Sandbox == nil || *got.Event.Sandbox != "nap" {
+		t.Fatalf("the wake's event: %+v", got)
+	}
+
+	d.waitAsleep("nap")
+	if got := d.exec("nap", map[string]any{"command": []string{"echo", "awake"}}); got.ExitCode != 0 || strings.TrimSpace(got.Stdout) != "awake" {
+		t.Fatalf("an exec in the sleeping sandbox: %+v", got)
+	}
+
+	d.waitAsleep("nap")
+	d.Restart(true)
+	if s := d.sleepy("nap"); s.State != "paused" || s.Asleep == nil || !*s.Asleep {
+		t.Fatalf("after bothyd was killed and restarted the sleeping sandbox is %+v, want paused and asleep", s)
+	}
+	r = d.do("GET", "/v1/sandboxes/nap/ports/8000/after-restart", nil, nil)
+	if err := json.Unmarshal(r.Body, &e); r.Status != 200 || err != nil || e.Path != "/after-restart" {
+		t.Fatalf("a port request to the sleeping sandbox after the restart: %d %s", r.Status, r.Body)
+	}
+
+	if s := d.sleepy("busy"); s.State != "running" {
+		t.Errorf("the sandbox whose work kept a CPU busy is %+v, want running", s)
+	}
+}
