@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -117,4 +119,57 @@ func TestSleepAndWake(t *testing.T) {
 	if s := d.sleepy("busy"); s.State != "running" {
 		t.Errorf("the sandbox whose work kept a CPU busy is %+v, want running", s)
 	}
+}
+
+// BenchmarkWakeLatency times a port request to a paused sandbox whose policy wakes it: from
+// the request to the first byte of the service's answer, through the port proxy (the wake,
+// a resume, included), against the same request to the sandbox awake and a bare bwrap spawn,
+// interleaved in one loop so that the ratio is measured under one load of the machine.
+func BenchmarkWakeLatency(b *testing.B) {
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); the ratio needs it")
+	}
+	d := benchDaemon(b)
+	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "wake", "start": true,
+		"sleep": map[string]any{"idle_timeout_seconds": 3600}})
+	b.Cleanup(func() { d.dispose("wake") })
+	d.portService("wake")
+	firstByte := func(path string) time.Duration {
+		var first time.Time
+		req, err := http.NewRequest("GET", d.URL+path, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		authorize(req)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotFirstResponseByte: func() { first = time.Now() },
+		}))
+		t0 := time.Now()
+		resp, err := d.checkedClient(nil).Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("GET %s: %d", path, resp.StatusCode)
+		}
+		return first.Sub(t0)
+	}
+	var wake, awake, base latencies
+	for b.Loop() {
+		awake = append(awake, firstByte("/v1/sandboxes/wake/ports/8000/awake"))
+		d.mustStatus(200, "POST", "/v1/sandboxes/wake/pause", nil)
+		wake = append(wake, firstByte("/v1/sandboxes/wake/ports/8000/woken"))
+		t0 := time.Now()
+		if out, err := exec.Command(bwrap, bwrapArgs...).CombinedOutput(); err != nil {
+			b.Fatalf("bwrap: %v: %s", err, out)
+		}
+		base = append(base, time.Since(t0))
+	}
+	wake.report(b, "wake-")
+	awake.report(b, "awake-")
+	b.ReportMetric(base.median()*1000, "bwrap-median-ms")
+	b.ReportMetric(wake.median()/base.median(), "wake/bwrap")
 }
