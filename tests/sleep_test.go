@@ -82,6 +82,20 @@ func TestSleepAndWake(t *testing.T) {
 		t.Fatalf("starting the burner: %+v", got)
 	}
 
+	// The CLI's create sets the policy the API's does.
+	d.ctlOK("", "create", "cli", "--idle-timeout", "1h", "--no-wake")
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/cli", nil) })
+	type policyJSON struct {
+		Sleep *struct {
+			IdleTimeoutSeconds int  `json:"idle_timeout_seconds"`
+			AutoResume         bool `json:"auto_resume"`
+		} `json:"sleep"`
+	}
+	cli := decode[policyJSON](t, d.do("GET", "/v1/sandboxes/cli", nil, nil), 200)
+	if cli.Sleep == nil || cli.Sleep.IdleTimeoutSeconds != 3600 || cli.Sleep.AutoResume {
+		t.Errorf("bothy create --idle-timeout 1h --no-wake made the policy %+v", cli.Sleep)
+	}
+
 	d.createSleepy("nap", 2)
 	d.portService("nap")
 	link := decode[linkJSON](t, d.doJSON("POST", "/v1/sandboxes/nap/ports/8000/links", map[string]any{"ttl_s": 600}), 201)
