@@ -574,7 +574,9 @@ type CreateSandboxRequest struct {
 	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
 	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
 	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
-	// keeps running while it sleeps. See docs/design.md, "Sleep and wake".
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
 	Sleep *SleepPolicy `json:"sleep,omitempty"`
 
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
@@ -1408,7 +1410,9 @@ type Sandbox struct {
 	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
 	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
 	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
-	// keeps running while it sleeps. See docs/design.md, "Sleep and wake".
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
 	Sleep *SleepPolicy `json:"sleep,omitempty"`
 
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
@@ -1467,7 +1471,9 @@ type SandboxState string
 // wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
 // sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
 // end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
-// keeps running while it sleeps. See docs/design.md, "Sleep and wake".
+// keeps running while it sleeps. A microVM sleeps with its memory released (as
+// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+// docs/design.md, "Sleep and wake".
 type SleepPolicy struct {
 	// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
 	AutoResume *AutoResume `json:"auto_resume,omitempty"`

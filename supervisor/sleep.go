@@ -9,6 +9,7 @@ import (
 	"github.com/bothy/bothy/idle"
 	"github.com/bothy/bothy/platform"
 	"github.com/bothy/bothy/record"
+	"github.com/bothy/bothy/runtime"
 )
 
 // Sleep and wake (issue 41): a sandbox with a sleep policy (Config.Sleep) is paused, as
@@ -93,11 +94,18 @@ func (s *Supervisor) Use(ctx context.Context, id string) (end func(), err error)
 	return s.use(cfg), nil
 }
 
-// Sleep puts a running sandbox to sleep: it pauses it, recording why.
+// Sleep puts a running sandbox to sleep: it pauses it, recording why. A sandbox whose runtime
+// can release a paused sandbox's memory (a microVM, [runtime.MemoryReleaser]) sleeps with its
+// memory released, given back to the host until the wake restores it.
 func (s *Supervisor) Sleep(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, sleepTimeout)
 	defer cancel()
-	_, err := s.pause(ctx, id, false, PauseIdle)
+	p, err := s.sandboxPauser(id)
+	if err != nil {
+		return err
+	}
+	_, release := p.(runtime.MemoryReleaser)
+	_, err = s.pause(ctx, id, release, PauseIdle)
 	return err
 }
 

@@ -5,7 +5,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -186,4 +188,69 @@ func BenchmarkWakeLatency(b *testing.B) {
 	awake.report(b, "awake-")
 	b.ReportMetric(base.median()*1000, "bwrap-median-ms")
 	b.ReportMetric(wake.median()/base.median(), "wake/bwrap")
+}
+
+// TestMicroVMSleepsReleased: a microVM with a sleep policy sleeps with its memory released
+// (QEMU ended, its state saved, the shim alone left), and an exec wakes it: answered at once
+// if the restore is quick, else 503 sandbox-waking with Retry-After until it is done.
+func TestMicroVMSleepsReleased(t *testing.T) {
+	requireRoot(t)
+	vm := requireMicroVM(t)
+	newestCloudKernel(t)
+	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
+	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
+	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
+	if st := microvmStatus(t, d); st.State != "ready" {
+		t.Skipf("the microvm runtime is not ready here: %+v", st)
+	}
+	const id = "vmnap"
+	d.createVM(map[string]any{"id": id, "runtime": "microvm", "start": true, "resources": map[string]any{"memory_mb": 256},
+		"sleep": map[string]any{"idle_timeout_seconds": 3}})
+	waitFor(t, vmDeadline, "the microVM to fall asleep", func() bool {
+		s := d.sleepy(id)
+		return s.State == "paused" && s.Asleep != nil && *s.Asleep
+	})
+	dir := filepath.Join(d.Root, "sandboxes", id)
+	// The sandbox reads paused once its record is written; the release (the state saved,
+	// QEMU ended) follows.
+	waitFor(t, vmDeadline, "the sleeping microVM's memory to be released and its QEMU to end", func() bool {
+		if _, err := os.Stat(filepath.Join(dir, "memory", "memory.state")); err != nil {
+			return false
+		}
+		procs, err := vm.Processes(d.Root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, p := range procs {
+			if p.Dir == dir {
+				n++
+			}
+		}
+		return n == 1
+	})
+	d.wantOnlyShim(vm, dir)
+
+	var woke execJSON
+	waking := 0
+	waitFor(t, vmDeadline, "an exec to wake the microVM", func() bool {
+		r := d.vmDo("POST", "/v1/sandboxes/"+id+"/exec", jsonBody(t, map[string]any{"command": []string{"echo", "awake"}}))
+		if r.Status == http.StatusServiceUnavailable {
+			wantProblem(t, r, 503, "sandbox-waking")
+			if r.Header.Get("Retry-After") == "" {
+				t.Fatal("sandbox-waking without Retry-After")
+			}
+			waking++
+			return false
+		}
+		woke = decode[execJSON](t, r, 200)
+		return true
+	})
+	if strings.TrimSpace(woke.Stdout) != "awake" {
+		t.Fatalf("the exec that woke the microVM: %+v", woke)
+	}
+	t.Logf("the wake answered sandbox-waking %d times first", waking)
+	if _, err := os.Stat(filepath.Join(dir, "memory")); err == nil {
+		t.Fatal("the released memory is still there after the wake")
+	}
 }

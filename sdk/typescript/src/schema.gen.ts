@@ -1711,7 +1711,9 @@ export interface components {
          *     wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
          *     sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
          *     end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
-         *     keeps running while it sleeps. See docs/design.md, "Sleep and wake".
+         *     keeps running while it sleeps. A microVM sleeps with its memory released (as
+         *     `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+         *     docs/design.md, "Sleep and wake".
          */
         SleepPolicy: {
             idle_timeout_seconds: number;
