@@ -254,3 +254,75 @@ func TestMicroVMSleepsReleased(t *testing.T) {
 		t.Fatal("the released memory is still there after the wake")
 	}
 }
+
+// BenchmarkWakeLatencyMicroVM is BenchmarkWakeLatency for a microVM, whose sleep releases its
+// memory: each iteration pauses it as a sleep does (memory released, QEMU ended) and times a
+// GET through the port proxy to busybox httpd in the guest, from the request to the first
+// byte (the restore of the VM included), beside the same GET awake, a pause that keeps the
+// memory, and a bare bwrap spawn.
+func BenchmarkWakeLatencyMicroVM(b *testing.B) {
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Skip("bwrap is not installed (scripts/setup installs bubblewrap); the ratio needs it")
+	}
+	if _, err := os.Stat("/usr/bin/busybox"); err != nil {
+		b.Skip("the guest's web server is the host's /usr/bin/busybox, which is missing")
+	}
+	requireRoot(b)
+	vm := requireMicroVM(b)
+	d := startDaemon(b, withArgs("--log-level", "info", "--microvm-accel", vmAccel()))
+	b.Cleanup(func() { reapMicroVMs(b, vm, d.Root) })
+	waitFor(b, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(b, d).State != "probing" })
+	if st := microvmStatus(b, d); st.State != "ready" {
+		b.Skipf("the microvm runtime is not ready here: %+v", st)
+	}
+	b.Logf("microvm accelerator: %s", microvmStatus(b, d).Accelerator)
+	const id = "vmwake"
+	d.createVM(map[string]any{"id": id, "runtime": "microvm", "start": true, "resources": map[string]any{"memory_mb": 256},
+		"sleep": map[string]any{"idle_timeout_seconds": 3600}})
+	d.vmExec(id, "sh", "-c", "mkdir -p /tmp/www && echo ok > /tmp/www/index.html && setsid /usr/bin/busybox httpd -p 127.0.0.1:8000 -h /tmp/www </dev/null >/dev/null 2>&1 &")
+	waitFor(b, vmDeadline, "busybox httpd in the microVM to answer through the proxy", func() bool {
+		return d.do("GET", "/v1/sandboxes/"+id+"/ports/8000/", nil, nil).Status == 200
+	})
+	firstByte := func() time.Duration {
+		var first time.Time
+		req, err := http.NewRequest("GET", d.URL+"/v1/sandboxes/"+id+"/ports/8000/", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		authorize(req)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotFirstResponseByte: func() { first = time.Now() },
+		}))
+		t0 := time.Now()
+		resp, err := d.checkedClient(nil).Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("GET: %d", resp.StatusCode)
+		}
+		return first.Sub(t0)
+	}
+	var released, kept, awake, base latencies
+	for b.Loop() {
+		awake = append(awake, firstByte())
+		d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/pause", map[string]any{})
+		kept = append(kept, firstByte())
+		d.mustStatus(200, "POST", "/v1/sandboxes/"+id+"/pause?timeout=600000", map[string]any{"memory": "release"})
+		released = append(released, firstByte())
+		t0 := time.Now()
+		if out, err := exec.Command(bwrap, bwrapArgs...).CombinedOutput(); err != nil {
+			b.Fatalf("bwrap: %v: %s", err, out)
+		}
+		base = append(base, time.Since(t0))
+	}
+	released.report(b, "wake-released-")
+	kept.report(b, "wake-kept-")
+	awake.report(b, "awake-")
+	b.ReportMetric(base.median()*1000, "bwrap-median-ms")
+	b.ReportMetric(released.median()/base.median(), "wake-released/bwrap")
+	b.ReportMetric(kept.median()/base.median(), "wake-kept/bwrap")
+}
