@@ -109,14 +109,34 @@ func (s *Supervisor) Sleep(ctx context.Context, id string) error {
 	return err
 }
 
-// SleepCandidates lists the running, awake sandboxes with a sleep policy, for the idle watch.
-func (s *Supervisor) SleepCandidates() ([]idle.Candidate, error) {
-	list, err := s.List()
-	if err != nil {
-		return nil, err
+// noteSleeper records whether sandbox id has a sleep policy, from its configuration.
+func (s *Supervisor) noteSleeper(id string) {
+	cfg, err := s.store.ReadConfigUnlocked(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && cfg != nil && cfg.Sleep != nil {
+		s.sleepers[id] = true
+	} else {
+		delete(s.sleepers, id)
 	}
+}
+
+// SleepCandidates lists the running, awake sandboxes with a sleep policy, for the idle watch.
+// It reads those with a policy alone: the watch runs every second, and a listing of every
+// sandbox would cost it the whole state root's (230 ms at 4000 sandboxes).
+func (s *Supervisor) SleepCandidates() ([]idle.Candidate, error) {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.sleepers))
+	for id := range s.sleepers {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
 	var out []idle.Candidate
-	for _, st := range list {
+	for _, id := range ids {
+		st, err := s.Status(id)
+		if err != nil {
+			continue // deleted meanwhile: its delete forgets it
+		}
 		p := st.Config.Sleep
 		if p == nil || st.State != StateRunning || st.RuntimeMismatch {
 			continue

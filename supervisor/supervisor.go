@@ -130,6 +130,8 @@ type Supervisor struct {
 	// (sleep.go).
 	activity *idle.Tracker
 	wakes    map[string]*wake
+	// sleepers are the sandboxes with a sleep policy, which the idle watch looks at alone.
+	sleepers map[string]bool
 	// unreconciled are the sandboxes that the start-up reattach pass listed and nobody has
 	// reconciled since (see [Supervisor.StartReattach]); reconciled is closed when the pass
 	// ended (at once if there was none).
@@ -189,6 +191,7 @@ func New(opts Options) (*Supervisor, error) {
 		timers:        map[string]*time.Timer{},
 		activity:      idle.NewTracker(),
 		wakes:         map[string]*wake{},
+		sleepers:      map[string]bool{},
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
 		spares:        newSpareSet(opts.Spares),

@@ -70,7 +70,8 @@ func (d *daemon) browserGet(path string) response {
 // TestSleepAndWake: a sandbox with a short idle timeout falls asleep (paused, asleep, the
 // event sandbox.asleep) while the server in it waits; a browser's GET of a port link wakes it
 // (sandbox.awake) and gets the server's answer; asleep again, an exec wakes it; asleep again
-// and with bothyd killed and restarted, it is still asleep, and a port request wakes it. A
+// and with bothyd killed and restarted, it is still asleep, a port request wakes it, and it
+// falls asleep again under the restarted server. A
 // sandbox whose work keeps a CPU busy does not fall asleep meanwhile.
 func TestSleepAndWake(t *testing.T) {
 	requireRoot(t)
@@ -131,6 +132,8 @@ func TestSleepAndWake(t *testing.T) {
 	if err := json.Unmarshal(r.Body, &e); r.Status != 200 || err != nil || e.Path != "/after-restart" {
 		t.Fatalf("a port request to the sleeping sandbox after the restart: %d %s", r.Status, r.Body)
 	}
+	// The restarted server knows its policy: it falls asleep again.
+	d.waitAsleep("nap")
 
 	if s := d.sleepy("busy"); s.State != "running" {
 		t.Errorf("the sandbox whose work kept a CPU busy is %+v, want running", s)

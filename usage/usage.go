@@ -25,9 +25,9 @@ const (
 const minRateWindow = 100 * time.Millisecond
 
 // Supervisor is what the sampler reads: the sandboxes, and a sandbox's usage
-// ([supervisor.Supervisor.List] and [supervisor.Supervisor.Usage]).
+// ([supervisor.Supervisor.ListPage] and [supervisor.Supervisor.Usage]).
 type Supervisor interface {
-	List() ([]*supervisor.Status, error)
+	ListPage(after string, n int, keep func(*supervisor.Status) bool) ([]*supervisor.Status, bool, error)
 	Usage(id string) (*supervisor.Status, runtime.Usage, error)
 }
 
@@ -119,19 +119,17 @@ func (s *Sampler) Run(ctx context.Context) {
 // Tick takes one sample of every running sandbox (up to the cap) and forgets the sandboxes
 // that no longer run.
 func (s *Sampler) Tick() {
-	list, err := s.sup.List()
+	// The first MaxSandboxes running ones by id: a page reads the statuses up to them, not
+	// the whole state root's.
+	list, _, err := s.sup.ListPage("", s.cfg.MaxSandboxes, func(st *supervisor.Status) bool {
+		return st.State == supervisor.StateRunning || st.State == supervisor.StatePaused
+	})
 	if err != nil {
 		s.cfg.Logger.Warn("usage: the sandboxes do not list", "err", err)
 		return
 	}
 	live := map[string]bool{}
 	for _, st := range list {
-		if st.State != supervisor.StateRunning && st.State != supervisor.StatePaused {
-			continue
-		}
-		if len(live) >= s.cfg.MaxSandboxes {
-			break
-		}
 		live[st.Config.ID] = true
 		sm, err := s.read(st.Config.ID)
 		if err != nil {

@@ -18,16 +18,25 @@ type fakeSupervisor struct {
 	cpu   map[string]time.Duration
 }
 
-func (f *fakeSupervisor) List() ([]*supervisor.Status, error) {
+func (f *fakeSupervisor) ListPage(after string, n int, keep func(*supervisor.Status) bool) ([]*supervisor.Status, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []*supervisor.Status
 	for _, id := range []string{"a", "b", "c"} {
-		if st, ok := f.state[id]; ok {
-			out = append(out, &supervisor.Status{Config: supervisor.Config{ID: id}, State: st})
+		st, ok := f.state[id]
+		if !ok || id <= after {
+			continue
 		}
+		s := &supervisor.Status{Config: supervisor.Config{ID: id}, State: st}
+		if !keep(s) {
+			continue
+		}
+		if len(out) == n {
+			return out, true, nil
+		}
+		out = append(out, s)
 	}
-	return out, nil
+	return out, false, nil
 }
 
 func (f *fakeSupervisor) Usage(id string) (*supervisor.Status, runtime.Usage, error) {
