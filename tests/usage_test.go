@@ -50,13 +50,15 @@ func TestSandboxMetricsRise(t *testing.T) {
 	}
 
 	// A CPU burner, outside the exec's process group so that it outlives the exec.
+	// Its rate is judged against an idle sandbox's (about 0), not against a whole CPU: the
+	// host is shared, and the burner gets what the other load leaves it.
 	if got := d.exec("meter", map[string]any{"command": []string{"sh", "-c", "setsid sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"}}); got.ExitCode != 0 {
 		t.Fatalf("starting the burner: %+v", got)
 	}
 	var busy usageJSON
 	waitFor(t, 30*time.Second, "the burner's CPU time and rate to show", func() bool {
 		busy = d.usage("meter")
-		return busy.Current.CPUSeconds >= idle.Current.CPUSeconds+0.5 && busy.Current.CPURate != nil && *busy.Current.CPURate > 0.3
+		return busy.Current.CPUSeconds >= idle.Current.CPUSeconds+0.5 && busy.Current.CPURate != nil && *busy.Current.CPURate > 0.05
 	})
 	if busy.Current.Pids <= idle.Current.Pids {
 		t.Errorf("tasks did not rise with the burner: %d, idle %d", busy.Current.Pids, idle.Current.Pids)
