@@ -72,6 +72,15 @@ func (t *Tracker) Begin(id string) (end func()) {
 	}
 }
 
+// Idle reports whether sandbox id has nothing in flight and no use for timeout: the look a
+// sleep takes again under the sandbox's lock, after the watch's.
+func (t *Tracker) Idle(id string, timeout time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[id]
+	return e == nil || (e.busy == 0 && t.now().Sub(e.last) >= timeout)
+}
+
 // Forget drops what the tracker keeps of sandbox id (it was deleted, or no longer sleeps).
 func (t *Tracker) Forget(id string) {
 	t.mu.Lock()

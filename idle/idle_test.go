@@ -110,3 +110,22 @@ func TestTrackerResumesItsTimerAfterARestart(t *testing.T) {
 		t.Fatal("the restart restarted the idle timer instead of running it on")
 	}
 }
+
+func TestTrackerIdleLooksAgain(t *testing.T) {
+	t.Parallel()
+	ck := &clock{t: time.Unix(1000, 0)}
+	tr := newTracker(ck)
+	tr.Touch("a")
+	ck.add(10 * time.Second)
+	if !tr.Idle("a", 10*time.Second) {
+		t.Fatal("not idle 10 s after its last use")
+	}
+	end := tr.Begin("a") // a use that began after the watch judged it
+	if tr.Idle("a", 10*time.Second) {
+		t.Fatal("idle with a use in flight")
+	}
+	end()
+	if tr.Idle("a", 10*time.Second) {
+		t.Fatal("idle right after a use ended")
+	}
+}

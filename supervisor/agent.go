@@ -29,6 +29,13 @@ func (s *Supervisor) usedAgent(ctx context.Context, id string) (*control.Client,
 		return nil, nil, err
 	}
 	c, err := s.plainAgent(ctx, id)
+	if errcode.Of(err) == errcode.SandboxPaused && cfg != nil && cfg.Sleep != nil && cfg.Sleep.AutoResume {
+		// Put to sleep between the wake and the look: wake it once more.
+		if cfg, err = s.wakeIfAsleep(ctx, id); err != nil {
+			return nil, nil, err
+		}
+		c, err = s.plainAgent(ctx, id)
+	}
 	return c, cfg, err
 }
 

@@ -110,7 +110,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool, reason 
 	if release && !canRelease {
 		return nil, errcode.New(errcode.Unavailable, "Sandbox %s's runtime cannot release a paused sandbox's memory; pause it without \"memory\": \"release\".", id)
 	}
-	l, _, err := s.lockProvisioned(ctx, id)
+	l, cfg, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -118,6 +118,11 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool, reason 
 	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
+	}
+	// A sleep looks again under the lock: a use that began since the watch judged the sandbox
+	// idle keeps it awake (a use begins before it takes this lock, sleep.go).
+	if reason == PauseIdle && (cfg.Sleep == nil || !s.activity.Idle(id, time.Duration(cfg.Sleep.IdleTimeoutS)*time.Second)) {
+		return nil, errNotIdle
 	}
 	switch {
 	case r.mismatch:

@@ -79,6 +79,9 @@ func (s *Supervisor) use(cfg *Config) (end func()) {
 	return s.activity.Begin(cfg.ID)
 }
 
+// errNotIdle is a sleep called off: the sandbox was used since the watch judged it idle.
+var errNotIdle = errors.New("supervisor: the sandbox was used since it was judged idle")
+
 // sleepTimeout bounds a sleep's pause, as a pause request's default timeout would.
 const sleepTimeout = time.Minute
 
@@ -106,6 +109,9 @@ func (s *Supervisor) Sleep(ctx context.Context, id string) error {
 	}
 	_, release := p.(runtime.MemoryReleaser)
 	_, err = s.pause(ctx, id, release, PauseIdle)
+	if errors.Is(err, errNotIdle) {
+		return nil
+	}
 	return err
 }
 
@@ -218,6 +224,11 @@ func (s *Supervisor) startWake(id string) *wake {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w, ok := s.wakes[id]; ok {
+		return w
+	}
+	if s.closed {
+		w := &wake{done: make(chan struct{}), err: errcode.New(errcode.Unavailable, "The server is shutting down; retry once it is back.")}
+		close(w.done)
 		return w
 	}
 	w := &wake{done: make(chan struct{})}
