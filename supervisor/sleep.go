@@ -17,7 +17,7 @@ import (
 // keeps the clock, and its Watch calls [Supervisor.Sleep]); its pause record says why
 // (Reason [PauseIdle]), so a restart keeps it asleep. With AutoResume, the next request that
 // needs it (an exec, a stream, a file call, a port connection) wakes it: the request waits up
-// to [wakeWait] for the resume, which goes on without it, and is then served, or answered
+// to [defaultWakeWait] for the resume, which goes on without it, and is then served, or answered
 // sandbox-waking to retry.
 
 // PauseIdle is the pause record's Reason of a sandbox put to sleep.
@@ -39,11 +39,11 @@ const (
 // MaxIdleTimeoutS bounds a sleep policy's idle timeout: 30 days, as a lifetime.
 const MaxIdleTimeoutS = 30 * 24 * 3600
 
-// wakeWait is how long a request waits for the wake it caused; wakeTimeout how long the wake
-// itself may take (a microVM's release restores its memory).
+// defaultWakeWait is how long a request waits for the wake it caused (Supervisor.wakeWait);
+// wakeTimeout how long the wake itself may take (a microVM's release restores its memory).
 const (
-	wakeWait    = 20 * time.Second
-	wakeTimeout = 2 * time.Minute
+	defaultWakeWait = 20 * time.Second
+	wakeTimeout     = 2 * time.Minute
 )
 
 // wake is a wake under way, shared by every request that waits for it.
@@ -185,7 +185,7 @@ func (s *Supervisor) LastActivity(id string) (time.Time, bool) {
 }
 
 // wakeIfAsleep wakes sandbox id if it is paused and its policy says use wakes it, and waits
-// for the wake up to [wakeWait] (or ctx). It returns the sandbox's configuration, read
+// for the wake up to [defaultWakeWait] (or ctx). It returns the sandbox's configuration, read
 // without its lock (nil when it does not read: the caller's own look reports that).
 func (s *Supervisor) wakeIfAsleep(ctx context.Context, id string) (*Config, error) {
 	cfg, err := s.store.ReadConfigUnlocked(id)
@@ -195,13 +195,20 @@ func (s *Supervisor) wakeIfAsleep(ctx context.Context, id string) (*Config, erro
 	if cfg.Sleep == nil || !cfg.Sleep.AutoResume {
 		return cfg, nil
 	}
-	st, err := s.Status(id)
-	if err != nil || st.State != StatePaused {
-		return cfg, nil //nolint:nilerr // as above
+	// A wake under way is joined whatever the sandbox reads: its resume removes the pause
+	// record before it thaws, and a request must wait for the wake, not for its lock.
+	s.mu.Lock()
+	w, waking := s.wakes[id]
+	s.mu.Unlock()
+	if !waking {
+		st, err := s.Status(id)
+		if err != nil || st.State != StatePaused {
+			return cfg, nil //nolint:nilerr // as above
+		}
+		w = s.startWake(id)
 	}
 	s.activity.Touch(id)
-	w := s.startWake(id)
-	wait := time.NewTimer(wakeWait)
+	wait := time.NewTimer(s.wakeWait)
 	defer wait.Stop()
 	select {
 	case <-w.done:

@@ -1,10 +1,13 @@
 package supervisor
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/runtime"
 )
 
 // TestSleepRacesAUse: a sleep called while a use is in flight (an exec admitted after the
@@ -58,4 +61,64 @@ func TestSleepRacesAUse(t *testing.T) {
 	if _, err := s.AdmitExec(ctx, "nowake", 100*time.Millisecond); errcode.Of(err) != errcode.SandboxPaused {
 		t.Fatalf("an exec in a sleeping sandbox without auto_resume: %v, want sandbox-paused", err)
 	}
+}
+
+// slowThaw is the namespace runtime whose thaws wait until release is closed.
+type slowThaw struct {
+	runtime.Runtime
+	release chan struct{}
+}
+
+func (r slowThaw) pauser() runtime.Pauser              { return r.Runtime.(runtime.Pauser) }
+func (r slowThaw) PauseSupport() error                 { return r.pauser().PauseSupport() }
+func (r slowThaw) Frozen(id, dir string) (bool, error) { return r.pauser().Frozen(id, dir) }
+func (r slowThaw) Freeze(ctx context.Context, id, dir string) error {
+	return r.pauser().Freeze(ctx, id, dir)
+}
+func (r slowThaw) Thaw(ctx context.Context, id, dir string) error {
+	select {
+	case <-r.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return r.pauser().Thaw(ctx, id, dir)
+}
+
+// TestWakeTooSlowIsWaking: a request that wakes a sandbox whose wake outlasts the request's
+// wait answers sandbox-waking; the wake goes on, one for every request, and once it is done
+// a request is served.
+func TestWakeTooSlowIsWaking(t *testing.T) {
+	requireRoot(t)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	s, _ := openWithEvents(t, t.TempDir(), func(rt runtime.Runtime) runtime.Runtime { return slowThaw{Runtime: rt, release: release} })
+	t.Cleanup(func() { open(); s.Close() })
+	requirePause(t, s)
+	s.wakeWait = 50 * time.Millisecond
+	ctx := testContext(t)
+	if _, err := s.Create(ctx, CreateRequest{ID: "slow", Start: true, Sleep: &SleepPolicy{IdleTimeoutS: 3600, AutoResume: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := s.AdmitExec(ctx, "slow", time.Second); errcode.Of(err) != errcode.SandboxWaking {
+			t.Fatalf("an exec whose wake outlasts its wait: %v, want sandbox-waking", err)
+		}
+	}
+	s.mu.Lock()
+	wakes := len(s.wakes)
+	s.mu.Unlock()
+	if wakes != 1 {
+		t.Fatalf("%d wakes under way, want the one the requests share", wakes)
+	}
+	open()
+	s.wakeWait = defaultWakeWait
+	a, err := s.AdmitExec(ctx, "slow", time.Second)
+	if err != nil {
+		t.Fatalf("an exec once the wake is done: %v", err)
+	}
+	a.Release()
 }

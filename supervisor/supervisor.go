@@ -132,6 +132,8 @@ type Supervisor struct {
 	wakes    map[string]*wake
 	// sleepers are the sandboxes with a sleep policy, which the idle watch looks at alone.
 	sleepers map[string]bool
+	// wakeWait is how long a request waits for a wake (defaultWakeWait; shorter in tests).
+	wakeWait time.Duration
 	// unreconciled are the sandboxes that the start-up reattach pass listed and nobody has
 	// reconciled since (see [Supervisor.StartReattach]); reconciled is closed when the pass
 	// ended (at once if there was none).
@@ -192,6 +194,7 @@ func New(opts Options) (*Supervisor, error) {
 		activity:      idle.NewTracker(),
 		wakes:         map[string]*wake{},
 		sleepers:      map[string]bool{},
+		wakeWait:      defaultWakeWait,
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
 		spares:        newSpareSet(opts.Spares),
