@@ -121,7 +121,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool, reason 
 	}
 	// A sleep looks again under the lock: a use that began since the watch judged the sandbox
 	// idle keeps it awake (a use begins before it takes this lock, sleep.go).
-	if reason == PauseIdle && (cfg.Sleep == nil || !s.activity.Idle(id, time.Duration(cfg.Sleep.IdleTimeoutS)*time.Second)) {
+	if s.sleepCalledOff(reason, cfg) {
 		return nil, errNotIdle
 	}
 	switch {
@@ -181,10 +181,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool, reason 
 		}
 		return nil, err
 	}
-	s.emit(Event{Type: EventPaused, Sandbox: id, State: StatePaused})
-	if reason == PauseIdle {
-		s.emit(Event{Type: EventAsleep, Sandbox: id, State: StatePaused})
-	}
+	s.emitPaused(id, reason)
 	return s.Status(id)
 }
 

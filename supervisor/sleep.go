@@ -82,6 +82,23 @@ func (s *Supervisor) use(cfg *Config) (end func()) {
 // errNotIdle is a sleep called off: the sandbox was used since the watch judged it idle.
 var errNotIdle = errors.New("supervisor: the sandbox was used since it was judged idle")
 
+// sleepCalledOff says a pause for reason is a sleep of the sandbox cfg configures that must
+// not happen: it no longer has a policy, or it was used since the watch judged it idle.
+func (s *Supervisor) sleepCalledOff(reason string, cfg *Config) bool {
+	if reason != PauseIdle {
+		return false
+	}
+	return cfg.Sleep == nil || !s.activity.Idle(cfg.ID, time.Duration(cfg.Sleep.IdleTimeoutS)*time.Second)
+}
+
+// emitPaused tells of a pause, and of a sleep when it is one.
+func (s *Supervisor) emitPaused(id, reason string) {
+	s.emit(Event{Type: EventPaused, Sandbox: id, State: StatePaused})
+	if reason == PauseIdle {
+		s.emit(Event{Type: EventAsleep, Sandbox: id, State: StatePaused})
+	}
+}
+
 // sleepTimeout bounds a sleep's pause, as a pause request's default timeout would.
 const sleepTimeout = time.Minute
 
