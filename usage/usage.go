@@ -102,17 +102,19 @@ func New(sup Supervisor, cfg Config) *Sampler {
 // Interval is the time between two samples of the history.
 func (s *Sampler) Interval() time.Duration { return s.cfg.Interval }
 
-// Run samples every running sandbox at each interval until ctx ends.
+// Run samples every running sandbox at each interval until ctx ends. The first sample is
+// one interval after the start: a status read right away would reconcile sandboxes beside
+// the start-up reattach pass, and compete with it.
 func (s *Sampler) Run(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
-		s.Tick()
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		s.Tick()
 	}
 }
 
