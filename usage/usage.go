@@ -44,6 +44,9 @@ type Config struct {
 // Sample is one reading of a sandbox's usage.
 type Sample struct {
 	At time.Time
+	// Launched is when the launch measured started: a sample of another launch starts the
+	// CPU time (and its rate) afresh.
+	Launched time.Time
 	// CPU is the CPU time used since the launch; CPURate the CPUs used on average since the
 	// reading before (HasRate false for a first reading). CPUApproximate: see
 	// platform.CgroupUsage. VCPUs is the sandbox's CPU limit in whole CPUs.
@@ -223,6 +226,18 @@ func (s *Sampler) read(id string) (Sample, error) {
 		s.tracked[id] = tr
 	}
 	prev := tr.last
+	if st.StartedAt != nil {
+		sm.Launched = *st.StartedAt
+	}
+	if !prev.Launched.Equal(sm.Launched) {
+		prev = Sample{} // another launch: its CPU time starts at 0
+	}
+	// A CPU time summed from the processes (CPUApproximate) can dip when a process is reaped
+	// while it is read; the CPU time is a counter (bothy_sandbox_cpu_seconds_total), and a
+	// counter that goes back reads as a reset, so it holds at the last until it is passed.
+	if sm.CPUApproximate && !prev.At.IsZero() && sm.CPU < prev.CPU {
+		sm.CPU = prev.CPU
+	}
 	dt := sm.At.Sub(prev.At)
 	switch {
 	case prev.At.IsZero():
@@ -232,8 +247,6 @@ func (s *Sampler) read(id string) (Sample, error) {
 		// last reading stays the start of the next window.
 		sm.CPURate, sm.HasRate = prev.CPURate, prev.HasRate
 	default:
-		// An approximate CPU time (cgroup v1 without cpuacct) drops when a process exits
-		// unreaped by the sandbox: that window's rate is unknown, and read as 0.
 		sm.HasRate = true
 		if sm.CPU > prev.CPU {
 			sm.CPURate = (sm.CPU - prev.CPU).Seconds() / dt.Seconds()

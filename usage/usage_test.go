@@ -16,6 +16,9 @@ type fakeSupervisor struct {
 	mu    sync.Mutex
 	state map[string]supervisor.State
 	cpu   map[string]time.Duration
+	// approximate and started are every sandbox's CPUApproximate and launch start.
+	approximate bool
+	started     time.Time
 }
 
 func (f *fakeSupervisor) ListPage(after string, n int, keep func(*supervisor.Status) bool) ([]*supervisor.Status, bool, error) {
@@ -47,8 +50,9 @@ func (f *fakeSupervisor) Usage(id string) (*supervisor.Status, runtime.Usage, er
 		return nil, runtime.Usage{}, errcode.New(errcode.NotRunning, "not running")
 	}
 	var u runtime.Usage
-	u.CPU, u.MemoryBytes, u.Pids = f.cpu[id], 1<<20, 2
-	return &supervisor.Status{Config: supervisor.Config{ID: id}, State: st}, u, nil
+	u.CPU, u.MemoryBytes, u.Pids, u.CPUApproximate = f.cpu[id], 1<<20, 2, f.approximate
+	started := f.started
+	return &supervisor.Status{Config: supervisor.Config{ID: id}, State: st, StartedAt: &started}, u, nil
 }
 
 func (f *fakeSupervisor) set(id string, st supervisor.State, cpu time.Duration) {
@@ -123,5 +127,27 @@ func TestSamplerRate(t *testing.T) {
 	third, _, _ := s.Read("a")
 	if third.CPURate != second.CPURate {
 		t.Fatalf("a reading within the window has rate %.3f, want the last %.3f", third.CPURate, second.CPURate)
+	}
+}
+
+// TestSamplerApproximateCPUIsACounter: a summed CPU time that dips holds at the last reading
+// (it is exported as a counter), and a new launch starts it afresh.
+func TestSamplerApproximateCPUIsACounter(t *testing.T) {
+	t.Parallel()
+	f := &fakeSupervisor{state: map[string]supervisor.State{}, cpu: map[string]time.Duration{}, approximate: true, started: time.Unix(100, 0)}
+	f.set("a", supervisor.StateRunning, 3*time.Second)
+	s := New(f, Config{})
+	if _, _, err := s.Read("a"); err != nil {
+		t.Fatal(err)
+	}
+	f.set("a", supervisor.StateRunning, 2*time.Second) // a process reaped as it was read
+	if sm, _, _ := s.Read("a"); sm.CPU != 3*time.Second {
+		t.Fatalf("a dip read %v, want the last 3s held", sm.CPU)
+	}
+	f.mu.Lock()
+	f.started = time.Unix(200, 0) // stopped and started again
+	f.mu.Unlock()
+	if sm, _, _ := s.Read("a"); sm.CPU != 2*time.Second || sm.HasRate {
+		t.Fatalf("a new launch read %v (rate %v), want its own 2s and no rate yet", sm.CPU, sm.HasRate)
 	}
 }
