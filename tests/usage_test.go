@@ -21,6 +21,8 @@ type usageJSON struct {
 		Pids             int64    `json:"pids"`
 		DiskUsedBytes    *int64   `json:"disk_used_bytes"`
 		DiskLimitBytes   *int64   `json:"disk_limit_bytes"`
+		NetInBytes       *int64   `json:"net_in_bytes"`
+		NetOutBytes      *int64   `json:"net_out_bytes"`
 	} `json:"current"`
 	History []struct {
 		CPUSeconds float64 `json:"cpu_seconds"`
