@@ -45,6 +45,9 @@ const (
 	TemplateTombstoned Code = "template-tombstoned"
 	TemplateIneligible Code = "template-ineligible"
 	SandboxPaused      Code = "sandbox-paused" // exec, files and streams wait for a resume
+	// SandboxWaking: a sleeping sandbox that the request woke did not finish waking within
+	// the request's wait; the wake goes on, and a retry is served (503 with Retry-After).
+	SandboxWaking Code = "sandbox-waking"
 
 	SandboxBusy          Code = "sandbox-busy"
 	TransitionInProgress Code = "transition-in-progress"

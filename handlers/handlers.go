@@ -12,6 +12,7 @@ import (
 	"github.com/bothy/bothy/openapi"
 	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/usage"
 )
 
 // The handlers must implement every operation of the contract, and the supervisor must be
@@ -111,6 +112,8 @@ type Config struct {
 	Links *portlink.Store
 	// Webhooks, if set, keeps the webhooks; nil answers their routes not-implemented.
 	Webhooks Webhooks
+	// Usage, if set, answers GET /v1/sandboxes/{id}/metrics; nil answers it not-implemented.
+	Usage *usage.Sampler
 }
 
 // Handlers implements openapi.StrictServerInterface.
@@ -153,6 +156,7 @@ func (h *Handlers) GetHealth(context.Context, openapi.GetHealthRequestObject) (o
 var EventTypes = []string{
 	supervisor.EventCreated, supervisor.EventStarted, supervisor.EventStopped, supervisor.EventExited,
 	supervisor.EventDeleted, supervisor.EventPaused, supervisor.EventResumed, supervisor.EventExpired,
+	supervisor.EventAsleep, supervisor.EventAwake,
 	supervisor.EventCaptured, supervisor.EventTombstoned, supervisor.EventRetired,
 	supervisor.EventAcquired, supervisor.EventReleased, supervisor.EventProgress,
 	supervisor.EventImagePullProgress, supervisor.EventImagePulled, supervisor.EventImageImported,

@@ -56,6 +56,10 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 		seconds = *body.TimeoutS
 	}
 	creq.Lifetime = lifetime(seconds, body.OnTimeout)
+	if p := body.Sleep; p != nil {
+		creq.Sleep = &supervisor.SleepPolicy{IdleTimeoutS: p.IdleTimeoutSeconds, AutoResume: p.AutoResume == nil || *p.AutoResume,
+			IgnoreWork: p.IdleIgnoresWork != nil && *p.IdleIgnoresWork}
+	}
 	if body.Runtime != nil {
 		creq.Runtime = string(*body.Runtime)
 		if *body.Runtime != openapi.RuntimeKindNamespace {
@@ -266,6 +270,11 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 	if st.OnTimeout != "" {
 		on := openapi.OnTimeout(st.OnTimeout)
 		sb.OnTimeout = &on
+	}
+	if p := c.Sleep; p != nil {
+		sb.Sleep = &openapi.SleepPolicy{IdleTimeoutSeconds: p.IdleTimeoutS, AutoResume: &p.AutoResume, IdleIgnoresWork: &p.IgnoreWork}
+		asleep := st.Asleep
+		sb.Asleep = &asleep
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}

@@ -445,6 +445,9 @@ type AbsolutePath = string
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
 
+// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+type AutoResume = bool
+
 // Bounds What clients may hold open at once, so that no sandbox and no crowd of clients can
 // exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
 // sandbox-busy`; past a server-wide one, `503 unavailable`; both say to retry.
@@ -561,6 +564,21 @@ type CreateSandboxRequest struct {
 	// address of its own.
 	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
 	Start *StartOnCreate `json:"start,omitempty"`
@@ -616,6 +634,8 @@ type ErrorCode = string
 //   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
 //     `exit`;
 //   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+//   - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
+//     (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
 //   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
 //     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -895,6 +915,9 @@ type HostFirewall struct {
 
 // HostFirewallState defines model for HostFirewall.State.
 type HostFirewallState string
+
+// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+type IdleIgnoresWork = bool
 
 // Image defines model for Image.
 type Image struct {
@@ -1336,7 +1359,10 @@ type RuntimeStatusState string
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
 	// Address The sandbox's own address, while it runs with a network interface.
-	Address   *string   `json:"address,omitempty"`
+	Address *string `json:"address,omitempty"`
+
+	// Asleep The sandbox is `paused` because it was idle for its `sleep.idle_timeout_seconds`.
+	Asleep    *bool     `json:"asleep,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
@@ -1393,6 +1419,21 @@ type Sandbox struct {
 	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
 	Runtime RuntimeKind `json:"runtime"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
 	// linger until bothyd has reconciled a run that ended by itself): how the last run
 	// ended, and when, is `last_exit`.
@@ -1421,11 +1462,45 @@ type SandboxList struct {
 	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
+// SandboxMetrics defines model for SandboxMetrics.
+type SandboxMetrics struct {
+	Current UsageSample `json:"current"`
+
+	// History The server's samples, oldest first (empty for a sandbox beyond the cap, or one it has not sampled yet).
+	History []UsageSample `json:"history"`
+	ID      string        `json:"id"`
+
+	// IntervalMs The time between two samples of `history`.
+	IntervalMs int64 `json:"interval_ms"`
+}
+
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
 // `running`: its agent answers; `paused`: running, with every process frozen (see
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
 // `last_exit`).
 type SandboxState string
+
+// SleepPolicy Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+// as a use until it closes), and no work inside using more than 2% of a CPU unless
+// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+// keeps running while it sleeps. A microVM sleeps with its memory released (as
+// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+// docs/design.md, "Sleep and wake".
+type SleepPolicy struct {
+	// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+	AutoResume *AutoResume `json:"auto_resume,omitempty"`
+
+	// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+	IdleIgnoresWork    *IdleIgnoresWork `json:"idle_ignores_work,omitempty"`
+	IdleTimeoutSeconds int              `json:"idle_timeout_seconds"`
+}
 
 // StartOnCreate Also start the sandbox before answering. The create is then all or nothing: a
 // start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -1518,6 +1593,44 @@ type TimeoutRequest struct {
 //
 // Example: 0077
 type Umask = string
+
+// UsageSample defines model for UsageSample.
+type UsageSample struct {
+	At time.Time `json:"at"`
+
+	// CPUApproximate `cpu_seconds` is summed from the sandbox's live processes and the children they
+	// reaped (a cgroup v1 host whose cpuacct controller is not mounted with cpu).
+	CPUApproximate *bool `json:"cpu_approximate,omitempty"`
+
+	// CPURate CPUs used on average since the reading before (1.0: one CPU busy); absent on a
+	// first reading.
+	CPURate *float64 `json:"cpu_rate,omitempty"`
+
+	// CPUSeconds CPU time used since the launch.
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	DiskLimitBytes *int64  `json:"disk_limit_bytes,omitempty"`
+
+	// DiskUsedBytes What the sandbox's own disk holds on the host (its sparse image's blocks); absent without a disk of its own.
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	MemoryBytes   int64  `json:"memory_bytes"`
+
+	// MemoryLimitBytes 0 without a limit.
+	MemoryLimitBytes *int64 `json:"memory_limit_bytes,omitempty"`
+
+	// MemoryPeakBytes The most memory charged since the launch, where the kernel says (Linux 5.19+ on cgroup v2).
+	MemoryPeakBytes *int64 `json:"memory_peak_bytes,omitempty"`
+
+	// NetInBytes Bytes that arrived at the sandbox's interface; absent without a network.
+	NetInBytes  *int64 `json:"net_in_bytes,omitempty"`
+	NetOutBytes *int64 `json:"net_out_bytes,omitempty"`
+	Pids        int64  `json:"pids"`
+
+	// PidsLimit 0 for the server's default.
+	PidsLimit *int64 `json:"pids_limit,omitempty"`
+
+	// Vcpus The sandbox's CPU limit in whole CPUs (0 for the server's default).
+	Vcpus *int `json:"vcpus,omitempty"`
+}
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
@@ -2007,6 +2120,9 @@ type ServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
 	// SetSandboxNetwork Replace a sandbox's egress policy
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams)
@@ -2181,6 +2297,12 @@ func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id Sand
 // GetSandboxLogs Read the sandbox's console log
 // (GET /v1/sandboxes/{id}/logs)
 func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetSandboxMetrics What a running sandbox uses, now and lately
+// (GET /v1/sandboxes/{id}/metrics)
+func (_ Unimplemented) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2952,6 +3074,32 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandboxLogs(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxMetrics(w, r, id)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4101,6 +4249,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/resume", wrapper.ResumeSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/metrics", wrapper.GetSandboxMetrics)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/timeout", wrapper.SetSandboxTimeout)
@@ -5953,6 +6104,22 @@ func (response ExecCommand501ApplicationProblemPlusJSONResponse) VisitExecComman
 	return err
 }
 
+type ExecCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ExecCommand503ApplicationProblemPlusJSONResponse) VisitExecCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RemoveFileRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params RemoveFileParams
@@ -6097,6 +6264,22 @@ func (response RemoveFile501ApplicationProblemPlusJSONResponse) VisitRemoveFileR
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RemoveFile503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response RemoveFile503ApplicationProblemPlusJSONResponse) VisitRemoveFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6257,6 +6440,22 @@ func (response ReadFile501ApplicationProblemPlusJSONResponse) VisitReadFileRespo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReadFile503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ReadFile503ApplicationProblemPlusJSONResponse) VisitReadFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6612,6 +6811,22 @@ func (response ListFiles501ApplicationProblemPlusJSONResponse) VisitListFilesRes
 	return err
 }
 
+type ListFiles503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles503ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxLogsRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params GetSandboxLogsParams
@@ -6727,6 +6942,159 @@ func (response GetSandboxLogs501ApplicationProblemPlusJSONResponse) VisitGetSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetricsRequestObject struct {
+	ID SandboxIDPath `json:"id"`
+}
+
+type GetSandboxMetricsResponseObject interface {
+	VisitGetSandboxMetricsResponse(w http.ResponseWriter) error
+}
+
+type GetSandboxMetrics200JSONResponse SandboxMetrics
+
+func (response GetSandboxMetrics200JSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics400ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics401ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics403ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics404ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics409ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics500ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics501ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics503ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -10323,6 +10691,9 @@ type StrictServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(ctx context.Context, request GetSandboxMetricsRequestObject) (GetSandboxMetricsResponseObject, error)
 	// SetSandboxNetwork Replace a sandbox's egress policy
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
@@ -10893,6 +11264,32 @@ func (sh *strictHandler) GetSandboxLogs(w http.ResponseWriter, r *http.Request, 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetSandboxLogsResponseObject); ok {
 		if err := validResponse.VisitGetSandboxLogsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetSandboxMetrics operation middleware
+func (sh *strictHandler) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
+	var request GetSandboxMetricsRequestObject
+
+	request.ID = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetSandboxMetrics(ctx, request.(GetSandboxMetricsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetSandboxMetrics")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetSandboxMetricsResponseObject); ok {
+		if err := validResponse.VisitGetSandboxMetricsResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -60,6 +60,7 @@ var statusOfCode = map[string]int{
 	"template-tombstoned": 409,
 	"template-ineligible": 409,
 	"sandbox-paused":      409,
+	"sandbox-waking":      503,
 	"pids-limit":          409,
 
 	"sandbox-busy":           423,

@@ -51,3 +51,5 @@ const (
 func (c *Cgroup) OpenLeaf() (*os.File, error)                     { return nil, ErrUnsupported }
 func (c *Cgroup) SplitV2(owner int) (*os.File, error)             { return nil, ErrUnsupported }
 func (c *Cgroup) SettleV2(pid, pids int, memoryBytes int64) error { return ErrUnsupported }
+
+func (c *Cgroup) Usage() (CgroupUsage, error) { return CgroupUsage{}, ErrUnsupported }

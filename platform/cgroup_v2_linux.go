@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -334,4 +335,28 @@ func (c *Cgroup) SettleV2(pid, pids int, memoryBytes int64) error {
 		}
 	}
 	return writeCgroupFile(workloads, "pids.max", strconv.Itoa(pids))
+}
+
+// usage reads cpu.stat's usage_usec, memory.current, memory.peak (Linux 5.19+, optional),
+// memory.max and pids.current of the sandbox's cgroup, which count its children too.
+func (d *cgroupV2) usage() (CgroupUsage, error) {
+	var u CgroupUsage
+	b, err := os.ReadFile(filepath.Join(d.dir, "cpu.stat"))
+	if err != nil {
+		return u, err
+	}
+	u.CPU = time.Duration(keyedCounter(b, "usage_usec")) * time.Microsecond
+	if u.MemoryBytes, err = readCgroupInt(d.dir, "memory.current"); err != nil {
+		return u, err
+	}
+	if u.MemoryLimitBytes, err = readCgroupInt(d.dir, "memory.max"); err != nil {
+		return u, err
+	}
+	if peak, err := readCgroupInt(d.dir, "memory.peak"); err == nil {
+		u.MemoryPeakBytes, u.HasMemoryPeak = peak, true
+	}
+	if u.Pids, err = readCgroupInt(d.dir, "pids.current"); err != nil {
+		return u, err
+	}
+	return u, nil
 }

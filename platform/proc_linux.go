@@ -23,6 +23,9 @@ type procStat struct {
 	State     byte
 	PPid      int
 	StartTime uint64
+	// CPUTicks is utime, stime, cutime and cstime (fields 14-17) added: the CPU time, in
+	// clock ticks, of the process and of the children it reaped.
+	CPUTicks uint64
 }
 
 // parseStat parses the contents of /proc/<pid>/stat. The second field (comm) is the
@@ -51,7 +54,17 @@ func parseStat(b []byte) (procStat, error) {
 	if err != nil {
 		return procStat{}, fmt.Errorf("platform: malformed start time: %w", err)
 	}
-	return procStat{State: fields[0][0], PPid: ppid, StartTime: start}, nil
+	var ticks uint64
+	for _, f := range fields[11:15] { // utime, stime, cutime, cstime
+		n, err := strconv.ParseInt(string(f), 10, 64)
+		if err != nil {
+			return procStat{}, fmt.Errorf("platform: malformed CPU time: %w", err)
+		}
+		if n > 0 {
+			ticks += uint64(n)
+		}
+	}
+	return procStat{State: fields[0][0], PPid: ppid, StartTime: start, CPUTicks: ticks}, nil
 }
 
 func readStat(pid int) (procStat, error) {

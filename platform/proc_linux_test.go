@@ -33,7 +33,8 @@ func TestParseStat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.StartTime != 424242 || st.PPid != 1 || st.State != 'S' {
+			// utime 11, stime 12, cutime 13, cstime 14.
+			if st.StartTime != 424242 || st.PPid != 1 || st.State != 'S' || st.CPUTicks != 50 {
 				t.Fatalf("got %+v", st)
 			}
 		})

@@ -231,3 +231,16 @@ func TestAccessLogRedactsEnv(t *testing.T) {
 		t.Fatalf("the access log does not name the redacted variable:\n%s", logs)
 	}
 }
+
+// TestWakingSaysWhenToRetry: sandbox-waking is a 503 with Retry-After, as a client's retry
+// loop (and a browser) reads it.
+func TestWakingSaysWhenToRetry(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestServer(t, Config{})
+	rec := httptest.NewRecorder()
+	s.writeProblem(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/a1/ports/80/", nil),
+		errcode.New(errcode.SandboxWaking, "Sandbox a1 is waking from its sleep; retry in a few seconds."))
+	if p := decodeProblem(t, rec); rec.Code != 503 || p.Code != "sandbox-waking" || rec.Header().Get("Retry-After") != wakeRetryAfter {
+		t.Fatalf("got %d %q Retry-After %q", rec.Code, p.Code, rec.Header().Get("Retry-After"))
+	}
+}

@@ -79,7 +79,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		}
 	}
 	add("sandboxes", c.createCommand(), c.listCommand(), c.inspectCommand(), c.startCommand(), c.stopCommand(),
-		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand())
+		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand(), c.metricsCommand())
 	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand())
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
 	add("images", c.imageCommand(), c.pullCommand())

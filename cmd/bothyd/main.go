@@ -28,6 +28,7 @@ import (
 	"github.com/bothy/bothy/e2b"
 	"github.com/bothy/bothy/events"
 	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/idle"
 	"github.com/bothy/bothy/internal/ratelog"
 	"github.com/bothy/bothy/internal/systemd"
 	"github.com/bothy/bothy/metrics"
@@ -38,6 +39,7 @@ import (
 	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/store/template"
 	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/usage"
 	"github.com/bothy/bothy/web"
 )
 
@@ -78,11 +80,14 @@ type options struct {
 	insecureNoAuth bool
 	logFormat      string
 	logLevel       string
-	allowedOrigins stringList
-	templateMaxAge time.Duration
-	runtime        *runtimeOptions
-	defaultDiskMB  int
-	defaultTimeout int // seconds
+	// sandboxMetrics exports per-sandbox series on /metrics, at most sandboxMetricsMax.
+	sandboxMetrics    bool
+	sandboxMetricsMax int
+	allowedOrigins    stringList
+	templateMaxAge    time.Duration
+	runtime           *runtimeOptions
+	defaultDiskMB     int
+	defaultTimeout    int // seconds
 	// spares is how many started sandboxes are kept ready for creates (supervisor/spares.go);
 	// sparesExplicit says the operator chose it.
 	spares         int
@@ -114,6 +119,9 @@ const defaultSpares = 2
 
 // maxSpares bounds --spares: a spare is a running sandbox.
 const maxSpares = 64
+
+// defaultSandboxMetricsMax bounds the sandbox label of --sandbox-metrics' series by default.
+const defaultSandboxMetricsMax = 100
 
 type stringList []string
 
@@ -161,6 +169,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("BOTHY_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env BOTHY_NETWORK_UPLINK); default: any interface that is not a sandbox's")
 	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("BOTHY_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env BOTHY_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
 	fs.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", os.Getenv("BOTHY_WEBHOOK_ALLOW_PRIVATE") == "1", "let webhook deliveries reach loopback, link-local, private (RFC 1918, ULA) and sandbox addresses, for receivers on this host or its network (env BOTHY_WEBHOOK_ALLOW_PRIVATE=1); default: only public addresses, checked on the address connected to")
+	fs.BoolVar(&o.sandboxMetrics, "sandbox-metrics", os.Getenv("BOTHY_SANDBOX_METRICS") == "1", "export each running sandbox's usage on /metrics as series labelled by its id (env BOTHY_SANDBOX_METRICS=1); off by default: the series grow with the sandboxes")
+	fs.IntVar(&o.sandboxMetricsMax, "sandbox-metrics-max", defaultSandboxMetricsMax, "the most sandboxes --sandbox-metrics exports, the first by id; bothy_sandbox_series_truncated says when more ran")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -178,6 +188,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { o.sparesExplicit = o.sparesExplicit || f.Name == "spares" })
 	if o.spares < 0 || o.spares > maxSpares {
 		return nil, fmt.Errorf("--spares %d: want 0 (none) to %d", o.spares, maxSpares)
+	}
+	if o.sandboxMetricsMax < 1 || o.sandboxMetricsMax > 10000 {
+		return nil, fmt.Errorf("--sandbox-metrics-max %d: want 1 to 10000", o.sandboxMetricsMax)
 	}
 	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
 		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
@@ -353,6 +366,19 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	sup.StartSpares()
+	// Every running sandbox's usage, sampled at a fixed interval with a bounded history, for
+	// GET /v1/sandboxes/{id}/metrics, E2B's metrics and (with --sandbox-metrics) /metrics.
+	sampler := usage.New(sup, usage.Config{Traffic: netw.traffic(), Logger: log})
+	go sampler.Run(ctx)
+	if o.sandboxMetrics {
+		mx.WatchUsage(sampler, o.sandboxMetricsMax)
+	}
+	// Sleep and wake: sandboxes with a sleep policy are paused once idle for their timeout
+	// (idle, and the supervisor's sleep.go); a request that needs one wakes it.
+	go sup.Activity().Watch(ctx, idle.WatchConfig{
+		Candidates: sup.SleepCandidates, CPU: sup.SleepCPU, Sleep: sup.Sleep,
+		Persist: sup.RecordActivity, Load: sup.LastActivity, Logger: log,
+	})
 	links, idem, err := openRecords(o.root, log)
 	if err != nil {
 		return err
@@ -378,6 +404,7 @@ func serve(o *options, log *slog.Logger) error {
 		NoFileLimit:      noFile,
 		Links:            links,
 		Webhooks:         hooks,
+		Usage:            sampler,
 	})
 	if err != nil {
 		return err
@@ -387,7 +414,7 @@ func serve(o *options, log *slog.Logger) error {
 	e2bAPI := e2b.New(e2b.Config{
 		Supervisor: sup, Token: token, Logger: rlog,
 		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
-		MaxFileBytes: server.DefaultMaxFileBytes,
+		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler,
 	})
 	srv, err := server.New(server.Config{
 		Foreign:        e2bAPI,

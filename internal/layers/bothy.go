@@ -34,6 +34,8 @@ var Classes = map[string]Class{
 	"network":                   Host,
 	"portlink":                  Host,
 	"idempotency":               Host,
+	"usage":                     Host,
+	"idle":                      Host,
 	"runtime/microvm":           Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,

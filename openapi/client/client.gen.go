@@ -447,6 +447,9 @@ type AbsolutePath = string
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
 
+// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+type AutoResume = bool
+
 // Bounds What clients may hold open at once, so that no sandbox and no crowd of clients can
 // exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
 // sandbox-busy`; past a server-wide one, `503 unavailable`; both say to retry.
@@ -563,6 +566,21 @@ type CreateSandboxRequest struct {
 	// address of its own.
 	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
 	Start *StartOnCreate `json:"start,omitempty"`
@@ -618,6 +636,8 @@ type ErrorCode = string
 //   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
 //     `exit`;
 //   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+//   - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
+//     (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
 //   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
 //     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -897,6 +917,9 @@ type HostFirewall struct {
 
 // HostFirewallState defines model for HostFirewall.State.
 type HostFirewallState string
+
+// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+type IdleIgnoresWork = bool
 
 // Image defines model for Image.
 type Image struct {
@@ -1338,7 +1361,10 @@ type RuntimeStatusState string
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
 	// Address The sandbox's own address, while it runs with a network interface.
-	Address   *string   `json:"address,omitempty"`
+	Address *string `json:"address,omitempty"`
+
+	// Asleep The sandbox is `paused` because it was idle for its `sleep.idle_timeout_seconds`.
+	Asleep    *bool     `json:"asleep,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
@@ -1395,6 +1421,21 @@ type Sandbox struct {
 	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
 	Runtime RuntimeKind `json:"runtime"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
 	// linger until bothyd has reconciled a run that ended by itself): how the last run
 	// ended, and when, is `last_exit`.
@@ -1423,11 +1464,45 @@ type SandboxList struct {
 	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
+// SandboxMetrics defines model for SandboxMetrics.
+type SandboxMetrics struct {
+	Current UsageSample `json:"current"`
+
+	// History The server's samples, oldest first (empty for a sandbox beyond the cap, or one it has not sampled yet).
+	History []UsageSample `json:"history"`
+	ID      string        `json:"id"`
+
+	// IntervalMs The time between two samples of `history`.
+	IntervalMs int64 `json:"interval_ms"`
+}
+
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
 // `running`: its agent answers; `paused`: running, with every process frozen (see
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
 // `last_exit`).
 type SandboxState string
+
+// SleepPolicy Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+// as a use until it closes), and no work inside using more than 2% of a CPU unless
+// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+// keeps running while it sleeps. A microVM sleeps with its memory released (as
+// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+// docs/design.md, "Sleep and wake".
+type SleepPolicy struct {
+	// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+	AutoResume *AutoResume `json:"auto_resume,omitempty"`
+
+	// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+	IdleIgnoresWork    *IdleIgnoresWork `json:"idle_ignores_work,omitempty"`
+	IdleTimeoutSeconds int              `json:"idle_timeout_seconds"`
+}
 
 // StartOnCreate Also start the sandbox before answering. The create is then all or nothing: a
 // start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -1520,6 +1595,44 @@ type TimeoutRequest struct {
 //
 // Example: 0077
 type Umask = string
+
+// UsageSample defines model for UsageSample.
+type UsageSample struct {
+	At time.Time `json:"at"`
+
+	// CPUApproximate `cpu_seconds` is summed from the sandbox's live processes and the children they
+	// reaped (a cgroup v1 host whose cpuacct controller is not mounted with cpu).
+	CPUApproximate *bool `json:"cpu_approximate,omitempty"`
+
+	// CPURate CPUs used on average since the reading before (1.0: one CPU busy); absent on a
+	// first reading.
+	CPURate *float64 `json:"cpu_rate,omitempty"`
+
+	// CPUSeconds CPU time used since the launch.
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	DiskLimitBytes *int64  `json:"disk_limit_bytes,omitempty"`
+
+	// DiskUsedBytes What the sandbox's own disk holds on the host (its sparse image's blocks); absent without a disk of its own.
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	MemoryBytes   int64  `json:"memory_bytes"`
+
+	// MemoryLimitBytes 0 without a limit.
+	MemoryLimitBytes *int64 `json:"memory_limit_bytes,omitempty"`
+
+	// MemoryPeakBytes The most memory charged since the launch, where the kernel says (Linux 5.19+ on cgroup v2).
+	MemoryPeakBytes *int64 `json:"memory_peak_bytes,omitempty"`
+
+	// NetInBytes Bytes that arrived at the sandbox's interface; absent without a network.
+	NetInBytes  *int64 `json:"net_in_bytes,omitempty"`
+	NetOutBytes *int64 `json:"net_out_bytes,omitempty"`
+	Pids        int64  `json:"pids"`
+
+	// PidsLimit 0 for the server's default.
+	PidsLimit *int64 `json:"pids_limit,omitempty"`
+
+	// Vcpus The sandbox's CPU limit in whole CPUs (0 for the server's default).
+	Vcpus *int `json:"vcpus,omitempty"`
+}
 
 // User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
 //
@@ -2433,6 +2546,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	//
+	// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+	// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+	// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+	// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+	// of every running sandbox, and a sandbox beyond that cap is answered its current
+	// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+	// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+	// sandboxes (`unavailable`). See docs/design.md, "Usage".
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+	GetSandboxMetrics(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// SetSandboxNetworkWithBody Replace a sandbox's egress policy
 	//
@@ -3447,6 +3574,30 @@ func (c *Client) ListFiles(ctx context.Context, id SandboxIDPath, params *ListFi
 // Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 func (c *Client) GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxLogsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSandboxMetrics What a running sandbox uses, now and lately
+//
+// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+// of every running sandbox, and a sandbox beyond that cap is answered its current
+// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+// sandboxes (`unavailable`). See docs/design.md, "Usage".
+//
+// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+func (c *Client) GetSandboxMetrics(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxMetricsRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -5435,6 +5586,40 @@ func NewGetSandboxLogsRequest(server string, id SandboxIDPath, params *GetSandbo
 	return req, nil
 }
 
+// NewGetSandboxMetricsRequest constructs an http.Request for the GetSandboxMetrics method
+func NewGetSandboxMetricsRequest(server string, id SandboxIDPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/metrics", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewSetSandboxNetworkRequest calls the generic SetSandboxNetwork builder with application/json body
 func NewSetSandboxNetworkRequest(server string, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -7308,6 +7493,22 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogsWithResponse(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error)
+
+	// GetSandboxMetricsWithResponse What a running sandbox uses, now and lately
+	//
+	// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+	// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+	// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+	// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+	// of every running sandbox, and a sandbox beyond that cap is answered its current
+	// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+	// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+	// sandboxes (`unavailable`). See docs/design.md, "Usage".
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+	GetSandboxMetricsWithResponse(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error)
 
 	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
 	//
@@ -9232,6 +9433,8 @@ type ExecCommandResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ExecCommandResponse401Headers
 }
@@ -9284,6 +9487,11 @@ func (r ExecCommandResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ExecCommandResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ExecCommandResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9347,6 +9555,8 @@ type ExecStreamResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers101 the parsed response headers for an HTTP 101 response
 	Headers101 *ExecStreamResponse101Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -9396,6 +9606,11 @@ func (r ExecStreamResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ExecStreamResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ExecStreamResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9451,6 +9666,8 @@ type RemoveFileResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *RemoveFileResponse401Headers
 }
@@ -9493,6 +9710,11 @@ func (r RemoveFileResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r RemoveFileResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RemoveFileResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9548,6 +9770,8 @@ type ReadFileResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ReadFileResponse401Headers
 }
@@ -9590,6 +9814,11 @@ func (r ReadFileResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ReadFileResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ReadFileResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9765,6 +9994,8 @@ type ListFilesResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ListFilesResponse401Headers
 }
@@ -9812,6 +10043,11 @@ func (r ListFilesResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ListFilesResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9920,6 +10156,110 @@ func (r GetSandboxLogsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetSandboxLogsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetSandboxMetricsResponse401Headers the declared response headers of an HTTP 401 response for GetSandboxMetrics
+type GetSandboxMetricsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type GetSandboxMetricsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxMetrics
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetSandboxMetricsResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetSandboxMetricsResponse) GetJSON200() *SandboxMetrics {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSandboxMetricsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxMetricsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxMetricsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSandboxMetricsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -10395,6 +10735,8 @@ type PortTunnelResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationProblemJSON502 *BadGateway
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers101 the parsed response headers for an HTTP 101 response
 	Headers101 *PortTunnelResponse101Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -10444,6 +10786,11 @@ func (r PortTunnelResponse) GetApplicationProblemJSON501() *NotImplemented {
 // GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
 func (r PortTunnelResponse) GetApplicationProblemJSON502() *BadGateway {
 	return r.ApplicationProblemJSON502
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -12973,6 +13320,28 @@ func (c *ClientWithResponses) GetSandboxLogsWithResponse(ctx context.Context, id
 	return ParseGetSandboxLogsResponse(rsp)
 }
 
+// GetSandboxMetricsWithResponse What a running sandbox uses, now and lately
+//
+// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+// of every running sandbox, and a sandbox beyond that cap is answered its current
+// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+// sandboxes (`unavailable`). See docs/design.md, "Usage".
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+func (c *ClientWithResponses) GetSandboxMetricsWithResponse(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error) {
+	rsp, err := c.GetSandboxMetrics(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxMetricsResponse(rsp)
+}
+
 // SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
 //
 // Replaces the sandbox's egress policy. It is recorded, so the next start applies it, and
@@ -14970,6 +15339,13 @@ func ParseExecCommandResponse(rsp *http.Response) (*ExecCommandResponse, error) 
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
 	}
 
 	switch {
@@ -15067,6 +15443,13 @@ func ParseExecStreamResponse(rsp *http.Response) (*ExecStreamResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
 
 	}
 
@@ -15176,6 +15559,13 @@ func ParseRemoveFileResponse(rsp *http.Response) (*RemoveFileResponse, error) {
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
 	}
 
 	switch {
@@ -15263,6 +15653,13 @@ func ParseReadFileResponse(rsp *http.Response) (*ReadFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
 
 	}
 
@@ -15471,6 +15868,13 @@ func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
 	}
 
 	switch {
@@ -15550,6 +15954,101 @@ func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, e
 	switch {
 	case rsp.StatusCode == 401:
 		var headers GetSandboxLogsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetSandboxMetricsResponse parses an HTTP response from a GetSandboxMetricsWithResponse call
+func ParseGetSandboxMetricsResponse(rsp *http.Response) (*GetSandboxMetricsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxMetricsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxMetrics
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetSandboxMetricsResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -16046,6 +16545,13 @@ func ParsePortTunnelResponse(rsp *http.Response) (*PortTunnelResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
 
 	}
 

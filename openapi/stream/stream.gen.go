@@ -151,6 +151,9 @@ type NotFound = Problem
 // NotImplemented An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotImplemented = Problem
 
+// ServiceUnavailable An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+type ServiceUnavailable = Problem
+
 // TooManyRequests An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type TooManyRequests = Problem
 

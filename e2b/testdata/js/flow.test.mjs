@@ -181,3 +181,26 @@ test('25 sandboxes in parallel', { timeout: 300_000 }, async () => {
   }));
   assert.equal(new Set(ids).size, 25);
 });
+
+test('getMetrics, and autoPause with autoResume: asleep when idle, woken by a command', { timeout: 120_000 }, async () => {
+  const sbx = await Sandbox.create({ metadata, timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true } });
+  try {
+    // getMetrics answers the server's samples and a reading now, in E2B's shape.
+    const metrics = await sbx.getMetrics();
+    assert.ok(metrics.length >= 1, 'at least the reading now');
+    const m = metrics[metrics.length - 1];
+    assert.ok(m.timestamp instanceof Date && !Number.isNaN(m.timestamp.getTime()));
+    assert.ok(m.cpuCount >= 1 && m.memUsed > 0 && m.memTotal >= m.memUsed, JSON.stringify(m));
+    const info = await sbx.getInfo();
+    assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true });
+
+    // Unused for its timeout, it is paused (E2B's state), not killed.
+    await until('the idle sandbox to be paused', async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused', 60_000);
+    // A command wakes it and runs.
+    const woke = await sbx.commands.run('echo woke');
+    assert.equal(woke.stdout, 'woke\n');
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running');
+  } finally {
+    await sbx.kill();
+  }
+});

@@ -55,7 +55,7 @@
 //
 // # Operations newer than the generated client
 //
-// Pause, resume, the sandbox lifetime and wait are called by their paths whether or not the
-// server knows them; an older server answers them with the route's not-found (or
-// method-not-allowed), which [IsUnsupported] recognises.
+// Pause, resume, the sandbox lifetime, wait and [Client.Metrics] are called by their paths
+// whether or not the server knows them; an older server answers them with the route's
+// not-found (or method-not-allowed), which [IsUnsupported] recognises.
 package bothy

@@ -57,6 +57,7 @@ var (
 	ErrUnauthorized         = Code(errcode.Unauthorized)
 	ErrUnavailable          = Code(errcode.Unavailable)
 	ErrSandboxPaused        = Code(errcode.SandboxPaused)
+	ErrSandboxWaking        = Code(errcode.SandboxWaking)
 	ErrWaitTimeout          = Code(errcode.WaitTimeout)
 	ErrWebhookNotFound      = Code(errcode.WebhookNotFound)
 	// ErrIdempotencyKeyReused: the Idempotency-Key was first used with another request.

@@ -29,6 +29,7 @@ export type KnownErrorCode =
   | "template-tombstoned"
   | "template-ineligible"
   | "sandbox-paused"
+  | "sandbox-waking"
   | "sandbox-busy"
   | "transition-in-progress"
   | "sandbox-leased"
@@ -74,6 +75,7 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "template-tombstoned",
   "template-ineligible",
   "sandbox-paused",
+  "sandbox-waking",
   "sandbox-busy",
   "transition-in-progress",
   "sandbox-leased",
@@ -100,6 +102,8 @@ export type KnownEventType =
   | "sandbox.deleted"
   | "sandbox.paused"
   | "sandbox.resumed"
+  | "sandbox.asleep"
+  | "sandbox.awake"
   | "sandbox.expired"
   | "generation.captured"
   | "generation.tombstoned"
@@ -122,6 +126,8 @@ export const knownEventTypes: ReadonlyArray<KnownEventType> = [
   "sandbox.deleted",
   "sandbox.paused",
   "sandbox.resumed",
+  "sandbox.asleep",
+  "sandbox.awake",
   "sandbox.expired",
   "generation.captured",
   "generation.tombstoned",

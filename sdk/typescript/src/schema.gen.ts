@@ -210,6 +210,36 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * What a running sandbox uses, now and lately
+         * @description Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+         *     limit, tasks, its own disk, its network bytes) and answers it with the samples the
+         *     server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+         *     a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+         *     of every running sandbox, and a sandbox beyond that cap is answered its current
+         *     reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+         *     sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+         *     sandboxes (`unavailable`). See docs/design.md, "Usage".
+         */
+        get: operations["getSandboxMetrics"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/timeout": {
         parameters: {
             query?: never;
@@ -1486,6 +1516,72 @@ export interface components {
              */
             disk_mb?: number;
         };
+        SandboxMetrics: {
+            id: string;
+            /**
+             * Format: int64
+             * @description The time between two samples of `history`.
+             */
+            interval_ms: number;
+            current: components["schemas"]["UsageSample"];
+            /** @description The server's samples, oldest first (empty for a sandbox beyond the cap, or one it has not sampled yet). */
+            history: components["schemas"]["UsageSample"][];
+        };
+        UsageSample: {
+            /** Format: date-time */
+            at: string;
+            /**
+             * Format: double
+             * @description CPU time used since the launch.
+             */
+            cpu_seconds: number;
+            /**
+             * Format: double
+             * @description CPUs used on average since the reading before (1.0: one CPU busy); absent on a
+             *     first reading.
+             */
+            cpu_rate?: number;
+            /**
+             * @description `cpu_seconds` is summed from the sandbox's live processes and the children they
+             *     reaped (a cgroup v1 host whose cpuacct controller is not mounted with cpu).
+             */
+            cpu_approximate?: boolean;
+            /** @description The sandbox's CPU limit in whole CPUs (0 for the server's default). */
+            vcpus?: number;
+            /** Format: int64 */
+            memory_bytes: number;
+            /**
+             * Format: int64
+             * @description 0 without a limit.
+             */
+            memory_limit_bytes?: number;
+            /**
+             * Format: int64
+             * @description The most memory charged since the launch, where the kernel says (Linux 5.19+ on cgroup v2).
+             */
+            memory_peak_bytes?: number;
+            /** Format: int64 */
+            pids: number;
+            /**
+             * Format: int64
+             * @description 0 for the server's default.
+             */
+            pids_limit?: number;
+            /**
+             * Format: int64
+             * @description What the sandbox's own disk holds on the host (its sparse image's blocks); absent without a disk of its own.
+             */
+            disk_used_bytes?: number;
+            /** Format: int64 */
+            disk_limit_bytes?: number;
+            /**
+             * Format: int64
+             * @description Bytes that arrived at the sandbox's interface; absent without a network.
+             */
+            net_in_bytes?: number;
+            /** Format: int64 */
+            net_out_bytes?: number;
+        };
         PauseRequest: {
             memory?: components["schemas"]["PauseMemory"];
         };
@@ -1548,6 +1644,7 @@ export interface components {
              */
             timeout_s?: number;
             on_timeout?: components["schemas"]["OnTimeout"];
+            sleep?: components["schemas"]["SleepPolicy"];
         };
         /**
          * @description A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
@@ -1654,7 +1751,40 @@ export interface components {
              * @description The sandbox's own address, while it runs with a network interface.
              */
             address?: string;
+            sleep?: components["schemas"]["SleepPolicy"];
+            /** @description The sandbox is `paused` because it was idle for its `sleep.idle_timeout_seconds`. */
+            asleep?: boolean;
         };
+        /**
+         * @description Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+         *     `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+         *     `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+         *     as a use until it closes), and no work inside using more than 2% of a CPU unless
+         *     `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+         *     (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+         *     (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+         *     wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+         *     sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+         *     end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+         *     keeps running while it sleeps. A microVM sleeps with its memory released (as
+         *     `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+         *     docs/design.md, "Sleep and wake".
+         */
+        SleepPolicy: {
+            idle_timeout_seconds: number;
+            auto_resume?: components["schemas"]["AutoResume"];
+            idle_ignores_work?: components["schemas"]["IdleIgnoresWork"];
+        };
+        /**
+         * @description A request that needs the sandbox while it sleeps (or is paused) wakes it.
+         * @default true
+         */
+        AutoResume: boolean;
+        /**
+         * @description Work running inside does not keep the sandbox awake; only use through the API does.
+         * @default false
+         */
+        IdleIgnoresWork: boolean;
         /**
          * @description A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
          *     but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
@@ -2077,6 +2207,8 @@ export interface components {
          *     - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
          *       `exit`;
          *     - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+         *     - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
+         *       (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
          *     - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
          *       `sandbox`, `state`, and `exit` when it was running;
          *     - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -2774,6 +2906,37 @@ export interface operations {
             503: components["responses"]["ServiceUnavailable"];
         };
     };
+    getSandboxMetrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox's usage. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxMetrics"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
     setSandboxTimeout: {
         parameters: {
             query?: {
@@ -2898,6 +3061,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     execStream: {
@@ -2951,6 +3115,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     readFile: {
@@ -2985,6 +3150,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     writeFile: {
@@ -3060,6 +3226,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     listFiles: {
@@ -3094,6 +3261,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     getSandboxLogs: {
@@ -3163,6 +3331,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     createPortLink: {
@@ -3281,6 +3450,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyPut: {
@@ -3319,6 +3489,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyPost: {
@@ -3357,6 +3528,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyDelete: {
@@ -3395,6 +3567,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyOptions: {
@@ -3433,6 +3606,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyHead: {
@@ -3471,6 +3645,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyPatch: {
@@ -3509,6 +3684,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     listTemplates: {
@@ -4367,6 +4543,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyPut: {
@@ -4400,6 +4577,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyPost: {
@@ -4433,6 +4611,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyDelete: {
@@ -4466,6 +4645,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyOptions: {
@@ -4499,6 +4679,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyHead: {
@@ -4532,6 +4713,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyPatch: {
@@ -4565,6 +4747,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     getOpenAPISpec: {

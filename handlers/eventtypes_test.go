@@ -1,0 +1,38 @@
+package handlers
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/bothy/bothy/openapi"
+)
+
+// TestEventTypesAreTheContracts: the types a webhook may ask for are exactly the contract's
+// EventType list, so a type added to one (sleep and wake added two) cannot be missing from the
+// other.
+func TestEventTypesAreTheContracts(t *testing.T) {
+	doc, err := openapi3.NewLoader().LoadFromData(openapi.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := doc.Components.Schemas["EventType"]
+	if ref == nil || ref.Value == nil {
+		t.Fatal("the contract has no EventType schema")
+	}
+	raw, ok := ref.Value.Extensions["x-extensible-enum"].([]any)
+	if !ok {
+		t.Fatalf("EventType's x-extensible-enum is %T", ref.Value.Extensions["x-extensible-enum"])
+	}
+	var spec []string
+	for _, v := range raw {
+		spec = append(spec, v.(string))
+	}
+	got := slices.Clone(EventTypes)
+	slices.Sort(got)
+	slices.Sort(spec)
+	if !slices.Equal(got, spec) {
+		t.Fatalf("handlers.EventTypes %v; the contract's EventType %v", got, spec)
+	}
+}
