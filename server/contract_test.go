@@ -121,6 +121,17 @@ func TestWrongMethodIsA405WithAllow(t *testing.T) {
 		{"POST", "/v1/sandboxes/a1/files", "GET, PUT, DELETE"},
 		{"DELETE", "/v1/info", "GET"},
 		{"GET", "/login", "POST"},
+		// Routes outside the generated router, whose handlers would take any method
+		// (issue 38): the contract's methods hold there too.
+		{"TRACE", "/p/0123456789abcdef0123456789abcdef.abc/x/y", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"TRACE", "/p/0123456789abcdef0123456789abcdef.abc", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"TRACE", "/v1/sandboxes/a1/ports/80/x", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"PROPFIND", "/v1/sandboxes/a1/ports/80/", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"TRACE", "/v1/sandboxes/a1/ports/80/tcp", "GET"},
+		{"POST", "/v1/sandboxes/a1/ports/80/tcp", "GET"},
+		{"GET", "/v1/sandboxes/a1/ports/80/links", "POST"},
+		{"GET", "/v1/sandboxes/a1/ports/80/links/0123456789abcdef0123456789abcdef", "DELETE"},
+		{"POST", "/v1/sandboxes/a1/exec/stream", "GET"},
 	}
 	for _, tc := range cases {
 		rec := httptest.NewRecorder()
@@ -196,6 +207,47 @@ func TestSchemaSaysWhatTheServerAccepts(t *testing.T) {
 		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/templates/t1/generations/"+gen, nil))
 		if p := decodeProblem(t, rec); rec.Code != 400 || p.Field != "gen" {
 			t.Errorf("generation %q: %d %+v, want 400 on gen", gen, rec.Code, p)
+		}
+	}
+}
+
+// TestProxiedPathParametersAreValidated: the port proxy and the links are judged by the
+// contract for their path parameters before their handlers run (issue 38: a mutated port or
+// sandbox id reached the sandbox check first), while their query stays the service's.
+func TestProxiedPathParametersAreValidated(t *testing.T) {
+	t.Parallel()
+	reached := 0
+	link := func(w http.ResponseWriter, _ *http.Request) error {
+		reached++
+		w.WriteHeader(http.StatusTeapot)
+		return nil
+	}
+	s, _ := newTestServer(t, Config{Handlers: fuzzHandlers{}, Ports: PortRoutes{Proxy: link, Link: link, Tunnel: link}})
+	token := "0123456789abcdef0123456789abcdef.abc"
+	for _, tc := range []struct{ method, path, field string }{
+		{"GET", "/v1/sandboxes/a1/ports/0/", "port"},
+		{"GET", "/v1/sandboxes/a1/ports/65536/x/y", "port"},
+		{"POST", "/v1/sandboxes/a1/ports/http/x", "port"},
+		{"GET", "/v1/sandboxes/Bad/ports/80/", "id"},
+		{"GET", "/v1/sandboxes/a1/ports/0/tcp", "port"},
+		{"GET", "/p/nope/", "token"},
+		{"DELETE", "/p/nope/x/y", "token"},
+		{"GET", "/v1/sandboxes/a1/ports/80/" + strings.Repeat("a", 8193), "path"},
+	} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(tc.method, "http://127.0.0.1"+tc.path, nil))
+		if p := decodeProblem(t, rec); rec.Code != 400 || p.Field != tc.field {
+			t.Errorf("%s %.80s: %d %+v, want 400 on %s", tc.method, tc.path, rec.Code, p, tc.field)
+		}
+	}
+	if reached != 0 {
+		t.Errorf("%d invalid requests reached the proxy", reached)
+	}
+	for _, path := range []string{"/v1/sandboxes/a1/ports/80/x/y?anything=1", "/p/" + token + "/a/b?q=1", "/p/" + token} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("PATCH", "http://127.0.0.1"+path, strings.NewReader("not json")))
+		if rec.Code != http.StatusTeapot {
+			t.Errorf("PATCH %s: %d %s, want the proxy's answer", path, rec.Code, rec.Body)
 		}
 	}
 }

@@ -57,19 +57,25 @@ func newValidator(spec []byte) (*validator, error) {
 
 func (s *Server) validate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		route, pathParams, err := s.validator.router.FindRoute(r)
-		if err != nil {
-			// Not a route of the contract: the router answers 404 or 405 for it.
+		cr := routeOf(r)
+		if cr == nil {
+			// Not a route of the contract (matchContract answered 405 for a method it
+			// does not list): the route table answers it, 404 or the dashboard's assets.
 			next.ServeHTTP(w, r)
 			return
 		}
-		if name := unknownQuery(r, route); name != "" {
+		route, pathParams := cr.route, cr.params
+		_, proxied := route.Operation.Extensions["x-proxy"]
+		// A proxied request's query is the sandboxed service's, whatever it takes; its path
+		// parameters (the sandbox, the port, the link's token) are the contract's.
+		if name := unknownQuery(r, route); name != "" && !proxied {
 			s.writeProblem(w, r, errcode.Invalid(name,
 				"The query parameter %q is not one this operation takes; remove it (see /openapi.yaml for the parameters of %s %s).",
 				truncateName(name), r.Method, route.Path))
 			return
 		}
-		jsonBody := takesJSON(route.Operation)
+		// A proxied body is the service's and is streamed to it, never read here.
+		jsonBody := takesJSON(route.Operation) && !proxied
 		if jsonBody && r.Body != nil && r.Body != http.NoBody {
 			if err := wholeJSONBody(r); err != nil {
 				s.writeProblem(w, r, err)
