@@ -249,7 +249,21 @@ func bodyReason(reqErr *openapi3filter.RequestError) (field, reason string) {
 		if ptr := schemaErr.JSONPointer(); len(ptr) > 0 {
 			field = strings.Join(ptr, ".")
 		}
-		if schemaErr.SchemaField == "properties" && strings.HasSuffix(schemaErr.Reason, " is unsupported") {
+		if schemaErr.SchemaField == "not" && schemaErr.Schema != nil {
+			// A rule between fields (a generation needs its template): the schema names
+			// the field it is about and the rule, for the refusal to say.
+			name, _ := schemaErr.Schema.Extensions["x-not-field"].(string)
+			rule, _ := schemaErr.Schema.Extensions["x-not-rule"].(string)
+			if name != "" && rule != "" {
+				if field == "body" {
+					field = name
+				} else {
+					field += "." + name
+				}
+				return field, "must be " + strings.TrimSuffix(rule, ".")
+			}
+		}
+				if schemaErr.SchemaField == "properties" && strings.HasSuffix(schemaErr.Reason, " is unsupported") {
 			// The field at fault is the unknown one, not the object that holds it.
 			if name, ok := quoted(schemaErr.Reason); ok {
 				if field == "body" {

@@ -406,6 +406,51 @@ func (e StorageHealthState) Valid() bool {
 	}
 }
 
+// Defines values for WebSocketVersion.
+const (
+	WebSocketVersionN13 WebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the WebSocketVersion enum.
+func (e WebSocketVersion) Valid() bool {
+	switch e {
+	case WebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ExecStreamParamsSecWebSocketVersion.
+const (
+	ExecStreamParamsSecWebSocketVersionN13 ExecStreamParamsSecWebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the ExecStreamParamsSecWebSocketVersion enum.
+func (e ExecStreamParamsSecWebSocketVersion) Valid() bool {
+	switch e {
+	case ExecStreamParamsSecWebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PortTunnelParamsSecWebSocketVersion.
+const (
+	PortTunnelParamsSecWebSocketVersionN13 PortTunnelParamsSecWebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the PortTunnelParamsSecWebSocketVersion enum.
+func (e PortTunnelParamsSecWebSocketVersion) Valid() bool {
+	switch e {
+	case PortTunnelParamsSecWebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WaitSandboxParamsState.
 const (
 	WaitSandboxParamsStateDeleted     WaitSandboxParamsState = "deleted"
@@ -501,9 +546,8 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
-	// `generation` without `template` is refused with `invalid-request` (field
-	// `generation`), which OpenAPI 3.0 cannot say in the schema.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`
+	// (the object's `not`): a `generation` without `template` is refused.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one (`sb-` and 12 of a-z 0-9) when
@@ -520,7 +564,8 @@ type CreateSandboxRequest struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -624,10 +669,9 @@ type Event struct {
 	Exit *LastExit `json:"exit,omitempty"`
 
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -697,7 +741,8 @@ type EventType = string
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
 	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-	// `command`).
+	// `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+	// states the rule for the program.
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -802,10 +847,9 @@ type Generation struct {
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -841,10 +885,9 @@ type GenerationEligibility string
 type GenerationState string
 
 // GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationID = string
@@ -1061,7 +1104,8 @@ type LabelValue = string
 // Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 // and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 // A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-// keys, so the server checks them and refuses others with `invalid-request`.
+// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+// others with `invalid-request`.
 //
 // Example: {"job":"42","team":"grading"}
 type Labels map[string]LabelValue
@@ -1208,10 +1252,13 @@ type Problem struct {
 
 // PullImageRequest defines model for PullImageRequest.
 type PullImageRequest struct {
-	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	// Name The name of an image the server stores: an `ImageName` other than `host`, which is
+	// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+	// read nor deleted under `/v1/images/{name}`.
 	//
-	// Example: host
-	Name *ImageName `json:"name,omitempty"`
+	//
+	// Example: busybox
+	Name *StoredImageName `json:"name,omitempty"`
 
 	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
 	//
@@ -1341,7 +1388,8 @@ type Sandbox struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -1435,6 +1483,13 @@ type StorageHealth struct {
 // StorageHealthState defines model for StorageHealth.State.
 type StorageHealthState string
 
+// StoredImageName The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
+//
+// Example: busybox
+type StoredImageName = string
+
 // Template defines model for Template.
 type Template struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1454,10 +1509,9 @@ type Template struct {
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -1517,18 +1571,19 @@ type Cursor = string
 type Drain = bool
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
 
-// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+// ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
 //
-// Example: host
-type ImageNamePath = ImageName
+// Example: busybox
+type ImageNamePath = StoredImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1551,6 +1606,18 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// WebSocketConnection defines model for WebSocketConnection.
+type WebSocketConnection = string
+
+// WebSocketKey defines model for WebSocketKey.
+type WebSocketKey = string
+
+// WebSocketUpgrade defines model for WebSocketUpgrade.
+type WebSocketUpgrade = string
+
+// WebSocketVersion defines model for WebSocketVersion.
+type WebSocketVersion string
 
 // BadGateway An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadGateway = Problem
@@ -1619,9 +1686,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1650,7 +1717,8 @@ type DeleteSandboxParams struct {
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
 	// Command The program and its arguments, one `command` per argument, in order. The first, the
-	// program, must not be empty (`invalid-request`, field `command`).
+	// program, must not be empty (`invalid-request`, field `command`; the schema's
+	// `x-first-item`, since OpenAPI 3.0 cannot constrain one item of an array).
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
@@ -1672,7 +1740,24 @@ type ExecStreamParams struct {
 
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *string `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// Upgrade `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+	// refused with `invalid-request`. Websocket clients send this header and the three
+	// below themselves.
+	Upgrade WebSocketUpgrade `json:"Upgrade"`
+
+	// Connection A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1).
+	Connection WebSocketConnection `json:"Connection"`
+
+	// SecWebSocketKey 16 random bytes in base64 (RFC 6455 §4.1).
+	SecWebSocketKey WebSocketKey `json:"Sec-WebSocket-Key"`
+
+	// SecWebSocketVersion The websocket protocol's version, 13 (RFC 6455).
+	SecWebSocketVersion ExecStreamParamsSecWebSocketVersion `json:"Sec-WebSocket-Version"`
 }
+
+// ExecStreamParamsSecWebSocketVersion defines parameters for ExecStream.
+type ExecStreamParamsSecWebSocketVersion string
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
@@ -1730,7 +1815,24 @@ type PauseSandboxParams struct {
 type PortTunnelParams struct {
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *AccessToken `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// Upgrade `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+	// refused with `invalid-request`. Websocket clients send this header and the three
+	// below themselves.
+	Upgrade WebSocketUpgrade `json:"Upgrade"`
+
+	// Connection A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1).
+	Connection WebSocketConnection `json:"Connection"`
+
+	// SecWebSocketKey 16 random bytes in base64 (RFC 6455 §4.1).
+	SecWebSocketKey WebSocketKey `json:"Sec-WebSocket-Key"`
+
+	// SecWebSocketVersion The websocket protocol's version, 13 (RFC 6455).
+	SecWebSocketVersion PortTunnelParamsSecWebSocketVersion `json:"Sec-WebSocket-Version"`
 }
+
+// PortTunnelParamsSecWebSocketVersion defines parameters for PortTunnel.
+type PortTunnelParamsSecWebSocketVersion string
 
 // ResumeSandboxParams defines parameters for ResumeSandbox.
 type ResumeSandboxParams struct {
@@ -1781,9 +1883,9 @@ type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1803,9 +1905,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -4789,6 +4891,46 @@ func NewExecStreamRequest(server string, id SandboxIDPath, params *ExecStreamPar
 		return nil, err
 	}
 
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Upgrade", params.Upgrade, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Upgrade", headerParam0)
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Connection", params.Connection, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Connection", headerParam1)
+
+		var headerParam2 string
+
+		headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Key", params.SecWebSocketKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Key", headerParam2)
+
+		var headerParam3 string
+
+		headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Version", params.SecWebSocketVersion, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Version", headerParam3)
+
+	}
+
 	return req, nil
 }
 
@@ -5420,6 +5562,46 @@ func NewPortTunnelRequest(server string, id SandboxIDPath, port PortPath, params
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Upgrade", params.Upgrade, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Upgrade", headerParam0)
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Connection", params.Connection, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Connection", headerParam1)
+
+		var headerParam2 string
+
+		headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Key", params.SecWebSocketKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Key", headerParam2)
+
+		var headerParam3 string
+
+		headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Version", params.SecWebSocketVersion, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Version", headerParam3)
+
 	}
 
 	return req, nil

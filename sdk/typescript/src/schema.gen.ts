@@ -937,7 +937,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -1245,10 +1245,9 @@ export interface components {
         TemplateName: string;
         /**
          * @description Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-         *     digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-         *     the server could not have assigned (`g1`, `g000000`) names no generation: it is
-         *     refused with `invalid-request` (field `generation`) or, when the template itself is
-         *     missing, `template-not-found`.
+         *     digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+         *     opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+         *     or `g0000001`).
          * @example g000003
          */
         GenerationID: string;
@@ -1262,13 +1261,20 @@ export interface components {
          * @example host
          */
         ImageName: string;
+        /**
+         * @description The name of an image the server stores: an `ImageName` other than `host`, which is
+         *     reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+         *     read nor deleted under `/v1/images/{name}`.
+         * @example busybox
+         */
+        StoredImageName: string;
         PullImageRequest: {
             /**
              * @description `registry/repository:tag` or `registry/repository@sha256:<digest>`.
              * @example registry.example.com/library/busybox:1.36
              */
             ref: string;
-            name?: components["schemas"]["ImageName"];
+            name?: components["schemas"]["StoredImageName"];
             /**
              * @description `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
              * @example linux/amd64
@@ -1374,7 +1380,8 @@ export interface components {
          * @description Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
          *     and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
          *     A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-         *     keys, so the server checks them and refuses others with `invalid-request`.
+         *     keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+         *     others with `invalid-request`.
          * @example {
          *       "team": "grading",
          *       "job": "42"
@@ -1472,9 +1479,8 @@ export interface components {
             /** @description Clone from this template. */
             template?: components["schemas"]["TemplateName"];
             /**
-             * @description The generation to clone; default the newest eligible one. It needs `template`: a
-             *     `generation` without `template` is refused with `invalid-request` (field
-             *     `generation`), which OpenAPI 3.0 cannot say in the schema.
+             * @description The generation to clone; default the newest eligible one. It needs `template`
+             *     (the object's `not`): a `generation` without `template` is refused.
              */
             generation?: components["schemas"]["GenerationID"];
             resources?: components["schemas"]["ResourcesRequest"];
@@ -1664,7 +1670,8 @@ export interface components {
             /**
              * @description The program and its arguments. The program is looked up in `PATH`; it must not be
              *     empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-             *     `command`).
+             *     `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+             *     states the rule for the program.
              */
             command: components["schemas"]["Argument"][];
             /** @description Environment variables as `KEY=VALUE`, added to the sandbox's. */
@@ -2227,14 +2234,26 @@ export interface components {
          *     matched by the server, not by a generated router).
          */
         ProxiedPath: string;
+        /**
+         * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+         *     refused with `invalid-request`. Websocket clients send this header and the three
+         *     below themselves.
+         */
+        WebSocketUpgrade: string;
+        /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+        WebSocketConnection: string;
+        /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+        WebSocketKey: string;
+        /** @description The websocket protocol's version, 13 (RFC 6455). */
+        WebSocketVersion: "13";
         /** @description The API token, for clients that cannot set the `Authorization` header. */
         AccessToken: string;
         /** @description The sandbox id. */
         SandboxIDPath: components["schemas"]["SandboxID"];
         /** @description The template name. */
         TemplateNamePath: components["schemas"]["TemplateName"];
-        /** @description The image name. */
-        ImageNamePath: components["schemas"]["ImageName"];
+        /** @description The name of an image the server stores (`host`, built in, is none of them). */
+        ImageNamePath: components["schemas"]["StoredImageName"];
         /** @description The generation id. */
         GenerationIDPath: components["schemas"]["GenerationID"];
         /**
@@ -2246,9 +2265,9 @@ export interface components {
         /** @description Instead of refusing while clones hold leases, tombstone now and finish later. */
         Drain: boolean;
         /**
-         * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-         *     server cannot read (one it did not return) is refused with `invalid-request` (field
-         *     `cursor`); it is never taken for the first page.
+         * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+         *     after the position it names, whatever was added or removed since. Clients treat it
+         *     as opaque.
          */
         Cursor: string;
         /** @description The largest number of items on a page. */
@@ -2267,9 +2286,9 @@ export interface operations {
                 /** @description A `key=value` label that the sandboxes must carry; repeat for several. */
                 label?: components["schemas"]["LabelSelector"][];
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -2749,7 +2768,8 @@ export interface operations {
             query: {
                 /**
                  * @description The program and its arguments, one `command` per argument, in order. The first, the
-                 *     program, must not be empty (`invalid-request`, field `command`).
+                 *     program, must not be empty (`invalid-request`, field `command`; the schema's
+                 *     `x-first-item`, since OpenAPI 3.0 cannot constrain one item of an array).
                  */
                 command: components["schemas"]["Argument"][];
                 /** @description An environment variable as `KEY=VALUE`; repeat for several. */
@@ -2768,7 +2788,20 @@ export interface operations {
                 /** @description The API token, for clients that cannot set the `Authorization` header. */
                 access_token?: string;
             };
-            header?: never;
+            header: {
+                /**
+                 * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+                 *     refused with `invalid-request`. Websocket clients send this header and the three
+                 *     below themselves.
+                 */
+                Upgrade: components["parameters"]["WebSocketUpgrade"];
+                /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+                Connection: components["parameters"]["WebSocketConnection"];
+                /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+                "Sec-WebSocket-Key": components["parameters"]["WebSocketKey"];
+                /** @description The websocket protocol's version, 13 (RFC 6455). */
+                "Sec-WebSocket-Version": components["parameters"]["WebSocketVersion"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -2978,7 +3011,20 @@ export interface operations {
                 /** @description The API token, for clients that cannot set the `Authorization` header. */
                 access_token?: components["parameters"]["AccessToken"];
             };
-            header?: never;
+            header: {
+                /**
+                 * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+                 *     refused with `invalid-request`. Websocket clients send this header and the three
+                 *     below themselves.
+                 */
+                Upgrade: components["parameters"]["WebSocketUpgrade"];
+                /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+                Connection: components["parameters"]["WebSocketConnection"];
+                /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+                "Sec-WebSocket-Key": components["parameters"]["WebSocketKey"];
+                /** @description The websocket protocol's version, 13 (RFC 6455). */
+                "Sec-WebSocket-Version": components["parameters"]["WebSocketVersion"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -3347,9 +3393,9 @@ export interface operations {
         parameters: {
             query?: {
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -3491,9 +3537,9 @@ export interface operations {
         parameters: {
             query?: {
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -3787,7 +3833,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -3816,7 +3862,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -3853,7 +3899,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -4351,3 +4397,4 @@ export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<compon
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
+export const componentsParametersWebSocketVersionValues: ReadonlyArray<FlattenedDeepRequired<components>["parameters"]["WebSocketVersion"]> = ["13"];
