@@ -457,6 +457,12 @@ func (e WaitSandboxParamsState) Valid() bool {
 // Example: /home/user/main.py
 type AbsolutePath = string
 
+// AllowedDestination A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+// inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+// 224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+// as 0.0.0.0/0) is taken; the ranges stay closed.
+type AllowedDestination = string
+
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
 
@@ -1128,6 +1134,11 @@ type LeaseList struct {
 	Items []Lease `json:"items"`
 }
 
+// NetworkDestination A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+// `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+// CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+type NetworkDestination = string
+
 // NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
 // but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
 // below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
@@ -1143,10 +1154,10 @@ type LeaseList struct {
 // Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
 type NetworkPolicy struct {
 	// Allow The only destinations reachable, when not empty.
-	Allow *[]string `json:"allow,omitempty"`
+	Allow *[]AllowedDestination `json:"allow,omitempty"`
 
 	// Deny Destinations never reachable; wins over `allow` and `internet`.
-	Deny *[]string `json:"deny,omitempty"`
+	Deny *[]NetworkDestination `json:"deny,omitempty"`
 
 	// Internet Every public destination, when `allow` is empty.
 	Internet *InternetAccess `json:"internet,omitempty"`
@@ -1228,7 +1239,10 @@ type PullImageRequest struct {
 	// Example: busybox
 	Name *StoredImageName `json:"name,omitempty"`
 
-	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	// Platform `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+	// architecture): another is refused with `unavailable` (503), as a runtime this
+	// server cannot run is.
+	//
 	//
 	// Example: linux/amd64
 	Platform *string `json:"platform,omitempty"`

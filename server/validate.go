@@ -296,7 +296,7 @@ func schemaReason(se *openapi3.SchemaError) string {
 		return "is not valid: " + strings.TrimSuffix(se.Reason, ".")
 	}
 	switch se.SchemaField {
-	case "pattern", "minLength", "maxLength", "format":
+	case "pattern", "minLength", "maxLength", "format", "not":
 		if rule, ok := sch.Extensions["x-rule"].(string); ok {
 			return "is not valid: it must be " + strings.TrimSuffix(rule, ".")
 		}

@@ -1276,7 +1276,9 @@ export interface components {
             ref: string;
             name?: components["schemas"]["StoredImageName"];
             /**
-             * @description `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+             * @description `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+             *     architecture): another is refused with `unavailable` (503), as a runtime this
+             *     server cannot run is.
              * @example linux/amd64
              */
             platform?: string;
@@ -1607,6 +1609,19 @@ export interface components {
             address?: string;
         };
         /**
+         * @description A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+         *     `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+         *     CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+         */
+        NetworkDestination: string;
+        /**
+         * @description A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+         *     inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+         *     224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+         *     as 0.0.0.0/0) is taken; the ranges stay closed.
+         */
+        AllowedDestination: string;
+        /**
          * @description A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
          *     but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
          *     below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
@@ -1631,9 +1646,9 @@ export interface components {
         NetworkPolicy: {
             internet?: components["schemas"]["InternetAccess"];
             /** @description The only destinations reachable, when not empty. */
-            allow?: string[];
+            allow?: components["schemas"]["AllowedDestination"][];
             /** @description Destinations never reachable; wins over `allow` and `internet`. */
-            deny?: string[];
+            deny?: components["schemas"]["NetworkDestination"][];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
