@@ -263,7 +263,7 @@ func bodyReason(reqErr *openapi3filter.RequestError) (field, reason string) {
 				return field, "must be " + strings.TrimSuffix(rule, ".")
 			}
 		}
-				if schemaErr.SchemaField == "properties" && strings.HasSuffix(schemaErr.Reason, " is unsupported") {
+		if schemaErr.SchemaField == "properties" && strings.HasSuffix(schemaErr.Reason, " is unsupported") {
 			// The field at fault is the unknown one, not the object that holds it.
 			if name, ok := quoted(schemaErr.Reason); ok {
 				if field == "body" {
