@@ -1,11 +1,13 @@
 package server
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/getkin/kin-openapi/openapi3"
 
@@ -249,5 +251,27 @@ func TestProxiedPathParametersAreValidated(t *testing.T) {
 		if rec.Code != http.StatusTeapot {
 			t.Errorf("PATCH %s: %d %s, want the proxy's answer", path, rec.Code, rec.Body)
 		}
+	}
+}
+
+// TestUndecodableRequestsAreProblems: a query that does not decode and a body that cannot be
+// read are invalid-request problems (issue 38): the query's pairs were dropped silently
+// (`?state=%zz` listed every sandbox), and a malformed chunked body was a 500.
+func TestUndecodableRequestsAreProblems(t *testing.T) {
+	t.Parallel()
+	s := contractServer(t)
+	for _, target := range []string{"/v1/sandboxes?state=%zz", "/v1/sandboxes?x=%zz", "/v1/sandboxes?state=running;x", "/v1/info?%"} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1"+target, nil))
+		if p := decodeProblem(t, rec); rec.Code != 400 || p.Code != "invalid-request" || strings.Contains(p.Detail, "zz") {
+			t.Errorf("GET %s: %d %+v, want 400 invalid-request that does not quote the query", target, rec.Code, p)
+		}
+	}
+	req := httptest.NewRequest("POST", "http://127.0.0.1/v1/sandboxes", iotest.ErrReader(errors.New("http: malformed chunked encoding")))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	if p := decodeProblem(t, rec); rec.Code != 400 || p.Code != "invalid-request" {
+		t.Errorf("a body that cannot be read: %d %+v, want 400 invalid-request", rec.Code, p)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +69,15 @@ func (s *Server) validate(next http.Handler) http.Handler {
 		_, proxied := route.Operation.Extensions["x-proxy"]
 		// A proxied request's query is the sandboxed service's, whatever it takes; its path
 		// parameters (the sandbox, the port, the link's token) are the contract's.
+		if !proxied {
+			// A query that does not decode (a bad %-escape, a ';') would lose its pairs
+			// silently in r.URL.Query(): `?state=%zz` would list every sandbox.
+			if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+				s.writeProblem(w, r, errcode.Wrap(errcode.InvalidRequest, err,
+					"The query string could not be read (%s); percent-encode its names and values, and separate the pairs with '&'.", queryFault(err)))
+				return
+			}
+		}
 		if name := unknownQuery(r, route); name != "" && !proxied {
 			s.writeProblem(w, r, errcode.Invalid(name,
 				"The query parameter %q is not one this operation takes; remove it (see /openapi.yaml for the parameters of %s %s).",
@@ -134,6 +144,15 @@ func unknownQuery(r *http.Request, route *routers.Route) string {
 	return unknown[0]
 }
 
+// queryFault says what is wrong with a query string, without quoting it (it may hold a
+// secret, such as an access token).
+func queryFault(err error) string {
+	if strings.Contains(err.Error(), "semicolon") {
+		return "it holds a ';'"
+	}
+	return "it holds a '%' that is not followed by two hexadecimal digits"
+}
+
 // truncateName bounds a client-chosen name quoted back in a message.
 func truncateName(name string) string {
 	const max = 64
@@ -150,7 +169,13 @@ func truncateName(name string) string {
 func wholeJSONBody(r *http.Request) error {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		return err
+		var tooLarge *http.MaxBytesError
+		var coded *errcode.Error
+		if errors.As(err, &tooLarge) || errors.As(err, &coded) {
+			return err
+		}
+		// A malformed chunked encoding or a body cut short: the client's fault, not ours.
+		return errcode.Wrap(errcode.InvalidRequest, err, "The request body could not be read (%v); send it again, whole.", err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	dec := json.NewDecoder(bytes.NewReader(body))
