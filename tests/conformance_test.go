@@ -184,6 +184,14 @@ func (c *conformance) operation(path, method string, item *openapi3.PathItem, op
 		c.valid++
 		c.send(name, method, g, true)
 	}
+	if _, proxied := op.Extensions["x-proxy"]; !proxied {
+		// A query that does not decode is no request of the contract, whatever the
+		// operation; its pairs must not be dropped silently.
+		if g := c.generate(path, item, op); c.judge(route, g) == "" {
+			c.mutated++
+			c.sendRaw(name+" (an undecodable query)", method, g, "%zz=1")
+		}
+	}
 	for i := 0; i < mutatedPerOperation; i++ {
 		base := c.generate(path, item, op)
 		if c.judge(route, base) != "" {
@@ -618,10 +626,26 @@ func truncate(b []byte, n int) []byte {
 
 // send sends g and judges the answer.
 func (c *conformance) send(name, method string, g *genRequest, valid bool) {
+	c.t.Helper()
+	c.judgeAnswer(name, method, g, g.target(), valid)
+}
+
+// sendRaw sends g with extra appended to its query as it is, unescaped, and wants it refused.
+func (c *conformance) sendRaw(name, method string, g *genRequest, extra string) {
+	c.t.Helper()
+	target := g.target()
+	if strings.Contains(target, "?") {
+		target += "&" + extra
+	} else {
+		target += "?" + extra
+	}
+	c.judgeAnswer(name, method, g, target, false)
+}
+
+func (c *conformance) judgeAnswer(name, method string, g *genRequest, target string, valid bool) {
 	t := c.t
 	t.Helper()
 	c.sent++
-	target := g.target()
 	status, header, body := c.roundTrip(method, target, g.header, g.body, g.hasBody, g.bodyType, true)
 	if status == 0 {
 		return
