@@ -2110,6 +2110,8 @@ type ClientInterface interface {
 
 	// GetMetrics Prometheus metrics
 	//
+	// Prometheus metrics of the server and its sandboxes. Needs the token.
+	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2217,6 +2219,8 @@ type ClientInterface interface {
 
 	// GetInfo Server version, runtime, images and limits
 	//
+	// The server's version, runtimes, images, limits, storage and network.
+	//
 	// Corresponds with GET /v1/info (the `GetInfo` operationId).
 	GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2280,6 +2284,8 @@ type ClientInterface interface {
 	DeleteSandbox(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSandbox Get a sandbox
+	//
+	// The sandbox: its state, configuration, resources, lifetime and last exit.
 	//
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2608,6 +2614,8 @@ type ClientInterface interface {
 
 	// ListTemplates List templates
 	//
+	// The templates, in name order, a page at a time.
+	//
 	// Corresponds with GET /v1/templates (the `ListTemplates` operationId).
 	ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2646,10 +2654,14 @@ type ClientInterface interface {
 
 	// GetTemplate Get a template
 	//
+	// The template, its number of generations and its latest.
+	//
 	// Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 	GetTemplate(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListGenerations List a template's generations
+	//
+	// The generations of a template, in id order (oldest first), a page at a time.
 	//
 	// Corresponds with GET /v1/templates/{name}/generations (the `ListGenerations` operationId).
 	ListGenerations(ctx context.Context, name TemplateNamePath, params *ListGenerationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2730,10 +2742,14 @@ type ClientInterface interface {
 
 	// GetGeneration Get a generation
 	//
+	// The generation, with its state, eligibility, size and the leases that hold it.
+	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 	GetGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListLeases List the clones that lease a generation
+	//
+	// The leases on a generation: the clones that run from it.
 	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen}/leases (the `ListLeases` operationId).
 	ListLeases(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2847,6 +2863,8 @@ func (c *Client) DashboardLogin(ctx context.Context, body DashboardLoginJSONRequ
 }
 
 // GetMetrics Prometheus metrics
+//
+// Prometheus metrics of the server and its sandboxes. Needs the token.
 //
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
 func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3045,6 +3063,8 @@ func (c *Client) ImportImageWithBody(ctx context.Context, name ImageNamePath, co
 
 // GetInfo Server version, runtime, images and limits
 //
+// The server's version, runtimes, images, limits, storage and network.
+//
 // Corresponds with GET /v1/info (the `GetInfo` operationId).
 func (c *Client) GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetInfoRequest(c.Server)
@@ -3158,6 +3178,8 @@ func (c *Client) DeleteSandbox(ctx context.Context, id SandboxIDPath, params *De
 }
 
 // GetSandbox Get a sandbox
+//
+// The sandbox: its state, configuration, resources, lifetime and last exit.
 //
 // Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3716,6 +3738,8 @@ func (c *Client) WaitSandbox(ctx context.Context, id SandboxIDPath, params *Wait
 
 // ListTemplates List templates
 //
+// The templates, in name order, a page at a time.
+//
 // Corresponds with GET /v1/templates (the `ListTemplates` operationId).
 func (c *Client) ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListTemplatesRequest(c.Server, params)
@@ -3794,6 +3818,8 @@ func (c *Client) DeleteTemplate(ctx context.Context, name TemplateNamePath, para
 
 // GetTemplate Get a template
 //
+// The template, its number of generations and its latest.
+//
 // Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 func (c *Client) GetTemplate(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTemplateRequest(c.Server, name)
@@ -3808,6 +3834,8 @@ func (c *Client) GetTemplate(ctx context.Context, name TemplateNamePath, reqEdit
 }
 
 // ListGenerations List a template's generations
+//
+// The generations of a template, in id order (oldest first), a page at a time.
 //
 // Corresponds with GET /v1/templates/{name}/generations (the `ListGenerations` operationId).
 func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, params *ListGenerationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3928,6 +3956,8 @@ func (c *Client) RetireGeneration(ctx context.Context, name TemplateNamePath, ge
 
 // GetGeneration Get a generation
 //
+// The generation, with its state, eligibility, size and the leases that hold it.
+//
 // Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 func (c *Client) GetGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetGenerationRequest(c.Server, name, gen)
@@ -3942,6 +3972,8 @@ func (c *Client) GetGeneration(ctx context.Context, name TemplateNamePath, gen G
 }
 
 // ListLeases List the clones that lease a generation
+//
+// The leases on a generation: the clones that run from it.
 //
 // Corresponds with GET /v1/templates/{name}/generations/{gen}/leases (the `ListLeases` operationId).
 func (c *Client) ListLeases(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -6650,6 +6682,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetMetricsWithResponse Prometheus metrics
 	//
+	// Prometheus metrics of the server and its sandboxes. Needs the token.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
@@ -6769,6 +6803,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetInfoWithResponse Server version, runtime, images and limits
 	//
+	// The server's version, runtimes, images, limits, storage and network.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/info (the `GetInfo` operationId).
@@ -6838,6 +6874,8 @@ type ClientWithResponsesInterface interface {
 	DeleteSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*DeleteSandboxResponse, error)
 
 	// GetSandboxWithResponse Get a sandbox
+	//
+	// The sandbox: its state, configuration, resources, lifetime and last exit.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7190,6 +7228,8 @@ type ClientWithResponsesInterface interface {
 
 	// ListTemplatesWithResponse List templates
 	//
+	// The templates, in name order, a page at a time.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates (the `ListTemplates` operationId).
@@ -7232,12 +7272,16 @@ type ClientWithResponsesInterface interface {
 
 	// GetTemplateWithResponse Get a template
 	//
+	// The template, its number of generations and its latest.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 	GetTemplateWithResponse(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error)
 
 	// ListGenerationsWithResponse List a template's generations
+	//
+	// The generations of a template, in id order (oldest first), a page at a time.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7322,12 +7366,16 @@ type ClientWithResponsesInterface interface {
 
 	// GetGenerationWithResponse Get a generation
 	//
+	// The generation, with its state, eligibility, size and the leases that hold it.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 	GetGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*GetGenerationResponse, error)
 
 	// ListLeasesWithResponse List the clones that lease a generation
+	//
+	// The leases on a generation: the clones that run from it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -11678,6 +11726,8 @@ func (c *ClientWithResponses) DashboardLoginWithResponse(ctx context.Context, bo
 
 // GetMetricsWithResponse Prometheus metrics
 //
+// Prometheus metrics of the server and its sandboxes. Needs the token.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
@@ -11851,6 +11901,8 @@ func (c *ClientWithResponses) ImportImageWithBodyWithResponse(ctx context.Contex
 
 // GetInfoWithResponse Server version, runtime, images and limits
 //
+// The server's version, runtimes, images, limits, storage and network.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/info (the `GetInfo` operationId).
@@ -11950,6 +12002,8 @@ func (c *ClientWithResponses) DeleteSandboxWithResponse(ctx context.Context, id 
 }
 
 // GetSandboxWithResponse Get a sandbox
+//
+// The sandbox: its state, configuration, resources, lifetime and last exit.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -12440,6 +12494,8 @@ func (c *ClientWithResponses) WaitSandboxWithResponse(ctx context.Context, id Sa
 
 // ListTemplatesWithResponse List templates
 //
+// The templates, in name order, a page at a time.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates (the `ListTemplates` operationId).
@@ -12506,6 +12562,8 @@ func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, na
 
 // GetTemplateWithResponse Get a template
 //
+// The template, its number of generations and its latest.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
@@ -12518,6 +12576,8 @@ func (c *ClientWithResponses) GetTemplateWithResponse(ctx context.Context, name 
 }
 
 // ListGenerationsWithResponse List a template's generations
+//
+// The generations of a template, in id order (oldest first), a page at a time.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -12626,6 +12686,8 @@ func (c *ClientWithResponses) RetireGenerationWithResponse(ctx context.Context, 
 
 // GetGenerationWithResponse Get a generation
 //
+// The generation, with its state, eligibility, size and the leases that hold it.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
@@ -12638,6 +12700,8 @@ func (c *ClientWithResponses) GetGenerationWithResponse(ctx context.Context, nam
 }
 
 // ListLeasesWithResponse List the clones that lease a generation
+//
+// The leases on a generation: the clones that run from it.
 //
 // Returns a wrapper object for the known response body format(s).
 //

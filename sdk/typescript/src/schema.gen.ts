@@ -49,7 +49,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a sandbox */
+        /**
+         * Get a sandbox
+         * @description The sandbox: its state, configuration, resources, lifetime and last exit.
+         */
         get: operations["getSandbox"];
         put?: never;
         post?: never;
@@ -727,7 +730,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List templates */
+        /**
+         * List templates
+         * @description The templates, in name order, a page at a time.
+         */
         get: operations["listTemplates"];
         put?: never;
         /**
@@ -751,7 +757,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a template */
+        /**
+         * Get a template
+         * @description The template, its number of generations and its latest.
+         */
         get: operations["getTemplate"];
         put?: never;
         post?: never;
@@ -783,7 +792,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** List a template's generations */
+        /**
+         * List a template's generations
+         * @description The generations of a template, in id order (oldest first), a page at a time.
+         */
         get: operations["listGenerations"];
         put?: never;
         /**
@@ -830,7 +842,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a generation */
+        /**
+         * Get a generation
+         * @description The generation, with its state, eligibility, size and the leases that hold it.
+         */
         get: operations["getGeneration"];
         put?: never;
         post?: never;
@@ -889,7 +904,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** List the clones that lease a generation */
+        /**
+         * List the clones that lease a generation
+         * @description The leases on a generation: the clones that run from it.
+         */
         get: operations["listLeases"];
         put?: never;
         post?: never;
@@ -981,7 +999,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Server version, runtime, images and limits */
+        /**
+         * Server version, runtime, images and limits
+         * @description The server's version, runtimes, images, limits, storage and network.
+         */
         get: operations["getInfo"];
         put?: never;
         post?: never;
@@ -1219,7 +1240,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Prometheus metrics */
+        /**
+         * Prometheus metrics
+         * @description Prometheus metrics of the server and its sandboxes. Needs the token.
+         */
         get: operations["getMetrics"];
         put?: never;
         post?: never;
