@@ -211,6 +211,15 @@ func TestSchemaSaysWhatTheServerAccepts(t *testing.T) {
 			t.Errorf("generation %q: %d %+v, want 400 on gen", gen, rec.Code, p)
 		}
 	}
+	// host is the built-in image, no stored one: the contract refuses it under /v1/images/
+	// (issue 38), and takes every other name of the rule.
+	for name, refused := range map[string]bool{"host": true, "busybox": false, "hosts": false, "hos": false, "hist": false, "h0st": false, "g000001x": false} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/images/"+name, nil))
+		if got := rec.Code == 400; got != refused {
+			t.Errorf("GET /v1/images/%s: %d %s, want refused %v", name, rec.Code, rec.Body, refused)
+		}
+	}
 }
 
 // TestProxiedPathParametersAreValidated: the port proxy and the links are judged by the
