@@ -174,6 +174,7 @@ func TestMessagesNameTheFieldAndTheRule(t *testing.T) {
 		{"unknown body field", "POST", "/v1/sandboxes", `{"resources":{"cpus":1}}`, "resources.cpus", "not a field"},
 		{"missing body field", "POST", "/v1/sandboxes/a1/exec", `{}`, "command", `"command" is required`},
 		{"empty command", "POST", "/v1/sandboxes/a1/exec", `{"command":[]}`, "command", "at least 1 item"},
+		{"bad item of an array", "POST", "/v1/sandboxes", `{"network":{"allow":["example.com","10.0.0.0/33"]}}`, "network.allow[1]", "IPv4"},
 	}
 	garbage := []string{"allOf", "json.Number", "e+0", "Go struct", "ExecRequest", "missing: value", "allowed: empty"}
 	for _, tc := range cases {

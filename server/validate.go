@@ -144,6 +144,23 @@ func unknownQuery(r *http.Request, route *routers.Route) string {
 	return unknown[0]
 }
 
+// fieldName writes a JSON pointer to a body field as the server's own refusals name fields:
+// objects' keys joined by dots, array indexes in brackets (network.allow[1]).
+func fieldName(ptr []string) string {
+	var b strings.Builder
+	for _, seg := range ptr {
+		if _, err := strconv.Atoi(seg); err == nil && b.Len() > 0 {
+			b.WriteString("[" + seg + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(seg)
+	}
+	return b.String()
+}
+
 // queryFault says what is wrong with a query string, without quoting it (it may hold a
 // secret, such as an access token).
 func queryFault(err error) string {
@@ -272,7 +289,7 @@ func bodyReason(reqErr *openapi3filter.RequestError) (field, reason string) {
 	case errors.As(reqErr.Err, &schemaErr):
 		field = "body"
 		if ptr := schemaErr.JSONPointer(); len(ptr) > 0 {
-			field = strings.Join(ptr, ".")
+			field = fieldName(ptr)
 		}
 		if schemaErr.SchemaField == "not" && schemaErr.Schema != nil {
 			// A rule between fields (a generation needs its template): the schema names
