@@ -238,6 +238,11 @@ func requestProblem(err error) error {
 		return e
 	case reqErr.RequestBody != nil:
 		field, reason := bodyReason(reqErr)
+		if prefix, ok := reqErr.RequestBody.Extensions["x-field-prefix"].(string); ok && field != "body" {
+			// The body is a part of a larger request elsewhere (a sandbox's network policy):
+			// its fields are named as they are there.
+			field = prefix + "." + field
+		}
 		var e *errcode.Error
 		if field == "body" {
 			e = errcode.Invalid(field, "The request body %s.", reason)
