@@ -404,6 +404,24 @@ func (e StorageHealthState) Valid() bool {
 	}
 }
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WebSocketVersion.
 const (
 	WebSocketVersionN13 WebSocketVersion = "13"
@@ -742,7 +760,10 @@ type ExecRequest struct {
 	// Example: 0077
 	Umask *Umask `json:"umask,omitempty"`
 
-	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+	// User The user a command or a file operation runs as inside the sandbox: `user` (the
+	// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+	// these two.
+	//
 	//
 	// Example: user
 	User *User `json:"user,omitempty"`
@@ -1253,6 +1274,12 @@ type PullImageRequest struct {
 	Ref string `json:"ref"`
 }
 
+// RemovablePath An `AbsolutePath` that names something below the root directory: it holds a
+// character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+//
+// Example: /home/user/build
+type RemovablePath = string
+
 // Resources Resource limits, applied through the sandbox's cgroup.
 type Resources struct {
 	// DiskMb Size in MiB of the sandbox's own disk, which holds everything it writes (its
@@ -1538,10 +1565,12 @@ type TimeoutRequest struct {
 // Example: 0077
 type Umask = string
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
 
 // AccessToken defines model for AccessToken.
 type AccessToken = string
@@ -1683,11 +1712,11 @@ type DeleteSandboxParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Path An absolute path inside the sandbox, other than the root directory.
+	Path RemovablePath `form:"path" json:"path"`
+
 	// Recursive Remove a directory with everything in it.
 	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
-
-	// Path An absolute path inside the sandbox.
-	Path AbsolutePath `form:"path" json:"path"`
 }
 
 // ReadFileParams defines parameters for ReadFile.
@@ -2572,19 +2601,6 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 	// Parameter object where we will unmarshal all parameters from the context
 	var params RemoveFileParams
 
-	// ------------- Optional query parameter "recursive" -------------
-
-	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
-	if err != nil {
-		var requiredError *runtime.RequiredParameterError
-		if errors.As(err, &requiredError) {
-			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
-		} else {
-			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
-		}
-		return
-	}
-
 	// ------------- Required query parameter "path" -------------
 
 	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
@@ -2594,6 +2610,19 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "recursive" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
 		}
 		return
 	}

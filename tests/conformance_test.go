@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -61,7 +62,17 @@ func TestConformanceGenerated(t *testing.T) {
 	}
 	t.Logf("seed %d (CONFORMANCE_SEED=%d reproduces this run)", seed, seed)
 	d := startDaemon(t, withoutAuth())
-	c := &conformance{t: t, doc: doc, d: d, rng: rand.New(rand.NewPCG(seed, 38))}
+	c := &conformance{t: t, doc: doc, d: d, rng: rand.New(rand.NewPCG(seed, 38)), validStatus: map[int]int{}}
+	if os.Getenv("CONFORMANCE_SANDBOX") != "" {
+		requireRoot(t)
+		// A running sandbox that half the requests name, so that they reach the handlers'
+		// own checks rather than stop at sandbox-not-found. Not in CI yet: the refusals that
+		// depend on the sandbox's files (a path the user may not write, a directory read as a
+		// file, a non-empty directory removed) are still 400 invalid-request, which the schema
+		// cannot state (issue 38, left open).
+		d.create(conformanceSandbox, true)
+		c.sandbox = conformanceSandbox
+	}
 	paths := doc.Paths.InMatchingOrder()
 	slices.Sort(paths)
 	ops := 0
@@ -82,7 +93,7 @@ func TestConformanceGenerated(t *testing.T) {
 	if ops < 40 {
 		t.Fatalf("only %d operations in the spec; the run covers too little", ops)
 	}
-	t.Logf("%d operations, %d requests (%d valid, %d mutated, %d unlisted methods)", ops, c.sent, c.valid, c.mutated, c.unlisted)
+	t.Logf("%d operations, %d requests (%d valid, %d mutated, %d unlisted methods); valid requests answered %v", ops, c.sent, c.valid, c.mutated, c.unlisted, c.validStatus)
 }
 
 // conformanceSpec loads the contract as the server's validator sees it: no servers (any host)
@@ -117,7 +128,20 @@ type conformance struct {
 	rng *rand.Rand
 
 	sent, valid, mutated, unlisted int
+	// validStatus counts the answers to valid requests by status, for the log: a run whose
+	// valid requests all end in 404 tests less than one where some succeed.
+	validStatus map[int]int
+	// sandbox, when set, is a running sandbox's id, given to half the requests' {id}.
+	sandbox string
 }
+
+// answerWait bounds the wait for an answer. A valid request may wait as long as it asks
+// (GET …/wait with timeout_ms up to an hour): one not answered by then is not judged, only
+// logged. An invalid one must be refused at once.
+const answerWait = 5 * time.Second
+
+// conformanceSandbox is the id of the run's sandbox.
+const conformanceSandbox = "conformance"
 
 // genRequest is a request built from the spec, before it is sent.
 type genRequest struct {
@@ -266,6 +290,9 @@ func (c *conformance) generate(path string, item *openapi3.PathItem, op *openapi
 		switch p.In {
 		case openapi3.ParameterInPath:
 			s := scalar(v)
+			if p.Name == "id" && c.sandbox != "" && c.rng.IntN(2) == 0 {
+				s = c.sandbox
+			}
 			if p.Name == "path" && c.rng.IntN(2) == 0 {
 				s += "/" + scalar(c.value(p.Schema.Value, 0))
 			}
@@ -655,9 +682,12 @@ func (c *conformance) judgeAnswer(name, method string, g *genRequest, target str
 	t := c.t
 	t.Helper()
 	c.sent++
-	status, header, body := c.roundTrip(method, target, g.header, g.body, g.hasBody, g.bodyType, true)
+	status, header, body := c.roundTrip(method, target, g.header, g.body, g.hasBody, g.bodyType, true, valid)
 	if status == 0 {
 		return
+	}
+	if valid {
+		c.validStatus[status]++
 	}
 	what := fmt.Sprintf("%s: %s %.200s", name, method, target)
 	p, ok := c.checkProblem(what, method == http.MethodHead, status, header, body)
@@ -700,7 +730,7 @@ func (c *conformance) unlistedMethods(path string, item *openapi3.PathItem) {
 		}
 		c.unlisted++
 		c.sent++
-		status, header, body := c.roundTrip(m, g.target(), g.header, nil, false, "", false)
+		status, header, body := c.roundTrip(m, g.target(), g.header, nil, false, "", false, false)
 		what := fmt.Sprintf("%s %s (the spec lists %s)", m, g.target(), strings.Join(listed, ", "))
 		if status == 0 {
 			continue
@@ -743,8 +773,8 @@ func (c *conformance) checkProblem(what string, head bool, status int, header ht
 // at once. It returns status 0 when the request could not be made (reported).
 // An answer to an operation of the contract is also checked against the operation's responses
 // (checkResponses), as every e2e request is.
-func (c *conformance) roundTrip(method, target string, header http.Header, body []byte, hasBody bool, bodyType string, checkResponses bool) (int, http.Header, []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+func (c *conformance) roundTrip(method, target string, header http.Header, body []byte, hasBody bool, bodyType string, checkResponses, mayWait bool) (int, http.Header, []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), answerWait)
 	defer cancel()
 	var rd io.Reader
 	if hasBody {
@@ -761,10 +791,18 @@ func (c *conformance) roundTrip(method, target string, header http.Header, body 
 	if hasBody {
 		req.Header.Set("Content-Type", bodyType)
 	}
+	began := time.Now()
 	resp, err := c.d.httpClient().Do(req)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && mayWait {
+			c.t.Logf("%s %.200s: no answer within %v; not judged", method, target, answerWait)
+			return 0, nil, nil
+		}
 		c.t.Errorf("%s %s: %v", method, target, err)
 		return 0, nil, nil
+	}
+	if d := time.Since(began); d > 2*time.Second {
+		c.t.Logf("%s %.120s took %v (%d)", method, target, d.Round(time.Millisecond), resp.StatusCode)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {

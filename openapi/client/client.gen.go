@@ -406,6 +406,24 @@ func (e StorageHealthState) Valid() bool {
 	}
 }
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WebSocketVersion.
 const (
 	WebSocketVersionN13 WebSocketVersion = "13"
@@ -774,7 +792,10 @@ type ExecRequest struct {
 	// Example: 0077
 	Umask *Umask `json:"umask,omitempty"`
 
-	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+	// User The user a command or a file operation runs as inside the sandbox: `user` (the
+	// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+	// these two.
+	//
 	//
 	// Example: user
 	User *User `json:"user,omitempty"`
@@ -1285,6 +1306,12 @@ type PullImageRequest struct {
 	Ref string `json:"ref"`
 }
 
+// RemovablePath An `AbsolutePath` that names something below the root directory: it holds a
+// character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+//
+// Example: /home/user/build
+type RemovablePath = string
+
 // Resources Resource limits, applied through the sandbox's cgroup.
 type Resources struct {
 	// DiskMb Size in MiB of the sandbox's own disk, which holds everything it writes (its
@@ -1570,10 +1597,12 @@ type TimeoutRequest struct {
 // Example: 0077
 type Umask = string
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
 
 // AccessToken defines model for AccessToken.
 type AccessToken = string
@@ -1775,11 +1804,11 @@ type ExecStreamParamsSecWebSocketVersion string
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Path An absolute path inside the sandbox, other than the root directory.
+	Path RemovablePath `form:"path" json:"path"`
+
 	// Recursive Remove a directory with everything in it.
 	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
-
-	// Path An absolute path inside the sandbox.
-	Path AbsolutePath `form:"path" json:"path"`
 }
 
 // ReadFileParams defines parameters for ReadFile.
@@ -2364,8 +2393,8 @@ type ClientInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-	// with `invalid-request`.
+	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+	// must name something below it (`RemovablePath`).
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3298,8 +3327,8 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-// with `invalid-request`.
+// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+// must name something below it (`RemovablePath`).
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5015,6 +5044,14 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
 		if params.Recursive != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", *params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
@@ -5025,14 +5062,6 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 				}
 			}
 
-		}
-
-		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-			return nil, err
-		} else {
-			for _, qp := range strings.Split(queryFrag, "&") {
-				rawQueryFragments = append(rawQueryFragments, qp)
-			}
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -6958,8 +6987,8 @@ type ClientWithResponsesInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-	// with `invalid-request`.
+	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+	// must name something below it (`RemovablePath`).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -12110,8 +12139,8 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-// with `invalid-request`.
+// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+// must name something below it (`RemovablePath`).
 //
 // Returns a wrapper object for the known response body format(s).
 //

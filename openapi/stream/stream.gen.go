@@ -12,6 +12,24 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WebSocketVersion.
 const (
 	WebSocketVersionN13 WebSocketVersion = "13"
@@ -120,10 +138,12 @@ type TemplateName = string
 // Example: 0077
 type Umask = string
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
 // digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as

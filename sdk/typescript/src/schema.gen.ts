@@ -394,8 +394,8 @@ export interface paths {
          * Remove a file, or a directory
          * @description Removes a file or an empty directory. A non-empty directory is refused with
          *     `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-         *     everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-         *     with `invalid-request`.
+         *     everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+         *     must name something below it (`RemovablePath`).
          */
         delete: operations["removeFile"];
         options?: never;
@@ -1383,10 +1383,19 @@ export interface components {
          */
         AbsolutePath: string;
         /**
-         * @description A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
-         * @example user
+         * @description An `AbsolutePath` that names something below the root directory: it holds a
+         *     character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+         * @example /home/user/build
          */
-        User: string;
+        RemovablePath: string;
+        /**
+         * @description The user a command or a file operation runs as inside the sandbox: `user` (the
+         *     unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+         *     these two.
+         * @example user
+         * @enum {string}
+         */
+        User: "user" | "root";
         /**
          * @description The command's file mode creation mask, in octal as the shell's `umask` prints it
          *     (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
@@ -2947,8 +2956,8 @@ export interface operations {
     removeFile: {
         parameters: {
             query: {
-                /** @description An absolute path inside the sandbox. */
-                path: components["schemas"]["AbsolutePath"];
+                /** @description An absolute path inside the sandbox, other than the root directory. */
+                path: components["schemas"]["RemovablePath"];
                 /** @description Remove a directory with everything in it. */
                 recursive?: boolean;
             };
@@ -4420,6 +4429,7 @@ export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersUpgradeValues: 
 export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/ports/{port}/tcp"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
+export const userValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["User"]> = ["user", "root"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
 export const pauseMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseMemory"]> = ["keep", "release"];
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
