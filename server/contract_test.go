@@ -285,3 +285,37 @@ func TestUndecodableRequestsAreProblems(t *testing.T) {
 		t.Errorf("a body that cannot be read: %d %+v, want 400 invalid-request", rec.Code, p)
 	}
 }
+
+// TestExtensionRulesAreValidated: the rules the contract states in extensions, because
+// OpenAPI 3.0 has no keyword for them (x-first-item, x-key-pattern), are the validator's too,
+// before any handler (issue 38).
+func TestExtensionRulesAreValidated(t *testing.T) {
+	t.Parallel()
+	s := contractServer(t)
+	for _, tc := range []struct{ name, method, path, body, field string }{
+		{"empty program", "POST", "/v1/sandboxes/a1/exec", `{"command":["","x"]}`, "command"},
+		{"label key", "POST", "/v1/sandboxes", `{"labels":{"team":"a","Team":"x"}}`, "labels"},
+		{"label key ending in a dot", "POST", "/v1/sandboxes", `{"labels":{"team.":"x"}}`, "labels"},
+		{"empty program on the stream", "GET", "/v1/sandboxes/a1/exec/stream?command=&command=x", "", "command"},
+	} {
+		req := httptest.NewRequest(tc.method, "http://127.0.0.1"+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		if p := decodeProblem(t, rec); rec.Code != 400 || p.Field != tc.field {
+			t.Errorf("%s: %d %+v, want 400 on %s", tc.name, rec.Code, p, tc.field)
+		}
+	}
+	// An empty argument after the program is an argument like any other.
+	req := httptest.NewRequest("POST", "http://127.0.0.1/v1/sandboxes/a1/exec", strings.NewReader(`{"command":["echo",""]}`))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNotImplemented { // fuzzHandlers' answer: the request reached it
+		t.Errorf("an empty argument: %d %s", rec.Code, rec.Body)
+	}
+}

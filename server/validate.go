@@ -86,8 +86,10 @@ func (s *Server) validate(next http.Handler) http.Handler {
 		}
 		// A proxied body is the service's and is streamed to it, never read here.
 		jsonBody := takesJSON(route.Operation) && !proxied
+		var body []byte
 		if jsonBody && r.Body != nil && r.Body != http.NoBody {
-			if err := wholeJSONBody(r); err != nil {
+			var err error
+			if body, err = wholeJSONBody(r); err != nil {
 				s.writeProblem(w, r, err)
 				return
 			}
@@ -109,6 +111,10 @@ func (s *Server) validate(next http.Handler) http.Handler {
 		}
 		if err := openapi3filter.ValidateRequest(r.Context(), input); err != nil {
 			s.writeProblem(w, r, requestProblem(err))
+			return
+		}
+		if err := extensionRules(r, route, body); err != nil {
+			s.writeProblem(w, r, err)
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -183,29 +189,29 @@ func truncateName(name string) string {
 // anything after its first JSON value but white space: `{"id":"a"} {"start":true}` would
 // otherwise be taken for its first half by both the validator and the generated decoder,
 // which stop at the end of one value. The body is put back for them to read.
-func wholeJSONBody(r *http.Request) error {
+func wholeJSONBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		var coded *errcode.Error
 		if errors.As(err, &tooLarge) || errors.As(err, &coded) {
-			return err
+			return nil, err
 		}
 		// A malformed chunked encoding or a body cut short: the client's fault, not ours.
-		return errcode.Wrap(errcode.InvalidRequest, err, "The request body could not be read (%v); send it again, whole.", err)
+		return nil, errcode.Wrap(errcode.InvalidRequest, err, "The request body could not be read (%v); send it again, whole.", err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var first json.RawMessage
 	if err := dec.Decode(&first); err != nil {
 		// Malformed or empty: the validator says so in its own terms.
-		return nil
+		return body, nil
 	}
 	if rest := bytes.TrimSpace(body[dec.InputOffset():]); len(rest) > 0 {
-		return errcode.Invalid("body",
+		return nil, errcode.Invalid("body",
 			"The request body holds more than one JSON value (%d bytes follow the first); send exactly one JSON object.", len(rest))
 	}
-	return nil
+	return body, nil
 }
 
 // takesJSON reports whether an operation's request body, if it has one, is JSON.
