@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"context"
-	"encoding/base64"
 	"slices"
 	"strings"
 
@@ -191,7 +190,7 @@ func (h *Handlers) ListSandboxes(_ context.Context, req openapi.ListSandboxesReq
 	}
 	var next *string
 	if more && len(page) > 0 {
-		c := base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].Config.ID))
+		c := page[len(page)-1].Config.ID
 		next = &c
 	}
 	out := openapi.SandboxList{Items: make([]openapi.Sandbox, 0, len(page)), NextCursor: next}

@@ -404,6 +404,39 @@ func (e StorageHealthState) Valid() bool {
 	}
 }
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebSocketVersion.
+const (
+	WebSocketVersionN13 WebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the WebSocketVersion enum.
+func (e WebSocketVersion) Valid() bool {
+	switch e {
+	case WebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WaitSandboxParamsState.
 const (
 	WaitSandboxParamsStateDeleted     WaitSandboxParamsState = "deleted"
@@ -441,6 +474,12 @@ func (e WaitSandboxParamsState) Valid() bool {
 //
 // Example: /home/user/main.py
 type AbsolutePath = string
+
+// AllowedDestination A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+// inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+// 224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+// as 0.0.0.0/0) is taken; the ranges stay closed.
+type AllowedDestination = string
 
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
@@ -502,9 +541,8 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
-	// `generation` without `template` is refused with `invalid-request` (field
-	// `generation`), which OpenAPI 3.0 cannot say in the schema.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`
+	// (the object's `not`): a `generation` without `template` is refused.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one (`sb-` and 12 of a-z 0-9) when
@@ -521,7 +559,8 @@ type CreateSandboxRequest struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -656,10 +695,9 @@ type Event struct {
 	Exit *LastExit `json:"exit,omitempty"`
 
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -729,7 +767,8 @@ type EventType = string
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
 	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-	// `command`).
+	// `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+	// states the rule for the program.
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -755,7 +794,10 @@ type ExecRequest struct {
 	// Example: 0077
 	Umask *Umask `json:"umask,omitempty"`
 
-	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+	// User The user a command or a file operation runs as inside the sandbox: `user` (the
+	// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+	// these two.
+	//
 	//
 	// Example: user
 	User *User `json:"user,omitempty"`
@@ -839,10 +881,9 @@ type Generation struct {
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -878,10 +919,9 @@ type GenerationEligibility string
 type GenerationState string
 
 // GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationID = string
@@ -1101,7 +1141,8 @@ type LabelValue = string
 // Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 // and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 // A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-// keys, so the server checks them and refuses others with `invalid-request`.
+// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+// others with `invalid-request`.
 //
 // Example: {"job":"42","team":"grading"}
 type Labels map[string]LabelValue
@@ -1156,6 +1197,11 @@ type LeaseList struct {
 	Items []Lease `json:"items"`
 }
 
+// NetworkDestination A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+// `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+// CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+type NetworkDestination = string
+
 // NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
 // but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
 // below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
@@ -1171,10 +1217,10 @@ type LeaseList struct {
 // Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
 type NetworkPolicy struct {
 	// Allow The only destinations reachable, when not empty.
-	Allow *[]string `json:"allow,omitempty"`
+	Allow *[]AllowedDestination `json:"allow,omitempty"`
 
 	// Deny Destinations never reachable; wins over `allow` and `internet`.
-	Deny *[]string `json:"deny,omitempty"`
+	Deny *[]NetworkDestination `json:"deny,omitempty"`
 
 	// Internet Every public destination, when `allow` is empty.
 	Internet *InternetAccess `json:"internet,omitempty"`
@@ -1248,12 +1294,18 @@ type Problem struct {
 
 // PullImageRequest defines model for PullImageRequest.
 type PullImageRequest struct {
-	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	// Name The name of an image the server stores: an `ImageName` other than `host`, which is
+	// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+	// read nor deleted under `/v1/images/{name}`.
 	//
-	// Example: host
-	Name *ImageName `json:"name,omitempty"`
+	//
+	// Example: busybox
+	Name *StoredImageName `json:"name,omitempty"`
 
-	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	// Platform `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+	// architecture): another is refused with `unavailable` (503), as a runtime this
+	// server cannot run is.
+	//
 	//
 	// Example: linux/amd64
 	Platform *string `json:"platform,omitempty"`
@@ -1263,6 +1315,12 @@ type PullImageRequest struct {
 	// Example: registry.example.com/library/busybox:1.36
 	Ref string `json:"ref"`
 }
+
+// RemovablePath An `AbsolutePath` that names something below the root directory: it holds a
+// character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+//
+// Example: /home/user/build
+type RemovablePath = string
 
 // Resources Resource limits, applied through the sandbox's cgroup.
 type Resources struct {
@@ -1384,7 +1442,8 @@ type Sandbox struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -1527,6 +1586,13 @@ type StorageHealth struct {
 // StorageHealthState defines model for StorageHealth.State.
 type StorageHealthState string
 
+// StoredImageName The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
+//
+// Example: busybox
+type StoredImageName = string
+
 // Template defines model for Template.
 type Template struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1546,10 +1612,9 @@ type Template struct {
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -1632,10 +1697,12 @@ type UsageSample struct {
 	Vcpus *int `json:"vcpus,omitempty"`
 }
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
 
 // Webhook defines model for Webhook.
 type Webhook struct {
@@ -1694,10 +1761,9 @@ type Cursor = string
 type Drain = bool
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
@@ -1705,10 +1771,12 @@ type GenerationIDPath = GenerationID
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
-// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+// ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
 //
-// Example: host
-type ImageNamePath = ImageName
+// Example: busybox
+type ImageNamePath = StoredImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1731,6 +1799,18 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// WebSocketConnection defines model for WebSocketConnection.
+type WebSocketConnection = string
+
+// WebSocketKey defines model for WebSocketKey.
+type WebSocketKey = string
+
+// WebSocketUpgrade defines model for WebSocketUpgrade.
+type WebSocketUpgrade = string
+
+// WebSocketVersion defines model for WebSocketVersion.
+type WebSocketVersion string
 
 // WebhookIDPath A webhook's id, given by the server.
 type WebhookIDPath = WebhookID
@@ -1801,9 +1881,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1839,11 +1919,11 @@ type DeleteSandboxParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Path An absolute path inside the sandbox, other than the root directory.
+	Path RemovablePath `form:"path" json:"path"`
+
 	// Recursive Remove a directory with everything in it.
 	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
-
-	// Path An absolute path inside the sandbox.
-	Path AbsolutePath `form:"path" json:"path"`
 }
 
 // ReadFileParams defines parameters for ReadFile.
@@ -1949,9 +2029,9 @@ type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1982,9 +2062,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -2865,19 +2945,6 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 	// Parameter object where we will unmarshal all parameters from the context
 	var params RemoveFileParams
 
-	// ------------- Optional query parameter "recursive" -------------
-
-	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
-	if err != nil {
-		var requiredError *runtime.RequiredParameterError
-		if errors.As(err, &requiredError) {
-			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
-		} else {
-			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
-		}
-		return
-	}
-
 	// ------------- Required query parameter "path" -------------
 
 	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
@@ -2887,6 +2954,19 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "recursive" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
 		}
 		return
 	}

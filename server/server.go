@@ -211,9 +211,14 @@ func (s *Server) routes(cfg Config) http.Handler {
 	if s.foreignClaims != nil {
 		r.Use(foreign(s.boundStreams(s.foreignStream)(s.answerWithoutBody(s.idempotent(cfg.Idempotency, cfg.MaxJSONBytes)(cfg.Foreign))), s.foreignClaims))
 	}
+	// The contract decides which methods a path takes, on every route it describes
+	// (route.go); the route table below only dispatches.
+	r.Use(s.matchContract)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, errcode.New(errcode.NotFound, "There is no route %s; see /openapi.yaml for the API.", r.URL.Path))
 	})
+	// For the routes outside the contract (the dashboard's assets); matchContract answers
+	// the contract's own.
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		allowed := allowedMethods(r, req.URL.Path)
 		// RFC 9110 §15.5.6: a 405 says which methods the resource does take.

@@ -126,7 +126,12 @@ func TestRoutesNotBuiltAnswer501(t *testing.T) {
 	s, _ := newTestServer(t, Config{})
 	for _, path := range []string{"/v1/events", "/metrics", "/v1/sandboxes/a1/exec/stream?command=true"} {
 		rec := httptest.NewRecorder()
-		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1"+path, nil))
+		req := httptest.NewRequest("GET", "http://127.0.0.1"+path, nil)
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		s.ServeHTTP(rec, req)
 		if p := decodeProblem(t, rec); rec.Code != 501 || p.Code != "not-implemented" {
 			t.Errorf("%s: got %d %q, want 501 not-implemented", path, rec.Code, p.Code)
 		}
@@ -172,7 +177,13 @@ func TestMiddlewareKeepsHijackAndFlush(t *testing.T) {
 		return nil
 	}})
 	w := &hijackable{ResponseRecorder: *httptest.NewRecorder()}
-	s.ServeHTTP(w, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/a1/exec/stream?command=true", nil))
+	req := httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/a1/exec/stream?command=true", nil)
+	// The headers the contract requires of a websocket's request.
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	s.ServeHTTP(w, req)
 	if flushErr != nil || hijackErr != nil || !w.hijacked {
 		t.Fatalf("flush: %v, hijack: %v, hijacked: %v", flushErr, hijackErr, w.hijacked)
 	}

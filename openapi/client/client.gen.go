@@ -406,6 +406,69 @@ func (e StorageHealthState) Valid() bool {
 	}
 }
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebSocketVersion.
+const (
+	WebSocketVersionN13 WebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the WebSocketVersion enum.
+func (e WebSocketVersion) Valid() bool {
+	switch e {
+	case WebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ExecStreamParamsSecWebSocketVersion.
+const (
+	ExecStreamParamsSecWebSocketVersionN13 ExecStreamParamsSecWebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the ExecStreamParamsSecWebSocketVersion enum.
+func (e ExecStreamParamsSecWebSocketVersion) Valid() bool {
+	switch e {
+	case ExecStreamParamsSecWebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PortTunnelParamsSecWebSocketVersion.
+const (
+	PortTunnelParamsSecWebSocketVersionN13 PortTunnelParamsSecWebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the PortTunnelParamsSecWebSocketVersion enum.
+func (e PortTunnelParamsSecWebSocketVersion) Valid() bool {
+	switch e {
+	case PortTunnelParamsSecWebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WaitSandboxParamsState.
 const (
 	WaitSandboxParamsStateDeleted     WaitSandboxParamsState = "deleted"
@@ -443,6 +506,12 @@ func (e WaitSandboxParamsState) Valid() bool {
 //
 // Example: /home/user/main.py
 type AbsolutePath = string
+
+// AllowedDestination A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+// inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+// 224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+// as 0.0.0.0/0) is taken; the ranges stay closed.
+type AllowedDestination = string
 
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
@@ -504,9 +573,8 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
-	// `generation` without `template` is refused with `invalid-request` (field
-	// `generation`), which OpenAPI 3.0 cannot say in the schema.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`
+	// (the object's `not`): a `generation` without `template` is refused.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one (`sb-` and 12 of a-z 0-9) when
@@ -523,7 +591,8 @@ type CreateSandboxRequest struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -658,10 +727,9 @@ type Event struct {
 	Exit *LastExit `json:"exit,omitempty"`
 
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -731,7 +799,8 @@ type EventType = string
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
 	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-	// `command`).
+	// `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+	// states the rule for the program.
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -757,7 +826,10 @@ type ExecRequest struct {
 	// Example: 0077
 	Umask *Umask `json:"umask,omitempty"`
 
-	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+	// User The user a command or a file operation runs as inside the sandbox: `user` (the
+	// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+	// these two.
+	//
 	//
 	// Example: user
 	User *User `json:"user,omitempty"`
@@ -841,10 +913,9 @@ type Generation struct {
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -880,10 +951,9 @@ type GenerationEligibility string
 type GenerationState string
 
 // GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationID = string
@@ -1103,7 +1173,8 @@ type LabelValue = string
 // Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 // and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 // A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-// keys, so the server checks them and refuses others with `invalid-request`.
+// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+// others with `invalid-request`.
 //
 // Example: {"job":"42","team":"grading"}
 type Labels map[string]LabelValue
@@ -1158,6 +1229,11 @@ type LeaseList struct {
 	Items []Lease `json:"items"`
 }
 
+// NetworkDestination A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+// `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+// CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+type NetworkDestination = string
+
 // NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
 // but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
 // below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
@@ -1173,10 +1249,10 @@ type LeaseList struct {
 // Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
 type NetworkPolicy struct {
 	// Allow The only destinations reachable, when not empty.
-	Allow *[]string `json:"allow,omitempty"`
+	Allow *[]AllowedDestination `json:"allow,omitempty"`
 
 	// Deny Destinations never reachable; wins over `allow` and `internet`.
-	Deny *[]string `json:"deny,omitempty"`
+	Deny *[]NetworkDestination `json:"deny,omitempty"`
 
 	// Internet Every public destination, when `allow` is empty.
 	Internet *InternetAccess `json:"internet,omitempty"`
@@ -1250,12 +1326,18 @@ type Problem struct {
 
 // PullImageRequest defines model for PullImageRequest.
 type PullImageRequest struct {
-	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	// Name The name of an image the server stores: an `ImageName` other than `host`, which is
+	// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+	// read nor deleted under `/v1/images/{name}`.
 	//
-	// Example: host
-	Name *ImageName `json:"name,omitempty"`
+	//
+	// Example: busybox
+	Name *StoredImageName `json:"name,omitempty"`
 
-	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	// Platform `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+	// architecture): another is refused with `unavailable` (503), as a runtime this
+	// server cannot run is.
+	//
 	//
 	// Example: linux/amd64
 	Platform *string `json:"platform,omitempty"`
@@ -1265,6 +1347,12 @@ type PullImageRequest struct {
 	// Example: registry.example.com/library/busybox:1.36
 	Ref string `json:"ref"`
 }
+
+// RemovablePath An `AbsolutePath` that names something below the root directory: it holds a
+// character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+//
+// Example: /home/user/build
+type RemovablePath = string
 
 // Resources Resource limits, applied through the sandbox's cgroup.
 type Resources struct {
@@ -1386,7 +1474,8 @@ type Sandbox struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -1529,6 +1618,13 @@ type StorageHealth struct {
 // StorageHealthState defines model for StorageHealth.State.
 type StorageHealthState string
 
+// StoredImageName The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
+//
+// Example: busybox
+type StoredImageName = string
+
 // Template defines model for Template.
 type Template struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1548,10 +1644,9 @@ type Template struct {
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -1634,10 +1729,12 @@ type UsageSample struct {
 	Vcpus *int `json:"vcpus,omitempty"`
 }
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
 
 // Webhook defines model for Webhook.
 type Webhook struct {
@@ -1696,10 +1793,9 @@ type Cursor = string
 type Drain = bool
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
@@ -1707,10 +1803,12 @@ type GenerationIDPath = GenerationID
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
-// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+// ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
 //
-// Example: host
-type ImageNamePath = ImageName
+// Example: busybox
+type ImageNamePath = StoredImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1733,6 +1831,18 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// WebSocketConnection defines model for WebSocketConnection.
+type WebSocketConnection = string
+
+// WebSocketKey defines model for WebSocketKey.
+type WebSocketKey = string
+
+// WebSocketUpgrade defines model for WebSocketUpgrade.
+type WebSocketUpgrade = string
+
+// WebSocketVersion defines model for WebSocketVersion.
+type WebSocketVersion string
 
 // WebhookIDPath A webhook's id, given by the server.
 type WebhookIDPath = WebhookID
@@ -1818,9 +1928,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1857,7 +1967,8 @@ type DeleteSandboxParams struct {
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
 	// Command The program and its arguments, one `command` per argument, in order. The first, the
-	// program, must not be empty (`invalid-request`, field `command`).
+	// program, must not be empty (`invalid-request`, field `command`; the schema's
+	// `x-first-item`, since OpenAPI 3.0 cannot constrain one item of an array).
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
@@ -1879,15 +1990,32 @@ type ExecStreamParams struct {
 
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *string `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// Upgrade `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+	// refused with `invalid-request`. Websocket clients send this header and the three
+	// below themselves.
+	Upgrade WebSocketUpgrade `json:"Upgrade"`
+
+	// Connection A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1).
+	Connection WebSocketConnection `json:"Connection"`
+
+	// SecWebSocketKey 16 random bytes in base64 (RFC 6455 §4.1).
+	SecWebSocketKey WebSocketKey `json:"Sec-WebSocket-Key"`
+
+	// SecWebSocketVersion The websocket protocol's version, 13 (RFC 6455).
+	SecWebSocketVersion ExecStreamParamsSecWebSocketVersion `json:"Sec-WebSocket-Version"`
 }
+
+// ExecStreamParamsSecWebSocketVersion defines parameters for ExecStream.
+type ExecStreamParamsSecWebSocketVersion string
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Path An absolute path inside the sandbox, other than the root directory.
+	Path RemovablePath `form:"path" json:"path"`
+
 	// Recursive Remove a directory with everything in it.
 	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
-
-	// Path An absolute path inside the sandbox.
-	Path AbsolutePath `form:"path" json:"path"`
 }
 
 // ReadFileParams defines parameters for ReadFile.
@@ -1948,7 +2076,24 @@ type CreatePortLinkParams struct {
 type PortTunnelParams struct {
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *AccessToken `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// Upgrade `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+	// refused with `invalid-request`. Websocket clients send this header and the three
+	// below themselves.
+	Upgrade WebSocketUpgrade `json:"Upgrade"`
+
+	// Connection A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1).
+	Connection WebSocketConnection `json:"Connection"`
+
+	// SecWebSocketKey 16 random bytes in base64 (RFC 6455 §4.1).
+	SecWebSocketKey WebSocketKey `json:"Sec-WebSocket-Key"`
+
+	// SecWebSocketVersion The websocket protocol's version, 13 (RFC 6455).
+	SecWebSocketVersion PortTunnelParamsSecWebSocketVersion `json:"Sec-WebSocket-Version"`
 }
+
+// PortTunnelParamsSecWebSocketVersion defines parameters for PortTunnel.
+type PortTunnelParamsSecWebSocketVersion string
 
 // ResumeSandboxParams defines parameters for ResumeSandbox.
 type ResumeSandboxParams struct {
@@ -1999,9 +2144,9 @@ type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -2032,9 +2177,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -2245,6 +2390,8 @@ type ClientInterface interface {
 
 	// GetMetrics Prometheus metrics
 	//
+	// Prometheus metrics of the server and its sandboxes. Needs the token.
+	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2352,6 +2499,8 @@ type ClientInterface interface {
 
 	// GetInfo Server version, runtime, images and limits
 	//
+	// The server's version, runtimes, images, limits, storage and network.
+	//
 	// Corresponds with GET /v1/info (the `GetInfo` operationId).
 	GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2415,6 +2564,8 @@ type ClientInterface interface {
 	DeleteSandbox(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSandbox Get a sandbox
+	//
+	// The sandbox: its state, configuration, resources, lifetime and last exit.
 	//
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2493,8 +2644,8 @@ type ClientInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-	// with `invalid-request`.
+	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+	// must name something below it (`RemovablePath`).
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2757,6 +2908,8 @@ type ClientInterface interface {
 
 	// ListTemplates List templates
 	//
+	// The templates, in name order, a page at a time.
+	//
 	// Corresponds with GET /v1/templates (the `ListTemplates` operationId).
 	ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2795,10 +2948,14 @@ type ClientInterface interface {
 
 	// GetTemplate Get a template
 	//
+	// The template, its number of generations and its latest.
+	//
 	// Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 	GetTemplate(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListGenerations List a template's generations
+	//
+	// The generations of a template, in id order (oldest first), a page at a time.
 	//
 	// Corresponds with GET /v1/templates/{name}/generations (the `ListGenerations` operationId).
 	ListGenerations(ctx context.Context, name TemplateNamePath, params *ListGenerationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2879,10 +3036,14 @@ type ClientInterface interface {
 
 	// GetGeneration Get a generation
 	//
+	// The generation, with its state, eligibility, size and the leases that hold it.
+	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 	GetGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListLeases List the clones that lease a generation
+	//
+	// The leases on a generation: the clones that run from it.
 	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen}/leases (the `ListLeases` operationId).
 	ListLeases(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3051,6 +3212,8 @@ func (c *Client) DashboardLogin(ctx context.Context, body DashboardLoginJSONRequ
 }
 
 // GetMetrics Prometheus metrics
+//
+// Prometheus metrics of the server and its sandboxes. Needs the token.
 //
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
 func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3249,6 +3412,8 @@ func (c *Client) ImportImageWithBody(ctx context.Context, name ImageNamePath, co
 
 // GetInfo Server version, runtime, images and limits
 //
+// The server's version, runtimes, images, limits, storage and network.
+//
 // Corresponds with GET /v1/info (the `GetInfo` operationId).
 func (c *Client) GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetInfoRequest(c.Server)
@@ -3362,6 +3527,8 @@ func (c *Client) DeleteSandbox(ctx context.Context, id SandboxIDPath, params *De
 }
 
 // GetSandbox Get a sandbox
+//
+// The sandbox: its state, configuration, resources, lifetime and last exit.
 //
 // Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3480,8 +3647,8 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-// with `invalid-request`.
+// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+// must name something below it (`RemovablePath`).
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3944,6 +4111,8 @@ func (c *Client) WaitSandbox(ctx context.Context, id SandboxIDPath, params *Wait
 
 // ListTemplates List templates
 //
+// The templates, in name order, a page at a time.
+//
 // Corresponds with GET /v1/templates (the `ListTemplates` operationId).
 func (c *Client) ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListTemplatesRequest(c.Server, params)
@@ -4022,6 +4191,8 @@ func (c *Client) DeleteTemplate(ctx context.Context, name TemplateNamePath, para
 
 // GetTemplate Get a template
 //
+// The template, its number of generations and its latest.
+//
 // Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 func (c *Client) GetTemplate(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTemplateRequest(c.Server, name)
@@ -4036,6 +4207,8 @@ func (c *Client) GetTemplate(ctx context.Context, name TemplateNamePath, reqEdit
 }
 
 // ListGenerations List a template's generations
+//
+// The generations of a template, in id order (oldest first), a page at a time.
 //
 // Corresponds with GET /v1/templates/{name}/generations (the `ListGenerations` operationId).
 func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, params *ListGenerationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4156,6 +4329,8 @@ func (c *Client) RetireGeneration(ctx context.Context, name TemplateNamePath, ge
 
 // GetGeneration Get a generation
 //
+// The generation, with its state, eligibility, size and the leases that hold it.
+//
 // Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 func (c *Client) GetGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetGenerationRequest(c.Server, name, gen)
@@ -4170,6 +4345,8 @@ func (c *Client) GetGeneration(ctx context.Context, name TemplateNamePath, gen G
 }
 
 // ListLeases List the clones that lease a generation
+//
+// The leases on a generation: the clones that run from it.
 //
 // Corresponds with GET /v1/templates/{name}/generations/{gen}/leases (the `ListLeases` operationId).
 func (c *Client) ListLeases(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5268,6 +5445,46 @@ func NewExecStreamRequest(server string, id SandboxIDPath, params *ExecStreamPar
 		return nil, err
 	}
 
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Upgrade", params.Upgrade, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Upgrade", headerParam0)
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Connection", params.Connection, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Connection", headerParam1)
+
+		var headerParam2 string
+
+		headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Key", params.SecWebSocketKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Key", headerParam2)
+
+		var headerParam3 string
+
+		headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Version", params.SecWebSocketVersion, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Version", headerParam3)
+
+	}
+
 	return req, nil
 }
 
@@ -5306,6 +5523,14 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
 		if params.Recursive != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", *params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
@@ -5316,14 +5541,6 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 				}
 			}
 
-		}
-
-		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-			return nil, err
-		} else {
-			for _, qp := range strings.Split(queryFrag, "&") {
-				rawQueryFragments = append(rawQueryFragments, qp)
-			}
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -5948,6 +6165,46 @@ func NewPortTunnelRequest(server string, id SandboxIDPath, port PortPath, params
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Upgrade", params.Upgrade, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Upgrade", headerParam0)
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Connection", params.Connection, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Connection", headerParam1)
+
+		var headerParam2 string
+
+		headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Key", params.SecWebSocketKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Key", headerParam2)
+
+		var headerParam3 string
+
+		headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Version", params.SecWebSocketVersion, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Version", headerParam3)
+
 	}
 
 	return req, nil
@@ -7162,6 +7419,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetMetricsWithResponse Prometheus metrics
 	//
+	// Prometheus metrics of the server and its sandboxes. Needs the token.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
@@ -7281,6 +7540,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetInfoWithResponse Server version, runtime, images and limits
 	//
+	// The server's version, runtimes, images, limits, storage and network.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/info (the `GetInfo` operationId).
@@ -7350,6 +7611,8 @@ type ClientWithResponsesInterface interface {
 	DeleteSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*DeleteSandboxResponse, error)
 
 	// GetSandboxWithResponse Get a sandbox
+	//
+	// The sandbox: its state, configuration, resources, lifetime and last exit.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7432,8 +7695,8 @@ type ClientWithResponsesInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-	// with `invalid-request`.
+	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+	// must name something below it (`RemovablePath`).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7718,6 +7981,8 @@ type ClientWithResponsesInterface interface {
 
 	// ListTemplatesWithResponse List templates
 	//
+	// The templates, in name order, a page at a time.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates (the `ListTemplates` operationId).
@@ -7760,12 +8025,16 @@ type ClientWithResponsesInterface interface {
 
 	// GetTemplateWithResponse Get a template
 	//
+	// The template, its number of generations and its latest.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 	GetTemplateWithResponse(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error)
 
 	// ListGenerationsWithResponse List a template's generations
+	//
+	// The generations of a template, in id order (oldest first), a page at a time.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7850,12 +8119,16 @@ type ClientWithResponsesInterface interface {
 
 	// GetGenerationWithResponse Get a generation
 	//
+	// The generation, with its state, eligibility, size and the leases that hold it.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 	GetGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*GetGenerationResponse, error)
 
 	// ListLeasesWithResponse List the clones that lease a generation
+	//
+	// The leases on a generation: the clones that run from it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -12850,6 +13123,8 @@ func (c *ClientWithResponses) DashboardLoginWithResponse(ctx context.Context, bo
 
 // GetMetricsWithResponse Prometheus metrics
 //
+// Prometheus metrics of the server and its sandboxes. Needs the token.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
@@ -13023,6 +13298,8 @@ func (c *ClientWithResponses) ImportImageWithBodyWithResponse(ctx context.Contex
 
 // GetInfoWithResponse Server version, runtime, images and limits
 //
+// The server's version, runtimes, images, limits, storage and network.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/info (the `GetInfo` operationId).
@@ -13122,6 +13399,8 @@ func (c *ClientWithResponses) DeleteSandboxWithResponse(ctx context.Context, id 
 }
 
 // GetSandboxWithResponse Get a sandbox
+//
+// The sandbox: its state, configuration, resources, lifetime and last exit.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -13228,8 +13507,8 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-// with `invalid-request`.
+// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+// must name something below it (`RemovablePath`).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -13634,6 +13913,8 @@ func (c *ClientWithResponses) WaitSandboxWithResponse(ctx context.Context, id Sa
 
 // ListTemplatesWithResponse List templates
 //
+// The templates, in name order, a page at a time.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates (the `ListTemplates` operationId).
@@ -13700,6 +13981,8 @@ func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, na
 
 // GetTemplateWithResponse Get a template
 //
+// The template, its number of generations and its latest.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
@@ -13712,6 +13995,8 @@ func (c *ClientWithResponses) GetTemplateWithResponse(ctx context.Context, name 
 }
 
 // ListGenerationsWithResponse List a template's generations
+//
+// The generations of a template, in id order (oldest first), a page at a time.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -13820,6 +14105,8 @@ func (c *ClientWithResponses) RetireGenerationWithResponse(ctx context.Context, 
 
 // GetGenerationWithResponse Get a generation
 //
+// The generation, with its state, eligibility, size and the leases that hold it.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
@@ -13832,6 +14119,8 @@ func (c *ClientWithResponses) GetGenerationWithResponse(ctx context.Context, nam
 }
 
 // ListLeasesWithResponse List the clones that lease a generation
+//
+// The leases on a generation: the clones that run from it.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -67,6 +67,22 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     await sbx.files.remove('/tmp/e2b/sub');
     assert.equal(await sbx.files.exists('/tmp/e2b/sub'), false);
 
+    // Relative paths are taken from the user's home, as envd resolves them (and `~` is the
+    // home); so is a command's relative cwd.
+    await sbx.files.write('hello.txt', 'relative');
+    assert.equal(await sbx.files.read('hello.txt'), 'relative');
+    assert.equal(await sbx.files.read('/home/user/hello.txt'), 'relative');
+    assert.equal(await sbx.files.read('~/hello.txt'), 'relative');
+    assert.equal((await sbx.files.getInfo('hello.txt')).path, '/home/user/hello.txt');
+    assert.ok((await sbx.files.list('.')).some((e) => e.name === 'hello.txt' && e.path === '/home/user/hello.txt'));
+    assert.equal(await sbx.files.makeDir('rel/dir'), true);
+    await sbx.files.rename('hello.txt', 'rel/dir/moved.txt');
+    assert.equal(await sbx.files.exists('hello.txt'), false);
+    assert.equal((await sbx.commands.run('cat moved.txt', { cwd: 'rel/dir' })).stdout, 'relative');
+    assert.equal((await sbx.files.read('hello.txt', { user: 'root' }).catch((e) => e.name)), 'FileNotFoundError', "root's home is /root");
+    await sbx.files.remove('rel');
+    assert.equal(await sbx.files.exists('rel'), false);
+
     await sbx.setTimeout(60_000);
     const info = await sbx.getInfo();
     assert.equal(info.sandboxId, sbx.sandboxId);
@@ -90,12 +106,12 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal((await back.commands.run('echo back')).stdout, 'back\n');
 
     // A pause without memory keeps the files alone: connect boots the sandbox afresh.
-    await sbx.files.write('/home/user/kept.txt', 'kept');
+    await sbx.files.write('kept.txt', 'kept');
     const sleeper = await sbx.commands.run('sleep 300', { background: true });
     assert.equal(await sbx.pause({ keepMemory: false }), true);
     assert.equal(await sbx.pause({ keepMemory: false }), false, 'a second pause finds it paused');
     const cold = await Sandbox.connect(sbx.sandboxId);
-    assert.equal(await cold.files.read('/home/user/kept.txt'), 'kept');
+    assert.equal(await cold.files.read('kept.txt'), 'kept');
     assert.ok(!(await cold.commands.list()).some((p) => p.pid === sleeper.pid), 'the cold boot ran no old process');
 
     const page = await Sandbox.list({ query: { metadata } }).nextItems();

@@ -49,7 +49,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a sandbox */
+        /**
+         * Get a sandbox
+         * @description The sandbox: its state, configuration, resources, lifetime and last exit.
+         */
         get: operations["getSandbox"];
         put?: never;
         post?: never;
@@ -421,8 +424,8 @@ export interface paths {
          * Remove a file, or a directory
          * @description Removes a file or an empty directory. A non-empty directory is refused with
          *     `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-         *     everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-         *     with `invalid-request`.
+         *     everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+         *     must name something below it (`RemovablePath`).
          */
         delete: operations["removeFile"];
         options?: never;
@@ -757,7 +760,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List templates */
+        /**
+         * List templates
+         * @description The templates, in name order, a page at a time.
+         */
         get: operations["listTemplates"];
         put?: never;
         /**
@@ -781,7 +787,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a template */
+        /**
+         * Get a template
+         * @description The template, its number of generations and its latest.
+         */
         get: operations["getTemplate"];
         put?: never;
         post?: never;
@@ -813,7 +822,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** List a template's generations */
+        /**
+         * List a template's generations
+         * @description The generations of a template, in id order (oldest first), a page at a time.
+         */
         get: operations["listGenerations"];
         put?: never;
         /**
@@ -860,7 +872,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a generation */
+        /**
+         * Get a generation
+         * @description The generation, with its state, eligibility, size and the leases that hold it.
+         */
         get: operations["getGeneration"];
         put?: never;
         post?: never;
@@ -919,7 +934,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** List the clones that lease a generation */
+        /**
+         * List the clones that lease a generation
+         * @description The leases on a generation: the clones that run from it.
+         */
         get: operations["listLeases"];
         put?: never;
         post?: never;
@@ -967,7 +985,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -1066,7 +1084,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Server version, runtime, images and limits */
+        /**
+         * Server version, runtime, images and limits
+         * @description The server's version, runtimes, images, limits, storage and network.
+         */
         get: operations["getInfo"];
         put?: never;
         post?: never;
@@ -1304,7 +1325,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Prometheus metrics */
+        /**
+         * Prometheus metrics
+         * @description Prometheus metrics of the server and its sandboxes. Needs the token.
+         */
         get: operations["getMetrics"];
         put?: never;
         post?: never;
@@ -1330,10 +1354,9 @@ export interface components {
         TemplateName: string;
         /**
          * @description Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-         *     digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-         *     the server could not have assigned (`g1`, `g000000`) names no generation: it is
-         *     refused with `invalid-request` (field `generation`) or, when the template itself is
-         *     missing, `template-not-found`.
+         *     digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+         *     opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+         *     or `g0000001`).
          * @example g000003
          */
         GenerationID: string;
@@ -1347,15 +1370,24 @@ export interface components {
          * @example host
          */
         ImageName: string;
+        /**
+         * @description The name of an image the server stores: an `ImageName` other than `host`, which is
+         *     reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+         *     read nor deleted under `/v1/images/{name}`.
+         * @example busybox
+         */
+        StoredImageName: string;
         PullImageRequest: {
             /**
              * @description `registry/repository:tag` or `registry/repository@sha256:<digest>`.
              * @example registry.example.com/library/busybox:1.36
              */
             ref: string;
-            name?: components["schemas"]["ImageName"];
+            name?: components["schemas"]["StoredImageName"];
             /**
-             * @description `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+             * @description `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+             *     architecture): another is refused with `unavailable` (503), as a runtime this
+             *     server cannot run is.
              * @example linux/amd64
              */
             platform?: string;
@@ -1436,10 +1468,19 @@ export interface components {
          */
         AbsolutePath: string;
         /**
-         * @description A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
-         * @example user
+         * @description An `AbsolutePath` that names something below the root directory: it holds a
+         *     character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+         * @example /home/user/build
          */
-        User: string;
+        RemovablePath: string;
+        /**
+         * @description The user a command or a file operation runs as inside the sandbox: `user` (the
+         *     unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+         *     these two.
+         * @example user
+         * @enum {string}
+         */
+        User: "user" | "root";
         /**
          * @description The command's file mode creation mask, in octal as the shell's `umask` prints it
          *     (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
@@ -1459,7 +1500,8 @@ export interface components {
          * @description Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
          *     and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
          *     A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-         *     keys, so the server checks them and refuses others with `invalid-request`.
+         *     keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+         *     others with `invalid-request`.
          * @example {
          *       "team": "grading",
          *       "job": "42"
@@ -1623,9 +1665,8 @@ export interface components {
             /** @description Clone from this template. */
             template?: components["schemas"]["TemplateName"];
             /**
-             * @description The generation to clone; default the newest eligible one. It needs `template`: a
-             *     `generation` without `template` is refused with `invalid-request` (field
-             *     `generation`), which OpenAPI 3.0 cannot say in the schema.
+             * @description The generation to clone; default the newest eligible one. It needs `template`
+             *     (the object's `not`): a `generation` without `template` is refused.
              */
             generation?: components["schemas"]["GenerationID"];
             resources?: components["schemas"]["ResourcesRequest"];
@@ -1786,6 +1827,19 @@ export interface components {
          */
         IdleIgnoresWork: boolean;
         /**
+         * @description A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+         *     `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+         *     CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+         */
+        NetworkDestination: string;
+        /**
+         * @description A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+         *     inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+         *     224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+         *     as 0.0.0.0/0) is taken; the ranges stay closed.
+         */
+        AllowedDestination: string;
+        /**
          * @description A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
          *     but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
          *     below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
@@ -1810,9 +1864,9 @@ export interface components {
         NetworkPolicy: {
             internet?: components["schemas"]["InternetAccess"];
             /** @description The only destinations reachable, when not empty. */
-            allow?: string[];
+            allow?: components["schemas"]["AllowedDestination"][];
             /** @description Destinations never reachable; wins over `allow` and `internet`. */
-            deny?: string[];
+            deny?: components["schemas"]["NetworkDestination"][];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
@@ -1849,7 +1903,8 @@ export interface components {
             /**
              * @description The program and its arguments. The program is looked up in `PATH`; it must not be
              *     empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-             *     `command`).
+             *     `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+             *     states the rule for the program.
              */
             command: components["schemas"]["Argument"][];
             /** @description Environment variables as `KEY=VALUE`, added to the sandbox's. */
@@ -2493,6 +2548,18 @@ export interface components {
          *     matched by the server, not by a generated router).
          */
         ProxiedPath: string;
+        /**
+         * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+         *     refused with `invalid-request`. Websocket clients send this header and the three
+         *     below themselves.
+         */
+        WebSocketUpgrade: string;
+        /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+        WebSocketConnection: string;
+        /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+        WebSocketKey: string;
+        /** @description The websocket protocol's version, 13 (RFC 6455). */
+        WebSocketVersion: "13";
         /** @description The API token, for clients that cannot set the `Authorization` header. */
         AccessToken: string;
         /** @description The sandbox id. */
@@ -2510,8 +2577,8 @@ export interface components {
         IdempotencyKey: string;
         /** @description The template name. */
         TemplateNamePath: components["schemas"]["TemplateName"];
-        /** @description The image name. */
-        ImageNamePath: components["schemas"]["ImageName"];
+        /** @description The name of an image the server stores (`host`, built in, is none of them). */
+        ImageNamePath: components["schemas"]["StoredImageName"];
         /** @description The generation id. */
         GenerationIDPath: components["schemas"]["GenerationID"];
         /**
@@ -2523,9 +2590,9 @@ export interface components {
         /** @description Instead of refusing while clones hold leases, tombstone now and finish later. */
         Drain: boolean;
         /**
-         * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-         *     server cannot read (one it did not return) is refused with `invalid-request` (field
-         *     `cursor`); it is never taken for the first page.
+         * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+         *     after the position it names, whatever was added or removed since. Clients treat it
+         *     as opaque.
          */
         Cursor: string;
         /** @description The largest number of items on a page. */
@@ -2544,9 +2611,9 @@ export interface operations {
                 /** @description A `key=value` label that the sandboxes must carry; repeat for several. */
                 label?: components["schemas"]["LabelSelector"][];
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -3069,7 +3136,8 @@ export interface operations {
             query: {
                 /**
                  * @description The program and its arguments, one `command` per argument, in order. The first, the
-                 *     program, must not be empty (`invalid-request`, field `command`).
+                 *     program, must not be empty (`invalid-request`, field `command`; the schema's
+                 *     `x-first-item`, since OpenAPI 3.0 cannot constrain one item of an array).
                  */
                 command: components["schemas"]["Argument"][];
                 /** @description An environment variable as `KEY=VALUE`; repeat for several. */
@@ -3088,7 +3156,20 @@ export interface operations {
                 /** @description The API token, for clients that cannot set the `Authorization` header. */
                 access_token?: string;
             };
-            header?: never;
+            header: {
+                /**
+                 * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+                 *     refused with `invalid-request`. Websocket clients send this header and the three
+                 *     below themselves.
+                 */
+                Upgrade: components["parameters"]["WebSocketUpgrade"];
+                /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+                Connection: components["parameters"]["WebSocketConnection"];
+                /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+                "Sec-WebSocket-Key": components["parameters"]["WebSocketKey"];
+                /** @description The websocket protocol's version, 13 (RFC 6455). */
+                "Sec-WebSocket-Version": components["parameters"]["WebSocketVersion"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -3139,7 +3220,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/octet-stream": string;
+                    "application/octet-stream": Blob;
                 };
             };
             400: components["responses"]["BadRequest"];
@@ -3170,7 +3251,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/octet-stream": string;
+                "application/octet-stream": Blob;
             };
         };
         responses: {
@@ -3197,8 +3278,8 @@ export interface operations {
     removeFile: {
         parameters: {
             query: {
-                /** @description An absolute path inside the sandbox. */
-                path: components["schemas"]["AbsolutePath"];
+                /** @description An absolute path inside the sandbox, other than the root directory. */
+                path: components["schemas"]["RemovablePath"];
                 /** @description Remove a directory with everything in it. */
                 recursive?: boolean;
             };
@@ -3302,7 +3383,20 @@ export interface operations {
                 /** @description The API token, for clients that cannot set the `Authorization` header. */
                 access_token?: components["parameters"]["AccessToken"];
             };
-            header?: never;
+            header: {
+                /**
+                 * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+                 *     refused with `invalid-request`. Websocket clients send this header and the three
+                 *     below themselves.
+                 */
+                Upgrade: components["parameters"]["WebSocketUpgrade"];
+                /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+                Connection: components["parameters"]["WebSocketConnection"];
+                /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+                "Sec-WebSocket-Key": components["parameters"]["WebSocketKey"];
+                /** @description The websocket protocol's version, 13 (RFC 6455). */
+                "Sec-WebSocket-Version": components["parameters"]["WebSocketVersion"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -3691,9 +3785,9 @@ export interface operations {
         parameters: {
             query?: {
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -3846,9 +3940,9 @@ export interface operations {
         parameters: {
             query?: {
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -4164,7 +4258,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -4193,14 +4287,14 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
         };
         requestBody: {
             content: {
-                "application/octet-stream": string;
+                "application/octet-stream": Blob;
             };
         };
         responses: {
@@ -4230,7 +4324,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -4848,6 +4942,7 @@ export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersUpgradeValues: 
 export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/ports/{port}/tcp"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
+export const userValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["User"]> = ["user", "root"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
 export const pauseMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseMemory"]> = ["keep", "release"];
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
@@ -4864,3 +4959,4 @@ export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<compon
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
+export const componentsParametersWebSocketVersionValues: ReadonlyArray<FlattenedDeepRequired<components>["parameters"]["WebSocketVersion"]> = ["13"];
