@@ -3058,6 +3058,9 @@ type ClientInterface interface {
 
 	// ListWebhooks List webhooks, with their delivery state
 	//
+	// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+	// the last attempt and its answer, the next attempt). Secrets are never listed.
+	//
 	// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
 	ListWebhooks(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -3107,6 +3110,9 @@ type ClientInterface interface {
 	DeleteWebhook(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetWebhook Show a webhook and its delivery state
+	//
+	// The webhook's URL, event types and delivery state; its secret is write-only and never
+	// shown. See docs/webhooks.md for the signature scheme.
 	//
 	// Corresponds with GET /v1/webhooks/{webhook} (the `GetWebhook` operationId).
 	GetWebhook(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -4381,6 +4387,9 @@ func (c *Client) TombstoneGeneration(ctx context.Context, name TemplateNamePath,
 
 // ListWebhooks List webhooks, with their delivery state
 //
+// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+// the last attempt and its answer, the next attempt). Secrets are never listed.
+//
 // Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
 func (c *Client) ListWebhooks(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListWebhooksRequest(c.Server)
@@ -4470,6 +4479,9 @@ func (c *Client) DeleteWebhook(ctx context.Context, webhook WebhookIDPath, reqEd
 }
 
 // GetWebhook Show a webhook and its delivery state
+//
+// The webhook's URL, event types and delivery state; its secret is write-only and never
+// shown. See docs/webhooks.md for the signature scheme.
 //
 // Corresponds with GET /v1/webhooks/{webhook} (the `GetWebhook` operationId).
 func (c *Client) GetWebhook(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -8147,6 +8159,9 @@ type ClientWithResponsesInterface interface {
 
 	// ListWebhooksWithResponse List webhooks, with their delivery state
 	//
+	// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+	// the last attempt and its answer, the next attempt). Secrets are never listed.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
@@ -8200,6 +8215,9 @@ type ClientWithResponsesInterface interface {
 	DeleteWebhookWithResponse(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*DeleteWebhookResponse, error)
 
 	// GetWebhookWithResponse Show a webhook and its delivery state
+	//
+	// The webhook's URL, event types and delivery state; its secret is write-only and never
+	// shown. See docs/webhooks.md for the signature scheme.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -14151,6 +14169,9 @@ func (c *ClientWithResponses) TombstoneGenerationWithResponse(ctx context.Contex
 
 // ListWebhooksWithResponse List webhooks, with their delivery state
 //
+// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+// the last attempt and its answer, the next attempt). Secrets are never listed.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
@@ -14228,6 +14249,9 @@ func (c *ClientWithResponses) DeleteWebhookWithResponse(ctx context.Context, web
 }
 
 // GetWebhookWithResponse Show a webhook and its delivery state
+//
+// The webhook's URL, event types and delivery state; its secret is write-only and never
+// shown. See docs/webhooks.md for the signature scheme.
 //
 // Returns a wrapper object for the known response body format(s).
 //

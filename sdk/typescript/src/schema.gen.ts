@@ -1029,7 +1029,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List webhooks, with their delivery state */
+        /**
+         * List webhooks, with their delivery state
+         * @description Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+         *     the last attempt and its answer, the next attempt). Secrets are never listed.
+         */
         get: operations["listWebhooks"];
         put?: never;
         /**
@@ -1063,7 +1067,11 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Show a webhook and its delivery state */
+        /**
+         * Show a webhook and its delivery state
+         * @description The webhook's URL, event types and delivery state; its secret is write-only and never
+         *     shown. See docs/webhooks.md for the signature scheme.
+         */
         get: operations["getWebhook"];
         put?: never;
         post?: never;
