@@ -10,8 +10,8 @@ import (
 )
 
 // TestEventTypesAreTheContracts: the types a webhook may ask for are exactly the contract's
-// EventType list, so a type added to one (sleep and wake added two) cannot be missing from the
-// other.
+// EventType list and its WebhookEventType enum, so a type added to one (sleep and wake added
+// two) cannot be missing from another.
 func TestEventTypesAreTheContracts(t *testing.T) {
 	doc, err := openapi3.NewLoader().LoadFromData(openapi.Spec)
 	if err != nil {
@@ -34,5 +34,17 @@ func TestEventTypesAreTheContracts(t *testing.T) {
 	slices.Sort(spec)
 	if !slices.Equal(got, spec) {
 		t.Fatalf("handlers.EventTypes %v; the contract's EventType %v", got, spec)
+	}
+	hook := doc.Components.Schemas["WebhookEventType"]
+	if hook == nil || hook.Value == nil {
+		t.Fatal("the contract has no WebhookEventType schema")
+	}
+	var closed []string
+	for _, v := range hook.Value.Enum {
+		closed = append(closed, v.(string))
+	}
+	slices.Sort(closed)
+	if !slices.Equal(closed, spec) {
+		t.Fatalf("WebhookEventType's enum %v; EventType %v", closed, spec)
 	}
 }

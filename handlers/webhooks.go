@@ -34,7 +34,10 @@ func (h *Handlers) CreateWebhook(_ context.Context, req openapi.CreateWebhookReq
 	if req.Body == nil {
 		return nil, errcode.Invalid("body", "Send a JSON object with url, events and secret.")
 	}
-	cr := webhook.CreateRequest{URL: req.Body.URL, Events: req.Body.Events}
+	cr := webhook.CreateRequest{URL: req.Body.URL}
+	for _, t := range req.Body.Events {
+		cr.Events = append(cr.Events, string(t))
+	}
 	if req.Body.Secret != nil {
 		cr.Secret = *req.Body.Secret
 	}

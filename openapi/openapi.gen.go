@@ -422,6 +422,81 @@ func (e User) Valid() bool {
 	}
 }
 
+// Defines values for WebhookEventType.
+const (
+	WebhookEventTypeCaptureProgress      WebhookEventType = "capture.progress"
+	WebhookEventTypeGenerationCaptured   WebhookEventType = "generation.captured"
+	WebhookEventTypeGenerationRetired    WebhookEventType = "generation.retired"
+	WebhookEventTypeGenerationTombstoned WebhookEventType = "generation.tombstoned"
+	WebhookEventTypeImageDeleted         WebhookEventType = "image.deleted"
+	WebhookEventTypeImageFailed          WebhookEventType = "image.failed"
+	WebhookEventTypeImageImported        WebhookEventType = "image.imported"
+	WebhookEventTypeImagePullProgress    WebhookEventType = "image.pull.progress"
+	WebhookEventTypeImagePulled          WebhookEventType = "image.pulled"
+	WebhookEventTypeLeaseAcquired        WebhookEventType = "lease.acquired"
+	WebhookEventTypeLeaseReleased        WebhookEventType = "lease.released"
+	WebhookEventTypeSandboxAsleep        WebhookEventType = "sandbox.asleep"
+	WebhookEventTypeSandboxAwake         WebhookEventType = "sandbox.awake"
+	WebhookEventTypeSandboxCreated       WebhookEventType = "sandbox.created"
+	WebhookEventTypeSandboxDeleted       WebhookEventType = "sandbox.deleted"
+	WebhookEventTypeSandboxExited        WebhookEventType = "sandbox.exited"
+	WebhookEventTypeSandboxExpired       WebhookEventType = "sandbox.expired"
+	WebhookEventTypeSandboxPaused        WebhookEventType = "sandbox.paused"
+	WebhookEventTypeSandboxResumed       WebhookEventType = "sandbox.resumed"
+	WebhookEventTypeSandboxStarted       WebhookEventType = "sandbox.started"
+	WebhookEventTypeSandboxStopped       WebhookEventType = "sandbox.stopped"
+)
+
+// Valid indicates whether the value is a known member of the WebhookEventType enum.
+func (e WebhookEventType) Valid() bool {
+	switch e {
+	case WebhookEventTypeCaptureProgress:
+		return true
+	case WebhookEventTypeGenerationCaptured:
+		return true
+	case WebhookEventTypeGenerationRetired:
+		return true
+	case WebhookEventTypeGenerationTombstoned:
+		return true
+	case WebhookEventTypeImageDeleted:
+		return true
+	case WebhookEventTypeImageFailed:
+		return true
+	case WebhookEventTypeImageImported:
+		return true
+	case WebhookEventTypeImagePullProgress:
+		return true
+	case WebhookEventTypeImagePulled:
+		return true
+	case WebhookEventTypeLeaseAcquired:
+		return true
+	case WebhookEventTypeLeaseReleased:
+		return true
+	case WebhookEventTypeSandboxAsleep:
+		return true
+	case WebhookEventTypeSandboxAwake:
+		return true
+	case WebhookEventTypeSandboxCreated:
+		return true
+	case WebhookEventTypeSandboxDeleted:
+		return true
+	case WebhookEventTypeSandboxExited:
+		return true
+	case WebhookEventTypeSandboxExpired:
+		return true
+	case WebhookEventTypeSandboxPaused:
+		return true
+	case WebhookEventTypeSandboxResumed:
+		return true
+	case WebhookEventTypeSandboxStarted:
+		return true
+	case WebhookEventTypeSandboxStopped:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WebSocketVersion.
 const (
 	WebSocketVersionN13 WebSocketVersion = "13"
@@ -640,15 +715,19 @@ type CreateTemplateRequest struct {
 
 // CreateWebhookRequest defines model for CreateWebhookRequest.
 type CreateWebhookRequest struct {
-	// Events The event types to deliver (see `EventType`); at least one.
-	Events []string `json:"events"`
+	// Events The event types to deliver; at least one.
+	Events []WebhookEventType `json:"events"`
 
 	// Secret The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
 	// it, and it is never logged. Use a long random one.
 	Secret *string `json:"secret,omitempty"`
 
-	// URL An absolute `http://` or `https://` URL, without a user, password or fragment.
-	// Deliveries are `POST`s to it.
+	// URL An absolute `http://` or `https://` URL, without a user, password or fragment;
+	// its host a name or an IPv4 address (an IPv6 receiver is named by a host name).
+	// Deliveries are `POST`s to it. Its host must be public unless the operator started
+	// bothyd with `--webhook-allow-private`: an address literal inside loopback,
+	// link-local, RFC 1918, ULA or the sandboxes' pool is refused here, and a name that
+	// resolves to one is refused at each delivery.
 	URL string `json:"url"`
 }
 
@@ -1742,6 +1821,11 @@ type WebhookDelivery struct {
 	// Pending Events in its outbox, not yet delivered (at most 1000; more are dropped).
 	Pending int `json:"pending"`
 }
+
+// WebhookEventType An event type a webhook may ask for: the types of `EventType` this server sends. Unlike
+// `EventType` in an answer, this list is closed, so that a misspelt type is refused
+// rather than never delivered.
+type WebhookEventType string
 
 // WebhookID A webhook's id, given by the server.
 type WebhookID = string
@@ -10167,6 +10251,22 @@ func (response ListWebhooks200JSONResponse) VisitListWebhooksResponse(w http.Res
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListWebhooks400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListWebhooks400ApplicationProblemPlusJSONResponse) VisitListWebhooksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
 	_, err := buf.WriteTo(w)
 	return err
 }

@@ -697,7 +697,7 @@ func (c *conformance) judgeAnswer(name, method string, g *genRequest, target str
 		if binaryBody && status == http.StatusBadRequest && ok && (p.Field == "body" || p.Field == "") {
 			return // the content of bytes the schema cannot describe
 		}
-		t.Errorf("%s (headers %v): a request the spec takes was refused: %d %s", what, g.header, status, truncate(body, 400))
+		t.Errorf("%s (headers %v, body %s): a request the spec takes was refused: %d %s", what, g.header, truncate(g.body, 300), status, truncate(body, 400))
 	case valid && ok && p.Code == "not-found":
 		t.Errorf("%s: a route the spec describes is not served: %s", what, truncate(body, 300))
 	case !valid && (status != http.StatusBadRequest || !ok || p.Code != "invalid-request"):

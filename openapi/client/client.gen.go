@@ -424,6 +424,81 @@ func (e User) Valid() bool {
 	}
 }
 
+// Defines values for WebhookEventType.
+const (
+	WebhookEventTypeCaptureProgress      WebhookEventType = "capture.progress"
+	WebhookEventTypeGenerationCaptured   WebhookEventType = "generation.captured"
+	WebhookEventTypeGenerationRetired    WebhookEventType = "generation.retired"
+	WebhookEventTypeGenerationTombstoned WebhookEventType = "generation.tombstoned"
+	WebhookEventTypeImageDeleted         WebhookEventType = "image.deleted"
+	WebhookEventTypeImageFailed          WebhookEventType = "image.failed"
+	WebhookEventTypeImageImported        WebhookEventType = "image.imported"
+	WebhookEventTypeImagePullProgress    WebhookEventType = "image.pull.progress"
+	WebhookEventTypeImagePulled          WebhookEventType = "image.pulled"
+	WebhookEventTypeLeaseAcquired        WebhookEventType = "lease.acquired"
+	WebhookEventTypeLeaseReleased        WebhookEventType = "lease.released"
+	WebhookEventTypeSandboxAsleep        WebhookEventType = "sandbox.asleep"
+	WebhookEventTypeSandboxAwake         WebhookEventType = "sandbox.awake"
+	WebhookEventTypeSandboxCreated       WebhookEventType = "sandbox.created"
+	WebhookEventTypeSandboxDeleted       WebhookEventType = "sandbox.deleted"
+	WebhookEventTypeSandboxExited        WebhookEventType = "sandbox.exited"
+	WebhookEventTypeSandboxExpired       WebhookEventType = "sandbox.expired"
+	WebhookEventTypeSandboxPaused        WebhookEventType = "sandbox.paused"
+	WebhookEventTypeSandboxResumed       WebhookEventType = "sandbox.resumed"
+	WebhookEventTypeSandboxStarted       WebhookEventType = "sandbox.started"
+	WebhookEventTypeSandboxStopped       WebhookEventType = "sandbox.stopped"
+)
+
+// Valid indicates whether the value is a known member of the WebhookEventType enum.
+func (e WebhookEventType) Valid() bool {
+	switch e {
+	case WebhookEventTypeCaptureProgress:
+		return true
+	case WebhookEventTypeGenerationCaptured:
+		return true
+	case WebhookEventTypeGenerationRetired:
+		return true
+	case WebhookEventTypeGenerationTombstoned:
+		return true
+	case WebhookEventTypeImageDeleted:
+		return true
+	case WebhookEventTypeImageFailed:
+		return true
+	case WebhookEventTypeImageImported:
+		return true
+	case WebhookEventTypeImagePullProgress:
+		return true
+	case WebhookEventTypeImagePulled:
+		return true
+	case WebhookEventTypeLeaseAcquired:
+		return true
+	case WebhookEventTypeLeaseReleased:
+		return true
+	case WebhookEventTypeSandboxAsleep:
+		return true
+	case WebhookEventTypeSandboxAwake:
+		return true
+	case WebhookEventTypeSandboxCreated:
+		return true
+	case WebhookEventTypeSandboxDeleted:
+		return true
+	case WebhookEventTypeSandboxExited:
+		return true
+	case WebhookEventTypeSandboxExpired:
+		return true
+	case WebhookEventTypeSandboxPaused:
+		return true
+	case WebhookEventTypeSandboxResumed:
+		return true
+	case WebhookEventTypeSandboxStarted:
+		return true
+	case WebhookEventTypeSandboxStopped:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WebSocketVersion.
 const (
 	WebSocketVersionN13 WebSocketVersion = "13"
@@ -672,15 +747,19 @@ type CreateTemplateRequest struct {
 
 // CreateWebhookRequest defines model for CreateWebhookRequest.
 type CreateWebhookRequest struct {
-	// Events The event types to deliver (see `EventType`); at least one.
-	Events []string `json:"events"`
+	// Events The event types to deliver; at least one.
+	Events []WebhookEventType `json:"events"`
 
 	// Secret The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
 	// it, and it is never logged. Use a long random one.
 	Secret *string `json:"secret,omitempty"`
 
-	// URL An absolute `http://` or `https://` URL, without a user, password or fragment.
-	// Deliveries are `POST`s to it.
+	// URL An absolute `http://` or `https://` URL, without a user, password or fragment;
+	// its host a name or an IPv4 address (an IPv6 receiver is named by a host name).
+	// Deliveries are `POST`s to it. Its host must be public unless the operator started
+	// bothyd with `--webhook-allow-private`: an address literal inside loopback,
+	// link-local, RFC 1918, ULA or the sandboxes' pool is refused here, and a name that
+	// resolves to one is refused at each delivery.
 	URL string `json:"url"`
 }
 
@@ -1774,6 +1853,11 @@ type WebhookDelivery struct {
 	// Pending Events in its outbox, not yet delivered (at most 1000; more are dropped).
 	Pending int `json:"pending"`
 }
+
+// WebhookEventType An event type a webhook may ask for: the types of `EventType` this server sends. Unlike
+// `EventType` in an answer, this list is closed, so that a misspelt type is refused
+// rather than never delivered.
+type WebhookEventType string
 
 // WebhookID A webhook's id, given by the server.
 type WebhookID = string
@@ -12669,6 +12753,8 @@ type ListWebhooksResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *WebhookList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationProblemJSON401 *Unauthorized
 	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -12684,6 +12770,11 @@ type ListWebhooksResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r ListWebhooksResponse) GetJSON200() *WebhookList {
 	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListWebhooksResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
 }
 
 // GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -18347,6 +18438,13 @@ func ParseListWebhooksResponse(rsp *http.Response) (*ListWebhooksResponse, error
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized

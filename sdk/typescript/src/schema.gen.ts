@@ -2200,18 +2200,29 @@ export interface components {
         };
         CreateWebhookRequest: {
             /**
-             * @description An absolute `http://` or `https://` URL, without a user, password or fragment.
-             *     Deliveries are `POST`s to it.
+             * @description An absolute `http://` or `https://` URL, without a user, password or fragment;
+             *     its host a name or an IPv4 address (an IPv6 receiver is named by a host name).
+             *     Deliveries are `POST`s to it. Its host must be public unless the operator started
+             *     bothyd with `--webhook-allow-private`: an address literal inside loopback,
+             *     link-local, RFC 1918, ULA or the sandboxes' pool is refused here, and a name that
+             *     resolves to one is refused at each delivery.
              */
             url: string;
-            /** @description The event types to deliver (see `EventType`); at least one. */
-            events: string[];
+            /** @description The event types to deliver; at least one. */
+            events: components["schemas"]["WebhookEventType"][];
             /**
              * @description The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
              *     it, and it is never logged. Use a long random one.
              */
             secret: string;
         };
+        /**
+         * @description An event type a webhook may ask for: the types of `EventType` this server sends. Unlike
+         *     `EventType` in an answer, this list is closed, so that a misspelt type is refused
+         *     rather than never delivered.
+         * @enum {string}
+         */
+        WebhookEventType: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.asleep" | "sandbox.awake" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
         Webhook: {
             id: components["schemas"]["WebhookID"];
             url: string;
@@ -4373,6 +4384,7 @@ export interface operations {
                     "application/json": components["schemas"]["WebhookList"];
                 };
             };
+            400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             500: components["responses"]["InternalError"];
@@ -4965,6 +4977,7 @@ export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<co
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["HostFirewall"]["state"]> = ["ok", "blocked", "unknown"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
+export const webhookEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEventType"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.asleep", "sandbox.awake", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
 export const componentsParametersWebSocketVersionValues: ReadonlyArray<FlattenedDeepRequired<components>["parameters"]["WebSocketVersion"]> = ["13"];
