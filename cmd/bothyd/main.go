@@ -318,10 +318,7 @@ func serve(o *options, log *slog.Logger) error {
 	// The state root's health: every fault is counted, a change of state logged once.
 	health := supervisor.NewStorageHealth(st.Root(), log, mx.OnStorageFault)
 	defer health.Close()
-	if o.templateMaxAge <= 0 {
-		return fmt.Errorf("--template-max-age must be positive")
-	}
-	ts, err := template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+	ts, err := openTemplates(o)
 	if err != nil {
 		return err
 	}
@@ -366,19 +363,7 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	sup.StartSpares()
-	// Every running sandbox's usage, sampled at a fixed interval with a bounded history, for
-	// GET /v1/sandboxes/{id}/metrics, E2B's metrics and (with --sandbox-metrics) /metrics.
-	sampler := usage.New(sup, usage.Config{Traffic: netw.traffic(), Logger: log})
-	go sampler.Run(ctx)
-	if o.sandboxMetrics {
-		mx.WatchUsage(sampler, o.sandboxMetricsMax)
-	}
-	// Sleep and wake: sandboxes with a sleep policy are paused once idle for their timeout
-	// (idle, and the supervisor's sleep.go); a request that needs one wakes it.
-	go sup.Activity().Watch(ctx, idle.WatchConfig{
-		Candidates: sup.SleepCandidates, CPU: sup.SleepCPU, Sleep: sup.Sleep,
-		Persist: sup.RecordActivity, Load: sup.LastActivity, Logger: log,
-	})
+	sampler := watchUsage(ctx, o, sup, netw, mx, log)
 	links, idem, err := openRecords(o.root, log)
 	if err != nil {
 		return err
@@ -458,6 +443,32 @@ func serve(o *options, log *slog.Logger) error {
 	err = srv.Serve(ctx, ln)
 	log.Info("bothyd shut down")
 	return err
+}
+
+// openTemplates opens the template store with the operator's maximum generation age.
+func openTemplates(o *options) (*template.Store, error) {
+	if o.templateMaxAge <= 0 {
+		return nil, fmt.Errorf("--template-max-age must be positive")
+	}
+	return template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+}
+
+// watchUsage starts what watches the running sandboxes: the sampler of every running
+// sandbox's usage (a fixed interval, a bounded history) for GET /v1/sandboxes/{id}/metrics,
+// E2B's metrics and, with --sandbox-metrics, /metrics; and the idle watch that puts sandboxes
+// with a sleep policy to sleep once idle for their timeout (package idle, the supervisor's
+// sleep.go; a request that needs one wakes it).
+func watchUsage(ctx context.Context, o *options, sup *supervisor.Supervisor, netw *netAccount, mx *metrics.Metrics, log *slog.Logger) *usage.Sampler {
+	sampler := usage.New(sup, usage.Config{Traffic: netw.traffic(), Logger: log})
+	go sampler.Run(ctx)
+	if o.sandboxMetrics {
+		mx.WatchUsage(sampler, o.sandboxMetricsMax)
+	}
+	go sup.Activity().Watch(ctx, idle.WatchConfig{
+		Candidates: sup.SleepCandidates, CPU: sup.SleepCPU, Sleep: sup.Sleep,
+		Persist: sup.RecordActivity, Load: sup.LastActivity, Logger: log,
+	})
+	return sampler
 }
 
 // readToken reads the API token from a file; an empty path means no token.
