@@ -78,15 +78,7 @@ func isTemp(entry string) bool {
 func scan(dir string, repair bool, load func(*hookRecord, []*entry, *deliveryState)) ([]Problem, error) {
 	var probs []Problem
 	add := func(kind, entry, detail string, fix func() error) {
-		p := Problem{Kind: kind, Entry: entry, Detail: detail}
-		if repair && fix != nil {
-			if err := fix(); err == nil {
-				p.Repaired = true
-			} else {
-				p.Detail += fmt.Sprintf(" (repair failed: %v)", err)
-			}
-		}
-		probs = append(probs, p)
+		probs = append(probs, problem(kind, entry, detail, repair, fix))
 	}
 	d, err := platform.OpenDir(dir)
 	if err != nil {
@@ -164,15 +156,7 @@ func scan(dir string, repair bool, load func(*hookRecord, []*entry, *deliverySta
 func scanOutbox(obox, id string, repair bool) ([]*entry, *deliveryState, []Problem) {
 	var probs []Problem
 	add := func(kind, name, detail string, fix func() error) {
-		p := Problem{Kind: kind, Entry: filepath.Join(id, name), Detail: detail}
-		if repair && fix != nil {
-			if err := fix(); err == nil {
-				p.Repaired = true
-			} else {
-				p.Detail += fmt.Sprintf(" (repair failed: %v)", err)
-			}
-		}
-		probs = append(probs, p)
+		probs = append(probs, problem(kind, filepath.Join(id, name), detail, repair, fix))
 	}
 	d, err := platform.OpenDir(obox)
 	if err != nil {
@@ -226,4 +210,18 @@ func scanOutbox(obox, id string, repair bool) ([]*entry, *deliveryState, []Probl
 		add(ForeignEntry, name, "bothyd never makes this name in an outbox; it is left alone", nil)
 	}
 	return entries, st, probs
+}
+
+// problem is a Problem found at entry, repaired by fix when repair is asked for and fix is
+// not nil; a repair that fails says why in the detail.
+func problem(kind, entry, detail string, repair bool, fix func() error) Problem {
+	p := Problem{Kind: kind, Entry: entry, Detail: detail}
+	if repair && fix != nil {
+		if err := fix(); err == nil {
+			p.Repaired = true
+		} else {
+			p.Detail += fmt.Sprintf(" (repair failed: %v)", err)
+		}
+	}
+	return p
 }
