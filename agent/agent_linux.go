@@ -161,6 +161,9 @@ type agent struct {
 	workloads map[int]struct{} // pids (= pgids) of running workloads
 
 	tracked trackedTable // the tracked processes (procs_linux.go)
+
+	// oomScoreFailed logs the first workload whose OOM score could not be raised.
+	oomScoreFailed sync.Once
 }
 
 var _ control.Handler = (*agent)(nil)

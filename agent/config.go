@@ -16,6 +16,16 @@ type UserSpec struct {
 	Home string
 }
 
+// WorkloadOOMScoreAdj is the oom_score_adj the agent gives every workload it starts, the
+// highest there is: when memory runs out, in the sandbox's cgroup or on the host, the OOM
+// killer takes a workload, the largest first, before the agent (whose own score its host side
+// lowers: the namespace runtime's shim.AgentOOMScoreAdj) and before any process of the host.
+// A workload inherits the agent's score at its fork and gets this one right after it: for
+// that moment the two are weighed by size. A workload may lower its own score again, down to
+// the least it inherited (the agent's), never below; what that can do is said in
+// docs/architecture.md ("Out of memory").
+const WorkloadOOMScoreAdj = 1000
+
 // Config configures the agent.
 type Config struct {
 	// ListenPath is the unix socket to listen on; its parent directory is created 0700. The

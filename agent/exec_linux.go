@@ -61,6 +61,7 @@ func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.E
 			return 0, err
 		}
 		pid := p.Pid
+		a.raiseOOMScore(pid)
 		// The reaper collects the status; the handle (a pidfd) is not needed.
 		p.Release()
 		return pid, nil
@@ -129,13 +130,43 @@ wait:
 		sig := ws.Signal()
 		st.ExitCode = 128 + int(sig)
 		st.Signal = strings.TrimPrefix(unix.SignalName(sig), "SIG")
-		if sig == unix.SIGKILL && !timedOut {
-			if after, ok := a.oomKills(); ok && after > oomBefore {
-				st.OOM = true
-			}
-		}
+	}
+	if oomAfter, ok := a.oomKills(); ok {
+		st.OOM = endedByOOM(st, oomAfter > oomBefore)
 	}
 	return st, nil
+}
+
+// endedByOOM says whether an exec that ended as st was ended by the OOM killer, given whether
+// the workloads' cgroup counted an OOM kill while it ran (killed). The counter is the
+// cgroup's, not the exec's: the kernel says how many of the cgroup's processes it killed, not
+// which. So the kill is the exec's when one was counted between its start and its end and the
+// exec ended as a SIGKILL ends a command: its own process killed by SIGKILL, or an exit with
+// 137 (128 + SIGKILL), which is how a shell reports the kill of the process it waited for
+// (`sh -c 'head -c 200m /dev/zero | tail'`, whose tail the kernel killed). An exec that
+// timed out was killed by the agent. What this cannot tell apart is said in
+// docs/architecture.md ("Out of memory").
+func endedByOOM(st control.ExitStatus, killed bool) bool {
+	if !killed || st.TimedOut {
+		return false
+	}
+	return st.Signal == "KILL" || st.Signal == "" && st.ExitCode == 128+int(unix.SIGKILL)
+}
+
+// raiseOOMScore gives the workload pid, just started, [WorkloadOOMScoreAdj]. Its pid is
+// still its own: the reaper reaps it only once it exits, and a pid freed that fast and taken
+// again would be another process of the same sandbox, whose score may go up too. A workload
+// that already ended answers ESRCH, which is no failure. Any other failure leaves the
+// workload at the agent's score, weighed against it by size: logged once, since it is the
+// sandbox's (no /proc, or a kernel that refuses), not this workload's.
+func (a *agent) raiseOOMScore(pid int) {
+	err := platform.SetOOMScoreAdj(pid, WorkloadOOMScoreAdj)
+	if err == nil || errors.Is(err, unix.ESRCH) || errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	a.oomScoreFailed.Do(func() {
+		a.log.Warn("a workload keeps the agent's OOM score: the OOM killer weighs the two by size alone", "err", err)
+	})
 }
 
 // umaskMu serialises the forks that set the umask: it belongs to the whole process (every

@@ -372,3 +372,22 @@ func TestExecBackgroundChild(t *testing.T) {
 		t.Fatalf("status %+v, child alive %v", st, alive(pid))
 	}
 }
+
+// waitOOMScore is a shell script that prints its own oom_score_adj once it is
+// WorkloadOOMScoreAdj, or after 100000 looks: the agent raises it right after the start, so
+// the first look may come before.
+var waitOOMScore = fmt.Sprintf(`i=0; while read s </proc/$$/oom_score_adj; [ "$s" != %d ] && [ $i -lt 100000 ]; do i=$((i+1)); done; echo $s`, WorkloadOOMScoreAdj)
+
+// TestExecOOMScore: every workload, whatever user it runs as, gets WorkloadOOMScoreAdj,
+// above the agent's own, so that the OOM killer takes it first.
+func TestExecOOMScore(t *testing.T) {
+	t.Parallel()
+	ta := startAgent(t)
+	c := ta.dial(t)
+	for _, user := range []string{"user", "root"} {
+		out, errs, st := run(t, c, control.ExecRequest{Argv: []string{"sh", "-c", waitOOMScore}, User: user}, "")
+		if st.ExitCode != 0 || strings.TrimSpace(out) != strconv.Itoa(WorkloadOOMScoreAdj) {
+			t.Errorf("as %s: oom_score_adj %q (stderr %q, %+v), want %d", user, out, errs, st, WorkloadOOMScoreAdj)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -136,8 +137,21 @@ func (a *agent) Stats(ctx context.Context) (control.Stats, error) {
 	return st, nil
 }
 
-// oomKills reads the cgroup's count of OOM kills (v2 memory.events, v1 memory.oom_control).
+// oomKills reads the count of OOM kills among the workloads. On cgroup v2 with a workloads'
+// cgroup of its own (Config.WorkloadCgroup) that is the cgroup's memory.events, read through
+// the directory the agent holds: the agent's own cgroup is its sibling, so a kill there is
+// not counted, and the count is the workloads' alone. Otherwise it is the sandbox's cgroup
+// (Config.CgroupDir: v2 memory.events, v1 memory.oom_control, whose oom_kill exists since
+// Linux 4.13), which on v1 holds the agent too.
 func (a *agent) oomKills() (uint64, bool) {
+	if a.cfg.WorkloadCgroup != nil {
+		// Without a memory limit the workloads' cgroup has no memory controller, and no file.
+		if b, err := readCgroupAt(a.cfg.WorkloadCgroup, "memory.events"); err == nil {
+			if n, ok := oomKillCount(b); ok {
+				return n, true
+			}
+		}
+	}
 	if a.cfg.CgroupDir == "" {
 		return 0, false
 	}
@@ -146,16 +160,35 @@ func (a *agent) oomKills() (uint64, bool) {
 		if err != nil {
 			continue
 		}
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		for sc.Scan() {
-			k, v, ok := bytes.Cut(sc.Bytes(), []byte(" "))
-			if ok && string(k) == "oom_kill" {
-				n, err := strconv.ParseUint(string(v), 10, 64)
-				return n, err == nil
-			}
+		if n, ok := oomKillCount(b); ok {
+			return n, true
 		}
 	}
 	return 0, false
+}
+
+// oomKillCount finds the oom_kill line of a cgroup's flat keyed file.
+func oomKillCount(b []byte) (uint64, bool) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := bytes.Cut(sc.Bytes(), []byte(" "))
+		if ok && string(k) == "oom_kill" {
+			n, err := strconv.ParseUint(string(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+// readCgroupAt reads the file name of the cgroup directory dir (a small kernel-made file).
+func readCgroupAt(dir *os.File, name string) ([]byte, error) {
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 64<<10))
 }
 
 func readUint(path string) (uint64, bool) {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/bothy/bothy/control"
 )
 
 // TestCgroupFiles checks the reading of a cgroup's memory and OOM counters, v2 and v1 names,
@@ -49,6 +51,72 @@ func TestCgroupFiles(t *testing.T) {
 				t.Fatalf("memory %d, want %d", st.MemoryBytes, tc.mem)
 			}
 		})
+	}
+}
+
+// TestOOMKillsOfTheWorkloads: with a workloads' cgroup of its own (cgroup v2), the OOM kills
+// counted are that cgroup's, not the sandbox's, which would count a kill of the agent too;
+// without a memory.events there (no memory limit), the sandbox's count stands in.
+func TestOOMKillsOfTheWorkloads(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		workloads string // memory.events of the workloads' cgroup, "" for none
+		want      uint64
+	}{
+		{"workloads' own", "low 0\nhigh 0\nmax 9\noom 3\noom_kill 3\n", 3},
+		{"no memory controller", "", 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			sandbox, workloads := t.TempDir(), t.TempDir()
+			if err := os.WriteFile(filepath.Join(sandbox, "memory.events"), []byte("max 20\noom 7\noom_kill 7\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.workloads != "" {
+				if err := os.WriteFile(filepath.Join(workloads, "memory.events"), []byte(tc.workloads), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir, err := os.Open(workloads)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dir.Close()
+			a, err := newAgent(Config{Capability: testCapability, CgroupDir: sandbox, WorkloadCgroup: dir, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.reaper.close()
+			if n, ok := a.oomKills(); n != tc.want || !ok {
+				t.Fatalf("oomKills = %d %v, want %d true", n, ok, tc.want)
+			}
+		})
+	}
+}
+
+// TestEndedByOOM: an OOM kill counted while an exec ran is the exec's when the exec ended as
+// a SIGKILL ends a command, its own process killed or a shell's 137 for the process it waited
+// for; not when it exited otherwise, timed out, or no kill was counted.
+func TestEndedByOOM(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		st     control.ExitStatus
+		killed bool
+		want   bool
+	}{
+		{"its own process killed", control.ExitStatus{ExitCode: 137, Signal: "KILL"}, true, true},
+		{"a shell's 137", control.ExitStatus{ExitCode: 137}, true, true},
+		{"no kill counted", control.ExitStatus{ExitCode: 137, Signal: "KILL"}, false, false},
+		{"exited 0 after a kill inside", control.ExitStatus{ExitCode: 0}, true, false},
+		{"exited 1", control.ExitStatus{ExitCode: 1}, true, false},
+		{"another signal", control.ExitStatus{ExitCode: 143, Signal: "TERM"}, true, false},
+		{"timed out", control.ExitStatus{ExitCode: 137, Signal: "KILL", TimedOut: true}, true, false},
+	} {
+		if got := endedByOOM(tc.st, tc.killed); got != tc.want {
+			t.Errorf("%s: endedByOOM(%+v, %v) = %v, want %v", tc.name, tc.st, tc.killed, got, tc.want)
+		}
 	}
 }
 

@@ -126,6 +126,8 @@ type Options struct {
 	// Network, if set, is the sandbox networks' Manager, whose leftovers are reported and
 	// repaired.
 	Network Network
+	// Webhooks, if set, checks the webhooks' records (package webhook, through cmd/bothyd).
+	Webhooks StoreCheck
 }
 
 // Run checks the state root and, with Repair, repairs it and checks it again. An error means
@@ -344,6 +346,8 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkImages(ctx, p, false)
 	c.checkNetwork(p)
 	c.checkTrash(p)
+	c.checkWebhooks(p, false)
+	c.checkIdempotency(p, false)
 	return p, nil
 }
 

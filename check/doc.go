@@ -42,6 +42,11 @@
 //   - Every clone binding names a lease record that exists, and the template store's own
 //     check passes: every lease record is matched by a clone binding, no generation payload
 //     lacks its index entry or the reverse, no retirement or capture was left half done.
+//   - The webhooks' records (package webhook, <root>/webhooks): every record and outbox
+//     entry reads, no temporary file or outbox of a deleted webhook is left; beside a running
+//     server, which holds their lock, they are only read (a note says so).
+//   - The kept answers of idempotent creates (package idempotency): every record reads; an
+//     expired record or an old temporary file is a leftover.
 //   - The store's trash (store.TrashDir) is counted: bins of deleted sandboxes' entries
 //     that nothing freed yet are a note (trash), not a problem, since a running server frees
 //     them right after each delete.
@@ -63,7 +68,9 @@
 // mounts of sandboxes that are not running (Runtime.Cleanup); takes the lock of left-over
 // directories without config.json once, which lets the store remove them; has each runtime
 // remove its stale shared files (looking again that no process took one up); empties the
-// store's trash; and runs the template store's check with repair. It never removes a sandbox, a foreign entry or a record it cannot read.
+// store's trash; runs the template store's check with repair; and, when no server holds their
+// lock, removes the webhooks' leftovers, and the kept answers' leftovers. It never removes a sandbox, a foreign entry or a record it
+// cannot read.
 // The state root is then checked again, and a problem is reported as repaired when the second
 // pass no longer finds it.
 //

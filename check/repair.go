@@ -82,6 +82,10 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 
 	c.repairNetwork(p)
 
+	// The webhooks' leftovers, when no server holds their lock.
+	c.checkWebhooks(&pass{}, true)
+	c.checkIdempotency(&pass{}, true)
+
 	c.checkShared(&pass{}, true)
 
 	// Image references of users that are gone, then the image store's own leftovers.

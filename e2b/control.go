@@ -65,7 +65,7 @@ func statusOf(err error) int {
 		return http.StatusGatewayTimeout
 	case errcode.StorageFull:
 		return http.StatusInsufficientStorage
-	case errcode.Unavailable, errcode.StorageUnavailable:
+	case errcode.Unavailable, errcode.StorageUnavailable, errcode.SandboxWaking:
 		return http.StatusServiceUnavailable
 	case errcode.NotImplemented:
 		return http.StatusNotImplemented
@@ -109,8 +109,10 @@ func controlMux(h *Handler) *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/refreshes", h.refresh)
 	m.HandleFunc("POST /sandboxes/{id}/pause", h.pause)
 	m.HandleFunc("POST /sandboxes/{id}/resume", h.connect)
-	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics throws
-	// SandboxNotFoundError), which would misname what is missing.
+	m.HandleFunc("GET /sandboxes/{id}/metrics", h.metrics)
+	m.HandleFunc("GET /sandboxes/metrics", h.sandboxesMetrics)
+	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics threw
+	// SandboxNotFoundError before bothyd served it), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, "bothyd does not implement %s %s of E2B's API (see docs/e2b.md).", r.Method, r.URL.Path)
 	})
@@ -119,11 +121,15 @@ func controlMux(h *Handler) *http.ServeMux {
 
 // createBody is E2B's NewSandbox, of which bothyd reads what it can honour.
 type createBody struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int              `json:"timeout"`
-	AutoPause  *bool             `json:"autoPause"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
+	TemplateID string `json:"templateID"`
+	Timeout    *int   `json:"timeout"`
+	AutoPause  *bool  `json:"autoPause"`
+	// AutoResume is E2B's {enabled}: with autoPause, traffic wakes the paused sandbox.
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	Metadata map[string]string `json:"metadata"`
+	EnvVars  map[string]string `json:"envVars"`
 	// AllowInternetAccess is E2B's switch for the internet (the SDKs send it only when the
 	// caller set it); Network its egress rules.
 	AllowInternetAccess *bool        `json:"allow_internet_access"`
@@ -242,6 +248,14 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 		lt.OnTimeout = supervisor.TimeoutStop
 	}
 	req.Lifetime = lt
+	if b.AutoPause != nil && *b.AutoPause && b.AutoResume != nil && b.AutoResume.Enabled {
+		// autoPause with autoResume: bothyd's sleep and wake. E2B pauses at the end of the
+		// timeout and the next traffic resumes it; bothyd pauses after the timeout without a
+		// use (each use restarts it, as E2B's resume restarts the timeout), whatever runs
+		// inside, and any request wakes it. No lifetime ends it meanwhile.
+		req.Sleep = &supervisor.SleepPolicy{IdleTimeoutS: int(lt.Timeout / time.Second), AutoResume: true, IgnoreWork: true}
+		req.Lifetime = nil
+	}
 	switch name := b.TemplateID; {
 	case name == "" || name == baseTemplate:
 		// bothyd's default image.
@@ -336,6 +350,12 @@ func (h *Handler) detailOf(st *supervisor.Status) detailBody {
 		d.Lifecycle = &lifecycle{OnTimeout: "pause"}
 		if st.OnTimeout == supervisor.TimeoutDelete {
 			d.Lifecycle.OnTimeout = "kill"
+		}
+	}
+	if p := st.Config.Sleep; p != nil {
+		d.Lifecycle = &lifecycle{OnTimeout: "pause", AutoResume: p.AutoResume}
+		if st.StartedAt != nil {
+			d.EndAt = st.StartedAt.Add(time.Duration(p.IdleTimeoutS) * time.Second)
 		}
 	}
 	if d.Metadata == nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/usage"
 )
 
 // Supervisor is what this package needs of the supervisor ([supervisor.Supervisor]).
@@ -77,6 +78,8 @@ type Config struct {
 	// MaxFileBytes bounds an upload through POST /files.
 	MaxFileBytes int64
 	Logger       *slog.Logger
+	// Usage, if set, answers getMetrics and GET /sandboxes/metrics; nil answers them 501.
+	Usage *usage.Sampler
 }
 
 // Handler serves both of E2B's planes; mount it where [Claims] says.

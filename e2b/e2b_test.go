@@ -523,3 +523,31 @@ func TestCreateMapsNetwork(t *testing.T) {
 		t.Fatalf("an exception bothyd cannot say: %d %s", w.Code, w.Body)
 	}
 }
+
+// TestCreateMapsAutoResume: autoPause with autoResume {enabled: true} is a sleep policy of the
+// timeout that wakes on use and ignores work, with no lifetime; without autoPause, or with
+// autoResume off, the lifetime is as before and there is no policy.
+func TestCreateMapsAutoResume(t *testing.T) {
+	t.Parallel()
+	h, f := newTestHandler(t)
+	for _, tc := range []struct {
+		name, body string
+		sleep      *supervisor.SleepPolicy
+	}{
+		{"autoPause and autoResume", `{"timeout":30,"autoPause":true,"autoResume":{"enabled":true}}`,
+			&supervisor.SleepPolicy{IdleTimeoutS: 30, AutoResume: true, IgnoreWork: true}},
+		{"autoResume off", `{"timeout":30,"autoPause":true,"autoResume":{"enabled":false}}`, nil},
+		{"autoResume without autoPause", `{"timeout":30,"autoResume":{"enabled":true}}`, nil},
+	} {
+		if w := do(t, h, http.MethodPost, "/v2/sandboxes", tc.body, apiKey); w.Code != http.StatusCreated {
+			t.Fatalf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+		req := f.created[len(f.created)-1]
+		switch {
+		case tc.sleep == nil && (req.Sleep != nil || req.Lifetime == nil):
+			t.Errorf("%s: sleep %+v lifetime %+v, want a lifetime and no sleep", tc.name, req.Sleep, req.Lifetime)
+		case tc.sleep != nil && (req.Sleep == nil || *req.Sleep != *tc.sleep || req.Lifetime != nil):
+			t.Errorf("%s: sleep %+v lifetime %+v, want sleep %+v and no lifetime", tc.name, req.Sleep, req.Lifetime, tc.sleep)
+		}
+	}
+}

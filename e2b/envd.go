@@ -97,9 +97,9 @@ func userOf(r *http.Request) string {
 func (h *Handler) fileError(w http.ResponseWriter, r *http.Request, err error) { h.fail(w, r, err) }
 
 func (h *Handler) readFile(w http.ResponseWriter, r *http.Request) {
-	p := r.URL.Query().Get("path")
-	if p == "" || !path.IsAbs(p) {
-		writeError(w, http.StatusBadRequest, "Name the file by an absolute path in ?path=.")
+	p, err := resolvePath(r.URL.Query().Get("path"), userOf(r))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%s.", upperFirst(err.Error()))
 		return
 	}
 	rc, size, err := h.sup.ReadFile(r.Context(), sandboxOf(r.Context()), p, userOf(r))
@@ -164,8 +164,10 @@ func (h *Handler) writeFiles(w http.ResponseWriter, r *http.Request) {
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var written []writtenEntry
 	write := func(p string, src io.Reader) bool {
-		if p == "" || !path.IsAbs(p) {
-			writeError(w, http.StatusBadRequest, "Name each file by an absolute path, in ?path= or as its part's filename.")
+		// As envd: a relative path (or none) is taken from the user's home.
+		p, err := resolvePath(p, user)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "%s.", upperFirst(err.Error()))
 			return false
 		}
 		req := supervisor.WriteRequest{Path: p, User: user, Mode: 0o644, MakeParents: true, Metadata: meta}
@@ -266,4 +268,12 @@ func messageOf(err error) string {
 		return re.Message
 	}
 	return err.Error()
+}
+
+// upperFirst starts a message with a capital, as a sentence.
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/bothy/bothy/control"
 	"github.com/bothy/bothy/e2b/envd/filesystem"
 	"github.com/bothy/bothy/e2b/envd/filesystem/filesystemconnect"
 	"github.com/bothy/bothy/errcode"
@@ -92,10 +94,39 @@ func permissions(t supervisor.FileType, mode uint32) string {
 	return m.String()
 }
 
-func checkPath(p string) error {
-	if p == "" || !path.IsAbs(p) {
-		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("the path %q is not absolute", p))
+// homeOf is a sandbox user's home, as the agent gives it (agent/config.go): bothyd's
+// sandboxes have two users, "user" and "root".
+func homeOf(user string) string {
+	if user == control.Root {
+		return "/root"
 	}
+	return "/home/user"
+}
+
+// resolvePath makes p absolute as envd does (its permissions.ExpandAndResolve): "~" and
+// "~/..." are the user's home and below it, a relative path is taken from the home, and an
+// empty one is the home itself; the result is clean. "~name" (another user's home) is refused,
+// as envd refuses it.
+func resolvePath(p, user string) (string, error) {
+	if strings.HasPrefix(p, "~") {
+		if len(p) > 1 && p[1] != '/' {
+			return "", fmt.Errorf("the path %q names another user's home; write it from / or from this user's home", p)
+		}
+		p = homeOf(user) + p[1:]
+	}
+	if !path.IsAbs(p) {
+		p = path.Join(homeOf(user), p)
+	}
+	return path.Clean(p), nil
+}
+
+// resolveArg is resolvePath for a call's argument, in place: a refusal is invalid_argument.
+func resolveArg(p *string, user string) error {
+	abs, err := resolvePath(*p, user)
+	if err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	*p = abs
 	return nil
 }
 
@@ -108,7 +139,7 @@ func (s *filesystemService) stat(ctx context.Context, id, p, user string) (*file
 }
 
 func (s *filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
-	if err := checkPath(req.Msg.Path); err != nil {
+	if err := resolveArg(&req.Msg.Path, userOfHeader(req.Header())); err != nil {
 		return nil, err
 	}
 	e, err := s.stat(ctx, sandboxOf(ctx), req.Msg.Path, userOfHeader(req.Header()))
@@ -121,10 +152,10 @@ func (s *filesystemService) Stat(ctx context.Context, req *connect.Request[files
 // MakeDir creates a directory with its parents; one that exists is already_exists, which the
 // SDKs answer as false.
 func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
-	p := req.Msg.Path
-	if err := checkPath(p); err != nil {
+	if err := resolveArg(&req.Msg.Path, userOfHeader(req.Header())); err != nil {
 		return nil, err
 	}
+	p := req.Msg.Path
 	id, user := sandboxOf(ctx), userOfHeader(req.Header())
 	if _, err := s.h.sup.StatFile(ctx, id, path.Clean(p), user); err == nil {
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists already", p))
@@ -142,13 +173,13 @@ func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 // Move renames source to destination by running mv as the user: the agent has no rename
 // of its own, and mv is in every image bothyd runs E2B's SDKs against.
 func (s *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
+	if err := resolveArg(&req.Msg.Source, userOfHeader(req.Header())); err != nil {
+		return nil, err
+	}
+	if err := resolveArg(&req.Msg.Destination, userOfHeader(req.Header())); err != nil {
+		return nil, err
+	}
 	src, dst := req.Msg.Source, req.Msg.Destination
-	if err := checkPath(src); err != nil {
-		return nil, err
-	}
-	if err := checkPath(dst); err != nil {
-		return nil, err
-	}
 	id, user := sandboxOf(ctx), userOfHeader(req.Header())
 	if _, err := s.h.sup.StatFile(ctx, id, path.Clean(src), user); err != nil {
 		return nil, connectError(err)
@@ -169,10 +200,10 @@ func (s *filesystemService) Move(ctx context.Context, req *connect.Request[files
 
 // ListDir lists a directory to depth levels (0 and 1: its own entries).
 func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
-	p := req.Msg.Path
-	if err := checkPath(p); err != nil {
+	if err := resolveArg(&req.Msg.Path, userOfHeader(req.Header())); err != nil {
 		return nil, err
 	}
+	p := req.Msg.Path
 	depth := int(max(req.Msg.Depth, 1))
 	if depth > maxListDepth {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("the depth %d is more than %d", depth, maxListDepth))
@@ -215,7 +246,7 @@ func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 }
 
 func (s *filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
-	if err := checkPath(req.Msg.Path); err != nil {
+	if err := resolveArg(&req.Msg.Path, userOfHeader(req.Header())); err != nil {
 		return nil, err
 	}
 	if err := s.h.sup.RemoveFile(ctx, sandboxOf(ctx), path.Clean(req.Msg.Path), userOfHeader(req.Header()), true); err != nil {

@@ -219,6 +219,13 @@ func startEvent(pid uint32) *process.ProcessEvent {
 // execRequest maps envd's process config onto bothyd's workload.
 func execRequest(cfg *process.ProcessConfig, pty *process.PTY, user string) supervisor.ExecRequest {
 	req := supervisor.ExecRequest{Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Cwd: cfg.GetCwd(), User: user}
+	if req.Cwd != "" {
+		// As envd: a relative working directory (or ~) is taken from the user's home; no
+		// working directory is the home, as the agent starts a workload there.
+		if cwd, err := resolvePath(req.Cwd, user); err == nil {
+			req.Cwd = cwd
+		}
+	}
 	for _, k := range slices.Sorted(maps.Keys(cfg.GetEnvs())) {
 		req.Env = append(req.Env, k+"="+cfg.GetEnvs()[k])
 	}

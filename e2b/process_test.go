@@ -110,3 +110,27 @@ func TestRelayEnds(t *testing.T) {
 		}
 	})
 }
+
+// TestResolvePathAsEnvd: envd resolves a path against the user's home (issue 38): E2B's SDKs
+// pass "hello.txt" and "~/x" and expect them there.
+func TestResolvePathAsEnvd(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, user, want string }{
+		{"hello.txt", "user", "/home/user/hello.txt"},
+		{"hello.txt", "root", "/root/hello.txt"},
+		{"", "user", "/home/user"},
+		{"~", "user", "/home/user"},
+		{"~/a/../b", "root", "/root/b"},
+		{"../../etc/passwd", "user", "/etc/passwd"},
+		{"/tmp//x/", "user", "/tmp/x"},
+		{"./d/e", "user", "/home/user/d/e"},
+	} {
+		got, err := resolvePath(tc.in, tc.user)
+		if err != nil || got != tc.want {
+			t.Errorf("resolvePath(%q, %q) = %q, %v; want %q", tc.in, tc.user, got, err, tc.want)
+		}
+	}
+	if _, err := resolvePath("~other/x", "user"); err == nil {
+		t.Errorf("~other/x was resolved; envd refuses another user's home")
+	}
+}

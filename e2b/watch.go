@@ -67,7 +67,7 @@ func (s *filesystemService) watchEvent(ctx context.Context, id, root, user strin
 // keepalive events at the client's interval. It ends when the client leaves, the directory
 // goes away, or events were lost (resource_exhausted).
 func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	if err := checkPath(req.Msg.Path); err != nil {
+	if err := resolveArg(&req.Msg.Path, userOfHeader(req.Header())); err != nil {
 		return err
 	}
 	id, user, root := sandboxOf(ctx), userOfHeader(req.Header()), path.Clean(req.Msg.Path)
@@ -179,7 +179,7 @@ func (t *watcherTable) take(sandbox, id string) (*polledWatcher, error) {
 }
 
 func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
-	if err := checkPath(req.Msg.Path); err != nil {
+	if err := resolveArg(&req.Msg.Path, userOfHeader(req.Header())); err != nil {
 		return nil, err
 	}
 	t := &s.h.watchers

@@ -45,6 +45,9 @@ const (
 	TemplateTombstoned Code = "template-tombstoned"
 	TemplateIneligible Code = "template-ineligible"
 	SandboxPaused      Code = "sandbox-paused" // exec, files and streams wait for a resume
+	// SandboxWaking: a sleeping sandbox that the request woke did not finish waking within
+	// the request's wait; the wake goes on, and a retry is served (503 with Retry-After).
+	SandboxWaking Code = "sandbox-waking"
 
 	SandboxBusy          Code = "sandbox-busy"
 	TransitionInProgress Code = "transition-in-progress"
@@ -69,6 +72,14 @@ const (
 	// LinkNotFound: no port link has this id or token (it never existed, expired or was
 	// revoked).
 	LinkNotFound Code = "link-not-found"
+	// WebhookNotFound: no webhook has this id (it never existed, or was deleted).
+	WebhookNotFound Code = "webhook-not-found"
+	// IdempotencyKeyReused: an Idempotency-Key came again with another request (another
+	// method, path or body) than the one it was first used for.
+	IdempotencyKeyReused Code = "idempotency-key-reused"
+	// IdempotencyKeyInFlight: the request that first used this Idempotency-Key is still
+	// being answered; repeat this one once it is.
+	IdempotencyKeyInFlight Code = "idempotency-key-in-flight"
 
 	// StorageFull: the file system of the state root is out of space or over a quota
 	// (ENOSPC, EDQUOT). Made by [Storage].

@@ -37,16 +37,21 @@ type Options struct {
 	SeqBlock int64
 	// OnError is told of a failed reservation; nil drops it.
 	OnError func(error)
+	// OnPublish, if set, is handed each event as published, numbered and stamped, before any
+	// subscriber sees it and under the bus's lock, so in the order of the numbers: the
+	// webhooks' outbox records the event there (package webhook). It must not publish.
+	OnPublish func(openapi.Event)
 }
 
 // Bus fans events out to subscribers. It is safe for concurrent use; a nil *Bus accepts and
 // drops every event, so that publishers need not check whether anyone listens.
 type Bus struct {
-	buffer   int
-	now      func() time.Time
-	seqDir   string
-	seqBlock int64
-	onError  func(error)
+	buffer    int
+	now       func() time.Time
+	seqDir    string
+	seqBlock  int64
+	onError   func(error)
+	onPublish func(openapi.Event)
 
 	mu       sync.Mutex
 	seq      int64
@@ -82,14 +87,15 @@ func Open(o Options) (*Bus, error) {
 		o.SeqBlock = DefaultSeqBlock
 	}
 	b := &Bus{
-		buffer:   o.Buffer,
-		now:      o.Now,
-		seqDir:   o.SeqDir,
-		seqBlock: o.SeqBlock,
-		onError:  o.OnError,
-		ring:     make([]openapi.Event, 0, o.History),
-		subs:     map[*Subscription]struct{}{},
-		closedC:  make(chan struct{}),
+		buffer:    o.Buffer,
+		now:       o.Now,
+		seqDir:    o.SeqDir,
+		seqBlock:  o.SeqBlock,
+		onError:   o.OnError,
+		onPublish: o.OnPublish,
+		ring:      make([]openapi.Event, 0, o.History),
+		subs:      map[*Subscription]struct{}{},
+		closedC:   make(chan struct{}),
 	}
 	if o.SeqDir != "" {
 		reserved, err := readSeq(o.SeqDir)
@@ -116,6 +122,9 @@ func (b *Bus) Publish(e openapi.Event) openapi.Event {
 	b.seq++
 	e.Seq = b.seq
 	e.At = b.now().UTC()
+	if b.onPublish != nil {
+		b.onPublish(e)
+	}
 	if len(b.ring) < cap(b.ring) {
 		b.ring = append(b.ring, e)
 	} else {

@@ -183,3 +183,30 @@ func BenchmarkPublish(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(drops.Load())/float64(b.N), "drops/op")
 }
+
+// TestOnPublish: the hook is handed each event numbered and stamped, in the order of the
+// numbers, before a subscriber can see it (the webhooks' outbox records it there).
+func TestOnPublish(t *testing.T) {
+	t.Parallel()
+	var b *Bus
+	var got []int64
+	var seenBySub []bool
+	var s *Subscription
+	b = New(Options{OnPublish: func(e openapi.Event) {
+		got = append(got, e.Seq)
+		if e.At.IsZero() {
+			t.Errorf("event %d handed over unstamped", e.Seq)
+		}
+		// The subscriber's buffer does not hold it yet.
+		seenBySub = append(seenBySub, len(s.c) > 0)
+	}})
+	s = b.Subscribe(false, 0)
+	defer s.Close()
+	for range 3 {
+		b.Publish(sandboxEvent("a"))
+		next(t, s)
+	}
+	if len(got) != 3 || got[0] != 1 || got[2] != 3 || seenBySub[0] || seenBySub[1] || seenBySub[2] {
+		t.Fatalf("OnPublish saw %v (subscriber ahead: %v)", got, seenBySub)
+	}
+}

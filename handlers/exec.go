@@ -85,7 +85,7 @@ func execRequest(b *openapi.ExecRequest) supervisor.ExecRequest {
 		req.Cwd = *b.Cwd
 	}
 	if b.User != nil {
-		req.User = *b.User
+		req.User = string(*b.User)
 	}
 	if b.TimeoutMs != nil {
 		req.Timeout = time.Duration(*b.TimeoutMs) * time.Millisecond

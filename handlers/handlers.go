@@ -12,6 +12,7 @@ import (
 	"github.com/bothy/bothy/openapi"
 	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/usage"
 )
 
 // The handlers must implement every operation of the contract, and the supervisor must be
@@ -109,6 +110,10 @@ type Config struct {
 	NoFileLimit uint64
 	// Links, if set, keeps the port links; nil answers their routes not-implemented.
 	Links *portlink.Store
+	// Webhooks, if set, keeps the webhooks; nil answers their routes not-implemented.
+	Webhooks Webhooks
+	// Usage, if set, answers GET /v1/sandboxes/{id}/metrics; nil answers it not-implemented.
+	Usage *usage.Sampler
 }
 
 // Handlers implements openapi.StrictServerInterface.
@@ -144,6 +149,18 @@ func deadline(ctx context.Context, ms *int, def time.Duration) (context.Context,
 
 func (h *Handlers) GetHealth(context.Context, openapi.GetHealthRequestObject) (openapi.GetHealthResponseObject, error) {
 	return openapi.GetHealth200JSONResponse{Status: "ok"}, nil
+}
+
+// EventTypes are the types of the events the supervisor reports (the contract's EventType):
+// those a webhook may ask for.
+var EventTypes = []string{
+	supervisor.EventCreated, supervisor.EventStarted, supervisor.EventStopped, supervisor.EventExited,
+	supervisor.EventDeleted, supervisor.EventPaused, supervisor.EventResumed, supervisor.EventExpired,
+	supervisor.EventAsleep, supervisor.EventAwake,
+	supervisor.EventCaptured, supervisor.EventTombstoned, supervisor.EventRetired,
+	supervisor.EventAcquired, supervisor.EventReleased, supervisor.EventProgress,
+	supervisor.EventImagePullProgress, supervisor.EventImagePulled, supervisor.EventImageImported,
+	supervisor.EventImageFailed, supervisor.EventImageDeleted,
 }
 
 // EventOf is the contract's view of a supervisor event, ready for events.Bus.Publish (which

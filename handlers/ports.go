@@ -26,6 +26,8 @@ import (
 type PortDialer interface {
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
 	PortLimits() supervisor.PortLimits
+	// Use wakes a sleeping sandbox and records a use of it until end (supervisor's sleep.go).
+	Use(ctx context.Context, id string) (end func(), err error)
 }
 
 var _ PortDialer = (*supervisor.Supervisor)(nil)
@@ -186,6 +188,13 @@ func (h *Handlers) proxyTo(w http.ResponseWriter, r *http.Request, id string, po
 	if rest == "" {
 		rest = "/"
 	}
+	// A request is a use of its sandbox until it is answered, and wakes a sleeping one: the
+	// pooled connection it may reuse reaches no dial.
+	end, err := d.Use(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	defer end()
 	out := r.Clone(context.WithValue(r.Context(), portTargetKey{}, portTarget{sandbox: id, port: port}))
 	stripCredentials(out)
 	out.URL.Path = rest
@@ -281,6 +290,12 @@ func (h *Handlers) PortTunnel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// The tunnel is a use of its sandbox for as long as it is open.
+	end, err := d.Use(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	defer end()
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	conn, err := d.DialPort(ctx, id, port)
 	cancel()

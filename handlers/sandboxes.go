@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"context"
-	"encoding/base64"
 	"slices"
 	"strings"
 
@@ -56,6 +55,10 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 		seconds = *body.TimeoutS
 	}
 	creq.Lifetime = lifetime(seconds, body.OnTimeout)
+	if p := body.Sleep; p != nil {
+		creq.Sleep = &supervisor.SleepPolicy{IdleTimeoutS: p.IdleTimeoutSeconds, AutoResume: p.AutoResume == nil || *p.AutoResume,
+			IgnoreWork: p.IdleIgnoresWork != nil && *p.IdleIgnoresWork}
+	}
 	if body.Runtime != nil {
 		creq.Runtime = string(*body.Runtime)
 		if *body.Runtime != openapi.RuntimeKindNamespace {
@@ -187,7 +190,7 @@ func (h *Handlers) ListSandboxes(_ context.Context, req openapi.ListSandboxesReq
 	}
 	var next *string
 	if more && len(page) > 0 {
-		c := base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].Config.ID))
+		c := page[len(page)-1].Config.ID
 		next = &c
 	}
 	out := openapi.SandboxList{Items: make([]openapi.Sandbox, 0, len(page)), NextCursor: next}
@@ -266,6 +269,11 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 	if st.OnTimeout != "" {
 		on := openapi.OnTimeout(st.OnTimeout)
 		sb.OnTimeout = &on
+	}
+	if p := c.Sleep; p != nil {
+		sb.Sleep = &openapi.SleepPolicy{IdleTimeoutSeconds: p.IdleTimeoutS, AutoResume: &p.AutoResume, IdleIgnoresWork: &p.IgnoreWork}
+		asleep := st.Asleep
+		sb.Asleep = &asleep
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}

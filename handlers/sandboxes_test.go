@@ -241,7 +241,7 @@ func TestListSandboxes(t *testing.T) {
 	if ids, _ := list(""); strings.Join(ids, ",") != "a,b,c,d,e" {
 		t.Errorf("unfiltered %v, want all in id order", ids)
 	}
-	for query, field := range map[string]string{"cursor=AAAA-": "cursor", "cursor=zzzz": "cursor", "cursor=LQ": "cursor", "label=team": "label", "label=Team=x": "label"} {
+	for query, field := range map[string]string{"cursor=AAAA-": "cursor", "cursor=-a": "cursor", "cursor=LQ": "cursor", "label=team": "label", "label=Team=x": "label"} {
 		code, body := do(t, s, "GET", "/v1/sandboxes?"+query, "")
 		if p := problemOf(t, body); code != http.StatusBadRequest || p.Field != field {
 			t.Errorf("%q: %d %+v, want invalid-request on %s", query, code, p, field)

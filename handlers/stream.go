@@ -119,7 +119,7 @@ func streamRequest(p stream.ExecStreamParams) (supervisor.ExecRequest, time.Dura
 	req := supervisor.ExecRequest{
 		Argv:    p.Command,
 		Cwd:     deref(p.Cwd),
-		User:    deref(p.User),
+		User:    userOf(p.User),
 		Rows:    defaultStreamRows,
 		Cols:    defaultStreamCols,
 		Timeout: defaultStreamTimeout,
@@ -462,4 +462,12 @@ func (h *Handlers) CloseStreams() {
 			websocket.FormatCloseMessage(websocket.CloseGoingAway, "server shutting down"), time.Now().Add(writeWait))
 		c.Close()
 	}
+}
+
+// userOf is the stream's user, or "" (the default user) when it names none.
+func userOf(u *stream.User) string {
+	if u == nil {
+		return ""
+	}
+	return string(*u)
 }

@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"context"
-	"encoding/base64"
 	"slices"
 	"strings"
 
@@ -191,7 +190,7 @@ func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) 
 			continue
 		}
 		if len(page) == n {
-			next := base64.RawURLEncoding.EncodeToString([]byte(key(page[len(page)-1])))
+			next := key(page[len(page)-1])
 			return page, &next, nil
 		}
 		page = append(page, it)
@@ -204,14 +203,13 @@ func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) 
 func pageBounds(cursor *string, limit *int) (string, int, error) {
 	after := ""
 	if cursor != nil {
-		// Every key (a sandbox id, a template name, a generation id) follows the id rule, so
-		// a cursor that decodes to anything else is not one this server returned: "zzzz" is
-		// base64 of three bytes that no key has, not an empty page.
-		b, err := base64.RawURLEncoding.DecodeString(*cursor)
-		if err != nil || !naming.ValidID(string(b)) {
+		// A cursor is the key (a sandbox id, a template name, a generation id) its page starts
+		// after, so that every cursor of the contract's pattern (the id rule) names a position
+		// (issue 38): the contract, not the server, says which cursors are valid.
+		if !naming.ValidID(*cursor) {
 			return "", 0, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
 		}
-		after = string(b)
+		after = *cursor
 	}
 	n := defaultListLimit
 	if limit != nil {

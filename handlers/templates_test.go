@@ -26,7 +26,7 @@ func TestTemplateNotFound(t *testing.T) {
 			t.Errorf("%s: %d %+v, want 404 %s", target, code, p, want)
 		}
 	}
-	for _, target := range []string{"/v1/templates", "/v1/templates/base/generations", "/v1/templates/base/generations/g1/leases"} {
+	for _, target := range []string{"/v1/templates", "/v1/templates/base/generations", "/v1/templates/base/generations/g000001/leases"} {
 		f := &fakeSupervisor{err: errcode.New(errcode.TemplateNotFound, "There is no template base.")}
 		h, _ := newTestHandlers(t, f)
 		code, body := do(t, newTestServer(t, h), "GET", target, "")

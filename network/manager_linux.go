@@ -5,6 +5,7 @@ package network
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -706,6 +707,33 @@ func (m *Manager) Drops(id string) (Drops, error) {
 		*x.into = packets
 	}
 	return d, nil
+}
+
+// Traffic returns what sandbox id's interface carried since its setup by this process, read
+// from the host end's link statistics; a sandbox with no network set up here has none (an
+// error wrapping fs.ErrNotExist).
+func (m *Manager) Traffic(id string) (Traffic, error) {
+	m.mu.Lock()
+	sb := m.sandboxes[id]
+	m.mu.Unlock()
+	if sb == nil {
+		return Traffic{}, fmt.Errorf("network: %s has no network set up by this process: %w", id, fs.ErrNotExist)
+	}
+	h, err := m.netlink()
+	if err != nil {
+		return Traffic{}, fmt.Errorf("network: open netlink: %w", err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(sb.att.Interface)
+	if err != nil {
+		return Traffic{}, fmt.Errorf("network: find %s: %w", sb.att.Interface, err)
+	}
+	st := l.Attrs().Statistics
+	if st == nil {
+		return Traffic{}, fmt.Errorf("network: %s has no statistics", sb.att.Interface)
+	}
+	// The host end receives what the sandbox sends.
+	return Traffic{InBytes: st.TxBytes, OutBytes: st.RxBytes}, nil
 }
 
 // HostDrops returns how many packets sandboxes sent to the host itself (its addresses and

@@ -19,6 +19,7 @@ func (m *Manager) Update(id string, rules *Rules) error { return platform.ErrUns
 func (m *Manager) Teardown(id string) error             { return platform.ErrUnsupported }
 func (m *Manager) Recorded() ([]string, error)          { return nil, platform.ErrUnsupported }
 func (m *Manager) Drops(id string) (Drops, error)       { return Drops{}, platform.ErrUnsupported }
+func (m *Manager) Traffic(id string) (Traffic, error)   { return Traffic{}, platform.ErrUnsupported }
 func (m *Manager) HostDrops() (uint64, error)           { return 0, platform.ErrUnsupported }
 func (m *Manager) Refused() uint64                      { return 0 }
 func (m *Manager) RefusedBy(id string) uint64           { return 0 }

@@ -169,10 +169,10 @@ func ParseEntry(text string) (Entry, error) {
 		return e, fmt.Errorf("empty; give a domain, a CIDR or an address:port")
 	}
 	if p, err := netip.ParsePrefix(text); err == nil {
-		if p != p.Masked() {
-			return e, fmt.Errorf("a CIDR with bits set beyond its prefix length; write %s", p.Masked())
-		}
-		e.Kind, e.Prefix = Prefix, p
+		// Bits beyond the prefix length are ignored, as iptables and nftables ignore them:
+		// 10.0.0.1/8 is 10.0.0.0/8. The contract's pattern cannot tell them apart, and a
+		// request it takes is not refused (issue 38).
+		e.Kind, e.Prefix = Prefix, p.Masked()
 		return e, ipv4Only(p.Addr())
 	}
 	if ap, err := netip.ParseAddrPort(text); err == nil {

@@ -17,7 +17,6 @@ func TestParseRefusesBadEntries(t *testing.T) {
 		says  string
 	}{
 		{"empty entry", Policy{Allow: []string{""}}, "network.allow[0]", "empty"},
-		{"host bits", Policy{Allow: []string{"example.com", "198.51.100.7/24"}}, "network.allow[1]", "198.51.100.0/24"},
 		{"port zero", Policy{Deny: []string{"198.51.100.7:0"}}, "network.deny[0]", "port 0"},
 		{"ipv6", Policy{Allow: []string{"2001:db8::/32"}}, "network.allow[0]", "IPv6"},
 		{"metadata", Policy{Allow: []string{"169.254.169.254"}}, "network.allow[0]", "always denied"},
@@ -41,6 +40,16 @@ func TestParseRefusesBadEntries(t *testing.T) {
 				t.Fatalf("error field %q message %q, want field %q and a message naming it and saying %q", e.Field, e.Msg, tc.field, tc.says)
 			}
 		})
+	}
+}
+
+// TestParseMasksHostBits: a CIDR with bits beyond its prefix length is the network it names,
+// as iptables reads it: the contract's pattern takes it, so the server does too (issue 38).
+func TestParseMasksHostBits(t *testing.T) {
+	t.Parallel()
+	e, err := ParseEntry("198.51.100.7/24")
+	if err != nil || e.Kind != Prefix || e.Prefix.String() != "198.51.100.0/24" {
+		t.Fatalf("ParseEntry(198.51.100.7/24) = %+v, %v; want the prefix 198.51.100.0/24", e, err)
 	}
 }
 

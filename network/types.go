@@ -57,6 +57,13 @@ type Drops struct {
 	Policy uint64
 }
 
+// Traffic is what a sandbox's interface carried since its setup, in bytes, as the sandbox
+// sees it: In arrived at the sandbox, Out left it. It is read from the host end of the veth
+// pair, whose receive side is the sandbox's send side.
+type Traffic struct {
+	InBytes, OutBytes uint64
+}
+
 // Leftovers are network resources with no live owner, as [Manager.Leftovers] finds them.
 type Leftovers struct {
 	// Records are sandbox ids whose allocation record has no live sandbox; everything the

@@ -440,6 +440,114 @@ func (e StorageHealthState) Valid() bool {
 	}
 }
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebhookEventType.
+const (
+	WebhookEventTypeCaptureProgress      WebhookEventType = "capture.progress"
+	WebhookEventTypeGenerationCaptured   WebhookEventType = "generation.captured"
+	WebhookEventTypeGenerationRetired    WebhookEventType = "generation.retired"
+	WebhookEventTypeGenerationTombstoned WebhookEventType = "generation.tombstoned"
+	WebhookEventTypeImageDeleted         WebhookEventType = "image.deleted"
+	WebhookEventTypeImageFailed          WebhookEventType = "image.failed"
+	WebhookEventTypeImageImported        WebhookEventType = "image.imported"
+	WebhookEventTypeImagePullProgress    WebhookEventType = "image.pull.progress"
+	WebhookEventTypeImagePulled          WebhookEventType = "image.pulled"
+	WebhookEventTypeLeaseAcquired        WebhookEventType = "lease.acquired"
+	WebhookEventTypeLeaseReleased        WebhookEventType = "lease.released"
+	WebhookEventTypeSandboxAsleep        WebhookEventType = "sandbox.asleep"
+	WebhookEventTypeSandboxAwake         WebhookEventType = "sandbox.awake"
+	WebhookEventTypeSandboxCreated       WebhookEventType = "sandbox.created"
+	WebhookEventTypeSandboxDeleted       WebhookEventType = "sandbox.deleted"
+	WebhookEventTypeSandboxExited        WebhookEventType = "sandbox.exited"
+	WebhookEventTypeSandboxExpired       WebhookEventType = "sandbox.expired"
+	WebhookEventTypeSandboxPaused        WebhookEventType = "sandbox.paused"
+	WebhookEventTypeSandboxResumed       WebhookEventType = "sandbox.resumed"
+	WebhookEventTypeSandboxStarted       WebhookEventType = "sandbox.started"
+	WebhookEventTypeSandboxStopped       WebhookEventType = "sandbox.stopped"
+)
+
+// Valid indicates whether the value is a known member of the WebhookEventType enum.
+func (e WebhookEventType) Valid() bool {
+	switch e {
+	case WebhookEventTypeCaptureProgress:
+		return true
+	case WebhookEventTypeGenerationCaptured:
+		return true
+	case WebhookEventTypeGenerationRetired:
+		return true
+	case WebhookEventTypeGenerationTombstoned:
+		return true
+	case WebhookEventTypeImageDeleted:
+		return true
+	case WebhookEventTypeImageFailed:
+		return true
+	case WebhookEventTypeImageImported:
+		return true
+	case WebhookEventTypeImagePullProgress:
+		return true
+	case WebhookEventTypeImagePulled:
+		return true
+	case WebhookEventTypeLeaseAcquired:
+		return true
+	case WebhookEventTypeLeaseReleased:
+		return true
+	case WebhookEventTypeSandboxAsleep:
+		return true
+	case WebhookEventTypeSandboxAwake:
+		return true
+	case WebhookEventTypeSandboxCreated:
+		return true
+	case WebhookEventTypeSandboxDeleted:
+		return true
+	case WebhookEventTypeSandboxExited:
+		return true
+	case WebhookEventTypeSandboxExpired:
+		return true
+	case WebhookEventTypeSandboxPaused:
+		return true
+	case WebhookEventTypeSandboxResumed:
+		return true
+	case WebhookEventTypeSandboxStarted:
+		return true
+	case WebhookEventTypeSandboxStopped:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebSocketVersion.
+const (
+	WebSocketVersionN13 WebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the WebSocketVersion enum.
+func (e WebSocketVersion) Valid() bool {
+	switch e {
+	case WebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WaitSandboxParamsState.
 const (
 	WaitSandboxParamsStateDeleted     WaitSandboxParamsState = "deleted"
@@ -478,8 +586,17 @@ func (e WaitSandboxParamsState) Valid() bool {
 // Example: /home/user/main.py
 type AbsolutePath = string
 
+// AllowedDestination A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+// inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+// 224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+// as 0.0.0.0/0) is taken; the ranges stay closed.
+type AllowedDestination = string
+
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
+
+// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+type AutoResume = bool
 
 // Bounds What clients may hold open at once, so that no sandbox and no crowd of clients can
 // exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
@@ -535,9 +652,8 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
-	// `generation` without `template` is refused with `invalid-request` (field
-	// `generation`), which OpenAPI 3.0 cannot say in the schema.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`
+	// (the object's `not`): a `generation` without `template` is refused.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one (`sb-` and 12 of a-z 0-9) when
@@ -554,7 +670,8 @@ type CreateSandboxRequest struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -597,6 +714,21 @@ type CreateSandboxRequest struct {
 	// address of its own.
 	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
 	Start *StartOnCreate `json:"start,omitempty"`
@@ -615,6 +747,24 @@ type CreateTemplateRequest struct {
 	//
 	// Example: python-base
 	Name TemplateName `json:"name"`
+}
+
+// CreateWebhookRequest defines model for CreateWebhookRequest.
+type CreateWebhookRequest struct {
+	// Events The event types to deliver; at least one.
+	Events []WebhookEventType `json:"events"`
+
+	// Secret The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
+	// it, and it is never logged. Use a long random one.
+	Secret *string `json:"secret,omitempty"`
+
+	// URL An absolute `http://` or `https://` URL, without a user, password or fragment;
+	// its host a name or an IPv4 address (an IPv6 receiver is named by a host name).
+	// Deliveries are `POST`s to it. Its host must be public unless the operator started
+	// bothyd with `--webhook-allow-private`: an address literal inside loopback,
+	// link-local, RFC 1918, ULA or the sandboxes' pool is refused here, and a name that
+	// resolves to one is refused at each delivery.
+	URL string `json:"url"`
 }
 
 // EnvKey defines model for EnvKey.
@@ -638,6 +788,8 @@ type ErrorCode = string
 //   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
 //     `exit`;
 //   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+//   - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
+//     (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
 //   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
 //     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -658,10 +810,9 @@ type Event struct {
 	Exit *LastExit `json:"exit,omitempty"`
 
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -731,7 +882,8 @@ type EventType = string
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
 	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-	// `command`).
+	// `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+	// states the rule for the program.
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -757,7 +909,10 @@ type ExecRequest struct {
 	// Example: 0077
 	Umask *Umask `json:"umask,omitempty"`
 
-	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+	// User The user a command or a file operation runs as inside the sandbox: `user` (the
+	// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+	// these two.
+	//
 	//
 	// Example: user
 	User *User `json:"user,omitempty"`
@@ -776,7 +931,12 @@ type ExecResult struct {
 	ExitCode int `json:"exit_code"`
 
 	// OomKilled The kernel's out-of-memory killer ended the command (the sandbox hit its
-	// `memory_mb`); `signal` is then `SIGKILL`.
+	// `memory_mb`): the sandbox's OOM kill count rose while it ran and it ended with
+	// `signal` `SIGKILL` or, when the process killed was one it waited for (the `tail`
+	// of `sh -c 'head -c 200m /dev/zero | tail'`), with `exit_code` 137 and no `signal`.
+	// The count is the sandbox's workloads', not the command's own: with commands
+	// running side by side, one that ends with 137 or by SIGKILL for another reason
+	// while another's process is OOM-killed is reported too.
 	OomKilled *bool `json:"oom_killed,omitempty"`
 
 	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
@@ -836,10 +996,9 @@ type Generation struct {
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -875,10 +1034,9 @@ type GenerationEligibility string
 type GenerationState string
 
 // GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationID = string
@@ -912,6 +1070,9 @@ type HostFirewall struct {
 
 // HostFirewallState defines model for HostFirewall.State.
 type HostFirewallState string
+
+// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+type IdleIgnoresWork = bool
 
 // Image defines model for Image.
 type Image struct {
@@ -1128,7 +1289,8 @@ type LabelValue = string
 // Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 // and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 // A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-// keys, so the server checks them and refuses others with `invalid-request`.
+// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+// others with `invalid-request`.
 //
 // Example: {"job":"42","team":"grading"}
 type Labels map[string]LabelValue
@@ -1183,6 +1345,11 @@ type LeaseList struct {
 	Items []Lease `json:"items"`
 }
 
+// NetworkDestination A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+// `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+// CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+type NetworkDestination = string
+
 // NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
 // but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
 // below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
@@ -1198,10 +1365,10 @@ type LeaseList struct {
 // Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
 type NetworkPolicy struct {
 	// Allow The only destinations reachable, when not empty.
-	Allow *[]string `json:"allow,omitempty"`
+	Allow *[]AllowedDestination `json:"allow,omitempty"`
 
 	// Deny Destinations never reachable; wins over `allow` and `internet`.
-	Deny *[]string `json:"deny,omitempty"`
+	Deny *[]NetworkDestination `json:"deny,omitempty"`
 
 	// Internet Every public destination, when `allow` is empty.
 	Internet *InternetAccess `json:"internet,omitempty"`
@@ -1275,12 +1442,18 @@ type Problem struct {
 
 // PullImageRequest defines model for PullImageRequest.
 type PullImageRequest struct {
-	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	// Name The name of an image the server stores: an `ImageName` other than `host`, which is
+	// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+	// read nor deleted under `/v1/images/{name}`.
 	//
-	// Example: host
-	Name *ImageName `json:"name,omitempty"`
+	//
+	// Example: busybox
+	Name *StoredImageName `json:"name,omitempty"`
 
-	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	// Platform `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+	// architecture): another is refused with `unavailable` (503), as a runtime this
+	// server cannot run is.
+	//
 	//
 	// Example: linux/amd64
 	Platform *string `json:"platform,omitempty"`
@@ -1290,6 +1463,12 @@ type PullImageRequest struct {
 	// Example: registry.example.com/library/busybox:1.36
 	Ref string `json:"ref"`
 }
+
+// RemovablePath An `AbsolutePath` that names something below the root directory: it holds a
+// character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+//
+// Example: /home/user/build
+type RemovablePath = string
 
 // Resources Resource limits, applied through the sandbox's cgroup.
 type Resources struct {
@@ -1392,7 +1571,10 @@ type RuntimeStatusState string
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
 	// Address The sandbox's own address, while it runs with a network interface.
-	Address   *string   `json:"address,omitempty"`
+	Address *string `json:"address,omitempty"`
+
+	// Asleep The sandbox is `paused` because it was idle for its `sleep.idle_timeout_seconds`.
+	Asleep    *bool     `json:"asleep,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
@@ -1414,7 +1596,8 @@ type Sandbox struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -1449,6 +1632,21 @@ type Sandbox struct {
 	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
 	Runtime RuntimeKind `json:"runtime"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
 	// linger until bothyd has reconciled a run that ended by itself): how the last run
 	// ended, and when, is `last_exit`.
@@ -1477,11 +1675,45 @@ type SandboxList struct {
 	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
+// SandboxMetrics defines model for SandboxMetrics.
+type SandboxMetrics struct {
+	Current UsageSample `json:"current"`
+
+	// History The server's samples, oldest first (empty for a sandbox beyond the cap, or one it has not sampled yet).
+	History []UsageSample `json:"history"`
+	ID      string        `json:"id"`
+
+	// IntervalMs The time between two samples of `history`.
+	IntervalMs int64 `json:"interval_ms"`
+}
+
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
 // `running`: its agent answers; `paused`: running, with every process frozen (see
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
 // `last_exit`).
 type SandboxState string
+
+// SleepPolicy Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+// as a use until it closes), and no work inside using more than 2% of a CPU unless
+// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+// keeps running while it sleeps. A microVM sleeps with its memory released (as
+// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+// docs/design.md, "Sleep and wake".
+type SleepPolicy struct {
+	// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+	AutoResume *AutoResume `json:"auto_resume,omitempty"`
+
+	// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+	IdleIgnoresWork    *IdleIgnoresWork `json:"idle_ignores_work,omitempty"`
+	IdleTimeoutSeconds int              `json:"idle_timeout_seconds"`
+}
 
 // StartOnCreate Also start the sandbox before answering. The create is then all or nothing: a
 // start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -1508,6 +1740,13 @@ type StorageHealth struct {
 // StorageHealthState defines model for StorageHealth.State.
 type StorageHealthState string
 
+// StoredImageName The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
+//
+// Example: busybox
+type StoredImageName = string
+
 // Template defines model for Template.
 type Template struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1527,10 +1766,9 @@ type Template struct {
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -1575,10 +1813,102 @@ type TimeoutRequest struct {
 // Example: 0077
 type Umask = string
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// UsageSample defines model for UsageSample.
+type UsageSample struct {
+	At time.Time `json:"at"`
+
+	// CPUApproximate `cpu_seconds` is summed from the sandbox's live processes and the children they
+	// reaped (a cgroup v1 host whose cpuacct controller is not mounted with cpu).
+	CPUApproximate *bool `json:"cpu_approximate,omitempty"`
+
+	// CPURate CPUs used on average since the reading before (1.0: one CPU busy); absent on a
+	// first reading.
+	CPURate *float64 `json:"cpu_rate,omitempty"`
+
+	// CPUSeconds CPU time used since the launch.
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	DiskLimitBytes *int64  `json:"disk_limit_bytes,omitempty"`
+
+	// DiskUsedBytes What the sandbox's own disk holds on the host (its sparse image's blocks); absent without a disk of its own.
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	MemoryBytes   int64  `json:"memory_bytes"`
+
+	// MemoryLimitBytes 0 without a limit.
+	MemoryLimitBytes *int64 `json:"memory_limit_bytes,omitempty"`
+
+	// MemoryPeakBytes The most memory charged since the launch, where the kernel says (Linux 5.19+ on cgroup v2).
+	MemoryPeakBytes *int64 `json:"memory_peak_bytes,omitempty"`
+
+	// NetInBytes Bytes that arrived at the sandbox's interface; absent without a network.
+	NetInBytes  *int64 `json:"net_in_bytes,omitempty"`
+	NetOutBytes *int64 `json:"net_out_bytes,omitempty"`
+	Pids        int64  `json:"pids"`
+
+	// PidsLimit 0 for the server's default.
+	PidsLimit *int64 `json:"pids_limit,omitempty"`
+
+	// Vcpus The sandbox's CPU limit in whole CPUs (0 for the server's default).
+	Vcpus *int `json:"vcpus,omitempty"`
+}
+
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
+
+// Webhook defines model for Webhook.
+type Webhook struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// Delivery How the webhook's deliveries go.
+	Delivery WebhookDelivery `json:"delivery"`
+	Events   []EventType     `json:"events"`
+
+	// ID A webhook's id, given by the server.
+	ID  WebhookID `json:"id"`
+	URL string    `json:"url"`
+}
+
+// WebhookDelivery How the webhook's deliveries go.
+type WebhookDelivery struct {
+	// Delivered Events the receiver took (answered 2xx).
+	Delivered int64 `json:"delivered"`
+
+	// Dropped Events not enqueued because the outbox was full.
+	Dropped int64 `json:"dropped"`
+
+	// Failed Events given up after 24 hours of failed attempts.
+	Failed        int64      `json:"failed"`
+	LastAttemptAt *time.Time `json:"last_attempt_at,omitempty"`
+
+	// LastError Why the last attempt failed; absent when it succeeded.
+	LastError *string `json:"last_error,omitempty"`
+
+	// LastStatus The HTTP status of the last attempt's answer; absent when none came.
+	LastStatus    *int       `json:"last_status,omitempty"`
+	LastSuccessAt *time.Time `json:"last_success_at,omitempty"`
+
+	// NextAttemptAt When the oldest pending event is tried next; absent when none is pending.
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+
+	// Pending Events in its outbox, not yet delivered (at most 1000; more are dropped).
+	Pending int `json:"pending"`
+}
+
+// WebhookEventType An event type a webhook may ask for: the types of `EventType` this server sends. Unlike
+// `EventType` in an answer, this list is closed, so that a misspelt type is refused
+// rather than never delivered.
+type WebhookEventType string
+
+// WebhookID A webhook's id, given by the server.
+type WebhookID = string
+
+// WebhookList defines model for WebhookList.
+type WebhookList struct {
+	Items []Webhook `json:"items"`
+}
 
 // AccessToken defines model for AccessToken.
 type AccessToken = string
@@ -1590,18 +1920,22 @@ type Cursor = string
 type Drain = bool
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
 
-// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+// IdempotencyKey defines model for IdempotencyKey.
+type IdempotencyKey = string
+
+// ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
 //
-// Example: host
-type ImageNamePath = ImageName
+// Example: busybox
+type ImageNamePath = StoredImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1624,6 +1958,21 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// WebSocketConnection defines model for WebSocketConnection.
+type WebSocketConnection = string
+
+// WebSocketKey defines model for WebSocketKey.
+type WebSocketKey = string
+
+// WebSocketUpgrade defines model for WebSocketUpgrade.
+type WebSocketUpgrade = string
+
+// WebSocketVersion defines model for WebSocketVersion.
+type WebSocketVersion string
+
+// WebhookIDPath A webhook's id, given by the server.
+type WebhookIDPath = WebhookID
 
 // BadGateway An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadGateway = Problem
@@ -1670,6 +2019,20 @@ type TooManyRequests = Problem
 // Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
+// UnprocessableEntity An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+type UnprocessableEntity = Problem
+
+// PullImageParams defines parameters for PullImage.
+type PullImageParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {
 	State *SandboxState `form:"state,omitempty" json:"state,omitempty"`
@@ -1677,9 +2040,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1692,6 +2055,14 @@ type CreateSandboxParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // DeleteSandboxParams defines parameters for DeleteSandbox.
@@ -1707,11 +2078,11 @@ type DeleteSandboxParams struct {
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Path An absolute path inside the sandbox, other than the root directory.
+	Path RemovablePath `form:"path" json:"path"`
+
 	// Recursive Remove a directory with everything in it.
 	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
-
-	// Path An absolute path inside the sandbox.
-	Path AbsolutePath `form:"path" json:"path"`
 }
 
 // ReadFileParams defines parameters for ReadFile.
@@ -1755,6 +2126,17 @@ type PauseSandboxParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// CreatePortLinkParams defines parameters for CreatePortLink.
+type CreatePortLinkParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // ResumeSandboxParams defines parameters for ResumeSandbox.
@@ -1806,13 +2188,24 @@ type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
+// CreateTemplateParams defines parameters for CreateTemplate.
+type CreateTemplateParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // DeleteTemplateParams defines parameters for DeleteTemplate.
@@ -1828,9 +2221,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1843,6 +2236,14 @@ type CaptureGenerationParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // RetireGenerationParams defines parameters for RetireGeneration.
@@ -1862,6 +2263,17 @@ type TombstoneGenerationParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// CreateWebhookParams defines parameters for CreateWebhook.
+type CreateWebhookParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // PullImageJSONRequestBody defines body for PullImage for application/json ContentType.
@@ -1891,6 +2303,9 @@ type CreateTemplateJSONRequestBody = CreateTemplateRequest
 // CaptureGenerationJSONRequestBody defines body for CaptureGeneration for application/json ContentType.
 type CaptureGenerationJSONRequestBody = CaptureRequest
 
+// CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
+type CreateWebhookJSONRequestBody = CreateWebhookRequest
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// GetHealth Liveness
@@ -1901,7 +2316,7 @@ type ServerInterface interface {
 	ListImages(w http.ResponseWriter, r *http.Request)
 	// PullImage Pull an image from a registry
 	// (POST /v1/images)
-	PullImage(w http.ResponseWriter, r *http.Request)
+	PullImage(w http.ResponseWriter, r *http.Request, params PullImageParams)
 	// DeleteImage Delete an OCI image
 	// (DELETE /v1/images/{name})
 	DeleteImage(w http.ResponseWriter, r *http.Request, name ImageNamePath)
@@ -1944,6 +2359,9 @@ type ServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
 	// SetSandboxNetwork Replace a sandbox's egress policy
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams)
@@ -1952,7 +2370,7 @@ type ServerInterface interface {
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams)
 	// CreatePortLink Make a link that opens the port without the API token
 	// (POST /v1/sandboxes/{id}/ports/{port}/links)
-	CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath)
+	CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, params CreatePortLinkParams)
 	// DeletePortLink Revoke a link
 	// (DELETE /v1/sandboxes/{id}/ports/{port}/links/{link})
 	DeletePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, link string)
@@ -1976,7 +2394,7 @@ type ServerInterface interface {
 	ListTemplates(w http.ResponseWriter, r *http.Request, params ListTemplatesParams)
 	// CreateTemplate Create a template
 	// (POST /v1/templates)
-	CreateTemplate(w http.ResponseWriter, r *http.Request)
+	CreateTemplate(w http.ResponseWriter, r *http.Request, params CreateTemplateParams)
 	// DeleteTemplate Delete a template and retire all its generations
 	// (DELETE /v1/templates/{name})
 	DeleteTemplate(w http.ResponseWriter, r *http.Request, name TemplateNamePath, params DeleteTemplateParams)
@@ -2001,6 +2419,18 @@ type ServerInterface interface {
 	// TombstoneGeneration Quarantine a generation
 	// (POST /v1/templates/{name}/generations/{gen}/tombstone)
 	TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath, params TombstoneGenerationParams)
+	// ListWebhooks List webhooks, with their delivery state
+	// (GET /v1/webhooks)
+	ListWebhooks(w http.ResponseWriter, r *http.Request)
+	// CreateWebhook Register a webhook
+	// (POST /v1/webhooks)
+	CreateWebhook(w http.ResponseWriter, r *http.Request, params CreateWebhookParams)
+	// DeleteWebhook Delete a webhook
+	// (DELETE /v1/webhooks/{webhook})
+	DeleteWebhook(w http.ResponseWriter, r *http.Request, webhook WebhookIDPath)
+	// GetWebhook Show a webhook and its delivery state
+	// (GET /v1/webhooks/{webhook})
+	GetWebhook(w http.ResponseWriter, r *http.Request, webhook WebhookIDPath)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -2021,7 +2451,7 @@ func (_ Unimplemented) ListImages(w http.ResponseWriter, r *http.Request) {
 
 // PullImage Pull an image from a registry
 // (POST /v1/images)
-func (_ Unimplemented) PullImage(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) PullImage(w http.ResponseWriter, r *http.Request, params PullImageParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2109,6 +2539,12 @@ func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// GetSandboxMetrics What a running sandbox uses, now and lately
+// (GET /v1/sandboxes/{id}/metrics)
+func (_ Unimplemented) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // SetSandboxNetwork Replace a sandbox's egress policy
 // (PUT /v1/sandboxes/{id}/network)
 func (_ Unimplemented) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams) {
@@ -2123,7 +2559,7 @@ func (_ Unimplemented) PauseSandbox(w http.ResponseWriter, r *http.Request, id S
 
 // CreatePortLink Make a link that opens the port without the API token
 // (POST /v1/sandboxes/{id}/ports/{port}/links)
-func (_ Unimplemented) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
+func (_ Unimplemented) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, params CreatePortLinkParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2171,7 +2607,7 @@ func (_ Unimplemented) ListTemplates(w http.ResponseWriter, r *http.Request, par
 
 // CreateTemplate Create a template
 // (POST /v1/templates)
-func (_ Unimplemented) CreateTemplate(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) CreateTemplate(w http.ResponseWriter, r *http.Request, params CreateTemplateParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2223,6 +2659,30 @@ func (_ Unimplemented) TombstoneGeneration(w http.ResponseWriter, r *http.Reques
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListWebhooks List webhooks, with their delivery state
+// (GET /v1/webhooks)
+func (_ Unimplemented) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateWebhook Register a webhook
+// (POST /v1/webhooks)
+func (_ Unimplemented) CreateWebhook(w http.ResponseWriter, r *http.Request, params CreateWebhookParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteWebhook Delete a webhook
+// (DELETE /v1/webhooks/{webhook})
+func (_ Unimplemented) DeleteWebhook(w http.ResponseWriter, r *http.Request, webhook WebhookIDPath) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetWebhook Show a webhook and its delivery state
+// (GET /v1/webhooks/{webhook})
+func (_ Unimplemented) GetWebhook(w http.ResponseWriter, r *http.Request, webhook WebhookIDPath) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ServerInterfaceWrapper converts contexts to parameters.
 type ServerInterfaceWrapper struct {
 	Handler            ServerInterface
@@ -2263,8 +2723,35 @@ func (siw *ServerInterfaceWrapper) ListImages(w http.ResponseWriter, r *http.Req
 // PullImage operation middleware
 func (siw *ServerInterfaceWrapper) PullImage(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params PullImageParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.PullImage(w, r)
+		siw.Handler.PullImage(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2460,6 +2947,27 @@ func (siw *ServerInterfaceWrapper) CreateSandbox(w http.ResponseWriter, r *http.
 		return
 	}
 
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.CreateSandbox(w, r, params)
 	}))
@@ -2596,19 +3104,6 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 	// Parameter object where we will unmarshal all parameters from the context
 	var params RemoveFileParams
 
-	// ------------- Optional query parameter "recursive" -------------
-
-	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
-	if err != nil {
-		var requiredError *runtime.RequiredParameterError
-		if errors.As(err, &requiredError) {
-			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
-		} else {
-			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
-		}
-		return
-	}
-
 	// ------------- Required query parameter "path" -------------
 
 	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
@@ -2618,6 +3113,19 @@ func (siw *ServerInterfaceWrapper) RemoveFile(w http.ResponseWriter, r *http.Req
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "recursive" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "recursive", r.URL.Query(), &params.Recursive, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "recursive"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "recursive", Err: err})
 		}
 		return
 	}
@@ -2814,6 +3322,32 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 	handler.ServeHTTP(w, r)
 }
 
+// GetSandboxMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxMetrics(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // SetSandboxNetwork operation middleware
 func (siw *ServerInterfaceWrapper) SetSandboxNetwork(w http.ResponseWriter, r *http.Request) {
 
@@ -2922,8 +3456,32 @@ func (siw *ServerInterfaceWrapper) CreatePortLink(w http.ResponseWriter, r *http
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreatePortLinkParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CreatePortLink(w, r, id, port)
+		siw.Handler.CreatePortLink(w, r, id, port, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3262,8 +3820,35 @@ func (siw *ServerInterfaceWrapper) ListTemplates(w http.ResponseWriter, r *http.
 // CreateTemplate operation middleware
 func (siw *ServerInterfaceWrapper) CreateTemplate(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateTemplateParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CreateTemplate(w, r)
+		siw.Handler.CreateTemplate(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3438,6 +4023,27 @@ func (siw *ServerInterfaceWrapper) CaptureGeneration(w http.ResponseWriter, r *h
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
 		}
 		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
 	}
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -3636,6 +4242,113 @@ func (siw *ServerInterfaceWrapper) TombstoneGeneration(w http.ResponseWriter, r 
 	handler.ServeHTTP(w, r)
 }
 
+// ListWebhooks operation middleware
+func (siw *ServerInterfaceWrapper) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListWebhooks(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateWebhook operation middleware
+func (siw *ServerInterfaceWrapper) CreateWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateWebhookParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateWebhook(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteWebhook operation middleware
+func (siw *ServerInterfaceWrapper) DeleteWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhook" -------------
+	var webhook WebhookIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhook", chi.URLParam(r, "webhook"), &webhook, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhook", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteWebhook(w, r, webhook)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetWebhook operation middleware
+func (siw *ServerInterfaceWrapper) GetWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhook" -------------
+	var webhook WebhookIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhook", chi.URLParam(r, "webhook"), &webhook, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhook", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetWebhook(w, r, webhook)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -3777,6 +4490,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/resume", wrapper.ResumeSandbox)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/metrics", wrapper.GetSandboxMetrics)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/timeout", wrapper.SetSandboxTimeout)
 	})
 	r.Group(func(r chi.Router) {
@@ -3852,6 +4568,18 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Put(options.BaseURL+"/v1/images/{name}", wrapper.ImportImage)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/webhooks", wrapper.ListWebhooks)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/webhooks", wrapper.CreateWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/webhooks/{webhook}", wrapper.DeleteWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/webhooks/{webhook}", wrapper.GetWebhook)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/info", wrapper.GetInfo)
 	})
 	r.Group(func(r chi.Router) {
@@ -3897,6 +4625,8 @@ type UnauthorizedApplicationProblemPlusJSONResponse struct {
 
 	Headers UnauthorizedResponseHeaders
 }
+
+type UnprocessableEntityApplicationProblemPlusJSONResponse Problem
 
 type GetHealthRequestObject struct {
 }
@@ -4072,7 +4802,8 @@ func (response ListImages501ApplicationProblemPlusJSONResponse) VisitListImagesR
 }
 
 type PullImageRequestObject struct {
-	Body *PullImageJSONRequestBody
+	Params PullImageParams
+	Body   *PullImageJSONRequestBody
 }
 
 type PullImageResponseObject interface {
@@ -4182,6 +4913,22 @@ func (response PullImage413ApplicationProblemPlusJSONResponse) VisitPullImageRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PullImage422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response PullImage422ApplicationProblemPlusJSONResponse) VisitPullImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5045,6 +5792,22 @@ func (response CreateSandbox413ApplicationProblemPlusJSONResponse) VisitCreateSa
 	return err
 }
 
+type CreateSandbox422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSandbox422ApplicationProblemPlusJSONResponse) VisitCreateSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateSandbox423ApplicationProblemPlusJSONResponse struct {
 	LockedApplicationProblemPlusJSONResponse
 }
@@ -5580,6 +6343,22 @@ func (response ExecCommand501ApplicationProblemPlusJSONResponse) VisitExecComman
 	return err
 }
 
+type ExecCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ExecCommand503ApplicationProblemPlusJSONResponse) VisitExecCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RemoveFileRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params RemoveFileParams
@@ -5724,6 +6503,22 @@ func (response RemoveFile501ApplicationProblemPlusJSONResponse) VisitRemoveFileR
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RemoveFile503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response RemoveFile503ApplicationProblemPlusJSONResponse) VisitRemoveFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5884,6 +6679,22 @@ func (response ReadFile501ApplicationProblemPlusJSONResponse) VisitReadFileRespo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReadFile503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ReadFile503ApplicationProblemPlusJSONResponse) VisitReadFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6239,6 +7050,22 @@ func (response ListFiles501ApplicationProblemPlusJSONResponse) VisitListFilesRes
 	return err
 }
 
+type ListFiles503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles503ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxLogsRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params GetSandboxLogsParams
@@ -6354,6 +7181,159 @@ func (response GetSandboxLogs501ApplicationProblemPlusJSONResponse) VisitGetSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetricsRequestObject struct {
+	ID SandboxIDPath `json:"id"`
+}
+
+type GetSandboxMetricsResponseObject interface {
+	VisitGetSandboxMetricsResponse(w http.ResponseWriter) error
+}
+
+type GetSandboxMetrics200JSONResponse SandboxMetrics
+
+func (response GetSandboxMetrics200JSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics400ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics401ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics403ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics404ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics409ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics500ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics501ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics503ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6733,9 +7713,10 @@ func (response PauseSandbox503ApplicationProblemPlusJSONResponse) VisitPauseSand
 }
 
 type CreatePortLinkRequestObject struct {
-	ID   SandboxIDPath `json:"id"`
-	Port PortPath      `json:"port"`
-	Body *CreatePortLinkJSONRequestBody
+	ID     SandboxIDPath `json:"id"`
+	Port   PortPath      `json:"port"`
+	Params CreatePortLinkParams
+	Body   *CreatePortLinkJSONRequestBody
 }
 
 type CreatePortLinkResponseObject interface {
@@ -6823,6 +7804,22 @@ func (response CreatePortLink404ApplicationProblemPlusJSONResponse) VisitCreateP
 	return err
 }
 
+type CreatePortLink409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink409ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreatePortLink413ApplicationProblemPlusJSONResponse struct {
 	PayloadTooLargeApplicationProblemPlusJSONResponse
 }
@@ -6835,6 +7832,22 @@ func (response CreatePortLink413ApplicationProblemPlusJSONResponse) VisitCreateP
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePortLink422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePortLink422ApplicationProblemPlusJSONResponse) VisitCreatePortLinkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -7953,7 +8966,8 @@ func (response ListTemplates501ApplicationProblemPlusJSONResponse) VisitListTemp
 }
 
 type CreateTemplateRequestObject struct {
-	Body *CreateTemplateJSONRequestBody
+	Params CreateTemplateParams
+	Body   *CreateTemplateJSONRequestBody
 }
 
 type CreateTemplateResponseObject interface {
@@ -8063,6 +9077,22 @@ func (response CreateTemplate413ApplicationProblemPlusJSONResponse) VisitCreateT
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTemplate422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateTemplate422ApplicationProblemPlusJSONResponse) VisitCreateTemplateResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -8649,6 +9679,22 @@ func (response CaptureGeneration413ApplicationProblemPlusJSONResponse) VisitCapt
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CaptureGeneration422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CaptureGeneration422ApplicationProblemPlusJSONResponse) VisitCaptureGenerationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -9263,6 +10309,590 @@ func (response TombstoneGeneration501ApplicationProblemPlusJSONResponse) VisitTo
 	return err
 }
 
+type ListWebhooksRequestObject struct {
+}
+
+type ListWebhooksResponseObject interface {
+	VisitListWebhooksResponse(w http.ResponseWriter) error
+}
+
+type ListWebhooks200JSONResponse WebhookList
+
+func (response ListWebhooks200JSONResponse) VisitListWebhooksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListWebhooks400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListWebhooks400ApplicationProblemPlusJSONResponse) VisitListWebhooksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListWebhooks401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListWebhooks401ApplicationProblemPlusJSONResponse) VisitListWebhooksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListWebhooks403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListWebhooks403ApplicationProblemPlusJSONResponse) VisitListWebhooksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListWebhooks500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListWebhooks500ApplicationProblemPlusJSONResponse) VisitListWebhooksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListWebhooks501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ListWebhooks501ApplicationProblemPlusJSONResponse) VisitListWebhooksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhookRequestObject struct {
+	Params CreateWebhookParams
+	Body   *CreateWebhookJSONRequestBody
+}
+
+type CreateWebhookResponseObject interface {
+	VisitCreateWebhookResponse(w http.ResponseWriter) error
+}
+
+type CreateWebhook201ResponseHeaders struct {
+	Location *string
+}
+
+type CreateWebhook201JSONResponse struct {
+	Body    Webhook
+	Headers CreateWebhook201ResponseHeaders
+}
+
+func (response CreateWebhook201JSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.Location != nil {
+		w.Header().Set("Location", fmt.Sprint(*response.Headers.Location))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook400ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook401ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook403ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook409ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook413ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook422ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook429ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook500ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook501ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook503ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateWebhook507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response CreateWebhook507ApplicationProblemPlusJSONResponse) VisitCreateWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhookRequestObject struct {
+	Webhook WebhookIDPath `json:"webhook"`
+}
+
+type DeleteWebhookResponseObject interface {
+	VisitDeleteWebhookResponse(w http.ResponseWriter) error
+}
+
+type DeleteWebhook204Response struct {
+}
+
+func (response DeleteWebhook204Response) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteWebhook400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook400ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhook401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook401ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhook403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook403ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhook404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook404ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhook500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook500ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhook501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook501ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhook503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook503ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteWebhook507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteWebhook507ApplicationProblemPlusJSONResponse) VisitDeleteWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetWebhookRequestObject struct {
+	Webhook WebhookIDPath `json:"webhook"`
+}
+
+type GetWebhookResponseObject interface {
+	VisitGetWebhookResponse(w http.ResponseWriter) error
+}
+
+type GetWebhook200JSONResponse Webhook
+
+func (response GetWebhook200JSONResponse) VisitGetWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetWebhook400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetWebhook400ApplicationProblemPlusJSONResponse) VisitGetWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetWebhook401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetWebhook401ApplicationProblemPlusJSONResponse) VisitGetWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetWebhook403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetWebhook403ApplicationProblemPlusJSONResponse) VisitGetWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetWebhook404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetWebhook404ApplicationProblemPlusJSONResponse) VisitGetWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetWebhook500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetWebhook500ApplicationProblemPlusJSONResponse) VisitGetWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetWebhook501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response GetWebhook501ApplicationProblemPlusJSONResponse) VisitGetWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// GetHealth Liveness
@@ -9316,6 +10946,9 @@ type StrictServerInterface interface {
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(ctx context.Context, request GetSandboxMetricsRequestObject) (GetSandboxMetricsResponseObject, error)
 	// SetSandboxNetwork Replace a sandbox's egress policy
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
@@ -9373,6 +11006,18 @@ type StrictServerInterface interface {
 	// TombstoneGeneration Quarantine a generation
 	// (POST /v1/templates/{name}/generations/{gen}/tombstone)
 	TombstoneGeneration(ctx context.Context, request TombstoneGenerationRequestObject) (TombstoneGenerationResponseObject, error)
+	// ListWebhooks List webhooks, with their delivery state
+	// (GET /v1/webhooks)
+	ListWebhooks(ctx context.Context, request ListWebhooksRequestObject) (ListWebhooksResponseObject, error)
+	// CreateWebhook Register a webhook
+	// (POST /v1/webhooks)
+	CreateWebhook(ctx context.Context, request CreateWebhookRequestObject) (CreateWebhookResponseObject, error)
+	// DeleteWebhook Delete a webhook
+	// (DELETE /v1/webhooks/{webhook})
+	DeleteWebhook(ctx context.Context, request DeleteWebhookRequestObject) (DeleteWebhookResponseObject, error)
+	// GetWebhook Show a webhook and its delivery state
+	// (GET /v1/webhooks/{webhook})
+	GetWebhook(ctx context.Context, request GetWebhookRequestObject) (GetWebhookResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -9463,8 +11108,10 @@ func (sh *strictHandler) ListImages(w http.ResponseWriter, r *http.Request) {
 }
 
 // PullImage operation middleware
-func (sh *strictHandler) PullImage(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) PullImage(w http.ResponseWriter, r *http.Request, params PullImageParams) {
 	var request PullImageRequestObject
+
+	request.Params = params
 
 	var body PullImageJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -9879,6 +11526,32 @@ func (sh *strictHandler) GetSandboxLogs(w http.ResponseWriter, r *http.Request, 
 	}
 }
 
+// GetSandboxMetrics operation middleware
+func (sh *strictHandler) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
+	var request GetSandboxMetricsRequestObject
+
+	request.ID = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetSandboxMetrics(ctx, request.(GetSandboxMetricsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetSandboxMetrics")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetSandboxMetricsResponseObject); ok {
+		if err := validResponse.VisitGetSandboxMetricsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // SetSandboxNetwork operation middleware
 func (sh *strictHandler) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params SetSandboxNetworkParams) {
 	var request SetSandboxNetworkRequestObject
@@ -9951,11 +11624,12 @@ func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id
 }
 
 // CreatePortLink operation middleware
-func (sh *strictHandler) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
+func (sh *strictHandler) CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, params CreatePortLinkParams) {
 	var request CreatePortLinkRequestObject
 
 	request.ID = id
 	request.Port = port
+	request.Params = params
 
 	var body CreatePortLinkJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -10184,8 +11858,10 @@ func (sh *strictHandler) ListTemplates(w http.ResponseWriter, r *http.Request, p
 }
 
 // CreateTemplate operation middleware
-func (sh *strictHandler) CreateTemplate(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) CreateTemplate(w http.ResponseWriter, r *http.Request, params CreateTemplateParams) {
 	var request CreateTemplateRequestObject
+
+	request.Params = params
 
 	var body CreateTemplateJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -10431,6 +12107,115 @@ func (sh *strictHandler) TombstoneGeneration(w http.ResponseWriter, r *http.Requ
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(TombstoneGenerationResponseObject); ok {
 		if err := validResponse.VisitTombstoneGenerationResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListWebhooks operation middleware
+func (sh *strictHandler) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+	var request ListWebhooksRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListWebhooks(ctx, request.(ListWebhooksRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListWebhooks")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListWebhooksResponseObject); ok {
+		if err := validResponse.VisitListWebhooksResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateWebhook operation middleware
+func (sh *strictHandler) CreateWebhook(w http.ResponseWriter, r *http.Request, params CreateWebhookParams) {
+	var request CreateWebhookRequestObject
+
+	request.Params = params
+
+	var body CreateWebhookJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateWebhook(ctx, request.(CreateWebhookRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateWebhook")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateWebhookResponseObject); ok {
+		if err := validResponse.VisitCreateWebhookResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteWebhook operation middleware
+func (sh *strictHandler) DeleteWebhook(w http.ResponseWriter, r *http.Request, webhook WebhookIDPath) {
+	var request DeleteWebhookRequestObject
+
+	request.Webhook = webhook
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteWebhook(ctx, request.(DeleteWebhookRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteWebhook")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteWebhookResponseObject); ok {
+		if err := validResponse.VisitDeleteWebhookResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetWebhook operation middleware
+func (sh *strictHandler) GetWebhook(w http.ResponseWriter, r *http.Request, webhook WebhookIDPath) {
+	var request GetWebhookRequestObject
+
+	request.Webhook = webhook
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetWebhook(ctx, request.(GetWebhookRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetWebhook")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetWebhookResponseObject); ok {
+		if err := validResponse.VisitGetWebhookResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -60,6 +60,7 @@ var statusOfCode = map[string]int{
 	"template-tombstoned": 409,
 	"template-ineligible": 409,
 	"sandbox-paused":      409,
+	"sandbox-waking":      503,
 	"pids-limit":          409,
 
 	"sandbox-busy":           423,
@@ -76,6 +77,10 @@ var statusOfCode = map[string]int{
 	"port-unreachable": 502,
 	"limit-reached":    429,
 	"link-not-found":   404,
+
+	"webhook-not-found":         404,
+	"idempotency-key-reused":    422,
+	"idempotency-key-in-flight": 409,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so
@@ -567,6 +572,13 @@ func TestSpecBoundsRefuseAbsurdInput(t *testing.T) {
 			req := httptest.NewRequest(tc.method, tc.target, strings.NewReader(tc.body))
 			if tc.contentType != "" {
 				req.Header.Set("Content-Type", tc.contentType)
+			}
+			if strings.Contains(tc.target, "/exec/stream") {
+				// What every websocket client sends.
+				req.Header.Set("Upgrade", "websocket")
+				req.Header.Set("Connection", "Upgrade")
+				req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+				req.Header.Set("Sec-WebSocket-Version", "13")
 			}
 			err := validateRequest(router, req)
 			switch {

@@ -3,6 +3,7 @@ package platform
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // CgroupLimits are the resource limits of one cgroup. A zero field means "no limit".
@@ -33,4 +34,21 @@ func validCgroupName(name string) error {
 		}
 	}
 	return nil
+}
+
+// CgroupUsage is what a cgroup (with its children) has used, read from its controllers'
+// files. A field the kernel does not offer on this host is zero, and its Has flag false.
+type CgroupUsage struct {
+	// CPU is the CPU time used since the cgroup was made.
+	CPU time.Duration
+	// CPUApproximate says CPU was summed from the cgroup's live processes (and the children
+	// they reaped), as on a cgroup v1 host whose cpuacct hierarchy is not the cpu one's: the
+	// time of a process reaped outside the cgroup is missing.
+	CPUApproximate bool
+	// MemoryBytes is the memory charged now; MemoryLimitBytes the limit (0: none);
+	// MemoryPeakBytes the most ever charged, when HasMemoryPeak (v2 memory.peak is Linux 5.19+).
+	MemoryBytes, MemoryLimitBytes, MemoryPeakBytes int64
+	HasMemoryPeak                                  bool
+	// Pids is the number of tasks now.
+	Pids int64
 }

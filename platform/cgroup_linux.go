@@ -405,6 +405,31 @@ func (c *Cgroup) OOMKilled() (bool, error) { return c.drv.oomKilled() }
 // memory.events max).
 func (c *Cgroup) MemoryFailures() (uint64, error) { return c.drv.memoryFailures() }
 
+// Usage reads what the cgroup and its children have used: CPU time, memory now, at its peak
+// and its limit, and tasks. v2 reads cpu.stat, memory.current, memory.peak, memory.max and
+// pids.current; v1 the same from memory.usage_in_bytes, memory.max_usage_in_bytes,
+// memory.limit_in_bytes, pids.current, and cpuacct.usage where the cpuacct controller shares
+// the cpu hierarchy (bothyd makes no cgroup in a cpuacct hierarchy of its own, so elsewhere
+// the CPU time is summed from the members' /proc stat, [CgroupUsage.CPUApproximate]).
+func (c *Cgroup) Usage() (CgroupUsage, error) { return c.drv.usage() }
+
+// readCgroupInt reads a cgroup file holding one integer, or "max" (read as 0, no limit).
+func readCgroupInt(dir, file string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, err
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "max" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("platform: cgroup %s: %q is not a number", filepath.Join(dir, file), v)
+	}
+	return n, nil
+}
+
 // keyedCounter reads "key value" lines.
 func keyedCounter(b []byte, key string) uint64 {
 	for _, line := range strings.Split(string(b), "\n") {
@@ -461,6 +486,8 @@ type cgroupDriver interface {
 	killAll()
 	oomKilled() (bool, error)
 	memoryFailures() (uint64, error)
+	// usage reads what the cgroup has used ([Cgroup.Usage]).
+	usage() (CgroupUsage, error)
 	frozen() (bool, error)
 	freeze(ctx context.Context) error
 	thaw(ctx context.Context) error

@@ -33,6 +33,7 @@ func (c *Cgroup) EnterThread() (func() error, error) { return nil, ErrUnsupporte
 func (c *Cgroup) Pids() ([]int, error)               { return nil, ErrUnsupported }
 func (c *Cgroup) Remove(ctx context.Context) error   { return ErrUnsupported }
 func (c *Cgroup) OOMKilled() (bool, error)           { return false, ErrUnsupported }
+func (c *Cgroup) AgentOOMKilled() (bool, error)      { return false, ErrUnsupported }
 func (c *Cgroup) MemoryFailures() (uint64, error)    { return 0, ErrUnsupported }
 
 func (c *Cgroup) PidsChild(name string, max int) (child, self *os.File, err error) {
@@ -50,3 +51,5 @@ const (
 func (c *Cgroup) OpenLeaf() (*os.File, error)                     { return nil, ErrUnsupported }
 func (c *Cgroup) SplitV2(owner int) (*os.File, error)             { return nil, ErrUnsupported }
 func (c *Cgroup) SettleV2(pid, pids int, memoryBytes int64) error { return ErrUnsupported }
+
+func (c *Cgroup) Usage() (CgroupUsage, error) { return CgroupUsage{}, ErrUnsupported }

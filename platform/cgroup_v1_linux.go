@@ -376,3 +376,50 @@ func (d *cgroupV1) outside(dir string) ([]int, error) {
 	}
 	return out, nil
 }
+
+// clockTick is the unit of /proc/<pid>/stat's CPU times: USER_HZ, 100 on every Linux
+// architecture bothyd runs on (sysconf(_SC_CLK_TCK) answers it from the same constant).
+const clockTick = 10 * time.Millisecond
+
+// usage reads the memory and pids hierarchies' files, and the CPU time from cpuacct.usage
+// where cpuacct is mounted with cpu, else from the members' /proc stat.
+func (d *cgroupV1) usage() (CgroupUsage, error) {
+	var u CgroupUsage
+	mem, err := os.ReadFile(filepath.Join(d.byCtl["memory"], "memory.usage_in_bytes"))
+	if err != nil {
+		return u, err
+	}
+	if u.MemoryBytes, err = strconv.ParseInt(strings.TrimSpace(string(mem)), 10, 64); err != nil {
+		return u, fmt.Errorf("platform: cgroup memory.usage_in_bytes: %w", err)
+	}
+	if peak, err := readCgroupInt(d.byCtl["memory"], "memory.max_usage_in_bytes"); err == nil {
+		u.MemoryPeakBytes, u.HasMemoryPeak = peak, true
+	}
+	if u.MemoryLimitBytes, err = readCgroupInt(d.byCtl["memory"], "memory.limit_in_bytes"); err != nil {
+		return u, err
+	}
+	// v1 says "no limit" with the largest page-aligned number.
+	if u.MemoryLimitBytes >= 1<<62 {
+		u.MemoryLimitBytes = 0
+	}
+	if u.Pids, err = readCgroupInt(d.byCtl["pids"], "pids.current"); err != nil {
+		return u, err
+	}
+	if ns, err := readCgroupInt(d.byCtl["cpu"], "cpuacct.usage"); err == nil {
+		u.CPU = time.Duration(ns)
+		return u, nil
+	}
+	u.CPUApproximate = true
+	pids, err := procsOf(d.dirs())
+	if err != nil {
+		return u, err
+	}
+	var ticks uint64
+	for _, pid := range pids {
+		if st, err := readStat(pid); err == nil { // one that exited meanwhile counts no more
+			ticks += st.CPUTicks
+		}
+	}
+	u.CPU = time.Duration(ticks) * clockTick
+	return u, nil
+}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -131,6 +132,25 @@ func (d *cgroupV2) oomKilled() (bool, error) {
 		return false, err
 	}
 	return keyedCounter(b, "oom_kill") > 0, nil
+}
+
+// AgentOOMKilled reports whether the kernel's OOM killer killed a process of a sandbox's
+// agent. On cgroup v2 with the children of [Cgroup.SplitV2] and a memory limit, that is one
+// in [V2AgentCgroup], whose memory.events counts the agent's kills and no workload's.
+// Otherwise (v1, whose memory hierarchy has no such child, or v2 without the split) it is
+// [Cgroup.OOMKilled]: a kill of any process of the sandbox, the workloads' included, which
+// the caller must judge with how the agent ended.
+func (c *Cgroup) AgentOOMKilled() (bool, error) {
+	if d, ok := c.drv.(*cgroupV2); ok {
+		b, err := os.ReadFile(filepath.Join(d.dir, V2AgentCgroup, "memory.events"))
+		if err == nil {
+			return keyedCounter(b, "oom_kill") > 0, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return false, err
+		}
+	}
+	return c.drv.oomKilled()
 }
 
 func (d *cgroupV2) memoryFailures() (uint64, error) {
@@ -315,4 +335,28 @@ func (c *Cgroup) SettleV2(pid, pids int, memoryBytes int64) error {
 		}
 	}
 	return writeCgroupFile(workloads, "pids.max", strconv.Itoa(pids))
+}
+
+// usage reads cpu.stat's usage_usec, memory.current, memory.peak (Linux 5.19+, optional),
+// memory.max and pids.current of the sandbox's cgroup, which count its children too.
+func (d *cgroupV2) usage() (CgroupUsage, error) {
+	var u CgroupUsage
+	b, err := os.ReadFile(filepath.Join(d.dir, "cpu.stat"))
+	if err != nil {
+		return u, err
+	}
+	u.CPU = time.Duration(keyedCounter(b, "usage_usec")) * time.Microsecond
+	if u.MemoryBytes, err = readCgroupInt(d.dir, "memory.current"); err != nil {
+		return u, err
+	}
+	if u.MemoryLimitBytes, err = readCgroupInt(d.dir, "memory.max"); err != nil {
+		return u, err
+	}
+	if peak, err := readCgroupInt(d.dir, "memory.peak"); err == nil {
+		u.MemoryPeakBytes, u.HasMemoryPeak = peak, true
+	}
+	if u.Pids, err = readCgroupInt(d.dir, "pids.current"); err != nil {
+		return u, err
+	}
+	return u, nil
 }

@@ -304,3 +304,28 @@ func TestCgroupV2RemoveKillsAndRemovesChildren(t *testing.T) {
 		t.Fatal("the cgroup is still there")
 	}
 }
+
+// TestAgentOOMKilledV2: the agent's OOM kills are its own child's count, not the sandbox's,
+// which counts the workloads' too; without a memory.events in the child (no memory limit,
+// so no memory controller there) the sandbox's stands in.
+func TestAgentOOMKilledV2(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		want  bool
+	}{
+		{"a workload killed", map[string]string{"sb/memory.events": "oom 2\noom_kill 2\n", "sb/agent/memory.events": "oom 0\noom_kill 0\n", "sb/workloads/memory.events": "oom 2\noom_kill 2\n"}, false},
+		{"the agent killed", map[string]string{"sb/memory.events": "oom 1\noom_kill 1\n", "sb/agent/memory.events": "oom 1\noom_kill 1\n"}, true},
+		{"no split", map[string]string{"sb/memory.events": "oom 1\noom_kill 1\n"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			root := fakeTree(t, tc.files)
+			got, err := fakeCgroupV2(root, "sb").AgentOOMKilled()
+			if err != nil || got != tc.want {
+				t.Fatalf("AgentOOMKilled = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}

@@ -23,6 +23,9 @@ type procStat struct {
 	State     byte
 	PPid      int
 	StartTime uint64
+	// CPUTicks is utime, stime, cutime and cstime (fields 14-17) added: the CPU time, in
+	// clock ticks, of the process and of the children it reaped.
+	CPUTicks uint64
 }
 
 // parseStat parses the contents of /proc/<pid>/stat. The second field (comm) is the
@@ -51,7 +54,17 @@ func parseStat(b []byte) (procStat, error) {
 	if err != nil {
 		return procStat{}, fmt.Errorf("platform: malformed start time: %w", err)
 	}
-	return procStat{State: fields[0][0], PPid: ppid, StartTime: start}, nil
+	var ticks uint64
+	for _, f := range fields[11:15] { // utime, stime, cutime, cstime
+		n, err := strconv.ParseInt(string(f), 10, 64)
+		if err != nil {
+			return procStat{}, fmt.Errorf("platform: malformed CPU time: %w", err)
+		}
+		if n > 0 {
+			ticks += uint64(n)
+		}
+	}
+	return procStat{State: fields[0][0], PPid: ppid, StartTime: start, CPUTicks: ticks}, nil
 }
 
 func readStat(pid int) (procStat, error) {
@@ -248,4 +261,28 @@ func SignalChildrenExcept(parent ProcessID, sig syscall.Signal, skip func(pid in
 		unix.Close(fd)
 	}
 	return n, nil
+}
+
+// SetOOMScoreAdj writes score to the oom_score_adj of the process pid (-1000 to 1000): the
+// OOM killer weighs each process by its memory plus score thousandths of the memory it may
+// use, and never kills one at -1000. Each process also has a least score, inherited at fork
+// (0 from the host's init): a write by a process with CAP_SYS_RESOURCE in the host's user
+// namespace sets both, and any other writer that may write the file can set any score down
+// to the least, never below. A process that is gone answers ESRCH.
+func SetOOMScoreAdj(pid, score int) error {
+	if score < -1000 || score > 1000 {
+		return fmt.Errorf("platform: oom_score_adj %d is outside -1000 to 1000", score)
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), os.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("platform: oom_score_adj of %d: %w", pid, err)
+	}
+	_, err = f.WriteString(strconv.Itoa(score))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("platform: set oom_score_adj of %d to %d: %w", pid, score, err)
+	}
+	return nil
 }

@@ -7,8 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestParseStat(t *testing.T) {
@@ -29,7 +33,8 @@ func TestParseStat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.StartTime != 424242 || st.PPid != 1 || st.State != 'S' {
+			// utime 11, stime 12, cutime 13, cstime 14.
+			if st.StartTime != 424242 || st.PPid != 1 || st.State != 'S' || st.CPUTicks != 50 {
 				t.Fatalf("got %+v", st)
 			}
 		})
@@ -141,4 +146,51 @@ func TestBootAndClocks(t *testing.T) {
 	if a <= 0 || m <= 0 || a2 < a || m > a2 {
 		t.Fatalf("clocks boottime %v then %v, monotonic %v", a, a2, m)
 	}
+}
+
+// TestSetOOMScoreAdj: a score goes up for anyone who may write it, down below 0 only with
+// CAP_SYS_RESOURCE (which root in a container may lack); one out of range is refused; a
+// reaped process is gone.
+func TestSetOOMScoreAdj(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	score := func() string {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/oom_score_adj")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if err := SetOOMScoreAdj(pid, 700); err != nil || score() != "700" {
+		t.Fatalf("raise to 700: %v, score %s", err, score())
+	}
+	err := SetOOMScoreAdj(pid, -999)
+	switch lower := hasSysResource(t); {
+	case lower && (err != nil || score() != "-999"):
+		t.Fatalf("lowering to -999 with CAP_SYS_RESOURCE: %v, score %s", err, score())
+	case !lower && (err == nil || score() != "700"):
+		t.Fatalf("lowering to -999 without CAP_SYS_RESOURCE: %v, score %s", err, score())
+	}
+	if err := SetOOMScoreAdj(pid, 1001); err == nil {
+		t.Fatal("a score of 1001 was accepted")
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if err := SetOOMScoreAdj(pid, 1000); !errors.Is(err, syscall.ESRCH) && !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a reaped process: %v, want ESRCH or ENOENT", err)
+	}
+}
+
+// hasSysResource says whether this thread has CAP_SYS_RESOURCE in effect.
+func hasSysResource(t *testing.T) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		t.Fatal(err)
+	}
+	return data[0].Effective&(1<<unix.CAP_SYS_RESOURCE) != 0
 }

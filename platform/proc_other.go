@@ -33,3 +33,6 @@ func SignalChildren(parent ProcessID, sig syscall.Signal) (int, error) { return 
 func SignalChildrenExcept(parent ProcessID, sig syscall.Signal, skip func(pid int) bool) (int, error) {
 	return 0, ErrUnsupported
 }
+
+// SetOOMScoreAdj is unsupported off Linux.
+func SetOOMScoreAdj(pid, score int) error { return ErrUnsupported }

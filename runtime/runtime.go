@@ -341,3 +341,21 @@ func CleanupCheck(kind, sandboxID, dir string, id platform.ProcessID) error {
 func EtcHosts(hostname string) string {
 	return "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"
 }
+
+// Usage is what a running sandbox has used, as a [Meter] reads it.
+type Usage struct {
+	platform.CgroupUsage
+	// HasDisk says the sandbox has a disk of its own (Spec.DiskMB): DiskUsedBytes is what its
+	// writable layer takes of it (the blocks its image holds on the host), DiskLimitBytes
+	// its size.
+	HasDisk                       bool
+	DiskUsedBytes, DiskLimitBytes int64
+}
+
+// Meter is a Runtime that can read a running sandbox's usage. The microvm runtime is not one:
+// its sandboxes have no cgroup of their own, and the guest's own accounting is not the host's.
+type Meter interface {
+	// Usage reads the usage of the running sandbox sandboxID in dir. A sandbox whose
+	// launch ended has none (an error wrapping fs.ErrNotExist).
+	Usage(sandboxID, dir string) (Usage, error)
+}

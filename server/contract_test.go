@@ -1,11 +1,13 @@
 package server
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/getkin/kin-openapi/openapi3"
 
@@ -121,6 +123,17 @@ func TestWrongMethodIsA405WithAllow(t *testing.T) {
 		{"POST", "/v1/sandboxes/a1/files", "GET, PUT, DELETE"},
 		{"DELETE", "/v1/info", "GET"},
 		{"GET", "/login", "POST"},
+		// Routes outside the generated router, whose handlers would take any method
+		// (issue 38): the contract's methods hold there too.
+		{"TRACE", "/p/0123456789abcdef0123456789abcdef.abc/x/y", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"TRACE", "/p/0123456789abcdef0123456789abcdef.abc", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"TRACE", "/v1/sandboxes/a1/ports/80/x", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"PROPFIND", "/v1/sandboxes/a1/ports/80/", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"TRACE", "/v1/sandboxes/a1/ports/80/tcp", "GET"},
+		{"POST", "/v1/sandboxes/a1/ports/80/tcp", "GET"},
+		{"GET", "/v1/sandboxes/a1/ports/80/links", "POST"},
+		{"GET", "/v1/sandboxes/a1/ports/80/links/0123456789abcdef0123456789abcdef", "DELETE"},
+		{"POST", "/v1/sandboxes/a1/exec/stream", "GET"},
 	}
 	for _, tc := range cases {
 		rec := httptest.NewRecorder()
@@ -161,6 +174,7 @@ func TestMessagesNameTheFieldAndTheRule(t *testing.T) {
 		{"unknown body field", "POST", "/v1/sandboxes", `{"resources":{"cpus":1}}`, "resources.cpus", "not a field"},
 		{"missing body field", "POST", "/v1/sandboxes/a1/exec", `{}`, "command", `"command" is required`},
 		{"empty command", "POST", "/v1/sandboxes/a1/exec", `{"command":[]}`, "command", "at least 1 item"},
+		{"bad item of an array", "POST", "/v1/sandboxes", `{"network":{"allow":["example.com","10.0.0.0/33"]}}`, "network.allow[1]", "IPv4"},
 	}
 	garbage := []string{"allOf", "json.Number", "e+0", "Go struct", "ExecRequest", "missing: value", "allowed: empty"}
 	for _, tc := range cases {
@@ -197,5 +211,111 @@ func TestSchemaSaysWhatTheServerAccepts(t *testing.T) {
 		if p := decodeProblem(t, rec); rec.Code != 400 || p.Field != "gen" {
 			t.Errorf("generation %q: %d %+v, want 400 on gen", gen, rec.Code, p)
 		}
+	}
+	// host is the built-in image, no stored one: the contract refuses it under /v1/images/
+	// (issue 38), and takes every other name of the rule.
+	for name, refused := range map[string]bool{"host": true, "busybox": false, "hosts": false, "hos": false, "hist": false, "h0st": false, "g000001x": false} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/images/"+name, nil))
+		if got := rec.Code == 400; got != refused {
+			t.Errorf("GET /v1/images/%s: %d %s, want refused %v", name, rec.Code, rec.Body, refused)
+		}
+	}
+}
+
+// TestProxiedPathParametersAreValidated: the port proxy and the links are judged by the
+// contract for their path parameters before their handlers run (issue 38: a mutated port or
+// sandbox id reached the sandbox check first), while their query stays the service's.
+func TestProxiedPathParametersAreValidated(t *testing.T) {
+	t.Parallel()
+	reached := 0
+	link := func(w http.ResponseWriter, _ *http.Request) error {
+		reached++
+		w.WriteHeader(http.StatusTeapot)
+		return nil
+	}
+	s, _ := newTestServer(t, Config{Handlers: fuzzHandlers{}, Ports: PortRoutes{Proxy: link, Link: link, Tunnel: link}})
+	token := "0123456789abcdef0123456789abcdef.abc"
+	for _, tc := range []struct{ method, path, field string }{
+		{"GET", "/v1/sandboxes/a1/ports/0/", "port"},
+		{"GET", "/v1/sandboxes/a1/ports/65536/x/y", "port"},
+		{"POST", "/v1/sandboxes/a1/ports/http/x", "port"},
+		{"GET", "/v1/sandboxes/Bad/ports/80/", "id"},
+		{"GET", "/v1/sandboxes/a1/ports/0/tcp", "port"},
+		{"GET", "/p/nope/", "token"},
+		{"DELETE", "/p/nope/x/y", "token"},
+		{"GET", "/v1/sandboxes/a1/ports/80/" + strings.Repeat("a", 8193), "path"},
+	} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(tc.method, "http://127.0.0.1"+tc.path, nil))
+		if p := decodeProblem(t, rec); rec.Code != 400 || p.Field != tc.field {
+			t.Errorf("%s %.80s: %d %+v, want 400 on %s", tc.method, tc.path, rec.Code, p, tc.field)
+		}
+	}
+	if reached != 0 {
+		t.Errorf("%d invalid requests reached the proxy", reached)
+	}
+	for _, path := range []string{"/v1/sandboxes/a1/ports/80/x/y?anything=1", "/p/" + token + "/a/b?q=1", "/p/" + token} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("PATCH", "http://127.0.0.1"+path, strings.NewReader("not json")))
+		if rec.Code != http.StatusTeapot {
+			t.Errorf("PATCH %s: %d %s, want the proxy's answer", path, rec.Code, rec.Body)
+		}
+	}
+}
+
+// TestUndecodableRequestsAreProblems: a query that does not decode and a body that cannot be
+// read are invalid-request problems (issue 38): the query's pairs were dropped silently
+// (`?state=%zz` listed every sandbox), and a malformed chunked body was a 500.
+func TestUndecodableRequestsAreProblems(t *testing.T) {
+	t.Parallel()
+	s := contractServer(t)
+	for _, target := range []string{"/v1/sandboxes?state=%zz", "/v1/sandboxes?x=%zz", "/v1/sandboxes?state=running;x", "/v1/info?%"} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1"+target, nil))
+		if p := decodeProblem(t, rec); rec.Code != 400 || p.Code != "invalid-request" || strings.Contains(p.Detail, "zz") {
+			t.Errorf("GET %s: %d %+v, want 400 invalid-request that does not quote the query", target, rec.Code, p)
+		}
+	}
+	req := httptest.NewRequest("POST", "http://127.0.0.1/v1/sandboxes", iotest.ErrReader(errors.New("http: malformed chunked encoding")))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	if p := decodeProblem(t, rec); rec.Code != 400 || p.Code != "invalid-request" {
+		t.Errorf("a body that cannot be read: %d %+v, want 400 invalid-request", rec.Code, p)
+	}
+}
+
+// TestExtensionRulesAreValidated: the rules the contract states in extensions, because
+// OpenAPI 3.0 has no keyword for them (x-first-item, x-key-pattern), are the validator's too,
+// before any handler (issue 38).
+func TestExtensionRulesAreValidated(t *testing.T) {
+	t.Parallel()
+	s := contractServer(t)
+	for _, tc := range []struct{ name, method, path, body, field string }{
+		{"empty program", "POST", "/v1/sandboxes/a1/exec", `{"command":["","x"]}`, "command"},
+		{"label key", "POST", "/v1/sandboxes", `{"labels":{"team":"a","Team":"x"}}`, "labels"},
+		{"label key ending in a dot", "POST", "/v1/sandboxes", `{"labels":{"team.":"x"}}`, "labels"},
+		{"empty program on the stream", "GET", "/v1/sandboxes/a1/exec/stream?command=&command=x", "", "command"},
+	} {
+		req := httptest.NewRequest(tc.method, "http://127.0.0.1"+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		if p := decodeProblem(t, rec); rec.Code != 400 || p.Field != tc.field {
+			t.Errorf("%s: %d %+v, want 400 on %s", tc.name, rec.Code, p, tc.field)
+		}
+	}
+	// An empty argument after the program is an argument like any other.
+	req := httptest.NewRequest("POST", "http://127.0.0.1/v1/sandboxes/a1/exec", strings.NewReader(`{"command":["echo",""]}`))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNotImplemented { // fuzzHandlers' answer: the request reached it
+		t.Errorf("an empty argument: %d %s", rec.Code, rec.Body)
 	}
 }

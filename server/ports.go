@@ -18,15 +18,16 @@ type PortRoutes struct {
 	Link HandlerFunc
 }
 
-// portRoutes mounts the port routes. The proxies are not validated against the contract:
-// their query, body and headers are the service's, whatever it takes. Their bodies are
+// portRoutes mounts the port routes. The proxies are validated against the contract for their
+// path parameters and methods alone: their query, body and headers are the service's,
+// whatever it takes. Their bodies are
 // bounded as file uploads are (a service may take large ones), and the API token, which the
 // proxy never passes on, comes in the Authorization header alone (see authenticatePort). A
 // link's route is open: the link is its credential, checked by its handler. Each proxied
 // request, tunnel and link request counts against its client's streams.
 func (s *Server) portRoutes(r chi.Router, cfg Config) {
 	r.Group(func(r chi.Router) {
-		r.Use(s.authenticatePort, s.limitBody(cfg.MaxFileBytes), s.boundStreams(nil))
+		r.Use(s.authenticatePort, s.limitBody(cfg.MaxFileBytes), s.validate, s.boundStreams(nil))
 		r.Handle("/v1/sandboxes/{id}/ports/{port}", s.handle(cfg.Ports.Proxy))
 		r.Handle("/v1/sandboxes/{id}/ports/{port}/*", s.handle(cfg.Ports.Proxy))
 	})
@@ -35,7 +36,7 @@ func (s *Server) portRoutes(r chi.Router, cfg Config) {
 		r.Get("/v1/sandboxes/{id}/ports/{port}/tcp", s.handle(cfg.Ports.Tunnel))
 	})
 	r.Group(func(r chi.Router) {
-		r.Use(s.limitBody(cfg.MaxFileBytes), s.boundStreams(nil))
+		r.Use(s.limitBody(cfg.MaxFileBytes), s.validate, s.boundStreams(nil))
 		r.Handle("/p/{token}", s.handle(cfg.Ports.Link))
 		r.Handle("/p/{token}/*", s.handle(cfg.Ports.Link))
 	})

@@ -10,6 +10,9 @@ import (
 	"github.com/bothy/bothy/errcode"
 )
 
+// wakeRetryAfter is the Retry-After, in seconds, of a sandbox-waking answer.
+const wakeRetryAfter = "2"
+
 // problem is the application/problem+json body (RFC 9457) with bothyd's extensions.
 type problem struct {
 	Type      string `json:"type"`
@@ -67,9 +70,13 @@ var statusOf = map[errcode.Code]int{
 	errcode.StopTimeout:  http.StatusGatewayTimeout,
 	errcode.StartTimeout: http.StatusGatewayTimeout,
 
-	errcode.PortUnreachable: http.StatusBadGateway,
-	errcode.LimitReached:    http.StatusTooManyRequests,
-	errcode.LinkNotFound:    http.StatusNotFound,
+	errcode.PortUnreachable:        http.StatusBadGateway,
+	errcode.LimitReached:           http.StatusTooManyRequests,
+	errcode.LinkNotFound:           http.StatusNotFound,
+	errcode.WebhookNotFound:        http.StatusNotFound,
+	errcode.IdempotencyKeyReused:   http.StatusUnprocessableEntity,
+	errcode.IdempotencyKeyInFlight: http.StatusConflict,
+	errcode.SandboxWaking:          http.StatusServiceUnavailable,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a
@@ -110,6 +117,10 @@ func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if e.Code == errcode.Unauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="bothyd"`)
+	}
+	if e.Code == errcode.SandboxWaking {
+		// A wake takes a moment: the request waited out its share, and the wake goes on.
+		w.Header().Set("Retry-After", wakeRetryAfter)
 	}
 	if abandonBody(r) {
 		// Answer now and close, rather than wait for a body that may never come.

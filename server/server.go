@@ -88,6 +88,9 @@ type Config struct {
 	// and resource faults (storage-full, storage-unavailable, unavailable), which need the
 	// state root to be told apart. It must not block.
 	ClassifyError func(error) error
+	// Idempotency, if set, keeps the answers of creates that carry an Idempotency-Key
+	// (idempotent, package idempotency), on bothyd's routes and the foreign ones.
+	Idempotency Idempotency
 }
 
 // Server is bothyd's HTTP handler together with the state it needs to shut down cleanly.
@@ -206,11 +209,16 @@ func (s *Server) routes(cfg Config) http.Handler {
 	// the browser checks (issue 37): a foreign API is no way around them.
 	r.Use(s.guardBody(cfg.BodyTimeout, cfg.BodyIdleTimeout), s.checkBrowser)
 	if s.foreignClaims != nil {
-		r.Use(foreign(s.boundStreams(s.foreignStream)(s.answerWithoutBody(cfg.Foreign)), s.foreignClaims))
+		r.Use(foreign(s.boundStreams(s.foreignStream)(s.answerWithoutBody(s.idempotent(cfg.Idempotency, cfg.MaxJSONBytes)(cfg.Foreign))), s.foreignClaims))
 	}
+	// The contract decides which methods a path takes, on every route it describes
+	// (route.go); the route table below only dispatches.
+	r.Use(s.matchContract)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, errcode.New(errcode.NotFound, "There is no route %s; see /openapi.yaml for the API.", r.URL.Path))
 	})
+	// For the routes outside the contract (the dashboard's assets); matchContract answers
+	// the contract's own.
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		allowed := allowedMethods(r, req.URL.Path)
 		// RFC 9110 §15.5.6: a 405 says which methods the resource does take.
@@ -239,7 +247,8 @@ func (s *Server) routes(cfg Config) http.Handler {
 	r.Group(func(r chi.Router) {
 		// Authentication comes before anything that reads a body: a refused client is
 		// answered at once, whatever it declared it would send.
-		r.Use(s.authenticateExcept("/healthz", "/login"), s.limitBodies(cfg.MaxJSONBytes, cfg.MaxFileBytes), s.validate)
+		r.Use(s.authenticateExcept("/healthz", "/login"), s.limitBodies(cfg.MaxJSONBytes, cfg.MaxFileBytes), s.validate,
+			s.idempotent(cfg.Idempotency, cfg.MaxJSONBytes))
 		openapi.HandlerWithOptions(strict, openapi.ChiServerOptions{
 			BaseRouter:       r,
 			ErrorHandlerFunc: s.requestError,

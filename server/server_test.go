@@ -126,7 +126,12 @@ func TestRoutesNotBuiltAnswer501(t *testing.T) {
 	s, _ := newTestServer(t, Config{})
 	for _, path := range []string{"/v1/events", "/metrics", "/v1/sandboxes/a1/exec/stream?command=true"} {
 		rec := httptest.NewRecorder()
-		s.ServeHTTP(rec, httptest.NewRequest("GET", "http://127.0.0.1"+path, nil))
+		req := httptest.NewRequest("GET", "http://127.0.0.1"+path, nil)
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		s.ServeHTTP(rec, req)
 		if p := decodeProblem(t, rec); rec.Code != 501 || p.Code != "not-implemented" {
 			t.Errorf("%s: got %d %q, want 501 not-implemented", path, rec.Code, p.Code)
 		}
@@ -172,7 +177,13 @@ func TestMiddlewareKeepsHijackAndFlush(t *testing.T) {
 		return nil
 	}})
 	w := &hijackable{ResponseRecorder: *httptest.NewRecorder()}
-	s.ServeHTTP(w, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/a1/exec/stream?command=true", nil))
+	req := httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/a1/exec/stream?command=true", nil)
+	// The headers the contract requires of a websocket's request.
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	s.ServeHTTP(w, req)
 	if flushErr != nil || hijackErr != nil || !w.hijacked {
 		t.Fatalf("flush: %v, hijack: %v, hijacked: %v", flushErr, hijackErr, w.hijacked)
 	}
@@ -229,5 +240,18 @@ func TestAccessLogRedactsEnv(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "API_KEY%3DREDACTED") {
 		t.Fatalf("the access log does not name the redacted variable:\n%s", logs)
+	}
+}
+
+// TestWakingSaysWhenToRetry: sandbox-waking is a 503 with Retry-After, as a client's retry
+// loop (and a browser) reads it.
+func TestWakingSaysWhenToRetry(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestServer(t, Config{})
+	rec := httptest.NewRecorder()
+	s.writeProblem(rec, httptest.NewRequest("GET", "http://127.0.0.1/v1/sandboxes/a1/ports/80/", nil),
+		errcode.New(errcode.SandboxWaking, "Sandbox a1 is waking from its sleep; retry in a few seconds."))
+	if p := decodeProblem(t, rec); rec.Code != 503 || p.Code != "sandbox-waking" || rec.Header().Get("Retry-After") != wakeRetryAfter {
+		t.Fatalf("got %d %q Retry-After %q", rec.Code, p.Code, rec.Header().Get("Retry-After"))
 	}
 }

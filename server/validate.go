@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,21 +58,38 @@ func newValidator(spec []byte) (*validator, error) {
 
 func (s *Server) validate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		route, pathParams, err := s.validator.router.FindRoute(r)
-		if err != nil {
-			// Not a route of the contract: the router answers 404 or 405 for it.
+		cr := routeOf(r)
+		if cr == nil {
+			// Not a route of the contract (matchContract answered 405 for a method it
+			// does not list): the route table answers it, 404 or the dashboard's assets.
 			next.ServeHTTP(w, r)
 			return
 		}
-		if name := unknownQuery(r, route); name != "" {
+		route, pathParams := cr.route, cr.params
+		_, proxied := route.Operation.Extensions["x-proxy"]
+		// A proxied request's query is the sandboxed service's, whatever it takes; its path
+		// parameters (the sandbox, the port, the link's token) are the contract's.
+		if !proxied {
+			// A query that does not decode (a bad %-escape, a ';') would lose its pairs
+			// silently in r.URL.Query(): `?state=%zz` would list every sandbox.
+			if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+				s.writeProblem(w, r, errcode.Wrap(errcode.InvalidRequest, err,
+					"The query string could not be read (%s); percent-encode its names and values, and separate the pairs with '&'.", queryFault(err)))
+				return
+			}
+		}
+		if name := unknownQuery(r, route); name != "" && !proxied {
 			s.writeProblem(w, r, errcode.Invalid(name,
 				"The query parameter %q is not one this operation takes; remove it (see /openapi.yaml for the parameters of %s %s).",
 				truncateName(name), r.Method, route.Path))
 			return
 		}
-		jsonBody := takesJSON(route.Operation)
+		// A proxied body is the service's and is streamed to it, never read here.
+		jsonBody := takesJSON(route.Operation) && !proxied
+		var body []byte
 		if jsonBody && r.Body != nil && r.Body != http.NoBody {
-			if err := wholeJSONBody(r); err != nil {
+			var err error
+			if body, err = wholeJSONBody(r); err != nil {
 				s.writeProblem(w, r, err)
 				return
 			}
@@ -93,6 +111,10 @@ func (s *Server) validate(next http.Handler) http.Handler {
 		}
 		if err := openapi3filter.ValidateRequest(r.Context(), input); err != nil {
 			s.writeProblem(w, r, requestProblem(err))
+			return
+		}
+		if err := extensionRules(r, route, body); err != nil {
+			s.writeProblem(w, r, err)
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -128,6 +150,32 @@ func unknownQuery(r *http.Request, route *routers.Route) string {
 	return unknown[0]
 }
 
+// fieldName writes a JSON pointer to a body field as the server's own refusals name fields:
+// objects' keys joined by dots, array indexes in brackets (network.allow[1]).
+func fieldName(ptr []string) string {
+	var b strings.Builder
+	for _, seg := range ptr {
+		if _, err := strconv.Atoi(seg); err == nil && b.Len() > 0 {
+			b.WriteString("[" + seg + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(seg)
+	}
+	return b.String()
+}
+
+// queryFault says what is wrong with a query string, without quoting it (it may hold a
+// secret, such as an access token).
+func queryFault(err error) string {
+	if strings.Contains(err.Error(), "semicolon") {
+		return "it holds a ';'"
+	}
+	return "it holds a '%' that is not followed by two hexadecimal digits"
+}
+
 // truncateName bounds a client-chosen name quoted back in a message.
 func truncateName(name string) string {
 	const max = 64
@@ -141,23 +189,29 @@ func truncateName(name string) string {
 // anything after its first JSON value but white space: `{"id":"a"} {"start":true}` would
 // otherwise be taken for its first half by both the validator and the generated decoder,
 // which stop at the end of one value. The body is put back for them to read.
-func wholeJSONBody(r *http.Request) error {
+func wholeJSONBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		return err
+		var tooLarge *http.MaxBytesError
+		var coded *errcode.Error
+		if errors.As(err, &tooLarge) || errors.As(err, &coded) {
+			return nil, err
+		}
+		// A malformed chunked encoding or a body cut short: the client's fault, not ours.
+		return nil, errcode.Wrap(errcode.InvalidRequest, err, "The request body could not be read (%v); send it again, whole.", err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var first json.RawMessage
 	if err := dec.Decode(&first); err != nil {
 		// Malformed or empty: the validator says so in its own terms.
-		return nil
+		return body, nil
 	}
 	if rest := bytes.TrimSpace(body[dec.InputOffset():]); len(rest) > 0 {
-		return errcode.Invalid("body",
+		return nil, errcode.Invalid("body",
 			"The request body holds more than one JSON value (%d bytes follow the first); send exactly one JSON object.", len(rest))
 	}
-	return nil
+	return body, nil
 }
 
 // takesJSON reports whether an operation's request body, if it has one, is JSON.
@@ -190,6 +244,11 @@ func requestProblem(err error) error {
 		return e
 	case reqErr.RequestBody != nil:
 		field, reason := bodyReason(reqErr)
+		if prefix, ok := reqErr.RequestBody.Extensions["x-field-prefix"].(string); ok && field != "body" {
+			// The body is a part of a larger request elsewhere (a sandbox's network policy):
+			// its fields are named as they are there.
+			field = prefix + "." + field
+		}
 		var e *errcode.Error
 		if field == "body" {
 			e = errcode.Invalid(field, "The request body %s.", reason)
@@ -241,7 +300,21 @@ func bodyReason(reqErr *openapi3filter.RequestError) (field, reason string) {
 	case errors.As(reqErr.Err, &schemaErr):
 		field = "body"
 		if ptr := schemaErr.JSONPointer(); len(ptr) > 0 {
-			field = strings.Join(ptr, ".")
+			field = fieldName(ptr)
+		}
+		if schemaErr.SchemaField == "not" && schemaErr.Schema != nil {
+			// A rule between fields (a generation needs its template): the schema names
+			// the field it is about and the rule, for the refusal to say.
+			name, _ := schemaErr.Schema.Extensions["x-not-field"].(string)
+			rule, _ := schemaErr.Schema.Extensions["x-not-rule"].(string)
+			if name != "" && rule != "" {
+				if field == "body" {
+					field = name
+				} else {
+					field += "." + name
+				}
+				return field, "must be " + strings.TrimSuffix(rule, ".")
+			}
 		}
 		if schemaErr.SchemaField == "properties" && strings.HasSuffix(schemaErr.Reason, " is unsupported") {
 			// The field at fault is the unknown one, not the object that holds it.
@@ -276,7 +349,7 @@ func schemaReason(se *openapi3.SchemaError) string {
 		return "is not valid: " + strings.TrimSuffix(se.Reason, ".")
 	}
 	switch se.SchemaField {
-	case "pattern", "minLength", "maxLength", "format":
+	case "pattern", "minLength", "maxLength", "format", "not":
 		if rule, ok := sch.Extensions["x-rule"].(string); ok {
 			return "is not valid: it must be " + strings.TrimSuffix(rule, ".")
 		}

@@ -57,6 +57,20 @@ type Config struct {
 	// supervisor's spares): it is no client's, so listings, lookups and events leave it out
 	// until a create claims it, which rewrites the record without the mark.
 	Spare bool `json:"spare,omitempty"`
+	// Sleep, when set, lets the sandbox sleep (pause) when idle and wake on use.
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+}
+
+// SleepPolicy is when a sandbox sleeps and whether use wakes it (package idle, the
+// supervisor's sleep.go).
+type SleepPolicy struct {
+	// IdleTimeoutS is how long, in seconds, the sandbox may go unused before it is paused.
+	IdleTimeoutS int `json:"idle_timeout_s"`
+	// AutoResume: a request that needs the sandbox while it is paused wakes it.
+	AutoResume bool `json:"auto_resume"`
+	// IgnoreWork: work running inside does not keep the sandbox awake; only use through the
+	// API does.
+	IgnoreWork bool `json:"ignore_work,omitempty"`
 }
 
 // NetworkPolicy is a sandbox's egress policy as recorded: the API's form, each entry as it

@@ -13,6 +13,34 @@ import (
 // operations. It takes no lock: a session that a concurrent stop ends fails its operations,
 // which is the right answer for them.
 func (s *Supervisor) runningAgent(ctx context.Context, id string) (*control.Client, error) {
+	c, cfg, err := s.usedAgent(ctx, id)
+	if err == nil {
+		s.use(cfg)() // a use of a moment: a file call, a process's look
+	}
+	return c, err
+}
+
+// usedAgent is [Supervisor.runningAgent] for a use: a sleeping sandbox whose policy says so
+// is woken first (sleep.go). It returns the sandbox's configuration too, for the caller to
+// record the use.
+func (s *Supervisor) usedAgent(ctx context.Context, id string) (*control.Client, *Config, error) {
+	cfg, err := s.wakeIfAsleep(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := s.plainAgent(ctx, id)
+	if errcode.Of(err) == errcode.SandboxPaused && cfg != nil && cfg.Sleep != nil && cfg.Sleep.AutoResume {
+		// Put to sleep between the wake and the look: wake it once more.
+		if cfg, err = s.wakeIfAsleep(ctx, id); err != nil {
+			return nil, nil, err
+		}
+		c, err = s.plainAgent(ctx, id)
+	}
+	return c, cfg, err
+}
+
+// plainAgent returns the control session of running sandbox id, with no wake and no use.
+func (s *Supervisor) plainAgent(ctx context.Context, id string) (*control.Client, error) {
 	st, err := s.Status(id)
 	if err != nil {
 		return nil, err

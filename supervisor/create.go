@@ -47,6 +47,8 @@ type CreateRequest struct {
 	// AnyID says the server chose ID (see [NewSandboxID]): a create with start that asks for
 	// nothing but the defaults may then be given a spare, and its id (spares.go).
 	AnyID bool
+	// Sleep, when set, lets the sandbox sleep when idle and wake on use (sleep.go).
+	Sleep *SleepPolicy
 
 	// spare makes the sandbox a spare.
 	spare bool
@@ -70,6 +72,10 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 		Labels:    req.Labels,
 		Network:   req.Network,
 		Runtime:   req.Runtime,
+		Sleep:     req.Sleep,
+	}
+	if err := checkSleep(req.Sleep); err != nil {
+		return nil, err
 	}
 	if err := s.checkNetwork(req.Network); err != nil {
 		return nil, err

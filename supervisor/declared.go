@@ -26,7 +26,7 @@ func DeclaredEntries(rts ...runtime.Runtime) []Declaration {
 			out = append(out, Declaration{Name: name, Kind: kind})
 		}
 	}
-	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName, PendingName, LifetimeName, PausedName, RestoreName} {
+	for _, name := range []string{ExecLockName, CapabilityName, template.BindingFile, LogName, PendingName, LifetimeName, PausedName, RestoreName, ActivityName} {
 		add(name, store.EntryFile)
 	}
 	add(ImageFilesName, store.EntryDir)

@@ -22,10 +22,15 @@ type Admission struct {
 	// defaults are the image's defaults of every exec.
 	defaults execDefaults
 	lock     *os.File
+	// inUse ends the exec's use of a sandbox that may sleep (sleep.go).
+	inUse func()
 }
 
 // Release gives the exec lock back. It is idempotent.
 func (a *Admission) Release() {
+	if a.inUse != nil {
+		a.inUse()
+	}
 	if a.lock != nil {
 		_ = platform.Unlock(a.lock)
 		a.lock.Close()
@@ -40,11 +45,45 @@ func (s *Supervisor) AdmitExec(ctx context.Context, id string, wait time.Duratio
 	if wait <= 0 {
 		return nil, errcode.Invalid("wait_ms", "The admission wait must be positive.")
 	}
+	// A sleeping sandbox is woken before the admission, which waits for no wake; one put to
+	// sleep between the wake and the admission is woken once more.
+	a, err := s.admitExec(ctx, id, wait)
+	if errcode.Of(err) == errcode.SandboxPaused {
+		if cfg, werr := s.wakeIfAsleep(ctx, id); werr != nil {
+			return nil, werr
+		} else if cfg != nil && cfg.Sleep != nil && cfg.Sleep.AutoResume {
+			a, err = s.admitExec(ctx, id, wait)
+		}
+	}
+	return a, err
+}
+
+// admitExec is one [Supervisor.AdmitExec]: a wake if the sandbox sleeps, then the admission.
+func (s *Supervisor) admitExec(ctx context.Context, id string, wait time.Duration) (*Admission, error) {
+	cfg, err := s.wakeIfAsleep(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	// The use begins before the admission takes the lifecycle lock: a sleep that takes the
+	// lock after it sees the use and leaves the sandbox awake ([Supervisor.pause]), and one
+	// that took it before leaves it paused for this admission to see (sandbox-paused).
+	inUse := s.use(cfg)
+	a, err := s.admitOnce(ctx, id, wait)
+	if err != nil {
+		inUse()
+		return nil, err
+	}
+	a.inUse = inUse
+	return a, nil
+}
+
+// admitOnce waits for the admission of one exec, up to wait.
+func (s *Supervisor) admitOnce(ctx context.Context, id string, wait time.Duration) (*Admission, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var a *Admission
-	err = store.Retry(ctx, func() error {
+	err := store.Retry(ctx, func() error {
 		return errcode.New(errcode.SandboxBusy,
 			"Another exec is running in sandbox %s and did not end within %s; retry later or raise wait_ms.", id, wait)
 	}, func() (store.Attempt, error) {

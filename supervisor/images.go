@@ -256,7 +256,11 @@ func (s *Supervisor) PullImage(ctx context.Context, req PullRequest) (*ImageInfo
 		return nil, errcode.Invalid("ref", "Give an image reference such as registry.example.com/repo:tag or repo@sha256:<digest>.")
 	}
 	if req.Platform != "" && req.Platform != s.imagePlatform {
-		return nil, errcode.Invalid("platform", "This server runs %s images only; leave out platform or give %q.", s.imagePlatform, s.imagePlatform)
+		// A well-formed platform this host cannot run is the server's limit, not a malformed
+		// request (issue 38): the contract says which platforms are well-formed.
+		e := errcode.New(errcode.Unavailable, "This server runs %s images only; leave out platform or give %q.", s.imagePlatform, s.imagePlatform)
+		e.Field = "platform"
+		return nil, e
 	}
 	name := req.Name
 	if name == "" {

@@ -162,6 +162,9 @@ func (s *Supervisor) SetTimeout(ctx context.Context, id string, lt *Lifetime) (_
 // armLifetime sets (or resets, or clears) this process's timer for the sandbox's lifetime
 // from its record. A lifetime already over fires at once.
 func (s *Supervisor) armLifetime(id string) {
+	// Where a sandbox becomes this process's (a create, a clone, a claim, a reattach), its
+	// sleep policy does too (sleep.go).
+	s.noteSleeper(id)
 	dir, err := s.store.Dir(id)
 	if err != nil {
 		return
@@ -181,7 +184,9 @@ func (s *Supervisor) armLifetime(id string) {
 
 // forgetSandbox drops what this process keeps of a sandbox that is gone.
 func (s *Supervisor) forgetSandbox(id string) {
+	s.activity.Forget(id)
 	s.mu.Lock()
+	delete(s.sleepers, id)
 	defer s.mu.Unlock()
 	if t := s.timers[id]; t != nil {
 		t.Stop()

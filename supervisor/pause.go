@@ -42,6 +42,9 @@ type pauseRecord struct {
 	// by which a resume checks its downtime as a clone's restore checks its generation's.
 	Memory string                 `json:"memory,omitempty"`
 	Time   *template.TimeContract `json:"time,omitempty"`
+	// Reason is [PauseIdle] for a sandbox put to sleep because it was idle (sleep.go), ""
+	// for a pause asked for.
+	Reason string `json:"reason,omitempty"`
 }
 
 // MemoryReleased is a pause record's Memory of a pause that released the memory.
@@ -86,17 +89,18 @@ func pauserOf(rt runtime.Runtime) (runtime.Pauser, error) {
 // error. Exec, files and streams are refused while it is paused (sandbox-paused); stop and
 // a forced delete thaw it first.
 func (s *Supervisor) Pause(ctx context.Context, id string) (*Status, error) {
-	return s.pause(ctx, id, false)
+	return s.pause(ctx, id, false, "")
 }
 
 // PauseReleasing pauses a running sandbox and releases its memory: saved to its state
 // directory and given back to the host ([runtime.MemoryReleaser], the microvm runtime), the
 // launch living on; Resume restores it. A sandbox paused already has its memory released.
 func (s *Supervisor) PauseReleasing(ctx context.Context, id string) (*Status, error) {
-	return s.pause(ctx, id, true)
+	return s.pause(ctx, id, true, "")
 }
 
-func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Status, err error) {
+// pause pauses sandbox id, for reason ("" or [PauseIdle]).
+func (s *Supervisor) pause(ctx context.Context, id string, release bool, reason string) (_ *Status, err error) {
 	defer s.observe("pause", time.Now(), &err)
 	p, err := s.sandboxPauser(id)
 	if err != nil {
@@ -106,7 +110,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 	if release && !canRelease {
 		return nil, errcode.New(errcode.Unavailable, "Sandbox %s's runtime cannot release a paused sandbox's memory; pause it without \"memory\": \"release\".", id)
 	}
-	l, _, err := s.lockProvisioned(ctx, id)
+	l, cfg, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +118,11 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 	r, err := s.reattach(ctx, l)
 	if err != nil {
 		return nil, err
+	}
+	// A sleep looks again under the lock: a use that began since the watch judged the sandbox
+	// idle keeps it awake (a use begins before it takes this lock, sleep.go).
+	if s.sleepCalledOff(reason, cfg) {
+		return nil, errNotIdle
 	}
 	switch {
 	case r.mismatch:
@@ -123,7 +132,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 	case r.paused && !release:
 		return s.Status(id)
 	}
-	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC()}
+	rec := &pauseRecord{Format: pausedFormat, LaunchID: r.rec.LaunchID, At: time.Now().UTC(), Reason: reason}
 	if r.paused {
 		if rec, err = readPause(l.Dir()); err != nil || rec == nil {
 			return nil, errcode.Wrap(errcode.Internal, err, "The pause record of sandbox %s does not read.", id)
@@ -172,7 +181,7 @@ func (s *Supervisor) pause(ctx context.Context, id string, release bool) (_ *Sta
 		}
 		return nil, err
 	}
-	s.emit(Event{Type: EventPaused, Sandbox: id, State: StatePaused})
+	s.emitPaused(id, reason)
 	return s.Status(id)
 }
 

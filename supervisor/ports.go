@@ -83,6 +83,9 @@ func (s *Supervisor) PortConns() int {
 // so a served app and an exec run side by side; a sandbox that stops ends its connections.
 // ctx bounds the dial only. The connection counts against [PortLimits] until it is closed.
 func (s *Supervisor) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	// A dial is a use of a moment. The requests through a connection are the uses that last
+	// ([Supervisor.Use]): the port proxy keeps idle connections pooled, and a pooled
+	// connection that nothing uses must not keep its sandbox awake.
 	agent, err := s.runningAgent(ctx, id)
 	if err != nil {
 		return nil, err

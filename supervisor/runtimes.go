@@ -3,6 +3,7 @@ package supervisor
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 
 	"github.com/bothy/bothy/errcode"
@@ -358,4 +359,34 @@ func (s *Supervisor) kindOf(cfg *store.Config) string {
 		return s.rt.Kind()
 	}
 	return cfg.Runtime
+}
+
+// Usage reads what running (or paused) sandbox id has used, from its runtime ([runtime.Meter]),
+// with its status as read just before. It takes no lock: a reading is a look at the host, and
+// a sandbox that ends meanwhile answers not-running.
+func (s *Supervisor) Usage(id string) (*Status, runtime.Usage, error) {
+	st, err := s.Status(id)
+	if err != nil {
+		return nil, runtime.Usage{}, err
+	}
+	if st.State != StateRunning && st.State != StatePaused {
+		return st, runtime.Usage{}, errcode.New(errcode.NotRunning, "Sandbox %s is %s: only a running sandbox has usage to read; start it first.", id, st.State)
+	}
+	rt, err := s.runtimeFor(&st.Config)
+	if err != nil {
+		return st, runtime.Usage{}, err
+	}
+	m, ok := rt.(runtime.Meter)
+	if !ok {
+		return st, runtime.Usage{}, errcode.New(errcode.Unavailable, "The %s runtime does not measure its sandboxes' usage.", rt.Kind())
+	}
+	dir, err := s.store.Dir(id)
+	if err != nil {
+		return st, runtime.Usage{}, err
+	}
+	u, err := m.Usage(id, dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return st, u, errcode.Wrap(errcode.NotRunning, err, "Sandbox %s ended as its usage was read.", id)
+	}
+	return st, u, err
 }

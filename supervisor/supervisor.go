@@ -12,6 +12,7 @@ import (
 
 	"github.com/bothy/bothy/control"
 	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/idle"
 	"github.com/bothy/bothy/platform"
 	"github.com/bothy/bothy/runtime"
 	"github.com/bothy/bothy/store"
@@ -125,6 +126,14 @@ type Supervisor struct {
 	watched   map[string]string      // sandbox id → the launch a watcher follows
 	pulls     map[string]*pull       // image name → its pull in progress, or failed
 	timers    map[string]*time.Timer // sandbox id → the end of its lifetime
+	// activity is the idle clock of sandboxes with a sleep policy; wakes the wakes under way
+	// (sleep.go).
+	activity *idle.Tracker
+	wakes    map[string]*wake
+	// sleepers are the sandboxes with a sleep policy, which the idle watch looks at alone.
+	sleepers map[string]bool
+	// wakeWait is how long a request waits for a wake (defaultWakeWait; shorter in tests).
+	wakeWait time.Duration
 	// unreconciled are the sandboxes that the start-up reattach pass listed and nobody has
 	// reconciled since (see [Supervisor.StartReattach]); reconciled is closed when the pass
 	// ended (at once if there was none).
@@ -182,6 +191,10 @@ func New(opts Options) (*Supervisor, error) {
 		watched:       map[string]string{},
 		ports:         portConns{limits: opts.Ports.withDefaults()},
 		timers:        map[string]*time.Timer{},
+		activity:      idle.NewTracker(),
+		wakes:         map[string]*wake{},
+		sleepers:      map[string]bool{},
+		wakeWait:      defaultWakeWait,
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
 		spares:        newSpareSet(opts.Spares),
@@ -233,6 +246,8 @@ type Status struct {
 	OnTimeout OnTimeout
 	// Network is the sandbox's egress policy and address, nil for a sandbox without a policy.
 	Network *NetworkStatus
+	// Asleep says a paused sandbox was put to sleep because it was idle (sleep.go).
+	Asleep bool
 }
 
 func (s *Supervisor) setTransient(id string, state State) {
@@ -295,8 +310,10 @@ func (s *Supervisor) status(id string, spare bool) (*Status, error) {
 		st.StartedAt = &started
 		if processOf(rec).Alive() {
 			st.State = StateRunning
-			if dir, err := s.store.Dir(id); err == nil && pausedLaunch(dir, rec.LaunchID) {
-				st.State = StatePaused
+			if dir, err := s.store.Dir(id); err == nil {
+				if pr, err := readPause(dir); err == nil && pr != nil && pr.LaunchID == rec.LaunchID {
+					st.State, st.Asleep = StatePaused, pr.Reason == PauseIdle
+				}
 			}
 			st.RuntimeMismatch = s.mismatched(rec)
 			if outcome != nil && outcome.LaunchID == rec.LaunchID {

@@ -17,6 +17,9 @@ type Config = store.Config
 // Resources are a sandbox's resource limits.
 type Resources = store.Resources
 
+// SleepPolicy is when a sandbox sleeps when idle and whether use wakes it.
+type SleepPolicy = store.SleepPolicy
+
 // Exit is how a sandbox's run ended: the runtime's outcome report.
 type Exit = runtime.Outcome
 

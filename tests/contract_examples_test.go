@@ -354,9 +354,22 @@ func TestContractExamples(t *testing.T) {
 	// The pull is running: asked again, the server answers 202 with its progress.
 	real["pullImage 202"] = d.doJSON("POST", "/v1/images", map[string]any{"ref": stalledRef, "name": "stalled"})
 
+	// Webhooks: a new one, and one whose receiver's name resolves to loopback, where
+	// deliveries never go (this server has no --webhook-allow-private): its first attempt is
+	// refused, and it waits for the next.
+	real["createWebhook 201"] = d.doJSON("POST", "/v1/webhooks", map[string]any{"url": "https://hooks.example.com/bothy",
+		"events": []string{"sandbox.created", "sandbox.deleted", "sandbox.stopped"}, "secret": "9f8e7d6c5b4a39281706f5e4d3c2b1a0"})
+	failing := decode[webhookJSON](t, d.doJSON("POST", "/v1/webhooks", map[string]any{"url": "http://localhost:9/bothy",
+		"events": []string{"sandbox.created"}, "secret": "9f8e7d6c5b4a39281706f5e4d3c2b1a0"}), 201)
+	d.create("for-webhook", false)
+	waitFor(t, 30*time.Second, "a refused delivery", func() bool {
+		real["getWebhook 200"] = d.doJSON("GET", "/v1/webhooks/"+failing.ID, nil)
+		return strings.Contains(string(real["getWebhook 200"].Body), "last_attempt_at")
+	})
+
 	// Problems: each operation's 400, and the shared 423 and 502.
 	generic400 := d.doJSON("GET", "/v1/sandboxes?contract_probe=1", nil)
-	subst := strings.NewReplacer("{id}", "build-42", "{gen}", gen.ID, "{port}", "8000", "{link}", strings.Repeat("0", 32), "{path}", "x")
+	subst := strings.NewReplacer("{id}", "build-42", "{gen}", gen.ID, "{port}", "8000", "{link}", strings.Repeat("0", 32), "{path}", "x", "{webhook}", failing.ID)
 	for _, ex := range examples {
 		k := ex.op + " " + ex.status
 		if _, ok := real[k]; ok || ex.media != "application/problem+json" {

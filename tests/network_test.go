@@ -459,6 +459,14 @@ func TestNetworkPolicy(t *testing.T) {
 		d.reaches("box", netCIDRHost, 80)
 		d.dropped("box", netDeniedHost, 80) // deny wins over the allowed CIDR
 	})
+	// What went through the sandbox's interface shows in its usage, both ways; a sandbox
+	// without a network has no such figure.
+	if u := d.usage("box").Current; u.NetInBytes == nil || u.NetOutBytes == nil || *u.NetInBytes <= 0 || *u.NetOutBytes <= 0 {
+		t.Errorf("the networked sandbox's usage shows network bytes in %v, out %v; want both above 0", u.NetInBytes, u.NetOutBytes)
+	}
+	if u := d.usage("plain").Current; u.NetInBytes != nil || u.NetOutBytes != nil {
+		t.Errorf("a sandbox without a network shows network bytes in %v, out %v", u.NetInBytes, u.NetOutBytes)
+	}
 
 	open := d.createNet("open", map[string]any{"internet": true})
 	t.Run("always-denied", func(t *testing.T) {

@@ -79,11 +79,11 @@ func (c *cli) rootCommand() *cobra.Command {
 		}
 	}
 	add("sandboxes", c.createCommand(), c.listCommand(), c.inspectCommand(), c.startCommand(), c.stopCommand(),
-		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand())
+		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand(), c.metricsCommand())
 	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand())
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
 	add("images", c.imageCommand(), c.pullCommand())
-	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand())
+	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand(), c.webhookCommand())
 	// The commands of bothy before cp took their place, kept for scripts that use them.
 	root.AddCommand(c.putCommand(), c.fetchCommand())
 	return root

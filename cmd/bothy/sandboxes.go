@@ -19,13 +19,15 @@ func (c *cli) createCommand() *cobra.Command {
 	var cpus, pids int
 	var memory, disk, output string
 	var labels, env []string
-	var lifetime time.Duration
+	var lifetime, idleTimeout time.Duration
+	var noWake, ignoreWork bool
 	cmd := &cobra.Command{
 		Use:   "create [ID]",
 		Short: "Create a sandbox (from an image, or a clone of a template) and print its id",
 		Example: `  bothy create demo --start --memory 512m --label team=grading
   bothy create --template tools --start
-  bothy create job1 --env CI=true --timeout 1h`,
+  bothy create job1 --env CI=true --timeout 1h
+  bothy create web --start --idle-timeout 10m`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
@@ -56,6 +58,11 @@ func (c *cli) createCommand() *cobra.Command {
 			}
 			if lifetime > 0 {
 				o.TimeoutS = int(lifetime.Round(time.Second) / time.Second)
+			}
+			if idleTimeout > 0 {
+				o.Sleep = &bothy.SleepOptions{IdleTimeoutS: max(1, int(idleTimeout.Round(time.Second)/time.Second)), NoAutoResume: noWake, IgnoreWork: ignoreWork}
+			} else if noWake || ignoreWork {
+				return usagef("--no-wake and --idle-ignores-work need --idle-timeout")
 			}
 			api, err := c.client()
 			if err != nil {
@@ -88,6 +95,9 @@ func (c *cli) createCommand() *cobra.Command {
 	f.StringArrayVarP(&env, "env", "e", nil, "an environment variable KEY=VALUE (repeatable)")
 	f.DurationVar(&lifetime, "timeout", 0, "the sandbox's lifetime (1h, 30m); it is stopped when it ends")
 	f.StringVar(&o.OnTimeout, "on-timeout", "", "what the end of --timeout does: stop (default) or delete")
+	f.DurationVar(&idleTimeout, "idle-timeout", 0, "sleep (pause) once unused this long (10m); the next exec, file call or port request wakes it")
+	f.BoolVar(&noWake, "no-wake", false, "with --idle-timeout: a request does not wake it; resume it yourself")
+	f.BoolVar(&ignoreWork, "idle-ignores-work", false, "with --idle-timeout: sleep even while work inside uses the CPU")
 	f.BoolVar(&o.Start, "start", false, "start it too")
 	outputFlag(cmd, &output, "id", "json")
 	return cmd
@@ -384,6 +394,53 @@ func (c *cli) timeoutCommand() *cobra.Command {
 		}),
 	}
 	cmd.Flags().StringVar(&onTimeout, "on-timeout", "", "what the lifetime's end does: stop (default) or delete")
+	return cmd
+}
+
+func (c *cli) metricsCommand() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:               "metrics ID",
+		Short:             "Print what a running sandbox uses: CPU, memory, tasks, disk, network",
+		Args:              exactArgs(1),
+		ValidArgsFunction: c.completeSandboxes,
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			api, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := c.context()
+			defer cancel()
+			m, err := api.Metrics(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return c.printJSON(m)
+			}
+			u := m.Current
+			rate := "-"
+			if u.CPURate != nil {
+				rate = fmt.Sprintf("%.2f", *u.CPURate)
+			}
+			fmt.Fprintf(c.stdout, "cpu       %.2f s (%s CPUs now)\n", u.CPUSeconds, rate)
+			limit := "none"
+			if u.MemoryLimitBytes != nil && *u.MemoryLimitBytes > 0 {
+				limit = fmt.Sprintf("%.1f MiB", float64(*u.MemoryLimitBytes)/(1<<20))
+			}
+			fmt.Fprintf(c.stdout, "memory    %.1f MiB of %s\n", float64(u.MemoryBytes)/(1<<20), limit)
+			fmt.Fprintf(c.stdout, "tasks     %d\n", u.Pids)
+			if u.DiskUsedBytes != nil && u.DiskLimitBytes != nil {
+				fmt.Fprintf(c.stdout, "disk      %.1f MiB of %.1f MiB\n", float64(*u.DiskUsedBytes)/(1<<20), float64(*u.DiskLimitBytes)/(1<<20))
+			}
+			if u.NetInBytes != nil && u.NetOutBytes != nil {
+				fmt.Fprintf(c.stdout, "network   %d bytes in, %d out\n", *u.NetInBytes, *u.NetOutBytes)
+			}
+			fmt.Fprintf(c.stdout, "history   %d samples, %d ms apart\n", len(m.History), m.IntervalMs)
+			return nil
+		}),
+	}
+	outputFlag(cmd, &output, "text", "json")
 	return cmd
 }
 

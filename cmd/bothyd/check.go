@@ -76,6 +76,7 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		defer netw.Close()
 		opts.Network = netw
 	}
+	opts.Webhooks = checkWebhooks(*root)
 	rep, err := check.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "bothyd check:", err)

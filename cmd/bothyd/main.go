@@ -28,17 +28,18 @@ import (
 	"github.com/bothy/bothy/e2b"
 	"github.com/bothy/bothy/events"
 	"github.com/bothy/bothy/handlers"
+	"github.com/bothy/bothy/idle"
 	"github.com/bothy/bothy/internal/ratelog"
 	"github.com/bothy/bothy/internal/systemd"
 	"github.com/bothy/bothy/metrics"
 	"github.com/bothy/bothy/network"
 	"github.com/bothy/bothy/platform"
-	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/runtime/namespace"
 	"github.com/bothy/bothy/server"
 	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/store/template"
 	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/usage"
 	"github.com/bothy/bothy/web"
 )
 
@@ -79,11 +80,14 @@ type options struct {
 	insecureNoAuth bool
 	logFormat      string
 	logLevel       string
-	allowedOrigins stringList
-	templateMaxAge time.Duration
-	runtime        *runtimeOptions
-	defaultDiskMB  int
-	defaultTimeout int // seconds
+	// sandboxMetrics exports per-sandbox series on /metrics, at most sandboxMetricsMax.
+	sandboxMetrics    bool
+	sandboxMetricsMax int
+	allowedOrigins    stringList
+	templateMaxAge    time.Duration
+	runtime           *runtimeOptions
+	defaultDiskMB     int
+	defaultTimeout    int // seconds
 	// spares is how many started sandboxes are kept ready for creates (supervisor/spares.go);
 	// sparesExplicit says the operator chose it.
 	spares         int
@@ -98,6 +102,8 @@ type options struct {
 	diskExplicit bool
 	// networkPool, networkUplink and dnsUpstream configure sandbox networks (network.Config).
 	networkPool, networkUplink, dnsUpstream string
+	// webhookAllowPrivate lets webhook deliveries reach private addresses (webhook.Options).
+	webhookAllowPrivate bool
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -113,6 +119,9 @@ const defaultSpares = 2
 
 // maxSpares bounds --spares: a spare is a running sandbox.
 const maxSpares = 64
+
+// defaultSandboxMetricsMax bounds the sandbox label of --sandbox-metrics' series by default.
+const defaultSandboxMetricsMax = 100
 
 type stringList []string
 
@@ -159,6 +168,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.networkPool, "network-pool", envOr("BOTHY_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env BOTHY_NETWORK_POOL)")
 	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("BOTHY_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env BOTHY_NETWORK_UPLINK); default: any interface that is not a sandbox's")
 	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("BOTHY_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env BOTHY_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
+	fs.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", os.Getenv("BOTHY_WEBHOOK_ALLOW_PRIVATE") == "1", "let webhook deliveries reach loopback, link-local, private (RFC 1918, ULA) and sandbox addresses, for receivers on this host or its network (env BOTHY_WEBHOOK_ALLOW_PRIVATE=1); default: only public addresses, checked on the address connected to")
+	fs.BoolVar(&o.sandboxMetrics, "sandbox-metrics", os.Getenv("BOTHY_SANDBOX_METRICS") == "1", "export each running sandbox's usage on /metrics as series labelled by its id (env BOTHY_SANDBOX_METRICS=1); off by default: the series grow with the sandboxes")
+	fs.IntVar(&o.sandboxMetricsMax, "sandbox-metrics-max", defaultSandboxMetricsMax, "the most sandboxes --sandbox-metrics exports, the first by id; bothy_sandbox_series_truncated says when more ran")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -176,6 +188,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { o.sparesExplicit = o.sparesExplicit || f.Name == "spares" })
 	if o.spares < 0 || o.spares > maxSpares {
 		return nil, fmt.Errorf("--spares %d: want 0 (none) to %d", o.spares, maxSpares)
+	}
+	if o.sandboxMetricsMax < 1 || o.sandboxMetricsMax > 10000 {
+		return nil, fmt.Errorf("--sandbox-metrics-max %d: want 1 to 10000", o.sandboxMetricsMax)
 	}
 	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
 		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
@@ -293,9 +308,14 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	// The event bus and the metrics observe the supervisor through its hooks; the metrics
 	// count sandboxes by state from the supervisor itself, at scrape time.
+	hooks, err := openWebhooks(o, log)
+	if err != nil {
+		return err
+	}
+	defer hooks.Close()
 	bus, err := events.Open(events.Options{SeqDir: o.root, OnError: func(err error) {
 		log.Warn("event ids may be reused after a restart", "err", err)
-	}})
+	}, OnPublish: hooks.Enqueue})
 	if err != nil {
 		return fmt.Errorf("the event sequence record: %w", err)
 	}
@@ -304,10 +324,7 @@ func serve(o *options, log *slog.Logger) error {
 	// The state root's health: every fault is counted, a change of state logged once.
 	health := supervisor.NewStorageHealth(st.Root(), log, mx.OnStorageFault)
 	defer health.Close()
-	if o.templateMaxAge <= 0 {
-		return fmt.Errorf("--template-max-age must be positive")
-	}
-	ts, err := template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+	ts, err := openTemplates(o)
 	if err != nil {
 		return err
 	}
@@ -352,7 +369,8 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	sup.StartSpares()
-	links, err := portlink.Open(o.root)
+	sampler := watchUsage(ctx, o, sup, netw, mx, log)
+	links, idem, err := openRecords(o.root, log)
 	if err != nil {
 		return err
 	}
@@ -376,6 +394,8 @@ func serve(o *options, log *slog.Logger) error {
 		HostFirewall:     netw.hostFirewall(),
 		NoFileLimit:      noFile,
 		Links:            links,
+		Webhooks:         hooks,
+		Usage:            sampler,
 	})
 	if err != nil {
 		return err
@@ -385,7 +405,7 @@ func serve(o *options, log *slog.Logger) error {
 	e2bAPI := e2b.New(e2b.Config{
 		Supervisor: sup, Token: token, Logger: rlog,
 		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
-		MaxFileBytes: server.DefaultMaxFileBytes,
+		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler,
 	})
 	srv, err := server.New(server.Config{
 		Foreign:        e2bAPI,
@@ -403,11 +423,13 @@ func serve(o *options, log *slog.Logger) error {
 		Dashboard:      web.Handler(),
 		OnProblem:      mx.OnProblem,
 		ClassifyError:  health.Classify,
+		Idempotency:    idem,
 		Ports:          server.PortRoutes{Proxy: h.PortProxy, Tunnel: h.PortTunnel, Link: h.LinkProxy},
 	})
 	if err != nil {
 		return err
 	}
+	hooks.Start()
 	srv.OnShutdown(h.CloseStreams)
 	srv.OnShutdown(bus.Close)
 	root, _ := filepath.Abs(o.root) // the default root is relative: say where it is
@@ -427,6 +449,32 @@ func serve(o *options, log *slog.Logger) error {
 	err = srv.Serve(ctx, ln)
 	log.Info("bothyd shut down")
 	return err
+}
+
+// openTemplates opens the template store with the operator's maximum generation age.
+func openTemplates(o *options) (*template.Store, error) {
+	if o.templateMaxAge <= 0 {
+		return nil, fmt.Errorf("--template-max-age must be positive")
+	}
+	return template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+}
+
+// watchUsage starts what watches the running sandboxes: the sampler of every running
+// sandbox's usage (a fixed interval, a bounded history) for GET /v1/sandboxes/{id}/metrics,
+// E2B's metrics and, with --sandbox-metrics, /metrics; and the idle watch that puts sandboxes
+// with a sleep policy to sleep once idle for their timeout (package idle, the supervisor's
+// sleep.go; a request that needs one wakes it).
+func watchUsage(ctx context.Context, o *options, sup *supervisor.Supervisor, netw *netAccount, mx *metrics.Metrics, log *slog.Logger) *usage.Sampler {
+	sampler := usage.New(sup, usage.Config{Traffic: netw.traffic(), Logger: log})
+	go sampler.Run(ctx)
+	if o.sandboxMetrics {
+		mx.WatchUsage(sampler, o.sandboxMetricsMax)
+	}
+	go sup.Activity().Watch(ctx, idle.WatchConfig{
+		Candidates: sup.SleepCandidates, CPU: sup.SleepCPU, Sleep: sup.Sleep,
+		Persist: sup.RecordActivity, Load: sup.LastActivity, Logger: log,
+	})
+	return sampler
 }
 
 // readToken reads the API token from a file; an empty path means no token.

@@ -73,6 +73,14 @@ func (a *netAccount) hostFirewall() func() network.HostFirewall {
 	return a.HostFirewall
 }
 
+// traffic reads a sandbox's network bytes for the usage sampler, nil when there is no network.
+func (a *netAccount) traffic() func(id string) (network.Traffic, error) {
+	if a == nil {
+		return nil
+	}
+	return a.Traffic
+}
+
 // netAccount is the Manager with the accounting /metrics and the log need: the drop counters
 // of a sandbox vanish with its filter, so they are added up at its teardown.
 type netAccount struct {

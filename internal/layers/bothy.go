@@ -33,6 +33,9 @@ var Classes = map[string]Class{
 	"internal/systemd":          Host,
 	"network":                   Host,
 	"portlink":                  Host,
+	"idempotency":               Host,
+	"usage":                     Host,
+	"idle":                      Host,
 	"runtime/microvm":           Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
@@ -61,6 +64,9 @@ var Classes = map[string]Class{
 	// image store knows it only as an image.Fetcher.
 	"store/image/registry": HTTP,
 	"web":                  HTTP,
+	// Webhook deliveries link net/http; the checker knows their records only through the
+	// check that cmd/bothyd hands it (check.Options.Webhooks).
+	"webhook": HTTP,
 
 	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,

@@ -442,6 +442,144 @@ func (e StorageHealthState) Valid() bool {
 	}
 }
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebhookEventType.
+const (
+	WebhookEventTypeCaptureProgress      WebhookEventType = "capture.progress"
+	WebhookEventTypeGenerationCaptured   WebhookEventType = "generation.captured"
+	WebhookEventTypeGenerationRetired    WebhookEventType = "generation.retired"
+	WebhookEventTypeGenerationTombstoned WebhookEventType = "generation.tombstoned"
+	WebhookEventTypeImageDeleted         WebhookEventType = "image.deleted"
+	WebhookEventTypeImageFailed          WebhookEventType = "image.failed"
+	WebhookEventTypeImageImported        WebhookEventType = "image.imported"
+	WebhookEventTypeImagePullProgress    WebhookEventType = "image.pull.progress"
+	WebhookEventTypeImagePulled          WebhookEventType = "image.pulled"
+	WebhookEventTypeLeaseAcquired        WebhookEventType = "lease.acquired"
+	WebhookEventTypeLeaseReleased        WebhookEventType = "lease.released"
+	WebhookEventTypeSandboxAsleep        WebhookEventType = "sandbox.asleep"
+	WebhookEventTypeSandboxAwake         WebhookEventType = "sandbox.awake"
+	WebhookEventTypeSandboxCreated       WebhookEventType = "sandbox.created"
+	WebhookEventTypeSandboxDeleted       WebhookEventType = "sandbox.deleted"
+	WebhookEventTypeSandboxExited        WebhookEventType = "sandbox.exited"
+	WebhookEventTypeSandboxExpired       WebhookEventType = "sandbox.expired"
+	WebhookEventTypeSandboxPaused        WebhookEventType = "sandbox.paused"
+	WebhookEventTypeSandboxResumed       WebhookEventType = "sandbox.resumed"
+	WebhookEventTypeSandboxStarted       WebhookEventType = "sandbox.started"
+	WebhookEventTypeSandboxStopped       WebhookEventType = "sandbox.stopped"
+)
+
+// Valid indicates whether the value is a known member of the WebhookEventType enum.
+func (e WebhookEventType) Valid() bool {
+	switch e {
+	case WebhookEventTypeCaptureProgress:
+		return true
+	case WebhookEventTypeGenerationCaptured:
+		return true
+	case WebhookEventTypeGenerationRetired:
+		return true
+	case WebhookEventTypeGenerationTombstoned:
+		return true
+	case WebhookEventTypeImageDeleted:
+		return true
+	case WebhookEventTypeImageFailed:
+		return true
+	case WebhookEventTypeImageImported:
+		return true
+	case WebhookEventTypeImagePullProgress:
+		return true
+	case WebhookEventTypeImagePulled:
+		return true
+	case WebhookEventTypeLeaseAcquired:
+		return true
+	case WebhookEventTypeLeaseReleased:
+		return true
+	case WebhookEventTypeSandboxAsleep:
+		return true
+	case WebhookEventTypeSandboxAwake:
+		return true
+	case WebhookEventTypeSandboxCreated:
+		return true
+	case WebhookEventTypeSandboxDeleted:
+		return true
+	case WebhookEventTypeSandboxExited:
+		return true
+	case WebhookEventTypeSandboxExpired:
+		return true
+	case WebhookEventTypeSandboxPaused:
+		return true
+	case WebhookEventTypeSandboxResumed:
+		return true
+	case WebhookEventTypeSandboxStarted:
+		return true
+	case WebhookEventTypeSandboxStopped:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebSocketVersion.
+const (
+	WebSocketVersionN13 WebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the WebSocketVersion enum.
+func (e WebSocketVersion) Valid() bool {
+	switch e {
+	case WebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ExecStreamParamsSecWebSocketVersion.
+const (
+	ExecStreamParamsSecWebSocketVersionN13 ExecStreamParamsSecWebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the ExecStreamParamsSecWebSocketVersion enum.
+func (e ExecStreamParamsSecWebSocketVersion) Valid() bool {
+	switch e {
+	case ExecStreamParamsSecWebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PortTunnelParamsSecWebSocketVersion.
+const (
+	PortTunnelParamsSecWebSocketVersionN13 PortTunnelParamsSecWebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the PortTunnelParamsSecWebSocketVersion enum.
+func (e PortTunnelParamsSecWebSocketVersion) Valid() bool {
+	switch e {
+	case PortTunnelParamsSecWebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WaitSandboxParamsState.
 const (
 	WaitSandboxParamsStateDeleted     WaitSandboxParamsState = "deleted"
@@ -480,8 +618,17 @@ func (e WaitSandboxParamsState) Valid() bool {
 // Example: /home/user/main.py
 type AbsolutePath = string
 
+// AllowedDestination A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+// inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+// 224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+// as 0.0.0.0/0) is taken; the ranges stay closed.
+type AllowedDestination = string
+
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
+
+// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+type AutoResume = bool
 
 // Bounds What clients may hold open at once, so that no sandbox and no crowd of clients can
 // exhaust the server's descriptors. Past a per-sandbox bound the answer is `423
@@ -537,9 +684,8 @@ type CreateSandboxRequest struct {
 	// as well as values. Values are never returned: they often carry secrets.
 	Env *[]EnvVar `json:"env,omitempty"`
 
-	// Generation The generation to clone; default the newest eligible one. It needs `template`: a
-	// `generation` without `template` is refused with `invalid-request` (field
-	// `generation`), which OpenAPI 3.0 cannot say in the schema.
+	// Generation The generation to clone; default the newest eligible one. It needs `template`
+	// (the object's `not`): a `generation` without `template` is refused.
 	Generation *GenerationID `json:"generation,omitempty"`
 
 	// ID The id to give the sandbox; the server picks one (`sb-` and 12 of a-z 0-9) when
@@ -556,7 +702,8 @@ type CreateSandboxRequest struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -599,6 +746,21 @@ type CreateSandboxRequest struct {
 	// address of its own.
 	Runtime *RuntimeKind `json:"runtime,omitempty"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// Start Also start the sandbox before answering. The create is then all or nothing: a
 	// start that fails removes the sandbox again (the id is free) and its error comes back.
 	Start *StartOnCreate `json:"start,omitempty"`
@@ -617,6 +779,24 @@ type CreateTemplateRequest struct {
 	//
 	// Example: python-base
 	Name TemplateName `json:"name"`
+}
+
+// CreateWebhookRequest defines model for CreateWebhookRequest.
+type CreateWebhookRequest struct {
+	// Events The event types to deliver; at least one.
+	Events []WebhookEventType `json:"events"`
+
+	// Secret The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
+	// it, and it is never logged. Use a long random one.
+	Secret *string `json:"secret,omitempty"`
+
+	// URL An absolute `http://` or `https://` URL, without a user, password or fragment;
+	// its host a name or an IPv4 address (an IPv6 receiver is named by a host name).
+	// Deliveries are `POST`s to it. Its host must be public unless the operator started
+	// bothyd with `--webhook-allow-private`: an address literal inside loopback,
+	// link-local, RFC 1918, ULA or the sandboxes' pool is refused here, and a name that
+	// resolves to one is refused at each delivery.
+	URL string `json:"url"`
 }
 
 // EnvKey defines model for EnvKey.
@@ -640,6 +820,8 @@ type ErrorCode = string
 //   - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
 //     `exit`;
 //   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+//   - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
+//     (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
 //   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
 //     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -660,10 +842,9 @@ type Event struct {
 	Exit *LastExit `json:"exit,omitempty"`
 
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -733,7 +914,8 @@ type EventType = string
 type ExecRequest struct {
 	// Command The program and its arguments. The program is looked up in `PATH`; it must not be
 	// empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-	// `command`).
+	// `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+	// states the rule for the program.
 	Command []Argument `json:"command"`
 
 	// Cwd An absolute path inside the sandbox; no NUL bytes.
@@ -759,7 +941,10 @@ type ExecRequest struct {
 	// Example: 0077
 	Umask *Umask `json:"umask,omitempty"`
 
-	// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+	// User The user a command or a file operation runs as inside the sandbox: `user` (the
+	// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+	// these two.
+	//
 	//
 	// Example: user
 	User *User `json:"user,omitempty"`
@@ -778,7 +963,12 @@ type ExecResult struct {
 	ExitCode int `json:"exit_code"`
 
 	// OomKilled The kernel's out-of-memory killer ended the command (the sandbox hit its
-	// `memory_mb`); `signal` is then `SIGKILL`.
+	// `memory_mb`): the sandbox's OOM kill count rose while it ran and it ended with
+	// `signal` `SIGKILL` or, when the process killed was one it waited for (the `tail`
+	// of `sh -c 'head -c 200m /dev/zero | tail'`), with `exit_code` 137 and no `signal`.
+	// The count is the sandbox's workloads', not the command's own: with commands
+	// running side by side, one that ends with 137 or by SIGKILL for another reason
+	// while another's process is OOM-killed is reported too.
 	OomKilled *bool `json:"oom_killed,omitempty"`
 
 	// Signal The signal that ended the command, when one did (for example `SIGKILL`); absent
@@ -838,10 +1028,9 @@ type Generation struct {
 	Eligibility GenerationEligibility `json:"eligibility"`
 
 	// ID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -877,10 +1066,9 @@ type GenerationEligibility string
 type GenerationState string
 
 // GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationID = string
@@ -914,6 +1102,9 @@ type HostFirewall struct {
 
 // HostFirewallState defines model for HostFirewall.State.
 type HostFirewallState string
+
+// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+type IdleIgnoresWork = bool
 
 // Image defines model for Image.
 type Image struct {
@@ -1130,7 +1321,8 @@ type LabelValue = string
 // Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 // and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 // A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-// keys, so the server checks them and refuses others with `invalid-request`.
+// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+// others with `invalid-request`.
 //
 // Example: {"job":"42","team":"grading"}
 type Labels map[string]LabelValue
@@ -1185,6 +1377,11 @@ type LeaseList struct {
 	Items []Lease `json:"items"`
 }
 
+// NetworkDestination A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+// `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+// CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+type NetworkDestination = string
+
 // NetworkPolicy A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
 // but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
 // below, not the apex), CIDRs or addresses (`198.51.100.0/24`), and address:port pairs
@@ -1200,10 +1397,10 @@ type LeaseList struct {
 // Example: {"allow":["pypi.org","*.pythonhosted.org"],"deny":["evil.pypi.org"]}
 type NetworkPolicy struct {
 	// Allow The only destinations reachable, when not empty.
-	Allow *[]string `json:"allow,omitempty"`
+	Allow *[]AllowedDestination `json:"allow,omitempty"`
 
 	// Deny Destinations never reachable; wins over `allow` and `internet`.
-	Deny *[]string `json:"deny,omitempty"`
+	Deny *[]NetworkDestination `json:"deny,omitempty"`
 
 	// Internet Every public destination, when `allow` is empty.
 	Internet *InternetAccess `json:"internet,omitempty"`
@@ -1277,12 +1474,18 @@ type Problem struct {
 
 // PullImageRequest defines model for PullImageRequest.
 type PullImageRequest struct {
-	// Name An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+	// Name The name of an image the server stores: an `ImageName` other than `host`, which is
+	// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+	// read nor deleted under `/v1/images/{name}`.
 	//
-	// Example: host
-	Name *ImageName `json:"name,omitempty"`
+	//
+	// Example: busybox
+	Name *StoredImageName `json:"name,omitempty"`
 
-	// Platform `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+	// Platform `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+	// architecture): another is refused with `unavailable` (503), as a runtime this
+	// server cannot run is.
+	//
 	//
 	// Example: linux/amd64
 	Platform *string `json:"platform,omitempty"`
@@ -1292,6 +1495,12 @@ type PullImageRequest struct {
 	// Example: registry.example.com/library/busybox:1.36
 	Ref string `json:"ref"`
 }
+
+// RemovablePath An `AbsolutePath` that names something below the root directory: it holds a
+// character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+//
+// Example: /home/user/build
+type RemovablePath = string
 
 // Resources Resource limits, applied through the sandbox's cgroup.
 type Resources struct {
@@ -1394,7 +1603,10 @@ type RuntimeStatusState string
 // Sandbox defines model for Sandbox.
 type Sandbox struct {
 	// Address The sandbox's own address, while it runs with a network interface.
-	Address   *string   `json:"address,omitempty"`
+	Address *string `json:"address,omitempty"`
+
+	// Asleep The sandbox is `paused` because it was idle for its `sleep.idle_timeout_seconds`.
+	Asleep    *bool     `json:"asleep,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// EnvKeys The names of the environment variables given at create; values are never returned.
@@ -1416,7 +1628,8 @@ type Sandbox struct {
 	// Labels Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
 	// and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
 	// A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-	// keys, so the server checks them and refuses others with `invalid-request`.
+	// keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+	// others with `invalid-request`.
 	//
 	//
 	// Example: {"job":"42","team":"grading"}
@@ -1451,6 +1664,21 @@ type Sandbox struct {
 	// `microvm`: a QEMU microVM per sandbox, with a kernel of its own (docs/microvm.md).
 	Runtime RuntimeKind `json:"runtime"`
 
+	// Sleep Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+	// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+	// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+	// as a use until it closes), and no work inside using more than 2% of a CPU unless
+	// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+	// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+	// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+	// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+	// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+	// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+	// keeps running while it sleeps. A microVM sleeps with its memory released (as
+	// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+	// docs/design.md, "Sleep and wake".
+	Sleep *SleepPolicy `json:"sleep,omitempty"`
+
 	// StartedAt When the current run started. Once the sandbox has stopped it is absent (it may
 	// linger until bothyd has reconciled a run that ended by itself): how the last run
 	// ended, and when, is `last_exit`.
@@ -1479,11 +1707,45 @@ type SandboxList struct {
 	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
+// SandboxMetrics defines model for SandboxMetrics.
+type SandboxMetrics struct {
+	Current UsageSample `json:"current"`
+
+	// History The server's samples, oldest first (empty for a sandbox beyond the cap, or one it has not sampled yet).
+	History []UsageSample `json:"history"`
+	ID      string        `json:"id"`
+
+	// IntervalMs The time between two samples of `history`.
+	IntervalMs int64 `json:"interval_ms"`
+}
+
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
 // `running`: its agent answers; `paused`: running, with every process frozen (see
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
 // `last_exit`).
 type SandboxState string
+
+// SleepPolicy Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+// `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+// `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+// as a use until it closes), and no work inside using more than 2% of a CPU unless
+// `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+// (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+// (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+// wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+// sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+// end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+// keeps running while it sleeps. A microVM sleeps with its memory released (as
+// `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+// docs/design.md, "Sleep and wake".
+type SleepPolicy struct {
+	// AutoResume A request that needs the sandbox while it sleeps (or is paused) wakes it.
+	AutoResume *AutoResume `json:"auto_resume,omitempty"`
+
+	// IdleIgnoresWork Work running inside does not keep the sandbox awake; only use through the API does.
+	IdleIgnoresWork    *IdleIgnoresWork `json:"idle_ignores_work,omitempty"`
+	IdleTimeoutSeconds int              `json:"idle_timeout_seconds"`
+}
 
 // StartOnCreate Also start the sandbox before answering. The create is then all or nothing: a
 // start that fails removes the sandbox again (the id is free) and its error comes back.
@@ -1510,6 +1772,13 @@ type StorageHealth struct {
 // StorageHealthState defines model for StorageHealth.State.
 type StorageHealthState string
 
+// StoredImageName The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
+//
+// Example: busybox
+type StoredImageName = string
+
 // Template defines model for Template.
 type Template struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -1529,10 +1798,9 @@ type Template struct {
 // TemplateBinding The template generation a clone was made from, and its lease.
 type TemplateBinding struct {
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-	// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-	// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-	// refused with `invalid-request` (field `generation`) or, when the template itself is
-	// missing, `template-not-found`.
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
 	//
 	//
 	// Example: g000003
@@ -1577,10 +1845,102 @@ type TimeoutRequest struct {
 // Example: 0077
 type Umask = string
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// UsageSample defines model for UsageSample.
+type UsageSample struct {
+	At time.Time `json:"at"`
+
+	// CPUApproximate `cpu_seconds` is summed from the sandbox's live processes and the children they
+	// reaped (a cgroup v1 host whose cpuacct controller is not mounted with cpu).
+	CPUApproximate *bool `json:"cpu_approximate,omitempty"`
+
+	// CPURate CPUs used on average since the reading before (1.0: one CPU busy); absent on a
+	// first reading.
+	CPURate *float64 `json:"cpu_rate,omitempty"`
+
+	// CPUSeconds CPU time used since the launch.
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	DiskLimitBytes *int64  `json:"disk_limit_bytes,omitempty"`
+
+	// DiskUsedBytes What the sandbox's own disk holds on the host (its sparse image's blocks); absent without a disk of its own.
+	DiskUsedBytes *int64 `json:"disk_used_bytes,omitempty"`
+	MemoryBytes   int64  `json:"memory_bytes"`
+
+	// MemoryLimitBytes 0 without a limit.
+	MemoryLimitBytes *int64 `json:"memory_limit_bytes,omitempty"`
+
+	// MemoryPeakBytes The most memory charged since the launch, where the kernel says (Linux 5.19+ on cgroup v2).
+	MemoryPeakBytes *int64 `json:"memory_peak_bytes,omitempty"`
+
+	// NetInBytes Bytes that arrived at the sandbox's interface; absent without a network.
+	NetInBytes  *int64 `json:"net_in_bytes,omitempty"`
+	NetOutBytes *int64 `json:"net_out_bytes,omitempty"`
+	Pids        int64  `json:"pids"`
+
+	// PidsLimit 0 for the server's default.
+	PidsLimit *int64 `json:"pids_limit,omitempty"`
+
+	// Vcpus The sandbox's CPU limit in whole CPUs (0 for the server's default).
+	Vcpus *int `json:"vcpus,omitempty"`
+}
+
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
+
+// Webhook defines model for Webhook.
+type Webhook struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// Delivery How the webhook's deliveries go.
+	Delivery WebhookDelivery `json:"delivery"`
+	Events   []EventType     `json:"events"`
+
+	// ID A webhook's id, given by the server.
+	ID  WebhookID `json:"id"`
+	URL string    `json:"url"`
+}
+
+// WebhookDelivery How the webhook's deliveries go.
+type WebhookDelivery struct {
+	// Delivered Events the receiver took (answered 2xx).
+	Delivered int64 `json:"delivered"`
+
+	// Dropped Events not enqueued because the outbox was full.
+	Dropped int64 `json:"dropped"`
+
+	// Failed Events given up after 24 hours of failed attempts.
+	Failed        int64      `json:"failed"`
+	LastAttemptAt *time.Time `json:"last_attempt_at,omitempty"`
+
+	// LastError Why the last attempt failed; absent when it succeeded.
+	LastError *string `json:"last_error,omitempty"`
+
+	// LastStatus The HTTP status of the last attempt's answer; absent when none came.
+	LastStatus    *int       `json:"last_status,omitempty"`
+	LastSuccessAt *time.Time `json:"last_success_at,omitempty"`
+
+	// NextAttemptAt When the oldest pending event is tried next; absent when none is pending.
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+
+	// Pending Events in its outbox, not yet delivered (at most 1000; more are dropped).
+	Pending int `json:"pending"`
+}
+
+// WebhookEventType An event type a webhook may ask for: the types of `EventType` this server sends. Unlike
+// `EventType` in an answer, this list is closed, so that a misspelt type is refused
+// rather than never delivered.
+type WebhookEventType string
+
+// WebhookID A webhook's id, given by the server.
+type WebhookID = string
+
+// WebhookList defines model for WebhookList.
+type WebhookList struct {
+	Items []Webhook `json:"items"`
+}
 
 // AccessToken defines model for AccessToken.
 type AccessToken = string
@@ -1592,18 +1952,22 @@ type Cursor = string
 type Drain = bool
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
 
-// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+// IdempotencyKey defines model for IdempotencyKey.
+type IdempotencyKey = string
+
+// ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
 //
-// Example: host
-type ImageNamePath = ImageName
+// Example: busybox
+type ImageNamePath = StoredImageName
 
 // Limit defines model for Limit.
 type Limit = int
@@ -1626,6 +1990,21 @@ type TemplateNamePath = TemplateName
 
 // Timeout defines model for Timeout.
 type Timeout = int
+
+// WebSocketConnection defines model for WebSocketConnection.
+type WebSocketConnection = string
+
+// WebSocketKey defines model for WebSocketKey.
+type WebSocketKey = string
+
+// WebSocketUpgrade defines model for WebSocketUpgrade.
+type WebSocketUpgrade = string
+
+// WebSocketVersion defines model for WebSocketVersion.
+type WebSocketVersion string
+
+// WebhookIDPath A webhook's id, given by the server.
+type WebhookIDPath = WebhookID
 
 // BadGateway An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadGateway = Problem
@@ -1672,6 +2051,9 @@ type TooManyRequests = Problem
 // Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
+// UnprocessableEntity An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+type UnprocessableEntity = Problem
+
 // DashboardLoginJSONBody defines parameters for DashboardLogin.
 type DashboardLoginJSONBody struct {
 	// Code The code from the login URL.
@@ -1687,6 +2069,17 @@ type StreamEventsParams struct {
 	LastEventID *string `json:"Last-Event-ID,omitempty"`
 }
 
+// PullImageParams defines parameters for PullImage.
+type PullImageParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {
 	State *SandboxState `form:"state,omitempty" json:"state,omitempty"`
@@ -1694,9 +2087,9 @@ type ListSandboxesParams struct {
 	// Label A `key=value` label that the sandboxes must carry; repeat for several.
 	Label *[]LabelSelector `form:"label,omitempty" json:"label,omitempty"`
 
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1709,6 +2102,14 @@ type CreateSandboxParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // DeleteSandboxParams defines parameters for DeleteSandbox.
@@ -1725,7 +2126,8 @@ type DeleteSandboxParams struct {
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
 	// Command The program and its arguments, one `command` per argument, in order. The first, the
-	// program, must not be empty (`invalid-request`, field `command`).
+	// program, must not be empty (`invalid-request`, field `command`; the schema's
+	// `x-first-item`, since OpenAPI 3.0 cannot constrain one item of an array).
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
@@ -1747,15 +2149,32 @@ type ExecStreamParams struct {
 
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *string `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// Upgrade `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+	// refused with `invalid-request`. Websocket clients send this header and the three
+	// below themselves.
+	Upgrade WebSocketUpgrade `json:"Upgrade"`
+
+	// Connection A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1).
+	Connection WebSocketConnection `json:"Connection"`
+
+	// SecWebSocketKey 16 random bytes in base64 (RFC 6455 §4.1).
+	SecWebSocketKey WebSocketKey `json:"Sec-WebSocket-Key"`
+
+	// SecWebSocketVersion The websocket protocol's version, 13 (RFC 6455).
+	SecWebSocketVersion ExecStreamParamsSecWebSocketVersion `json:"Sec-WebSocket-Version"`
 }
+
+// ExecStreamParamsSecWebSocketVersion defines parameters for ExecStream.
+type ExecStreamParamsSecWebSocketVersion string
 
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
+	// Path An absolute path inside the sandbox, other than the root directory.
+	Path RemovablePath `form:"path" json:"path"`
+
 	// Recursive Remove a directory with everything in it.
 	Recursive *bool `form:"recursive,omitempty" json:"recursive,omitempty"`
-
-	// Path An absolute path inside the sandbox.
-	Path AbsolutePath `form:"path" json:"path"`
 }
 
 // ReadFileParams defines parameters for ReadFile.
@@ -1801,11 +2220,39 @@ type PauseSandboxParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// CreatePortLinkParams defines parameters for CreatePortLink.
+type CreatePortLinkParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // PortTunnelParams defines parameters for PortTunnel.
 type PortTunnelParams struct {
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *AccessToken `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// Upgrade `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+	// refused with `invalid-request`. Websocket clients send this header and the three
+	// below themselves.
+	Upgrade WebSocketUpgrade `json:"Upgrade"`
+
+	// Connection A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1).
+	Connection WebSocketConnection `json:"Connection"`
+
+	// SecWebSocketKey 16 random bytes in base64 (RFC 6455 §4.1).
+	SecWebSocketKey WebSocketKey `json:"Sec-WebSocket-Key"`
+
+	// SecWebSocketVersion The websocket protocol's version, 13 (RFC 6455).
+	SecWebSocketVersion PortTunnelParamsSecWebSocketVersion `json:"Sec-WebSocket-Version"`
 }
+
+// PortTunnelParamsSecWebSocketVersion defines parameters for PortTunnel.
+type PortTunnelParamsSecWebSocketVersion string
 
 // ResumeSandboxParams defines parameters for ResumeSandbox.
 type ResumeSandboxParams struct {
@@ -1856,13 +2303,24 @@ type WaitSandboxParamsState string
 
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
+// CreateTemplateParams defines parameters for CreateTemplate.
+type CreateTemplateParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // DeleteTemplateParams defines parameters for DeleteTemplate.
@@ -1878,9 +2336,9 @@ type DeleteTemplateParams struct {
 
 // ListGenerationsParams defines parameters for ListGenerations.
 type ListGenerationsParams struct {
-	// Cursor The `next_cursor` of the previous page, as the server returned it. A cursor that the
-	// server cannot read (one it did not return) is refused with `invalid-request` (field
-	// `cursor`); it is never taken for the first page.
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 
 	// Limit The largest number of items on a page.
@@ -1893,6 +2351,14 @@ type CaptureGenerationParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // RetireGenerationParams defines parameters for RetireGeneration.
@@ -1912,6 +2378,17 @@ type TombstoneGenerationParams struct {
 	// the transition itself; then the operation fails with `transition-in-progress` (or its
 	// own timeout code) and changes nothing that a retry cannot finish.
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// CreateWebhookParams defines parameters for CreateWebhook.
+type CreateWebhookParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // DashboardLoginJSONRequestBody defines body for DashboardLogin for application/json ContentType.
@@ -1943,6 +2420,9 @@ type CreateTemplateJSONRequestBody = CreateTemplateRequest
 
 // CaptureGenerationJSONRequestBody defines body for CaptureGeneration for application/json ContentType.
 type CaptureGenerationJSONRequestBody = CaptureRequest
+
+// CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
+type CreateWebhookJSONRequestBody = CreateWebhookRequest
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -2069,6 +2549,8 @@ type ClientInterface interface {
 
 	// GetMetrics Prometheus metrics
 	//
+	// Prometheus metrics of the server and its sandboxes. Needs the token.
+	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2123,7 +2605,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/images (the `PullImage` operationId).
-	PullImageWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PullImageWithBody(ctx context.Context, params *PullImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PullImage Pull an image from a registry
 	//
@@ -2138,7 +2620,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/images (the `PullImage` operationId).
-	PullImage(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PullImage(ctx context.Context, params *PullImageParams, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteImage Delete an OCI image
 	//
@@ -2175,6 +2657,8 @@ type ClientInterface interface {
 	ImportImageWithBody(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetInfo Server version, runtime, images and limits
+	//
+	// The server's version, runtimes, images, limits, storage and network.
 	//
 	// Corresponds with GET /v1/info (the `GetInfo` operationId).
 	GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2239,6 +2723,8 @@ type ClientInterface interface {
 	DeleteSandbox(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSandbox Get a sandbox
+	//
+	// The sandbox: its state, configuration, resources, lifetime and last exit.
 	//
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2317,8 +2803,8 @@ type ClientInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-	// with `invalid-request`.
+	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+	// must name something below it (`RemovablePath`).
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2370,6 +2856,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSandboxMetrics What a running sandbox uses, now and lately
+	//
+	// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+	// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+	// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+	// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+	// of every running sandbox, and a sandbox beyond that cap is answered its current
+	// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+	// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+	// sandboxes (`unavailable`). See docs/design.md, "Usage".
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+	GetSandboxMetrics(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// SetSandboxNetworkWithBody Replace a sandbox's egress policy
 	//
@@ -2452,7 +2952,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-	CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreatePortLink Make a link that opens the port without the API token
 	//
@@ -2469,7 +2969,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-	CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeletePortLink Revoke a link
 	//
@@ -2567,6 +3067,8 @@ type ClientInterface interface {
 
 	// ListTemplates List templates
 	//
+	// The templates, in name order, a page at a time.
+	//
 	// Corresponds with GET /v1/templates (the `ListTemplates` operationId).
 	ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2577,7 +3079,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-	CreateTemplateWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateTemplateWithBody(ctx context.Context, params *CreateTemplateParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateTemplate Create a template
 	//
@@ -2586,7 +3088,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-	CreateTemplate(ctx context.Context, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateTemplate(ctx context.Context, params *CreateTemplateParams, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteTemplate Delete a template and retire all its generations
 	//
@@ -2605,10 +3107,14 @@ type ClientInterface interface {
 
 	// GetTemplate Get a template
 	//
+	// The template, its number of generations and its latest.
+	//
 	// Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 	GetTemplate(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListGenerations List a template's generations
+	//
+	// The generations of a template, in id order (oldest first), a page at a time.
 	//
 	// Corresponds with GET /v1/templates/{name}/generations (the `ListGenerations` operationId).
 	ListGenerations(ctx context.Context, name TemplateNamePath, params *ListGenerationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2689,10 +3195,14 @@ type ClientInterface interface {
 
 	// GetGeneration Get a generation
 	//
+	// The generation, with its state, eligibility, size and the leases that hold it.
+	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 	GetGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListLeases List the clones that lease a generation
+	//
+	// The leases on a generation: the clones that run from it.
 	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen}/leases (the `ListLeases` operationId).
 	ListLeases(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2704,6 +3214,67 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
 	TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListWebhooks List webhooks, with their delivery state
+	//
+	// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+	// the last attempt and its answer, the next attempt). Secrets are never listed.
+	//
+	// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
+	ListWebhooks(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateWebhookWithBody Register a webhook
+	//
+	// Registers a URL that is sent every event of the named types, as the event stream
+	// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+	// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+	// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+	// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+	// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+	// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+	// are not followed. The receiver must be at a public address: a URL that resolves to a
+	// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+	// to, unless the server was started with `--webhook-allow-private`. The secret is
+	// write-only: no answer ever carries it. At most 32 webhooks per server.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+	CreateWebhookWithBody(ctx context.Context, params *CreateWebhookParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateWebhook Register a webhook
+	//
+	// Registers a URL that is sent every event of the named types, as the event stream
+	// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+	// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+	// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+	// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+	// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+	// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+	// are not followed. The receiver must be at a public address: a URL that resolves to a
+	// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+	// to, unless the server was started with `--webhook-allow-private`. The secret is
+	// write-only: no answer ever carries it. At most 32 webhooks per server.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+	CreateWebhook(ctx context.Context, params *CreateWebhookParams, body CreateWebhookJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteWebhook Delete a webhook
+	//
+	// The webhook and its outbox go; its pending events are not delivered.
+	//
+	// Corresponds with DELETE /v1/webhooks/{webhook} (the `DeleteWebhook` operationId).
+	DeleteWebhook(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetWebhook Show a webhook and its delivery state
+	//
+	// The webhook's URL, event types and delivery state; its secret is write-only and never
+	// shown. See docs/webhooks.md for the signature scheme.
+	//
+	// Corresponds with GET /v1/webhooks/{webhook} (the `GetWebhook` operationId).
+	GetWebhook(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetDashboard The dashboard
@@ -2807,6 +3378,8 @@ func (c *Client) DashboardLogin(ctx context.Context, body DashboardLoginJSONRequ
 
 // GetMetrics Prometheus metrics
 //
+// Prometheus metrics of the server and its sandboxes. Needs the token.
+//
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
 func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetMetricsRequest(c.Server)
@@ -2901,8 +3474,8 @@ func (c *Client) ListImages(ctx context.Context, reqEditors ...RequestEditorFn) 
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/images (the `PullImage` operationId).
-func (c *Client) PullImageWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPullImageRequestWithBody(c.Server, contentType, body)
+func (c *Client) PullImageWithBody(ctx context.Context, params *PullImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullImageRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2926,8 +3499,8 @@ func (c *Client) PullImageWithBody(ctx context.Context, contentType string, body
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/images (the `PullImage` operationId).
-func (c *Client) PullImage(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPullImageRequest(c.Server, body)
+func (c *Client) PullImage(ctx context.Context, params *PullImageParams, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullImageRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3003,6 +3576,8 @@ func (c *Client) ImportImageWithBody(ctx context.Context, name ImageNamePath, co
 }
 
 // GetInfo Server version, runtime, images and limits
+//
+// The server's version, runtimes, images, limits, storage and network.
 //
 // Corresponds with GET /v1/info (the `GetInfo` operationId).
 func (c *Client) GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3117,6 +3692,8 @@ func (c *Client) DeleteSandbox(ctx context.Context, id SandboxIDPath, params *De
 }
 
 // GetSandbox Get a sandbox
+//
+// The sandbox: its state, configuration, resources, lifetime and last exit.
 //
 // Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3235,8 +3812,8 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-// with `invalid-request`.
+// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+// must name something below it (`RemovablePath`).
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3329,6 +3906,30 @@ func (c *Client) ListFiles(ctx context.Context, id SandboxIDPath, params *ListFi
 // Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 func (c *Client) GetSandboxLogs(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxLogsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSandboxMetrics What a running sandbox uses, now and lately
+//
+// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+// of every running sandbox, and a sandbox beyond that cap is answered its current
+// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+// sandboxes (`unavailable`). See docs/design.md, "Usage".
+//
+// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+func (c *Client) GetSandboxMetrics(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxMetricsRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -3460,8 +4061,8 @@ func (c *Client) PauseSandbox(ctx context.Context, id SandboxIDPath, params *Pau
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-func (c *Client) CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreatePortLinkRequestWithBody(c.Server, id, port, contentType, body)
+func (c *Client) CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePortLinkRequestWithBody(c.Server, id, port, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3487,8 +4088,8 @@ func (c *Client) CreatePortLinkWithBody(ctx context.Context, id SandboxIDPath, p
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-func (c *Client) CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreatePortLinkRequest(c.Server, id, port, body)
+func (c *Client) CreatePortLink(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePortLinkRequest(c.Server, id, port, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3675,6 +4276,8 @@ func (c *Client) WaitSandbox(ctx context.Context, id SandboxIDPath, params *Wait
 
 // ListTemplates List templates
 //
+// The templates, in name order, a page at a time.
+//
 // Corresponds with GET /v1/templates (the `ListTemplates` operationId).
 func (c *Client) ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListTemplatesRequest(c.Server, params)
@@ -3695,8 +4298,8 @@ func (c *Client) ListTemplates(ctx context.Context, params *ListTemplatesParams,
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-func (c *Client) CreateTemplateWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateTemplateRequestWithBody(c.Server, contentType, body)
+func (c *Client) CreateTemplateWithBody(ctx context.Context, params *CreateTemplateParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateTemplateRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3714,8 +4317,8 @@ func (c *Client) CreateTemplateWithBody(ctx context.Context, contentType string,
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-func (c *Client) CreateTemplate(ctx context.Context, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateTemplateRequest(c.Server, body)
+func (c *Client) CreateTemplate(ctx context.Context, params *CreateTemplateParams, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateTemplateRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3753,6 +4356,8 @@ func (c *Client) DeleteTemplate(ctx context.Context, name TemplateNamePath, para
 
 // GetTemplate Get a template
 //
+// The template, its number of generations and its latest.
+//
 // Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 func (c *Client) GetTemplate(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTemplateRequest(c.Server, name)
@@ -3767,6 +4372,8 @@ func (c *Client) GetTemplate(ctx context.Context, name TemplateNamePath, reqEdit
 }
 
 // ListGenerations List a template's generations
+//
+// The generations of a template, in id order (oldest first), a page at a time.
 //
 // Corresponds with GET /v1/templates/{name}/generations (the `ListGenerations` operationId).
 func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, params *ListGenerationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3887,6 +4494,8 @@ func (c *Client) RetireGeneration(ctx context.Context, name TemplateNamePath, ge
 
 // GetGeneration Get a generation
 //
+// The generation, with its state, eligibility, size and the leases that hold it.
+//
 // Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 func (c *Client) GetGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetGenerationRequest(c.Server, name, gen)
@@ -3901,6 +4510,8 @@ func (c *Client) GetGeneration(ctx context.Context, name TemplateNamePath, gen G
 }
 
 // ListLeases List the clones that lease a generation
+//
+// The leases on a generation: the clones that run from it.
 //
 // Corresponds with GET /v1/templates/{name}/generations/{gen}/leases (the `ListLeases` operationId).
 func (c *Client) ListLeases(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3923,6 +4534,117 @@ func (c *Client) ListLeases(ctx context.Context, name TemplateNamePath, gen Gene
 // Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
 func (c *Client) TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewTombstoneGenerationRequest(c.Server, name, gen, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListWebhooks List webhooks, with their delivery state
+//
+// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+// the last attempt and its answer, the next attempt). Secrets are never listed.
+//
+// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
+func (c *Client) ListWebhooks(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListWebhooksRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateWebhookWithBody Register a webhook
+//
+// Registers a URL that is sent every event of the named types, as the event stream
+// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+// are not followed. The receiver must be at a public address: a URL that resolves to a
+// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+// to, unless the server was started with `--webhook-allow-private`. The secret is
+// write-only: no answer ever carries it. At most 32 webhooks per server.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+func (c *Client) CreateWebhookWithBody(ctx context.Context, params *CreateWebhookParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateWebhookRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateWebhook Register a webhook
+//
+// Registers a URL that is sent every event of the named types, as the event stream
+// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+// are not followed. The receiver must be at a public address: a URL that resolves to a
+// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+// to, unless the server was started with `--webhook-allow-private`. The secret is
+// write-only: no answer ever carries it. At most 32 webhooks per server.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+func (c *Client) CreateWebhook(ctx context.Context, params *CreateWebhookParams, body CreateWebhookJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateWebhookRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteWebhook Delete a webhook
+//
+// The webhook and its outbox go; its pending events are not delivered.
+//
+// Corresponds with DELETE /v1/webhooks/{webhook} (the `DeleteWebhook` operationId).
+func (c *Client) DeleteWebhook(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteWebhookRequest(c.Server, webhook)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetWebhook Show a webhook and its delivery state
+//
+// The webhook's URL, event types and delivery state; its secret is write-only and never
+// shown. See docs/webhooks.md for the signature scheme.
+//
+// Corresponds with GET /v1/webhooks/{webhook} (the `GetWebhook` operationId).
+func (c *Client) GetWebhook(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetWebhookRequest(c.Server, webhook)
 	if err != nil {
 		return nil, err
 	}
@@ -4205,18 +4927,18 @@ func NewListImagesRequest(server string) (*http.Request, error) {
 }
 
 // NewPullImageRequest calls the generic PullImage builder with application/json body
-func NewPullImageRequest(server string, body PullImageJSONRequestBody) (*http.Request, error) {
+func NewPullImageRequest(server string, params *PullImageParams, body PullImageJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPullImageRequestWithBody(server, "application/json", bodyReader)
+	return NewPullImageRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewPullImageRequestWithBody constructs an http.Request for the PullImage method, with any body, and a specified content type
-func NewPullImageRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPullImageRequestWithBody(server string, params *PullImageParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4240,6 +4962,21 @@ func NewPullImageRequestWithBody(server string, contentType string, body io.Read
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -4528,6 +5265,21 @@ func NewCreateSandboxRequestWithBody(server string, params *CreateSandboxParams,
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -4864,6 +5616,46 @@ func NewExecStreamRequest(server string, id SandboxIDPath, params *ExecStreamPar
 		return nil, err
 	}
 
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Upgrade", params.Upgrade, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Upgrade", headerParam0)
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Connection", params.Connection, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Connection", headerParam1)
+
+		var headerParam2 string
+
+		headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Key", params.SecWebSocketKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Key", headerParam2)
+
+		var headerParam3 string
+
+		headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Version", params.SecWebSocketVersion, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Version", headerParam3)
+
+	}
+
 	return req, nil
 }
 
@@ -4902,6 +5694,14 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
 		if params.Recursive != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "recursive", *params.Recursive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
@@ -4912,14 +5712,6 @@ func NewRemoveFileRequest(server string, id SandboxIDPath, params *RemoveFilePar
 				}
 			}
 
-		}
-
-		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-			return nil, err
-		} else {
-			for _, qp := range strings.Split(queryFrag, "&") {
-				rawQueryFragments = append(rawQueryFragments, qp)
-			}
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -5182,6 +5974,40 @@ func NewGetSandboxLogsRequest(server string, id SandboxIDPath, params *GetSandbo
 	return req, nil
 }
 
+// NewGetSandboxMetricsRequest constructs an http.Request for the GetSandboxMetrics method
+func NewGetSandboxMetricsRequest(server string, id SandboxIDPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/metrics", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewSetSandboxNetworkRequest calls the generic SetSandboxNetwork builder with application/json body
 func NewSetSandboxNetworkRequest(server string, id SandboxIDPath, params *SetSandboxNetworkParams, body SetSandboxNetworkJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -5331,18 +6157,18 @@ func NewPauseSandboxRequestWithBody(server string, id SandboxIDPath, params *Pau
 }
 
 // NewCreatePortLinkRequest calls the generic CreatePortLink builder with application/json body
-func NewCreatePortLinkRequest(server string, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody) (*http.Request, error) {
+func NewCreatePortLinkRequest(server string, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, body CreatePortLinkJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreatePortLinkRequestWithBody(server, id, port, "application/json", bodyReader)
+	return NewCreatePortLinkRequestWithBody(server, id, port, params, "application/json", bodyReader)
 }
 
 // NewCreatePortLinkRequestWithBody constructs an http.Request for the CreatePortLink method, with any body, and a specified content type
-func NewCreatePortLinkRequestWithBody(server string, id SandboxIDPath, port PortPath, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreatePortLinkRequestWithBody(server string, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -5380,6 +6206,21 @@ func NewCreatePortLinkRequestWithBody(server string, id SandboxIDPath, port Port
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -5495,6 +6336,46 @@ func NewPortTunnelRequest(server string, id SandboxIDPath, port PortPath, params
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Upgrade", params.Upgrade, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Upgrade", headerParam0)
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Connection", params.Connection, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Connection", headerParam1)
+
+		var headerParam2 string
+
+		headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Key", params.SecWebSocketKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Key", headerParam2)
+
+		var headerParam3 string
+
+		headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Sec-WebSocket-Version", params.SecWebSocketVersion, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Sec-WebSocket-Version", headerParam3)
+
 	}
 
 	return req, nil
@@ -5905,18 +6786,18 @@ func NewListTemplatesRequest(server string, params *ListTemplatesParams) (*http.
 }
 
 // NewCreateTemplateRequest calls the generic CreateTemplate builder with application/json body
-func NewCreateTemplateRequest(server string, body CreateTemplateJSONRequestBody) (*http.Request, error) {
+func NewCreateTemplateRequest(server string, params *CreateTemplateParams, body CreateTemplateJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreateTemplateRequestWithBody(server, "application/json", bodyReader)
+	return NewCreateTemplateRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewCreateTemplateRequestWithBody constructs an http.Request for the CreateTemplate method, with any body, and a specified content type
-func NewCreateTemplateRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreateTemplateRequestWithBody(server string, params *CreateTemplateParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -5940,6 +6821,21 @@ func NewCreateTemplateRequestWithBody(server string, contentType string, body io
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -6195,6 +7091,21 @@ func NewCaptureGenerationRequestWithBody(server string, name TemplateNamePath, p
 
 	req.Header.Add("Content-Type", contentType)
 
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
+
 	return req, nil
 }
 
@@ -6428,6 +7339,156 @@ func NewTombstoneGenerationRequest(server string, name TemplateNamePath, gen Gen
 	return req, nil
 }
 
+// NewListWebhooksRequest constructs an http.Request for the ListWebhooks method
+func NewListWebhooksRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/webhooks")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateWebhookRequest calls the generic CreateWebhook builder with application/json body
+func NewCreateWebhookRequest(server string, params *CreateWebhookParams, body CreateWebhookJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateWebhookRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateWebhookRequestWithBody constructs an http.Request for the CreateWebhook method, with any body, and a specified content type
+func NewCreateWebhookRequestWithBody(server string, params *CreateWebhookParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/webhooks")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeleteWebhookRequest constructs an http.Request for the DeleteWebhook method
+func NewDeleteWebhookRequest(server string, webhook WebhookIDPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "webhook", webhook, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/webhooks/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetWebhookRequest constructs an http.Request for the GetWebhook method
+func NewGetWebhookRequest(server string, webhook WebhookIDPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "webhook", webhook, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/webhooks/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -6529,6 +7590,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetMetricsWithResponse Prometheus metrics
 	//
+	// Prometheus metrics of the server and its sandboxes. Needs the token.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
@@ -6591,7 +7654,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/images (the `PullImage` operationId).
-	PullImageWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
+	PullImageWithBodyWithResponse(ctx context.Context, params *PullImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
 
 	// PullImageWithResponse Pull an image from a registry
 	//
@@ -6606,7 +7669,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/images (the `PullImage` operationId).
-	PullImageWithResponse(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
+	PullImageWithResponse(ctx context.Context, params *PullImageParams, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error)
 
 	// DeleteImageWithResponse Delete an OCI image
 	//
@@ -6647,6 +7710,8 @@ type ClientWithResponsesInterface interface {
 	ImportImageWithBodyWithResponse(ctx context.Context, name ImageNamePath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ImportImageResponse, error)
 
 	// GetInfoWithResponse Server version, runtime, images and limits
+	//
+	// The server's version, runtimes, images, limits, storage and network.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6717,6 +7782,8 @@ type ClientWithResponsesInterface interface {
 	DeleteSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *DeleteSandboxParams, reqEditors ...RequestEditorFn) (*DeleteSandboxResponse, error)
 
 	// GetSandboxWithResponse Get a sandbox
+	//
+	// The sandbox: its state, configuration, resources, lifetime and last exit.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6799,8 +7866,8 @@ type ClientWithResponsesInterface interface {
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
 	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-	// with `invalid-request`.
+	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+	// must name something below it (`RemovablePath`).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6860,6 +7927,22 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/logs (the `GetSandboxLogs` operationId).
 	GetSandboxLogsWithResponse(ctx context.Context, id SandboxIDPath, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error)
+
+	// GetSandboxMetricsWithResponse What a running sandbox uses, now and lately
+	//
+	// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+	// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+	// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+	// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+	// of every running sandbox, and a sandbox beyond that cap is answered its current
+	// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+	// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+	// sandboxes (`unavailable`). See docs/design.md, "Usage".
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+	GetSandboxMetricsWithResponse(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error)
 
 	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
 	//
@@ -6942,7 +8025,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-	CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
+	CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
 
 	// CreatePortLinkWithResponse Make a link that opens the port without the API token
 	//
@@ -6959,7 +8042,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-	CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
+	CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error)
 
 	// DeletePortLinkWithResponse Revoke a link
 	//
@@ -7069,6 +8152,8 @@ type ClientWithResponsesInterface interface {
 
 	// ListTemplatesWithResponse List templates
 	//
+	// The templates, in name order, a page at a time.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates (the `ListTemplates` operationId).
@@ -7081,7 +8166,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-	CreateTemplateWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error)
+	CreateTemplateWithBodyWithResponse(ctx context.Context, params *CreateTemplateParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error)
 
 	// CreateTemplateWithResponse Create a template
 	//
@@ -7090,7 +8175,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-	CreateTemplateWithResponse(ctx context.Context, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error)
+	CreateTemplateWithResponse(ctx context.Context, params *CreateTemplateParams, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error)
 
 	// DeleteTemplateWithResponse Delete a template and retire all its generations
 	//
@@ -7111,12 +8196,16 @@ type ClientWithResponsesInterface interface {
 
 	// GetTemplateWithResponse Get a template
 	//
+	// The template, its number of generations and its latest.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
 	GetTemplateWithResponse(ctx context.Context, name TemplateNamePath, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error)
 
 	// ListGenerationsWithResponse List a template's generations
+	//
+	// The generations of a template, in id order (oldest first), a page at a time.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7201,12 +8290,16 @@ type ClientWithResponsesInterface interface {
 
 	// GetGenerationWithResponse Get a generation
 	//
+	// The generation, with its state, eligibility, size and the leases that hold it.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
 	GetGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, reqEditors ...RequestEditorFn) (*GetGenerationResponse, error)
 
 	// ListLeasesWithResponse List the clones that lease a generation
+	//
+	// The leases on a generation: the clones that run from it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7222,6 +8315,73 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
 	TombstoneGenerationWithResponse(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*TombstoneGenerationResponse, error)
+
+	// ListWebhooksWithResponse List webhooks, with their delivery state
+	//
+	// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+	// the last attempt and its answer, the next attempt). Secrets are never listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
+	ListWebhooksWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListWebhooksResponse, error)
+
+	// CreateWebhookWithBodyWithResponse Register a webhook
+	//
+	// Registers a URL that is sent every event of the named types, as the event stream
+	// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+	// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+	// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+	// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+	// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+	// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+	// are not followed. The receiver must be at a public address: a URL that resolves to a
+	// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+	// to, unless the server was started with `--webhook-allow-private`. The secret is
+	// write-only: no answer ever carries it. At most 32 webhooks per server.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+	CreateWebhookWithBodyWithResponse(ctx context.Context, params *CreateWebhookParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateWebhookResponse, error)
+
+	// CreateWebhookWithResponse Register a webhook
+	//
+	// Registers a URL that is sent every event of the named types, as the event stream
+	// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+	// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+	// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+	// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+	// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+	// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+	// are not followed. The receiver must be at a public address: a URL that resolves to a
+	// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+	// to, unless the server was started with `--webhook-allow-private`. The secret is
+	// write-only: no answer ever carries it. At most 32 webhooks per server.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+	CreateWebhookWithResponse(ctx context.Context, params *CreateWebhookParams, body CreateWebhookJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateWebhookResponse, error)
+
+	// DeleteWebhookWithResponse Delete a webhook
+	//
+	// The webhook and its outbox go; its pending events are not delivered.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/webhooks/{webhook} (the `DeleteWebhook` operationId).
+	DeleteWebhookWithResponse(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*DeleteWebhookResponse, error)
+
+	// GetWebhookWithResponse Show a webhook and its delivery state
+	//
+	// The webhook's URL, event types and delivery state; its secret is write-only and never
+	// shown. See docs/webhooks.md for the signature scheme.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/webhooks/{webhook} (the `GetWebhook` operationId).
+	GetWebhookWithResponse(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*GetWebhookResponse, error)
 }
 
 type GetDashboardResponse struct {
@@ -7791,6 +8951,8 @@ type PullImageResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -7835,6 +8997,11 @@ func (r PullImageResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r PullImageResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r PullImageResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -8382,6 +9549,8 @@ type CreateSandboxResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -8433,6 +9602,11 @@ func (r CreateSandboxResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r CreateSandboxResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateSandboxResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -8709,6 +9883,8 @@ type ExecCommandResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ExecCommandResponse401Headers
 }
@@ -8761,6 +9937,11 @@ func (r ExecCommandResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ExecCommandResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ExecCommandResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -8824,6 +10005,8 @@ type ExecStreamResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers101 the parsed response headers for an HTTP 101 response
 	Headers101 *ExecStreamResponse101Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -8873,6 +10056,11 @@ func (r ExecStreamResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ExecStreamResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ExecStreamResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -8928,6 +10116,8 @@ type RemoveFileResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *RemoveFileResponse401Headers
 }
@@ -8970,6 +10160,11 @@ func (r RemoveFileResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r RemoveFileResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RemoveFileResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9025,6 +10220,8 @@ type ReadFileResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ReadFileResponse401Headers
 }
@@ -9067,6 +10264,11 @@ func (r ReadFileResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ReadFileResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ReadFileResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9242,6 +10444,8 @@ type ListFilesResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ListFilesResponse401Headers
 }
@@ -9289,6 +10493,11 @@ func (r ListFilesResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r ListFilesResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -9397,6 +10606,110 @@ func (r GetSandboxLogsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetSandboxLogsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetSandboxMetricsResponse401Headers the declared response headers of an HTTP 401 response for GetSandboxMetrics
+type GetSandboxMetricsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type GetSandboxMetricsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxMetrics
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetSandboxMetricsResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetSandboxMetricsResponse) GetJSON200() *SandboxMetrics {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSandboxMetricsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxMetricsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxMetricsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSandboxMetricsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -9657,8 +10970,12 @@ type CreatePortLinkResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -9694,9 +11011,19 @@ func (r CreatePortLinkResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
 }
 
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r CreatePortLinkResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreatePortLinkResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -9858,6 +11185,8 @@ type PortTunnelResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// ApplicationProblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationProblemJSON502 *BadGateway
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers101 the parsed response headers for an HTTP 101 response
 	Headers101 *PortTunnelResponse101Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
@@ -9907,6 +11236,11 @@ func (r PortTunnelResponse) GetApplicationProblemJSON501() *NotImplemented {
 // GetApplicationProblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
 func (r PortTunnelResponse) GetApplicationProblemJSON502() *BadGateway {
 	return r.ApplicationProblemJSON502
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r PortTunnelResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -10594,6 +11928,8 @@ type CreateTemplateResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
@@ -10636,6 +11972,11 @@ func (r CreateTemplateResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r CreateTemplateResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateTemplateResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -10991,6 +12332,8 @@ type CaptureGenerationResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -11040,6 +12383,11 @@ func (r CaptureGenerationResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r CaptureGenerationResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CaptureGenerationResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -11470,6 +12818,408 @@ func (r TombstoneGenerationResponse) ContentType() string {
 	return ""
 }
 
+// ListWebhooksResponse401Headers the declared response headers of an HTTP 401 response for ListWebhooks
+type ListWebhooksResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListWebhooksResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WebhookList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListWebhooksResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListWebhooksResponse) GetJSON200() *WebhookList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListWebhooksResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListWebhooksResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListWebhooksResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListWebhooksResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListWebhooksResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ListWebhooksResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListWebhooksResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListWebhooksResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListWebhooksResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateWebhookResponse201Headers the declared response headers of an HTTP 201 response for CreateWebhook
+type CreateWebhookResponse201Headers struct {
+	Location *string
+}
+
+// CreateWebhookResponse401Headers the declared response headers of an HTTP 401 response for CreateWebhook
+type CreateWebhookResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type CreateWebhookResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Webhook
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *TooManyRequests
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateWebhookResponse201Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateWebhookResponse401Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateWebhookResponse) GetJSON201() *Webhook {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON429() *TooManyRequests {
+	return r.ApplicationProblemJSON429
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r CreateWebhookResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateWebhookResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateWebhookResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateWebhookResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateWebhookResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteWebhookResponse401Headers the declared response headers of an HTTP 401 response for DeleteWebhook
+type DeleteWebhookResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type DeleteWebhookResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteWebhookResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r DeleteWebhookResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteWebhookResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteWebhookResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteWebhookResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteWebhookResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetWebhookResponse401Headers the declared response headers of an HTTP 401 response for GetWebhook
+type GetWebhookResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type GetWebhookResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Webhook
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetWebhookResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetWebhookResponse) GetJSON200() *Webhook {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetWebhookResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetWebhookResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetWebhookResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetWebhookResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetWebhookResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r GetWebhookResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r GetWebhookResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetWebhookResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetWebhookResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetWebhookResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetDashboardWithResponse The dashboard
 //
 // The small web dashboard, embedded in the binary; its static files are under
@@ -11557,6 +13307,8 @@ func (c *ClientWithResponses) DashboardLoginWithResponse(ctx context.Context, bo
 
 // GetMetricsWithResponse Prometheus metrics
 //
+// Prometheus metrics of the server and its sandboxes. Needs the token.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
@@ -11643,8 +13395,8 @@ func (c *ClientWithResponses) ListImagesWithResponse(ctx context.Context, reqEdi
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/images (the `PullImage` operationId).
-func (c *ClientWithResponses) PullImageWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
-	rsp, err := c.PullImageWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PullImageWithBodyWithResponse(ctx context.Context, params *PullImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
+	rsp, err := c.PullImageWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -11664,8 +13416,8 @@ func (c *ClientWithResponses) PullImageWithBodyWithResponse(ctx context.Context,
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/images (the `PullImage` operationId).
-func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
-	rsp, err := c.PullImage(ctx, body, reqEditors...)
+func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, params *PullImageParams, body PullImageJSONRequestBody, reqEditors ...RequestEditorFn) (*PullImageResponse, error) {
+	rsp, err := c.PullImage(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -11729,6 +13481,8 @@ func (c *ClientWithResponses) ImportImageWithBodyWithResponse(ctx context.Contex
 }
 
 // GetInfoWithResponse Server version, runtime, images and limits
+//
+// The server's version, runtimes, images, limits, storage and network.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -11829,6 +13583,8 @@ func (c *ClientWithResponses) DeleteSandboxWithResponse(ctx context.Context, id 
 }
 
 // GetSandboxWithResponse Get a sandbox
+//
+// The sandbox: its state, configuration, resources, lifetime and last exit.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -11935,8 +13691,8 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
 // `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-// with `invalid-request`.
+// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+// must name something below it (`RemovablePath`).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -12025,6 +13781,28 @@ func (c *ClientWithResponses) GetSandboxLogsWithResponse(ctx context.Context, id
 		return nil, err
 	}
 	return ParseGetSandboxLogsResponse(rsp)
+}
+
+// GetSandboxMetricsWithResponse What a running sandbox uses, now and lately
+//
+// Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+// limit, tasks, its own disk, its network bytes) and answers it with the samples the
+// server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+// a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+// of every running sandbox, and a sandbox beyond that cap is answered its current
+// reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+// sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+// sandboxes (`unavailable`). See docs/design.md, "Usage".
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+func (c *ClientWithResponses) GetSandboxMetricsWithResponse(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error) {
+	rsp, err := c.GetSandboxMetrics(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxMetricsResponse(rsp)
 }
 
 // SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy
@@ -12132,8 +13910,8 @@ func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id S
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-func (c *ClientWithResponses) CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
-	rsp, err := c.CreatePortLinkWithBody(ctx, id, port, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreatePortLinkWithBodyWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
+	rsp, err := c.CreatePortLinkWithBody(ctx, id, port, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12155,8 +13933,8 @@ func (c *ClientWithResponses) CreatePortLinkWithBodyWithResponse(ctx context.Con
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes/{id}/ports/{port}/links (the `CreatePortLink` operationId).
-func (c *ClientWithResponses) CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
-	rsp, err := c.CreatePortLink(ctx, id, port, body, reqEditors...)
+func (c *ClientWithResponses) CreatePortLinkWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, params *CreatePortLinkParams, body CreatePortLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePortLinkResponse, error) {
+	rsp, err := c.CreatePortLink(ctx, id, port, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12319,6 +14097,8 @@ func (c *ClientWithResponses) WaitSandboxWithResponse(ctx context.Context, id Sa
 
 // ListTemplatesWithResponse List templates
 //
+// The templates, in name order, a page at a time.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates (the `ListTemplates` operationId).
@@ -12337,8 +14117,8 @@ func (c *ClientWithResponses) ListTemplatesWithResponse(ctx context.Context, par
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-func (c *ClientWithResponses) CreateTemplateWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error) {
-	rsp, err := c.CreateTemplateWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreateTemplateWithBodyWithResponse(ctx context.Context, params *CreateTemplateParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error) {
+	rsp, err := c.CreateTemplateWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12352,8 +14132,8 @@ func (c *ClientWithResponses) CreateTemplateWithBodyWithResponse(ctx context.Con
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/templates (the `CreateTemplate` operationId).
-func (c *ClientWithResponses) CreateTemplateWithResponse(ctx context.Context, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error) {
-	rsp, err := c.CreateTemplate(ctx, body, reqEditors...)
+func (c *ClientWithResponses) CreateTemplateWithResponse(ctx context.Context, params *CreateTemplateParams, body CreateTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTemplateResponse, error) {
+	rsp, err := c.CreateTemplate(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12385,6 +14165,8 @@ func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, na
 
 // GetTemplateWithResponse Get a template
 //
+// The template, its number of generations and its latest.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates/{name} (the `GetTemplate` operationId).
@@ -12397,6 +14179,8 @@ func (c *ClientWithResponses) GetTemplateWithResponse(ctx context.Context, name 
 }
 
 // ListGenerationsWithResponse List a template's generations
+//
+// The generations of a template, in id order (oldest first), a page at a time.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -12505,6 +14289,8 @@ func (c *ClientWithResponses) RetireGenerationWithResponse(ctx context.Context, 
 
 // GetGenerationWithResponse Get a generation
 //
+// The generation, with its state, eligibility, size and the leases that hold it.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/templates/{name}/generations/{gen} (the `GetGeneration` operationId).
@@ -12517,6 +14303,8 @@ func (c *ClientWithResponses) GetGenerationWithResponse(ctx context.Context, nam
 }
 
 // ListLeasesWithResponse List the clones that lease a generation
+//
+// The leases on a generation: the clones that run from it.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -12543,6 +14331,103 @@ func (c *ClientWithResponses) TombstoneGenerationWithResponse(ctx context.Contex
 		return nil, err
 	}
 	return ParseTombstoneGenerationResponse(rsp)
+}
+
+// ListWebhooksWithResponse List webhooks, with their delivery state
+//
+// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+// the last attempt and its answer, the next attempt). Secrets are never listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
+func (c *ClientWithResponses) ListWebhooksWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListWebhooksResponse, error) {
+	rsp, err := c.ListWebhooks(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListWebhooksResponse(rsp)
+}
+
+// CreateWebhookWithBodyWithResponse Register a webhook
+//
+// Registers a URL that is sent every event of the named types, as the event stream
+// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+// are not followed. The receiver must be at a public address: a URL that resolves to a
+// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+// to, unless the server was started with `--webhook-allow-private`. The secret is
+// write-only: no answer ever carries it. At most 32 webhooks per server.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+func (c *ClientWithResponses) CreateWebhookWithBodyWithResponse(ctx context.Context, params *CreateWebhookParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateWebhookResponse, error) {
+	rsp, err := c.CreateWebhookWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateWebhookResponse(rsp)
+}
+
+// CreateWebhookWithResponse Register a webhook
+//
+// Registers a URL that is sent every event of the named types, as the event stream
+// (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+// secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+// body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+// the receiver answers 2xx: a receiver that is down, or a server that restarts or
+// crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+// deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+// are not followed. The receiver must be at a public address: a URL that resolves to a
+// loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+// to, unless the server was started with `--webhook-allow-private`. The secret is
+// write-only: no answer ever carries it. At most 32 webhooks per server.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/webhooks (the `CreateWebhook` operationId).
+func (c *ClientWithResponses) CreateWebhookWithResponse(ctx context.Context, params *CreateWebhookParams, body CreateWebhookJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateWebhookResponse, error) {
+	rsp, err := c.CreateWebhook(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateWebhookResponse(rsp)
+}
+
+// DeleteWebhookWithResponse Delete a webhook
+//
+// The webhook and its outbox go; its pending events are not delivered.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/webhooks/{webhook} (the `DeleteWebhook` operationId).
+func (c *ClientWithResponses) DeleteWebhookWithResponse(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*DeleteWebhookResponse, error) {
+	rsp, err := c.DeleteWebhook(ctx, webhook, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteWebhookResponse(rsp)
+}
+
+// GetWebhookWithResponse Show a webhook and its delivery state
+//
+// The webhook's URL, event types and delivery state; its secret is write-only and never
+// shown. See docs/webhooks.md for the signature scheme.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/webhooks/{webhook} (the `GetWebhook` operationId).
+func (c *ClientWithResponses) GetWebhookWithResponse(ctx context.Context, webhook WebhookIDPath, reqEditors ...RequestEditorFn) (*GetWebhookResponse, error) {
+	rsp, err := c.GetWebhook(ctx, webhook, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetWebhookResponse(rsp)
 }
 
 // ParseGetDashboardResponse parses an HTTP response from a GetDashboardWithResponse call
@@ -13044,6 +14929,13 @@ func ParsePullImageResponse(rsp *http.Response) (*PullImageResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -13593,6 +15485,13 @@ func ParseCreateSandboxResponse(rsp *http.Response) (*CreateSandboxResponse, err
 		}
 		response.ApplicationProblemJSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13919,6 +15818,13 @@ func ParseExecCommandResponse(rsp *http.Response) (*ExecCommandResponse, error) 
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
 	}
 
 	switch {
@@ -14016,6 +15922,13 @@ func ParseExecStreamResponse(rsp *http.Response) (*ExecStreamResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
 
 	}
 
@@ -14125,6 +16038,13 @@ func ParseRemoveFileResponse(rsp *http.Response) (*RemoveFileResponse, error) {
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
 	}
 
 	switch {
@@ -14212,6 +16132,13 @@ func ParseReadFileResponse(rsp *http.Response) (*ReadFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
 
 	}
 
@@ -14420,6 +16347,13 @@ func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
 	}
 
 	switch {
@@ -14499,6 +16433,101 @@ func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, e
 	switch {
 	case rsp.StatusCode == 401:
 		var headers GetSandboxLogsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetSandboxMetricsResponse parses an HTTP response from a GetSandboxMetricsWithResponse call
+func ParseGetSandboxMetricsResponse(rsp *http.Response) (*GetSandboxMetricsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxMetricsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxMetrics
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetSandboxMetricsResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -14779,12 +16808,26 @@ func ParseCreatePortLinkResponse(rsp *http.Response) (*CreatePortLinkResponse, e
 		}
 		response.ApplicationProblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest PayloadTooLarge
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -14981,6 +17024,13 @@ func ParsePortTunnelResponse(rsp *http.Response) (*PortTunnelResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
 
 	}
 
@@ -15653,6 +17703,13 @@ func ParseCreateTemplateResponse(rsp *http.Response) (*CreateTemplateResponse, e
 		}
 		response.ApplicationProblemJSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -16024,6 +18081,13 @@ func ParseCaptureGenerationResponse(rsp *http.Response) (*CaptureGenerationRespo
 			return nil, err
 		}
 		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -16416,6 +18480,378 @@ func ParseTombstoneGenerationResponse(rsp *http.Response) (*TombstoneGenerationR
 	switch {
 	case rsp.StatusCode == 401:
 		var headers TombstoneGenerationResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListWebhooksResponse parses an HTTP response from a ListWebhooksWithResponse call
+func ParseListWebhooksResponse(rsp *http.Response) (*ListWebhooksResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListWebhooksResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WebhookList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListWebhooksResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateWebhookResponse parses an HTTP response from a CreateWebhookWithResponse call
+func ParseCreateWebhookResponse(rsp *http.Response) (*CreateWebhookResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateWebhookResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Webhook
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateWebhookResponse201Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateWebhookResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteWebhookResponse parses an HTTP response from a DeleteWebhookWithResponse call
+func ParseDeleteWebhookResponse(rsp *http.Response) (*DeleteWebhookResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteWebhookResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers DeleteWebhookResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetWebhookResponse parses an HTTP response from a GetWebhookWithResponse call
+func ParseGetWebhookResponse(rsp *http.Response) (*GetWebhookResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetWebhookResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Webhook
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetWebhookResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

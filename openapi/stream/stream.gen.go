@@ -12,6 +12,54 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for User.
+const (
+	UserRoot User = "root"
+	UserUser User = "user"
+)
+
+// Valid indicates whether the value is a known member of the User enum.
+func (e User) Valid() bool {
+	switch e {
+	case UserRoot:
+		return true
+	case UserUser:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebSocketVersion.
+const (
+	WebSocketVersionN13 WebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the WebSocketVersion enum.
+func (e WebSocketVersion) Valid() bool {
+	switch e {
+	case WebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ExecStreamParamsSecWebSocketVersion.
+const (
+	ExecStreamParamsSecWebSocketVersionN13 ExecStreamParamsSecWebSocketVersion = "13"
+)
+
+// Valid indicates whether the value is a known member of the ExecStreamParamsSecWebSocketVersion enum.
+func (e ExecStreamParamsSecWebSocketVersion) Valid() bool {
+	switch e {
+	case ExecStreamParamsSecWebSocketVersionN13:
+		return true
+	default:
+		return false
+	}
+}
+
 // AbsolutePath An absolute path inside the sandbox; no NUL bytes.
 //
 // Example: /home/user/main.py
@@ -32,18 +80,12 @@ type EnvVar = string
 type ErrorCode = string
 
 // GenerationID Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationID = string
-
-// ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
-//
-// Example: host
-type ImageName = string
 
 // Problem An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Problem struct {
@@ -76,6 +118,13 @@ type Problem struct {
 // Example: build-42
 type SandboxID = string
 
+// StoredImageName The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
+//
+// Example: busybox
+type StoredImageName = string
+
 // TemplateName 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //
 // Example: python-base
@@ -89,24 +138,30 @@ type TemplateName = string
 // Example: 0077
 type Umask = string
 
-// User A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
+// User The user a command or a file operation runs as inside the sandbox: `user` (the
+// unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+// these two.
 //
 // Example: user
-type User = string
+type User string
+
+// WebhookID A webhook's id, given by the server.
+type WebhookID = string
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-// digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-// the server could not have assigned (`g1`, `g000000`) names no generation: it is
-// refused with `invalid-request` (field `generation`) or, when the template itself is
-// missing, `template-not-found`.
+// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+// or `g0000001`).
 //
 // Example: g000003
 type GenerationIDPath = GenerationID
 
-// ImageNamePath An image under the state root's `images/`, or `host` (the host's /usr, read-only).
+// ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
+// reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+// read nor deleted under `/v1/images/{name}`.
 //
-// Example: host
-type ImageNamePath = ImageName
+// Example: busybox
+type ImageNamePath = StoredImageName
 
 // PortPath defines model for PortPath.
 type PortPath = int
@@ -123,6 +178,21 @@ type SandboxIDPath = SandboxID
 //
 // Example: python-base
 type TemplateNamePath = TemplateName
+
+// WebSocketConnection defines model for WebSocketConnection.
+type WebSocketConnection = string
+
+// WebSocketKey defines model for WebSocketKey.
+type WebSocketKey = string
+
+// WebSocketUpgrade defines model for WebSocketUpgrade.
+type WebSocketUpgrade = string
+
+// WebSocketVersion defines model for WebSocketVersion.
+type WebSocketVersion string
+
+// WebhookIDPath A webhook's id, given by the server.
+type WebhookIDPath = WebhookID
 
 // BadRequest An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type BadRequest = Problem
@@ -145,6 +215,9 @@ type NotFound = Problem
 // NotImplemented An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type NotImplemented = Problem
 
+// ServiceUnavailable An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+type ServiceUnavailable = Problem
+
 // TooManyRequests An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type TooManyRequests = Problem
 
@@ -154,7 +227,8 @@ type Unauthorized = Problem
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
 	// Command The program and its arguments, one `command` per argument, in order. The first, the
-	// program, must not be empty (`invalid-request`, field `command`).
+	// program, must not be empty (`invalid-request`, field `command`; the schema's
+	// `x-first-item`, since OpenAPI 3.0 cannot constrain one item of an array).
 	Command []Argument `form:"command" json:"command"`
 
 	// Env An environment variable as `KEY=VALUE`; repeat for several.
@@ -176,7 +250,24 @@ type ExecStreamParams struct {
 
 	// AccessToken The API token, for clients that cannot set the `Authorization` header.
 	AccessToken *string `form:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// Upgrade `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+	// refused with `invalid-request`. Websocket clients send this header and the three
+	// below themselves.
+	Upgrade WebSocketUpgrade `json:"Upgrade"`
+
+	// Connection A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1).
+	Connection WebSocketConnection `json:"Connection"`
+
+	// SecWebSocketKey 16 random bytes in base64 (RFC 6455 §4.1).
+	SecWebSocketKey WebSocketKey `json:"Sec-WebSocket-Key"`
+
+	// SecWebSocketVersion The websocket protocol's version, 13 (RFC 6455).
+	SecWebSocketVersion ExecStreamParamsSecWebSocketVersion `json:"Sec-WebSocket-Version"`
 }
+
+// ExecStreamParamsSecWebSocketVersion defines parameters for ExecStream.
+type ExecStreamParamsSecWebSocketVersion string
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
@@ -362,6 +453,100 @@ func (siw *ServerInterfaceWrapper) ExecStream(w http.ResponseWriter, r *http.Req
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "access_token", Err: err})
 		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Required header parameter "Upgrade" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Upgrade")]; found {
+		var Upgrade WebSocketUpgrade
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Upgrade", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Upgrade", valueList[0], &Upgrade, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Upgrade", Err: err})
+			return
+		}
+
+		params.Upgrade = Upgrade
+
+	} else {
+		err := fmt.Errorf("Header parameter Upgrade is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Upgrade", Err: err})
+		return
+	}
+
+	// ------------- Required header parameter "Connection" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Connection")]; found {
+		var Connection WebSocketConnection
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Connection", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Connection", valueList[0], &Connection, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Connection", Err: err})
+			return
+		}
+
+		params.Connection = Connection
+
+	} else {
+		err := fmt.Errorf("Header parameter Connection is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Connection", Err: err})
+		return
+	}
+
+	// ------------- Required header parameter "Sec-WebSocket-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Sec-WebSocket-Key")]; found {
+		var SecWebSocketKey WebSocketKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Sec-WebSocket-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Sec-WebSocket-Key", valueList[0], &SecWebSocketKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Sec-WebSocket-Key", Err: err})
+			return
+		}
+
+		params.SecWebSocketKey = SecWebSocketKey
+
+	} else {
+		err := fmt.Errorf("Header parameter Sec-WebSocket-Key is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Sec-WebSocket-Key", Err: err})
+		return
+	}
+
+	// ------------- Required header parameter "Sec-WebSocket-Version" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Sec-WebSocket-Version")]; found {
+		var SecWebSocketVersion ExecStreamParamsSecWebSocketVersion
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Sec-WebSocket-Version", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Sec-WebSocket-Version", valueList[0], &SecWebSocketVersion, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Sec-WebSocket-Version", Err: err})
+			return
+		}
+
+		params.SecWebSocketVersion = SecWebSocketVersion
+
+	} else {
+		err := fmt.Errorf("Header parameter Sec-WebSocket-Version is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Sec-WebSocket-Version", Err: err})
 		return
 	}
 

@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bothy/bothy/platform"
 	"github.com/bothy/bothy/runtime/microvm/guest"
 )
@@ -248,6 +250,24 @@ func writeInitramfs(path string, files []cpioFile, order []byte) error {
 		return err
 	}
 	return f.Sync()
+}
+
+// memInitramfs writes the initramfs into a memory file (memfd) and returns it, rewound.
+func memInitramfs(files []cpioFile, order []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate("bothyd-initramfs", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd for the initramfs: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "initramfs")
+	if err := writeCPIO(f, files, order); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // hostCore are the host's directories that the host image's base disk holds: the programs

@@ -299,25 +299,24 @@ func (r *Runtime) bootProbe(ctx context.Context, accel string) error {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "bothyd-microvm-probe-")
+	// The probe's initramfs lives in memory, handed to QEMU as a descriptor: a file on disk
+	// would be left behind by a server killed mid-probe (it runs at every start-up).
+	initrd, err := memInitramfs(st.files, st.order)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	initrd := filepath.Join(dir, "initramfs.cpio")
-	if err := writeInitramfs(initrd, st.files, st.order); err != nil {
-		return err
-	}
+	defer initrd.Close()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	mine, theirs := os.NewFile(uintptr(fds[0]), "port"), os.NewFile(uintptr(fds[1]), "qemu port")
 	defer mine.Close()
+	// ExtraFiles[0] is QEMU's fd 3 (the port), ExtraFiles[1] its fd 4 (the initramfs).
 	cfg := &shim.Config{Spec: runtime.Spec{Resources: runtime.Resources{VCPUs: 1, MemoryMB: 256}},
-		QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, TSCkHz: hostTSCkHz()}
+		QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: "/proc/self/fd/4", TSCkHz: hostTSCkHz()}
 	cmd := exec.CommandContext(ctx, r.cfg.QEMU, shim.QEMUArgs(cfg, true)...)
-	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.ExtraFiles = []*os.File{theirs, initrd}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		theirs.Close()

@@ -110,6 +110,9 @@ func (s *suite) hostTests(t *testing.T) {
 		// Of the hostile workloads, the two the cgroup limits answer (the others, a full disk
 		// and a flood of output, are the same on v1 and v2, and slow under TCG).
 		{"tests-hostile", "tests", "tests.test", "^TestHostileWorkloads$/^(forks_without_end|allocates_without_end)$"},
+		// The agent outlives a hundred OOM kills of its workloads, on v2 by the workloads'
+		// memory cgroup and the OOM scores both (issue 45).
+		{"tests-oom", "tests", "tests.test", "^TestAgentOutlivesItsWorkloadsOOM$"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, err := g.run(20*time.Minute, fmt.Sprintf(

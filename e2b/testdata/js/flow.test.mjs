@@ -67,6 +67,22 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     await sbx.files.remove('/tmp/e2b/sub');
     assert.equal(await sbx.files.exists('/tmp/e2b/sub'), false);
 
+    // Relative paths are taken from the user's home, as envd resolves them (and `~` is the
+    // home); so is a command's relative cwd.
+    await sbx.files.write('hello.txt', 'relative');
+    assert.equal(await sbx.files.read('hello.txt'), 'relative');
+    assert.equal(await sbx.files.read('/home/user/hello.txt'), 'relative');
+    assert.equal(await sbx.files.read('~/hello.txt'), 'relative');
+    assert.equal((await sbx.files.getInfo('hello.txt')).path, '/home/user/hello.txt');
+    assert.ok((await sbx.files.list('.')).some((e) => e.name === 'hello.txt' && e.path === '/home/user/hello.txt'));
+    assert.equal(await sbx.files.makeDir('rel/dir'), true);
+    await sbx.files.rename('hello.txt', 'rel/dir/moved.txt');
+    assert.equal(await sbx.files.exists('hello.txt'), false);
+    assert.equal((await sbx.commands.run('cat moved.txt', { cwd: 'rel/dir' })).stdout, 'relative');
+    assert.equal((await sbx.files.read('hello.txt', { user: 'root' }).catch((e) => e.name)), 'FileNotFoundError', "root's home is /root");
+    await sbx.files.remove('rel');
+    assert.equal(await sbx.files.exists('rel'), false);
+
     await sbx.setTimeout(60_000);
     const info = await sbx.getInfo();
     assert.equal(info.sandboxId, sbx.sandboxId);
@@ -90,12 +106,12 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal((await back.commands.run('echo back')).stdout, 'back\n');
 
     // A pause without memory keeps the files alone: connect boots the sandbox afresh.
-    await sbx.files.write('/home/user/kept.txt', 'kept');
+    await sbx.files.write('kept.txt', 'kept');
     const sleeper = await sbx.commands.run('sleep 300', { background: true });
     assert.equal(await sbx.pause({ keepMemory: false }), true);
     assert.equal(await sbx.pause({ keepMemory: false }), false, 'a second pause finds it paused');
     const cold = await Sandbox.connect(sbx.sandboxId);
-    assert.equal(await cold.files.read('/home/user/kept.txt'), 'kept');
+    assert.equal(await cold.files.read('kept.txt'), 'kept');
     assert.ok(!(await cold.commands.list()).some((p) => p.pid === sleeper.pid), 'the cold boot ran no old process');
 
     const page = await Sandbox.list({ query: { metadata } }).nextItems();
@@ -180,4 +196,27 @@ test('25 sandboxes in parallel', { timeout: 300_000 }, async () => {
     }
   }));
   assert.equal(new Set(ids).size, 25);
+});
+
+test('getMetrics, and autoPause with autoResume: asleep when idle, woken by a command', { timeout: 120_000 }, async () => {
+  const sbx = await Sandbox.create({ metadata, timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true } });
+  try {
+    // getMetrics answers the server's samples and a reading now, in E2B's shape.
+    const metrics = await sbx.getMetrics();
+    assert.ok(metrics.length >= 1, 'at least the reading now');
+    const m = metrics[metrics.length - 1];
+    assert.ok(m.timestamp instanceof Date && !Number.isNaN(m.timestamp.getTime()));
+    assert.ok(m.cpuCount >= 1 && m.memUsed > 0 && m.memTotal >= m.memUsed, JSON.stringify(m));
+    const info = await sbx.getInfo();
+    assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true });
+
+    // Unused for its timeout, it is paused (E2B's state), not killed.
+    await until('the idle sandbox to be paused', async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused', 60_000);
+    // A command wakes it and runs.
+    const woke = await sbx.commands.run('echo woke');
+    assert.equal(woke.stdout, 'woke\n');
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running');
+  } finally {
+    await sbx.kill();
+  }
 });

@@ -66,8 +66,24 @@ const AgentPids = 32
 // sandbox's limit (platform.Cgroup.SettleV2): a workload that runs out of memory is then
 // OOM-killed among the workloads, and the agent, beside them, answers on. Idle, the agent
 // holds about 4 MiB; each exec buffers at most 1 MiB per stream. On cgroup v1 the memory
-// hierarchy has no such child and the two share the sandbox's limit.
+// hierarchy has no such child and the two share the sandbox's limit: there the OOM scores
+// ([AgentOOMScoreAdj]) keep the agent out of the OOM killer's choice.
 const AgentMemory = 32 << 20
+
+// AgentOOMScoreAdj is the oom_score_adj that the shim, from the host, gives the sandbox's
+// init, which becomes the agent (platform.SetOOMScoreAdj): the OOM killer then takes the
+// agent last, after any workload, whose own score the agent raises (agent.WorkloadOOMScoreAdj).
+// On cgroup v1 the agent shares the sandbox's memory cgroup with its workloads, and without
+// it the agent, a Go program of a few MiB, was the OOM killer's pick as soon as the workloads'
+// memory was spread over processes each smaller than it (sixteen pipelines at once in 64 MiB;
+// tests/oom_test.go); on v2 the workloads have a memory cgroup of their own ([AgentMemory]),
+// and the score still orders a kill at the sandbox's cgroup or the host's. Not -1000, which
+// the OOM killer never kills: the shim's write, made with CAP_SYS_RESOURCE, is also the least
+// score that the agent's children inherit and may set themselves back to, and a workload at
+// -1000 beside an agent at -1000 would leave the OOM killer nothing to kill, the sandbox
+// stuck at its limit. At -999 the two are weighed by their size. A process inside a user
+// namespace cannot lower its own score, so the agent cannot do this itself.
+const AgentOOMScoreAdj = -999
 
 // WorkloadCgroup is the child of a sandbox's pids cgroup (cgroup v1, with a pids limit) that
 // the agent starts every workload in: the shim makes it with the sandbox's pids limit (plus

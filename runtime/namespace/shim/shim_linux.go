@@ -174,6 +174,12 @@ func runShim(cfg *Config) int {
 	if err != nil {
 		return l.fail(cg, "%v", err)
 	}
+	// Before the init has its configuration, and so before the agent starts any workload.
+	// Where bothyd lacks CAP_SYS_RESOURCE (a container's default set) the agent stays at the
+	// shim's score and its workloads above it (agent.WorkloadOOMScoreAdj) still go first.
+	if err := platform.SetOOMScoreAdj(proc.cmd.Process.Pid, AgentOOMScoreAdj); err != nil {
+		logf("lower the agent's OOM score: %v; it keeps the shim's, below its workloads'", err)
+	}
 	// The lifeline's write end stays open (close-on-exec) for the shim's whole life.
 	defer proc.lifeline.Close()
 	werr := proc.configure(spec, <-baseDone, cfg.Seccomp, cfg.Mounts, cg)
@@ -258,11 +264,20 @@ func (l *launch) recordEnd(ws syscall.WaitStatus, cg *platform.Cgroup) {
 		logf("the sandbox ended: %s (exit code %d, signal %q, OOM not known)", o.Reason, o.ExitCode, o.Signal)
 		return
 	}
+	// OOMKilled says the OOM killer killed a process of the sandbox while it ran, a workload's
+	// as well. The reason is oom only when it ended the init, with SIGKILL, counted in the
+	// init's cgroup: on v2 the agent's own child, where no workload's kill counts; on v1 the
+	// sandbox's, where one does, so that there an init killed by someone else's SIGKILL after
+	// a workload's OOM kill is taken for the OOM killer's.
 	if oom, err := cg.OOMKilled(); err != nil {
 		logf("read OOM state: %v", err)
-	} else if oom {
-		o.OOMKilled = true
-		if o.Reason == runtime.ReasonSignaled {
+	} else {
+		o.OOMKilled = oom
+	}
+	if o.OOMKilled && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		if oom, err := cg.AgentOOMKilled(); err != nil {
+			logf("read the agent's OOM state: %v", err)
+		} else if oom {
 			o.Reason = runtime.ReasonOOM
 		}
 	}

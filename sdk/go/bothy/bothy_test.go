@@ -224,3 +224,23 @@ func TestExecStream(t *testing.T) {
 		t.Fatalf("stdout %q, stderr %q, exit %+v", out.String(), errOut.String(), exit)
 	}
 }
+
+// TestSleepOptionsJSON: auto_resume goes out only when turned off, the server's default being on.
+func TestSleepOptionsJSON(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    SleepOptions
+		want string
+	}{
+		{"default", SleepOptions{IdleTimeoutS: 30}, `{"idle_timeout_seconds":30}`},
+		{"no auto resume, ignoring work", SleepOptions{IdleTimeoutS: 5, NoAutoResume: true, IgnoreWork: true}, `{"idle_timeout_seconds":5,"idle_ignores_work":true,"auto_resume":false}`},
+	} {
+		b, err := json.Marshal(CreateOptions{Sleep: &tc.o})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `{"sleep":` + tc.want + `}`; string(b) != want {
+			t.Errorf("%s: %s, want %s", tc.name, b, want)
+		}
+	}
+}

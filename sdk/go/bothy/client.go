@@ -30,6 +30,9 @@ type (
 	Info         = client.Info
 	Event        = client.Event
 	Problem      = client.Problem
+	// SandboxMetrics is a sandbox's usage now and the server's recent samples of it.
+	SandboxMetrics = client.SandboxMetrics
+	UsageSample    = client.UsageSample
 )
 
 // DefaultURL is where bothyd listens unless told otherwise.
@@ -113,6 +116,9 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 		req.Header.Set("Content-Type", r.ctype)
 	}
 	c.authorize(req.Header)
+	if key, ok := ctx.Value(idempotencyKey{}).(string); ok && r.method == http.MethodPost {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, c.transportError(err)
@@ -223,6 +229,33 @@ type CreateOptions struct {
 	TimeoutS int `json:"timeout_s,omitempty"`
 	// OnTimeout is what the lifetime's end does: "stop" (the default) or "delete".
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// Sleep lets the sandbox sleep (pause) when idle and wake on use; a server older than
+	// sleep and wake refuses it as an unknown field.
+	Sleep *SleepOptions `json:"sleep,omitempty"`
+}
+
+// SleepOptions is a sandbox's sleep policy: it pauses once unused for IdleTimeoutS seconds,
+// and the next request that needs it wakes it unless NoAutoResume.
+type SleepOptions struct {
+	IdleTimeoutS int `json:"idle_timeout_seconds"`
+	// NoAutoResume leaves a sleeping sandbox paused until a resume.
+	NoAutoResume bool `json:"-"`
+	// IgnoreWork lets it sleep while work inside uses the CPU.
+	IgnoreWork bool `json:"idle_ignores_work,omitempty"`
+}
+
+// MarshalJSON sends auto_resume only when it is turned off (the server's default is on).
+func (s SleepOptions) MarshalJSON() ([]byte, error) {
+	type plain SleepOptions
+	v := struct {
+		plain
+		AutoResume *bool `json:"auto_resume,omitempty"`
+	}{plain: plain(s)}
+	if s.NoAutoResume {
+		off := false
+		v.AutoResume = &off
+	}
+	return json.Marshal(v)
 }
 
 // ResourcesRequest asks for resource limits; a zero field is the server's default.
@@ -347,6 +380,15 @@ func (c *Client) PauseReleasingMemory(ctx context.Context, id string) (*Sandbox,
 		return nil, err
 	}
 	return &sb, nil
+}
+
+// Metrics reads what a running sandbox uses now, with the server's recent samples of it.
+func (c *Client) Metrics(ctx context.Context, id string) (*SandboxMetrics, error) {
+	var m SandboxMetrics
+	if err := c.get(ctx, sandboxPath(id, "/metrics"), nil, &m); err != nil {
+		return nil, err
+	}
+	return &m, nil
 }
 
 // Resume thaws a paused sandbox.

@@ -26,6 +26,16 @@
 // operation answers it with the route's not-found; Wait then follows /v1/events itself
 // (subscribing before it reads the sandbox, so that no change falls between the two).
 //
+// # Webhooks and idempotent creates
+//
+// [Client.CreateWebhook], [Client.Webhooks], [Client.GetWebhook] and [Client.DeleteWebhook]
+// manage webhooks; a receiver written in Go checks a delivery with [VerifyWebhook]
+// (docs/webhooks.md). A context made by [WithIdempotencyKey] makes every create made with it
+// carry that Idempotency-Key, so that repeating it returns the first answer:
+//
+//	ctx := bothy.WithIdempotencyKey(ctx, "build-42-create")
+//	sb, err := c.Create(ctx, bothy.CreateOptions{ID: "build-42"}) // safe to repeat
+//
 // # Images
 //
 // [Client.PullImage] starts a pull and returns at once; [Client.WaitImage] follows it by
@@ -45,7 +55,7 @@
 //
 // # Operations newer than the generated client
 //
-// Pause, resume, the sandbox lifetime and wait are called by their paths whether or not the
-// server knows them; an older server answers them with the route's not-found (or
-// method-not-allowed), which [IsUnsupported] recognises.
+// Pause, resume, the sandbox lifetime, wait and [Client.Metrics] are called by their paths
+// whether or not the server knows them; an older server answers them with the route's
+// not-found (or method-not-allowed), which [IsUnsupported] recognises.
 package bothy

@@ -57,7 +57,14 @@ var (
 	ErrUnauthorized         = Code(errcode.Unauthorized)
 	ErrUnavailable          = Code(errcode.Unavailable)
 	ErrSandboxPaused        = Code(errcode.SandboxPaused)
+	ErrSandboxWaking        = Code(errcode.SandboxWaking)
 	ErrWaitTimeout          = Code(errcode.WaitTimeout)
+	ErrWebhookNotFound      = Code(errcode.WebhookNotFound)
+	// ErrIdempotencyKeyReused: the Idempotency-Key was first used with another request.
+	ErrIdempotencyKeyReused = Code(errcode.IdempotencyKeyReused)
+	// ErrIdempotencyKeyInFlight: the first request with the Idempotency-Key still runs;
+	// repeat in a moment.
+	ErrIdempotencyKeyInFlight = Code(errcode.IdempotencyKeyInFlight)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

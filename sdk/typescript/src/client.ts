@@ -20,6 +20,7 @@ import type {
   Lease,
   Sandbox,
   SandboxList,
+  SandboxMetrics,
   SandboxState,
   Template,
   TemplateList,
@@ -198,6 +199,11 @@ export class Bothy {
         params: { path: { id }, query: { timeout: opts.timeoutMs, force: opts.force } },
       }),
     );
+  }
+
+  /** What a running sandbox uses now, with the server's recent samples of it. */
+  sandboxMetrics(id: string): Promise<SandboxMetrics> {
+    return this.#call(this.api.GET("/v1/sandboxes/{id}/metrics", { params: { path: { id } } }));
   }
 
   /** Deletes a stopped sandbox (a running one is refused with `sandbox-launched`). */

@@ -29,6 +29,7 @@ export type KnownErrorCode =
   | "template-tombstoned"
   | "template-ineligible"
   | "sandbox-paused"
+  | "sandbox-waking"
   | "sandbox-busy"
   | "transition-in-progress"
   | "sandbox-leased"
@@ -40,7 +41,10 @@ export type KnownErrorCode =
   | "port-unreachable"
   | "limit-reached"
   | "pids-limit"
-  | "link-not-found";
+  | "link-not-found"
+  | "webhook-not-found"
+  | "idempotency-key-reused"
+  | "idempotency-key-in-flight";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -71,6 +75,7 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "template-tombstoned",
   "template-ineligible",
   "sandbox-paused",
+  "sandbox-waking",
   "sandbox-busy",
   "transition-in-progress",
   "sandbox-leased",
@@ -83,6 +88,9 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "limit-reached",
   "pids-limit",
   "link-not-found",
+  "webhook-not-found",
+  "idempotency-key-reused",
+  "idempotency-key-in-flight",
 ];
 
 /** An event type the contract documents; a newer server may send others. */
@@ -94,6 +102,8 @@ export type KnownEventType =
   | "sandbox.deleted"
   | "sandbox.paused"
   | "sandbox.resumed"
+  | "sandbox.asleep"
+  | "sandbox.awake"
   | "sandbox.expired"
   | "generation.captured"
   | "generation.tombstoned"
@@ -116,6 +126,8 @@ export const knownEventTypes: ReadonlyArray<KnownEventType> = [
   "sandbox.deleted",
   "sandbox.paused",
   "sandbox.resumed",
+  "sandbox.asleep",
+  "sandbox.awake",
   "sandbox.expired",
   "generation.captured",
   "generation.tombstoned",

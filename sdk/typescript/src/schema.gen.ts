@@ -49,7 +49,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a sandbox */
+        /**
+         * Get a sandbox
+         * @description The sandbox: its state, configuration, resources, lifetime and last exit.
+         */
         get: operations["getSandbox"];
         put?: never;
         post?: never;
@@ -204,6 +207,36 @@ export interface paths {
          *     that is not paused answers it as it is.
          */
         post: operations["resumeSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * What a running sandbox uses, now and lately
+         * @description Reads the sandbox's usage now (CPU time and rate, memory now, at its peak and its
+         *     limit, tasks, its own disk, its network bytes) and answers it with the samples the
+         *     server took of it at a fixed interval (`interval_ms`), oldest first: the server keeps
+         *     a bounded history (by default the last 60 samples, 5 s apart, for up to 512 sandboxes)
+         *     of every running sandbox, and a sandbox beyond that cap is answered its current
+         *     reading alone. A paused sandbox answers too (its CPU rate is 0). Read from the
+         *     sandbox's cgroup (the namespace runtime); the microvm runtime does not measure its
+         *     sandboxes (`unavailable`). See docs/design.md, "Usage".
+         */
+        get: operations["getSandboxMetrics"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -391,8 +424,8 @@ export interface paths {
          * Remove a file, or a directory
          * @description Removes a file or an empty directory. A non-empty directory is refused with
          *     `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-         *     everything in it, as `rm -r` does. `path=/` (the root directory) is always refused
-         *     with `invalid-request`.
+         *     everything in it, as `rm -r` does. The root directory cannot be removed: `path`
+         *     must name something below it (`RemovablePath`).
          */
         delete: operations["removeFile"];
         options?: never;
@@ -727,7 +760,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List templates */
+        /**
+         * List templates
+         * @description The templates, in name order, a page at a time.
+         */
         get: operations["listTemplates"];
         put?: never;
         /**
@@ -751,7 +787,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a template */
+        /**
+         * Get a template
+         * @description The template, its number of generations and its latest.
+         */
         get: operations["getTemplate"];
         put?: never;
         post?: never;
@@ -783,7 +822,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** List a template's generations */
+        /**
+         * List a template's generations
+         * @description The generations of a template, in id order (oldest first), a page at a time.
+         */
         get: operations["listGenerations"];
         put?: never;
         /**
@@ -830,7 +872,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a generation */
+        /**
+         * Get a generation
+         * @description The generation, with its state, eligibility, size and the leases that hold it.
+         */
         get: operations["getGeneration"];
         put?: never;
         post?: never;
@@ -889,7 +934,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** List the clones that lease a generation */
+        /**
+         * List the clones that lease a generation
+         * @description The leases on a generation: the clones that run from it.
+         */
         get: operations["listLeases"];
         put?: never;
         post?: never;
@@ -937,7 +985,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -974,6 +1022,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List webhooks, with their delivery state
+         * @description Every webhook with its delivery state (pending, delivered, failed and dropped counts,
+         *     the last attempt and its answer, the next attempt). Secrets are never listed.
+         */
+        get: operations["listWebhooks"];
+        put?: never;
+        /**
+         * Register a webhook
+         * @description Registers a URL that is sent every event of the named types, as the event stream
+         *     (`GET /v1/events`) has it: a `POST` whose body is the event's JSON, signed with the
+         *     secret given here (header `Bothy-Signature`, an HMAC-SHA256 over the timestamp and the
+         *     body; docs/webhooks.md says how to verify it). Events wait in a durable outbox until
+         *     the receiver answers 2xx: a receiver that is down, or a server that restarts or
+         *     crashes, loses none of them (at least once; drop repeats by `Bothy-Event-Id`). Failed
+         *     deliveries are retried with a backoff (1 s doubling to 5 min) for 24 hours. Redirects
+         *     are not followed. The receiver must be at a public address: a URL that resolves to a
+         *     loopback, link-local, private (RFC 1918, ULA) or sandbox address is never connected
+         *     to, unless the server was started with `--webhook-allow-private`. The secret is
+         *     write-only: no answer ever carries it. At most 32 webhooks per server.
+         */
+        post: operations["createWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's id. */
+                webhook: components["parameters"]["WebhookIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Show a webhook and its delivery state
+         * @description The webhook's URL, event types and delivery state; its secret is write-only and never
+         *     shown. See docs/webhooks.md for the signature scheme.
+         */
+        get: operations["getWebhook"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a webhook
+         * @description The webhook and its outbox go; its pending events are not delivered.
+         */
+        delete: operations["deleteWebhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/info": {
         parameters: {
             query?: never;
@@ -981,7 +1092,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Server version, runtime, images and limits */
+        /**
+         * Server version, runtime, images and limits
+         * @description The server's version, runtimes, images, limits, storage and network.
+         */
         get: operations["getInfo"];
         put?: never;
         post?: never;
@@ -1219,7 +1333,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Prometheus metrics */
+        /**
+         * Prometheus metrics
+         * @description Prometheus metrics of the server and its sandboxes. Needs the token.
+         */
         get: operations["getMetrics"];
         put?: never;
         post?: never;
@@ -1245,10 +1362,9 @@ export interface components {
         TemplateName: string;
         /**
          * @description Assigned by the server at capture: `g` and the generation's number, zero-padded to six
-         *     digits (`g000001`, `g1000000`). Clients treat it as opaque. An id of this pattern that
-         *     the server could not have assigned (`g1`, `g000000`) names no generation: it is
-         *     refused with `invalid-request` (field `generation`) or, when the template itself is
-         *     missing, `template-not-found`.
+         *     digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+         *     opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+         *     or `g0000001`).
          * @example g000003
          */
         GenerationID: string;
@@ -1262,15 +1378,24 @@ export interface components {
          * @example host
          */
         ImageName: string;
+        /**
+         * @description The name of an image the server stores: an `ImageName` other than `host`, which is
+         *     reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
+         *     read nor deleted under `/v1/images/{name}`.
+         * @example busybox
+         */
+        StoredImageName: string;
         PullImageRequest: {
             /**
              * @description `registry/repository:tag` or `registry/repository@sha256:<digest>`.
              * @example registry.example.com/library/busybox:1.36
              */
             ref: string;
-            name?: components["schemas"]["ImageName"];
+            name?: components["schemas"]["StoredImageName"];
             /**
-             * @description `os/arch[/variant]`; only the server's own is accepted (sandboxes run the host's architecture).
+             * @description `os/arch[/variant]`. Only the server's own is served (sandboxes run the host's
+             *     architecture): another is refused with `unavailable` (503), as a runtime this
+             *     server cannot run is.
              * @example linux/amd64
              */
             platform?: string;
@@ -1351,10 +1476,19 @@ export interface components {
          */
         AbsolutePath: string;
         /**
-         * @description A user name or a numeric uid inside the sandbox (default the sandbox's unprivileged user).
-         * @example user
+         * @description An `AbsolutePath` that names something below the root directory: it holds a
+         *     character other than `/` and `.` (`/`, `//` and `/.` are the root itself).
+         * @example /home/user/build
          */
-        User: string;
+        RemovablePath: string;
+        /**
+         * @description The user a command or a file operation runs as inside the sandbox: `user` (the
+         *     unprivileged user, uid 1000, home /home/user; the default) or `root`. A sandbox has
+         *     these two.
+         * @example user
+         * @enum {string}
+         */
+        User: "user" | "root";
         /**
          * @description The command's file mode creation mask, in octal as the shell's `umask` prints it
          *     (`"0077"`: new files 0600, new directories 0700). Absent, it is `"0022"` (files 0644,
@@ -1374,7 +1508,8 @@ export interface components {
          * @description Up to 64 labels. Keys are 1–63 characters of a-z, 0-9, '.', '_', '/' and '-', starting
          *     and ending with a letter or a digit (`LabelKey`); values are up to 63 characters of
          *     A-Z, a-z, 0-9, '.', '_' and '-' (`LabelValue`). OpenAPI 3.0 cannot constrain map
-         *     keys, so the server checks them and refuses others with `invalid-request`.
+         *     keys: `x-key-pattern` states `LabelKey`'s pattern for them, and the server refuses
+         *     others with `invalid-request`.
          * @example {
          *       "team": "grading",
          *       "job": "42"
@@ -1431,6 +1566,72 @@ export interface components {
              */
             disk_mb?: number;
         };
+        SandboxMetrics: {
+            id: string;
+            /**
+             * Format: int64
+             * @description The time between two samples of `history`.
+             */
+            interval_ms: number;
+            current: components["schemas"]["UsageSample"];
+            /** @description The server's samples, oldest first (empty for a sandbox beyond the cap, or one it has not sampled yet). */
+            history: components["schemas"]["UsageSample"][];
+        };
+        UsageSample: {
+            /** Format: date-time */
+            at: string;
+            /**
+             * Format: double
+             * @description CPU time used since the launch.
+             */
+            cpu_seconds: number;
+            /**
+             * Format: double
+             * @description CPUs used on average since the reading before (1.0: one CPU busy); absent on a
+             *     first reading.
+             */
+            cpu_rate?: number;
+            /**
+             * @description `cpu_seconds` is summed from the sandbox's live processes and the children they
+             *     reaped (a cgroup v1 host whose cpuacct controller is not mounted with cpu).
+             */
+            cpu_approximate?: boolean;
+            /** @description The sandbox's CPU limit in whole CPUs (0 for the server's default). */
+            vcpus?: number;
+            /** Format: int64 */
+            memory_bytes: number;
+            /**
+             * Format: int64
+             * @description 0 without a limit.
+             */
+            memory_limit_bytes?: number;
+            /**
+             * Format: int64
+             * @description The most memory charged since the launch, where the kernel says (Linux 5.19+ on cgroup v2).
+             */
+            memory_peak_bytes?: number;
+            /** Format: int64 */
+            pids: number;
+            /**
+             * Format: int64
+             * @description 0 for the server's default.
+             */
+            pids_limit?: number;
+            /**
+             * Format: int64
+             * @description What the sandbox's own disk holds on the host (its sparse image's blocks); absent without a disk of its own.
+             */
+            disk_used_bytes?: number;
+            /** Format: int64 */
+            disk_limit_bytes?: number;
+            /**
+             * Format: int64
+             * @description Bytes that arrived at the sandbox's interface; absent without a network.
+             */
+            net_in_bytes?: number;
+            /** Format: int64 */
+            net_out_bytes?: number;
+        };
         PauseRequest: {
             memory?: components["schemas"]["PauseMemory"];
         };
@@ -1472,9 +1673,8 @@ export interface components {
             /** @description Clone from this template. */
             template?: components["schemas"]["TemplateName"];
             /**
-             * @description The generation to clone; default the newest eligible one. It needs `template`: a
-             *     `generation` without `template` is refused with `invalid-request` (field
-             *     `generation`), which OpenAPI 3.0 cannot say in the schema.
+             * @description The generation to clone; default the newest eligible one. It needs `template`
+             *     (the object's `not`): a `generation` without `template` is refused.
              */
             generation?: components["schemas"]["GenerationID"];
             resources?: components["schemas"]["ResourcesRequest"];
@@ -1493,6 +1693,7 @@ export interface components {
              */
             timeout_s?: number;
             on_timeout?: components["schemas"]["OnTimeout"];
+            sleep?: components["schemas"]["SleepPolicy"];
         };
         /**
          * @description A sandbox runtime. `namespace`: Linux namespaces and a cgroup on the host's kernel.
@@ -1629,7 +1830,53 @@ export interface components {
              * @description The sandbox's own address, while it runs with a network interface.
              */
             address?: string;
+            sleep?: components["schemas"]["SleepPolicy"];
+            /** @description The sandbox is `paused` because it was idle for its `sleep.idle_timeout_seconds`. */
+            asleep?: boolean;
         };
+        /**
+         * @description Sleep and wake. The sandbox is paused (as `POST /pause` pauses it, its state
+         *     `paused`, `asleep` true, event `sandbox.asleep`) once it has gone unused for
+         *     `idle_timeout_seconds`: no exec, stream, file call or port connection (one open counts
+         *     as a use until it closes), and no work inside using more than 2% of a CPU unless
+         *     `idle_ignores_work`. With `auto_resume` (the default) the next request that needs it
+         *     (an exec, a stream, a file call, a port or link request, an E2B connect) wakes it
+         *     (event `sandbox.awake`) and is served; a wake that takes longer than the request's
+         *     wait (20 s) answers `503 sandbox-waking` with Retry-After, and goes on. A sleeping
+         *     sandbox stays asleep across a restart of bothyd, and its idle timer runs on (it may
+         *     end up to a quarter of the timeout late, never early). Its lifetime (`timeout_s`)
+         *     keeps running while it sleeps. A microVM sleeps with its memory released (as
+         *     `POST /pause {"memory": "release"}`), and its work inside is not seen. See
+         *     docs/design.md, "Sleep and wake".
+         */
+        SleepPolicy: {
+            idle_timeout_seconds: number;
+            auto_resume?: components["schemas"]["AutoResume"];
+            idle_ignores_work?: components["schemas"]["IdleIgnoresWork"];
+        };
+        /**
+         * @description A request that needs the sandbox while it sleeps (or is paused) wakes it.
+         * @default true
+         */
+        AutoResume: boolean;
+        /**
+         * @description Work running inside does not keep the sandbox awake; only use through the API does.
+         * @default false
+         */
+        IdleIgnoresWork: boolean;
+        /**
+         * @description A domain (labels of letters, digits, `-` and `_`, neither starting nor ending with
+         *     `-`, 1–63 characters each), a wildcard (`*.` and a domain), an IPv4 address, an IPv4
+         *     CIDR (bits beyond its prefix length are ignored), or an IPv4 address and a port.
+         */
+        NetworkDestination: string;
+        /**
+         * @description A `NetworkDestination` that an `allow` may list: not an address, CIDR or address:port
+         *     inside a range that is always denied (0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+         *     224.0.0.0/4, 240.0.0.0/4), which no policy opens. A CIDR that merely covers one (such
+         *     as 0.0.0.0/0) is taken; the ranges stay closed.
+         */
+        AllowedDestination: string;
         /**
          * @description A sandbox's egress policy. Absent, or allowing nothing, means no network: no interface
          *     but `lo`. Entries are domains (`example.com`), wildcards (`*.example.org`: every name
@@ -1655,9 +1902,9 @@ export interface components {
         NetworkPolicy: {
             internet?: components["schemas"]["InternetAccess"];
             /** @description The only destinations reachable, when not empty. */
-            allow?: string[];
+            allow?: components["schemas"]["AllowedDestination"][];
             /** @description Destinations never reachable; wins over `allow` and `internet`. */
-            deny?: string[];
+            deny?: components["schemas"]["NetworkDestination"][];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
@@ -1694,7 +1941,8 @@ export interface components {
             /**
              * @description The program and its arguments. The program is looked up in `PATH`; it must not be
              *     empty (the arguments may be): `[""]` is refused with `invalid-request` (field
-             *     `command`).
+             *     `command`). OpenAPI 3.0 cannot constrain one item of an array: `x-first-item`
+             *     states the rule for the program.
              */
             command: components["schemas"]["Argument"][];
             /** @description Environment variables as `KEY=VALUE`, added to the sandbox's. */
@@ -1723,7 +1971,12 @@ export interface components {
             timed_out: boolean;
             /**
              * @description The kernel's out-of-memory killer ended the command (the sandbox hit its
-             *     `memory_mb`); `signal` is then `SIGKILL`.
+             *     `memory_mb`): the sandbox's OOM kill count rose while it ran and it ended with
+             *     `signal` `SIGKILL` or, when the process killed was one it waited for (the `tail`
+             *     of `sh -c 'head -c 200m /dev/zero | tail'`), with `exit_code` 137 and no `signal`.
+             *     The count is the sandbox's workloads', not the command's own: with commands
+             *     running side by side, one that ends with 137 or by SIGKILL for another reason
+             *     while another's process is OOM-killed is reported too.
              */
             oom_killed?: boolean;
             /** @description Standard output as UTF-8 (invalid bytes replaced by U+FFFD). */
@@ -1982,6 +2235,77 @@ export interface components {
             /** Format: date-time */
             expires_at: string;
         };
+        CreateWebhookRequest: {
+            /**
+             * @description An absolute `http://` or `https://` URL, without a user, password or fragment;
+             *     its host a name or an IPv4 address (an IPv6 receiver is named by a host name).
+             *     Deliveries are `POST`s to it. Its host must be public unless the operator started
+             *     bothyd with `--webhook-allow-private`: an address literal inside loopback,
+             *     link-local, RFC 1918, ULA or the sandboxes' pool is refused here, and a name that
+             *     resolves to one is refused at each delivery.
+             */
+            url: string;
+            /** @description The event types to deliver; at least one. */
+            events: components["schemas"]["WebhookEventType"][];
+            /**
+             * @description The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
+             *     it, and it is never logged. Use a long random one.
+             */
+            secret: string;
+        };
+        /**
+         * @description An event type a webhook may ask for: the types of `EventType` this server sends. Unlike
+         *     `EventType` in an answer, this list is closed, so that a misspelt type is refused
+         *     rather than never delivered.
+         * @enum {string}
+         */
+        WebhookEventType: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.asleep" | "sandbox.awake" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
+        Webhook: {
+            id: components["schemas"]["WebhookID"];
+            url: string;
+            events: components["schemas"]["EventType"][];
+            /** Format: date-time */
+            created_at: string;
+            delivery: components["schemas"]["WebhookDelivery"];
+        };
+        /** @description How the webhook's deliveries go. */
+        WebhookDelivery: {
+            /** @description Events in its outbox, not yet delivered (at most 1000; more are dropped). */
+            pending: number;
+            /**
+             * Format: int64
+             * @description Events the receiver took (answered 2xx).
+             */
+            delivered: number;
+            /**
+             * Format: int64
+             * @description Events given up after 24 hours of failed attempts.
+             */
+            failed: number;
+            /**
+             * Format: int64
+             * @description Events not enqueued because the outbox was full.
+             */
+            dropped: number;
+            /** Format: date-time */
+            last_attempt_at?: string;
+            /** @description The HTTP status of the last attempt's answer; absent when none came. */
+            last_status?: number;
+            /** @description Why the last attempt failed; absent when it succeeded. */
+            last_error?: string;
+            /** Format: date-time */
+            last_success_at?: string;
+            /**
+             * Format: date-time
+             * @description When the oldest pending event is tried next; absent when none is pending.
+             */
+            next_attempt_at?: string;
+        };
+        WebhookList: {
+            items: components["schemas"]["Webhook"][];
+        };
+        /** @description A webhook's id, given by the server. */
+        WebhookID: string;
         Health: {
             /** @enum {string} */
             status: "ok";
@@ -1994,6 +2318,8 @@ export interface components {
          *     - `sandbox.exited` (the workload ended by itself, or was killed): `sandbox`, `state`,
          *       `exit`;
          *     - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
+         *     - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
+         *       (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
          *     - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
          *       `sandbox`, `state`, and `exit` when it was running;
          *     - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -2112,7 +2438,7 @@ export interface components {
         };
         /**
          * @description `sandbox-not-found`, `template-not-found`, `generation-not-found`, `file-not-found`,
-         *     `image-not-found`: the named thing does not exist (the operation's `x-error-codes`
+         *     `image-not-found`, `webhook-not-found`: the named thing does not exist (the operation's `x-error-codes`
          *     says which apply).
          */
         NotFound: {
@@ -2132,9 +2458,23 @@ export interface components {
          *     runtime identity; only a forced stop drives it), `template-exists`,
          *     `template-tombstoned` (the generation is quarantined), `template-ineligible` (no
          *     generation is eligible at this host time, or the chosen one is not), `sandbox-paused`
-         *     (resume it first). The operation's `x-error-codes` says which apply.
+         *     (resume it first), `idempotency-key-in-flight` (the request that first used this
+         *     `Idempotency-Key` is still being answered; repeat this one once it is). The
+         *     operation's `x-error-codes` says which apply.
          */
         Conflict: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description `idempotency-key-reused`: the `Idempotency-Key` was first used with another request
+         *     (another method, path or body); use a new key for a new request.
+         */
+        UnprocessableEntity: {
             headers: {
                 [name: string]: unknown;
             };
@@ -2264,14 +2604,37 @@ export interface components {
          *     matched by the server, not by a generated router).
          */
         ProxiedPath: string;
+        /**
+         * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+         *     refused with `invalid-request`. Websocket clients send this header and the three
+         *     below themselves.
+         */
+        WebSocketUpgrade: string;
+        /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+        WebSocketConnection: string;
+        /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+        WebSocketKey: string;
+        /** @description The websocket protocol's version, 13 (RFC 6455). */
+        WebSocketVersion: "13";
         /** @description The API token, for clients that cannot set the `Authorization` header. */
         AccessToken: string;
         /** @description The sandbox id. */
         SandboxIDPath: components["schemas"]["SandboxID"];
+        /** @description The webhook's id. */
+        WebhookIDPath: components["schemas"]["WebhookID"];
+        /**
+         * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+         *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+         *     true`) instead of creating again, also after a restart of the server. A repeat with
+         *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+         *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+         *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+         */
+        IdempotencyKey: string;
         /** @description The template name. */
         TemplateNamePath: components["schemas"]["TemplateName"];
-        /** @description The image name. */
-        ImageNamePath: components["schemas"]["ImageName"];
+        /** @description The name of an image the server stores (`host`, built in, is none of them). */
+        ImageNamePath: components["schemas"]["StoredImageName"];
         /** @description The generation id. */
         GenerationIDPath: components["schemas"]["GenerationID"];
         /**
@@ -2283,9 +2646,9 @@ export interface components {
         /** @description Instead of refusing while clones hold leases, tombstone now and finish later. */
         Drain: boolean;
         /**
-         * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-         *     server cannot read (one it did not return) is refused with `invalid-request` (field
-         *     `cursor`); it is never taken for the first page.
+         * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+         *     after the position it names, whatever was added or removed since. Clients treat it
+         *     as opaque.
          */
         Cursor: string;
         /** @description The largest number of items on a page. */
@@ -2304,9 +2667,9 @@ export interface operations {
                 /** @description A `key=value` label that the sandboxes must carry; repeat for several. */
                 label?: components["schemas"]["LabelSelector"][];
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -2344,7 +2707,17 @@ export interface operations {
                  */
                 timeout?: components["parameters"]["Timeout"];
             };
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -2371,6 +2744,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -2655,6 +3029,37 @@ export interface operations {
             503: components["responses"]["ServiceUnavailable"];
         };
     };
+    getSandboxMetrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox's usage. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxMetrics"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
     setSandboxTimeout: {
         parameters: {
             query?: {
@@ -2779,6 +3184,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     execStream: {
@@ -2786,7 +3192,8 @@ export interface operations {
             query: {
                 /**
                  * @description The program and its arguments, one `command` per argument, in order. The first, the
-                 *     program, must not be empty (`invalid-request`, field `command`).
+                 *     program, must not be empty (`invalid-request`, field `command`; the schema's
+                 *     `x-first-item`, since OpenAPI 3.0 cannot constrain one item of an array).
                  */
                 command: components["schemas"]["Argument"][];
                 /** @description An environment variable as `KEY=VALUE`; repeat for several. */
@@ -2805,7 +3212,20 @@ export interface operations {
                 /** @description The API token, for clients that cannot set the `Authorization` header. */
                 access_token?: string;
             };
-            header?: never;
+            header: {
+                /**
+                 * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+                 *     refused with `invalid-request`. Websocket clients send this header and the three
+                 *     below themselves.
+                 */
+                Upgrade: components["parameters"]["WebSocketUpgrade"];
+                /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+                Connection: components["parameters"]["WebSocketConnection"];
+                /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+                "Sec-WebSocket-Key": components["parameters"]["WebSocketKey"];
+                /** @description The websocket protocol's version, 13 (RFC 6455). */
+                "Sec-WebSocket-Version": components["parameters"]["WebSocketVersion"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -2832,6 +3252,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     readFile: {
@@ -2855,7 +3276,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/octet-stream": string;
+                    "application/octet-stream": Blob;
                 };
             };
             400: components["responses"]["BadRequest"];
@@ -2866,6 +3287,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     writeFile: {
@@ -2885,7 +3307,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/octet-stream": string;
+                "application/octet-stream": Blob;
             };
         };
         responses: {
@@ -2912,8 +3334,8 @@ export interface operations {
     removeFile: {
         parameters: {
             query: {
-                /** @description An absolute path inside the sandbox. */
-                path: components["schemas"]["AbsolutePath"];
+                /** @description An absolute path inside the sandbox, other than the root directory. */
+                path: components["schemas"]["RemovablePath"];
                 /** @description Remove a directory with everything in it. */
                 recursive?: boolean;
             };
@@ -2941,6 +3363,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     listFiles: {
@@ -2975,6 +3398,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     getSandboxLogs: {
@@ -3015,7 +3439,20 @@ export interface operations {
                 /** @description The API token, for clients that cannot set the `Authorization` header. */
                 access_token?: components["parameters"]["AccessToken"];
             };
-            header?: never;
+            header: {
+                /**
+                 * @description `websocket`: the route is a websocket (RFC 6455), and a request without the upgrade is
+                 *     refused with `invalid-request`. Websocket clients send this header and the three
+                 *     below themselves.
+                 */
+                Upgrade: components["parameters"]["WebSocketUpgrade"];
+                /** @description A list of tokens, separated by commas, that holds `Upgrade` (RFC 6455 §4.1). */
+                Connection: components["parameters"]["WebSocketConnection"];
+                /** @description 16 random bytes in base64 (RFC 6455 §4.1). */
+                "Sec-WebSocket-Key": components["parameters"]["WebSocketKey"];
+                /** @description The websocket protocol's version, 13 (RFC 6455). */
+                "Sec-WebSocket-Version": components["parameters"]["WebSocketVersion"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -3044,12 +3481,23 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     createPortLink: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path: {
                 /** @description The sandbox id. */
                 id: components["parameters"]["SandboxIDPath"];
@@ -3077,7 +3525,9 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3150,6 +3600,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyPut: {
@@ -3188,6 +3639,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyPost: {
@@ -3226,6 +3678,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyDelete: {
@@ -3264,6 +3717,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyOptions: {
@@ -3302,6 +3756,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyHead: {
@@ -3340,6 +3795,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     portProxyPatch: {
@@ -3378,15 +3834,16 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     listTemplates: {
         parameters: {
             query?: {
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -3417,7 +3874,17 @@ export interface operations {
     createTemplate: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3443,6 +3910,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
@@ -3528,9 +3996,9 @@ export interface operations {
         parameters: {
             query?: {
                 /**
-                 * @description The `next_cursor` of the previous page, as the server returned it. A cursor that the
-                 *     server cannot read (one it did not return) is refused with `invalid-request` (field
-                 *     `cursor`); it is never taken for the first page.
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
                  */
                 cursor?: components["parameters"]["Cursor"];
                 /** @description The largest number of items on a page. */
@@ -3572,7 +4040,17 @@ export interface operations {
                  */
                 timeout?: components["parameters"]["Timeout"];
             };
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path: {
                 /** @description The template name. */
                 name: components["parameters"]["TemplateNamePath"];
@@ -3602,6 +4080,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3786,7 +4265,17 @@ export interface operations {
     pullImage: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3812,6 +4301,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3824,7 +4314,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -3853,14 +4343,14 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
         };
         requestBody: {
             content: {
-                "application/octet-stream": string;
+                "application/octet-stream": Blob;
             };
         };
         responses: {
@@ -3890,7 +4380,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The image name. */
+                /** @description The name of an image the server stores (`host`, built in, is none of them). */
                 name: components["parameters"]["ImageNamePath"];
             };
             cookie?: never;
@@ -3911,6 +4401,136 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+        };
+    };
+    listWebhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every webhook, oldest first (there are at most 32). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    createWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWebhookRequest"];
+            };
+        };
+        responses: {
+            /** @description The webhook, without its secret. */
+            201: {
+                headers: {
+                    /** @description The path of the new webhook. */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Webhook"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
+    getWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's id. */
+                webhook: components["parameters"]["WebhookIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhook, without its secret. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Webhook"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    deleteWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's id. */
+                webhook: components["parameters"]["WebhookIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhook is deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     getInfo: {
@@ -4074,6 +4694,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyPut: {
@@ -4107,6 +4728,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyPost: {
@@ -4140,6 +4762,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyDelete: {
@@ -4173,6 +4796,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyOptions: {
@@ -4206,6 +4830,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyHead: {
@@ -4239,6 +4864,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     linkProxyPatch: {
@@ -4272,6 +4898,7 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             502: components["responses"]["BadGateway"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     getOpenAPISpec: {
@@ -4372,6 +4999,7 @@ export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersUpgradeValues: 
 export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/sandboxes/{id}/ports/{port}/tcp"]["get"]["responses"]["101"]["headers"]["Connection"]> = ["Upgrade"];
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
+export const userValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["User"]> = ["user", "root"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
 export const pauseMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseMemory"]> = ["keep", "release"];
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
@@ -4388,5 +5016,7 @@ export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<co
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["HostFirewall"]["state"]> = ["ok", "blocked", "unknown"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
+export const webhookEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEventType"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.asleep", "sandbox.awake", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
+export const componentsParametersWebSocketVersionValues: ReadonlyArray<FlattenedDeepRequired<components>["parameters"]["WebSocketVersion"]> = ["13"];

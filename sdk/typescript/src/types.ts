@@ -21,6 +21,9 @@ export type Generation = Schemas["Generation"];
 export type GenerationList = Schemas["GenerationList"];
 export type Lease = Schemas["Lease"];
 export type Info = Schemas["Info"];
+export type SandboxMetrics = Schemas["SandboxMetrics"];
+export type UsageSample = Schemas["UsageSample"];
+export type SleepPolicy = Schemas["SleepPolicy"];
 /**
  * An event as parseEvent returns it: of a type the contract documents (it skips the others, as
  * the contract tells clients to; the list is open).

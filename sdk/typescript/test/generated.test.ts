@@ -40,10 +40,11 @@ test("the generated client: create, exec, files, a directory and a Problem, with
   assert.equal(ran.data?.exit_code, 3);
   assert.equal(ran.data?.stdout, "out\n");
 
-  // The file body is the raw bytes; openapi-fetch serializes bodies as JSON unless told not to.
+  // The file body is the raw bytes, typed Blob (`format: binary`); openapi-fetch serializes
+  // bodies as JSON unless told not to.
   const wrote = await api.PUT("/v1/sandboxes/{id}/files", {
     params: { path: { id }, query: { path: "/home/user/gen/hello.txt" } },
-    body: "hello from the generated client\n",
+    body: new Blob(["hello from the generated client\n"]),
     bodySerializer: (body) => body,
     headers: { "Content-Type": "application/octet-stream" },
   });

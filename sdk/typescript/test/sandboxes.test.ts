@@ -71,3 +71,16 @@ test("logs of a started sandbox are text", async () => {
   const log = await client.logs(id, { tail: 50 });
   assert.equal(typeof log, "string");
 });
+
+test("metrics of a running sandbox, and a sleep policy", async () => {
+  const id = uniqueId("meter");
+  cleanup(() => removeSandbox(id));
+  const created = await client.createSandbox({ id, start: true, sleep: { idle_timeout_seconds: 3600 } });
+  assert.equal(created.sleep?.idle_timeout_seconds, 3600);
+  assert.equal(created.sleep?.auto_resume, true);
+  assert.equal(created.asleep, false);
+  const m = await client.sandboxMetrics(id);
+  assert.equal(m.id, id);
+  assert.ok(m.current.memory_bytes > 0 && m.current.pids >= 1, JSON.stringify(m.current));
+  assert.ok(m.interval_ms > 0);
+});

@@ -1,0 +1,62 @@
+package check
+
+import (
+	"time"
+
+	"github.com/bothy/bothy/idempotency"
+)
+
+// WebhooksInUse is a note: a running server holds the webhooks' lock, so their records were
+// only read, and what an interrupted write of that server left is its own start-up's to clean.
+const WebhooksInUse = "webhooks-in-use"
+
+// WebhooksUnchecked is reported when the webhooks' records could not be checked at all.
+const WebhooksUnchecked = "webhooks-unchecked"
+
+// webhooksDir is where the webhooks' records are in the state root (package webhook's Dir).
+const webhooksDir = "webhooks"
+
+// StoreCheck is the check of records that the checker cannot import (package webhook links
+// net/http, which no package below the HTTP layer may): cmd/bothyd hands it in. It returns
+// the problems found, with Entry relative to the state root (repaired ones marked, with
+// repair), and whether a running server holds the records' lock, in which case it only read.
+type StoreCheck func(repair bool) (problems []Problem, busy bool, err error)
+
+// checkWebhooks runs the webhooks' own check, read-only or with repair, reporting its problems
+// with their own kinds.
+func (c *checker) checkWebhooks(p *pass, repair bool) {
+	if c.o.Webhooks == nil {
+		return
+	}
+	probs, busy, err := c.o.Webhooks(repair)
+	if err != nil {
+		p.add(WebhooksUnchecked, "", webhooksDir, "the webhooks' records could not be checked: %v", err)
+		return
+	}
+	if repair {
+		if busy {
+			c.o.Logger.Warn("check: a running server holds the webhooks' lock; their records are not repaired")
+		}
+		return
+	}
+	if busy {
+		p.note(WebhooksInUse, "", webhooksDir, "a running server delivers the webhooks; their records were only read")
+	}
+	p.problems = append(p.problems, probs...)
+}
+
+// checkIdempotency runs the idempotent creates' check ([idempotency.Check]): it is safe beside
+// a running server, so repair runs whether one runs or not.
+func (c *checker) checkIdempotency(p *pass, repair bool) {
+	probs, err := idempotency.Check(c.root, repair, time.Now())
+	if err != nil {
+		p.add(idempotency.BadRecord, "", idempotency.Dir, "the kept answers could not be checked: %v", err)
+		return
+	}
+	if repair {
+		return
+	}
+	for _, ip := range probs {
+		p.add(ip.Kind, "", ip.Entry, "%s", ip.Detail)
+	}
+}
