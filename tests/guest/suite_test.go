@@ -115,6 +115,10 @@ func (s *suite) hostTests(t *testing.T) {
 		{"tests-oom", "tests", "tests.test", "^TestAgentOutlivesItsWorkloadsOOM$"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.name == "tests-oom" && os.Getenv("BOTHY_GUEST_OOM") == "0" {
+				// About five minutes under TCG: .ci/run runs it on one kernel's guest only.
+				t.Skip("BOTHY_GUEST_OOM=0: the hundred OOM kills run in another kernel's guest")
+			}
 			out, err := g.run(20*time.Minute, fmt.Sprintf(
 				"cd /opt/bothy-tests/src/%s && BOTHY_TEST_BIN_DIR=/opt/bothy-tests/bin /opt/bothy-tests/bin/%s -test.v -test.timeout 18m -test.run '%s' 2>&1",
 				c.dir, c.bin, c.run))
