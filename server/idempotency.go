@@ -5,7 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strings"
+
+	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/idempotency"
@@ -26,25 +27,24 @@ type Idempotency interface {
 
 var _ Idempotency = (*idempotency.Store)(nil)
 
-// isCreate reports whether r is a create whose answer an Idempotency-Key keeps: bothyd's
-// creates (a sandbox, a template, a capture, an image pull, a webhook, a port link) and E2B's
-// sandbox create.
+// isCreate reports whether r is a create whose answer an Idempotency-Key keeps: an operation
+// of the contract that declares the header (its creates: a sandbox, a template, a capture, an
+// image pull, a webhook, a port link; matchContract put it in r's context), or E2B's sandbox
+// create, which is outside the contract. The contract is the one list, so a create added to
+// it with the header is kept without a change here.
 func isCreate(r *http.Request) bool {
-	if r.Method != http.MethodPost {
-		return false
+	if cr := routeOf(r); cr != nil {
+		return declaresIdempotencyKey(cr.route.Operation)
 	}
-	p := r.URL.Path
-	switch p {
-	case "/v1/sandboxes", "/v1/templates", "/v1/images", "/v1/webhooks", "/sandboxes", "/v2/sandboxes":
-		return true
-	}
-	if rest, ok := strings.CutPrefix(p, "/v1/templates/"); ok {
-		name, tail, _ := strings.Cut(rest, "/")
-		return name != "" && tail == "generations"
-	}
-	if rest, ok := strings.CutPrefix(p, "/v1/sandboxes/"); ok {
-		parts := strings.Split(rest, "/")
-		return len(parts) == 4 && parts[1] == "ports" && parts[3] == "links"
+	return r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes")
+}
+
+// declaresIdempotencyKey reports whether op takes the Idempotency-Key header.
+func declaresIdempotencyKey(op *openapi3.Operation) bool {
+	for _, p := range op.Parameters {
+		if p.Value != nil && p.Value.In == openapi3.ParameterInHeader && http.CanonicalHeaderKey(p.Value.Name) == IdempotencyHeader {
+			return true
+		}
 	}
 	return false
 }
