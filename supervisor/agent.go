@@ -29,12 +29,18 @@ func (s *Supervisor) usedAgent(ctx context.Context, id string) (*control.Client,
 		return nil, nil, err
 	}
 	c, err := s.plainAgent(ctx, id)
-	if errcode.Of(err) == errcode.SandboxPaused && cfg != nil && cfg.Sleep != nil && cfg.Sleep.AutoResume {
-		// Put to sleep between the wake and the look: wake it once more.
-		if cfg, err = s.wakeIfAsleep(ctx, id); err != nil {
-			return nil, nil, err
+	if errcode.Of(err) == errcode.SandboxPaused {
+		// Put to sleep between the wake and the look, or first known to sleep by the look's
+		// reconciliation (a request before the start-up's reattach reached the sandbox):
+		// wake it once more, if its policy says so.
+		again, werr := s.wakeIfAsleep(ctx, id)
+		if werr != nil {
+			return nil, nil, werr
 		}
-		c, err = s.plainAgent(ctx, id)
+		if again != nil && again.Sleep != nil && again.Sleep.AutoResume {
+			cfg = again
+			c, err = s.plainAgent(ctx, id)
+		}
 	}
 	return c, cfg, err
 }

@@ -203,8 +203,17 @@ func (s *Supervisor) LastActivity(id string) (time.Time, bool) {
 
 // wakeIfAsleep wakes sandbox id if it is paused and its policy says use wakes it, and waits
 // for the wake up to [defaultWakeWait] (or ctx). It returns the sandbox's configuration, read
-// without its lock (nil when it does not read: the caller's own look reports that).
+// without its lock (nil when it does not read: the caller's own look reports that), or nil
+// for a sandbox this process knows has no sleep policy: every exec and file call passes here,
+// and those sandboxes cost it no read of their record.
 func (s *Supervisor) wakeIfAsleep(ctx context.Context, id string) (*Config, error) {
+	s.mu.Lock()
+	_, sleeper := s.sleepers[id]
+	_, waking := s.wakes[id]
+	s.mu.Unlock()
+	if !sleeper && !waking {
+		return nil, nil
+	}
 	cfg, err := s.store.ReadConfigUnlocked(id)
 	if err != nil || cfg == nil {
 		return nil, nil //nolint:nilerr // the caller's own look answers for a missing sandbox

@@ -130,7 +130,8 @@ type Supervisor struct {
 	// (sleep.go).
 	activity *idle.Tracker
 	wakes    map[string]*wake
-	// sleepers are the sandboxes with a sleep policy, which the idle watch looks at alone.
+	// sleepers are the sandboxes with a sleep policy: the idle watch looks at them alone, and
+	// a use of any other sandbox reads no record to learn that it does not sleep (sleep.go).
 	sleepers map[string]bool
 	// wakeWait is how long a request waits for a wake (defaultWakeWait; shorter in tests).
 	wakeWait time.Duration
