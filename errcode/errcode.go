@@ -81,6 +81,14 @@ const (
 	// being answered; repeat this one once it is.
 	IdempotencyKeyInFlight Code = "idempotency-key-in-flight"
 
+	// Volumes (package volume): VolumeNotFound, no volume has the name; VolumeExists, one
+	// has it already; VolumeInUse, sandboxes mount it (they are named); VolumeFull, a write
+	// went past the volume's size (ENOSPC on its own file system, not the state root's).
+	VolumeNotFound Code = "volume-not-found"
+	VolumeExists   Code = "volume-exists"
+	VolumeInUse    Code = "volume-in-use"
+	VolumeFull     Code = "volume-full"
+
 	// StorageFull: the file system of the state root is out of space or over a quota
 	// (ENOSPC, EDQUOT). Made by [Storage].
 	StorageFull Code = "storage-full"

@@ -40,7 +40,7 @@ func StorageFaultOf(err error) StorageFault {
 // root: storage-full for ENOSPC and EDQUOT, storage-unavailable for EROFS and EIO, with a
 // message that names the state root and says what to do. The errno stays reachable through
 // errors.Is (errors.Is(err, syscall.ENOSPC) still holds). Any other error, nil, and an error
-// that already carries one of the two codes are returned as they are, so that the function
+// that already carries one of the two codes (or volume-full) are returned as they are, so that the function
 // may be applied at every boundary an error crosses.
 //
 // The stores apply it to every error they return; other components that write under the
@@ -50,7 +50,8 @@ func Storage(err error, root string) error {
 	if fault == NoStorageFault {
 		return err
 	}
-	if c := Of(err); c == StorageFull || c == StorageUnavailable {
+	// A volume that fills is the volume's own file system, not the state root's.
+	if c := Of(err); c == StorageFull || c == StorageUnavailable || c == VolumeFull {
 		return err
 	}
 	if fault == FaultFull {

@@ -13,6 +13,7 @@ import (
 	"github.com/bothy/bothy/portlink"
 	"github.com/bothy/bothy/supervisor"
 	"github.com/bothy/bothy/usage"
+	"github.com/bothy/bothy/volume"
 )
 
 // The handlers must implement every operation of the contract, and the supervisor must be
@@ -114,6 +115,8 @@ type Config struct {
 	Webhooks Webhooks
 	// Usage, if set, answers GET /v1/sandboxes/{id}/metrics; nil answers it not-implemented.
 	Usage *usage.Sampler
+	// Volumes, if set, keeps the volumes; nil answers their routes not-implemented.
+	Volumes *volume.Store
 }
 
 // Handlers implements openapi.StrictServerInterface.

@@ -8,6 +8,7 @@ import (
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/naming"
 	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/supervisor"
 )
 
@@ -58,6 +59,11 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 	if p := body.Sleep; p != nil {
 		creq.Sleep = &supervisor.SleepPolicy{IdleTimeoutS: p.IdleTimeoutSeconds, AutoResume: p.AutoResume == nil || *p.AutoResume,
 			IgnoreWork: p.IdleIgnoresWork != nil && *p.IdleIgnoresWork}
+	}
+	if body.Volumes != nil {
+		for _, v := range *body.Volumes {
+			creq.Volumes = append(creq.Volumes, store.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly != nil && *v.ReadOnly})
+		}
 	}
 	if body.Runtime != nil {
 		creq.Runtime = string(*body.Runtime)
@@ -269,6 +275,14 @@ func apiSandbox(st *supervisor.Status) openapi.Sandbox {
 	if st.OnTimeout != "" {
 		on := openapi.OnTimeout(st.OnTimeout)
 		sb.OnTimeout = &on
+	}
+	if len(c.Volumes) > 0 {
+		vols := make([]openapi.VolumeMount, 0, len(c.Volumes))
+		for _, v := range c.Volumes {
+			ro := v.ReadOnly
+			vols = append(vols, openapi.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: &ro})
+		}
+		sb.Volumes = &vols
 	}
 	if p := c.Sleep; p != nil {
 		sb.Sleep = &openapi.SleepPolicy{IdleTimeoutSeconds: p.IdleTimeoutS, AutoResume: &p.AutoResume, IdleIgnoresWork: &p.IgnoreWork}

@@ -68,6 +68,10 @@ var statusOfCode = map[string]int{
 	"sandbox-leased":         423,
 	"generation-leased":      423,
 	"image-in-use":           423,
+	"volume-not-found":       404,
+	"volume-exists":          409,
+	"volume-in-use":          423,
+	"volume-full":            507,
 
 	"wait-timeout": 408,
 

@@ -65,11 +65,29 @@ type Spec struct {
 	// has the generation's interface, whatever this says ([SavedNICer]): a runtime refuses
 	// Network for a generation saved without one.
 	Network bool `json:"network,omitempty"`
+	// Volumes are file systems to mount into the sandbox (package volume), each already
+	// mounted on the host at Source; the runtime mounts a clone of it at Target inside,
+	// read-only if ReadOnly. Only a [VolumeMounter] takes them.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// Restore, when set, restores the memory state of the generation in Lowers rather than
 	// booting (a [MemoryCapturer]'s generation): the processes that ran at the capture run
 	// on, on a disk of the sandbox's own over the generation's, made anew. The supervisor
 	// sets it only for a generation that is eligible by its time contract.
 	Restore *Restore `json:"restore,omitempty"`
+}
+
+// VolumeMount is a volume mounted into a sandbox: the host mount at Source (a clean absolute
+// path) at Target inside (a clean absolute path, validated by package volume).
+type VolumeMount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// VolumeMounter is a Runtime that mounts volumes (Spec.Volumes).
+type VolumeMounter interface {
+	// VolumeSupport says why this host cannot, or nil if it can.
+	VolumeSupport() error
 }
 
 // Restore is a launch that restores a saved memory state.
@@ -128,6 +146,11 @@ func (s *Spec) validatePaths() error {
 	for _, l := range s.Lowers {
 		if !naming.IsCleanAbs(l) {
 			return fmt.Errorf("runtime: layer %q must be a clean absolute path", l)
+		}
+	}
+	for _, v := range s.Volumes {
+		if !naming.IsCleanAbs(v.Source) || !naming.IsCleanAbs(v.Target) || v.Target == "/" {
+			return fmt.Errorf("runtime: volume %q at %q must be clean absolute paths", v.Source, v.Target)
 		}
 	}
 	return nil

@@ -64,6 +64,10 @@ var statusOf = map[errcode.Code]int{
 	errcode.SandboxLeased:        http.StatusLocked,
 	errcode.GenerationLeased:     http.StatusLocked,
 	errcode.ImageInUse:           http.StatusLocked,
+	errcode.VolumeInUse:          http.StatusLocked,
+	errcode.VolumeNotFound:       http.StatusNotFound,
+	errcode.VolumeExists:         http.StatusConflict,
+	errcode.VolumeFull:           http.StatusInsufficientStorage,
 
 	errcode.WaitTimeout: http.StatusRequestTimeout,
 

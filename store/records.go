@@ -59,6 +59,17 @@ type Config struct {
 	Spare bool `json:"spare,omitempty"`
 	// Sleep, when set, lets the sandbox sleep (pause) when idle and wake on use.
 	Sleep *SleepPolicy `json:"sleep,omitempty"`
+	// Volumes are the volumes the sandbox mounts (package volume), each held by it (a hold
+	// recorded in the volume's directory before this record names it) until it is deleted.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+}
+
+// VolumeMount is a volume mounted into a sandbox: its name, where inside, and whether
+// read-only (validated by package volume before it is recorded).
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // SleepPolicy is when a sandbox sleeps and whether use wakes it (package idle, the

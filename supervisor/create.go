@@ -49,6 +49,8 @@ type CreateRequest struct {
 	AnyID bool
 	// Sleep, when set, lets the sandbox sleep when idle and wake on use (sleep.go).
 	Sleep *SleepPolicy
+	// Volumes are the volumes to mount (volumes.go); a clone names its own.
+	Volumes []store.VolumeMount
 
 	// spare makes the sandbox a spare.
 	spare bool
@@ -73,6 +75,10 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 		Network:   req.Network,
 		Runtime:   req.Runtime,
 		Sleep:     req.Sleep,
+		Volumes:   req.Volumes,
+	}
+	if err := s.checkVolumes(req); err != nil {
+		return nil, err
 	}
 	if err := checkSleep(req.Sleep); err != nil {
 		return nil, err

@@ -110,6 +110,11 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		return err
 	}
 	s.crash("journaled")
+	vols, err := s.launchVolumes(rt, cfg.Volumes)
+	if err != nil {
+		s.abandon(ctx, l, launchID, platform.ProcessID{}, runtime.ReasonStartFailed)
+		return err
+	}
 	spec := runtime.Spec{
 		ID:       cfg.ID,
 		Dir:      l.Dir(),
@@ -127,6 +132,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 		Hostname:   cfg.ID,
 		Network:    s.net.mgr != nil && s.rulesOf(cfg).Networked(),
 		Restore:    restore,
+		Volumes:    vols,
 	}
 	proc, err := rt.Start(ctx, spec)
 	if err != nil {

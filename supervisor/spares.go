@@ -133,7 +133,7 @@ func (sp *spareSet) serves(req CreateRequest) bool {
 	if image == "" {
 		image = HostImage
 	}
-	return sp.opts.Count > 0 && req.AnyID && req.Start && req.Clone == nil && req.Sleep == nil &&
+	return sp.opts.Count > 0 && req.AnyID && req.Start && req.Clone == nil && req.Sleep == nil && len(req.Volumes) == 0 &&
 		sp.matches(&store.Config{Image: image, Runtime: req.Runtime, Resources: req.Resources,
 			DiskMB: req.DiskMB, Env: req.Env, Network: req.Network})
 }

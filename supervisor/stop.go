@@ -179,6 +179,7 @@ func (s *Supervisor) deprovisionLocked(ctx context.Context, l *store.Lock) error
 	// The binding is gone whatever the removal did, so the lease goes too.
 	s.releaseLease(ctx, id, binding)
 	if err == nil {
+		s.releaseVolumes(id, cfg.Volumes)
 		s.releaseImage(ctx, cfg.Image, image.UseSandbox, id)
 		s.forgetSandbox(id)
 		s.emit(Event{Type: EventDeleted, Sandbox: id})

@@ -18,6 +18,7 @@ import (
 	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/store/image"
 	"github.com/bothy/bothy/store/template"
+	"github.com/bothy/bothy/volume"
 )
 
 // Names the supervisor keeps in a state directory besides the runtime's.
@@ -88,6 +89,8 @@ type Options struct {
 	// Count of 0: none, and those an earlier run left are deleted). Nil leaves spares alone,
 	// as bothyd check and tests do.
 	Spares *SpareOptions
+	// Volumes is the volume store; nil refuses a create that names volumes.
+	Volumes *volume.Store
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -95,6 +98,7 @@ type Options struct {
 // serialise them.
 type Supervisor struct {
 	store     *store.Store
+	volumes   *volume.Store
 	templates *template.Store
 	images    *image.Store
 	// imagePlatform is the one platform pulls accept.
@@ -199,6 +203,10 @@ func New(opts Options) (*Supervisor, error) {
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
 		spares:        newSpareSet(opts.Spares),
+		volumes:       opts.Volumes,
+	}
+	if s.volumes != nil {
+		s.volumes.SetHeldBy(VolumeHeldBy(s.store))
 	}
 	for _, d := range DeclaredEntries(s.runtimes.all()...) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {
@@ -441,6 +449,14 @@ func (s *Supervisor) provision(ctx context.Context, cfg store.Config, p provisio
 	if err := l.RequireUnprovisioned(); err != nil {
 		return nil, err
 	}
+	if err := s.holdVolumes(l.ID(), cfg.Volumes); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil && !handedOver {
+			s.releaseVolumes(l.ID(), cfg.Volumes)
+		}
+	}()
 	cfg.Format = store.ConfigFormat
 	cfg.Spare = p.spare
 	if cfg.CreatedAt.IsZero() {

@@ -413,6 +413,15 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := template.CheckUnbound(l.Dir(), cfg.ID); err != nil {
 		return nil, err
 	}
+	// A clone names its own volumes (none of its generation's: a capture holds none).
+	if err := s.holdVolumes(cfg.ID, cfg.Volumes); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			s.releaseVolumes(cfg.ID, cfg.Volumes)
+		}
+	}()
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
 	cfg.Resources = cloneResources(g.Key.Resources, req.Resources)

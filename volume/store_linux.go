@@ -336,10 +336,26 @@ func (s *Store) unmount(name string) error {
 	}
 }
 
-// teardown unmounts and removes everything of the volume name.
+// teardown unmounts and removes everything of the volume name: its own mount, and anything
+// else mounted at or below its directory.
 func (s *Store) teardown(name string) error {
 	if err := s.unmount(name); err != nil {
 		return err
+	}
+	for i := 0; ; i++ {
+		points, err := platform.MountsUnder(filepath.Join(s.dir, name))
+		if err != nil {
+			return err
+		}
+		if len(points) == 0 {
+			break
+		}
+		if i == 8 {
+			return fmt.Errorf("volume: %s still has mounts below it: %v", name, points)
+		}
+		if err := platform.UnmountUnder(filepath.Join(s.dir, name)); err != nil {
+			return err
+		}
 	}
 	d, err := platform.OpenDir(s.dir)
 	if err != nil {

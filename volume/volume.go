@@ -8,6 +8,7 @@ import (
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/naming"
+	"github.com/bothy/bothy/store"
 )
 
 // Sizes and counts of volumes (docs/security.md, "Bounds").
@@ -27,13 +28,12 @@ const (
 	MaxListEntries = 10000
 )
 
-// The codes of volume errors. Each also needs a status in the server and an entry in
-// openapi.yaml.
+// The codes of volume errors (package errcode).
 const (
-	CodeNotFound errcode.Code = "volume-not-found"
-	CodeExists   errcode.Code = "volume-exists"
-	CodeInUse    errcode.Code = "volume-in-use"
-	CodeFull     errcode.Code = "volume-full"
+	CodeNotFound = errcode.VolumeNotFound
+	CodeExists   = errcode.VolumeExists
+	CodeInUse    = errcode.VolumeInUse
+	CodeFull     = errcode.VolumeFull
 )
 
 // The states of a volume's record.
@@ -62,11 +62,7 @@ type Volume struct {
 
 // Mount is a volume mounted into a sandbox, as a create names it and the sandbox's
 // configuration records it.
-type Mount struct {
-	Name     string `json:"name"`
-	Path     string `json:"path"`
-	ReadOnly bool   `json:"read_only,omitempty"`
-}
+type Mount = store.VolumeMount
 
 // CheckName checks a volume's name: the rule of sandbox ids (1-63 of a-z 0-9 -, starting
 // with a letter or digit), since it names a directory.

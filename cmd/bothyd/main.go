@@ -337,6 +337,7 @@ func serve(o *options, log *slog.Logger) error {
 		mx.WatchNetwork(netw.denied)
 		go netw.watch(ctx)
 	}
+	vols := openVolumes(o.root, st, log)
 	images, err := openImages(ctx, o, log)
 	if err != nil {
 		return err
@@ -353,6 +354,7 @@ func serve(o *options, log *slog.Logger) error {
 		Storage:      health,
 		Network:      netw.networker(),
 		Spares:       spareOptions(o, rt, log),
+		Volumes:      vols,
 	})
 	if err != nil {
 		return err
@@ -396,6 +398,7 @@ func serve(o *options, log *slog.Logger) error {
 		Links:            links,
 		Webhooks:         hooks,
 		Usage:            sampler,
+		Volumes:          vols,
 	})
 	if err != nil {
 		return err

@@ -145,6 +145,11 @@ type Umask = string
 // Example: user
 type User string
 
+// VolumeName 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+//
+// Example: datasets
+type VolumeName = string
+
 // WebhookID A webhook's id, given by the server.
 type WebhookID = string
 
@@ -178,6 +183,11 @@ type SandboxIDPath = SandboxID
 //
 // Example: python-base
 type TemplateNamePath = TemplateName
+
+// VolumeNamePath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+//
+// Example: datasets
+type VolumeNamePath = VolumeName
 
 // WebSocketConnection defines model for WebSocketConnection.
 type WebSocketConnection = string

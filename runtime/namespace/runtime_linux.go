@@ -254,6 +254,10 @@ func (r *Runtime) cgroupName(id, dir string) string {
 	return r.cfg.CgroupParent + "/" + shim.CgroupLeaf(id, dir)
 }
 
+// VolumeSupport implements runtime.VolumeMounter: the shim clones each volume's host mount,
+// idmapped by the sandbox's user namespace, into the sandbox's root (shim.rootMounts).
+func (r *Runtime) VolumeSupport() error { return r.refusal }
+
 // DiskSupport implements runtime.DiskLimiter: a sandbox's own disk is an ext4 file system
 // (made by mke2fs) in a sparse image, mounted through a loop device inside the sandbox.
 func (r *Runtime) DiskSupport() error {

@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/bothy/bothy/platform"
+	"github.com/bothy/bothy/runtime"
 )
 
 // rootMounts are the mounts of the sandbox's root that the shim makes, on the host and as host
@@ -99,7 +101,44 @@ func makeRootMounts(spec *shimSpec, userns *os.File, ids *idRange) (*rootMounts,
 			return nil, err
 		}
 	}
+	if err := m.addVolumes(spec.Volumes, userns); err != nil {
+		m.Close()
+		return nil, err
+	}
 	return m, nil
+}
+
+// addVolumes clones each volume's host mount (package volume: an ext4 file system, one
+// superblock that every sandbox mounting the volume shares, so that each sees the others'
+// writes), nosuid and nodev, read-only if asked, idmapped by userns: the ids on the volume
+// are the sandbox's own (1000 on disk is the workload user in every sandbox, whichever host
+// ids its slot gives it), as on its layers. A volume that cannot be idmapped fails the start:
+// bound as it is, its files would show as nobody's and the sandbox's writes as ids of the
+// host's. They are attached after the host binds, at their paths below the root.
+func (m *rootMounts) addVolumes(vols []runtime.VolumeMount, userns *os.File) error {
+	for _, v := range vols {
+		c, err := platform.CloneMount(nil, v.Source, false)
+		if err != nil {
+			return fmt.Errorf("volume at %s: %w", v.Target, err)
+		}
+		attrs := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+		if v.ReadOnly {
+			attrs |= unix.MOUNT_ATTR_RDONLY
+		}
+		if err := platform.SetMountAttrs(c, attrs, false); err != nil {
+			c.Close()
+			return fmt.Errorf("volume at %s: %w", v.Target, err)
+		}
+		if userns != nil {
+			if err := platform.SetMountIDMap(c, userns, false); err != nil {
+				c.Close()
+				return fmt.Errorf("volume at %s: %w", v.Target, err)
+			}
+		}
+		m.binds = append(m.binds, c)
+		m.bindPaths = append(m.bindPaths, strings.TrimPrefix(v.Target, "/"))
+	}
+	return nil
 }
 
 // addHostBinds binds the host's /usr, the top-level directories of a host without merged usr

@@ -66,6 +66,8 @@ type shimSpec struct {
 	Disk bool `json:"disk,omitempty"`
 	// Mounts are the mechanisms the shim builds the root with (Config.Mounts).
 	Mounts Mounts `json:"mounts"`
+	// Volumes are the volumes' host mounts to clone into the root (see [rootMounts]).
+	Volumes []runtime.VolumeMount `json:"volumes,omitempty"`
 }
 
 // initCapabilities bound the init: the sandbox's own set (platform.DefaultCapabilities),
@@ -572,7 +574,7 @@ func (p *initProcess) configure(spec *runtime.Spec, b hostBaseResult, seccomp []
 		ss := shimSpec{
 			ID: spec.ID, Dir: spec.Dir, ImageDir: spec.ImageDir, BaseDir: b.dir, Lowers: spec.Lowers,
 			Env: spec.Env, Capability: spec.Capability, Hostname: spec.Hostname, CgroupV2: v2, Disk: spec.DiskMB > 0,
-			WorkloadPids: p.workloadPids, Mounts: mech,
+			WorkloadPids: p.workloadPids, Mounts: mech, Volumes: spec.Volumes,
 		}
 		var mounts *rootMounts
 		mounts, err = p.makeMounts(&ss)
