@@ -128,6 +128,10 @@ type Options struct {
 	Network Network
 	// Webhooks, if set, checks the webhooks' records (package webhook, through cmd/bothyd).
 	Webhooks StoreCheck
+	// Volumes, if set, checks the volumes (package volume, through cmd/bothyd): their
+	// records, images, host mounts and loop devices below <root>/volumes, which the mounts'
+	// and loops' own checks leave to it.
+	Volumes StoreCheck
 }
 
 // Run checks the state root and, with Repair, repairs it and checks it again. An error means
@@ -347,6 +351,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkNetwork(p)
 	c.checkTrash(p)
 	c.checkWebhooks(p, false)
+	c.checkVolumes(p, false)
 	c.checkIdempotency(p, false)
 	return p, nil
 }
@@ -696,6 +701,9 @@ func (c *checker) checkMounts(p *pass) {
 		if mp == c.root {
 			continue // the state root may well be a volume of its own
 		}
+		if c.o.Volumes != nil && strings.HasPrefix(mp, filepath.Join(c.root, volumesDir)+"/") {
+			continue // the volumes' host mounts: their own check judges them
+		}
 		id := ""
 		if rest, ok := strings.CutPrefix(mp, sbxDir); ok {
 			id, _, _ = strings.Cut(rest, "/")
@@ -728,8 +736,8 @@ func (c *checker) checkLoops(p *pass) {
 	for dev, f := range files {
 		f = strings.TrimSuffix(f, " (deleted)")
 		rest, ok := strings.CutPrefix(f, c.root+"/")
-		if !ok {
-			continue
+		if !ok || c.o.Volumes != nil && strings.HasPrefix(rest, volumesDir+"/") {
+			continue // not this root's, or a volume's: their own check judges them
 		}
 		id := ""
 		if r, ok := strings.CutPrefix(rest, store.SandboxesDir+"/"); ok {

@@ -60,3 +60,26 @@ func (c *checker) checkIdempotency(p *pass, repair bool) {
 		p.add(ip.Kind, "", ip.Entry, "%s", ip.Detail)
 	}
 }
+
+// volumesDir is the volumes' directory in the state root (package volume's Dir).
+const volumesDir = "volumes"
+
+// VolumesUnchecked is reported when the volumes could not be checked at all.
+const VolumesUnchecked = "volumes-unchecked"
+
+// checkVolumes runs the volumes' own check, read-only or with repair (which it does under
+// the volume store's lock, beside a running server too), reporting its problems with their
+// own kinds.
+func (c *checker) checkVolumes(p *pass, repair bool) {
+	if c.o.Volumes == nil {
+		return
+	}
+	probs, _, err := c.o.Volumes(repair)
+	if err != nil {
+		p.add(VolumesUnchecked, "", volumesDir, "the volumes could not be checked: %v", err)
+		return
+	}
+	if !repair {
+		p.problems = append(p.problems, probs...)
+	}
+}
