@@ -18,7 +18,7 @@ func (c *cli) createCommand() *cobra.Command {
 	var o bothy.CreateOptions
 	var cpus, pids int
 	var memory, disk, output string
-	var labels, env []string
+	var labels, env, vols []string
 	var lifetime, idleTimeout time.Duration
 	var noWake, ignoreWork bool
 	cmd := &cobra.Command{
@@ -27,7 +27,8 @@ func (c *cli) createCommand() *cobra.Command {
 		Example: `  bothy create demo --start --memory 512m --label team=grading
   bothy create --template tools --start
   bothy create job1 --env CI=true --timeout 1h
-  bothy create web --start --idle-timeout 10m`,
+  bothy create web --start --idle-timeout 10m
+  bothy create worker --start --volume cache:/cache --volume refs:/refs:ro`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
@@ -46,6 +47,9 @@ func (c *cli) createCommand() *cobra.Command {
 				}
 			}
 			o.Env = env
+			if o.Volumes, err = volumeMounts(vols); err != nil {
+				return err
+			}
 			res := bothy.ResourcesRequest{Vcpus: cpus, Pids: pids}
 			if res.MemoryMb, err = mebibytes("--memory", memory); err != nil {
 				return err
@@ -93,6 +97,7 @@ func (c *cli) createCommand() *cobra.Command {
 	f.IntVar(&pids, "pids", 0, "process limit")
 	f.StringArrayVarP(&labels, "label", "l", nil, "a label KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&env, "env", "e", nil, "an environment variable KEY=VALUE (repeatable)")
+	f.StringArrayVarP(&vols, "volume", "v", nil, "mount a volume NAME:/PATH, or NAME:/PATH:ro read-only (repeatable; bothy volume create makes one)")
 	f.DurationVar(&lifetime, "timeout", 0, "the sandbox's lifetime (1h, 30m); it is stopped when it ends")
 	f.StringVar(&o.OnTimeout, "on-timeout", "", "what the end of --timeout does: stop (default) or delete")
 	f.DurationVar(&idleTimeout, "idle-timeout", 0, "sleep (pause) once unused this long (10m); the next exec, file call or port request wakes it")

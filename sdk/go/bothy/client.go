@@ -232,6 +232,9 @@ type CreateOptions struct {
 	// Sleep lets the sandbox sleep (pause) when idle and wake on use; a server older than
 	// sleep and wake refuses it as an unknown field.
 	Sleep *SleepOptions `json:"sleep,omitempty"`
+	// Volumes are volumes to mount ([Client.CreateVolume] makes them); a server older than
+	// volumes refuses them as an unknown field.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // SleepOptions is a sandbox's sleep policy: it pauses once unused for IdleTimeoutS seconds,

@@ -36,6 +36,17 @@
 //	ctx := bothy.WithIdempotencyKey(ctx, "build-42-create")
 //	sb, err := c.Create(ctx, bothy.CreateOptions{ID: "build-42"}) // safe to repeat
 //
+// # Volumes
+//
+// [Client.CreateVolume], [Client.Volumes], [Client.GetVolume] and [Client.DeleteVolume]
+// manage volumes, file systems of a fixed size that outlive sandboxes (docs/volumes.md);
+// [CreateOptions.Volumes] mounts them into a new sandbox, and [Client.WriteVolumeFile],
+// [Client.ReadVolumeFile], [Client.ListVolumeFiles], [Client.MakeVolumeDir] and
+// [Client.RemoveVolumeFile] reach their files without any sandbox:
+//
+//	c.CreateVolume(ctx, "cache", 2048)
+//	c.Create(ctx, bothy.CreateOptions{Start: true, Volumes: []bothy.VolumeMount{{Name: "cache", Path: "/cache"}}})
+//
 // # Images
 //
 // [Client.PullImage] starts a pull and returns at once; [Client.WaitImage] follows it by

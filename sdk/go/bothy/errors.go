@@ -60,6 +60,12 @@ var (
 	ErrSandboxWaking        = Code(errcode.SandboxWaking)
 	ErrWaitTimeout          = Code(errcode.WaitTimeout)
 	ErrWebhookNotFound      = Code(errcode.WebhookNotFound)
+	// Volumes: no volume has the name; one has it already; sandboxes mount it (named in the
+	// detail); a write went past its size.
+	ErrVolumeNotFound = Code(errcode.VolumeNotFound)
+	ErrVolumeExists   = Code(errcode.VolumeExists)
+	ErrVolumeInUse    = Code(errcode.VolumeInUse)
+	ErrVolumeFull     = Code(errcode.VolumeFull)
 	// ErrIdempotencyKeyReused: the Idempotency-Key was first used with another request.
 	ErrIdempotencyKeyReused = Code(errcode.IdempotencyKeyReused)
 	// ErrIdempotencyKeyInFlight: the first request with the Idempotency-Key still runs;
