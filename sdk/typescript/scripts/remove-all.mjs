@@ -1,4 +1,4 @@
-// Removes every sandbox and template of the server at BOTHY_URL (force-stopping running
+// Removes every sandbox, template and volume of the server at BOTHY_URL (force-stopping running
 // sandboxes first). test-live.sh runs it before it stops the server, so that a failed test
 // leaves nothing running behind it. It uses the built SDK.
 import { Bothy } from "../dist/src/index.js";
@@ -25,5 +25,12 @@ for (const t of (await client.listTemplates({ limit: 1000 })).items) {
     await client.deleteTemplate(t.name, { drain: true });
   } catch (err) {
     console.error(`remove-all: template ${t.name}: ${err.message}`);
+  }
+}
+for (const v of await client.listVolumes()) {
+  try {
+    await client.deleteVolume(v.name);
+  } catch (err) {
+    console.error(`remove-all: volume ${v.name}: ${err.message}`);
   }
 }

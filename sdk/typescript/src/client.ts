@@ -7,6 +7,7 @@ import createClient, { type Client } from "openapi-fetch";
 import { ConnectionError, BothyError, problemError } from "./errors.js";
 import { parseEvent, parseServerSentEvents } from "./events.js";
 import { ExecStream, type ExecStreamOptions } from "./exec.js";
+import { isRecord, numberField, oneOf, stringField } from "./guards.js";
 import type { paths } from "./schema.gen.js";
 import type {
   CreateSandboxRequest,
@@ -24,6 +25,8 @@ import type {
   SandboxState,
   Template,
   TemplateList,
+  Volume,
+  VolumeFileEntry,
 } from "./types.js";
 
 /** How to reach bothyd. */
@@ -313,6 +316,64 @@ export class Bothy {
     await this.#callEmpty(this.api.DELETE("/v1/sandboxes/{id}/files", { params: { path: { id }, query: { path } } }));
   }
 
+  // ---- volumes --------------------------------------------------------------------------------
+
+  /** Makes a volume of sizeMb MiB (default 1024) that sandboxes mount with `volumes` on create. */
+  createVolume(name: string, sizeMb?: number): Promise<Volume> {
+    const body: { name: string; size_mb?: number } = { name };
+    if (sizeMb !== undefined) body.size_mb = sizeMb;
+    return this.#call(this.api.POST("/v1/volumes", { body }));
+  }
+
+  getVolume(name: string): Promise<Volume> {
+    return this.#call(this.api.GET("/v1/volumes/{name}", { params: { path: { name } } }));
+  }
+
+  async listVolumes(): Promise<Volume[]> {
+    const list = await this.#call(this.api.GET("/v1/volumes", {}));
+    return list.items;
+  }
+
+  /** Deletes a volume and its files; one that sandboxes mount is refused with volume-in-use. */
+  async deleteVolume(name: string): Promise<void> {
+    await this.#callEmpty(this.api.DELETE("/v1/volumes/{name}", { params: { path: { name } } }));
+  }
+
+  /** A volume's file as a stream, read as the server sends it. */
+  async readVolumeFile(name: string, path: string, opts: { signal?: AbortSignal } = {}): Promise<ReadableStream<Uint8Array>> {
+    const init: RequestInit = { method: "GET" };
+    if (opts.signal !== undefined) init.signal = opts.signal;
+    const res = await this.#fetch(this.#url(`/v1/volumes/${encodeURIComponent(name)}/files`, { path }), init);
+    return res.body ?? new ReadableStream<Uint8Array>({ start: (c) => c.close() });
+  }
+
+  /** Creates or replaces a volume's file with body, streamed; a volume that fills answers volume-full. */
+  async writeVolumeFile(name: string, path: string, body: FileBody): Promise<VolumeFileEntry> {
+    const init: RequestInit = {
+      method: "PUT",
+      headers: { "Content-Type": "application/octet-stream" },
+      body,
+    };
+    if (typeof body !== "string" && !(body instanceof Uint8Array) && !(body instanceof Blob)) init.duplex = "half";
+    const res = await this.#fetch(this.#url(`/v1/volumes/${encodeURIComponent(name)}/files`, { path }), init);
+    return volumeFileEntry(await res.json());
+  }
+
+  async listVolumeFiles(name: string, path: string): Promise<VolumeFileEntry[]> {
+    const list = await this.#call(this.api.GET("/v1/volumes/{name}/files/list", { params: { path: { name }, query: { path } } }));
+    return list.items;
+  }
+
+  makeVolumeDir(name: string, path: string): Promise<VolumeFileEntry> {
+    return this.#call(this.api.POST("/v1/volumes/{name}/files/mkdir", { params: { path: { name }, query: { path } } }));
+  }
+
+  async removeVolumeFile(name: string, path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await this.#callEmpty(
+      this.api.DELETE("/v1/volumes/{name}/files", { params: { path: { name }, query: { path, recursive: opts.recursive } } }),
+    );
+  }
+
   // ---- templates and generations -------------------------------------------------------------
 
   createTemplate(name: string): Promise<Template> {
@@ -526,3 +587,23 @@ function deferred(): { promise: Promise<undefined>; resolve: () => void } {
   return { promise, resolve };
 }
 
+const volumeFileTypes: ReadonlyArray<VolumeFileEntry["type"]> = ["file", "directory", "symlink", "other"];
+
+/** The VolumeFileEntry the server answered a write with, checked field by field. */
+function volumeFileEntry(v: unknown): VolumeFileEntry {
+  if (!isRecord(v)) throw new Error("bothyd: the answer to a volume write is not an object");
+  const type = oneOf(volumeFileTypes, v["type"]);
+  const entry: VolumeFileEntry = {
+    name: stringField(v, "name") ?? "",
+    path: stringField(v, "path") ?? "",
+    type: type ?? "other",
+    size: numberField(v, "size") ?? 0,
+    mode: stringField(v, "mode") ?? "",
+    uid: numberField(v, "uid") ?? 0,
+    gid: numberField(v, "gid") ?? 0,
+    modified_at: stringField(v, "modified_at") ?? "",
+  };
+  const target = stringField(v, "target");
+  if (target !== undefined) entry.target = target;
+  return entry;
+}

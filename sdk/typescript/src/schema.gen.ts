@@ -1085,6 +1085,164 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/volumes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List volumes
+         * @description Every volume, by name, with the sandboxes that mount it.
+         */
+        get: operations["listVolumes"];
+        put?: never;
+        /**
+         * Create a volume
+         * @description Makes a volume: a file system of `size_mb` MiB (default 1024, 16 to 1048576) that
+         *     outlives the sandboxes that mount it (`volumes` of a create) and whose files the
+         *     `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
+         *     enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
+         *     through the API; the file system's own overhead (about 5% of a small volume) is part
+         *     of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+         */
+        post: operations["createVolume"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Show a volume
+         * @description The volume's size, the space its files use, and the sandboxes that mount it.
+         */
+        get: operations["getVolume"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a volume and its files
+         * @description Removes the volume and every file in it. A volume that a sandbox mounts (any sandbox
+         *     that names it, running or not) is refused with `volume-in-use` (423), naming the
+         *     sandboxes: delete them first.
+         */
+        delete: operations["deleteVolume"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}/files": {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Read a volume's file
+         * @description Streams a regular file of the volume as `application/octet-stream`. Paths resolve
+         *     inside the volume (a link a sandbox planted never leads out of it); a final
+         *     component that is a symbolic link, a FIFO, a device node or a socket is refused with
+         *     `invalid-request`, a directory too (list it instead).
+         */
+        get: operations["readVolumeFile"];
+        /**
+         * Write a volume's file
+         * @description Creates or replaces a regular file of the volume with the request body, streamed,
+         *     owned by the sandboxes' user (uid and gid 1000 in every sandbox), mode 0644. It is
+         *     written beside its path and renamed into place once whole: a link or special file at
+         *     the path is replaced, never written through. Missing parent directories are made
+         *     unless `parents=false`. A volume that fills answers `volume-full` (507); nothing of
+         *     the write is left.
+         */
+        put: operations["writeVolumeFile"];
+        post?: never;
+        /**
+         * Remove a volume's file or directory
+         * @description Removes a file, a link (never its target) or an empty directory; a non-empty
+         *     directory needs `recursive=true`. The volume's root cannot be removed.
+         */
+        delete: operations["removeVolumeFile"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}/files/list": {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root, of a directory. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List a volume's directory
+         * @description The entries of the directory (at most 10000), links shown as links with their
+         *     targets, never followed. A path that is not a directory is refused with
+         *     `invalid-request`.
+         */
+        get: operations["listVolumeFiles"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}/files/mkdir": {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root, of the directory to make. */
+                path: components["schemas"]["AbsolutePath"];
+                /** @description Create missing parent directories, as `mkdir -p` does. */
+                parents?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Make a directory in a volume
+         * @description Makes the directory (mode 0755, owned by the sandboxes' user); one that exists is no
+         *     error.
+         */
+        post: operations["makeVolumeDir"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/info": {
         parameters: {
             query?: never;
@@ -1686,6 +1844,16 @@ export interface components {
             env?: components["schemas"]["EnvVar"][];
             labels?: components["schemas"]["Labels"];
             network?: components["schemas"]["NetworkPolicy"];
+            /**
+             * @description Volumes to mount (`POST /v1/volumes` makes them), each at a path of the create's
+             *     choice, read-write or read-only. Several sandboxes may mount one volume at once and
+             *     see each other's writes; files keep their owner's id as every sandbox sees it (the
+             *     sandbox's user is 1000 in each). A volume that does not exist is refused with
+             *     `volume-not-found`. The `namespace` runtime alone mounts volumes: a `microvm`
+             *     create that names any is refused with `not-implemented` (docs/volumes.md). A
+             *     clone names its own volumes; a template generation holds none of a volume's files.
+             */
+            volumes?: components["schemas"]["VolumeMount"][];
             start?: components["schemas"]["StartOnCreate"];
             /**
              * @description The sandbox's lifetime in seconds from its create (1 s to 30 days; 0 or absent: the
@@ -1805,6 +1973,8 @@ export interface components {
             image: components["schemas"]["ImageName"];
             template?: components["schemas"]["TemplateBinding"];
             resources: components["schemas"]["Resources"];
+            /** @description The volumes the sandbox mounts, as its create named them. */
+            volumes?: components["schemas"]["VolumeMount"][];
             /** @description The names of the environment variables given at create; values are never returned. */
             env_keys?: components["schemas"]["EnvKey"][];
             labels: components["schemas"]["Labels"];
@@ -2001,6 +2171,68 @@ export interface components {
             mode: string;
             /** Format: date-time */
             modified_at: string;
+        };
+        /**
+         * @description 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+         * @example datasets
+         */
+        VolumeName: string;
+        CreateVolumeRequest: {
+            name: components["schemas"]["VolumeName"];
+            /** @description The volume's size in MiB (default 1024). */
+            size_mb?: number;
+        };
+        Volume: {
+            name: components["schemas"]["VolumeName"];
+            /** @description The volume's size in MiB, its file system's overhead included. */
+            size_mb: number;
+            /**
+             * Format: int64
+             * @description What the volume's file system has in use, its own overhead included.
+             */
+            used_bytes: number;
+            /** Format: date-time */
+            created_at: string;
+            /** @description The sandboxes that mount the volume (running or not); it cannot be deleted while any does. */
+            sandboxes: components["schemas"]["SandboxID"][];
+        };
+        VolumeList: {
+            items: components["schemas"]["Volume"][];
+        };
+        VolumeMount: {
+            name: components["schemas"]["VolumeName"];
+            /**
+             * @description Where the volume goes inside the sandbox: a clean absolute path other than `/`,
+             *     not at or below `/proc`, `/sys`, `/dev` or `/run/bothyd`, and neither at nor
+             *     inside another mount's path.
+             */
+            path: components["schemas"]["AbsolutePath"];
+            /** @description Mount the volume read-only in this sandbox (default false). */
+            read_only?: boolean;
+        };
+        VolumeFileEntry: {
+            name: string;
+            /** @description The entry's absolute path from the volume's root. */
+            path: string;
+            /** @enum {string} */
+            type: "file" | "directory" | "symlink" | "other";
+            /** Format: int64 */
+            size: number;
+            /**
+             * @description Permission bits in octal, for example `0644`.
+             * @example 0644
+             */
+            mode: string;
+            /** @description The owner as every sandbox sees it (1000 is the sandboxes' user). */
+            uid: number;
+            gid: number;
+            /** Format: date-time */
+            modified_at: string;
+            /** @description A symbolic link's target, as written (never followed). */
+            target?: string;
+        };
+        VolumeFileList: {
+            items: components["schemas"]["VolumeFileEntry"][];
         };
         FileList: {
             items: components["schemas"]["FileEntry"][];
@@ -2438,7 +2670,7 @@ export interface components {
         };
         /**
          * @description `sandbox-not-found`, `template-not-found`, `generation-not-found`, `file-not-found`,
-         *     `image-not-found`, `webhook-not-found`: the named thing does not exist (the operation's `x-error-codes`
+         *     `image-not-found`, `webhook-not-found`, `volume-not-found`: the named thing does not exist (the operation's `x-error-codes`
          *     says which apply).
          */
         NotFound: {
@@ -2459,8 +2691,9 @@ export interface components {
          *     `template-tombstoned` (the generation is quarantined), `template-ineligible` (no
          *     generation is eligible at this host time, or the chosen one is not), `sandbox-paused`
          *     (resume it first), `idempotency-key-in-flight` (the request that first used this
-         *     `Idempotency-Key` is still being answered; repeat this one once it is). The
-         *     operation's `x-error-codes` says which apply.
+         *     `Idempotency-Key` is still being answered; repeat this one once it is),
+         *     `volume-exists` (a volume has the name). The operation's `x-error-codes` says which
+         *     apply.
          */
         Conflict: {
             headers: {
@@ -2505,8 +2738,8 @@ export interface components {
          *     `transition-in-progress` (another lifecycle transition held the sandbox for all of
          *     `timeout`), `sandbox-leased` (the sandbox already holds a lease), `generation-leased`
          *     (clones still lease the generation; retry after deleting them, or use `drain=true`),
-         *     `image-in-use` (a sandbox or a template generation uses the image; they are named).
-         *     The operation's `x-error-codes` says which apply.
+         *     `image-in-use` (a sandbox or a template generation uses the image; they are named),
+         *     `volume-in-use` (sandboxes mount the volume; they are named). The operation's `x-error-codes` says which apply.
          */
         Locked: {
             headers: {
@@ -2585,6 +2818,8 @@ export interface components {
         /**
          * @description `storage-full`: the state root's file system is out of space or over a quota (or, for
          *     a file upload, the sandbox's own disk is full); delete something and retry.
+         *     `volume-full`: a write to a volume went past its size; remove files from it, or
+         *     use a larger volume.
          */
         InsufficientStorage: {
             headers: {
@@ -2620,6 +2855,8 @@ export interface components {
         AccessToken: string;
         /** @description The sandbox id. */
         SandboxIDPath: components["schemas"]["SandboxID"];
+        /** @description The volume's name. */
+        VolumeNamePath: components["schemas"]["VolumeName"];
         /** @description The webhook's id. */
         WebhookIDPath: components["schemas"]["WebhookID"];
         /**
@@ -4533,6 +4770,300 @@ export interface operations {
             507: components["responses"]["InsufficientStorage"];
         };
     };
+    listVolumes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every volume (there are at most 256). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    createVolume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description The volume, made and ready to mount. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Volume"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
+    getVolume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The volume. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Volume"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    deleteVolume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The volume is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    readVolumeFile: {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file's bytes. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": Blob;
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    writeVolumeFile: {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root. */
+                path: components["schemas"]["AbsolutePath"];
+                /** @description Create missing parent directories, as `mkdir -p` does. */
+                parents?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/octet-stream": Blob;
+            };
+        };
+        responses: {
+            /** @description The file as written. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeFileEntry"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
+    removeVolumeFile: {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root. */
+                path: components["schemas"]["AbsolutePath"];
+                /** @description Remove a directory with everything in it. */
+                recursive?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    listVolumeFiles: {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root, of a directory. */
+                path: components["schemas"]["AbsolutePath"];
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The directory's entries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeFileList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    makeVolumeDir: {
+        parameters: {
+            query: {
+                /** @description An absolute path from the volume's root, of the directory to make. */
+                path: components["schemas"]["AbsolutePath"];
+                /** @description Create missing parent directories, as `mkdir -p` does. */
+                parents?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description The volume's name. */
+                name: components["parameters"]["VolumeNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The directory. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeFileEntry"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
     getInfo: {
         parameters: {
             query?: never;
@@ -5011,6 +5542,7 @@ export const kernelMechanismsTmpfs_ownershipValues: ReadonlyArray<FlattenedDeepR
 export const onTimeoutValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OnTimeout"]> = ["stop", "delete"];
 export const lastExitReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LastExit"]["reason"]> = ["exited", "stopped", "killed", "oom", "start-failed", "expired", "lost"];
 export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
+export const volumeFileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["VolumeFileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
 export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["state"]> = ["active", "tombstoned", "retiring"];
 export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired", "tombstoned", "retiring"];
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];

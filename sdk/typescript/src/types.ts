@@ -24,6 +24,10 @@ export type Info = Schemas["Info"];
 export type SandboxMetrics = Schemas["SandboxMetrics"];
 export type UsageSample = Schemas["UsageSample"];
 export type SleepPolicy = Schemas["SleepPolicy"];
+export type Volume = Schemas["Volume"];
+export type VolumeList = Schemas["VolumeList"];
+export type VolumeMount = Schemas["VolumeMount"];
+export type VolumeFileEntry = Schemas["VolumeFileEntry"];
 /**
  * An event as parseEvent returns it: of a type the contract documents (it skips the others, as
  * the contract tells clients to; the list is open).
