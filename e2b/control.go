@@ -51,19 +51,19 @@ func statusOf(err error) int {
 	case errcode.InvalidRequest:
 		return http.StatusBadRequest
 	case errcode.SandboxNotFound, errcode.TemplateNotFound, errcode.GenerationNotFound,
-		errcode.FileNotFound, errcode.ImageNotFound:
+		errcode.FileNotFound, errcode.ImageNotFound, errcode.VolumeNotFound:
 		return http.StatusNotFound
 	case errcode.AlreadyProvisioned, errcode.ProvisionedAgain, errcode.AlreadyRunning,
 		errcode.NotRunning, errcode.SandboxLaunched, errcode.SandboxPaused, errcode.TemplateIneligible,
-		errcode.TemplateTombstoned, errcode.RuntimeMismatch, errcode.ForeignFiles:
+		errcode.TemplateTombstoned, errcode.RuntimeMismatch, errcode.ForeignFiles, errcode.VolumeExists:
 		return http.StatusConflict
-	case errcode.SandboxBusy, errcode.TransitionInProgress, errcode.SandboxLeased:
+	case errcode.SandboxBusy, errcode.TransitionInProgress, errcode.SandboxLeased, errcode.VolumeInUse:
 		return http.StatusLocked
 	case errcode.LimitReached, errcode.PidsLimit:
 		return http.StatusTooManyRequests
 	case errcode.StartTimeout, errcode.StopTimeout:
 		return http.StatusGatewayTimeout
-	case errcode.StorageFull:
+	case errcode.StorageFull, errcode.VolumeFull:
 		return http.StatusInsufficientStorage
 	case errcode.Unavailable, errcode.StorageUnavailable, errcode.SandboxWaking:
 		return http.StatusServiceUnavailable
@@ -111,6 +111,10 @@ func controlMux(h *Handler) *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/resume", h.connect)
 	m.HandleFunc("GET /sandboxes/{id}/metrics", h.metrics)
 	m.HandleFunc("GET /sandboxes/metrics", h.sandboxesMetrics)
+	m.HandleFunc("POST /volumes", h.createVolume)
+	m.HandleFunc("GET /volumes", h.listVolumes)
+	m.HandleFunc("GET /volumes/{volumeID}", h.getVolume)
+	m.HandleFunc("DELETE /volumes/{volumeID}", h.deleteVolume)
 	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics threw
 	// SandboxNotFoundError before bothyd served it), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -134,6 +138,11 @@ type createBody struct {
 	// caller set it); Network its egress rules.
 	AllowInternetAccess *bool        `json:"allow_internet_access"`
 	Network             *networkBody `json:"network"`
+	// VolumeMounts are E2B's SandboxVolumeMount: a volume by name (its id) at a path.
+	VolumeMounts []struct {
+		Name string `json:"name"`
+		Path string `json:"path"`
+	} `json:"volumeMounts"`
 }
 
 // networkBody is the part of E2B's SandboxNetworkConfig that bothyd's egress policy can say.
@@ -207,6 +216,13 @@ type detailBody struct {
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Domain          *string           `json:"domain"`
 	Lifecycle       *lifecycle        `json:"lifecycle,omitempty"`
+	VolumeMounts    []volumeMountBody `json:"volumeMounts,omitempty"`
+}
+
+// volumeMountBody is E2B's SandboxVolumeMount.
+type volumeMountBody struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // lifecycle is E2B's SandboxLifecycle: what the end of the lifetime does ("kill": delete;
@@ -256,6 +272,7 @@ func (h *Handler) createRequest(b createBody) (supervisor.CreateRequest, error) 
 		req.Sleep = &supervisor.SleepPolicy{IdleTimeoutS: int(lt.Timeout / time.Second), AutoResume: true, IgnoreWork: true}
 		req.Lifetime = nil
 	}
+	req.Volumes = volumeMounts(b.VolumeMounts)
 	switch name := b.TemplateID; {
 	case name == "" || name == baseTemplate:
 		// bothyd's default image.
@@ -341,6 +358,9 @@ func (h *Handler) detailOf(st *supervisor.Status) detailBody {
 	}
 	if st.StartedAt != nil {
 		d.StartedAt = *st.StartedAt
+	}
+	for _, m := range st.Config.Volumes {
+		d.VolumeMounts = append(d.VolumeMounts, volumeMountBody{Name: m.Name, Path: m.Path})
 	}
 	// A sandbox without a lifetime has no end; E2B's schema wants one, and its start is the
 	// one time that is certainly not in the future.

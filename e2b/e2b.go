@@ -15,6 +15,7 @@ import (
 
 	"github.com/bothy/bothy/supervisor"
 	"github.com/bothy/bothy/usage"
+	"github.com/bothy/bothy/volume"
 )
 
 // Supervisor is what this package needs of the supervisor ([supervisor.Supervisor]).
@@ -80,6 +81,8 @@ type Config struct {
 	Logger       *slog.Logger
 	// Usage, if set, answers getMetrics and GET /sandboxes/metrics; nil answers them 501.
 	Usage *usage.Sampler
+	// Volumes, if set, serves E2B's volumes (volumes.go); nil answers them 501.
+	Volumes *volume.Store
 }
 
 // Handler serves both of E2B's planes; mount it where [Claims] says.
@@ -117,13 +120,17 @@ func Claims(r *http.Request) bool {
 	}
 	p := r.URL.Path
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
-		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/")
+		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
+		p == "/volumes" || strings.HasPrefix(p, "/volumes/") || strings.HasPrefix(p, "/volumecontent/")
 }
 
 // IsUpload reports whether r, which [Claims] claims, is a file upload (envd's POST
 // /files), whose body may be large and slow: bothyd's server bounds its pauses rather than
 // its whole time.
 func IsUpload(r *http.Request) bool {
+	if r.Method == http.MethodPut && isVolumeContent(r) {
+		return true // a volume's file, streamed
+	}
 	return r.Header.Get(SandboxHeader) != "" && r.Method == http.MethodPost && r.URL.Path == "/files"
 }
 
@@ -145,6 +152,10 @@ func IsStream(r *http.Request) bool {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get(SandboxHeader) != "" {
 		h.serveEnvd(w, r)
+		return
+	}
+	if isVolumeContent(r) {
+		h.serveVolumeContent(w, r)
 		return
 	}
 	h.serveControl(w, r)

@@ -2,7 +2,7 @@
 # live.sh CMD [ARG...] runs CMD against a live bothyd, as the E2B SDK flows beside it need
 # (js/run.sh, python/run.sh): builds bothyd and bothyd-runtime from this checkout, starts
 # bothyd as root on a free loopback port with a temporary state root and token, points
-# E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL at it, and runs CMD in the current directory.
+# E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and E2B_VOLUME_API_URL at it, and runs CMD in the current directory.
 # BOTHY_RESTART names a script the flow runs to kill bothyd (SIGKILL) and start it again
 # on the same state. CMD's exit status is live.sh's; bothyd is stopped after it.
 set -euo pipefail
@@ -63,4 +63,4 @@ exit 1
 SCRIPT
 bash "$tmp/bothyd.sh"
 unset E2B_DEBUG E2B_DOMAIN
-BOTHY_RESTART="$tmp/bothyd.sh" E2B_API_KEY="e2b_$token" E2B_API_URL=$url E2B_SANDBOX_URL=$url "$@"
+BOTHY_RESTART="$tmp/bothyd.sh" E2B_API_KEY="e2b_$token" E2B_API_URL=$url E2B_SANDBOX_URL=$url E2B_VOLUME_API_URL=$url "$@"

@@ -1,10 +1,11 @@
 // Drives a live bothyd with the unmodified E2B JS SDK (docs/e2b.md). run.sh sets
-// E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL to the server; nothing here patches the SDK.
+// E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and E2B_VOLUME_API_URL to the server; nothing here
+// patches the SDK.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { Sandbox, CommandExitError, TimeoutError } from 'e2b';
+import { Sandbox, CommandExitError, TimeoutError, Volume } from 'e2b';
 
 const metadata = { suite: 'e2b-compat', run: String(process.pid) };
 
@@ -219,4 +220,47 @@ test('getMetrics, and autoPause with autoResume: asleep when idle, woken by a co
   } finally {
     await sbx.kill();
   }
+});
+
+test('volumes: create, connect, list, files, volumeMounts shared by two sandboxes, destroy', { timeout: 180_000 }, async () => {
+  const name = `e2b-vol-${process.pid}`;
+  const vol = await Volume.create(name);
+  assert.equal(vol.name, name);
+  try {
+    const again = await Volume.connect(vol.volumeId);
+    assert.equal(again.name, name);
+    assert.ok((await Volume.list()).some((v) => v.volumeId === vol.volumeId), 'the volume is listed');
+
+    const written = await vol.writeFile('/seed/hello.txt', 'from the volume API\n');
+    assert.equal(written.type, 'file');
+    assert.equal(written.uid, 1000);
+    assert.equal(await vol.readFile('/seed/hello.txt'), 'from the volume API\n');
+    const dir = await vol.makeDir('/made/deeper', { force: true });
+    assert.equal(dir.type, 'directory');
+    assert.equal(await vol.exists('/made/deeper'), true);
+    assert.equal(await vol.exists('/nope'), false);
+    const names = (await vol.list('/')).map((e) => e.name).sort();
+    assert.ok(names.includes('seed') && names.includes('made'), `listing: ${names}`);
+
+    const a = await Sandbox.create({ metadata, timeoutMs: 120_000, volumeMounts: { '/data': vol } });
+    const b = await Sandbox.create({ metadata, timeoutMs: 120_000, volumeMounts: { '/home/user/shared': name } });
+    try {
+      assert.equal((await a.commands.run('cat /data/seed/hello.txt')).stdout, 'from the volume API\n');
+      await a.commands.run('echo from-a > /data/a.txt');
+      assert.equal((await b.commands.run('cat /home/user/shared/a.txt')).stdout, 'from-a\n');
+      await b.commands.run('echo from-b > /home/user/shared/b.txt');
+      assert.equal((await a.commands.run('cat /data/b.txt')).stdout, 'from-b\n');
+      assert.equal(await vol.readFile('/b.txt'), 'from-b\n');
+      // In use: E2B's destroy fails rather than pull the files from under the sandboxes.
+      await assert.rejects(Volume.destroy(vol.volumeId), /in use|mounted/i);
+    } finally {
+      await a.kill();
+      await b.kill();
+    }
+    await vol.remove('/made');
+    assert.equal(await vol.exists('/made'), false);
+  } finally {
+    assert.equal(await Volume.destroy(vol.volumeId), true);
+  }
+  assert.equal(await Volume.destroy(vol.volumeId), false);
 });
