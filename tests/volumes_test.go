@@ -371,3 +371,55 @@ func TestVolumeCLI(t *testing.T) {
 	}
 	d.wantFail(2, "not NAME:/PATH", "create", "x", "--volume", "nopath")
 }
+
+// A capture holds none of a volume's files (the volume is a mount of its own, not in the
+// writable layer), and a clone mounts the volumes its own create names, or none.
+func TestVolumeTemplates(t *testing.T) {
+	d := startVolumeDaemon(t)
+	d.createVolume("tpl-data", 64)
+	d.createVolume("tpl-other", 16)
+	d.createWithVolumes("tpl-src", map[string]any{"name": "tpl-data", "path": "/data"})
+	if got := d.sh("tpl-src", "head -c 8388608 /dev/zero > /data/big && echo own > /home/user/own && sync"); got.ExitCode != 0 {
+		t.Fatalf("%+v", got)
+	}
+	if r := d.doJSON("POST", "/v1/sandboxes/tpl-src/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Body)
+	}
+	if r := d.doJSON("POST", "/v1/templates", map[string]any{"name": "tpl"}); r.Status != 201 {
+		t.Fatalf("template: %d %s", r.Status, r.Body)
+	}
+	g := decode[generationJSON](t, d.doJSON("POST", "/v1/templates/tpl/generations", map[string]any{"sandbox": "tpl-src"}), 201)
+	if g.SizeBytes >= 8<<20 {
+		t.Fatalf("the generation holds %d bytes: the volume's 8 MiB file was copied", g.SizeBytes)
+	}
+	clone := func(id string, vols ...map[string]any) {
+		body := map[string]any{"id": id, "template": "tpl", "start": true}
+		if len(vols) > 0 {
+			body["volumes"] = vols
+		}
+		r := d.doJSON("POST", "/v1/sandboxes", body)
+		if r.Status != 201 {
+			t.Fatalf("clone %s: %d %s", id, r.Status, r.Body)
+		}
+		t.Cleanup(func() {
+			d.doJSON("POST", "/v1/sandboxes/"+id+"/stop?force=true", nil)
+			d.doJSON("DELETE", "/v1/sandboxes/"+id, nil)
+		})
+	}
+	clone("tpl-bare")
+	if got := d.sh("tpl-bare", "cat /home/user/own; ls -A /data 2>/dev/null | wc -l"); got.Stdout != "own\n0\n" {
+		t.Fatalf("a clone without volumes: %+v", got)
+	}
+	clone("tpl-other-clone", map[string]any{"name": "tpl-other", "path": "/data"})
+	if got := d.sh("tpl-other-clone", "test -e /data/big; echo $?; echo mine > /data/m"); got.Stdout != "1\n" {
+		t.Fatalf("a clone with another volume at the same path: %+v", got)
+	}
+	clone("tpl-same", map[string]any{"name": "tpl-data", "path": "/data"})
+	if got := d.sh("tpl-same", "stat -c %s /data/big"); got.Stdout != "8388608\n" {
+		t.Fatalf("a clone naming the source's volume: %+v", got)
+	}
+	v := decode[volumeJSON](t, d.do("GET", "/v1/volumes/tpl-data", nil, nil), 200)
+	if strings.Join(v.Sandboxes, ",") != "tpl-same,tpl-src" {
+		t.Fatalf("the holders of tpl-data: %v", v.Sandboxes)
+	}
+}
