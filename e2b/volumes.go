@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/errcode"
-	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/supervisor"
 	"github.com/bothy/bothy/volume"
 )
 
@@ -124,10 +124,10 @@ func (h *Handler) deleteVolume(w http.ResponseWriter, r *http.Request) {
 func volumeMounts(in []struct {
 	Name string `json:"name"`
 	Path string `json:"path"`
-}) []store.VolumeMount {
-	var out []store.VolumeMount
+}) []supervisor.VolumeMount {
+	var out []supervisor.VolumeMount
 	for _, m := range in {
-		out = append(out, store.VolumeMount{Name: m.Name, Path: m.Path})
+		out = append(out, supervisor.VolumeMount{Name: m.Name, Path: m.Path})
 	}
 	return out
 }

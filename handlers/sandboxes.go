@@ -8,7 +8,6 @@ import (
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/naming"
 	"github.com/bothy/bothy/openapi"
-	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/supervisor"
 )
 
@@ -62,7 +61,7 @@ func (h *Handlers) createRequest(body *openapi.CreateSandboxRequest) (supervisor
 	}
 	if body.Volumes != nil {
 		for _, v := range *body.Volumes {
-			creq.Volumes = append(creq.Volumes, store.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly != nil && *v.ReadOnly})
+			creq.Volumes = append(creq.Volumes, supervisor.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly != nil && *v.ReadOnly})
 		}
 	}
 	if body.Runtime != nil {

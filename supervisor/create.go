@@ -50,7 +50,7 @@ type CreateRequest struct {
 	// Sleep, when set, lets the sandbox sleep when idle and wake on use (sleep.go).
 	Sleep *SleepPolicy
 	// Volumes are the volumes to mount (volumes.go); a clone names its own.
-	Volumes []store.VolumeMount
+	Volumes []VolumeMount
 
 	// spare makes the sandbox a spare.
 	spare bool

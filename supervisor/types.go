@@ -20,6 +20,9 @@ type Resources = store.Resources
 // SleepPolicy is when a sandbox sleeps when idle and whether use wakes it.
 type SleepPolicy = store.SleepPolicy
 
+// VolumeMount is a volume a sandbox mounts: its name, where inside, read-only or not.
+type VolumeMount = store.VolumeMount
+
 // Exit is how a sandbox's run ended: the runtime's outcome report.
 type Exit = runtime.Outcome
 

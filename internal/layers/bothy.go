@@ -43,6 +43,7 @@ var Classes = map[string]Class{
 	"store/image":               Host,
 	"store/template":            Host,
 	"supervisor":                Host,
+	"volume":                    Host,
 
 	// E2B compatibility (docs/e2b.md): the control plane and envd plane served to E2B's
 	// SDKs, and the Connect services generated from e2b/envd's .proto files.
