@@ -45,6 +45,12 @@
 //   - The webhooks' records (package webhook, <root>/webhooks): every record and outbox
 //     entry reads, no temporary file or outbox of a deleted webhook is left; beside a running
 //     server, which holds their lock, they are only read (a note says so).
+//   - The volumes (package volume, through cmd/bothyd, docs/volumes.md): half-made volumes,
+//     unfinished deletes, records without their image, ready volumes not mounted, stale
+//     holds, and host mounts and loop devices below <root>/volumes that no ready volume has
+//     (which the host mounts' and loop devices' own checks leave to it). Repair fixes each
+//     under the volume store's lock, but a leftover loop device, which clears itself once
+//     the mount that holds it goes.
 //   - The kept answers of idempotent creates (package idempotency): every record reads; an
 //     expired record or an old temporary file is a leftover.
 //   - The store's trash (store.TrashDir) is counted: bins of deleted sandboxes' entries

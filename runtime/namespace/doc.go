@@ -105,6 +105,11 @@
 //     (v2); the cgroup namespace is rooted at it. Nothing else of /sys.
 //   - /run/bothyd is a small, empty tmpfs, root's alone (0700). Nothing of the state
 //     directory is visible inside.
+//   - Volumes (Spec.Volumes, docs/volumes.md): the shim clones each volume's host mount,
+//     nosuid, nodev, read-only if asked, idmapped by the sandbox's mapping like the layers (a
+//     volume that cannot be idmapped fails the start), and the init attaches it at its path
+//     after the host binds, resolved inside the root. Every sandbox mounting a volume shares
+//     its one superblock, and so each other's writes.
 //
 // The control socket is <dir>/control/control.sock ([Runtime.ControlPath]). The shim makes
 // it and listens on it before it starts the init, and hands the listening descriptor down
