@@ -290,14 +290,20 @@ func (s *Store) Open(name, p string) (io.ReadCloser, int64, error) {
 		return nil, 0, fault(name, apiPath(rel), err)
 	}
 	f := os.NewFile(uintptr(fd), apiPath(rel))
-	return &rootedFile{Reader: io.LimitReader(f, st.Size), f: f, release: r.release}, st.Size, nil
+	return &rootedFile{LimitedReader: io.LimitedReader{R: f, N: st.Size}, f: f, release: r.release}, st.Size, nil
 }
 
+// rootedFile is an opened volume file, read up to its size at the open.
 type rootedFile struct {
-	io.Reader
+	io.LimitedReader
 	f       *os.File
 	release func()
 }
+
+// WriteTo hands the writer the file itself (behind its limit), so that a writer that reads
+// from files (an HTTP response on a TCP connection: sendfile) copies without this process
+// reading the bytes.
+func (r *rootedFile) WriteTo(w io.Writer) (int64, error) { return io.Copy(w, &r.LimitedReader) }
 
 func (r *rootedFile) Close() error {
 	err := r.f.Close()
