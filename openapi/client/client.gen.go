@@ -2002,11 +2002,17 @@ type VolumeMount struct {
 	// Path Where the volume goes inside the sandbox: a clean absolute path other than `/`,
 	// not at or below `/proc`, `/sys`, `/dev` or `/run/bothyd`, and neither at nor
 	// inside another mount's path.
-	Path AbsolutePath `json:"path"`
+	Path VolumeMountPath `json:"path"`
 
 	// ReadOnly Mount the volume read-only in this sandbox (default false).
 	ReadOnly *bool `json:"read_only,omitempty"`
 }
+
+// VolumeMountPath A clean absolute path below `/`: components separated by single `/`, none of them `.`
+// or `..`, no trailing `/`, no NUL bytes.
+//
+// Example: /data
+type VolumeMountPath = string
 
 // VolumeName 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //

@@ -2177,6 +2177,12 @@ export interface components {
          * @example datasets
          */
         VolumeName: string;
+        /**
+         * @description A clean absolute path below `/`: components separated by single `/`, none of them `.`
+         *     or `..`, no trailing `/`, no NUL bytes.
+         * @example /data
+         */
+        VolumeMountPath: string;
         CreateVolumeRequest: {
             name: components["schemas"]["VolumeName"];
             /** @description The volume's size in MiB (default 1024). */
@@ -2206,7 +2212,7 @@ export interface components {
              *     not at or below `/proc`, `/sys`, `/dev` or `/run/bothyd`, and neither at nor
              *     inside another mount's path.
              */
-            path: components["schemas"]["AbsolutePath"];
+            path: components["schemas"]["VolumeMountPath"];
             /** @description Mount the volume read-only in this sandbox (default false). */
             read_only?: boolean;
         };
