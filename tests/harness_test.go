@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bothy/bothy/platform"
 	"github.com/bothy/bothy/runtime/namespace"
 )
 
@@ -435,6 +436,14 @@ func reapSandboxes(t testing.TB, root string) {
 	if os.Geteuid() != 0 {
 		return
 	}
+	// Volumes (docs/volumes.md) stay mounted on the host after bothyd stops, by design: the
+	// state root, a temporary directory, could not be removed with them. Detached after the
+	// sandboxes that mount them have ended (deferred).
+	defer func() {
+		if err := platform.UnmountUnder(filepath.Join(root, "volumes")); err != nil {
+			t.Logf("detaching the volumes left under %s: %v", root, err)
+		}
+	}()
 	rt, err := namespace.New(namespace.Config{})
 	if err != nil {
 		return

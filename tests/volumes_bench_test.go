@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"testing"
-
-	"github.com/bothy/bothy/platform"
 )
 
 // volumeBenchBytes is what each iteration of BenchmarkVolumeThroughput writes or reads.
@@ -26,7 +23,6 @@ const volumeBenchBytes = 128 << 20
 // MB/s is the throughput; ns/op one write or read.
 func BenchmarkVolumeThroughput(b *testing.B) {
 	d := benchDaemon(b)
-	b.Cleanup(func() { _ = platform.UnmountUnder(filepath.Join(d.Root, "volumes")) })
 	d.mustStatus(201, "POST", "/v1/volumes", map[string]any{"name": "bench", "size_mb": 1024})
 	b.Cleanup(func() { d.doJSON("DELETE", "/v1/volumes/bench", nil) })
 	d.mustStatus(201, "POST", "/v1/sandboxes", map[string]any{"id": "vol-bench", "start": true,

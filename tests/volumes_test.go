@@ -31,21 +31,14 @@ type volumeEntryJSON struct {
 	Target string `json:"target"`
 }
 
-// startVolumeDaemon starts bothyd on a root whose volumes' host mounts are detached when
-// the test ends, after bothyd stopped and its sandboxes were reaped: the state root is a
-// temporary directory, which cannot be removed with file systems mounted below it.
+// startVolumeDaemon starts bothyd for a test of volumes, which need root; the harness
+// detaches the volumes' host mounts when the test ends (reapSandboxes).
 func startVolumeDaemon(t *testing.T) *daemon {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("volumes need root (loop devices and mounts)")
 	}
-	root := filepath.Join(t.TempDir(), "root")
-	t.Cleanup(func() {
-		if err := platform.UnmountUnder(filepath.Join(root, "volumes")); err != nil {
-			t.Errorf("detaching the volumes: %v", err)
-		}
-	})
-	return startDaemon(t, func(d *daemon) { d.Root = root })
+	return startDaemon(t)
 }
 
 func (d *daemon) createVolume(name string, sizeMB int) volumeJSON {
