@@ -57,6 +57,15 @@ type Store struct {
 	mke2fs string
 	// files guards each volume's files against its deletion: file operations hold it shared.
 	files sync.Map // name -> *sync.RWMutex
+	// crashPoint, when set (by tests), is called at each step of a create and a delete, and
+	// may kill the process there.
+	crashPoint func(step string)
+}
+
+func (s *Store) crash(step string) {
+	if s.crashPoint != nil {
+		s.crashPoint(step)
+	}
 }
 
 // Open opens (making it if missing) the volumes directory of the state root.
@@ -180,12 +189,14 @@ func (s *Store) Create(ctx context.Context, name string, sizeMB int) (*Volume, e
 	if err := platform.SyncDirPath(s.dir); err != nil {
 		return nil, err
 	}
+	s.crash("recorded")
 	if err := s.make(ctx, v, prog); err != nil {
 		if rerr := s.teardown(name); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 		return nil, err
 	}
+	s.crash("mounted")
 	v.State = StateReady
 	if err := s.writeRecord(v); err != nil {
 		if rerr := s.teardown(name); rerr != nil {
@@ -193,6 +204,7 @@ func (s *Store) Create(ctx context.Context, name string, sizeMB int) (*Volume, e
 		}
 		return nil, err
 	}
+	s.crash("ready")
 	return v, nil
 }
 
@@ -204,26 +216,26 @@ func (s *Store) make(ctx context.Context, v *Volume, prog string) error {
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(int64(v.SizeMB) << 20)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	defer f.Close()
+	if err := f.Truncate(int64(v.SizeMB) << 20); err != nil {
 		return err
 	}
 	// -m 0: no blocks reserved for root (the volume is all the user's); root_owner: the
 	// volume's root is the sandbox user's, as its home is; lazy inode tables and journal:
 	// mke2fs writes some 16 MiB of a 1 TiB image, not gigabytes of zeroes (the kernel zeroes
-	// the tables later by discard on the loop device, which keeps the image sparse).
+	// the tables later by discard on the loop device, which keeps the image sparse). The image
+	// is handed over open (fd 3), as the file just made, not by a path to look up again.
+	//nolint:gosec // prog is mke2fs, found by tool(); every argument is a constant or a descriptor
 	cmd := exec.CommandContext(ctx, prog, "-q", "-F", "-t", "ext4", "-m", "0",
-		"-E", fmt.Sprintf("root_owner=%d:%d,lazy_itable_init=1,lazy_journal_init=1", userUID, userGID),
-		"-L", v.Name[:min(len(v.Name), 16)], img)
+		"-E", fmt.Sprintf("root_owner=%d:%d,lazy_itable_init=1,lazy_journal_init=1", userUID, userGID), "/proc/self/fd/3")
+	cmd.ExtraFiles = []*os.File{f}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("volume: mke2fs %s: %w: %s", v.Name, err, trunc(string(out)))
 	}
-	if err := syncFile(img); err != nil {
+	if err := f.Sync(); err != nil {
 		return err
 	}
+	s.crash("image")
 	for _, d := range []string{HoldsName, MountName} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
@@ -233,15 +245,6 @@ func (s *Store) make(ctx context.Context, v *Volume, prog string) error {
 		return err
 	}
 	return s.mount(v.Name)
-}
-
-func syncFile(p string) error {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // tool finds mke2fs.
@@ -359,6 +362,7 @@ func (s *Store) teardown(name string) error {
 			return err
 		}
 	}
+	s.crash("unmounted")
 	d, err := platform.OpenDir(s.dir)
 	if err != nil {
 		return err
@@ -514,6 +518,7 @@ func (s *Store) Delete(name string) error {
 			return err
 		}
 	}
+	s.crash("deleting")
 	return s.teardown(name)
 }
 
