@@ -233,6 +233,9 @@ func (h *Handler) listVolumeDir(w http.ResponseWriter, r *http.Request, vs *volu
 	for level := 0; level < depth && len(dirs) > 0 && len(out) < volume.MaxListEntries; level++ {
 		var next []string
 		for _, d := range dirs {
+			if len(out) == volume.MaxListEntries {
+				break // full: no more directories are read
+			}
 			ents, err := vs.ListDir(id, d)
 			if err != nil {
 				if level == 0 {
