@@ -24,23 +24,6 @@ import (
 // link leads out), no /proc magic link, never onto another file system.
 const resolve = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
-// Entry is a file of a volume, as the files API shows it.
-type Entry struct {
-	Name string
-	// Path is absolute, from the volume's root.
-	Path    string
-	Type    string // "file", "directory", "symlink" or "other"
-	Size    int64
-	Mode    uint32 // the permission bits
-	UID     uint32
-	GID     uint32
-	ModTime time.Time
-	ATime   time.Time
-	CTime   time.Time
-	// Target is a symbolic link's target, as written (never followed).
-	Target string
-}
-
 // volRoot is an open volume root, held until release.
 type volRoot struct {
 	fd      int
@@ -309,26 +292,6 @@ func (r *rootedFile) Close() error {
 	err := r.f.Close()
 	r.release()
 	return err
-}
-
-// WriteOptions are a write's or a mkdir's owner and mode; nil means the sandbox's user
-// (1000:1000) and 0644 for a file, 0755 for a directory.
-type WriteOptions struct {
-	UID, GID *uint32
-	Mode     *uint32
-	// Parents makes missing parent directories, as mkdir -p does.
-	Parents bool
-}
-
-func (o WriteOptions) owner() (int, int) {
-	uid, gid := userUID, userGID
-	if o.UID != nil {
-		uid = int(*o.UID)
-	}
-	if o.GID != nil {
-		gid = int(*o.GID)
-	}
-	return uid, gid
 }
 
 // mkdirs makes rel (a directory) and its missing parents below root, each owned as o says,

@@ -18,10 +18,6 @@ type Store struct{}
 
 type Problem struct{ Kind, Entry, Detail string }
 
-type Entry struct{}
-
-type WriteOptions struct{}
-
 const Dir = "volumes"
 
 func Open(root string) (*Store, error) { return nil, platform.ErrUnsupported }

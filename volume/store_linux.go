@@ -35,14 +35,6 @@ const (
 	maxRecord = 64 << 10
 )
 
-// The sandbox's workload user, uid and gid 1000 on disk in every sandbox (each sandbox's
-// idmapped mount maps it to that sandbox's own host id): a volume's root and the files the
-// API writes are its.
-const (
-	userUID = 1000
-	userGID = 1000
-)
-
 // HeldBy reports whether the sandbox id still holds the volume name: it exists (or is being
 // provisioned) and its configuration names the volume. A hold it denies is stale.
 type HeldBy func(sandboxID, name string) bool

@@ -130,3 +130,48 @@ func trunc(s string) string {
 func notFound(name string) error {
 	return errcode.New(CodeNotFound, "No volume is named %q; list them with GET /v1/volumes, or create it first.", trunc(name))
 }
+
+// The sandbox's workload user, uid and gid 1000 on disk in every sandbox (each sandbox's
+// idmapped mount maps it to that sandbox's own host id): a volume's root and the files the
+// API writes are its.
+const (
+	userUID = 1000
+	userGID = 1000
+)
+
+// Entry is a file of a volume, as the files API shows it.
+type Entry struct {
+	Name string
+	// Path is absolute, from the volume's root.
+	Path    string
+	Type    string // "file", "directory", "symlink" or "other"
+	Size    int64
+	Mode    uint32 // the permission bits
+	UID     uint32
+	GID     uint32
+	ModTime time.Time
+	ATime   time.Time
+	CTime   time.Time
+	// Target is a symbolic link's target, as written (never followed).
+	Target string
+}
+
+// WriteOptions are a write's or a mkdir's owner and mode; nil means the sandbox's user
+// (1000:1000) and 0644 for a file, 0755 for a directory.
+type WriteOptions struct {
+	UID, GID *uint32
+	Mode     *uint32
+	// Parents makes missing parent directories, as mkdir -p does.
+	Parents bool
+}
+
+func (o WriteOptions) owner() (int, int) {
+	uid, gid := userUID, userGID
+	if o.UID != nil {
+		uid = int(*o.UID)
+	}
+	if o.GID != nil {
+		gid = int(*o.GID)
+	}
+	return uid, gid
+}
