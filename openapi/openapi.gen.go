@@ -2399,6 +2399,17 @@ type TombstoneGenerationParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// CreateVolumeParams defines parameters for CreateVolume.
+type CreateVolumeParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // RemoveVolumeFileParams defines parameters for RemoveVolumeFile.
 type RemoveVolumeFileParams struct {
 	// Recursive Remove a directory with everything in it.
@@ -2600,7 +2611,7 @@ type ServerInterface interface {
 	ListVolumes(w http.ResponseWriter, r *http.Request)
 	// CreateVolume Create a volume
 	// (POST /v1/volumes)
-	CreateVolume(w http.ResponseWriter, r *http.Request)
+	CreateVolume(w http.ResponseWriter, r *http.Request, params CreateVolumeParams)
 	// DeleteVolume Delete a volume and its files
 	// (DELETE /v1/volumes/{name})
 	DeleteVolume(w http.ResponseWriter, r *http.Request, name VolumeNamePath)
@@ -2870,7 +2881,7 @@ func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request) {
 
 // CreateVolume Create a volume
 // (POST /v1/volumes)
-func (_ Unimplemented) CreateVolume(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) CreateVolume(w http.ResponseWriter, r *http.Request, params CreateVolumeParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -4516,8 +4527,35 @@ func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Re
 // CreateVolume operation middleware
 func (siw *ServerInterfaceWrapper) CreateVolume(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateVolumeParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.CreateVolume(w, r)
+		siw.Handler.CreateVolume(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -11027,7 +11065,8 @@ func (response ListVolumes501ApplicationProblemPlusJSONResponse) VisitListVolume
 }
 
 type CreateVolumeRequestObject struct {
-	Body *CreateVolumeJSONRequestBody
+	Params CreateVolumeParams
+	Body   *CreateVolumeJSONRequestBody
 }
 
 type CreateVolumeResponseObject interface {
@@ -11127,6 +11166,22 @@ func (response CreateVolume413ApplicationProblemPlusJSONResponse) VisitCreateVol
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume422ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -14091,8 +14146,10 @@ func (sh *strictHandler) ListVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 // CreateVolume operation middleware
-func (sh *strictHandler) CreateVolume(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) CreateVolume(w http.ResponseWriter, r *http.Request, params CreateVolumeParams) {
 	var request CreateVolumeRequestObject
+
+	request.Params = params
 
 	var body CreateVolumeJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {

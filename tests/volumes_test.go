@@ -162,6 +162,14 @@ func TestVolumeMountPathsAreValidated(t *testing.T) {
 	wantProblem(t, d.do("GET", "/v1/sandboxes/vm-vol", nil, nil), 404, "sandbox-not-found")
 	wantProblem(t, d.doJSON("POST", "/v1/volumes", map[string]any{"name": "v"}), 409, "volume-exists")
 	wantProblem(t, d.doJSON("POST", "/v1/volumes", map[string]any{"name": "tiny", "size_mb": 1}), 400, "invalid-request")
+	// A create with an Idempotency-Key answers a repeat with the first answer, not volume-exists.
+	key := http.Header{"Idempotency-Key": {"vol-key-1"}}
+	body := `{"name":"once","size_mb":16}`
+	first := d.do("POST", "/v1/volumes", strings.NewReader(body), key)
+	again := d.do("POST", "/v1/volumes", strings.NewReader(body), key)
+	if first.Status != 201 || again.Status != 201 || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("idempotent create: %d, then %d %q", first.Status, again.Status, again.Header.Get("Idempotent-Replayed"))
+	}
 }
 
 // A volume is as large as it was made: a write through the API past it answers 507

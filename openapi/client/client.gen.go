@@ -2514,6 +2514,17 @@ type TombstoneGenerationParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// CreateVolumeParams defines parameters for CreateVolume.
+type CreateVolumeParams struct {
+	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
+	// within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+	// true`) instead of creating again, also after a restart of the server. A repeat with
+	// another request (method, path or body) is refused `422 idempotency-key-reused`; one
+	// while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+	// moment). A refused or failed first request keeps nothing. A UUID is usual.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // RemoveVolumeFileParams defines parameters for RemoveVolumeFile.
 type RemoveVolumeFileParams struct {
 	// Recursive Remove a directory with everything in it.
@@ -3405,12 +3416,13 @@ type ClientInterface interface {
 	// `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 	// enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 	// through the API; the file system's own overhead (about 5% of a small volume) is part
-	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+	// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-	CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateVolumeWithBody(ctx context.Context, params *CreateVolumeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateVolume Create a volume
 	//
@@ -3419,12 +3431,13 @@ type ClientInterface interface {
 	// `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 	// enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 	// through the API; the file system's own overhead (about 5% of a small volume) is part
-	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+	// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-	CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateVolume(ctx context.Context, params *CreateVolumeParams, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteVolume Delete a volume and its files
 	//
@@ -4844,13 +4857,14 @@ func (c *Client) ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn)
 // `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 // enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 // through the API; the file system's own overhead (about 5% of a small volume) is part
-// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 //
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-func (c *Client) CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateVolumeRequestWithBody(c.Server, contentType, body)
+func (c *Client) CreateVolumeWithBody(ctx context.Context, params *CreateVolumeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4868,13 +4882,14 @@ func (c *Client) CreateVolumeWithBody(ctx context.Context, contentType string, b
 // `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 // enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 // through the API; the file system's own overhead (about 5% of a small volume) is part
-// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-func (c *Client) CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateVolumeRequest(c.Server, body)
+func (c *Client) CreateVolume(ctx context.Context, params *CreateVolumeParams, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -7843,18 +7858,18 @@ func NewListVolumesRequest(server string) (*http.Request, error) {
 }
 
 // NewCreateVolumeRequest calls the generic CreateVolume builder with application/json body
-func NewCreateVolumeRequest(server string, body CreateVolumeJSONRequestBody) (*http.Request, error) {
+func NewCreateVolumeRequest(server string, params *CreateVolumeParams, body CreateVolumeJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreateVolumeRequestWithBody(server, "application/json", bodyReader)
+	return NewCreateVolumeRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewCreateVolumeRequestWithBody constructs an http.Request for the CreateVolume method, with any body, and a specified content type
-func NewCreateVolumeRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreateVolumeRequestWithBody(server string, params *CreateVolumeParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -7878,6 +7893,21 @@ func NewCreateVolumeRequestWithBody(server string, contentType string, body io.R
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -9266,12 +9296,13 @@ type ClientWithResponsesInterface interface {
 	// `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 	// enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 	// through the API; the file system's own overhead (about 5% of a small volume) is part
-	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+	// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-	CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+	CreateVolumeWithBodyWithResponse(ctx context.Context, params *CreateVolumeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
 
 	// CreateVolumeWithResponse Create a volume
 	//
@@ -9280,12 +9311,13 @@ type ClientWithResponsesInterface interface {
 	// `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 	// enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 	// through the API; the file system's own overhead (about 5% of a small volume) is part
-	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+	// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+	// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-	CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+	CreateVolumeWithResponse(ctx context.Context, params *CreateVolumeParams, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
 
 	// DeleteVolumeWithResponse Delete a volume and its files
 	//
@@ -13969,6 +14001,8 @@ type CreateVolumeResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
@@ -14013,6 +14047,11 @@ func (r CreateVolumeResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r CreateVolumeResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -16290,13 +16329,14 @@ func (c *ClientWithResponses) ListVolumesWithResponse(ctx context.Context, reqEd
 // `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 // enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 // through the API; the file system's own overhead (about 5% of a small volume) is part
-// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-func (c *ClientWithResponses) CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
-	rsp, err := c.CreateVolumeWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreateVolumeWithBodyWithResponse(ctx context.Context, params *CreateVolumeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolumeWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -16310,13 +16350,14 @@ func (c *ClientWithResponses) CreateVolumeWithBodyWithResponse(ctx context.Conte
 // `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
 // enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
 // through the API; the file system's own overhead (about 5% of a small volume) is part
-// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+// of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+// an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
-func (c *ClientWithResponses) CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
-	rsp, err := c.CreateVolume(ctx, body, reqEditors...)
+func (c *ClientWithResponses) CreateVolumeWithResponse(ctx context.Context, params *CreateVolumeParams, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolume(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -20731,6 +20772,13 @@ func ParseCreateVolumeResponse(rsp *http.Response) (*CreateVolumeResponse, error
 			return nil, err
 		}
 		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked

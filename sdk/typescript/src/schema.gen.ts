@@ -1105,7 +1105,8 @@ export interface paths {
          *     `/v1/volumes/{name}/files` calls read and write without any sandbox. The size is
          *     enforced: a write past it fails with ENOSPC inside a sandbox and `volume-full` (507)
          *     through the API; the file system's own overhead (about 5% of a small volume) is part
-         *     of it. At most 256 volumes per server. docs/volumes.md says how volumes are made.
+         *     of it. At most 256 volumes per server. docs/volumes.md says how volumes are made. With
+         *     an `Idempotency-Key`, a repeat gets the first answer (see `createSandbox`).
          */
         post: operations["createVolume"];
         delete?: never;
@@ -4804,7 +4805,17 @@ export interface operations {
     createVolume: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Makes the create idempotent: a repeat with the same key, from the same credential,
+                 *     within 24 hours, gets the first successful answer again (with `Idempotent-Replayed:
+                 *     true`) instead of creating again, also after a restart of the server. A repeat with
+                 *     another request (method, path or body) is refused `422 idempotency-key-reused`; one
+                 *     while the first is still running `409 idempotency-key-in-flight` (repeat it in a
+                 *     moment). A refused or failed first request keeps nothing. A UUID is usual.
+                 */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -4828,6 +4839,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
