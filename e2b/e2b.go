@@ -93,6 +93,8 @@ type Handler struct {
 	envd http.Handler
 	// watchers are the polled watchers of the envd plane (watch.go).
 	watchers watcherTable
+	// volumeOps holds a slot per volume content call in flight (volumes.go).
+	volumeOps chan struct{}
 }
 
 // New returns the handler.
@@ -103,7 +105,7 @@ func New(cfg Config) *Handler {
 	if cfg.MaxFileBytes <= 0 {
 		cfg.MaxFileBytes = 8 << 30
 	}
-	h := &Handler{cfg: cfg, sup: cfg.Supervisor, log: cfg.Logger}
+	h := &Handler{cfg: cfg, sup: cfg.Supervisor, log: cfg.Logger, volumeOps: make(chan struct{}, maxVolumeOps)}
 	h.envd = h.envdRoutes()
 	return h
 }

@@ -159,6 +159,10 @@ func statOf(e *volume.Entry) entryStat {
 // isVolumeContent reports whether r is a call of E2B's volume content API.
 func isVolumeContent(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/volumecontent/") }
 
+// maxVolumeOps bounds the volume content calls in flight at once (each holds a descriptor of
+// the volume, a read until its body is sent), as bothyd's own file operations are bounded.
+const maxVolumeOps = 256
+
 // serveVolumeContent authenticates a content call by its volume's token and serves it.
 func (h *Handler) serveVolumeContent(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, "/volumecontent/")
@@ -170,6 +174,13 @@ func (h *Handler) serveVolumeContent(w http.ResponseWriter, r *http.Request) {
 	}
 	vs, ok := h.volumes(w)
 	if !ok {
+		return
+	}
+	select {
+	case h.volumeOps <- struct{}{}:
+		defer func() { <-h.volumeOps }()
+	default:
+		writeError(w, http.StatusServiceUnavailable, "The server has %d volume file calls in flight, the most it takes; retry shortly.", maxVolumeOps)
 		return
 	}
 	q := r.URL.Query()

@@ -17,8 +17,12 @@ const (
 	// MaxFileOpsPerSandbox bounds the file operations (list, read, write, remove) in flight on
 	// one sandbox; a read counts until its body has been sent.
 	MaxFileOpsPerSandbox = 16
-	// MaxFileOps bounds the file operations in flight on all sandboxes together.
+	// MaxFileOps bounds the file operations in flight on all sandboxes together, and on
+	// volumes' files (docs/volumes.md): both hold descriptors.
 	MaxFileOps = 256
+	// MaxFileOpsPerVolume bounds the file operations in flight on one volume's files; a read
+	// counts until its body has been sent.
+	MaxFileOpsPerVolume = 16
 	// MaxExecs bounds the execs, buffered and streamed, running on all sandboxes together;
 	// each sandbox runs one at a time (exec admission), so a sandbox holds at most one.
 	MaxExecs = 256
@@ -38,6 +42,7 @@ type bounds struct {
 	mu         sync.Mutex
 	fileOps    int
 	perSandbox map[string]int
+	perVolume  map[string]int
 	execs      int
 	events     int
 }
@@ -65,6 +70,33 @@ func (b *bounds) admitFileOp(id string) (release func(), err error) {
 		b.fileOps--
 		if b.perSandbox[id]--; b.perSandbox[id] == 0 {
 			delete(b.perSandbox, id)
+		}
+	}), nil
+}
+
+// admitVolumeFileOp counts a file operation on volume name, or refuses it: limit-reached
+// when the volume has its most, unavailable when the server has (the sandboxes' and the
+// volumes' file operations count together). release must be called once it ends.
+func (b *bounds) admitVolumeFileOp(name string) (release func(), err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.perVolume[name] >= MaxFileOpsPerVolume:
+		return nil, errcode.New(errcode.LimitReached,
+			"Volume %s has %d file operations in flight, the most one volume may have; retry when one ends.", name, MaxFileOpsPerVolume)
+	case b.fileOps >= MaxFileOps:
+		return nil, errcode.New(errcode.Unavailable,
+			"The server has %d file operations in flight, the most it takes; retry shortly.", MaxFileOps)
+	}
+	if b.perVolume == nil {
+		b.perVolume = map[string]int{}
+	}
+	b.perVolume[name]++
+	b.fileOps++
+	return b.once(func() {
+		b.fileOps--
+		if b.perVolume[name]--; b.perVolume[name] == 0 {
+			delete(b.perVolume, name)
 		}
 	}), nil
 }
@@ -133,6 +165,10 @@ type releasingReader struct {
 	io.ReadCloser
 	release func()
 }
+
+// WriteTo copies the body as its own reader would (a volume's file hands the response the
+// file itself, for sendfile), keeping the slot until Close.
+func (r *releasingReader) WriteTo(w io.Writer) (int64, error) { return io.Copy(w, r.ReadCloser) }
 
 func (r *releasingReader) Close() error {
 	defer r.release()

@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/bothy/bothy/errcode"
@@ -68,5 +69,46 @@ func TestExecAndEventBounds(t *testing.T) {
 	}
 	if _, err := b.admitEventStream(); errcode.Of(err) != errcode.LimitReached {
 		t.Fatalf("one event stream past the bound: %v, want limit-reached", err)
+	}
+}
+
+// A volume's file operations are bounded per volume (limit-reached) and count against the
+// server's total with the sandboxes' (unavailable).
+func TestVolumeFileOpBounds(t *testing.T) {
+	t.Parallel()
+	var b bounds
+	var releases []func()
+	for range MaxFileOpsPerVolume {
+		r, err := b.admitVolumeFileOp("v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, r)
+	}
+	if _, err := b.admitVolumeFileOp("v"); errcode.Of(err) != errcode.LimitReached {
+		t.Fatalf("one past the volume's bound: %v", err)
+	}
+	releases[0]()
+	releases[0]() // a second release is a no-op
+	r, err := b.admitVolumeFileOp("v")
+	if err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	releases[0] = r
+	for i := MaxFileOpsPerVolume; i < MaxFileOps; i++ {
+		r, err := b.admitFileOp(fmt.Sprintf("sb-%d", i%64))
+		if err != nil {
+			t.Fatalf("sandbox op %d: %v", i, err)
+		}
+		releases = append(releases, r)
+	}
+	if _, err := b.admitVolumeFileOp("w"); errcode.Of(err) != errcode.Unavailable {
+		t.Fatalf("one past the server's total: %v", err)
+	}
+	for _, r := range releases {
+		r()
+	}
+	if b.fileOps != 0 || len(b.perVolume) != 0 || len(b.perSandbox) != 0 {
+		t.Fatalf("after every release: %d ops, %v, %v", b.fileOps, b.perVolume, b.perSandbox)
 	}
 }

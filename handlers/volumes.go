@@ -97,12 +97,17 @@ func (h *Handlers) ReadVolumeFile(_ context.Context, req openapi.ReadVolumeFileR
 	if err != nil {
 		return nil, err
 	}
-	// The file belongs to the response, which streams and closes it.
+	release, err := h.bounds.admitVolumeFileOp(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	// The file belongs to the response, which streams and closes it, and releases the slot.
 	rc, size, err := vs.Open(req.Name, req.Params.Path)
 	if err != nil {
+		release()
 		return nil, pathFault(err)
 	}
-	return openapi.ReadVolumeFile200ApplicationOctetStreamResponse{Body: rc, ContentLength: size}, nil
+	return openapi.ReadVolumeFile200ApplicationOctetStreamResponse{Body: &releasingReader{ReadCloser: rc, release: release}, ContentLength: size}, nil
 }
 
 func (h *Handlers) WriteVolumeFile(_ context.Context, req openapi.WriteVolumeFileRequestObject) (openapi.WriteVolumeFileResponseObject, error) {
@@ -111,6 +116,11 @@ func (h *Handlers) WriteVolumeFile(_ context.Context, req openapi.WriteVolumeFil
 		return nil, err
 	}
 	parents := req.Params.Parents == nil || *req.Params.Parents
+	release, err := h.bounds.admitVolumeFileOp(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	e, err := vs.Write(req.Name, req.Params.Path, req.Body, volume.WriteOptions{Parents: parents})
 	if err != nil {
 		return nil, pathFault(err)
@@ -124,6 +134,11 @@ func (h *Handlers) RemoveVolumeFile(_ context.Context, req openapi.RemoveVolumeF
 		return nil, err
 	}
 	recursive := req.Params.Recursive != nil && *req.Params.Recursive
+	release, err := h.bounds.admitVolumeFileOp(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := vs.Remove(req.Name, req.Params.Path, recursive); err != nil {
 		return nil, pathFault(err)
 	}
@@ -135,6 +150,11 @@ func (h *Handlers) ListVolumeFiles(_ context.Context, req openapi.ListVolumeFile
 	if err != nil {
 		return nil, err
 	}
+	release, err := h.bounds.admitVolumeFileOp(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	ents, err := vs.ListDir(req.Name, req.Params.Path)
 	if err != nil {
 		return nil, pathFault(err)
@@ -152,6 +172,11 @@ func (h *Handlers) MakeVolumeDir(_ context.Context, req openapi.MakeVolumeDirReq
 		return nil, err
 	}
 	parents := req.Params.Parents == nil || *req.Params.Parents
+	release, err := h.bounds.admitVolumeFileOp(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	e, err := vs.Mkdir(req.Name, req.Params.Path, volume.WriteOptions{Parents: parents})
 	if err != nil {
 		return nil, pathFault(err)
