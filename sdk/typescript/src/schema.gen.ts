@@ -2319,7 +2319,7 @@ export interface components {
          *       `exit`;
          *     - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
          *     - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
-         *       (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
+         *       (woken by a request or resumed, after its `sandbox.resumed`): `sandbox`, `state`;
          *     - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
          *       `sandbox`, `state`, and `exit` when it was running;
          *     - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
