@@ -3,7 +3,6 @@ package idempotency
 import (
 	"io/fs"
 	"os"
-	"strings"
 	"path/filepath"
 	"testing"
 	"time"
@@ -180,14 +179,14 @@ func TestFinishWritesOutsideTheLock(t *testing.T) {
 	c := &clock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 	s := openAt(t, t.TempDir(), c, Options{})
 	entered, release := make(chan struct{}), make(chan struct{})
+	const scope, req = "alice", "r1"
 	s.writeRecord = func(dir, name string, data []byte, perm fs.FileMode) error {
-		if strings.Contains(string(data), "slow") {
+		if name == recordName(scope, "slow") {
 			close(entered)
 			<-release
 		}
 		return platform.WriteFileDurable(dir, name, data, perm)
 	}
-	const scope, req = "alice", "r1"
 	if a, err := s.Begin(scope, "slow", req); a != nil || err != nil {
 		t.Fatalf("Begin: %v %v", a, err)
 	}
