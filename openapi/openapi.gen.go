@@ -6297,6 +6297,22 @@ func (response ExecCommand413ApplicationProblemPlusJSONResponse) VisitExecComman
 	return err
 }
 
+type ExecCommand422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response ExecCommand422ApplicationProblemPlusJSONResponse) VisitExecCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ExecCommand423ApplicationProblemPlusJSONResponse struct {
 	LockedApplicationProblemPlusJSONResponse
 }

@@ -195,8 +195,8 @@ func TestSpecRejectsBrokenEdits(t *testing.T) {
 			"GET /v1/info: no 401 response"},
 		{"code under the wrong status", "\"423\": [sandbox-busy, transition-in-progress]", "\"423\": [sandbox-busy, transition-in-progress, stop-timeout]",
 			`lists "stop-timeout" under 423`},
-		{"error status without codes", "        \"404\": [sandbox-not-found, file-not-found]\n        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit, not-a-directory]\n        \"413\": [payload-too-large]",
-			"        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit, not-a-directory]\n        \"413\": [payload-too-large]",
+		{"error status without codes", "        \"404\": [sandbox-not-found, file-not-found]\n        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit, not-a-directory, symlink-loop]\n        \"413\": [payload-too-large]\n        \"422\": [name-too-long]",
+			"        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit, not-a-directory, symlink-loop]\n        \"413\": [payload-too-large]\n        \"422\": [name-too-long]",
 			"the 404 response names no codes"},
 	}
 	for _, tc := range tests {

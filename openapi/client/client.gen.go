@@ -2745,8 +2745,8 @@ type ClientInterface interface {
 	// A command that is not found exits 127, and one the user may not execute (or that is
 	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 	// that does not exist is refused with `file-not-found`, one that is not a directory with
-	// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-	// field `cwd`.
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2767,8 +2767,8 @@ type ClientInterface interface {
 	// A command that is not found exits 127, and one the user may not execute (or that is
 	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 	// that does not exist is refused with `file-not-found`, one that is not a directory with
-	// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-	// field `cwd`.
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3744,8 +3744,8 @@ func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ..
 // A command that is not found exits 127, and one the user may not execute (or that is
 // no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 // that does not exist is refused with `file-not-found`, one that is not a directory with
-// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-// field `cwd`.
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -3776,8 +3776,8 @@ func (c *Client) ExecCommandWithBody(ctx context.Context, id SandboxIDPath, cont
 // A command that is not found exits 127, and one the user may not execute (or that is
 // no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 // that does not exist is refused with `file-not-found`, one that is not a directory with
-// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-// field `cwd`.
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -7846,8 +7846,8 @@ type ClientWithResponsesInterface interface {
 	// A command that is not found exits 127, and one the user may not execute (or that is
 	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 	// that does not exist is refused with `file-not-found`, one that is not a directory with
-	// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-	// field `cwd`.
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -7868,8 +7868,8 @@ type ClientWithResponsesInterface interface {
 	// A command that is not found exits 127, and one the user may not execute (or that is
 	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 	// that does not exist is refused with `file-not-found`, one that is not a directory with
-	// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-	// field `cwd`.
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -9939,6 +9939,8 @@ type ExecCommandResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -9984,6 +9986,11 @@ func (r ExecCommandResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r ExecCommandResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ExecCommandResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -10059,6 +10066,8 @@ type ExecStreamResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
@@ -10098,6 +10107,11 @@ func (r ExecStreamResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ExecStreamResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ExecStreamResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -13701,8 +13715,8 @@ func (c *ClientWithResponses) GetSandboxWithResponse(ctx context.Context, id San
 // A command that is not found exits 127, and one the user may not execute (or that is
 // no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 // that does not exist is refused with `file-not-found`, one that is not a directory with
-// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-// field `cwd`.
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -13729,8 +13743,8 @@ func (c *ClientWithResponses) ExecCommandWithBodyWithResponse(ctx context.Contex
 // A command that is not found exits 127, and one the user may not execute (or that is
 // no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
 // that does not exist is refused with `file-not-found`, one that is not a directory with
-// `not-a-directory`, one the user may not enter with `permission-denied`, each with
-// field `cwd`.
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -15907,6 +15921,13 @@ func ParseExecCommandResponse(rsp *http.Response) (*ExecCommandResponse, error) 
 		}
 		response.ApplicationProblemJSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -16004,6 +16025,13 @@ func ParseExecStreamResponse(rsp *http.Response) (*ExecStreamResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked

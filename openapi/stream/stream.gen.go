@@ -226,6 +226,9 @@ type TooManyRequests = Problem
 // Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
 
+// UnprocessableEntity An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+type UnprocessableEntity = Problem
+
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
 	// Command The program and its arguments, one `command` per argument, in order. The first, the
