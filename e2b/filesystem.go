@@ -217,7 +217,10 @@ func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	if err != nil {
 		return nil, connectError(err)
 	}
-	if st.Type != supervisor.FileDir {
+	// A symbolic link is listed as what it points to, as envd follows it: a directory's
+	// entries, a refusal of what it is not (a file: invalid_argument; a loop:
+	// failed_precondition).
+	if st.Type != supervisor.FileDir && st.Type != supervisor.FileSymlink {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", p))
 	}
 	var out []*filesystem.EntryInfo
