@@ -1424,7 +1424,9 @@ type Problem struct {
 	// Detail What went wrong and what to do next, in a sentence.
 	Detail string `json:"detail"`
 
-	// Field For `invalid-request`, the request field at fault (JSON name or query parameter).
+	// Field For `invalid-request`, the request field at fault (JSON name or query parameter); for
+	// a refusal of the sandbox's files (`permission-denied`, `is-a-directory`, ...), the
+	// field whose path was refused (`path`, or an exec's `cwd`).
 	Field *string `json:"field,omitempty"`
 
 	// RequestID The request id, also in the `X-Request-Id` response header; quote it when reporting a problem.
@@ -6295,6 +6297,22 @@ func (response ExecCommand413ApplicationProblemPlusJSONResponse) VisitExecComman
 	return err
 }
 
+type ExecCommand422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response ExecCommand422ApplicationProblemPlusJSONResponse) VisitExecCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ExecCommand423ApplicationProblemPlusJSONResponse struct {
 	LockedApplicationProblemPlusJSONResponse
 }
@@ -6455,6 +6473,22 @@ func (response RemoveFile409ApplicationProblemPlusJSONResponse) VisitRemoveFileR
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RemoveFile422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response RemoveFile422ApplicationProblemPlusJSONResponse) VisitRemoveFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6631,6 +6665,22 @@ func (response ReadFile409ApplicationProblemPlusJSONResponse) VisitReadFileRespo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReadFile422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response ReadFile422ApplicationProblemPlusJSONResponse) VisitReadFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6812,6 +6862,22 @@ func (response WriteFile413ApplicationProblemPlusJSONResponse) VisitWriteFileRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WriteFile422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response WriteFile422ApplicationProblemPlusJSONResponse) VisitWriteFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -6998,6 +7064,22 @@ func (response ListFiles409ApplicationProblemPlusJSONResponse) VisitListFilesRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles422ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }

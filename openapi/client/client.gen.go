@@ -1456,7 +1456,9 @@ type Problem struct {
 	// Detail What went wrong and what to do next, in a sentence.
 	Detail string `json:"detail"`
 
-	// Field For `invalid-request`, the request field at fault (JSON name or query parameter).
+	// Field For `invalid-request`, the request field at fault (JSON name or query parameter); for
+	// a refusal of the sandbox's files (`permission-denied`, `is-a-directory`, ...), the
+	// field whose path was refused (`path`, or an exec's `cwd`).
 	Field *string `json:"field,omitempty"`
 
 	// RequestID The request id, also in the `X-Request-Id` response header; quote it when reporting a problem.
@@ -2740,6 +2742,12 @@ type ClientInterface interface {
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
 	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -2755,6 +2763,12 @@ type ClientInterface interface {
 	// One exec runs at a time per sandbox: while another holds the sandbox, this request
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
+	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2784,8 +2798,10 @@ type ClientInterface interface {
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 	//     `signal` is `null` when the command exited by itself. A command that is not found
-	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-	//     exec does, with the reason on stderr (stdout with `tty=true`);
+	//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+	//     a shell answers it and as the buffered exec does, with the reason on stderr
+	//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+	//     upgrade, as the buffered exec refuses it;
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -2802,9 +2818,11 @@ type ClientInterface interface {
 	// RemoveFile Remove a file, or a directory
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
-	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-	// must name something below it (`RemovablePath`).
+	// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does; a recursive removal does not enter another file
+	// system mounted in the tree (`mount-inside`). A path the user may not remove is
+	// refused with `permission-denied`. The root directory cannot be removed: `path` must
+	// name something below it (`RemovablePath`).
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2812,8 +2830,9 @@ type ClientInterface interface {
 	// ReadFile Read a file
 	//
 	// Streams the content of a regular file as `application/octet-stream`. Reading a
-	// directory is refused with `invalid-request` (field `path`); list it with
-	// `GET /v1/sandboxes/{id}/files/list` instead.
+	// directory is refused with `is-a-directory` (field `path`); list it with
+	// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+	// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 	//
 	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 	// empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -2831,7 +2850,9 @@ type ClientInterface interface {
 	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 	// `path`). Creating a parent needs the user to be allowed to write in the directory
 	// above it: a parent under `/` that the user may not create is refused with
-	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+	// `permission-denied` (field `path`), as is a file the user may not write. A directory
+	// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+	// with `not-a-directory`. The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type.
@@ -2842,7 +2863,8 @@ type ClientInterface interface {
 	// ListFiles List a directory
 	//
 	// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-	// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+	// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+	// one the user may not read with `permission-denied`.
 	// An operation of its own rather than a flag of the file read, so that each answer has
 	// one media type and a generated client one type for it.
 	//
@@ -3719,6 +3741,12 @@ func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ..
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
 //
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -3744,6 +3772,12 @@ func (c *Client) ExecCommandWithBody(ctx context.Context, id SandboxIDPath, cont
 // One exec runs at a time per sandbox: while another holds the sandbox, this request
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
+//
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3783,8 +3817,10 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 //     `signal` is `null` when the command exited by itself. A command that is not found
-//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-//     exec does, with the reason on stderr (stdout with `tty=true`);
+//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+//     a shell answers it and as the buffered exec does, with the reason on stderr
+//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+//     upgrade, as the buffered exec refuses it;
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -3811,9 +3847,11 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 // RemoveFile Remove a file, or a directory
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
-// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-// must name something below it (`RemovablePath`).
+// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does; a recursive removal does not enter another file
+// system mounted in the tree (`mount-inside`). A path the user may not remove is
+// refused with `permission-denied`. The root directory cannot be removed: `path` must
+// name something below it (`RemovablePath`).
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3831,8 +3869,9 @@ func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *Remov
 // ReadFile Read a file
 //
 // Streams the content of a regular file as `application/octet-stream`. Reading a
-// directory is refused with `invalid-request` (field `path`); list it with
-// `GET /v1/sandboxes/{id}/files/list` instead.
+// directory is refused with `is-a-directory` (field `path`); list it with
+// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 //
 // The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 // empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -3860,7 +3899,9 @@ func (c *Client) ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFil
 // unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 // `path`). Creating a parent needs the user to be allowed to write in the directory
 // above it: a parent under `/` that the user may not create is refused with
-// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+// `permission-denied` (field `path`), as is a file the user may not write. A directory
+// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+// with `not-a-directory`. The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type.
@@ -3881,7 +3922,8 @@ func (c *Client) WriteFileWithBody(ctx context.Context, id SandboxIDPath, params
 // ListFiles List a directory
 //
 // The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+// one the user may not read with `permission-denied`.
 // An operation of its own rather than a flag of the file read, so that each answer has
 // one media type and a generated client one type for it.
 //
@@ -7801,6 +7843,12 @@ type ClientWithResponsesInterface interface {
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
 	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -7816,6 +7864,12 @@ type ClientWithResponsesInterface interface {
 	// One exec runs at a time per sandbox: while another holds the sandbox, this request
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
+	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -7845,8 +7899,10 @@ type ClientWithResponsesInterface interface {
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 	//     `signal` is `null` when the command exited by itself. A command that is not found
-	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-	//     exec does, with the reason on stderr (stdout with `tty=true`);
+	//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+	//     a shell answers it and as the buffered exec does, with the reason on stderr
+	//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+	//     upgrade, as the buffered exec refuses it;
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -7865,9 +7921,11 @@ type ClientWithResponsesInterface interface {
 	// RemoveFileWithResponse Remove a file, or a directory
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
-	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-	// must name something below it (`RemovablePath`).
+	// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does; a recursive removal does not enter another file
+	// system mounted in the tree (`mount-inside`). A path the user may not remove is
+	// refused with `permission-denied`. The root directory cannot be removed: `path` must
+	// name something below it (`RemovablePath`).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7877,8 +7935,9 @@ type ClientWithResponsesInterface interface {
 	// ReadFileWithResponse Read a file
 	//
 	// Streams the content of a regular file as `application/octet-stream`. Reading a
-	// directory is refused with `invalid-request` (field `path`); list it with
-	// `GET /v1/sandboxes/{id}/files/list` instead.
+	// directory is refused with `is-a-directory` (field `path`); list it with
+	// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+	// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 	//
 	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 	// empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -7898,7 +7957,9 @@ type ClientWithResponsesInterface interface {
 	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 	// `path`). Creating a parent needs the user to be allowed to write in the directory
 	// above it: a parent under `/` that the user may not create is refused with
-	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+	// `permission-denied` (field `path`), as is a file the user may not write. A directory
+	// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+	// with `not-a-directory`. The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -7909,7 +7970,8 @@ type ClientWithResponsesInterface interface {
 	// ListFilesWithResponse List a directory
 	//
 	// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-	// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+	// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+	// one the user may not read with `permission-denied`.
 	// An operation of its own rather than a flag of the file read, so that each answer has
 	// one media type and a generated client one type for it.
 	//
@@ -9877,6 +9939,8 @@ type ExecCommandResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -9922,6 +9986,11 @@ func (r ExecCommandResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r ExecCommandResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ExecCommandResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -9997,6 +10066,8 @@ type ExecStreamResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
@@ -10036,6 +10107,11 @@ func (r ExecStreamResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ExecStreamResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ExecStreamResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -10110,6 +10186,8 @@ type RemoveFileResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -10145,6 +10223,11 @@ func (r RemoveFileResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r RemoveFileResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r RemoveFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -10214,6 +10297,8 @@ type ReadFileResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -10249,6 +10334,11 @@ func (r ReadFileResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ReadFileResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ReadFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -10320,6 +10410,8 @@ type WriteFileResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -10362,6 +10454,11 @@ func (r WriteFileResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r WriteFileResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r WriteFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -10438,6 +10535,8 @@ type ListFilesResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -10478,6 +10577,11 @@ func (r ListFilesResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ListFilesResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -13608,6 +13712,12 @@ func (c *ClientWithResponses) GetSandboxWithResponse(ctx context.Context, id San
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
 //
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -13629,6 +13739,12 @@ func (c *ClientWithResponses) ExecCommandWithBodyWithResponse(ctx context.Contex
 // One exec runs at a time per sandbox: while another holds the sandbox, this request
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
+//
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -13664,8 +13780,10 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 //     `signal` is `null` when the command exited by itself. A command that is not found
-//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-//     exec does, with the reason on stderr (stdout with `tty=true`);
+//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+//     a shell answers it and as the buffered exec does, with the reason on stderr
+//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+//     upgrade, as the buffered exec refuses it;
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -13690,9 +13808,11 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 // RemoveFileWithResponse Remove a file, or a directory
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
-// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-// must name something below it (`RemovablePath`).
+// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does; a recursive removal does not enter another file
+// system mounted in the tree (`mount-inside`). A path the user may not remove is
+// refused with `permission-denied`. The root directory cannot be removed: `path` must
+// name something below it (`RemovablePath`).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -13708,8 +13828,9 @@ func (c *ClientWithResponses) RemoveFileWithResponse(ctx context.Context, id San
 // ReadFileWithResponse Read a file
 //
 // Streams the content of a regular file as `application/octet-stream`. Reading a
-// directory is refused with `invalid-request` (field `path`); list it with
-// `GET /v1/sandboxes/{id}/files/list` instead.
+// directory is refused with `is-a-directory` (field `path`); list it with
+// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 //
 // The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 // empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -13735,7 +13856,9 @@ func (c *ClientWithResponses) ReadFileWithResponse(ctx context.Context, id Sandb
 // unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 // `path`). Creating a parent needs the user to be allowed to write in the directory
 // above it: a parent under `/` that the user may not create is refused with
-// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+// `permission-denied` (field `path`), as is a file the user may not write. A directory
+// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+// with `not-a-directory`. The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -13752,7 +13875,8 @@ func (c *ClientWithResponses) WriteFileWithBodyWithResponse(ctx context.Context,
 // ListFilesWithResponse List a directory
 //
 // The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+// one the user may not read with `permission-denied`.
 // An operation of its own rather than a flag of the file read, so that each answer has
 // one media type and a generated client one type for it.
 //
@@ -15797,6 +15921,13 @@ func ParseExecCommandResponse(rsp *http.Response) (*ExecCommandResponse, error) 
 		}
 		response.ApplicationProblemJSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -15894,6 +16025,13 @@ func ParseExecStreamResponse(rsp *http.Response) (*ExecStreamResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -16017,6 +16155,13 @@ func ParseRemoveFileResponse(rsp *http.Response) (*RemoveFileResponse, error) {
 		}
 		response.ApplicationProblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -16111,6 +16256,13 @@ func ParseReadFileResponse(rsp *http.Response) (*ReadFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -16216,6 +16368,13 @@ func ParseWriteFileResponse(rsp *http.Response) (*WriteFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -16325,6 +16484,13 @@ func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked

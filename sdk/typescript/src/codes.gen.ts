@@ -44,7 +44,17 @@ export type KnownErrorCode =
   | "link-not-found"
   | "webhook-not-found"
   | "idempotency-key-reused"
-  | "idempotency-key-in-flight";
+  | "idempotency-key-in-flight"
+  | "permission-denied"
+  | "not-a-directory"
+  | "is-a-directory"
+  | "not-a-regular-file"
+  | "directory-not-empty"
+  | "file-exists"
+  | "symlink-loop"
+  | "mount-inside"
+  | "file-changed"
+  | "name-too-long";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -91,6 +101,16 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "webhook-not-found",
   "idempotency-key-reused",
   "idempotency-key-in-flight",
+  "permission-denied",
+  "not-a-directory",
+  "is-a-directory",
+  "not-a-regular-file",
+  "directory-not-empty",
+  "file-exists",
+  "symlink-loop",
+  "mount-inside",
+  "file-changed",
+  "name-too-long",
 ];
 
 /** An event type the contract documents; a newer server may send others. */
