@@ -458,6 +458,7 @@ func TestRemoteErrorCodes(t *testing.T) {
 		{CodeFileChanged, errcode.FileChanged},
 		{CodeNoSpace, errcode.StorageFull},
 		{CodePidsLimit, errcode.PidsLimit},
+		{CodeLimitReached, errcode.LimitReached},
 		{CodeInvalidRequest, errcode.InvalidRequest},
 		{CodeCommandNotFound, errcode.InvalidRequest},
 		{CodeNotExecutable, errcode.InvalidRequest},

@@ -33,7 +33,9 @@ const (
 	CodeNoSpace = "no-space"
 	// CodeFileChanged: the file changed under the operation: it shrank while it was read
 	// (which ends the read part way), or a tree was moved while it was removed.
-	CodeFileChanged      = string(errcode.FileChanged)
+	CodeFileChanged = string(errcode.FileChanged)
+	// CodeLimitReached: the sandbox tracks as many processes as it may.
+	CodeLimitReached     = string(errcode.LimitReached)
 	CodeUnauthorized     = string(errcode.Unauthorized)
 	CodeProtocolMismatch = "protocol-mismatch"
 	CodeShuttingDown     = "shutting-down"
@@ -59,7 +61,7 @@ func (e *RemoteError) ErrCode() errcode.Code {
 	switch e.Code {
 	case CodeFileNotFound, CodePermissionDenied, CodeNotADirectory, CodeIsADirectory,
 		CodeNotRegular, CodeDirectoryNotEmpty, CodeFileExists, CodeSymlinkLoop,
-		CodeNameTooLong, CodeMountInside, CodeFileChanged, CodePidsLimit:
+		CodeNameTooLong, CodeMountInside, CodeFileChanged, CodePidsLimit, CodeLimitReached:
 		return errcode.Code(e.Code)
 	case CodeInvalidRequest, CodeCommandNotFound, CodeNotExecutable:
 		// A command that is not found or not executable is answered as an exit status

@@ -5098,6 +5098,22 @@ func (response DeleteImage404ApplicationProblemPlusJSONResponse) VisitDeleteImag
 	return err
 }
 
+type DeleteImage409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteImage409ApplicationProblemPlusJSONResponse) VisitDeleteImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type DeleteImage423ApplicationProblemPlusJSONResponse struct {
 	LockedApplicationProblemPlusJSONResponse
 }

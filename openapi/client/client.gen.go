@@ -2629,8 +2629,10 @@ type ClientInterface interface {
 	// Deletes an OCI image's record and the layers no other image uses (while a pull or
 	// an import runs, those wait for the next start or `bothyd check --repair`). While a
 	// sandbox or a template generation uses the image it
-	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-	// are not deleted (`invalid-request`).
+	// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+	// (`invalid-request`); a root file system directory an operator put under the state
+	// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+	// hand).
 	//
 	// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
 	DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3538,8 +3540,10 @@ func (c *Client) PullImage(ctx context.Context, params *PullImageParams, body Pu
 // Deletes an OCI image's record and the layers no other image uses (while a pull or
 // an import runs, those wait for the next start or `bothyd check --repair`). While a
 // sandbox or a template generation uses the image it
-// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-// are not deleted (`invalid-request`).
+// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+// (`invalid-request`); a root file system directory an operator put under the state
+// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+// hand).
 //
 // Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
 func (c *Client) DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -7718,8 +7722,10 @@ type ClientWithResponsesInterface interface {
 	// Deletes an OCI image's record and the layers no other image uses (while a pull or
 	// an import runs, those wait for the next start or `bothyd check --repair`). While a
 	// sandbox or a template generation uses the image it
-	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-	// are not deleted (`invalid-request`).
+	// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+	// (`invalid-request`); a root file system directory an operator put under the state
+	// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+	// hand).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -9136,6 +9142,8 @@ type DeleteImageResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -9164,6 +9172,11 @@ func (r DeleteImageResponse) GetApplicationProblemJSON403() *Forbidden {
 // GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r DeleteImageResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -13533,8 +13546,10 @@ func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, params 
 // Deletes an OCI image's record and the layers no other image uses (while a pull or
 // an import runs, those wait for the next start or `bothyd check --repair`). While a
 // sandbox or a template generation uses the image it
-// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-// are not deleted (`invalid-request`).
+// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+// (`invalid-request`); a root file system directory an operator put under the state
+// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+// hand).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -15168,6 +15183,13 @@ func ParseDeleteImageResponse(rsp *http.Response) (*DeleteImageResponse, error) 
 			return nil, err
 		}
 		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked

@@ -1027,8 +1027,10 @@ export interface paths {
          * @description Deletes an OCI image's record and the layers no other image uses (while a pull or
          *     an import runs, those wait for the next start or `bothyd check --repair`). While a
          *     sandbox or a template generation uses the image it
-         *     is refused with `image-in-use`, naming them. `host` and directories under `images/`
-         *     are not deleted (`invalid-request`).
+         *     is refused with `image-in-use`, naming them. `host` is not a name this path takes
+         *     (`invalid-request`); a root file system directory an operator put under the state
+         *     root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+         *     hand).
          */
         delete: operations["deleteImage"];
         options?: never;
@@ -4437,6 +4439,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
