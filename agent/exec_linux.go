@@ -32,9 +32,8 @@ func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.E
 	if dir == "" {
 		dir = u.Home
 	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return control.ExitStatus{}, &control.RemoteError{Code: control.CodeInvalidRequest,
-			Message: fmt.Sprintf("The working directory %q does not exist inside the sandbox.", truncate(dir))}
+	if err := a.checkCwd(req.User, dir); err != nil {
+		return control.ExitStatus{}, err
 	}
 	argv0, err := lookPath(req.Argv[0], envValue(env, "PATH"), dir)
 	if err != nil {
@@ -464,6 +463,39 @@ func envValue(env []string, key string) string {
 	return ""
 }
 
+// checkCwd refuses a working directory the workload could not start in, with the code of
+// why: it does not exist (file-not-found), it is not a directory (not-a-directory), or the
+// user may not search it (permission-denied). The check is made as the user, since the
+// child's chdir is; its failure would otherwise be told apart from the execve's by nothing.
+func (a *agent) checkCwd(user, dir string) error {
+	err := a.asUser(user, func() error {
+		var st unix.Stat_t
+		if err := unix.Stat(dir, &st); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return unix.ENOTDIR
+		}
+		return unix.Faccessat(unix.AT_FDCWD, dir, unix.X_OK, unix.AT_EACCESS)
+	})
+	if err == nil {
+		return nil
+	}
+	d := truncate(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &control.RemoteError{Code: control.CodeFileNotFound,
+			Message: fmt.Sprintf("The working directory %q does not exist inside the sandbox; create it first, or run the command elsewhere.", d)}
+	case errors.Is(err, unix.ENOTDIR):
+		return &control.RemoteError{Code: control.CodeNotADirectory,
+			Message: fmt.Sprintf("The working directory %q is not a directory inside the sandbox.", d)}
+	case errors.Is(err, fs.ErrPermission):
+		return &control.RemoteError{Code: control.CodePermissionDenied,
+			Message: fmt.Sprintf("The user may not enter the working directory %q; run the command elsewhere, or as a user who may.", d)}
+	}
+	return fileError(err, dir)
+}
+
 // lookPath finds a command the way a shell would with the workload's PATH (not the agent's).
 // A name with a slash is used as it is, relative to the workload's directory.
 func lookPath(file, path, dir string) (string, error) {
@@ -495,10 +527,10 @@ func startError(err error, cmd string) error {
 		return &control.RemoteError{Code: control.CodeCommandNotFound,
 			Message: fmt.Sprintf("Command %q was not found inside the sandbox.", truncate(cmd))}
 	case errors.Is(err, fs.ErrPermission):
-		return &control.RemoteError{Code: control.CodePermissionDenied,
+		return &control.RemoteError{Code: control.CodeNotExecutable,
 			Message: fmt.Sprintf("Command %q may not be executed by this user.", truncate(cmd))}
 	case errors.Is(err, unix.ENOEXEC):
-		return &control.RemoteError{Code: control.CodeInvalidRequest,
+		return &control.RemoteError{Code: control.CodeNotExecutable,
 			Message: fmt.Sprintf("Command %q is not an executable this sandbox can run.", truncate(cmd))}
 	case errors.Is(err, unix.EAGAIN):
 		return &control.RemoteError{Code: control.CodePidsLimit,

@@ -110,7 +110,9 @@ func TestExecStartErrors(t *testing.T) {
 	}{
 		{"unknown command", control.ExecRequest{Argv: []string{"no-such-command-xyz"}}, control.CodeCommandNotFound, errcode.InvalidRequest},
 		{"missing absolute command", control.ExecRequest{Argv: []string{"/nonexistent/bin"}}, control.CodeCommandNotFound, errcode.InvalidRequest},
-		{"missing cwd", control.ExecRequest{Argv: []string{"true"}, Cwd: "/nonexistent"}, control.CodeInvalidRequest, errcode.InvalidRequest},
+		{"missing cwd", control.ExecRequest{Argv: []string{"true"}, Cwd: "/nonexistent"}, control.CodeFileNotFound, errcode.FileNotFound},
+		{"cwd a file", control.ExecRequest{Argv: []string{"true"}, Cwd: "/etc/passwd"}, control.CodeNotADirectory, errcode.NotADirectory},
+		{"not executable", control.ExecRequest{Argv: []string{"/etc/passwd"}}, control.CodeNotExecutable, errcode.InvalidRequest},
 		{"relative cwd", control.ExecRequest{Argv: []string{"true"}, Cwd: "tmp"}, control.CodeInvalidRequest, errcode.InvalidRequest},
 		{"empty argv", control.ExecRequest{}, control.CodeInvalidRequest, errcode.InvalidRequest},
 		{"bad env", control.ExecRequest{Argv: []string{"true"}, Env: []string{"NOEQUALS"}}, control.CodeInvalidRequest, errcode.InvalidRequest},

@@ -136,17 +136,17 @@ func fileError(err error, path string) error {
 	case errors.Is(err, fs.ErrExist):
 		return mk(control.CodeFileExists, "%q already exists.")
 	case errors.Is(err, syscall.ELOOP):
-		return mk(control.CodeInvalidRequest, "%q has too many levels of symbolic links.")
+		return mk(control.CodeSymlinkLoop, "%q has too many levels of symbolic links; a link in it may point back at itself.")
 	case errors.Is(err, syscall.ENAMETOOLONG):
-		return mk(control.CodeInvalidRequest, "%q is too long.")
+		return mk(control.CodeNameTooLong, "A name in %q is longer than the sandbox's file system holds (255 bytes on most); use a shorter one.")
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return mk(control.CodeNoSpace, "No space is left inside the sandbox to write %q.")
 	case errors.Is(err, syscall.EROFS):
 		return mk(control.CodePermissionDenied, "%q is on a read-only file system.")
 	case errors.Is(err, platform.ErrOtherDevice):
-		return mk(control.CodeInvalidRequest, "%q has a file system mounted inside it, which a recursive removal does not enter; remove what is mounted there first.")
+		return mk(control.CodeMountInside, "%q has a file system mounted inside it, which a recursive removal does not enter; remove what is mounted there first.")
 	case errors.Is(err, platform.ErrTreeChanged):
-		return mk(control.CodeInvalidRequest, "%q was moved while it was removed; remove it again.")
+		return mk(control.CodeFileChanged, "%q was moved while it was removed; remove it again.")
 	}
 	return err
 }

@@ -82,7 +82,7 @@ func TestFilesRoundTrip(t *testing.T) {
 	if err := c.Mkdir(ctx, filepath.Join(dir, "made"), "", 0o700, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Mkdir(ctx, filepath.Join(dir, "made"), "", 0, false); !errors.Is(err, errcode.InvalidRequest) {
+	if err := c.Mkdir(ctx, filepath.Join(dir, "made"), "", 0, false); !errors.Is(err, errcode.FileExists) {
 		t.Fatalf("mkdir existing: %v", err)
 	}
 	if err := c.Mkdir(ctx, filepath.Join(dir, "made"), "", 0, true); err != nil {
@@ -141,6 +141,10 @@ func TestFilesErrors(t *testing.T) {
 	dir := worldDir(t)
 	os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644)
 	os.Mkdir(filepath.Join(dir, "d"), 0o755)
+	os.Symlink("loop", filepath.Join(dir, "loop"))
+	// A directory the user may remove entries of (0777, not sticky), holding one not empty.
+	os.MkdirAll(filepath.Join(dir, "open", "full", "in"), 0o755)
+	os.Chmod(filepath.Join(dir, "open"), 0o777)
 	missing := filepath.Join(dir, "missing")
 
 	read := func(p string) error {
@@ -167,10 +171,14 @@ func TestFilesErrors(t *testing.T) {
 		{"list missing", func() error { return list(missing) }, control.CodeFileNotFound, errcode.FileNotFound},
 		{"remove missing", func() error { return c.Remove(ctx, missing, "", true) }, control.CodeFileNotFound, errcode.FileNotFound},
 		{"write into missing dir", func() error { return write(filepath.Join(missing, "x")) }, control.CodeFileNotFound, errcode.FileNotFound},
-		{"read a directory", func() error { return read(filepath.Join(dir, "d")) }, control.CodeIsADirectory, errcode.InvalidRequest},
-		{"read a device", func() error { return read("/dev/null") }, control.CodeNotRegular, errcode.InvalidRequest},
-		{"write over a directory", func() error { return write(filepath.Join(dir, "d")) }, control.CodeIsADirectory, errcode.InvalidRequest},
-		{"list a file", func() error { return list(filepath.Join(dir, "f")) }, control.CodeNotADirectory, errcode.InvalidRequest},
+		{"read a directory", func() error { return read(filepath.Join(dir, "d")) }, control.CodeIsADirectory, errcode.IsADirectory},
+		{"read a device", func() error { return read("/dev/null") }, control.CodeNotRegular, errcode.NotARegularFile},
+		{"write over a directory", func() error { return write(filepath.Join(dir, "d")) }, control.CodeIsADirectory, errcode.IsADirectory},
+		{"list a file", func() error { return list(filepath.Join(dir, "f")) }, control.CodeNotADirectory, errcode.NotADirectory},
+		{"a file as a parent", func() error { return read(filepath.Join(dir, "f", "x")) }, control.CodeNotADirectory, errcode.NotADirectory},
+		{"name too long", func() error { return stat(filepath.Join(dir, string(bytes.Repeat([]byte("a"), 300)))) }, control.CodeNameTooLong, errcode.NameTooLong},
+		{"symlink loop", func() error { return read(filepath.Join(dir, "loop")) }, control.CodeSymlinkLoop, errcode.SymlinkLoop},
+		{"non-empty directory", func() error { return c.Remove(ctx, filepath.Join(dir, "open", "full"), "", false) }, control.CodeDirectoryNotEmpty, errcode.DirectoryNotEmpty},
 		{"relative path", func() error { return read("etc/passwd") }, control.CodeInvalidRequest, errcode.InvalidRequest},
 		{"dot-relative path", func() error { return stat("./x") }, control.CodeInvalidRequest, errcode.InvalidRequest},
 		{"NUL in path", func() error { return stat("/tmp/a\x00b") }, control.CodeInvalidRequest, errcode.InvalidRequest},
@@ -235,7 +243,7 @@ func TestFilesAsUser(t *testing.T) {
 	os.WriteFile(filepath.Join(private, "inner"), []byte("x"), 0o644)
 
 	for _, p := range []string{secret, groupOnly} {
-		if _, _, err := c.ReadFile(ctx, p, "user"); errcode.Of(err) != errcode.InvalidRequest {
+		if _, _, err := c.ReadFile(ctx, p, "user"); errcode.Of(err) != errcode.PermissionDenied {
 			t.Fatalf("user read %s: %v", p, err)
 		}
 	}
@@ -260,7 +268,7 @@ func TestFilesAsUser(t *testing.T) {
 
 	// The agent's own /proc entries are not the user's to read through it: a process may
 	// always inspect itself, and the magic links would skip directory permissions.
-	if _, _, err := c.ReadFile(ctx, "/proc/self/environ", "user"); errcode.Of(err) != errcode.InvalidRequest {
+	if _, _, err := c.ReadFile(ctx, "/proc/self/environ", "user"); errcode.Of(err) != errcode.PermissionDenied {
 		t.Fatalf("user read the agent's environ: %v", err)
 	}
 	if _, _, err := c.ReadFile(ctx, "/proc/self/fd/0", "user"); err == nil {

@@ -67,7 +67,7 @@ func (a *agent) StartTracked(ctx context.Context, req *control.ProcRequest, s *c
 	n := len(a.tracked.byPID)
 	a.tracked.mu.Unlock()
 	if n >= control.MaxTrackedProcs {
-		return control.ExitStatus{}, &control.RemoteError{Code: control.CodeInvalidRequest,
+		return control.ExitStatus{}, &control.RemoteError{Code: control.CodeLimitReached,
 			Message: fmt.Sprintf("%d processes run already, the most a sandbox tracks; wait for one to end or kill one.", control.MaxTrackedProcs)}
 	}
 	exec := *req.Exec

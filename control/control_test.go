@@ -408,7 +408,7 @@ func TestSimpleOperations(t *testing.T) {
 		t.Fatalf("write %d %v", n, err)
 	}
 	// A refusal while the client still sends must not leave the client blocked on window.
-	if _, err := c.WriteFile(ctx, WriteRequest{Path: "/refuse"}, io.LimitReader(zeros{}, 64<<20)); errcode.Of(err) != errcode.InvalidRequest {
+	if _, err := c.WriteFile(ctx, WriteRequest{Path: "/refuse"}, io.LimitReader(zeros{}, 64<<20)); errcode.Of(err) != errcode.PermissionDenied {
 		t.Fatalf("refused write: %v", err)
 	}
 	if _, err := c.Stat(ctx, "relative", ""); errcode.Of(err) != errcode.InvalidRequest {
@@ -433,5 +433,48 @@ func TestShutdownEndsServe(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return after shutdown")
+	}
+}
+
+// TestRemoteErrorCodes: the refusals a sandbox's files make keep codes of their own through
+// the control client (not invalid-request, which the server answers 400 and the contract
+// keeps for requests it marks invalid); errors.As still reaches the agent's code.
+func TestRemoteErrorCodes(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		agent string
+		want  errcode.Code
+	}{
+		{CodeFileNotFound, errcode.FileNotFound},
+		{CodePermissionDenied, errcode.PermissionDenied},
+		{CodeNotADirectory, errcode.NotADirectory},
+		{CodeIsADirectory, errcode.IsADirectory},
+		{CodeNotRegular, errcode.NotARegularFile},
+		{CodeDirectoryNotEmpty, errcode.DirectoryNotEmpty},
+		{CodeFileExists, errcode.FileExists},
+		{CodeSymlinkLoop, errcode.SymlinkLoop},
+		{CodeNameTooLong, errcode.NameTooLong},
+		{CodeMountInside, errcode.MountInside},
+		{CodeFileChanged, errcode.FileChanged},
+		{CodeNoSpace, errcode.StorageFull},
+		{CodePidsLimit, errcode.PidsLimit},
+		{CodeLimitReached, errcode.LimitReached},
+		{CodeInvalidRequest, errcode.InvalidRequest},
+		{CodeCommandNotFound, errcode.InvalidRequest},
+		{CodeNotExecutable, errcode.InvalidRequest},
+		{"made-up", errcode.Internal},
+	}
+	for _, tc := range cases {
+		t.Run(tc.agent, func(t *testing.T) {
+			t.Parallel()
+			err := fmt.Errorf("read: %w", (&RemoteError{Code: tc.agent, Message: "Why."}).Err())
+			if got := errcode.Of(err); got != tc.want {
+				t.Fatalf("code %q: errcode %q, want %q", tc.agent, got, tc.want)
+			}
+			var re *RemoteError
+			if !errors.As(err, &re) || re.Code != tc.agent {
+				t.Fatalf("code %q: the agent's code is lost: %v", tc.agent, err)
+			}
+		})
 	}
 }

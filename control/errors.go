@@ -12,21 +12,30 @@ import (
 const (
 	CodeInvalidRequest    = string(errcode.InvalidRequest)
 	CodeFileNotFound      = string(errcode.FileNotFound)
-	CodePermissionDenied  = "permission-denied"
-	CodeNotADirectory     = "not-a-directory"
-	CodeIsADirectory      = "is-a-directory"
-	CodeNotRegular        = "not-a-regular-file"
-	CodeDirectoryNotEmpty = "directory-not-empty"
-	CodeFileExists        = "file-exists"
+	CodePermissionDenied  = string(errcode.PermissionDenied)
+	CodeNotADirectory     = string(errcode.NotADirectory)
+	CodeIsADirectory      = string(errcode.IsADirectory)
+	CodeNotRegular        = string(errcode.NotARegularFile)
+	CodeDirectoryNotEmpty = string(errcode.DirectoryNotEmpty)
+	CodeFileExists        = string(errcode.FileExists)
+	CodeSymlinkLoop       = string(errcode.SymlinkLoop)
+	CodeNameTooLong       = string(errcode.NameTooLong)
+	CodeMountInside       = string(errcode.MountInside)
 	CodeCommandNotFound   = "command-not-found"
+	// CodeNotExecutable: the command was found but cannot be executed by the user (EACCES,
+	// ENOEXEC at execve). The server answers it as a shell does, with exit status 126.
+	CodeNotExecutable = "not-executable"
 	// CodePidsLimit: a command could not start, the sandbox's processes being at its pids
 	// limit (the fork's EAGAIN).
 	CodePidsLimit = string(errcode.PidsLimit)
 	// CodeNoSpace: the file system the sandbox wrote to is full or over a quota (ENOSPC,
 	// EDQUOT). The server says whose disk that is: the sandbox's own, or the state root's.
 	CodeNoSpace = "no-space"
-	// CodeFileChanged ends a read part way: the file shrank while it was read.
-	CodeFileChanged      = "file-changed"
+	// CodeFileChanged: the file changed under the operation: it shrank while it was read
+	// (which ends the read part way), or a tree was moved while it was removed.
+	CodeFileChanged = string(errcode.FileChanged)
+	// CodeLimitReached: the sandbox tracks as many processes as it may.
+	CodeLimitReached     = string(errcode.LimitReached)
 	CodeUnauthorized     = string(errcode.Unauthorized)
 	CodeProtocolMismatch = "protocol-mismatch"
 	CodeShuttingDown     = "shutting-down"
@@ -43,16 +52,20 @@ type RemoteError struct {
 
 func (e *RemoteError) Error() string { return fmt.Sprintf("agent: %s: %s", e.Code, e.Message) }
 
-// ErrCode maps the agent's code to the errcode the API reports: a missing file is
-// FileNotFound, a request the sandbox's state or the user's permissions refuse is
-// InvalidRequest (the message says why), a full file system is StorageFull, anything else is
-// Internal.
+// ErrCode maps the agent's code to the errcode the API reports. The refusals the sandbox's
+// files make (a missing file, a directory where a file was meant, a permission the user
+// lacks) keep their own codes: the request was valid by the contract, and the server answers
+// them with their own statuses, not invalid-request's 400. A full file system is
+// StorageFull; anything unknown is Internal.
 func (e *RemoteError) ErrCode() errcode.Code {
 	switch e.Code {
-	case CodeFileNotFound:
-		return errcode.FileNotFound
-	case CodeInvalidRequest, CodePermissionDenied, CodeNotADirectory, CodeIsADirectory,
-		CodeNotRegular, CodeDirectoryNotEmpty, CodeFileExists, CodeCommandNotFound:
+	case CodeFileNotFound, CodePermissionDenied, CodeNotADirectory, CodeIsADirectory,
+		CodeNotRegular, CodeDirectoryNotEmpty, CodeFileExists, CodeSymlinkLoop,
+		CodeNameTooLong, CodeMountInside, CodeFileChanged, CodePidsLimit, CodeLimitReached:
+		return errcode.Code(e.Code)
+	case CodeInvalidRequest, CodeCommandNotFound, CodeNotExecutable:
+		// A command that is not found or not executable is answered as an exit status
+		// (127, 126) by the supervisor; here only as a last resort.
 		return errcode.InvalidRequest
 	case CodeUnauthorized:
 		return errcode.Unauthorized
@@ -60,8 +73,6 @@ func (e *RemoteError) ErrCode() errcode.Code {
 		return errcode.NotRunning
 	case CodeNoSpace:
 		return errcode.StorageFull
-	case CodePidsLimit:
-		return errcode.PidsLimit
 	case CodePortRefused:
 		return errcode.PortUnreachable
 	}

@@ -46,10 +46,23 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 }
 
 // statusOf is the HTTP status of a supervisor error, by its code; unknown errors are 500s.
+//
+// The refusals of a sandbox's files are answered as envd answers the same case, which is not
+// always bothyd's own status: envd's 400 (the SDKs' InvalidArgumentError) for a directory
+// read or written as a file, a listing of a file, a path in the way of a directory, a name
+// too long; its failed_precondition (409 here) for a symbolic-link loop. envd acts as root,
+// so it has no answer of its own for a path the user may not access: that is 403
+// (permission_denied), which the SDKs raise as a SandboxError naming the status, as they do
+// envd's 500 for a failed open.
 func statusOf(err error) int {
 	switch errcode.Of(err) {
-	case errcode.InvalidRequest:
+	case errcode.InvalidRequest, errcode.NotADirectory, errcode.IsADirectory,
+		errcode.NotARegularFile, errcode.DirectoryNotEmpty, errcode.FileExists, errcode.NameTooLong:
 		return http.StatusBadRequest
+	case errcode.PermissionDenied:
+		return http.StatusForbidden
+	case errcode.SymlinkLoop, errcode.MountInside, errcode.FileChanged:
+		return http.StatusConflict
 	case errcode.SandboxNotFound, errcode.TemplateNotFound, errcode.GenerationNotFound,
 		errcode.FileNotFound, errcode.ImageNotFound, errcode.VolumeNotFound:
 		return http.StatusNotFound

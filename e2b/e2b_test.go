@@ -381,6 +381,7 @@ func TestConnectUnaryAndStreamFraming(t *testing.T) {
 	h, f := newTestHandler(t)
 	f.sandboxes["abc"] = &supervisor.Status{Config: supervisor.Config{ID: "abc"}, State: supervisor.StateRunning}
 	f.files["/home/user/x"] = supervisor.FileInfo{Name: "x", Type: supervisor.FileRegular, Size: 3, Mode: 0o644}
+	f.files["/home/user/d"] = supervisor.FileInfo{Name: "d", Type: supervisor.FileDir, Mode: 0o755}
 	envd := map[string]string{SandboxHeader: "abc", "X-Access-Token": h.accessToken("abc"), "Content-Type": "application/json"}
 
 	// Unary, JSON codec: a plain JSON body each way, protojson's field names.
@@ -401,9 +402,15 @@ func TestConnectUnaryAndStreamFraming(t *testing.T) {
 	if w.Code != http.StatusNotFound || !strings.Contains(w.Body.String(), `"code":"not_found"`) {
 		t.Errorf("Stat of a missing file: %d %s", w.Code, w.Body)
 	}
-	w = do(t, h, http.MethodPost, "/filesystem.Filesystem/MakeDir", `{"path":"/home/user/x"}`, envd)
+	w = do(t, h, http.MethodPost, "/filesystem.Filesystem/MakeDir", `{"path":"/home/user/d"}`, envd)
 	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), `"code":"already_exists"`) {
-		t.Errorf("MakeDir of what exists: %d %s", w.Code, w.Body)
+		t.Errorf("MakeDir of a directory that exists: %d %s", w.Code, w.Body)
+	}
+	// A file in the way is envd's invalid_argument ("path already exists but it is not a
+	// directory"), not already_exists, which the SDKs would answer as false.
+	w = do(t, h, http.MethodPost, "/filesystem.Filesystem/MakeDir", `{"path":"/home/user/x"}`, envd)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"code":"invalid_argument"`) {
+		t.Errorf("MakeDir of a file that exists: %d %s", w.Code, w.Body)
 	}
 
 	// A server stream, JSON codec: enveloped messages, then the end-of-stream frame (flag

@@ -157,7 +157,11 @@ func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 	}
 	p := req.Msg.Path
 	id, user := sandboxOf(ctx), userOfHeader(req.Header())
-	if _, err := s.h.sup.StatFile(ctx, id, path.Clean(p), user); err == nil {
+	if fi, err := s.h.sup.StatFile(ctx, id, path.Clean(p), user); err == nil {
+		if fi.Type != supervisor.FileDir {
+			// As envd answers it: not a directory that is there already, but a path in the way.
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s exists already and is not a directory", p))
+		}
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists already", p))
 	}
 	if err := s.h.sup.MakeDir(ctx, id, path.Clean(p), user, 0o755, true); err != nil {
@@ -213,7 +217,10 @@ func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	if err != nil {
 		return nil, connectError(err)
 	}
-	if st.Type != supervisor.FileDir {
+	// A symbolic link is listed as what it points to, as envd follows it: a directory's
+	// entries, a refusal of what it is not (a file: invalid_argument; a loop:
+	// failed_precondition).
+	if st.Type != supervisor.FileDir && st.Type != supervisor.FileSymlink {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", p))
 	}
 	var out []*filesystem.EntryInfo

@@ -19,6 +19,7 @@ import (
 	"github.com/bothy/bothy/control"
 	"github.com/bothy/bothy/e2b/envd/process"
 	"github.com/bothy/bothy/e2b/envd/process/processconnect"
+	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/supervisor"
 )
 
@@ -52,6 +53,18 @@ func selector(sel *process.ProcessSelector) (int, string, error) {
 		return 0, s.Tag, nil
 	}
 	return 0, "", connect.NewError(connect.CodeInvalidArgument, errors.New("select the process by pid or tag"))
+}
+
+// startError is a failed Start as a Connect error. A working directory the sandbox's files
+// refuse (missing, not a directory, not to be entered) is invalid_argument, as envd answers
+// a cwd that does not exist (the SDKs' InvalidArgumentError); bothyd's own API says
+// file-not-found, not-a-directory or permission-denied with field cwd.
+func startError(err error) error {
+	switch errcode.Of(err) {
+	case errcode.FileNotFound, errcode.NotADirectory, errcode.PermissionDenied:
+		return connect.NewError(connect.CodeInvalidArgument, errors.New(messageOf(err)))
+	}
+	return connectError(err)
 }
 
 // processError is a tracked process's failure as a Connect error: a process that does not
@@ -253,7 +266,7 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	stdin := req.Msg.GetStdin() || req.Msg.Pty != nil
 	att, err := s.h.sup.StartTracked(ctx, id, xreq, stdin, req.Msg.GetTag(), keptOf(cfg, req.Msg.Pty != nil))
 	if err != nil {
-		return connectError(err)
+		return startError(err)
 	}
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
 	if err := send(startEvent(uint32(att.PID()))); err != nil {

@@ -2,7 +2,10 @@ package e2b
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/bothy/bothy/e2b/envd/process"
+	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/supervisor"
 )
 
@@ -132,5 +136,49 @@ func TestResolvePathAsEnvd(t *testing.T) {
 	}
 	if _, err := resolvePath("~other/x", "user"); err == nil {
 		t.Errorf("~other/x was resolved; envd refuses another user's home")
+	}
+}
+
+// TestFileRefusalsAsEnvd: the refusals of a sandbox's files reach E2B's SDKs as envd answers
+// the same case: its 400 / invalid_argument (InvalidArgumentError) for a directory read as a
+// file, a listing of a file, a path in the way; failed_precondition for a symbolic-link loop;
+// permission_denied (403) where envd, acting as root, has no answer of its own. A Start whose
+// cwd the sandbox refuses is invalid_argument, as envd answers a cwd that does not exist.
+func TestFileRefusalsAsEnvd(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		code    errcode.Code
+		status  int
+		connect connect.Code
+	}{
+		{errcode.FileNotFound, http.StatusNotFound, connect.CodeNotFound},
+		{errcode.IsADirectory, http.StatusBadRequest, connect.CodeInvalidArgument},
+		{errcode.NotADirectory, http.StatusBadRequest, connect.CodeInvalidArgument},
+		{errcode.NotARegularFile, http.StatusBadRequest, connect.CodeInvalidArgument},
+		{errcode.DirectoryNotEmpty, http.StatusBadRequest, connect.CodeInvalidArgument},
+		{errcode.FileExists, http.StatusBadRequest, connect.CodeInvalidArgument},
+		{errcode.NameTooLong, http.StatusBadRequest, connect.CodeInvalidArgument},
+		{errcode.PermissionDenied, http.StatusForbidden, connect.CodePermissionDenied},
+		{errcode.SymlinkLoop, http.StatusConflict, connect.CodeFailedPrecondition},
+		{errcode.MountInside, http.StatusConflict, connect.CodeFailedPrecondition},
+		{errcode.FileChanged, http.StatusConflict, connect.CodeFailedPrecondition},
+	}
+	for _, tc := range cases {
+		err := fmt.Errorf("agent: %w", errcode.New(tc.code, "Why."))
+		if got := statusOf(err); got != tc.status {
+			t.Errorf("%s: HTTP %d, want %d", tc.code, got, tc.status)
+		}
+		if got := connect.CodeOf(connectError(err)); got != tc.connect {
+			t.Errorf("%s: %v, want %v", tc.code, got, tc.connect)
+		}
+	}
+	for _, code := range []errcode.Code{errcode.FileNotFound, errcode.NotADirectory, errcode.PermissionDenied} {
+		err := startError(errcode.New(code, "The working directory \"/nope\" does not exist inside the sandbox."))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "/nope") {
+			t.Errorf("Start with a refused cwd (%s): %v, want invalid_argument with the message", code, err)
+		}
+	}
+	if got := connect.CodeOf(startError(errcode.New(errcode.PidsLimit, "Full."))); got != connect.CodeResourceExhausted {
+		t.Errorf("Start at the pids limit: %v, want resource_exhausted", got)
 	}
 }

@@ -18,9 +18,12 @@ type Code string
 
 // The codes of docs/design.md's error table, including the few the HTTP layer itself produces.
 const (
-	InvalidRequest   Code = "invalid-request"
-	Unauthorized     Code = "unauthorized"
-	Forbidden        Code = "forbidden" // a browser request from a foreign origin or host
+	InvalidRequest Code = "invalid-request"
+	Unauthorized   Code = "unauthorized"
+	Forbidden      Code = "forbidden" // a browser request from a foreign origin or host
+	// PermissionDenied: the sandbox's user may not do this to the path (EACCES, EPERM, a
+	// read-only file system), or search an exec's cwd.
+	PermissionDenied Code = "permission-denied"
 	NotFound         Code = "not-found" // an unknown route
 	MethodNotAllowed Code = "method-not-allowed"
 	PayloadTooLarge  Code = "payload-too-large"
@@ -45,6 +48,31 @@ const (
 	TemplateTombstoned Code = "template-tombstoned"
 	TemplateIneligible Code = "template-ineligible"
 	SandboxPaused      Code = "sandbox-paused" // exec, files and streams wait for a resume
+	// The refusals a sandbox's own files make (the agent's errno, docs/design.md's error
+	// table): the request is valid by the contract, and the same request may succeed once
+	// the files change. Each is about the request's path (or an exec's cwd), which the
+	// problem's field names.
+	//
+	// NotADirectory: a component of the path, or the path a listing or a cwd names, is not
+	// a directory (ENOTDIR).
+	NotADirectory Code = "not-a-directory"
+	// IsADirectory: a directory was read or written as a file (EISDIR).
+	IsADirectory Code = "is-a-directory"
+	// NotARegularFile: the path is a FIFO, a device or a socket, which the file API does not
+	// read.
+	NotARegularFile Code = "not-a-regular-file"
+	// DirectoryNotEmpty: a directory with entries was removed without recursive=true.
+	DirectoryNotEmpty Code = "directory-not-empty"
+	// FileExists: something is in the way of a directory the request makes (EEXIST).
+	FileExists Code = "file-exists"
+	// SymlinkLoop: resolving the path met too many symbolic links (ELOOP).
+	SymlinkLoop Code = "symlink-loop"
+	// MountInside: a recursive removal met another file system mounted inside the tree.
+	MountInside Code = "mount-inside"
+	// FileChanged: the file or tree changed under the operation (moved while it was
+	// removed); repeat the request.
+	FileChanged Code = "file-changed"
+
 	// SandboxWaking: a sleeping sandbox that the request woke did not finish waking within
 	// the request's wait; the wake goes on, and a retry is served (503 with Retry-After).
 	SandboxWaking Code = "sandbox-waking"
@@ -77,6 +105,9 @@ const (
 	// IdempotencyKeyReused: an Idempotency-Key came again with another request (another
 	// method, path or body) than the one it was first used for.
 	IdempotencyKeyReused Code = "idempotency-key-reused"
+	// NameTooLong: a name in the path is longer than the sandbox's file system holds
+	// (ENAMETOOLONG; 255 bytes on most), which the contract's path schema cannot say.
+	NameTooLong Code = "name-too-long"
 	// IdempotencyKeyInFlight: the request that first used this Idempotency-Key is still
 	// being answered; repeat this one once it is.
 	IdempotencyKeyInFlight Code = "idempotency-key-in-flight"

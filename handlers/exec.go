@@ -49,7 +49,7 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 	res, err := h.sup.RunExec(ctx, admission, ereq, stdin)
 	h.execDone("buffered", start, err == nil && res.TimedOut, err)
 	if err != nil {
-		return nil, err
+		return nil, cwdFault(err)
 	}
 	out := openapi.ExecResult{
 		ExitCode:        res.ExitCode,
@@ -63,6 +63,14 @@ func (h *Handlers) ExecCommand(ctx context.Context, req openapi.ExecCommandReque
 		Signal:          signalName(res.ExitStatus),
 	}
 	return openapi.ExecCommand200JSONResponse(out), nil
+}
+
+// cwdFault names `cwd` as the field at fault when the sandbox's files refused the command's
+// working directory: it does not exist (file-not-found), is not a directory, or the user may
+// not enter it. A command that is missing or not executable is no refusal: it exits 127 or
+// 126, as a shell answers it.
+func cwdFault(err error) error {
+	return faultAt(err, "cwd", errcode.FileNotFound)
 }
 
 // checkProgram refuses a command whose program is empty (`[""]`), naming the field: the

@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -117,5 +118,28 @@ func TestEmptyProgramNamesCommand(t *testing.T) {
 	}
 	if len(f.admitted) != 0 || len(f.runs) != 0 {
 		t.Errorf("an empty program was admitted: %d admissions, %d runs", len(f.admitted), len(f.runs))
+	}
+}
+
+// TestExecCwdRefusals: the sandbox's refusals of a command's working directory reach the
+// client with their own codes and statuses, not 400, and name the field cwd.
+func TestExecCwdRefusals(t *testing.T) {
+	t.Parallel()
+	f := &fakeSupervisor{}
+	h, _ := newTestHandlers(t, f)
+	s := newTestServer(t, h)
+	for _, tc := range []struct {
+		code   errcode.Code
+		status int
+	}{
+		{errcode.FileNotFound, http.StatusNotFound},
+		{errcode.NotADirectory, http.StatusConflict},
+		{errcode.PermissionDenied, http.StatusForbidden},
+	} {
+		f.runErr = fmt.Errorf("agent: %w", errcode.New(tc.code, "The working directory \"/nope\" is refused."))
+		code, body := do(t, s, "POST", "/v1/sandboxes/a1/exec", `{"command":["true"],"cwd":"/nope"}`)
+		if p := problemOf(t, body); code != tc.status || p.Code != string(tc.code) || p.Field != "cwd" {
+			t.Errorf("%s: %d %+v, want %d naming cwd", tc.code, code, p, tc.status)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 
 	"github.com/bothy/bothy/errcode"
 
@@ -115,15 +116,30 @@ func apiFileEntry(fi supervisor.FileInfo) openapi.FileEntry {
 	}
 }
 
-// pathFault names `path` as the field at fault of a file operation's invalid-request (a
-// directory read as a file, a non-empty directory removed without recursive=true, a
-// component that is not a directory): the path is the one input that such a refusal is about.
+// pathFault names `path` as the field at fault of a file operation's refusal: an
+// invalid-request, or a refusal of the sandbox's files (a directory read as a file, a
+// non-empty directory removed without recursive=true, a component that is not a directory, a
+// path the user may not access). The path is the one input such a refusal is about.
 func pathFault(err error) error {
+	return faultAt(err, "path", errcode.InvalidRequest)
+}
+
+// fileRefusals are the codes of the refusals a sandbox's files make (errcode's block of
+// them), which name the field whose path was refused.
+var fileRefusals = []errcode.Code{
+	errcode.PermissionDenied, errcode.NotADirectory, errcode.IsADirectory,
+	errcode.NotARegularFile, errcode.DirectoryNotEmpty, errcode.FileExists,
+	errcode.SymlinkLoop, errcode.MountInside, errcode.FileChanged, errcode.NameTooLong,
+}
+
+// faultAt names field as the one at fault of err when err is a file refusal or has one of
+// the codes also, and names no field yet.
+func faultAt(err error, field string, also ...errcode.Code) error {
 	var e *errcode.Error
-	if !errors.As(err, &e) || e.Code != errcode.InvalidRequest || e.Field != "" {
+	if !errors.As(err, &e) || e.Field != "" || !(slices.Contains(fileRefusals, e.Code) || slices.Contains(also, e.Code)) {
 		return err
 	}
-	return &errcode.Error{Code: e.Code, Msg: e.Msg, Field: "path", Err: err}
+	return &errcode.Error{Code: e.Code, Msg: e.Msg, Field: field, Err: err}
 }
 
 // truncate bounds a client's path quoted back in a message.

@@ -170,7 +170,7 @@ func (h *Handlers) execStream(w http.ResponseWriter, r *http.Request, id string,
 	session, err := h.sup.StartExec(r.Context(), admission, req)
 	if err != nil {
 		h.execDone("stream", start, false, err)
-		return err
+		return cwdFault(err)
 	}
 	defer session.Close()
 

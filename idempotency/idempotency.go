@@ -107,7 +107,11 @@ type Store struct {
 	mu       sync.Mutex
 	index    map[string]meta   // by record name
 	inflight map[string]string // record name: the request hash of the running first request
-	bytes    int64
+	bytes    int64             // of the kept records and of those being written
+	writing  int               // records being written by Finish, outside mu
+
+	// writeRecord is platform.WriteFileDurable; a test holds a write in progress with it.
+	writeRecord func(dir, name string, data []byte, perm fs.FileMode) error
 }
 
 // ValidKey reports whether key may be an Idempotency-Key: 1 to MaxKeyLength printable ASCII
@@ -159,7 +163,8 @@ func Open(root string, o Options) (*Store, error) {
 	if err := platform.EnsureDir(root, Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("idempotency: the records directory: %w", err)
 	}
-	s := &Store{dir: filepath.Join(root, Dir), o: o, index: map[string]meta{}, inflight: map[string]string{}}
+	s := &Store{dir: filepath.Join(root, Dir), o: o, index: map[string]meta{}, inflight: map[string]string{},
+		writeRecord: platform.WriteFileDurable}
 	d, err := platform.OpenDir(s.dir)
 	if err != nil {
 		return nil, err
@@ -268,29 +273,47 @@ func reused() error {
 
 // Finish ends the request Begin let run. A successful (2xx) answer is kept, durably, before
 // Finish returns; nil, or another answer, keeps nothing, so the key may be used again.
+//
+// The durable write (two fsyncs) runs outside the store's mutex, so that creates with keys do
+// not queue behind one another's disk; the key stays in flight until the write is done, so a
+// repeat meanwhile is told to retry rather than run twice, and its size is reserved in the
+// bounds.
 func (s *Store) Finish(scope, key string, a *Answer) error {
 	name := recordName(scope, key)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	request, ok := s.inflight[name]
-	delete(s.inflight, name)
-	if !ok || a == nil || a.Status < 200 || a.Status > 299 {
+	if !ok || a == nil || a.Status < 200 || a.Status > 299 || len(a.Body) > MaxAnswerBytes {
+		delete(s.inflight, name)
+		s.mu.Unlock()
+		if ok && a != nil && len(a.Body) > MaxAnswerBytes {
+			return ErrNotKept
+		}
 		return nil
-	}
-	if len(a.Body) > MaxAnswerBytes {
-		return ErrNotKept
 	}
 	rec := entryRecord{Format: recordFormat, Request: request, At: s.o.Now().UTC(), Answer: *a}
 	data, err := record.Encode(&rec)
 	if err != nil {
+		delete(s.inflight, name)
+		s.mu.Unlock()
 		return err
 	}
-	s.evictLocked(1, int64(len(data)))
-	if err := platform.WriteFileDurable(s.dir, name, data, record.Perm); err != nil {
-		return fmt.Errorf("idempotency: keeping an answer: %w", err)
+	size := int64(len(data))
+	s.evictLocked(1, size)
+	s.writing++
+	s.bytes += size
+	s.mu.Unlock()
+
+	werr := s.writeRecord(s.dir, name, data, record.Perm)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.inflight, name)
+	s.writing--
+	if werr != nil {
+		s.bytes -= size
+		return fmt.Errorf("idempotency: keeping an answer: %w", werr)
 	}
-	s.index[name] = meta{request: request, at: rec.At, size: int64(len(data))}
-	s.bytes += int64(len(data))
+	s.index[name] = meta{request: request, at: rec.At, size: size}
 	return nil
 }
 
@@ -303,7 +326,7 @@ func (s *Store) evictLocked(n int, size int64) {
 			s.dropLocked(name)
 		}
 	}
-	if len(s.index)+n <= s.o.MaxEntries && s.bytes+size <= s.o.MaxBytes {
+	if len(s.index)+s.writing+n <= s.o.MaxEntries && s.bytes+size <= s.o.MaxBytes {
 		return
 	}
 	names := make([]string, 0, len(s.index))
@@ -312,7 +335,7 @@ func (s *Store) evictLocked(n int, size int64) {
 	}
 	slices.SortFunc(names, func(a, b string) int { return s.index[a].at.Compare(s.index[b].at) })
 	for _, name := range names {
-		if len(s.index)+n <= s.o.MaxEntries && s.bytes+size <= s.o.MaxBytes {
+		if len(s.index)+s.writing+n <= s.o.MaxEntries && s.bytes+size <= s.o.MaxBytes {
 			return
 		}
 		s.dropLocked(name)

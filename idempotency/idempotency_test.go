@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -166,5 +167,60 @@ func TestValidKey(t *testing.T) {
 		if ValidKey(key) != want {
 			t.Errorf("ValidKey(%q) = %v", key, !want)
 		}
+	}
+}
+
+// TestFinishWritesOutsideTheLock: while one answer is being written durably, another key's
+// request begins and finishes, and a repeat of the key being written is told it is in flight
+// (not run twice, not blocked); once written, the repeat replays. It fails on a Finish that
+// writes under the store's mutex (the other key's Begin blocks until the deadline).
+func TestFinishWritesOutsideTheLock(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	s := openAt(t, t.TempDir(), c, Options{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	const scope, req = "alice", "r1"
+	s.writeRecord = func(dir, name string, data []byte, perm fs.FileMode) error {
+		if name == recordName(scope, "slow") {
+			close(entered)
+			<-release
+		}
+		return platform.WriteFileDurable(dir, name, data, perm)
+	}
+	if a, err := s.Begin(scope, "slow", req); a != nil || err != nil {
+		t.Fatalf("Begin: %v %v", a, err)
+	}
+	finished := make(chan error, 1)
+	go func() { finished <- s.Finish(scope, "slow", &Answer{Status: 201, Body: []byte("slow")}) }()
+	<-entered
+
+	other := make(chan error, 1)
+	go func() {
+		if _, err := s.Begin(scope, "fast", req); err != nil {
+			other <- err
+			return
+		}
+		other <- s.Finish(scope, "fast", &Answer{Status: 201, Body: []byte("fast")})
+	}()
+	select {
+	case err := <-other:
+		if err != nil {
+			t.Fatalf("another key while one is written: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("another key's request waited for the durable write of the first")
+	}
+	if _, err := s.Begin(scope, "slow", req); errcode.Of(err) != errcode.IdempotencyKeyInFlight {
+		t.Fatalf("a repeat during the write: %v, want %s", err, errcode.IdempotencyKeyInFlight)
+	}
+	close(release)
+	if err := <-finished; err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Begin(scope, "slow", req); err != nil || a == nil || string(a.Body) != "slow" {
+		t.Fatalf("the repeat after the write: %v %v, want the kept answer", a, err)
+	}
+	if s.Len() != 2 {
+		t.Fatalf("%d answers kept, want 2", s.Len())
 	}
 }

@@ -85,6 +85,17 @@ var statusOfCode = map[string]int{
 	"webhook-not-found":         404,
 	"idempotency-key-reused":    422,
 	"idempotency-key-in-flight": 409,
+
+	"permission-denied":   403,
+	"not-a-directory":     409,
+	"is-a-directory":      409,
+	"not-a-regular-file":  409,
+	"directory-not-empty": 409,
+	"file-exists":         409,
+	"symlink-loop":        409,
+	"mount-inside":        409,
+	"file-changed":        409,
+	"name-too-long":       422,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so
@@ -188,8 +199,8 @@ func TestSpecRejectsBrokenEdits(t *testing.T) {
 			"GET /v1/info: no 401 response"},
 		{"code under the wrong status", "\"423\": [sandbox-busy, transition-in-progress]", "\"423\": [sandbox-busy, transition-in-progress, stop-timeout]",
 			`lists "stop-timeout" under 423`},
-		{"error status without codes", "        \"404\": [sandbox-not-found]\n        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit]\n        \"413\": [payload-too-large]",
-			"        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit]\n        \"413\": [payload-too-large]",
+		{"error status without codes", "        \"404\": [sandbox-not-found, file-not-found]\n        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit, not-a-directory, symlink-loop]\n        \"413\": [payload-too-large]\n        \"422\": [name-too-long]",
+			"        \"409\": [not-running, sandbox-paused, runtime-mismatch, pids-limit, not-a-directory, symlink-loop]\n        \"413\": [payload-too-large]\n        \"422\": [name-too-long]",
 			"the 404 response names no codes"},
 	}
 	for _, tc := range tests {

@@ -81,6 +81,21 @@ var statusOf = map[errcode.Code]int{
 	errcode.IdempotencyKeyReused:   http.StatusUnprocessableEntity,
 	errcode.IdempotencyKeyInFlight: http.StatusConflict,
 	errcode.SandboxWaking:          http.StatusServiceUnavailable,
+
+	// The sandbox's files refused a request the contract takes (errcode's block of them):
+	// never 400, which says the request itself is wrong. What the user may not do is 403;
+	// a path whose files are in the way is 409, as a state of the sandbox that may change;
+	// a name the sandbox's file system cannot hold is 422.
+	errcode.PermissionDenied:  http.StatusForbidden,
+	errcode.NotADirectory:     http.StatusConflict,
+	errcode.IsADirectory:      http.StatusConflict,
+	errcode.NotARegularFile:   http.StatusConflict,
+	errcode.DirectoryNotEmpty: http.StatusConflict,
+	errcode.FileExists:        http.StatusConflict,
+	errcode.SymlinkLoop:       http.StatusConflict,
+	errcode.MountInside:       http.StatusConflict,
+	errcode.FileChanged:       http.StatusConflict,
+	errcode.NameTooLong:       http.StatusUnprocessableEntity,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a

@@ -418,7 +418,8 @@ func (s *Supervisor) DeleteImage(ctx context.Context, name string) error {
 		return err
 	} else if img == nil {
 		if _, err := s.imageDir(name); err == nil {
-			return errcode.New(errcode.InvalidRequest, "Image %s is a root file system directory under the state root's images/; remove the directory by hand.", name)
+			// The operator put it there, not the image store: the API does not remove it.
+			return errcode.New(errcode.ForeignFiles, "Image %s is a root file system directory under the state root's images/, which bothyd did not make; remove the directory by hand.", name)
 		}
 		return errcode.New(errcode.ImageNotFound, "There is no image %q.", name)
 	}

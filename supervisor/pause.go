@@ -284,6 +284,12 @@ func (s *Supervisor) Resume(ctx context.Context, id string) (_ *Status, err erro
 		}
 	}
 	s.emit(Event{Type: EventResumed, Sandbox: id, State: StateRunning})
+	if pr.Reason == PauseIdle {
+		// A resume of a sleeper is its wake, however it came (a request that needed it, an
+		// explicit resume, E2B's connect): its idle clock starts again from now.
+		s.activity.Touch(id)
+		s.emit(Event{Type: EventAwake, Sandbox: id, State: StateRunning})
+	}
 	return s.Status(id)
 }
 

@@ -79,9 +79,9 @@ type ExecResult struct {
 func (s *Supervisor) RunExec(ctx context.Context, a *Admission, req ExecRequest, stdin io.Reader) (*ExecResult, error) {
 	req = a.defaults.apply(req)
 	proc, err := a.agent.Exec(ctx, req.control(stdin != nil))
-	if msg, ok := commandNotFound(err); ok {
-		// As a shell answers it: exit 127, and why on stderr.
-		return &ExecResult{ExitStatus: ExitStatus{ExitCode: 127}, Stderr: "bothyd: " + msg + "\n"}, nil
+	if msg, code, ok := commandRefused(err); ok {
+		// As a shell answers it: exit 127 or 126, and why on stderr.
+		return &ExecResult{ExitStatus: ExitStatus{ExitCode: code}, Stderr: "bothyd: " + msg + "\n"}, nil
 	}
 	if err != nil {
 		return nil, lost(a, err)
@@ -193,9 +193,11 @@ const (
 type Session struct {
 	a    *Admission
 	proc *control.Process
-	// missing, for a command that does not exist (proc nil), is what the session reads out
-	// before its exit 127: why, on stderr (stdout with a TTY), as a shell answers it.
+	// missing, for a command that does not exist or cannot be executed (proc nil), is what
+	// the session reads out before its exit missingCode (127 or 126): why, on stderr (stdout
+	// with a TTY), as a shell answers it.
 	missing       []byte
+	missingCode   int
 	missingStream Stream
 }
 
@@ -205,9 +207,9 @@ type Session struct {
 func (s *Supervisor) StartExec(ctx context.Context, a *Admission, req ExecRequest) (*Session, error) {
 	// A relayed workload may flood its output: stdout bypasses the agent where it can.
 	proc, err := a.agent.ExecPiped(ctx, a.defaults.apply(req).control(true))
-	if msg, ok := commandNotFound(err); ok {
-		// As the buffered exec answers it: a session that says why and exits 127.
-		x := &Session{a: a, missing: []byte("bothyd: " + msg + "\n"), missingStream: Stderr}
+	if msg, code, ok := commandRefused(err); ok {
+		// As the buffered exec answers it: a session that says why and exits 127 or 126.
+		x := &Session{a: a, missing: []byte("bothyd: " + msg + "\n"), missingCode: code, missingStream: Stderr}
 		if req.TTY {
 			x.missingStream = Stdout
 		}
@@ -276,7 +278,7 @@ func (x *Session) ReadOutput(p []byte) (Stream, int, error) {
 // sandbox stopped under it ends without a status, with not-running.
 func (x *Session) Wait() (ExitStatus, error) {
 	if x.proc == nil {
-		return ExitStatus{ExitCode: 127}, nil
+		return ExitStatus{ExitCode: x.missingCode}, nil
 	}
 	st, err := x.proc.Wait()
 	if err != nil {
@@ -293,13 +295,22 @@ func (x *Session) Close() error {
 	return x.proc.Close()
 }
 
-// commandNotFound reports the agent's answer that the command does not exist, and its message.
-func commandNotFound(err error) (string, bool) {
+// commandRefused reports the agent's answer that the command does not exist (exit status
+// 127, as a shell answers it) or cannot be executed by the user (126), with its message.
+// The request was valid: what refused it is the sandbox's files, and a shell's script reads
+// the status.
+func commandRefused(err error) (msg string, exitCode int, ok bool) {
 	var re *control.RemoteError
-	if errors.As(err, &re) && re.Code == control.CodeCommandNotFound {
-		return re.Message, true
+	if !errors.As(err, &re) {
+		return "", 0, false
 	}
-	return "", false
+	switch re.Code {
+	case control.CodeCommandNotFound:
+		return re.Message, 127, true
+	case control.CodeNotExecutable:
+		return re.Message, 126, true
+	}
+	return "", 0, false
 }
 
 // lost explains a workload that ended without an exit status. When its control session is

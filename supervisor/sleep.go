@@ -272,10 +272,7 @@ func (s *Supervisor) startWake(id string) *wake {
 		ctx, cancel := context.WithTimeout(context.Background(), wakeTimeout)
 		defer cancel()
 		_, err := s.Resume(ctx, id)
-		if err == nil {
-			s.activity.Touch(id)
-			s.emit(Event{Type: EventAwake, Sandbox: id, State: StateRunning})
-		} else {
+		if err != nil {
 			s.log.Warn("a sleeping sandbox did not wake", "sandbox", id, "err", err)
 		}
 		s.mu.Lock()

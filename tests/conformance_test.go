@@ -47,6 +47,10 @@ const conformanceSeed = 38
 const (
 	validPerOperation   = 3
 	mutatedPerOperation = 6
+	// validPerFileOperation is the valid requests of a files or exec operation when the run
+	// has a sandbox: half of them name it, and half of those one of its paths, so that each
+	// kind of refusal its files make is met.
+	validPerFileOperation = 24
 )
 
 func TestConformanceGenerated(t *testing.T) {
@@ -66,10 +70,10 @@ func TestConformanceGenerated(t *testing.T) {
 	if os.Getenv("CONFORMANCE_SANDBOX") != "" {
 		requireRoot(t)
 		// A running sandbox that half the requests name, so that they reach the handlers'
-		// own checks rather than stop at sandbox-not-found. Not in CI yet: the refusals that
-		// depend on the sandbox's files (a path the user may not write, a directory read as a
-		// file, a non-empty directory removed) are still 400 invalid-request, which the schema
-		// cannot state (issue 38, left open).
+		// own checks rather than stop at sandbox-not-found, and half their paths and cwds
+		// name its files (sandboxPaths): the refusals those make (a path the user may not
+		// access, a directory read as a file, a name too long) have codes of their own and
+		// are no 400. scripts/test runs it so (CONFORMANCE_SANDBOX=1).
 		d.create(conformanceSandbox, true)
 		c.sandbox = conformanceSandbox
 	}
@@ -199,8 +203,12 @@ func (g *genRequest) target() string {
 func (c *conformance) operation(path, method string, item *openapi3.PathItem, op *openapi3.Operation) {
 	name := op.OperationID
 	route := &routers.Route{Spec: c.doc, Path: path, PathItem: item, Method: method, Operation: op}
+	want := validPerOperation
+	if c.sandbox != "" && (slices.Contains(op.Tags, "files") || slices.Contains(op.Tags, "exec")) {
+		want = validPerFileOperation
+	}
 	valid, lastWhy := 0, ""
-	for try := 0; valid < validPerOperation && try < 4*validPerOperation; try++ {
+	for try := 0; valid < want && try < 4*want; try++ {
 		g := c.generate(path, item, op)
 		if why := c.judge(route, g); why != "" {
 			// The generator missed a rule the schema states; try again, not the server's fault.
@@ -287,10 +295,13 @@ func (c *conformance) generate(path string, item *openapi3.PathItem, op *openapi
 			continue
 		}
 		v := c.value(p.Schema.Value, 0)
+		if p.In == openapi3.ParameterInQuery && (p.Name == "path" || p.Name == "cwd") {
+			v = c.maybeSandboxPath(v)
+		}
 		switch p.In {
 		case openapi3.ParameterInPath:
 			s := scalar(v)
-			if p.Name == "id" && c.sandbox != "" && c.rng.IntN(2) == 0 {
+			if p.Name == "id" && c.sandbox != "" && spares(op) && c.rng.IntN(2) == 0 {
 				s = c.sandbox
 			}
 			if p.Name == "path" && c.rng.IntN(2) == 0 {
@@ -446,6 +457,9 @@ func (c *conformance) value(s *openapi3.Schema, depth int) any {
 		for _, n := range names {
 			if slices.Contains(s.Required, n) || (depth < 4 && c.rng.IntN(2) == 0) {
 				obj[n] = c.value(s.Properties[n].Value, depth+1)
+				if n == "cwd" {
+					obj[n] = c.maybeSandboxPath(obj[n])
+				}
 			}
 		}
 		if ap := s.AdditionalProperties.Schema; ap != nil && ap.Value != nil && depth < 4 {
@@ -457,6 +471,36 @@ func (c *conformance) value(s *openapi3.Schema, depth int) any {
 	default:
 		return c.text(s)
 	}
+}
+
+// spares says whether op leaves a running sandbox running, so that the run may name its
+// sandbox in it: a read, or a files, exec or ports operation. A stop, pause or forced delete
+// of it would leave every operation after it only sandbox-not-found or not-running to answer.
+func spares(op *openapi3.Operation) bool {
+	if strings.HasPrefix(op.OperationID, "get") || strings.HasPrefix(op.OperationID, "list") || op.OperationID == "waitSandbox" {
+		return true
+	}
+	return slices.Contains(op.Tags, "files") || slices.Contains(op.Tags, "exec") || slices.Contains(op.Tags, "ports")
+}
+
+// sandboxPaths are paths the run's sandbox has, each refused to its user in its own way or
+// taken: a random path is missing, and would only ever reach file-not-found. They are the
+// values of a `path` or a `cwd`, never the run's list of requests: each request is still
+// made from the spec and judged by it (the root directory is no RemovablePath).
+var sandboxPaths = []string{
+	"/", "/tmp", "/home/user", "/etc", "/etc/passwd", // taken, or a directory read as a file
+	"/root", "/etc/shadow", "/proc/self", "/proc/1/environ", // the user may not
+	"/etc/passwd/x", "/dev/null", // a file as a directory, a device
+	"/tmp/" + strings.Repeat("n", 300), // a name longer than the file system holds
+}
+
+// maybeSandboxPath is, for half the values when the run has a sandbox, one of its paths
+// instead of v.
+func (c *conformance) maybeSandboxPath(v any) any {
+	if c.sandbox == "" || c.rng.IntN(2) == 0 {
+		return v
+	}
+	return sandboxPaths[c.rng.IntN(len(sandboxPaths))]
 }
 
 // keyFor draws a key of a map: from its x-key-pattern (the rule of its keys, which OpenAPI

@@ -11,8 +11,9 @@ import (
 )
 
 // TestContractFiles: the file operations answer what the contract says of them. A non-empty
-// directory is removed only with recursive=true; a directory read as a file, and a
-// non-empty one removed without recursive, are refused with field path; an empty file's
+// directory is removed only with recursive=true; a directory read as a file
+// (is-a-directory), and a non-empty one removed without recursive (directory-not-empty), are
+// refused with field path; an empty file's
 // Content-Length is 0; a write with parents=false into a missing directory is file-not-found
 // that offers parents=true.
 func TestContractFiles(t *testing.T) {
@@ -25,7 +26,7 @@ func TestContractFiles(t *testing.T) {
 	if r := d.do("PUT", "/v1/sandboxes/files/files?path=/home/user/tree/sub/f", strings.NewReader("x"), octet); r.Status != 204 {
 		t.Fatalf("write: %d %s", r.Status, r.Body)
 	}
-	p := wantProblem(t, d.do("DELETE", "/v1/sandboxes/files/files?path=/home/user/tree", nil, nil), 400, "invalid-request")
+	p := wantProblem(t, d.do("DELETE", "/v1/sandboxes/files/files?path=/home/user/tree", nil, nil), 409, "directory-not-empty")
 	if p.Field != "path" || !strings.Contains(p.Detail, "recursive=true") {
 		t.Errorf("removing a non-empty directory: %+v, want field path and a hint of recursive=true", p)
 	}
@@ -37,7 +38,7 @@ func TestContractFiles(t *testing.T) {
 	}
 	wantProblem(t, d.do("GET", "/v1/sandboxes/files/files?path=/home/user/tree", nil, nil), 404, "file-not-found")
 
-	p = wantProblem(t, d.do("GET", "/v1/sandboxes/files/files?path=/home/user", nil, nil), 400, "invalid-request")
+	p = wantProblem(t, d.do("GET", "/v1/sandboxes/files/files?path=/home/user", nil, nil), 409, "is-a-directory")
 	if p.Field != "path" {
 		t.Errorf("reading a directory as a file: field %q, want path", p.Field)
 	}

@@ -89,3 +89,24 @@ func TestImageDeleteCheck(t *testing.T) {
 	// The stalled download ends with the server (a graceful stop would wait for it).
 	d.Kill()
 }
+
+// TestImageDeleteOfADirectoryImage: a root file system directory an operator put under the
+// state root's images/ is an image sandboxes can use, but not the image store's to delete:
+// the deletion is refused with foreign-files (409, not the invalid-request of a request the
+// contract refuses) and the directory is kept.
+func TestImageDeleteOfADirectoryImage(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	dir := filepath.Join(d.Root, "images", "handmade")
+	if err := os.MkdirAll(filepath.Join(dir, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := wantProblem(t, d.do("DELETE", "/v1/images/handmade", nil, nil), 409, "foreign-files")
+	if !strings.Contains(p.Detail, "by hand") {
+		t.Errorf("the refusal's detail %q does not say what to do", p.Detail)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "etc")); err != nil {
+		t.Errorf("the refused deletion touched the directory: %v", err)
+	}
+}

@@ -71,7 +71,7 @@ func (d *daemon) browserGet(path string) response {
 // event sandbox.asleep) while the server in it waits; a browser's GET of a port link wakes it
 // (sandbox.awake) and gets the server's answer; asleep again, an exec wakes it; asleep again
 // and with bothyd killed and restarted, it is still asleep, a port request wakes it, and it
-// falls asleep again under the restarted server. A
+// falls asleep again under the restarted server, where an explicit resume is its wake too. A
 // sandbox whose work keeps a CPU busy does not fall asleep meanwhile.
 func TestSleepAndWake(t *testing.T) {
 	requireRoot(t)
@@ -134,6 +134,12 @@ func TestSleepAndWake(t *testing.T) {
 	}
 	// The restarted server knows its policy: it falls asleep again.
 	d.waitAsleep("nap")
+	// An explicit resume of a sleeper (E2B's connect is one) is its wake too.
+	ev = d.subscribe("", false)
+	d.mustStatus(200, "POST", "/v1/sandboxes/nap/resume", nil)
+	if got := ev.nextOf("sandbox.awake"); got.Event.Sandbox == nil || *got.Event.Sandbox != "nap" {
+		t.Fatalf("the explicit resume's wake event: %+v", got)
+	}
 
 	if s := d.sleepy("busy"); s.State != "running" {
 		t.Errorf("the sandbox whose work kept a CPU busy is %+v, want running", s)

@@ -117,17 +117,29 @@ func fault(name, p string, err error) error {
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		return errcode.Wrap(CodeFull, err, "Volume %s is full; remove files from it, or make a larger volume and copy them over.", name)
 	case errors.Is(err, unix.ELOOP):
-		return errcode.Wrap(errcode.InvalidRequest, err, "%q in volume %s is a symbolic link, which the files API does not follow; name its target instead.", trunc(p), name)
+		return &errcode.Error{Code: errcode.SymlinkLoop, Field: "path", Err: err,
+			Msg: fmt.Sprintf("%q in volume %s is a symbolic link, which the files API does not follow (or a loop of links); name its target instead.", trunc(p), name)}
 	case errors.Is(err, unix.ENOTDIR):
-		return errcode.Wrap(errcode.InvalidRequest, err, "A component of %q in volume %s is not a directory.", trunc(p), name)
+		return &errcode.Error{Code: errcode.NotADirectory, Field: "path", Err: err,
+			Msg: fmt.Sprintf("A component of %q in volume %s is not a directory.", trunc(p), name)}
 	case errors.Is(err, unix.EISDIR):
-		return errcode.Wrap(errcode.InvalidRequest, err, "%q in volume %s is a directory; list it instead.", trunc(p), name)
-	case errors.Is(err, unix.ENOTEMPTY), errors.Is(err, unix.EEXIST):
-		return errcode.Wrap(errcode.InvalidRequest, err, "%q in volume %s is a directory that is not empty; remove it with recursive=true.", trunc(p), name)
-	case errors.Is(err, unix.EXDEV):
-		return errcode.Wrap(errcode.InvalidRequest, err, "%q in volume %s leads out of the volume.", trunc(p), name)
+		return &errcode.Error{Code: errcode.IsADirectory, Field: "path", Err: err,
+			Msg: fmt.Sprintf("%q in volume %s is a directory; list it instead.", trunc(p), name)}
+	case errors.Is(err, unix.ENOTEMPTY):
+		return &errcode.Error{Code: errcode.DirectoryNotEmpty, Field: "path", Err: err,
+			Msg: fmt.Sprintf("%q in volume %s is a directory that is not empty; remove it with recursive=true.", trunc(p), name)}
+	case errors.Is(err, unix.EEXIST):
+		return &errcode.Error{Code: errcode.FileExists, Field: "path", Err: err,
+			Msg: fmt.Sprintf("Something that is not a directory is in the way of %q in volume %s.", trunc(p), name)}
+	case errors.Is(err, unix.EXDEV), errors.Is(err, platform.ErrOtherDevice):
+		return &errcode.Error{Code: errcode.MountInside, Field: "path", Err: err,
+			Msg: fmt.Sprintf("%q in volume %s leads onto another file system, which the files API does not enter.", trunc(p), name)}
+	case errors.Is(err, platform.ErrTreeChanged):
+		return &errcode.Error{Code: errcode.FileChanged, Field: "path", Err: err,
+			Msg: fmt.Sprintf("The tree at %q in volume %s changed while it was removed; repeat the request.", trunc(p), name)}
 	case errors.Is(err, unix.ENAMETOOLONG):
-		return errcode.Wrap(errcode.InvalidRequest, err, "A name in %q is too long.", trunc(p))
+		return &errcode.Error{Code: errcode.NameTooLong, Field: "path", Err: err,
+			Msg: fmt.Sprintf("A name in %q is longer than a volume's file system holds (255 bytes).", trunc(p))}
 	}
 	return fmt.Errorf("volume %s: %q: %w", name, trunc(p), err)
 }
@@ -259,6 +271,11 @@ func (s *Store) Open(name, p string) (io.ReadCloser, int64, error) {
 	fd, err := openIn(r.fd, rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		r.release()
+		if errors.Is(err, unix.ELOOP) {
+			// The final component is a link: not a regular file, and not followed.
+			return nil, 0, &errcode.Error{Code: errcode.NotARegularFile, Field: "path", Err: err,
+				Msg: fmt.Sprintf("%q in volume %s is a symbolic link, which the files API does not follow; name its target instead.", trunc(p), name)}
+		}
 		return nil, 0, fault(name, apiPath(rel), err)
 	}
 	var st unix.Stat_t
@@ -268,7 +285,8 @@ func (s *Store) Open(name, p string) (io.ReadCloser, int64, error) {
 		if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			err = unix.EISDIR
 		} else if err == nil {
-			err = errcode.Invalid("path", "%q in volume %s is not a regular file; only regular files are read.", trunc(p), name)
+			err = &errcode.Error{Code: errcode.NotARegularFile, Field: "path",
+				Msg: fmt.Sprintf("%q in volume %s is not a regular file (a FIFO, a device or a socket); only regular files are read.", trunc(p), name)}
 		}
 		return nil, 0, fault(name, apiPath(rel), err)
 	}

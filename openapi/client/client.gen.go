@@ -865,7 +865,7 @@ type ErrorCode = string
 //     `exit`;
 //   - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
 //   - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
-//     (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
+//     (woken by a request or resumed, after its `sandbox.resumed`): `sandbox`, `state`;
 //   - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
 //     `sandbox`, `state`, and `exit` when it was running;
 //   - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -1500,7 +1500,9 @@ type Problem struct {
 	// Detail What went wrong and what to do next, in a sentence.
 	Detail string `json:"detail"`
 
-	// Field For `invalid-request`, the request field at fault (JSON name or query parameter).
+	// Field For `invalid-request`, the request field at fault (JSON name or query parameter); for
+	// a refusal of the sandbox's files (`permission-denied`, `is-a-directory`, ...), the
+	// field whose path was refused (`path`, or an exec's `cwd`).
 	Field *string `json:"field,omitempty"`
 
 	// RequestID The request id, also in the `X-Request-Id` response header; quote it when reporting a problem.
@@ -2814,8 +2816,10 @@ type ClientInterface interface {
 	// Deletes an OCI image's record and the layers no other image uses (while a pull or
 	// an import runs, those wait for the next start or `bothyd check --repair`). While a
 	// sandbox or a template generation uses the image it
-	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-	// are not deleted (`invalid-request`).
+	// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+	// (`invalid-request`); a root file system directory an operator put under the state
+	// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+	// hand).
 	//
 	// Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
 	DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2927,6 +2931,12 @@ type ClientInterface interface {
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
 	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -2942,6 +2952,12 @@ type ClientInterface interface {
 	// One exec runs at a time per sandbox: while another holds the sandbox, this request
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
+	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2971,8 +2987,10 @@ type ClientInterface interface {
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 	//     `signal` is `null` when the command exited by itself. A command that is not found
-	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-	//     exec does, with the reason on stderr (stdout with `tty=true`);
+	//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+	//     a shell answers it and as the buffered exec does, with the reason on stderr
+	//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+	//     upgrade, as the buffered exec refuses it;
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -2989,9 +3007,11 @@ type ClientInterface interface {
 	// RemoveFile Remove a file, or a directory
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
-	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-	// must name something below it (`RemovablePath`).
+	// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does; a recursive removal does not enter another file
+	// system mounted in the tree (`mount-inside`). A path the user may not remove is
+	// refused with `permission-denied`. The root directory cannot be removed: `path` must
+	// name something below it (`RemovablePath`).
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 	RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2999,8 +3019,9 @@ type ClientInterface interface {
 	// ReadFile Read a file
 	//
 	// Streams the content of a regular file as `application/octet-stream`. Reading a
-	// directory is refused with `invalid-request` (field `path`); list it with
-	// `GET /v1/sandboxes/{id}/files/list` instead.
+	// directory is refused with `is-a-directory` (field `path`); list it with
+	// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+	// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 	//
 	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 	// empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -3018,7 +3039,9 @@ type ClientInterface interface {
 	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 	// `path`). Creating a parent needs the user to be allowed to write in the directory
 	// above it: a parent under `/` that the user may not create is refused with
-	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+	// `permission-denied` (field `path`), as is a file the user may not write. A directory
+	// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+	// with `not-a-directory`. The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type.
@@ -3029,7 +3052,8 @@ type ClientInterface interface {
 	// ListFiles List a directory
 	//
 	// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-	// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+	// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+	// one the user may not read with `permission-denied`.
 	// An operation of its own rather than a flag of the file read, so that each answer has
 	// one media type and a generated client one type for it.
 	//
@@ -3805,8 +3829,10 @@ func (c *Client) PullImage(ctx context.Context, params *PullImageParams, body Pu
 // Deletes an OCI image's record and the layers no other image uses (while a pull or
 // an import runs, those wait for the next start or `bothyd check --repair`). While a
 // sandbox or a template generation uses the image it
-// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-// are not deleted (`invalid-request`).
+// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+// (`invalid-request`); a root file system directory an operator put under the state
+// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+// hand).
 //
 // Corresponds with DELETE /v1/images/{name} (the `DeleteImage` operationId).
 func (c *Client) DeleteImage(ctx context.Context, name ImageNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4008,6 +4034,12 @@ func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ..
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
 //
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -4033,6 +4065,12 @@ func (c *Client) ExecCommandWithBody(ctx context.Context, id SandboxIDPath, cont
 // One exec runs at a time per sandbox: while another holds the sandbox, this request
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
+//
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4072,8 +4110,10 @@ func (c *Client) ExecCommand(ctx context.Context, id SandboxIDPath, body ExecCom
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 //     `signal` is `null` when the command exited by itself. A command that is not found
-//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-//     exec does, with the reason on stderr (stdout with `tty=true`);
+//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+//     a shell answers it and as the buffered exec does, with the reason on stderr
+//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+//     upgrade, as the buffered exec refuses it;
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -4100,9 +4140,11 @@ func (c *Client) ExecStream(ctx context.Context, id SandboxIDPath, params *ExecS
 // RemoveFile Remove a file, or a directory
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
-// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-// must name something below it (`RemovablePath`).
+// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does; a recursive removal does not enter another file
+// system mounted in the tree (`mount-inside`). A path the user may not remove is
+// refused with `permission-denied`. The root directory cannot be removed: `path` must
+// name something below it (`RemovablePath`).
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/files (the `RemoveFile` operationId).
 func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *RemoveFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4120,8 +4162,9 @@ func (c *Client) RemoveFile(ctx context.Context, id SandboxIDPath, params *Remov
 // ReadFile Read a file
 //
 // Streams the content of a regular file as `application/octet-stream`. Reading a
-// directory is refused with `invalid-request` (field `path`); list it with
-// `GET /v1/sandboxes/{id}/files/list` instead.
+// directory is refused with `is-a-directory` (field `path`); list it with
+// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 //
 // The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 // empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -4149,7 +4192,9 @@ func (c *Client) ReadFile(ctx context.Context, id SandboxIDPath, params *ReadFil
 // unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 // `path`). Creating a parent needs the user to be allowed to write in the directory
 // above it: a parent under `/` that the user may not create is refused with
-// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+// `permission-denied` (field `path`), as is a file the user may not write. A directory
+// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+// with `not-a-directory`. The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type.
@@ -4170,7 +4215,8 @@ func (c *Client) WriteFileWithBody(ctx context.Context, id SandboxIDPath, params
 // ListFiles List a directory
 //
 // The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+// one the user may not read with `permission-denied`.
 // An operation of its own rather than a flag of the file read, so that each answer has
 // one media type and a generated client one type for it.
 //
@@ -8640,8 +8686,10 @@ type ClientWithResponsesInterface interface {
 	// Deletes an OCI image's record and the layers no other image uses (while a pull or
 	// an import runs, those wait for the next start or `bothyd check --repair`). While a
 	// sandbox or a template generation uses the image it
-	// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-	// are not deleted (`invalid-request`).
+	// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+	// (`invalid-request`); a root file system directory an operator put under the state
+	// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+	// hand).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -8765,6 +8813,12 @@ type ClientWithResponsesInterface interface {
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
 	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -8780,6 +8834,12 @@ type ClientWithResponsesInterface interface {
 	// One exec runs at a time per sandbox: while another holds the sandbox, this request
 	// waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 	// command is killed.
+	//
+	// A command that is not found exits 127, and one the user may not execute (or that is
+	// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+	// that does not exist is refused with `file-not-found`, one that is not a directory with
+	// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+	// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -8809,8 +8869,10 @@ type ClientWithResponsesInterface interface {
 	//     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 	//     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 	//     `signal` is `null` when the command exited by itself. A command that is not found
-	//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-	//     exec does, with the reason on stderr (stdout with `tty=true`);
+	//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+	//     a shell answers it and as the buffered exec does, with the reason on stderr
+	//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+	//     upgrade, as the buffered exec refuses it;
 	//   - from the server, answering a frame it could not act on (a text frame that is not
 	//     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 	//     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -8829,9 +8891,11 @@ type ClientWithResponsesInterface interface {
 	// RemoveFileWithResponse Remove a file, or a directory
 	//
 	// Removes a file or an empty directory. A non-empty directory is refused with
-	// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-	// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-	// must name something below it (`RemovablePath`).
+	// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+	// everything in it, as `rm -r` does; a recursive removal does not enter another file
+	// system mounted in the tree (`mount-inside`). A path the user may not remove is
+	// refused with `permission-denied`. The root directory cannot be removed: `path` must
+	// name something below it (`RemovablePath`).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -8841,8 +8905,9 @@ type ClientWithResponsesInterface interface {
 	// ReadFileWithResponse Read a file
 	//
 	// Streams the content of a regular file as `application/octet-stream`. Reading a
-	// directory is refused with `invalid-request` (field `path`); list it with
-	// `GET /v1/sandboxes/{id}/files/list` instead.
+	// directory is refused with `is-a-directory` (field `path`); list it with
+	// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+	// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 	//
 	// The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 	// empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -8862,7 +8927,9 @@ type ClientWithResponsesInterface interface {
 	// unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 	// `path`). Creating a parent needs the user to be allowed to write in the directory
 	// above it: a parent under `/` that the user may not create is refused with
-	// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+	// `permission-denied` (field `path`), as is a file the user may not write. A directory
+	// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+	// with `not-a-directory`. The body may be at most the server's file limit (see
 	// `/v1/info`); a larger one is refused with `payload-too-large`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -8873,7 +8940,8 @@ type ClientWithResponsesInterface interface {
 	// ListFilesWithResponse List a directory
 	//
 	// The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-	// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+	// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+	// one the user may not read with `permission-denied`.
 	// An operation of its own rather than a flag of the file read, so that each answer has
 	// one media type and a generated client one type for it.
 	//
@@ -10154,6 +10222,8 @@ type DeleteImageResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -10182,6 +10252,11 @@ func (r DeleteImageResponse) GetApplicationProblemJSON403() *Forbidden {
 // GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r DeleteImageResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r DeleteImageResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -10957,6 +11032,8 @@ type ExecCommandResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -11002,6 +11079,11 @@ func (r ExecCommandResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r ExecCommandResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ExecCommandResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -11077,6 +11159,8 @@ type ExecStreamResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
@@ -11116,6 +11200,11 @@ func (r ExecStreamResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ExecStreamResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ExecStreamResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -11190,6 +11279,8 @@ type RemoveFileResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -11225,6 +11316,11 @@ func (r RemoveFileResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r RemoveFileResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r RemoveFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -11294,6 +11390,8 @@ type ReadFileResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -11329,6 +11427,11 @@ func (r ReadFileResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ReadFileResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ReadFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -11400,6 +11503,8 @@ type WriteFileResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -11442,6 +11547,11 @@ func (r WriteFileResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r WriteFileResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r WriteFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -11518,6 +11628,8 @@ type ListFilesResponse struct {
 	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
 	ApplicationProblemJSON423 *Locked
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -11558,6 +11670,11 @@ func (r ListFilesResponse) GetApplicationProblemJSON404() *NotFound {
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ListFilesResponse) GetApplicationProblemJSON409() *Conflict {
 	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
@@ -14316,6 +14433,10 @@ type RemoveVolumeFileResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -14346,6 +14467,16 @@ func (r RemoveVolumeFileResponse) GetApplicationProblemJSON403() *Forbidden {
 // GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r RemoveVolumeFileResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r RemoveVolumeFileResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r RemoveVolumeFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -14413,6 +14544,10 @@ type ReadVolumeFileResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -14443,6 +14578,16 @@ func (r ReadVolumeFileResponse) GetApplicationProblemJSON403() *Forbidden {
 // GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r ReadVolumeFileResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ReadVolumeFileResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ReadVolumeFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -14512,8 +14657,12 @@ type WriteVolumeFileResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -14553,9 +14702,19 @@ func (r WriteVolumeFileResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
 }
 
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r WriteVolumeFileResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
 // GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r WriteVolumeFileResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r WriteVolumeFileResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -14630,6 +14789,10 @@ type ListVolumeFilesResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -14665,6 +14828,16 @@ func (r ListVolumeFilesResponse) GetApplicationProblemJSON403() *Forbidden {
 // GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r ListVolumeFilesResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ListVolumeFilesResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ListVolumeFilesResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -14734,6 +14907,10 @@ type MakeVolumeDirResponse struct {
 	ApplicationProblemJSON403 *Forbidden
 	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationProblemJSON429 *TooManyRequests
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -14771,6 +14948,16 @@ func (r MakeVolumeDirResponse) GetApplicationProblemJSON403() *Forbidden {
 // GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r MakeVolumeDirResponse) GetApplicationProblemJSON404() *NotFound {
 	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r MakeVolumeDirResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r MakeVolumeDirResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -15438,8 +15625,10 @@ func (c *ClientWithResponses) PullImageWithResponse(ctx context.Context, params 
 // Deletes an OCI image's record and the layers no other image uses (while a pull or
 // an import runs, those wait for the next start or `bothyd check --repair`). While a
 // sandbox or a template generation uses the image it
-// is refused with `image-in-use`, naming them. `host` and directories under `images/`
-// are not deleted (`invalid-request`).
+// is refused with `image-in-use`, naming them. `host` is not a name this path takes
+// (`invalid-request`); a root file system directory an operator put under the state
+// root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+// hand).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -15617,6 +15806,12 @@ func (c *ClientWithResponses) GetSandboxWithResponse(ctx context.Context, id San
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
 //
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes/{id}/exec (the `ExecCommand` operationId).
@@ -15638,6 +15833,12 @@ func (c *ClientWithResponses) ExecCommandWithBodyWithResponse(ctx context.Contex
 // One exec runs at a time per sandbox: while another holds the sandbox, this request
 // waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
 // command is killed.
+//
+// A command that is not found exits 127, and one the user may not execute (or that is
+// no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+// that does not exist is refused with `file-not-found`, one that is not a directory with
+// `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+// name longer than the file system holds with `name-too-long`, each with field `cwd`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -15673,8 +15874,10 @@ func (c *ClientWithResponses) ExecCommandWithResponse(ctx context.Context, id Sa
 //     (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
 //     signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
 //     `signal` is `null` when the command exited by itself. A command that is not found
-//     is upgraded all the same and exits 127, as a shell answers it and as the buffered
-//     exec does, with the reason on stderr (stdout with `tty=true`);
+//     is upgraded all the same and exits 127 (126 when the user may not execute it), as
+//     a shell answers it and as the buffered exec does, with the reason on stderr
+//     (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+//     upgrade, as the buffered exec refuses it;
 //   - from the server, answering a frame it could not act on (a text frame that is not
 //     one JSON control message, an unknown `type`, an unknown signal name, a `resize`
 //     without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -15699,9 +15902,11 @@ func (c *ClientWithResponses) ExecStreamWithResponse(ctx context.Context, id San
 // RemoveFileWithResponse Remove a file, or a directory
 //
 // Removes a file or an empty directory. A non-empty directory is refused with
-// `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-// everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-// must name something below it (`RemovablePath`).
+// `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+// everything in it, as `rm -r` does; a recursive removal does not enter another file
+// system mounted in the tree (`mount-inside`). A path the user may not remove is
+// refused with `permission-denied`. The root directory cannot be removed: `path` must
+// name something below it (`RemovablePath`).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -15717,8 +15922,9 @@ func (c *ClientWithResponses) RemoveFileWithResponse(ctx context.Context, id San
 // ReadFileWithResponse Read a file
 //
 // Streams the content of a regular file as `application/octet-stream`. Reading a
-// directory is refused with `invalid-request` (field `path`); list it with
-// `GET /v1/sandboxes/{id}/files/list` instead.
+// directory is refused with `is-a-directory` (field `path`); list it with
+// `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+// `not-a-regular-file`, a file the user may not read with `permission-denied`.
 //
 // The answer is the file as it was opened: `Content-Length` is its size then (0 for an
 // empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -15744,7 +15950,9 @@ func (c *ClientWithResponses) ReadFileWithResponse(ctx context.Context, id Sandb
 // unless `parents=false`; then a missing parent is refused with `file-not-found` (field
 // `path`). Creating a parent needs the user to be allowed to write in the directory
 // above it: a parent under `/` that the user may not create is refused with
-// `invalid-request` (field `path`). The body may be at most the server's file limit (see
+// `permission-denied` (field `path`), as is a file the user may not write. A directory
+// at `path` is refused with `is-a-directory`, a file where a parent directory should be
+// with `not-a-directory`. The body may be at most the server's file limit (see
 // `/v1/info`); a larger one is refused with `payload-too-large`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -15761,7 +15969,8 @@ func (c *ClientWithResponses) WriteFileWithBodyWithResponse(ctx context.Context,
 // ListFilesWithResponse List a directory
 //
 // The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-// them. A path that is not a directory is refused with `invalid-request` (field `path`).
+// them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+// one the user may not read with `permission-denied`.
 // An operation of its own rather than a flag of the file read, so that each answer has
 // one media type and a generated client one type for it.
 //
@@ -17230,6 +17439,13 @@ func ParseDeleteImageResponse(rsp *http.Response) (*DeleteImageResponse, error) 
 		}
 		response.ApplicationProblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -17982,6 +18198,13 @@ func ParseExecCommandResponse(rsp *http.Response) (*ExecCommandResponse, error) 
 		}
 		response.ApplicationProblemJSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -18079,6 +18302,13 @@ func ParseExecStreamResponse(rsp *http.Response) (*ExecStreamResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -18202,6 +18432,13 @@ func ParseRemoveFileResponse(rsp *http.Response) (*RemoveFileResponse, error) {
 		}
 		response.ApplicationProblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -18296,6 +18533,13 @@ func ParseReadFileResponse(rsp *http.Response) (*ReadFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -18401,6 +18645,13 @@ func ParseWriteFileResponse(rsp *http.Response) (*WriteFileResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -18510,6 +18761,13 @@ func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
 		var dest Locked
@@ -21092,6 +21350,20 @@ func ParseRemoveVolumeFileResponse(rsp *http.Response) (*RemoveVolumeFileRespons
 		}
 		response.ApplicationProblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -21179,6 +21451,20 @@ func ParseReadVolumeFileResponse(rsp *http.Response) (*ReadVolumeFileResponse, e
 			return nil, err
 		}
 		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -21275,12 +21561,26 @@ func ParseWriteVolumeFileResponse(rsp *http.Response) (*WriteVolumeFileResponse,
 		}
 		response.ApplicationProblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest PayloadTooLarge
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -21384,6 +21684,20 @@ func ParseListVolumeFilesResponse(rsp *http.Response) (*ListVolumeFilesResponse,
 		}
 		response.ApplicationProblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -21478,6 +21792,20 @@ func ParseMakeVolumeDirResponse(rsp *http.Response) (*MakeVolumeDirResponse, err
 			return nil, err
 		}
 		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests

@@ -97,7 +97,9 @@ type Problem struct {
 	// Detail What went wrong and what to do next, in a sentence.
 	Detail string `json:"detail"`
 
-	// Field For `invalid-request`, the request field at fault (JSON name or query parameter).
+	// Field For `invalid-request`, the request field at fault (JSON name or query parameter); for
+	// a refusal of the sandbox's files (`permission-denied`, `is-a-directory`, ...), the
+	// field whose path was refused (`path`, or an exec's `cwd`).
 	Field *string `json:"field,omitempty"`
 
 	// RequestID The request id, also in the `X-Request-Id` response header; quote it when reporting a problem.
@@ -233,6 +235,9 @@ type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type Unauthorized = Problem
+
+// UnprocessableEntity An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+type UnprocessableEntity = Problem
 
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {

@@ -61,6 +61,10 @@ func (s *Store) checkSource(src *Source) (*imageConfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(src.Layers) == 0 {
+		// Nothing to run: refused here, where the image comes in, not at each create.
+		return nil, badArchive("it has no layers, so a sandbox would have no files to run")
+	}
 	if len(src.Layers) > MaxLayers {
 		return nil, tooLarge("it has %d layers, more than the %d bothyd stacks", len(src.Layers), MaxLayers)
 	}

@@ -154,12 +154,16 @@ func TestImportRefusesTamperedArchives(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// An image of no layers: nothing a sandbox could run.
+	layerless := ociLayoutTar(t, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: hostImage(t)}))
+
 	for _, tc := range []struct {
 		name string
 		data []byte
 		want error
 	}{
 		{"blob not matching its digest", tampered, ErrDigestMismatch},
+		{"no layers", layerless, ErrBadArchive},
 		{"layer not matching its diff id", saved.Bytes(), ErrDigestMismatch},
 		{"not an archive", []byte("hello, I am not a tar archive at all, really, not at all......"), ErrBadArchive},
 		{"hostile member name", tarOf(t, file("../../etc/x", "x")), ErrBadArchive},

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { Sandbox, CommandExitError, TimeoutError, Volume } from 'e2b';
+import { Sandbox, CommandExitError, InvalidArgumentError, SandboxError, TimeoutError, Volume } from 'e2b';
 
 const metadata = { suite: 'e2b-compat', run: String(process.pid) };
 
@@ -83,6 +83,14 @@ test('create, run, files, timeout, list, kill', { timeout: 180_000 }, async () =
     assert.equal((await sbx.files.read('hello.txt', { user: 'root' }).catch((e) => e.name)), 'FileNotFoundError', "root's home is /root");
     await sbx.files.remove('rel');
     assert.equal(await sbx.files.exists('rel'), false);
+
+    // What the sandbox's files refuse, the SDK raises as it does against E2B: a directory
+    // read as a file, a listing of a file, a cwd that does not exist are InvalidArgumentError
+    // (envd's 400 and invalid_argument); a path the user may not read is a SandboxError.
+    await assert.rejects(sbx.files.read('/tmp'), InvalidArgumentError);
+    await assert.rejects(sbx.files.list('/etc/passwd'), InvalidArgumentError);
+    await assert.rejects(sbx.commands.run('true', { cwd: '/nonexistent' }), InvalidArgumentError);
+    await assert.rejects(sbx.files.read('/root/x'), (err) => err instanceof SandboxError && !(err instanceof InvalidArgumentError));
 
     await sbx.setTimeout(60_000);
     const info = await sbx.getInfo();

@@ -244,3 +244,23 @@ func TestSleepOptionsJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestFileRefusalsByCode: a refusal of the sandbox's files matches its own Err value, not
+// ErrInvalidRequest, and carries the field whose path was refused.
+func TestFileRefusalsByCode(t *testing.T) {
+	t.Parallel()
+	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(409)
+		_ = json.NewEncoder(w).Encode(map[string]any{"type": "urn:bothyd:problem:is-a-directory", "title": "Conflict",
+			"status": 409, "code": "is-a-directory", "field": "path", "detail": "\"/tmp\" is a directory."})
+	}))
+	_, err := c.ReadFile(context.Background(), "sb", "/tmp")
+	if !errors.Is(err, ErrIsADirectory) || errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("errors.Is by code: %v", err)
+	}
+	var apiErr *APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 409 || apiErr.Field != "path" {
+		t.Fatalf("errors.As: %#v", err)
+	}
+}

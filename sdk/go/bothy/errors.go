@@ -71,6 +71,20 @@ var (
 	// ErrIdempotencyKeyInFlight: the first request with the Idempotency-Key still runs;
 	// repeat in a moment.
 	ErrIdempotencyKeyInFlight = Code(errcode.IdempotencyKeyInFlight)
+
+	// The refusals of a sandbox's files, for a request the contract takes (APIError.Field
+	// names the path's field, "path" or an exec's "cwd"); the same request may succeed once
+	// the files change.
+	ErrPermissionDenied  = Code(errcode.PermissionDenied)  // 403: the user may not
+	ErrNotADirectory     = Code(errcode.NotADirectory)     // 409
+	ErrIsADirectory      = Code(errcode.IsADirectory)      // 409: list it instead
+	ErrNotARegularFile   = Code(errcode.NotARegularFile)   // 409: a FIFO, device or socket
+	ErrDirectoryNotEmpty = Code(errcode.DirectoryNotEmpty) // 409: remove with recursive
+	ErrFileExists        = Code(errcode.FileExists)        // 409
+	ErrSymlinkLoop       = Code(errcode.SymlinkLoop)       // 409
+	ErrMountInside       = Code(errcode.MountInside)       // 409
+	ErrFileChanged       = Code(errcode.FileChanged)       // 409: repeat the request
+	ErrNameTooLong       = Code(errcode.NameTooLong)       // 422
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

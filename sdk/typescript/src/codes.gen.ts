@@ -45,6 +45,16 @@ export type KnownErrorCode =
   | "webhook-not-found"
   | "idempotency-key-reused"
   | "idempotency-key-in-flight"
+  | "permission-denied"
+  | "not-a-directory"
+  | "is-a-directory"
+  | "not-a-regular-file"
+  | "directory-not-empty"
+  | "file-exists"
+  | "symlink-loop"
+  | "mount-inside"
+  | "file-changed"
+  | "name-too-long"
   | "volume-not-found"
   | "volume-exists"
   | "volume-in-use"
@@ -95,6 +105,16 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "webhook-not-found",
   "idempotency-key-reused",
   "idempotency-key-in-flight",
+  "permission-denied",
+  "not-a-directory",
+  "is-a-directory",
+  "not-a-regular-file",
+  "directory-not-empty",
+  "file-exists",
+  "symlink-loop",
+  "mount-inside",
+  "file-changed",
+  "name-too-long",
   "volume-not-found",
   "volume-exists",
   "volume-in-use",

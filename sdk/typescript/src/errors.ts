@@ -48,7 +48,10 @@ export class BothyError extends Error {
   readonly status: number;
   /** What went wrong and what to do next, in a sentence. */
   readonly detail: string;
-  /** For invalid-request, the request field at fault. */
+  /**
+   * For invalid-request, the request field at fault; for a refusal of the sandbox's files
+   * (permission-denied, is-a-directory, ...), the field whose path was refused (path, cwd).
+   */
   readonly field: string | undefined;
   /** The server's request id; quote it when reporting a problem. */
   readonly requestId: string | undefined;

@@ -320,6 +320,12 @@ export interface paths {
          *     One exec runs at a time per sandbox: while another holds the sandbox, this request
          *     waits up to `wait_ms` and then fails with `sandbox-busy`. If the client goes away, the
          *     command is killed.
+         *
+         *     A command that is not found exits 127, and one the user may not execute (or that is
+         *     no executable) exits 126, as a shell answers them, with the reason on stderr. A `cwd`
+         *     that does not exist is refused with `file-not-found`, one that is not a directory with
+         *     `not-a-directory`, one the user may not enter with `permission-denied`, one with a
+         *     name longer than the file system holds with `name-too-long`, each with field `cwd`.
          */
         post: operations["execCommand"];
         delete?: never;
@@ -361,8 +367,10 @@ export interface paths {
          *         (1000). `exit_code` is as in `ExecResult`: the exit status, or 128 plus the
          *         signal's number when a signal ended the command (137 with `"signal":"SIGKILL"`);
          *         `signal` is `null` when the command exited by itself. A command that is not found
-         *         is upgraded all the same and exits 127, as a shell answers it and as the buffered
-         *         exec does, with the reason on stderr (stdout with `tty=true`);
+         *         is upgraded all the same and exits 127 (126 when the user may not execute it), as
+         *         a shell answers it and as the buffered exec does, with the reason on stderr
+         *         (stdout with `tty=true`). A `cwd` the sandbox refuses is refused before the
+         *         upgrade, as the buffered exec refuses it;
          *       - from the server, answering a frame it could not act on (a text frame that is not
          *         one JSON control message, an unknown `type`, an unknown signal name, a `resize`
          *         without positive `rows` and `cols`, a binary frame for another stream than stdin):
@@ -398,8 +406,9 @@ export interface paths {
         /**
          * Read a file
          * @description Streams the content of a regular file as `application/octet-stream`. Reading a
-         *     directory is refused with `invalid-request` (field `path`); list it with
-         *     `GET /v1/sandboxes/{id}/files/list` instead.
+         *     directory is refused with `is-a-directory` (field `path`); list it with
+         *     `GET /v1/sandboxes/{id}/files/list` instead. A FIFO, device or socket is refused with
+         *     `not-a-regular-file`, a file the user may not read with `permission-denied`.
          *
          *     The answer is the file as it was opened: `Content-Length` is its size then (0 for an
          *     empty file), and a file replaced by a rename meanwhile does not mix into it.
@@ -415,7 +424,9 @@ export interface paths {
          *     unless `parents=false`; then a missing parent is refused with `file-not-found` (field
          *     `path`). Creating a parent needs the user to be allowed to write in the directory
          *     above it: a parent under `/` that the user may not create is refused with
-         *     `invalid-request` (field `path`). The body may be at most the server's file limit (see
+         *     `permission-denied` (field `path`), as is a file the user may not write. A directory
+         *     at `path` is refused with `is-a-directory`, a file where a parent directory should be
+         *     with `not-a-directory`. The body may be at most the server's file limit (see
          *     `/v1/info`); a larger one is refused with `payload-too-large`.
          */
         put: operations["writeFile"];
@@ -423,9 +434,11 @@ export interface paths {
         /**
          * Remove a file, or a directory
          * @description Removes a file or an empty directory. A non-empty directory is refused with
-         *     `invalid-request` (field `path`) unless `recursive=true`, which removes it and
-         *     everything in it, as `rm -r` does. The root directory cannot be removed: `path`
-         *     must name something below it (`RemovablePath`).
+         *     `directory-not-empty` (field `path`) unless `recursive=true`, which removes it and
+         *     everything in it, as `rm -r` does; a recursive removal does not enter another file
+         *     system mounted in the tree (`mount-inside`). A path the user may not remove is
+         *     refused with `permission-denied`. The root directory cannot be removed: `path` must
+         *     name something below it (`RemovablePath`).
          */
         delete: operations["removeFile"];
         options?: never;
@@ -449,7 +462,8 @@ export interface paths {
         /**
          * List a directory
          * @description The entries of the directory at `path` (at most 10000), as the sandbox's user sees
-         *     them. A path that is not a directory is refused with `invalid-request` (field `path`).
+         *     them. A path that is not a directory is refused with `not-a-directory` (field `path`),
+         *     one the user may not read with `permission-denied`.
          *     An operation of its own rather than a flag of the file read, so that each answer has
          *     one media type and a generated client one type for it.
          */
@@ -1013,8 +1027,10 @@ export interface paths {
          * @description Deletes an OCI image's record and the layers no other image uses (while a pull or
          *     an import runs, those wait for the next start or `bothyd check --repair`). While a
          *     sandbox or a template generation uses the image it
-         *     is refused with `image-in-use`, naming them. `host` and directories under `images/`
-         *     are not deleted (`invalid-request`).
+         *     is refused with `image-in-use`, naming them. `host` is not a name this path takes
+         *     (`invalid-request`); a root file system directory an operator put under the state
+         *     root's `images/` is not the image store's to delete (`foreign-files`: remove it by
+         *     hand).
          */
         delete: operations["deleteImage"];
         options?: never;
@@ -2558,7 +2574,7 @@ export interface components {
          *       `exit`;
          *     - `sandbox.paused`, `sandbox.resumed`: `sandbox`, `state`;
          *     - `sandbox.asleep` (paused for idleness, after its `sandbox.paused`), `sandbox.awake`
-         *       (woken by a request, after its `sandbox.resumed`): `sandbox`, `state`;
+         *       (woken by a request or resumed, after its `sandbox.resumed`): `sandbox`, `state`;
          *     - `sandbox.expired` (its lifetime ended; the stop's or deletion's event follows):
          *       `sandbox`, `state`, and `exit` when it was running;
          *     - `generation.captured`, `generation.tombstoned`, `generation.retired`: `template`,
@@ -2637,7 +2653,11 @@ export interface components {
             /** @description What went wrong and what to do next, in a sentence. */
             detail: string;
             code: components["schemas"]["ErrorCode"];
-            /** @description For `invalid-request`, the request field at fault (JSON name or query parameter). */
+            /**
+             * @description For `invalid-request`, the request field at fault (JSON name or query parameter); for
+             *     a refusal of the sandbox's files (`permission-denied`, `is-a-directory`, ...), the
+             *     field whose path was refused (`path`, or an exec's `cwd`).
+             */
             field?: string;
             /** @description The request id, also in the `X-Request-Id` response header; quote it when reporting a problem. */
             request_id?: string;
@@ -2666,7 +2686,12 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `forbidden`: a browser request from a foreign origin, or for a Host the server does not serve. */
+        /**
+         * @description `forbidden`: a browser request from a foreign origin, or for a Host the server does not
+         *     serve. `permission-denied`: the sandbox's user may not access the path (its
+         *     permissions, a read-only file system, `/proc` for another user than root) or enter an
+         *     exec's `cwd`; `field` names which. The operation's `x-error-codes` says which apply.
+         */
         Forbidden: {
             headers: {
                 [name: string]: unknown;
@@ -2698,7 +2723,14 @@ export interface components {
          *     `template-tombstoned` (the generation is quarantined), `template-ineligible` (no
          *     generation is eligible at this host time, or the chosen one is not), `sandbox-paused`
          *     (resume it first), `idempotency-key-in-flight` (the request that first used this
-         *     `Idempotency-Key` is still being answered; repeat this one once it is),
+         *     `Idempotency-Key` is still being answered; repeat this one once it is). The sandbox's
+         *     files are in the way of a file operation (or an exec's `cwd`), which `field` names:
+         *     `is-a-directory` (a directory read or written as a file), `not-a-directory` (a
+         *     component of the path, a listed path or a `cwd` is not a directory),
+         *     `not-a-regular-file` (a FIFO, device or socket read), `directory-not-empty` (remove
+         *     it with `recursive=true`), `file-exists`, `symlink-loop` (too many levels of symbolic
+         *     links), `mount-inside` (a recursive removal met a mounted file system),
+         *     `file-changed` (the tree was moved while it was removed; repeat the request);
          *     `volume-exists` (a volume has the name). The operation's `x-error-codes` says which
          *     apply.
          */
@@ -2712,7 +2744,10 @@ export interface components {
         };
         /**
          * @description `idempotency-key-reused`: the `Idempotency-Key` was first used with another request
-         *     (another method, path or body); use a new key for a new request.
+         *     (another method, path or body); use a new key for a new request. `name-too-long`: a
+         *     name in the path is longer than the sandbox's file system holds (255 bytes on most),
+         *     which the path's schema cannot state. The operation's `x-error-codes` says which
+         *     apply.
          */
         UnprocessableEntity: {
             headers: {
@@ -3425,6 +3460,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3492,6 +3528,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
@@ -3528,6 +3565,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3568,6 +3606,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3604,6 +3643,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -3639,6 +3679,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -4642,6 +4683,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -4934,6 +4976,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -4974,7 +5018,9 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["UnprocessableEntity"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -5010,6 +5056,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -5044,6 +5092,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
@@ -5080,6 +5130,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["UnprocessableEntity"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];

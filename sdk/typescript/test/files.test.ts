@@ -77,6 +77,13 @@ test("a removed file is gone, and reading it is file-not-found", async () => {
   await rejectsWithCode(client.removeFile(id, "/tmp/doomed"), "file-not-found", 404);
 });
 
-test("reading a directory without list is invalid-request", async () => {
-  await rejectsWithCode(client.readFileText(id, "/tmp"), "invalid-request", 400);
+test("the sandbox's files refuse with codes of their own, naming the path", async () => {
+  // A request the contract takes, refused by what the sandbox holds: never invalid-request.
+  const dir = await rejectsWithCode(client.readFileText(id, "/tmp"), "is-a-directory", 409);
+  assert.equal(dir.field, "path");
+  await rejectsWithCode(client.readFileText(id, "/root/.profile"), "permission-denied", 403);
+  await rejectsWithCode(client.listFiles(id, "/etc/passwd"), "not-a-directory", 409);
+  await client.writeFile(id, "/tmp/full/f", "x");
+  await rejectsWithCode(client.removeFile(id, "/tmp/full"), "directory-not-empty", 409);
+  await rejectsWithCode(client.readFileText(id, `/tmp/${"n".repeat(300)}`), "name-too-long", 422);
 });
