@@ -51,6 +51,10 @@ const (
 	chaosClients     = 4
 	chaosIDs         = 8
 	chaosRoundTime   = 3 * time.Second
+	// chaosVolume is the volume that a quarter of the creates mount at /data and that execs
+	// write to (docs/volumes.md): holds are taken and released across the crashes, and the
+	// volume must be deletable once the last sandbox is gone.
+	chaosVolume = "chaos-vol"
 )
 
 // existence is what a client knows of whether a sandbox exists.
@@ -129,6 +133,8 @@ var chaosAllowed = map[string][]int{
 	// claim is a create that names nothing (a spare's, when one is ready), deleted at once.
 	"claim":        {201, 423, 504},
 	"claim-delete": {204, 404, 409, 423},
+	"volume-get":   {200},
+	"volume-files": {200},
 }
 
 // TestChaos: clients issue random lifecycle operations while bothyd is killed with SIGKILL
@@ -214,6 +220,9 @@ func TestChaos(t *testing.T) {
 	} else {
 		t.Logf("the template API answers %d: capture, clone, tombstone and retire are not exercised", r.Status)
 		tpl = nil
+	}
+	if r := d.doJSON("POST", "/v1/volumes", map[string]any{"name": chaosVolume, "size_mb": 32}); r.Status != 201 {
+		t.Fatalf("creating the chaos volume: %d %s", r.Status, r.Body)
 	}
 	var server atomic.Pointer[chaosServer]
 	server.Store(&chaosServer{url: d.URL, up: make(chan struct{})})
@@ -355,6 +364,10 @@ func TestChaos(t *testing.T) {
 			t.Errorf("deleting the claimed %s at the end: %d %s", id, r.Status, r.Body)
 		}
 	}
+	// Every sandbox is gone, so no hold of the volume is live, whatever the crashes left.
+	if r := d.doJSON("DELETE", "/v1/volumes/"+chaosVolume, nil); r.Status != 204 {
+		t.Errorf("deleting the volume at the end: %d %s", r.Status, r.Body)
+	}
 	// A server that stops deletes its spares.
 	d.Stop()
 	if procs, err := rt.Processes(d.Root); err != nil || len(procs) != 0 {
@@ -441,7 +454,7 @@ func (c *chaosTemplate) generations() []string {
 
 func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chaosServer], ids []string, ledger *chaosLedger, tpl *chaosTemplate, stats *chaosStats, stop <-chan struct{}) {
 	ops := []string{"create", "create", "start", "start", "exec", "exec", "exec", "stop", "stop-force", "delete", "delete", "get",
-		"delete-force", "pause", "pause", "resume", "resume", "timeout", "claim"}
+		"delete-force", "pause", "pause", "resume", "resume", "timeout", "claim", "volume-get", "volume-files"}
 	if tpl != nil {
 		ops = append(ops, "capture", "clone", "clone", "tombstone", "retire")
 	}
@@ -476,6 +489,9 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			if rng.IntN(3) == 0 {
 				req["network"] = chaosNetPolicy(rng) // a veth, an address, nftables and a resolver in the crash path
 			}
+			if rng.IntN(4) == 0 {
+				req["volumes"] = []map[string]any{{"name": chaosVolume, "path": "/data"}} // a hold in the crash path
+			}
 			method, path, body = "POST", "/v1/sandboxes", req
 		case "start":
 			method, path = "POST", "/v1/sandboxes/"+id+"/start?timeout=20000"
@@ -484,7 +500,7 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 		case "stop-force":
 			method, path = "POST", "/v1/sandboxes/"+id+"/stop?force=true"
 		case "exec":
-			cmd := []string{"sh", "-c", "echo hi > /tmp/x; cat /tmp/x"}
+			cmd := []string{"sh", "-c", "echo hi > /tmp/x; cat /tmp/x; if [ -d /data ]; then echo hi > /data/$(hostname); fi"}
 			if rng.IntN(4) == 0 {
 				cmd = []string{"sleep", "0.3"}
 			}
@@ -505,6 +521,10 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			method, path, body = "POST", "/v1/sandboxes/"+id+"/timeout", map[string]any{"timeout_s": rng.IntN(3), "on_timeout": "stop"}
 		case "get":
 			method, path = "GET", "/v1/sandboxes/"+id
+		case "volume-get":
+			method, path = "GET", "/v1/volumes/"+chaosVolume
+		case "volume-files":
+			method, path = "GET", "/v1/volumes/"+chaosVolume+"/files/list?path=/"
 		case "capture":
 			method, path, body = "POST", "/v1/templates/"+tpl.name+"/generations", map[string]any{"sandbox": id}
 		case "clone":
