@@ -77,6 +77,11 @@ var statusOf = map[errcode.Code]int{
 	errcode.IdempotencyKeyReused:   http.StatusUnprocessableEntity,
 	errcode.IdempotencyKeyInFlight: http.StatusConflict,
 	errcode.SandboxWaking:          http.StatusServiceUnavailable,
+
+	errcode.CheckpointNotFound:    http.StatusNotFound,
+	errcode.CheckpointExists:      http.StatusConflict,
+	errcode.CheckpointLimit:       http.StatusConflict,
+	errcode.CheckpointUnsupported: http.StatusNotImplemented,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a
