@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"github.com/bothy/bothy/checkpoint"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -88,6 +89,8 @@ type Options struct {
 	// Count of 0: none, and those an earlier run left are deleted). Nil leaves spares alone,
 	// as bothyd check and tests do.
 	Spares *SpareOptions
+	// Checkpoints bound each sandbox's checkpoints (zero: the defaults of package checkpoint).
+	Checkpoints checkpoint.Limits
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -110,6 +113,8 @@ type Supervisor struct {
 	// crashPoint, set by tests, is called at the named steps of a launch, where a test
 	// process kills itself to leave what a crash there leaves.
 	crashPoint func(step string)
+	// checkpointLimits bound each sandbox's checkpoints.
+	checkpointLimits checkpoint.Limits
 
 	// janitor starts the trash's janitor ([Supervisor.emptyTrash]) once, with the first
 	// reattach pass: a supervisor that only checks (bothyd check) leaves the trash alone.
@@ -199,6 +204,8 @@ func New(opts Options) (*Supervisor, error) {
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
 		spares:        newSpareSet(opts.Spares),
+
+		checkpointLimits: opts.Checkpoints,
 	}
 	for _, d := range DeclaredEntries(s.runtimes.all()...) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {

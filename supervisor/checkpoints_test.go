@@ -1,0 +1,206 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bothy/bothy/errcode"
+)
+
+// envCrashCheckpoint names a checkpoint operation ("checkpoint:<name>", "rollback:<name>",
+// "delete:<name>") that the crash helper runs instead of a start.
+const envCrashCheckpoint = "SUPERVISOR_TEST_CRASH_CHECKPOINT"
+
+func checkpointCrashOp(ctx context.Context, s *Supervisor, id, op string) error {
+	verb, name, _ := strings.Cut(op, ":")
+	var err error
+	switch verb {
+	case "checkpoint":
+		_, err = s.Checkpoint(ctx, id, name)
+	case "rollback":
+		_, err = s.Rollback(ctx, id, name)
+	case "delete":
+		err = s.DeleteCheckpoint(ctx, id, name)
+	default:
+		err = errors.New("unknown operation " + op)
+	}
+	return err
+}
+
+// sh runs a shell command in the sandbox as root and returns its stdout.
+func sh(t *testing.T, ctx context.Context, s *Supervisor, id, script string) string {
+	t.Helper()
+	a, err := s.AdmitExec(ctx, id, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release()
+	res, err := s.RunExec(ctx, a, ExecRequest{Argv: []string{"sh", "-c", script}, User: "root"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("%q exited %d: %s", script, res.ExitCode, res.Stderr)
+	}
+	return res.Stdout
+}
+
+// TestCheckpointAndRollback: a running sandbox's checkpoint is taken frozen, a stopped one's
+// by rotation; a rollback after rm -rf of the user's home brings it back, in place (the
+// sandbox runs again under its id), and later files are gone.
+func TestCheckpointAndRollback(t *testing.T) {
+	s, _ := newSupervisor(t)
+	ctx := testContext(t)
+	startNew(t, ctx, s, "ck")
+	sh(t, ctx, s, "ck", "echo one > /home/user/f && mkdir -p /home/user/d && echo deep > /home/user/d/g")
+	c, err := s.Checkpoint(ctx, "ck", "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != "copy" || c.Size == 0 {
+		t.Fatalf("checkpoint of a running sandbox: %+v, want a copy with a size", c)
+	}
+	sh(t, ctx, s, "ck", "rm -rf /home/user && echo later > /tmp/later")
+	if _, err := s.Rollback(ctx, "ck", "first"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Status("ck"); err != nil || st.State != StateRunning {
+		t.Fatalf("after the rollback of a running sandbox: %+v, %v; want it running", st, err)
+	}
+	if got := sh(t, ctx, s, "ck", "cat /home/user/f /home/user/d/g; ls /tmp/later 2>/dev/null || echo gone"); got != "one\ndeep\ngone\n" {
+		t.Fatalf("after the rollback the files read %q", got)
+	}
+
+	// Stopped: a rotation, then writes on top of it, then a rollback to it.
+	if _, err := s.Stop(ctx, "ck", true); err != nil {
+		t.Fatal(err)
+	}
+	c, err = s.Checkpoint(ctx, "ck", "second")
+	if err != nil || c.Mode != "rotate" || len(c.Chain) != 2 {
+		t.Fatalf("checkpoint of a stopped sandbox: %+v, %v; want a rotation over the first", c, err)
+	}
+	if _, err := s.Start(ctx, "ck"); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, ctx, s, "ck", "echo two > /home/user/f")
+	if _, err := s.Stop(ctx, "ck", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Rollback(ctx, "ck", "second"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Status("ck"); st.State != StateStopped {
+		t.Fatalf("a rollback started a stopped sandbox: %s", st.State)
+	}
+	if _, err := s.Start(ctx, "ck"); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, ctx, s, "ck", "cat /home/user/f"); got != "one\n" {
+		t.Fatalf("after the rollback to the rotation: %q", got)
+	}
+	list, err := s.Checkpoints(ctx, "ck")
+	if err != nil || len(list) != 2 {
+		t.Fatalf("list: %+v, %v", list, err)
+	}
+	if err := s.DeleteCheckpoint(ctx, "ck", "first"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Rollback(ctx, "ck", "first"); errcode.Of(err) != errcode.CheckpointNotFound {
+		t.Fatalf("rollback to a deleted checkpoint: %v", err)
+	}
+	// The sandbox's files still stand on the deleted checkpoint's layer (its chain names it).
+	if got := sh(t, ctx, s, "ck", "cat /home/user/d/g"); got != "deep\n" {
+		t.Fatalf("after deleting a checkpoint below the chain: %q", got)
+	}
+}
+
+// TestCheckpointCrash kills a process (SIGKILL) at each step of a checkpoint, a rollback and
+// a delete; the next supervisor's reattach finishes or undoes it: the sandbox's files are at
+// one point or the other, nothing is pending, and nothing is left over.
+func TestCheckpointCrash(t *testing.T) {
+	type tc struct {
+		op      string
+		step    string
+		running bool
+	}
+	var cases []tc
+	for _, st := range []string{"checkpoint-frozen", "checkpoint-recorded", "checkpoint-copied", "checkpoint-committed"} {
+		cases = append(cases, tc{"checkpoint:new", st, true})
+	}
+	for _, st := range []string{"checkpoint-recorded", "checkpoint-rotated", "checkpoint-committed"} {
+		cases = append(cases, tc{"checkpoint:new", st, false})
+	}
+	for _, st := range []string{"rollback-stopped", "rollback-recorded", "rollback-discarded", "rollback-swapped", "rollback-committed"} {
+		cases = append(cases, tc{"rollback:base", st, true})
+	}
+	cases = append(cases, tc{"delete:base", "checkpoint-deleted", true})
+	for _, c := range cases {
+		name := strings.ReplaceAll(c.op, ":", "-") + "/" + c.step
+		if !c.running {
+			name += "/stopped"
+		}
+		t.Run(name, func(t *testing.T) {
+			s, root := newSupervisor(t)
+			ctx := testContext(t)
+			id := "crash"
+			startNew(t, ctx, s, id)
+			sh(t, ctx, s, id, "echo base > /home/user/f")
+			if _, err := s.Checkpoint(ctx, id, "base"); err != nil {
+				t.Fatal(err)
+			}
+			sh(t, ctx, s, id, "echo later > /home/user/f")
+			if !c.running {
+				if _, err := s.Stop(ctx, id, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envCrashRoot+"="+root, envCrashID+"="+id, envCrashAt+"="+c.step, envCrashCheckpoint+"="+c.op)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("the helper did not die by SIGKILL at %s: %v\n%s", c.step, err, out)
+			}
+			// The restart: start-up's reattach (which thaws a sandbox left frozen).
+			if err := s.ReattachAll(ctx, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			l, _, err := s.lockProvisioned(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cp := s.checkpointSandbox(l)
+			m, merr := cp.Manifest()
+			problems, perr := cp.Problems()
+			s.unlock(l)
+			if merr != nil || perr != nil || m.Pending != nil || len(problems) != 0 {
+				t.Fatalf("after the crash and reattach: pending %+v, problems %v (%v %v)", m.Pending, problems, merr, perr)
+			}
+			if st, _ := s.Status(id); st.State != StateRunning {
+				if _, err := s.Start(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := sh(t, ctx, s, id, "cat /home/user/f")
+			if got != "base\n" && got != "later\n" {
+				t.Fatalf("after the crash the file reads %q: neither point", got)
+			}
+			if strings.HasPrefix(c.op, "rollback") && c.step != "rollback-stopped" && got != "base\n" {
+				t.Fatalf("a rollback recorded before the crash was not finished: %q", got)
+			}
+			// The sandbox works on: another checkpoint and a rollback to it.
+			if _, err := s.Checkpoint(ctx, id, "after"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Rollback(ctx, id, "after"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
