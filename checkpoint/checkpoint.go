@@ -251,15 +251,25 @@ func (s *Sandbox) Rotate(name string, lim Limits) (*Checkpoint, error) {
 	}
 	id := naming.RandomHex(8)
 	c := &Checkpoint{Name: name, Chain: append([]string{id}, m.Chain...), CreatedAt: time.Now().UTC(), Size: size, Mode: OpRotate}
-	m.Pending = &Pending{Op: OpRotate, Name: name, Layer: id, Checkpoint: c}
-	if err := s.write(m); err != nil {
-		return nil, err
-	}
-	s.crash("checkpoint-recorded")
-	if err := s.finishRotate(m); err != nil {
+	if err := s.rotate(m, id, c); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// rotate records and makes the rotation of the upper into the layer id, committing c (nil
+// for a fork's rotation, which names no checkpoint).
+func (s *Sandbox) rotate(m *Manifest, id string, c *Checkpoint) error {
+	name := ""
+	if c != nil {
+		name = c.Name
+	}
+	m.Pending = &Pending{Op: OpRotate, Name: name, Layer: id, Chain: append([]string{id}, m.Chain...), Checkpoint: c}
+	if err := s.write(m); err != nil {
+		return err
+	}
+	s.crash("checkpoint-recorded")
+	return s.finishRotate(m)
 }
 
 // finishRotate does, or finishes, the pending rotation of m: the upper (if it is still
@@ -285,8 +295,10 @@ func (s *Sandbox) finishRotate(m *Manifest) error {
 		}
 	}
 	s.crash("checkpoint-rotated")
-	m.Chain = p.Checkpoint.Chain
-	m.Checkpoints = append(m.Checkpoints, *p.Checkpoint)
+	m.Chain = p.Chain
+	if p.Checkpoint != nil {
+		m.Checkpoints = append(m.Checkpoints, *p.Checkpoint)
+	}
 	m.Pending = nil
 	if err := s.write(m); err != nil {
 		return err

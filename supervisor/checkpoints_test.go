@@ -27,6 +27,8 @@ func checkpointCrashOp(ctx context.Context, s *Supervisor, id, op string) error 
 		_, err = s.Rollback(ctx, id, name)
 	case "delete":
 		err = s.DeleteCheckpoint(ctx, id, name)
+	case "fork":
+		_, err = s.Fork(ctx, id, ForkRequest{IDs: []string{name}})
 	default:
 		err = errors.New("unknown operation " + op)
 	}
@@ -140,6 +142,12 @@ func TestCheckpointCrash(t *testing.T) {
 		cases = append(cases, tc{"rollback:base", st, true})
 	}
 	cases = append(cases, tc{"delete:base", "checkpoint-deleted", true})
+	for _, st := range []string{"fork-frozen", "fork-point", "fork-linked", "journaled", "spawned"} {
+		cases = append(cases, tc{"fork:fk", st, true})
+	}
+	for _, st := range []string{"checkpoint-recorded", "checkpoint-rotated", "fork-point", "fork-linked"} {
+		cases = append(cases, tc{"fork:fk", st, false})
+	}
 	for _, c := range cases {
 		name := strings.ReplaceAll(c.op, ":", "-") + "/" + c.step
 		if !c.running {
@@ -194,6 +202,18 @@ func TestCheckpointCrash(t *testing.T) {
 			if strings.HasPrefix(c.op, "rollback") && c.step != "rollback-stopped" && got != "base\n" {
 				t.Fatalf("a rollback recorded before the crash was not finished: %q", got)
 			}
+			if strings.HasPrefix(c.op, "fork") {
+				// The fork's create was all or nothing: the start-up removed it.
+				if st, err := s.Status("fk"); errcode.Of(err) != errcode.SandboxNotFound {
+					t.Fatalf("the fork interrupted at %s is still there: %+v, %v", c.step, st, err)
+				}
+				if _, err := s.Fork(ctx, id, ForkRequest{IDs: []string{"fk"}}); err != nil {
+					t.Fatal(err)
+				}
+				if got := sh(t, ctx, s, "fk", "cat /home/user/f"); got != "later\n" {
+					t.Fatalf("the fork made after the crash reads %q", got)
+				}
+			}
 			// The sandbox works on: another checkpoint and a rollback to it.
 			if _, err := s.Checkpoint(ctx, id, "after"); err != nil {
 				t.Fatal(err)
@@ -202,5 +222,54 @@ func TestCheckpointCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestForkRunning forks a sandbox in the middle of a running process: the files written
+// before the fork are in every fork, a write after it in one fork is seen neither in the
+// other nor in the source, nor the source's in the forks; the source runs on.
+func TestForkRunning(t *testing.T) {
+	s, _ := newSupervisor(t)
+	ctx := testContext(t)
+	startNew(t, ctx, s, "src")
+	sh(t, ctx, s, "src", "echo before > /home/user/f; (i=0; while :; do i=$((i+1)); echo $i > /home/user/counter; sleep 0.01; done) >/dev/null 2>&1 &")
+	res, err := s.Fork(ctx, "src", ForkRequest{IDs: []string{"fork-a", "fork-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.Forks {
+		if f.Err != nil || f.Status == nil || f.Status.State != StateRunning {
+			t.Fatalf("fork %s: %+v, %v", f.ID, f.Status, f.Err)
+		}
+	}
+	if st, err := s.Status("src"); err != nil || st.State != StateRunning {
+		t.Fatalf("the source after the fork: %+v, %v", st, err)
+	}
+	sh(t, ctx, s, "fork-a", "echo a > /home/user/mine")
+	sh(t, ctx, s, "src", "echo after > /home/user/f")
+	for _, id := range []string{"fork-a", "fork-b"} {
+		if got := sh(t, ctx, s, id, "cat /home/user/f; test -s /home/user/counter && echo counted"); got != "before\ncounted\n" {
+			t.Fatalf("%s reads %q; want the files of the fork's point", id, got)
+		}
+	}
+	for _, id := range []string{"fork-b", "src"} {
+		if got := sh(t, ctx, s, id, "cat /home/user/mine 2>/dev/null || echo none"); got != "none\n" {
+			t.Fatalf("%s sees fork-a's write: %q", id, got)
+		}
+	}
+	// The forks' files outlive the source.
+	if err := s.Delete(ctx, "src", true); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, ctx, s, "fork-b", "cat /home/user/f"); got != "before\n" {
+		t.Fatalf("fork-b after the source's delete: %q", got)
+	}
+	if _, err := s.Fork(ctx, "fork-b", ForkRequest{Count: MaxForks + 1}); errcode.Of(err) != errcode.InvalidRequest {
+		t.Fatalf("a fork of %d: %v; want invalid-request", MaxForks+1, err)
+	}
+	if _, err := s.Fork(ctx, "fork-b", ForkRequest{IDs: []string{"fork-a"}}); err != nil {
+		t.Fatal(err)
+	} else if res, _ := s.Fork(ctx, "fork-b", ForkRequest{IDs: []string{"fork-a", "fork-c"}}); res.Forks[0].Err == nil || res.Forks[1].Err != nil {
+		t.Fatalf("a fork onto a taken id and a free one: %+v; want the first to fail alone", res.Forks)
 	}
 }
