@@ -81,6 +81,10 @@ var statusOfCode = map[string]int{
 	"webhook-not-found":         404,
 	"idempotency-key-reused":    422,
 	"idempotency-key-in-flight": 409,
+	"checkpoint-not-found":      404,
+	"checkpoint-exists":         409,
+	"checkpoint-limit":          409,
+	"checkpoint-unsupported":    501,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so

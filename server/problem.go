@@ -157,3 +157,10 @@ func writeProblemBody(w http.ResponseWriter, status int, p problem) {
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
 }
+
+// ProblemOf is the status, code and detail that err answers, by the same mapping as a
+// response's, for a body that carries several outcomes of their own (a fork's items).
+func ProblemOf(err error) (status int, code errcode.Code, detail string) {
+	e := classify(err)
+	return statusOf[e.Code], e.Code, e.Msg
+}
