@@ -232,7 +232,7 @@ func TestForkRunning(t *testing.T) {
 	s, _ := newSupervisor(t)
 	ctx := testContext(t)
 	startNew(t, ctx, s, "src")
-	sh(t, ctx, s, "src", "echo before > /home/user/f; (i=0; while :; do i=$((i+1)); echo $i > /home/user/counter; sleep 0.01; done) >/dev/null 2>&1 &")
+	sh(t, ctx, s, "src", "echo before > /home/user/f; (i=0; while :; do i=$((i+1)); echo $i > /home/user/.c; mv /home/user/.c /home/user/counter; sleep 0.01; done) >/dev/null 2>&1 &")
 	res, err := s.Fork(ctx, "src", ForkRequest{IDs: []string{"fork-a", "fork-b"}})
 	if err != nil {
 		t.Fatal(err)

@@ -91,6 +91,10 @@ type Options struct {
 	Spares *SpareOptions
 	// Checkpoints bound each sandbox's checkpoints (zero: the defaults of package checkpoint).
 	Checkpoints checkpoint.Limits
+	// CrashPoint, for tests only (bothyd built with the crashpoints tag), is called at the
+	// named steps of launches, captures, checkpoints, rollbacks and forks, where the test's
+	// process kills itself to leave what a crash there leaves.
+	CrashPoint func(step string)
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -206,6 +210,7 @@ func New(opts Options) (*Supervisor, error) {
 		spares:        newSpareSet(opts.Spares),
 
 		checkpointLimits: opts.Checkpoints,
+		crashPoint:       opts.CrashPoint,
 	}
 	for _, d := range DeclaredEntries(s.runtimes.all()...) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {

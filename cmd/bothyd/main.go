@@ -366,6 +366,7 @@ func serve(o *options, log *slog.Logger) error {
 		Network:      netw.networker(),
 		Spares:       spareOptions(o, rt, log),
 		Checkpoints:  checkpoint.Limits{Count: o.checkpointMax, Bytes: o.checkpointMaxBytes},
+		CrashPoint:   crashPoint(),
 	})
 	if err != nil {
 		return err
