@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,21 +18,37 @@ import (
 // times and xattrs, overlayfs's opaque marks among them) whose other entries (files,
 // links, whiteouts) are hard links to src's. src must be a frozen layer that nothing writes.
 func LinkLayer(src, dst string) error {
+	// Both trees are reached through one os.Root at their common ancestor, so that no link
+	// in a layer (a sandbox's own files) can lead a walk, a mkdir or a link out of it.
+	base := commonDir(src, dst)
+	root, err := os.OpenRoot(base)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	rsrc, err := filepath.Rel(base, src)
+	if err != nil {
+		return err
+	}
+	rdst, err := filepath.Rel(base, dst)
+	if err != nil {
+		return err
+	}
 	var dirs []string
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(root.FS(), rsrc, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(src, p)
+		rel, err := filepath.Rel(rsrc, p)
 		if err != nil {
 			return err
 		}
-		to := filepath.Join(dst, rel)
+		to := filepath.Join(rdst, rel)
 		if d.IsDir() {
 			dirs = append(dirs, rel)
-			return os.Mkdir(to, 0o700)
+			return root.Mkdir(to, 0o700)
 		}
-		return os.Link(p, to)
+		return root.Link(p, to)
 	})
 	if err != nil {
 		return fmt.Errorf("linking layer %s: %w", src, err)
@@ -45,6 +62,15 @@ func LinkLayer(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// commonDir is the deepest directory that holds both a and b (absolute, clean paths).
+func commonDir(a, b string) string {
+	d := filepath.Dir(a)
+	for d != "/" && !strings.HasPrefix(b, d+"/") {
+		d = filepath.Dir(d)
+	}
+	return d
 }
 
 func copyDirMeta(src, dst string) error {
