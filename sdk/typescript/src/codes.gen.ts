@@ -44,7 +44,11 @@ export type KnownErrorCode =
   | "link-not-found"
   | "webhook-not-found"
   | "idempotency-key-reused"
-  | "idempotency-key-in-flight";
+  | "idempotency-key-in-flight"
+  | "checkpoint-not-found"
+  | "checkpoint-exists"
+  | "checkpoint-limit"
+  | "checkpoint-unsupported";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -91,6 +95,10 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "webhook-not-found",
   "idempotency-key-reused",
   "idempotency-key-in-flight",
+  "checkpoint-not-found",
+  "checkpoint-exists",
+  "checkpoint-limit",
+  "checkpoint-unsupported",
 ];
 
 /** An event type the contract documents; a newer server may send others. */

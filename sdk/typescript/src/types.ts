@@ -24,6 +24,11 @@ export type Info = Schemas["Info"];
 export type SandboxMetrics = Schemas["SandboxMetrics"];
 export type UsageSample = Schemas["UsageSample"];
 export type SleepPolicy = Schemas["SleepPolicy"];
+export type Checkpoint = Schemas["Checkpoint"];
+export type CheckpointList = Schemas["CheckpointList"];
+export type ForkRequest = Schemas["ForkRequest"];
+export type ForkResult = Schemas["ForkResult"];
+export type ForkItem = Schemas["ForkItem"];
 /**
  * An event as parseEvent returns it: of a type the contract documents (it skips the others, as
  * the contract tells clients to; the list is open).
