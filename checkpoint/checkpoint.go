@@ -31,6 +31,9 @@ const (
 	// UpperName is the sandbox's writable layer in its state directory (the namespace
 	// runtime's shim.EntryUpper; this package imports no runtime).
 	UpperName = "upper"
+	// DiskImageName is the disk of a sandbox's own in its state directory (the namespace
+	// runtime's shim.EntryDiskImage).
+	DiskImageName = "disk.img"
 )
 
 // Format is the manifest's format.
@@ -96,6 +99,9 @@ type Pending struct {
 	Chain []string `json:"chain,omitempty"`
 	// Checkpoint is the record a rotation or copy commits.
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	// Disk says the sandbox's writable layer is a disk of its own, for the recovery of a
+	// rollback (which throws the disk away rather than swapping in an empty upper).
+	Disk bool `json:"disk,omitempty"`
 }
 
 // Manifest is a sandbox's checkpoint state.
@@ -133,6 +139,15 @@ func ValidateName(name string) error {
 // the sandbox's lifecycle lock.
 type Sandbox struct {
 	Dir string
+	// Disk says the sandbox's writable layer is on a disk of its own (DiskImageName in
+	// Dir), not in the directory UpperName: it is then copied for every checkpoint (through
+	// OpenUpper) and never rotated, and a rollback throws the disk away (the next launch
+	// makes an empty one) rather than swapping in an empty upper.
+	Disk bool
+	// OpenUpper, if set, opens the writable layer for a copy (nil and no error: there is
+	// none yet); nil opens Dir/UpperName. A sandbox with a disk of its own needs one: its
+	// layer is inside the disk image.
+	OpenUpper func() (*os.File, error)
 	// Crash, if set, is called at the named steps (the tests' crash points).
 	Crash func(step string)
 }
@@ -225,6 +240,9 @@ func (m *Manifest) used() int64 {
 // Rotate takes the checkpoint name of a stopped sandbox: its upper becomes a new layer on
 // top of its chain, and the next launch makes it a fresh upper. No file is copied.
 func (s *Sandbox) Rotate(name string, lim Limits) (*Checkpoint, error) {
+	if s.Disk {
+		return nil, errors.New("checkpoint: a disk of its own is copied, not rotated")
+	}
 	m, err := s.Manifest()
 	if err != nil {
 		return nil, err
@@ -366,14 +384,28 @@ func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(),
 	}
 	at := time.Now()
 	var size int64
-	upper, err := platform.OpenDir(filepath.Join(s.Dir, UpperName))
-	if err == nil {
+	upper, err := s.openUpper()
+	switch {
+	case err == nil && upper == nil:
+		err = os.Mkdir(filepath.Join(s.root(), stagingPref+id), 0o755) // nothing written yet
+	case err == nil:
 		size, err = template.CopyLayer(ctx, upper, root, stagingPref+id)
 		upper.Close()
 	}
 	frozen := time.Since(at)
 	release()
 	return size, frozen, err
+}
+
+func (s *Sandbox) openUpper() (*os.File, error) {
+	if s.OpenUpper != nil {
+		return s.OpenUpper()
+	}
+	f, err := platform.OpenDir(filepath.Join(s.Dir, UpperName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return f, err
 }
 
 // undoCopy removes what a copy made and clears its record.
@@ -407,18 +439,21 @@ func (s *Sandbox) Rollback(name string) (*Checkpoint, error) {
 		return nil, err
 	}
 	// The empty upper is made before the record, so that a record always finds it (or
-	// finds it already swapped in); a leftover without a record is removed.
-	next := filepath.Join(s.root(), nextUpper)
-	if err := os.RemoveAll(next); err != nil {
-		return nil, err
+	// finds it already swapped in); a leftover without a record is removed. A disk of its
+	// own is thrown away instead: the next launch makes an empty one.
+	if !s.Disk {
+		next := filepath.Join(s.root(), nextUpper)
+		if err := os.RemoveAll(next); err != nil {
+			return nil, err
+		}
+		if err := os.Mkdir(next, 0o755); err != nil {
+			return nil, err
+		}
+		if err := platform.SyncDirPath(s.root()); err != nil {
+			return nil, err
+		}
 	}
-	if err := os.Mkdir(next, 0o755); err != nil {
-		return nil, err
-	}
-	if err := platform.SyncDirPath(s.root()); err != nil {
-		return nil, err
-	}
-	m.Pending = &Pending{Op: OpRollback, Name: name, Chain: slices.Clone(c.Chain)}
+	m.Pending = &Pending{Op: OpRollback, Name: name, Chain: slices.Clone(c.Chain), Disk: s.Disk}
 	if err := s.write(m); err != nil {
 		return nil, err
 	}
@@ -434,7 +469,17 @@ func (s *Sandbox) Rollback(name string) (*Checkpoint, error) {
 func (s *Sandbox) finishRollback(m *Manifest) error {
 	next := filepath.Join(s.root(), nextUpper)
 	upper := filepath.Join(s.Dir, UpperName)
-	if _, err := os.Lstat(next); err == nil {
+	if s.Disk || m.Pending.Disk {
+		// Until the commit, no launch can have made a new disk (recovery runs first).
+		disk := filepath.Join(s.Dir, DiskImageName)
+		if err := os.Rename(disk, filepath.Join(s.root(), trashPref+naming.RandomHex(8))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		s.crash("rollback-discarded")
+		if err := platform.SyncDirPath(s.Dir); err != nil {
+			return err
+		}
+	} else if _, err := os.Lstat(next); err == nil {
 		if _, err := os.Lstat(upper); err == nil {
 			if err := os.Rename(upper, filepath.Join(s.root(), trashPref+naming.RandomHex(8))); err != nil {
 				return err

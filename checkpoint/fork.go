@@ -40,7 +40,7 @@ func (s *Sandbox) Point(ctx context.Context, running bool, hold func() (func(), 
 	}
 	id := naming.RandomHex(8)
 	done = func() {}
-	if !running {
+	if !running && !s.Disk {
 		if err := s.rotate(m, id, nil); err != nil {
 			return nil, 0, nil, err
 		}

@@ -2,6 +2,9 @@ package supervisor
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
 	"time"
 
 	"github.com/bothy/bothy/checkpoint"
@@ -16,7 +19,7 @@ import (
 // starting the sandbox around it) is this file's.
 
 // checkpointsOf returns the checkpoints of the sandbox l locks, or checkpoint-unsupported
-// for a runtime or disk that has none (their plan is in docs/checkpoints.md).
+// for a runtime that has none (the microVM runtime; its plan is in docs/checkpoints.md).
 func (s *Supervisor) checkpointsOf(l *store.Lock, cfg *store.Config) (*checkpoint.Sandbox, runtime.Runtime, error) {
 	rt, err := s.runtimeFor(cfg)
 	if err != nil {
@@ -25,10 +28,33 @@ func (s *Supervisor) checkpointsOf(l *store.Lock, cfg *store.Config) (*checkpoin
 	if _, live := rt.(runtime.LiveLayerer); !live || capturesMemory(rt) {
 		return nil, nil, errcode.New(errcode.CheckpointUnsupported, "Sandbox %s runs on the %s runtime, which has no checkpoints, rollback or fork yet; use a sandbox of the namespace runtime.", l.ID(), rt.Kind())
 	}
-	if cfg.DiskMB > 0 {
-		return nil, nil, errcode.New(errcode.CheckpointUnsupported, "Sandbox %s has a disk of its own, which has no checkpoints, rollback or fork yet; use a sandbox without disk_mb.", l.ID())
+	cp := s.checkpointSandbox(l)
+	cp.Disk = cfg.DiskMB > 0
+	return cp, rt, nil
+}
+
+// openUpperFor sets how cp's copies open the writable layer of a sandbox with a disk of its
+// own (a sandbox without one is read in its state directory): for a live launch (running or
+// paused), a snapshot of its disk, synced through its overlay (the runtime's LiveLayerer);
+// for a stopped one, a mount of its disk, or nothing if it never ran.
+func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, rt runtime.Runtime, l *store.Lock, live bool) {
+	if !cp.Disk {
+		return
 	}
-	return s.checkpointSandbox(l), rt, nil
+	cp.OpenUpper = func() (*os.File, error) {
+		if live {
+			f, _, err := rt.(runtime.LiveLayerer).OpenLiveLayer(ctx, l.ID(), l.Dir(), true)
+			if err != nil {
+				return nil, layerError(l.ID(), err)
+			}
+			return f, nil
+		}
+		f, err := rt.OpenLayer(l.Dir(), true)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return f, err
+	}
 }
 
 func (s *Supervisor) checkpointSandbox(l *store.Lock) *checkpoint.Sandbox {
@@ -91,9 +117,13 @@ func (s *Supervisor) Checkpoint(ctx context.Context, id, name string) (c *checkp
 	if err != nil {
 		return nil, err
 	}
+	noHold := func() (func(), error) { return func() {}, nil }
+	s.openUpperFor(ctx, cp, rt, l, r.state == StateRunning)
 	switch {
 	case r.mismatch:
 		return nil, mismatchError(id)
+	case r.state != StateRunning && cp.Disk:
+		return cp.Copy(ctx, name, s.checkpointLimits, noHold)
 	case r.state != StateRunning:
 		return cp.Rotate(name, s.checkpointLimits)
 	case r.paused:

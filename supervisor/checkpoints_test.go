@@ -5,12 +5,14 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/runtime"
 )
 
 // envCrashCheckpoint names a checkpoint operation ("checkpoint:<name>", "rollback:<name>",
@@ -130,34 +132,53 @@ func TestCheckpointCrash(t *testing.T) {
 		op      string
 		step    string
 		running bool
+		disk    bool
 	}
 	var cases []tc
 	for _, st := range []string{"checkpoint-frozen", "checkpoint-recorded", "checkpoint-copied", "checkpoint-committed"} {
-		cases = append(cases, tc{"checkpoint:new", st, true})
+		cases = append(cases, tc{"checkpoint:new", st, true, false})
 	}
 	for _, st := range []string{"checkpoint-recorded", "checkpoint-rotated", "checkpoint-committed"} {
-		cases = append(cases, tc{"checkpoint:new", st, false})
+		cases = append(cases, tc{"checkpoint:new", st, false, false})
 	}
 	for _, st := range []string{"rollback-stopped", "rollback-recorded", "rollback-discarded", "rollback-swapped", "rollback-committed"} {
-		cases = append(cases, tc{"rollback:base", st, true})
+		cases = append(cases, tc{"rollback:base", st, true, false})
 	}
-	cases = append(cases, tc{"delete:base", "checkpoint-deleted", true})
+	cases = append(cases, tc{"delete:base", "checkpoint-deleted", true, false})
+	for _, st := range []string{"rollback-recorded", "rollback-discarded", "rollback-swapped", "rollback-committed"} {
+		cases = append(cases, tc{"rollback:base", st, true, true})
+	}
+	for _, st := range []string{"checkpoint-recorded", "checkpoint-committed"} {
+		cases = append(cases, tc{"checkpoint:new", st, false, true})
+	}
 	for _, st := range []string{"fork-frozen", "fork-point", "fork-linked", "journaled", "spawned"} {
-		cases = append(cases, tc{"fork:fk", st, true})
+		cases = append(cases, tc{"fork:fk", st, true, false})
 	}
 	for _, st := range []string{"checkpoint-recorded", "checkpoint-rotated", "fork-point", "fork-linked"} {
-		cases = append(cases, tc{"fork:fk", st, false})
+		cases = append(cases, tc{"fork:fk", st, false, false})
 	}
 	for _, c := range cases {
 		name := strings.ReplaceAll(c.op, ":", "-") + "/" + c.step
 		if !c.running {
 			name += "/stopped"
 		}
+		if c.disk {
+			name += "/disk"
+		}
 		t.Run(name, func(t *testing.T) {
 			s, root := newSupervisor(t)
 			ctx := testContext(t)
 			id := "crash"
-			startNew(t, ctx, s, id)
+			if c.disk {
+				if err := s.checkDisk("", 64); err != nil {
+					t.Skipf("no disks of their own here: %v", err)
+				}
+				if _, err := s.Create(ctx, CreateRequest{ID: id, Start: true, DiskMB: 64}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				startNew(t, ctx, s, id)
+			}
 			sh(t, ctx, s, id, "echo base > /home/user/f")
 			if _, err := s.Checkpoint(ctx, id, "base"); err != nil {
 				t.Fatal(err)
@@ -271,5 +292,74 @@ func TestForkRunning(t *testing.T) {
 		t.Fatal(err)
 	} else if res, _ := s.Fork(ctx, "fork-b", ForkRequest{IDs: []string{"fork-a", "fork-c"}}); res.Forks[0].Err == nil || res.Forks[1].Err != nil {
 		t.Fatalf("a fork onto a taken id and a free one: %+v; want the first to fail alone", res.Forks)
+	}
+}
+
+// TestCheckpointDisk: a sandbox with a disk of its own is checkpointed by a copy of its
+// disk's upper (frozen when running), rolled back by a fresh disk over the checkpoint's
+// layers, and forked with disks of their own.
+func TestCheckpointDisk(t *testing.T) {
+	s, _ := newSupervisor(t)
+	if err := s.checkDisk("", 64); err != nil {
+		t.Skipf("no disks of their own here: %v", err)
+	}
+	ctx := testContext(t)
+	if _, err := s.Create(ctx, CreateRequest{ID: "dk", Start: true, DiskMB: 64}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, ctx, s, "dk", "echo on-disk > /home/user/f")
+	c, err := s.Checkpoint(ctx, "dk", "a")
+	if err != nil || c.Mode != "copy" || c.Size == 0 {
+		t.Fatalf("checkpoint of a running disk sandbox: %+v, %v", c, err)
+	}
+	sh(t, ctx, s, "dk", "rm -rf /home/user")
+	if _, err := s.Rollback(ctx, "dk", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, ctx, s, "dk", "cat /home/user/f"); got != "on-disk\n" {
+		t.Fatalf("after the rollback of a disk sandbox: %q", got)
+	}
+	// Stopped: a copy too (a disk cannot be rotated), then a fork of the stopped sandbox.
+	if _, err := s.Stop(ctx, "dk", true); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.Checkpoint(ctx, "dk", "b"); err != nil || c.Mode != "copy" {
+		t.Fatalf("checkpoint of a stopped disk sandbox: %+v, %v", c, err)
+	}
+	res, err := s.Fork(ctx, "dk", ForkRequest{IDs: []string{"dk-fork"}})
+	if err != nil || res.Forks[0].Err != nil {
+		t.Fatalf("fork of a disk sandbox: %+v, %v", res, err)
+	}
+	if got := sh(t, ctx, s, "dk-fork", "cat /home/user/f; df -m / | tail -1 | awk '{print $2 <= 64}'"); got != "on-disk\n1\n" {
+		t.Fatalf("the disk sandbox's fork reads %q; want the file and a disk of 64 MiB", got)
+	}
+}
+
+// noLiveLayer hides the runtime's LiveLayerer, as a runtime without checkpoints is.
+type noLiveLayer struct{ runtime.Runtime }
+
+// TestCheckpointUnsupported: a runtime without live layers refuses checkpoints, rollback and
+// fork with checkpoint-unsupported.
+func TestCheckpointUnsupported(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	s, err := open(root, func(rt runtime.Runtime) runtime.Runtime { return noLiveLayer{rt} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := testContext(t)
+	if _, err := s.Provision(ctx, Config{ID: "nl"}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Deprovision(ctx, "nl") }()
+	if _, err := s.Checkpoint(ctx, "nl", "a"); errcode.Of(err) != errcode.CheckpointUnsupported {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	if _, err := s.Rollback(ctx, "nl", "a"); errcode.Of(err) != errcode.CheckpointUnsupported {
+		t.Fatalf("rollback: %v", err)
+	}
+	if _, err := s.Fork(ctx, "nl", ForkRequest{Count: 1}); errcode.Of(err) != errcode.CheckpointUnsupported {
+		t.Fatalf("fork: %v", err)
 	}
 }

@@ -96,6 +96,7 @@ func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res 
 		return nil, mismatchError(id)
 	}
 	running := r.state == StateRunning
+	s.openUpperFor(ctx, cp, rt, l, running)
 	hold := func() (func(), error) { return func() {}, nil }
 	if running && !r.paused {
 		p, err := pauserOf(rt)
@@ -138,6 +139,7 @@ func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, layer
 		ID:        fid,
 		Image:     src.Image,
 		Resources: src.Resources,
+		DiskMB:    src.DiskMB,
 		Env:       maps.Clone(src.Env),
 		Labels:    maps.Clone(src.Labels),
 		Network:   src.Network,

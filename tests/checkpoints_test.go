@@ -170,11 +170,13 @@ func TestCheckpointBounds(t *testing.T) {
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/nobody/checkpoints", map[string]any{"name": "x"}), 404, "sandbox-not-found")
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/bd/fork", map[string]any{"count": 17}), 400, "invalid-request")
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/bd/fork", map[string]any{"count": 2, "ids": []string{"x1"}}), 400, "invalid-request")
-	// A sandbox with a disk of its own has none yet.
+	// A sandbox with a disk of its own (the server's default) is copied: one that never ran
+	// has an empty checkpoint.
 	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "withdisk", "resources": map[string]any{"disk_mb": 64}}), 201)
 	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/withdisk", nil) })
-	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/withdisk/checkpoints", map[string]any{"name": "x"}), 501, "checkpoint-unsupported")
-	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/withdisk/fork", map[string]any{"count": 1}), 501, "checkpoint-unsupported")
+	if c := decode[checkpointJSON](t, d.doJSON("POST", "/v1/sandboxes/withdisk/checkpoints", map[string]any{"name": "x"}), 201); c.Mode != "copy" || c.SizeBytes != 0 {
+		t.Fatalf("checkpoint of a disk sandbox that never ran: %+v", c)
+	}
 	// A fork onto a taken id fails alone; the other is made.
 	res := decode[forkJSON](t, d.doJSON("POST", "/v1/sandboxes/bd/fork", map[string]any{"ids": []string{"withdisk", "bdfork"}}), 200)
 	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/bdfork?force=true", nil) })

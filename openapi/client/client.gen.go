@@ -2876,8 +2876,9 @@ type ClientInterface interface {
 	// docs/checkpoints.md for what that costs on the state root's file system) and runs
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-	// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-	// microVM sandbox, or one with a disk of its own, is refused with
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
 	// `checkpoint-unsupported`.
 	//
 	// Takes any type of body and a specified content type.
@@ -2893,8 +2894,9 @@ type ClientInterface interface {
 	// docs/checkpoints.md for what that costs on the state root's file system) and runs
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-	// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-	// microVM sandbox, or one with a disk of its own, is refused with
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
 	// `checkpoint-unsupported`.
 	//
 	// Takes a body of the `application/json` content type.
@@ -2922,7 +2924,8 @@ type ClientInterface interface {
 	// another rollback. A running sandbox's processes are killed and it is started again
 	// on the checkpoint's files: a process would otherwise go on with files that no longer
 	// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-	// stays stopped. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+	// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+	// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 	// the files at one point or the other, and the server's next start-up finishes it.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
@@ -3059,8 +3062,10 @@ type ClientInterface interface {
 	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
 	// happens to the source), and is started: its processes start afresh, as memory is not
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-	// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-	// its own, is refused with `checkpoint-unsupported`.
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -3078,8 +3083,10 @@ type ClientInterface interface {
 	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
 	// happens to the source), and is started: its processes start afresh, as memory is not
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-	// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-	// its own, is refused with `checkpoint-unsupported`.
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3970,8 +3977,9 @@ func (c *Client) ListCheckpoints(ctx context.Context, id SandboxIDPath, params *
 // docs/checkpoints.md for what that costs on the state root's file system) and runs
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-// microVM sandbox, or one with a disk of its own, is refused with
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
 // `checkpoint-unsupported`.
 //
 // Takes any type of body and a specified content type.
@@ -3997,8 +4005,9 @@ func (c *Client) CreateCheckpointWithBody(ctx context.Context, id SandboxIDPath,
 // docs/checkpoints.md for what that costs on the state root's file system) and runs
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-// microVM sandbox, or one with a disk of its own, is refused with
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
 // `checkpoint-unsupported`.
 //
 // Takes a body of the `application/json` content type.
@@ -4056,7 +4065,8 @@ func (c *Client) GetCheckpoint(ctx context.Context, id SandboxIDPath, name Check
 // another rollback. A running sandbox's processes are killed and it is started again
 // on the checkpoint's files: a process would otherwise go on with files that no longer
 // exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-// stays stopped. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 // the files at one point or the other, and the server's next start-up finishes it.
 //
 // Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
@@ -4273,8 +4283,10 @@ func (c *Client) ListFiles(ctx context.Context, id SandboxIDPath, params *ListFi
 // checkpoints), shares its layers by hard links (which keep them for the fork whatever
 // happens to the source), and is started: its processes start afresh, as memory is not
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-// its own, is refused with `checkpoint-unsupported`.
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -4302,8 +4314,10 @@ func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxIDPath, para
 // checkpoints), shares its layers by hard links (which keep them for the fork whatever
 // happens to the source), and is started: its processes start afresh, as memory is not
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-// its own, is refused with `checkpoint-unsupported`.
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -8642,8 +8656,9 @@ type ClientWithResponsesInterface interface {
 	// docs/checkpoints.md for what that costs on the state root's file system) and runs
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-	// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-	// microVM sandbox, or one with a disk of its own, is refused with
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
 	// `checkpoint-unsupported`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -8659,8 +8674,9 @@ type ClientWithResponsesInterface interface {
 	// docs/checkpoints.md for what that costs on the state root's file system) and runs
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-	// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-	// microVM sandbox, or one with a disk of its own, is refused with
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
 	// `checkpoint-unsupported`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -8692,7 +8708,8 @@ type ClientWithResponsesInterface interface {
 	// another rollback. A running sandbox's processes are killed and it is started again
 	// on the checkpoint's files: a process would otherwise go on with files that no longer
 	// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-	// stays stopped. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+	// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+	// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 	// the files at one point or the other, and the server's next start-up finishes it.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -8839,8 +8856,10 @@ type ClientWithResponsesInterface interface {
 	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
 	// happens to the source), and is started: its processes start afresh, as memory is not
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-	// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-	// its own, is refused with `checkpoint-unsupported`.
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -8858,8 +8877,10 @@ type ClientWithResponsesInterface interface {
 	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
 	// happens to the source), and is started: its processes start afresh, as memory is not
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-	// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-	// its own, is refused with `checkpoint-unsupported`.
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -15213,8 +15234,9 @@ func (c *ClientWithResponses) ListCheckpointsWithResponse(ctx context.Context, i
 // docs/checkpoints.md for what that costs on the state root's file system) and runs
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-// microVM sandbox, or one with a disk of its own, is refused with
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
 // `checkpoint-unsupported`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -15236,8 +15258,9 @@ func (c *ClientWithResponses) CreateCheckpointWithBodyWithResponse(ctx context.C
 // docs/checkpoints.md for what that costs on the state root's file system) and runs
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-// `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-// microVM sandbox, or one with a disk of its own, is refused with
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
 // `checkpoint-unsupported`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -15287,7 +15310,8 @@ func (c *ClientWithResponses) GetCheckpointWithResponse(ctx context.Context, id 
 // another rollback. A running sandbox's processes are killed and it is started again
 // on the checkpoint's files: a process would otherwise go on with files that no longer
 // exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-// stays stopped. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 // the files at one point or the other, and the server's next start-up finishes it.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -15482,8 +15506,10 @@ func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id Sand
 // checkpoints), shares its layers by hard links (which keep them for the fork whatever
 // happens to the source), and is started: its processes start afresh, as memory is not
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-// its own, is refused with `checkpoint-unsupported`.
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -15507,8 +15533,10 @@ func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Contex
 // checkpoints), shares its layers by hard links (which keep them for the fork whatever
 // happens to the source), and is started: its processes start afresh, as memory is not
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-// lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-// its own, is refused with `checkpoint-unsupported`.
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

@@ -236,8 +236,10 @@ export interface paths {
          *     checkpoints), shares its layers by hard links (which keep them for the fork whatever
          *     happens to the source), and is started: its processes start afresh, as memory is not
          *     forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
-         *     lists each, with the sandbox or the problem. A microVM sandbox, or one with a disk of
-         *     its own, is refused with `checkpoint-unsupported`.
+         *     lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+         *     always copied (frozen while running), and each fork gets an empty disk of the same
+         *     size over the shared layers. A microVM sandbox is refused with
+         *     `checkpoint-unsupported`.
          */
         post: operations["forkSandbox"];
         delete?: never;
@@ -270,8 +272,9 @@ export interface paths {
          *     docs/checkpoints.md for what that costs on the state root's file system) and runs
          *     on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
          *     checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
-         *     `checkpoint-limit` beyond. Memory is not checkpointed on the namespace runtime; a
-         *     microVM sandbox, or one with a disk of its own, is refused with
+         *     `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+         *     copied, stopped or running: its layer lives inside the disk. Memory is not
+         *     checkpointed on the namespace runtime; a microVM sandbox is refused with
          *     `checkpoint-unsupported`.
          */
         post: operations["createCheckpoint"];
@@ -329,7 +332,8 @@ export interface paths {
          *     another rollback. A running sandbox's processes are killed and it is started again
          *     on the checkpoint's files: a process would otherwise go on with files that no longer
          *     exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-         *     stays stopped. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+         *     stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+         *     layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
          *     the files at one point or the other, and the server's next start-up finishes it.
          */
         post: operations["rollbackSandbox"];
@@ -2731,8 +2735,8 @@ export interface components {
         };
         /**
          * @description `not-implemented`: this server does not implement the operation yet.
-         *     `checkpoint-unsupported`: the sandbox's runtime or disk has no checkpoints, rollback
-         *     or fork yet (docs/checkpoints.md).
+         *     `checkpoint-unsupported`: the sandbox's runtime has no checkpoints, rollback or fork
+         *     yet (the microVM runtime; docs/checkpoints.md).
          */
         NotImplemented: {
             headers: {
