@@ -36,6 +36,13 @@ const (
 	DiskImageName = "disk.img"
 )
 
+// MaxChain is the most layers a chain holds. Every rotation and every checkpoint adds one
+// below the sandbox's upper, and overlayfs takes at most 500 lowers (the image's among
+// them); a checkpoint or fork that would make a longer chain flattens it instead: the chain
+// and the upper are merged into one layer, a copy of the sandbox's files (the one cost of
+// the layers that grows with the data, paid once every MaxChain checkpoints).
+const MaxChain = 32
+
 // Format is the manifest's format.
 const Format = 1
 
@@ -267,6 +274,15 @@ func (s *Sandbox) Rotate(name string, lim Limits) (*Checkpoint, error) {
 	if m.used()+size > lim.bytes() {
 		return nil, errcode.New(errcode.CheckpointLimit, "The sandbox's checkpoints would hold %d bytes, more than the %d this server allows; delete one before taking another.", m.used()+size, lim.bytes())
 	}
+	if len(m.Chain)+1 > MaxChain {
+		// Flatten: a copy of the whole files, which the stopped sandbox then stands on
+		// alone. Each step is crash-safe on its own; between them the checkpoint is taken
+		// and the sandbox still on its old chain.
+		if _, err := s.Copy(context.Background(), name, lim, func() (func(), error) { return func() {}, nil }); err != nil {
+			return nil, err
+		}
+		return s.Rollback(name)
+	}
 	id := naming.RandomHex(8)
 	c := &Checkpoint{Name: name, Chain: append([]string{id}, m.Chain...), CreatedAt: time.Now().UTC(), Size: size, Mode: OpRotate}
 	if err := s.rotate(m, id, c); err != nil {
@@ -342,12 +358,16 @@ func (s *Sandbox) Copy(ctx context.Context, name string, lim Limits, hold func()
 	}
 	id := naming.RandomHex(8)
 	c := &Checkpoint{Name: name, Chain: append([]string{id}, m.Chain...), CreatedAt: time.Now().UTC(), Mode: OpCopy}
+	var flatten []string
+	if len(c.Chain) > MaxChain {
+		flatten, c.Chain = m.Chain, []string{id}
+	}
 	m.Pending = &Pending{Op: OpCopy, Name: name, Layer: id, Checkpoint: c}
 	if err := s.write(m); err != nil {
 		return nil, err
 	}
 	s.crash("checkpoint-recorded")
-	size, frozen, err := s.copyUpper(ctx, id, hold)
+	size, frozen, err := s.copyUpper(ctx, id, hold, flatten)
 	if err != nil {
 		return nil, errors.Join(err, s.undoCopy(m))
 	}
@@ -372,7 +392,10 @@ func (s *Sandbox) Copy(ctx context.Context, name string, lim Limits, hold func()
 	return c, nil
 }
 
-func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(), error)) (int64, time.Duration, error) {
+// copyUpper copies the upper into the staging layer id while hold holds the sandbox, and
+// returns its size and how long it was held; with flatten (a chain, top first) the staging
+// layer is the merge of the chain and the upper, which stands alone.
+func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(), error), flatten []string) (int64, time.Duration, error) {
 	root, err := platform.OpenDir(s.root())
 	if err != nil {
 		return 0, 0, err
@@ -386,6 +409,8 @@ func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(),
 	var size int64
 	upper, err := s.openUpper()
 	switch {
+	case err == nil && len(flatten) > 0:
+		size, err = s.merge(ctx, root, stagingPref+id, flatten, upper)
 	case err == nil && upper == nil:
 		err = os.Mkdir(filepath.Join(s.root(), stagingPref+id), 0o755) // nothing written yet
 	case err == nil:
@@ -679,4 +704,28 @@ func readNames(dir string) ([]string, error) {
 		names = append(names, e.Name())
 	}
 	return names, err
+}
+
+// merge makes name under root the merge of chain (top first) and upper (nil: none).
+func (s *Sandbox) merge(ctx context.Context, root *os.File, name string, chain []string, upper *os.File) (int64, error) {
+	var layers []*os.File
+	defer func() {
+		for _, f := range layers {
+			f.Close()
+		}
+	}()
+	for i := len(chain) - 1; i >= 0; i-- {
+		f, err := platform.OpenDir(s.LayerDir(chain[i]))
+		if err != nil {
+			if upper != nil {
+				upper.Close()
+			}
+			return 0, err
+		}
+		layers = append(layers, f)
+	}
+	if upper != nil {
+		layers = append(layers, upper)
+	}
+	return template.MergeLayers(ctx, layers, root, name)
 }

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -270,5 +271,47 @@ func TestCrashAtEveryStep(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestChainIsBounded: rotation after rotation, the chain never passes MaxChain: the
+// checkpoint that would pass it flattens the files into one layer, and every checkpoint
+// still rolls back to its own files.
+func TestChainIsBounded(t *testing.T) {
+	t.Parallel()
+	s := newSandbox(t, map[string]string{"f": "0"})
+	lim := Limits{Count: 2 * MaxChain}
+	for i := 1; i <= MaxChain+3; i++ {
+		writeUpper(t, s, map[string]string{"f": fmt.Sprint(i), fmt.Sprintf("g%d", i): "x"})
+		if _, err := s.Rotate(fmt.Sprintf("c%d", i), lim); err != nil {
+			t.Fatalf("rotation %d: %v", i, err)
+		}
+		m, err := s.Manifest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Chain) > MaxChain {
+			t.Fatalf("after rotation %d the chain holds %d layers, more than %d", i, len(m.Chain), MaxChain)
+		}
+		for _, c := range m.Checkpoints {
+			if len(c.Chain) > MaxChain {
+				t.Fatalf("checkpoint %s stands on %d layers", c.Name, len(c.Chain))
+			}
+		}
+	}
+	if got := view(t, s); got["f"] != fmt.Sprint(MaxChain+3) {
+		t.Fatalf("after the flattening the sandbox reads f=%q", got["f"])
+	}
+	if _, err := s.Rollback("c5"); err != nil {
+		t.Fatal(err)
+	}
+	if got := view(t, s); got["f"] != "5" || got["g5"] != "x" || got["g6"] != "" {
+		t.Fatalf("rollback to c5 reads %v", got)
+	}
+	if err := s.Sweep(); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Problems(); err != nil || len(p) != 0 {
+		t.Fatalf("problems: %v %v", p, err)
 	}
 }

@@ -40,18 +40,27 @@ func (s *Sandbox) Point(ctx context.Context, running bool, hold func() (func(), 
 	}
 	id := naming.RandomHex(8)
 	done = func() {}
-	if !running && !s.Disk {
+	// A chain at its bound is flattened into the staging copy, which the forks then stand
+	// on alone.
+	var flatten []string
+	if len(m.Chain)+1 > MaxChain {
+		flatten = m.Chain
+	}
+	if !running && !s.Disk && flatten == nil {
 		if err := s.rotate(m, id, nil); err != nil {
 			return nil, 0, nil, err
 		}
 	} else {
-		if _, frozen, err = s.copyUpper(ctx, id, hold); err != nil {
+		if _, frozen, err = s.copyUpper(ctx, id, hold, flatten); err != nil {
 			_ = os.RemoveAll(filepath.Join(s.root(), stagingPref+id))
 			return nil, 0, nil, err
 		}
 		staging := filepath.Join(s.root(), stagingPref+id)
 		layers = append(layers, staging)
 		done = func() { _ = os.RemoveAll(staging) }
+		if flatten != nil {
+			return layers, frozen, done, nil
+		}
 	}
 	for _, l := range m.Chain {
 		layers = append(layers, s.LayerDir(l))

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bothy/bothy/checkpoint"
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/runtime"
 )
@@ -361,5 +363,42 @@ func TestCheckpointUnsupported(t *testing.T) {
 	}
 	if _, err := s.Fork(ctx, "nl", ForkRequest{Count: 1}); errcode.Of(err) != errcode.CheckpointUnsupported {
 		t.Fatalf("fork: %v", err)
+	}
+}
+
+// TestChainFlattensWithWhiteouts: past checkpoint.MaxChain rotations the chain is flattened;
+// files removed along the way (whiteouts in the layers, over the image's files too) stay
+// removed in the flattened layer, and the sandbox runs on it.
+func TestChainFlattensWithWhiteouts(t *testing.T) {
+	s, _ := newSupervisor(t)
+	s.checkpointLimits = checkpoint.Limits{Count: 64}
+	ctx := testContext(t)
+	startNew(t, ctx, s, "flat")
+	sh(t, ctx, s, "flat", "rm /etc/hostname.bak 2>/dev/null; rm -f /etc/os-release; echo 0 > /home/user/f0")
+	for i := 1; i <= checkpoint.MaxChain+2; i++ {
+		if _, err := s.Stop(ctx, "flat", true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Checkpoint(ctx, "flat", fmt.Sprintf("c%d", i)); err != nil {
+			t.Fatalf("checkpoint %d: %v", i, err)
+		}
+		if _, err := s.Start(ctx, "flat"); err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		sh(t, ctx, s, "flat", fmt.Sprintf("rm /home/user/f%d && echo %d > /home/user/f%d", i-1, i, i))
+	}
+	l, _, err := s.lockProvisioned(ctx, "flat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.checkpointSandbox(l).Manifest()
+	s.unlock(l)
+	if err != nil || len(m.Chain) > checkpoint.MaxChain {
+		t.Fatalf("the chain holds %d layers (%v)", len(m.Chain), err)
+	}
+	n := checkpoint.MaxChain + 2
+	want := fmt.Sprintf("f%d\nno os-release\n", n)
+	if got := sh(t, ctx, s, "flat", "ls /home/user; test -e /etc/os-release && echo os-release || echo no os-release"); got != want {
+		t.Fatalf("after the flattening the sandbox has %q, want %q", got, want)
 	}
 }
