@@ -652,8 +652,8 @@ func (s *Sandbox) Sweep() error {
 }
 
 // Problems lists what a consistency check finds in the sandbox's checkpoints: an
-// interrupted operation, staging leftovers, thrown-away files not removed yet, a layer that
-// a chain names and is missing. Recover and Sweep repair all but the last.
+// interrupted operation, staging leftovers, a layer that a chain names and is missing.
+// Recover repairs all but the last.
 func (s *Sandbox) Problems() ([]string, error) {
 	if _, err := os.Lstat(s.root()); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -671,7 +671,9 @@ func (s *Sandbox) Problems() ([]string, error) {
 		return nil, err
 	}
 	for _, n := range names {
-		if strings.HasPrefix(n, stagingPref) || strings.HasPrefix(n, trashPref) || n == nextUpper {
+		// What a committed rollback threw away (trash-*) is no problem: it is removed right
+		// after the rollback answers, or by the next operation's sweep.
+		if strings.HasPrefix(n, stagingPref) || n == nextUpper {
 			out = append(out, "a leftover "+n)
 		}
 	}

@@ -172,6 +172,7 @@ func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err
 	if err != nil {
 		return err
 	}
+	defer s.sweepLater(id)
 	defer s.unlock(l)
 	if _, err := s.reattach(ctx, l); err != nil {
 		return err
@@ -180,13 +181,7 @@ func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err
 	if err != nil {
 		return err
 	}
-	if err := cp.Delete(name); err != nil {
-		return err
-	}
-	if err := cp.Sweep(); err != nil {
-		s.log.Warn("removing a deleted checkpoint's layers; the next operation on the sandbox retries", "sandbox", id, "err", err)
-	}
-	return nil
+	return cp.Delete(name)
 }
 
 // Rollback makes a sandbox's files those of its checkpoint name, in place: its id,
@@ -203,6 +198,7 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 	if err != nil {
 		return nil, err
 	}
+	defer s.sweepLater(id) // after the unlock below: the answer does not wait for it
 	defer s.unlock(l)
 	r, err := s.reattach(ctx, l)
 	if err != nil {
@@ -243,8 +239,32 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 			return nil, errcode.Wrap(code, err, "Sandbox %s was rolled back to %s but did not start again; start it.", id, name)
 		}
 	}
-	if err := cp.Sweep(); err != nil {
-		s.log.Warn("removing what a rollback threw away; the next operation on the sandbox retries", "sandbox", id, "err", err)
-	}
 	return c, nil
+}
+
+// sweepLater removes, under the sandbox's lock but after the operation that called it has
+// answered, what a rollback threw away and the layers a deleted checkpoint leaves unnamed:
+// the one cost that grows with the data is off the operation's path. A sweep that cannot
+// take the lock, or fails, is left to the sandbox's next reattach, which sweeps too.
+func (s *Supervisor) sweepLater(id string) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(s.life, 30*time.Second)
+		defer cancel()
+		l, _, err := s.lockProvisioned(ctx, id)
+		if err != nil {
+			return
+		}
+		defer s.unlock(l)
+		if err := s.checkpointSandbox(l).Sweep(); err != nil {
+			s.log.Warn("removing what a rollback or a checkpoint's delete left; the next operation on the sandbox retries", "sandbox", id, "err", err)
+		}
+	}()
 }
