@@ -15,6 +15,7 @@ import (
 	"github.com/bothy/bothy/checkpoint"
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store/template"
 )
 
 // envCrashCheckpoint names a checkpoint operation ("checkpoint:<name>", "rollback:<name>",
@@ -400,5 +401,44 @@ func TestChainFlattensWithWhiteouts(t *testing.T) {
 	want := fmt.Sprintf("f%d\nno os-release\n", n)
 	if got := sh(t, ctx, s, "flat", "ls /home/user; test -e /etc/os-release && echo os-release || echo no os-release"); got != want {
 		t.Fatalf("after the flattening the sandbox has %q, want %q", got, want)
+	}
+}
+
+// TestCaptureOfARolledBackSandbox: a sandbox that stands on a checkpoint chain is captured
+// whole (the chain merged under its upper), and a clone of the generation has its files.
+func TestCaptureOfARolledBackSandbox(t *testing.T) {
+	s, root := newSupervisor(t)
+	ts, err := template.Open(root, template.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.templates = ts
+	ctx := testContext(t)
+	startNew(t, ctx, s, "rb")
+	sh(t, ctx, s, "rb", "echo chain > /home/user/in-chain")
+	if _, err := s.Stop(ctx, "rb", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Checkpoint(ctx, "rb", "a"); err != nil { // a rotation: the file is in the chain
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, "rb"); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, ctx, s, "rb", "echo upper > /home/user/in-upper")
+	if _, err := s.Stop(ctx, "rb", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateTemplate(ctx, "tpl"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Capture(ctx, "tpl", "rb"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, CreateRequest{ID: "cl", Start: true, Clone: &CloneRequest{Template: "tpl"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, ctx, s, "cl", "cat /home/user/in-chain /home/user/in-upper"); got != "chain\nupper\n" {
+		t.Fatalf("the clone of a sandbox on a chain reads %q", got)
 	}
 }
