@@ -155,6 +155,10 @@ type Sandbox struct {
 	// none yet); nil opens Dir/UpperName. A sandbox with a disk of its own needs one: its
 	// layer is inside the disk image.
 	OpenUpper func() (*os.File, error)
+	// UpperIsSnapshot says what OpenUpper opens is a snapshot that stays as it is once the
+	// sandbox runs on (a copy of a disk): the hold is released as soon as it is open, not
+	// after the copy.
+	UpperIsSnapshot bool
 	// Crash, if set, is called at the named steps (the tests' crash points).
 	Crash func(step string)
 }
@@ -408,6 +412,12 @@ func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(),
 	at := time.Now()
 	var size int64
 	upper, err := s.openUpper()
+	var frozen time.Duration
+	if s.UpperIsSnapshot {
+		frozen = time.Since(at)
+		release()
+		release = func() {}
+	}
 	switch {
 	case err == nil && len(flatten) > 0:
 		size, err = s.merge(ctx, root, stagingPref+id, flatten, upper)
@@ -417,7 +427,9 @@ func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(),
 		size, err = template.CopyLayer(ctx, upper, root, stagingPref+id)
 		upper.Close()
 	}
-	frozen := time.Since(at)
+	if !s.UpperIsSnapshot {
+		frozen = time.Since(at)
+	}
 	release()
 	return size, frozen, err
 }

@@ -35,12 +35,14 @@ func (s *Supervisor) checkpointsOf(l *store.Lock, cfg *store.Config) (*checkpoin
 
 // openUpperFor sets how cp's copies open the writable layer of a sandbox with a disk of its
 // own (a sandbox without one is read in its state directory): for a live launch (running or
-// paused), a snapshot of its disk, synced through its overlay (the runtime's LiveLayerer);
-// for a stopped one, a mount of its disk, or nothing if it never ran.
+// paused), a snapshot of its disk, synced through its overlay (the runtime's LiveLayerer),
+// after which a running one is thawed while the copy reads the snapshot; for a stopped
+// one, a mount of its disk, or nothing if it never ran.
 func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, rt runtime.Runtime, l *store.Lock, live bool) {
 	if !cp.Disk {
 		return
 	}
+	cp.UpperIsSnapshot = live
 	cp.OpenUpper = func() (*os.File, error) {
 		if live {
 			f, _, err := rt.(runtime.LiveLayerer).OpenLiveLayer(ctx, l.ID(), l.Dir(), true)
