@@ -65,6 +65,11 @@ var (
 	// ErrIdempotencyKeyInFlight: the first request with the Idempotency-Key still runs;
 	// repeat in a moment.
 	ErrIdempotencyKeyInFlight = Code(errcode.IdempotencyKeyInFlight)
+	// The checkpoints' codes (docs/checkpoints.md).
+	ErrCheckpointNotFound    = Code(errcode.CheckpointNotFound)
+	ErrCheckpointExists      = Code(errcode.CheckpointExists)
+	ErrCheckpointLimit       = Code(errcode.CheckpointLimit)
+	ErrCheckpointUnsupported = Code(errcode.CheckpointUnsupported)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what
