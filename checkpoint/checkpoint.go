@@ -159,6 +159,10 @@ type Sandbox struct {
 	// sandbox runs on (a copy of a disk): the hold is released as soon as it is open, not
 	// after the copy.
 	UpperIsSnapshot bool
+	// Discard, if set, moves the named entries of a directory of Dir's away at once, to be
+	// deleted later without the sandbox's lock (the store's trash), and returns those it
+	// did not move; Sweep removes those in place. Unset, Sweep removes everything in place.
+	Discard func(dir *os.File, names []string) []string
 	// Crash, if set, is called at the named steps (the tests' crash points).
 	Crash func(step string)
 }
@@ -618,9 +622,9 @@ func (s *Sandbox) removeStaging() error {
 	return nil
 }
 
-// Sweep removes what rollbacks threw away and the layers that no chain names. Under the
-// lifecycle lock, with no operation pending (after Recover); its cost is that of removing
-// those files.
+// Sweep removes what rollbacks threw away and the layers that no chain names: moved into
+// the store's trash through Discard (a rename each, whatever their size), else removed in
+// place. Under the lifecycle lock, with no operation pending (after Recover).
 func (s *Sandbox) Sweep() error {
 	if _, err := os.Lstat(s.root()); errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -633,12 +637,14 @@ func (s *Sandbox) Sweep() error {
 	if err != nil {
 		return err
 	}
+	var trash []string
 	for _, n := range names {
 		if strings.HasPrefix(n, trashPref) {
-			if err := os.RemoveAll(filepath.Join(s.root(), n)); err != nil {
-				return err
-			}
+			trash = append(trash, n)
 		}
+	}
+	if err := s.discard(s.root(), trash); err != nil {
+		return err
 	}
 	used := map[string]bool{}
 	for _, id := range m.Chain {
@@ -653,11 +659,31 @@ func (s *Sandbox) Sweep() error {
 	if err != nil {
 		return err
 	}
+	var unused []string
 	for _, id := range layers {
 		if !used[id] {
-			if err := os.RemoveAll(s.LayerDir(id)); err != nil {
-				return err
-			}
+			unused = append(unused, id)
+		}
+	}
+	return s.discard(filepath.Join(s.root(), layersName), unused)
+}
+
+// discard moves names of dir away through Discard, and removes in place what it did not.
+func (s *Sandbox) discard(dir string, names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if s.Discard != nil {
+		d, err := platform.OpenDir(dir)
+		if err != nil {
+			return err
+		}
+		names = s.Discard(d, names)
+		d.Close()
+	}
+	for _, n := range names {
+		if err := os.RemoveAll(filepath.Join(dir, n)); err != nil {
+			return err
 		}
 	}
 	return nil

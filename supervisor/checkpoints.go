@@ -60,7 +60,9 @@ func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, r
 }
 
 func (s *Supervisor) checkpointSandbox(l *store.Lock) *checkpoint.Sandbox {
-	return &checkpoint.Sandbox{Dir: l.Dir(), Crash: s.crash}
+	// What a sweep discards goes to the store's trash: a rename under the lock, deleted by
+	// the janitor after it.
+	return &checkpoint.Sandbox{Dir: l.Dir(), Crash: s.crash, Discard: l.Discard}
 }
 
 // chainLowers returns the layers of the sandbox's checkpoint chain, top first, which lie
@@ -174,7 +176,6 @@ func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err
 	if err != nil {
 		return err
 	}
-	defer s.sweepLater(id)
 	defer s.unlock(l)
 	if _, err := s.reattach(ctx, l); err != nil {
 		return err
@@ -183,7 +184,13 @@ func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err
 	if err != nil {
 		return err
 	}
-	return cp.Delete(name)
+	if err := cp.Delete(name); err != nil {
+		return err
+	}
+	if err := cp.Sweep(); err != nil {
+		s.log.Warn("discarding a deleted checkpoint's layers; the next operation on the sandbox retries", "sandbox", id, "err", err)
+	}
+	return nil
 }
 
 // Rollback makes a sandbox's files those of its checkpoint name, in place: its id,
@@ -200,7 +207,6 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 	if err != nil {
 		return nil, err
 	}
-	defer s.sweepLater(id) // after the unlock below: the answer does not wait for it
 	defer s.unlock(l)
 	r, err := s.reattach(ctx, l)
 	if err != nil {
@@ -241,32 +247,8 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 			return nil, errcode.Wrap(code, err, "Sandbox %s was rolled back to %s but did not start again; start it.", id, name)
 		}
 	}
-	return c, nil
-}
-
-// sweepLater removes, under the sandbox's lock but after the operation that called it has
-// answered, what a rollback threw away and the layers a deleted checkpoint leaves unnamed:
-// the one cost that grows with the data is off the operation's path. A sweep that cannot
-// take the lock, or fails, is left to the sandbox's next reattach, which sweeps too.
-func (s *Supervisor) sweepLater(id string) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return
+	if err := cp.Sweep(); err != nil {
+		s.log.Warn("discarding what a rollback threw away; the next operation on the sandbox retries", "sandbox", id, "err", err)
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
-	go func() {
-		defer s.wg.Done()
-		ctx, cancel := context.WithTimeout(s.life, 30*time.Second)
-		defer cancel()
-		l, _, err := s.lockProvisioned(ctx, id)
-		if err != nil {
-			return
-		}
-		defer s.unlock(l)
-		if err := s.checkpointSandbox(l).Sweep(); err != nil {
-			s.log.Warn("removing what a rollback or a checkpoint's delete left; the next operation on the sandbox retries", "sandbox", id, "err", err)
-		}
-	}()
+	return c, nil
 }
