@@ -18,9 +18,8 @@ import (
 // source, or a checkpoint of it, removes names, never the data a fork still names. A link
 // costs an inode entry per file and directory, whatever the file's size.
 
-// MaxLinks is the most forks whose layers one file's links may count: ext4 caps an inode at
-// 65000 links, and every checkpoint and fork of a chain adds one to each of its files.
-const MaxLinks = 60000
+// ext4 caps an inode at 65000 links, and every fork of a chain adds one to each of its
+// files: a fork past it fails alone (EMLINK), as docs/checkpoints.md says.
 
 // Point returns the layers that hold the sandbox's files now, top first, for forks to link,
 // and the function that removes what Point made for them. A stopped sandbox (running false)
