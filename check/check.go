@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bothy/bothy/checkpoint"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -49,6 +50,7 @@ const (
 	TrashNote             = "trash"                   // note: deleted sandboxes' entries not yet freed, which a server frees at once
 	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
 	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
+	CheckpointProblem     = "checkpoint-interrupted"  // a checkpoint operation left pending, or its leftovers (package checkpoint)
 	defaultLockTimeout    = 10 * time.Second
 	maxReportedDirEntries = 20
 )
@@ -405,6 +407,7 @@ func (c *checker) checkSandbox(sbx *os.File, id string, p *pass) {
 		}
 	}
 	checkJournal(id, recs, entry, p)
+	checkCheckpoints(dirPath, id, entry, p)
 	if recs.cfg != nil {
 		c.checkBinding(id, entry, p)
 	}
@@ -900,4 +903,18 @@ func (c *checker) checkTemplates(ctx context.Context, p *pass) {
 
 func platformID(rec *store.RuntimeRecord) platform.ProcessID {
 	return platform.ProcessID{Pid: rec.Pid, StartTime: rec.PidStartTime, BootID: rec.BootID}
+}
+
+// checkCheckpoints reports what package checkpoint finds in the sandbox's checkpoints: an
+// operation a crash interrupted, leftovers, a layer a chain names and that is missing. The
+// repair's reattach finishes or undoes the first two.
+func checkCheckpoints(dir, id, entry string, p *pass) {
+	problems, err := (&checkpoint.Sandbox{Dir: dir}).Problems()
+	if err != nil {
+		p.add(CheckpointProblem, id, filepath.Join(entry, checkpoint.DirName), "cannot read the checkpoints: %v", err)
+		return
+	}
+	for _, pr := range problems {
+		p.add(CheckpointProblem, id, filepath.Join(entry, checkpoint.DirName), "%s", pr)
+	}
 }

@@ -53,6 +53,9 @@
 //     the mount that holds it goes.
 //   - The kept answers of idempotent creates (package idempotency): every record reads; an
 //     expired record or an old temporary file is a leftover.
+//   - A sandbox's checkpoints (package checkpoint): no operation left pending by a crash, no
+//     staging or thrown-away leftovers, no layer that a chain names missing. Repair's
+//     reattach finishes or undoes the interrupted operation and sweeps the leftovers.
 //   - The store's trash (store.TrashDir) is counted: bins of deleted sandboxes' entries
 //     that nothing freed yet are a note (trash), not a problem, since a running server frees
 //     them right after each delete.

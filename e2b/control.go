@@ -64,11 +64,12 @@ func statusOf(err error) int {
 	case errcode.SymlinkLoop, errcode.MountInside, errcode.FileChanged:
 		return http.StatusConflict
 	case errcode.SandboxNotFound, errcode.TemplateNotFound, errcode.GenerationNotFound,
-		errcode.FileNotFound, errcode.ImageNotFound, errcode.VolumeNotFound:
+		errcode.FileNotFound, errcode.ImageNotFound, errcode.VolumeNotFound, errcode.CheckpointNotFound:
 		return http.StatusNotFound
 	case errcode.AlreadyProvisioned, errcode.ProvisionedAgain, errcode.AlreadyRunning,
 		errcode.NotRunning, errcode.SandboxLaunched, errcode.SandboxPaused, errcode.TemplateIneligible,
-		errcode.TemplateTombstoned, errcode.RuntimeMismatch, errcode.ForeignFiles, errcode.VolumeExists:
+		errcode.TemplateTombstoned, errcode.RuntimeMismatch, errcode.ForeignFiles, errcode.VolumeExists,
+		errcode.TemplateExists, errcode.CheckpointExists, errcode.CheckpointLimit:
 		return http.StatusConflict
 	case errcode.SandboxBusy, errcode.TransitionInProgress, errcode.SandboxLeased, errcode.VolumeInUse:
 		return http.StatusLocked
@@ -80,7 +81,7 @@ func statusOf(err error) int {
 		return http.StatusInsufficientStorage
 	case errcode.Unavailable, errcode.StorageUnavailable, errcode.SandboxWaking:
 		return http.StatusServiceUnavailable
-	case errcode.NotImplemented:
+	case errcode.NotImplemented, errcode.CheckpointUnsupported:
 		return http.StatusNotImplemented
 	}
 	return http.StatusInternalServerError
@@ -128,6 +129,10 @@ func controlMux(h *Handler) *http.ServeMux {
 	m.HandleFunc("GET /volumes", h.listVolumes)
 	m.HandleFunc("GET /volumes/{volumeID}", h.getVolume)
 	m.HandleFunc("DELETE /volumes/{volumeID}", h.deleteVolume)
+	m.HandleFunc("POST /sandboxes/{id}/fork", h.fork)
+	m.HandleFunc("POST /sandboxes/{id}/snapshots", h.createSnapshot)
+	m.HandleFunc("GET /snapshots", h.listSnapshots)
+	m.HandleFunc("DELETE /templates/{id}", h.deleteTemplate)
 	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics threw
 	// SandboxNotFoundError before bothyd served it), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -123,7 +123,8 @@ func Claims(r *http.Request) bool {
 	p := r.URL.Path
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
-		p == "/volumes" || strings.HasPrefix(p, "/volumes/") || strings.HasPrefix(p, "/volumecontent/")
+		p == "/volumes" || strings.HasPrefix(p, "/volumes/") || strings.HasPrefix(p, "/volumecontent/") ||
+		p == "/snapshots" || (r.Method == http.MethodDelete && strings.HasPrefix(p, "/templates/"))
 }
 
 // IsUpload reports whether r, which [Claims] claims, is a file upload (envd's POST

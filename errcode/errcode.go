@@ -119,6 +119,16 @@ const (
 	VolumeExists   Code = "volume-exists"
 	VolumeInUse    Code = "volume-in-use"
 	VolumeFull     Code = "volume-full"
+	// CheckpointNotFound: the sandbox has no checkpoint of this name.
+	CheckpointNotFound Code = "checkpoint-not-found"
+	// CheckpointExists: the sandbox already has a checkpoint of this name.
+	CheckpointExists Code = "checkpoint-exists"
+	// CheckpointLimit: the sandbox holds as many checkpoints, or as many bytes in them, as
+	// the server allows (--checkpoint-max, --checkpoint-max-bytes).
+	CheckpointLimit Code = "checkpoint-limit"
+	// CheckpointUnsupported: the sandbox's runtime or disk cannot be checkpointed, rolled
+	// back or forked (docs/checkpoints.md says which can).
+	CheckpointUnsupported Code = "checkpoint-unsupported"
 
 	// StorageFull: the file system of the state root is out of space or over a quota
 	// (ENOSPC, EDQUOT). Made by [Storage].

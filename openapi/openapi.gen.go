@@ -17,6 +17,24 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for CheckpointMode.
+const (
+	CheckpointModeCopy   CheckpointMode = "copy"
+	CheckpointModeRotate CheckpointMode = "rotate"
+)
+
+// Valid indicates whether the value is a known member of the CheckpointMode enum.
+func (e CheckpointMode) Valid() bool {
+	switch e {
+	case CheckpointModeCopy:
+		return true
+	case CheckpointModeRotate:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -653,6 +671,41 @@ type CaptureRequest struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
+// Checkpoint defines model for Checkpoint.
+type Checkpoint struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// FreezeMs How long the sandbox was frozen for it (0 when stopped or paused).
+	FreezeMs *int64 `json:"freeze_ms,omitempty"`
+
+	// Layers How many read-only layers the checkpoint's files stand on.
+	Layers int `json:"layers"`
+
+	// Mode `rotate`: the stopped sandbox's layer was renamed (no copy); `copy`: the running sandbox's layer was copied while it was frozen.
+	Mode CheckpointMode `json:"mode"`
+	Name string         `json:"name"`
+
+	// SizeBytes The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it).
+	SizeBytes int64 `json:"size_bytes"`
+}
+
+// CheckpointMode `rotate`: the stopped sandbox's layer was renamed (no copy); `copy`: the running sandbox's layer was copied while it was frozen.
+type CheckpointMode string
+
+// CheckpointList defines model for CheckpointList.
+type CheckpointList struct {
+	Items []Checkpoint `json:"items"`
+}
+
+// CheckpointName 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+type CheckpointName = string
+
+// CheckpointRequest defines model for CheckpointRequest.
+type CheckpointRequest struct {
+	// Name 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+	Name CheckpointName `json:"name"`
+}
+
 // CompatibilityKey What a clone must match to use the generation: the runtime identity and the image.
 // `resources` are those the generation was captured with, a clone's default; a clone
 // may choose others (see `CreateSandboxRequest.resources`).
@@ -1023,6 +1076,28 @@ type FileEntryType string
 // FileList defines model for FileList.
 type FileList struct {
 	Items []FileEntry `json:"items"`
+}
+
+// ForkItem One fork, made (`sandbox`) or refused (`error`).
+type ForkItem struct {
+	// Error An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+	Error   *Problem `json:"error,omitempty"`
+	ID      string   `json:"id"`
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+}
+
+// ForkRequest Give `count`, or `ids` (one for each fork), or both (then as many ids as `count`).
+type ForkRequest struct {
+	// Count How many forks to make; the server chooses their ids when `ids` is absent.
+	Count *int         `json:"count,omitempty"`
+	Ids   *[]SandboxID `json:"ids,omitempty"`
+}
+
+// ForkResult defines model for ForkResult.
+type ForkResult struct {
+	// FreezeMs How long the source was frozen for the fork (0 for a stopped or paused one).
+	FreezeMs int64      `json:"freeze_ms"`
+	Items    []ForkItem `json:"items"`
 }
 
 // Generation defines model for Generation.
@@ -2044,6 +2119,9 @@ type WebhookList struct {
 // AccessToken defines model for AccessToken.
 type AccessToken = string
 
+// CheckpointNamePath 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+type CheckpointNamePath = CheckpointName
+
 // Cursor defines model for Cursor.
 type Cursor = string
 
@@ -2212,6 +2290,46 @@ type DeleteSandboxParams struct {
 	Force *bool `form:"force,omitempty" json:"force,omitempty"`
 }
 
+// ListCheckpointsParams defines parameters for ListCheckpoints.
+type ListCheckpointsParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// CreateCheckpointParams defines parameters for CreateCheckpoint.
+type CreateCheckpointParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// DeleteCheckpointParams defines parameters for DeleteCheckpoint.
+type DeleteCheckpointParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// GetCheckpointParams defines parameters for GetCheckpoint.
+type GetCheckpointParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// RollbackSandboxParams defines parameters for RollbackSandbox.
+type RollbackSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // RemoveFileParams defines parameters for RemoveFile.
 type RemoveFileParams struct {
 	// Path An absolute path inside the sandbox, other than the root directory.
@@ -2240,6 +2358,14 @@ type WriteFileParams struct {
 type ListFilesParams struct {
 	// Path An absolute path inside the sandbox, of a directory.
 	Path AbsolutePath `form:"path" json:"path"`
+}
+
+// ForkSandboxParams defines parameters for ForkSandbox.
+type ForkSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // GetSandboxLogsParams defines parameters for GetSandboxLogs.
@@ -2468,8 +2594,14 @@ type PullImageJSONRequestBody = PullImageRequest
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
+// CreateCheckpointJSONRequestBody defines body for CreateCheckpoint for application/json ContentType.
+type CreateCheckpointJSONRequestBody = CheckpointRequest
+
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
+
+// ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
+type ForkSandboxJSONRequestBody = ForkRequest
 
 // SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
 type SetSandboxNetworkJSONRequestBody = NetworkPolicy
@@ -2530,6 +2662,21 @@ type ServerInterface interface {
 	// GetSandbox Get a sandbox
 	// (GET /v1/sandboxes/{id})
 	GetSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
+	// ListCheckpoints List a sandbox's checkpoints
+	// (GET /v1/sandboxes/{id}/checkpoints)
+	ListCheckpoints(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListCheckpointsParams)
+	// CreateCheckpoint Take a named checkpoint of a sandbox's files
+	// (POST /v1/sandboxes/{id}/checkpoints)
+	CreateCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params CreateCheckpointParams)
+	// DeleteCheckpoint Delete a checkpoint
+	// (DELETE /v1/sandboxes/{id}/checkpoints/{name})
+	DeleteCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params DeleteCheckpointParams)
+	// GetCheckpoint Show one checkpoint
+	// (GET /v1/sandboxes/{id}/checkpoints/{name})
+	GetCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params GetCheckpointParams)
+	// RollbackSandbox Roll a sandbox's files back to a checkpoint, in place
+	// (POST /v1/sandboxes/{id}/checkpoints/{name}/rollback)
+	RollbackSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params RollbackSandboxParams)
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
@@ -2545,6 +2692,9 @@ type ServerInterface interface {
 	// ListFiles List a directory
 	// (GET /v1/sandboxes/{id}/files/list)
 	ListFiles(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListFilesParams)
+	// ForkSandbox Fork a sandbox into new ones that run on from its files
+	// (POST /v1/sandboxes/{id}/fork)
+	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ForkSandboxParams)
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
@@ -2719,6 +2869,36 @@ func (_ Unimplemented) GetSandbox(w http.ResponseWriter, r *http.Request, id San
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListCheckpoints List a sandbox's checkpoints
+// (GET /v1/sandboxes/{id}/checkpoints)
+func (_ Unimplemented) ListCheckpoints(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListCheckpointsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateCheckpoint Take a named checkpoint of a sandbox's files
+// (POST /v1/sandboxes/{id}/checkpoints)
+func (_ Unimplemented) CreateCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params CreateCheckpointParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteCheckpoint Delete a checkpoint
+// (DELETE /v1/sandboxes/{id}/checkpoints/{name})
+func (_ Unimplemented) DeleteCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params DeleteCheckpointParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetCheckpoint Show one checkpoint
+// (GET /v1/sandboxes/{id}/checkpoints/{name})
+func (_ Unimplemented) GetCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params GetCheckpointParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// RollbackSandbox Roll a sandbox's files back to a checkpoint, in place
+// (POST /v1/sandboxes/{id}/checkpoints/{name}/rollback)
+func (_ Unimplemented) RollbackSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params RollbackSandboxParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ExecCommand Run a command and wait for it
 // (POST /v1/sandboxes/{id}/exec)
 func (_ Unimplemented) ExecCommand(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
@@ -2746,6 +2926,12 @@ func (_ Unimplemented) WriteFile(w http.ResponseWriter, r *http.Request, id Sand
 // ListFiles List a directory
 // (GET /v1/sandboxes/{id}/files/list)
 func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListFilesParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ForkSandbox Fork a sandbox into new ones that run on from its files
+// (POST /v1/sandboxes/{id}/fork)
+func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ForkSandboxParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3330,6 +3516,243 @@ func (siw *ServerInterfaceWrapper) GetSandbox(w http.ResponseWriter, r *http.Req
 	handler.ServeHTTP(w, r)
 }
 
+// ListCheckpoints operation middleware
+func (siw *ServerInterfaceWrapper) ListCheckpoints(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListCheckpointsParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListCheckpoints(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateCheckpoint operation middleware
+func (siw *ServerInterfaceWrapper) CreateCheckpoint(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateCheckpointParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateCheckpoint(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteCheckpoint operation middleware
+func (siw *ServerInterfaceWrapper) DeleteCheckpoint(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "name" -------------
+	var name CheckpointNamePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteCheckpointParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteCheckpoint(w, r, id, name, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetCheckpoint operation middleware
+func (siw *ServerInterfaceWrapper) GetCheckpoint(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "name" -------------
+	var name CheckpointNamePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetCheckpointParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetCheckpoint(w, r, id, name, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RollbackSandbox operation middleware
+func (siw *ServerInterfaceWrapper) RollbackSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "name" -------------
+	var name CheckpointNamePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RollbackSandboxParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RollbackSandbox(w, r, id, name, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ExecCommand operation middleware
 func (siw *ServerInterfaceWrapper) ExecCommand(w http.ResponseWriter, r *http.Request) {
 
@@ -3541,6 +3964,48 @@ func (siw *ServerInterfaceWrapper) ListFiles(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListFiles(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ForkSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ForkSandboxParams
+
+	// ------------- Optional query parameter "timeout" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout", r.URL.Query(), &params.Timeout, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ForkSandbox(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -5114,6 +5579,24 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/resume", wrapper.ResumeSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/fork", wrapper.ForkSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/checkpoints", wrapper.ListCheckpoints)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/checkpoints", wrapper.CreateCheckpoint)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/sandboxes/{id}/checkpoints/{name}", wrapper.DeleteCheckpoint)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/checkpoints/{name}", wrapper.GetCheckpoint)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/checkpoints/{name}/rollback", wrapper.RollbackSandbox)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/metrics", wrapper.GetSandboxMetrics)
@@ -6842,6 +7325,806 @@ func (response GetSandbox501ApplicationProblemPlusJSONResponse) VisitGetSandboxR
 	return err
 }
 
+type ListCheckpointsRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params ListCheckpointsParams
+}
+
+type ListCheckpointsResponseObject interface {
+	VisitListCheckpointsResponse(w http.ResponseWriter) error
+}
+
+type ListCheckpoints200JSONResponse CheckpointList
+
+func (response ListCheckpoints200JSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCheckpoints400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListCheckpoints400ApplicationProblemPlusJSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCheckpoints401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListCheckpoints401ApplicationProblemPlusJSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCheckpoints403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListCheckpoints403ApplicationProblemPlusJSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCheckpoints404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListCheckpoints404ApplicationProblemPlusJSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCheckpoints423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response ListCheckpoints423ApplicationProblemPlusJSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCheckpoints500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListCheckpoints500ApplicationProblemPlusJSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCheckpoints501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ListCheckpoints501ApplicationProblemPlusJSONResponse) VisitListCheckpointsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpointRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params CreateCheckpointParams
+	Body   *CreateCheckpointJSONRequestBody
+}
+
+type CreateCheckpointResponseObject interface {
+	VisitCreateCheckpointResponse(w http.ResponseWriter) error
+}
+
+type CreateCheckpoint201JSONResponse Checkpoint
+
+func (response CreateCheckpoint201JSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint400ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint401ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint403ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint404ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint409ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint413ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint423ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint500ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint501ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint503ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCheckpoint507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCheckpoint507ApplicationProblemPlusJSONResponse) VisitCreateCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCheckpointRequestObject struct {
+	ID     SandboxIDPath      `json:"id"`
+	Name   CheckpointNamePath `json:"name"`
+	Params DeleteCheckpointParams
+}
+
+type DeleteCheckpointResponseObject interface {
+	VisitDeleteCheckpointResponse(w http.ResponseWriter) error
+}
+
+type DeleteCheckpoint204Response struct {
+}
+
+func (response DeleteCheckpoint204Response) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteCheckpoint400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint400ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCheckpoint401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint401ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCheckpoint403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint403ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCheckpoint404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint404ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCheckpoint423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint423ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCheckpoint500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint500ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCheckpoint501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint501ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpointRequestObject struct {
+	ID     SandboxIDPath      `json:"id"`
+	Name   CheckpointNamePath `json:"name"`
+	Params GetCheckpointParams
+}
+
+type GetCheckpointResponseObject interface {
+	VisitGetCheckpointResponse(w http.ResponseWriter) error
+}
+
+type GetCheckpoint200JSONResponse Checkpoint
+
+func (response GetCheckpoint200JSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpoint400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetCheckpoint400ApplicationProblemPlusJSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpoint401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetCheckpoint401ApplicationProblemPlusJSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpoint403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetCheckpoint403ApplicationProblemPlusJSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpoint404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetCheckpoint404ApplicationProblemPlusJSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpoint423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response GetCheckpoint423ApplicationProblemPlusJSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpoint500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetCheckpoint500ApplicationProblemPlusJSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCheckpoint501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response GetCheckpoint501ApplicationProblemPlusJSONResponse) VisitGetCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandboxRequestObject struct {
+	ID     SandboxIDPath      `json:"id"`
+	Name   CheckpointNamePath `json:"name"`
+	Params RollbackSandboxParams
+}
+
+type RollbackSandboxResponseObject interface {
+	VisitRollbackSandboxResponse(w http.ResponseWriter) error
+}
+
+type RollbackSandbox200JSONResponse Sandbox
+
+func (response RollbackSandbox200JSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox400ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox401ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox403ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox404ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox409ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox423ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox500ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox501ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox503ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox504ApplicationProblemPlusJSONResponse struct {
+	GatewayTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox504ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(504)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ExecCommandRequestObject struct {
 	ID   SandboxIDPath `json:"id"`
 	Body *ExecCommandJSONRequestBody
@@ -7804,6 +9087,193 @@ type ListFiles503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response ListFiles503ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandboxRequestObject struct {
+	ID     SandboxIDPath `json:"id"`
+	Params ForkSandboxParams
+	Body   *ForkSandboxJSONRequestBody
+}
+
+type ForkSandboxResponseObject interface {
+	VisitForkSandboxResponse(w http.ResponseWriter) error
+}
+
+type ForkSandbox200JSONResponse ForkResult
+
+func (response ForkSandbox200JSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox400ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox401ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox403ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox404ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox409ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox413ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox423ApplicationProblemPlusJSONResponse struct {
+	LockedApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox423ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(423)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox500ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox501ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox503ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response); err != nil {
@@ -13246,6 +14716,21 @@ type StrictServerInterface interface {
 	// GetSandbox Get a sandbox
 	// (GET /v1/sandboxes/{id})
 	GetSandbox(ctx context.Context, request GetSandboxRequestObject) (GetSandboxResponseObject, error)
+	// ListCheckpoints List a sandbox's checkpoints
+	// (GET /v1/sandboxes/{id}/checkpoints)
+	ListCheckpoints(ctx context.Context, request ListCheckpointsRequestObject) (ListCheckpointsResponseObject, error)
+	// CreateCheckpoint Take a named checkpoint of a sandbox's files
+	// (POST /v1/sandboxes/{id}/checkpoints)
+	CreateCheckpoint(ctx context.Context, request CreateCheckpointRequestObject) (CreateCheckpointResponseObject, error)
+	// DeleteCheckpoint Delete a checkpoint
+	// (DELETE /v1/sandboxes/{id}/checkpoints/{name})
+	DeleteCheckpoint(ctx context.Context, request DeleteCheckpointRequestObject) (DeleteCheckpointResponseObject, error)
+	// GetCheckpoint Show one checkpoint
+	// (GET /v1/sandboxes/{id}/checkpoints/{name})
+	GetCheckpoint(ctx context.Context, request GetCheckpointRequestObject) (GetCheckpointResponseObject, error)
+	// RollbackSandbox Roll a sandbox's files back to a checkpoint, in place
+	// (POST /v1/sandboxes/{id}/checkpoints/{name}/rollback)
+	RollbackSandbox(ctx context.Context, request RollbackSandboxRequestObject) (RollbackSandboxResponseObject, error)
 	// ExecCommand Run a command and wait for it
 	// (POST /v1/sandboxes/{id}/exec)
 	ExecCommand(ctx context.Context, request ExecCommandRequestObject) (ExecCommandResponseObject, error)
@@ -13261,6 +14746,9 @@ type StrictServerInterface interface {
 	// ListFiles List a directory
 	// (GET /v1/sandboxes/{id}/files/list)
 	ListFiles(ctx context.Context, request ListFilesRequestObject) (ListFilesResponseObject, error)
+	// ForkSandbox Fork a sandbox into new ones that run on from its files
+	// (POST /v1/sandboxes/{id}/fork)
+	ForkSandbox(ctx context.Context, request ForkSandboxRequestObject) (ForkSandboxResponseObject, error)
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
@@ -13701,6 +15189,151 @@ func (sh *strictHandler) GetSandbox(w http.ResponseWriter, r *http.Request, id S
 	}
 }
 
+// ListCheckpoints operation middleware
+func (sh *strictHandler) ListCheckpoints(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListCheckpointsParams) {
+	var request ListCheckpointsRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListCheckpoints(ctx, request.(ListCheckpointsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListCheckpoints")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListCheckpointsResponseObject); ok {
+		if err := validResponse.VisitListCheckpointsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateCheckpoint operation middleware
+func (sh *strictHandler) CreateCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params CreateCheckpointParams) {
+	var request CreateCheckpointRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	var body CreateCheckpointJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateCheckpoint(ctx, request.(CreateCheckpointRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateCheckpoint")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateCheckpointResponseObject); ok {
+		if err := validResponse.VisitCreateCheckpointResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteCheckpoint operation middleware
+func (sh *strictHandler) DeleteCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params DeleteCheckpointParams) {
+	var request DeleteCheckpointRequestObject
+
+	request.ID = id
+	request.Name = name
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteCheckpoint(ctx, request.(DeleteCheckpointRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteCheckpoint")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteCheckpointResponseObject); ok {
+		if err := validResponse.VisitDeleteCheckpointResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetCheckpoint operation middleware
+func (sh *strictHandler) GetCheckpoint(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params GetCheckpointParams) {
+	var request GetCheckpointRequestObject
+
+	request.ID = id
+	request.Name = name
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetCheckpoint(ctx, request.(GetCheckpointRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetCheckpoint")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetCheckpointResponseObject); ok {
+		if err := validResponse.VisitGetCheckpointResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// RollbackSandbox operation middleware
+func (sh *strictHandler) RollbackSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, name CheckpointNamePath, params RollbackSandboxParams) {
+	var request RollbackSandboxRequestObject
+
+	request.ID = id
+	request.Name = name
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.RollbackSandbox(ctx, request.(RollbackSandboxRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "RollbackSandbox")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(RollbackSandboxResponseObject); ok {
+		if err := validResponse.VisitRollbackSandboxResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ExecCommand operation middleware
 func (sh *strictHandler) ExecCommand(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
 	var request ExecCommandRequestObject
@@ -13837,6 +15470,40 @@ func (sh *strictHandler) ListFiles(w http.ResponseWriter, r *http.Request, id Sa
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListFilesResponseObject); ok {
 		if err := validResponse.VisitListFilesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ForkSandbox operation middleware
+func (sh *strictHandler) ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ForkSandboxParams) {
+	var request ForkSandboxRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	var body ForkSandboxJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ForkSandbox(ctx, request.(ForkSandboxRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ForkSandbox")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ForkSandboxResponseObject); ok {
+		if err := validResponse.VisitForkSandboxResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

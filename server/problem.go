@@ -86,16 +86,20 @@ var statusOf = map[errcode.Code]int{
 	// never 400, which says the request itself is wrong. What the user may not do is 403;
 	// a path whose files are in the way is 409, as a state of the sandbox that may change;
 	// a name the sandbox's file system cannot hold is 422.
-	errcode.PermissionDenied:  http.StatusForbidden,
-	errcode.NotADirectory:     http.StatusConflict,
-	errcode.IsADirectory:      http.StatusConflict,
-	errcode.NotARegularFile:   http.StatusConflict,
-	errcode.DirectoryNotEmpty: http.StatusConflict,
-	errcode.FileExists:        http.StatusConflict,
-	errcode.SymlinkLoop:       http.StatusConflict,
-	errcode.MountInside:       http.StatusConflict,
-	errcode.FileChanged:       http.StatusConflict,
-	errcode.NameTooLong:       http.StatusUnprocessableEntity,
+	errcode.PermissionDenied:      http.StatusForbidden,
+	errcode.NotADirectory:         http.StatusConflict,
+	errcode.IsADirectory:          http.StatusConflict,
+	errcode.NotARegularFile:       http.StatusConflict,
+	errcode.DirectoryNotEmpty:     http.StatusConflict,
+	errcode.FileExists:            http.StatusConflict,
+	errcode.SymlinkLoop:           http.StatusConflict,
+	errcode.MountInside:           http.StatusConflict,
+	errcode.FileChanged:           http.StatusConflict,
+	errcode.NameTooLong:           http.StatusUnprocessableEntity,
+	errcode.CheckpointNotFound:    http.StatusNotFound,
+	errcode.CheckpointExists:      http.StatusConflict,
+	errcode.CheckpointLimit:       http.StatusConflict,
+	errcode.CheckpointUnsupported: http.StatusNotImplemented,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a
@@ -170,4 +174,11 @@ func writeProblemBody(w http.ResponseWriter, status int, p problem) {
 	h.Del("Content-Length")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
+}
+
+// ProblemOf is the status, code and detail that err answers, by the same mapping as a
+// response's, for a body that carries several outcomes of their own (a fork's items).
+func ProblemOf(err error) (status int, code errcode.Code, detail string) {
+	e := classify(err)
+	return statusOf[e.Code], e.Code, e.Msg
 }

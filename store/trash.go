@@ -77,6 +77,20 @@ func (s *Store) Trashed() <-chan struct{} { return s.trash.filled }
 // the entry where it was, for the removal that the still present configuration record calls
 // for to take again.
 func (l *Lock) moveToTrash(names []string) (left []string) {
+	return l.moveToTrashFrom(l.dir, names)
+}
+
+// Discard moves the entries names of dir, a directory below the locked sandbox's state
+// directory that the caller opened, into a new bin of the trash, as a removal moves the
+// state directory's own entries (see moveToTrash), and returns those it did not move, for
+// the caller to remove in place. The janitor deletes the bin without the sandbox's lock:
+// for what a transition throws away and need not wait for (package checkpoint's discarded
+// layers), a rename under the lock instead of a removal.
+func (l *Lock) Discard(dir *os.File, names []string) (left []string) {
+	return l.moveToTrashFrom(dir, names)
+}
+
+func (l *Lock) moveToTrashFrom(from *os.File, names []string) (left []string) {
 	t := l.s.trash
 	if t.dir == nil || len(names) == 0 {
 		return names
@@ -102,11 +116,11 @@ func (l *Lock) moveToTrash(names []string) (left []string) {
 	}
 	defer d.Close()
 	for _, name := range names {
-		err := l.s.fs.MoveNoReplaceAt(l.dir, name, d, name)
+		err := l.s.fs.MoveNoReplaceAt(from, name, d, name)
 		if errors.Is(err, fs.ErrNotExist) {
 			// The entry is gone, or the bin is (another process emptied the trash): only
 			// the first is done.
-			if _, serr := platform.LstatAt(l.dir, name); errors.Is(serr, fs.ErrNotExist) {
+			if _, serr := platform.LstatAt(from, name); errors.Is(serr, fs.ErrNotExist) {
 				err = nil
 			}
 		}

@@ -118,3 +118,40 @@ func removeWithHook(t *testing.T, root string, hook func(s *Store, bin string)) 
 	l.Unlock()
 	return s, l, moved, err
 }
+
+// TestDiscardMovesIntoTheTrash: Discard moves entries of a directory below the state
+// directory into a bin of the trash (the sandbox keeps the rest), and EmptyTrash deletes
+// them; an entry that is not there is not reported as left.
+func TestDiscardMovesIntoTheTrash(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	s := openStore(t, root)
+	l, err := s.LockForProvision(timeout(t, 5*time.Second), "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock()
+	sub := filepath.Join(l.Dir(), "checkpoints")
+	for _, d := range []string{"trash-a/deep", "keep"} {
+		if err := os.MkdirAll(filepath.Join(sub, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir, err := platform.OpenDir(sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	if left := l.Discard(dir, []string{"trash-a", "gone"}); len(left) != 0 {
+		t.Fatalf("Discard left %v", left)
+	}
+	if got := entriesOf(t, sub); !slices.Equal(got, []string{"keep"}) {
+		t.Fatalf("the directory holds %v after the discard, want keep alone", got)
+	}
+	if bins := entriesOf(t, filepath.Join(root, TrashDir)); len(bins) != 1 || !strings.HasPrefix(bins[0], "d.") {
+		t.Fatalf("the trash holds %v, want one bin of d", bins)
+	}
+	if n, err := s.EmptyTrash(); err != nil || n != 1 {
+		t.Fatalf("EmptyTrash: %d, %v", n, err)
+	}
+}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"github.com/bothy/bothy/checkpoint"
 	"github.com/bothy/bothy/runtime"
 	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/store/template"
@@ -30,6 +31,7 @@ func DeclaredEntries(rts ...runtime.Runtime) []Declaration {
 		add(name, store.EntryFile)
 	}
 	add(ImageFilesName, store.EntryDir)
+	add(checkpoint.DirName, store.EntryDir)
 	for _, rt := range rts {
 		for _, e := range rt.DeclaredEntries() {
 			kind := store.EntryFile

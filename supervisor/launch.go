@@ -49,7 +49,7 @@ func (s *Supervisor) startLocked(ctx context.Context, l *store.Lock) (*Status, e
 	case r.state == StateRunning:
 		return nil, errcode.New(errcode.AlreadyRunning, "Sandbox %s is already running.", id)
 	}
-	lowers, err := s.cloneLowers(l, cfg)
+	lowers, err := s.sandboxLowers(l, cfg)
 	if err != nil {
 		return nil, err
 	}

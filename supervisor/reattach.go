@@ -35,6 +35,9 @@ func (r reconciled) drivable() bool { return r.state == StateRunning && !r.misma
 // need not read it again, and whether another runtime identity runs it), StateStopped or
 // StateProvisioned.
 func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, error) {
+	if err := s.recoverCheckpoints(l); err != nil {
+		return reconciled{}, err
+	}
 	journal, err := l.LaunchJournal()
 	if err != nil {
 		return reconciled{}, err

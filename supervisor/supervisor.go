@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"github.com/bothy/bothy/checkpoint"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -91,6 +92,12 @@ type Options struct {
 	Spares *SpareOptions
 	// Volumes is the volume store; nil refuses a create that names volumes.
 	Volumes *volume.Store
+	// Checkpoints bound each sandbox's checkpoints (zero: the defaults of package checkpoint).
+	Checkpoints checkpoint.Limits
+	// CrashPoint, for tests only (bothyd built with the crashpoints tag), is called at the
+	// named steps of launches, captures, checkpoints, rollbacks and forks, where the test's
+	// process kills itself to leave what a crash there leaves.
+	CrashPoint func(step string)
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -114,6 +121,8 @@ type Supervisor struct {
 	// crashPoint, set by tests, is called at the named steps of a launch, where a test
 	// process kills itself to leave what a crash there leaves.
 	crashPoint func(step string)
+	// checkpointLimits bound each sandbox's checkpoints.
+	checkpointLimits checkpoint.Limits
 
 	// janitor starts the trash's janitor ([Supervisor.emptyTrash]) once, with the first
 	// reattach pass: a supervisor that only checks (bothyd check) leaves the trash alone.
@@ -204,6 +213,9 @@ func New(opts Options) (*Supervisor, error) {
 		net:           newNetState(opts.Network),
 		spares:        newSpareSet(opts.Spares),
 		volumes:       opts.Volumes,
+
+		checkpointLimits: opts.Checkpoints,
+		crashPoint:       opts.CrashPoint,
 	}
 	if s.volumes != nil {
 		s.volumes.SetHeldBy(VolumeHeldBy(s.store))

@@ -82,6 +82,11 @@ func crashHelper() {
 		fmt.Fprintf(os.Stderr, "crash helper: the capture did not reach %q: %v\n", at, err)
 		os.Exit(2)
 	}
+	if op := os.Getenv(envCrashCheckpoint); op != "" {
+		err = checkpointCrashOp(ctx, s, os.Getenv(envCrashID), op)
+		fmt.Fprintf(os.Stderr, "crash helper: the checkpoint operation %s did not reach %q: %v\n", op, at, err)
+		os.Exit(2)
+	}
 	_, err = s.Start(ctx, os.Getenv(envCrashID))
 	fmt.Fprintf(os.Stderr, "crash helper: the launch did not reach %q: %v\n", at, err)
 	os.Exit(2)

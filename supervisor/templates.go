@@ -85,7 +85,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	}
 	// A clone's capture is its generation's payload with the clone's own layer merged over
 	// it. The clone's lease keeps that payload while the lock keeps the clone stopped.
-	lowers, err := s.cloneLowers(l, cfg)
+	lowers, err := s.sandboxLowers(l, cfg)
 	if err != nil {
 		return nil, err
 	}

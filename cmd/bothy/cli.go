@@ -80,7 +80,8 @@ func (c *cli) rootCommand() *cobra.Command {
 		}
 	}
 	add("sandboxes", c.createCommand(), c.listCommand(), c.inspectCommand(), c.startCommand(), c.stopCommand(),
-		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand(), c.metricsCommand())
+		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand(), c.metricsCommand(),
+		c.forkCommand(), c.checkpointCommand(), c.rollbackCommand())
 	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand())
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
 	add("images", c.imageCommand(), c.pullCommand())

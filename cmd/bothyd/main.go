@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/bothy/bothy/checkpoint"
 	"io"
 	"log/slog"
 	"net"
@@ -104,6 +105,9 @@ type options struct {
 	networkPool, networkUplink, dnsUpstream string
 	// webhookAllowPrivate lets webhook deliveries reach private addresses (webhook.Options).
 	webhookAllowPrivate bool
+	// checkpointMax and checkpointMaxBytes bound each sandbox's checkpoints (checkpoint.Limits).
+	checkpointMax      int
+	checkpointMaxBytes int64
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -171,6 +175,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", os.Getenv("BOTHY_WEBHOOK_ALLOW_PRIVATE") == "1", "let webhook deliveries reach loopback, link-local, private (RFC 1918, ULA) and sandbox addresses, for receivers on this host or its network (env BOTHY_WEBHOOK_ALLOW_PRIVATE=1); default: only public addresses, checked on the address connected to")
 	fs.BoolVar(&o.sandboxMetrics, "sandbox-metrics", os.Getenv("BOTHY_SANDBOX_METRICS") == "1", "export each running sandbox's usage on /metrics as series labelled by its id (env BOTHY_SANDBOX_METRICS=1); off by default: the series grow with the sandboxes")
 	fs.IntVar(&o.sandboxMetricsMax, "sandbox-metrics-max", defaultSandboxMetricsMax, "the most sandboxes --sandbox-metrics exports, the first by id; bothy_sandbox_series_truncated says when more ran")
+	fs.IntVar(&o.checkpointMax, "checkpoint-max", checkpoint.DefaultCount, "the most checkpoints one sandbox holds (docs/checkpoints.md)")
+	fs.Int64Var(&o.checkpointMaxBytes, "checkpoint-max-bytes", checkpoint.DefaultBytes, "the most bytes the checkpoints of one sandbox hold together")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -191,6 +197,12 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.sandboxMetricsMax < 1 || o.sandboxMetricsMax > 10000 {
 		return nil, fmt.Errorf("--sandbox-metrics-max %d: want 1 to 10000", o.sandboxMetricsMax)
+	}
+	if o.checkpointMax < 1 || o.checkpointMax > 256 {
+		return nil, fmt.Errorf("--checkpoint-max %d: want 1 to 256 (each checkpoint is a layer of the sandbox's overlay)", o.checkpointMax)
+	}
+	if o.checkpointMaxBytes < 1 {
+		return nil, fmt.Errorf("--checkpoint-max-bytes %d: want a positive number of bytes", o.checkpointMaxBytes)
 	}
 	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
 		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
@@ -355,6 +367,8 @@ func serve(o *options, log *slog.Logger) error {
 		Network:      netw.networker(),
 		Spares:       spareOptions(o, rt, log),
 		Volumes:      vols,
+		Checkpoints:  checkpoint.Limits{Count: o.checkpointMax, Bytes: o.checkpointMaxBytes},
+		CrashPoint:   crashPoint(),
 	})
 	if err != nil {
 		return err

@@ -34,6 +34,7 @@ var Classes = map[string]Class{
 	"network":                   Host,
 	"portlink":                  Host,
 	"idempotency":               Host,
+	"checkpoint":                Host,
 	"usage":                     Host,
 	"idle":                      Host,
 	"runtime/microvm":           Host,

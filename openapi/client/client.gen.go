@@ -19,6 +19,24 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for CheckpointMode.
+const (
+	CheckpointModeCopy   CheckpointMode = "copy"
+	CheckpointModeRotate CheckpointMode = "rotate"
+)
+
+// Valid indicates whether the value is a known member of the CheckpointMode enum.
+func (e CheckpointMode) Valid() bool {
+	switch e {
+	case CheckpointModeCopy:
+		return true
+	case CheckpointModeRotate:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for EventProgressPhase.
 const (
 	EventProgressPhaseCopying  EventProgressPhase = "copying"
@@ -685,6 +703,41 @@ type CaptureRequest struct {
 	Sandbox SandboxID `json:"sandbox"`
 }
 
+// Checkpoint defines model for Checkpoint.
+type Checkpoint struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// FreezeMs How long the sandbox was frozen for it (0 when stopped or paused).
+	FreezeMs *int64 `json:"freeze_ms,omitempty"`
+
+	// Layers How many read-only layers the checkpoint's files stand on.
+	Layers int `json:"layers"`
+
+	// Mode `rotate`: the stopped sandbox's layer was renamed (no copy); `copy`: the running sandbox's layer was copied while it was frozen.
+	Mode CheckpointMode `json:"mode"`
+	Name string         `json:"name"`
+
+	// SizeBytes The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it).
+	SizeBytes int64 `json:"size_bytes"`
+}
+
+// CheckpointMode `rotate`: the stopped sandbox's layer was renamed (no copy); `copy`: the running sandbox's layer was copied while it was frozen.
+type CheckpointMode string
+
+// CheckpointList defines model for CheckpointList.
+type CheckpointList struct {
+	Items []Checkpoint `json:"items"`
+}
+
+// CheckpointName 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+type CheckpointName = string
+
+// CheckpointRequest defines model for CheckpointRequest.
+type CheckpointRequest struct {
+	// Name 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+	Name CheckpointName `json:"name"`
+}
+
 // CompatibilityKey What a clone must match to use the generation: the runtime identity and the image.
 // `resources` are those the generation was captured with, a clone's default; a clone
 // may choose others (see `CreateSandboxRequest.resources`).
@@ -1055,6 +1108,28 @@ type FileEntryType string
 // FileList defines model for FileList.
 type FileList struct {
 	Items []FileEntry `json:"items"`
+}
+
+// ForkItem One fork, made (`sandbox`) or refused (`error`).
+type ForkItem struct {
+	// Error An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
+	Error   *Problem `json:"error,omitempty"`
+	ID      string   `json:"id"`
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+}
+
+// ForkRequest Give `count`, or `ids` (one for each fork), or both (then as many ids as `count`).
+type ForkRequest struct {
+	// Count How many forks to make; the server chooses their ids when `ids` is absent.
+	Count *int         `json:"count,omitempty"`
+	Ids   *[]SandboxID `json:"ids,omitempty"`
+}
+
+// ForkResult defines model for ForkResult.
+type ForkResult struct {
+	// FreezeMs How long the source was frozen for the fork (0 for a stopped or paused one).
+	FreezeMs int64      `json:"freeze_ms"`
+	Items    []ForkItem `json:"items"`
 }
 
 // Generation defines model for Generation.
@@ -2076,6 +2151,9 @@ type WebhookList struct {
 // AccessToken defines model for AccessToken.
 type AccessToken = string
 
+// CheckpointNamePath 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+type CheckpointNamePath = CheckpointName
+
 // Cursor defines model for Cursor.
 type Cursor = string
 
@@ -2259,6 +2337,46 @@ type DeleteSandboxParams struct {
 	Force *bool `form:"force,omitempty" json:"force,omitempty"`
 }
 
+// ListCheckpointsParams defines parameters for ListCheckpoints.
+type ListCheckpointsParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// CreateCheckpointParams defines parameters for CreateCheckpoint.
+type CreateCheckpointParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// DeleteCheckpointParams defines parameters for DeleteCheckpoint.
+type DeleteCheckpointParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// GetCheckpointParams defines parameters for GetCheckpoint.
+type GetCheckpointParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
+// RollbackSandboxParams defines parameters for RollbackSandbox.
+type RollbackSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
+}
+
 // ExecStreamParams defines parameters for ExecStream.
 type ExecStreamParams struct {
 	// Command The program and its arguments, one `command` per argument, in order. The first, the
@@ -2332,6 +2450,14 @@ type WriteFileParams struct {
 type ListFilesParams struct {
 	// Path An absolute path inside the sandbox, of a directory.
 	Path AbsolutePath `form:"path" json:"path"`
+}
+
+// ForkSandboxParams defines parameters for ForkSandbox.
+type ForkSandboxParams struct {
+	// Timeout How long to wait, in milliseconds, for the locks that other transitions hold and for
+	// the transition itself; then the operation fails with `transition-in-progress` (or its
+	// own timeout code) and changes nothing that a retry cannot finish.
+	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
 // GetSandboxLogsParams defines parameters for GetSandboxLogs.
@@ -2586,8 +2712,14 @@ type PullImageJSONRequestBody = PullImageRequest
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
+// CreateCheckpointJSONRequestBody defines body for CreateCheckpoint for application/json ContentType.
+type CreateCheckpointJSONRequestBody = CheckpointRequest
+
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
+
+// ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
+type ForkSandboxJSONRequestBody = ForkRequest
 
 // SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
 type SetSandboxNetworkJSONRequestBody = NetworkPolicy
@@ -2920,6 +3052,76 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListCheckpoints List a sandbox's checkpoints
+	//
+	// The sandbox's checkpoints, oldest first, each with its size (the bytes of the layer it added).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/checkpoints (the `ListCheckpoints` operationId).
+	ListCheckpoints(ctx context.Context, id SandboxIDPath, params *ListCheckpointsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateCheckpointWithBody Take a named checkpoint of a sandbox's files
+	//
+	// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+	// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+	// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+	// docs/checkpoints.md for what that costs on the state root's file system) and runs
+	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+	CreateCheckpointWithBody(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateCheckpoint Take a named checkpoint of a sandbox's files
+	//
+	// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+	// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+	// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+	// docs/checkpoints.md for what that costs on the state root's file system) and runs
+	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+	CreateCheckpoint(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, body CreateCheckpointJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteCheckpoint Delete a checkpoint
+	//
+	// Removes the checkpoint, and its layers unless the sandbox's files, another
+	// checkpoint or a fork (by its own links) still stand on them.
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
+	DeleteCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetCheckpoint Show one checkpoint
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/checkpoints/{name} (the `GetCheckpoint` operationId).
+	GetCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *GetCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RollbackSandbox Roll a sandbox's files back to a checkpoint, in place
+	//
+	// The sandbox's files become the checkpoint's (what was written since is thrown away);
+	// its id, configuration, network, ports and links stay, and the checkpoint stays for
+	// another rollback. A running sandbox's processes are killed and it is started again
+	// on the checkpoint's files: a process would otherwise go on with files that no longer
+	// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
+	// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+	// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+	// the files at one point or the other, and the server's next start-up finishes it.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
+	RollbackSandbox(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *RollbackSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ExecCommandWithBody Run a command and wait for it
 	//
 	// Runs one command in a running sandbox and answers when it ends, with its exit status
@@ -3059,6 +3261,48 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
 	ListFiles(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ForkSandboxWithBody Fork a sandbox into new ones that run on from its files
+	//
+	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+	// source's files as they are now (docs/checkpoints.md). A running source is frozen
+	// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+	// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+	// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+	// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+	// happens to the source), and is started: its processes start afresh, as memory is not
+	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithBody(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ForkSandbox Fork a sandbox into new ones that run on from its files
+	//
+	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+	// source's files as they are now (docs/checkpoints.md). A running source is frozen
+	// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+	// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+	// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+	// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+	// happens to the source), and is started: its processes start afresh, as memory is not
+	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandbox(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSandboxLogs Read the sandbox's console log
 	//
@@ -4023,6 +4267,136 @@ func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ..
 	return c.Client.Do(req)
 }
 
+// ListCheckpoints List a sandbox's checkpoints
+//
+// The sandbox's checkpoints, oldest first, each with its size (the bytes of the layer it added).
+//
+// Corresponds with GET /v1/sandboxes/{id}/checkpoints (the `ListCheckpoints` operationId).
+func (c *Client) ListCheckpoints(ctx context.Context, id SandboxIDPath, params *ListCheckpointsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListCheckpointsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateCheckpointWithBody Take a named checkpoint of a sandbox's files
+//
+// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+// docs/checkpoints.md for what that costs on the state root's file system) and runs
+// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+func (c *Client) CreateCheckpointWithBody(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateCheckpointRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateCheckpoint Take a named checkpoint of a sandbox's files
+//
+// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+// docs/checkpoints.md for what that costs on the state root's file system) and runs
+// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+func (c *Client) CreateCheckpoint(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, body CreateCheckpointJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateCheckpointRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteCheckpoint Delete a checkpoint
+//
+// Removes the checkpoint, and its layers unless the sandbox's files, another
+// checkpoint or a fork (by its own links) still stand on them.
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
+func (c *Client) DeleteCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteCheckpointRequest(c.Server, id, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetCheckpoint Show one checkpoint
+//
+// Corresponds with GET /v1/sandboxes/{id}/checkpoints/{name} (the `GetCheckpoint` operationId).
+func (c *Client) GetCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *GetCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetCheckpointRequest(c.Server, id, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RollbackSandbox Roll a sandbox's files back to a checkpoint, in place
+//
+// The sandbox's files become the checkpoint's (what was written since is thrown away);
+// its id, configuration, network, ports and links stay, and the checkpoint stays for
+// another rollback. A running sandbox's processes are killed and it is started again
+// on the checkpoint's files: a process would otherwise go on with files that no longer
+// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
+// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+// the files at one point or the other, and the server's next start-up finishes it.
+//
+// Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
+func (c *Client) RollbackSandbox(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *RollbackSandboxParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRollbackSandboxRequest(c.Server, id, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ExecCommandWithBody Run a command and wait for it
 //
 // Runs one command in a running sandbox and answers when it ends, with its exit status
@@ -4223,6 +4597,68 @@ func (c *Client) WriteFileWithBody(ctx context.Context, id SandboxIDPath, params
 // Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
 func (c *Client) ListFiles(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListFilesRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ForkSandboxWithBody Fork a sandbox into new ones that run on from its files
+//
+// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+// source's files as they are now (docs/checkpoints.md). A running source is frozen
+// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+// happens to the source), and is started: its processes start afresh, as memory is not
+// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ForkSandbox Fork a sandbox into new ones that run on from its files
+//
+// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+// source's files as they are now (docs/checkpoints.md). A running source is frozen
+// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+// happens to the source), and is started: its processes start afresh, as memory is not
+// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *Client) ForkSandbox(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -5928,6 +6364,345 @@ func NewGetSandboxRequest(server string, id SandboxIDPath) (*http.Request, error
 	return req, nil
 }
 
+// NewListCheckpointsRequest constructs an http.Request for the ListCheckpoints method
+func NewListCheckpointsRequest(server string, id SandboxIDPath, params *ListCheckpointsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/checkpoints", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateCheckpointRequest calls the generic CreateCheckpoint builder with application/json body
+func NewCreateCheckpointRequest(server string, id SandboxIDPath, params *CreateCheckpointParams, body CreateCheckpointJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateCheckpointRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewCreateCheckpointRequestWithBody constructs an http.Request for the CreateCheckpoint method, with any body, and a specified content type
+func NewCreateCheckpointRequestWithBody(server string, id SandboxIDPath, params *CreateCheckpointParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/checkpoints", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteCheckpointRequest constructs an http.Request for the DeleteCheckpoint method
+func NewDeleteCheckpointRequest(server string, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/checkpoints/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetCheckpointRequest constructs an http.Request for the GetCheckpoint method
+func NewGetCheckpointRequest(server string, id SandboxIDPath, name CheckpointNamePath, params *GetCheckpointParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/checkpoints/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewRollbackSandboxRequest constructs an http.Request for the RollbackSandbox method
+func NewRollbackSandboxRequest(server string, id SandboxIDPath, name CheckpointNamePath, params *RollbackSandboxParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/checkpoints/%s/rollback", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewExecCommandRequest calls the generic ExecCommand builder with application/json body
 func NewExecCommandRequest(server string, id SandboxIDPath, body ExecCommandJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -6446,6 +7221,80 @@ func NewListFilesRequest(server string, id SandboxIDPath, params *ListFilesParam
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewForkSandboxRequest calls the generic ForkSandbox builder with application/json body
+func NewForkSandboxRequest(server string, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewForkSandboxRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewForkSandboxRequestWithBody constructs an http.Request for the ForkSandbox method, with any body, and a specified content type
+func NewForkSandboxRequestWithBody(server string, id SandboxIDPath, params *ForkSandboxParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/fork", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Timeout != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout", *params.Timeout, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -8802,6 +9651,84 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandboxWithResponse(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*GetSandboxResponse, error)
 
+	// ListCheckpointsWithResponse List a sandbox's checkpoints
+	//
+	// The sandbox's checkpoints, oldest first, each with its size (the bytes of the layer it added).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/checkpoints (the `ListCheckpoints` operationId).
+	ListCheckpointsWithResponse(ctx context.Context, id SandboxIDPath, params *ListCheckpointsParams, reqEditors ...RequestEditorFn) (*ListCheckpointsResponse, error)
+
+	// CreateCheckpointWithBodyWithResponse Take a named checkpoint of a sandbox's files
+	//
+	// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+	// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+	// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+	// docs/checkpoints.md for what that costs on the state root's file system) and runs
+	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+	CreateCheckpointWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateCheckpointResponse, error)
+
+	// CreateCheckpointWithResponse Take a named checkpoint of a sandbox's files
+	//
+	// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+	// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+	// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+	// docs/checkpoints.md for what that costs on the state root's file system) and runs
+	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+	// copied, stopped or running: its layer lives inside the disk. Memory is not
+	// checkpointed on the namespace runtime; a microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+	CreateCheckpointWithResponse(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, body CreateCheckpointJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateCheckpointResponse, error)
+
+	// DeleteCheckpointWithResponse Delete a checkpoint
+	//
+	// Removes the checkpoint, and its layers unless the sandbox's files, another
+	// checkpoint or a fork (by its own links) still stand on them.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
+	DeleteCheckpointWithResponse(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*DeleteCheckpointResponse, error)
+
+	// GetCheckpointWithResponse Show one checkpoint
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/checkpoints/{name} (the `GetCheckpoint` operationId).
+	GetCheckpointWithResponse(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *GetCheckpointParams, reqEditors ...RequestEditorFn) (*GetCheckpointResponse, error)
+
+	// RollbackSandboxWithResponse Roll a sandbox's files back to a checkpoint, in place
+	//
+	// The sandbox's files become the checkpoint's (what was written since is thrown away);
+	// its id, configuration, network, ports and links stay, and the checkpoint stays for
+	// another rollback. A running sandbox's processes are killed and it is started again
+	// on the checkpoint's files: a process would otherwise go on with files that no longer
+	// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
+	// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+	// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+	// the files at one point or the other, and the server's next start-up finishes it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
+	RollbackSandboxWithResponse(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *RollbackSandboxParams, reqEditors ...RequestEditorFn) (*RollbackSandboxResponse, error)
+
 	// ExecCommandWithBodyWithResponse Run a command and wait for it
 	//
 	// Runs one command in a running sandbox and answers when it ends, with its exit status
@@ -8949,6 +9876,48 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
 	ListFilesWithResponse(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*ListFilesResponse, error)
+
+	// ForkSandboxWithBodyWithResponse Fork a sandbox into new ones that run on from its files
+	//
+	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+	// source's files as they are now (docs/checkpoints.md). A running source is frozen
+	// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+	// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+	// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+	// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+	// happens to the source), and is started: its processes start afresh, as memory is not
+	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
+	// ForkSandboxWithResponse Fork a sandbox into new ones that run on from its files
+	//
+	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+	// source's files as they are now (docs/checkpoints.md). A running source is frozen
+	// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+	// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+	// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+	// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+	// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+	// happens to the source), and is started: its processes start afresh, as memory is not
+	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+	// always copied (frozen while running), and each fork gets an empty disk of the same
+	// size over the shared layers. A microVM sandbox is refused with
+	// `checkpoint-unsupported`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
 
 	// GetSandboxLogsWithResponse Read the sandbox's console log
 	//
@@ -11010,6 +11979,533 @@ func (r GetSandboxResponse) ContentType() string {
 	return ""
 }
 
+// ListCheckpointsResponse401Headers the declared response headers of an HTTP 401 response for ListCheckpoints
+type ListCheckpointsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListCheckpointsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CheckpointList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListCheckpointsResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListCheckpointsResponse) GetJSON200() *CheckpointList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListCheckpointsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListCheckpointsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListCheckpointsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListCheckpointsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r ListCheckpointsResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListCheckpointsResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListCheckpointsResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ListCheckpointsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListCheckpointsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListCheckpointsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListCheckpointsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateCheckpointResponse401Headers the declared response headers of an HTTP 401 response for CreateCheckpoint
+type CreateCheckpointResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type CreateCheckpointResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Checkpoint
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateCheckpointResponse401Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateCheckpointResponse) GetJSON201() *Checkpoint {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r CreateCheckpointResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateCheckpointResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateCheckpointResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateCheckpointResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateCheckpointResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteCheckpointResponse401Headers the declared response headers of an HTTP 401 response for DeleteCheckpoint
+type DeleteCheckpointResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type DeleteCheckpointResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteCheckpointResponse401Headers
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteCheckpointResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteCheckpointResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteCheckpointResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteCheckpointResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetCheckpointResponse401Headers the declared response headers of an HTTP 401 response for GetCheckpoint
+type GetCheckpointResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type GetCheckpointResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Checkpoint
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetCheckpointResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetCheckpointResponse) GetJSON200() *Checkpoint {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetCheckpointResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetCheckpointResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetCheckpointResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetCheckpointResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r GetCheckpointResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetCheckpointResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r GetCheckpointResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r GetCheckpointResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetCheckpointResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetCheckpointResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetCheckpointResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RollbackSandboxResponse401Headers the declared response headers of an HTTP 401 response for RollbackSandbox
+type RollbackSandboxResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type RollbackSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Sandbox
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON504 the response for an HTTP 504 `application/problem+json` response
+	ApplicationProblemJSON504 *GatewayTimeout
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RollbackSandboxResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RollbackSandboxResponse) GetJSON200() *Sandbox {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON504 returns the response for an HTTP 504 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON504() *GatewayTimeout {
+	return r.ApplicationProblemJSON504
+}
+
+// GetBody returns the raw response body bytes
+func (r RollbackSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RollbackSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RollbackSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RollbackSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ExecCommandResponse401Headers the declared response headers of an HTTP 401 response for ExecCommand
 type ExecCommandResponse401Headers struct {
 	WWWAuthenticate *string
@@ -11720,6 +13216,124 @@ func (r ListFilesResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListFilesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ForkSandboxResponse401Headers the declared response headers of an HTTP 401 response for ForkSandbox
+type ForkSandboxResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ForkSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ForkResult
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON423 the response for an HTTP 423 `application/problem+json` response
+	ApplicationProblemJSON423 *Locked
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ForkSandboxResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ForkSandboxResponse) GetJSON200() *ForkResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON423 returns the response for an HTTP 423 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON423() *Locked {
+	return r.ApplicationProblemJSON423
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ForkSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ForkSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ForkSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ForkSandboxResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -15795,6 +17409,120 @@ func (c *ClientWithResponses) GetSandboxWithResponse(ctx context.Context, id San
 	return ParseGetSandboxResponse(rsp)
 }
 
+// ListCheckpointsWithResponse List a sandbox's checkpoints
+//
+// The sandbox's checkpoints, oldest first, each with its size (the bytes of the layer it added).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/checkpoints (the `ListCheckpoints` operationId).
+func (c *ClientWithResponses) ListCheckpointsWithResponse(ctx context.Context, id SandboxIDPath, params *ListCheckpointsParams, reqEditors ...RequestEditorFn) (*ListCheckpointsResponse, error) {
+	rsp, err := c.ListCheckpoints(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListCheckpointsResponse(rsp)
+}
+
+// CreateCheckpointWithBodyWithResponse Take a named checkpoint of a sandbox's files
+//
+// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+// docs/checkpoints.md for what that costs on the state root's file system) and runs
+// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+func (c *ClientWithResponses) CreateCheckpointWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateCheckpointResponse, error) {
+	rsp, err := c.CreateCheckpointWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateCheckpointResponse(rsp)
+}
+
+// CreateCheckpointWithResponse Take a named checkpoint of a sandbox's files
+//
+// Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+// writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+// size); a running one is frozen while its layer is copied (`freeze_ms`; see
+// docs/checkpoints.md for what that costs on the state root's file system) and runs
+// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+// copied, stopped or running: its layer lives inside the disk. Memory is not
+// checkpointed on the namespace runtime; a microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/checkpoints (the `CreateCheckpoint` operationId).
+func (c *ClientWithResponses) CreateCheckpointWithResponse(ctx context.Context, id SandboxIDPath, params *CreateCheckpointParams, body CreateCheckpointJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateCheckpointResponse, error) {
+	rsp, err := c.CreateCheckpoint(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateCheckpointResponse(rsp)
+}
+
+// DeleteCheckpointWithResponse Delete a checkpoint
+//
+// Removes the checkpoint, and its layers unless the sandbox's files, another
+// checkpoint or a fork (by its own links) still stand on them.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
+func (c *ClientWithResponses) DeleteCheckpointWithResponse(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*DeleteCheckpointResponse, error) {
+	rsp, err := c.DeleteCheckpoint(ctx, id, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteCheckpointResponse(rsp)
+}
+
+// GetCheckpointWithResponse Show one checkpoint
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/checkpoints/{name} (the `GetCheckpoint` operationId).
+func (c *ClientWithResponses) GetCheckpointWithResponse(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *GetCheckpointParams, reqEditors ...RequestEditorFn) (*GetCheckpointResponse, error) {
+	rsp, err := c.GetCheckpoint(ctx, id, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetCheckpointResponse(rsp)
+}
+
+// RollbackSandboxWithResponse Roll a sandbox's files back to a checkpoint, in place
+//
+// The sandbox's files become the checkpoint's (what was written since is thrown away);
+// its id, configuration, network, ports and links stay, and the checkpoint stays for
+// another rollback. A running sandbox's processes are killed and it is started again
+// on the checkpoint's files: a process would otherwise go on with files that no longer
+// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
+// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+// the files at one point or the other, and the server's next start-up finishes it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
+func (c *ClientWithResponses) RollbackSandboxWithResponse(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *RollbackSandboxParams, reqEditors ...RequestEditorFn) (*RollbackSandboxResponse, error) {
+	rsp, err := c.RollbackSandbox(ctx, id, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRollbackSandboxResponse(rsp)
+}
+
 // ExecCommandWithBodyWithResponse Run a command and wait for it
 //
 // Runs one command in a running sandbox and answers when it ends, with its exit status
@@ -15983,6 +17711,60 @@ func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id Sand
 		return nil, err
 	}
 	return ParseListFilesResponse(rsp)
+}
+
+// ForkSandboxWithBodyWithResponse Fork a sandbox into new ones that run on from its files
+//
+// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+// source's files as they are now (docs/checkpoints.md). A running source is frozen
+// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+// happens to the source), and is started: its processes start afresh, as memory is not
+// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandboxWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
+}
+
+// ForkSandboxWithResponse Fork a sandbox into new ones that run on from its files
+//
+// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+// source's files as they are now (docs/checkpoints.md). A running source is frozen
+// while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+// them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+// and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+// image, resources, env, labels and network policy (not its lifetime, sleep policy or
+// checkpoints), shares its layers by hard links (which keep them for the fork whatever
+// happens to the source), and is started: its processes start afresh, as memory is not
+// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+// always copied (frozen while running), and each fork gets an empty disk of the same
+// size over the shared layers. A microVM sandbox is refused with
+// `checkpoint-unsupported`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandbox(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
 }
 
 // GetSandboxLogsWithResponse Read the sandbox's console log
@@ -18135,6 +19917,491 @@ func ParseGetSandboxResponse(rsp *http.Response) (*GetSandboxResponse, error) {
 	return response, nil
 }
 
+// ParseListCheckpointsResponse parses an HTTP response from a ListCheckpointsWithResponse call
+func ParseListCheckpointsResponse(rsp *http.Response) (*ListCheckpointsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListCheckpointsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CheckpointList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListCheckpointsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateCheckpointResponse parses an HTTP response from a CreateCheckpointWithResponse call
+func ParseCreateCheckpointResponse(rsp *http.Response) (*CreateCheckpointResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateCheckpointResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Checkpoint
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers CreateCheckpointResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteCheckpointResponse parses an HTTP response from a DeleteCheckpointWithResponse call
+func ParseDeleteCheckpointResponse(rsp *http.Response) (*DeleteCheckpointResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteCheckpointResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers DeleteCheckpointResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetCheckpointResponse parses an HTTP response from a GetCheckpointWithResponse call
+func ParseGetCheckpointResponse(rsp *http.Response) (*GetCheckpointResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetCheckpointResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Checkpoint
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetCheckpointResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRollbackSandboxResponse parses an HTTP response from a RollbackSandboxWithResponse call
+func ParseRollbackSandboxResponse(rsp *http.Response) (*RollbackSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RollbackSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Sandbox
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 504:
+		var dest GatewayTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON504 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers RollbackSandboxResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseExecCommandResponse parses an HTTP response from a ExecCommandWithResponse call
 func ParseExecCommandResponse(rsp *http.Response) (*ExecCommandResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -18802,6 +21069,115 @@ func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
 	switch {
 	case rsp.StatusCode == 401:
 		var headers ListFilesResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseForkSandboxResponse parses an HTTP response from a ForkSandboxWithResponse call
+func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ForkSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ForkResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 423:
+		var dest Locked
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON423 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ForkSandboxResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

@@ -68,6 +68,9 @@ type AbsolutePath = string
 // Argument One argument of a command; no NUL bytes.
 type Argument = string
 
+// CheckpointName 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+type CheckpointName = string
+
 // EnvVar One environment variable as `KEY=VALUE`. The key is a portable name (letters, digits,
 // `_`, not starting with a digit, at most 256 characters); the value has no NUL bytes.
 //
@@ -154,6 +157,9 @@ type VolumeName = string
 
 // WebhookID A webhook's id, given by the server.
 type WebhookID = string
+
+// CheckpointNamePath 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+type CheckpointNamePath = CheckpointName
 
 // GenerationIDPath Assigned by the server at capture: `g` and the generation's number, zero-padded to six
 // digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as

@@ -272,3 +272,43 @@ test('volumes: create, connect, list, files, volumeMounts shared by two sandboxe
   }
   assert.equal(await Volume.destroy(vol.volumeId), false);
 });
+
+test('fork, and snapshots: create, list, create from, delete', { timeout: 180_000 }, async () => {
+  const sbx = await Sandbox.create({ metadata, timeoutMs: 120_000 });
+  const made = [sbx];
+  try {
+    await sbx.files.write('/home/user/state.txt', 'before');
+    // A process runs through the fork; the forks start their own, with the files.
+    await sbx.commands.run('sleep 300', { background: true });
+
+    const forks = await sbx.fork({ count: 2 });
+    assert.equal(forks.length, 2);
+    for (const f of forks) {
+      assert.ok(!(f instanceof Error), String(f));
+      made.push(f);
+      assert.notEqual(f.sandboxId, sbx.sandboxId);
+      assert.equal(await f.files.read('/home/user/state.txt'), 'before');
+    }
+    await forks[0].files.write('/home/user/state.txt', 'fork0');
+    assert.equal(await forks[1].files.read('/home/user/state.txt'), 'before');
+    assert.equal(await sbx.files.read('/home/user/state.txt'), 'before');
+
+    const snap = await sbx.createSnapshot({ name: 'flow' });
+    assert.ok(snap.snapshotId.startsWith('snap-'), snap.snapshotId);
+    assert.deepEqual(snap.names, ['flow']);
+    const listed = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems();
+    assert.ok(listed.some((s) => s.snapshotId === snap.snapshotId), JSON.stringify(listed));
+
+    const fromSnap = await Sandbox.create(snap.snapshotId, { metadata, timeoutMs: 60_000 });
+    made.push(fromSnap);
+    assert.equal(await fromSnap.files.read('/home/user/state.txt'), 'before');
+    await fromSnap.kill();
+    made.pop();
+
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true);
+    const after = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems();
+    assert.ok(!after.some((s) => s.snapshotId === snap.snapshotId), JSON.stringify(after));
+  } finally {
+    await Promise.all(made.map((s) => s.kill().catch(() => undefined)));
+  }
+});

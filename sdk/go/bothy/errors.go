@@ -85,6 +85,11 @@ var (
 	ErrMountInside       = Code(errcode.MountInside)       // 409
 	ErrFileChanged       = Code(errcode.FileChanged)       // 409: repeat the request
 	ErrNameTooLong       = Code(errcode.NameTooLong)       // 422
+	// The checkpoints' codes (docs/checkpoints.md).
+	ErrCheckpointNotFound    = Code(errcode.CheckpointNotFound)
+	ErrCheckpointExists      = Code(errcode.CheckpointExists)
+	ErrCheckpointLimit       = Code(errcode.CheckpointLimit)
+	ErrCheckpointUnsupported = Code(errcode.CheckpointUnsupported)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

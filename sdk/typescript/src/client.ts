@@ -10,7 +10,11 @@ import { ExecStream, type ExecStreamOptions } from "./exec.js";
 import { isRecord, numberField, oneOf, stringField } from "./guards.js";
 import type { paths } from "./schema.gen.js";
 import type {
+  Checkpoint,
+  CheckpointList,
   CreateSandboxRequest,
+  ForkRequest,
+  ForkResult,
   Event,
   ExecRequest,
   ExecResult,
@@ -371,6 +375,52 @@ export class Bothy {
   async removeVolumeFile(name: string, path: string, opts: { recursive?: boolean } = {}): Promise<void> {
     await this.#callEmpty(
       this.api.DELETE("/v1/volumes/{name}/files", { params: { path: { name }, query: { path, recursive: opts.recursive } } }),
+    );
+  }
+
+  // ---- checkpoints, rollback and fork --------------------------------------------------------
+
+  /** Takes a named checkpoint of the sandbox's files (a running sandbox is frozen for it). */
+  createCheckpoint(id: string, name: string, opts: TransitionOptions = {}): Promise<Checkpoint> {
+    return this.#call(
+      this.api.POST("/v1/sandboxes/{id}/checkpoints", {
+        params: { path: { id }, query: { timeout: opts.timeoutMs } },
+        body: { name },
+      }),
+    );
+  }
+
+  /** The sandbox's checkpoints, oldest first, each with its size. */
+  listCheckpoints(id: string): Promise<CheckpointList> {
+    return this.#call(this.api.GET("/v1/sandboxes/{id}/checkpoints", { params: { path: { id } } }));
+  }
+
+  getCheckpoint(id: string, name: string): Promise<Checkpoint> {
+    return this.#call(this.api.GET("/v1/sandboxes/{id}/checkpoints/{name}", { params: { path: { id, name } } }));
+  }
+
+  async deleteCheckpoint(id: string, name: string): Promise<void> {
+    await this.#callEmpty(
+      this.api.DELETE("/v1/sandboxes/{id}/checkpoints/{name}", { params: { path: { id, name } } }),
+    );
+  }
+
+  /** Rolls the sandbox's files back to the checkpoint, in place; a running sandbox is restarted. */
+  rollback(id: string, name: string, opts: TransitionOptions = {}): Promise<Sandbox> {
+    return this.#call(
+      this.api.POST("/v1/sandboxes/{id}/checkpoints/{name}/rollback", {
+        params: { path: { id, name }, query: { timeout: opts.timeoutMs } },
+      }),
+    );
+  }
+
+  /** Forks the sandbox into new ones that run on from its files; each item succeeds or fails alone. */
+  forkSandbox(id: string, req: ForkRequest, opts: TransitionOptions = {}): Promise<ForkResult> {
+    return this.#call(
+      this.api.POST("/v1/sandboxes/{id}/fork", {
+        params: { path: { id }, query: { timeout: opts.timeoutMs } },
+        body: req,
+      }),
     );
   }
 

@@ -58,7 +58,11 @@ export type KnownErrorCode =
   | "volume-not-found"
   | "volume-exists"
   | "volume-in-use"
-  | "volume-full";
+  | "volume-full"
+  | "checkpoint-not-found"
+  | "checkpoint-exists"
+  | "checkpoint-limit"
+  | "checkpoint-unsupported";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -119,6 +123,10 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "volume-exists",
   "volume-in-use",
   "volume-full",
+  "checkpoint-not-found",
+  "checkpoint-exists",
+  "checkpoint-limit",
+  "checkpoint-unsupported",
 ];
 
 /** An event type the contract documents; a newer server may send others. */

@@ -213,6 +213,136 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork a sandbox into new ones that run on from its files
+         * @description Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
+         *     source's files as they are now (docs/checkpoints.md). A running source is frozen
+         *     while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
+         *     them, a copy of the bytes written since its last checkpoint or rollback elsewhere)
+         *     and runs on; a stopped one's layer is rotated (no copy). Each fork gets the source's
+         *     image, resources, env, labels and network policy (not its lifetime, sleep policy or
+         *     checkpoints), shares its layers by hard links (which keep them for the fork whatever
+         *     happens to the source), and is started: its processes start afresh, as memory is not
+         *     forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
+         *     lists each, with the sandbox or the problem. A sandbox with a disk of its own is
+         *     always copied (frozen while running), and each fork gets an empty disk of the same
+         *     size over the shared layers. A microVM sandbox is refused with
+         *     `checkpoint-unsupported`.
+         */
+        post: operations["forkSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List a sandbox's checkpoints
+         * @description The sandbox's checkpoints, oldest first, each with its size (the bytes of the layer it added).
+         */
+        get: operations["listCheckpoints"];
+        put?: never;
+        /**
+         * Take a named checkpoint of a sandbox's files
+         * @description Records the sandbox's files under `name`, for a rollback. A stopped sandbox's
+         *     writable layer is rotated into a read-only layer (a rename: no copy, whatever its
+         *     size); a running one is frozen while its layer is copied (`freeze_ms`; see
+         *     docs/checkpoints.md for what that costs on the state root's file system) and runs
+         *     on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
+         *     checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
+         *     `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
+         *     copied, stopped or running: its layer lives inside the disk. Memory is not
+         *     checkpointed on the namespace runtime; a microVM sandbox is refused with
+         *     `checkpoint-unsupported`.
+         */
+        post: operations["createCheckpoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/checkpoints/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description The checkpoint's name. */
+                name: components["parameters"]["CheckpointNamePath"];
+            };
+            cookie?: never;
+        };
+        /** Show one checkpoint */
+        get: operations["getCheckpoint"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a checkpoint
+         * @description Removes the checkpoint, and its layers unless the sandbox's files, another
+         *     checkpoint or a fork (by its own links) still stand on them.
+         */
+        delete: operations["deleteCheckpoint"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/checkpoints/{name}/rollback": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description The checkpoint's name. */
+                name: components["parameters"]["CheckpointNamePath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Roll a sandbox's files back to a checkpoint, in place
+         * @description The sandbox's files become the checkpoint's (what was written since is thrown away);
+         *     its id, configuration, network, ports and links stay, and the checkpoint stays for
+         *     another rollback. A running sandbox's processes are killed and it is started again
+         *     on the checkpoint's files: a process would otherwise go on with files that no longer
+         *     exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
+         *     stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
+         *     layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+         *     the files at one point or the other, and the server's next start-up finishes it.
+         */
+        post: operations["rollbackSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/metrics": {
         parameters: {
             query?: never;
@@ -1807,6 +1937,56 @@ export interface components {
             /** Format: int64 */
             net_out_bytes?: number;
         };
+        /** @description Give `count`, or `ids` (one for each fork), or both (then as many ids as `count`). */
+        ForkRequest: {
+            /** @description How many forks to make; the server chooses their ids when `ids` is absent. */
+            count?: number;
+            ids?: components["schemas"]["SandboxID"][];
+        };
+        ForkResult: {
+            /**
+             * Format: int64
+             * @description How long the source was frozen for the fork (0 for a stopped or paused one).
+             */
+            freeze_ms: number;
+            items: components["schemas"]["ForkItem"][];
+        };
+        /** @description One fork, made (`sandbox`) or refused (`error`). */
+        ForkItem: {
+            id: string;
+            sandbox?: components["schemas"]["Sandbox"];
+            error?: components["schemas"]["Problem"];
+        };
+        CheckpointRequest: {
+            name: components["schemas"]["CheckpointName"];
+        };
+        /** @description 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit. */
+        CheckpointName: string;
+        Checkpoint: {
+            name: string;
+            /** Format: date-time */
+            created_at: string;
+            /**
+             * Format: int64
+             * @description The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it).
+             */
+            size_bytes: number;
+            /**
+             * @description `rotate`: the stopped sandbox's layer was renamed (no copy); `copy`: the running sandbox's layer was copied while it was frozen.
+             * @enum {string}
+             */
+            mode: "rotate" | "copy";
+            /**
+             * Format: int64
+             * @description How long the sandbox was frozen for it (0 when stopped or paused).
+             */
+            freeze_ms?: number;
+            /** @description How many read-only layers the checkpoint's files stand on. */
+            layers: number;
+        };
+        CheckpointList: {
+            items: components["schemas"]["Checkpoint"][];
+        };
         PauseRequest: {
             memory?: components["schemas"]["PauseMemory"];
         };
@@ -2702,7 +2882,7 @@ export interface components {
         };
         /**
          * @description `sandbox-not-found`, `template-not-found`, `generation-not-found`, `file-not-found`,
-         *     `image-not-found`, `webhook-not-found`, `volume-not-found`: the named thing does not exist (the operation's `x-error-codes`
+         *     `image-not-found`, `webhook-not-found`, `volume-not-found`, `checkpoint-not-found`: the named thing does not exist (the operation's `x-error-codes`
          *     says which apply).
          */
         NotFound: {
@@ -2731,8 +2911,9 @@ export interface components {
          *     it with `recursive=true`), `file-exists`, `symlink-loop` (too many levels of symbolic
          *     links), `mount-inside` (a recursive removal met a mounted file system),
          *     `file-changed` (the tree was moved while it was removed; repeat the request);
-         *     `volume-exists` (a volume has the name). The operation's `x-error-codes` says which
-         *     apply.
+         *     `volume-exists` (a volume has the name), `checkpoint-exists`, `checkpoint-limit` (the
+         *     sandbox holds as many checkpoints, or bytes in them, as the server allows; delete
+         *     one). The operation's `x-error-codes` says which apply.
          */
         Conflict: {
             headers: {
@@ -2826,7 +3007,11 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `not-implemented`: this server does not implement the operation yet. */
+        /**
+         * @description `not-implemented`: this server does not implement the operation yet.
+         *     `checkpoint-unsupported`: the sandbox's runtime has no checkpoints, rollback or fork
+         *     yet (the microVM runtime; docs/checkpoints.md).
+         */
         NotImplemented: {
             headers: {
                 [name: string]: unknown;
@@ -2899,6 +3084,8 @@ export interface components {
         SandboxIDPath: components["schemas"]["SandboxID"];
         /** @description The volume's name. */
         VolumeNamePath: components["schemas"]["VolumeName"];
+        /** @description The checkpoint's name. */
+        CheckpointNamePath: components["schemas"]["CheckpointName"];
         /** @description The webhook's id. */
         WebhookIDPath: components["schemas"]["WebhookID"];
         /**
@@ -3306,6 +3493,250 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    forkSandbox: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description The forks, each made or refused. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForkResult"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    listCheckpoints: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoints. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    createCheckpoint: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CheckpointRequest"];
+            };
+        };
+        responses: {
+            /** @description The checkpoint. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Checkpoint"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
+    getCheckpoint: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description The checkpoint's name. */
+                name: components["parameters"]["CheckpointNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoint. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Checkpoint"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    deleteCheckpoint: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description The checkpoint's name. */
+                name: components["parameters"]["CheckpointNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoint is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    rollbackSandbox: {
+        parameters: {
+            query?: {
+                /**
+                 * @description How long to wait, in milliseconds, for the locks that other transitions hold and for
+                 *     the transition itself; then the operation fails with `transition-in-progress` (or its
+                 *     own timeout code) and changes nothing that a retry cannot finish.
+                 */
+                timeout?: components["parameters"]["Timeout"];
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description The checkpoint's name. */
+                name: components["parameters"]["CheckpointNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox, on the checkpoint's files. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            423: components["responses"]["Locked"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            504: components["responses"]["GatewayTimeout"];
         };
     };
     getSandboxMetrics: {
@@ -5607,6 +6038,7 @@ export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["s
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
 export const userValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["User"]> = ["user", "root"];
 export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
+export const checkpointModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Checkpoint"]["mode"]> = ["rotate", "copy"];
 export const pauseMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseMemory"]> = ["keep", "release"];
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
 export const runtimeStatusStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeStatus"]["state"]> = ["ready", "probing", "unavailable"];

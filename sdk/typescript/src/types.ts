@@ -28,6 +28,11 @@ export type Volume = Schemas["Volume"];
 export type VolumeList = Schemas["VolumeList"];
 export type VolumeMount = Schemas["VolumeMount"];
 export type VolumeFileEntry = Schemas["VolumeFileEntry"];
+export type Checkpoint = Schemas["Checkpoint"];
+export type CheckpointList = Schemas["CheckpointList"];
+export type ForkRequest = Schemas["ForkRequest"];
+export type ForkResult = Schemas["ForkResult"];
+export type ForkItem = Schemas["ForkItem"];
 /**
  * An event as parseEvent returns it: of a type the contract documents (it skips the others, as
  * the contract tells clients to; the list is open).

@@ -1,0 +1,254 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/bothy/bothy/checkpoint"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/runtime"
+	"github.com/bothy/bothy/store"
+)
+
+// The checkpoints of a sandbox (package checkpoint, docs/checkpoints.md) are taken, listed,
+// deleted and rolled back to here, each under the sandbox's lifecycle lock; the mechanism
+// and its crash guarantees are the package's, the orchestration (freezing, stopping and
+// starting the sandbox around it) is this file's.
+
+// checkpointsOf returns the checkpoints of the sandbox l locks, or checkpoint-unsupported
+// for a runtime that has none (the microVM runtime; its plan is in docs/checkpoints.md).
+func (s *Supervisor) checkpointsOf(l *store.Lock, cfg *store.Config) (*checkpoint.Sandbox, runtime.Runtime, error) {
+	rt, err := s.runtimeFor(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, live := rt.(runtime.LiveLayerer); !live || capturesMemory(rt) {
+		return nil, nil, errcode.New(errcode.CheckpointUnsupported, "Sandbox %s runs on the %s runtime, which has no checkpoints, rollback or fork yet; use a sandbox of the namespace runtime.", l.ID(), rt.Kind())
+	}
+	cp := s.checkpointSandbox(l)
+	cp.Disk = cfg.DiskMB > 0
+	return cp, rt, nil
+}
+
+// openUpperFor sets how cp's copies open the writable layer of a sandbox with a disk of its
+// own (a sandbox without one is read in its state directory): for a live launch (running or
+// paused), a snapshot of its disk, synced through its overlay (the runtime's LiveLayerer),
+// after which a running one is thawed while the copy reads the snapshot; for a stopped
+// one, a mount of its disk, or nothing if it never ran.
+func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, rt runtime.Runtime, l *store.Lock, live bool) {
+	if !cp.Disk {
+		return
+	}
+	cp.UpperIsSnapshot = live
+	cp.OpenUpper = func() (*os.File, error) {
+		if live {
+			f, _, err := rt.(runtime.LiveLayerer).OpenLiveLayer(ctx, l.ID(), l.Dir(), true)
+			if err != nil {
+				return nil, layerError(l.ID(), err)
+			}
+			return f, nil
+		}
+		f, err := rt.OpenLayer(l.Dir(), true)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return f, err
+	}
+}
+
+func (s *Supervisor) checkpointSandbox(l *store.Lock) *checkpoint.Sandbox {
+	// What a sweep discards goes to the store's trash: a rename under the lock, deleted by
+	// the janitor after it.
+	return &checkpoint.Sandbox{Dir: l.Dir(), Crash: s.crash, Discard: l.Discard}
+}
+
+// chainLowers returns the layers of the sandbox's checkpoint chain, top first, which lie
+// between its upper and its generation or image.
+func (s *Supervisor) chainLowers(l *store.Lock) ([]string, error) {
+	return s.checkpointSandbox(l).Lowers()
+}
+
+// sandboxLowers returns every layer of the sandbox below its upper that is not its image's:
+// its checkpoint chain, then its generation's payload if it is a clone.
+func (s *Supervisor) sandboxLowers(l *store.Lock, cfg *store.Config) ([]string, error) {
+	chain, err := s.chainLowers(l)
+	if err != nil {
+		return nil, err
+	}
+	clone, err := s.cloneLowers(l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return append(chain, clone...), nil
+}
+
+// recoverCheckpoints finishes or undoes a checkpoint operation that a crash interrupted, and
+// sweeps what earlier ones threw away. Called under the lifecycle lock by reattach, before
+// anything else looks at the sandbox's files.
+func (s *Supervisor) recoverCheckpoints(l *store.Lock) error {
+	cp := s.checkpointSandbox(l)
+	had, err := cp.Recover()
+	if err != nil {
+		return err
+	}
+	if had {
+		s.log.Warn("finished a checkpoint operation that a crash interrupted", "sandbox", l.ID())
+	}
+	return cp.Sweep()
+}
+
+// Checkpoint takes the checkpoint name of a sandbox: a stopped one's upper is rotated into a
+// layer (no copy), a running one is frozen while its upper is copied (see
+// docs/checkpoints.md), a paused one is copied as it is.
+func (s *Supervisor) Checkpoint(ctx context.Context, id, name string) (c *checkpoint.Checkpoint, err error) {
+	defer s.observe("checkpoint", time.Now(), &err)
+	if err := checkpoint.ValidateName(name); err != nil {
+		return nil, err
+	}
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	r, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	cp, rt, err := s.checkpointsOf(l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	noHold := func() (func(), error) { return func() {}, nil }
+	s.openUpperFor(ctx, cp, rt, l, r.state == StateRunning)
+	switch {
+	case r.mismatch:
+		return nil, mismatchError(id)
+	case r.state != StateRunning && cp.Disk:
+		return cp.Copy(ctx, name, s.checkpointLimits, noHold)
+	case r.state != StateRunning:
+		return cp.Rotate(name, s.checkpointLimits)
+	case r.paused:
+		return cp.Copy(ctx, name, s.checkpointLimits, func() (func(), error) { return func() {}, nil })
+	}
+	p, err := pauserOf(rt)
+	if err != nil {
+		return nil, errcode.Wrap(errcode.CheckpointUnsupported, err, "Sandbox %s is running and this server cannot freeze it for a checkpoint; stop it before taking one.", id)
+	}
+	return cp.Copy(ctx, name, s.checkpointLimits, func() (func(), error) {
+		if err := p.Freeze(ctx, id, l.Dir()); err != nil {
+			s.thawAfterCapture(ctx, p, l)
+			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s could not be frozen for its checkpoint and runs on; retry.", id)
+		}
+		s.crash("checkpoint-frozen")
+		return func() { s.thawAfterCapture(ctx, p, l) }, nil
+	})
+}
+
+// Checkpoints lists a sandbox's checkpoints, oldest first.
+func (s *Supervisor) Checkpoints(ctx context.Context, id string) ([]checkpoint.Checkpoint, error) {
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	if _, err := s.reattach(ctx, l); err != nil {
+		return nil, err
+	}
+	cp, _, err := s.checkpointsOf(l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	m, err := cp.Manifest()
+	if err != nil {
+		return nil, err
+	}
+	return m.Checkpoints, nil
+}
+
+// DeleteCheckpoint removes a sandbox's checkpoint name, and the layers that nothing else
+// names.
+func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err error) {
+	defer s.observe("checkpoint-delete", time.Now(), &err)
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer s.unlock(l)
+	if _, err := s.reattach(ctx, l); err != nil {
+		return err
+	}
+	cp, _, err := s.checkpointsOf(l, cfg)
+	if err != nil {
+		return err
+	}
+	if err := cp.Delete(name); err != nil {
+		return err
+	}
+	if err := cp.Sweep(); err != nil {
+		s.log.Warn("discarding a deleted checkpoint's layers; the next operation on the sandbox retries", "sandbox", id, "err", err)
+	}
+	return nil
+}
+
+// Rollback makes a sandbox's files those of its checkpoint name, in place: its id,
+// configuration, network, ports and links stay. A running sandbox is stopped (its processes
+// are killed: they hold the files of the point being left, and their memory is not
+// checkpointed on this runtime) and started again on the checkpoint's files; a stopped one
+// stays stopped. It returns the checkpoint.
+func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoint.Checkpoint, err error) {
+	defer s.observe("rollback", time.Now(), &err)
+	if err := checkpoint.ValidateName(name); err != nil {
+		return nil, err
+	}
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	r, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	cp, _, err := s.checkpointsOf(l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	m, err := cp.Manifest()
+	if err != nil {
+		return nil, err
+	}
+	if m.Find(name) == nil {
+		return nil, errcode.New(errcode.CheckpointNotFound, "Sandbox %s has no checkpoint named %s; list its checkpoints to see their names.", id, name)
+	}
+	running := r.state == StateRunning
+	if running {
+		if r.mismatch {
+			return nil, mismatchError(id)
+		}
+		o, err := s.stopLocked(ctx, l, r.rec, true)
+		if err != nil {
+			return nil, err
+		}
+		s.emit(Event{Type: EventStopped, Sandbox: id, State: StateStopped, Exit: o})
+		s.crash("rollback-stopped")
+	}
+	if c, err = cp.Rollback(name); err != nil {
+		return nil, err
+	}
+	if running {
+		if _, err := s.startLocked(ctx, l); err != nil {
+			code := errcode.Of(err)
+			if code == "" {
+				code = errcode.Internal
+			}
+			return nil, errcode.Wrap(code, err, "Sandbox %s was rolled back to %s but did not start again; start it.", id, name)
+		}
+	}
+	if err := cp.Sweep(); err != nil {
+		s.log.Warn("discarding what a rollback threw away; the next operation on the sandbox retries", "sandbox", id, "err", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,162 @@
+package supervisor
+
+import (
+	"context"
+	"maps"
+	"time"
+
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/store"
+)
+
+// MaxForks is the most sandboxes one fork makes.
+const MaxForks = 16
+
+// ForkRequest is a fork of a sandbox: Count new sandboxes (1 to MaxForks), with the ids IDs
+// if given (as many as Count; Count may then be 0), else ids the server chooses.
+type ForkRequest struct {
+	Count int
+	IDs   []string
+}
+
+// ForkResult is what a fork made: how long the source was frozen (0 for a stopped source)
+// and each fork's outcome, in the order of the ids.
+type ForkResult struct {
+	FreezeMS int64
+	Forks    []ForkOutcome
+}
+
+// ForkOutcome is one fork: its id and status, or why it failed (each fork succeeds or fails
+// on its own).
+type ForkOutcome struct {
+	ID     string
+	Status *Status
+	Err    error
+}
+
+func (req ForkRequest) ids() ([]string, error) {
+	n := req.Count
+	if n == 0 {
+		n = len(req.IDs)
+	}
+	if n < 1 || n > MaxForks {
+		return nil, errcode.Invalid("count", "A fork makes 1 to %d sandboxes; ask for a count in that range.", MaxForks)
+	}
+	if len(req.IDs) > 0 && len(req.IDs) != n {
+		return nil, errcode.Invalid("ids", "A fork given ids names one for each of its %d sandboxes; give %d ids or none.", n, n)
+	}
+	if len(req.IDs) == 0 {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = NewSandboxID()
+		}
+		return ids, nil
+	}
+	seen := map[string]bool{}
+	for _, id := range req.IDs {
+		if err := store.ValidateID(id); err != nil {
+			return nil, err
+		}
+		if seen[id] {
+			return nil, errcode.Invalid("ids", "The id %s is given twice; give each fork an id of its own.", id)
+		}
+		seen[id] = true
+	}
+	return req.IDs, nil
+}
+
+// Fork makes new sandboxes that run on from the files of sandbox id as they are now
+// (docs/checkpoints.md). A running source is frozen while its upper is copied (the
+// reported freeze) and runs on; a stopped one's upper is rotated into its chain. Each fork
+// is provisioned with the source's configuration (image, resources, env, labels, network
+// policy; not its lifetime or sleep policy), gets the source's layers by hard links (its
+// lease on them: no delete of the source or its checkpoints removes what a fork names), and
+// is started; a fork's create is all or nothing across crashes, as a create with start is.
+// The source's lock is held throughout, so no other transition of the source interleaves.
+func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res *ForkResult, err error) {
+	defer s.observe("fork", time.Now(), &err)
+	ids, err := req.ids()
+	if err != nil {
+		return nil, err
+	}
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.unlock(l)
+	r, err := s.reattach(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	cp, rt, err := s.checkpointsOf(l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if r.mismatch {
+		return nil, mismatchError(id)
+	}
+	running := r.state == StateRunning
+	s.openUpperFor(ctx, cp, rt, l, running)
+	hold := func() (func(), error) { return func() {}, nil }
+	if running && !r.paused {
+		p, err := pauserOf(rt)
+		if err != nil {
+			return nil, errcode.Wrap(errcode.CheckpointUnsupported, err, "Sandbox %s is running and this server cannot freeze it for a fork; stop it before forking it.", id)
+		}
+		hold = func() (func(), error) {
+			if err := p.Freeze(ctx, id, l.Dir()); err != nil {
+				s.thawAfterCapture(ctx, p, l)
+				return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s could not be frozen for its fork and runs on; retry.", id)
+			}
+			s.crash("fork-frozen")
+			return func() { s.thawAfterCapture(ctx, p, l) }, nil
+		}
+	}
+	layers, frozen, done, err := cp.Point(ctx, running, hold)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	s.crash("fork-point")
+	// A clone's generation is linked too: the forks are no clones, and hold no lease of
+	// the template store, only links to its files.
+	clone, err := s.cloneLowers(l, cfg)
+	if err != nil {
+		return nil, err
+	}
+	layers = append(layers, clone...)
+	res = &ForkResult{FreezeMS: frozen.Milliseconds()}
+	for _, fid := range ids {
+		st, err := s.forkOne(ctx, cfg, fid, layers)
+		res.Forks = append(res.Forks, ForkOutcome{ID: fid, Status: st, Err: err})
+	}
+	return res, nil
+}
+
+// forkOne provisions the fork fid of the sandbox configured as src on layers, and starts it.
+func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, layers []string) (*Status, error) {
+	cfg := Config{
+		ID:        fid,
+		Image:     src.Image,
+		Resources: src.Resources,
+		DiskMB:    src.DiskMB,
+		Env:       maps.Clone(src.Env),
+		Labels:    maps.Clone(src.Labels),
+		Network:   src.Network,
+		Runtime:   src.Runtime,
+	}
+	var st *Status
+	_, err := s.provision(ctx, cfg, provisioning{pending: true}, func(l *store.Lock) (err error) {
+		if err := s.checkpointSandbox(l).Adopt(layers); err != nil {
+			cctx, cancel := cleanupContext(ctx)
+			defer cancel()
+			if derr := s.deprovisionLocked(cctx, l); derr != nil {
+				s.log.Error("undoing a fork whose layers could not be linked; the next start-up of bothyd removes it", "sandbox", fid, "err", derr)
+			}
+			return errcode.Wrap(errcode.Internal, err, "Fork %s could not get the source's files; retry the fork.", fid)
+		}
+		st, err = s.startCreated(ctx, l)
+		return err
+	})
+	return st, err
+}
