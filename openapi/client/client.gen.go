@@ -3105,6 +3105,9 @@ type ClientInterface interface {
 
 	// GetCheckpoint Show one checkpoint
 	//
+	// Shows one checkpoint of the sandbox: its name, when it was taken, and the bytes of the
+	// layer it added (what it costs the state root).
+	//
 	// Corresponds with GET /v1/sandboxes/{id}/checkpoints/{name} (the `GetCheckpoint` operationId).
 	GetCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *GetCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -4359,6 +4362,9 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, id SandboxIDPath, name Ch
 }
 
 // GetCheckpoint Show one checkpoint
+//
+// Shows one checkpoint of the sandbox: its name, when it was taken, and the bytes of the
+// layer it added (what it costs the state root).
 //
 // Corresponds with GET /v1/sandboxes/{id}/checkpoints/{name} (the `GetCheckpoint` operationId).
 func (c *Client) GetCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *GetCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -9707,6 +9713,9 @@ type ClientWithResponsesInterface interface {
 	DeleteCheckpointWithResponse(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*DeleteCheckpointResponse, error)
 
 	// GetCheckpointWithResponse Show one checkpoint
+	//
+	// Shows one checkpoint of the sandbox: its name, when it was taken, and the bytes of the
+	// layer it added (what it costs the state root).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -17489,6 +17498,9 @@ func (c *ClientWithResponses) DeleteCheckpointWithResponse(ctx context.Context, 
 }
 
 // GetCheckpointWithResponse Show one checkpoint
+//
+// Shows one checkpoint of the sandbox: its name, when it was taken, and the bytes of the
+// layer it added (what it costs the state root).
 //
 // Returns a wrapper object for the known response body format(s).
 //

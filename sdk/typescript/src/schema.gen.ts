@@ -296,7 +296,11 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Show one checkpoint */
+        /**
+         * Show one checkpoint
+         * @description Shows one checkpoint of the sandbox: its name, when it was taken, and the bytes of the
+         *     layer it added (what it costs the state root).
+         */
         get: operations["getCheckpoint"];
         put?: never;
         post?: never;
