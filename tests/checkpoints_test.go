@@ -46,8 +46,8 @@ func (d *daemon) createNoDisk(id string) {
 	})
 }
 
-// sh runs a shell script as root in the sandbox and returns its stdout; it must exit 0.
-func (d *daemon) sh(id, script string) string {
+// rootSh runs a shell script as root in the sandbox and returns its stdout; it must exit 0.
+func (d *daemon) rootSh(id, script string) string {
 	d.t.Helper()
 	r := d.exec(id, map[string]any{"command": []string{"sh", "-c", script}, "user": "root"})
 	if r.ExitCode != 0 {
@@ -64,9 +64,9 @@ func TestForkMidProcess(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t)
 	d.createNoDisk("fsrc")
-	d.sh("fsrc", "echo before > /home/user/f; (i=0; while :; do i=$((i+1)); echo $i > /home/user/.c; mv /home/user/.c /home/user/counter; done) >/dev/null 2>&1 &")
+	d.rootSh("fsrc", "echo before > /home/user/f; (i=0; while :; do i=$((i+1)); echo $i > /home/user/.c; mv /home/user/.c /home/user/counter; done) >/dev/null 2>&1 &")
 	waitFor(t, 10*time.Second, "the counter to count", func() bool {
-		return d.sh("fsrc", "cat /home/user/counter 2>/dev/null || echo 0") != "0\n"
+		return d.rootSh("fsrc", "cat /home/user/counter 2>/dev/null || echo 0") != "0\n"
 	})
 	res := decode[forkJSON](t, d.doJSON("POST", "/v1/sandboxes/fsrc/fork", map[string]any{"ids": []string{"fa", "fb", "fc"}}), 200)
 	for _, id := range []string{"fa", "fb", "fc"} {
@@ -87,18 +87,18 @@ func TestForkMidProcess(t *testing.T) {
 		t.Fatalf("the source is %s after the fork", st.State)
 	}
 	// The source's process runs on after the freeze.
-	c1 := d.sh("fsrc", "cat /home/user/counter")
-	waitFor(t, 10*time.Second, "the source's counter to go on", func() bool { return d.sh("fsrc", "cat /home/user/counter") != c1 })
+	c1 := d.rootSh("fsrc", "cat /home/user/counter")
+	waitFor(t, 10*time.Second, "the source's counter to go on", func() bool { return d.rootSh("fsrc", "cat /home/user/counter") != c1 })
 
-	d.sh("fa", "echo a > /home/user/mine")
-	d.sh("fsrc", "echo after > /home/user/f")
+	d.rootSh("fa", "echo a > /home/user/mine")
+	d.rootSh("fsrc", "echo after > /home/user/f")
 	for _, id := range []string{"fa", "fb", "fc"} {
-		if got := d.sh(id, "cat /home/user/f; test -s /home/user/counter && echo counted"); got != "before\ncounted\n" {
+		if got := d.rootSh(id, "cat /home/user/f; test -s /home/user/counter && echo counted"); got != "before\ncounted\n" {
 			t.Fatalf("%s reads %q, want the files of the fork's point", id, got)
 		}
 	}
 	for _, id := range []string{"fb", "fc", "fsrc"} {
-		if got := d.sh(id, "cat /home/user/mine 2>/dev/null || echo none"); got != "none\n" {
+		if got := d.rootSh(id, "cat /home/user/mine 2>/dev/null || echo none"); got != "none\n" {
 			t.Fatalf("%s sees fa's write: %q", id, got)
 		}
 	}
@@ -106,7 +106,7 @@ func TestForkMidProcess(t *testing.T) {
 	if r := d.doJSON("DELETE", "/v1/sandboxes/fsrc?force=true", nil); r.Status != 204 {
 		t.Fatalf("delete of the source: %d %s", r.Status, r.Body)
 	}
-	if got := d.sh("fb", "cat /home/user/f"); got != "before\n" {
+	if got := d.rootSh("fb", "cat /home/user/f"); got != "before\n" {
 		t.Fatalf("fb after the source's delete reads %q", got)
 	}
 	mustCheckClean(t, d.Root, "after forks")
@@ -120,20 +120,20 @@ func TestRollbackAfterRmHome(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t)
 	d.createNoDisk("rb")
-	d.sh("rb", "mkdir -p /home/user/project && echo precious > /home/user/project/data && chown -R user /home/user/project")
+	d.rootSh("rb", "mkdir -p /home/user/project && echo precious > /home/user/project/data && chown -R user /home/user/project")
 	c := decode[checkpointJSON](t, d.doJSON("POST", "/v1/sandboxes/rb/checkpoints", map[string]any{"name": "good"}), 201)
 	if c.Name != "good" || c.Mode != "copy" || c.SizeBytes == 0 || c.Layers != 1 {
 		t.Fatalf("checkpoint %+v", c)
 	}
-	d.sh("rb", "rm -rf /home/user && echo junk > /tmp/junk")
-	if got := d.sh("rb", "ls /home/user 2>&1 || true"); !strings.Contains(got, "No such file") {
+	d.rootSh("rb", "rm -rf /home/user && echo junk > /tmp/junk")
+	if got := d.rootSh("rb", "ls /home/user 2>&1 || true"); !strings.Contains(got, "No such file") {
 		t.Fatalf("the home survived rm -rf: %q", got)
 	}
 	st := decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/rb/checkpoints/good/rollback", nil), 200)
 	if st.ID != "rb" || st.State != "running" {
 		t.Fatalf("after the rollback: %+v", st)
 	}
-	if got := d.sh("rb", "cat /home/user/project/data; stat -c %U /home/user/project/data; ls /tmp/junk 2>/dev/null || echo gone"); got != "precious\nuser\ngone\n" {
+	if got := d.rootSh("rb", "cat /home/user/project/data; stat -c %U /home/user/project/data; ls /tmp/junk 2>/dev/null || echo gone"); got != "precious\nuser\ngone\n" {
 		t.Fatalf("after the rollback the files read %q", got)
 	}
 	list := decode[struct{ Items []checkpointJSON }](t, d.doJSON("GET", "/v1/sandboxes/rb/checkpoints", nil), 200)
@@ -147,7 +147,7 @@ func TestRollbackAfterRmHome(t *testing.T) {
 	wantProblem(t, d.doJSON("GET", "/v1/sandboxes/rb/checkpoints/good", nil), 404, "checkpoint-not-found")
 	// The sandbox still stands on the deleted checkpoint's layer? No: a copy's layer was
 	// never the sandbox's own; the rollback made it so, and deleting the checkpoint keeps it.
-	if got := d.sh("rb", "cat /home/user/project/data"); got != "precious\n" {
+	if got := d.rootSh("rb", "cat /home/user/project/data"); got != "precious\n" {
 		t.Fatalf("after the delete: %q", got)
 	}
 	mustCheckClean(t, d.Root, "after rollback")
@@ -245,9 +245,9 @@ func TestCheckpointCrashPoints(t *testing.T) {
 			t.Parallel()
 			d := startDaemon(t, withBinary(bin))
 			d.createNoDisk("cp")
-			d.sh("cp", "echo base > /home/user/f")
+			d.rootSh("cp", "echo base > /home/user/f")
 			decode[checkpointJSON](t, d.doJSON("POST", "/v1/sandboxes/cp/checkpoints", map[string]any{"name": "base"}), 201)
-			d.sh("cp", "echo later > /home/user/f")
+			d.rootSh("cp", "echo later > /home/user/f")
 
 			// The crashing server: the request is cut off by its death.
 			d.Stop()
