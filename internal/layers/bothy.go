@@ -74,8 +74,11 @@ var Classes = map[string]Class{
 	"cmd/bothyload":      Command,
 
 	"internal/layers": Tool,
-	"tests":           Tool,
-	"tests/guest":     Tool,
+	// The control plane the cluster tests start (etcd and kube-apiserver); tests alone
+	// import it.
+	"internal/kubetest": Tool,
+	"tests":             Tool,
+	"tests/guest":       Tool,
 }
 
 // httpLibraries are the packages that make code an HTTP server or client; a package is one
