@@ -67,6 +67,11 @@ var Classes = map[string]Class{
 	// Webhook deliveries link net/http; the checker knows their records only through the
 	// check that cmd/bothyd hands it (check.Options.Webhooks).
 	"webhook": HTTP,
+	// The cluster's parts talk to the Kubernetes API server through client-go, which links
+	// net/http (docs/cluster.md).
+	"cluster/api/v1alpha1": HTTP,
+	"cluster/config":       HTTP,
+	"cluster/node":         HTTP,
 
 	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
