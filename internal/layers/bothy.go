@@ -72,6 +72,7 @@ var Classes = map[string]Class{
 	"cluster/api/v1alpha1": HTTP,
 	"cluster/config":       HTTP,
 	"cluster/node":         HTTP,
+	"cluster/placement":    HTTP,
 
 	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
