@@ -1,10 +1,19 @@
 package tests
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -194,5 +203,177 @@ func waitCond(t *testing.T, timeout time.Duration, what string, cond func() (boo
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// clusterRouterUser is the router's service account, held to the generated read-only RBAC.
+const clusterRouterUser = "system:serviceaccount:bothy-system:bothy-router"
+
+// startRouter starts `bothyd router` against the control plane and returns its URL.
+func startRouter(t *testing.T, cp *kubetest.ControlPlane, token, nodeToken string) string {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, clusterRouterUser); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"token": token, "node-token": nodeToken}
+	for name, v := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(bothydBin, "router", "--listen", "127.0.0.1:0", "--log-format", "json",
+		"--token-file", filepath.Join(dir, "token"), "--node-token-file", filepath.Join(dir, "node-token"),
+		"--cluster-kubeconfig", kubeconfig)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logs := &lineLog{}
+	addr := make(chan string, 1)
+	go logs.consume(stderr, addr)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+		if t.Failed() {
+			t.Logf("router log:\n%s", logs.String())
+		}
+	})
+	select {
+	case a := <-addr:
+		return "http://" + a
+	case err := <-done:
+		t.Fatalf("the router exited before serving: %v\n%s", err, logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the router did not serve within 30 s\n%s", logs.String())
+	}
+	return ""
+}
+
+// TestClusterRouter: two real node bothyds and a real router. Creates through the router,
+// six at once, fill both nodes exactly to their slots (placement with reservations), a
+// seventh finds no node; calls on each sandbox (a read, an exec) reach its node through the
+// router; a sandbox on a node whose lease lapsed answers 503 node-lost.
+func TestClusterRouter(t *testing.T) {
+	cp := kubetest.Start(t, kubetest.Options{Users: []string{clusterNodeUser, clusterRouterUser}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	admin, err := node.NewClient(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := config.Install(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
+		t.Fatal(err)
+	}
+	const nodeToken, routerToken, slots = "node-token-0123456789abcdef", "router-token-0123456789abcdef", 3
+	nodes := map[string]*daemon{}
+	for _, name := range []string{"node-a", "node-b"} {
+		nodes[name] = startDaemon(t, withToken(nodeToken), withArgs("--cluster-node", "--cluster-kubeconfig", kubeconfig,
+			"--cluster-node-name", name, "--cluster-lease-duration", "6s", "--cluster-max-sandboxes", fmt.Sprint(slots),
+			// Memory and CPU to spare: the slots alone decide, so the spread is exact.
+			"--cluster-memory-mb", "65536", "--cluster-cpu-overcommit", "100"))
+	}
+	for name, d := range nodes {
+		waitObject(t, admin, name+" published", client.ObjectKey{Name: name}, &v1alpha1.BothyNode{}, func(n *v1alpha1.BothyNode) error {
+			if n.Status.Address != d.URL || n.Status.Free.Sandboxes != slots {
+				return fmt.Errorf("status %+v", n.Status)
+			}
+			return nil
+		})
+	}
+	url := startRouter(t, cp, routerToken, nodeToken)
+	call := func(method, path string, body any) (int, []byte) {
+		t.Helper()
+		var r io.Reader
+		if body != nil {
+			b, _ := json.Marshal(body)
+			r = bytes.NewReader(b)
+		}
+		req, _ := http.NewRequestWithContext(ctx, method, url+path, r)
+		req.Header.Set("Authorization", "Bearer "+routerToken)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if status, _ := call("GET", "/v1/sandboxes/nobody", nil); status != 404 {
+		t.Fatalf("a sandbox on no node: %d, want 404", status)
+	}
+
+	// Six creates at once: no node's status changes in between, so only the reservations keep
+	// a node from taking more than its slots.
+	var wg sync.WaitGroup
+	statuses := make([]int, 2*slots)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i], _ = call("POST", "/v1/sandboxes", map[string]any{"id": fmt.Sprintf("r-%d", i), "start": true, "resources": map[string]any{"memory_mb": 128}})
+		}()
+	}
+	wg.Wait()
+	for i, s := range statuses {
+		if s != 201 {
+			t.Fatalf("create r-%d through the router: %d", i, s)
+		}
+	}
+	status, body := call("POST", "/v1/sandboxes", map[string]any{"id": "r-extra"})
+	if status != 503 || !strings.Contains(string(body), `"no-node-available"`) {
+		t.Fatalf("a create with every slot taken: %d %s, want 503 no-node-available", status, body)
+	}
+	perNode := map[string][]string{}
+	for i := range statuses {
+		id := fmt.Sprintf("r-%d", i)
+		var obj v1alpha1.Sandbox
+		waitObject(t, admin, id+" mirrored", client.ObjectKey{Namespace: config.Namespace, Name: id}, &obj, func(s *v1alpha1.Sandbox) error {
+			if s.Status.State != v1alpha1.StateRunning {
+				return fmt.Errorf("state %q", s.Status.State)
+			}
+			return nil
+		})
+		perNode[obj.Status.Node] = append(perNode[obj.Status.Node], id)
+		// A read and an exec through the router reach the sandbox's node.
+		if status, body := call("GET", "/v1/sandboxes/"+id, nil); status != 200 || !strings.Contains(string(body), `"id":"`+id+`"`) {
+			t.Fatalf("GET %s through the router: %d %s", id, status, body)
+		}
+		status, body := call("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": []string{"echo", id}})
+		var ex execJSON
+		if status != 200 || json.Unmarshal(body, &ex) != nil || ex.Stdout != id+"\n" {
+			t.Fatalf("exec in %s through the router: %d %s", id, status, body)
+		}
+	}
+	t.Logf("spread: %v", perNode)
+	if len(perNode["node-a"]) != slots || len(perNode["node-b"]) != slots {
+		t.Fatalf("spread %v: want %d on each node", perNode, slots)
+	}
+	// A node's own problem reaches the client as the node gave it.
+	status, body = call("POST", "/v1/sandboxes/"+perNode["node-a"][0]+"/start", nil)
+	if status != 409 || !strings.Contains(string(body), `"already-running"`) {
+		t.Fatalf("starting a running sandbox through the router: %d %s, want the node's 409 already-running", status, body)
+	}
+
+	// node-a lost: its sandboxes answer 503 node-lost, not a hang; node-b's still serve.
+	nodes["node-a"].Kill()
+	lost := perNode["node-a"][0]
+	waitCond(t, 30*time.Second, "node-a's sandbox to read node-lost", func() (bool, error) {
+		status, body := call("GET", "/v1/sandboxes/"+lost, nil)
+		return status == 503 && strings.Contains(string(body), `"node-lost"`), nil
+	})
+	if status, _ := call("GET", "/v1/sandboxes/"+perNode["node-b"][0], nil); status != 200 {
+		t.Fatalf("node-b's sandbox with node-a lost: %d", status)
 	}
 }

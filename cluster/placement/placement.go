@@ -29,7 +29,7 @@ import (
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
 )
 
-// ErrNoNode: no node is eligible for the request.
+// ErrNoNode is the answer when no node is eligible for the request.
 var ErrNoNode = errors.New("placement: no live, healthy, uncordoned node has room for the sandbox")
 
 // Node is what placement reads of one node.

@@ -33,8 +33,15 @@ type clusterOptions struct {
 	address       string
 	maxSandboxes  int
 	memoryMB      int
+	cpuOvercommit float64
 	leaseDuration time.Duration
 }
+
+// defaultCPUOvercommit is how many times its CPUs a node offers in sandboxes' CPU limits by
+// default: a CPU limit caps a sandbox, it does not reserve a core, and most sandboxes idle;
+// one host serves thousands of 1-vCPU sandboxes on a few cores. Memory is not overcommitted
+// by default: a sandbox that reaches its memory limit holds that memory.
+const defaultCPUOvercommit = 8
 
 // defaultMaxSandboxes is a node's sandbox slots when the operator does not say: about the
 // idle sandboxes one host has been measured to hold (docs/performance.md).
@@ -50,6 +57,10 @@ func addClusterFlags(fs *flag.FlagSet) (*clusterOptions, error) {
 	if err != nil {
 		return nil, err
 	}
+	cpuOvercommit, err := envParsed("BOTHY_CLUSTER_CPU_OVERCOMMIT", float64(defaultCPUOvercommit), func(v string) (float64, error) { return strconv.ParseFloat(v, 64) })
+	if err != nil {
+		return nil, err
+	}
 	lease, err := envParsed("BOTHY_CLUSTER_LEASE_DURATION", node.DefaultLeaseDuration, time.ParseDuration)
 	if err != nil {
 		return nil, err
@@ -62,6 +73,7 @@ func addClusterFlags(fs *flag.FlagSet) (*clusterOptions, error) {
 	fs.StringVar(&c.address, "cluster-address", os.Getenv("BOTHY_CLUSTER_ADDRESS"), "the URL at which routers reach this node's API (env BOTHY_CLUSTER_ADDRESS); default: http:// and the address served on")
 	fs.IntVar(&c.maxSandboxes, "cluster-max-sandboxes", maxSandboxes, "the sandbox slots this node offers the cluster (env BOTHY_CLUSTER_MAX_SANDBOXES)")
 	fs.IntVar(&c.memoryMB, "cluster-memory-mb", memoryMB, "the memory in MiB this node offers the cluster's sandboxes (env BOTHY_CLUSTER_MEMORY_MB); 0: the host's")
+	fs.Float64Var(&c.cpuOvercommit, "cluster-cpu-overcommit", cpuOvercommit, "how many times the host's CPUs this node offers in sandboxes' CPU limits (env BOTHY_CLUSTER_CPU_OVERCOMMIT)")
 	fs.DurationVar(&c.leaseDuration, "cluster-lease-duration", lease, "how long after its last renewal the node's lease lapses; renewals come at 2/15 of it (env BOTHY_CLUSTER_LEASE_DURATION)")
 	return c, nil
 }
@@ -79,6 +91,9 @@ func (c *clusterOptions) check() error {
 	}
 	if c.memoryMB < 0 {
 		return fmt.Errorf("--cluster-memory-mb %d: want 0 (the host's) or more", c.memoryMB)
+	}
+	if c.cpuOvercommit < 1 || c.cpuOvercommit > 1000 {
+		return fmt.Errorf("--cluster-cpu-overcommit %g: want 1 to 1000", c.cpuOvercommit)
 	}
 	if c.leaseDuration < 3*time.Second || c.leaseDuration > 10*time.Minute {
 		return fmt.Errorf("--cluster-lease-duration %v: want 3s to 10m", c.leaseDuration)
@@ -137,7 +152,7 @@ func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Superviso
 		Sandboxes: lateSandboxes{sup},
 		Capacity: v1alpha1.Capacity{
 			MemoryMB:  memoryMB,
-			MilliCPU:  int64(goruntime.NumCPU()) * 1000,
+			MilliCPU:  int64(float64(goruntime.NumCPU()) * 1000 * c.cpuOvercommit),
 			Sandboxes: int32(c.maxSandboxes), //nolint:gosec // bounded by check
 		},
 		Health:        func() (v1alpha1.NodeHealth, string) { return nodeHealth(health.Status()) },

@@ -23,6 +23,7 @@ func TestParseOptionsCluster(t *testing.T) {
 		},
 		{name: "no slots", args: []string{"--cluster-node", "--cluster-max-sandboxes", "0"}, wantErr: "--cluster-max-sandboxes 0"},
 		{name: "a lease too short", args: []string{"--cluster-node", "--cluster-lease-duration", "1s"}, wantErr: "--cluster-lease-duration 1s"},
+		{name: "CPU undercommitted", args: []string{"--cluster-node", "--cluster-cpu-overcommit", "0.5"}, wantErr: "--cluster-cpu-overcommit 0.5"},
 		{name: "no name", args: []string{"--cluster-node", "--cluster-node-name", ""}, wantErr: "needs a node name"},
 		// Out of node mode the cluster flags are not checked: they configure nothing.
 		{name: "unchecked when off", args: []string{"--cluster-max-sandboxes", "0"}, check: func(c *clusterOptions) bool { return !c.enabled }},

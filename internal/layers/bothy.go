@@ -73,6 +73,7 @@ var Classes = map[string]Class{
 	"cluster/config":       HTTP,
 	"cluster/node":         HTTP,
 	"cluster/placement":    HTTP,
+	"cluster/router":       HTTP,
 
 	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
