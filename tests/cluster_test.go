@@ -377,3 +377,146 @@ func TestClusterRouter(t *testing.T) {
 		t.Fatalf("node-b's sandbox with node-a lost: %d", status)
 	}
 }
+
+// clusterControllerUser is the controller's service account, held to its generated role.
+const clusterControllerUser = "system:serviceaccount:bothy-system:bothy-controller"
+
+// clusterProcess is a `bothyd controller` the test started.
+type clusterProcess struct {
+	cmd  *exec.Cmd
+	done chan error
+	logs *lineLog
+}
+
+func startController(t *testing.T, cp *kubetest.ControlPlane, identity string) *clusterProcess {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, clusterControllerUser); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bothydBin, "controller", "--cluster-kubeconfig", kubeconfig, "--identity", identity,
+		"--lease-duration", "6s", "--log-format", "json")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &clusterProcess{cmd: cmd, done: make(chan error, 1), logs: &lineLog{}}
+	go p.logs.consume(stderr, make(chan string, 1))
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-p.done
+		if t.Failed() {
+			t.Logf("controller %s log:\n%s", identity, p.logs.String())
+		}
+	})
+	return p
+}
+
+// TestClusterNodeLost: a node SIGKILLed reads node-lost in the objects within its lease time,
+// even with the leading controller SIGKILLed at the same moment (the other replica takes
+// over), and its sandbox reads running again, reattached, once the node is back.
+func TestClusterNodeLost(t *testing.T) {
+	cp := kubetest.Start(t, kubetest.Options{Users: []string{clusterNodeUser, clusterControllerUser}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	admin, err := node.NewClient(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := config.Install(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
+		t.Fatal(err)
+	}
+	const name = "node-a"
+	d := startDaemon(t, withArgs("--cluster-node", "--cluster-kubeconfig", kubeconfig,
+		"--cluster-node-name", name, "--cluster-lease-duration", "6s"))
+	controllers := map[string]*clusterProcess{}
+	for _, id := range []string{"ctl-1", "ctl-2"} {
+		controllers[id] = startController(t, cp, id)
+	}
+	if r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "lost-1", "start": true}); r.Status != 201 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	key := client.ObjectKey{Namespace: config.Namespace, Name: "lost-1"}
+	state := func(want v1alpha1.SandboxState) func(*v1alpha1.Sandbox) error {
+		return func(s *v1alpha1.Sandbox) error {
+			if s.Status.State != want {
+				return fmt.Errorf("state %q, want %q", s.Status.State, want)
+			}
+			return nil
+		}
+	}
+	waitObject(t, admin, "lost-1 running", key, &v1alpha1.Sandbox{}, state(v1alpha1.StateRunning))
+
+	var leader string
+	waitCond(t, 30*time.Second, "a controller leading", func() (bool, error) {
+		var l coordinationv1.Lease
+		err := admin.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: "bothy-controller"}, &l)
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if l.Spec.HolderIdentity != nil && controllers[*l.Spec.HolderIdentity] != nil {
+			leader = *l.Spec.HolderIdentity
+		}
+		return leader != "", nil
+	})
+	// The leader and the node die together.
+	_ = controllers[leader].cmd.Process.Kill()
+	killed := time.Now()
+	d.Kill()
+	// Within the node's lease (6 s), the other controller's takeover (at most its 6 s lease)
+	// and a look (0.8 s), with room for a loaded machine.
+	waitObjectWithin(t, admin, 60*time.Second, "lost-1 node-lost", key, state(v1alpha1.StateNodeLost))
+	t.Logf("lost-1 read node-lost %v after the node's and the leading controller's SIGKILL", time.Since(killed).Round(time.Millisecond))
+	var l coordinationv1.Lease
+	if err := admin.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: "bothy-controller"}, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == leader {
+		t.Fatalf("the controller lease is held by %v after %s was killed", l.Spec.HolderIdentity, leader)
+	}
+
+	// The node comes back: it reattaches the sandbox, which ran on, and writes it running.
+	restarted := time.Now()
+	d.start()
+	waitObjectWithin(t, admin, 60*time.Second, "lost-1 running again", key, state(v1alpha1.StateRunning))
+	t.Logf("lost-1 read running %v after the node's restart began", time.Since(restarted).Round(time.Millisecond))
+	// The sandbox ran on while its bothyd was down: an exec answers.
+	if r := d.doJSON("POST", "/v1/sandboxes/lost-1/exec", map[string]any{"command": []string{"true"}}); r.Status != 200 {
+		t.Fatalf("exec in lost-1 after the node's restart: %d %s", r.Status, r.Body)
+	}
+}
+
+// waitObjectWithin is waitObject with a deadline of its own.
+func waitObjectWithin(t *testing.T, c client.Client, timeout time.Duration, what string, key client.ObjectKey, check func(*v1alpha1.Sandbox) error) {
+	t.Helper()
+	last := errors.New("not found")
+	deadline := time.Now().Add(timeout)
+	for {
+		var obj v1alpha1.Sandbox
+		err := c.Get(context.Background(), key, &obj)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			t.Fatalf("waiting for %s: %v", what, err)
+		default:
+			if last = check(&obj); last == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s; last: %v", timeout, what, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -26,14 +26,14 @@ import (
 // Namespace is the namespace of the Sandbox objects and the nodes' Leases.
 const Namespace = "bothy-system"
 
-//go:embed namespace.yaml crd/*.yaml rbac/*.yaml rbac/router/*.yaml
+//go:embed namespace.yaml crd/*.yaml rbac/*.yaml rbac/router/*.yaml rbac/controller/*.yaml
 var manifests embed.FS
 
 // Objects are every manifest's objects, in the order they must be applied: the namespace
 // and service account first, then the CRDs, then the roles and their bindings.
 func Objects() ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
-	for _, pattern := range []string{"namespace.yaml", "crd/*.yaml", "rbac/*.yaml", "rbac/router/*.yaml"} {
+	for _, pattern := range []string{"namespace.yaml", "crd/*.yaml", "rbac/*.yaml", "rbac/router/*.yaml", "rbac/controller/*.yaml"} {
 		names, err := fs.Glob(manifests, pattern)
 		if err != nil {
 			return nil, err

@@ -46,6 +46,11 @@ func (n *Node) holdLease(ctx context.Context) {
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
 					n.log.Info("cluster: holding the node's lease", "lease", LeaseName(n.cfg.Name))
+					// While the lease was lapsed the controller may have marked this node's
+					// objects node-lost: write them all again, as they are.
+					if err := n.Reconcile(ctx); err != nil && ctx.Err() == nil {
+						n.log.Warn("cluster: reconciling on taking the lease", "err", err)
+					}
 					<-ctx.Done()
 				},
 				OnStoppedLeading: func() {

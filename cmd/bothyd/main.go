@@ -239,6 +239,9 @@ func run(args []string, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "router" {
 		return routerCommand(args[1:], stderr)
 	}
+	if len(args) > 0 && args[0] == "controller" {
+		return controllerCommand(args[1:], stderr)
+	}
 	o, err := parseOptions(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -71,6 +71,7 @@ var Classes = map[string]Class{
 	// net/http (docs/cluster.md).
 	"cluster/api/v1alpha1": HTTP,
 	"cluster/config":       HTTP,
+	"cluster/controller":   HTTP,
 	"cluster/node":         HTTP,
 	"cluster/placement":    HTTP,
 	"cluster/router":       HTTP,

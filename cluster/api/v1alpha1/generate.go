@@ -7,3 +7,4 @@ package v1alpha1
 //go:generate go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0 crd:crdVersions=v1 paths=. output:crd:artifacts:config=../../config/crd
 //go:generate go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0 rbac:roleName=bothy-node paths=../../node/... output:rbac:artifacts:config=../../config/rbac
 //go:generate go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0 rbac:roleName=bothy-router paths=../../router/... output:rbac:artifacts:config=../../config/rbac/router
+//go:generate go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0 rbac:roleName=bothy-controller paths=../../controller/... output:rbac:artifacts:config=../../config/rbac/controller
