@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -364,6 +365,21 @@ func TestClusterRouter(t *testing.T) {
 	status, body = call("POST", "/v1/sandboxes/"+perNode["node-a"][0]+"/start", nil)
 	if status != 409 || !strings.Contains(string(body), `"already-running"`) {
 		t.Fatalf("starting a running sandbox through the router: %d %s, want the node's 409 already-running", status, body)
+	}
+
+	// The exec websocket through the router, both ways, on a sandbox of each node.
+	viaRouter := &daemon{t: t, URL: url, Token: routerToken}
+	for _, n := range []string{"node-a", "node-b"} {
+		ws, _, err := viaRouter.dialStream(perNode[n][0], neturl.Values{"command": {"sh"}})
+		if err != nil {
+			t.Fatalf("the exec websocket through the router to %s: %v", n, err)
+		}
+		ws.send("echo via $((6*7))\n")
+		ws.readUntil("via 42\n")
+		ws.send("exit 3\n")
+		if exit := ws.wait(); exit.ExitCode != 3 {
+			t.Fatalf("the exec websocket through the router to %s: exit %+v", n, exit)
+		}
 	}
 
 	// node-a lost: its sandboxes answer 503 node-lost, not a hang; node-b's still serve.
