@@ -154,7 +154,7 @@ func TestClusterNode(t *testing.T) {
 }
 
 // waitObject waits until the object at key exists and check accepts it.
-func waitObject[T client.Object](t *testing.T, c client.Client, what string, key client.ObjectKey, obj T, check func(T) error) {
+func waitObject[T client.Object](t testing.TB, c client.Client, what string, key client.ObjectKey, obj T, check func(T) error) {
 	t.Helper()
 	last := errors.New("not found")
 	deadline := time.Now().Add(30 * time.Second)
@@ -189,7 +189,7 @@ func waitGone(t *testing.T, c client.Client, key client.ObjectKey) {
 }
 
 // waitCond waits until cond holds, failing on its error or at the deadline.
-func waitCond(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+func waitCond(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -211,7 +211,7 @@ func waitCond(t *testing.T, timeout time.Duration, what string, cond func() (boo
 const clusterRouterUser = "system:serviceaccount:bothy-system:bothy-router"
 
 // startRouter starts `bothyd router` against the control plane and returns its URL.
-func startRouter(t *testing.T, cp *kubetest.ControlPlane, token, nodeToken string) string {
+func startRouter(t testing.TB, cp *kubetest.ControlPlane, token, nodeToken string) string {
 	t.Helper()
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -534,5 +534,72 @@ func waitObjectWithin(t *testing.T, c client.Client, timeout time.Duration, what
 			t.Fatalf("timed out after %v waiting for %s; last: %v", timeout, what, last)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// BenchmarkClusterRouter measures what the router adds to a call: a create and delete (not
+// started), and a buffered exec, each straight to a node and through the router.
+//
+//	go test -run '^$' -bench BenchmarkClusterRouter -benchtime 100x ./tests
+func BenchmarkClusterRouter(b *testing.B) {
+	cp := kubetest.Start(b, kubetest.Options{Users: []string{clusterNodeUser, clusterRouterUser}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	admin, err := node.NewClient(cp.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := config.Install(ctx, admin); err != nil {
+		b.Fatal(err)
+	}
+	kubeconfig := filepath.Join(b.TempDir(), "kubeconfig")
+	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
+		b.Fatal(err)
+	}
+	const nodeToken, routerToken = "node-token-0123456789abcdef", "router-token-0123456789abcdef"
+	d := startDaemon(b, withToken(nodeToken), withArgs("--cluster-node", "--cluster-kubeconfig", kubeconfig, "--cluster-node-name", "bench",
+		// A create that is deleted at once still holds its reservation until the node's next
+		// status (within a second): room for every create of that second.
+		"--cluster-memory-mb", "1048576", "--cluster-cpu-overcommit", "1000"))
+	waitObject(b, admin, "the node published", client.ObjectKey{Name: "bench"}, &v1alpha1.BothyNode{}, func(n *v1alpha1.BothyNode) error {
+		if n.Status.Address != d.URL {
+			return fmt.Errorf("address %q", n.Status.Address)
+		}
+		return nil
+	})
+	routerURL := startRouter(b, cp, routerToken, nodeToken)
+	do := func(base, token, method, path string, body any, want int) {
+		var r io.Reader
+		if body != nil {
+			j, _ := json.Marshal(body)
+			r = bytes.NewReader(j)
+		}
+		req, _ := http.NewRequestWithContext(ctx, method, base+path, r)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		msg, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			b.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, msg)
+		}
+	}
+	do(d.URL, nodeToken, "POST", "/v1/sandboxes", map[string]any{"id": "bench-exec", "start": true}, 201)
+	for _, via := range []struct{ name, url, token string }{{"direct", d.URL, nodeToken}, {"router", routerURL, routerToken}} {
+		b.Run("create-delete/"+via.name, func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				id := fmt.Sprintf("bench-%s-%d", via.name, i)
+				do(via.url, via.token, "POST", "/v1/sandboxes", map[string]any{"id": id}, 201)
+				do(via.url, via.token, "DELETE", "/v1/sandboxes/"+id, nil, 204)
+			}
+		})
+		b.Run("exec/"+via.name, func(b *testing.B) {
+			for b.Loop() {
+				do(via.url, via.token, "POST", "/v1/sandboxes/bench-exec/exec", map[string]any{"command": []string{"true"}}, 200)
+			}
+		})
 	}
 }

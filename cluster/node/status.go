@@ -73,7 +73,7 @@ func (n *Node) Status() (*v1alpha1.BothyNodeStatus, error) {
 		return nil, err
 	}
 	alloc := Allocated(sandboxes)
-	now := metav1.Now()
+	now := metav1.NowMicro()
 	st := &v1alpha1.BothyNodeStatus{
 		Address:   n.cfg.Address,
 		Version:   n.cfg.Version,

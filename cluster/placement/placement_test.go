@@ -153,14 +153,14 @@ func TestReservationLifetime(t *testing.T) {
 	done := time.Now()
 	r2.Done(done)
 	// A status written before the create finished does not count it yet.
-	before := metav1.NewTime(done.Add(-time.Second))
+	before := metav1.NewMicroTime(done.Add(-time.Second))
 	n.Status.UpdatedAt = &before
 	if _, err := p.Place([]Node{n}, Request{}); !errors.Is(err, ErrNoNode) {
 		t.Fatalf("with a stale status: %v, want ErrNoNode", err)
 	}
 	// A status written after it counts the sandbox itself: the reservation goes, and the
 	// published free (none left) decides.
-	after := metav1.NewTime(done.Add(time.Second))
+	after := metav1.NewMicroTime(done.Add(time.Second))
 	n.Status.UpdatedAt = &after
 	n.Status.Free.Sandboxes = 0
 	if _, err := p.Place([]Node{n}, Request{}); !errors.Is(err, ErrNoNode) {

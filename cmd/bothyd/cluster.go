@@ -101,19 +101,28 @@ func (c *clusterOptions) check() error {
 	return nil
 }
 
+// Client-side rate limits of the API server's clients. client-go's defaults (5 requests per
+// second, bursts of 10) are for controllers that read from caches; a node writes each
+// sandbox's object on each change and the router reads the objects on each call, so at the
+// defaults the client's own throttling cost the router about 200 ms a call
+// (BenchmarkClusterRouter). The API server's priority and fairness still protects it.
+const (
+	clientQPS   = 200
+	clientBurst = 400
+)
+
 // restConfig is the API server's configuration: the kubeconfig file, or in-cluster.
 func (c *clusterOptions) restConfig() (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
 	if c.kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
-		if err != nil {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", c.kubeconfig); err != nil {
 			return nil, fmt.Errorf("--cluster-kubeconfig %s: %w", c.kubeconfig, err)
 		}
-		return cfg, nil
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
+		return nil, fmt.Errorf("without --cluster-kubeconfig (or KUBECONFIG) bothyd must run in a pod with a service account: %w", err)
 	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("--cluster-node without --cluster-kubeconfig runs in a pod with a service account: %w", err)
-	}
+	cfg.QPS, cfg.Burst = clientQPS, clientBurst
 	return cfg, nil
 }
 

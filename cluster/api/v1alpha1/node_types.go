@@ -82,9 +82,10 @@ type BothyNodeStatus struct {
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
 	Generations []Generation `json:"generations,omitempty"`
-	// UpdatedAt is when the node last wrote this status.
+	// UpdatedAt is when the node last wrote this status, to the microsecond: placement
+	// compares it with when its creates finished.
 	// +optional
-	UpdatedAt *metav1.Time `json:"updatedAt,omitempty"`
+	UpdatedAt *metav1.MicroTime `json:"updatedAt,omitempty"`
 }
 
 // BothyNode is one node running bothyd in node mode; its name is the node's name, and the
