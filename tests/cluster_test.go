@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -358,6 +359,34 @@ func TestClusterRouter(t *testing.T) {
 		}
 	}
 	t.Logf("spread: %v", perNode)
+	// The list spans the cluster, in id order, page by page as one node's would.
+	var listed []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		path := "/v1/sandboxes?limit=4"
+		if cursor != "" {
+			path += "&cursor=" + cursor
+		}
+		status, body := call("GET", path, nil)
+		var page struct {
+			Items []struct {
+				ID string `json:"id"`
+			} `json:"items"`
+			NextCursor string `json:"next_cursor"`
+		}
+		if status != 200 || json.Unmarshal(body, &page) != nil || pages > 3 {
+			t.Fatalf("listing through the router: %d %s", status, body)
+		}
+		for _, it := range page.Items {
+			listed = append(listed, it.ID)
+		}
+		if cursor = page.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if want := []string{"r-0", "r-1", "r-2", "r-3", "r-4", "r-5"}; !slices.Equal(listed, want) {
+		t.Fatalf("listed %v through the router, want %v", listed, want)
+	}
 	if len(perNode["node-a"]) != slots || len(perNode["node-b"]) != slots {
 		t.Fatalf("spread %v: want %d on each node", perNode, slots)
 	}

@@ -26,6 +26,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -126,6 +128,8 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	switch {
 	case ok && rest == "" && req.Method == http.MethodPost:
 		rt.create(w, req)
+	case ok && rest == "" && req.Method == http.MethodGet:
+		rt.list(w, req)
 	case ok && strings.HasPrefix(rest, "/") && len(rest) > 1:
 		id, _, _ := strings.Cut(rest[1:], "/")
 		rt.proxySandbox(w, req, id)
@@ -200,6 +204,118 @@ func (rt *Router) create(w http.ResponseWriter, req *http.Request) {
 	if cr.ID != "" {
 		rt.remember(cr.ID, res.Node())
 	}
+}
+
+// list answers GET /v1/sandboxes for the whole cluster. A node's list is in id order and its
+// cursor is the last id of the page, so the same query (filters, cursor, limit) to every live
+// node, merged by id and cut at the limit, is exactly the page one node holding them all
+// would give, and the last id is again the cursor. A live node that does not answer fails the
+// list rather than leave its sandboxes out unsaid; a lost node's sandboxes are left out (its
+// Sandbox objects read node-lost).
+func (rt *Router) list(w http.ResponseWriter, req *http.Request) {
+	limit := 100
+	if v := req.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			problem(w, http.StatusBadRequest, "invalid-request", "The limit must be an integer from 1 to 1000.")
+			return
+		}
+		limit = n
+	}
+	nodes, err := rt.nodes(req.Context())
+	if err != nil {
+		rt.log.Warn("router: reading the nodes", "err", err)
+		problem(w, http.StatusServiceUnavailable, "unavailable", "The router cannot read the cluster's nodes from the API server; try again shortly.")
+		return
+	}
+	type item struct {
+		id  string
+		raw json.RawMessage
+	}
+	var items []item
+	more := false
+	for name, n := range nodes {
+		if !n.live {
+			continue
+		}
+		page, status, err := rt.nodeList(req, n)
+		if err != nil || status != http.StatusOK {
+			if status/100 == 4 {
+				// The query itself is wrong: every node says so alike; pass its answer on.
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(status)
+				_, _ = w.Write(page.problem)
+				return
+			}
+			rt.log.Warn("router: a node's list failed", "node", name, "status", status, "err", err)
+			problem(w, http.StatusBadGateway, "unavailable", fmt.Sprintf("Node %q did not answer the list; try again.", name))
+			return
+		}
+		for _, raw := range page.Items {
+			var head struct {
+				ID string `json:"id"`
+			}
+			if json.Unmarshal(raw, &head) == nil {
+				items = append(items, item{id: head.ID, raw: raw})
+			}
+		}
+		more = more || page.NextCursor != ""
+	}
+	sort.Slice(items, func(i, j int) bool { return items[i].id < items[j].id })
+	out := struct {
+		Items      []json.RawMessage `json:"items"`
+		NextCursor string            `json:"next_cursor,omitempty"`
+	}{Items: []json.RawMessage{}}
+	if len(items) > limit {
+		items, more = items[:limit], true
+	}
+	for _, it := range items {
+		out.Items = append(out.Items, it.raw)
+	}
+	if more && len(items) > 0 {
+		out.NextCursor = items[len(items)-1].id
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// nodePage is one node's answer to a list.
+type nodePage struct {
+	Items      []json.RawMessage `json:"items"`
+	NextCursor string            `json:"next_cursor"`
+	problem    []byte
+}
+
+// nodeList sends the client's list query to node n.
+func (rt *Router) nodeList(req *http.Request, n *nodeView) (*nodePage, int, error) {
+	u, err := nodeAddress(n)
+	if err != nil {
+		return nil, 0, err
+	}
+	u.Path, u.RawQuery = "/v1/sandboxes", req.URL.RawQuery
+	out, err := http.NewRequestWithContext(req.Context(), http.MethodGet, u.String(), nil) //nolint:gosec // G704: a node's published address
+	if err != nil {
+		return nil, 0, err
+	}
+	rt.nodeAuth(out.Header)
+	resp, err := rt.http.Do(out) //nolint:gosec // G704: as above
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, 0, err
+	}
+	page := &nodePage{}
+	if resp.StatusCode != http.StatusOK {
+		page.problem = body
+		return page, resp.StatusCode, nil
+	}
+	if err := json.Unmarshal(body, page); err != nil {
+		return nil, 0, err
+	}
+	return page, resp.StatusCode, nil
 }
 
 // forward sends req, with body, to the node and copies its answer to w; it returns the
