@@ -26,14 +26,27 @@ import (
 // Namespace is the namespace of the Sandbox objects and the nodes' Leases.
 const Namespace = "bothy-system"
 
-//go:embed namespace.yaml crd/*.yaml rbac/*.yaml rbac/router/*.yaml rbac/controller/*.yaml
+//go:embed namespace.yaml crd/*.yaml rbac/*.yaml rbac/router/*.yaml rbac/controller/*.yaml deploy/*.yaml
 var manifests embed.FS
 
-// Objects are every manifest's objects, in the order they must be applied: the namespace
-// and service account first, then the CRDs, then the roles and their bindings.
+// Objects are every manifest's objects that Install applies, in the order they must be
+// applied: the namespace and service accounts first, then the CRDs, then the roles and their
+// bindings.
 func Objects() ([]*unstructured.Unstructured, error) {
+	return read("namespace.yaml", "crd/*.yaml", "rbac/*.yaml", "rbac/router/*.yaml", "rbac/controller/*.yaml")
+}
+
+// Workloads are the parts' workloads (deploy/): the nodes' DaemonSet, the routers'
+// Deployment and Service, the controllers' Deployment. They run the image the operator built
+// from the Dockerfile (named bothyd:latest here) and read the tokens from the Secrets
+// bothy-node-token and bothy-router-token, which the operator makes.
+func Workloads() ([]*unstructured.Unstructured, error) {
+	return read("deploy/*.yaml")
+}
+
+func read(patterns ...string) ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
-	for _, pattern := range []string{"namespace.yaml", "crd/*.yaml", "rbac/*.yaml", "rbac/router/*.yaml", "rbac/controller/*.yaml"} {
+	for _, pattern := range patterns {
 		names, err := fs.Glob(manifests, pattern)
 		if err != nil {
 			return nil, err

@@ -188,6 +188,8 @@ func Start(t testing.TB, o Options) *ControlPlane {
 		"--client-ca-file="+filepath.Join(dir, "ca.crt"),
 		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode=RBAC",
+		// As kubeadm's clusters: bothy's node DaemonSet is privileged (cluster/config/deploy).
+		"--allow-privileged=true",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+filepath.Join(dir, "sa.key"),
 		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
