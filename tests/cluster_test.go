@@ -115,6 +115,18 @@ func TestClusterNode(t *testing.T) {
 	}
 	waitGone(t, admin, key("kube-2"))
 
+	// An id Kubernetes cannot name (bothy allows a trailing '-') gets no object: the node
+	// says so once and goes on.
+	if r := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "edge-"}); r.Status != 201 {
+		t.Fatalf("create edge-: %d %s", r.Status, r.Body)
+	}
+	waitFor(t, 30*time.Second, "the node's word that edge- has no object", func() bool {
+		return strings.Contains(d.logs.String(), "the API server refuses this sandbox's object")
+	})
+	if r := d.doJSON("DELETE", "/v1/sandboxes/edge-", nil); r.Status != 204 {
+		t.Fatalf("delete edge-: %d %s", r.Status, r.Body)
+	}
+
 	// SIGKILL: nothing renews the lease, which lapses by the observer's clock.
 	killed := time.Now()
 	d.Kill()

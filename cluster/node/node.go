@@ -208,6 +208,11 @@ func (n *Node) mirror(ctx context.Context) {
 		case err == nil:
 			n.queue.Forget(id)
 		case ctx.Err() != nil:
+		case apierrors.IsInvalid(err):
+			// The API server will refuse it again: an id Kubernetes cannot name (one that
+			// ends with '-'). Retrying would only repeat the line; the next event retries.
+			n.log.Warn("cluster: the API server refuses this sandbox's object; it has none", "sandbox", id, "err", err)
+			n.queue.Forget(id)
 		default:
 			n.log.Warn("cluster: updating a sandbox's object failed; retrying", "sandbox", id, "err", err)
 			n.queue.AddRateLimited(id)
