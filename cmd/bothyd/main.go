@@ -108,6 +108,8 @@ type options struct {
 	// checkpointMax and checkpointMaxBytes bound each sandbox's checkpoints (checkpoint.Limits).
 	checkpointMax      int
 	checkpointMaxBytes int64
+	// cluster is node mode (cluster.go, docs/cluster.md).
+	cluster *clusterOptions
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -178,7 +180,13 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.checkpointMax, "checkpoint-max", checkpoint.DefaultCount, "the most checkpoints one sandbox holds (docs/checkpoints.md)")
 	fs.Int64Var(&o.checkpointMaxBytes, "checkpoint-max-bytes", checkpoint.DefaultBytes, "the most bytes the checkpoints of one sandbox hold together")
 	fs.Var(&o.allowedOrigins, "allowed-origin", "a browser origin (scheme://host:port) allowed to call the API besides the server's own; repeatable")
+	if o.cluster, err = addClusterFlags(fs); err != nil {
+		return nil, err
+	}
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := o.cluster.check(); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -239,6 +247,12 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "hold" {
 		return holdCommand(args[1:], stderr)
+	}
+	if len(args) > 0 && args[0] == "router" {
+		return routerCommand(args[1:], stderr)
+	}
+	if len(args) > 0 && args[0] == "controller" {
+		return controllerCommand(args[1:], stderr)
 	}
 	o, err := parseOptions(args, stderr)
 	if err != nil {
@@ -305,16 +319,7 @@ func serve(o *options, log *slog.Logger) error {
 	} else {
 		defer stopReleases()
 	}
-	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces, "cgroup_parent", o.runtime.cgroupParent)
-	mech := rt.Mechanisms()
-	log.Info("namespace runtime: kernel mechanisms", "kernel", mech.Kernel, "overlay_layers", mech.OverlayLayers,
-		"tmpfs_ownership", mech.TmpfsOwnership, "forced", mech.Forced)
-	for _, note := range rt.ProbeNotes() {
-		log.Info("namespace runtime: a better mechanism is missing here", "probe", note)
-	}
-	for kind, why := range rts.unavailable {
-		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
-	}
+	logRuntimes(o, rts, log)
 	if o.defaultDiskMB, err = defaultDisk(rt, o, log); err != nil {
 		return err
 	}
@@ -355,12 +360,18 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer images.Close()
+	// Node mode follows the supervisor's events from the first (cluster.go).
+	clusterNode, err := newClusterNode(o.cluster, ln.Addr(), &sup, health, log)
+	if err != nil {
+		return err
+	}
 	sup, err = supervisor.New(supervisor.Options{
 		Store: st, Runtime: rt, Runtimes: rts.others, Unavailable: rts.unavailable,
 		Templates: ts, Images: images, Logger: log,
 		OnEvent: func(e supervisor.Event) {
 			mx.OnEvent(e.Type)
 			bus.Publish(handlers.EventOf(e))
+			clusterNode.OnEvent(e) // nil, and so nothing, unless --cluster-node
 		},
 		OnTransition: mx.OnTransition,
 		Storage:      health,
@@ -385,6 +396,9 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	sup.StartSpares()
+	// After the start-up reattach has begun: the node's reconcile reads each sandbox through
+	// the supervisor, which settles one it has not reached yet first.
+	defer runClusterNode(ctx, clusterNode, log)()
 	sampler := watchUsage(ctx, o, sup, netw, mx, log)
 	links, idem, err := openRecords(o.root, log)
 	if err != nil {
@@ -466,6 +480,22 @@ func serve(o *options, log *slog.Logger) error {
 	err = srv.Serve(ctx, ln)
 	log.Info("bothyd shut down")
 	return err
+}
+
+// logRuntimes says which runtime serves, with which kernel mechanisms, and which runtimes
+// take no new sandboxes and why.
+func logRuntimes(o *options, rts *runtimeSet, log *slog.Logger) {
+	rt := rts.def
+	log.Info("sandbox runtime", "executable", rts.exe, "user_namespaces", o.runtime.userNamespaces, "cgroup_parent", o.runtime.cgroupParent)
+	mech := rt.Mechanisms()
+	log.Info("namespace runtime: kernel mechanisms", "kernel", mech.Kernel, "overlay_layers", mech.OverlayLayers,
+		"tmpfs_ownership", mech.TmpfsOwnership, "forced", mech.Forced)
+	for _, note := range rt.ProbeNotes() {
+		log.Info("namespace runtime: a better mechanism is missing here", "probe", note)
+	}
+	for kind, why := range rts.unavailable {
+		log.Info("runtime: takes no new sandboxes", "runtime", kind, "reason", why)
+	}
 }
 
 // openTemplates opens the template store with the operator's maximum generation age.

@@ -69,6 +69,14 @@ var Classes = map[string]Class{
 	// Webhook deliveries link net/http; the checker knows their records only through the
 	// check that cmd/bothyd hands it (check.Options.Webhooks).
 	"webhook": HTTP,
+	// The cluster's parts talk to the Kubernetes API server through client-go, which links
+	// net/http (docs/cluster.md).
+	"cluster/api/v1alpha1": HTTP,
+	"cluster/config":       HTTP,
+	"cluster/controller":   HTTP,
+	"cluster/node":         HTTP,
+	"cluster/placement":    HTTP,
+	"cluster/router":       HTTP,
 
 	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
@@ -76,8 +84,11 @@ var Classes = map[string]Class{
 	"cmd/bothyload":      Command,
 
 	"internal/layers": Tool,
-	"tests":           Tool,
-	"tests/guest":     Tool,
+	// The control plane the cluster tests start (etcd and kube-apiserver); tests alone
+	// import it.
+	"internal/kubetest": Tool,
+	"tests":             Tool,
+	"tests/guest":       Tool,
 }
 
 // httpLibraries are the packages that make code an HTTP server or client; a package is one

@@ -1,0 +1,398 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/bothy/bothy/cluster/api/v1alpha1"
+	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/supervisor"
+)
+
+// Sandboxes is what the node reads its sandboxes from: its supervisor.
+type Sandboxes interface {
+	List() ([]*supervisor.Status, error)
+	Status(id string) (*supervisor.Status, error)
+}
+
+// Defaults of Config.
+const (
+	// The lease's timing is client-go's leader-election defaults, the timing Kubernetes'
+	// own components use: a node that stops renewing is seen gone 15 s after its last renewal.
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+	// DefaultStatusPeriod is how often the BothyNode's status is rewritten when nothing
+	// changed, so that its UpdatedAt shows the node writing.
+	DefaultStatusPeriod = 30 * time.Second
+	// DefaultResync is how often every object is reconciled against the store again, for
+	// what no event reported (an event missed while the API server was unreachable).
+	DefaultResync = 5 * time.Minute
+)
+
+// Config configures a Node.
+type Config struct {
+	// Rest reaches the API server.
+	Rest *rest.Config
+	// Name is the node's name: its BothyNode's and its Lease's. It must be unique in the
+	// cluster, like a kubelet's.
+	Name string
+	// Namespace holds the Sandbox objects and the Lease.
+	Namespace string
+	// Address is the URL of the node's API that routers send its sandboxes' calls to.
+	Address string
+	// Version is bothyd's version, published in the status.
+	Version string
+	// Sandboxes are the node's sandboxes.
+	Sandboxes Sandboxes
+	// Capacity is what the node offers sandboxes in all.
+	Capacity v1alpha1.Capacity
+	// Health is the node's verdict on itself and why; nil: always healthy.
+	Health func() (v1alpha1.NodeHealth, string)
+	// Images and Generations are what the node holds, for placement; nil: none.
+	Images      func() []string
+	Generations func() []v1alpha1.Generation
+	// The lease's timing; the defaults when zero.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// StatusPeriod and Resync; the defaults when zero.
+	StatusPeriod, Resync time.Duration
+	Logger               *slog.Logger
+}
+
+// Node mirrors a bothyd's sandboxes and its own state into the cluster's objects.
+type Node struct {
+	cfg    Config
+	c      client.Client
+	log    *slog.Logger
+	owner  client.FieldOwner
+	queue  workqueue.TypedRateLimitingInterface[string]
+	status chan struct{} // a status rewrite is wanted
+
+	mu      sync.Mutex
+	started bool
+}
+
+// New checks cfg and makes a Node; Run starts it.
+func New(cfg Config) (*Node, error) {
+	if cfg.Rest == nil || cfg.Name == "" || cfg.Namespace == "" || cfg.Sandboxes == nil {
+		return nil, errors.New("cluster node: the API server's configuration, the node's name, the namespace and the sandboxes are required")
+	}
+	defaults := []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{&cfg.LeaseDuration, DefaultLeaseDuration}, {&cfg.RenewDeadline, DefaultRenewDeadline},
+		{&cfg.RetryPeriod, DefaultRetryPeriod}, {&cfg.StatusPeriod, DefaultStatusPeriod}, {&cfg.Resync, DefaultResync},
+	}
+	for _, d := range defaults {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c, err := NewClient(cfg.Rest)
+	if err != nil {
+		return nil, err
+	}
+	return &Node{
+		cfg:   cfg,
+		c:     c,
+		log:   cfg.Logger.With("node", cfg.Name),
+		owner: client.FieldOwner("bothy-node"),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "bothy-node-sandboxes"}),
+		status: make(chan struct{}, 1),
+	}, nil
+}
+
+// NewClient is a controller-runtime client that knows the cluster's types and the built-in
+// ones (the Lease).
+func NewClient(cfg *rest.Config) (client.Client, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: scheme})
+}
+
+// OnEvent is the supervisor's event hook: it queues the sandbox the event is about for its
+// object to be brought up to date, and the node's status for a rewrite. It never blocks, so
+// the supervisor's transitions never wait on the API server. A nil Node (a server not in
+// node mode) ignores the event.
+func (n *Node) OnEvent(e supervisor.Event) {
+	if n == nil {
+		return
+	}
+	if e.Sandbox != "" {
+		n.queue.Add(e.Sandbox)
+	}
+	n.wantStatus()
+}
+
+func (n *Node) wantStatus() {
+	select {
+	case n.status <- struct{}{}:
+	default:
+	}
+}
+
+// Run holds the node's lease, publishes its status and mirrors its sandboxes until ctx
+// ends. It reconciles every object against the store before it follows events.
+func (n *Node) Run(ctx context.Context) error {
+	n.mu.Lock()
+	if n.started {
+		n.mu.Unlock()
+		return errors.New("cluster node: Run called twice")
+	}
+	n.started = true
+	n.mu.Unlock()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer n.queue.ShutDown()
+	wg.Add(3)
+	go func() { defer wg.Done(); n.holdLease(ctx) }()
+	go func() { defer wg.Done(); n.publishStatus(ctx) }()
+	go func() { defer wg.Done(); n.mirror(ctx) }()
+	<-ctx.Done()
+	return nil
+}
+
+// mirror reconciles at start-up and on every resync, and between them brings each queued
+// sandbox's object up to date, one at a time.
+func (n *Node) mirror(ctx context.Context) {
+	go func() {
+		for {
+			if err := n.Reconcile(ctx); err != nil && ctx.Err() == nil {
+				n.log.Warn("cluster: reconciling the sandboxes' objects failed; retrying", "err", err)
+				if !sleep(ctx, n.cfg.RetryPeriod) {
+					return
+				}
+				continue
+			}
+			if !sleep(ctx, n.cfg.Resync) {
+				return
+			}
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		n.queue.ShutDown()
+	}()
+	for {
+		id, shutdown := n.queue.Get()
+		if shutdown {
+			return
+		}
+		err := n.sync(ctx, id)
+		switch {
+		case err == nil:
+			n.queue.Forget(id)
+		case ctx.Err() != nil:
+		case apierrors.IsInvalid(err):
+			// The API server will refuse it again: an id Kubernetes cannot name (one that
+			// ends with '-'). Retrying would only repeat the line; the next event retries.
+			n.log.Warn("cluster: the API server refuses this sandbox's object; it has none", "sandbox", id, "err", err)
+			n.queue.Forget(id)
+		default:
+			n.log.Warn("cluster: updating a sandbox's object failed; retrying", "sandbox", id, "err", err)
+			n.queue.AddRateLimited(id)
+		}
+		n.queue.Done(id)
+	}
+}
+
+// Reconcile brings the objects in line with the store: every sandbox gets an object that
+// reads as the node does, and every object of this node's whose sandbox is gone is removed.
+// Exported for the node's tests and for `bothyd check`-style tooling.
+func (n *Node) Reconcile(ctx context.Context) error {
+	var objs v1alpha1.SandboxList
+	if err := n.c.List(ctx, &objs, client.InNamespace(n.cfg.Namespace), client.MatchingLabels{v1alpha1.NodeLabel: n.cfg.Name}); err != nil {
+		return fmt.Errorf("listing the node's Sandbox objects: %w", err)
+	}
+	sandboxes, err := n.cfg.Sandboxes.List()
+	if err != nil {
+		return fmt.Errorf("listing the node's sandboxes: %w", err)
+	}
+	have := make(map[string]bool, len(sandboxes))
+	for _, st := range sandboxes {
+		have[st.Config.ID] = true
+		n.queue.Add(st.Config.ID)
+	}
+	removed := 0
+	for i := range objs.Items {
+		obj := &objs.Items[i]
+		if have[obj.Name] {
+			continue
+		}
+		// Gone from the store: queued, the sync reads it missing and removes the object.
+		n.queue.Add(obj.Name)
+		removed++
+	}
+	n.log.Info("cluster: reconciling the sandboxes' objects", "sandboxes", len(sandboxes), "objects", len(objs.Items), "objects_without_sandbox", removed)
+	n.wantStatus()
+	return nil
+}
+
+// sync makes id's object what the store says: applied when the sandbox exists, deleted when
+// it does not.
+func (n *Node) sync(ctx context.Context, id string) error {
+	st, err := n.cfg.Sandboxes.Status(id)
+	// An object whose name is no valid id holds no sandbox of this node's either.
+	if code := errcode.Of(err); code == errcode.SandboxNotFound || code == errcode.InvalidRequest {
+		return n.remove(ctx, id)
+	}
+	if err != nil {
+		return err
+	}
+	obj := n.object(st)
+	// Refuse to take over another node's object: two sandboxes of one id on two nodes is a
+	// conflict for the operator (or the router that placed them) to settle, not for a node to
+	// win by writing last.
+	var cur v1alpha1.Sandbox
+	err = n.c.Get(ctx, client.ObjectKeyFromObject(obj), &cur)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return err
+	default:
+		if owner := cur.Labels[v1alpha1.NodeLabel]; owner != "" && owner != n.cfg.Name {
+			n.log.Warn("cluster: a Sandbox object of this id belongs to another node; leaving it alone", "sandbox", id, "owner", owner)
+			return nil
+		}
+	}
+	u, err := toApply(obj, false)
+	if err != nil {
+		return err
+	}
+	if err := n.c.Patch(ctx, u, client.Apply, n.owner, client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying the Sandbox object: %w", err)
+	}
+	u, err = toApply(obj, true)
+	if err != nil {
+		return err
+	}
+	if err := n.c.Status().Patch(ctx, u, client.Apply, n.owner, client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying the Sandbox object's status: %w", err)
+	}
+	return nil
+}
+
+// remove deletes id's object if it is this node's.
+func (n *Node) remove(ctx context.Context, id string) error {
+	var cur v1alpha1.Sandbox
+	err := n.c.Get(ctx, client.ObjectKey{Namespace: n.cfg.Namespace, Name: id}, &cur)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if cur.Labels[v1alpha1.NodeLabel] != n.cfg.Name {
+		return nil // not ours to remove
+	}
+	// Delete exactly the object read, so a newer one of the same name is never removed.
+	err = n.c.Delete(ctx, &cur, client.Preconditions{UID: &cur.UID})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+// object is the Sandbox object that says what the node knows of st.
+func (n *Node) object(st *supervisor.Status) *v1alpha1.Sandbox {
+	cfg := st.Config
+	now := metav1.Now()
+	obj := &v1alpha1.Sandbox{
+		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Sandbox"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: cfg.ID, Namespace: n.cfg.Namespace,
+			Labels: map[string]string{v1alpha1.NodeLabel: n.cfg.Name},
+		},
+		Spec: v1alpha1.SandboxSpec{
+			Image:   cfg.Image,
+			Runtime: st.Runtime,
+			Resources: v1alpha1.Resources{
+				VCPUs: int32(cfg.Resources.VCPUs), MemoryMB: int32(cfg.Resources.MemoryMB), //nolint:gosec // limits validated far below 2^31
+				Pids: int32(cfg.Resources.Pids), DiskMB: int32(cfg.DiskMB), //nolint:gosec // as above
+			},
+			Internet: cfg.Network != nil && cfg.Network.Internet,
+			Labels:   cfg.Labels,
+			NodeName: n.cfg.Name,
+		},
+		Status: v1alpha1.SandboxStatus{
+			Node:       n.cfg.Name,
+			State:      v1alpha1.SandboxState(st.State),
+			Asleep:     st.Asleep,
+			StartedAt:  metaTime(st.StartedAt),
+			ExpiresAt:  metaTime(st.ExpiresAt),
+			ObservedAt: &now,
+		},
+	}
+	if cfg.Template != nil {
+		obj.Spec.Template = &v1alpha1.TemplateRef{Template: cfg.Template.Template, Generation: cfg.Template.Generation}
+	}
+	if st.LastExit != nil {
+		code := int32(st.LastExit.ExitCode) //nolint:gosec // an exit code fits
+		obj.Status.ExitCode = &code
+	}
+	return obj
+}
+
+func metaTime(t *time.Time) *metav1.Time {
+	if t == nil {
+		return nil
+	}
+	mt := metav1.NewTime(*t)
+	return &mt
+}
+
+// toApply is obj as a server-side apply body: the object without its status, or (status
+// set) the status alone. A typed object would also send creationTimestamp: null, which
+// would make this node a manager of a field it never sets.
+func toApply(obj client.Object, status bool) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	if status {
+		unstructured.RemoveNestedField(u.Object, "spec")
+		unstructured.RemoveNestedField(u.Object, "metadata", "labels")
+	} else {
+		unstructured.RemoveNestedField(u.Object, "status")
+	}
+	return u, nil
+}
+
+// sleep waits d or until ctx ends, and says whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
