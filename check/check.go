@@ -348,6 +348,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkTrash(p)
 	c.checkWebhooks(p, false)
 	c.checkIdempotency(p, false)
+	c.checkSecrets(p, false)
 	return p, nil
 }
 

@@ -85,6 +85,7 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 	// The webhooks' leftovers, when no server holds their lock.
 	c.checkWebhooks(&pass{}, true)
 	c.checkIdempotency(&pass{}, true)
+	c.checkSecrets(&pass{}, true)
 
 	c.checkShared(&pass{}, true)
 

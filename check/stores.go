@@ -1,9 +1,11 @@
 package check
 
 import (
+	"path/filepath"
 	"time"
 
 	"github.com/bothy/bothy/idempotency"
+	"github.com/bothy/bothy/secret"
 )
 
 // WebhooksInUse is a note: a running server holds the webhooks' lock, so their records were
@@ -58,5 +60,21 @@ func (c *checker) checkIdempotency(p *pass, repair bool) {
 	}
 	for _, ip := range probs {
 		p.add(ip.Kind, "", ip.Entry, "%s", ip.Detail)
+	}
+}
+
+// checkSecrets runs the secrets' own check ([secret.Check]): what it repairs (temporary
+// files of interrupted writes) is as safe beside a running server as the idempotent creates'.
+func (c *checker) checkSecrets(p *pass, repair bool) {
+	probs, err := secret.Check(c.root, repair)
+	if err != nil {
+		p.add(secret.BadRecord, "", secret.Dir, "the secrets' records could not be checked: %v", err)
+		return
+	}
+	if repair {
+		return
+	}
+	for _, sp := range probs {
+		p.add(sp.Kind, "", filepath.Join(secret.Dir, sp.Entry), "%s", sp.Detail)
 	}
 }

@@ -81,6 +81,9 @@ var statusOfCode = map[string]int{
 	"webhook-not-found":         404,
 	"idempotency-key-reused":    422,
 	"idempotency-key-in-flight": 409,
+	"secret-not-found":          404,
+	"secret-exists":             409,
+	"secret-in-use":             409,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so

@@ -77,6 +77,9 @@ var statusOf = map[errcode.Code]int{
 	errcode.IdempotencyKeyReused:   http.StatusUnprocessableEntity,
 	errcode.IdempotencyKeyInFlight: http.StatusConflict,
 	errcode.SandboxWaking:          http.StatusServiceUnavailable,
+	errcode.SecretNotFound:         http.StatusNotFound,
+	errcode.SecretExists:           http.StatusConflict,
+	errcode.SecretInUse:            http.StatusConflict,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a

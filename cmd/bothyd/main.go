@@ -313,6 +313,10 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer hooks.Close()
+	secrets, err := openSecrets(o, log)
+	if err != nil {
+		return err
+	}
 	bus, err := events.Open(events.Options{SeqDir: o.root, OnError: func(err error) {
 		log.Warn("event ids may be reused after a restart", "err", err)
 	}, OnPublish: hooks.Enqueue})
@@ -395,6 +399,7 @@ func serve(o *options, log *slog.Logger) error {
 		NoFileLimit:      noFile,
 		Links:            links,
 		Webhooks:         hooks,
+		Secrets:          secrets,
 		Usage:            sampler,
 	})
 	if err != nil {

@@ -65,6 +65,12 @@ var (
 	// ErrIdempotencyKeyInFlight: the first request with the Idempotency-Key still runs;
 	// repeat in a moment.
 	ErrIdempotencyKeyInFlight = Code(errcode.IdempotencyKeyInFlight)
+	// ErrSecretNotFound: no secret has the name.
+	ErrSecretNotFound = Code(errcode.SecretNotFound)
+	// ErrSecretExists: a secret of the name exists; rotate it instead.
+	ErrSecretExists = Code(errcode.SecretExists)
+	// ErrSecretInUse: a sandbox's network policy binds the secret.
+	ErrSecretInUse = Code(errcode.SecretInUse)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

@@ -44,7 +44,10 @@ export type KnownErrorCode =
   | "link-not-found"
   | "webhook-not-found"
   | "idempotency-key-reused"
-  | "idempotency-key-in-flight";
+  | "idempotency-key-in-flight"
+  | "secret-not-found"
+  | "secret-exists"
+  | "secret-in-use";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -91,6 +94,9 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "webhook-not-found",
   "idempotency-key-reused",
   "idempotency-key-in-flight",
+  "secret-not-found",
+  "secret-exists",
+  "secret-in-use",
 ];
 
 /** An event type the contract documents; a newer server may send others. */
