@@ -128,6 +128,8 @@ type Options struct {
 	Network Network
 	// Webhooks, if set, checks the webhooks' records (package webhook, through cmd/bothyd).
 	Webhooks StoreCheck
+	// Egress, if set, checks the egress proxy's CA files (package egress, through cmd/bothyd).
+	Egress StoreCheck
 }
 
 // Run checks the state root and, with Repair, repairs it and checks it again. An error means
@@ -349,6 +351,7 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkWebhooks(p, false)
 	c.checkIdempotency(p, false)
 	c.checkSecrets(p, false)
+	c.checkEgress(p, false)
 	return p, nil
 }
 

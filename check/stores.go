@@ -78,3 +78,20 @@ func (c *checker) checkSecrets(p *pass, repair bool) {
 		p.add(sp.Kind, "", filepath.Join(secret.Dir, sp.Entry), "%s", sp.Detail)
 	}
 }
+
+// checkEgress runs the egress proxy's check of its CA's files: only temporary files of
+// interrupted writes, which are safe to remove beside a running server (it writes the CA once,
+// at its start-up, before it serves).
+func (c *checker) checkEgress(p *pass, repair bool) {
+	if c.o.Egress == nil {
+		return
+	}
+	probs, _, err := c.o.Egress(repair)
+	if err != nil {
+		p.add("egress-unchecked", "", "egress", "the egress proxy's CA could not be checked: %v", err)
+		return
+	}
+	if !repair {
+		p.problems = append(p.problems, probs...)
+	}
+}

@@ -71,6 +71,9 @@ func LoadCA(root string) (*CA, error) {
 		return nil, fmt.Errorf("egress: the CA's directory: %w", err)
 	}
 	dir := filepath.Join(root, Dir)
+	if _, err := Check(root, true); err != nil {
+		return nil, fmt.Errorf("egress: remove what interrupted writes left: %w", err)
+	}
 	key, err := loadKey(dir)
 	if err != nil {
 		return nil, err
@@ -228,6 +231,9 @@ func (c *CA) Leaf(name string) (*tls.Certificate, error) {
 	}
 	return cert, nil
 }
+
+// Leftover is the kind of problem [Check] finds: a temporary file of an interrupted write.
+const Leftover = "egress-leftover"
 
 // Check removes the temporary files of interrupted writes of the CA in root, with repair,
 // and returns what it found (names relative to root).

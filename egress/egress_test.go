@@ -19,6 +19,8 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/bothy/bothy/platform"
 )
 
 const (
@@ -145,7 +147,9 @@ func newWorld(t *testing.T, maxConns int, bindings []Binding) *world {
 		t.Fatal(err)
 	}
 	w.next = netip.MustParseAddrPort(w.upstream.Addr().String())
-	w.sb = p.Serve("sbx-test", ln, bindings)
+	w.sb = p.Serve("sbx-test", ln, bindings, func(dst netip.AddrPort) bool {
+		return dst.String() == w.upstream.Addr().String()
+	})
 	t.Cleanup(func() { w.sb.Close() })
 	return w
 }
@@ -365,6 +369,27 @@ func TestBoundsConnections(t *testing.T) {
 	}
 }
 
+func TestRefusesDestinationNotRedirected(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 8, bindings)
+	// The connection claims to go to the proxy's own listener, as one made straight to it
+	// does: it is closed, never dialled.
+	w.mu.Lock()
+	w.next = netip.MustParseAddrPort(w.sb.ln.Addr().String())
+	w.mu.Unlock()
+	c := w.client(w.proxyCA)
+	if resp, err := c.Get("https://api.test/"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a connection to a destination not redirected was served: %d", resp.StatusCode)
+	}
+	w.mu.Lock()
+	n := len(w.seen)
+	w.mu.Unlock()
+	if n != 0 {
+		t.Fatal("a host got a request")
+	}
+}
+
 func TestLeafCacheIsBounded(t *testing.T) {
 	t.Parallel()
 	ca, err := LoadCA(t.TempDir())
@@ -413,5 +438,27 @@ func TestCAOutlivesReload(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(root, Dir, CAKeyName))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("the CA's key: %v, %v", fi, err)
+	}
+}
+
+func TestLoadCARemovesLeftovers(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	if _, err := LoadCA(root); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(root, Dir, platform.TempName(CAKeyName))
+	if err := os.WriteFile(tmp, []byte("half a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	found, err := Check(root, false)
+	if err != nil || len(found) != 1 {
+		t.Fatalf("check: %v, %v", found, err)
+	}
+	if _, err := LoadCA(root); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
+		t.Fatalf("the leftover is still there: %v", err)
 	}
 }

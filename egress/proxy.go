@@ -120,6 +120,7 @@ type Sandbox struct {
 	sem      chan struct{}
 	refused  atomic.Uint64
 
+	allowed     func(netip.AddrPort) bool
 	intercepted *chanListener
 	srv         *http.Server
 	transport   *http.Transport
@@ -128,9 +129,11 @@ type Sandbox struct {
 }
 
 // Serve serves the connections that the sandbox id's filter redirects to ln, until
-// [Sandbox.Close].
-func (p *Proxy) Serve(id string, ln net.Listener, bindings []Binding) *Sandbox {
-	s := &Sandbox{p: p, id: id, ln: ln, sem: make(chan struct{}, p.cfg.MaxConns), intercepted: newChanListener(ln.Addr())}
+// [Sandbox.Close]. allowed says whether a connection's original destination is one the proxy
+// may dial: one the sandbox's filter redirected, as the network Manager knows them; a
+// connection to any other is closed, whatever it asks for.
+func (p *Proxy) Serve(id string, ln net.Listener, bindings []Binding, allowed func(netip.AddrPort) bool) *Sandbox {
+	s := &Sandbox{p: p, id: id, ln: ln, sem: make(chan struct{}, p.cfg.MaxConns), intercepted: newChanListener(ln.Addr()), allowed: allowed}
 	s.bindings.Store(&bindings)
 	s.transport = &http.Transport{
 		DialTLSContext:         s.dialUpstream,
@@ -228,8 +231,13 @@ func (s *Sandbox) bound(name string) []Binding {
 // covers it; otherwise, or if it is no TLS at all, splices it untouched to where it was going.
 func (s *Sandbox) handle(c net.Conn) {
 	dst, err := s.p.cfg.OriginalDst(c)
+	if err == nil && !s.allowed(dst) {
+		err = fmt.Errorf("%s is not a destination the sandbox's filter sent here", dst)
+	}
 	if err != nil {
-		s.p.cfg.Log.Debug("egress: a connection without its original destination", "sandbox", s.id, "err", err)
+		// A connection straight to the listener (its original destination is the listener
+		// itself), or to an address whose interception lapsed: never dialled.
+		s.p.cfg.Log.Debug("egress: a connection closed without a destination", "sandbox", s.id, "err", err)
 		c.Close()
 		return
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/supervisor"
 )
 
@@ -48,6 +49,15 @@ func policyOf(p *openapi.NetworkPolicy) *supervisor.NetworkPolicy {
 	if p.Deny != nil {
 		out.Deny = *p.Deny
 	}
+	if p.Secrets != nil {
+		for _, b := range *p.Secrets {
+			sb := store.SecretBinding{Secret: b.Secret, Hosts: b.Hosts}
+			if b.Header != nil {
+				sb.Header = &store.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
+			}
+			out.Secrets = append(out.Secrets, sb)
+		}
+	}
 	return out
 }
 
@@ -65,6 +75,17 @@ func apiNetwork(sb *openapi.Sandbox, n *supervisor.NetworkStatus) {
 	if len(n.Policy.Deny) > 0 {
 		deny := n.Policy.Deny
 		p.Deny = &deny
+	}
+	if len(n.Policy.Secrets) > 0 {
+		secrets := make([]openapi.SecretBinding, 0, len(n.Policy.Secrets))
+		for _, b := range n.Policy.Secrets {
+			ob := openapi.SecretBinding{Secret: b.Secret, Hosts: b.Hosts}
+			if b.Header != nil {
+				ob.Header = &openapi.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
+			}
+			secrets = append(secrets, ob)
+		}
+		p.Secrets = &secrets
 	}
 	sb.Network = p
 	if n.Address.IsValid() {

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -62,6 +63,10 @@ type sandbox struct {
 	mu    sync.Mutex
 	rules *Rules
 	pins  map[netip.Addr]pin
+	// intercepts are the addresses answered for names a secret is bound to, until when;
+	// egress says whether the proxy serves the sandbox (egress_linux.go).
+	intercepts map[netip.Addr]time.Time
+	egress     bool
 
 	servers []*dns.Server
 	refused atomic.Uint64
@@ -253,6 +258,9 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 			return att, err
 		}
 	}
+	if err := m.startEgress(sb, rules); err != nil {
+		return att, err
+	}
 	m.sandboxes[id] = sb
 	m.log.Info("network: sandbox attached", "sandbox", id, "interface", a.HostIf, "address", addr)
 	return att, nil
@@ -284,7 +292,10 @@ func (m *Manager) filter(sb *sandbox, rules *Rules) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: make the filter of %s: %w", id, err)
 	}
-	sb.rules, sb.pins = rules, map[netip.Addr]pin{}
+	if err := m.clearIntercepts(sb.att.Address); err != nil {
+		return fmt.Errorf("network: clear the intercepted addresses of %s: %w", id, err)
+	}
+	sb.rules, sb.pins, sb.intercepts = rules, map[netip.Addr]pin{}, map[netip.Addr]time.Time{}
 	return nil
 }
 
@@ -429,8 +440,13 @@ func (m *Manager) Update(id string, rules *Rules) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: replace the policy of %s: %w", id, err)
 	}
-	sb.rules, sb.pins = rules, keep
-	return nil
+	// What was intercepted for the old bindings goes; the new ones fill it at their names'
+	// next resolution.
+	if err := m.clearIntercepts(sb.att.Address); err != nil {
+		return fmt.Errorf("network: clear the intercepted addresses of %s: %w", id, err)
+	}
+	sb.rules, sb.pins, sb.intercepts = rules, keep, map[netip.Addr]time.Time{}
+	return m.startEgress(sb, rules)
 }
 
 // Teardown removes everything Setup made for id, in the reverse order (resolver, filter,
@@ -476,6 +492,9 @@ func (m *Manager) teardown(id string) error {
 		for _, s := range sb.servers {
 			_ = s.Shutdown()
 		}
+		if sb.egress && m.cfg.Egress != nil {
+			m.cfg.Egress.Stop(id)
+		}
 		delete(m.sandboxes, id)
 	}
 	recs, _, err := readRecords(m.cfg.Dir)
@@ -487,7 +506,11 @@ func (m *Manager) teardown(id string) error {
 	var gw netip.Addr
 	if a != nil {
 		ifName = a.HostIf
-		gw, _, _ = a.addrs()
+		var sbAddr netip.Addr
+		gw, sbAddr, _ = a.addrs()
+		if err := m.clearIntercepts(sbAddr); err != nil {
+			return fmt.Errorf("network: clear the intercepted addresses of %s: %w", id, err)
+		}
 	}
 	if err := m.removeFilter(func(sid string) bool { return sid == id }, func(n string) bool { return n == ifName },
 		func(g netip.Addr) bool { return g == gw }); err != nil {

@@ -22,7 +22,35 @@ type Policy struct {
 	Allow []string `json:"allow,omitempty"`
 	// Deny wins over Allow and over Internet.
 	Deny []string `json:"deny,omitempty"`
+	// Secrets are the secrets the egress proxy sends, for the sandbox, to the hosts each names
+	// (docs/secrets.md).
+	Secrets []SecretBinding `json:"secrets,omitempty"`
 }
+
+// SecretBinding binds a secret to hosts: the egress proxy replaces its placeholder with its
+// value in requests to them, and sets Header when given.
+type SecretBinding struct {
+	Secret string        `json:"secret"`
+	Hosts  []string      `json:"hosts"`
+	Header *SecretHeader `json:"header,omitempty"`
+}
+
+// SecretHeader is a header set on every request to a bound host; "{value}" in Value stands
+// for the secret's value.
+type SecretHeader struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Bounds of the secrets of a policy.
+const (
+	// MaxSecretBindings bounds a policy's secrets, and MaxSecretHosts each one's hosts: each
+	// host is matched against every intercepted request.
+	MaxSecretBindings = 16
+	MaxSecretHosts    = 16
+	// maxHeaderValue bounds a bound header's template.
+	maxHeaderValue = 256
+)
 
 // Kind says what an [Entry] names.
 type Kind int
@@ -58,6 +86,8 @@ type Entry struct {
 type Rules struct {
 	Internet    bool
 	Allow, Deny []Entry
+	// Secrets are the policy's secret bindings, their hosts lower case without a final dot.
+	Secrets []SecretBinding
 }
 
 // Networked reports whether the rules give the sandbox any destination at all, and so an
@@ -73,6 +103,7 @@ func (r *Rules) Policy() Policy {
 	for _, e := range r.Deny {
 		p.Deny = append(p.Deny, e.Text)
 	}
+	p.Secrets = r.Secrets
 	return p
 }
 
@@ -156,7 +187,107 @@ func Parse(p Policy) (*Rules, error) {
 			*l.out = append(*l.out, e)
 		}
 	}
+	secrets, err := parseSecrets(r, p.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	r.Secrets = secrets
 	return r, nil
+}
+
+// parseSecrets validates a policy's secret bindings against its rules: every bound host must
+// be a name the policy allows, since the proxy only ever sees connections the policy allows.
+func parseSecrets(r *Rules, bindings []SecretBinding) ([]SecretBinding, error) {
+	if len(bindings) == 0 {
+		return nil, nil
+	}
+	if len(bindings) > MaxSecretBindings {
+		return nil, errcode.Invalid("network.secrets", "network.secrets has %d entries; at most %d are allowed.", len(bindings), MaxSecretBindings)
+	}
+	if !r.Networked() {
+		return nil, errcode.Invalid("network.secrets", "network.secrets needs a network: allow the hosts the secrets go to (network.allow, or network.internet).")
+	}
+	seen := map[string]bool{}
+	out := make([]SecretBinding, 0, len(bindings))
+	for i, b := range bindings {
+		field := fmt.Sprintf("network.secrets[%d]", i)
+		if !validSecretName(b.Secret) {
+			return nil, errcode.Invalid(field+".secret", "%s.secret is %q, not a secret's name (a letter, then at most 63 letters, digits or underscores).", field, b.Secret)
+		}
+		if seen[b.Secret] {
+			return nil, errcode.Invalid(field+".secret", "%s.secret names %q a second time; bind each secret once, with all its hosts.", field, b.Secret)
+		}
+		seen[b.Secret] = true
+		if len(b.Hosts) == 0 || len(b.Hosts) > MaxSecretHosts {
+			return nil, errcode.Invalid(field+".hosts", "%s.hosts has %d entries; give 1 to %d.", field, len(b.Hosts), MaxSecretHosts)
+		}
+		nb := SecretBinding{Secret: b.Secret}
+		for j, h := range b.Hosts {
+			hf := fmt.Sprintf("%s.hosts[%d]", field, j)
+			e, err := ParseEntry(h)
+			if err == nil && e.Kind != Domain && e.Kind != Wildcard {
+				err = fmt.Errorf("an address; a secret is bound to host names, which its TLS connection names")
+			}
+			if err != nil {
+				return nil, errcode.Invalid(hf, "%s is %q: %v.", hf, h, err)
+			}
+			probe := e.Name
+			if e.Kind == Wildcard {
+				probe = "a." + e.Name
+				nb.Hosts = append(nb.Hosts, "*."+e.Name)
+			} else {
+				nb.Hosts = append(nb.Hosts, e.Name)
+			}
+			if !r.AllowsName(probe + ".") {
+				return nil, errcode.Invalid(hf, "%s is %q, which the policy does not allow; allow it in network.allow first.", hf, h)
+			}
+		}
+		if b.Header != nil {
+			if err := checkSecretHeader(field+".header", *b.Header); err != nil {
+				return nil, err
+			}
+			hd := *b.Header
+			nb.Header = &hd
+		}
+		out = append(out, nb)
+	}
+	return out, nil
+}
+
+func validSecretName(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter && (i == 0 || (c < '0' || c > '9') && c != '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkSecretHeader refuses a header the proxy must not set: one that frames or routes the
+// request, or that is not a token; and a template without the value or with a line break.
+func checkSecretHeader(field string, h SecretHeader) error {
+	if h.Name == "" || len(h.Name) > 64 {
+		return errcode.Invalid(field+".name", "%s.name must have 1 to 64 characters.", field)
+	}
+	for i := 0; i < len(h.Name); i++ {
+		c := h.Name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+.^_`|~-", c) >= 0) {
+			return errcode.Invalid(field+".name", "%s.name %q is not an HTTP header name.", field, h.Name)
+		}
+	}
+	switch strings.ToLower(h.Name) {
+	case "host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "keep-alive", "proxy-connection":
+		return errcode.Invalid(field+".name", "%s.name is %q, which frames or routes the request; the proxy does not set it.", field, h.Name)
+	}
+	if len(h.Value) > maxHeaderValue || !strings.Contains(h.Value, "{value}") || strings.ContainsAny(h.Value, "\r\n\x00") {
+		return errcode.Invalid(field+".value", "%s.value must hold {value}, where the secret's value goes (as \"Bearer {value}\"), have at most %d characters and no line break.", field, maxHeaderValue)
+	}
+	return nil
 }
 
 // ParseEntry parses one allow or deny entry: a CIDR ("198.51.100.0/24"), an address
@@ -327,4 +458,31 @@ func (r *Rules) pins() bool {
 		}
 	}
 	return false
+}
+
+// bindsName reports whether a secret of the rules is bound to the name (miekg/dns's form).
+func (r *Rules) bindsName(name string) bool {
+	labels, ok := hostLabels(name)
+	if !ok || r == nil {
+		return false
+	}
+	for _, b := range r.Secrets {
+		for _, h := range b.Hosts {
+			e := Entry{Kind: Domain, Name: h}
+			if rest, ok := cutWildcard(h); ok {
+				e = Entry{Kind: Wildcard, Name: rest}
+			}
+			if e.matches(labels) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func cutWildcard(h string) (string, bool) {
+	if len(h) > 2 && h[:2] == "*." {
+		return h[2:], true
+	}
+	return "", false
 }

@@ -3,6 +3,7 @@ package network
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -26,9 +27,27 @@ type Config struct {
 	HostNS *os.File
 	// Log receives what the Manager does to the host; nil means slog.Default().
 	Log *slog.Logger
+	// Egress, when set, is the egress proxy of the sandboxes whose policy binds a secret; a
+	// policy with secrets is refused at setup without it.
+	Egress Egress
 	// OnRefused, when set, is called for every name a sandbox's resolver refuses, with the
 	// sandbox's id; it must not block.
 	OnRefused func(id, name string)
+}
+
+// EgressPort is the port of the egress proxy's listener on a sandbox's gateway.
+const EgressPort = 15443
+
+// Egress is the egress proxy as the Manager drives it (package egress, through cmd/bothyd).
+type Egress interface {
+	// Serve serves sandbox id's redirected connections on ln under its bindings; allowed
+	// says whether a connection's original destination is one the proxy may dial (an address
+	// the sandbox's resolver answered for a bound name, port 443, within its TTL).
+	Serve(id string, ln net.Listener, secrets []SecretBinding, allowed func(netip.AddrPort) bool) error
+	// Update replaces a served sandbox's bindings.
+	Update(id string, secrets []SecretBinding)
+	// Stop stops serving a sandbox and closes its listener and connections.
+	Stop(id string)
 }
 
 // Target names the network namespace of a sandbox: its init's pid, or an open namespace file.

@@ -84,6 +84,8 @@ type Options struct {
 	Ports PortLimits
 	// Network, if set, gives sandboxes the network their policies ask for (a network.Manager).
 	Network Networker
+	// Secrets, if set, lets policies bind secrets (secrets.go); nil refuses a policy that does.
+	Secrets Secrets
 	// Spares, if set, are the spares to keep once [Supervisor.StartSpares] is called (with a
 	// Count of 0: none, and those an earlier run left are deleted). Nil leaves spares alone,
 	// as bothyd check and tests do.
@@ -94,6 +96,7 @@ type Options struct {
 // several supervisors (in several processes) may share a state root: the store's locks
 // serialise them.
 type Supervisor struct {
+	secrets   Secrets
 	store     *store.Store
 	templates *template.Store
 	images    *image.Store
@@ -198,6 +201,7 @@ func New(opts Options) (*Supervisor, error) {
 		wakeWait:      defaultWakeWait,
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
+		secrets:       opts.Secrets,
 		spares:        newSpareSet(opts.Spares),
 	}
 	for _, d := range DeclaredEntries(s.runtimes.all()...) {

@@ -77,6 +77,7 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		opts.Network = netw
 	}
 	opts.Webhooks = checkWebhooks(*root)
+	opts.Egress = checkEgress(*root)
 	rep, err := check.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "bothyd check:", err)

@@ -39,8 +39,8 @@ func openWebhooks(o *options, log *slog.Logger) (*webhook.Manager, error) {
 }
 
 // openSecrets opens the secrets (package secret).
-func openSecrets(o *options, log *slog.Logger) (*secret.Manager, error) {
-	m, err := secret.Open(secret.Options{Root: o.root, Logger: log})
+func openSecrets(o *options, uses func(string) []secret.Use, log *slog.Logger) (*secret.Manager, error) {
+	m, err := secret.Open(secret.Options{Root: o.root, Uses: uses, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("the secrets: %w", err)
 	}
