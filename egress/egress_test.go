@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -89,7 +90,7 @@ func TestReplacerHoldsLittle(t *testing.T) {
 // world is a proxy with one sandbox, and TLS hosts behind it, all on loopback: the test plays
 // the kernel's redirection by telling the proxy where each connection was going.
 type world struct {
-	t        *testing.T
+	t        testing.TB
 	proxyCA  *CA
 	hostCA   *CA
 	sb       *Sandbox
@@ -102,7 +103,7 @@ type world struct {
 	body  []string
 }
 
-func newWorld(t *testing.T, maxConns int, bindings []Binding) *world {
+func newWorld(t testing.TB, maxConns int, bindings []Binding) *world {
 	t.Helper()
 	w := &world{t: t, value: value1}
 	var err error
@@ -120,6 +121,20 @@ func newWorld(t *testing.T, maxConns int, bindings []Binding) *world {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bulk" {
+			// The benchmarks' path: the body is counted, not kept, and the answer is as large
+			// as asked.
+			n, _ := io.Copy(io.Discard, r.Body)
+			size, _ := strconv.Atoi(r.URL.Query().Get("size"))
+			rw.Header().Set("X-Got", strconv.FormatInt(n, 10))
+			chunk := bytes.Repeat([]byte("x"), 32<<10)
+			for size > 0 {
+				k := min(size, len(chunk))
+				rw.Write(chunk[:k])
+				size -= k
+			}
+			return
+		}
 		b, _ := io.ReadAll(r.Body)
 		w.mu.Lock()
 		w.seen = append(w.seen, r)
@@ -160,14 +175,17 @@ func (w *world) client(roots ...*CA) *http.Client {
 	for _, ca := range roots {
 		pool.AppendCertsFromPEM(ca.CertPEM())
 	}
-	addr := w.sb.ln.Addr().String()
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pool},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		},
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: dialTo(w.sb.ln.Addr().String()), MaxIdleConnsPerHost: 4,
 	}}
+}
+
+// dialTo dials addr whatever the address asked for, as the kernel's redirection does.
+func dialTo(addr string) func(ctx context.Context, network, _ string) (net.Conn, error) {
+	return func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
 }
 
 func (w *world) last() (*http.Request, string) {
@@ -460,5 +478,25 @@ func TestLoadCARemovesLeftovers(t *testing.T) {
 	}
 	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
 		t.Fatalf("the leftover is still there: %v", err)
+	}
+}
+
+func TestCloseEndsSplicedConnections(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 8, bindings)
+	// other.test is spliced; the sandbox keeps its connection open, idle.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(w.hostCA.CertPEM())
+	conn, err := tls.Dial("tcp", w.sb.ln.Addr().String(), &tls.Config{ServerName: "other.test", RootCAs: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	done := make(chan struct{})
+	go func() { w.sb.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waits for a spliced connection the sandbox keeps open")
 	}
 }

@@ -126,6 +126,10 @@ type Sandbox struct {
 	transport   *http.Transport
 	wg          sync.WaitGroup
 	closeOnce   sync.Once
+
+	mu     sync.Mutex
+	conns  map[*releasing]bool // the sandbox's connections, closed by Close
+	closed bool
 }
 
 // Serve serves the connections that the sandbox id's filter redirects to ln, until
@@ -133,7 +137,8 @@ type Sandbox struct {
 // may dial: one the sandbox's filter redirected, as the network Manager knows them; a
 // connection to any other is closed, whatever it asks for.
 func (p *Proxy) Serve(id string, ln net.Listener, bindings []Binding, allowed func(netip.AddrPort) bool) *Sandbox {
-	s := &Sandbox{p: p, id: id, ln: ln, sem: make(chan struct{}, p.cfg.MaxConns), intercepted: newChanListener(ln.Addr()), allowed: allowed}
+	s := &Sandbox{p: p, id: id, ln: ln, sem: make(chan struct{}, p.cfg.MaxConns), intercepted: newChanListener(ln.Addr()),
+		allowed: allowed, conns: map[*releasing]bool{}}
 	s.bindings.Store(&bindings)
 	s.transport = &http.Transport{
 		DialTLSContext:         s.dialUpstream,
@@ -174,6 +179,14 @@ func (s *Sandbox) Close() error {
 		s.intercepted.Close()
 		s.srv.Close()
 		s.transport.CloseIdleConnections()
+		// A spliced connection is no server's: it is closed here, or Close would wait for
+		// the sandbox to end it.
+		s.mu.Lock()
+		s.closed = true
+		for c := range s.conns {
+			c.Conn.Close()
+		}
+		s.mu.Unlock()
 		s.wg.Wait()
 	})
 	return err
@@ -196,10 +209,26 @@ func (s *Sandbox) accept() {
 			c.Close()
 			continue
 		}
+		rc := &releasing{Conn: c}
+		rc.release = func() {
+			s.mu.Lock()
+			delete(s.conns, rc)
+			s.mu.Unlock()
+			<-s.sem
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			<-s.sem
+			return
+		}
+		s.conns[rc] = true
+		s.mu.Unlock()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.handle(&releasing{Conn: c, release: func() { <-s.sem }})
+			s.handle(rc)
 		}()
 	}
 }
