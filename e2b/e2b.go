@@ -80,6 +80,8 @@ type Config struct {
 	Logger       *slog.Logger
 	// Usage, if set, answers getMetrics and GET /sandboxes/metrics; nil answers them 501.
 	Usage *usage.Sampler
+	// Secrets, if set, answers E2B's /secrets; nil answers them 501.
+	Secrets Secrets
 }
 
 // Handler serves both of E2B's planes; mount it where [Claims] says.
@@ -117,7 +119,8 @@ func Claims(r *http.Request) bool {
 	}
 	p := r.URL.Path
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
-		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/")
+		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
+		p == "/secrets" || strings.HasPrefix(p, "/secrets/")
 }
 
 // IsUpload reports whether r, which [Claims] claims, is a file upload (envd's POST

@@ -69,6 +69,8 @@ type Secret struct {
 	CreatedAt time.Time
 	// RotatedAt is the time of the last rotation; nil when the value is the first one.
 	RotatedAt *time.Time
+	// Version counts the values: 1 for the first, one more at each rotation.
+	Version int
 	// Uses are the sandboxes that bind it.
 	Uses []Use
 }
@@ -92,6 +94,7 @@ type rec struct {
 	Sealed    string     `json:"sealed"`
 	CreatedAt time.Time  `json:"created_at"`
 	RotatedAt *time.Time `json:"rotated_at,omitempty"`
+	Version   int        `json:"version,omitempty"`
 }
 
 // Manager keeps the secrets of a state root.
@@ -218,7 +221,7 @@ func (m *Manager) Create(name, value string) (*Secret, error) {
 	if err := m.ensureKey(); err != nil {
 		return nil, err
 	}
-	r := &rec{Format: recordFormat, Name: name, CreatedAt: m.o.Now().UTC()}
+	r := &rec{Format: recordFormat, Name: name, CreatedAt: m.o.Now().UTC(), Version: 1}
 	if err := m.write(r, value); err != nil {
 		return nil, err
 	}
@@ -238,7 +241,7 @@ func (m *Manager) Rotate(name, value string) (*Secret, error) {
 		return nil, notFound(name)
 	}
 	now := m.o.Now().UTC()
-	r := &rec{Format: recordFormat, Name: name, CreatedAt: old.CreatedAt, RotatedAt: &now}
+	r := &rec{Format: recordFormat, Name: name, CreatedAt: old.CreatedAt, RotatedAt: &now, Version: max(old.Version, 1) + 1}
 	if err := m.write(r, value); err != nil {
 		return nil, err
 	}
@@ -326,7 +329,7 @@ func (m *Manager) Delete(name string) error {
 }
 
 func (m *Manager) show(r *rec) *Secret {
-	s := &Secret{Name: r.Name, CreatedAt: r.CreatedAt, RotatedAt: r.RotatedAt, Uses: m.o.Uses(r.Name)}
+	s := &Secret{Name: r.Name, CreatedAt: r.CreatedAt, RotatedAt: r.RotatedAt, Version: max(r.Version, 1), Uses: m.o.Uses(r.Name)}
 	if s.Uses == nil {
 		s.Uses = []Use{}
 	}

@@ -83,8 +83,8 @@ func TestCreateRotateDeleteAcrossReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.RotatedAt == nil || !r.CreatedAt.Equal(s.CreatedAt) {
-		t.Fatalf("rotated %+v", r)
+	if r.RotatedAt == nil || !r.CreatedAt.Equal(s.CreatedAt) || s.Version != 1 || r.Version != 2 {
+		t.Fatalf("rotated %+v (created %+v)", r, s)
 	}
 	if v, _ := open(t, root, nil).Value("API_KEY"); v != "rotated-value-42" {
 		t.Fatalf("after rotate and reopen Value = %q", v)

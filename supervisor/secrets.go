@@ -27,6 +27,12 @@ import (
 //
 // The values stay with the proxy (package egress); the CA's key never leaves the state root.
 
+// SecretBinding and SecretHeader are a policy's binding of a secret, as recorded.
+type (
+	SecretBinding = store.SecretBinding
+	SecretHeader  = store.SecretHeader
+)
+
 // Secrets is what the supervisor needs of the secrets and the egress proxy's CA.
 type Secrets interface {
 	// Exists reports whether a secret of this name exists.

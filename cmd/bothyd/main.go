@@ -410,7 +410,7 @@ func serve(o *options, log *slog.Logger) error {
 	e2bAPI := e2b.New(e2b.Config{
 		Supervisor: sup, Token: token, Logger: rlog,
 		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
-		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler,
+		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler, Secrets: egressSvc.secrets,
 	})
 	srv, err := server.New(server.Config{
 		Foreign:        e2bAPI,
