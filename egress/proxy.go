@@ -35,6 +35,9 @@ const (
 	idleTimeout = 2 * time.Minute
 	// maxUpstreamPerSandbox bounds the upstream connections an interception pool holds.
 	maxUpstreamPerSandbox = 16
+	// minEchoedValue is the shortest value replaced back in answers: a shorter one would match
+	// text of the answer that is not the value.
+	minEchoedValue = 8
 )
 
 // Header is a header the proxy sets on every request to a bound host; "{value}" in Value
@@ -435,7 +438,9 @@ func (s *Sandbox) pairs(name string) (out, back []pair, headers []Header) {
 			continue
 		}
 		out = append(out, pair{Old: b.Placeholder, New: v})
-		back = append(back, pair{Old: v, New: b.Placeholder})
+		if len(v) >= minEchoedValue {
+			back = append(back, pair{Old: v, New: b.Placeholder})
+		}
 		if b.Header != nil {
 			headers = append(headers, Header{Name: b.Header.Name, Value: strings.ReplaceAll(b.Header.Value, "{value}", v)})
 		}

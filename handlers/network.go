@@ -2,6 +2,8 @@ package handlers
 
 import (
 	"context"
+	"maps"
+	"slices"
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/openapi"
@@ -50,8 +52,10 @@ func policyOf(p *openapi.NetworkPolicy) *supervisor.NetworkPolicy {
 		out.Deny = *p.Deny
 	}
 	if p.Secrets != nil {
-		for _, b := range *p.Secrets {
-			sb := store.SecretBinding{Secret: b.Secret, Hosts: b.Hosts}
+		// The contract's map, by name, is the record's list, sorted by name.
+		for _, name := range slices.Sorted(maps.Keys(*p.Secrets)) {
+			b := (*p.Secrets)[name]
+			sb := store.SecretBinding{Secret: name, Hosts: b.Hosts}
 			if b.Header != nil {
 				sb.Header = &store.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
 			}
@@ -77,13 +81,13 @@ func apiNetwork(sb *openapi.Sandbox, n *supervisor.NetworkStatus) {
 		p.Deny = &deny
 	}
 	if len(n.Policy.Secrets) > 0 {
-		secrets := make([]openapi.SecretBinding, 0, len(n.Policy.Secrets))
+		secrets := make(openapi.SecretBindings, len(n.Policy.Secrets))
 		for _, b := range n.Policy.Secrets {
-			ob := openapi.SecretBinding{Secret: b.Secret, Hosts: b.Hosts}
+			ob := openapi.SecretBinding{Hosts: b.Hosts}
 			if b.Header != nil {
 				ob.Header = &openapi.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
 			}
-			secrets = append(secrets, ob)
+			secrets[b.Secret] = ob
 		}
 		p.Secrets = &secrets
 	}

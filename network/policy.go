@@ -23,8 +23,8 @@ type Policy struct {
 	// Deny wins over Allow and over Internet.
 	Deny []string `json:"deny,omitempty"`
 	// Secrets are the secrets the egress proxy sends, for the sandbox, to the hosts each names
-	// (docs/secrets.md).
-	Secrets []SecretBinding `json:"secrets,omitempty"`
+	// (docs/secrets.md). The API's form is a map by name, which package handlers converts.
+	Secrets []SecretBinding `json:"-"`
 }
 
 // SecretBinding binds a secret to hosts: the egress proxy replaces its placeholder with its
@@ -187,7 +187,7 @@ func Parse(p Policy) (*Rules, error) {
 			*l.out = append(*l.out, e)
 		}
 	}
-	secrets, err := parseSecrets(r, p.Secrets)
+	secrets, err := parseSecrets(p.Secrets)
 	if err != nil {
 		return nil, err
 	}
@@ -195,27 +195,25 @@ func Parse(p Policy) (*Rules, error) {
 	return r, nil
 }
 
-// parseSecrets validates a policy's secret bindings against its rules: every bound host must
-// be a name the policy allows, since the proxy only ever sees connections the policy allows.
-func parseSecrets(r *Rules, bindings []SecretBinding) ([]SecretBinding, error) {
+// parseSecrets validates a policy's secret bindings. A binding opens nothing: a bound host the
+// policy does not allow is refused by the sandbox's resolver, so never intercepted, and a
+// policy without a network binds nothing at all.
+func parseSecrets(bindings []SecretBinding) ([]SecretBinding, error) {
 	if len(bindings) == 0 {
 		return nil, nil
 	}
 	if len(bindings) > MaxSecretBindings {
 		return nil, errcode.Invalid("network.secrets", "network.secrets has %d entries; at most %d are allowed.", len(bindings), MaxSecretBindings)
 	}
-	if !r.Networked() {
-		return nil, errcode.Invalid("network.secrets", "network.secrets needs a network: allow the hosts the secrets go to (network.allow, or network.internet).")
-	}
 	seen := map[string]bool{}
 	out := make([]SecretBinding, 0, len(bindings))
-	for i, b := range bindings {
-		field := fmt.Sprintf("network.secrets[%d]", i)
+	for _, b := range bindings {
+		field := "network.secrets." + b.Secret
 		if !validSecretName(b.Secret) {
-			return nil, errcode.Invalid(field+".secret", "%s.secret is %q, not a secret's name (a letter, then at most 63 letters, digits or underscores).", field, b.Secret)
+			return nil, errcode.Invalid("network.secrets", "network.secrets names %q, not a secret's name (a letter, then at most 63 letters, digits or underscores).", b.Secret)
 		}
 		if seen[b.Secret] {
-			return nil, errcode.Invalid(field+".secret", "%s.secret names %q a second time; bind each secret once, with all its hosts.", field, b.Secret)
+			return nil, errcode.Invalid(field, "network.secrets names %q a second time; bind each secret once, with all its hosts.", b.Secret)
 		}
 		seen[b.Secret] = true
 		if len(b.Hosts) == 0 || len(b.Hosts) > MaxSecretHosts {
@@ -224,22 +222,20 @@ func parseSecrets(r *Rules, bindings []SecretBinding) ([]SecretBinding, error) {
 		nb := SecretBinding{Secret: b.Secret}
 		for j, h := range b.Hosts {
 			hf := fmt.Sprintf("%s.hosts[%d]", field, j)
-			e, err := ParseEntry(h)
-			if err == nil && e.Kind != Domain && e.Kind != Wildcard {
-				err = fmt.Errorf("an address; a secret is bound to host names, which its TLS connection names")
+			// A host is a name, as the TLS connection names it; one that looks like an address
+			// never matches a server name, and binds nothing.
+			name := strings.TrimSuffix(strings.ToLower(h), ".")
+			wild := false
+			if rest, ok := strings.CutPrefix(name, "*."); ok {
+				name, wild = rest, true
 			}
-			if err != nil {
+			if err := checkDomain(name); err != nil {
 				return nil, errcode.Invalid(hf, "%s is %q: %v.", hf, h, err)
 			}
-			probe := e.Name
-			if e.Kind == Wildcard {
-				probe = "a." + e.Name
-				nb.Hosts = append(nb.Hosts, "*."+e.Name)
+			if wild {
+				nb.Hosts = append(nb.Hosts, "*."+name)
 			} else {
-				nb.Hosts = append(nb.Hosts, e.Name)
-			}
-			if !r.AllowsName(probe + ".") {
-				return nil, errcode.Invalid(hf, "%s is %q, which the policy does not allow; allow it in network.allow first.", hf, h)
+				nb.Hosts = append(nb.Hosts, name)
 			}
 		}
 		if b.Header != nil {

@@ -147,15 +147,13 @@ func TestParseSecrets(t *testing.T) {
 		p     Policy
 		field string
 	}{
-		{"no network", Policy{Secrets: []SecretBinding{{Secret: "K", Hosts: []string{"a.test"}}}}, "network.secrets"},
-		{"bad name", bind(SecretBinding{Secret: "1K", Hosts: []string{"api.example.com"}}), "network.secrets[0].secret"},
-		{"twice", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}}, SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}}), "network.secrets[1].secret"},
-		{"no hosts", bind(SecretBinding{Secret: "K"}), "network.secrets[0].hosts"},
-		{"address", bind(SecretBinding{Secret: "K", Hosts: []string{"198.51.100.7"}}), "network.secrets[0].hosts[0]"},
-		{"not allowed", bind(SecretBinding{Secret: "K", Hosts: []string{"evil.test"}}), "network.secrets[0].hosts[0]"},
-		{"host header", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "Host", Value: "{value}"}}), "network.secrets[0].header.name"},
-		{"no value", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "X-Key", Value: "static"}}), "network.secrets[0].header.value"},
-		{"line break", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "X-Key", Value: "{value}\r\nX-Evil: 1"}}), "network.secrets[0].header.value"},
+		{"bad name", bind(SecretBinding{Secret: "1K", Hosts: []string{"api.example.com"}}), "network.secrets"},
+		{"twice", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}}, SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}}), "network.secrets.K"},
+		{"no hosts", bind(SecretBinding{Secret: "K"}), "network.secrets.K.hosts"},
+		{"bad host", bind(SecretBinding{Secret: "K", Hosts: []string{"a..b"}}), "network.secrets.K.hosts[0]"},
+		{"host header", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "Host", Value: "{value}"}}), "network.secrets.K.header.name"},
+		{"no value", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "X-Key", Value: "static"}}), "network.secrets.K.header.value"},
+		{"line break", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "X-Key", Value: "{value}\r\nX-Evil: 1"}}), "network.secrets.K.header.value"},
 		{"too many", bind(make([]SecretBinding, MaxSecretBindings+1)...), "network.secrets"},
 	}
 	for _, tc := range bad {
@@ -182,5 +180,10 @@ func TestParseSecrets(t *testing.T) {
 	}
 	if p := r.Policy(); len(p.Secrets) != 1 {
 		t.Fatalf("the policy lost its secrets: %+v", p)
+	}
+	// A binding opens nothing, so a host the policy does not allow, or a policy without a
+	// network, is taken: the name is never resolved, so never intercepted.
+	if _, err := Parse(Policy{Secrets: []SecretBinding{{Secret: "K", Hosts: []string{"evil.test"}}}}); err != nil {
+		t.Fatalf("a binding without a network: %v", err)
 	}
 }

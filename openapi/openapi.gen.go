@@ -1383,8 +1383,18 @@ type NetworkPolicy struct {
 	// Internet Every public destination, when `allow` is empty.
 	Internet *InternetAccess `json:"internet,omitempty"`
 
-	// Secrets Secrets the egress proxy sends to named hosts on the sandbox's behalf (docs/secrets.md).
-	Secrets *[]SecretBinding `json:"secrets,omitempty"`
+	// Secrets Secrets sent to hosts over HTTPS by bothyd's egress proxy (docs/secrets.md), by the
+	// secret's name (`SecretName`; OpenAPI 3.0 cannot constrain map keys: `x-key-pattern`
+	// states the pattern, and the server refuses others with `invalid-request`). The sandbox
+	// sees `BOTHY_SECRET_<NAME>` holding a placeholder; in requests to a bound host the proxy
+	// replaces the placeholder with the value, in the URL, headers and body, and sets
+	// `header` when given. The same placeholder sent to any other host goes out unchanged.
+	// A binding opens nothing: a host the policy does not allow is never reached, so never
+	// bound. Every secret named must exist (`404 secret-not-found`).
+	//
+	//
+	// Example: {"GITHUB_TOKEN":{"header":{"name":"Authorization","value":"Bearer {value}"},"hosts":["api.github.com"]}}
+	Secrets *SecretBindings `json:"secrets,omitempty"`
 }
 
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
@@ -1726,22 +1736,26 @@ type Secret struct {
 	RotatedAt *time.Time `json:"rotated_at,omitempty"`
 }
 
-// SecretBinding A secret sent to hosts over HTTPS by bothyd's egress proxy (docs/secrets.md). The sandbox
-// sees `BOTHY_SECRET_<NAME>` holding a placeholder; in requests to a bound host the proxy
-// replaces the placeholder with the value, in headers and body, and sets `header` when
-// given. The same placeholder sent to any other host goes out unchanged. Each host must
-// be allowed by the policy.
+// SecretBinding The hosts one secret goes to, and the header it is set in.
 type SecretBinding struct {
 	// Header A header set on every request to a bound host, replacing one the sandbox sent.
 	Header *SecretHeader `json:"header,omitempty"`
 
 	// Hosts The hosts (exact names, or `*.example.org` for every name below) the value may go to.
 	Hosts []string `json:"hosts"`
-
-	// Secret A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
-	// placeholder in `BOTHY_SECRET_<NAME>`).
-	Secret SecretName `json:"secret"`
 }
+
+// SecretBindings Secrets sent to hosts over HTTPS by bothyd's egress proxy (docs/secrets.md), by the
+// secret's name (`SecretName`; OpenAPI 3.0 cannot constrain map keys: `x-key-pattern`
+// states the pattern, and the server refuses others with `invalid-request`). The sandbox
+// sees `BOTHY_SECRET_<NAME>` holding a placeholder; in requests to a bound host the proxy
+// replaces the placeholder with the value, in the URL, headers and body, and sets
+// `header` when given. The same placeholder sent to any other host goes out unchanged.
+// A binding opens nothing: a host the policy does not allow is never reached, so never
+// bound. Every secret named must exist (`404 secret-not-found`).
+//
+// Example: {"GITHUB_TOKEN":{"header":{"name":"Authorization","value":"Bearer {value}"},"hosts":["api.github.com"]}}
+type SecretBindings map[string]SecretBinding
 
 // SecretHeader A header set on every request to a bound host, replacing one the sandbox sent.
 type SecretHeader struct {

@@ -79,10 +79,9 @@ func (s *Supervisor) checkSecrets(rules *network.Rules) error {
 	if s.secrets == nil {
 		return errcode.Invalid("network.secrets", "This server has no egress proxy, so a policy cannot bind secrets; leave out network.secrets.")
 	}
-	for i, b := range rules.Secrets {
+	for _, b := range rules.Secrets {
 		if !s.secrets.Exists(b.Secret) {
-			return errcode.Invalid(fmt.Sprintf("network.secrets[%d].secret", i),
-				"There is no secret %q; create it with POST /v1/secrets first.", b.Secret)
+			return errcode.New(errcode.SecretNotFound, "The policy binds the secret %q, and there is none; create it with POST /v1/secrets first.", b.Secret)
 		}
 	}
 	return nil

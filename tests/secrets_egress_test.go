@@ -110,13 +110,14 @@ func TestSecretsAtEgress(t *testing.T) {
 	const value = "sk-egress-3a7bd3e2360a3d29eea436fcfb7e44c7"
 	const rotated = "sk-egress-rotated-0d9f6c1b2e8a4f7d"
 	decode[secretJSON](t, d.doJSON("POST", "/v1/secrets", map[string]any{"name": "API_KEY", "value": value}), 201)
-	policy := map[string]any{"allow": []string{"allowed.test", "other.test"}, "secrets": []map[string]any{{
-		"secret": "API_KEY", "hosts": []string{"allowed.test"}, "header": map[string]any{"name": "X-Api-Key", "value": "Key {value}"},
-	}}}
+	policy := map[string]any{"allow": []string{"allowed.test", "other.test"}, "secrets": map[string]any{
+		"API_KEY": map[string]any{"hosts": []string{"allowed.test"}, "header": map[string]any{"name": "X-Api-Key", "value": "Key {value}"}},
+	}}
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "nosecret", "network": map[string]any{
-		"allow": []string{"allowed.test"}, "secrets": []map[string]any{{"secret": "MISSING", "hosts": []string{"allowed.test"}}}}}), 400, "invalid-request")
-	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "unallowed", "network": map[string]any{
-		"allow": []string{"allowed.test"}, "secrets": []map[string]any{{"secret": "API_KEY", "hosts": []string{"other.test"}}}}}), 400, "invalid-request")
+		"allow": []string{"allowed.test"}, "secrets": map[string]any{"MISSING": map[string]any{"hosts": []string{"allowed.test"}}}}}), 404, "secret-not-found")
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "badheader", "network": map[string]any{
+		"allow": []string{"allowed.test"}, "secrets": map[string]any{"API_KEY": map[string]any{"hosts": []string{"allowed.test"},
+			"header": map[string]any{"name": "Content-Length", "value": "{value}"}}}}}), 400, "invalid-request")
 	d.createNet("sec", policy)
 
 	env := d.exec("sec", map[string]any{"command": []string{"env"}})

@@ -1988,8 +1988,7 @@ export interface components {
             allow?: components["schemas"]["AllowedDestination"][];
             /** @description Destinations never reachable; wins over `allow` and `internet`. */
             deny?: components["schemas"]["NetworkDestination"][];
-            /** @description Secrets the egress proxy sends to named hosts on the sandbox's behalf (docs/secrets.md). */
-            secrets?: components["schemas"]["SecretBinding"][];
+            secrets?: components["schemas"]["SecretBindings"];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
@@ -2425,14 +2424,31 @@ export interface components {
             items: components["schemas"]["Secret"][];
         };
         /**
-         * @description A secret sent to hosts over HTTPS by bothyd's egress proxy (docs/secrets.md). The sandbox
+         * @description Secrets sent to hosts over HTTPS by bothyd's egress proxy (docs/secrets.md), by the
+         *     secret's name (`SecretName`; OpenAPI 3.0 cannot constrain map keys: `x-key-pattern`
+         *     states the pattern, and the server refuses others with `invalid-request`). The sandbox
          *     sees `BOTHY_SECRET_<NAME>` holding a placeholder; in requests to a bound host the proxy
-         *     replaces the placeholder with the value, in headers and body, and sets `header` when
-         *     given. The same placeholder sent to any other host goes out unchanged. Each host must
-         *     be allowed by the policy.
+         *     replaces the placeholder with the value, in the URL, headers and body, and sets
+         *     `header` when given. The same placeholder sent to any other host goes out unchanged.
+         *     A binding opens nothing: a host the policy does not allow is never reached, so never
+         *     bound. Every secret named must exist (`404 secret-not-found`).
+         * @example {
+         *       "GITHUB_TOKEN": {
+         *         "hosts": [
+         *           "api.github.com"
+         *         ],
+         *         "header": {
+         *           "name": "Authorization",
+         *           "value": "Bearer {value}"
+         *         }
+         *       }
+         *     }
          */
+        SecretBindings: {
+            [key: string]: components["schemas"]["SecretBinding"];
+        };
+        /** @description The hosts one secret goes to, and the header it is set in. */
         SecretBinding: {
-            secret: components["schemas"]["SecretName"];
             /** @description The hosts (exact names, or `*.example.org` for every name below) the value may go to. */
             hosts: string[];
             header?: components["schemas"]["SecretHeader"];
