@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bothy/bothy/platform"
 )
 
 type secretJSON struct {
@@ -83,4 +85,63 @@ func TestSecretsAPIIsWriteOnly(t *testing.T) {
 		t.Fatalf("delete: %d %s", r.Status, r.Body)
 	}
 	wantProblem(t, d.do("GET", "/v1/secrets/API_KEY", nil, nil), 404, "secret-not-found")
+}
+
+// TestCheckRepairsSecretsLeftovers: what interrupted writes of a secret and of the egress CA
+// leave is reported by `bothyd check` and removed by --repair; a secret's record without the
+// key beside it is reported and kept; and the start-up removes the temporary files too.
+func TestCheckRepairsSecretsLeftovers(t *testing.T) {
+	requireRoot(t)
+	d := startDaemon(t)
+	decode[secretJSON](t, d.doJSON("POST", "/v1/secrets", map[string]any{"name": "KEPT", "value": "kept-value-0123456789"}), 201)
+	d.Stop()
+	mustCheckClean(t, d.Root, "after a create")
+
+	plant := func(dir, name string) string {
+		p := filepath.Join(d.Root, dir, platform.TempName(name))
+		if err := os.WriteFile(p, []byte("half"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tmpSecret, tmpCA := plant("secrets", "NEW.json"), plant("egress", "ca.key")
+	r, code, stderr := runCheck(t, d.Root)
+	if code != 1 || len(r.kinds()["secret-leftover"]) != 1 || len(r.kinds()["egress-leftover"]) != 1 {
+		t.Fatalf("check with leftovers: exit %d %+v %s", code, r, stderr)
+	}
+	if _, code, stderr := runCheck(t, d.Root, "--repair"); code != 0 {
+		t.Fatalf("repair: exit %d %s", code, stderr)
+	}
+	for _, p := range []string{tmpSecret, tmpCA} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s is still there after the repair: %v", p, err)
+		}
+	}
+	mustCheckClean(t, d.Root, "after the repair")
+
+	// The start-up cleans them as well.
+	tmpSecret, tmpCA = plant("secrets", "NEW.json"), plant("egress", "ca.crt")
+	d.start()
+	for _, p := range []string{tmpSecret, tmpCA} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s is still there after the start-up: %v", p, err)
+		}
+	}
+	if s := decode[secretJSON](t, d.doJSON("GET", "/v1/secrets/KEPT", nil), 200); s.Name != "KEPT" {
+		t.Fatalf("after the start-up: %+v", s)
+	}
+	d.Stop()
+
+	// A record without its key is reported, and kept.
+	if err := os.Remove(filepath.Join(d.Root, "secrets", "key")); err != nil {
+		t.Fatal(err)
+	}
+	r, code, _ = runCheck(t, d.Root, "--repair")
+	if code == 0 || len(r.kinds()["secret-missing-key"]) != 1 {
+		t.Fatalf("without the key: exit %d %+v", code, r)
+	}
+	if _, err := os.Stat(filepath.Join(d.Root, "secrets", "KEPT.json")); err != nil {
+		t.Fatalf("the repair removed a record: %v", err)
+	}
+	d.start() // for the harness's clean-up
 }
