@@ -164,6 +164,31 @@ func TestSecretsAtEgress(t *testing.T) {
 
 	wantProblem(t, d.do("DELETE", "/v1/secrets/API_KEY", nil, nil), 409, "secret-in-use")
 
+	// A connection straight to the proxy's listener on the gateway has no destination the
+	// filter redirected: it is closed without a dial, whatever it asks for.
+	allowed.mu.Lock()
+	before := len(allowed.seen)
+	allowed.mu.Unlock()
+	direct := d.exec("sec", map[string]any{"command": []string{"/usr/bin/python3", "-c", `
+import socket
+gw = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
+c = socket.create_connection((gw, 15443), timeout=5)
+c.sendall(b'GET / HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Bearer ' + __import__('os').environ['BOTHY_SECRET_API_KEY'].encode() + b'\r\n\r\n')
+try:
+    print('read=%r' % c.recv(100))
+except Exception as e:
+    print('error=' + type(e).__name__)
+`}, "timeout_ms": 20000})
+	if got := strings.TrimSpace(direct.Stdout); got != "read=b''" && got != "error=ConnectionResetError" {
+		t.Fatalf("a connection straight to the proxy: %q %s", got, direct.Stderr)
+	}
+	allowed.mu.Lock()
+	after := len(allowed.seen)
+	allowed.mu.Unlock()
+	if after != before {
+		t.Fatal("a connection straight to the proxy reached allowed.test")
+	}
+
 	decode[secretJSON](t, d.doJSON("POST", "/v1/secrets/API_KEY/rotate", map[string]any{"value": rotated}), 200)
 	send("send", "https://allowed.test/")
 	if got, want := allowed.last(t), fmt.Sprintf("auth=Bearer %s key=Key %s body=token=%s", rotated, rotated, rotated); got != want {
