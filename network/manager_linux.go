@@ -623,6 +623,8 @@ type nftState struct {
 	counters []string // per-sandbox counters
 	dispatch []dispatchEntry
 	gateways []netip.Addr
+	// intercepted are the sandbox addresses with entries in the intercept set.
+	intercepted []netip.Addr
 }
 
 // state lists the per-sandbox objects of bothyd's table; a table that is not there holds
@@ -677,6 +679,21 @@ func (m *Manager) state() (nftState, error) {
 			for _, e := range elems {
 				if a, ok := netip.AddrFromSlice(e.Key); ok {
 					st.gateways = append(st.gateways, a)
+				}
+			}
+		case interceptSet:
+			elems, err := c.GetSetElements(s)
+			if err != nil {
+				return st, fmt.Errorf("network: list the intercept set: %w", err)
+			}
+			seen := map[netip.Addr]bool{}
+			for _, e := range elems {
+				if len(e.Key) < 4 {
+					continue
+				}
+				if a := netip.AddrFrom4([4]byte(e.Key[:4])); !seen[a] {
+					seen[a] = true
+					st.intercepted = append(st.intercepted, a)
 				}
 			}
 		default:

@@ -94,13 +94,16 @@ type Leftovers struct {
 	Chains, Sets, Counters []string
 	// Gateways are entries of the gateways set that no record names.
 	Gateways []netip.Addr
+	// Intercepts are sandbox addresses with entries in the intercept set (the egress proxy's
+	// redirection) that no record names.
+	Intercepts []netip.Addr
 	// Temp are leftovers of interrupted durable writes in the record directory.
 	Temp []string
 }
 
 // Empty reports whether nothing is left over.
 func (l Leftovers) Empty() bool {
-	return len(l.Records)+len(l.Interfaces)+len(l.Chains)+len(l.Sets)+len(l.Counters)+len(l.Gateways)+len(l.Temp) == 0
+	return len(l.Records)+len(l.Interfaces)+len(l.Chains)+len(l.Sets)+len(l.Counters)+len(l.Gateways)+len(l.Intercepts)+len(l.Temp) == 0
 }
 
 // String lists the leftovers for `bothyd check`, one kind a line.
@@ -121,6 +124,11 @@ func (l Leftovers) String() string {
 		gws = append(gws, g.String())
 	}
 	line("gateway addresses without a record", gws)
+	var ics []string
+	for _, a := range l.Intercepts {
+		ics = append(ics, a.String())
+	}
+	line("egress redirections of sandbox addresses without a record", ics)
 	line("interrupted record writes", l.Temp)
 	return b.String()
 }

@@ -239,6 +239,8 @@ except Exception as e:
 	if strings.Contains(d.logs.String(), "sk-egress") {
 		t.Error("the log holds a value")
 	}
+	// The stopped sandbox's redirections went with its network.
+	w.noLeftovers(t, d)
 }
 
 // memoryHolds reports whether the readable memory of pid holds needle, read from
