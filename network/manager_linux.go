@@ -658,48 +658,8 @@ func (m *Manager) state() (nftState, error) {
 		return st, fmt.Errorf("network: list sets: %w", err)
 	}
 	for _, s := range sets {
-		switch s.Name {
-		case dispatchMap:
-			elems, err := c.GetSetElements(s)
-			if err != nil {
-				return st, fmt.Errorf("network: list the dispatch map: %w", err)
-			}
-			for _, e := range elems {
-				d := dispatchEntry{ifName: cstring(e.Key)}
-				if e.VerdictData != nil {
-					d.id, _ = idOf(e.VerdictData.Chain)
-				}
-				st.dispatch = append(st.dispatch, d)
-			}
-		case gatewaysSet:
-			elems, err := c.GetSetElements(s)
-			if err != nil {
-				return st, fmt.Errorf("network: list the gateways: %w", err)
-			}
-			for _, e := range elems {
-				if a, ok := netip.AddrFromSlice(e.Key); ok {
-					st.gateways = append(st.gateways, a)
-				}
-			}
-		case interceptSet:
-			elems, err := c.GetSetElements(s)
-			if err != nil {
-				return st, fmt.Errorf("network: list the intercept set: %w", err)
-			}
-			seen := map[netip.Addr]bool{}
-			for _, e := range elems {
-				if len(e.Key) < 4 {
-					continue
-				}
-				if a := netip.AddrFrom4([4]byte(e.Key[:4])); !seen[a] {
-					seen[a] = true
-					st.intercepted = append(st.intercepted, a)
-				}
-			}
-		default:
-			if _, ok := idOf(s.Name, setSuffixes...); ok {
-				st.sets = append(st.sets, s.Name)
-			}
+		if err := st.takeSet(c, s); err != nil {
+			return st, err
 		}
 	}
 	objs, err := c.GetNamedObjects(table)
@@ -714,6 +674,55 @@ func (m *Manager) state() (nftState, error) {
 		}
 	}
 	return st, nil
+}
+
+// takeSet adds what bothyd's set s holds to st: the dispatch map's and the gateways' and the
+// intercept set's entries, or a per-sandbox set's name.
+func (st *nftState) takeSet(c *nftables.Conn, s *nftables.Set) error {
+	switch s.Name {
+	case dispatchMap:
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("network: list the dispatch map: %w", err)
+		}
+		for _, e := range elems {
+			d := dispatchEntry{ifName: cstring(e.Key)}
+			if e.VerdictData != nil {
+				d.id, _ = idOf(e.VerdictData.Chain)
+			}
+			st.dispatch = append(st.dispatch, d)
+		}
+	case gatewaysSet:
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("network: list the gateways: %w", err)
+		}
+		for _, e := range elems {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				st.gateways = append(st.gateways, a)
+			}
+		}
+	case interceptSet:
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("network: list the intercept set: %w", err)
+		}
+		seen := map[netip.Addr]bool{}
+		for _, e := range elems {
+			if len(e.Key) < 4 {
+				continue
+			}
+			if a := netip.AddrFrom4([4]byte(e.Key[:4])); !seen[a] {
+				seen[a] = true
+				st.intercepted = append(st.intercepted, a)
+			}
+		}
+	default:
+		if _, ok := idOf(s.Name, setSuffixes...); ok {
+			st.sets = append(st.sets, s.Name)
+		}
+	}
+	return nil
 }
 
 func cstring(b []byte) string {
