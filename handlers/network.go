@@ -7,7 +7,6 @@ import (
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/openapi"
-	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/supervisor"
 )
 
@@ -55,9 +54,9 @@ func policyOf(p *openapi.NetworkPolicy) *supervisor.NetworkPolicy {
 		// The contract's map, by name, is the record's list, sorted by name.
 		for _, name := range slices.Sorted(maps.Keys(*p.Secrets)) {
 			b := (*p.Secrets)[name]
-			sb := store.SecretBinding{Secret: name, Hosts: b.Hosts}
+			sb := supervisor.SecretBinding{Secret: name, Hosts: b.Hosts}
 			if b.Header != nil {
-				sb.Header = &store.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
+				sb.Header = &supervisor.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
 			}
 			out.Secrets = append(out.Secrets, sb)
 		}

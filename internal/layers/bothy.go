@@ -29,13 +29,15 @@ var Classes = map[string]Class{
 	"runtime/microvm/shim":    Sandbox,
 	// Rate-limited logging by key (issue 37), on log/slog alone: usable on either side.
 
-	"check":                     Host,
-	"internal/systemd":          Host,
-	"network":                   Host,
-	"portlink":                  Host,
-	"idempotency":               Host,
-	"usage":                     Host,
-	"idle":                      Host,
+	"check":            Host,
+	"internal/systemd": Host,
+	"network":          Host,
+	"portlink":         Host,
+	"idempotency":      Host,
+	"usage":            Host,
+	"idle":             Host,
+	// The secrets' store (docs/secrets.md): sealed values in the state root.
+	"secret":                    Host,
 	"runtime/microvm":           Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
@@ -67,6 +69,10 @@ var Classes = map[string]Class{
 	// Webhook deliveries link net/http; the checker knows their records only through the
 	// check that cmd/bothyd hands it (check.Options.Webhooks).
 	"webhook": HTTP,
+	// The egress proxy speaks HTTP to the hosts secrets are bound to; the network Manager
+	// knows it only as a network.Egress, the checker only through cmd/bothyd
+	// (check.Options.Egress).
+	"egress": HTTP,
 
 	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,
