@@ -210,6 +210,14 @@ func (m *Manager) Create(name, value string) (*Secret, error) {
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
+	s, err := m.create(name, value)
+	if err != nil {
+		return nil, err
+	}
+	return m.withUses(s), nil
+}
+
+func (m *Manager) create(name, value string) (*Secret, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.secrets[name]; ok {
@@ -234,6 +242,14 @@ func (m *Manager) Rotate(name, value string) (*Secret, error) {
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
+	s, err := m.rotate(name, value)
+	if err != nil {
+		return nil, err
+	}
+	return m.withUses(s), nil
+}
+
+func (m *Manager) rotate(name, value string) (*Secret, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	old, ok := m.secrets[name]
@@ -269,23 +285,26 @@ func (m *Manager) write(r *rec, value string) error {
 // Get shows one secret.
 func (m *Manager) Get(name string) (*Secret, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	r, ok := m.secrets[name]
+	m.mu.Unlock()
 	if !ok {
 		return nil, notFound(name)
 	}
-	return m.show(r), nil
+	return m.withUses(m.show(r)), nil
 }
 
 // List shows every secret, by name.
 func (m *Manager) List() []Secret {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	out := make([]Secret, 0, len(m.secrets))
 	for _, r := range m.secrets {
 		out = append(out, *m.show(r))
 	}
+	m.mu.Unlock()
 	slices.SortFunc(out, func(a, b Secret) int { return strings.Compare(a.Name, b.Name) })
+	for i := range out {
+		out[i] = *m.withUses(&out[i])
+	}
 	return out
 }
 
@@ -300,10 +319,11 @@ func (m *Manager) Exists(name string) bool {
 // Delete removes a secret. A secret that a sandbox's policy binds is refused (secret-in-use):
 // the sandbox's requests would otherwise go out with the placeholder where the caller expects
 // the value, a failure far from its cause; change or delete those sandboxes first.
+//
+// The sandboxes are asked without m's lock held: the supervisor that answers may be waiting,
+// in a launch, for a placeholder, which takes it.
 func (m *Manager) Delete(name string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.secrets[name]; !ok {
+	if !m.Exists(name) {
 		return notFound(name)
 	}
 	if uses := m.o.Uses(name); len(uses) > 0 {
@@ -313,6 +333,11 @@ func (m *Manager) Delete(name string) error {
 		}
 		return errcode.New(errcode.SecretInUse, "The secret %q is bound by the network policy of sandbox %s; delete those sandboxes or change their policies first.",
 			name, strings.Join(ids, ", "))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.secrets[name]; !ok {
+		return notFound(name)
 	}
 	if err := os.Remove(filepath.Join(m.dir, name+recordExt)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return errcode.Storage(fmt.Errorf("secret could not be deleted: %w", err), m.o.Root)
@@ -328,8 +353,14 @@ func (m *Manager) Delete(name string) error {
 	return nil
 }
 
+// show is r as answers show it, without its uses. m.mu is held.
 func (m *Manager) show(r *rec) *Secret {
-	s := &Secret{Name: r.Name, CreatedAt: r.CreatedAt, RotatedAt: r.RotatedAt, Version: max(r.Version, 1), Uses: m.o.Uses(r.Name)}
+	return &Secret{Name: r.Name, CreatedAt: r.CreatedAt, RotatedAt: r.RotatedAt, Version: max(r.Version, 1)}
+}
+
+// withUses adds to s the sandboxes that bind it, asked without m's lock held.
+func (m *Manager) withUses(s *Secret) *Secret {
+	s.Uses = m.o.Uses(s.Name)
 	if s.Uses == nil {
 		s.Uses = []Use{}
 	}

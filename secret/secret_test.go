@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/platform"
@@ -213,5 +214,40 @@ func TestCheckRemovesLeftoversAndReportsMissingKey(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "A.json")); err != nil {
 		t.Fatalf("repair removed a record: %v", err)
+	}
+}
+
+// TestUsesAskedWithoutTheLock: the sandboxes are asked for their bindings without the store's
+// lock held, since the supervisor that answers may itself wait for the store (a launch asks
+// for placeholders). With the lock held, each call here deadlocks.
+func TestUsesAskedWithoutTheLock(t *testing.T) {
+	t.Parallel()
+	var m *Manager
+	m = open(t, t.TempDir(), func(name string) []Use {
+		m.Placeholder("sbx-1", name) // takes the store's lock, as a launch does
+		return nil
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Create("A", "value-a")
+		if err == nil {
+			_, err = m.Get("A")
+		}
+		if err == nil {
+			_ = m.List()
+			_, err = m.Rotate("A", "value-b")
+		}
+		if err == nil {
+			err = m.Delete("A")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call that asks the sandboxes deadlocked on the store's lock")
 	}
 }
