@@ -134,6 +134,8 @@ type Options struct {
 	// records, images, host mounts and loop devices below <root>/volumes, which the mounts'
 	// and loops' own checks leave to it.
 	Volumes StoreCheck
+	// Egress, if set, checks the egress proxy's CA files (package egress, through cmd/bothyd).
+	Egress StoreCheck
 }
 
 // Run checks the state root and, with Repair, repairs it and checks it again. An error means
@@ -355,6 +357,8 @@ func (c *checker) scan(ctx context.Context) (*pass, error) {
 	c.checkWebhooks(p, false)
 	c.checkVolumes(p, false)
 	c.checkIdempotency(p, false)
+	c.checkSecrets(p, false)
+	c.checkEgress(p, false)
 	return p, nil
 }
 

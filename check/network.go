@@ -47,7 +47,8 @@ func (c *checker) checkNetwork(p *pass) {
 	for _, id := range l.Records {
 		p.add(LeakedNetwork, id, filepath.Join("network", id+".json"), "the network of a sandbox that is not running (its record, and what it names)")
 	}
-	orphans := network.Leftovers{Interfaces: l.Interfaces, Chains: l.Chains, Sets: l.Sets, Counters: l.Counters, Gateways: l.Gateways, Temp: l.Temp}
+	orphans := network.Leftovers{Interfaces: l.Interfaces, Chains: l.Chains, Sets: l.Sets, Counters: l.Counters, Gateways: l.Gateways,
+		Intercepts: l.Intercepts, Temp: l.Temp}
 	if !orphans.Empty() {
 		p.add(LeakedNetwork, "", "", "network objects that no record names: %s", orphans.String())
 	}

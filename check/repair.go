@@ -86,6 +86,8 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 	c.checkWebhooks(&pass{}, true)
 	c.checkVolumes(&pass{}, true)
 	c.checkIdempotency(&pass{}, true)
+	c.checkSecrets(&pass{}, true)
+	c.checkEgress(&pass{}, true)
 
 	c.checkShared(&pass{}, true)
 

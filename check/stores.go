@@ -1,9 +1,11 @@
 package check
 
 import (
+	"path/filepath"
 	"time"
 
 	"github.com/bothy/bothy/idempotency"
+	"github.com/bothy/bothy/secret"
 )
 
 // WebhooksInUse is a note: a running server holds the webhooks' lock, so their records were
@@ -71,12 +73,42 @@ const VolumesUnchecked = "volumes-unchecked"
 // the volume store's lock, beside a running server too), reporting its problems with their
 // own kinds.
 func (c *checker) checkVolumes(p *pass, repair bool) {
-	if c.o.Volumes == nil {
+	c.runStoreCheck(p, c.o.Volumes, repair, VolumesUnchecked, volumesDir, "the volumes")
+}
+
+// checkSecrets runs the secrets' own check ([secret.Check]): what it repairs (temporary
+// files of interrupted writes) is as safe beside a running server as the idempotent creates'.
+func (c *checker) checkSecrets(p *pass, repair bool) {
+	probs, err := secret.Check(c.root, repair)
+	if err != nil {
+		p.add(secret.BadRecord, "", secret.Dir, "the secrets' records could not be checked: %v", err)
 		return
 	}
-	probs, _, err := c.o.Volumes(repair)
+	if repair {
+		return
+	}
+	for _, sp := range probs {
+		p.add(sp.Kind, "", filepath.Join(secret.Dir, sp.Entry), "%s", sp.Detail)
+	}
+}
+
+// checkEgress runs the egress proxy's check of its CA's files: only temporary files of
+// interrupted writes, which are safe to remove beside a running server (it writes the CA once,
+// at its start-up, before it serves).
+func (c *checker) checkEgress(p *pass, repair bool) {
+	c.runStoreCheck(p, c.o.Egress, repair, "egress-unchecked", "egress", "the egress proxy's CA")
+}
+
+// runStoreCheck runs a store's own check given through Options (none: nothing to do),
+// reporting its problems with their own kinds, or one problem of kind unchecked at entry
+// when it could not run at all.
+func (c *checker) runStoreCheck(p *pass, check StoreCheck, repair bool, unchecked, entry, what string) {
+	if check == nil {
+		return
+	}
+	probs, _, err := check(repair)
 	if err != nil {
-		p.add(VolumesUnchecked, "", volumesDir, "the volumes could not be checked: %v", err)
+		p.add(unchecked, "", entry, "%s could not be checked: %v", what, err)
 		return
 	}
 	if !repair {

@@ -64,8 +64,11 @@ func statusOf(err error) int {
 	case errcode.SymlinkLoop, errcode.MountInside, errcode.FileChanged:
 		return http.StatusConflict
 	case errcode.SandboxNotFound, errcode.TemplateNotFound, errcode.GenerationNotFound,
-		errcode.FileNotFound, errcode.ImageNotFound, errcode.VolumeNotFound, errcode.CheckpointNotFound:
+		errcode.FileNotFound, errcode.ImageNotFound, errcode.VolumeNotFound, errcode.CheckpointNotFound,
+		errcode.SecretNotFound:
 		return http.StatusNotFound
+	case errcode.SecretExists, errcode.SecretInUse:
+		return http.StatusConflict
 	case errcode.AlreadyProvisioned, errcode.ProvisionedAgain, errcode.AlreadyRunning,
 		errcode.NotRunning, errcode.SandboxLaunched, errcode.SandboxPaused, errcode.TemplateIneligible,
 		errcode.TemplateTombstoned, errcode.RuntimeMismatch, errcode.ForeignFiles, errcode.VolumeExists,
@@ -133,6 +136,11 @@ func controlMux(h *Handler) *http.ServeMux {
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", h.createSnapshot)
 	m.HandleFunc("GET /snapshots", h.listSnapshots)
 	m.HandleFunc("DELETE /templates/{id}", h.deleteTemplate)
+	m.HandleFunc("GET /secrets", h.listSecrets)
+	m.HandleFunc("POST /secrets", h.createSecret)
+	m.HandleFunc("GET /secrets/{id}", h.getSecret)
+	m.HandleFunc("POST /secrets/{id}", h.updateSecret)
+	m.HandleFunc("DELETE /secrets/{id}", h.deleteSecret)
 	// 501, not 404: the SDKs read a 404 as "no such sandbox" (getMetrics threw
 	// SandboxNotFoundError before bothyd served it), which would misname what is missing.
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -167,6 +175,9 @@ type createBody struct {
 type networkBody struct {
 	AllowOut []string `json:"allowOut"`
 	DenyOut  []string `json:"denyOut"`
+	// Rules are per-host transforms; those that set a header from a secret are bindings of
+	// the policy (secrets.go).
+	Rules map[string][]networkRule `json:"rules"`
 }
 
 // allTraffic is how E2B's rules name every destination (the SDKs' ALL_TRAFFIC).
@@ -180,6 +191,24 @@ const allTraffic = "0.0.0.0/0"
 // internet open, denyOut entries are bothyd's deny list, and an allowOut entry is an
 // exception that bothyd (whose deny wins) cannot say, so it is refused rather than lost.
 func networkPolicy(internet *bool, n *networkBody) (*supervisor.NetworkPolicy, error) {
+	p, err := egressPolicy(internet, n)
+	if err != nil || n == nil || len(n.Rules) == 0 {
+		return p, err
+	}
+	bindings, err := bindingsOf(n.Rules)
+	if err != nil || len(bindings) == 0 {
+		return p, err
+	}
+	if p == nil {
+		// As in E2B, a rule grants no access: the host must be in allowOut.
+		return nil, errcode.Invalid("network.rules", "The rules bind secrets to hosts, and the network reaches nothing; allow the hosts in allowOut.")
+	}
+	p.Secrets = bindings
+	return p, nil
+}
+
+// egressPolicy is networkPolicy's allowOut and denyOut.
+func egressPolicy(internet *bool, n *networkBody) (*supervisor.NetworkPolicy, error) {
 	if internet == nil && (n == nil || len(n.AllowOut)+len(n.DenyOut) == 0) {
 		return nil, nil
 	}

@@ -83,6 +83,8 @@ type Config struct {
 	Usage *usage.Sampler
 	// Volumes, if set, serves E2B's volumes (volumes.go); nil answers them 501.
 	Volumes *volume.Store
+	// Secrets, if set, answers E2B's /secrets; nil answers them 501.
+	Secrets Secrets
 }
 
 // Handler serves both of E2B's planes; mount it where [Claims] says.
@@ -124,7 +126,8 @@ func Claims(r *http.Request) bool {
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/volumes" || strings.HasPrefix(p, "/volumes/") || strings.HasPrefix(p, "/volumecontent/") ||
-		p == "/snapshots" || (r.Method == http.MethodDelete && strings.HasPrefix(p, "/templates/"))
+		p == "/snapshots" || (r.Method == http.MethodDelete && strings.HasPrefix(p, "/templates/")) ||
+		p == "/secrets" || strings.HasPrefix(p, "/secrets/")
 }
 
 // IsUpload reports whether r, which [Claims] claims, is a file upload (envd's POST

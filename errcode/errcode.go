@@ -111,6 +111,12 @@ const (
 	// IdempotencyKeyInFlight: the request that first used this Idempotency-Key is still
 	// being answered; repeat this one once it is.
 	IdempotencyKeyInFlight Code = "idempotency-key-in-flight"
+	// SecretNotFound: no secret has this name (it never existed, or was deleted).
+	SecretNotFound Code = "secret-not-found"
+	// SecretExists: a secret of this name exists; rotate it instead.
+	SecretExists Code = "secret-exists"
+	// SecretInUse: a sandbox's network policy binds the secret, so it is not deleted.
+	SecretInUse Code = "secret-in-use"
 
 	// Volumes (package volume): VolumeNotFound, no volume has the name; VolumeExists, one
 	// has it already; VolumeInUse, sandboxes mount it (they are named); VolumeFull, a write

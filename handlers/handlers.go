@@ -113,6 +113,8 @@ type Config struct {
 	Links *portlink.Store
 	// Webhooks, if set, keeps the webhooks; nil answers their routes not-implemented.
 	Webhooks Webhooks
+	// Secrets, if set, keeps the secrets; nil answers their routes not-implemented.
+	Secrets Secrets
 	// Usage, if set, answers GET /v1/sandboxes/{id}/metrics; nil answers it not-implemented.
 	Usage *usage.Sampler
 	// Volumes, if set, keeps the volumes; nil answers their routes not-implemented.

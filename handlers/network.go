@@ -2,6 +2,8 @@ package handlers
 
 import (
 	"context"
+	"maps"
+	"slices"
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/openapi"
@@ -48,6 +50,17 @@ func policyOf(p *openapi.NetworkPolicy) *supervisor.NetworkPolicy {
 	if p.Deny != nil {
 		out.Deny = *p.Deny
 	}
+	if p.Secrets != nil {
+		// The contract's map, by name, is the record's list, sorted by name.
+		for _, name := range slices.Sorted(maps.Keys(*p.Secrets)) {
+			b := (*p.Secrets)[name]
+			sb := supervisor.SecretBinding{Secret: name, Hosts: b.Hosts}
+			if b.Header != nil {
+				sb.Header = &supervisor.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
+			}
+			out.Secrets = append(out.Secrets, sb)
+		}
+	}
 	return out
 }
 
@@ -65,6 +78,17 @@ func apiNetwork(sb *openapi.Sandbox, n *supervisor.NetworkStatus) {
 	if len(n.Policy.Deny) > 0 {
 		deny := n.Policy.Deny
 		p.Deny = &deny
+	}
+	if len(n.Policy.Secrets) > 0 {
+		secrets := make(openapi.SecretBindings, len(n.Policy.Secrets))
+		for _, b := range n.Policy.Secrets {
+			ob := openapi.SecretBinding{Hosts: b.Hosts}
+			if b.Header != nil {
+				ob.Header = &openapi.SecretHeader{Name: b.Header.Name, Value: b.Header.Value}
+			}
+			secrets[b.Secret] = ob
+		}
+		p.Secrets = &secrets
 	}
 	sb.Network = p
 	if n.Address.IsValid() {

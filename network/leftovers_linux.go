@@ -30,11 +30,11 @@ func (m *Manager) leftovers(live func(id string) bool) (Leftovers, error) {
 	if err != nil {
 		return l, err
 	}
-	ifs, gws := map[string]bool{}, map[netip.Addr]bool{}
+	ifs, gws, addrs := map[string]bool{}, map[netip.Addr]bool{}, map[netip.Addr]bool{}
 	for id, a := range recs {
 		ifs[a.HostIf] = true
-		if gw, _, err := a.addrs(); err == nil {
-			gws[gw] = true
+		if gw, addr, err := a.addrs(); err == nil {
+			gws[gw], addrs[addr] = true, true
 		}
 		if !live(id) {
 			l.Records = append(l.Records, id)
@@ -86,6 +86,11 @@ func (m *Manager) leftovers(live func(id string) bool) (Leftovers, error) {
 			l.Gateways = append(l.Gateways, g)
 		}
 	}
+	for _, a := range st.intercepted {
+		if !addrs[a] {
+			l.Intercepts = append(l.Intercepts, a)
+		}
+	}
 	for _, list := range []*[]string{&l.Records, &l.Interfaces, &l.Chains, &l.Sets, &l.Counters, &l.Temp} {
 		slices.Sort(*list)
 	}
@@ -114,6 +119,9 @@ func (m *Manager) Repair(l Leftovers) error {
 	ifs := func(name string) bool { return slices.Contains(l.Interfaces, name) }
 	gws := func(g netip.Addr) bool { return slices.Contains(l.Gateways, g) }
 	errs = append(errs, m.removeFilter(ids, ifs, gws))
+	for _, a := range l.Intercepts {
+		errs = append(errs, m.clearIntercepts(a))
+	}
 	for _, name := range l.Temp {
 		errs = append(errs, removeOther(m.cfg.Dir, name))
 	}

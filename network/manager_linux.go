@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -62,6 +63,10 @@ type sandbox struct {
 	mu    sync.Mutex
 	rules *Rules
 	pins  map[netip.Addr]pin
+	// intercepts are the addresses answered for names a secret is bound to, until when;
+	// egress says whether the proxy serves the sandbox (egress_linux.go).
+	intercepts map[netip.Addr]time.Time
+	egress     bool
 
 	servers []*dns.Server
 	refused atomic.Uint64
@@ -253,6 +258,9 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 			return att, err
 		}
 	}
+	if err := m.startEgress(sb, rules); err != nil {
+		return att, err
+	}
 	m.sandboxes[id] = sb
 	m.log.Info("network: sandbox attached", "sandbox", id, "interface", a.HostIf, "address", addr)
 	return att, nil
@@ -284,7 +292,10 @@ func (m *Manager) filter(sb *sandbox, rules *Rules) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: make the filter of %s: %w", id, err)
 	}
-	sb.rules, sb.pins = rules, map[netip.Addr]pin{}
+	if err := m.clearIntercepts(sb.att.Address); err != nil {
+		return fmt.Errorf("network: clear the intercepted addresses of %s: %w", id, err)
+	}
+	sb.rules, sb.pins, sb.intercepts = rules, map[netip.Addr]pin{}, map[netip.Addr]time.Time{}
 	return nil
 }
 
@@ -429,8 +440,13 @@ func (m *Manager) Update(id string, rules *Rules) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: replace the policy of %s: %w", id, err)
 	}
-	sb.rules, sb.pins = rules, keep
-	return nil
+	// What was intercepted for the old bindings goes; the new ones fill it at their names'
+	// next resolution.
+	if err := m.clearIntercepts(sb.att.Address); err != nil {
+		return fmt.Errorf("network: clear the intercepted addresses of %s: %w", id, err)
+	}
+	sb.rules, sb.pins, sb.intercepts = rules, keep, map[netip.Addr]time.Time{}
+	return m.startEgress(sb, rules)
 }
 
 // Teardown removes everything Setup made for id, in the reverse order (resolver, filter,
@@ -476,6 +492,9 @@ func (m *Manager) teardown(id string) error {
 		for _, s := range sb.servers {
 			_ = s.Shutdown()
 		}
+		if sb.egress && m.cfg.Egress != nil {
+			m.cfg.Egress.Stop(id)
+		}
 		delete(m.sandboxes, id)
 	}
 	recs, _, err := readRecords(m.cfg.Dir)
@@ -487,7 +506,11 @@ func (m *Manager) teardown(id string) error {
 	var gw netip.Addr
 	if a != nil {
 		ifName = a.HostIf
-		gw, _, _ = a.addrs()
+		var sbAddr netip.Addr
+		gw, sbAddr, _ = a.addrs()
+		if err := m.clearIntercepts(sbAddr); err != nil {
+			return fmt.Errorf("network: clear the intercepted addresses of %s: %w", id, err)
+		}
 	}
 	if err := m.removeFilter(func(sid string) bool { return sid == id }, func(n string) bool { return n == ifName },
 		func(g netip.Addr) bool { return g == gw }); err != nil {
@@ -600,6 +623,8 @@ type nftState struct {
 	counters []string // per-sandbox counters
 	dispatch []dispatchEntry
 	gateways []netip.Addr
+	// intercepted are the sandbox addresses with entries in the intercept set.
+	intercepted []netip.Addr
 }
 
 // state lists the per-sandbox objects of bothyd's table; a table that is not there holds
@@ -633,33 +658,8 @@ func (m *Manager) state() (nftState, error) {
 		return st, fmt.Errorf("network: list sets: %w", err)
 	}
 	for _, s := range sets {
-		switch s.Name {
-		case dispatchMap:
-			elems, err := c.GetSetElements(s)
-			if err != nil {
-				return st, fmt.Errorf("network: list the dispatch map: %w", err)
-			}
-			for _, e := range elems {
-				d := dispatchEntry{ifName: cstring(e.Key)}
-				if e.VerdictData != nil {
-					d.id, _ = idOf(e.VerdictData.Chain)
-				}
-				st.dispatch = append(st.dispatch, d)
-			}
-		case gatewaysSet:
-			elems, err := c.GetSetElements(s)
-			if err != nil {
-				return st, fmt.Errorf("network: list the gateways: %w", err)
-			}
-			for _, e := range elems {
-				if a, ok := netip.AddrFromSlice(e.Key); ok {
-					st.gateways = append(st.gateways, a)
-				}
-			}
-		default:
-			if _, ok := idOf(s.Name, setSuffixes...); ok {
-				st.sets = append(st.sets, s.Name)
-			}
+		if err := st.takeSet(c, s); err != nil {
+			return st, err
 		}
 	}
 	objs, err := c.GetNamedObjects(table)
@@ -674,6 +674,55 @@ func (m *Manager) state() (nftState, error) {
 		}
 	}
 	return st, nil
+}
+
+// takeSet adds what bothyd's set s holds to st: the dispatch map's and the gateways' and the
+// intercept set's entries, or a per-sandbox set's name.
+func (st *nftState) takeSet(c *nftables.Conn, s *nftables.Set) error {
+	switch s.Name {
+	case dispatchMap:
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("network: list the dispatch map: %w", err)
+		}
+		for _, e := range elems {
+			d := dispatchEntry{ifName: cstring(e.Key)}
+			if e.VerdictData != nil {
+				d.id, _ = idOf(e.VerdictData.Chain)
+			}
+			st.dispatch = append(st.dispatch, d)
+		}
+	case gatewaysSet:
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("network: list the gateways: %w", err)
+		}
+		for _, e := range elems {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				st.gateways = append(st.gateways, a)
+			}
+		}
+	case interceptSet:
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("network: list the intercept set: %w", err)
+		}
+		seen := map[netip.Addr]bool{}
+		for _, e := range elems {
+			if len(e.Key) < 4 {
+				continue
+			}
+			if a := netip.AddrFrom4([4]byte(e.Key[:4])); !seen[a] {
+				seen[a] = true
+				st.intercepted = append(st.intercepted, a)
+			}
+		}
+	default:
+		if _, ok := idOf(s.Name, setSuffixes...); ok {
+			st.sets = append(st.sets, s.Name)
+		}
+	}
+	return nil
 }
 
 func cstring(b []byte) string {

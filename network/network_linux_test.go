@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 )
@@ -205,7 +206,7 @@ func (w *world) assertClean(t *testing.T) {
 	}
 	st, err := w.m.state()
 	must(t, err)
-	if len(st.chains)+len(st.sets)+len(st.counters)+len(st.dispatch)+len(st.gateways) != 0 {
+	if len(st.chains)+len(st.sets)+len(st.counters)+len(st.dispatch)+len(st.gateways)+len(st.intercepted) != 0 {
 		t.Errorf("nftables objects left: %+v", st)
 	}
 	entries, err := os.ReadDir(w.dir)
@@ -225,14 +226,22 @@ func TestLeftoversAndRepair(t *testing.T) {
 	// and "orphan" lost its record (say, to an operator), so its objects have none.
 	must(t, os.Remove(filepath.Join(w.dir, "orphan.json")))
 	must(t, os.WriteFile(filepath.Join(w.dir, ".live.json.0123456789abcdef.tmp"), nil, 0o600))
+	// An egress redirection of an address no record names, as a crash between an answer and
+	// the teardown of its sandbox leaves it.
+	stray := netip.MustParseAddr("10.88.200.2")
+	c, err := w.m.nft()
+	must(t, err)
+	must(t, c.SetAddElements(interceptSetOf(), []nftables.SetElement{{Key: interceptKey(stray, netip.MustParseAddr("203.0.113.10")), Timeout: time.Hour}}))
+	must(t, c.Flush())
 	m2, err := New(Config{Dir: w.dir, HostNS: w.host, Upstream: w.m.cfg.Upstream, Uplink: "up0", Log: quiet})
 	must(t, err)
 	isLive := func(id string) bool { return id == "live" }
 	l, err := m2.Leftovers(isLive)
 	must(t, err)
 	if !slices.Equal(l.Records, []string{"crashed"}) || len(l.Interfaces) != 1 || !slices.Equal(l.Chains, []string{"sb-orphan"}) ||
-		len(l.Sets) != len(setSuffixes) || len(l.Counters) != len(counterSuffixes) || len(l.Gateways) != 1 || len(l.Temp) != 1 {
-		t.Fatalf("Leftovers =\n%s(%+v)\nwant the crashed record, and the orphan's interface, chain, sets, counters and gateway, and the temp file", l, l)
+		len(l.Sets) != len(setSuffixes) || len(l.Counters) != len(counterSuffixes) || len(l.Gateways) != 1 || len(l.Temp) != 1 ||
+		!slices.Equal(l.Intercepts, []netip.Addr{stray}) {
+		t.Fatalf("Leftovers =\n%s(%+v)\nwant the crashed record, and the orphan's interface, chain, sets, counters and gateway, the stray redirection and the temp file", l, l)
 	}
 	must(t, m2.Repair(l))
 	if l, err := m2.Leftovers(isLive); err != nil || !l.Empty() {

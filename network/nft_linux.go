@@ -21,10 +21,12 @@ const (
 	forwardChain  = "forward"
 	inputChain    = "input"
 	natChain      = "postrouting"
-	neverSet      = "never"    // always denied: link-local, loopback, multicast, the pools
-	privateSet    = "private"  // denied unless an allow entry inside them opens them
-	gatewaysSet   = "gateways" // the host ends of the sandboxes' subnets, where the resolvers listen
-	dispatchMap   = "dispatch" // host interface name -> jump to that sandbox's chain
+	redirectChain = "prerouting"
+	interceptSet  = "intercept" // sandbox address . destination: to the egress proxy (EgressPort)
+	neverSet      = "never"     // always denied: link-local, loopback, multicast, the pools
+	privateSet    = "private"   // denied unless an allow entry inside them opens them
+	gatewaysSet   = "gateways"  // the host ends of the sandboxes' subnets, where the resolvers listen
+	dispatchMap   = "dispatch"  // host interface name -> jump to that sandbox's chain
 	hostDenied    = "host-denied"
 	sandboxPrefix = "sb-"
 )
@@ -222,6 +224,26 @@ func rule(chain *nftables.Chain, parts ...any) *nftables.Rule {
 	return &nftables.Rule{Table: table, Chain: chain, Exprs: exprs}
 }
 
+// interceptKeyType is the key of the intercept set: a sandbox's address and a destination.
+var interceptKeyType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr)
+
+func interceptSetOf() *nftables.Set {
+	return &nftables.Set{Table: table, Name: interceptSet, KeyType: interceptKeyType, Concatenation: true, HasTimeout: true}
+}
+
+// interceptKey is the intercept set's key of a sandbox's address and a destination.
+func interceptKey(sandbox, dst netip.Addr) []byte {
+	s, d := sandbox.As4(), dst.As4()
+	return append(s[:], d[:]...)
+}
+
+// redirectChainOf is the base chain that sends a sandbox's connections to the egress proxy.
+func redirectChainOf() *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: redirectChain, Table: table, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept}
+}
+
 // baseChains returns bothyd's base chains. Their policy is accept: they only ever drop
 // sandbox traffic, and must not decide for the rest of the host.
 func baseChains() (forward, input, nat *nftables.Chain) {
@@ -241,9 +263,15 @@ func baseChains() (forward, input, nat *nftables.Chain) {
 func addBase(c *nftables.Conn, never []netip.Prefix, pools []netip.Prefix, uplink string) error {
 	c.AddTable(table)
 	forward, input, nat := baseChains()
-	for _, ch := range []*nftables.Chain{forward, input, nat} {
+	redirect := redirectChainOf()
+	for _, ch := range []*nftables.Chain{forward, input, nat, redirect} {
 		c.AddChain(ch)
 		c.FlushChain(ch)
+	}
+	// The intercept set is not flushed: its entries are of sandboxes that outlive bothyd.
+	intercept := interceptSetOf()
+	if err := c.AddSet(intercept, nil); err != nil {
+		return err
 	}
 	neverS, privateS := ipv4Set(neverSet, true, false), ipv4Set(privateSet, true, false)
 	gateways := ipv4Set(gatewaysSet, false, false)
@@ -280,7 +308,20 @@ func addBase(c *nftables.Conn, never []netip.Prefix, pools []netip.Prefix, uplin
 		c.AddRule(rule(input, sbx(expr.MetaKeyIIFNAME), nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), l4proto(proto),
 			dportIs(53), daddrIn(gatewaysSet), localToIIF(), accept))
 	}
+	// The egress proxy's listener of a sandbox is on its gateway too, reached only through the
+	// redirection below (a direct connection has no original destination, and is closed).
+	c.AddRule(rule(input, sbx(expr.MetaKeyIIFNAME), nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP),
+		dportIs(EgressPort), daddrIn(gatewaysSet), localToIIF(), accept))
 	c.AddRule(rule(input, sbx(expr.MetaKeyIIFNAME), count(hostDenied), drop))
+
+	// A sandbox's TCP connection to port 443 of an address its resolver answered for a host
+	// name that a secret of its policy is bound to goes to the egress proxy, on its own
+	// gateway (redirect: the primary address of the interface it came in on).
+	c.AddRule(rule(redirect, sbx(expr.MetaKeyIIFNAME), nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP),
+		dportIs(443), ipv4Addr(12), &expr.Payload{DestRegister: 9, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: interceptSet, SetID: intercept.ID},
+		&expr.Immediate{Register: 1, Data: be16(EgressPort)},
+		&expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED}))
 
 	for _, pool := range pools {
 		out := ifnameIs(expr.MetaKeyOIFNAME, expr.CmpOpNeq, ifPrefix)

@@ -22,7 +22,35 @@ type Policy struct {
 	Allow []string `json:"allow,omitempty"`
 	// Deny wins over Allow and over Internet.
 	Deny []string `json:"deny,omitempty"`
+	// Secrets are the secrets the egress proxy sends, for the sandbox, to the hosts each names
+	// (docs/secrets.md). The API's form is a map by name, which package handlers converts.
+	Secrets []SecretBinding `json:"-"`
 }
+
+// SecretBinding binds a secret to hosts: the egress proxy replaces its placeholder with its
+// value in requests to them, and sets Header when given.
+type SecretBinding struct {
+	Secret string        `json:"secret"`
+	Hosts  []string      `json:"hosts"`
+	Header *SecretHeader `json:"header,omitempty"`
+}
+
+// SecretHeader is a header set on every request to a bound host; "{value}" in Value stands
+// for the secret's value.
+type SecretHeader struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Bounds of the secrets of a policy.
+const (
+	// MaxSecretBindings bounds a policy's secrets, and MaxSecretHosts each one's hosts: each
+	// host is matched against every intercepted request.
+	MaxSecretBindings = 16
+	MaxSecretHosts    = 16
+	// maxHeaderValue bounds a bound header's template.
+	maxHeaderValue = 256
+)
 
 // Kind says what an [Entry] names.
 type Kind int
@@ -58,6 +86,8 @@ type Entry struct {
 type Rules struct {
 	Internet    bool
 	Allow, Deny []Entry
+	// Secrets are the policy's secret bindings, their hosts lower case without a final dot.
+	Secrets []SecretBinding
 }
 
 // Networked reports whether the rules give the sandbox any destination at all, and so an
@@ -73,6 +103,7 @@ func (r *Rules) Policy() Policy {
 	for _, e := range r.Deny {
 		p.Deny = append(p.Deny, e.Text)
 	}
+	p.Secrets = r.Secrets
 	return p
 }
 
@@ -156,7 +187,103 @@ func Parse(p Policy) (*Rules, error) {
 			*l.out = append(*l.out, e)
 		}
 	}
+	secrets, err := parseSecrets(p.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	r.Secrets = secrets
 	return r, nil
+}
+
+// parseSecrets validates a policy's secret bindings. A binding opens nothing: a bound host the
+// policy does not allow is refused by the sandbox's resolver, so never intercepted, and a
+// policy without a network binds nothing at all.
+func parseSecrets(bindings []SecretBinding) ([]SecretBinding, error) {
+	if len(bindings) == 0 {
+		return nil, nil
+	}
+	if len(bindings) > MaxSecretBindings {
+		return nil, errcode.Invalid("network.secrets", "network.secrets has %d entries; at most %d are allowed.", len(bindings), MaxSecretBindings)
+	}
+	seen := map[string]bool{}
+	out := make([]SecretBinding, 0, len(bindings))
+	for _, b := range bindings {
+		field := "network.secrets." + b.Secret
+		if !validSecretName(b.Secret) {
+			return nil, errcode.Invalid("network.secrets", "network.secrets names %q, not a secret's name (a letter, then at most 63 letters, digits or underscores).", b.Secret)
+		}
+		if seen[b.Secret] {
+			return nil, errcode.Invalid(field, "network.secrets names %q a second time; bind each secret once, with all its hosts.", b.Secret)
+		}
+		seen[b.Secret] = true
+		if len(b.Hosts) == 0 || len(b.Hosts) > MaxSecretHosts {
+			return nil, errcode.Invalid(field+".hosts", "%s.hosts has %d entries; give 1 to %d.", field, len(b.Hosts), MaxSecretHosts)
+		}
+		nb := SecretBinding{Secret: b.Secret}
+		for j, h := range b.Hosts {
+			hf := fmt.Sprintf("%s.hosts[%d]", field, j)
+			// A host is a name, as the TLS connection names it; one that looks like an address
+			// never matches a server name, and binds nothing.
+			name := strings.TrimSuffix(strings.ToLower(h), ".")
+			wild := false
+			if rest, ok := strings.CutPrefix(name, "*."); ok {
+				name, wild = rest, true
+			}
+			if err := checkDomain(name); err != nil {
+				return nil, errcode.Invalid(hf, "%s is %q: %v.", hf, h, err)
+			}
+			if wild {
+				nb.Hosts = append(nb.Hosts, "*."+name)
+			} else {
+				nb.Hosts = append(nb.Hosts, name)
+			}
+		}
+		if b.Header != nil {
+			if err := checkSecretHeader(field+".header", *b.Header); err != nil {
+				return nil, err
+			}
+			hd := *b.Header
+			nb.Header = &hd
+		}
+		out = append(out, nb)
+	}
+	return out, nil
+}
+
+func validSecretName(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter && (i == 0 || (c < '0' || c > '9') && c != '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkSecretHeader refuses a header the proxy must not set: one that frames or routes the
+// request, or that is not a token; and a template without the value or with a line break.
+func checkSecretHeader(field string, h SecretHeader) error {
+	if h.Name == "" || len(h.Name) > 64 {
+		return errcode.Invalid(field+".name", "%s.name must have 1 to 64 characters.", field)
+	}
+	for i := 0; i < len(h.Name); i++ {
+		c := h.Name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+.^_`|~-", c) >= 0) {
+			return errcode.Invalid(field+".name", "%s.name %q is not an HTTP header name.", field, h.Name)
+		}
+	}
+	switch strings.ToLower(h.Name) {
+	case "host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "keep-alive", "proxy-connection":
+		return errcode.Invalid(field+".name", "%s.name is %q, which frames or routes the request; the proxy does not set it.", field, h.Name)
+	}
+	if len(h.Value) > maxHeaderValue || !strings.Contains(h.Value, "{value}") || strings.ContainsAny(h.Value, "\r\n\x00") {
+		return errcode.Invalid(field+".value", "%s.value must hold {value}, where the secret's value goes (as \"Bearer {value}\"), have at most %d characters and no line break.", field, maxHeaderValue)
+	}
+	return nil
 }
 
 // ParseEntry parses one allow or deny entry: a CIDR ("198.51.100.0/24"), an address
@@ -327,4 +454,31 @@ func (r *Rules) pins() bool {
 		}
 	}
 	return false
+}
+
+// bindsName reports whether a secret of the rules is bound to the name (miekg/dns's form).
+func (r *Rules) bindsName(name string) bool {
+	labels, ok := hostLabels(name)
+	if !ok || r == nil {
+		return false
+	}
+	for _, b := range r.Secrets {
+		for _, h := range b.Hosts {
+			e := Entry{Kind: Domain, Name: h}
+			if rest, ok := cutWildcard(h); ok {
+				e = Entry{Kind: Wildcard, Name: rest}
+			}
+			if e.matches(labels) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func cutWildcard(h string) (string, bool) {
+	if len(h) > 2 && h[:2] == "*." {
+		return h[2:], true
+	}
+	return "", false
 }

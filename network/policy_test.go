@@ -136,3 +136,54 @@ func TestAllowsName(t *testing.T) {
 		t.Errorf("Policy() = %+v, want the entries as written", got)
 	}
 }
+
+func TestParseSecrets(t *testing.T) {
+	t.Parallel()
+	allow := []string{"api.example.com", "*.example.org"}
+	bind := func(b ...SecretBinding) Policy { return Policy{Allow: allow, Secrets: b} }
+	hdr := &SecretHeader{Name: "Authorization", Value: "Bearer {value}"}
+	bad := []struct {
+		name  string
+		p     Policy
+		field string
+	}{
+		{"bad name", bind(SecretBinding{Secret: "1K", Hosts: []string{"api.example.com"}}), "network.secrets"},
+		{"twice", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}}, SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}}), "network.secrets.K"},
+		{"no hosts", bind(SecretBinding{Secret: "K"}), "network.secrets.K.hosts"},
+		{"bad host", bind(SecretBinding{Secret: "K", Hosts: []string{"a..b"}}), "network.secrets.K.hosts[0]"},
+		{"host header", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "Host", Value: "{value}"}}), "network.secrets.K.header.name"},
+		{"no value", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "X-Key", Value: "static"}}), "network.secrets.K.header.value"},
+		{"line break", bind(SecretBinding{Secret: "K", Hosts: []string{"api.example.com"}, Header: &SecretHeader{Name: "X-Key", Value: "{value}\r\nX-Evil: 1"}}), "network.secrets.K.header.value"},
+		{"too many", bind(make([]SecretBinding, MaxSecretBindings+1)...), "network.secrets"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Parse(tc.p)
+			var e *errcode.Error
+			if !errors.As(err, &e) || e.Code != errcode.InvalidRequest || e.Field != tc.field {
+				t.Fatalf("Parse = %v, want invalid-request on %s", err, tc.field)
+			}
+		})
+	}
+	r, err := Parse(bind(SecretBinding{Secret: "K", Hosts: []string{"API.Example.com.", "*.Example.org"}, Header: hdr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Secrets[0].Hosts; len(got) != 2 || got[0] != "api.example.com" || got[1] != "*.example.org" {
+		t.Fatalf("hosts %v", got)
+	}
+	for name, want := range map[string]bool{"api.example.com.": true, "x.example.org.": true, "example.org.": false, "other.example.com.": false} {
+		if r.bindsName(name) != want {
+			t.Errorf("bindsName(%s) = %v", name, !want)
+		}
+	}
+	if p := r.Policy(); len(p.Secrets) != 1 {
+		t.Fatalf("the policy lost its secrets: %+v", p)
+	}
+	// A binding opens nothing, so a host the policy does not allow, or a policy without a
+	// network, is taken: the name is never resolved, so never intercepted.
+	if _, err := Parse(Policy{Secrets: []SecretBinding{{Secret: "K", Hosts: []string{"evil.test"}}}}); err != nil {
+		t.Fatalf("a binding without a network: %v", err)
+	}
+}

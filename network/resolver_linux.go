@@ -163,6 +163,14 @@ func (m *Manager) answer(sb *sandbox, w dns.ResponseWriter, q *dns.Msg) {
 			return
 		}
 	}
+	if rules.bindsName(name) {
+		// As a pin: in place before the answer, since the client connects right after it.
+		if err := m.interceptAnswers(sb, rules, resp); err != nil {
+			m.rl.Warn(sb.id+" intercept", "network: send an answer's addresses to the egress proxy", "sandbox", sb.id, "name", name, "err", err)
+			reply(dns.RcodeServerFailure)
+			return
+		}
+	}
 	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
 		size := dns.MinMsgSize
 		if opt := q.IsEdns0(); opt != nil {

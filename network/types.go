@@ -3,6 +3,7 @@ package network
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -26,9 +27,27 @@ type Config struct {
 	HostNS *os.File
 	// Log receives what the Manager does to the host; nil means slog.Default().
 	Log *slog.Logger
+	// Egress, when set, is the egress proxy of the sandboxes whose policy binds a secret; a
+	// policy with secrets is refused at setup without it.
+	Egress Egress
 	// OnRefused, when set, is called for every name a sandbox's resolver refuses, with the
 	// sandbox's id; it must not block.
 	OnRefused func(id, name string)
+}
+
+// EgressPort is the port of the egress proxy's listener on a sandbox's gateway.
+const EgressPort = 15443
+
+// Egress is the egress proxy as the Manager drives it (package egress, through cmd/bothyd).
+type Egress interface {
+	// Serve serves sandbox id's redirected connections on ln under its bindings; allowed
+	// says whether a connection's original destination is one the proxy may dial (an address
+	// the sandbox's resolver answered for a bound name, port 443, within its TTL).
+	Serve(id string, ln net.Listener, secrets []SecretBinding, allowed func(netip.AddrPort) bool) error
+	// Update replaces a served sandbox's bindings.
+	Update(id string, secrets []SecretBinding)
+	// Stop stops serving a sandbox and closes its listener and connections.
+	Stop(id string)
 }
 
 // Target names the network namespace of a sandbox: its init's pid, or an open namespace file.
@@ -75,13 +94,16 @@ type Leftovers struct {
 	Chains, Sets, Counters []string
 	// Gateways are entries of the gateways set that no record names.
 	Gateways []netip.Addr
+	// Intercepts are sandbox addresses with entries in the intercept set (the egress proxy's
+	// redirection) that no record names.
+	Intercepts []netip.Addr
 	// Temp are leftovers of interrupted durable writes in the record directory.
 	Temp []string
 }
 
 // Empty reports whether nothing is left over.
 func (l Leftovers) Empty() bool {
-	return len(l.Records)+len(l.Interfaces)+len(l.Chains)+len(l.Sets)+len(l.Counters)+len(l.Gateways)+len(l.Temp) == 0
+	return len(l.Records)+len(l.Interfaces)+len(l.Chains)+len(l.Sets)+len(l.Counters)+len(l.Gateways)+len(l.Intercepts)+len(l.Temp) == 0
 }
 
 // String lists the leftovers for `bothyd check`, one kind a line.
@@ -102,6 +124,11 @@ func (l Leftovers) String() string {
 		gws = append(gws, g.String())
 	}
 	line("gateway addresses without a record", gws)
+	var ics []string
+	for _, a := range l.Intercepts {
+		ics = append(ics, a.String())
+	}
+	line("egress redirections of sandbox addresses without a record", ics)
 	line("interrupted record writes", l.Temp)
 	return b.String()
 }

@@ -100,6 +100,9 @@ var statusOfCode = map[string]int{
 	"checkpoint-exists":      409,
 	"checkpoint-limit":       409,
 	"checkpoint-unsupported": 501,
+	"secret-not-found":       404,
+	"secret-exists":          409,
+	"secret-in-use":          409,
 }
 
 // genericStatuses are answered by the middleware or the error mapper for any operation, so

@@ -100,6 +100,9 @@ var statusOf = map[errcode.Code]int{
 	errcode.CheckpointExists:      http.StatusConflict,
 	errcode.CheckpointLimit:       http.StatusConflict,
 	errcode.CheckpointUnsupported: http.StatusNotImplemented,
+	errcode.SecretNotFound:        http.StatusNotFound,
+	errcode.SecretExists:          http.StatusConflict,
+	errcode.SecretInUse:           http.StatusConflict,
 }
 
 // classify turns any error into the *errcode.Error that the client will see. Errors without a

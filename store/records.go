@@ -90,6 +90,22 @@ type NetworkPolicy struct {
 	Internet bool     `json:"internet"`
 	Allow    []string `json:"allow,omitempty"`
 	Deny     []string `json:"deny,omitempty"`
+	// Secrets bind secrets to hosts, for the egress proxy (docs/secrets.md). They name
+	// secrets and hold no value.
+	Secrets []SecretBinding `json:"secrets,omitempty"`
+}
+
+// SecretBinding is a secret bound to hosts in a recorded policy (network.SecretBinding).
+type SecretBinding struct {
+	Secret string        `json:"secret"`
+	Hosts  []string      `json:"hosts"`
+	Header *SecretHeader `json:"header,omitempty"`
+}
+
+// SecretHeader is a header the egress proxy sets on requests to a bound host.
+type SecretHeader struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
 }
 
 // Resources are a sandbox's resource limits.

@@ -127,7 +127,7 @@ func (s *Supervisor) launch(ctx context.Context, l *store.Lock, cfg *store.Confi
 			VCPUs: cfg.Resources.VCPUs, MemoryMB: cfg.Resources.MemoryMB, Pids: cfg.Resources.Pids,
 		},
 		DiskMB:     cfg.DiskMB,
-		Env:        img.env(cfg.Env),
+		Env:        s.secretEnv(cfg, img.env(cfg.Env)),
 		Capability: capability,
 		Hostname:   cfg.ID,
 		Network:    s.net.mgr != nil && s.rulesOf(cfg).Networked(),

@@ -102,7 +102,7 @@ func (s *Supervisor) parseNetwork(p *NetworkPolicy) (*network.Rules, error) {
 	if p == nil {
 		return &network.Rules{}, nil
 	}
-	rules, err := network.Parse(network.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny})
+	rules, err := network.Parse(network.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny, Secrets: bindingsOf(p.Secrets)})
 	if err != nil {
 		return nil, err
 	}
@@ -118,10 +118,13 @@ func (s *Supervisor) parseNetwork(p *NetworkPolicy) (*network.Rules, error) {
 	return rules, nil
 }
 
-// checkNetwork validates a create request's policy.
+// checkNetwork validates a create request's policy, and that the secrets it binds exist.
 func (s *Supervisor) checkNetwork(p *NetworkPolicy) error {
-	_, err := s.parseNetwork(p)
-	return err
+	rules, err := s.parseNetwork(p)
+	if err != nil {
+		return err
+	}
+	return s.checkSecrets(rules)
 }
 
 // rulesOf parses a recorded policy. A record that no longer parses (written by another build)
@@ -225,6 +228,11 @@ func (s *Supervisor) attachNetwork(ctx context.Context, l *store.Lock, cfg *stor
 	req := control.WriteRequest{Path: "/etc/resolv.conf", User: "root", Mode: 0o644}
 	if _, err := client.WriteFile(ctx, req, strings.NewReader(conf)); err != nil {
 		return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s could not be given its resolver: %v.", cfg.ID, err)
+	}
+	if len(rules.Secrets) > 0 {
+		if err := s.installCA(ctx, client); err != nil {
+			return errcode.Wrap(errcode.Unavailable, err, "Sandbox %s could not be given the egress proxy's CA: %v.", cfg.ID, err)
+		}
 	}
 	return nil
 }
@@ -410,6 +418,9 @@ func (s *Supervisor) SetNetwork(ctx context.Context, id string, p NetworkPolicy)
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkSecrets(rules); err != nil {
+		return nil, err
+	}
 	l, cfg, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, err
@@ -446,6 +457,9 @@ func (s *Supervisor) SetNetwork(ctx context.Context, id string, p NetworkPolicy)
 // sandbox an interface its runtime cannot add while it runs: a microVM started without a
 // NIC (its NetNS says so) keeps none until it is started again.
 func (s *Supervisor) checkLiveNetwork(l *store.Lock, cfg *store.Config, rules *network.Rules) error {
+	if err := checkLiveSecrets(l.ID(), cfg, rules); err != nil {
+		return err
+	}
 	if !rules.Networked() || s.net.mgr == nil {
 		return nil
 	}

@@ -86,6 +86,8 @@ type Options struct {
 	Ports PortLimits
 	// Network, if set, gives sandboxes the network their policies ask for (a network.Manager).
 	Network Networker
+	// Secrets, if set, lets policies bind secrets (secrets.go); nil refuses a policy that does.
+	Secrets Secrets
 	// Spares, if set, are the spares to keep once [Supervisor.StartSpares] is called (with a
 	// Count of 0: none, and those an earlier run left are deleted). Nil leaves spares alone,
 	// as bothyd check and tests do.
@@ -104,6 +106,7 @@ type Options struct {
 // several supervisors (in several processes) may share a state root: the store's locks
 // serialise them.
 type Supervisor struct {
+	secrets   Secrets
 	store     *store.Store
 	volumes   *volume.Store
 	templates *template.Store
@@ -211,6 +214,7 @@ func New(opts Options) (*Supervisor, error) {
 		wakeWait:      defaultWakeWait,
 		reconciled:    closedChan(),
 		net:           newNetState(opts.Network),
+		secrets:       opts.Secrets,
 		spares:        newSpareSet(opts.Spares),
 		volumes:       opts.Volumes,
 

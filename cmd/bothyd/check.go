@@ -78,6 +78,7 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	opts.Webhooks = checkWebhooks(*root)
 	opts.Volumes = checkVolumes(*root)
+	opts.Egress = checkEgress(*root)
 	rep, err := check.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "bothyd check:", err)

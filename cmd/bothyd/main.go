@@ -110,6 +110,8 @@ type options struct {
 	checkpointMaxBytes int64
 	// cluster is node mode (cluster.go, docs/cluster.md).
 	cluster *clusterOptions
+	// egressCAFile names a CA file the egress proxy trusts besides the host's roots.
+	egressCAFile string
 }
 
 // boundedDiskMB is the disk of its own that a sandbox gets when neither its create request nor
@@ -174,6 +176,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.networkPool, "network-pool", envOr("BOTHY_NETWORK_POOL", network.DefaultPool.String()), "the IPv4 range sandbox addresses come from, a /30 each (env BOTHY_NETWORK_POOL)")
 	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("BOTHY_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env BOTHY_NETWORK_UPLINK); default: any interface that is not a sandbox's")
 	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("BOTHY_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env BOTHY_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
+	fs.StringVar(&o.egressCAFile, "egress-ca-file", os.Getenv("BOTHY_EGRESS_CA_FILE"), "a PEM file of CA certificates the egress proxy trusts, besides the host's roots, when it connects to a host a secret is bound to (env BOTHY_EGRESS_CA_FILE); for hosts with a private CA, and tests")
 	fs.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", os.Getenv("BOTHY_WEBHOOK_ALLOW_PRIVATE") == "1", "let webhook deliveries reach loopback, link-local, private (RFC 1918, ULA) and sandbox addresses, for receivers on this host or its network (env BOTHY_WEBHOOK_ALLOW_PRIVATE=1); default: only public addresses, checked on the address connected to")
 	fs.BoolVar(&o.sandboxMetrics, "sandbox-metrics", os.Getenv("BOTHY_SANDBOX_METRICS") == "1", "export each running sandbox's usage on /metrics as series labelled by its id (env BOTHY_SANDBOX_METRICS=1); off by default: the series grow with the sandboxes")
 	fs.IntVar(&o.sandboxMetricsMax, "sandbox-metrics-max", defaultSandboxMetricsMax, "the most sandboxes --sandbox-metrics exports, the first by id; bothy_sandbox_series_truncated says when more ran")
@@ -325,7 +328,8 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	// The event bus and the metrics observe the supervisor through its hooks; the metrics
 	// count sandboxes by state from the supervisor itself, at scrape time.
-	hooks, err := openWebhooks(o, log)
+	var sup *supervisor.Supervisor
+	hooks, egressSvc, err := openOutbound(o, secretUses(&sup), log)
 	if err != nil {
 		return err
 	}
@@ -336,7 +340,6 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("the event sequence record: %w", err)
 	}
-	var sup *supervisor.Supervisor
 	mx := metrics.New(func() ([]*supervisor.Status, error) { return sup.List() }, log)
 	// The state root's health: every fault is counted, a change of state logged once.
 	health := supervisor.NewStorageHealth(st.Root(), log, mx.OnStorageFault)
@@ -345,7 +348,7 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	netw, err := openNetwork(o, log)
+	netw, err := openNetwork(o, egressSvc, log)
 	if err != nil {
 		return err
 	}
@@ -376,6 +379,7 @@ func serve(o *options, log *slog.Logger) error {
 		OnTransition: mx.OnTransition,
 		Storage:      health,
 		Network:      netw.networker(),
+		Secrets:      egressSvc,
 		Spares:       spareOptions(o, rt, log),
 		Volumes:      vols,
 		Checkpoints:  checkpoint.Limits{Count: o.checkpointMax, Bytes: o.checkpointMaxBytes},
@@ -425,6 +429,7 @@ func serve(o *options, log *slog.Logger) error {
 		NoFileLimit:      noFile,
 		Links:            links,
 		Webhooks:         hooks,
+		Secrets:          egressSvc.secrets,
 		Usage:            sampler,
 		Volumes:          vols,
 	})
@@ -436,7 +441,7 @@ func serve(o *options, log *slog.Logger) error {
 	e2bAPI := e2b.New(e2b.Config{
 		Supervisor: sup, Token: token, Logger: rlog,
 		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
-		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler, Volumes: vols,
+		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler, Volumes: vols, Secrets: egressSvc.secrets,
 	})
 	srv, err := server.New(server.Config{
 		Foreign:        e2bAPI,

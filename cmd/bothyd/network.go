@@ -29,12 +29,12 @@ const logEvery = 10 * time.Second
 // traffic gets through it; where Docker's or ufw's rules would drop it, it adds accept rules
 // for the sandboxes' interfaces there (docs/network.md). Nothing else on the host changes
 // until the first networked sandbox starts.
-func openNetwork(o *options, log *slog.Logger) (*netAccount, error) {
+func openNetwork(o *options, egress network.Egress, log *slog.Logger) (*netAccount, error) {
 	if os.Geteuid() != 0 {
 		log.Warn("sandboxes get no network: bothyd is not root, and making their interfaces and filters needs it")
 		return nil, nil
 	}
-	cfg := network.Config{Upstream: o.dnsUpstream, Uplink: o.networkUplink, Log: log}
+	cfg := network.Config{Upstream: o.dnsUpstream, Uplink: o.networkUplink, Log: log, Egress: egress}
 	if o.networkPool != "" {
 		p, err := netip.ParsePrefix(o.networkPool)
 		if err != nil {

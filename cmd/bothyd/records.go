@@ -11,6 +11,7 @@ import (
 	"github.com/bothy/bothy/idempotency"
 	"github.com/bothy/bothy/network"
 	"github.com/bothy/bothy/portlink"
+	"github.com/bothy/bothy/secret"
 	"github.com/bothy/bothy/webhook"
 )
 
@@ -33,6 +34,15 @@ func openWebhooks(o *options, log *slog.Logger) (*webhook.Manager, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("the webhooks: %w", err)
+	}
+	return m, nil
+}
+
+// openSecrets opens the secrets (package secret).
+func openSecrets(o *options, uses func(string) []secret.Use, log *slog.Logger) (*secret.Manager, error) {
+	m, err := secret.Open(secret.Options{Root: o.root, Uses: uses, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("the secrets: %w", err)
 	}
 	return m, nil
 }

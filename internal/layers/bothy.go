@@ -27,16 +27,16 @@ var Classes = map[string]Class{
 	"runtime/microvm/portmux": Sandbox,
 	"runtime/microvm/qmp":     Sandbox,
 	"runtime/microvm/shim":    Sandbox,
-	// Rate-limited logging by key (issue 37), on log/slog alone: usable on either side.
-
-	"check":                     Host,
-	"internal/systemd":          Host,
-	"network":                   Host,
-	"portlink":                  Host,
-	"idempotency":               Host,
-	"checkpoint":                Host,
-	"usage":                     Host,
-	"idle":                      Host,
+	"check":                   Host,
+	"internal/systemd":        Host,
+	"network":                 Host,
+	"portlink":                Host,
+	"idempotency":             Host,
+	"checkpoint":              Host,
+	"usage":                   Host,
+	"idle":                    Host,
+	// The secrets' store (docs/secrets.md): sealed values in the state root.
+	"secret":                    Host,
 	"runtime/microvm":           Host,
 	"runtime/namespace":         Host,
 	"runtime/namespace/seccomp": Host,
@@ -77,6 +77,10 @@ var Classes = map[string]Class{
 	"cluster/node":         HTTP,
 	"cluster/placement":    HTTP,
 	"cluster/router":       HTTP,
+	// The egress proxy speaks HTTP to the hosts secrets are bound to; the network Manager
+	// knows it only as a network.Egress, the checker only through cmd/bothyd
+	// (check.Options.Egress).
+	"egress": HTTP,
 
 	"cmd/bothy":          Command,
 	"cmd/bothyd":         Command,

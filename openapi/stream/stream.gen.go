@@ -123,6 +123,10 @@ type Problem struct {
 // Example: build-42
 type SandboxID = string
 
+// SecretName A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
+// placeholder in `BOTHY_SECRET_<NAME>`).
+type SecretName = string
+
 // StoredImageName The name of an image the server stores: an `ImageName` other than `host`, which is
 // reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
 // read nor deleted under `/v1/images/{name}`.
@@ -186,6 +190,10 @@ type ProxiedPath = string
 //
 // Example: build-42
 type SandboxIDPath = SandboxID
+
+// SecretNamePath A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
+// placeholder in `BOTHY_SECRET_<NAME>`).
+type SecretNamePath = SecretName
 
 // TemplateNamePath 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
 //

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { Sandbox, CommandExitError, InvalidArgumentError, SandboxError, TimeoutError, Volume } from 'e2b';
+import { Sandbox, Secret, CommandExitError, InvalidArgumentError, SandboxError, TimeoutError, Volume } from 'e2b';
 
 const metadata = { suite: 'e2b-compat', run: String(process.pid) };
 
@@ -311,4 +311,44 @@ test('fork, and snapshots: create, list, create from, delete', { timeout: 180_00
   } finally {
     await Promise.all(made.map((s) => s.kill().catch(() => undefined)));
   }
+});
+
+test('secrets, and a network.rules header transform that names one', { timeout: 120_000 }, async () => {
+  // E2B lower-cases names; bothyd's are a letter, then letters, digits or underscores.
+  const name = `flow_key_${process.pid}`;
+  const value = `flow-secret-value-${process.pid}`;
+  const info = await Secret.create(name, value);
+  assert.equal(info.name, name);
+  assert.equal(info.secretId, `sec_${name}`);
+  assert.equal(info.version, 1);
+  assert.ok(!JSON.stringify(info).includes(value), 'no answer carries the value');
+  const rotated = await Secret.update(info.secretId, `flow-secret-rotated-${process.pid}`);
+  assert.equal(rotated.version, 2);
+  assert.equal((await Secret.getInfo(name)).version, 2);
+  assert.ok(await Secret.exists(name));
+  const listed = await Secret.list().nextItems();
+  assert.ok(listed.some((s) => s.name === name), JSON.stringify(listed));
+
+  const sbx = await Sandbox.create({
+    metadata,
+    timeoutMs: 60_000,
+    network: {
+      allowOut: ['api.example.com'],
+      rules: { 'api.example.com': [{ transform: { headers: { Authorization: `Bearer ${Secret.fill(name)}` } } }] },
+    },
+  });
+  try {
+    // The sandbox holds a placeholder for the secret, never its value, and trusts the proxy.
+    const env = await sbx.commands.run('env');
+    assert.match(env.stdout, new RegExp(`BOTHY_SECRET_${name}=bothy-secret-[0-9a-f]{32}\n`));
+    assert.match(env.stdout, /SSL_CERT_FILE=/);
+    assert.ok(!env.stdout.includes('flow-secret'), 'the environment holds no value');
+    // A secret a sandbox's rules name is not destroyed under it.
+    await assert.rejects(Secret.destroy(name));
+  } finally {
+    await sbx.kill();
+  }
+  assert.equal(await Secret.destroy(name), true);
+  assert.equal(await Secret.exists(name), false);
+  assert.equal(await Secret.destroy(name), false);
 });

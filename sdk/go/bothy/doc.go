@@ -26,6 +26,12 @@
 // operation answers it with the route's not-found; Wait then follows /v1/events itself
 // (subscribing before it reads the sandbox, so that no change falls between the two).
 //
+// # Secrets
+//
+// [Client.CreateSecret], [Client.RotateSecret], [Client.Secrets], [Client.GetSecret] and
+// [Client.DeleteSecret] manage secrets, whose values no answer returns; a sandbox's
+// NetworkPolicy.Secrets binds them to hosts (docs/secrets.md).
+//
 // # Webhooks and idempotent creates
 //
 // [Client.CreateWebhook], [Client.Webhooks], [Client.GetWebhook] and [Client.DeleteWebhook]

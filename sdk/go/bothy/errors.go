@@ -90,6 +90,12 @@ var (
 	ErrCheckpointExists      = Code(errcode.CheckpointExists)
 	ErrCheckpointLimit       = Code(errcode.CheckpointLimit)
 	ErrCheckpointUnsupported = Code(errcode.CheckpointUnsupported)
+	// ErrSecretNotFound: no secret has the name.
+	ErrSecretNotFound = Code(errcode.SecretNotFound)
+	// ErrSecretExists: a secret of the name exists; rotate it instead.
+	ErrSecretExists = Code(errcode.SecretExists)
+	// ErrSecretInUse: a sandbox's network policy binds the secret.
+	ErrSecretInUse = Code(errcode.SecretInUse)
 )
 
 // APIError is an answer that was not a success: the problem+json the server sent, or what

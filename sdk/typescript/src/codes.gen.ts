@@ -62,7 +62,10 @@ export type KnownErrorCode =
   | "checkpoint-not-found"
   | "checkpoint-exists"
   | "checkpoint-limit"
-  | "checkpoint-unsupported";
+  | "checkpoint-unsupported"
+  | "secret-not-found"
+  | "secret-exists"
+  | "secret-in-use";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -127,6 +130,9 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "checkpoint-exists",
   "checkpoint-limit",
   "checkpoint-unsupported",
+  "secret-not-found",
+  "secret-exists",
+  "secret-in-use",
 ];
 
 /** An event type the contract documents; a newer server may send others. */

@@ -1172,6 +1172,89 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/secrets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List secrets
+         * @description Every secret by name, with the sandboxes and hosts that bind it; never a value.
+         */
+        get: operations["listSecrets"];
+        put?: never;
+        /**
+         * Create a secret
+         * @description Stores a value that sandboxes may send to the hosts their network policy binds it to
+         *     (`network.secrets`), without ever holding it: a sandbox sees a placeholder, and bothyd's
+         *     egress proxy puts the value in its place on the way out, only toward the bound hosts
+         *     (docs/secrets.md). The value is write-only: no answer, log line, event or error ever
+         *     carries it; it is kept encrypted (AES-256-GCM) under a key in the state root. At most
+         *     256 secrets per server, each value at most 8 KiB. An `Idempotency-Key` is not taken
+         *     here: the kept answers hold a hash of the request body, and a repeat is refused with
+         *     `secret-exists` anyway.
+         */
+        post: operations["createSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/secrets/{secret}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret's name. */
+                secret: components["parameters"]["SecretNamePath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Show a secret
+         * @description The secret's times and bindings; its value is write-only and never shown.
+         */
+        get: operations["getSecret"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a secret
+         * @description Deletes the secret. A secret that a sandbox's network policy binds is refused
+         *     (`secret-in-use`, naming the sandboxes): delete them, or change their policies, first.
+         */
+        delete: operations["deleteSecret"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/secrets/{secret}/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret's name. */
+                secret: components["parameters"]["SecretNamePath"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Rotate a secret's value
+         * @description Replaces the value; the name, and so every sandbox's placeholder, stays. The egress
+         *     proxy sends the new value from the next request on.
+         */
+        post: operations["rotateSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/webhooks": {
         parameters: {
             query?: never;
@@ -2276,6 +2359,7 @@ export interface components {
             allow?: components["schemas"]["AllowedDestination"][];
             /** @description Destinations never reachable; wins over `allow` and `internet`. */
             deny?: components["schemas"]["NetworkDestination"][];
+            secrets?: components["schemas"]["SecretBindings"];
         };
         SandboxList: {
             items: components["schemas"]["Sandbox"][];
@@ -2745,6 +2829,75 @@ export interface components {
         };
         /** @description A webhook's id, given by the server. */
         WebhookID: string;
+        /**
+         * @description A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
+         *     placeholder in `BOTHY_SECRET_<NAME>`).
+         */
+        SecretName: string;
+        CreateSecretRequest: {
+            name: components["schemas"]["SecretName"];
+            /** @description The value. Write-only; never logged, never in an answer. */
+            value: string;
+        };
+        RotateSecretRequest: {
+            /** @description The new value. Write-only; never logged, never in an answer. */
+            value: string;
+        };
+        Secret: {
+            name: components["schemas"]["SecretName"];
+            /** Format: date-time */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description When the value was last rotated; absent when it is the first one.
+             */
+            rotated_at?: string;
+            /** @description The sandboxes whose network policy binds the secret, and to which hosts. */
+            bindings: components["schemas"]["SecretUse"][];
+        };
+        SecretUse: {
+            sandbox: string;
+            hosts: string[];
+        };
+        SecretList: {
+            items: components["schemas"]["Secret"][];
+        };
+        /**
+         * @description Secrets sent to hosts over HTTPS by bothyd's egress proxy (docs/secrets.md), by the
+         *     secret's name (`SecretName`; OpenAPI 3.0 cannot constrain map keys: `x-key-pattern`
+         *     states the pattern, and the server refuses others with `invalid-request`). The sandbox
+         *     sees `BOTHY_SECRET_<NAME>` holding a placeholder; in requests to a bound host the proxy
+         *     replaces the placeholder with the value, in the URL, headers and body, and sets
+         *     `header` when given. The same placeholder sent to any other host goes out unchanged.
+         *     A binding opens nothing: a host the policy does not allow is never reached, so never
+         *     bound. Every secret named must exist (`404 secret-not-found`).
+         * @example {
+         *       "GITHUB_TOKEN": {
+         *         "hosts": [
+         *           "api.github.com"
+         *         ],
+         *         "header": {
+         *           "name": "Authorization",
+         *           "value": "Bearer {value}"
+         *         }
+         *       }
+         *     }
+         */
+        SecretBindings: {
+            [key: string]: components["schemas"]["SecretBinding"];
+        };
+        /** @description The hosts one secret goes to, and the header it is set in. */
+        SecretBinding: {
+            /** @description The hosts (exact names, or `*.example.org` for every name below) the value may go to. */
+            hosts: string[];
+            header?: components["schemas"]["SecretHeader"];
+        };
+        /** @description A header set on every request to a bound host, replacing one the sandbox sent. */
+        SecretHeader: {
+            name: string;
+            /** @description The header's value, where `{value}` stands for the secret's, as `Bearer {value}`. */
+            value: string;
+        };
         Health: {
             /** @enum {string} */
             status: "ok";
@@ -2886,7 +3039,7 @@ export interface components {
         };
         /**
          * @description `sandbox-not-found`, `template-not-found`, `generation-not-found`, `file-not-found`,
-         *     `image-not-found`, `webhook-not-found`, `volume-not-found`, `checkpoint-not-found`: the named thing does not exist (the operation's `x-error-codes`
+         *     `image-not-found`, `webhook-not-found`, `volume-not-found`, `checkpoint-not-found`, `secret-not-found`: the named thing does not exist (the operation's `x-error-codes`
          *     says which apply).
          */
         NotFound: {
@@ -2917,7 +3070,8 @@ export interface components {
          *     `file-changed` (the tree was moved while it was removed; repeat the request);
          *     `volume-exists` (a volume has the name), `checkpoint-exists`, `checkpoint-limit` (the
          *     sandbox holds as many checkpoints, or bytes in them, as the server allows; delete
-         *     one). The operation's `x-error-codes` says which apply.
+         *     one), `secret-exists` (rotate it instead), `secret-in-use` (a sandbox's network
+         *     policy binds it). The operation's `x-error-codes` says which apply.
          */
         Conflict: {
             headers: {
@@ -3090,6 +3244,8 @@ export interface components {
         VolumeNamePath: components["schemas"]["VolumeName"];
         /** @description The checkpoint's name. */
         CheckpointNamePath: components["schemas"]["CheckpointName"];
+        /** @description The secret's name. */
+        SecretNamePath: components["schemas"]["SecretName"];
         /** @description The webhook's id. */
         WebhookIDPath: components["schemas"]["WebhookID"];
         /**
@@ -5122,6 +5278,162 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+        };
+    };
+    listSecrets: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every secret, by name (there are at most 256). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SecretList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    createSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSecretRequest"];
+            };
+        };
+        responses: {
+            /** @description The secret, without its value. */
+            201: {
+                headers: {
+                    /** @description The path of the new secret. */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Secret"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
+    getSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret's name. */
+                secret: components["parameters"]["SecretNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The secret, without its value. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Secret"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    deleteSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret's name. */
+                secret: components["parameters"]["SecretNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The secret is deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
+        };
+    };
+    rotateSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret's name. */
+                secret: components["parameters"]["SecretNamePath"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RotateSecretRequest"];
+            };
+        };
+        responses: {
+            /** @description The secret, without its value. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Secret"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     listWebhooks: {
