@@ -1096,11 +1096,13 @@ type ForkItem struct {
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
 }
 
-// ForkRequest Give `count`, or `ids` (one for each fork), or both (then as many ids as `count`).
+// ForkRequest Give `count`, or `ids` (one for each fork), not both.
 type ForkRequest struct {
 	// Count How many forks to make; the server chooses their ids when `ids` is absent.
-	Count *int         `json:"count,omitempty"`
-	Ids   *[]SandboxID `json:"ids,omitempty"`
+	Count *int `json:"count,omitempty"`
+
+	// Ids The forks' ids, one for each fork, none taken.
+	Ids *[]SandboxID `json:"ids,omitempty"`
 }
 
 // ForkResult defines model for ForkResult.

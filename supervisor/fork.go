@@ -35,15 +35,16 @@ type ForkOutcome struct {
 }
 
 func (req ForkRequest) ids() ([]string, error) {
+	if req.Count > 0 && len(req.IDs) > 0 {
+		// The contract takes one of them (ForkRequest), so that they cannot disagree.
+		return nil, errcode.Invalid("ids", "A fork takes a count or ids, not both; ids makes one fork for each.")
+	}
 	n := req.Count
 	if n == 0 {
 		n = len(req.IDs)
 	}
 	if n < 1 || n > MaxForks {
 		return nil, errcode.Invalid("count", "A fork makes 1 to %d sandboxes; ask for a count in that range.", MaxForks)
-	}
-	if len(req.IDs) > 0 && len(req.IDs) != n {
-		return nil, errcode.Invalid("ids", "A fork given ids names one for each of its %d sandboxes; give %d ids or none.", n, n)
 	}
 	if len(req.IDs) == 0 {
 		ids := make([]string, n)

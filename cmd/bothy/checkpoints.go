@@ -178,8 +178,10 @@ func (c *cli) forkCommand() *cobra.Command {
 			return nil
 		}),
 	}
-	cmd.Flags().IntVar(&count, "count", 0, "how many forks to make, 1 to 16 (default 1, or one per --id)")
-	cmd.Flags().StringArrayVar(&ids, "id", nil, "an id for a fork; repeat for more (default: ids the server chooses)")
+	cmd.Flags().IntVar(&count, "count", 0, "how many forks to make, 1 to 16 (default 1)")
+	cmd.Flags().StringArrayVar(&ids, "id", nil, "an id for a fork, one fork for each; repeat for more (default: ids the server chooses)")
+	// The API takes a count or ids, not both (they could disagree).
+	cmd.MarkFlagsMutuallyExclusive("count", "id")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "how long to wait for the forks to start (default: the server's, 30s)")
 	outputFlag(cmd, &output, "name", "json")
 	return cmd

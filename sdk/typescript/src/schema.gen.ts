@@ -2024,10 +2024,11 @@ export interface components {
             /** Format: int64 */
             net_out_bytes?: number;
         };
-        /** @description Give `count`, or `ids` (one for each fork), or both (then as many ids as `count`). */
+        /** @description Give `count`, or `ids` (one for each fork), not both. */
         ForkRequest: {
             /** @description How many forks to make; the server chooses their ids when `ids` is absent. */
             count?: number;
+            /** @description The forks' ids, one for each fork, none taken. */
             ids?: components["schemas"]["SandboxID"][];
         };
         ForkResult: {
