@@ -59,8 +59,16 @@ type sender struct {
 	client *http.Client
 }
 
-func newSender(g guard, timeout time.Duration) *sender {
+func newSender(g guard, resolver string, timeout time.Duration) *sender {
 	dialer := &net.Dialer{Timeout: timeout, Control: g.control}
+	if resolver != "" {
+		// Names resolve through that server alone; the guard judges the addresses it gives,
+		// as it judges the host's resolvers' (on the address connected to).
+		dialer.Resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			d := net.Dialer{Timeout: timeout}
+			return d.DialContext(ctx, network, resolver)
+		}}
+	}
 	tr := &http.Transport{
 		Proxy:                  nil, // never a proxy from the environment: it would bypass the guard
 		DialContext:            dialer.DialContext,

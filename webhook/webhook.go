@@ -52,6 +52,10 @@ type Options struct {
 	AllowPrivate bool
 	// DenyPrefixes are refused besides the private ranges: the sandbox subnets.
 	DenyPrefixes []netip.Prefix
+	// Resolver is the DNS server (host:port) through which receivers' names are resolved:
+	// the operator's --webhook-resolver, for a split horizon (and tests, whose generated
+	// names must not reach the host's resolvers); empty: the host's resolvers.
+	Resolver string
 	// EventTypes are the types a webhook may name; nil: any.
 	EventTypes []string
 	// RetryBase and RetryMax bound the backoff between attempts; MaxAge is how long an event
@@ -174,7 +178,7 @@ func Open(o Options) (*Manager, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{o: o, dir: dir, lock: lf, log: o.Logger, sem: make(chan struct{}, o.MaxConcurrent),
-		send: newSender(guard{allowPrivate: o.AllowPrivate, deny: o.DenyPrefixes}, o.Timeout),
+		send: newSender(guard{allowPrivate: o.AllowPrivate, deny: o.DenyPrefixes}, o.Resolver, o.Timeout),
 		ctx:  ctx, cancel: cancel, hooks: map[string]*hook{}}
 	probs, err := scan(dir, true, m.load)
 	if err != nil {

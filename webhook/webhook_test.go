@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -12,12 +13,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/openapi"
 	"github.com/bothy/bothy/platform"
+
+	"github.com/miekg/dns"
 )
 
 const testSecret = "0123456789abcdef-secret"
@@ -381,5 +385,50 @@ func TestStartupCleansAndCheckReports(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, orphan)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the orphan outbox: %v", err)
+	}
+}
+
+// TestDeliveryResolvesThroughTheNamedResolver: with Options.Resolver, a receiver's name is
+// resolved by that DNS server alone: a name only it knows is delivered to the address it
+// gives, and the server saw the query. It fails on a sender that ignores the option (the
+// host's resolvers do not know the name).
+func TestDeliveryResolvesThroughTheNamedResolver(t *testing.T) {
+	t.Parallel()
+	rcv := newReceiver(t, func(int) int { return 200 })
+	_, port, _ := net.SplitHostPort(rcv.srv.Listener.Addr().String())
+
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int32
+	dnsSrv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		if len(q.Question) == 1 && q.Question[0].Name == "receiver.bothy-test." {
+			asked.Add(1)
+			if q.Question[0].Qtype == dns.TypeA {
+				m.Answer = append(m.Answer, &dns.A{
+					Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5},
+					A:   net.IPv4(127, 0, 0, 1),
+				})
+			}
+		} else {
+			m.Rcode = dns.RcodeNameError
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = dnsSrv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = dnsSrv.Shutdown() })
+
+	m := open(t, t.TempDir(), Options{AllowPrivate: true, Resolver: pc.LocalAddr().String()})
+	if _, err := m.Create(CreateRequest{URL: "http://receiver.bothy-test:" + port + "/hook", Events: []string{"sandbox.created"}, Secret: testSecret}); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	m.Enqueue(event(1, "sandbox.created"))
+	waitFor(t, "the delivery to the name only the resolver knows", func() bool { return len(rcv.received()) == 1 })
+	if asked.Load() == 0 {
+		t.Fatal("the delivery arrived but the named resolver was never asked")
 	}
 }

@@ -7,10 +7,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/bothy/bothy/checkpoint"
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -26,6 +26,7 @@ import (
 
 	"github.com/lmittmann/tint"
 
+	"github.com/bothy/bothy/checkpoint"
 	"github.com/bothy/bothy/e2b"
 	"github.com/bothy/bothy/events"
 	"github.com/bothy/bothy/handlers"
@@ -105,6 +106,8 @@ type options struct {
 	networkPool, networkUplink, dnsUpstream string
 	// webhookAllowPrivate lets webhook deliveries reach private addresses (webhook.Options).
 	webhookAllowPrivate bool
+	// webhookResolver is the DNS server webhook deliveries resolve through (webhook.Options).
+	webhookResolver string
 	// checkpointMax and checkpointMaxBytes bound each sandbox's checkpoints (checkpoint.Limits).
 	checkpointMax      int
 	checkpointMaxBytes int64
@@ -177,6 +180,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.networkUplink, "network-uplink", os.Getenv("BOTHY_NETWORK_UPLINK"), "the only interface sandbox traffic leaves by, masqueraded (env BOTHY_NETWORK_UPLINK); default: any interface that is not a sandbox's")
 	fs.StringVar(&o.dnsUpstream, "dns-upstream", os.Getenv("BOTHY_DNS_UPSTREAM"), "the resolver (host:port) that sandboxes' allowed names are forwarded to (env BOTHY_DNS_UPSTREAM); default: the first nameserver of /etc/resolv.conf")
 	fs.StringVar(&o.egressCAFile, "egress-ca-file", os.Getenv("BOTHY_EGRESS_CA_FILE"), "a PEM file of CA certificates the egress proxy trusts, besides the host's roots, when it connects to a host a secret is bound to (env BOTHY_EGRESS_CA_FILE); for hosts with a private CA, and tests")
+	fs.StringVar(&o.webhookResolver, "webhook-resolver", os.Getenv("BOTHY_WEBHOOK_RESOLVER"), "the DNS server (host:port) through which webhook deliveries resolve their receivers' names, for a split horizon (env BOTHY_WEBHOOK_RESOLVER); default: the host's resolvers")
 	fs.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", os.Getenv("BOTHY_WEBHOOK_ALLOW_PRIVATE") == "1", "let webhook deliveries reach loopback, link-local, private (RFC 1918, ULA) and sandbox addresses, for receivers on this host or its network (env BOTHY_WEBHOOK_ALLOW_PRIVATE=1); default: only public addresses, checked on the address connected to")
 	fs.BoolVar(&o.sandboxMetrics, "sandbox-metrics", os.Getenv("BOTHY_SANDBOX_METRICS") == "1", "export each running sandbox's usage on /metrics as series labelled by its id (env BOTHY_SANDBOX_METRICS=1); off by default: the series grow with the sandboxes")
 	fs.IntVar(&o.sandboxMetricsMax, "sandbox-metrics-max", defaultSandboxMetricsMax, "the most sandboxes --sandbox-metrics exports, the first by id; bothy_sandbox_series_truncated says when more ran")
@@ -214,6 +218,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.checkpointMaxBytes < 1 {
 		return nil, fmt.Errorf("--checkpoint-max-bytes %d: want a positive number of bytes", o.checkpointMaxBytes)
+	}
+	if o.webhookResolver != "" {
+		if _, err := netip.ParseAddrPort(o.webhookResolver); err != nil {
+			return nil, fmt.Errorf("--webhook-resolver %q: want an IP address and a port, such as 10.0.0.53:53", o.webhookResolver)
+		}
 	}
 	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
 		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)

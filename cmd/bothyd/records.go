@@ -30,7 +30,7 @@ func openWebhooks(o *options, log *slog.Logger) (*webhook.Manager, error) {
 	}
 	m, err := webhook.Open(webhook.Options{
 		Root: o.root, AllowPrivate: o.webhookAllowPrivate, DenyPrefixes: deny,
-		EventTypes: handlers.EventTypes, Logger: log,
+		Resolver: o.webhookResolver, EventTypes: handlers.EventTypes, Logger: log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("the webhooks: %w", err)
