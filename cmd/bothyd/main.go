@@ -202,32 +202,40 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	o.runtime.noteCgroupParentSource(fs)
 	_, o.diskExplicit = os.LookupEnv("BOTHY_DEFAULT_DISK_MB")
 	fs.Visit(func(f *flag.Flag) { o.diskExplicit = o.diskExplicit || f.Name == "default-disk-mb" })
-	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
-		return nil, fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
-	}
 	_, o.sparesExplicit = os.LookupEnv("BOTHY_SPARES")
 	fs.Visit(func(f *flag.Flag) { o.sparesExplicit = o.sparesExplicit || f.Name == "spares" })
+	if err := o.checkRanges(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// checkRanges refuses the numeric and address options out of their ranges, naming the flag.
+func (o *options) checkRanges() error {
+	if o.defaultDiskMB != 0 && (o.defaultDiskMB < 32 || o.defaultDiskMB > 1<<20) {
+		return fmt.Errorf("--default-disk-mb %d: want 0 (none) or 32 to 1048576", o.defaultDiskMB)
+	}
 	if o.spares < 0 || o.spares > maxSpares {
-		return nil, fmt.Errorf("--spares %d: want 0 (none) to %d", o.spares, maxSpares)
+		return fmt.Errorf("--spares %d: want 0 (none) to %d", o.spares, maxSpares)
 	}
 	if o.sandboxMetricsMax < 1 || o.sandboxMetricsMax > 10000 {
-		return nil, fmt.Errorf("--sandbox-metrics-max %d: want 1 to 10000", o.sandboxMetricsMax)
+		return fmt.Errorf("--sandbox-metrics-max %d: want 1 to 10000", o.sandboxMetricsMax)
 	}
 	if o.checkpointMax < 1 || o.checkpointMax > 256 {
-		return nil, fmt.Errorf("--checkpoint-max %d: want 1 to 256 (each checkpoint is a layer of the sandbox's overlay)", o.checkpointMax)
+		return fmt.Errorf("--checkpoint-max %d: want 1 to 256 (each checkpoint is a layer of the sandbox's overlay)", o.checkpointMax)
 	}
 	if o.checkpointMaxBytes < 1 {
-		return nil, fmt.Errorf("--checkpoint-max-bytes %d: want a positive number of bytes", o.checkpointMaxBytes)
+		return fmt.Errorf("--checkpoint-max-bytes %d: want a positive number of bytes", o.checkpointMaxBytes)
 	}
 	if o.webhookResolver != "" {
 		if _, err := netip.ParseAddrPort(o.webhookResolver); err != nil {
-			return nil, fmt.Errorf("--webhook-resolver %q: want an IP address and a port, such as 10.0.0.53:53", o.webhookResolver)
+			return fmt.Errorf("--webhook-resolver %q: want an IP address and a port, such as 10.0.0.53:53", o.webhookResolver)
 		}
 	}
 	if o.defaultTimeout < 0 || o.defaultTimeout > 30*24*3600 {
-		return nil, fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
+		return fmt.Errorf("--default-timeout-s %d: want 0 (none) or 1 to 2592000 (30 days)", o.defaultTimeout)
 	}
-	return o, nil
+	return nil
 }
 
 // envParsed is the environment variable name parsed by parse, or def when it is not set.
