@@ -57,15 +57,22 @@ func (e *fakeEgress) intercepts(id string, dst netip.Addr) bool {
 // TestAdoptionKeepsPinsAndIntercepts: a Manager of a new process that adopts a sandbox keeps
 // what the earlier one's resolver pinned for names the policy still allows, and the intercept
 // entries whose destination the filter still lets it reach (the egress proxy is asked again
-// and agrees); a pin keeps its name across adoptions and a live update; a first set-up keeps
-// nothing. Without the adoption's keeping, the address the sandbox resolved is dropped and
+// and agrees) and that are pinned for a bound name; a pin keeps its name across adoptions and
+// a live update; a first set-up keeps nothing. Without the adoption's keeping, the address the sandbox resolved is dropped and
 // the bound one not intercepted.
 func TestAdoptionKeepsPinsAndIntercepts(t *testing.T) {
 	w := newWorld(t)
 	bound := []SecretBinding{{Secret: "KEY", Hosts: []string{"allowed.test"}}}
+	var s *testSandbox
 	restart := func(eg *fakeEgress) *fakeEgress {
 		t.Helper()
-		// The earlier process dies: its resolvers and its proxy's listeners go with it.
+		// The earlier process dies: its resolvers and its proxy's listeners go with it. A
+		// resolver is shut down only once it serves (miekg/dns refuses to shut down a server
+		// that has not started), so the sandbox is first answered by it: a refused name pins
+		// and intercepts nothing.
+		if s != nil {
+			s.refused("not-allowed.test")
+		}
 		w.m.Close()
 		if eg != nil {
 			eg.closeAll()
@@ -91,7 +98,7 @@ func TestAdoptionKeepsPinsAndIntercepts(t *testing.T) {
 	}
 
 	eg := restart(nil)
-	s := w.sandbox(t, "box", Policy{Allow: []string{"allowed.test", "other.test"}, Secrets: bound})
+	s = w.sandbox(t, "box", Policy{Allow: []string{"allowed.test", "other.test"}, Secrets: bound})
 	s.resolves("allowed.test", allowedHost.String())
 	s.resolves("other.test", otherHost.String())
 	if !eg.intercepts("box", allowedHost) || eg.intercepts("box", otherHost) {
@@ -127,7 +134,25 @@ func TestAdoptionKeepsPinsAndIntercepts(t *testing.T) {
 	s.reachable(allowedHost.String(), 80)
 
 	// A first set-up (not an adoption) starts empty.
-	restart(eg)
+	eg = restart(eg)
 	setup(s, narrow, false)
 	s.unreachable(allowedHost.String(), 80)
+	if eg.intercepts("box", allowedHost) {
+		t.Fatal("a first set-up kept an interception")
+	}
+
+	// Resolved again, then adopted under a policy that still binds allowed.test but no longer
+	// allows the name: its pin goes, and so must its interception, or the proxy would dial an
+	// address the filter no longer lets the sandbox reach (a redirected connection never meets
+	// the filter).
+	s.resolves("allowed.test", allowedHost.String())
+	if !eg.intercepts("box", allowedHost) {
+		t.Fatal("resolved again, allowed.test's address is not intercepted")
+	}
+	eg = restart(eg)
+	setup(s, rules(Policy{Allow: []string{"other.test"}, Secrets: bound}), true)
+	s.unreachable(allowedHost.String(), 80)
+	if eg.intercepts("box", allowedHost) {
+		t.Fatal("an adoption kept an interception of an address whose name the policy no longer allows")
+	}
 }

@@ -212,17 +212,32 @@ func (m *Manager) pruneIntercepts(addr netip.Addr, keep func(dst netip.Addr) boo
 }
 
 // interceptKeeper says which of the intercept entries an earlier bothyd left for a sandbox an
-// adoption keeps: those whose destination the sandbox's filter, under its policy of now, lets
-// it reach, as interceptAnswers would have asked. They were put there by a resolver of bothyd
-// for a bound name (no one else writes bothyd's table but root on the host), so keeping them is
-// keeping what the sandbox resolved; dropping them would send the sandbox's connections to
+// adoption keeps, given the pins it keeps: those the resolver would add under the policy of
+// now. The destination must be one the sandbox's filter lets it reach (as interceptAnswers
+// asks), and, when the policy pins answers, one pinned for a name a secret is bound to: a
+// redirected connection never meets the filter (it goes to the proxy on the gateway), so the
+// proxy must dial only what the filter would let through, and an entry whose pin is gone (its
+// name no longer allowed) would let it dial past the filter. The entries were put there by a
+// resolver of bothyd (no one else writes bothyd's table but root on the host), so keeping them
+// is keeping what the sandbox resolved; dropping them would send the sandbox's connections to
 // those addresses straight out, with the placeholder, until it resolved the name again.
-func (m *Manager) interceptKeeper(rules *Rules) func(netip.Addr) bool {
+func (m *Manager) interceptKeeper(rules *Rules, pins []pin) func(netip.Addr) bool {
 	pools, err := m.pools()
 	if err != nil {
 		return func(netip.Addr) bool { return false }
 	}
-	return func(dst netip.Addr) bool { return m.addrAllowed(rules, dst, pools) }
+	bound := map[netip.Addr]bool{}
+	for _, p := range pins {
+		if rules.bindsName(p.name) {
+			bound[p.addr] = true
+		}
+	}
+	return func(dst netip.Addr) bool {
+		if rules.pins() && !bound[dst] {
+			return false
+		}
+		return m.addrAllowed(rules, dst, pools)
+	}
 }
 
 // startEgress opens sb's proxy listener on its gateway, bound to its interface as its

@@ -300,7 +300,7 @@ func (m *Manager) filter(sb *sandbox, rules *Rules, adopt bool) error {
 	}
 	keep := func(netip.Addr) bool { return false }
 	if adopt && len(rules.Secrets) > 0 {
-		keep = m.interceptKeeper(rules)
+		keep = m.interceptKeeper(rules, pins)
 	}
 	intercepts, err := m.pruneIntercepts(sb.att.Address, keep)
 	if err != nil {
