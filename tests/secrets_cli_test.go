@@ -35,6 +35,18 @@ func TestSecretCLI(t *testing.T) {
 		t.Fatalf("create from a file: %q", out)
 	}
 
+	// Typed on a terminal: asked for, and not echoed.
+	const typed = "sk-cli-typed-4b3a2c1d0e9f8a7b6c5d"
+	tm := d.startOnTerminal(t, 24, 80, "secret", "create", "TYPED_KEY", "--value-stdin")
+	tm.waitFor("Value: ", "")
+	tm.typeIn(typed + "\r")
+	if code := tm.exit(); code != 0 {
+		t.Fatalf("create typed on a terminal: exit %d:\n%s", code, tm.output())
+	}
+	if out := tm.output(); !strings.Contains(out, "TYPED_KEY") || strings.Contains(out, typed) {
+		t.Fatalf("create typed on a terminal: want the name and no echo of the value:\n%q", out)
+	}
+
 	// No way to give the value on the command line, and no silent empty value.
 	d.wantFail(2, "unknown flag: --value", "secret", "create", "ARGV_KEY", "--value", value)
 	d.wantFail(2, "--value-stdin", "secret", "create", "ARGV_KEY")
@@ -51,7 +63,7 @@ func TestSecretCLI(t *testing.T) {
 	if !strings.Contains(ls, "CLI_KEY") || !strings.Contains(ls, "FILE_KEY") || !strings.HasPrefix(ls, "NAME") {
 		t.Fatalf("ls: %q", ls)
 	}
-	if out := ok("", "secret", "ls", "-o", "name"); out != "CLI_KEY\nFILE_KEY\n" {
+	if out := ok("", "secret", "ls", "-o", "name"); out != "CLI_KEY\nFILE_KEY\nTYPED_KEY\n" {
 		t.Fatalf("ls -o name: %q", out)
 	}
 	var s secretJSON
@@ -69,7 +81,7 @@ func TestSecretCLI(t *testing.T) {
 	}
 	d.wantFail(1, "MISSING", "secret", "rotate", "MISSING", "--from-file", file)
 
-	if out := ok("", "secret", "rm", "CLI_KEY", "FILE_KEY"); out != "CLI_KEY\nFILE_KEY\n" {
+	if out := ok("", "secret", "rm", "CLI_KEY", "FILE_KEY", "TYPED_KEY"); out != "CLI_KEY\nFILE_KEY\nTYPED_KEY\n" {
 		t.Fatalf("rm: %q", out)
 	}
 	if out := ok("", "secret", "ls", "-o", "name"); out != "" {
@@ -77,7 +89,7 @@ func TestSecretCLI(t *testing.T) {
 	}
 	d.wantFail(1, "CLI_KEY", "secret", "inspect", "CLI_KEY")
 
-	for _, v := range []string{value, fileValue, rotated} {
+	for _, v := range []string{value, fileValue, rotated, typed} {
 		for _, out := range printed {
 			if strings.Contains(out, v) {
 				t.Errorf("bothy printed a value: %q", out)
