@@ -166,32 +166,78 @@ func (sb *sandbox) intercepted(dst netip.AddrPort) bool {
 // clearIntercepts removes the intercept set's entries of a sandbox address: at a teardown,
 // at a setup (an address of the pool may have been another sandbox's) and at a policy change.
 func (m *Manager) clearIntercepts(addr netip.Addr) error {
+	_, err := m.pruneIntercepts(addr, func(netip.Addr) bool { return false })
+	return err
+}
+
+// pruneIntercepts removes the intercept set's entries of a sandbox address whose destination
+// keep refuses, and returns those it kept, until when (the kernel's remaining timeout): the
+// entries outlive bothyd, and an adoption keeps those its policy still allows.
+func (m *Manager) pruneIntercepts(addr netip.Addr, keep func(dst netip.Addr) bool) (map[netip.Addr]time.Time, error) {
+	kept := map[netip.Addr]time.Time{}
 	if !addr.IsValid() {
-		return nil
+		return kept, nil
 	}
 	c, err := m.nft()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	set := interceptSetOf()
 	elems, err := c.GetSetElements(set)
 	if err != nil {
-		return nil // no set yet: nothing to clear
+		return kept, nil // no set yet: nothing to clear
 	}
 	a := addr.As4()
+	now := time.Now()
 	var del []nftables.SetElement
 	for _, e := range elems {
-		if len(e.Key) >= 4 && [4]byte(e.Key[:4]) == a {
-			del = append(del, nftables.SetElement{Key: e.Key})
+		if len(e.Key) < 8 || [4]byte(e.Key[:4]) != a {
+			continue
 		}
+		dst := netip.AddrFrom4([4]byte(e.Key[4:8]))
+		// An entry within a second of its end is let go rather than kept for a moment.
+		if e.Expires > time.Second && len(kept) < m.lim.pinsPerSandbox && keep(dst) {
+			kept[dst] = now.Add(e.Expires)
+			continue
+		}
+		del = append(del, nftables.SetElement{Key: e.Key})
 	}
 	if len(del) == 0 {
-		return nil
+		return kept, nil
 	}
 	if err := c.SetDeleteElements(set, del); err != nil {
-		return err
+		return nil, err
 	}
-	return c.Flush()
+	return kept, c.Flush()
+}
+
+// interceptKeeper says which of the intercept entries an earlier bothyd left for a sandbox an
+// adoption keeps, given the pins it keeps: those the resolver would add under the policy of
+// now. The destination must be one the sandbox's filter lets it reach (as interceptAnswers
+// asks), and, when the policy pins answers, one pinned for a name a secret is bound to: a
+// redirected connection never meets the filter (it goes to the proxy on the gateway), so the
+// proxy must dial only what the filter would let through, and an entry whose pin is gone (its
+// name no longer allowed) would let it dial past the filter. The entries were put there by a
+// resolver of bothyd (no one else writes bothyd's table but root on the host), so keeping them
+// is keeping what the sandbox resolved; dropping them would send the sandbox's connections to
+// those addresses straight out, with the placeholder, until it resolved the name again.
+func (m *Manager) interceptKeeper(rules *Rules, pins []pin) func(netip.Addr) bool {
+	pools, err := m.pools()
+	if err != nil {
+		return func(netip.Addr) bool { return false }
+	}
+	bound := map[netip.Addr]bool{}
+	for _, p := range pins {
+		if rules.bindsName(p.name) {
+			bound[p.addr] = true
+		}
+	}
+	return func(dst netip.Addr) bool {
+		if rules.pins() && !bound[dst] {
+			return false
+		}
+		return m.addrAllowed(rules, dst, pools)
+	}
 }
 
 // startEgress opens sb's proxy listener on its gateway, bound to its interface as its

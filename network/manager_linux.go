@@ -243,7 +243,7 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 		sb = &sandbox{id: id, alloc: a, att: att}
 		sb.conns.max, sb.pending.max = m.lim.connsPerSandbox, m.lim.pendingPerSandbox
 	}
-	if err := m.filter(sb, rules); err != nil {
+	if err := m.filter(sb, rules, target.Adopt); err != nil {
 		return att, err
 	}
 	// A firewall started or reloaded since bothyd's start (Docker's, ufw's) may have come
@@ -267,17 +267,23 @@ func (m *Manager) Setup(id string, target Target, rules *Rules) (Attachment, err
 }
 
 // filter makes sb's chain, sets and counters for rules, its dispatch entry and its gateway's
-// entry, in one transaction; it forgets what sb had pinned, as the transaction empties the
-// pinned set.
-func (m *Manager) filter(sb *sandbox, rules *Rules) error {
+// entry, in one transaction. A first set-up forgets what sb had pinned and intercepted (the
+// transaction empties the pinned set); an adoption keeps what of it the policy still allows
+// (inherited), so that a sandbox's connections to an address it resolved before a restart of
+// bothyd are still let through, and still meet the egress proxy.
+func (m *Manager) filter(sb *sandbox, rules *Rules, adopt bool) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	id, a, gw := sb.id, sb.alloc, sb.att.Gateway
+	var pins []pin
+	if adopt {
+		pins = m.inheritedPins(id, rules)
+	}
 	c, err := m.nft()
 	if err != nil {
 		return fmt.Errorf("network: open nftables: %w", err)
 	}
-	if err := addPolicy(c, id, rules, nil); err != nil {
+	if err := addPolicy(c, id, rules, pins); err != nil {
 		return err
 	}
 	dispatch := &nftables.Set{Table: table, Name: dispatchMap, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
@@ -292,10 +298,18 @@ func (m *Manager) filter(sb *sandbox, rules *Rules) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: make the filter of %s: %w", id, err)
 	}
-	if err := m.clearIntercepts(sb.att.Address); err != nil {
+	keep := func(netip.Addr) bool { return false }
+	if adopt && len(rules.Secrets) > 0 {
+		keep = m.interceptKeeper(rules, pins)
+	}
+	intercepts, err := m.pruneIntercepts(sb.att.Address, keep)
+	if err != nil {
 		return fmt.Errorf("network: clear the intercepted addresses of %s: %w", id, err)
 	}
-	sb.rules, sb.pins, sb.intercepts = rules, map[netip.Addr]pin{}, map[netip.Addr]time.Time{}
+	sb.rules, sb.pins, sb.intercepts = rules, map[netip.Addr]pin{}, intercepts
+	for _, p := range pins {
+		sb.pins[p.addr] = p
+	}
 	return nil
 }
 

@@ -383,7 +383,7 @@ func addPolicy(c *nftables.Conn, id string, rules *Rules, pins []pin) error {
 	var pinned []nftables.SetElement
 	for _, p := range pins {
 		b := p.addr.As4()
-		pinned = append(pinned, nftables.SetElement{Key: b[:], Timeout: p.timeout()})
+		pinned = append(pinned, nftables.SetElement{Key: b[:], Timeout: p.timeout(), Comment: pinComment(p.name)})
 	}
 	if err := c.SetAddElements(sets[pinnedSuffix], pinned); err != nil {
 		return err

@@ -38,6 +38,21 @@ func (p pin) live() bool { return time.Until(p.until) > time.Second }
 
 func (p pin) timeout() time.Duration { return time.Until(p.until).Round(time.Second) }
 
+// pinComment is what a pinned set's element carries beside its address: the name it was
+// answered for, read back by an adoption (inheritedPins) so that a later policy change can
+// keep the pins of names it still allows. A name too long for an element's user data (the
+// kernel bounds it to 256 bytes) is not carried, and its pin is not kept at an adoption.
+func pinComment(name string) string {
+	if len(name) > maxPinComment {
+		return ""
+	}
+	return name
+}
+
+// maxPinComment leaves room, within the kernel's 256 bytes of an element's user data, for the
+// comment's type, length and terminating NUL.
+const maxPinComment = 250
+
 func pinTTL(ttl uint32) time.Duration {
 	return min(max(time.Duration(ttl)*time.Second, minPinTTL), maxPinTTL)
 }
@@ -251,7 +266,7 @@ func (m *Manager) pinAnswers(sb *sandbox, rules *Rules, name string, resp *dns.M
 			}
 			del = append(del, nftables.SetElement{Key: b[:]})
 		}
-		add = append(add, nftables.SetElement{Key: b[:], Timeout: p.timeout()})
+		add = append(add, nftables.SetElement{Key: b[:], Timeout: p.timeout(), Comment: pinComment(p.name)})
 	}
 	if len(add) == 0 {
 		return nil
@@ -300,4 +315,36 @@ func (m *Manager) roomForPins(sb *sandbox, fresh []pin) error {
 		return fmt.Errorf("%d addresses would be pinned, and the bound is %d", n, m.lim.pinsPerSandbox)
 	}
 	return nil
+}
+
+// inheritedPins reads what an earlier bothyd's resolver pinned for the sandbox id, still in its
+// pinned set, and returns what of it rules allow: the pins of names it still allows, within
+// the bound, each until its kernel timeout. A pin without its name (made by a bothyd before
+// names were kept, or for a name too long to keep) is let go: whether the policy still allows
+// it cannot be told. Without them, a sandbox's connection to an address it resolved before the restart
+// would be dropped until it resolved the name again. A set that does not read gives nothing.
+func (m *Manager) inheritedPins(id string, rules *Rules) []pin {
+	if !rules.pins() {
+		return nil
+	}
+	c, err := m.nft()
+	if err != nil {
+		return nil
+	}
+	elems, err := c.GetSetElements(ipv4Set(chainOf(id)+pinnedSuffix, false, true))
+	if err != nil {
+		return nil
+	}
+	now := time.Now()
+	var pins []pin
+	for _, e := range elems {
+		if len(e.Key) != 4 || e.Expires <= time.Second || len(pins) >= m.lim.pinsPerSandbox {
+			continue
+		}
+		if e.Comment == "" || !rules.AllowsName(e.Comment) {
+			continue
+		}
+		pins = append(pins, pin{name: e.Comment, addr: netip.AddrFrom4([4]byte(e.Key)), until: now.Add(e.Expires)})
+	}
+	return pins
 }

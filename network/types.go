@@ -54,6 +54,11 @@ type Egress interface {
 type Target struct {
 	PID int
 	NS  *os.File
+	// Adopt says that the sandbox ran, networked, under an earlier bothyd: what its resolver
+	// pinned and intercepted is still in the kernel's sets, and what of it the policy still
+	// allows is kept (docs/secrets.md, "After a restart of bothyd"), where a first set-up
+	// starts empty.
+	Adopt bool
 }
 
 // Attachment is what a sandbox got: the caller writes Gateway into its resolv.conf.

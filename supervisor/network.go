@@ -284,6 +284,13 @@ func (s *Supervisor) launchEnded(l *store.Lock, proc platform.ProcessID) bool {
 
 // setupNetwork runs the Manager's Setup for the launch of proc and records the attachment.
 func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc platform.ProcessID) (network.Attachment, error) {
+	return s.setupNetworkAs(l, rules, proc, false)
+}
+
+// setupNetworkAs is setupNetwork for a sandbox that ran networked under an earlier bothyd when
+// adopt is set: what its resolver pinned and intercepted then is kept
+// ([network.Target].Adopt).
+func (s *Supervisor) setupNetworkAs(l *store.Lock, rules *network.Rules, proc platform.ProcessID, adopt bool) (network.Attachment, error) {
 	rt, err := s.lockedRuntime(l)
 	if err != nil {
 		return network.Attachment{}, err
@@ -294,7 +301,7 @@ func (s *Supervisor) setupNetwork(l *store.Lock, rules *network.Rules, proc plat
 	}
 	defer ns.Close()
 	start := time.Now()
-	att, err := s.net.mgr.Setup(l.ID(), network.Target{NS: ns}, rules)
+	att, err := s.net.mgr.Setup(l.ID(), network.Target{NS: ns, Adopt: adopt}, rules)
 	if err != nil {
 		return att, err
 	}
@@ -332,7 +339,7 @@ func (s *Supervisor) adoptNetwork(l *store.Lock, rec *store.RuntimeRecord) {
 	if !rules.Networked() {
 		return
 	}
-	if _, err := s.setupNetwork(l, rules, processOf(rec)); err != nil {
+	if _, err := s.setupNetworkAs(l, rules, processOf(rec), true); err != nil {
 		if s.releasedVM(l) {
 			// A resume that bothyd's death interrupted before its thaw: start-up's
 			// reconciliation restores it, and its network pass adopts it then.
@@ -386,7 +393,7 @@ func (s *Supervisor) rejoinNetwork(l *store.Lock, rec *store.RuntimeRecord) erro
 		if !rules.Networked() {
 			return nil
 		}
-		_, err = s.setupNetwork(l, rules, processOf(rec))
+		_, err = s.setupNetworkAs(l, rules, processOf(rec), true)
 		return err
 	}
 	ns, err := s.openNetNS(rt, l.Dir(), processOf(rec))

@@ -25,7 +25,11 @@ func (d *daemon) ctl(stdin string, args ...string) (string, string, int) {
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	// In the daemon's network namespace, when it has one: its loopback is not the test's.
+	err := startIn(d.netns, cmd)
+	if err == nil {
+		err = cmd.Wait()
+	}
 	code := 0
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {

@@ -72,6 +72,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		&cobra.Group{ID: "templates", Title: "Templates:"},
 		&cobra.Group{ID: "images", Title: "Images:"},
 		&cobra.Group{ID: "volumes", Title: "Volumes:"},
+		&cobra.Group{ID: "secrets", Title: "Secrets:"},
 		&cobra.Group{ID: "system", Title: "Server:"})
 	add := func(group string, cmds ...*cobra.Command) {
 		for _, cmd := range cmds {
@@ -86,6 +87,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
 	add("images", c.imageCommand(), c.pullCommand())
 	add("volumes", c.volumeCommand())
+	add("secrets", c.secretCommand())
 	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand(), c.webhookCommand())
 	// The commands of bothy before cp took their place, kept for scripts that use them.
 	root.AddCommand(c.putCommand(), c.fetchCommand())

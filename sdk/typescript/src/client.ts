@@ -25,6 +25,7 @@ import type {
   Lease,
   Sandbox,
   SandboxList,
+  Secret,
   SandboxMetrics,
   SandboxState,
   Template,
@@ -376,6 +377,42 @@ export class Bothy {
     await this.#callEmpty(
       this.api.DELETE("/v1/volumes/{name}/files", { params: { path: { name }, query: { path, recursive: opts.recursive } } }),
     );
+  }
+
+  // ---- secrets --------------------------------------------------------------------------------
+
+  /**
+   * Stores a secret (docs/secrets.md). The value is write-only: no answer returns it. A sandbox's
+   * network policy binds the secret to hosts (`network.secrets`); the sandbox sees only a
+   * placeholder in `BOTHY_SECRET_<NAME>`, and bothyd's egress proxy puts the value in its place
+   * on HTTPS requests to those hosts. A name in use is refused with secret-exists.
+   */
+  createSecret(name: string, value: string): Promise<Secret> {
+    return this.#call(this.api.POST("/v1/secrets", { body: { name, value } }));
+  }
+
+  /** A secret's name, times and bindings; never its value. */
+  getSecret(name: string): Promise<Secret> {
+    return this.#call(this.api.GET("/v1/secrets/{secret}", { params: { path: { secret: name } } }));
+  }
+
+  /** Every secret, with the sandboxes and hosts that bind it; never a value. */
+  async listSecrets(): Promise<Secret[]> {
+    const list = await this.#call(this.api.GET("/v1/secrets", {}));
+    return list.items;
+  }
+
+  /**
+   * Replaces a secret's value. Its name, and so every sandbox's placeholder, stays; the egress
+   * proxy sends the new value from the next request on.
+   */
+  rotateSecret(name: string, value: string): Promise<Secret> {
+    return this.#call(this.api.POST("/v1/secrets/{secret}/rotate", { params: { path: { secret: name } }, body: { value } }));
+  }
+
+  /** Deletes a secret; one that a sandbox's network policy binds is refused with secret-in-use. */
+  async deleteSecret(name: string): Promise<void> {
+    await this.#callEmpty(this.api.DELETE("/v1/secrets/{secret}", { params: { path: { secret: name } } }));
   }
 
   // ---- checkpoints, rollback and fork --------------------------------------------------------

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/bothy/bothy/sdk/go/bothy"
+)
+
+// maxSecretInput bounds what a secret command reads from stdin or a file: the server takes
+// at most 8 KiB, and a larger input (a file named by mistake) is refused without reading it
+// all into memory.
+const maxSecretInput = 64 << 10
+
+// secretValueFlags are where a create or a rotation reads the value from. There is no flag
+// that takes the value itself: a command line is readable by every user of the host
+// (/proc/PID/cmdline, ps) and stays in shell histories.
+type secretValueFlags struct {
+	stdin bool
+	file  string
+}
+
+func (f *secretValueFlags) add(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.stdin, "value-stdin", false, "read the value from stdin (without echo when stdin is a terminal)")
+	cmd.Flags().StringVar(&f.file, "from-file", "", "read the value from the file F")
+}
+
+// read returns the value from stdin or the file, without one trailing line break (echo and
+// editors add one, and a value in a header cannot hold it).
+func (f *secretValueFlags) read(c *cli) (string, error) {
+	var raw []byte
+	switch {
+	case f.stdin && f.file != "":
+		return "", usagef("give the value with either --value-stdin or --from-file, not both")
+	case f.stdin:
+		if fd := c.stdinTerminal(); fd >= 0 {
+			fmt.Fprint(c.stderr, "Value: ")
+			b, err := term.ReadPassword(fd)
+			fmt.Fprintln(c.stderr)
+			if err != nil {
+				return "", fmt.Errorf("read the value from the terminal: %w", err)
+			}
+			raw = b
+			break
+		}
+		b, err := io.ReadAll(io.LimitReader(c.stdin, maxSecretInput+1))
+		if err != nil {
+			return "", fmt.Errorf("read the value from stdin: %w", err)
+		}
+		raw = b
+	case f.file != "":
+		fh, err := os.Open(f.file)
+		if err != nil {
+			return "", fmt.Errorf("read the value: %w", err)
+		}
+		defer fh.Close()
+		b, err := io.ReadAll(io.LimitReader(fh, maxSecretInput+1))
+		if err != nil {
+			return "", fmt.Errorf("read the value from %s: %w", f.file, err)
+		}
+		raw = b
+	default:
+		return "", usagef("give the value with --value-stdin (piped, or typed without echo) or --from-file F; it is never taken on the command line, which every user of the host can read")
+	}
+	if len(raw) > maxSecretInput {
+		return "", usagef("the value is longer than %d KiB; a secret's value is at most 8 KiB", maxSecretInput>>10)
+	}
+	raw = bytes.TrimSuffix(raw, []byte("\n"))
+	raw = bytes.TrimSuffix(raw, []byte("\r"))
+	if len(raw) == 0 {
+		return "", usagef("the value is empty; pipe it to --value-stdin or name a file holding it with --from-file")
+	}
+	return string(raw), nil
+}
+
+func (c *cli) secretCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "secret",
+		Aliases: []string{"secrets"},
+		Short:   "Create, list, inspect, rotate and delete secrets, which sandboxes use without holding them",
+		Long: `A secret is stored once in bothyd and never shown again. A sandbox's network policy binds
+it to hosts (network.secrets in POST /v1/sandboxes or PUT /v1/sandboxes/ID/network); the sandbox sees only a placeholder
+(BOTHY_SECRET_<NAME>), and bothyd's egress proxy puts the value in its place on requests to
+those hosts (docs/secrets.md). Values are read from stdin or a file, never from the command
+line.`,
+		Args: cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			return usagef("secret needs a subcommand: create, ls, inspect, rotate or rm")
+		}),
+	}
+	cmd.AddCommand(c.secretCreateCommand(), c.secretListCommand(), c.secretInspectCommand(), c.secretRotateCommand(), c.secretRemoveCommand())
+	return cmd
+}
+
+func (c *cli) secretCreateCommand() *cobra.Command {
+	var f secretValueFlags
+	cmd := &cobra.Command{
+		Use:   "create NAME (--value-stdin | --from-file F)",
+		Short: "Store a secret and print its name",
+		Example: `  printf %s "$API_KEY" | bothy secret create API_KEY --value-stdin
+  bothy secret create API_KEY --from-file ./api-key.txt
+  bothy secret create API_KEY --value-stdin        # typed, without echo`,
+		Args: exactArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			value, err := f.read(c)
+			if err != nil {
+				return err
+			}
+			api, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := c.context()
+			defer cancel()
+			s, err := api.CreateSecret(ctx, args[0], value)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.stdout, s.Name)
+			return nil
+		}),
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func (c *cli) secretRotateCommand() *cobra.Command {
+	var f secretValueFlags
+	cmd := &cobra.Command{
+		Use:     "rotate NAME (--value-stdin | --from-file F)",
+		Short:   "Replace a secret's value; sandboxes keep their placeholders and send the new value from their next request",
+		Example: `  printf %s "$NEW_KEY" | bothy secret rotate API_KEY --value-stdin`,
+		Args:    exactArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			value, err := f.read(c)
+			if err != nil {
+				return err
+			}
+			api, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := c.context()
+			defer cancel()
+			s, err := api.RotateSecret(ctx, args[0], value)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.stdout, s.Name)
+			return nil
+		}),
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func (c *cli) secretListCommand() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List secrets (never their values) and the sandboxes that bind them",
+		Args:    cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			api, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := c.context()
+			defer cancel()
+			list, err := api.Secrets(ctx)
+			if err != nil {
+				return err
+			}
+			if done, err := printListShort(c, output, list, func(s bothy.Secret) string { return s.Name }); done {
+				return err
+			}
+			tw := c.table()
+			fmt.Fprintln(tw, "NAME\tBOUND BY\tCREATED\tROTATED")
+			for _, s := range list {
+				var uses []string
+				for _, u := range s.Bindings {
+					uses = append(uses, u.Sandbox+"→"+strings.Join(u.Hosts, ","))
+				}
+				bound := strings.Join(uses, " ")
+				if bound == "" {
+					bound = "-"
+				}
+				rotated := "-"
+				if s.RotatedAt != nil {
+					rotated = s.RotatedAt.Format("2006-01-02 15:04")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, bound, s.CreatedAt.Format("2006-01-02 15:04"), rotated)
+			}
+			return tw.Flush()
+		}),
+	}
+	outputFlag(cmd, &output, "table", "json", "name")
+	return cmd
+}
+
+func (c *cli) secretInspectCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "Print a secret as JSON: its name, times and bindings, never its value",
+		Args:  exactArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			api, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := c.context()
+			defer cancel()
+			s, err := api.GetSecret(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return c.printJSON(s)
+		}),
+	}
+}
+
+func (c *cli) secretRemoveCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm NAME...",
+		Aliases: []string{"delete"},
+		Short:   "Delete secrets; one that a sandbox's policy binds is refused",
+		Args:    minArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			api, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := c.context()
+			defer cancel()
+			for _, name := range args {
+				if err := api.DeleteSecret(ctx, name); err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, name)
+			}
+			return nil
+		}),
+	}
+}
