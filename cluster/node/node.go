@@ -296,15 +296,12 @@ func (n *Node) sync(ctx context.Context, id string) error {
 	}
 	// Read from the API server, not a cache: what follows acts on what the object says.
 	var cur v1alpha1.Sandbox
-	have := true
+	owner := ""
 	switch err := n.c.Get(ctx, client.ObjectKey{Namespace: n.cfg.Namespace, Name: id}, &cur); {
 	case apierrors.IsNotFound(err):
-		have = false
 	case err != nil:
 		return err
-	}
-	owner := ""
-	if have {
+	default:
 		owner = cur.Labels[v1alpha1.NodeLabel]
 	}
 	// Refuse to take over another node's object: two sandboxes of one id on two nodes is a
@@ -319,16 +316,7 @@ func (n *Node) sync(ctx context.Context, id string) error {
 	mine := owner == n.cfg.Name
 	switch {
 	case mine && cur.DeletionTimestamp != nil:
-		if !missing {
-			if n.cfg.Delete == nil {
-				return nil
-			}
-			if err := n.cfg.Delete(ctx, id); err != nil && errcode.Of(err) != errcode.SandboxNotFound {
-				return fmt.Errorf("deleting the sandbox of a deleted Sandbox object: %w", err)
-			}
-			n.log.Info("cluster: deleted the sandbox of a deleted Sandbox object", "sandbox", id)
-		}
-		return n.dropFinalizer(ctx, &cur)
+		return n.deleted(ctx, &cur, !missing)
 	case missing && mine && cur.Annotations[v1alpha1.PlacedAnnotation] == n.cfg.Name && cur.Status.Node == "" && n.cfg.Create != nil:
 		return n.create(ctx, &cur)
 	case missing && mine:
@@ -336,6 +324,26 @@ func (n *Node) sync(ctx context.Context, id string) error {
 	case missing:
 		return nil
 	}
+	return n.apply(ctx, st)
+}
+
+// deleted deletes the sandbox of cur, an object of this node's being deleted, if it has
+// one, and then lets the object go.
+func (n *Node) deleted(ctx context.Context, cur *v1alpha1.Sandbox, hasSandbox bool) error {
+	if hasSandbox {
+		if n.cfg.Delete == nil {
+			return nil
+		}
+		if err := n.cfg.Delete(ctx, cur.Name); err != nil && errcode.Of(err) != errcode.SandboxNotFound {
+			return fmt.Errorf("deleting the sandbox of a deleted Sandbox object: %w", err)
+		}
+		n.log.Info("cluster: deleted the sandbox of a deleted Sandbox object", "sandbox", cur.Name)
+	}
+	return n.dropFinalizer(ctx, cur)
+}
+
+// apply server-side applies st's object and its status as the node.
+func (n *Node) apply(ctx context.Context, st *supervisor.Status) error {
 	obj := n.object(st)
 	u, err := toApply(obj, false)
 	if err != nil {

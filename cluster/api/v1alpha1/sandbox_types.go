@@ -25,8 +25,8 @@ const (
 // objects, and an operator a node's sandboxes, with a label selector.
 const NodeLabel = "cluster.bothy.dev/node"
 
-// PlacedAnnotation, written by the controller with NodeLabel when it places a Sandbox object
-// a user made (kubectl apply), names the node asked to create the sandbox. A node creates a
+// PlacedAnnotation is written by the controller with NodeLabel when it places a Sandbox
+// object a user made (kubectl apply), names the node asked to create the sandbox. A node creates a
 // sandbox for an object only when this annotation names it and the object's status names no
 // node yet: an object a node made from its own sandbox never carries it, so a sandbox
 // deleted through the REST API is never made again from its object (docs/cluster.md).
