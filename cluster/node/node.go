@@ -243,7 +243,8 @@ func (n *Node) mirror(ctx context.Context) {
 }
 
 // Reconcile brings the objects in line with the store: every sandbox gets an object that
-// reads as the node does, and every object of this node's whose sandbox is gone is removed.
+// reads as the node does, and every object of this node's without a sandbox is queued: one
+// placed here and never made gets its sandbox, any other is removed (sync).
 // Exported for the node's tests and for `bothyd check`-style tooling.
 func (n *Node) Reconcile(ctx context.Context) error {
 	var objs v1alpha1.SandboxList
@@ -265,7 +266,8 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		if have[obj.Name] {
 			continue
 		}
-		// Gone from the store: queued, the sync reads it missing and removes the object.
+		// Not in the store: queued, the sync makes its sandbox (placed here, never made) or
+		// removes the object (its sandbox is gone).
 		n.queue.Add(obj.Name)
 		removed++
 	}
