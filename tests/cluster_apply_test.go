@@ -24,7 +24,8 @@ import (
 // its object with it and is not made again from it. Two crashes of the node (SIGKILL): while
 // an object is placed on it, and in the middle of making its sandbox (after the launch was
 // recorded, before the object's status was written): after the restart each object has
-// exactly one sandbox, running.
+// exactly one sandbox, running. A third crash comes after the create returned, before the
+// node wrote the object's status.
 func TestClusterSandboxApply(t *testing.T) {
 	cp := kubetest.Start(t, kubetest.Options{Users: []string{clusterNodeUser, clusterControllerUser}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -146,31 +147,33 @@ func TestClusterSandboxApply(t *testing.T) {
 	d.start()
 	waitObject(t, admin, "kube-apply-2 running after the node's restart", key("kube-apply-2"), &v1alpha1.Sandbox{}, running)
 
-	// Crash 2: the node dies after the sandbox's launch is recorded, before the object's
-	// status says so.
-	d.Stop()
-	d.env = []string{"BOTHYD_CRASH_AT=recorded"}
-	d.start()
-	apply("kube-apply-3", v1alpha1.SandboxSpec{})
-	select {
-	case <-d.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("bothyd did not die at the launch of kube-apply-3")
+	// Crashes 2 and 3: the node dies after the sandbox's launch is recorded (inside the
+	// create), and after the create returned; both before the object's status says so.
+	for _, c := range []struct{ id, at string }{{"kube-apply-3", "recorded"}, {"kube-apply-4", "object-sandbox-made"}} {
+		d.Stop()
+		d.env = []string{"BOTHYD_CRASH_AT=" + c.at}
+		d.start()
+		apply(c.id, v1alpha1.SandboxSpec{})
+		select {
+		case <-d.done:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("bothyd did not die at %s making %s", c.at, c.id)
+		}
+		var mid v1alpha1.Sandbox
+		if err := admin.Get(ctx, key(c.id), &mid); err != nil || mid.Status.Node != "" || mid.Labels[v1alpha1.NodeLabel] != name {
+			t.Fatalf("%s at the crash at %s: %v, status node %q, labels %v; want placed and no status", c.id, c.at, err, mid.Status.Node, mid.Labels)
+		}
+		d.env = nil
+		d.start()
+		waitObject(t, admin, c.id+" running after the crash at "+c.at, key(c.id), &v1alpha1.Sandbox{}, running)
+		if r := d.doJSON("POST", "/v1/sandboxes/"+c.id+"/exec", map[string]any{"command": []string{"true"}}); r.Status != 200 {
+			t.Fatalf("exec in %s: %d %s", c.id, r.Status, r.Body)
+		}
 	}
-	var mid v1alpha1.Sandbox
-	if err := admin.Get(ctx, key("kube-apply-3"), &mid); err != nil || mid.Status.Node != "" || mid.Labels[v1alpha1.NodeLabel] != name {
-		t.Fatalf("kube-apply-3 at the crash: %v, status node %q, labels %v; want placed and no status", err, mid.Status.Node, mid.Labels)
+	if l := ids(); !slices.Equal(l, []string{"kube-apply-2", "kube-apply-3", "kube-apply-4"}) {
+		t.Fatalf("the node's sandboxes after the crashes: %v; want exactly kube-apply-2, -3 and -4", l)
 	}
-	d.env = nil
-	d.start()
-	waitObject(t, admin, "kube-apply-3 running after the crash", key("kube-apply-3"), &v1alpha1.Sandbox{}, running)
-	if l := ids(); !slices.Equal(l, []string{"kube-apply-2", "kube-apply-3"}) {
-		t.Fatalf("the node's sandboxes after the crashes: %v; want exactly kube-apply-2 and kube-apply-3", l)
-	}
-	if r := d.doJSON("POST", "/v1/sandboxes/kube-apply-3/exec", map[string]any{"command": []string{"true"}}); r.Status != 200 {
-		t.Fatalf("exec in kube-apply-3: %d %s", r.Status, r.Body)
-	}
-	for _, id := range []string{"kube-apply-2", "kube-apply-3"} {
+	for _, id := range []string{"kube-apply-2", "kube-apply-3", "kube-apply-4"} {
 		if err := admin.Delete(ctx, &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: config.Namespace, Name: id}}); err != nil {
 			t.Fatal(err)
 		}

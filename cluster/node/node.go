@@ -73,6 +73,10 @@ type Config struct {
 	// not, as the REST API's forced delete does. Nil: the node deletes no sandbox for an
 	// object, and leaves such an object's finalizer in place.
 	Delete func(ctx context.Context, id string) error
+	// CrashPoint, when set (a bothyd built for the crash tests), is called at the named steps
+	// so that a test can kill the node there: "object-sandbox-made", after the sandbox an
+	// object asks for is made and before the object says so.
+	CrashPoint func(step string)
 	// Images and Generations are what the node holds, for placement; nil: none.
 	Images      func() []string
 	Generations func() []v1alpha1.Generation
@@ -392,6 +396,9 @@ func (n *Node) create(ctx context.Context, obj *v1alpha1.Sandbox) error {
 		state = v1alpha1.SandboxState(st.State)
 	}
 	n.log.Info("cluster: made the sandbox a Sandbox object asks for", "sandbox", obj.Name, "state", state)
+	if n.cfg.CrashPoint != nil {
+		n.cfg.CrashPoint("object-sandbox-made")
+	}
 	now := metav1.Now()
 	return n.writeStatus(ctx, obj.Name, map[string]any{"node": n.cfg.Name, "state": string(state), "observedAt": now.UTC().Format(time.RFC3339)})
 }

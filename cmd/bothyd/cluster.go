@@ -162,9 +162,10 @@ func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Superviso
 	}
 	return node.New(node.Config{
 		Rest: cfg, Name: c.nodeName, Namespace: c.namespace, Address: address, Version: version,
-		Sandboxes: lateSandboxes{sup},
-		Create:    actions.create,
-		Delete:    actions.delete,
+		Sandboxes:  lateSandboxes{sup},
+		Create:     actions.create,
+		Delete:     actions.delete,
+		CrashPoint: crashPoint(),
 		Capacity: v1alpha1.Capacity{
 			MemoryMB:  memoryMB,
 			MilliCPU:  int64(float64(goruntime.NumCPU()) * 1000 * c.cpuOvercommit),
