@@ -10,6 +10,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
@@ -32,8 +33,14 @@ const (
 // and spec.nodeName, and adds the finalizer, so that from then on a delete of the object
 // waits for the node to delete the sandbox. The node does the rest (cluster/node).
 func Place(ctx context.Context, c client.Client, namespace string, placer *placement.Placer, now time.Time, log *slog.Logger) error {
+	// Only the unplaced: the API server filters by the label's absence, so a look costs
+	// little however many sandboxes the cluster holds.
+	unplaced, err := labels.Parse("!" + v1alpha1.NodeLabel)
+	if err != nil {
+		return err
+	}
 	var objs v1alpha1.SandboxList
-	if err := c.List(ctx, &objs, client.InNamespace(namespace)); err != nil {
+	if err := c.List(ctx, &objs, client.InNamespace(namespace), client.MatchingLabelsSelector{Selector: unplaced}); err != nil {
 		return err
 	}
 	var pending []*v1alpha1.Sandbox
