@@ -90,8 +90,10 @@ func TestClusterSandboxApply(t *testing.T) {
 	}
 
 	// kubectl apply: placed by the controller (no node named), made running by the node.
+	applied := time.Now()
 	apply("kube-apply-1", v1alpha1.SandboxSpec{Resources: v1alpha1.Resources{MemoryMB: 256}, Labels: map[string]string{"team": "a"}})
 	waitObject(t, admin, "kube-apply-1 placed and running", key("kube-apply-1"), &v1alpha1.Sandbox{}, running)
+	t.Logf("kube-apply-1 read running %v after its object was created", time.Since(applied).Round(time.Millisecond))
 	r := d.doJSON("GET", "/v1/sandboxes/kube-apply-1", nil)
 	var got struct {
 		State     string `json:"state"`
@@ -111,7 +113,9 @@ func TestClusterSandboxApply(t *testing.T) {
 	if err := admin.Delete(ctx, &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: config.Namespace, Name: "kube-apply-1"}}); err != nil {
 		t.Fatal(err)
 	}
+	deleted := time.Now()
 	waitGone(t, admin, key("kube-apply-1"))
+	t.Logf("kube-apply-1's object was gone %v after its delete", time.Since(deleted).Round(time.Millisecond))
 	if r := d.doJSON("GET", "/v1/sandboxes/kube-apply-1", nil); r.Status != 404 {
 		t.Fatalf("kube-apply-1 after its object was deleted: %d %s; want 404", r.Status, r.Body)
 	}
