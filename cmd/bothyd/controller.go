@@ -18,8 +18,8 @@ import (
 )
 
 // controllerCommand is `bothyd controller`: the cluster's leader-elected controller
-// (docs/cluster.md), which marks the sandboxes of a node whose lease lapsed node-lost. Run
-// two or more; one leads.
+// (docs/cluster.md), which marks the sandboxes of a node whose lease lapsed node-lost and
+// places the Sandbox objects users make on a node. Run two or more; one leads.
 func controllerCommand(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bothyd controller", flag.ContinueOnError)
 	fs.SetOutput(stderr)
