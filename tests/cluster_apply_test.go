@@ -92,7 +92,14 @@ func TestClusterSandboxApply(t *testing.T) {
 	// kubectl apply: placed by the controller (no node named), made running by the node.
 	applied := time.Now()
 	apply("kube-apply-1", v1alpha1.SandboxSpec{Resources: v1alpha1.Resources{MemoryMB: 256}, Labels: map[string]string{"team": "a"}})
-	waitObject(t, admin, "kube-apply-1 placed and running", key("kube-apply-1"), &v1alpha1.Sandbox{}, running)
+	waitObject(t, admin, "kube-apply-1 placed", key("kube-apply-1"), &v1alpha1.Sandbox{}, func(s *v1alpha1.Sandbox) error {
+		if s.Labels[v1alpha1.NodeLabel] != name {
+			return fmt.Errorf("labels %v", s.Labels)
+		}
+		return nil
+	})
+	t.Logf("kube-apply-1 placed %v after its object was created", time.Since(applied).Round(time.Millisecond))
+	waitObject(t, admin, "kube-apply-1 running", key("kube-apply-1"), &v1alpha1.Sandbox{}, running)
 	t.Logf("kube-apply-1 read running %v after its object was created", time.Since(applied).Round(time.Millisecond))
 	r := d.doJSON("GET", "/v1/sandboxes/kube-apply-1", nil)
 	var got struct {

@@ -115,6 +115,7 @@ func lead(ctx context.Context, cfg Config) {
 	tick := time.NewTicker(cfg.Period)
 	defer tick.Stop()
 	placer := placement.New()
+	requested := watchRequested(ctx, cfg)
 	for {
 		if err := MarkLost(ctx, cfg.Client, cfg.Namespace, time.Now()); err != nil && ctx.Err() == nil {
 			cfg.Logger.Warn("controller: marking lost nodes' sandboxes", "err", err)
@@ -126,6 +127,7 @@ func lead(ctx context.Context, cfg Config) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-requested:
 		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
@@ -143,4 +145,48 @@ func placementNodes(ctx context.Context, c client.Client, namespace string, now 
 		out = append(out, placement.Node{Name: n.Name, Live: live[n.Name], Spec: n.Spec, Status: n.Status})
 	}
 	return out, nil
+}
+
+// watchRequested watches the unplaced Sandbox objects while ctx lasts, and signals on the
+// channel it returns when one is made, so that the leader places it at once rather than at
+// its next look. Without a watch (it could not be set up) the looks alone place them.
+func watchRequested(ctx context.Context, cfg Config) <-chan struct{} {
+	poke := make(chan struct{}, 1)
+	unplaced, err := labels.Parse("!" + v1alpha1.NodeLabel)
+	if err != nil {
+		return poke
+	}
+	scheme, err := node.Scheme()
+	if err != nil {
+		return poke
+	}
+	c, err := cache.New(cfg.Rest, cache.Options{
+		Scheme:            scheme,
+		DefaultNamespaces: map[string]cache.Config{cfg.Namespace: {}},
+		ByObject:          map[client.Object]cache.ByObject{&v1alpha1.Sandbox{}: {Label: unplaced}},
+	})
+	if err != nil {
+		cfg.Logger.Warn("controller: no watch of the Sandbox objects; placing them at each look", "err", err)
+		return poke
+	}
+	inf, err := c.GetInformer(ctx, &v1alpha1.Sandbox{})
+	if err != nil {
+		cfg.Logger.Warn("controller: no watch of the Sandbox objects; placing them at each look", "err", err)
+		return poke
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: func(any) {
+		select {
+		case poke <- struct{}{}:
+		default:
+		}
+	}}); err != nil {
+		cfg.Logger.Warn("controller: no watch of the Sandbox objects; placing them at each look", "err", err)
+		return poke
+	}
+	go func() {
+		if err := c.Start(ctx); err != nil && ctx.Err() == nil {
+			cfg.Logger.Warn("controller: the watch of the Sandbox objects stopped; placing them at each look", "err", err)
+		}
+	}()
+	return poke
 }
