@@ -136,9 +136,18 @@ func TestClusterNode(t *testing.T) {
 	})
 	t.Logf("the lease lapsed %v after the SIGKILL (lease duration %v)", time.Since(killed).Round(time.Millisecond), leaseDuration)
 
-	// While the node is down its objects drift: kube-1's is deleted by hand, another says
-	// the wrong state, and an object of this node's names a sandbox it never had.
-	if err := admin.Delete(ctx, &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: config.Namespace, Name: "kube-1"}}); err != nil {
+	// While the node is down its objects drift: kube-1's is lost (its finalizer forced off
+	// and the object deleted: a plain delete would ask for the sandbox's delete, see
+	// TestClusterSandboxApply), and an object of this node's names a sandbox it never had.
+	var lost v1alpha1.Sandbox
+	if err := admin.Get(ctx, key("kube-1"), &lost); err != nil {
+		t.Fatal(err)
+	}
+	lost.Finalizers = nil
+	if err := admin.Update(ctx, &lost); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Delete(ctx, &lost); err != nil {
 		t.Fatal(err)
 	}
 	ghost := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: config.Namespace, Name: "ghost", Labels: map[string]string{v1alpha1.NodeLabel: name}}}

@@ -2,14 +2,16 @@
 // any number of replicas run, one leads through a coordination.k8s.io Lease, and the leader
 // marks the Sandbox objects of every node whose lease has lapsed node-lost, so that lists of
 // the cluster (kubectl get sandboxes) read those sandboxes as unreachable rather than as they
-// last were. When the node comes back its own reconcile writes their real state again,
+// last were, and places the Sandbox objects users make (kubectl apply) on a node (place.go),
+// which then creates their sandboxes. When the node comes back its own reconcile writes their real state again,
 // taking the field back (server-side apply, forced).
 //
 // It must not change a sandbox or decide anything a node is the authority for: node-lost is
 // the cluster's reading of a node, not a state of the sandbox.
 //
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=bothy-system,resources=leases,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=cluster.bothy.dev,namespace=bothy-system,resources=sandboxes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.bothy.dev,namespace=bothy-system,resources=sandboxes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=cluster.bothy.dev,resources=bothynodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.bothy.dev,namespace=bothy-system,resources=sandboxes/status,verbs=get;update;patch
 package controller
 
@@ -32,6 +34,7 @@ import (
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
 	"github.com/bothy/bothy/cluster/node"
+	"github.com/bothy/bothy/cluster/placement"
 )
 
 // LeaseName is the controllers' election lease, in the cluster's namespace.
@@ -104,18 +107,27 @@ func Run(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-// lead marks lost nodes' sandboxes every Period until ctx ends.
+// lead marks lost nodes' sandboxes and places the Sandbox objects users made every Period
+// until ctx ends. Its placer's reservations live as long as its leadership: a new leader
+// starts with none, and reads the nodes' published allocation, which the nodes update
+// within a second of a create.
 func lead(ctx context.Context, cfg Config) {
 	tick := time.NewTicker(cfg.Period)
 	defer tick.Stop()
+	placer := placement.New()
+	requested := watchRequested(ctx, cfg)
 	for {
 		if err := MarkLost(ctx, cfg.Client, cfg.Namespace, time.Now()); err != nil && ctx.Err() == nil {
 			cfg.Logger.Warn("controller: marking lost nodes' sandboxes", "err", err)
+		}
+		if err := Place(ctx, cfg.Client, cfg.Namespace, placer, time.Now(), cfg.Logger); err != nil && ctx.Err() == nil {
+			cfg.Logger.Warn("controller: placing Sandbox objects", "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-requested:
 		}
 	}
 }

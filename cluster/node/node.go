@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -62,6 +63,20 @@ type Config struct {
 	Capacity v1alpha1.Capacity
 	// Health is the node's verdict on itself and why; nil: always healthy.
 	Health func() (v1alpha1.NodeHealth, string)
+	// Create makes the sandbox a Sandbox object placed on this node asks for, as the node's
+	// REST API would make it from the same request, and says the state it is in. It is
+	// called only for an object whose sandbox does not exist, and the object's name is the
+	// sandbox's id, so a create the node repeats after a crash finds the sandbox made and
+	// makes no second one. Nil: the node makes no sandbox from an object.
+	Create func(ctx context.Context, obj *v1alpha1.Sandbox) (v1alpha1.SandboxState, error)
+	// Delete deletes a sandbox whose object is being deleted (kubectl delete), running or
+	// not, as the REST API's forced delete does. Nil: the node deletes no sandbox for an
+	// object, and leaves such an object's finalizer in place.
+	Delete func(ctx context.Context, id string) error
+	// CrashPoint, when set (a bothyd built for the crash tests), is called at the named steps
+	// so that a test can kill the node there: "object-sandbox-made", after the sandbox an
+	// object asks for is made and before the object says so.
+	CrashPoint func(step string)
 	// Images and Generations are what the node holds, for placement; nil: none.
 	Images      func() []string
 	Generations func() []v1alpha1.Generation
@@ -124,6 +139,15 @@ func New(cfg Config) (*Node, error) {
 // NewClient is a controller-runtime client that knows the cluster's types and the built-in
 // ones (the Lease).
 func NewClient(cfg *rest.Config) (client.Client, error) {
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: scheme})
+}
+
+// Scheme knows the cluster's types and the built-in ones.
+func Scheme() (*runtime.Scheme, error) {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -131,7 +155,7 @@ func NewClient(cfg *rest.Config) (client.Client, error) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
-	return client.New(cfg, client.Options{Scheme: scheme})
+	return scheme, nil
 }
 
 // OnEvent is the supervisor's event hook: it queues the sandbox the event is about for its
@@ -169,10 +193,11 @@ func (n *Node) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer n.queue.ShutDown()
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); n.holdLease(ctx) }()
 	go func() { defer wg.Done(); n.publishStatus(ctx) }()
 	go func() { defer wg.Done(); n.mirror(ctx) }()
+	go func() { defer wg.Done(); n.watchObjects(ctx) }()
 	<-ctx.Done()
 	return nil
 }
@@ -222,7 +247,8 @@ func (n *Node) mirror(ctx context.Context) {
 }
 
 // Reconcile brings the objects in line with the store: every sandbox gets an object that
-// reads as the node does, and every object of this node's whose sandbox is gone is removed.
+// reads as the node does, and every object of this node's without a sandbox is queued: one
+// placed here and never made gets its sandbox, any other is removed (sync).
 // Exported for the node's tests and for `bothyd check`-style tooling.
 func (n *Node) Reconcile(ctx context.Context) error {
 	var objs v1alpha1.SandboxList
@@ -244,7 +270,8 @@ func (n *Node) Reconcile(ctx context.Context) error {
 		if have[obj.Name] {
 			continue
 		}
-		// Gone from the store: queued, the sync reads it missing and removes the object.
+		// Not in the store: queued, the sync makes its sandbox (placed here, never made) or
+		// removes the object (its sandbox is gone).
 		n.queue.Add(obj.Name)
 		removed++
 	}
@@ -253,33 +280,77 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// sync makes id's object what the store says: applied when the sandbox exists, deleted when
-// it does not.
+// sync makes id's object and id's sandbox agree, the node's store being the authority
+// (docs/cluster.md, "Sandbox objects made with kubectl"):
+//
+//   - an object of this node's being deleted: its sandbox is deleted, then its finalizer
+//     removed, so the object goes only once the sandbox has;
+//   - a sandbox: its object is applied as the node reads it (with the finalizer);
+//   - no sandbox, and an object placed on this node whose status names no node yet: the
+//     object asks for a sandbox that was never made here; it is made;
+//   - no sandbox, and any other object of this node's: the sandbox was deleted (through the
+//     REST API, or by its lifetime); the object is removed.
 func (n *Node) sync(ctx context.Context, id string) error {
 	st, err := n.cfg.Sandboxes.Status(id)
 	// An object whose name is no valid id holds no sandbox of this node's either.
+	missing := false
 	if code := errcode.Of(err); code == errcode.SandboxNotFound || code == errcode.InvalidRequest {
-		return n.remove(ctx, id)
+		missing, err = true, nil
 	}
 	if err != nil {
 		return err
 	}
-	obj := n.object(st)
-	// Refuse to take over another node's object: two sandboxes of one id on two nodes is a
-	// conflict for the operator (or the router that placed them) to settle, not for a node to
-	// win by writing last.
+	// Read from the API server, not a cache: what follows acts on what the object says.
 	var cur v1alpha1.Sandbox
-	err = n.c.Get(ctx, client.ObjectKeyFromObject(obj), &cur)
-	switch {
+	owner := ""
+	switch err := n.c.Get(ctx, client.ObjectKey{Namespace: n.cfg.Namespace, Name: id}, &cur); {
 	case apierrors.IsNotFound(err):
 	case err != nil:
 		return err
 	default:
-		if owner := cur.Labels[v1alpha1.NodeLabel]; owner != "" && owner != n.cfg.Name {
+		owner = cur.Labels[v1alpha1.NodeLabel]
+	}
+	// Refuse to take over another node's object: two sandboxes of one id on two nodes is a
+	// conflict for the operator (or the router that placed them) to settle, not for a node to
+	// win by writing last.
+	if owner != "" && owner != n.cfg.Name {
+		if !missing {
 			n.log.Warn("cluster: a Sandbox object of this id belongs to another node; leaving it alone", "sandbox", id, "owner", owner)
+		}
+		return nil
+	}
+	mine := owner == n.cfg.Name
+	switch {
+	case mine && cur.DeletionTimestamp != nil:
+		return n.deleted(ctx, &cur, !missing)
+	case missing && mine && cur.Annotations[v1alpha1.PlacedAnnotation] == n.cfg.Name && cur.Status.Node == "" && n.cfg.Create != nil:
+		return n.create(ctx, &cur)
+	case missing && mine:
+		return n.remove(ctx, &cur)
+	case missing:
+		return nil
+	}
+	return n.apply(ctx, st)
+}
+
+// deleted deletes the sandbox of cur, an object of this node's being deleted, if it has
+// one, and then lets the object go.
+func (n *Node) deleted(ctx context.Context, cur *v1alpha1.Sandbox, hasSandbox bool) error {
+	if hasSandbox {
+		if n.cfg.Delete == nil {
 			return nil
 		}
+		if err := n.cfg.Delete(ctx, cur.Name); err != nil && errcode.Of(err) != errcode.SandboxNotFound {
+			return fmt.Errorf("deleting the sandbox of a deleted Sandbox object: %w", err)
+		}
+		n.log.Info("cluster: deleted the sandbox of a deleted Sandbox object", "sandbox", cur.Name)
 	}
+	return n.dropFinalizer(ctx, cur)
+}
+
+// apply server-side applies st's object and its status as the node.
+func (n *Node) apply(ctx context.Context, st *supervisor.Status) error {
+	obj := n.object(st)
 	u, err := toApply(obj, false)
 	if err != nil {
 		return err
@@ -297,25 +368,81 @@ func (n *Node) sync(ctx context.Context, id string) error {
 	return nil
 }
 
-// remove deletes id's object if it is this node's.
-func (n *Node) remove(ctx context.Context, id string) error {
-	var cur v1alpha1.Sandbox
-	err := n.c.Get(ctx, client.ObjectKey{Namespace: n.cfg.Namespace, Name: id}, &cur)
-	if apierrors.IsNotFound(err) {
+// create makes the sandbox obj asks for, then writes the node and the state the create
+// returned into obj's status at once. From that write on the object reads as made here: if
+// the sandbox is deleted (through the REST API) before the next sync, that sync removes the
+// object rather than making the sandbox again. (The state comes from the create itself, not
+// a read after it, for the same reason: a read could already find the sandbox deleted.)
+func (n *Node) create(ctx context.Context, obj *v1alpha1.Sandbox) error {
+	state, err := n.cfg.Create(ctx, obj)
+	if err != nil && errcode.Of(err) != errcode.AlreadyProvisioned {
+		// Said in the object, for whoever made it; retried with backoff, since a full node
+		// or a missing image may change.
+		msg := "The node could not create this sandbox: " + err.Error()
+		if len(msg) > 1024 {
+			msg = msg[:1024]
+		}
+		if werr := n.writeStatus(ctx, obj.Name, map[string]any{"message": msg}); werr != nil {
+			n.log.Warn("cluster: writing why a sandbox could not be made", "sandbox", obj.Name, "err", werr)
+		}
+		return fmt.Errorf("creating the sandbox a Sandbox object asks for: %w", err)
+	}
+	if err != nil {
+		// Made already (by this node before a crash, or through the REST API): mirror it.
+		st, serr := n.cfg.Sandboxes.Status(obj.Name)
+		if serr != nil {
+			return serr
+		}
+		state = v1alpha1.SandboxState(st.State)
+	}
+	n.log.Info("cluster: made the sandbox a Sandbox object asks for", "sandbox", obj.Name, "state", state)
+	if n.cfg.CrashPoint != nil {
+		n.cfg.CrashPoint("object-sandbox-made")
+	}
+	now := metav1.Now()
+	return n.writeStatus(ctx, obj.Name, map[string]any{"node": n.cfg.Name, "state": string(state), "observedAt": now.UTC().Format(time.RFC3339)})
+}
+
+// writeStatus server-side applies fields of name's status as the node.
+func (n *Node) writeStatus(ctx context.Context, name string, fields map[string]any) error {
+	u := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
+	u.SetAPIVersion(v1alpha1.GroupVersion.String())
+	u.SetKind("Sandbox")
+	u.SetNamespace(n.cfg.Namespace)
+	u.SetName(name)
+	return n.c.Status().Patch(ctx, u, client.Apply, n.owner, client.ForceOwnership)
+}
+
+// remove deletes cur, an object of this node's whose sandbox is gone, and its finalizer.
+func (n *Node) remove(ctx context.Context, cur *v1alpha1.Sandbox) error {
+	// Delete exactly the object read, so a newer one of the same name is never removed.
+	err := n.c.Delete(ctx, cur, client.Preconditions{UID: &cur.UID})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if cur.Labels[v1alpha1.NodeLabel] != n.cfg.Name {
-		return nil // not ours to remove
+	// Held by the finalizer: read it again (its version changed) and let it go.
+	var again v1alpha1.Sandbox
+	if err := n.c.Get(ctx, client.ObjectKeyFromObject(cur), &again); err != nil {
+		return client.IgnoreNotFound(err)
 	}
-	// Delete exactly the object read, so a newer one of the same name is never removed.
-	err = n.c.Delete(ctx, &cur, client.Preconditions{UID: &cur.UID})
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+	if again.UID != cur.UID {
 		return nil
 	}
-	return err
+	return n.dropFinalizer(ctx, &again)
+}
+
+// dropFinalizer removes the node's finalizer from cur, sent with the version read, so that a
+// change since is read again (the work queue retries) rather than overwritten.
+func (n *Node) dropFinalizer(ctx context.Context, cur *v1alpha1.Sandbox) error {
+	if !slices.Contains(cur.Finalizers, v1alpha1.Finalizer) {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(cur.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	cur.Finalizers = slices.DeleteFunc(cur.Finalizers, func(f string) bool { return f == v1alpha1.Finalizer })
+	return client.IgnoreNotFound(n.c.Patch(ctx, cur, patch))
 }
 
 // object is the Sandbox object that says what the node knows of st.
@@ -326,7 +453,8 @@ func (n *Node) object(st *supervisor.Status) *v1alpha1.Sandbox {
 		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Sandbox"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name: cfg.ID, Namespace: n.cfg.Namespace,
-			Labels: map[string]string{v1alpha1.NodeLabel: n.cfg.Name},
+			Labels:     map[string]string{v1alpha1.NodeLabel: n.cfg.Name},
+			Finalizers: []string{v1alpha1.Finalizer},
 		},
 		Spec: v1alpha1.SandboxSpec{
 			Image:   cfg.Image,
@@ -379,6 +507,7 @@ func toApply(obj client.Object, status bool) (*unstructured.Unstructured, error)
 	if status {
 		unstructured.RemoveNestedField(u.Object, "spec")
 		unstructured.RemoveNestedField(u.Object, "metadata", "labels")
+		unstructured.RemoveNestedField(u.Object, "metadata", "finalizers")
 	} else {
 		unstructured.RemoveNestedField(u.Object, "status")
 	}

@@ -14,9 +14,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
 	"github.com/bothy/bothy/cluster/config"
@@ -135,13 +137,15 @@ func (l lateSandboxes) Status(id string) (*supervisor.Status, error) { return (*
 
 // newClusterNode makes the node mode's Node for a server on addr whose supervisor will be
 // *sup, or nil when node mode is off.
-func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Supervisor, health *supervisor.StorageHealth, log *slog.Logger) (*node.Node, error) {
+func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Supervisor, actions *objectActions, health *supervisor.StorageHealth, log *slog.Logger) (*node.Node, error) {
 	if !c.enabled {
 		return nil, nil
 	}
 	// client-go's own lines (the leader election's) go to bothyd's log, not to stderr in
 	// klog's format.
 	klog.SetSlogLogger(log.With("component", "client-go"))
+	// And controller-runtime's (the informer of the node's Sandbox objects).
+	crlog.SetLogger(logr.FromSlogHandler(log.With("component", "controller-runtime").Handler()))
 	cfg, err := c.restConfig()
 	if err != nil {
 		return nil, err
@@ -158,7 +162,10 @@ func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Superviso
 	}
 	return node.New(node.Config{
 		Rest: cfg, Name: c.nodeName, Namespace: c.namespace, Address: address, Version: version,
-		Sandboxes: lateSandboxes{sup},
+		Sandboxes:  lateSandboxes{sup},
+		Create:     actions.create,
+		Delete:     actions.delete,
+		CrashPoint: crashPoint(),
 		Capacity: v1alpha1.Capacity{
 			MemoryMB:  memoryMB,
 			MilliCPU:  int64(float64(goruntime.NumCPU()) * 1000 * c.cpuOvercommit),

@@ -10,7 +10,9 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/bothy/bothy/cluster/config"
 	"github.com/bothy/bothy/cluster/controller"
@@ -18,8 +20,8 @@ import (
 )
 
 // controllerCommand is `bothyd controller`: the cluster's leader-elected controller
-// (docs/cluster.md), which marks the sandboxes of a node whose lease lapsed node-lost. Run
-// two or more; one leads.
+// (docs/cluster.md), which marks the sandboxes of a node whose lease lapsed node-lost and
+// places the Sandbox objects users make on a node. Run two or more; one leads.
 func controllerCommand(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bothyd controller", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -42,6 +44,7 @@ func controllerCommand(args []string, stderr io.Writer) int {
 		return 2
 	}
 	klog.SetSlogLogger(log.With("component", "client-go"))
+	crlog.SetLogger(logr.FromSlogHandler(log.With("component", "controller-runtime").Handler()))
 	cfg, err := (&clusterOptions{kubeconfig: *kubeconfig}).restConfig()
 	if err != nil {
 		log.Error("bothyd controller", "err", err)

@@ -381,7 +381,8 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	defer images.Close()
 	// Node mode follows the supervisor's events from the first (cluster.go).
-	clusterNode, err := newClusterNode(o.cluster, ln.Addr(), &sup, health, log)
+	actions := &objectActions{sup: &sup}
+	clusterNode, err := newClusterNode(o.cluster, ln.Addr(), &sup, actions, health, log)
 	if err != nil {
 		return err
 	}
@@ -453,6 +454,7 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	actions.h.Store(h) // node mode may create sandboxes from Sandbox objects from now on
 	// E2B's API on the same listener (docs/e2b.md): its paths and its envd header are none
 	// of bothyd's.
 	e2bAPI := e2b.New(e2b.Config{

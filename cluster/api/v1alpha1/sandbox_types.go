@@ -25,6 +25,18 @@ const (
 // objects, and an operator a node's sandboxes, with a label selector.
 const NodeLabel = "cluster.bothy.dev/node"
 
+// PlacedAnnotation is written by the controller with NodeLabel when it places a Sandbox
+// object a user made (kubectl apply), names the node asked to create the sandbox. A node creates a
+// sandbox for an object only when this annotation names it and the object's status names no
+// node yet: an object a node made from its own sandbox never carries it, so a sandbox
+// deleted through the REST API is never made again from its object (docs/cluster.md).
+const PlacedAnnotation = "cluster.bothy.dev/placed"
+
+// Finalizer holds a Sandbox object until its node has deleted the sandbox, so that
+// `kubectl delete` is a delete of the sandbox and the object never vanishes before it. The
+// node that holds the sandbox adds it and removes it; the controller adds it when it places.
+const Finalizer = "cluster.bothy.dev/sandbox"
+
 // Resources are a sandbox's limits, as in the create request.
 type Resources struct {
 	// VCPUs is how many CPUs the sandbox may use.
@@ -106,6 +118,11 @@ type SandboxStatus struct {
 	// ExitCode is how the last run ended, if one did.
 	// +optional
 	ExitCode *int32 `json:"exitCode,omitempty"`
+	// Message says why the node could not create the sandbox the object asks for, when it
+	// could not; empty otherwise.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
 	// ObservedAt is when the node last wrote this status.
 	// +optional
 	ObservedAt *metav1.Time `json:"observedAt,omitempty"`
