@@ -105,6 +105,13 @@ func (s *Supervisor) recoverCheckpoints(l *store.Lock) error {
 // docs/checkpoints.md), a paused one is copied as it is.
 func (s *Supervisor) Checkpoint(ctx context.Context, id, name string) (c *checkpoint.Checkpoint, err error) {
 	defer s.observe("checkpoint", time.Now(), &err)
+	if c, err = s.checkpoint(ctx, id, name); err == nil {
+		s.emit(Event{Type: EventCheckpointCreated, Sandbox: id, Checkpoint: c.Name})
+	}
+	return c, err
+}
+
+func (s *Supervisor) checkpoint(ctx context.Context, id, name string) (*checkpoint.Checkpoint, error) {
 	if err := checkpoint.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -187,6 +194,7 @@ func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err
 	if err := cp.Delete(name); err != nil {
 		return err
 	}
+	s.emit(Event{Type: EventCheckpointDeleted, Sandbox: id, Checkpoint: name})
 	if err := cp.Sweep(); err != nil {
 		s.log.Warn("discarding a deleted checkpoint's layers; the next operation on the sandbox retries", "sandbox", id, "err", err)
 	}
@@ -238,6 +246,13 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 	if c, err = cp.Rollback(name); err != nil {
 		return nil, err
 	}
+	// The files are the checkpoint's from here on, whether or not a running sandbox starts
+	// again: the event says so in the state it is left in (its sandbox.started follows).
+	state := StateStopped
+	if r.state != StateRunning {
+		state = r.state
+	}
+	s.emit(Event{Type: EventRolledBack, Sandbox: id, State: state, Checkpoint: c.Name})
 	if running {
 		if _, err := s.startLocked(ctx, l); err != nil {
 			code := errcode.Of(err)

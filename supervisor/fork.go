@@ -126,9 +126,18 @@ func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res 
 	}
 	layers = append(layers, clone...)
 	res = &ForkResult{FreezeMS: frozen.Milliseconds()}
+	var made []string
 	for _, fid := range ids {
 		st, err := s.forkOne(ctx, cfg, fid, layers)
 		res.Forks = append(res.Forks, ForkOutcome{ID: fid, Status: st, Err: err})
+		if err == nil {
+			made = append(made, fid)
+		}
+	}
+	// After each fork's own sandbox.created and sandbox.started; a fork none of whose
+	// sandboxes was made reports nothing.
+	if len(made) > 0 {
+		s.emit(Event{Type: EventForked, Sandbox: id, Forks: made})
 	}
 	return res, nil
 }

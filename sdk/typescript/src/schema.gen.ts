@@ -2782,7 +2782,7 @@ export interface components {
          *     rather than never delivered.
          * @enum {string}
          */
-        WebhookEventType: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.asleep" | "sandbox.awake" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
+        WebhookEventType: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.asleep" | "sandbox.awake" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted" | "checkpoint.created" | "checkpoint.deleted" | "sandbox.rolled-back" | "sandbox.forked" | "volume.created" | "volume.deleted";
         Webhook: {
             id: components["schemas"]["WebhookID"];
             url: string;
@@ -2921,7 +2921,13 @@ export interface components {
          *       until `generation.captured`);
          *     - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
          *     - `image.pulled`, `image.imported`, `image.deleted`: `image`;
-         *     - `image.failed`: `image`, `error`.
+         *     - `image.failed`: `image`, `error`;
+         *     - `checkpoint.created`, `checkpoint.deleted`: `sandbox`, `checkpoint`;
+         *     - `sandbox.rolled-back` (its files are the checkpoint's; a running sandbox was stopped
+         *       for it, and its `sandbox.started` follows): `sandbox`, `state`, `checkpoint`;
+         *     - `sandbox.forked` (after each fork's `sandbox.created` and `sandbox.started`; only
+         *       when at least one fork was made): `sandbox` (the source), `forks` (the forks made);
+         *     - `volume.created`, `volume.deleted`: `volume`.
          */
         Event: {
             /**
@@ -2941,6 +2947,9 @@ export interface components {
             image?: components["schemas"]["ImageName"];
             /** @description Why an image pull failed. */
             error?: string;
+            checkpoint?: components["schemas"]["CheckpointName"];
+            forks?: components["schemas"]["SandboxID"][];
+            volume?: components["schemas"]["VolumeName"];
             image_progress?: {
                 /** @description The layer's index, 0 at the bottom. */
                 layer: number;
@@ -6371,7 +6380,7 @@ export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<co
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["HostFirewall"]["state"]> = ["ok", "blocked", "unknown"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
-export const webhookEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEventType"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.asleep", "sandbox.awake", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
+export const webhookEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEventType"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.asleep", "sandbox.awake", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted", "checkpoint.created", "checkpoint.deleted", "sandbox.rolled-back", "sandbox.forked", "volume.created", "volume.deleted"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
 export const componentsParametersWebSocketVersionValues: ReadonlyArray<FlattenedDeepRequired<components>["parameters"]["WebSocketVersion"]> = ["13"];
