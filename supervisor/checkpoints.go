@@ -66,9 +66,15 @@ func (s *Supervisor) checkpointSandbox(l *store.Lock) *checkpoint.Sandbox {
 }
 
 // chainLowers returns the layers of the sandbox's checkpoint chain, top first, which lie
-// between its upper and its generation or image.
+// between its upper and its generation or image. An interrupted operation that reattach
+// could not finish (a full state root: see recoverCheckpoints) is finished first, or the
+// launch or capture that asks fails with its error: the chain is not settled until then.
 func (s *Supervisor) chainLowers(l *store.Lock) ([]string, error) {
-	return s.checkpointSandbox(l).Lowers()
+	cp := s.checkpointSandbox(l)
+	if _, err := cp.Recover(); err != nil {
+		return nil, errcode.Storage(err, s.store.Root())
+	}
+	return cp.Lowers()
 }
 
 // sandboxLowers returns every layer of the sandbox below its upper that is not its image's:
@@ -88,9 +94,20 @@ func (s *Supervisor) sandboxLowers(l *store.Lock, cfg *store.Config) ([]string, 
 // recoverCheckpoints finishes or undoes a checkpoint operation that a crash interrupted, and
 // sweeps what earlier ones threw away. Called under the lifecycle lock by reattach, before
 // anything else looks at the sandbox's files.
+//
+// A recovery that the state root's storage fault stops (a full one: the undo of a copy that
+// ran out of space cannot write the manifest that clears its record) leaves the operation
+// recorded, and the transition goes on: a stop, a pause or a delete (which frees space) does
+// not touch the sandbox's layers, and what does (a launch, a capture: chainLowers; the
+// checkpoint operations, which refuse while one is pending) finishes the recovery first.
+// Otherwise a full state root would refuse the very deletes that free it.
 func (s *Supervisor) recoverCheckpoints(l *store.Lock) error {
 	cp := s.checkpointSandbox(l)
 	had, err := cp.Recover()
+	if err != nil && errcode.StorageFaultOf(err) != errcode.NoStorageFault {
+		s.log.Warn("a checkpoint operation is not finished: the state root refused it; the next start of the sandbox finishes it", "sandbox", l.ID(), "err", err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -327,3 +327,53 @@ func (d *daemon) tryJSON(method, path string, in any) error {
 	resp.Body.Close()
 	return nil
 }
+
+// TestFullRootLeftCheckpointRecordStopsAndDeletes: a checkpoint's copy that ran out of space
+// on a full state root cannot write the manifest that clears its record (chaos, with the
+// state root filled, found it): the record left must not refuse the stop or the delete that
+// free space, while a start, which needs the chain settled, answers 507; once
+// space is back, everything checks clean. It fails without the fix (the stop and the delete
+// answered 507 storage-full).
+func TestFullRootLeftCheckpointRecordStopsAndDeletes(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	small := newSmallFS(t, 64)
+	root := filepath.Join(small.Dir, "root")
+	d := startDaemon(t, func(d *daemon) { d.Root = root })
+	for _, id := range []string{"fr-run", "fr-stopped"} {
+		d.createNoDisk(id)
+		d.rootSh(id, "echo kept > /home/user/f")
+	}
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/fr-stopped/stop", nil), 200)
+	for _, id := range []string{"fr-run", "fr-stopped"} {
+		// The record a copy leaves when its undo cannot write the manifest: nothing else of it.
+		dir := filepath.Join(root, "sandboxes", id, "checkpoints")
+		if err := os.MkdirAll(filepath.Join(dir, "layers"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		manifest := `{"format":1,"pending":{"op":"copy","name":"c","layer":"0123456789abcdef"}}`
+		if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(manifest), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filled := small.fill()
+
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/fr-run/stop", nil), 200)
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/fr-stopped/start", nil), 507, "storage-full")
+	if r := d.doJSON("DELETE", "/v1/sandboxes/fr-run", nil); r.Status != 204 {
+		t.Fatalf("deleting a sandbox on a full state root: %d %s", r.Status, r.Body)
+	}
+
+	if err := os.Remove(filled); err != nil {
+		t.Fatal(err)
+	}
+	// With space back, the start finishes the recovery: the files are as before the copy.
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/fr-stopped/start", nil), 200)
+	if got := d.rootSh("fr-stopped", "cat /home/user/f"); got != "kept\n" {
+		t.Fatalf("after the recovery the file reads %q", got)
+	}
+	if n := len(decode[struct{ Items []checkpointJSON }](t, d.doJSON("GET", "/v1/sandboxes/fr-stopped/checkpoints", nil), 200).Items); n != 0 {
+		t.Fatalf("the undone copy left %d checkpoints", n)
+	}
+	mustCheckClean(t, root, "after the full state root was freed")
+}
