@@ -8421,6 +8421,22 @@ func (response RollbackSandbox504ApplicationProblemPlusJSONResponse) VisitRollba
 	return err
 }
 
+type RollbackSandbox507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox507ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ExecCommandRequestObject struct {
 	ID   SandboxIDPath `json:"id"`
 	Body *ExecCommandJSONRequestBody
@@ -9577,6 +9593,22 @@ func (response ForkSandbox503ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox507ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
 	_, err := buf.WriteTo(w)
 	return err
 }

@@ -13037,6 +13037,8 @@ type RollbackSandboxResponse struct {
 	ApplicationProblemJSON503 *ServiceUnavailable
 	// ApplicationProblemJSON504 the response for an HTTP 504 `application/problem+json` response
 	ApplicationProblemJSON504 *GatewayTimeout
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *RollbackSandboxResponse401Headers
 }
@@ -13094,6 +13096,11 @@ func (r RollbackSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavaila
 // GetApplicationProblemJSON504 returns the response for an HTTP 504 `application/problem+json` response
 func (r RollbackSandboxResponse) GetApplicationProblemJSON504() *GatewayTimeout {
 	return r.ApplicationProblemJSON504
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -13871,6 +13878,8 @@ type ForkSandboxResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ForkSandboxResponse401Headers
 }
@@ -13928,6 +13937,11 @@ func (r ForkSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
 func (r ForkSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
 	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -21641,6 +21655,13 @@ func ParseRollbackSandboxResponse(rsp *http.Response) (*RollbackSandboxResponse,
 		}
 		response.ApplicationProblemJSON504 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
 	}
 
 	switch {
@@ -22429,6 +22450,13 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 			return nil, err
 		}
 		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 

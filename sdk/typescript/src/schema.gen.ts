@@ -3706,6 +3706,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     listCheckpoints: {
@@ -3906,6 +3907,7 @@ export interface operations {
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
             504: components["responses"]["GatewayTimeout"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     getSandboxMetrics: {
