@@ -10259,6 +10259,22 @@ func (response PauseSandbox503ApplicationProblemPlusJSONResponse) VisitPauseSand
 	return err
 }
 
+type PauseSandbox507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox507ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreatePortLinkRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Port   PortPath      `json:"port"`

@@ -192,6 +192,14 @@ func TestStorageFull(t *testing.T) {
 		full("template create", d.doJSON("POST", "/v1/templates", map[string]any{"name": "ft"}))
 		full("capture", d.doJSON("POST", "/v1/templates/t0/generations", map[string]any{"sandbox": "victim"}))
 		full("upload", d.do("PUT", "/v1/sandboxes/keep/files?path=/home/user/up", strings.NewReader(strings.Repeat("x", 1<<20)), nil))
+		// A pause records itself before it freezes: refused whole, the sandbox runs on.
+		full("pause", d.doJSON("POST", "/v1/sandboxes/keep/pause", nil))
+		if st := decode[sandboxJSON](t, d.do("GET", "/v1/sandboxes/keep", nil, nil), 200); st.State != "running" {
+			t.Errorf("after a pause refused for space, keep is %s, want running", st.State)
+		}
+		if r := d.exec("keep", map[string]any{"command": []string{"true"}}); r.ExitCode != 0 {
+			t.Errorf("after a pause refused for space, an exec in keep exits %d: %s", r.ExitCode, r.Stderr)
+		}
 	})
 
 	t.Run("nothing half-made", func(t *testing.T) {

@@ -3499,7 +3499,9 @@ type ClientInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -3518,7 +3520,9 @@ type ClientInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -4981,7 +4985,9 @@ func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes any type of body and a specified content type.
 //
@@ -5010,7 +5016,9 @@ func (c *Client) PauseSandboxWithBody(ctx context.Context, id SandboxIDPath, par
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -10524,7 +10532,9 @@ type ClientWithResponsesInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10543,7 +10553,9 @@ type ClientWithResponsesInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -14308,6 +14320,8 @@ type PauseSandboxResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *PauseSandboxResponse401Headers
 }
@@ -14365,6 +14379,11 @@ func (r PauseSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
 func (r PauseSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
 	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -19006,7 +19025,9 @@ func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context,
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -19031,7 +19052,9 @@ func (c *ClientWithResponses) PauseSandboxWithBodyWithResponse(ctx context.Conte
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -22844,6 +22867,13 @@ func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error
 			return nil, err
 		}
 		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 

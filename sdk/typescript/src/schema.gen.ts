@@ -177,7 +177,9 @@ export interface paths {
          *     the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
          *     first, or discard released memory); its lifetime keeps running. A paused sandbox
          *     stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-         *     is, but for a release of a paused microVM's memory, which is made.
+         *     is, but for a release of a paused microVM's memory, which is made. A pause is
+         *     recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+         *     state root it answers `507 storage-full`, and the sandbox runs on.
          */
         post: operations["pauseSandbox"];
         delete?: never;
@@ -3623,6 +3625,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     resumeSandbox: {
