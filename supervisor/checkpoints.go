@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/bothy/bothy/checkpoint"
@@ -47,7 +48,7 @@ func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, r
 		if live {
 			f, _, err := rt.(runtime.LiveLayerer).OpenLiveLayer(ctx, l.ID(), l.Dir(), true)
 			if err != nil {
-				return nil, layerError(l.ID(), err)
+				return nil, s.liveLayerErr(l.ID(), err)
 			}
 			return f, nil
 		}
@@ -57,6 +58,19 @@ func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, r
 		}
 		return f, err
 	}
+}
+
+// liveLayerErr is layerError for the live layer of a disk of its own. The disk is a loop
+// device over a sparse image on the state root: when the state root is full, the sync of the
+// disk's writes fails with EIO, not ENOSPC, which would read as a state root failing its
+// I/O. A probe of the state root tells the two apart, and a full one answers storage-full.
+func (s *Supervisor) liveLayerErr(id string, err error) error {
+	if errors.Is(err, syscall.EIO) {
+		if perr := probeStorage(s.store.Root()); errcode.StorageFaultOf(perr) == errcode.FaultFull {
+			return s.storageErr(errors.Join(perr, err))
+		}
+	}
+	return layerError(id, err)
 }
 
 func (s *Supervisor) checkpointSandbox(l *store.Lock) *checkpoint.Sandbox {

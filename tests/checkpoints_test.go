@@ -377,3 +377,34 @@ func TestFullRootLeftCheckpointRecordStopsAndDeletes(t *testing.T) {
 	}
 	mustCheckClean(t, root, "after the full state root was freed")
 }
+
+// TestFullRootCheckpointOfADiskIsStorageFull: a fork (or checkpoint) of a running sandbox with
+// a disk of its own on a full state root answers 507 storage-full: the disk's image cannot grow, so the
+// sync of its writes fails with EIO, which must not read as a state root failing its I/O
+// (chaos, with the state root filled, found 503 storage-unavailable). It fails without the
+// fix.
+func TestFullRootCheckpointOfADiskIsStorageFull(t *testing.T) {
+	requireRoot(t)
+	if !disksSupported() {
+		t.Skip("sandboxes with a disk of their own need loop devices and mke2fs")
+	}
+	t.Parallel()
+	small := newSmallFS(t, 128)
+	root := filepath.Join(small.Dir, "root")
+	d := startDaemon(t, func(d *daemon) { d.Root = root })
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "frd", "start": true, "resources": map[string]any{"disk_mb": 64}}), 201)
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/frd?force=true", nil) })
+	filled := small.fill()
+	// Room for the checkpoint's records, not for the disk's writes: written into the disk's
+	// page cache, they find no room for its image on the host when the checkpoint syncs them.
+	runTool(t, "fallocate", "-p", "-o", "0", "-l", "256K", filled)
+	d.rootSh("frd", "head -c 16777216 /dev/urandom > /home/user/big")
+	// A fork: it records nothing before the sync (its staging layer is removed by the next
+	// reattach), so the sync's EIO is all it meets. A checkpoint meets the same EIO, but its
+	// undo's manifest write on the full root says ENOSPC as well.
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/frd/fork", map[string]any{"count": 1}), 507, "storage-full")
+	if err := os.Remove(filled); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the state root to read as ok again", func() bool { return d.storageState() == "ok" })
+}
