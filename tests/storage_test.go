@@ -64,13 +64,23 @@ func (f *smallFS) fill() string {
 	f.t.Helper()
 	path := filepath.Join(f.Dir, "root", "host-fill")
 	var st unix.Statfs_t
-	if err := unix.Statfs(f.Dir, &st); err != nil {
-		f.t.Fatal(err)
-	}
-	free := int64(st.Bavail) * st.Bsize
+	var free int64
 	// fallocate wants the size; what it cannot have it refuses whole, so ask for a little
-	// less, then take the rest a block at a time.
-	runTool(f.t, "fallocate", "-l", fmt.Sprint(free-free%st.Bsize-16*st.Bsize), path)
+	// less, then take the rest a block at a time. Sandboxes may write meanwhile (the chaos
+	// suite's do), so a refusal is followed by a fresh look at what is free.
+	for attempt := 1; ; attempt++ {
+		if err := unix.Statfs(f.Dir, &st); err != nil {
+			f.t.Fatal(err)
+		}
+		free = int64(st.Bavail) * st.Bsize
+		out, err := exec.Command("fallocate", "-l", fmt.Sprint(max(free-free%st.Bsize-16*st.Bsize, st.Bsize)), path).CombinedOutput()
+		if err == nil {
+			break
+		}
+		if attempt == 5 {
+			f.t.Fatalf("fallocate %s: %v: %s", path, err, out)
+		}
+	}
 	for range 64 {
 		if err := exec.Command("fallocate", "-n", "-o", "0", "-l", fmt.Sprint(free+64*st.Bsize), path).Run(); err != nil {
 			break
