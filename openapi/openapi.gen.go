@@ -11277,6 +11277,22 @@ func (response SetSandboxTimeout501ApplicationProblemPlusJSONResponse) VisitSetS
 	return err
 }
 
+type SetSandboxTimeout507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout507ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type WaitSandboxRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params WaitSandboxParams

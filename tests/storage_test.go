@@ -202,6 +202,8 @@ func TestStorageFull(t *testing.T) {
 		full("template create", d.doJSON("POST", "/v1/templates", map[string]any{"name": "ft"}))
 		full("capture", d.doJSON("POST", "/v1/templates/t0/generations", map[string]any{"sandbox": "victim"}))
 		full("upload", d.do("PUT", "/v1/sandboxes/keep/files?path=/home/user/up", strings.NewReader(strings.Repeat("x", 1<<20)), nil))
+		// A lifetime is recorded before it is set: refused whole.
+		full("timeout", d.doJSON("POST", "/v1/sandboxes/keep/timeout", map[string]any{"timeout_s": 600}))
 		// A pause records itself before it freezes: refused whole, the sandbox runs on.
 		full("pause", d.doJSON("POST", "/v1/sandboxes/keep/pause", nil))
 		if st := decode[sandboxJSON](t, d.do("GET", "/v1/sandboxes/keep", nil, nil), 200); st.State != "running" {

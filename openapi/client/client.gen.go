@@ -3625,7 +3625,8 @@ type ClientInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -3640,7 +3641,8 @@ type ClientInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -5201,7 +5203,8 @@ func (c *Client) StopSandbox(ctx context.Context, id SandboxIDPath, params *Stop
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes any type of body and a specified content type.
 //
@@ -5226,7 +5229,8 @@ func (c *Client) SetSandboxTimeoutWithBody(ctx context.Context, id SandboxIDPath
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -10668,7 +10672,8 @@ type ClientWithResponsesInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10683,7 +10688,8 @@ type ClientWithResponsesInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -15108,6 +15114,8 @@ type SetSandboxTimeoutResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *SetSandboxTimeoutResponse401Headers
 }
@@ -15155,6 +15163,11 @@ func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON500() *InternalError
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -19215,7 +19228,8 @@ func (c *ClientWithResponses) StopSandboxWithResponse(ctx context.Context, id Sa
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -19236,7 +19250,8 @@ func (c *ClientWithResponses) SetSandboxTimeoutWithBodyWithResponse(ctx context.
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -23597,6 +23612,13 @@ func ParseSetSandboxTimeoutResponse(rsp *http.Response) (*SetSandboxTimeoutRespo
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 

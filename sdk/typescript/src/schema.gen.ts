@@ -399,7 +399,8 @@ export interface paths {
          *     deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
          *     monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
          *     it survives a restart of bothyd, and one that ended while bothyd was down acts at
-         *     its start-up.
+         *     its start-up. The lifetime is recorded durably before it is set: on a
+         *     full state root the call answers `507 storage-full` and the lifetime stays as it was.
          */
         post: operations["setSandboxTimeout"];
         delete?: never;
@@ -3990,6 +3991,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     waitSandbox: {
