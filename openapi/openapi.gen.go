@@ -8095,6 +8095,22 @@ func (response DeleteCheckpoint501ApplicationProblemPlusJSONResponse) VisitDelet
 	return err
 }
 
+type DeleteCheckpoint507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint507ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetCheckpointRequestObject struct {
 	ID     SandboxIDPath      `json:"id"`
 	Name   CheckpointNamePath `json:"name"`

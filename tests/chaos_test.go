@@ -43,7 +43,7 @@ var chaosFill = flag.Bool("chaos.fill", false, "also fill and free the state roo
 
 // chaosFillable are the operations that may answer 507 while the state root is full; reads,
 // stops and deletes may not.
-var chaosFillable = []string{"create", "claim", "start", "exec", "capture", "clone", "tombstone", "retire", "checkpoint", "rollback", "fork", "fork-item", "pause", "timeout"}
+var chaosFillable = []string{"create", "claim", "start", "exec", "capture", "clone", "tombstone", "retire", "checkpoint", "rollback", "fork", "fork-item", "pause", "timeout", "checkpoint-delete"}
 
 const (
 	chaosShortRounds = 6

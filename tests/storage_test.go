@@ -184,6 +184,9 @@ func TestStorageFull(t *testing.T) {
 	if !strings.Contains(got.Stdout, "No space left") {
 		t.Fatalf("the hog did not fill the state root: %+v", got)
 	}
+	// A checkpoint taken before the fill: deleting it must record the removal, which a full
+	// state root refuses whole.
+	decode[map[string]any](t, d.doJSON("POST", "/v1/sandboxes/keep/checkpoints", map[string]any{"name": "before"}), 201)
 	hostFill := fs.fill()
 
 	full := func(what string, r response) {
@@ -202,6 +205,10 @@ func TestStorageFull(t *testing.T) {
 		full("template create", d.doJSON("POST", "/v1/templates", map[string]any{"name": "ft"}))
 		full("capture", d.doJSON("POST", "/v1/templates/t0/generations", map[string]any{"sandbox": "victim"}))
 		full("upload", d.do("PUT", "/v1/sandboxes/keep/files?path=/home/user/up", strings.NewReader(strings.Repeat("x", 1<<20)), nil))
+		full("checkpoint delete", d.doJSON("DELETE", "/v1/sandboxes/keep/checkpoints/before", nil))
+		if n := len(decode[struct{ Items []checkpointJSON }](t, d.do("GET", "/v1/sandboxes/keep/checkpoints", nil, nil), 200).Items); n != 1 {
+			t.Errorf("after a checkpoint delete refused for space, keep has %d checkpoints, want 1", n)
+		}
 		// A lifetime is recorded before it is set: refused whole.
 		full("timeout", d.doJSON("POST", "/v1/sandboxes/keep/timeout", map[string]any{"timeout_s": 600}))
 		// A pause records itself before it freezes: refused whole, the sandbox runs on.

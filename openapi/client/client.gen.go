@@ -3228,7 +3228,10 @@ type ClientInterface interface {
 	// DeleteCheckpoint Delete a checkpoint
 	//
 	// Removes the checkpoint, and its layers unless the sandbox's files, another
-	// checkpoint or a fork (by its own links) still stand on them.
+	// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+	// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+	// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+	// frees space on a full state root.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
 	DeleteCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -4556,7 +4559,10 @@ func (c *Client) CreateCheckpoint(ctx context.Context, id SandboxIDPath, params 
 // DeleteCheckpoint Delete a checkpoint
 //
 // Removes the checkpoint, and its layers unless the sandbox's files, another
-// checkpoint or a fork (by its own links) still stand on them.
+// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+// frees space on a full state root.
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
 func (c *Client) DeleteCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -10247,7 +10253,10 @@ type ClientWithResponsesInterface interface {
 	// DeleteCheckpointWithResponse Delete a checkpoint
 	//
 	// Removes the checkpoint, and its layers unless the sandbox's files, another
-	// checkpoint or a fork (by its own links) still stand on them.
+	// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+	// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+	// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+	// frees space on a full state root.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -12860,6 +12869,8 @@ type DeleteCheckpointResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *DeleteCheckpointResponse401Headers
 }
@@ -12897,6 +12908,11 @@ func (r DeleteCheckpointResponse) GetApplicationProblemJSON500() *InternalError 
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r DeleteCheckpointResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -18653,7 +18669,10 @@ func (c *ClientWithResponses) CreateCheckpointWithResponse(ctx context.Context, 
 // DeleteCheckpointWithResponse Delete a checkpoint
 //
 // Removes the checkpoint, and its layers unless the sandbox's files, another
-// checkpoint or a fork (by its own links) still stand on them.
+// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+// frees space on a full state root.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -21495,6 +21514,13 @@ func ParseDeleteCheckpointResponse(rsp *http.Response) (*DeleteCheckpointRespons
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 

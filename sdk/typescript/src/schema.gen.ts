@@ -309,7 +309,10 @@ export interface paths {
         /**
          * Delete a checkpoint
          * @description Removes the checkpoint, and its layers unless the sandbox's files, another
-         *     checkpoint or a fork (by its own links) still stand on them.
+         *     checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+         *     (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+         *     state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+         *     frees space on a full state root.
          */
         delete: operations["deleteCheckpoint"];
         options?: never;
@@ -3869,6 +3872,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     rollbackSandbox: {
