@@ -162,6 +162,9 @@ func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, layer
 			if derr := s.deprovisionLocked(cctx, l); derr != nil {
 				s.log.Error("undoing a fork whose layers could not be linked; the next start-up of bothyd removes it", "sandbox", fid, "err", derr)
 			}
+			if errcode.StorageFaultOf(err) != errcode.NoStorageFault {
+				return s.storageErr(err) // a full state root: 507, as a create's
+			}
 			return errcode.Wrap(errcode.Internal, err, "Fork %s could not get the source's files; retry the fork.", fid)
 		}
 		st, err = s.startCreated(ctx, l)
