@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/bothy/bothy/events"
@@ -166,6 +167,9 @@ var EventTypes = []string{
 	supervisor.EventAcquired, supervisor.EventReleased, supervisor.EventProgress,
 	supervisor.EventImagePullProgress, supervisor.EventImagePulled, supervisor.EventImageImported,
 	supervisor.EventImageFailed, supervisor.EventImageDeleted,
+	supervisor.EventCheckpointCreated, supervisor.EventCheckpointDeleted,
+	supervisor.EventRolledBack, supervisor.EventForked,
+	supervisor.EventVolumeCreated, supervisor.EventVolumeDeleted,
 }
 
 // EventOf is the contract's view of a supervisor event, ready for events.Bus.Publish (which
@@ -202,6 +206,18 @@ func EventOf(e supervisor.Event) openapi.Event {
 	if e.Error != "" {
 		msg := e.Error
 		ev.Error = &msg
+	}
+	if e.Checkpoint != "" {
+		c := e.Checkpoint
+		ev.Checkpoint = &c
+	}
+	if len(e.Forks) > 0 {
+		forks := slices.Clone(e.Forks)
+		ev.Forks = &forks
+	}
+	if e.Volume != "" {
+		v := e.Volume
+		ev.Volume = &v
 	}
 	if p := e.ImageProgress; p != nil {
 		ev.ImageProgress = &struct {

@@ -503,6 +503,8 @@ func (e VolumeFileEntryType) Valid() bool {
 // Defines values for WebhookEventType.
 const (
 	WebhookEventTypeCaptureProgress      WebhookEventType = "capture.progress"
+	WebhookEventTypeCheckpointCreated    WebhookEventType = "checkpoint.created"
+	WebhookEventTypeCheckpointDeleted    WebhookEventType = "checkpoint.deleted"
 	WebhookEventTypeGenerationCaptured   WebhookEventType = "generation.captured"
 	WebhookEventTypeGenerationRetired    WebhookEventType = "generation.retired"
 	WebhookEventTypeGenerationTombstoned WebhookEventType = "generation.tombstoned"
@@ -519,16 +521,24 @@ const (
 	WebhookEventTypeSandboxDeleted       WebhookEventType = "sandbox.deleted"
 	WebhookEventTypeSandboxExited        WebhookEventType = "sandbox.exited"
 	WebhookEventTypeSandboxExpired       WebhookEventType = "sandbox.expired"
+	WebhookEventTypeSandboxForked        WebhookEventType = "sandbox.forked"
 	WebhookEventTypeSandboxPaused        WebhookEventType = "sandbox.paused"
 	WebhookEventTypeSandboxResumed       WebhookEventType = "sandbox.resumed"
+	WebhookEventTypeSandboxRolledBack    WebhookEventType = "sandbox.rolled-back"
 	WebhookEventTypeSandboxStarted       WebhookEventType = "sandbox.started"
 	WebhookEventTypeSandboxStopped       WebhookEventType = "sandbox.stopped"
+	WebhookEventTypeVolumeCreated        WebhookEventType = "volume.created"
+	WebhookEventTypeVolumeDeleted        WebhookEventType = "volume.deleted"
 )
 
 // Valid indicates whether the value is a known member of the WebhookEventType enum.
 func (e WebhookEventType) Valid() bool {
 	switch e {
 	case WebhookEventTypeCaptureProgress:
+		return true
+	case WebhookEventTypeCheckpointCreated:
+		return true
+	case WebhookEventTypeCheckpointDeleted:
 		return true
 	case WebhookEventTypeGenerationCaptured:
 		return true
@@ -562,13 +572,21 @@ func (e WebhookEventType) Valid() bool {
 		return true
 	case WebhookEventTypeSandboxExpired:
 		return true
+	case WebhookEventTypeSandboxForked:
+		return true
 	case WebhookEventTypeSandboxPaused:
 		return true
 	case WebhookEventTypeSandboxResumed:
 		return true
+	case WebhookEventTypeSandboxRolledBack:
+		return true
 	case WebhookEventTypeSandboxStarted:
 		return true
 	case WebhookEventTypeSandboxStopped:
+		return true
+	case WebhookEventTypeVolumeCreated:
+		return true
+	case WebhookEventTypeVolumeDeleted:
 		return true
 	default:
 		return false
@@ -906,15 +924,25 @@ type ErrorCode = string
 //     until `generation.captured`);
 //   - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
 //   - `image.pulled`, `image.imported`, `image.deleted`: `image`;
-//   - `image.failed`: `image`, `error`.
+//   - `image.failed`: `image`, `error`;
+//   - `checkpoint.created`, `checkpoint.deleted`: `sandbox`, `checkpoint`;
+//   - `sandbox.rolled-back` (its files are the checkpoint's; a running sandbox was stopped
+//     for it, and its `sandbox.started` follows): `sandbox`, `state`, `checkpoint`;
+//   - `sandbox.forked` (after each fork's `sandbox.created` and `sandbox.started`; only
+//     when at least one fork was made): `sandbox` (the source), `forks` (the forks made);
+//   - `volume.created`, `volume.deleted`: `volume`.
 type Event struct {
 	At time.Time `json:"at"`
+
+	// Checkpoint 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+	Checkpoint *CheckpointName `json:"checkpoint,omitempty"`
 
 	// Error Why an image pull failed.
 	Error *string `json:"error,omitempty"`
 
 	// Exit How the sandbox's last run ended.
-	Exit *LastExit `json:"exit,omitempty"`
+	Exit  *LastExit    `json:"exit,omitempty"`
+	Forks *[]SandboxID `json:"forks,omitempty"`
 
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
 	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
@@ -975,6 +1003,11 @@ type Event struct {
 	// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
 	// it does not know, and skips it.
 	Type EventType `json:"type"`
+
+	// Volume 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: datasets
+	Volume *VolumeName `json:"volume,omitempty"`
 }
 
 // EventProgressPhase defines model for Event.Progress.Phase.
@@ -8064,6 +8097,22 @@ func (response DeleteCheckpoint501ApplicationProblemPlusJSONResponse) VisitDelet
 	return err
 }
 
+type DeleteCheckpoint507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCheckpoint507ApplicationProblemPlusJSONResponse) VisitDeleteCheckpointResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetCheckpointRequestObject struct {
 	ID     SandboxIDPath      `json:"id"`
 	Name   CheckpointNamePath `json:"name"`
@@ -8386,6 +8435,22 @@ func (response RollbackSandbox504ApplicationProblemPlusJSONResponse) VisitRollba
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(504)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RollbackSandbox507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response RollbackSandbox507ApplicationProblemPlusJSONResponse) VisitRollbackSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -9550,6 +9615,22 @@ func (response ForkSandbox503ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	return err
 }
 
+type ForkSandbox507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox507ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxLogsRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params GetSandboxLogsParams
@@ -10192,6 +10273,22 @@ func (response PauseSandbox503ApplicationProblemPlusJSONResponse) VisitPauseSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PauseSandbox507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response PauseSandbox507ApplicationProblemPlusJSONResponse) VisitPauseSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -11194,6 +11291,22 @@ func (response SetSandboxTimeout501ApplicationProblemPlusJSONResponse) VisitSetS
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxTimeout507ApplicationProblemPlusJSONResponse struct {
+	InsufficientStorageApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxTimeout507ApplicationProblemPlusJSONResponse) VisitSetSandboxTimeoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(507)
 	_, err := buf.WriteTo(w)
 	return err
 }

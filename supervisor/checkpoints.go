@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/bothy/bothy/checkpoint"
@@ -47,7 +48,7 @@ func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, r
 		if live {
 			f, _, err := rt.(runtime.LiveLayerer).OpenLiveLayer(ctx, l.ID(), l.Dir(), true)
 			if err != nil {
-				return nil, layerError(l.ID(), err)
+				return nil, s.liveLayerErr(l.ID(), err)
 			}
 			return f, nil
 		}
@@ -59,6 +60,19 @@ func (s *Supervisor) openUpperFor(ctx context.Context, cp *checkpoint.Sandbox, r
 	}
 }
 
+// liveLayerErr is layerError for the live layer of a disk of its own. The disk is a loop
+// device over a sparse image on the state root: when the state root is full, the sync of the
+// disk's writes fails with EIO, not ENOSPC, which would read as a state root failing its
+// I/O. A probe of the state root tells the two apart, and a full one answers storage-full.
+func (s *Supervisor) liveLayerErr(id string, err error) error {
+	if errors.Is(err, syscall.EIO) {
+		if perr := probeStorage(s.store.Root()); errcode.StorageFaultOf(perr) == errcode.FaultFull {
+			return s.storageErr(errors.Join(perr, err))
+		}
+	}
+	return layerError(id, err)
+}
+
 func (s *Supervisor) checkpointSandbox(l *store.Lock) *checkpoint.Sandbox {
 	// What a sweep discards goes to the store's trash: a rename under the lock, deleted by
 	// the janitor after it.
@@ -66,9 +80,15 @@ func (s *Supervisor) checkpointSandbox(l *store.Lock) *checkpoint.Sandbox {
 }
 
 // chainLowers returns the layers of the sandbox's checkpoint chain, top first, which lie
-// between its upper and its generation or image.
+// between its upper and its generation or image. An interrupted operation that reattach
+// could not finish (a full state root: see recoverCheckpoints) is finished first, or the
+// launch or capture that asks fails with its error: the chain is not settled until then.
 func (s *Supervisor) chainLowers(l *store.Lock) ([]string, error) {
-	return s.checkpointSandbox(l).Lowers()
+	cp := s.checkpointSandbox(l)
+	if _, err := cp.Recover(); err != nil {
+		return nil, errcode.Storage(err, s.store.Root())
+	}
+	return cp.Lowers()
 }
 
 // sandboxLowers returns every layer of the sandbox below its upper that is not its image's:
@@ -88,9 +108,20 @@ func (s *Supervisor) sandboxLowers(l *store.Lock, cfg *store.Config) ([]string, 
 // recoverCheckpoints finishes or undoes a checkpoint operation that a crash interrupted, and
 // sweeps what earlier ones threw away. Called under the lifecycle lock by reattach, before
 // anything else looks at the sandbox's files.
+//
+// A recovery that the state root's storage fault stops (a full one: the undo of a copy that
+// ran out of space cannot write the manifest that clears its record) leaves the operation
+// recorded, and the transition goes on: a stop, a pause or a delete (which frees space) does
+// not touch the sandbox's layers, and what does (a launch, a capture: chainLowers; the
+// checkpoint operations, which refuse while one is pending) finishes the recovery first.
+// Otherwise a full state root would refuse the very deletes that free it.
 func (s *Supervisor) recoverCheckpoints(l *store.Lock) error {
 	cp := s.checkpointSandbox(l)
 	had, err := cp.Recover()
+	if err != nil && errcode.StorageFaultOf(err) != errcode.NoStorageFault {
+		s.log.Warn("a checkpoint operation is not finished: the state root refused it; the next start of the sandbox finishes it", "sandbox", l.ID(), "err", err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -105,6 +136,13 @@ func (s *Supervisor) recoverCheckpoints(l *store.Lock) error {
 // docs/checkpoints.md), a paused one is copied as it is.
 func (s *Supervisor) Checkpoint(ctx context.Context, id, name string) (c *checkpoint.Checkpoint, err error) {
 	defer s.observe("checkpoint", time.Now(), &err)
+	if c, err = s.checkpoint(ctx, id, name); err == nil {
+		s.emit(Event{Type: EventCheckpointCreated, Sandbox: id, Checkpoint: c.Name})
+	}
+	return c, err
+}
+
+func (s *Supervisor) checkpoint(ctx context.Context, id, name string) (*checkpoint.Checkpoint, error) {
 	if err := checkpoint.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -187,6 +225,7 @@ func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err
 	if err := cp.Delete(name); err != nil {
 		return err
 	}
+	s.emit(Event{Type: EventCheckpointDeleted, Sandbox: id, Checkpoint: name})
 	if err := cp.Sweep(); err != nil {
 		s.log.Warn("discarding a deleted checkpoint's layers; the next operation on the sandbox retries", "sandbox", id, "err", err)
 	}
@@ -238,6 +277,13 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 	if c, err = cp.Rollback(name); err != nil {
 		return nil, err
 	}
+	// The files are the checkpoint's from here on, whether or not a running sandbox starts
+	// again: the event says so in the state it is left in (its sandbox.started follows).
+	state := StateStopped
+	if r.state != StateRunning {
+		state = r.state
+	}
+	s.emit(Event{Type: EventRolledBack, Sandbox: id, State: state, Checkpoint: c.Name})
 	if running {
 		if _, err := s.startLocked(ctx, l); err != nil {
 			code := errcode.Of(err)

@@ -7,6 +7,7 @@ import (
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/platform"
 	"github.com/bothy/bothy/store"
+	"github.com/bothy/bothy/volume"
 )
 
 // The types of Event.
@@ -16,6 +17,17 @@ const (
 	EventStopped = "sandbox.stopped"
 	EventExited  = "sandbox.exited"
 	EventDeleted = "sandbox.deleted"
+)
+
+// The types of the events of checkpoints, rollbacks, forks (checkpoints.go, fork.go) and
+// volumes (the volume store's changes, volumes.go).
+const (
+	EventCheckpointCreated = "checkpoint.created"
+	EventCheckpointDeleted = "checkpoint.deleted"
+	EventRolledBack        = "sandbox.rolled-back"
+	EventForked            = "sandbox.forked"
+	EventVolumeCreated     = volume.ChangeCreated
+	EventVolumeDeleted     = volume.ChangeDeleted
 )
 
 // Event is a change that this supervisor made or noticed: of a sandbox's state, or of a
@@ -35,6 +47,12 @@ type Event struct {
 	Image         string
 	Error         string
 	ImageProgress *ImageProgress
+	// Checkpoint names the checkpoint of a checkpoint event or of EventRolledBack.
+	Checkpoint string
+	// Forks are the sandboxes a fork made, for EventForked (whose Sandbox is the source).
+	Forks []string
+	// Volume names what a volume event is about.
+	Volume string
 }
 
 // Progress is how far a capture has come.

@@ -127,9 +127,18 @@ func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res 
 	}
 	layers = append(layers, clone...)
 	res = &ForkResult{FreezeMS: frozen.Milliseconds()}
+	var made []string
 	for _, fid := range ids {
 		st, err := s.forkOne(ctx, cfg, fid, layers)
 		res.Forks = append(res.Forks, ForkOutcome{ID: fid, Status: st, Err: err})
+		if err == nil {
+			made = append(made, fid)
+		}
+	}
+	// After each fork's own sandbox.created and sandbox.started; a fork none of whose
+	// sandboxes was made reports nothing.
+	if len(made) > 0 {
+		s.emit(Event{Type: EventForked, Sandbox: id, Forks: made})
 	}
 	return res, nil
 }
@@ -153,6 +162,9 @@ func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, layer
 			defer cancel()
 			if derr := s.deprovisionLocked(cctx, l); derr != nil {
 				s.log.Error("undoing a fork whose layers could not be linked; the next start-up of bothyd removes it", "sandbox", fid, "err", derr)
+			}
+			if errcode.StorageFaultOf(err) != errcode.NoStorageFault {
+				return s.storageErr(err) // a full state root: 507, as a create's
 			}
 			return errcode.Wrap(errcode.Internal, err, "Fork %s could not get the source's files; retry the fork.", fid)
 		}

@@ -223,6 +223,7 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	if s.volumes != nil {
 		s.volumes.SetHeldBy(VolumeHeldBy(s.store))
+		s.volumes.SetOnChange(func(change, name string) { s.emit(Event{Type: change, Volume: name}) })
 	}
 	for _, d := range DeclaredEntries(s.runtimes.all()...) {
 		if err := s.store.Declare(d.Name, d.Kind); err != nil {

@@ -234,7 +234,7 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	s.thawAfterCapture(ctx, p, l)
 	held := time.Since(frozenAt)
 	if err != nil {
-		return none, nil, layerError(id, err)
+		return none, nil, s.liveLayerErr(id, err)
 	}
 	return template.CaptureHooks{
 		Hold:    func() error { return nil },
@@ -262,7 +262,7 @@ func (s *Supervisor) pausedDiskLayer(ctx context.Context, l *store.Lock, cfg *st
 	}
 	layer, err := openSnapshotLayer(ctx, live, l, true)
 	if err != nil {
-		return none, nil, layerError(l.ID(), err)
+		return none, nil, s.liveLayerErr(l.ID(), err)
 	}
 	return none, layer, nil
 }

@@ -43,7 +43,7 @@ var chaosFill = flag.Bool("chaos.fill", false, "also fill and free the state roo
 
 // chaosFillable are the operations that may answer 507 while the state root is full; reads,
 // stops and deletes may not.
-var chaosFillable = []string{"create", "claim", "start", "exec", "capture", "clone", "tombstone", "retire"}
+var chaosFillable = []string{"create", "claim", "start", "exec", "capture", "clone", "tombstone", "retire", "checkpoint", "rollback", "fork", "fork-item", "pause", "timeout", "checkpoint-delete"}
 
 const (
 	chaosShortRounds = 6
@@ -135,10 +135,21 @@ var chaosAllowed = map[string][]int{
 	"claim-delete": {204, 404, 409, 423},
 	"volume-get":   {200},
 	"volume-files": {200},
+	// Checkpoints, rollbacks and forks of the ledger's sandboxes (docs/checkpoints.md): 409
+	// is a name taken or missing from a crashed create, the limit, or a sandbox not in a
+	// state for it; a rollback's restart may fail as a start does (504).
+	"checkpoint":        {201, 404, 409, 423},
+	"checkpoint-delete": {204, 404, 409, 423},
+	"rollback":          {200, 404, 409, 423, 504},
+	// fork makes one sandbox of the server's id, deleted at once, as claim does; each fork
+	// in its answer succeeds or fails (fork-item) on its own.
+	"fork":        {200, 404, 409, 423},
+	"fork-item":   {201, 409, 423, 504},
+	"fork-delete": {204, 404, 409, 423},
 }
 
-// TestChaos: clients issue random lifecycle operations while bothyd is killed with SIGKILL
-// at random moments and restarted, and sandbox shims, inits and releasers are killed; after
+// TestChaos: clients issue random lifecycle operations (checkpoints, rollbacks and forks
+// among them) while bothyd is killed with SIGKILL at random moments and restarted, and sandbox shims, inits and releasers are killed; after
 // each round `bothyd check` passes beside the restarted server, every sandbox a client saw
 // created and not deleted still exists (and none it saw deleted came back), no runtime
 // process runs without its sandbox, and no network resource (interface, nftables object,
@@ -454,7 +465,8 @@ func (c *chaosTemplate) generations() []string {
 
 func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chaosServer], ids []string, ledger *chaosLedger, tpl *chaosTemplate, stats *chaosStats, stop <-chan struct{}) {
 	ops := []string{"create", "create", "start", "start", "exec", "exec", "exec", "stop", "stop-force", "delete", "delete", "get",
-		"delete-force", "pause", "pause", "resume", "resume", "timeout", "claim", "volume-get", "volume-files"}
+		"delete-force", "pause", "pause", "resume", "resume", "timeout", "claim", "volume-get", "volume-files",
+		"checkpoint", "checkpoint", "checkpoint-delete", "rollback", "rollback", "fork"}
 	if tpl != nil {
 		ops = append(ops, "capture", "clone", "clone", "tombstone", "retire")
 	}
@@ -478,6 +490,23 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 		}
 		id := ids[rng.IntN(len(ids))]
 		lock := ledger.locks[id]
+		if op == "fork" {
+			lock.RLock()
+			down := chaosFork(httpc, server, id, stats)
+			lock.RUnlock()
+			if down {
+				select {
+				case <-server.Load().up:
+				case <-stop:
+					return
+				case <-time.After(time.Second):
+				}
+			}
+			continue
+		}
+		// Three checkpoint names per sandbox: creates collide with ones taken, deletes and
+		// rollbacks find them or not, and the limit (--checkpoint-max) is reached.
+		checkpointName := fmt.Sprintf("c%d", rng.IntN(3))
 		var method, path string
 		var body any
 		switch op {
@@ -525,6 +554,12 @@ func chaosClient(rng *rand.Rand, httpc *http.Client, server *atomic.Pointer[chao
 			method, path = "GET", "/v1/volumes/"+chaosVolume
 		case "volume-files":
 			method, path = "GET", "/v1/volumes/"+chaosVolume+"/files/list?path=/"
+		case "checkpoint":
+			method, path, body = "POST", "/v1/sandboxes/"+id+"/checkpoints?timeout=20000", map[string]any{"name": checkpointName}
+		case "checkpoint-delete":
+			method, path = "DELETE", "/v1/sandboxes/"+id+"/checkpoints/"+checkpointName
+		case "rollback":
+			method, path = "POST", "/v1/sandboxes/"+id+"/checkpoints/"+checkpointName+"/rollback?timeout=20000"
 		case "capture":
 			method, path, body = "POST", "/v1/templates/"+tpl.name+"/generations", map[string]any{"sandbox": id}
 		case "clone":
@@ -640,6 +675,49 @@ func chaosClaim(httpc *http.Client, server *atomic.Pointer[chaosServer], stats *
 	stats.count("claim-delete", strconv.Itoa(status))
 	if !slices.Contains(chaosAllowed["claim-delete"], status) {
 		stats.bad("deleting the claimed %s answered %d: %s", sb.ID, status, respBody)
+	}
+	return false
+}
+
+// chaosFork forks the sandbox id into one sandbox of the server's id and deletes the fork at
+// once, as chaosClaim does; it reports whether the server was down. A crash between the two
+// leaves a fork, which chaosVerify counts as existing and the end of the suite deletes; a
+// crash during the fork leaves none, or one that start-up removes (its create is pending).
+func chaosFork(httpc *http.Client, server *atomic.Pointer[chaosServer], id string, stats *chaosStats) (down bool) {
+	url := server.Load().url
+	path := "/v1/sandboxes/" + id + "/fork?timeout=20000"
+	status, respBody, err := chaosDo(httpc, url, "POST", path, map[string]any{"count": 1})
+	if err != nil {
+		stats.count("fork", "broken")
+		return errors.Is(err, syscall.ECONNREFUSED)
+	}
+	stats.count("fork", strconv.Itoa(status))
+	if !slices.Contains(chaosAllowed["fork"], status) {
+		stats.bad("POST %s answered %d: %s", path, status, respBody)
+		return false
+	}
+	var res forkJSON
+	if status != 200 || json.Unmarshal(respBody, &res) != nil {
+		return false
+	}
+	for _, it := range res.Items {
+		if it.Error != nil {
+			stats.count("fork-item", strconv.Itoa(it.Error.Status))
+			if !slices.Contains(chaosAllowed["fork-item"], it.Error.Status) {
+				stats.bad("POST %s: fork %s failed with %d: %+v", path, it.ID, it.Error.Status, it.Error)
+			}
+			continue
+		}
+		stats.count("fork-item", "201")
+		status, respBody, err := chaosDo(httpc, url, "DELETE", "/v1/sandboxes/"+it.ID+"?force=true", nil)
+		if err != nil {
+			stats.count("fork-delete", "broken")
+			return errors.Is(err, syscall.ECONNREFUSED)
+		}
+		stats.count("fork-delete", strconv.Itoa(status))
+		if !slices.Contains(chaosAllowed["fork-delete"], status) {
+			stats.bad("deleting the fork %s answered %d: %s", it.ID, status, respBody)
+		}
 	}
 	return false
 }
@@ -829,7 +907,7 @@ func chaosVerify(t *testing.T, d *daemon, rt *namespace.Runtime, ids []string, l
 			t.Errorf("round %d: %s is listed but GET does not find it", round, sb.ID)
 		}
 		if !slices.Contains(ids, sb.ID) {
-			exists[sb.ID] = true // a claimed spare whose delete a crash broke off
+			exists[sb.ID] = true // a claimed spare or a fork whose delete a crash broke off
 		}
 	}
 	var attached map[string]int

@@ -327,3 +327,84 @@ func (d *daemon) tryJSON(method, path string, in any) error {
 	resp.Body.Close()
 	return nil
 }
+
+// TestFullRootLeftCheckpointRecordStopsAndDeletes: a checkpoint's copy that ran out of space
+// on a full state root cannot write the manifest that clears its record (chaos, with the
+// state root filled, found it): the record left must not refuse the stop or the delete that
+// free space, while a start, which needs the chain settled, answers 507; once
+// space is back, everything checks clean. It fails without the fix (the stop and the delete
+// answered 507 storage-full).
+func TestFullRootLeftCheckpointRecordStopsAndDeletes(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	small := newSmallFS(t, 64)
+	root := filepath.Join(small.Dir, "root")
+	d := startDaemon(t, func(d *daemon) { d.Root = root })
+	for _, id := range []string{"fr-run", "fr-stopped"} {
+		d.createNoDisk(id)
+		d.rootSh(id, "echo kept > /home/user/f")
+	}
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/fr-stopped/stop", nil), 200)
+	for _, id := range []string{"fr-run", "fr-stopped"} {
+		// The record a copy leaves when its undo cannot write the manifest: nothing else of it.
+		dir := filepath.Join(root, "sandboxes", id, "checkpoints")
+		if err := os.MkdirAll(filepath.Join(dir, "layers"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		manifest := `{"format":1,"pending":{"op":"copy","name":"c","layer":"0123456789abcdef"}}`
+		if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(manifest), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filled := small.fill()
+
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/fr-run/stop", nil), 200)
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/fr-stopped/start", nil), 507, "storage-full")
+	if r := d.doJSON("DELETE", "/v1/sandboxes/fr-run", nil); r.Status != 204 {
+		t.Fatalf("deleting a sandbox on a full state root: %d %s", r.Status, r.Body)
+	}
+
+	if err := os.Remove(filled); err != nil {
+		t.Fatal(err)
+	}
+	// With space back, the start finishes the recovery: the files are as before the copy.
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/fr-stopped/start", nil), 200)
+	if got := d.rootSh("fr-stopped", "cat /home/user/f"); got != "kept\n" {
+		t.Fatalf("after the recovery the file reads %q", got)
+	}
+	if n := len(decode[struct{ Items []checkpointJSON }](t, d.doJSON("GET", "/v1/sandboxes/fr-stopped/checkpoints", nil), 200).Items); n != 0 {
+		t.Fatalf("the undone copy left %d checkpoints", n)
+	}
+	mustCheckClean(t, root, "after the full state root was freed")
+}
+
+// TestFullRootCheckpointOfADiskIsStorageFull: a fork (or checkpoint) of a running sandbox with
+// a disk of its own on a full state root answers 507 storage-full: the disk's image cannot grow, so the
+// sync of its writes fails with EIO, which must not read as a state root failing its I/O
+// (chaos, with the state root filled, found 503 storage-unavailable). It fails without the
+// fix.
+func TestFullRootCheckpointOfADiskIsStorageFull(t *testing.T) {
+	requireRoot(t)
+	if !disksSupported() {
+		t.Skip("sandboxes with a disk of their own need loop devices and mke2fs")
+	}
+	t.Parallel()
+	small := newSmallFS(t, 128)
+	root := filepath.Join(small.Dir, "root")
+	d := startDaemon(t, func(d *daemon) { d.Root = root })
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "frd", "start": true, "resources": map[string]any{"disk_mb": 64}}), 201)
+	t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/frd?force=true", nil) })
+	filled := small.fill()
+	// Room for the checkpoint's records, not for the disk's writes: written into the disk's
+	// page cache, they find no room for its image on the host when the checkpoint syncs them.
+	runTool(t, "fallocate", "-p", "-o", "0", "-l", "256K", filled)
+	d.rootSh("frd", "head -c 16777216 /dev/urandom > /home/user/big")
+	// A fork: it records nothing before the sync (its staging layer is removed by the next
+	// reattach), so the sync's EIO is all it meets. A checkpoint meets the same EIO, but its
+	// undo's manifest write on the full root says ENOSPC as well.
+	wantProblem(t, d.doJSON("POST", "/v1/sandboxes/frd/fork", map[string]any{"count": 1}), 507, "storage-full")
+	if err := os.Remove(filled); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the state root to read as ok again", func() bool { return d.storageState() == "ok" })
+}

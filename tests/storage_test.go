@@ -64,13 +64,23 @@ func (f *smallFS) fill() string {
 	f.t.Helper()
 	path := filepath.Join(f.Dir, "root", "host-fill")
 	var st unix.Statfs_t
-	if err := unix.Statfs(f.Dir, &st); err != nil {
-		f.t.Fatal(err)
-	}
-	free := int64(st.Bavail) * st.Bsize
+	var free int64
 	// fallocate wants the size; what it cannot have it refuses whole, so ask for a little
-	// less, then take the rest a block at a time.
-	runTool(f.t, "fallocate", "-l", fmt.Sprint(free-free%st.Bsize-16*st.Bsize), path)
+	// less, then take the rest a block at a time. Sandboxes may write meanwhile (the chaos
+	// suite's do), so a refusal is followed by a fresh look at what is free.
+	for attempt := 1; ; attempt++ {
+		if err := unix.Statfs(f.Dir, &st); err != nil {
+			f.t.Fatal(err)
+		}
+		free = int64(st.Bavail) * st.Bsize
+		out, err := exec.Command("fallocate", "-l", fmt.Sprint(max(free-free%st.Bsize-16*st.Bsize, st.Bsize)), path).CombinedOutput()
+		if err == nil {
+			break
+		}
+		if attempt == 5 {
+			f.t.Fatalf("fallocate %s: %v: %s", path, err, out)
+		}
+	}
 	for range 64 {
 		if err := exec.Command("fallocate", "-n", "-o", "0", "-l", fmt.Sprint(free+64*st.Bsize), path).Run(); err != nil {
 			break
@@ -174,6 +184,9 @@ func TestStorageFull(t *testing.T) {
 	if !strings.Contains(got.Stdout, "No space left") {
 		t.Fatalf("the hog did not fill the state root: %+v", got)
 	}
+	// A checkpoint taken before the fill: deleting it must record the removal, which a full
+	// state root refuses whole.
+	decode[map[string]any](t, d.doJSON("POST", "/v1/sandboxes/keep/checkpoints", map[string]any{"name": "before"}), 201)
 	hostFill := fs.fill()
 
 	full := func(what string, r response) {
@@ -192,6 +205,20 @@ func TestStorageFull(t *testing.T) {
 		full("template create", d.doJSON("POST", "/v1/templates", map[string]any{"name": "ft"}))
 		full("capture", d.doJSON("POST", "/v1/templates/t0/generations", map[string]any{"sandbox": "victim"}))
 		full("upload", d.do("PUT", "/v1/sandboxes/keep/files?path=/home/user/up", strings.NewReader(strings.Repeat("x", 1<<20)), nil))
+		full("checkpoint delete", d.doJSON("DELETE", "/v1/sandboxes/keep/checkpoints/before", nil))
+		if n := len(decode[struct{ Items []checkpointJSON }](t, d.do("GET", "/v1/sandboxes/keep/checkpoints", nil, nil), 200).Items); n != 1 {
+			t.Errorf("after a checkpoint delete refused for space, keep has %d checkpoints, want 1", n)
+		}
+		// A lifetime is recorded before it is set: refused whole.
+		full("timeout", d.doJSON("POST", "/v1/sandboxes/keep/timeout", map[string]any{"timeout_s": 600}))
+		// A pause records itself before it freezes: refused whole, the sandbox runs on.
+		full("pause", d.doJSON("POST", "/v1/sandboxes/keep/pause", nil))
+		if st := decode[sandboxJSON](t, d.do("GET", "/v1/sandboxes/keep", nil, nil), 200); st.State != "running" {
+			t.Errorf("after a pause refused for space, keep is %s, want running", st.State)
+		}
+		if r := d.exec("keep", map[string]any{"command": []string{"true"}}); r.ExitCode != 0 {
+			t.Errorf("after a pause refused for space, an exec in keep exits %d: %s", r.ExitCode, r.Stderr)
+		}
 	})
 
 	t.Run("nothing half-made", func(t *testing.T) {

@@ -20,9 +20,10 @@ type Problem struct{ Kind, Entry, Detail string }
 
 const Dir = "volumes"
 
-func Open(root string) (*Store, error) { return nil, platform.ErrUnsupported }
-func (s *Store) SetHeldBy(HeldBy)      {}
-func (s *Store) Dir() string           { return "" }
+func Open(root string) (*Store, error)                 { return nil, platform.ErrUnsupported }
+func (s *Store) SetHeldBy(HeldBy)                      {}
+func (s *Store) SetOnChange(func(change, name string)) {}
+func (s *Store) Dir() string                           { return "" }
 func (s *Store) Create(context.Context, string, int) (*Volume, error) {
 	return nil, platform.ErrUnsupported
 }

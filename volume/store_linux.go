@@ -44,9 +44,10 @@ type Store struct {
 	dir string // <root>/volumes, absolute
 	// mu serialises this process's changes; lock (a flock on .lock) serialises them with
 	// other processes on the state root (bothyd check --repair beside a running server).
-	mu     sync.Mutex
-	heldBy HeldBy
-	mke2fs string
+	mu       sync.Mutex
+	heldBy   HeldBy
+	onChange func(change, name string)
+	mke2fs   string
 	// files guards each volume's files against its deletion: file operations hold it shared.
 	files sync.Map // name -> *sync.RWMutex
 	// crashPoint, when set (by tests), is called at each step of a create and a delete, and
@@ -79,6 +80,19 @@ func Open(root string) (*Store, error) {
 
 // SetHeldBy sets how the store learns that a hold is stale; without it every hold is live.
 func (s *Store) SetHeldBy(f HeldBy) { s.heldBy = f }
+
+// SetOnChange sets what the store tells of each volume that a Create made (ChangeCreated)
+// or a Delete removed (ChangeDeleted), once the change is done and the store's lock is
+// released; set it before the store is used. The reconciliation of Recover and Check
+// reports nothing: what it removes was never announced as made, or its delete was already
+// answered with an error.
+func (s *Store) SetOnChange(f func(change, name string)) { s.onChange = f }
+
+func (s *Store) changed(change, name string) {
+	if s.onChange != nil {
+		s.onChange(change, name)
+	}
+}
 
 // Dir is the volumes directory.
 func (s *Store) Dir() string { return s.dir }
@@ -139,6 +153,14 @@ func (s *Store) writeRecord(v *Volume) error {
 
 // Create makes a volume of sizeMB (0: DefaultSizeMB) and mounts it on the host.
 func (s *Store) Create(ctx context.Context, name string, sizeMB int) (*Volume, error) {
+	v, err := s.create(ctx, name, sizeMB)
+	if err == nil {
+		s.changed(ChangeCreated, v.Name)
+	}
+	return v, err
+}
+
+func (s *Store) create(ctx context.Context, name string, sizeMB int) (*Volume, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
@@ -479,6 +501,14 @@ func (s *Store) liveHolds(name string) ([]string, error) {
 
 // Delete removes the volume name, which no sandbox may hold (423 volume-in-use, naming them).
 func (s *Store) Delete(name string) error {
+	if err := s.delete(name); err != nil {
+		return err
+	}
+	s.changed(ChangeDeleted, name)
+	return nil
+}
+
+func (s *Store) delete(name string) error {
 	if CheckName(name) != nil {
 		return notFound(name)
 	}

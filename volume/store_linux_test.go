@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -181,5 +182,38 @@ func TestVolumeCheckRepairsLeftovers(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(s.dir, "half")); !os.IsNotExist(err) {
 		t.Fatalf("the half-made volume is still there: %v", err)
+	}
+}
+
+// TestOnChangeTellsWhatSucceeded: the hook hears a create and a delete that succeeded, once
+// the store's lock is free (the hook may call the store), and nothing of a refused one.
+func TestOnChangeTellsWhatSucceeded(t *testing.T) {
+	s := newStore(t)
+	var heard []string
+	s.SetOnChange(func(change, name string) {
+		unlock, err := s.lock() // blocks for ever if the store still held it
+		if err != nil {
+			t.Errorf("taking the store's lock in the hook: %v", err)
+		} else {
+			unlock()
+		}
+		heard = append(heard, change+" "+name)
+	})
+	ctx := context.Background()
+	if _, err := s.Create(ctx, "told", MinSizeMB); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, "told", MinSizeMB); errcode.Of(err) != CodeExists {
+		t.Fatalf("a second create of the name: %v, want %s", err, CodeExists)
+	}
+	if err := s.Delete("missing"); errcode.Of(err) != CodeNotFound {
+		t.Fatalf("a delete of a missing volume: %v, want %s", err, CodeNotFound)
+	}
+	if err := s.Delete("told"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{ChangeCreated + " told", ChangeDeleted + " told"}
+	if !slices.Equal(heard, want) {
+		t.Fatalf("the hook heard %v, want %v", heard, want)
 	}
 }

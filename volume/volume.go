@@ -43,6 +43,13 @@ const (
 	StateDeleting = "deleting"
 )
 
+// The changes a Store reports to its OnChange hook, named as the events they become
+// (docs/design.md, "Events").
+const (
+	ChangeCreated = "volume.created"
+	ChangeDeleted = "volume.deleted"
+)
+
 // RecordFormat is the format of volume.json.
 const RecordFormat = 1
 

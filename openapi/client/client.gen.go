@@ -505,6 +505,8 @@ func (e VolumeFileEntryType) Valid() bool {
 // Defines values for WebhookEventType.
 const (
 	WebhookEventTypeCaptureProgress      WebhookEventType = "capture.progress"
+	WebhookEventTypeCheckpointCreated    WebhookEventType = "checkpoint.created"
+	WebhookEventTypeCheckpointDeleted    WebhookEventType = "checkpoint.deleted"
 	WebhookEventTypeGenerationCaptured   WebhookEventType = "generation.captured"
 	WebhookEventTypeGenerationRetired    WebhookEventType = "generation.retired"
 	WebhookEventTypeGenerationTombstoned WebhookEventType = "generation.tombstoned"
@@ -521,16 +523,24 @@ const (
 	WebhookEventTypeSandboxDeleted       WebhookEventType = "sandbox.deleted"
 	WebhookEventTypeSandboxExited        WebhookEventType = "sandbox.exited"
 	WebhookEventTypeSandboxExpired       WebhookEventType = "sandbox.expired"
+	WebhookEventTypeSandboxForked        WebhookEventType = "sandbox.forked"
 	WebhookEventTypeSandboxPaused        WebhookEventType = "sandbox.paused"
 	WebhookEventTypeSandboxResumed       WebhookEventType = "sandbox.resumed"
+	WebhookEventTypeSandboxRolledBack    WebhookEventType = "sandbox.rolled-back"
 	WebhookEventTypeSandboxStarted       WebhookEventType = "sandbox.started"
 	WebhookEventTypeSandboxStopped       WebhookEventType = "sandbox.stopped"
+	WebhookEventTypeVolumeCreated        WebhookEventType = "volume.created"
+	WebhookEventTypeVolumeDeleted        WebhookEventType = "volume.deleted"
 )
 
 // Valid indicates whether the value is a known member of the WebhookEventType enum.
 func (e WebhookEventType) Valid() bool {
 	switch e {
 	case WebhookEventTypeCaptureProgress:
+		return true
+	case WebhookEventTypeCheckpointCreated:
+		return true
+	case WebhookEventTypeCheckpointDeleted:
 		return true
 	case WebhookEventTypeGenerationCaptured:
 		return true
@@ -564,13 +574,21 @@ func (e WebhookEventType) Valid() bool {
 		return true
 	case WebhookEventTypeSandboxExpired:
 		return true
+	case WebhookEventTypeSandboxForked:
+		return true
 	case WebhookEventTypeSandboxPaused:
 		return true
 	case WebhookEventTypeSandboxResumed:
 		return true
+	case WebhookEventTypeSandboxRolledBack:
+		return true
 	case WebhookEventTypeSandboxStarted:
 		return true
 	case WebhookEventTypeSandboxStopped:
+		return true
+	case WebhookEventTypeVolumeCreated:
+		return true
+	case WebhookEventTypeVolumeDeleted:
 		return true
 	default:
 		return false
@@ -938,15 +956,25 @@ type ErrorCode = string
 //     until `generation.captured`);
 //   - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
 //   - `image.pulled`, `image.imported`, `image.deleted`: `image`;
-//   - `image.failed`: `image`, `error`.
+//   - `image.failed`: `image`, `error`;
+//   - `checkpoint.created`, `checkpoint.deleted`: `sandbox`, `checkpoint`;
+//   - `sandbox.rolled-back` (its files are the checkpoint's; a running sandbox was stopped
+//     for it, and its `sandbox.started` follows): `sandbox`, `state`, `checkpoint`;
+//   - `sandbox.forked` (after each fork's `sandbox.created` and `sandbox.started`; only
+//     when at least one fork was made): `sandbox` (the source), `forks` (the forks made);
+//   - `volume.created`, `volume.deleted`: `volume`.
 type Event struct {
 	At time.Time `json:"at"`
+
+	// Checkpoint 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
+	Checkpoint *CheckpointName `json:"checkpoint,omitempty"`
 
 	// Error Why an image pull failed.
 	Error *string `json:"error,omitempty"`
 
 	// Exit How the sandbox's last run ended.
-	Exit *LastExit `json:"exit,omitempty"`
+	Exit  *LastExit    `json:"exit,omitempty"`
+	Forks *[]SandboxID `json:"forks,omitempty"`
 
 	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
 	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
@@ -1007,6 +1035,11 @@ type Event struct {
 	// added; the list is open (`x-extensible-enum`): a client must accept an event of a type
 	// it does not know, and skips it.
 	Type EventType `json:"type"`
+
+	// Volume 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: datasets
+	Volume *VolumeName `json:"volume,omitempty"`
 }
 
 // EventProgressPhase defines model for Event.Progress.Phase.
@@ -3197,7 +3230,10 @@ type ClientInterface interface {
 	// DeleteCheckpoint Delete a checkpoint
 	//
 	// Removes the checkpoint, and its layers unless the sandbox's files, another
-	// checkpoint or a fork (by its own links) still stand on them.
+	// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+	// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+	// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+	// frees space on a full state root.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
 	DeleteCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3468,7 +3504,9 @@ type ClientInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -3487,7 +3525,9 @@ type ClientInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3590,7 +3630,8 @@ type ClientInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -3605,7 +3646,8 @@ type ClientInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -4519,7 +4561,10 @@ func (c *Client) CreateCheckpoint(ctx context.Context, id SandboxIDPath, params 
 // DeleteCheckpoint Delete a checkpoint
 //
 // Removes the checkpoint, and its layers unless the sandbox's files, another
-// checkpoint or a fork (by its own links) still stand on them.
+// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+// frees space on a full state root.
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/checkpoints/{name} (the `DeleteCheckpoint` operationId).
 func (c *Client) DeleteCheckpoint(ctx context.Context, id SandboxIDPath, name CheckpointNamePath, params *DeleteCheckpointParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4950,7 +4995,9 @@ func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxIDPath, params
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes any type of body and a specified content type.
 //
@@ -4979,7 +5026,9 @@ func (c *Client) PauseSandboxWithBody(ctx context.Context, id SandboxIDPath, par
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -5162,7 +5211,8 @@ func (c *Client) StopSandbox(ctx context.Context, id SandboxIDPath, params *Stop
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes any type of body and a specified content type.
 //
@@ -5187,7 +5237,8 @@ func (c *Client) SetSandboxTimeoutWithBody(ctx context.Context, id SandboxIDPath
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -10204,7 +10255,10 @@ type ClientWithResponsesInterface interface {
 	// DeleteCheckpointWithResponse Delete a checkpoint
 	//
 	// Removes the checkpoint, and its layers unless the sandbox's files, another
-	// checkpoint or a fork (by its own links) still stand on them.
+	// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+	// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+	// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+	// frees space on a full state root.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -10493,7 +10547,9 @@ type ClientWithResponsesInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10512,7 +10568,9 @@ type ClientWithResponsesInterface interface {
 	// the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 	// first, or discard released memory); its lifetime keeps running. A paused sandbox
 	// stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-	// is, but for a release of a paused microVM's memory, which is made.
+	// is, but for a release of a paused microVM's memory, which is made. A pause is
+	// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+	// state root it answers `507 storage-full`, and the sandbox runs on.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10625,7 +10683,8 @@ type ClientWithResponsesInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10640,7 +10699,8 @@ type ClientWithResponsesInterface interface {
 	// deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 	// monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 	// it survives a restart of bothyd, and one that ended while bothyd was down acts at
-	// its start-up.
+	// its start-up. The lifetime is recorded durably before it is set: on a
+	// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -12811,6 +12871,8 @@ type DeleteCheckpointResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *DeleteCheckpointResponse401Headers
 }
@@ -12848,6 +12910,11 @@ func (r DeleteCheckpointResponse) GetApplicationProblemJSON500() *InternalError 
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r DeleteCheckpointResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r DeleteCheckpointResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -13006,6 +13073,8 @@ type RollbackSandboxResponse struct {
 	ApplicationProblemJSON503 *ServiceUnavailable
 	// ApplicationProblemJSON504 the response for an HTTP 504 `application/problem+json` response
 	ApplicationProblemJSON504 *GatewayTimeout
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *RollbackSandboxResponse401Headers
 }
@@ -13063,6 +13132,11 @@ func (r RollbackSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavaila
 // GetApplicationProblemJSON504 returns the response for an HTTP 504 `application/problem+json` response
 func (r RollbackSandboxResponse) GetApplicationProblemJSON504() *GatewayTimeout {
 	return r.ApplicationProblemJSON504
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r RollbackSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -13840,6 +13914,8 @@ type ForkSandboxResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ForkSandboxResponse401Headers
 }
@@ -13897,6 +13973,11 @@ func (r ForkSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
 func (r ForkSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
 	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -14263,6 +14344,8 @@ type PauseSandboxResponse struct {
 	ApplicationProblemJSON501 *NotImplemented
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *PauseSandboxResponse401Headers
 }
@@ -14320,6 +14403,11 @@ func (r PauseSandboxResponse) GetApplicationProblemJSON501() *NotImplemented {
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
 func (r PauseSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
 	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r PauseSandboxResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -15044,6 +15132,8 @@ type SetSandboxTimeoutResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *SetSandboxTimeoutResponse401Headers
 }
@@ -15091,6 +15181,11 @@ func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON500() *InternalError
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r SetSandboxTimeoutResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -18576,7 +18671,10 @@ func (c *ClientWithResponses) CreateCheckpointWithResponse(ctx context.Context, 
 // DeleteCheckpointWithResponse Delete a checkpoint
 //
 // Removes the checkpoint, and its layers unless the sandbox's files, another
-// checkpoint or a fork (by its own links) still stand on them.
+// checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+// (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+// state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+// frees space on a full state root.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -18961,7 +19059,9 @@ func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context,
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -18986,7 +19086,9 @@ func (c *ClientWithResponses) PauseSandboxWithBodyWithResponse(ctx context.Conte
 // the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
 // first, or discard released memory); its lifetime keeps running. A paused sandbox
 // stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-// is, but for a release of a paused microVM's memory, which is made.
+// is, but for a release of a paused microVM's memory, which is made. A pause is
+// recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+// state root it answers `507 storage-full`, and the sandbox runs on.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -19147,7 +19249,8 @@ func (c *ClientWithResponses) StopSandboxWithResponse(ctx context.Context, id Sa
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -19168,7 +19271,8 @@ func (c *ClientWithResponses) SetSandboxTimeoutWithBodyWithResponse(ctx context.
 // deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
 // monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
 // it survives a restart of bothyd, and one that ended while bothyd was down acts at
-// its start-up.
+// its start-up. The lifetime is recorded durably before it is set: on a
+// full state root the call answers `507 storage-full` and the lifetime stays as it was.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -21413,6 +21517,13 @@ func ParseDeleteCheckpointResponse(rsp *http.Response) (*DeleteCheckpointRespons
 		}
 		response.ApplicationProblemJSON501 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
 	}
 
 	switch {
@@ -21609,6 +21720,13 @@ func ParseRollbackSandboxResponse(rsp *http.Response) (*RollbackSandboxResponse,
 			return nil, err
 		}
 		response.ApplicationProblemJSON504 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 
@@ -22399,6 +22517,13 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 		}
 		response.ApplicationProblemJSON503 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
+
 	}
 
 	switch {
@@ -22785,6 +22910,13 @@ func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error
 			return nil, err
 		}
 		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 
@@ -23508,6 +23640,13 @@ func ParseSetSandboxTimeoutResponse(rsp *http.Response) (*SetSandboxTimeoutRespo
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 

@@ -10,6 +10,8 @@
     "sandbox.paused", "sandbox.resumed", "sandbox.expired",
     "generation.captured", "generation.tombstoned", "generation.retired",
     "lease.acquired", "lease.released", "capture.progress",
+    "checkpoint.created", "checkpoint.deleted", "sandbox.rolled-back", "sandbox.forked",
+    "volume.created", "volume.deleted",
   ];
   const MAX_EVENTS = 50;
 
@@ -491,7 +493,8 @@
   }
 
   function logEvent(e) {
-    const what = [e.sandbox, e.template, e.generation, e.state, e.exit && e.exit.reason,
+    const what = [e.sandbox, e.template, e.generation, e.checkpoint, e.volume,
+      e.forks && "→ " + e.forks.join(", "), e.state, e.exit && e.exit.reason,
       e.progress && `${e.progress.phase} ${e.progress.bytes_done}${e.progress.bytes_total ? "/" + e.progress.bytes_total : ""}`]
       .filter(Boolean).join(" ");
     const list = $("#events");

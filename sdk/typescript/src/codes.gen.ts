@@ -157,7 +157,13 @@ export type KnownEventType =
   | "image.pulled"
   | "image.imported"
   | "image.failed"
-  | "image.deleted";
+  | "image.deleted"
+  | "checkpoint.created"
+  | "checkpoint.deleted"
+  | "sandbox.rolled-back"
+  | "sandbox.forked"
+  | "volume.created"
+  | "volume.deleted";
 
 /** The event types the contract documents, in its order. */
 export const knownEventTypes: ReadonlyArray<KnownEventType> = [
@@ -182,4 +188,10 @@ export const knownEventTypes: ReadonlyArray<KnownEventType> = [
   "image.imported",
   "image.failed",
   "image.deleted",
+  "checkpoint.created",
+  "checkpoint.deleted",
+  "sandbox.rolled-back",
+  "sandbox.forked",
+  "volume.created",
+  "volume.deleted",
 ];

@@ -177,7 +177,9 @@ export interface paths {
          *     the exec stream answer `sandbox-paused`; stop and a forced delete work (they thaw it
          *     first, or discard released memory); its lifetime keeps running. A paused sandbox
          *     stays paused across a restart of bothyd. Pausing a paused sandbox answers it as it
-         *     is, but for a release of a paused microVM's memory, which is made.
+         *     is, but for a release of a paused microVM's memory, which is made. A pause is
+         *     recorded durably before the sandbox is frozen (so that it survives a crash): on a full
+         *     state root it answers `507 storage-full`, and the sandbox runs on.
          */
         post: operations["pauseSandbox"];
         delete?: never;
@@ -307,7 +309,10 @@ export interface paths {
         /**
          * Delete a checkpoint
          * @description Removes the checkpoint, and its layers unless the sandbox's files, another
-         *     checkpoint or a fork (by its own links) still stand on them.
+         *     checkpoint or a fork (by its own links) still stand on them. The removal is recorded
+         *     (the sandbox's checkpoint manifest is rewritten) before any layer goes, so on a full
+         *     state root it answers `507 storage-full` and the checkpoint stays; deleting a sandbox
+         *     frees space on a full state root.
          */
         delete: operations["deleteCheckpoint"];
         options?: never;
@@ -397,7 +402,8 @@ export interface paths {
          *     deleted; the event `sandbox.expired` says so. The lifetime is measured by the host's
          *     monotonic boot clock, so a jump of the wall clock neither ends it early nor keeps it;
          *     it survives a restart of bothyd, and one that ended while bothyd was down acts at
-         *     its start-up.
+         *     its start-up. The lifetime is recorded durably before it is set: on a
+         *     full state root the call answers `507 storage-full` and the lifetime stays as it was.
          */
         post: operations["setSandboxTimeout"];
         delete?: never;
@@ -2783,7 +2789,7 @@ export interface components {
          *     rather than never delivered.
          * @enum {string}
          */
-        WebhookEventType: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.asleep" | "sandbox.awake" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted";
+        WebhookEventType: "sandbox.created" | "sandbox.started" | "sandbox.stopped" | "sandbox.exited" | "sandbox.deleted" | "sandbox.paused" | "sandbox.resumed" | "sandbox.asleep" | "sandbox.awake" | "sandbox.expired" | "generation.captured" | "generation.tombstoned" | "generation.retired" | "lease.acquired" | "lease.released" | "capture.progress" | "image.pull.progress" | "image.pulled" | "image.imported" | "image.failed" | "image.deleted" | "checkpoint.created" | "checkpoint.deleted" | "sandbox.rolled-back" | "sandbox.forked" | "volume.created" | "volume.deleted";
         Webhook: {
             id: components["schemas"]["WebhookID"];
             url: string;
@@ -2922,7 +2928,13 @@ export interface components {
          *       until `generation.captured`);
          *     - `image.pull.progress`: `image`, `image_progress` (one layer's bytes done and total);
          *     - `image.pulled`, `image.imported`, `image.deleted`: `image`;
-         *     - `image.failed`: `image`, `error`.
+         *     - `image.failed`: `image`, `error`;
+         *     - `checkpoint.created`, `checkpoint.deleted`: `sandbox`, `checkpoint`;
+         *     - `sandbox.rolled-back` (its files are the checkpoint's; a running sandbox was stopped
+         *       for it, and its `sandbox.started` follows): `sandbox`, `state`, `checkpoint`;
+         *     - `sandbox.forked` (after each fork's `sandbox.created` and `sandbox.started`; only
+         *       when at least one fork was made): `sandbox` (the source), `forks` (the forks made);
+         *     - `volume.created`, `volume.deleted`: `volume`.
          */
         Event: {
             /**
@@ -2942,6 +2954,9 @@ export interface components {
             image?: components["schemas"]["ImageName"];
             /** @description Why an image pull failed. */
             error?: string;
+            checkpoint?: components["schemas"]["CheckpointName"];
+            forks?: components["schemas"]["SandboxID"][];
+            volume?: components["schemas"]["VolumeName"];
             image_progress?: {
                 /** @description The layer's index, 0 at the bottom. */
                 layer: number;
@@ -3615,6 +3630,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     resumeSandbox: {
@@ -3698,6 +3714,7 @@ export interface operations {
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     listCheckpoints: {
@@ -3856,6 +3873,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     rollbackSandbox: {
@@ -3898,6 +3916,7 @@ export interface operations {
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
             504: components["responses"]["GatewayTimeout"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     getSandboxMetrics: {
@@ -3977,6 +3996,7 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     waitSandbox: {
@@ -6372,7 +6392,7 @@ export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<co
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["HostFirewall"]["state"]> = ["ok", "blocked", "unknown"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];
-export const webhookEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEventType"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.asleep", "sandbox.awake", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted"];
+export const webhookEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEventType"]> = ["sandbox.created", "sandbox.started", "sandbox.stopped", "sandbox.exited", "sandbox.deleted", "sandbox.paused", "sandbox.resumed", "sandbox.asleep", "sandbox.awake", "sandbox.expired", "generation.captured", "generation.tombstoned", "generation.retired", "lease.acquired", "lease.released", "capture.progress", "image.pull.progress", "image.pulled", "image.imported", "image.failed", "image.deleted", "checkpoint.created", "checkpoint.deleted", "sandbox.rolled-back", "sandbox.forked", "volume.created", "volume.deleted"];
 export const healthStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Health"]["status"]> = ["ok"];
 export const eventProgressPhaseValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Event"]["progress"]["phase"]> = ["copying", "syncing", "indexing"];
 export const componentsParametersWebSocketVersionValues: ReadonlyArray<FlattenedDeepRequired<components>["parameters"]["WebSocketVersion"]> = ["13"];
