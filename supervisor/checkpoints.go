@@ -34,6 +34,35 @@ func (s *Supervisor) checkpointsOf(l *store.Lock, cfg *store.Config) (*checkpoin
 	return cp, rt, nil
 }
 
+// checkpointSession is a sandbox locked for an operation on its checkpoints (a checkpoint, a
+// listing, a deletion, a rollback, a fork): reattached, which finishes or undoes an
+// interrupted one, and with its checkpoints on its runtime.
+type checkpointSession struct {
+	l   *store.Lock
+	cfg *store.Config
+	r   reconciled
+	cp  *checkpoint.Sandbox
+	rt  runtime.Runtime
+}
+
+// lockCheckpoints locks sandbox id for an operation on its checkpoints; the caller unlocks
+// cs.l (s.unlock).
+func (s *Supervisor) lockCheckpoints(ctx context.Context, id string) (*checkpointSession, error) {
+	l, cfg, err := s.lockProvisioned(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	cs := &checkpointSession{l: l, cfg: cfg}
+	if cs.r, err = s.reattach(ctx, l); err == nil {
+		cs.cp, cs.rt, err = s.checkpointsOf(l, cfg)
+	}
+	if err != nil {
+		s.unlock(l)
+		return nil, err
+	}
+	return cs, nil
+}
+
 // openUpperFor sets how cp's copies open the writable layer of a sandbox with a disk of its
 // own (a sandbox without one is read in its state directory): for a live launch (running or
 // paused), a snapshot of its disk, synced through its overlay (the runtime's LiveLayerer),
@@ -146,19 +175,12 @@ func (s *Supervisor) checkpoint(ctx context.Context, id, name string) (*checkpoi
 	if err := checkpoint.ValidateName(name); err != nil {
 		return nil, err
 	}
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	cs, err := s.lockCheckpoints(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer s.unlock(l)
-	r, err := s.reattach(ctx, l)
-	if err != nil {
-		return nil, err
-	}
-	cp, rt, err := s.checkpointsOf(l, cfg)
-	if err != nil {
-		return nil, err
-	}
+	defer s.unlock(cs.l)
+	l, r, cp, rt := cs.l, cs.r, cs.cp, cs.rt
 	noHold := func() (func(), error) { return func() {}, nil }
 	s.openUpperFor(ctx, cp, rt, l, r.state == StateRunning)
 	switch {
@@ -187,19 +209,12 @@ func (s *Supervisor) checkpoint(ctx context.Context, id, name string) (*checkpoi
 
 // Checkpoints lists a sandbox's checkpoints, oldest first.
 func (s *Supervisor) Checkpoints(ctx context.Context, id string) ([]checkpoint.Checkpoint, error) {
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	cs, err := s.lockCheckpoints(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer s.unlock(l)
-	if _, err := s.reattach(ctx, l); err != nil {
-		return nil, err
-	}
-	cp, _, err := s.checkpointsOf(l, cfg)
-	if err != nil {
-		return nil, err
-	}
-	m, err := cp.Manifest()
+	defer s.unlock(cs.l)
+	m, err := cs.cp.Manifest()
 	if err != nil {
 		return nil, err
 	}
@@ -210,23 +225,16 @@ func (s *Supervisor) Checkpoints(ctx context.Context, id string) ([]checkpoint.C
 // names.
 func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err error) {
 	defer s.observe("checkpoint-delete", time.Now(), &err)
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	cs, err := s.lockCheckpoints(ctx, id)
 	if err != nil {
 		return err
 	}
-	defer s.unlock(l)
-	if _, err := s.reattach(ctx, l); err != nil {
-		return err
-	}
-	cp, _, err := s.checkpointsOf(l, cfg)
-	if err != nil {
-		return err
-	}
-	if err := cp.Delete(name); err != nil {
+	defer s.unlock(cs.l)
+	if err := cs.cp.Delete(name); err != nil {
 		return err
 	}
 	s.emit(Event{Type: EventCheckpointDeleted, Sandbox: id, Checkpoint: name})
-	if err := cp.Sweep(); err != nil {
+	if err := cs.cp.Sweep(); err != nil {
 		s.log.Warn("discarding a deleted checkpoint's layers; the next operation on the sandbox retries", "sandbox", id, "err", err)
 	}
 	return nil
@@ -242,19 +250,12 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 	if err := checkpoint.ValidateName(name); err != nil {
 		return nil, err
 	}
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	cs, err := s.lockCheckpoints(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer s.unlock(l)
-	r, err := s.reattach(ctx, l)
-	if err != nil {
-		return nil, err
-	}
-	cp, _, err := s.checkpointsOf(l, cfg)
-	if err != nil {
-		return nil, err
-	}
+	defer s.unlock(cs.l)
+	l, r, cp := cs.l, cs.r, cs.cp
 	m, err := cp.Manifest()
 	if err != nil {
 		return nil, err

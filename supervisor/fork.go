@@ -80,19 +80,12 @@ func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res 
 	if err != nil {
 		return nil, err
 	}
-	l, cfg, err := s.lockProvisioned(ctx, id)
+	cs, err := s.lockCheckpoints(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer s.unlock(l)
-	r, err := s.reattach(ctx, l)
-	if err != nil {
-		return nil, err
-	}
-	cp, rt, err := s.checkpointsOf(l, cfg)
-	if err != nil {
-		return nil, err
-	}
+	defer s.unlock(cs.l)
+	l, cfg, r, cp, rt := cs.l, cs.cfg, cs.r, cs.cp, cs.rt
 	if r.mismatch {
 		return nil, mismatchError(id)
 	}
