@@ -239,15 +239,10 @@ const Leftover = "egress-leftover"
 // and returns what it found (names relative to root).
 func Check(root string, repair bool) (found []string, err error) {
 	dir := filepath.Join(root, Dir)
-	d, err := platform.OpenDir(dir)
+	names, err := platform.ListDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	names, err := platform.ReadDirNames(d)
-	d.Close()
 	if err != nil {
 		return nil, err
 	}

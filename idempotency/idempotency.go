@@ -381,19 +381,13 @@ const tempGrace = time.Minute
 // not replay, and it leaves young temporary files alone.
 func Check(root string, repair bool, now time.Time) ([]Problem, error) {
 	dir := filepath.Join(root, Dir)
-	d, err := platform.OpenDir(dir)
+	names, err := platform.ListDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	names, err := platform.ReadDirNames(d)
-	d.Close()
-	if err != nil {
-		return nil, err
-	}
-	slices.Sort(names)
 	s := &Store{dir: dir}
 	var probs []Problem
 	add := func(kind, name, detail string, fix bool) {

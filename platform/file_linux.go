@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -234,6 +235,23 @@ func readBounded(f *os.File, max int64) ([]byte, error) {
 		return nil, &os.PathError{Op: "read", Path: f.Name(), Err: fmt.Errorf("%w: more than %d bytes", ErrTooLarge, max)}
 	}
 	return data, nil
+}
+
+// ListDir lists the entries of the directory at path (without "." and ".."), sorted. A final
+// component that is a symbolic link is refused, not followed; a missing directory is an error
+// wrapping fs.ErrNotExist.
+func ListDir(path string) ([]string, error) {
+	d, err := OpenDir(path)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 // ReadDirNames lists the entries of dir (without "." and ".."), reading from its start however

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -207,5 +208,31 @@ func TestOpenDirRefusesLink(t *testing.T) {
 	}
 	if err := SyncDir(d); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestListDir: the names come sorted, without . and ..; a directory named through a final
+// link is refused, and a missing one is fs.ErrNotExist.
+func TestListDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, n := range []string{"b", "a", "c"} {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names, err := ListDir(dir)
+	if err != nil || !slices.Equal(names, []string{"a", "b", "c"}) {
+		t.Fatalf("ListDir = %v, %v; want [a b c]", names, err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ListDir(link); err == nil {
+		t.Fatal("a directory named through a final link was listed")
+	}
+	if _, err := ListDir(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a missing directory: %v, want fs.ErrNotExist", err)
 	}
 }

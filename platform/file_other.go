@@ -20,6 +20,7 @@ func MkdirAt(dir *os.File, name string, perm fs.FileMode) error          { retur
 func OpenFile(path string, flag int, perm fs.FileMode) (*os.File, error) { return nil, ErrUnsupported }
 func ReadFileAt(dir *os.File, name string, max int64) ([]byte, error)    { return nil, ErrUnsupported }
 func ReadFile(path string, max int64) ([]byte, error)                    { return nil, ErrUnsupported }
+func ListDir(path string) ([]string, error)                              { return nil, ErrUnsupported }
 func ReadDirNames(dir *os.File) ([]string, error)                        { return nil, ErrUnsupported }
 func UnlinkAt(dir *os.File, name string) error                           { return ErrUnsupported }
 func RmdirAt(dir *os.File, name string) error                            { return ErrUnsupported }

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/bothy/bothy/platform"
@@ -70,16 +69,10 @@ func scan(dir string, repair bool, load func(*rec)) ([]Problem, []byte, error) {
 		}
 		probs = append(probs, p)
 	}
-	d, err := platform.OpenDir(dir)
+	names, err := platform.ListDir(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("secret: open %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("secret: list %s: %w", dir, err)
 	}
-	names, err := platform.ReadDirNames(d)
-	d.Close()
-	if err != nil {
-		return nil, nil, err
-	}
-	slices.Sort(names)
 	var key []byte
 	var recs []*rec
 	for _, name := range names {

@@ -80,16 +80,10 @@ func scan(dir string, repair bool, load func(*hookRecord, []*entry, *deliverySta
 	add := func(kind, entry, detail string, fix func() error) {
 		probs = append(probs, problem(kind, entry, detail, repair, fix))
 	}
-	d, err := platform.OpenDir(dir)
+	names, err := platform.ListDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("webhook: open %s: %w", dir, err)
+		return nil, fmt.Errorf("webhook: list %s: %w", dir, err)
 	}
-	names, err := platform.ReadDirNames(d)
-	d.Close()
-	if err != nil {
-		return nil, err
-	}
-	slices.Sort(names)
 	records := map[string]bool{} // by id: true when the record reads
 	var good []*hookRecord
 	var outboxes []string
