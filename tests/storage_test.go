@@ -204,6 +204,12 @@ func TestStorageFull(t *testing.T) {
 		full("clone", d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "f-clone", "template": "t0"}))
 		full("template create", d.doJSON("POST", "/v1/templates", map[string]any{"name": "ft"}))
 		full("capture", d.doJSON("POST", "/v1/templates/t0/generations", map[string]any{"sandbox": "victim"}))
+		// A tombstone is a record written before it takes effect: refused whole, the
+		// generation stays eligible.
+		full("tombstone", d.doJSON("POST", "/v1/templates/t0/generations/"+g.ID+"/tombstone", nil))
+		if st := decode[generationJSON](t, d.do("GET", "/v1/templates/t0/generations/"+g.ID, nil, nil), 200); st.State == "tombstoned" {
+			t.Errorf("after a tombstone refused for space, the generation is %q", st.State)
+		}
 		full("upload", d.do("PUT", "/v1/sandboxes/keep/files?path=/home/user/up", strings.NewReader(strings.Repeat("x", 1<<20)), nil))
 		full("checkpoint delete", d.doJSON("DELETE", "/v1/sandboxes/keep/checkpoints/before", nil))
 		if n := len(decode[struct{ Items []checkpointJSON }](t, d.do("GET", "/v1/sandboxes/keep/checkpoints", nil, nil), 200).Items); n != 1 {

@@ -3883,7 +3883,9 @@ type ClientInterface interface {
 	// TombstoneGeneration Quarantine a generation
 	//
 	// No new clone may lease the generation and selection skips it; existing clones keep
-	// working. Tombstoning a tombstoned generation is not an error.
+	// working. Tombstoning a tombstoned generation is not an error. The tombstone is a
+	// record written durably before it takes effect, so a full state root refuses it
+	// (`storage-full`) and the generation stays as it was.
 	//
 	// Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
 	TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -5674,7 +5676,9 @@ func (c *Client) ListLeases(ctx context.Context, name TemplateNamePath, gen Gene
 // TombstoneGeneration Quarantine a generation
 //
 // No new clone may lease the generation and selection skips it; existing clones keep
-// working. Tombstoning a tombstoned generation is not an error.
+// working. Tombstoning a tombstoned generation is not an error. The tombstone is a
+// record written durably before it takes effect, so a full state root refuses it
+// (`storage-full`) and the generation stays as it was.
 //
 // Corresponds with POST /v1/templates/{name}/generations/{gen}/tombstone (the `TombstoneGeneration` operationId).
 func (c *Client) TombstoneGeneration(ctx context.Context, name TemplateNamePath, gen GenerationIDPath, params *TombstoneGenerationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -10958,7 +10962,9 @@ type ClientWithResponsesInterface interface {
 	// TombstoneGenerationWithResponse Quarantine a generation
 	//
 	// No new clone may lease the generation and selection skips it; existing clones keep
-	// working. Tombstoning a tombstoned generation is not an error.
+	// working. Tombstoning a tombstoned generation is not an error. The tombstone is a
+	// record written durably before it takes effect, so a full state root refuses it
+	// (`storage-full`) and the generation stays as it was.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -16752,6 +16758,10 @@ type TombstoneGenerationResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSON507 the response for an HTTP 507 `application/problem+json` response
+	ApplicationProblemJSON507 *InsufficientStorage
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *TombstoneGenerationResponse401Headers
 }
@@ -16794,6 +16804,16 @@ func (r TombstoneGenerationResponse) GetApplicationProblemJSON500() *InternalErr
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r TombstoneGenerationResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r TombstoneGenerationResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSON507 returns the response for an HTTP 507 `application/problem+json` response
+func (r TombstoneGenerationResponse) GetApplicationProblemJSON507() *InsufficientStorage {
+	return r.ApplicationProblemJSON507
 }
 
 // GetBody returns the raw response body bytes
@@ -19650,7 +19670,9 @@ func (c *ClientWithResponses) ListLeasesWithResponse(ctx context.Context, name T
 // TombstoneGenerationWithResponse Quarantine a generation
 //
 // No new clone may lease the generation and selection skips it; existing clones keep
-// working. Tombstoning a tombstoned generation is not an error.
+// working. Tombstoning a tombstoned generation is not an error. The tombstone is a
+// record written durably before it takes effect, so a full state root refuses it
+// (`storage-full`) and the generation stays as it was.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -25132,6 +25154,20 @@ func ParseTombstoneGenerationResponse(rsp *http.Response) (*TombstoneGenerationR
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest InsufficientStorage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON507 = &dest
 
 	}
 

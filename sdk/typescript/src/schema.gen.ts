@@ -1067,7 +1067,9 @@ export interface paths {
         /**
          * Quarantine a generation
          * @description No new clone may lease the generation and selection skips it; existing clones keep
-         *     working. Tombstoning a tombstoned generation is not an error.
+         *     working. Tombstoning a tombstoned generation is not an error. The tombstone is a
+         *     record written durably before it takes effect, so a full state root refuses it
+         *     (`storage-full`) and the generation stays as it was.
          */
         post: operations["tombstoneGeneration"];
         delete?: never;
@@ -5101,6 +5103,8 @@ export interface operations {
             423: components["responses"]["Locked"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     listLeases: {
