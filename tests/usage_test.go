@@ -51,19 +51,22 @@ func TestSandboxMetricsRise(t *testing.T) {
 		t.Errorf("a sandbox with a disk of its own (the default) has no disk in its usage: %+v", idle.Current)
 	}
 
-	// A CPU burner, outside the exec's process group so that it outlives the exec.
-	// Its rate is judged against an idle sandbox's (about 0), not against a whole CPU: the
-	// host is shared, and the burner gets what the other load leaves it.
-	if got := d.exec("meter", map[string]any{"command": []string{"sh", "-c", "setsid sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"}}); got.ExitCode != 0 {
-		t.Fatalf("starting the burner: %+v", got)
+	// Three CPU burners, outside the exec's process group so that they outlive the exec.
+	// Their rate is judged against an idle sandbox's (about 0), not against a whole CPU: the
+	// host is shared, and the burners get what the other load leaves them. Three, not one,
+	// so that the task count's rise outweighs a thread the agent's Go runtime had for a
+	// moment when the idle reading was taken (a CI run saw 8 and 8 with one burner).
+	burn := "setsid sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &"
+	if got := d.exec("meter", map[string]any{"command": []string{"sh", "-c", burn + " " + burn + " " + burn}}); got.ExitCode != 0 {
+		t.Fatalf("starting the burners: %+v", got)
 	}
 	var busy usageJSON
-	waitFor(t, 30*time.Second, "the burner's CPU time and rate to show", func() bool {
+	waitFor(t, 30*time.Second, "the burners' CPU time and rate to show", func() bool {
 		busy = d.usage("meter")
 		return busy.Current.CPUSeconds >= idle.Current.CPUSeconds+0.5 && busy.Current.CPURate != nil && *busy.Current.CPURate > 0.05
 	})
 	if busy.Current.Pids <= idle.Current.Pids {
-		t.Errorf("tasks did not rise with the burner: %d, idle %d", busy.Current.Pids, idle.Current.Pids)
+		t.Errorf("tasks did not rise with the burners: %d, idle %d", busy.Current.Pids, idle.Current.Pids)
 	}
 
 	// 64 MiB held in a tmpfs file: tmpfs pages are charged to the memory cgroup of the
