@@ -12,12 +12,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// pidGone says a pidfd_open of a process's pid failed because that process is gone: no
+// process has the pid (ESRCH), or a thread of another process has taken it (a pidfd names a
+// thread-group leader, which every process this package identifies is; the kernel refuses a
+// thread that leads none with EINVAL before Linux 6.9 and ENOENT since).
+func pidGone(err error) bool {
+	return errors.Is(err, unix.ESRCH) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT)
+}
+
 // WaitExit blocks until the process p names has exited, or ctx ends. It works for processes
 // that are not the caller's children (a pidfd becomes readable when its process exits), and
 // returns at once for a process that is already gone or whose identity no longer matches.
 func WaitExit(ctx context.Context, p ProcessID) error {
 	fd, err := unix.PidfdOpen(p.Pid, 0)
-	if errors.Is(err, unix.ESRCH) {
+	if pidGone(err) {
 		return nil
 	}
 	if err != nil {

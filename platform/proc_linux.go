@@ -126,7 +126,7 @@ func SignalVerified(p ProcessID, sig syscall.Signal) error {
 	}
 	fd, err := unix.PidfdOpen(p.Pid, 0)
 	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
+		if pidGone(err) {
 			return fmt.Errorf("%w: %s", ErrProcessGone, p)
 		}
 		return fmt.Errorf("platform: pidfd_open %d: %w", p.Pid, err)

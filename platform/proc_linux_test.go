@@ -3,14 +3,17 @@
 package platform
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -193,4 +196,33 @@ func hasSysResource(t *testing.T) bool {
 		t.Fatal(err)
 	}
 	return data[0].Effective&(1<<unix.CAP_SYS_RESOURCE) != 0
+}
+
+// TestPidTakenByAThreadIsGone: a process whose pid a thread of another process now holds (a
+// reused pid; pidfd_open refuses a thread that leads no group, with EINVAL before Linux 6.9
+// and ENOENT since) is gone, for a signal and for a wait. A guest run on Linux 6.1 failed a
+// kill with "pidfd_open: invalid argument" so; both fail without pidGone.
+func TestPidTakenByAThreadIsGone(t *testing.T) {
+	t.Parallel()
+	tids := make(chan int)
+	release := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // a thread of this process that is not its leader
+		tids <- unix.Gettid()
+		<-release
+	}()
+	tid := <-tids
+	defer close(release)
+	if tid == os.Getpid() {
+		t.Skip("the goroutine ran on the leader thread")
+	}
+	p := ProcessID{Pid: tid, StartTime: 1, BootID: "gone"}
+	if err := SignalVerified(p, syscall.SIGKILL); !errors.Is(err, ErrProcessGone) {
+		t.Fatalf("SignalVerified of a pid a thread holds: %v, want ErrProcessGone", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := WaitExit(ctx, p); err != nil {
+		t.Fatalf("WaitExit of a pid a thread holds: %v, want nil (gone)", err)
+	}
 }
