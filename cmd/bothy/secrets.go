@@ -206,46 +206,9 @@ func (c *cli) secretListCommand() *cobra.Command {
 }
 
 func (c *cli) secretInspectCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "inspect NAME",
-		Short: "Print a secret as JSON: its name, times and bindings, never its value",
-		Args:  exactArgs(1),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			s, err := api.GetSecret(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			return c.printJSON(s)
-		}),
-	}
+	return inspectCommand(c, "inspect NAME", "Print a secret as JSON: its name, times and bindings, never its value", (*bothy.Client).GetSecret)
 }
 
 func (c *cli) secretRemoveCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm NAME...",
-		Aliases: []string{"delete"},
-		Short:   "Delete secrets; one that a sandbox's policy binds is refused",
-		Args:    minArgs(1),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			for _, name := range args {
-				if err := api.DeleteSecret(ctx, name); err != nil {
-					return err
-				}
-				fmt.Fprintln(c.stdout, name)
-			}
-			return nil
-		}),
-	}
+	return removeCommand(c, "rm NAME...", "Delete secrets; one that a sandbox's policy binds is refused", (*bothy.Client).DeleteSecret)
 }

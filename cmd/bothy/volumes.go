@@ -118,46 +118,9 @@ func (c *cli) volumeListCommand() *cobra.Command {
 }
 
 func (c *cli) volumeInspectCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "inspect NAME",
-		Short: "Print a volume as JSON",
-		Args:  exactArgs(1),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			v, err := api.GetVolume(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			return c.printJSON(v)
-		}),
-	}
+	return inspectCommand(c, "inspect NAME", "Print a volume as JSON", (*bothy.Client).GetVolume)
 }
 
 func (c *cli) volumeRemoveCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm NAME...",
-		Aliases: []string{"delete"},
-		Short:   "Delete volumes and their files; one that a sandbox mounts is refused",
-		Args:    minArgs(1),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			for _, name := range args {
-				if err := api.DeleteVolume(ctx, name); err != nil {
-					return err
-				}
-				fmt.Fprintln(c.stdout, name)
-			}
-			return nil
-		}),
-	}
+	return removeCommand(c, "rm NAME...", "Delete volumes and their files; one that a sandbox mounts is refused", (*bothy.Client).DeleteVolume)
 }

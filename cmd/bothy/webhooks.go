@@ -128,46 +128,9 @@ func (c *cli) webhookListCommand() *cobra.Command {
 }
 
 func (c *cli) webhookInspectCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "inspect ID",
-		Short: "Print a webhook and its delivery state as JSON",
-		Args:  exactArgs(1),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			w, err := api.GetWebhook(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			return c.printJSON(w)
-		}),
-	}
+	return inspectCommand(c, "inspect ID", "Print a webhook and its delivery state as JSON", (*bothy.Client).GetWebhook)
 }
 
 func (c *cli) webhookRemoveCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm ID...",
-		Aliases: []string{"delete"},
-		Short:   "Delete webhooks; their pending events are not delivered",
-		Args:    minArgs(1),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			for _, id := range args {
-				if err := api.DeleteWebhook(ctx, id); err != nil {
-					return err
-				}
-				fmt.Fprintln(c.stdout, id)
-			}
-			return nil
-		}),
-	}
+	return removeCommand(c, "rm ID...", "Delete webhooks; their pending events are not delivered", (*bothy.Client).DeleteWebhook)
 }
