@@ -178,24 +178,7 @@ func TestClusterNode(t *testing.T) {
 // waitObject waits until the object at key exists and check accepts it.
 func waitObject[T client.Object](t testing.TB, c client.Client, what string, key client.ObjectKey, obj T, check func(T) error) {
 	t.Helper()
-	last := errors.New("not found")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := c.Get(context.Background(), key, obj)
-		switch {
-		case apierrors.IsNotFound(err):
-		case err != nil:
-			t.Fatalf("waiting for %s: %v", what, err)
-		default:
-			if last = check(obj); last == nil {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last: %v", what, last)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitObjectWithin(t, c, 30*time.Second, what, key, obj, check)
 }
 
 // waitGone waits until no Sandbox object is at key.
@@ -542,7 +525,7 @@ func TestClusterNodeLost(t *testing.T) {
 	d.Kill()
 	// Within the node's lease (6 s), the other controller's takeover (at most its 6 s lease)
 	// and a look (0.8 s), with room for a loaded machine.
-	waitObjectWithin(t, admin, 60*time.Second, "lost-1 node-lost", key, state(v1alpha1.StateNodeLost))
+	waitObjectWithin(t, admin, 60*time.Second, "lost-1 node-lost", key, &v1alpha1.Sandbox{}, state(v1alpha1.StateNodeLost))
 	t.Logf("lost-1 read node-lost %v after the node's and the leading controller's SIGKILL", time.Since(killed).Round(time.Millisecond))
 	var l coordinationv1.Lease
 	if err := admin.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: "bothy-controller"}, &l); err != nil {
@@ -555,7 +538,7 @@ func TestClusterNodeLost(t *testing.T) {
 	// The node comes back: it reattaches the sandbox, which ran on, and writes it running.
 	restarted := time.Now()
 	d.start()
-	waitObjectWithin(t, admin, 60*time.Second, "lost-1 running again", key, state(v1alpha1.StateRunning))
+	waitObjectWithin(t, admin, 60*time.Second, "lost-1 running again", key, &v1alpha1.Sandbox{}, state(v1alpha1.StateRunning))
 	t.Logf("lost-1 read running %v after the node's restart began", time.Since(restarted).Round(time.Millisecond))
 	// The sandbox ran on while its bothyd was down: an exec answers.
 	if r := d.doJSON("POST", "/v1/sandboxes/lost-1/exec", map[string]any{"command": []string{"true"}}); r.Status != 200 {
@@ -564,19 +547,18 @@ func TestClusterNodeLost(t *testing.T) {
 }
 
 // waitObjectWithin is waitObject with a deadline of its own.
-func waitObjectWithin(t *testing.T, c client.Client, timeout time.Duration, what string, key client.ObjectKey, check func(*v1alpha1.Sandbox) error) {
+func waitObjectWithin[T client.Object](t testing.TB, c client.Client, timeout time.Duration, what string, key client.ObjectKey, obj T, check func(T) error) {
 	t.Helper()
 	last := errors.New("not found")
 	deadline := time.Now().Add(timeout)
 	for {
-		var obj v1alpha1.Sandbox
-		err := c.Get(context.Background(), key, &obj)
+		err := c.Get(context.Background(), key, obj)
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
 			t.Fatalf("waiting for %s: %v", what, err)
 		default:
-			if last = check(&obj); last == nil {
+			if last = check(obj); last == nil {
 				return
 			}
 		}
