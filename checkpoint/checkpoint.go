@@ -574,6 +574,17 @@ func notFound(name string) error {
 	return errcode.New(errcode.CheckpointNotFound, "The sandbox has no checkpoint named %s; list its checkpoints to see their names.", name)
 }
 
+// Pending says an operation is recorded and not finished: what [Sandbox.Recover] finishes or
+// undoes. It reads the manifest alone (none: nothing pending), for the callers that look
+// before every transition.
+func (s *Sandbox) Pending() (bool, error) {
+	m, err := s.Manifest()
+	if err != nil {
+		return false, err
+	}
+	return m.Pending != nil, nil
+}
+
 // Recover finishes or undoes an operation that a crash interrupted (see the package doc)
 // and removes staging leftovers. It returns whether there was one to finish.
 func (s *Sandbox) Recover() (bool, error) {

@@ -252,8 +252,17 @@ func TestCrashAtEveryStep(t *testing.T) {
 					_ = o.do(s)
 				}()
 				s.Crash = nil
+				// Between the record and the commit the operation is pending: what the
+				// supervisor's transitions look for before they recover (Pending).
+				pending, err := s.Pending()
+				if wantPending := step != "checkpoint-deleted" && !strings.HasSuffix(step, "-committed"); err != nil || pending != wantPending {
+					t.Fatalf("after a crash at %s Pending = %v, %v; want %v", step, pending, err, wantPending)
+				}
 				if _, err := s.Recover(); err != nil {
 					t.Fatal(err)
+				}
+				if pending, err := s.Pending(); err != nil || pending {
+					t.Fatalf("after recovery Pending = %v, %v; want false", pending, err)
 				}
 				if err := s.Sweep(); err != nil {
 					t.Fatal(err)

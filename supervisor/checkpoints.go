@@ -138,21 +138,38 @@ func (s *Supervisor) sandboxLowers(l *store.Lock, cfg *store.Config) ([]string, 
 // sweeps what earlier ones threw away. Called under the lifecycle lock by reattach, before
 // anything else looks at the sandbox's files.
 //
+// With settle, as the start-up's reconciliation of each sandbox asks, it always does the whole
+// of it (a crash's leftovers: a rollback's unrecorded upper, a copy's staging, layers no
+// chain names). Without, as every later transition and exec admission asks, it reads the
+// manifest alone unless an operation is recorded: within a running server one is left
+// recorded only when the state root refused its end (below), and what an operation throws
+// away its own sweep takes, so the hot path pays one read instead of a sweep.
+//
 // A recovery that the state root's storage fault stops (a full one: the undo of a copy that
 // ran out of space cannot write the manifest that clears its record) leaves the operation
 // recorded, and the transition goes on: a stop, a pause or a delete (which frees space) does
 // not touch the sandbox's layers, and what does (a launch, a capture: chainLowers; the
 // checkpoint operations, which refuse while one is pending) finishes the recovery first.
 // Otherwise a full state root would refuse the very deletes that free it.
-func (s *Supervisor) recoverCheckpoints(l *store.Lock) error {
+func (s *Supervisor) recoverCheckpoints(l *store.Lock, settle bool) error {
 	cp := s.checkpointSandbox(l)
-	had, err := cp.Recover()
+	mustRecover, had := settle, false
+	var err error
+	if !settle {
+		mustRecover, err = cp.Pending()
+	}
+	if err == nil && mustRecover {
+		had, err = cp.Recover()
+	}
 	if err != nil && errcode.StorageFaultOf(err) != errcode.NoStorageFault {
 		s.log.Warn("a checkpoint operation is not finished: the state root refused it; the next start of the sandbox finishes it", "sandbox", l.ID(), "err", err)
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if !mustRecover {
+		return nil
 	}
 	if had {
 		s.log.Warn("finished a checkpoint operation that a crash interrupted", "sandbox", l.ID())

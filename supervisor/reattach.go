@@ -35,7 +35,7 @@ func (r reconciled) drivable() bool { return r.state == StateRunning && !r.misma
 // need not read it again, and whether another runtime identity runs it), StateStopped or
 // StateProvisioned.
 func (s *Supervisor) reattach(ctx context.Context, l *store.Lock) (reconciled, error) {
-	if err := s.recoverCheckpoints(l); err != nil {
+	if err := s.recoverCheckpoints(l, false); err != nil {
 		return reconciled{}, err
 	}
 	journal, err := l.LaunchJournal()
@@ -245,7 +245,9 @@ func (s *Supervisor) reconcileAtStartup(ctx context.Context, l *store.Lock) *sto
 	cfg, err := l.Config()
 	if err == nil && cfg != nil {
 		var r reconciled
-		r, err = s.reattach(ctx, l)
+		if err = s.recoverCheckpoints(l, true); err == nil {
+			r, err = s.reattach(ctx, l)
+		}
 		if r.drivable() {
 			_, err = s.reconcilePause(ctx, l, r.rec, true)
 		}
