@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -14,8 +13,6 @@ import (
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
 	"github.com/bothy/bothy/cluster/config"
-	"github.com/bothy/bothy/cluster/node"
-	"github.com/bothy/bothy/internal/kubetest"
 )
 
 // TestClusterSandboxApply: a Sandbox object made with the API server's client (what kubectl
@@ -27,16 +24,7 @@ import (
 // exactly one sandbox, running. A third crash comes after the create returned, before the
 // node wrote the object's status.
 func TestClusterSandboxApply(t *testing.T) {
-	cp := kubetest.Start(t, kubetest.Options{Users: []string{clusterNodeUser, clusterControllerUser}})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	admin, err := node.NewClient(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := config.Install(ctx, admin); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin, ctx := startInstalledCluster(t, 5*time.Minute, clusterNodeUser, clusterControllerUser)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
 		t.Fatal(err)

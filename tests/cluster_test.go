@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,16 +40,7 @@ const clusterNodeUser = "system:serviceaccount:bothy-system:bothy-node"
 // its state; the node's Lease is held, and lapses after a SIGKILL; the restarted node takes
 // it back and reconciles the objects changed while it was down.
 func TestClusterNode(t *testing.T) {
-	cp := kubetest.Start(t, kubetest.Options{Users: []string{clusterNodeUser}})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	admin, err := node.NewClient(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := config.Install(ctx, admin); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin, ctx := startInstalledCluster(t, 5*time.Minute, clusterNodeUser)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
 		t.Fatal(err)
@@ -68,7 +60,9 @@ func TestClusterNode(t *testing.T) {
 	leaseLive := func() (bool, error) {
 		var l coordinationv1.Lease
 		if err := admin.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: node.LeaseName(name)}, &l); err != nil {
-			return false, err
+			// The node takes its lease only once its status is published, which is
+			// what the wait above saw: the lease may follow a moment later.
+			return false, client.IgnoreNotFound(err)
 		}
 		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != name || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 			return false, nil
@@ -127,6 +121,26 @@ func TestClusterNode(t *testing.T) {
 		t.Fatalf("delete edge-: %d %s", r.Status, r.Body)
 	}
 
+	// The lease names the process that renews it, the one the status names (a router reads
+	// the node live only when they agree).
+	startID := func() (lease, status string, err error) {
+		var l coordinationv1.Lease
+		if err := admin.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: node.LeaseName(name)}, &l); err != nil {
+			return "", "", err
+		}
+		var n v1alpha1.BothyNode
+		if err := admin.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
+			return "", "", err
+		}
+		return l.Labels[node.StartLabel], n.Status.StartID, nil
+	}
+	var firstStart string
+	waitCond(t, 30*time.Second, "the lease's start id to be the status's", func() (bool, error) {
+		l, s, err := startID()
+		firstStart = s
+		return l != "" && l == s, err
+	})
+
 	// SIGKILL: nothing renews the lease, which lapses by the observer's clock.
 	killed := time.Now()
 	d.Kill()
@@ -173,6 +187,11 @@ func TestClusterNode(t *testing.T) {
 		}
 		return nil
 	})
+	// The restarted process names itself anew, in its status and its lease alike.
+	l, st, err := startID()
+	if err != nil || l != st || st == "" || st == firstStart {
+		t.Fatalf("after the restart: the lease's start id %q, the status's %q (before it %q), %v; want one new id in both", l, st, firstStart, err)
+	}
 }
 
 // waitObject waits until the object at key exists and check accepts it.
@@ -216,7 +235,33 @@ func waitCond(t testing.TB, timeout time.Duration, what string, cond func() (boo
 const clusterRouterUser = "system:serviceaccount:bothy-system:bothy-router"
 
 // startRouter starts `bothyd router` against the control plane and returns its URL.
+// startInstalledCluster starts a control plane whose users are users, installs the
+// cluster's CRDs and RBAC into it, and returns it with an admin client and a context that
+// ends after timeout (or with the test).
+func startInstalledCluster(t testing.TB, timeout time.Duration, users ...string) (*kubetest.ControlPlane, client.Client, context.Context) {
+	t.Helper()
+	cp := kubetest.Start(t, kubetest.Options{Users: users})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	admin, err := node.NewClient(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := config.Install(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	return cp, admin, ctx
+}
+
 func startRouter(t testing.TB, cp *kubetest.ControlPlane, token, nodeToken string) string {
+	t.Helper()
+	url, _ := startRouterProcess(t, cp, token, nodeToken)
+	return url
+}
+
+// startRouterProcess is startRouter that also returns the router's process, for a test that
+// kills it.
+func startRouterProcess(t testing.TB, cp *kubetest.ControlPlane, token, nodeToken string) (string, *clusterProcess) {
 	t.Helper()
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -239,27 +284,27 @@ func startRouter(t testing.TB, cp *kubetest.ControlPlane, token, nodeToken strin
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lineLog{}
+	p := &clusterProcess{cmd: cmd, done: make(chan error, 1), logs: &lineLog{}}
 	addr := make(chan string, 1)
-	go logs.consume(stderr, addr)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go p.logs.consume(stderr, addr)
+	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		<-done
+		<-p.done
 		if t.Failed() {
-			t.Logf("router log:\n%s", logs.String())
+			t.Logf("router log:\n%s", p.logs.String())
 		}
 	})
 	select {
 	case a := <-addr:
-		return "http://" + a
-	case err := <-done:
-		t.Fatalf("the router exited before serving: %v\n%s", err, logs.String())
+		return "http://" + a, p
+	case err := <-p.done:
+		p.done <- err // for the cleanup
+		t.Fatalf("the router exited before serving: %v\n%s", err, p.logs.String())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("the router did not serve within 30 s\n%s", logs.String())
+		t.Fatalf("the router did not serve within 30 s\n%s", p.logs.String())
 	}
-	return ""
+	return "", nil
 }
 
 // TestClusterRouter: two real node bothyds and a real router. Creates through the router,
@@ -267,16 +312,7 @@ func startRouter(t testing.TB, cp *kubetest.ControlPlane, token, nodeToken strin
 // seventh finds no node; calls on each sandbox (a read, an exec) reach its node through the
 // router; a sandbox on a node whose lease lapsed answers 503 node-lost.
 func TestClusterRouter(t *testing.T) {
-	cp := kubetest.Start(t, kubetest.Options{Users: []string{clusterNodeUser, clusterRouterUser}})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	admin, err := node.NewClient(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := config.Install(ctx, admin); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin, ctx := startInstalledCluster(t, 5*time.Minute, clusterNodeUser, clusterRouterUser)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
 		t.Fatal(err)
@@ -300,21 +336,7 @@ func TestClusterRouter(t *testing.T) {
 	url := startRouter(t, cp, routerToken, nodeToken)
 	call := func(method, path string, body any) (int, []byte) {
 		t.Helper()
-		var r io.Reader
-		if body != nil {
-			b, _ := json.Marshal(body)
-			r = bytes.NewReader(b)
-		}
-		req, _ := http.NewRequestWithContext(ctx, method, url+path, r)
-		req.Header.Set("Authorization", "Bearer "+routerToken)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return routerCall(ctx, t, url, routerToken, method, path, body)
 	}
 	if status, _ := call("GET", "/v1/sandboxes/nobody", nil); status != 404 {
 		t.Fatalf("a sandbox on no node: %d, want 404", status)
@@ -469,16 +491,7 @@ func startController(t *testing.T, cp *kubetest.ControlPlane, identity string) *
 // even with the leading controller SIGKILLed at the same moment (the other replica takes
 // over), and its sandbox reads running again, reattached, once the node is back.
 func TestClusterNodeLost(t *testing.T) {
-	cp := kubetest.Start(t, kubetest.Options{Users: []string{clusterNodeUser, clusterControllerUser}})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	admin, err := node.NewClient(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := config.Install(ctx, admin); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin, ctx := startInstalledCluster(t, 5*time.Minute, clusterNodeUser, clusterControllerUser)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
 		t.Fatal(err)
@@ -574,16 +587,7 @@ func waitObjectWithin[T client.Object](t testing.TB, c client.Client, timeout ti
 //
 //	go test -run '^$' -bench BenchmarkClusterRouter -benchtime 100x ./tests
 func BenchmarkClusterRouter(b *testing.B) {
-	cp := kubetest.Start(b, kubetest.Options{Users: []string{clusterNodeUser, clusterRouterUser}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	admin, err := node.NewClient(cp.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := config.Install(ctx, admin); err != nil {
-		b.Fatal(err)
-	}
+	cp, admin, ctx := startInstalledCluster(b, 10*time.Minute, clusterNodeUser, clusterRouterUser)
 	kubeconfig := filepath.Join(b.TempDir(), "kubeconfig")
 	if err := cp.WriteKubeconfig(kubeconfig, clusterNodeUser); err != nil {
 		b.Fatal(err)
@@ -631,6 +635,26 @@ func BenchmarkClusterRouter(b *testing.B) {
 		b.Run("exec/"+via.name, func(b *testing.B) {
 			for b.Loop() {
 				do(via.url, via.token, "POST", "/v1/sandboxes/bench-exec/exec", map[string]any{"command": []string{"true"}}, 200)
+			}
+		})
+		// The exec websocket's stdout, 64 MiB an iteration, as BenchmarkStreamThroughput
+		// reads it from one bothyd.
+		b.Run("stream/"+via.name, func(b *testing.B) {
+			const size = 64 << 20
+			u := strings.Replace(via.url, "http://", "ws://", 1) + "/v1/sandboxes/bench-exec/exec/stream?" +
+				neturl.Values{"command": {"head", "-c", "64M", "/dev/zero"}}.Encode()
+			dialer := websocket.Dialer{ReadBufferSize: 64 << 10}
+			b.SetBytes(size)
+			for b.Loop() {
+				conn, _, err := dialer.DialContext(ctx, u, http.Header{"Authorization": {"Bearer " + via.token}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, code, err := drainStream(conn)
+				conn.Close()
+				if err != nil || code != 0 || n != size {
+					b.Fatalf("streamed %d bytes, exit %d, %v", n, code, err)
+				}
 			}
 		})
 	}

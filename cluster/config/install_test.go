@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -151,39 +149,4 @@ func getTable(ctx context.Context, t *testing.T, cfg *rest.Config, path string) 
 		t.Fatal(err)
 	}
 	return table
-}
-
-// TestWorkloads creates the parts' workloads in the real API server, whose validation of
-// DaemonSets, Deployments and Services checks them (no kubelet runs them here), and reads
-// them back with their service accounts, which Install made.
-func TestWorkloads(t *testing.T) {
-	cp := kubetest.Start(t, kubetest.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c := newClient(t, cp.Config)
-	if err := config.Install(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	objs, err := config.Workloads()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := map[string]int{}
-	for _, obj := range objs {
-		if err := c.Create(ctx, obj); err != nil {
-			t.Fatalf("creating %s %s: %v", obj.GetKind(), obj.GetName(), err)
-		}
-		kinds[obj.GetKind()]++
-		// Each pod template's service account is one Install made.
-		sa, found, _ := unstructured.NestedString(obj.Object, "spec", "template", "spec", "serviceAccountName")
-		if found {
-			var account corev1.ServiceAccount
-			if err := c.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: sa}, &account); err != nil {
-				t.Fatalf("%s %s runs as %s: %v", obj.GetKind(), obj.GetName(), sa, err)
-			}
-		}
-	}
-	if kinds["DaemonSet"] != 1 || kinds["Deployment"] != 2 || kinds["Service"] != 1 {
-		t.Fatalf("workloads %v: want a DaemonSet, two Deployments and a Service", kinds)
-	}
 }

@@ -17,4 +17,5 @@
 // +kubebuilder:rbac:groups=cluster.bothy.dev,namespace=bothy-system,resources=sandboxes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=cluster.bothy.dev,resources=bothynodes,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=cluster.bothy.dev,resources=bothynodes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",namespace=bothy-system,resources=events,verbs=create
 package node

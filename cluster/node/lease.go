@@ -14,6 +14,12 @@ import (
 // namespace, beside the controller's and anything else's.
 const LeasePrefix = "bothy-node-"
 
+// StartLabel is the label of a node's Lease that names the process renewing it: the
+// BothyNode status's startID of the same process. A router reads a node live only when its
+// lease's label and its status's startID agree (or the lease has no label: a node from
+// before the label).
+const StartLabel = "cluster.bothy.dev/start-id"
+
 // LeaseName is the name of the Lease of the node called node.
 func LeaseName(node string) string { return LeasePrefix + node }
 
@@ -34,6 +40,15 @@ func (n *Node) holdLease(ctx context.Context) {
 		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName(n.cfg.Name), Namespace: n.cfg.Namespace},
 		Client:     cs,
 		LockConfig: resourcelock.ResourceLockConfig{Identity: n.cfg.Name},
+		// Written at every renewal, so the lease names this process from its first one.
+		Labels: map[string]string{StartLabel: n.startID},
+	}
+	// The status first: a router must never read this process's lease beside the last
+	// process's address. Until the status names this process, its lease is not taken.
+	select {
+	case <-ctx.Done():
+		return
+	case <-n.published:
 	}
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -78,8 +79,18 @@ type Config struct {
 	// object asks for is made and before the object says so.
 	CrashPoint func(step string)
 	// Images and Generations are what the node holds, for placement; nil: none.
+	// Generations lists the newest first: a node holding more than the status's bound
+	// publishes its newest. The status is rewritten after every supervisor event (a capture,
+	// a tombstone, a retirement) and after [Node.GenerationsChanged] (a pull).
 	Images      func() []string
 	Generations func() []v1alpha1.Generation
+	// Volumes are the names of the node's volumes, for routing their calls and placing the
+	// sandboxes that mount them; nil: none.
+	Volumes func() []string
+	// Secrets are the names of the node's secrets (never a value), for placing the
+	// sandboxes that bind them; nil: none. The status is rewritten after
+	// [Node.SecretsChanged].
+	Secrets func() []string
 	// The lease's timing; the defaults when zero.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// StatusPeriod and Resync; the defaults when zero.
@@ -95,6 +106,16 @@ type Node struct {
 	owner  client.FieldOwner
 	queue  workqueue.TypedRateLimitingInterface[string]
 	status chan struct{} // a status rewrite is wanted
+	// admission enforces the published capacity on the node's own creates; claims claims
+	// a create's id in the cluster before it (claim.go).
+	admission *Admission
+	claims    *claimingAdmission
+	// drainState is the operator's spec as last read, and the drain's progress (drain.go).
+	drainState *drainState
+	// startID names this process in its status and its lease (StartLabel); published is
+	// closed once the status naming it is written, before the lease is taken.
+	startID   string
+	published chan struct{}
 
 	mu      sync.Mutex
 	started bool
@@ -124,7 +145,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{
+	n := &Node{
 		cfg:   cfg,
 		c:     c,
 		log:   cfg.Logger.With("node", cfg.Name),
@@ -132,8 +153,23 @@ func New(cfg Config) (*Node, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "bothy-node-sandboxes"}),
-		status: make(chan struct{}, 1),
-	}, nil
+		status:     make(chan struct{}, 1),
+		admission:  NewAdmission(cfg.Capacity, cfg.Sandboxes.List),
+		drainState: newDrainState(),
+		startID:    rand.Text(),
+		published:  make(chan struct{}),
+	}
+	n.claims = newClaimingAdmission(n, n.admission)
+	return n, nil
+}
+
+// Admission is what the node's supervisor asks before each create
+// (supervisor.Options.CreateAdmission): nil for a nil Node (a server not in node mode).
+func (n *Node) Admission() supervisor.CreateAdmission {
+	if n == nil {
+		return nil
+	}
+	return n.claims
 }
 
 // NewClient is a controller-runtime client that knows the cluster's types and the built-in
@@ -172,6 +208,26 @@ func (n *Node) OnEvent(e supervisor.Event) {
 	n.wantStatus()
 }
 
+// GenerationsChanged asks for the node's status to be rewritten because the generations it
+// holds changed without a supervisor event (a pull from the template registry). A nil Node
+// ignores it.
+func (n *Node) GenerationsChanged() {
+	if n == nil {
+		return
+	}
+	n.wantStatus()
+}
+
+// SecretsChanged asks for the node's status to be rewritten because a secret was created or
+// deleted: a router places a sandbox that binds a secret only on a node that lists it. A nil
+// Node ignores it.
+func (n *Node) SecretsChanged() {
+	if n == nil {
+		return
+	}
+	n.wantStatus()
+}
+
 func (n *Node) wantStatus() {
 	select {
 	case n.status <- struct{}{}:
@@ -193,8 +249,9 @@ func (n *Node) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer n.queue.ShutDown()
-	wg.Add(4)
+	wg.Add(5)
 	go func() { defer wg.Done(); n.holdLease(ctx) }()
+	go func() { defer wg.Done(); n.watchSpec(ctx) }()
 	go func() { defer wg.Done(); n.publishStatus(ctx) }()
 	go func() { defer wg.Done(); n.mirror(ctx) }()
 	go func() { defer wg.Done(); n.watchObjects(ctx) }()
@@ -291,6 +348,9 @@ func (n *Node) Reconcile(ctx context.Context) error {
 //   - no sandbox, and any other object of this node's: the sandbox was deleted (through the
 //     REST API, or by its lifetime); the object is removed.
 func (n *Node) sync(ctx context.Context, id string) error {
+	if n.claims.creating(id) {
+		return nil // its claim stands while the create runs; the create's end queues it again
+	}
 	st, err := n.cfg.Sandboxes.Status(id)
 	// An object whose name is no valid id holds no sandbox of this node's either.
 	missing := false

@@ -1,8 +1,12 @@
 package node
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
 	"github.com/bothy/bothy/store"
@@ -69,5 +73,67 @@ func TestLeaseLive(t *testing.T) {
 	}
 	if LeaseLive(time.Time{}, 15*time.Second, renew) {
 		t.Error("a lease never renewed reads live")
+	}
+}
+
+// TestStatusNamesTheProcess: each process of a node publishes a start id of its own, the one
+// its lease carries (StartLabel), so a router can tell a restarted node's status from the
+// last process's.
+func TestStatusNamesTheProcess(t *testing.T) {
+	t.Parallel()
+	ids := map[string]bool{}
+	for range 2 {
+		n, err := New(Config{Rest: &rest.Config{Host: "http://127.0.0.1:1"}, Name: "n", Namespace: "ns", Sandboxes: noSandboxes{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := n.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.StartID == "" || st.StartID != n.startID || len(st.StartID) > 63 {
+			t.Fatalf("status start id %q, process %q", st.StartID, n.startID)
+		}
+		ids[st.StartID] = true
+	}
+	if len(ids) != 2 {
+		t.Fatal("two processes of a node published one start id")
+	}
+}
+
+type noSandboxes struct{}
+
+func (noSandboxes) List() ([]*supervisor.Status, error) { return nil, nil }
+func (noSandboxes) Status(string) (*supervisor.Status, error) {
+	return nil, errors.New("no sandboxes")
+}
+
+// TestStatusSaysItsListsAreIncomplete: a node holding more images or generations than the
+// status lists says so, and lists the newest generations; one within the bound does not.
+func TestStatusSaysItsListsAreIncomplete(t *testing.T) {
+	t.Parallel()
+	for _, held := range []int{maxListed, maxListed + 1} {
+		images := make([]string, held)
+		gens := make([]v1alpha1.Generation, held)
+		for i := range held {
+			images[i] = fmt.Sprintf("image-%d", i)
+			gens[i] = v1alpha1.Generation{Template: "t", Generation: fmt.Sprintf("g%06d", held-i)} // newest first
+		}
+		n, err := New(Config{Rest: &rest.Config{Host: "http://127.0.0.1:1"}, Name: "n", Namespace: "ns", Sandboxes: noSandboxes{},
+			Images: func() []string { return images }, Generations: func() []v1alpha1.Generation { return gens }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := n.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		over := held > maxListed
+		if st.ImagesIncomplete != over || st.GenerationsIncomplete != over || len(st.Images) != min(held, maxListed) || len(st.Generations) != min(held, maxListed) {
+			t.Fatalf("holding %d: %d images listed (incomplete %v), %d generations (incomplete %v)", held, len(st.Images), st.ImagesIncomplete, len(st.Generations), st.GenerationsIncomplete)
+		}
+		if st.Generations[0] != gens[0] {
+			t.Fatalf("holding %d: the first generation listed is %v, want the newest %v", held, st.Generations[0], gens[0])
+		}
 	}
 }

@@ -20,13 +20,20 @@ const statusDebounce = time.Second
 func (n *Node) publishStatus(ctx context.Context) {
 	tick := time.NewTicker(n.cfg.StatusPeriod)
 	defer tick.Stop()
+	first := true
 	for {
-		if err := n.PublishStatus(ctx); err != nil && ctx.Err() == nil {
-			n.log.Warn("cluster: publishing the node's status failed; retrying", "err", err)
+		if err := n.PublishStatus(ctx); err != nil {
+			if ctx.Err() == nil {
+				n.log.Warn("cluster: publishing the node's status failed; retrying", "err", err)
+			}
 			if !sleep(ctx, n.cfg.RetryPeriod) {
 				return
 			}
 			continue
+		}
+		if first {
+			close(n.published) // the lease may be taken now (holdLease)
+			first = false
 		}
 		select {
 		case <-ctx.Done():
@@ -76,22 +83,34 @@ func (n *Node) Status() (*v1alpha1.BothyNodeStatus, error) {
 	now := metav1.NowMicro()
 	st := &v1alpha1.BothyNodeStatus{
 		Address:   n.cfg.Address,
+		StartID:   n.startID,
 		Version:   n.cfg.Version,
 		Capacity:  n.cfg.Capacity,
 		Allocated: alloc,
 		Free:      free(n.cfg.Capacity, alloc),
 		Sandboxes: int32(len(sandboxes)), //nolint:gosec // a node holds thousands, not billions
 		Health:    v1alpha1.NodeHealthy,
+		Drain:     n.drainState.status(len(sandboxes)),
 		UpdatedAt: &now,
 	}
 	if n.cfg.Health != nil {
 		st.Health, st.HealthMessage = n.cfg.Health()
 	}
+	// A node holding more images or generations than the status lists says so, so that
+	// placement never takes it for one that lacks an image it holds but does not list.
 	if n.cfg.Images != nil {
-		st.Images = capped(n.cfg.Images(), maxListed)
+		images := n.cfg.Images()
+		st.Images, st.ImagesIncomplete = capped(images, maxListed), len(images) > maxListed
 	}
 	if n.cfg.Generations != nil {
-		st.Generations = capped(n.cfg.Generations(), maxListed)
+		gens := n.cfg.Generations()
+		st.Generations, st.GenerationsIncomplete = capped(gens, maxListed), len(gens) > maxListed
+	}
+	if n.cfg.Volumes != nil {
+		st.Volumes = capped(n.cfg.Volumes(), maxListed)
+	}
+	if n.cfg.Secrets != nil {
+		st.Secrets = capped(n.cfg.Secrets(), maxListed)
 	}
 	return st, nil
 }

@@ -10,7 +10,10 @@
 //     what the node publishes as allocated and what this placer has reserved on it that the
 //     published status does not yet count.
 //  2. Among them, a node that already holds the request's template generation, else its
-//     image, is preferred: a clone or a start from a local image costs no copy or pull.
+//     image, is preferred: a clone or a start from a local image costs no copy or pull. A
+//     request that names a template and no generation wants the template's current
+//     generation: the newest (generation ids grow with each capture) that any live node
+//     lists, cordoned or full ones included, since the node that captured it may be both.
 //  3. Then the node left with the most room: the largest of the smallest fraction left in any
 //     dimension (spreading, so no one dimension of one node runs out first).
 //  4. Ties go to the name that sorts first, so the choice is deterministic.
@@ -93,9 +96,15 @@ func (p *Placer) Place(nodes []Node, req Request) (*Reservation, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	type candidate struct {
-		name     string
-		local    int // 2: holds the generation, 1: the image, 0: neither
+		name string
+		// local is 4: lists the generation, 3: may hold it (its list is incomplete),
+		// 2: lists the image, 1: may hold it, 0: none of these.
+		local    int
 		headroom float64
+	}
+	want := v1alpha1.Generation{Template: req.Template, Generation: req.Generation}
+	if want.Template != "" && want.Generation == "" {
+		want.Generation = CurrentGeneration(nodes, want.Template)
 	}
 	var cands []candidate
 	for _, n := range nodes {
@@ -108,10 +117,15 @@ func (p *Placer) Place(nodes []Node, req Request) (*Reservation, error) {
 			continue
 		}
 		c := candidate{name: n.Name, headroom: headroom(n.Status.Capacity, free, req)}
+		genWanted, imageWanted := want.Template != "" && want.Generation != "", req.Image != ""
 		switch {
-		case req.Template != "" && slices.Contains(n.Status.Generations, v1alpha1.Generation{Template: req.Template, Generation: req.Generation}):
+		case genWanted && slices.Contains(n.Status.Generations, want):
+			c.local = 4
+		case genWanted && n.Status.GenerationsIncomplete:
+			c.local = 3
+		case imageWanted && slices.Contains(n.Status.Images, req.Image):
 			c.local = 2
-		case req.Image != "" && slices.Contains(n.Status.Images, req.Image):
+		case imageWanted && n.Status.ImagesIncomplete:
 			c.local = 1
 		}
 		cands = append(cands, c)
@@ -132,6 +146,36 @@ func (p *Placer) Place(nodes []Node, req Request) (*Reservation, error) {
 	r := &Reservation{p: p, node: cands[0].name, req: req}
 	p.reserved[r.node] = append(p.reserved[r.node], r)
 	return r, nil
+}
+
+// CurrentGeneration is the newest generation of tmpl that a live node among nodes lists, or
+// "" when none lists one. Generation ids grow with each capture of a template, and a
+// template is captured on one node of a cluster (the template registry refuses a second
+// origin's generation of the same id), so the newest listed is the one its origin would
+// clone now, unless the origin is lost.
+func CurrentGeneration(nodes []Node, tmpl string) string {
+	cur := ""
+	for _, n := range nodes {
+		if !n.Live {
+			continue
+		}
+		for _, g := range n.Status.Generations {
+			if g.Template == tmpl && newerGeneration(g.Generation, cur) {
+				cur = g.Generation
+			}
+		}
+	}
+	return cur
+}
+
+// newerGeneration says whether generation id a is newer than b ("" being older than any).
+// Ids are 'g' and a number zero-padded to six digits or more, without further leading zeros
+// (store/template), so a longer id is a larger number, and ids of one length sort as text.
+func newerGeneration(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) > len(b)
+	}
+	return a > b
 }
 
 // expire drops n's reservations that its status now counts: done before the status was

@@ -102,6 +102,114 @@ func TestPrefersTheGeneration(t *testing.T) {
 	}
 }
 
+// TestIncompleteListsArePossibleHolders: a node whose status lists only part of what it holds
+// ranks below one that lists what the create wants and above one that surely lacks it,
+// though the roomiest.
+func TestIncompleteListsArePossibleHolders(t *testing.T) {
+	t.Parallel()
+	g1 := v1alpha1.Generation{Template: "py", Generation: "g000001"}
+	lists, maybe, lacks := busy("lists"), busy("maybe"), node("lacks", 4096, 10)
+	lists.Status.Free.MemoryMB, maybe.Status.Free.MemoryMB = 512, 1024
+	tests := []struct {
+		name string
+		set  func(lists, maybe *Node)
+		req  Request
+	}{
+		{"a generation", func(l, m *Node) {
+			l.Status.Generations = []v1alpha1.Generation{g1}
+			m.Status.GenerationsIncomplete = true
+		}, Request{MemoryMB: 128, Template: "py", Generation: "g000001"}},
+		{"an image", func(l, m *Node) {
+			l.Status.Images = []string{"python"}
+			m.Status.ImagesIncomplete = true
+		}, Request{MemoryMB: 128, Image: "python"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l, m := lists, maybe
+			tt.set(&l, &m)
+			if r, err := New().Place([]Node{l, m, lacks}, tt.req); err != nil || r.Node() != "lists" {
+				t.Fatalf("got %v, %v; want the node that lists it", r, err)
+			}
+			if r, err := New().Place([]Node{m, lacks}, tt.req); err != nil || r.Node() != "maybe" {
+				t.Fatalf("got %v, %v; want the node whose list is incomplete over the roomier one that lacks it", r, err)
+			}
+		})
+	}
+}
+
+// TestPrefersTheTemplatesCurrentGeneration: a create that names a template and no
+// generation prefers a node holding the template's current generation, the newest that a
+// live node lists, over a roomier node, and over one holding an older generation.
+func TestPrefersTheTemplatesCurrentGeneration(t *testing.T) {
+	t.Parallel()
+	gens := func(ids ...string) []v1alpha1.Generation {
+		var out []v1alpha1.Generation
+		for _, id := range ids {
+			out = append(out, v1alpha1.Generation{Template: "py", Generation: id})
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		req   Request
+		nodes func() []Node
+		want  string
+	}{
+		{name: "the holder over a roomier node", req: Request{MemoryMB: 128, Template: "py"}, nodes: func() []Node {
+			a := busy("a")
+			a.Status.Generations = gens("g000002", "g000001")
+			return []Node{a, node("b", 4096, 10)}
+		}, want: "a"},
+		{name: "the current generation over an older one", req: Request{MemoryMB: 128, Template: "py"}, nodes: func() []Node {
+			a, b := busy("a"), node("b", 4096, 10)
+			a.Status.Generations = gens("g000002")
+			b.Status.Generations = gens("g000001")
+			return []Node{a, b}
+		}, want: "a"},
+		{name: "ids compare as numbers", req: Request{MemoryMB: 128, Template: "py"}, nodes: func() []Node {
+			a, b := busy("a"), node("b", 4096, 10)
+			a.Status.Generations = gens("g1000000")
+			b.Status.Generations = gens("g999999")
+			return []Node{a, b}
+		}, want: "a"},
+		{name: "a named older generation", req: Request{MemoryMB: 128, Template: "py", Generation: "g000001"}, nodes: func() []Node {
+			a, b := node("a", 4096, 10), busy("b")
+			a.Status.Generations = gens("g000002")
+			b.Status.Generations = gens("g000001")
+			return []Node{a, b}
+		}, want: "b"},
+		{name: "a cordoned origin names the current generation but takes nothing", req: Request{MemoryMB: 128, Template: "py"}, nodes: func() []Node {
+			a, b, c := node("a", 4096, 10), node("b", 4096, 10), busy("c")
+			a.Spec.Cordoned = true
+			a.Status.Generations = gens("g000002")
+			b.Status.Generations = gens("g000001") // not the current one: no preference
+			c.Status.Generations = gens("g000002")
+			return []Node{a, b, c}
+		}, want: "c"},
+		{name: "a lost node's list does not count", req: Request{MemoryMB: 128, Template: "py"}, nodes: func() []Node {
+			a, b := node("a", 4096, 10), busy("b")
+			a.Live = false
+			a.Status.Generations = gens("g000003")
+			b.Status.Generations = gens("g000002")
+			return []Node{a, b, node("c", 4096, 10)}
+		}, want: "b"},
+		{name: "no node holds the template: the most room", req: Request{MemoryMB: 128, Template: "py"}, nodes: func() []Node {
+			return []Node{busy("a"), node("b", 4096, 10)}
+		}, want: "b"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r, err := New().Place(tt.nodes(), tt.req)
+			if err != nil || r.Node() != tt.want {
+				t.Fatalf("got %v, %v; want %s", r, err, tt.want)
+			}
+		})
+	}
+}
+
 // TestConcurrentCreatesNeverOvercommit: many creates placed at once, before any node's
 // status changes, fill each node exactly to its slots and then find no node.
 func TestConcurrentCreatesNeverOvercommit(t *testing.T) {

@@ -23,7 +23,9 @@ import (
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
 	"github.com/bothy/bothy/cluster/config"
 	"github.com/bothy/bothy/cluster/node"
+	"github.com/bothy/bothy/secret"
 	"github.com/bothy/bothy/supervisor"
+	"github.com/bothy/bothy/volume"
 )
 
 // clusterOptions are node mode's flags (docs/cluster.md): off unless --cluster-node.
@@ -137,7 +139,7 @@ func (l lateSandboxes) Status(id string) (*supervisor.Status, error) { return (*
 
 // newClusterNode makes the node mode's Node for a server on addr whose supervisor will be
 // *sup, or nil when node mode is off.
-func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Supervisor, actions *objectActions, health *supervisor.StorageHealth, log *slog.Logger) (*node.Node, error) {
+func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Supervisor, vols *volume.Store, secrets *secret.Manager, actions *objectActions, health *supervisor.StorageHealth, log *slog.Logger) (*node.Node, error) {
 	if !c.enabled {
 		return nil, nil
 	}
@@ -173,6 +175,9 @@ func newClusterNode(c *clusterOptions, addr net.Addr, sup **supervisor.Superviso
 		},
 		Health:        func() (v1alpha1.NodeHealth, string) { return nodeHealth(health.Status()) },
 		Images:        func() []string { return readyImages(*sup) },
+		Generations:   func() []v1alpha1.Generation { return heldGenerations(*sup) },
+		Volumes:       func() []string { return volumeNames(vols) },
+		Secrets:       func() []string { return secretNames(secrets) },
 		LeaseDuration: c.leaseDuration,
 		RenewDeadline: c.leaseDuration * 2 / 3,
 		RetryPeriod:   c.leaseDuration * 2 / 15,
@@ -234,6 +239,23 @@ func readyImages(sup *supervisor.Supervisor) []string {
 	return names
 }
 
+// volumeNames are the names of the volumes vols holds, for the BothyNode's status: all of
+// them (a node holds at most volume.MaxVolumes, the status's bound).
+func volumeNames(vols *volume.Store) []string {
+	if vols == nil {
+		return nil
+	}
+	list, err := vols.List()
+	if err != nil {
+		return nil
+	}
+	names := make([]string, 0, len(list))
+	for _, v := range list {
+		names = append(names, v.Name)
+	}
+	return names
+}
+
 // hostMemoryMB is MemTotal of /proc/meminfo in MiB.
 func hostMemoryMB() (int64, error) {
 	f, err := os.Open("/proc/meminfo")
@@ -252,4 +274,42 @@ func hostMemoryMB() (int64, error) {
 		}
 	}
 	return 0, errors.New("no MemTotal in /proc/meminfo; give --cluster-memory-mb")
+}
+
+// secretNames are the names of the node's secrets, for its BothyNode's status; never a value.
+func secretNames(secrets *secret.Manager) []string {
+	if secrets == nil {
+		return nil
+	}
+	list := secrets.List()
+	names := make([]string, 0, len(list))
+	for _, s := range list {
+		names = append(names, s.Name)
+	}
+	return names
+}
+
+// clusterSecrets are the node's secrets as its APIs (bothy's and E2B's) change them: a create
+// or a delete asks for the node's status to be rewritten at once, so that a router places a
+// sandbox binding a new secret here within a second (docs/cluster.md, "Secrets"). Node is nil
+// outside node mode, and then nothing is asked.
+type clusterSecrets struct {
+	*secret.Manager
+	node *node.Node
+}
+
+func (s clusterSecrets) Create(name, value string) (*secret.Secret, error) {
+	out, err := s.Manager.Create(name, value)
+	if err == nil {
+		s.node.SecretsChanged()
+	}
+	return out, err
+}
+
+func (s clusterSecrets) Delete(name string) error {
+	err := s.Manager.Delete(name)
+	if err == nil {
+		s.node.SecretsChanged()
+	}
+	return err
 }

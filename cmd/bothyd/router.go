@@ -25,6 +25,8 @@ import (
 	"github.com/bothy/bothy/cluster/config"
 	"github.com/bothy/bothy/cluster/router"
 	"github.com/bothy/bothy/runtime/namespace"
+	"github.com/bothy/bothy/server"
+	"github.com/bothy/bothy/web"
 )
 
 // routerCommand is `bothyd router`: the cluster's stateless front (docs/cluster.md), which
@@ -32,12 +34,14 @@ import (
 func routerCommand(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bothyd router", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", envOr("BOTHY_LISTEN", "127.0.0.1:7780"), "address to serve on (env BOTHY_LISTEN)")
-	tokenFile := fs.String("token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the token clients present to the router (env BOTHY_TOKEN_FILE)")
-	nodeTokenFile := fs.String("node-token-file", os.Getenv("BOTHY_NODE_TOKEN_FILE"), "file holding the token the router presents to the nodes (env BOTHY_NODE_TOKEN_FILE); default: the clients' token")
-	insecureNoAuth := fs.Bool("insecure-no-auth", false, "serve without a token, on loopback only")
-	kubeconfig := fs.String("cluster-kubeconfig", os.Getenv("KUBECONFIG"), "the kubeconfig file that reaches the API server (env KUBECONFIG); default: the pod's service account (in-cluster)")
-	ns := fs.String("cluster-namespace", envOr("BOTHY_CLUSTER_NAMESPACE", config.Namespace), "the namespace of the Sandbox objects and the nodes' leases (env BOTHY_CLUSTER_NAMESPACE)")
+	var o routerOptions
+	fs.StringVar(&o.listen, "listen", envOr("BOTHY_LISTEN", "127.0.0.1:7780"), "address to serve on (env BOTHY_LISTEN)")
+	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the token clients present to the router (env BOTHY_TOKEN_FILE)")
+	fs.StringVar(&o.nodeTokenFile, "node-token-file", os.Getenv("BOTHY_NODE_TOKEN_FILE"), "file holding the token the router presents to the nodes (env BOTHY_NODE_TOKEN_FILE); default: the clients' token")
+	fs.StringVar(&o.operatorTokenFile, "operator-token-file", os.Getenv("BOTHY_OPERATOR_TOKEN_FILE"), "file holding the operator's token (env BOTHY_OPERATOR_TOKEN_FILE): when given, cordoning and draining a node need it, and it is taken wherever the clients' token is; default: the clients' token may cordon and drain")
+	fs.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "serve without a token, on loopback only")
+	fs.StringVar(&o.kubeconfig, "cluster-kubeconfig", os.Getenv("KUBECONFIG"), "the kubeconfig file that reaches the API server (env KUBECONFIG); default: the pod's service account (in-cluster)")
+	fs.StringVar(&o.namespace, "cluster-namespace", envOr("BOTHY_CLUSTER_NAMESPACE", config.Namespace), "the namespace of the Sandbox objects and the nodes' leases (env BOTHY_CLUSTER_NAMESPACE)")
 	logFormat := fs.String("log-format", envOr("BOTHY_LOG_FORMAT", "auto"), "log format: auto, text, journal or json (env BOTHY_LOG_FORMAT)")
 	logLevel := fs.String("log-level", envOr("BOTHY_LOG_LEVEL", "info"), "log level (env BOTHY_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
@@ -52,11 +56,19 @@ func routerCommand(args []string, stderr io.Writer) int {
 		return 2
 	}
 	klog.SetSlogLogger(log.With("component", "client-go"))
-	if err := serveRouter(*listen, *tokenFile, *nodeTokenFile, *insecureNoAuth, *kubeconfig, *ns, log); err != nil {
+	if err := serveRouter(o, log); err != nil {
 		log.Error("bothyd router stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// routerOptions are `bothyd router`'s flags.
+type routerOptions struct {
+	listen                                      string
+	tokenFile, nodeTokenFile, operatorTokenFile string
+	insecureNoAuth                              bool
+	kubeconfig, namespace                       string
 }
 
 // cachedClient is a client whose reads come from informers — watches of the BothyNodes, the
@@ -80,39 +92,49 @@ func cachedClient(ctx context.Context, cfg *rest.Config, ns string) (client.Clie
 	return client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: informers}})
 }
 
-func serveRouter(listen, tokenFile, nodeTokenFile string, insecureNoAuth bool, kubeconfig, ns string, log *slog.Logger) error {
-	token, err := readToken(tokenFile, log)
+func serveRouter(o routerOptions, log *slog.Logger) error {
+	token, err := readToken(o.tokenFile, log)
 	if err != nil {
 		return err
 	}
-	if token == "" && !insecureNoAuth {
+	if token == "" && !o.insecureNoAuth {
 		return errors.New("give --token-file (or --insecure-no-auth on loopback): the router serves every node's sandboxes")
 	}
 	nodeToken := token
-	if nodeTokenFile != "" {
-		if nodeToken, err = readToken(nodeTokenFile, log); err != nil {
+	if o.nodeTokenFile != "" {
+		if nodeToken, err = readToken(o.nodeTokenFile, log); err != nil {
 			return err
 		}
 	}
-	cfg, err := (&clusterOptions{kubeconfig: kubeconfig}).restConfig()
+	var operatorToken string
+	if o.operatorTokenFile != "" {
+		if operatorToken, err = readToken(o.operatorTokenFile, log); err != nil {
+			return err
+		}
+		if token == "" || operatorToken == "" || operatorToken == token {
+			return errors.New("--operator-token-file needs a --token-file, and a token of its own: the operator's must differ from the clients'")
+		}
+	}
+	cfg, err := (&clusterOptions{kubeconfig: o.kubeconfig}).restConfig()
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c, err := cachedClient(ctx, cfg, ns)
+	c, err := cachedClient(ctx, cfg, o.namespace)
 	if err != nil {
 		return err
 	}
 	h, err := router.New(router.Config{
-		Client: c, Namespace: ns, Token: token, NodeToken: nodeToken,
+		Client: c, Namespace: o.namespace, Token: token, NodeToken: nodeToken, OperatorToken: operatorToken,
 		DefaultMemoryMB: int64(namespace.DefaultResources.MemoryMB), DefaultVCPUs: int64(namespace.DefaultResources.VCPUs),
-		Logger: log,
+		Logger: log, Dashboard: web.Handler(),
 	})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", listen) //nolint:noctx // start-up: no request to end it
+	go h.Run(ctx)                          // follows the nodes' event streams for /v1/events
+	ln, err := net.Listen("tcp", o.listen) //nolint:noctx // start-up: no request to end it
 	if err != nil {
 		return err
 	}
@@ -128,8 +150,10 @@ func serveRouter(listen, tokenFile, nodeTokenFile string, insecureNoAuth bool, k
 		_ = srv.Shutdown(shut)
 	}()
 	// The same line as a node's, so that what waits for a bothyd to serve waits for a router too.
-	log.Info("bothyd serving", "mode", "router", "addr", ln.Addr().String(), "namespace", ns)
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	log.Info("bothyd serving", "mode", "router", "addr", ln.Addr().String(), "namespace", o.namespace, "operator_token", operatorToken != "")
+	// The router is what clients reach: it bounds each client's connections as a node does
+	// (a node bounds each client's streams, named by the router: internal/forwarded).
+	if err := srv.Serve(server.LimitListener(ln, server.DefaultMaxConns, server.DefaultMaxConnsPerClient)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -188,7 +188,7 @@ func Start(t testing.TB, o Options) *ControlPlane {
 		"--client-ca-file="+filepath.Join(dir, "ca.crt"),
 		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode=RBAC",
-		// As kubeadm's clusters: bothy's node DaemonSet is privileged (cluster/config/deploy).
+		// As kubeadm's clusters: bothy's node DaemonSet is privileged (deploy/helm).
 		"--allow-privileged=true",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+filepath.Join(dir, "sa.key"),
@@ -198,6 +198,14 @@ func Start(t testing.TB, o Options) *ControlPlane {
 	// Stop the API server before etcd (cleanups run last first).
 	t.Cleanup(func() { stop(t, etcd) })
 	t.Cleanup(func() { stop(t, apiserver) })
+	// Registered last, run first: a failed test shows what the control plane said last
+	// (a test once found the API server refusing connections, with nothing to say why).
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- kube-apiserver log (tail) ---\n%s\n--- etcd log (tail) ---\n%s",
+				tail(filepath.Join(dir, "kube-apiserver.log")), tail(filepath.Join(dir, "etcd.log")))
+		}
+	})
 
 	cp.Config = cp.ConfigFor(Admin)
 	if err := cp.waitReady(apiserver, etcd); err != nil {
@@ -294,18 +302,31 @@ func startProcess(t testing.TB, path, logPath string, args ...string) *process {
 	}
 	cmd := exec.Command(path, args...) //nolint:noctx // stopped by the cleanup, with a signal first
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// A test binary killed outright takes its control plane with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatalf("starting %s: %v", path, err)
-	}
+	// A test binary killed outright takes its control plane with it (on Linux).
+	cmd.SysProcAttr = diesWithParent()
 	p := &process{cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		// The parent-death signal fires when the thread that forked the child ends, not the
+		// test binary: tests that enter network namespaces end threads (a goroutine that
+		// exits locked to one), and one of them could be this one, which killed the API
+		// server in the middle of a suite. The forking thread stays locked to this goroutine,
+		// and so alive, until the child has been waited for.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		p.err = cmd.Wait()
 		logf.Close()
 		close(p.done)
 	}()
+	if err := <-started; err != nil {
+		logf.Close()
+		t.Fatalf("starting %s: %v", path, err)
+	}
 	return p
 }
 

@@ -55,23 +55,29 @@ var Classes = map[string]Class{
 	"e2b/envd/process":                      HTTP,
 	"e2b/envd/process/processconnect":       HTTP,
 	"events":                                HTTP,
-	"handlers":                              HTTP,
-	"metrics":                               HTTP,
-	"openapi":                               HTTP,
-	"openapi/stream":                        HTTP,
-	"openapi/client":                        HTTP,
-	"sdk/go/bothy":                          HTTP,
-	"server":                                HTTP,
+	// The client a proxy (the cluster router) names for a request, with its proof.
+	"internal/forwarded": HTTP,
+	"handlers":           HTTP,
+	"metrics":            HTTP,
+	"openapi":            HTTP,
+	"openapi/stream":     HTTP,
+	"openapi/client":     HTTP,
+	"sdk/go/bothy":       HTTP,
+	"server":             HTTP,
 	// The registry client links net/http, which no package below the handlers may; the
 	// image store knows it only as an image.Fetcher.
 	"store/image/registry": HTTP,
-	"web":                  HTTP,
+	// Template generations pushed to and pulled from an OCI registry (docs/templates.md,
+	// issue 43): a client of the registry like the image store's.
+	"store/template/registry": HTTP,
+	"web":                     HTTP,
 	// Webhook deliveries link net/http; the checker knows their records only through the
 	// check that cmd/bothyd hands it (check.Options.Webhooks).
 	"webhook": HTTP,
 	// The cluster's parts talk to the Kubernetes API server through client-go, which links
 	// net/http (docs/cluster.md).
 	"cluster/api/v1alpha1": HTTP,
+	"cluster/audit":        HTTP,
 	"cluster/config":       HTTP,
 	"cluster/controller":   HTTP,
 	"cluster/node":         HTTP,
@@ -88,6 +94,10 @@ var Classes = map[string]Class{
 	"cmd/bothyload":      Command,
 
 	"internal/layers": Tool,
+	// The Helm chart's home in the module: its tests and the generator that copies the
+	// CRDs and roles into it.
+	"deploy/helm":     Tool,
+	"deploy/helm/gen": Tool,
 	// The control plane the cluster tests start (etcd and kube-apiserver); tests alone
 	// import it.
 	"internal/kubetest": Tool,

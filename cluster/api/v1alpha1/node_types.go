@@ -40,9 +40,29 @@ type BothyNodeSpec struct {
 	// Cordoned: the node takes no new sandbox and keeps serving its own.
 	// +optional
 	Cordoned bool `json:"cordoned,omitempty"`
-	// Draining: the node takes no new sandbox, and its sandboxes are to be moved or ended.
+	// Draining: the node takes no new sandbox (it refuses creates, node-draining), its
+	// sandboxes run until their lifetimes end, and at DrainDeadline it deletes those left.
+	// Sandboxes are node-local and stateful: they are ended, not moved (docs/cluster.md).
 	// +optional
 	Draining bool `json:"draining,omitempty"`
+	// DrainDeadline is when a draining node deletes the sandboxes it still holds; none: it
+	// waits for them to end (their lifetimes, or their owners' deletes).
+	// +optional
+	DrainDeadline *metav1.Time `json:"drainDeadline,omitempty"`
+}
+
+// DrainStatus is how far a draining node is.
+type DrainStatus struct {
+	// Remaining is how many sandboxes the node still holds.
+	Remaining int32 `json:"remaining"`
+	// Drained: the node holds no sandbox; the operator may stop and remove it.
+	Drained bool `json:"drained"`
+	// Deadline is the drain's deadline as the node read it, if any.
+	// +optional
+	Deadline *metav1.Time `json:"deadline,omitempty"`
+	// Deleted is how many sandboxes the node deleted at the deadline.
+	// +optional
+	Deleted int32 `json:"deleted,omitempty"`
 }
 
 // BothyNodeStatus is what the node publishes about itself.
@@ -51,6 +71,14 @@ type BothyNodeStatus struct {
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	Address string `json:"address,omitempty"`
+	// StartID names the node's process that wrote this status: a random id drawn at each
+	// start, which the node also sets as its Lease's label cluster.bothy.dev/start-id at every
+	// renewal. A router takes the node for live only when the two agree, so that a restarted
+	// node whose lease reads live before its new address does is never sent calls at the old
+	// one (docs/cluster.md, "Node mode").
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	StartID string `json:"startID,omitempty"`
 	// Version is the node's bothyd version.
 	// +kubebuilder:validation:MaxLength=128
 	// +optional
@@ -78,10 +106,37 @@ type BothyNodeStatus struct {
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
 	Images []string `json:"images,omitempty"`
-	// Generations are the template generations the node holds (at most 256).
+	// ImagesIncomplete says the node holds more images than Images lists: placement takes
+	// it for a possible holder of any image it does not list.
+	// +optional
+	ImagesIncomplete bool `json:"imagesIncomplete,omitempty"`
+	// Generations are the template generations the node holds (at most 256), the newest
+	// first.
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
 	Generations []Generation `json:"generations,omitempty"`
+	// GenerationsIncomplete says the node holds more generations than Generations lists
+	// (the oldest are left out): placement takes it for a possible holder of any
+	// generation it does not list.
+	// +optional
+	GenerationsIncomplete bool `json:"generationsIncomplete,omitempty"`
+	// Volumes are the names of the volumes the node holds: all of them, since a node holds
+	// at most 256 (volume.MaxVolumes). A volume lives on one node; a router routes its calls,
+	// and places the sandboxes that mount it, there (docs/cluster.md, "Volumes").
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=63
+	// +optional
+	Volumes []string `json:"volumes,omitempty"`
+	// Secrets are the names of the secrets the node holds: all of them, since a node holds
+	// at most 256 (secret.MaxSecrets); never a value. A router places a sandbox whose policy
+	// binds secrets on a node that holds them all (docs/cluster.md, "Secrets").
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=64
+	// +optional
+	Secrets []string `json:"secrets,omitempty"`
+	// Drain is how far the drain is while the node drains; none otherwise.
+	// +optional
+	Drain *DrainStatus `json:"drain,omitempty"`
 	// UpdatedAt is when the node last wrote this status, to the microsecond: placement
 	// compares it with when its creates finished.
 	// +optional
@@ -100,6 +155,7 @@ type BothyNodeStatus struct {
 // +kubebuilder:printcolumn:name="Free-Slots",type=integer,JSONPath=`.status.free.sandboxes`
 // +kubebuilder:printcolumn:name="Free-MiB",type=integer,JSONPath=`.status.free.memoryMB`
 // +kubebuilder:printcolumn:name="Draining",type=boolean,JSONPath=`.spec.draining`,priority=1
+// +kubebuilder:printcolumn:name="Drained",type=boolean,JSONPath=`.status.drain.drained`,priority=1
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.address`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BothyNode struct {
