@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -84,10 +85,16 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 		defer layer.Close()
 	}
 	// A clone's capture is its generation's payload with the clone's own layer merged over
-	// it. The clone's lease keeps that payload while the lock keeps the clone stopped.
+	// it. The clone's lease keeps that payload while the lock keeps the clone stopped. A
+	// memory capture's snapshot (hooks.Time set) is whole: its disk stands on the image alone
+	// (flattenCapture), and the layers below it (a microVM's checkpoint chain or fork-state)
+	// would only be copied to be hidden by it.
 	lowers, err := s.sandboxLowers(l, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if hooks.Time != nil {
+		lowers = nil
 	}
 	var layers []*os.File
 	defer func() {
@@ -128,6 +135,10 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 	}
 	// Progress is reported a few times a second at most, and at the end: a layer of many
 	// small files would otherwise flood the event stream.
+	hooks.Source = &template.Source{Sandbox: id}
+	if cfg.Template != nil {
+		hooks.Source.Template, hooks.Source.Generation = cfg.Template.Template, cfg.Template.Generation
+	}
 	var last time.Time
 	hooks.Progress = func(copied, total int64) {
 		if now := time.Now(); now.Sub(last) >= progressInterval || copied == total {
@@ -143,6 +154,7 @@ func (s *Supervisor) Capture(ctx context.Context, templateName, id string) (g *t
 		onImage = cfg.Image
 	}
 	s.emit(Event{Type: EventCaptured, Sandbox: id, Template: templateName, Generation: g.ID})
+	s.pushCaptured(templateName, g.ID)
 	return g, nil
 }
 
@@ -211,6 +223,9 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	// is frozen only until the snapshot is taken.
 	var at *template.TimeContract
 	if capturesMemory(rt) {
+		if err := s.checkMemoryCapture(l, cfg); err != nil {
+			return none, nil, err
+		}
 		if cfg.Template != nil {
 			// The clone's disk is its writes over its generation's frozen disk, which its
 			// copy in a new generation would name as its backing file; that generation holds
@@ -235,6 +250,12 @@ func (s *Supervisor) holdForCapture(ctx context.Context, l *store.Lock, cfg *sto
 	held := time.Since(frozenAt)
 	if err != nil {
 		return none, nil, s.liveLayerErr(id, err)
+	}
+	if capturesMemory(rt) {
+		if err := s.flattenCapture(ctx, rt, layer, id); err != nil {
+			layer.Close()
+			return none, nil, err
+		}
 	}
 	return template.CaptureHooks{
 		Hold:    func() error { return nil },
@@ -324,6 +345,26 @@ type CloneRequest struct {
 	DiskDefault bool
 }
 
+// cloneNIC gives cfg the network interface of the generation's captured memory, when the
+// clone restores memory (a clone of files alone gets a fresh one at its start), and refuses
+// before anything is made a clone that restores memory and mounts volumes (a microVM's are
+// virtio-fs devices, which QEMU cannot restore).
+func (s *Supervisor) cloneNIC(rt runtime.Runtime, memory bool, cfg *store.Config, template, generation string) error {
+	if !memory {
+		return nil
+	}
+	if len(cfg.Volumes) > 0 {
+		return errcode.New(errcode.NotImplemented,
+			"A clone of template %s restores a microVM's memory, and a microVM whose memory is restored cannot mount volumes (its volumes are virtio-fs devices, which QEMU cannot restore); clone it without volumes.", template)
+	}
+	dir, err := s.templates.PayloadDir(template, generation)
+	if err != nil {
+		return err
+	}
+	_, err = s.restoreNIC(rt, cfg, dir)
+	return err
+}
+
 // cloneResources is what a clone of a generation captured with k runs with: the fields req
 // sets, the generation's for the others.
 func cloneResources(k store.Resources, req *store.Resources) store.Resources {
@@ -372,7 +413,8 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	if err := store.ValidateID(cfg.ID); err != nil {
 		return nil, err
 	}
-	if err := template.ValidateName(req.Template); err != nil {
+	// The template's name is checked first, then a generation this node lacks is pulled.
+	if err := s.pullMissing(ctx, req); err != nil {
 		return nil, err
 	}
 	tx, err := s.templates.Lock(ctx)
@@ -393,14 +435,8 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 		return nil, err
 	}
 	memory := capturesMemory(rt)
-	if memory {
-		dir, err := s.templates.PayloadDir(req.Template, g.ID)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := s.restoreNIC(rt, &cfg, dir); err != nil {
-			return nil, err
-		}
+	if err := s.cloneNIC(rt, memory, &cfg, req.Template, g.ID); err != nil {
+		return nil, err
 	}
 	l, err := s.store.LockForProvision(ctx, cfg.ID)
 	if err != nil {
@@ -425,6 +461,9 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
 	cfg.Resources = cloneResources(g.Key.Resources, req.Resources)
+	if err := p.admit(cfg.Resources); err != nil {
+		return nil, err
+	}
 	cfg.Template = &store.TemplateRef{Template: req.Template, Generation: g.ID}
 	if cfg.CreatedAt.IsZero() {
 		cfg.CreatedAt = time.Now().UTC()
@@ -487,6 +526,42 @@ func (s *Supervisor) cloneRuntime(cfg *store.Config, k template.Key, req CloneRe
 	return rt, nil
 }
 
+// checkMemoryCapture refuses the memory capture of the microVM cfg (l locks it) when it mounts
+// volumes (virtio-fs devices, which QEMU cannot save). One that stands on checkpoints, or a
+// fork, is captured: its snapshot's disk is made to stand on the image alone
+// ([Supervisor.flattenCapture]).
+func (s *Supervisor) checkMemoryCapture(l *store.Lock, cfg *store.Config) error {
+	if len(cfg.Volumes) > 0 {
+		return errcode.New(errcode.NotImplemented,
+			"Sandbox %s is a microVM that mounts volumes; a microVM's capture saves its memory, and its volumes are virtio-fs devices, which QEMU cannot save. Capture a microVM without volumes.", l.ID())
+	}
+	// An interrupted checkpoint operation is finished first: the chain the snapshot reads
+	// must be settled.
+	_, err := s.chainLowers(l)
+	return err
+}
+
+// flattenCapture makes the disk of the snapshot layer (of the microVM id, still locked and
+// thawed) back onto the image's base disk alone ([runtime.SnapshotFlattener]): a microVM on
+// a checkpoint chain, or a fork, has a disk that backs onto files of its own directory (its
+// checkpoints' layers, its fork-state), which a generation would name without holding, and
+// which a rollback, a checkpoint's delete or the sandbox's delete removes. The chain's
+// clusters are copied into the snapshot's copy; the layers it reads are frozen files, which
+// the lock keeps, so the VM runs on meanwhile. The snapshot is a detached tmpfs, freed with
+// bothyd's descriptor, and nothing of the generation is recorded yet: a crash here leaves
+// the store as a crash after the capture's thaw does.
+func (s *Supervisor) flattenCapture(ctx context.Context, rt runtime.Runtime, layer *os.File, id string) error {
+	f, ok := rt.(runtime.SnapshotFlattener)
+	if !ok {
+		return nil
+	}
+	if err := s.flattenSnapshot(ctx, f, layer, fmt.Sprintf("The saved disk of sandbox %s could not be made to stand on its image alone for its capture; it runs on. Retry the capture.", id)); err != nil {
+		return err
+	}
+	s.crash("capture-flattened")
+	return nil
+}
+
 // pickGeneration chooses the generation a clone leases, under the template store's lock.
 func (s *Supervisor) pickGeneration(tx *template.Tx, req CloneRequest, now template.TimeContract) (*template.Generation, error) {
 	if req.Generation != "" {
@@ -503,8 +578,17 @@ func (s *Supervisor) pickGeneration(tx *template.Tx, req CloneRequest, now templ
 	if err != nil {
 		return nil, err
 	}
-	// Newest first: generation ids grow with each capture.
-	slices.SortFunc(gens, func(a, b template.Generation) int { return strings.Compare(b.ID, a.ID) })
+	// Newest first: generation ids grow with each capture (as numbers: g1000000 is newer
+	// than g999999).
+	slices.SortFunc(gens, func(a, b template.Generation) int {
+		switch {
+		case template.NewerGeneration(a.ID, b.ID):
+			return -1
+		case template.NewerGeneration(b.ID, a.ID):
+			return 1
+		}
+		return 0
+	})
 	var skipped []string
 	for _, g := range gens {
 		switch {
@@ -599,6 +683,7 @@ func (s *Supervisor) releaseLease(ctx context.Context, id string, b *template.Bi
 	s.releaseGenerations(ctx, b.Template, b.Generation)
 	if s.generationGone(b.Template, b.Generation) {
 		s.emit(Event{Type: EventRetired, Template: b.Template, Generation: b.Generation})
+		s.releaseRemote(b.Template, b.Generation)
 	}
 }
 
@@ -657,6 +742,16 @@ func (s *Supervisor) unboundUnderLock(ctx context.Context, timeout time.Duration
 
 // Tombstone quarantines a generation: no new lease, selection skips it, clones keep working.
 func (s *Supervisor) Tombstone(ctx context.Context, name, gen string) (*template.Generation, error) {
+	if err := s.recordRemote(ctx, name, []string{gen}, false); err != nil {
+		return nil, err
+	}
+	g, err := s.tombstoneLocal(ctx, name, gen)
+	s.settleRemote(ctx, name, []string{gen}, false, err)
+	return g, err
+}
+
+// tombstoneLocal is Tombstone on this node only.
+func (s *Supervisor) tombstoneLocal(ctx context.Context, name, gen string) (*template.Generation, error) {
 	if err := s.requireTemplates(); err != nil {
 		return nil, err
 	}
@@ -672,6 +767,21 @@ func (s *Supervisor) Tombstone(ctx context.Context, name, gen string) (*template
 // Retire retires a generation (see template.Store.Retire); with drain it finishes when the
 // last lease goes. A retirement refused as leased changes nothing and emits nothing.
 func (s *Supervisor) Retire(ctx context.Context, name, gen string, drain bool) (template.Outcome, error) {
+	if err := s.recordRemote(ctx, name, []string{gen}, true); err != nil {
+		return 0, err
+	}
+	out, err := s.retire(ctx, name, gen, drain)
+	s.settleRemote(ctx, name, []string{gen}, true, err)
+	return out, err
+}
+
+// retireLocal retires a generation on this node only, with drain: the registry's
+// retirement of a generation this node holds.
+func (s *Supervisor) retireLocal(ctx context.Context, name, gen string) (template.Outcome, error) {
+	return s.retire(ctx, name, gen, true)
+}
+
+func (s *Supervisor) retire(ctx context.Context, name, gen string, drain bool) (template.Outcome, error) {
 	if err := s.requireTemplates(); err != nil {
 		return 0, err
 	}
@@ -692,11 +802,16 @@ func (s *Supervisor) DeleteTemplate(ctx context.Context, name string, drain bool
 		return 0, err
 	}
 	before := s.generationStates(name)
+	gens := slices.Sorted(maps.Keys(before))
+	if err := s.recordRemote(ctx, name, gens, true); err != nil {
+		return 0, err
+	}
 	out, err := s.templates.DeleteTemplate(ctx, name, drain, s.bindingExists())
 	if err == nil {
 		s.releaseGenerations(ctx, name, "")
 		s.emitGenerationChanges(name, before)
 	}
+	s.settleRemote(ctx, name, gens, true, err)
 	return out, err
 }
 
@@ -739,6 +854,7 @@ func (s *Supervisor) emitGenerationChanges(name string, before map[string]templa
 		switch {
 		case !ok && after != nil, !ok && s.generationGone(name, id):
 			s.emit(Event{Type: EventRetired, Template: name, Generation: id})
+			s.releaseRemote(name, id)
 		case ok && before[id] == template.StateActive && now != template.StateActive:
 			s.emit(Event{Type: EventTombstoned, Template: name, Generation: id})
 		}

@@ -74,6 +74,8 @@ type CaptureHooks struct {
 	// it took the state before the capture (a snapshot of a running VM, whose memory holds
 	// that moment); nil reads the contract when the capture begins.
 	Time *TimeContract
+	// Source, if not nil, is what is captured: the generation records it as its lineage.
+	Source *Source
 }
 
 // CaptureLayersWith is [Store.CaptureLayers] with hooks.
@@ -122,6 +124,12 @@ func (s *Store) CaptureLayersWith(ctx context.Context, name string, layers []*os
 	entry := &indexEntry{Format: IndexFormat, ID: c.gen, Template: name, Key: key, Time: at, CapturedAt: at.UTC, SizeBytes: size}
 	if held > 0 {
 		entry.PauseMS = max(held.Milliseconds(), 1)
+	}
+	if hooks.Source != nil {
+		if err := hooks.Source.Validate(); err != nil {
+			return nil, errcode.Wrap(errcode.Internal, err, "The capture's source cannot be recorded.")
+		}
+		entry.Source = hooks.Source
 	}
 	if err := s.writeRecord(c.sdir, IndexName, entry, StepCaptureIndex); err != nil {
 		return nil, err
@@ -184,12 +192,7 @@ func (s *Store) reserveLocked(name string) (*capture, error) {
 	if err != nil {
 		return nil, err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			d.Close()
-		}
-	}()
+	defer d.Close()
 	if rec.Deleting {
 		return nil, tombstoned(name)
 	}
@@ -201,6 +204,12 @@ func (s *Store) reserveLocked(name string) (*capture, error) {
 	if err := s.writeRecord(d, TemplateRecordName, rec, ""); err != nil {
 		return nil, err
 	}
+	return s.stageLocked(d, name, gen, rec.UID)
+}
+
+// stageLocked makes and flocks the staging directory of generation gen in the template's
+// directory d, under the lock; the capture it returns holds its own handle of d.
+func (s *Store) stageLocked(d *os.File, name, gen, uid string) (*capture, error) {
 	staging := platform.TempName(gen)
 	if err := s.opts.FS.MkdirAt(d, staging, 0o700); err != nil {
 		return nil, err
@@ -215,15 +224,20 @@ func (s *Store) reserveLocked(name string) (*capture, error) {
 		sd.Close()
 		return nil, errors.Join(err, errors.New("template: a fresh staging directory is locked by another process"))
 	}
-	c := &capture{name: name, gen: gen, staging: staging, uid: rec.UID, tdir: d, sdir: sd, fs: s.opts.FS}
+	td, err := platform.OpenDirAt(s.dir, name)
+	if err != nil {
+		sd.Close()
+		return nil, err
+	}
+	c := &capture{name: name, gen: gen, staging: staging, uid: uid, tdir: td, sdir: sd, fs: s.opts.FS}
 	if err := s.opts.FS.SyncDir(d); err != nil {
 		// Give the staging directory up at once rather than leave it to the next cleaner.
 		c.removeStaging()
 		sd.Close()
+		td.Close()
 		return nil, err
 	}
 	s.synced(StepCaptureReserve)
-	ok = true
 	return c, nil
 }
 

@@ -78,6 +78,14 @@ func (s *Store) Check(ctx context.Context, bindingExists func(sandboxID, leaseID
 			if name == LockName {
 				continue
 			}
+			if name == OutboxDir {
+				ps, err := s.checkOutbox(repair)
+				if err != nil {
+					return fmt.Errorf("template: check %s: %w", name, err)
+				}
+				out = append(out, ps...)
+				continue
+			}
 			st, err := platform.LstatAt(s.dir, name)
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
@@ -111,6 +119,9 @@ func (s *Store) RemoveLeftovers(ctx context.Context) error {
 		names, err := platform.ReadDirNames(s.dir)
 		if err != nil {
 			return err
+		}
+		if err := s.cleanOutbox(); err != nil {
+			return fmt.Errorf("template: remove leftovers of %s: %w", OutboxDir, err)
 		}
 		for _, name := range names {
 			if name == LockName || !naming.ValidID(name) {

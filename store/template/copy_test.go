@@ -434,6 +434,7 @@ func TestCaptureHooks(t *testing.T) {
 		},
 		Hold:    func() error { calls = append(calls, "hold"); return nil },
 		Release: func() time.Duration { calls = append(calls, "release"); return 1500 * time.Microsecond },
+		Source:  &Source{Sandbox: "clone-1", Template: "parent", Generation: "g000007"},
 	}
 	g, err := e.s.CaptureLayersWith(ctxT(t), "held", open(smallLayer(t)), testKey, hooks)
 	if err != nil {
@@ -445,8 +446,15 @@ func TestCaptureHooks(t *testing.T) {
 	if g.CapturePauseMS != 1 {
 		t.Fatalf("capture pause %d ms; want 1", g.CapturePauseMS)
 	}
-	if back, err := e.s.Generation("held", g.ID, e.clock.get()); err != nil || back.CapturePauseMS != 1 {
+	if back, err := e.s.Generation("held", g.ID, e.clock.get()); err != nil || back.CapturePauseMS != 1 || back.Source == nil || *back.Source != *hooks.Source {
 		t.Fatalf("read back: %+v, %v", back, err)
+	}
+	// A source that names what this service could not have made is not recorded.
+	bad := hooks
+	bad.Source = &Source{Sandbox: "clone-1", Template: "parent", Generation: "../g1"}
+	calls = nil
+	if _, err := e.s.CaptureLayersWith(ctxT(t), "held", open(smallLayer(t)), testKey, bad); err == nil {
+		t.Fatal("a capture with a source naming ../g1 as its parent succeeded")
 	}
 
 	// A copy that fails (its layer is not a directory tree it can read) releases.

@@ -73,6 +73,9 @@ type Generation struct {
 	// CapturePauseMS is how long the capture froze its running sandbox, in milliseconds; 0
 	// when it froze nothing (the sandbox was stopped, or paused already).
 	CapturePauseMS int64 `json:"capture_pause_ms,omitempty"`
+	// Source is what the generation was captured from; nil for a generation recorded before
+	// sources were (or imported from a registry copy whose source was unreadable).
+	Source *Source `json:"source,omitempty"`
 	// Leases is how many lease records the generation has.
 	Leases int `json:"leases"`
 	// Indexed is false for a generation whose retirement removed its index entry but was
@@ -188,6 +191,7 @@ func (s *Store) view(name string, g *genState, now TimeContract) Generation {
 		v.Time = g.index.Time
 		v.SizeBytes = g.index.SizeBytes
 		v.CapturePauseMS = g.index.PauseMS
+		v.Source = g.index.Source
 		v.Eligibility, _ = EligibilityAt(g.index.Time, now, s.opts.MaxAge)
 	} else {
 		v.Eligibility = Expired

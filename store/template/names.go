@@ -100,6 +100,14 @@ func parseGeneration(gen string) (uint64, bool) {
 	return n, true
 }
 
+// NewerGeneration says whether generation id a was captured after b on its node: its number
+// is larger. An id that is not valid is older than any valid one, and "" than any.
+func NewerGeneration(a, b string) bool {
+	na, _ := parseGeneration(a)
+	nb, _ := parseGeneration(b)
+	return na > nb
+}
+
 const leasePrefix = "l-"
 
 func newLeaseID() string { return leasePrefix + naming.RandomHex(8) }

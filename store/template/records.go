@@ -92,6 +92,8 @@ type indexEntry struct {
 	// PauseMS is how long the capture held its running sandbox frozen, in milliseconds
 	// (at least 1); 0 for the capture of a sandbox that was stopped or paused already.
 	PauseMS int64 `json:"capture_pause_ms,omitempty"`
+	// Source is the generation's lineage (absent from entries written before it was kept).
+	Source *Source `json:"source,omitempty"`
 }
 
 // tombstoneRecord is tombstone.json: its presence quarantines the generation.
@@ -158,6 +160,9 @@ func decodeIndex(data []byte) (*indexEntry, error) {
 	}
 	if _, ok := parseGeneration(r.ID); !ok || !naming.ValidID(r.Template) || r.SizeBytes < 0 {
 		return nil, badRecord(IndexName, "id %q, template %q, size %d", clip(r.ID), clip(r.Template), r.SizeBytes)
+	}
+	if r.Source != nil && r.Source.Validate() != nil {
+		return nil, badRecord(IndexName, "source %q", clip(r.Source.Sandbox))
 	}
 	return &r, nil
 }

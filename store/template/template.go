@@ -34,58 +34,63 @@ func (s *Store) CreateTemplate(ctx context.Context, name string) (*Template, err
 	}
 	var out *Template
 	err := s.withLock(ctx, func(tx *Tx) (err error) {
-		made := false
-		if err := s.opts.FS.MkdirAt(s.dir, name, 0o700); err == nil {
-			made = true
-		} else if !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-		defer func() {
-			// A create that fails leaves no directory it made: an empty template directory
-			// is what Check calls an interrupted delete. (writeRecord removed the record if
-			// it landed.) Removing it if empty is harmless: nothing else makes one under
-			// the lock we hold.
-			if err != nil && made {
-				if rerr := s.removeDir(s.dir, name, ""); rerr != nil && !isNotEmpty(rerr) {
-					err = errors.Join(err, rerr)
-				}
-			}
-		}()
-		// The new directory entry must be durable before the record inside it is.
-		if err := s.opts.FS.SyncDir(s.dir); err != nil {
-			return err
-		}
-		tdir, found, err := s.openTemplateDir(name)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return errors.New("template: the template directory vanished under the lock")
-		}
-		defer tdir.Close()
-		if rec, err := readTemplateRecord(tdir); err != nil {
-			return err
-		} else if rec != nil {
-			return errcode.New(errcode.TemplateExists, "Template %s already exists; choose another name or delete it first.", name)
-		}
-		if err := s.cleanTemplateDir(tdir, name); err != nil {
-			return err
-		}
-		// A directory without a record holds no generations (the record goes after the last
-		// one); if it does, something other than this store made them.
-		if gens, err := generationNames(tdir); err != nil {
-			return err
-		} else if len(gens) > 0 {
-			return errcode.New(errcode.Internal, "The directory of template %s holds generations (%s) but no template record; run bothyd check.", name, strings.Join(gens, ", "))
-		}
-		rec := &templateRecord{Format: TemplateFormat, Name: name, UID: randomUID(), CreatedAt: time.Now().UTC(), NextGeneration: 1}
-		if err := s.writeRecord(tdir, TemplateRecordName, rec, StepTemplateCreate); err != nil {
-			return err
-		}
-		out = &Template{Name: name, CreatedAt: rec.CreatedAt}
-		return nil
+		out, err = s.createLocked(name)
+		return err
 	})
 	return out, err
+}
+
+// createLocked is CreateTemplate under the lock.
+func (s *Store) createLocked(name string) (_ *Template, err error) {
+	made := false
+	if err := s.opts.FS.MkdirAt(s.dir, name, 0o700); err == nil {
+		made = true
+	} else if !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	defer func() {
+		// A create that fails leaves no directory it made: an empty template directory
+		// is what Check calls an interrupted delete. (writeRecord removed the record if
+		// it landed.) Removing it if empty is harmless: nothing else makes one under
+		// the lock we hold.
+		if err != nil && made {
+			if rerr := s.removeDir(s.dir, name, ""); rerr != nil && !isNotEmpty(rerr) {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	// The new directory entry must be durable before the record inside it is.
+	if err := s.opts.FS.SyncDir(s.dir); err != nil {
+		return nil, err
+	}
+	tdir, found, err := s.openTemplateDir(name)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errors.New("template: the template directory vanished under the lock")
+	}
+	defer tdir.Close()
+	if rec, err := readTemplateRecord(tdir); err != nil {
+		return nil, err
+	} else if rec != nil {
+		return nil, errcode.New(errcode.TemplateExists, "Template %s already exists; choose another name or delete it first.", name)
+	}
+	if err := s.cleanTemplateDir(tdir, name); err != nil {
+		return nil, err
+	}
+	// A directory without a record holds no generations (the record goes after the last
+	// one); if it does, something other than this store made them.
+	if gens, err := generationNames(tdir); err != nil {
+		return nil, err
+	} else if len(gens) > 0 {
+		return nil, errcode.New(errcode.Internal, "The directory of template %s holds generations (%s) but no template record; run bothyd check.", name, strings.Join(gens, ", "))
+	}
+	rec := &templateRecord{Format: TemplateFormat, Name: name, UID: randomUID(), CreatedAt: time.Now().UTC(), NextGeneration: 1}
+	if err := s.writeRecord(tdir, TemplateRecordName, rec, StepTemplateCreate); err != nil {
+		return nil, err
+	}
+	return &Template{Name: name, CreatedAt: rec.CreatedAt}, nil
 }
 
 // Templates lists the templates, sorted by name, as views at the host time now. It reads

@@ -723,3 +723,25 @@ func TestSelectUnderLock(t *testing.T) {
 	}
 	tx.Unlock()
 }
+
+func TestNewerGeneration(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"g000002", "g000001", true},
+		{"g000001", "g000002", false},
+		{"g1000000", "g999999", true},
+		{"g999999", "g1000000", false},
+		{"g000001", "", true},
+		{"", "g000001", false},
+		{"g000001", "g000001", false},
+		{"g0000010", "g000001", false}, // not an id: older than any
+	}
+	for _, tt := range tests {
+		if got := NewerGeneration(tt.a, tt.b); got != tt.want {
+			t.Errorf("NewerGeneration(%q, %q) = %v, want %v", tt.a, tt.b, got, tt.want)
+		}
+	}
+}
