@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/bothy/bothy/errcode"
@@ -90,7 +92,7 @@ type Checkpoint struct {
 	Chain     []string  `json:"chain"`
 	CreatedAt time.Time `json:"created_at"`
 	// Size is the bytes of the layer the checkpoint added (the files written since the
-	// checkpoint or rollback below it).
+	// checkpoint or rollback below it, and a microVM's saved memory, Sandbox.AddToLayer).
 	Size int64 `json:"size"`
 	// Mode is how it was taken: OpRotate or OpCopy.
 	Mode string `json:"mode"`
@@ -109,6 +111,8 @@ type Pending struct {
 	// Disk says the sandbox's writable layer is a disk of its own, for the recovery of a
 	// rollback (which throws the disk away rather than swapping in an empty upper).
 	Disk bool `json:"disk,omitempty"`
+	// File is the sandbox's [Sandbox.File], for the recovery of a rotation or a rollback.
+	File string `json:"file,omitempty"`
 }
 
 // Manifest is a sandbox's checkpoint state.
@@ -151,6 +155,14 @@ type Sandbox struct {
 	// OpenUpper) and never rotated, and a rollback throws the disk away (the next launch
 	// makes an empty one) rather than swapping in an empty upper.
 	Disk bool
+	// File, if set, says the sandbox's writable layer is this one file in Dir (a microVM's
+	// disk overlay, whose header names the disk it backs onto), not the directory UpperName.
+	// A layer is then a directory holding the file under the same name: a rotation moves
+	// the file into a new layer (a rename), a copy copies it (the caller holds the sandbox
+	// frozen with its disk flushed), and a rollback throws it away, the next launch making a
+	// new file over the top of the checkpoint's chain. A chain of files is not flattened: a
+	// checkpoint past MaxChain is refused.
+	File string
 	// OpenUpper, if set, opens the writable layer for a copy (nil and no error: there is
 	// none yet); nil opens Dir/UpperName. A sandbox with a disk of its own needs one: its
 	// layer is inside the disk image.
@@ -159,6 +171,12 @@ type Sandbox struct {
 	// sandbox runs on (a copy of a disk): the hold is released as soon as it is open, not
 	// after the copy.
 	UpperIsSnapshot bool
+	// AddToLayer, if set, is called by Copy once the writable layer is copied and the
+	// sandbox released, with the staging layer's directory: what it writes there (a
+	// microVM's saved memory and device state) is part of the checkpoint, counted in its
+	// Size and in Limits.Bytes, and committed or undone with the layer. It returns the
+	// bytes it wrote, as the file system holds them.
+	AddToLayer func(dir string) (int64, error)
 	// Discard, if set, moves the named entries of a directory of Dir's away at once, to be
 	// deleted later without the sandbox's lock (the store's trash), and returns those it
 	// did not move; Sweep removes those in place. Unset, Sweep removes everything in place.
@@ -174,6 +192,10 @@ func (s *Sandbox) crash(step string) {
 }
 
 func (s *Sandbox) root() string { return filepath.Join(s.Dir, DirName) }
+
+// LayersDir is the directory of the layers of the sandbox whose state directory is dir: every
+// layer of its chain lies directly in it.
+func LayersDir(dir string) string { return filepath.Join(dir, DirName, layersName) }
 
 // LayerDir is the path of the layer id.
 func (s *Sandbox) LayerDir(id string) string { return filepath.Join(s.root(), layersName, id) }
@@ -268,19 +290,15 @@ func (s *Sandbox) Rotate(name string, lim Limits) (*Checkpoint, error) {
 	if err := s.ensure(); err != nil {
 		return nil, err
 	}
-	upper := filepath.Join(s.Dir, UpperName)
-	var size int64
-	if f, err := platform.OpenDir(upper); err == nil {
-		size, err = template.LayerSize(f)
-		f.Close()
-		if err != nil {
-			return nil, err
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	size, err := s.upperSize()
+	if err != nil {
 		return nil, err
 	}
 	if m.used()+size > lim.bytes() {
 		return nil, errcode.New(errcode.CheckpointLimit, "The sandbox's checkpoints would hold %d bytes, more than the %d this server allows; delete one before taking another.", m.used()+size, lim.bytes())
+	}
+	if len(m.Chain)+1 > MaxChain && s.File != "" {
+		return nil, chainFull()
 	}
 	if len(m.Chain)+1 > MaxChain {
 		// Flatten: a copy of the whole files, which the stopped sandbox then stands on
@@ -299,6 +317,37 @@ func (s *Sandbox) Rotate(name string, lim Limits) (*Checkpoint, error) {
 	return c, nil
 }
 
+// upperSize is the bytes of the sandbox's writable layer (0 for none yet).
+func (s *Sandbox) upperSize() (int64, error) {
+	if s.File != "" {
+		fi, err := os.Lstat(filepath.Join(s.Dir, s.File))
+		if errors.Is(err, fs.ErrNotExist) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			return st.Blocks * 512, nil // what it takes: an overlay file is sparse
+		}
+		return fi.Size(), nil
+	}
+	f, err := platform.OpenDir(filepath.Join(s.Dir, UpperName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return template.LayerSize(f)
+}
+
+// chainFull refuses a checkpoint past MaxChain of a sandbox whose layers are files.
+func chainFull() error {
+	return errcode.New(errcode.CheckpointLimit, "The sandbox's disk is a chain of %d checkpoint layers, as many as this server stacks, and flattening a chain of disk files is not implemented; roll back to an older checkpoint (which shortens the chain) before taking another.", MaxChain)
+}
+
 // rotate records and makes the rotation of the upper into the layer id, committing c (nil
 // for a fork's rotation, which names no checkpoint).
 func (s *Sandbox) rotate(m *Manifest, id string, c *Checkpoint) error {
@@ -306,7 +355,7 @@ func (s *Sandbox) rotate(m *Manifest, id string, c *Checkpoint) error {
 	if c != nil {
 		name = c.Name
 	}
-	m.Pending = &Pending{Op: OpRotate, Name: name, Layer: id, Chain: append([]string{id}, m.Chain...), Checkpoint: c}
+	m.Pending = &Pending{Op: OpRotate, Name: name, Layer: id, Chain: append([]string{id}, m.Chain...), Checkpoint: c, File: s.File}
 	if err := s.write(m); err != nil {
 		return err
 	}
@@ -320,7 +369,11 @@ func (s *Sandbox) finishRotate(m *Manifest) error {
 	p := m.Pending
 	layer := s.LayerDir(p.Layer)
 	upper := filepath.Join(s.Dir, UpperName)
-	if _, err := os.Lstat(layer); errors.Is(err, fs.ErrNotExist) {
+	if p.File != "" {
+		if err := rotateFile(s.Dir, layer, p.File); err != nil {
+			return err
+		}
+	} else if _, err := os.Lstat(layer); errors.Is(err, fs.ErrNotExist) {
 		if err := os.Rename(upper, layer); errors.Is(err, fs.ErrNotExist) {
 			// A sandbox that never ran has no upper: its layer is empty.
 			if err := os.Mkdir(layer, 0o755); err != nil {
@@ -349,6 +402,24 @@ func (s *Sandbox) finishRotate(m *Manifest) error {
 	return nil
 }
 
+// rotateFile moves the file name of dir into the layer directory layer (made if it is not
+// there), or finishes that: a file already moved, or never made (a sandbox that never ran:
+// its layer is empty), is no error.
+func rotateFile(dir, layer, name string) error {
+	if err := os.Mkdir(layer, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	if err := os.Rename(filepath.Join(dir, name), filepath.Join(layer, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, d := range []string{layer, filepath.Dir(layer), dir} {
+		if err := platform.SyncDirPath(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Copy takes the checkpoint name of a running sandbox: hold (which freezes it, and returns
 // the function that thaws it) is called, the upper copied into a new layer, and the sandbox
 // thawed; the chain stays (the upper still holds those files). It returns the checkpoint,
@@ -367,6 +438,9 @@ func (s *Sandbox) Copy(ctx context.Context, name string, lim Limits, hold func()
 	id := naming.RandomHex(8)
 	c := &Checkpoint{Name: name, Chain: append([]string{id}, m.Chain...), CreatedAt: time.Now().UTC(), Mode: OpCopy}
 	var flatten []string
+	if len(c.Chain) > MaxChain && s.File != "" {
+		return nil, chainFull()
+	}
 	if len(c.Chain) > MaxChain {
 		flatten, c.Chain = m.Chain, []string{id}
 	}
@@ -378,6 +452,13 @@ func (s *Sandbox) Copy(ctx context.Context, name string, lim Limits, hold func()
 	size, frozen, err := s.copyUpper(ctx, id, hold, flatten)
 	if err != nil {
 		return nil, errors.Join(err, s.undoCopy(m))
+	}
+	if s.AddToLayer != nil {
+		added, err := s.AddToLayer(filepath.Join(s.root(), stagingPref+id))
+		if err != nil {
+			return nil, errors.Join(err, s.undoCopy(m))
+		}
+		size += added
 	}
 	c.Size, c.FreezeMS = size, frozen.Milliseconds()
 	if m.used()+size > lim.bytes() {
@@ -401,7 +482,7 @@ func (s *Sandbox) Copy(ctx context.Context, name string, lim Limits, hold func()
 }
 
 // copyUpper copies the upper into the staging layer id while hold holds the sandbox, and
-// returns its size and how long it was held; with flatten (a chain, top first) the staging
+// returns its size and how long it was held (from the call of hold); with flatten (a chain, top first) the staging
 // layer is the merge of the chain and the upper, which stands alone.
 func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(), error), flatten []string) (int64, time.Duration, error) {
 	root, err := platform.OpenDir(s.root())
@@ -409,11 +490,19 @@ func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(),
 		return 0, 0, err
 	}
 	defer root.Close()
+	// The freeze counts from before hold: holding is freezing, and what a runtime saves while
+	// it holds (a microVM's memory) is part of the time the sandbox stands.
+	at := time.Now()
 	release, err := hold()
 	if err != nil {
 		return 0, 0, err
 	}
-	at := time.Now()
+	if s.File != "" {
+		size, err := copyFile(ctx, filepath.Join(s.Dir, s.File), filepath.Join(s.root(), stagingPref+id), s.File)
+		frozen := time.Since(at)
+		release()
+		return size, frozen, err
+	}
 	var size int64
 	upper, err := s.openUpper()
 	var frozen time.Duration
@@ -436,6 +525,54 @@ func (s *Sandbox) copyUpper(ctx context.Context, id string, hold func() (func(),
 	}
 	release()
 	return size, frozen, err
+}
+
+// copyFile copies the file src into a new directory dir as name (an empty dir for a src that
+// is not there: a sandbox that never ran), synced, and returns the bytes it takes. A link at
+// src is not followed.
+func copyFile(ctx context.Context, src, dir, name string) (int64, error) {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return 0, err
+	}
+	in, err := platform.OpenFile(src, os.O_RDONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer out.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		n, rerr := in.Read(buf)
+		if n > 0 {
+			if _, err := out.Write(buf[:n]); err != nil {
+				return 0, err
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return 0, rerr
+		}
+	}
+	if err := out.Sync(); err != nil {
+		return 0, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(out.Fd()), &st); err != nil {
+		return 0, err
+	}
+	return st.Blocks * 512, nil
 }
 
 func (s *Sandbox) openUpper() (*os.File, error) {
@@ -482,7 +619,7 @@ func (s *Sandbox) Rollback(name string) (*Checkpoint, error) {
 	// The empty upper is made before the record, so that a record always finds it (or
 	// finds it already swapped in); a leftover without a record is removed. A disk of its
 	// own is thrown away instead: the next launch makes an empty one.
-	if !s.Disk {
+	if !s.Disk && s.File == "" {
 		next := filepath.Join(s.root(), nextUpper)
 		if err := os.RemoveAll(next); err != nil {
 			return nil, err
@@ -494,7 +631,7 @@ func (s *Sandbox) Rollback(name string) (*Checkpoint, error) {
 			return nil, err
 		}
 	}
-	m.Pending = &Pending{Op: OpRollback, Name: name, Chain: slices.Clone(c.Chain), Disk: s.Disk}
+	m.Pending = &Pending{Op: OpRollback, Name: name, Chain: slices.Clone(c.Chain), Disk: s.Disk || s.File != "", File: s.File}
 	if err := s.write(m); err != nil {
 		return nil, err
 	}
@@ -513,6 +650,9 @@ func (s *Sandbox) finishRollback(m *Manifest) error {
 	if s.Disk || m.Pending.Disk {
 		// Until the commit, no launch can have made a new disk (recovery runs first).
 		disk := filepath.Join(s.Dir, DiskImageName)
+		if m.Pending.File != "" {
+			disk = filepath.Join(s.Dir, m.Pending.File)
+		}
 		if err := os.Rename(disk, filepath.Join(s.root(), trashPref+naming.RandomHex(8))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}

@@ -20,6 +20,12 @@
 // chain the sandbox's and swaps in an empty upper: renames again. Layers no chain names are
 // removed.
 //
+// A microVM's writable layer is one file instead, its disk overlay (Sandbox.File): a layer is
+// then a directory holding that file, each backing onto the layer below by the path in its
+// header; a rotation renames the file into a new layer, a copy copies it (the VM frozen with
+// its disk flushed), and a rollback throws it away, the runtime making a new overlay over the
+// checkpoint's top layer at the next launch. Such a chain is not flattened.
+//
 // # Crash guarantees
 //
 // Every change is recorded in the manifest (durably: temp file, fsync, rename, fsync of the

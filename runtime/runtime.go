@@ -90,6 +90,13 @@ type VolumeMounter interface {
 	VolumeSupport() error
 }
 
+// ForkStateName is the directory, in a state directory, of the memory state a fork of a
+// running sandbox of a memory-capturing runtime ([MemoryCapturer]) restores: the state as a
+// capture's generation holds it (its memory, its description, its frozen disk), the fork's
+// own copy, which its disk then backs onto for as long as the fork lives. The supervisor
+// passes it as the top lower layer, where a clone has its generation's.
+const ForkStateName = "fork-state"
+
 // Restore is a launch that restores a saved memory state.
 type Restore struct {
 	// ClockAdvance is the state's downtime by the generation's time contract: the guest's
@@ -160,6 +167,18 @@ func (s *Spec) validatePaths() error {
 type DiskLimiter interface {
 	// DiskSupport says why this host cannot, or nil if it can.
 	DiskSupport() error
+}
+
+// FileLayerer is a Runtime whose sandbox's writable layer is one file in its state directory
+// (the microVM runtime's disk overlay, whose header names the disk it backs onto), not an
+// overlay's upper directory. Checkpoints (package checkpoint) move or copy that file into a
+// layer directory under the same name; a launch then gets the sandbox's checkpoint chain as
+// the first of Spec.Lowers (top first, each a directory below the state directory's
+// checkpoints/layers holding the file, or empty for a sandbox that had not run), and makes
+// the sandbox a new file over the first layer that holds one when it has none.
+type FileLayerer interface {
+	// LayerFile is the file's name in the state directory.
+	LayerFile() string
 }
 
 // Entry is a name a runtime keeps in a state directory, for store.Declare.
@@ -301,6 +320,27 @@ type ResourcePinner interface {
 type MemoryCapturer interface {
 	// CapturesMemory reports whether the runtime's captures hold memory.
 	CapturesMemory() bool
+}
+
+// MemorySaver is a [MemoryCapturer] that can save a frozen sandbox's memory and device state
+// alone, for a checkpoint whose disk is copied beside it ([FileLayerer]): the files a memory
+// generation holds but its disk, in the root of a detached tmpfs that only the returned
+// descriptor reaches (closing it frees it). A launch whose top checkpoint layer holds them
+// with Spec.Restore restores them, over the layer's disk.
+type MemorySaver interface {
+	SaveMemory(ctx context.Context, sandboxID, dir string) (*os.File, error)
+	// HoldsMemory reports whether the checkpoint layer in dir holds a saved memory, whole.
+	HoldsMemory(dir string) bool
+}
+
+// SnapshotFlattener is a [LiveLayerer] whose snapshot, or a copy of a stopped sandbox's
+// layer file ([FileLayerer]), may name files of the sandbox's own directory (a microVM's
+// disk copy backs onto its checkpoint chain or fork-state): FlattenSnapshot makes the one in
+// the directory snapshot stand on the image alone, so that what is made of it (a fork) holds
+// nothing of its source. It may copy what those files hold into it; the sandbox need not be
+// frozen for it.
+type SnapshotFlattener interface {
+	FlattenSnapshot(ctx context.Context, snapshot *os.File) error
 }
 
 // SavedNICer is a [MemoryCapturer] whose memory generations may hold the sandbox's network

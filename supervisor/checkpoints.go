@@ -20,16 +20,26 @@ import (
 // starting the sandbox around it) is this file's.
 
 // checkpointsOf returns the checkpoints of the sandbox l locks, or checkpoint-unsupported
-// for a runtime that has none (the microVM runtime; its plan is in docs/checkpoints.md).
+// for a runtime that has none. A microVM's ([runtime.FileLayerer]) are of its disk alone
+// (docs/checkpoints.md): a clone of a template, whose disk backs onto its generation's, has
+// none; a fork of a running microVM has, its layers' disks flattened onto the image's base
+// disk (forkcheckpoint.go).
 func (s *Supervisor) checkpointsOf(l *store.Lock, cfg *store.Config) (*checkpoint.Sandbox, runtime.Runtime, error) {
 	rt, err := s.runtimeFor(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
+	cp := s.checkpointSandbox(l)
+	if fl, ok := rt.(runtime.FileLayerer); ok {
+		if cfg.Template != nil {
+			return nil, nil, errcode.New(errcode.CheckpointUnsupported, "Sandbox %s is a %s sandbox cloned from template %s: its disk backs onto its generation's, which a checkpoint would name without a lease, so its checkpoints are not implemented; checkpoint a %s sandbox that is no clone.", l.ID(), rt.Kind(), cfg.Template.Template, rt.Kind())
+		}
+		cp.File = fl.LayerFile()
+		return cp, rt, nil
+	}
 	if _, live := rt.(runtime.LiveLayerer); !live || capturesMemory(rt) {
 		return nil, nil, errcode.New(errcode.CheckpointUnsupported, "Sandbox %s runs on the %s runtime, which has no checkpoints, rollback or fork yet; use a sandbox of the namespace runtime.", l.ID(), rt.Kind())
 	}
-	cp := s.checkpointSandbox(l)
 	cp.Disk = cfg.DiskMB > 0
 	return cp, rt, nil
 }
@@ -121,7 +131,8 @@ func (s *Supervisor) chainLowers(l *store.Lock) ([]string, error) {
 }
 
 // sandboxLowers returns every layer of the sandbox below its upper that is not its image's:
-// its checkpoint chain, then its generation's payload if it is a clone.
+// its checkpoint chain, then its generation's payload if it is a clone, or its fork-state if
+// it is a fork of a running microVM (whose restore or disk it is) that stands on no chain.
 func (s *Supervisor) sandboxLowers(l *store.Lock, cfg *store.Config) ([]string, error) {
 	chain, err := s.chainLowers(l)
 	if err != nil {
@@ -131,7 +142,11 @@ func (s *Supervisor) sandboxLowers(l *store.Lock, cfg *store.Config) ([]string, 
 	if err != nil {
 		return nil, err
 	}
-	return append(chain, clone...), nil
+	if len(chain) > 0 {
+		// A fork on a chain: its layers' disks stand on the image alone (forkcheckpoint.go).
+		return append(chain, clone...), nil
+	}
+	return append(clone, forkLowers(l.Dir())...), nil
 }
 
 // recoverCheckpoints finishes or undoes a checkpoint operation that a crash interrupted, and
@@ -200,12 +215,27 @@ func (s *Supervisor) checkpoint(ctx context.Context, id, name string) (*checkpoi
 	l, r, cp, rt := cs.l, cs.r, cs.cp, cs.rt
 	noHold := func() (func(), error) { return func() {}, nil }
 	s.openUpperFor(ctx, cp, rt, l, r.state == StateRunning)
+	// A fork's layers stand on the image alone, not on its fork-state (forkcheckpoint.go).
+	fork := cp.File != "" && isFork(l.Dir())
+	var flatten func(dir string) (int64, error)
+	if fork {
+		if err := checkForkCheckpoint(l); err != nil {
+			return nil, err
+		}
+		flatten = func(dir string) (int64, error) { return s.flattenForkLayer(ctx, rt, id, dir, cp.File) }
+		cp.AddToLayer = flatten
+	}
 	switch {
 	case r.mismatch:
 		return nil, mismatchError(id)
 	case r.state != StateRunning && cp.Disk:
 		return cp.Copy(ctx, name, s.checkpointLimits, noHold)
 	case r.state != StateRunning:
+		if fork {
+			if err := s.flattenForkOverlay(ctx, rt, l, cp.File); err != nil {
+				return nil, err
+			}
+		}
 		return cp.Rotate(name, s.checkpointLimits)
 	case r.paused:
 		return cp.Copy(ctx, name, s.checkpointLimits, func() (func(), error) { return func() {}, nil })
@@ -214,14 +244,55 @@ func (s *Supervisor) checkpoint(ctx context.Context, id, name string) (*checkpoi
 	if err != nil {
 		return nil, errcode.Wrap(errcode.CheckpointUnsupported, err, "Sandbox %s is running and this server cannot freeze it for a checkpoint; stop it before taking one.", id)
 	}
-	return cp.Copy(ctx, name, s.checkpointLimits, func() (func(), error) {
+	// A running microVM's checkpoint holds its memory too (checkpointmemory.go), saved
+	// while it stands for the copy of its disk.
+	ms := s.memorySaverFor(rt, cs.cfg)
+	var mem *os.File
+	defer func() {
+		if mem != nil {
+			mem.Close()
+		}
+	}()
+	// The memory is written into the checkpoint's layer before it is committed, so that it
+	// counts in the checkpoint's size and its bound, and a crash before the commit undoes it
+	// with the copy.
+	cp.AddToLayer = func(dir string) (int64, error) {
+		var flat int64
+		if flatten != nil {
+			var err error
+			if flat, err = flatten(dir); err != nil {
+				return 0, err
+			}
+		}
+		if mem == nil {
+			return flat, nil
+		}
+		n, err := keepCheckpointMemory(dir, mem)
+		if err != nil {
+			if errcode.StorageFaultOf(err) != errcode.NoStorageFault {
+				return 0, s.storageErr(err)
+			}
+			return 0, errcode.Wrap(errcode.Internal, err, "The memory of sandbox %s could not be kept in its checkpoint, which is not taken; it runs on. Retry the checkpoint.", id)
+		}
+		s.crash("checkpoint-memory")
+		return flat + n, nil
+	}
+	c, err := cp.Copy(ctx, name, s.checkpointLimits, func() (func(), error) {
 		if err := p.Freeze(ctx, id, l.Dir()); err != nil {
 			s.thawAfterCapture(ctx, p, l)
 			return nil, errcode.Wrap(errcode.TransitionInProgress, err, "Sandbox %s could not be frozen for its checkpoint and runs on; retry.", id)
 		}
 		s.crash("checkpoint-frozen")
+		if ms != nil {
+			var err error
+			if mem, err = ms.SaveMemory(ctx, id, l.Dir()); err != nil {
+				s.thawAfterCapture(ctx, p, l)
+				return nil, errcode.Wrap(errcode.Internal, err, "The memory of sandbox %s could not be saved for its checkpoint; it runs on. Retry the checkpoint.", id)
+			}
+		}
 		return func() { s.thawAfterCapture(ctx, p, l) }, nil
 	})
+	return c, err
 }
 
 // Checkpoints lists a sandbox's checkpoints, oldest first.
@@ -259,9 +330,10 @@ func (s *Supervisor) DeleteCheckpoint(ctx context.Context, id, name string) (err
 
 // Rollback makes a sandbox's files those of its checkpoint name, in place: its id,
 // configuration, network, ports and links stay. A running sandbox is stopped (its processes
-// are killed: they hold the files of the point being left, and their memory is not
-// checkpointed on this runtime) and started again on the checkpoint's files; a stopped one
-// stays stopped. It returns the checkpoint.
+// are killed: they hold the files of the point being left) and started again on the
+// checkpoint's files, a microVM's checkpoint that holds its memory restored (its processes
+// run on from the point); a stopped one stays stopped (and restores it at its next start).
+// It returns the checkpoint.
 func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoint.Checkpoint, err error) {
 	defer s.observe("rollback", time.Now(), &err)
 	if err := checkpoint.ValidateName(name); err != nil {
@@ -293,6 +365,11 @@ func (s *Supervisor) Rollback(ctx context.Context, id, name string) (c *checkpoi
 		s.crash("rollback-stopped")
 	}
 	if c, err = cp.Rollback(name); err != nil {
+		return nil, err
+	}
+	// A checkpoint that holds the VM's memory is restored at the next start, the rolled-back
+	// one below if it ran, and any earlier restore mark is void: the files are another point's.
+	if err := s.markRollbackRestore(l, cs.rt, cp, c); err != nil {
 		return nil, err
 	}
 	// The files are the checkpoint's from here on, whether or not a running sandbox starts

@@ -62,6 +62,20 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 	if err := checkLifetime(req.Lifetime); err != nil {
 		return nil, err
 	}
+	// Admitted before a spare is claimed, which is a create like any other for the node's
+	// limits; a clone is admitted once its generation's limits are known (clone). A spare
+	// itself is the server's, not a client's: no admission, and no refusal while draining.
+	hold := &admissionHold{id: req.ID, slotOnly: !req.Start}
+	if !req.spare {
+		hold.admission = s.admission
+	}
+	// Held until the create has returned, its start included (a clone starts below).
+	defer hold.release()
+	if req.Clone == nil {
+		if err := hold.admit(req.Resources); err != nil {
+			return nil, err
+		}
+	}
 	if st := s.claimSpare(ctx, req); st != nil {
 		return st, nil
 	}
@@ -89,7 +103,7 @@ func (s *Supervisor) Create(ctx context.Context, req CreateRequest) (*Status, er
 	if err := s.checkCreateRuntime(req); err != nil {
 		return nil, err
 	}
-	p := provisioning{pending: req.Start, lifetime: req.Lifetime, spare: req.spare}
+	p := provisioning{pending: req.Start, lifetime: req.Lifetime, spare: req.spare, admission: hold}
 	if req.Clone != nil {
 		if req.Clone.Runtime == "" {
 			req.Clone.Runtime = req.Runtime
@@ -128,6 +142,49 @@ type provisioning struct {
 	lifetime *Lifetime
 	// spare marks the sandbox a spare in its configuration record.
 	spare bool
+	// admission, set by a create of a clone, admits the sandbox once its generation's limits
+	// are known; the create releases it when it returns. Nil: admitted.
+	admission *admissionHold
+}
+
+// admit asks the create's admission, if any, for room for a sandbox with these limits.
+func (p provisioning) admit(limits Resources) error {
+	if p.admission == nil {
+		return nil
+	}
+	return p.admission.admit(limits)
+}
+
+// admissionHold is one create's admission: what it reserved, until the create returns.
+type admissionHold struct {
+	admission CreateAdmission
+	id        string
+	// slotOnly: the create does not start the sandbox, which then holds no memory or CPU.
+	slotOnly bool
+	released func()
+}
+
+func (h *admissionHold) admit(limits Resources) error {
+	if h.admission == nil || h.released != nil {
+		return nil
+	}
+	if h.slotOnly {
+		limits = Resources{}
+	}
+	release, err := h.admission.Admit(h.id, limits)
+	if err != nil {
+		return err
+	}
+	h.released = release
+	return nil
+}
+
+// release gives back what admit reserved.
+func (h *admissionHold) release() {
+	if h.released != nil {
+		h.released()
+		h.released = nil
+	}
 }
 
 // prepare writes what p asks for into the state directory l locks, right after the

@@ -117,7 +117,7 @@ func (s *Supervisor) WriteFile(ctx context.Context, id string, req WriteRequest,
 		return 0, err
 	}
 	n, err := agent.WriteFile(ctx, control.WriteRequest{Path: req.Path, User: req.User, Mode: req.Mode, MakeParents: req.MakeParents, Metadata: req.Metadata}, r)
-	return n, s.diskFullErr(id, err)
+	return n, s.diskFullErr(id, req.Path, req.User, err)
 }
 
 // RemoveFile removes a file, or with recursive a directory and what it holds.

@@ -74,6 +74,8 @@ func (req ForkRequest) ids() ([]string, error) {
 // lease on them: no delete of the source or its checkpoints removes what a fork names), and
 // is started; a fork's create is all or nothing across crashes, as a create with start is.
 // The source's lock is held throughout, so no other transition of the source interleaves.
+// A running microVM forks with its memory instead ([Supervisor.forkMemory]), a stopped one
+// into copies of its disk ([Supervisor.forkDisk]).
 func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res *ForkResult, err error) {
 	defer s.observe("fork", time.Now(), &err)
 	ids, err := req.ids()
@@ -88,6 +90,14 @@ func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res 
 	l, cfg, r, cp, rt := cs.l, cs.cfg, cs.r, cs.cp, cs.rt
 	if r.mismatch {
 		return nil, mismatchError(id)
+	}
+	if cp.File != "" && r.state != StateRunning {
+		// A stopped microVM: its forks boot copies of its disk (forkdisk.go).
+		return s.forkDisk(ctx, cs, ids)
+	}
+	if cp.File != "" {
+		// A microVM: its forks run on from its memory (forkmemory.go).
+		return s.forkMemory(ctx, cs, ids)
 	}
 	running := r.state == StateRunning
 	s.openUpperFor(ctx, cp, rt, l, running)
@@ -122,22 +132,29 @@ func (s *Supervisor) Fork(ctx context.Context, id string, req ForkRequest) (res 
 	res = &ForkResult{FreezeMS: frozen.Milliseconds()}
 	var made []string
 	for _, fid := range ids {
-		st, err := s.forkOne(ctx, cfg, fid, layers)
+		st, err := s.forkOne(ctx, cfg, fid, func(l *store.Lock) error {
+			return s.checkpointSandbox(l).Adopt(layers)
+		})
 		res.Forks = append(res.Forks, ForkOutcome{ID: fid, Status: st, Err: err})
 		if err == nil {
 			made = append(made, fid)
 		}
 	}
-	// After each fork's own sandbox.created and sandbox.started; a fork none of whose
-	// sandboxes was made reports nothing.
-	if len(made) > 0 {
-		s.emit(Event{Type: EventForked, Sandbox: id, Forks: made})
-	}
+	s.emitForked(id, made)
 	return res, nil
 }
 
-// forkOne provisions the fork fid of the sandbox configured as src on layers, and starts it.
-func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, layers []string) (*Status, error) {
+// emitForked announces the forks made of sandbox id: after each fork's own sandbox.created
+// and sandbox.started; a fork none of whose sandboxes was made reports nothing.
+func (s *Supervisor) emitForked(id string, made []string) {
+	if len(made) > 0 {
+		s.emit(Event{Type: EventForked, Sandbox: id, Forks: made})
+	}
+}
+
+// forkOne provisions the fork fid of the sandbox configured as src, gives it what it runs on
+// from with adopt (the source's layers, or a microVM's saved state), and starts it.
+func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, adopt func(*store.Lock) error) (*Status, error) {
 	cfg := Config{
 		ID:        fid,
 		Image:     src.Image,
@@ -148,9 +165,16 @@ func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, layer
 		Network:   src.Network,
 		Runtime:   src.Runtime,
 	}
+	// Each fork is a started create for the node's limits (a cluster node's capacity,
+	// docs/cluster.md): admitted on its own, so a fork past the room fails that fork alone.
+	hold := &admissionHold{admission: s.admission, id: fid}
+	defer hold.release()
+	if err := hold.admit(src.Resources); err != nil {
+		return nil, err
+	}
 	var st *Status
 	_, err := s.provision(ctx, cfg, provisioning{pending: true}, func(l *store.Lock) (err error) {
-		if err := s.checkpointSandbox(l).Adopt(layers); err != nil {
+		if err := adopt(l); err != nil {
 			cctx, cancel := cleanupContext(ctx)
 			defer cancel()
 			if derr := s.deprovisionLocked(cctx, l); derr != nil {
@@ -159,7 +183,7 @@ func (s *Supervisor) forkOne(ctx context.Context, src *Config, fid string, layer
 			if errcode.StorageFaultOf(err) != errcode.NoStorageFault {
 				return s.storageErr(err) // a full state root: 507, as a create's
 			}
-			return errcode.Wrap(errcode.Internal, err, "Fork %s could not get the source's files; retry the fork.", fid)
+			return errcode.Wrap(errcode.Internal, err, "Fork %s could not get the source's files or saved state; retry the fork.", fid)
 		}
 		st, err = s.startCreated(ctx, l)
 		return err

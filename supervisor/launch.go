@@ -24,12 +24,33 @@ var requiredFeatures = []string{"exec", "files", "shutdown"}
 // wait for the agent.
 func (s *Supervisor) Start(ctx context.Context, id string) (_ *Status, err error) {
 	defer s.observe("start", time.Now(), &err)
+	// Admitted before the lock: the admission reads every sandbox's status, this one's too,
+	// which at start-up may wait for its lock.
+	release, err := s.admitStart(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	l, _, err := s.lockProvisioned(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer s.unlock(l)
 	return s.startLocked(ctx, l)
+}
+
+// admitStart asks the admission, if any, for room for a start of a sandbox that holds none
+// now (stopped, or only provisioned): a start takes its memory and CPU limits, as a create
+// with start does. A sandbox in any other state is left to startLocked's own answer.
+func (s *Supervisor) admitStart(id string) (release func(), err error) {
+	if s.admission == nil {
+		return func() {}, nil
+	}
+	st, err := s.Status(id)
+	if err != nil || (st.State != StateStopped && st.State != StateProvisioned) {
+		return func() {}, nil //nolint:nilerr // the start reads the sandbox again and answers
+	}
+	return s.admission.Admit(id, st.Config.Resources)
 }
 
 // startLocked starts the sandbox that l locks.

@@ -25,12 +25,37 @@ const (
 
 type restoreRecord struct {
 	Format     int    `json:"format"`
-	Template   string `json:"template"`
-	Generation string `json:"generation"`
+	Template   string `json:"template,omitempty"`
+	Generation string `json:"generation,omitempty"`
+	// Fork, set instead of Template and Generation, is a fork of a running microVM, which
+	// restores the state saved in its own fork-state (forkmemory.go).
+	Fork *forkRestore `json:"fork,omitempty"`
+	// Checkpoint, set instead, is a rollback to a microVM's checkpoint that holds its memory
+	// (checkpointmemory.go), which the next start restores.
+	Checkpoint *checkpointRestore `json:"checkpoint,omitempty"`
+}
+
+// checkpointRestore is a rollback's restore: the checkpoint, its layer (the top of the
+// sandbox's chain while the mark holds) and when it was taken, by UTC.
+type checkpointRestore struct {
+	Name    string    `json:"name"`
+	Layer   string    `json:"layer"`
+	SavedAt time.Time `json:"saved_at"`
+}
+
+// forkRestore is a fork's restore: the sandbox it was forked from (for the operator) and
+// when its state was saved, by UTC, which its guest's clock is advanced from.
+type forkRestore struct {
+	Source  string    `json:"source"`
+	SavedAt time.Time `json:"saved_at"`
 }
 
 func writeRestore(dir, tmpl, gen string) error {
-	data, err := record.Encode(&restoreRecord{Format: restoreFormat, Template: tmpl, Generation: gen})
+	return writeRestoreRecord(dir, &restoreRecord{Format: restoreFormat, Template: tmpl, Generation: gen})
+}
+
+func writeRestoreRecord(dir string, r *restoreRecord) error {
+	data, err := record.Encode(r)
 	if err != nil {
 		return err
 	}
@@ -48,7 +73,8 @@ func readRestore(dir string) (*restoreRecord, error) {
 func removeRestore(dir string) error { return removeOwnRecord(dir, RestoreName) }
 
 // restoreFor is what the launch of the sandbox l locks restores: nil for a boot, or, for a
-// clone whose memory state is still to be restored, the restore with the clock's advance.
+// clone whose memory state is still to be restored, the restore with the clock's advance (for
+// a fork of a running microVM, [forkRestoreFor]).
 // It checks the generation's eligibility by its time contract at this moment, before
 // anything of the launch is made: the downtime is measured by the monotonic clock on the
 // capture's host and boot and by UTC otherwise; a negative one is early, one beyond the
@@ -58,6 +84,15 @@ func (s *Supervisor) restoreFor(l *store.Lock, cfg *store.Config) (*runtime.Rest
 	rr, err := readRestore(l.Dir())
 	if err != nil || rr == nil {
 		return nil, err
+	}
+	if rr.Checkpoint != nil {
+		return s.checkpointRestoreFor(l, cfg, rr)
+	}
+	if rr.Fork != nil {
+		if err := checkForkRestore(l.Dir(), cfg); err != nil {
+			return nil, err
+		}
+		return forkRestoreFor(rr), nil
 	}
 	if cfg.Template == nil || cfg.Template.Template != rr.Template || cfg.Template.Generation != rr.Generation {
 		return nil, errcode.New(errcode.Internal, "Sandbox %s is to restore generation %s of template %s, which it was not cloned from; delete it.", cfg.ID, rr.Generation, rr.Template)

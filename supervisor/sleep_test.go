@@ -93,7 +93,16 @@ func TestWakeTooSlowIsWaking(t *testing.T) {
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
 	s, _ := openWithEvents(t, t.TempDir(), func(rt runtime.Runtime) runtime.Runtime { return slowThaw{Runtime: rt, release: release} })
-	t.Cleanup(func() { open(); s.Close() })
+	t.Cleanup(func() {
+		// As newSupervisor's cleanup: a sandbox outlives its supervisor's Close, so it is
+		// stopped and removed first, or its shim and init run on after the test.
+		open()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = s.Stop(ctx, "slow", true)
+		_ = s.Deprovision(ctx, "slow")
+		s.Close()
+	})
 	requirePause(t, s)
 	s.wakeWait = 50 * time.Millisecond
 	ctx := testContext(t)

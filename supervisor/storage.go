@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/store"
 )
 
 // StorageState is the health of the state root's file system, as the last fault or probe
@@ -269,14 +271,22 @@ func (s *Supervisor) startErr(err error) error {
 	return err
 }
 
-// diskFullErr says whose disk a write inside sandbox id found full: the sandbox's own, when it
-// has one (its writable layer is on it, so the host is not at fault), or else the state
-// root's, where a sandbox without a disk of its own writes.
-func (s *Supervisor) diskFullErr(id string, err error) error {
+// diskFullErr says whose disk a write of p (as user) inside sandbox id found full: a volume's,
+// when p lies in one of its mounts (volume-full: neither the sandbox's disk nor the state
+// root is at fault), the sandbox's own, when it has one (its writable layer is on it, so the
+// host is not at fault), or else the state root's, where a sandbox without a disk of its own
+// writes.
+func (s *Supervisor) diskFullErr(id, p, user string, err error) error {
 	if errcode.Of(err) != errcode.StorageFull {
 		return err
 	}
 	cfg, cerr := s.store.ReadConfigUnlocked(id)
+	if cerr == nil {
+		if m, ok := volumeAt(cfg.Volumes, p, user); ok {
+			return errcode.Wrap(errcode.VolumeFull, err,
+				"Volume %s, mounted at %s in sandbox %s, is full: remove files from it, or write to a larger volume. Neither the sandbox's own disk nor the host's state root is full.", m.Name, m.Path, id)
+		}
+	}
 	if cerr == nil && cfg.DiskMB > 0 {
 		return errcode.Wrap(errcode.StorageFull, errors.Join(ErrSandboxDiskFull, err),
 			"Sandbox %s's own disk (%d MiB) is full: remove files inside it, or recreate it with a larger resources.disk_mb. The host's state root is not full.", id, cfg.DiskMB)
@@ -288,4 +298,24 @@ func (s *Supervisor) diskFullErr(id string, err error) error {
 		s.health.noteFull(root)
 	}
 	return full
+}
+
+// volumeAt is the volume mount that the path p of the files API (relative to user's home when
+// not absolute) lies in, if any. A link inside the sandbox may lead a path elsewhere: this
+// reads the path as written.
+func volumeAt(mounts []store.VolumeMount, p, user string) (store.VolumeMount, bool) {
+	if !path.IsAbs(p) {
+		home := "/home/user"
+		if user == "root" {
+			home = "/root"
+		}
+		p = path.Join(home, p)
+	}
+	p = path.Clean(p)
+	for _, m := range mounts {
+		if p == m.Path || strings.HasPrefix(p, m.Path+"/") {
+			return m, true
+		}
+	}
+	return store.VolumeMount{}, false
 }

@@ -65,6 +65,9 @@ type Options struct {
 	Unavailable map[string]error
 	// Templates is the template store; nil disables capture and clone.
 	Templates *template.Store
+	// Generations, if set, moves template generations between nodes: each capture is pushed
+	// to it, and a clone of a generation this node lacks pulls it first.
+	Generations GenerationRegistry
 	// Images is the image store of OCI images; nil leaves the host image and the
 	// directories under images/ alone.
 	Images *image.Store
@@ -100,6 +103,20 @@ type Options struct {
 	// named steps of launches, captures, checkpoints, rollbacks and forks, where the test's
 	// process kills itself to leave what a crash there leaves.
 	CrashPoint func(step string)
+	// Admission, if set, admits every create against limits the supervisor does not keep
+	// (a cluster node's published capacity, docs/cluster.md); nil admits all.
+	CreateAdmission CreateAdmission
+}
+
+// CreateAdmission admits new sandboxes, and starts of sandboxes that hold no limits now
+// (stopped or provisioned: Start). Admit is called once per create, after the request's
+// checks and before the sandbox is recorded, with the limits the sandbox will hold (a clone's
+// resolved from its generation; none, a slot alone, when the create does not start it); it refuses with a coded error, or reserves what the sandbox
+// will hold until release is called, which the supervisor does once the create has returned
+// (made, started or undone), so that an admission that counts the store and its reservations
+// counts each create exactly once.
+type CreateAdmission interface {
+	Admit(id string, limits Resources) (release func(), err error)
 }
 
 // Supervisor drives the sandboxes of one state root. It is safe for concurrent use, and
@@ -124,12 +141,20 @@ type Supervisor struct {
 	// crashPoint, set by tests, is called at the named steps of a launch, where a test
 	// process kills itself to leave what a crash there leaves.
 	crashPoint func(step string)
+	admission  CreateAdmission
 	// checkpointLimits bound each sandbox's checkpoints.
 	checkpointLimits checkpoint.Limits
 
 	// janitor starts the trash's janitor ([Supervisor.emptyTrash]) once, with the first
 	// reattach pass: a supervisor that only checks (bothyd check) leaves the trash alone.
 	janitor sync.Once
+	// generations moves template generations between nodes; nil when none is configured.
+	generations GenerationRegistry
+	// pushes are the pushes of generations captured by this process.
+	pushes pushStates
+	// changing are the tombstones and retirements under way in this process, whose outbox
+	// records a flush must leave alone (templateregistry.go).
+	changing changesUnderWay
 	// life ends when the supervisor closes; watchers stop with it.
 	life     context.Context
 	stopLife context.CancelFunc
@@ -192,6 +217,7 @@ func New(opts Options) (*Supervisor, error) {
 		runtimes:      runtimes,
 		store:         opts.Store,
 		templates:     opts.Templates,
+		generations:   opts.Generations,
 		images:        opts.Images,
 		imagePlatform: opts.ImagePlatform,
 		pulls:         map[string]*pull{},
@@ -220,6 +246,7 @@ func New(opts Options) (*Supervisor, error) {
 
 		checkpointLimits: opts.Checkpoints,
 		crashPoint:       opts.CrashPoint,
+		admission:        opts.CreateAdmission,
 	}
 	if s.volumes != nil {
 		s.volumes.SetHeldBy(VolumeHeldBy(s.store))

@@ -12,8 +12,8 @@ import (
 
 // checkVolumes refuses the volumes of a create that this server or its runtime cannot mount:
 // bad paths, too many, volumes on a server without a volume store or on a runtime that
-// mounts none (the microVM runtime: docs/volumes.md). A missing volume is refused when its
-// hold is taken, under the volume store's lock.
+// mounts none here (the microVM runtime on a host without virtiofsd: docs/volumes.md). A
+// missing volume is refused when its hold is taken, under the volume store's lock.
 func (s *Supervisor) checkVolumes(req CreateRequest) error {
 	if len(req.Volumes) == 0 {
 		return nil
@@ -34,7 +34,7 @@ func (s *Supervisor) checkVolumes(req CreateRequest) error {
 	}
 	vm, ok := rt.(runtime.VolumeMounter)
 	if !ok {
-		return errcode.New(errcode.NotImplemented, "The %s runtime does not mount volumes yet (docs/volumes.md); create the sandbox under the namespace runtime, or without volumes.", rt.Kind())
+		return errcode.New(errcode.NotImplemented, "The %s runtime does not mount volumes (docs/volumes.md); create the sandbox under the namespace runtime, or without volumes.", rt.Kind())
 	}
 	if err := vm.VolumeSupport(); err != nil {
 		return errcode.Wrap(errcode.Unavailable, err, "This server cannot mount volumes into %s sandboxes: %v.", rt.Kind(), err)
@@ -116,7 +116,7 @@ func (s *Supervisor) launchVolumes(rt runtime.Runtime, mounts []store.VolumeMoun
 		return nil, errcode.New(errcode.NotImplemented, "This server keeps no volumes; the sandbox names some.")
 	}
 	if _, ok := rt.(runtime.VolumeMounter); !ok {
-		return nil, errcode.New(errcode.NotImplemented, "The %s runtime does not mount volumes yet (docs/volumes.md).", rt.Kind())
+		return nil, errcode.New(errcode.NotImplemented, "The %s runtime does not mount volumes (docs/volumes.md).", rt.Kind())
 	}
 	out := make([]runtime.VolumeMount, 0, len(mounts))
 	for _, m := range mounts {

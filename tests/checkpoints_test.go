@@ -199,18 +199,26 @@ func crashBothyd(t *testing.T) string {
 		t.Skip("the crash-point build needs Go; prebuilt binaries have no crash points")
 	}
 	crashBuild.Do(func() {
-		dir, err := os.MkdirTemp("", "bothyd-crashpoints-")
-		if err != nil {
-			crashBuildErr = err
-			return
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
+		// Inside the harness's directory, which TestMain removes: each run left its 30-70 MB
+		// build in the temp directory before.
+		dir := filepath.Join(filepath.Dir(bothydBin), "crashpoints")
+		if err := os.Mkdir(dir, 0o755); err != nil {
 			crashBuildErr = err
 			return
 		}
 		out, err := exec.Command("go", "build", "-tags", "crashpoints", "-o", dir, "github.com/bothy/bothy/cmd/bothyd").CombinedOutput()
 		if err != nil {
 			crashBuildErr = fmt.Errorf("%v: %s", err, out)
+			return
+		}
+		// The runtime the harness built goes beside it, as beside bothydBin: without it each
+		// parallel server would build its own from the source tree on its first start.
+		runtime, err := os.ReadFile(filepath.Join(filepath.Dir(bothydBin), "bothyd-runtime"))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "bothyd-runtime"), runtime, 0o755)
+		}
+		if err != nil {
+			crashBuildErr = err
 			return
 		}
 		crashBinary = filepath.Join(dir, "bothyd")
@@ -407,4 +415,45 @@ func TestFullRootCheckpointOfADiskIsStorageFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the state root to read as ok again", func() bool { return d.storageState() == "ok" })
+}
+
+// TestForkOfASandboxWithAPolicy: a sandbox with a network policy of its own is forked, before
+// and after a rollback; each fork runs with the source's policy and the source keeps its own.
+func TestForkOfASandboxWithAPolicy(t *testing.T) {
+	requireRoot(t)
+	t.Parallel()
+	d := startDaemon(t)
+	d.createNoDisk("psrc")
+	if r := d.doJSON("PUT", "/v1/sandboxes/psrc/network", map[string]any{"allow": []string{"example.com"}}); r.Status != 200 {
+		t.Fatalf("the policy: %d %s", r.Status, r.Body)
+	}
+	fork := func(fid string) {
+		t.Helper()
+		t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/"+fid+"?force=true", nil) })
+		res := decode[forkJSON](t, d.doJSON("POST", "/v1/sandboxes/psrc/fork", map[string]any{"ids": []string{fid}}), 200)
+		if len(res.Items) != 1 || res.Items[0].Error != nil || res.Items[0].Sandbox == nil || res.Items[0].Sandbox.State != "running" {
+			t.Fatalf("fork %s: %+v", fid, res.Items)
+		}
+	}
+	fork("pf1")
+	decode[checkpointJSON](t, d.doJSON("POST", "/v1/sandboxes/psrc/checkpoints", map[string]any{"name": "before"}), 201)
+	d.rootSh("psrc", "echo after > /tmp/after")
+	decode[sandboxJSON](t, d.doJSON("POST", "/v1/sandboxes/psrc/checkpoints/before/rollback", nil), 200)
+	fork("pf2")
+	// A fork whose id the server chooses, twice.
+	for range 2 {
+		res := decode[forkJSON](t, d.doJSON("POST", "/v1/sandboxes/psrc/fork", map[string]any{"count": 1}), 200)
+		if len(res.Items) == 1 {
+			t.Cleanup(func() { d.doJSON("DELETE", "/v1/sandboxes/"+res.Items[0].ID+"?force=true", nil) })
+		}
+		if len(res.Items) != 1 || res.Items[0].Error != nil || res.Items[0].Sandbox == nil || res.Items[0].Sandbox.State != "running" {
+			t.Fatalf("fork of count 1: %+v", res.Items)
+		}
+	}
+	for _, id := range []string{"psrc", "pf1", "pf2"} {
+		if got := d.rootSh(id, "cat /tmp/after 2>/dev/null || echo none"); got != "none\n" {
+			t.Fatalf("%s reads %q", id, got)
+		}
+	}
+	mustCheckClean(t, d.Root, "after forks of a sandbox with a policy")
 }

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bothy/bothy/checkpoint"
 	"github.com/bothy/bothy/platform"
 	"github.com/bothy/bothy/runtime"
 	"github.com/bothy/bothy/runtime/microvm/shim"
@@ -305,10 +306,12 @@ func (d *diskSet) has(path string, fi fs.FileInfo) bool {
 }
 
 // diskBackings is the set of files that the microVM disks of the state root of sandboxesDir
-// back onto: the overlays of its state directories (<sandboxesDir>/<id>/disk.qcow2), then the
+// back onto: the overlays of its state directories (<sandboxesDir>/<id>/disk.qcow2) and of
+// their checkpoints (<id>/checkpoints/layers/<layer>/disk.qcow2), then the
 // frozen disks of its template store's generations and captures in flight
 // (templates/<name>/<generation or staging>/payload/disk.qcow2). A clone's overlay backs
-// onto its generation's disk, a clone's generation's disk onto the one before, and the first
+// onto its generation's disk, a fork's onto its fork-state's disk (runtime.ForkStateName), which
+// backs onto its source's base disk, a clone's generation's disk onto the one before, and the first
 // generation's onto a base disk: every base disk in use is the direct backing of one of
 // these. Released memory (shim.EntryMemory) holds no disk: its launch's is the overlay.
 //
@@ -335,6 +338,15 @@ func diskBackings(sandboxesDir string) *diskSet {
 	}
 	for _, id := range d.dirNames(sandboxesDir) {
 		read(filepath.Join(sandboxesDir, id, shim.EntryOverlay))
+		// A fork's frozen disk (its copy of its source's overlay) backs onto its source's
+		// base disk, and the fork's own overlay onto it.
+		read(filepath.Join(sandboxesDir, id, runtime.ForkStateName, shim.StateDisk))
+		// A checkpoint's disk backs onto the one below it in the chain, the chain's bottom
+		// onto a base disk, which a rollback makes the sandbox's backing again.
+		layers := checkpoint.LayersDir(filepath.Join(sandboxesDir, id))
+		for _, l := range d.dirNames(layers) {
+			read(filepath.Join(layers, l, shim.EntryOverlay))
+		}
 	}
 	templates := filepath.Join(filepath.Dir(sandboxesDir), template.TemplatesDir)
 	for _, name := range d.dirNames(templates) {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bothy/bothy/checkpoint"
+	"github.com/bothy/bothy/runtime"
 	"github.com/bothy/bothy/runtime/microvm/shim"
 	"github.com/bothy/bothy/store"
 	"github.com/bothy/bothy/store/template"
@@ -93,7 +95,17 @@ func TestStaleBaseDisks(t *testing.T) {
 	unusedHost := base(hostBasePrefix+"00000000000000a5.ext4", true)
 	young := base(imageBasePrefix+"00000000000000a6.ext4", false)
 	current := base(hostBaseName(), true)
+	// A sandbox whose disk a checkpoint moved into a layer (it has none of its own until its
+	// next start): the layer's disk still backs onto its base.
+	byCheckpoint := base(imageBasePrefix+"00000000000000a7.ext4", true)
+	overlay(filepath.Join(checkpoint.LayersDir(filepath.Join(sandboxes, "vmcp")), "0123456789abcdef", shim.EntryOverlay), byCheckpoint, "raw")
 	overlay(filepath.Join(sandboxes, "vm1", shim.EntryOverlay), bySandbox, "raw")
+	// A fork of a running microVM whose source is gone: its fork-state's frozen disk backs
+	// onto the source's base, its own overlay onto that frozen disk.
+	byFork := base(imageBasePrefix+"00000000000000a8.ext4", true)
+	forkDisk := filepath.Join(sandboxes, "fork", runtime.ForkStateName, shim.StateDisk)
+	overlay(forkDisk, byFork, "raw")
+	overlay(filepath.Join(sandboxes, "fork", shim.EntryOverlay), forkDisk, "qcow2")
 	gen1 := filepath.Join(templates, "t", "g000001", template.PayloadDir, shim.StateDisk)
 	overlay(gen1, byGeneration, "raw")
 	// A clone's overlay, and a generation captured from it, back onto the generation's disk.
@@ -161,7 +173,7 @@ func TestStaleBaseDisks(t *testing.T) {
 	if _, err := os.Lstat(unused); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the unused base disk after the repair: %v", err)
 	}
-	exists(bySandbox, byGeneration, byStaging, unusedHost, young, current)
+	exists(bySandbox, byGeneration, byStaging, unusedHost, young, current, byCheckpoint, byFork)
 	if got := stale(false); len(got) != 0 {
 		t.Errorf("after the repair: %v", got)
 	}

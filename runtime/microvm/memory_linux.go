@@ -23,12 +23,14 @@ import (
 )
 
 var (
-	_ runtime.Pauser         = (*Runtime)(nil)
-	_ runtime.LiveLayerer    = (*Runtime)(nil)
-	_ runtime.MemoryCapturer = (*Runtime)(nil)
-	_ runtime.ResourcePinner = (*Runtime)(nil)
-	_ runtime.MemoryReleaser = (*Runtime)(nil)
-	_ runtime.SavedNICer     = (*Runtime)(nil)
+	_ runtime.Pauser            = (*Runtime)(nil)
+	_ runtime.LiveLayerer       = (*Runtime)(nil)
+	_ runtime.MemoryCapturer    = (*Runtime)(nil)
+	_ runtime.ResourcePinner    = (*Runtime)(nil)
+	_ runtime.MemoryReleaser    = (*Runtime)(nil)
+	_ runtime.SavedNICer        = (*Runtime)(nil)
+	_ runtime.MemorySaver       = (*Runtime)(nil)
+	_ runtime.SnapshotFlattener = (*Runtime)(nil)
 )
 
 // launchInfoName is the running launch's [shim.StateInfo] in the control directory, written
@@ -116,6 +118,9 @@ func (r *Runtime) Frozen(sandboxID, dir string) (bool, error) {
 // state into the state directory's memory/ and ends QEMU; the launch (the shim, the control
 // socket) lives on, and Thaw restores it.
 func (r *Runtime) ReleaseMemory(ctx context.Context, sandboxID, dir string) error {
+	if info, err := readLaunchInfo(dir); err == nil && info.Volumes > 0 {
+		return ErrVolumesNoMemorySave
+	}
 	_, err := askShim(ctx, dir, "release")
 	return err
 }
@@ -167,13 +172,17 @@ func (r *Runtime) CapturesMemory() bool { return true }
 // OpenLiveLayer implements runtime.LiveLayerer for a stopped ([Runtime.Freeze]) microVM: it
 // saves the VM's memory and device state (QMP migrate to a file) and copies its disk overlay,
 // flushed and inactivated by the save, and returns the directory of the two with their
-// [shim.StateInfo], a snapshot (the VM may continue at once). The directory is the root of a
-// detached tmpfs that only the returned descriptor reaches: closing it frees it, so a crash
+// [shim.StateInfo], a snapshot (the VM may continue at once). The disk's copy backs onto
+// what the overlay backs onto: [Runtime.FlattenSnapshot] makes it back onto the base disk.
+// The directory is the root of a detached tmpfs that only the returned descriptor reaches: closing it frees it, so a crash
 // of bothyd leaves nothing of a capture behind in the state directory.
 func (r *Runtime) OpenLiveLayer(ctx context.Context, sandboxID, dir string, disk bool) (*os.File, bool, error) {
 	info, err := readLaunchInfo(dir)
 	if err != nil {
 		return nil, false, err
+	}
+	if info.Volumes > 0 {
+		return nil, false, ErrVolumesNoMemorySave
 	}
 	mnt, err := openScratch()
 	if err != nil {
@@ -202,6 +211,37 @@ func (r *Runtime) OpenLiveLayer(ctx context.Context, sandboxID, dir string, disk
 	ok = true
 	return mnt, true, nil
 }
+
+// SaveMemory implements runtime.MemorySaver for a stopped ([Runtime.Freeze]) microVM: it
+// saves the VM's memory and device state and their [shim.StateInfo] into a detached tmpfs,
+// as [Runtime.OpenLiveLayer] does but without the disk, which a memory checkpoint copies into
+// its own layer while the VM stays stopped.
+func (r *Runtime) SaveMemory(ctx context.Context, sandboxID, dir string) (*os.File, error) {
+	info, err := readLaunchInfo(dir)
+	if err != nil {
+		return nil, err
+	}
+	if info.Volumes > 0 {
+		return nil, ErrVolumesNoMemorySave
+	}
+	mnt, err := openScratch()
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Fchmod(int(mnt.Fd()), 0o700); err != nil {
+		mnt.Close()
+		return nil, err
+	}
+	if err := r.saveState(ctx, dir, mnt, info); err != nil {
+		mnt.Close()
+		return nil, err
+	}
+	return mnt, nil
+}
+
+// HoldsMemory implements runtime.MemorySaver: the layer has the state's description, which
+// a memory checkpoint writes last.
+func (r *Runtime) HoldsMemory(dir string) bool { return isMemoryGeneration(dir) }
 
 // openScratch mounts a tmpfs, detached, and opens its root, 0700: a directory that only the
 // descriptor reaches, freed when it is closed.

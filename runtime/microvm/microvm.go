@@ -6,7 +6,9 @@
 // in the guest as PID 1 and serves the control protocol over a virtio-serial port; the shim
 // (package [shim]) on the host is the runtime process: it owns the control socket, carries
 // each connection to the guest as one session of the port (package [portmux]), starts QEMU as
-// its child, and writes the outcome report when QEMU exits.
+// its child, and writes the outcome report when QEMU exits. Volumes (runtime.VolumeMounter)
+// reach the guest through virtio-fs, a virtiofsd per volume that the shim starts beside QEMU
+// (docs/volumes.md).
 //
 // See docs/microvm.md for the design, what works on which host, and the figures measured.
 package microvm

@@ -21,7 +21,11 @@ import (
 // it is believed for a process in this process's pid namespace and of this process's user
 // (a namespace sandbox's processes live in pid namespaces below it, and a microVM's in no
 // host namespace at all). A QEMU ([runtime.RoleInit]: the guest's init runs in it) is a
-// child of such a shim, which starts no other child; its directory is its shim's.
+// child of such a shim whose executable is this runtime's QEMU; its directory is its shim's.
+// The shim's other children, the virtiofsds of a launch with volumes, are no init: they are
+// not listed (they die with the shim, by their parent-death signal, and end with QEMU's
+// connection), so that no caller takes one for the VM (NetNS would find its namespace the
+// shim's).
 func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 	stateRoot = filepath.Clean(stateRoot)
 	ownNS, err := os.Readlink("/proc/self/ns/pid")
@@ -40,6 +44,10 @@ func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 			out = append(out, p)
 		}
 	}
+	qemu := r.cfg.QEMU
+	if resolved, err := filepath.EvalSymlinks(qemu); err == nil {
+		qemu = resolved
+	}
 	for _, pid := range pids {
 		ppid, err := platform.ParentPid(pid)
 		if err != nil {
@@ -47,6 +55,9 @@ func (r *Runtime) Processes(stateRoot string) ([]runtime.Process, error) {
 		}
 		parent, ok := shims[ppid]
 		if !ok {
+			continue
+		}
+		if exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err != nil || exe != qemu {
 			continue
 		}
 		id, err := platform.Identify(pid)

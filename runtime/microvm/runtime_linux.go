@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bothy/bothy/checkpoint"
 	"github.com/bothy/bothy/control"
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/platform"
@@ -61,6 +63,10 @@ type Config struct {
 	// (runtime.SpawnDetached's <parent>/runtime); "" leaves them in bothyd's. The microVM
 	// runtime makes no cgroup of a sandbox's own.
 	CgroupParent string
+	// VirtioFSD is the virtiofsd that serves volumes to guests (docs/volumes.md); "" looks
+	// for QEMU's own (/usr/lib/qemu/virtiofsd, in qemu-system-common) and then in PATH. A
+	// host without one runs microVMs without volumes.
+	VirtioFSD string
 	// StepHook, when set (by tests), is called after each step of Start that leaves something
 	// behind (AfterAssets, AfterOverlay), where a test process kills itself to leave what a
 	// crash there leaves.
@@ -109,7 +115,11 @@ type stack struct {
 	exeHash  string
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime       = (*Runtime)(nil)
+	_ runtime.VolumeMounter = (*Runtime)(nil)
+	_ runtime.FileLayerer   = (*Runtime)(nil)
+)
 
 // New returns the microvm runtime. A host without QEMU or the guest kernel still gets one, so
 // that a server there serves its state: its Start and Probe then fail with
@@ -157,6 +167,9 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if _, err := mke2fs(); err != nil {
 		missing = append(missing, err.Error())
+	}
+	if cfg.VirtioFSD == "" {
+		cfg.VirtioFSD = findVirtioFSD()
 	}
 	r := &Runtime{cfg: cfg}
 	if len(missing) > 0 {
@@ -295,6 +308,12 @@ func (r *Runtime) runProbe() (string, error) {
 // bootProbe boots a guest without disk under accel and waits until its init answers on the
 // port, or ctx ends.
 func (r *Runtime) bootProbe(ctx context.Context, accel string) error {
+	// QEMU's parent-death signal fires when the thread that forked it ends, not bothyd: a
+	// goroutine that exits locked to a thread ends that thread (platform.WithMountsAttached
+	// does), and the probe's QEMU forked from it would die mid-boot, which reads as a KVM
+	// that does not boot. Held until QEMU has been waited for (the deferred kill below).
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
 	st, err := r.stack()
 	if err != nil {
 		return err
@@ -352,6 +371,7 @@ func (r *Runtime) DeclaredEntries() []runtime.Entry {
 		{Name: shim.EntryOverlay},
 		{Name: shim.EntryAssets, Dir: true},
 		{Name: shim.EntryMemory, Dir: true},
+		{Name: runtime.ForkStateName, Dir: true},
 	}
 }
 
@@ -378,9 +398,21 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if err := spec.Validate(); err != nil {
 		return platform.ProcessID{}, err
 	}
+	chain := splitChain(&spec)
+	if spec.Restore != nil && len(chain) > 0 && isMemoryGeneration(chain[0]) {
+		// A rollback to a checkpoint that holds the VM's memory (a memory checkpoint): its
+		// layer is restored as a generation is, the layer's disk (named as a generation's
+		// frozen disk is) the new overlay's backing; the layers below are that disk's.
+		spec.Lowers = append([]string{chain[0]}, spec.Lowers...)
+		chain = nil
+	}
 	gen, err := splitGeneration(&spec)
 	if err != nil {
 		return platform.ProcessID{}, err
+	}
+	if gen != "" && len(chain) > 0 {
+		return platform.ProcessID{}, errcode.New(errcode.CheckpointUnsupported,
+			"A microVM cloned from a template has no checkpoints: its disk backs onto its generation's, which its checkpoints would have to name without a lease. Delete the sandbox's checkpoints.")
 	}
 	spec = withDefaults(spec)
 	accel, err := r.Probe()
@@ -391,8 +423,19 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	if assets == "" {
 		assets = filepath.Join(spec.Dir, shim.EntryAssets)
 	}
-	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB, NIC: spec.Network}
-	initrd, overlay, restore, err := r.makeDisk(ctx, assets, spec, gen, &launch)
+	launch := shim.StateInfo{Format: shim.StateFormat, Accel: accel, VCPUs: spec.Resources.VCPUs, MemoryMB: spec.Resources.MemoryMB, NIC: spec.Network,
+		Volumes: len(spec.Volumes)}
+	virtiofsd := ""
+	if len(spec.Volumes) > 0 {
+		if err := r.VolumeSupport(); err != nil {
+			return platform.ProcessID{}, err
+		}
+		if spec.Restore != nil {
+			return platform.ProcessID{}, ErrVolumesNoRestore
+		}
+		virtiofsd = r.cfg.VirtioFSD
+	}
+	initrd, overlay, restore, err := r.makeDisk(ctx, assets, spec, gen, chain, &launch)
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -420,7 +463,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 	}
 	defer logf.Close()
 	cfg, err := json.Marshal(shim.Config{Spec: spec, QEMU: r.cfg.QEMU, Accel: accel, Kernel: r.cfg.Kernel, Initramfs: initrd, Overlay: overlay,
-		TSCkHz: hostTSCkHz(), QMP: qmpPath(spec.Dir), Port: launch.Port, Restore: restore, NIC: launch.NIC})
+		TSCkHz: hostTSCkHz(), QMP: qmpPath(spec.Dir), Port: launch.Port, Restore: restore, NIC: launch.NIC, VirtioFSD: virtiofsd})
 	if err != nil {
 		return platform.ProcessID{}, err
 	}
@@ -433,7 +476,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (platform.Proces
 // holds the assets lock shared throughout, so that bothyd check --repair, which removes a
 // base disk no disk backs onto under that lock taken exclusively, never removes the one this
 // start is about to make its overlay over.
-func (r *Runtime) makeDisk(ctx context.Context, assets string, spec runtime.Spec, gen string, launch *shim.StateInfo) (initrd, overlay string, restore *shim.Restore, err error) {
+func (r *Runtime) makeDisk(ctx context.Context, assets string, spec runtime.Spec, gen string, chain []string, launch *shim.StateInfo) (initrd, overlay string, restore *shim.Restore, err error) {
 	l, err := lockAssets(assets, true)
 	if err != nil {
 		return "", "", nil, err
@@ -442,7 +485,10 @@ func (r *Runtime) makeDisk(ctx context.Context, assets string, spec runtime.Spec
 	// A sandbox that ran before has its disk: its overlay names the base disk it was made
 	// over, which stays its base (the image or the host may have changed since).
 	// A clone's base is its generation's frozen disk.
-	needBase := gen == ""
+	// A sandbox back at a checkpoint (its disk moved into a layer, or thrown away by a
+	// rollback) gets a new overlay over the top of its chain that holds a disk.
+	top := chainTop(chain)
+	needBase := gen == "" && top == ""
 	if b, err := qcow2Backing(filepath.Join(spec.Dir, shim.EntryOverlay)); err == nil && b != "" {
 		needBase = false
 	}
@@ -455,6 +501,9 @@ func (r *Runtime) makeDisk(ctx context.Context, assets string, spec runtime.Spec
 		return "", "", nil, err
 	}
 	backing, backingFormat := base, "raw"
+	if top != "" {
+		backing, backingFormat = top, "qcow2"
+	}
 	if gen != "" {
 		if backing, restore, err = overGeneration(spec, gen, launch); err != nil {
 			return "", "", nil, err
@@ -532,6 +581,36 @@ func (r *Runtime) ensureAssets(dir string, spec runtime.Spec, needBase bool) (in
 	}
 	return initrd, base, nil
 }
+
+// splitChain takes the sandbox's checkpoint chain off the top of spec's lower layers (the
+// directories below its state directory's checkpoints/layers, [runtime.FileLayerer]) and
+// returns it, top first. They are known by where they lie, never by what they hold: an
+// image's layer may hold any file.
+func splitChain(spec *runtime.Spec) []string {
+	layers := checkpoint.LayersDir(spec.Dir)
+	n := 0
+	for n < len(spec.Lowers) && filepath.Dir(spec.Lowers[n]) == layers {
+		n++
+	}
+	chain := spec.Lowers[:n:n]
+	spec.Lowers = spec.Lowers[n:]
+	return chain
+}
+
+// chainTop is the disk of the first layer of chain that holds one ("" for none: every layer
+// is of a sandbox that had not run yet). The disk's own header names what it backs onto.
+func chainTop(chain []string) string {
+	for _, l := range chain {
+		p := filepath.Join(l, shim.EntryOverlay)
+		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+			return p
+		}
+	}
+	return ""
+}
+
+// LayerFile implements runtime.FileLayerer: a microVM's files are its disk overlay.
+func (r *Runtime) LayerFile() string { return shim.EntryOverlay }
 
 // splitGeneration takes a memory generation off the top of spec's lower layers, where a
 // clone of one has it, and returns its directory ("" for none); the layers below are the
@@ -641,6 +720,40 @@ func ensureOverlay(ctx context.Context, dir, base, baseFormat string, room int) 
 	})
 }
 
+// VolumeSupport implements runtime.VolumeMounter: a microVM mounts volumes through
+// virtio-fs, served on the host by virtiofsd (docs/volumes.md), which this host must have.
+func (r *Runtime) VolumeSupport() error {
+	if r.refusal != nil {
+		return r.refusal
+	}
+	if r.cfg.VirtioFSD == "" {
+		return errcode.New(errcode.Unavailable,
+			"The microvm runtime mounts volumes through virtio-fs, and this host has no virtiofsd (QEMU's is /usr/lib/qemu/virtiofsd in qemu-system-common).")
+	}
+	return nil
+}
+
+// findVirtioFSD is QEMU's virtiofsd, or one in PATH, or "".
+func findVirtioFSD() string {
+	for _, p := range []string{"/usr/lib/qemu/virtiofsd", "/usr/libexec/virtiofsd"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("virtiofsd"); err == nil {
+		return p
+	}
+	return ""
+}
+
+// ErrVolumesNoRestore refuses a restore of a memory state into a launch with volumes.
+var ErrVolumesNoRestore = errcode.New(errcode.NotImplemented,
+	"A microVM that mounts volumes cannot be restored from a memory state: its volumes are virtio-fs devices, which QEMU cannot save or restore. Create it without volumes, or from a template without memory.")
+
+// ErrVolumesNoMemorySave refuses to save the memory of a microVM with volumes.
+var ErrVolumesNoMemorySave = errcode.New(errcode.NotImplemented,
+	"The memory of a microVM that mounts volumes cannot be saved: its volumes are virtio-fs devices (vhost-user), which QEMU cannot migrate. Pause it without releasing its memory, or capture a sandbox without volumes.")
+
 // DiskSupport implements runtime.DiskLimiter: a microVM's disk is its overlay, sized by
 // Spec.DiskMB wherever microVMs run.
 func (r *Runtime) DiskSupport() error { return r.refusal }
@@ -729,7 +842,10 @@ func (r *Runtime) Cleanup(ctx context.Context, sandboxID, dir string, id platfor
 			errs = append(errs, err)
 		}
 	}
-	for _, p := range []string{r.ControlPath(dir), qmpPath(dir), filepath.Join(dir, shim.EntryControl, shim.ShimSocketName)} {
+	stale := []string{r.ControlPath(dir), qmpPath(dir), filepath.Join(dir, shim.EntryControl, shim.ShimSocketName)}
+	// A volume's rendezvous socket lives only while its virtiofsd starts: one left is a crash's.
+	vfs, _ := filepath.Glob(filepath.Join(dir, shim.EntryControl, "vfs*.sock"))
+	for _, p := range append(stale, vfs...) {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

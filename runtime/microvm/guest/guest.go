@@ -11,6 +11,8 @@
 // layout of the initramfs and [Config], declared here.
 package guest
 
+import "strconv"
+
 // Command is the argument the kernel passes the initramfs's /init (after "--" on its command
 // line): the binary's dispatcher runs [Main] for it.
 const Command = "__vminit"
@@ -38,11 +40,12 @@ var PortDevices = [2]string{"/dev/vport0p1", "/dev/vport0p2"}
 // Modules are the kernel modules the guest loads, in order: the virtio core and PCI
 // transport (modern and legacy libraries, which virtio_pci links either way), the console
 // (virtio-serial), the block device and the NIC (virtio_net, which links net_failover and
-// failover). The NIC's driver is loaded whether or not the VM has one: a microVM whose
+// failover), and FUSE with its virtio transport (virtiofs), which the volumes are mounted
+// with. The NIC's driver is loaded whether or not the VM has one: a microVM whose
 // policy gives it no network has no NIC, so only lo.
 var Modules = []string{
 	"virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
-	"virtio_console", "virtio_blk", "failover", "net_failover", "virtio_net",
+	"virtio_console", "virtio_blk", "failover", "net_failover", "virtio_net", "fuse", "virtiofs",
 }
 
 // NIC is the guest's network interface when the VM has one.
@@ -56,9 +59,23 @@ type Config struct {
 	Env        map[string]string `json:"env,omitempty"`
 	// MachineID is written to /etc/machine-id (32 hex digits), so that no two sandboxes share one.
 	MachineID string `json:"machine_id,omitempty"`
+	// Volumes are the volumes the guest mounts, each a virtio-fs device of the VM whose tag
+	// is [VolumeTag] of its index.
+	Volumes []Volume `json:"volumes,omitempty"`
 	// Probe asks the guest only to say it listens and to power off: the accelerator probe.
 	Probe bool `json:"probe,omitempty"`
 }
+
+// Volume is a volume the guest mounts (runtime.VolumeMount's target and mode; its source is
+// the host's, which the guest never learns).
+type Volume struct {
+	Tag      string `json:"tag"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// VolumeTag is the virtio-fs tag of the i-th volume of a launch.
+func VolumeTag(i int) string { return "bothyvol" + strconv.Itoa(i) }
 
 // Restore is what the shim of a launch that restores a memory state sends the guest (frame
 // portmux.FrameRestore, on the port that was idle at the save): the guest runs on from the

@@ -24,6 +24,10 @@ import (
 const (
 	ShimCommand  = "__vmshim"
 	GuestCommand = guest.Command
+	// FSCommand is the helper the shim starts for each volume: it makes the volume's view
+	// (read-only for a read-only mount) in a mount namespace of its own and becomes
+	// virtiofsd there ([fsdMain]).
+	FSCommand = "__vmfsd"
 )
 
 // Names the microvm runtime keeps in a state directory.
@@ -76,6 +80,9 @@ type StateInfo struct {
 	// with a NIC is of StateFormatNIC, which a build that knows no NIC refuses rather than
 	// restore without it.
 	NIC bool `json:"nic,omitempty"`
+	// Volumes is how many volumes the launch mounts (a running launch's record only): their
+	// virtio-fs devices cannot be migrated, so its memory is never saved.
+	Volumes int `json:"volumes,omitempty"`
 }
 
 // StateFormat is StateInfo's record format, StateFormatNIC that of a state with a NIC.
@@ -116,6 +123,9 @@ type Config struct {
 	// NIC gives the guest its NIC (a tap in a network namespace of QEMU's own): a boot's
 	// when Spec.Network says so, a restore's when the saved state has one.
 	NIC bool `json:"nic,omitempty"`
+	// VirtioFSD is the virtiofsd that serves Spec.Volumes to the guest (docs/volumes.md):
+	// "" when the spec names none.
+	VirtioFSD string `json:"virtiofsd,omitempty"`
 }
 
 // Restore is a launch from a saved memory state.
@@ -138,12 +148,14 @@ func Main(args []string) (code int, ran bool) {
 		return shimMain(args[1:]), true
 	case GuestCommand:
 		return guest.Main(args[1:]), true
+	case FSCommand:
+		return fsdMain(args[1:]), true
 	}
 	return 0, false
 }
 
-// QEMUArgs is QEMU's command line for cfg, with the ports' chardevs on fds 3 and 4 and a
-// restore's migration stream on fd 5 (probe: no disk, one port on fd 3, no monitor, for the
+// QEMUArgs is QEMU's command line for cfg, with the ports' chardevs on fds 3 and 4, a
+// restore's migration stream on fd 5 and the volumes' virtiofsd connections from FSFirstFD (probe: no disk, one port on fd 3, no monitor, for the
 // accelerator probe). A restore's command line must give the saved VM's devices exactly.
 func QEMUArgs(cfg *Config, probe bool) []string {
 	res := cfg.Spec.Resources
@@ -151,11 +163,21 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 	if cfg.Accel == "tcg" && cfg.TSCkHz > 0 {
 		cmdline += " tsc_early_khz=" + strconv.Itoa(cfg.TSCkHz) + " tsc=reliable"
 	}
+	memMB := strconv.Itoa(max(res.MemoryMB, 64))
+	machine := "microvm,pcie=on,pit=on,pic=on,rtc=on"
+	vols := !probe && len(cfg.Spec.Volumes) > 0
+	if vols {
+		// virtiofsd reads and writes the guest's buffers in its memory directly (vhost-user):
+		// the guest's RAM must be a shared mapping it can map. Only a VM with volumes gets
+		// it, so that the RAM block of every other VM stays the one its memory generations
+		// were saved with.
+		machine += ",memory-backend=ram"
+	}
 	args := []string{
 		// The i8254 PIT, the PIC and the RTC are what the kernel calibrates its clock against
 		// under TCG (no kvmclock, no HPET on microvm): without them it hangs at boot.
-		"-M", "microvm,pcie=on,pit=on,pic=on,rtc=on", "-accel", cfg.Accel,
-		"-m", strconv.Itoa(max(res.MemoryMB, 64)), "-smp", strconv.Itoa(max(res.VCPUs, 1)),
+		"-M", machine, "-accel", cfg.Accel,
+		"-m", memMB, "-smp", strconv.Itoa(max(res.VCPUs, 1)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-chardev", "stdio,id=console,signal=off", "-serial", "chardev:console",
 		"-kernel", cfg.Kernel, "-initrd", cfg.Initramfs,
@@ -183,6 +205,15 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 			args = append(args, "-incoming", "fd:5")
 		}
 	}
+	if vols {
+		args = append(args, "-object", "memory-backend-memfd,id=ram,share=on,size="+memMB+"M")
+		for i := range cfg.Spec.Volumes {
+			n := strconv.Itoa(i)
+			args = append(args,
+				"-chardev", "socket,id=fs"+n+",fd="+strconv.Itoa(FSFirstFD+i),
+				"-device", "vhost-user-fs-pci,queue-size=1024,chardev=fs"+n+",tag="+guest.VolumeTag(i))
+		}
+	}
 	if !probe && cfg.NIC {
 		// QEMU makes the tap in the network namespace of its own that the shim starts it in;
 		// the driver's JoinGuest brings it up and joins it to that namespace's eth0. The MAC
@@ -194,6 +225,11 @@ func QEMUArgs(cfg *Config, probe bool) []string {
 	}
 	return args
 }
+
+// FSFirstFD is QEMU's descriptor of the first volume's vhost-user connection (to its
+// virtiofsd); the i-th volume's is FSFirstFD+i. Fd 5 is a restore's migration stream, which a
+// VM with volumes never has (its devices cannot be migrated), but the numbers stay apart.
+const FSFirstFD = 6
 
 // TapName is the tap device QEMU makes in its network namespace for a networked microVM.
 const TapName = "tap0"

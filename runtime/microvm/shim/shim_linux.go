@@ -233,6 +233,30 @@ func (v *vm) startQEMU(restore *Restore, port int) (*exec.Cmd, error) {
 		defer state.Close()
 		cmd.ExtraFiles = append(cmd.ExtraFiles, state)
 	}
+	var fsds []*fsd
+	if len(cfg.Spec.Volumes) > 0 {
+		if restore != nil {
+			mine[0].Close()
+			mine[1].Close()
+			return nil, errors.New("a VM with volumes cannot be restored from a memory state: its virtio-fs devices are not migratable")
+		}
+		conns, started, err := v.startFSDs()
+		if err != nil {
+			mine[0].Close()
+			mine[1].Close()
+			return nil, err
+		}
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		fsds = started
+		// Fd 5 is a restore's stream, which this run has not: the connections start at
+		// FSFirstFD.
+		cmd.ExtraFiles = append(cmd.ExtraFiles, nil)
+		cmd.ExtraFiles = append(cmd.ExtraFiles, conns...)
+	}
 	// QEMU dies with the shim, even by SIGKILL: nothing of a launch outlives its runtime
 	// process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -247,6 +271,7 @@ func (v *vm) startQEMU(restore *Restore, port int) (*exec.Cmd, error) {
 	v.mu.Lock()
 	if err := v.startIn(cmd, cfg.NIC); err != nil {
 		v.mu.Unlock()
+		stopFSDs(fsds)
 		mine[0].Close()
 		mine[1].Close()
 		return nil, fmt.Errorf("start QEMU: %w", err)
@@ -401,7 +426,11 @@ func (v *vm) servePort(port *os.File, w *portmux.Writer, table *portmux.Table) {
 
 func (v *vm) sendConfig(w *portmux.Writer) error {
 	s := &v.cfg.Spec
-	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env, MachineID: randomHex(16)})
+	vols := make([]guest.Volume, len(s.Volumes))
+	for i, m := range s.Volumes {
+		vols[i] = guest.Volume{Tag: guest.VolumeTag(i), Target: m.Target, ReadOnly: m.ReadOnly}
+	}
+	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env, MachineID: randomHex(16), Volumes: vols})
 	if err != nil {
 		return err
 	}
