@@ -26,33 +26,34 @@ import (
 // The kinds of problem the checker reports besides the template store's own
 // (template.ProblemKind values, reported as they are).
 const (
-	ForeignEntry          = "foreign-entry"           // an entry nobody owns
-	BadDirectory          = "bad-directory"           // a state directory that is a link, not private, or unreadable
-	BadEntry              = "bad-entry"               // a known name of the wrong type (a link where a record should be)
-	BadRecord             = "bad-record"              // a record that does not read, or names another sandbox
-	LeftoverDirectory     = "leftover-directory"      // a state directory without config.json
-	StaleRecord           = "stale-runtime-record"    // runtime.json names a process that is gone
-	UnmarkedProcess       = "unmarked-process"        // runtime.json names a live process that is not this sandbox's shim
-	InterruptedStart      = "interrupted-start"       // launch.json without the runtime record of its launch
-	CommittedJournal      = "committed-journal"       // launch.json beside the runtime record of its own launch
-	UnrecordedProcess     = "unrecorded-process"      // a runtime process that no runtime record names
-	LeakedMount           = "leaked-mount"            // a host mount below the state root
-	LeakedCgroup          = "leaked-cgroup"           // the cgroup of a sandbox that is not running
-	LeakedRuntimeFile     = "leaked-runtime-file"     // a file only a running launch needs (a microVM's control socket), of a sandbox that is not running
-	StaleSharedFile       = "stale-shared-file"       // a runtime's shared asset (initramfs, base disk, a half-made build) that nothing needs
-	LeakedLoop            = "leaked-loop"             // a loop device holding a disk image of a sandbox that is not running
-	BindingWithoutLease   = "binding-without-lease"   // clone.json names a lease record that does not exist
-	InterruptedPause      = "interrupted-pause"       // paused.json names the live launch, whose processes are not frozen
-	InterruptedResume     = "interrupted-resume"      // the live launch's processes are frozen, and no paused.json says so
-	StalePause            = "stale-pause-record"      // paused.json names a launch that is not running
-	InTransition          = "in-transition"           // note: another process holds the sandbox's lock
-	IdleSpare             = "idle-spare"              // note: a spare that does not run, which bothyd's next start-up deletes
-	TrashNote             = "trash"                   // note: deleted sandboxes' entries not yet freed, which a server frees at once
-	RuntimeMismatchNote   = "runtime-mismatch"        // note: a live sandbox of another runtime identity
-	TemplateStoreSkipped  = "template-store-unusable" // the template store could not be opened
-	CheckpointProblem     = "checkpoint-interrupted"  // a checkpoint operation left pending, or its leftovers (package checkpoint)
-	defaultLockTimeout    = 10 * time.Second
-	maxReportedDirEntries = 20
+	ForeignEntry             = "foreign-entry"              // an entry nobody owns
+	BadDirectory             = "bad-directory"              // a state directory that is a link, not private, or unreadable
+	BadEntry                 = "bad-entry"                  // a known name of the wrong type (a link where a record should be)
+	BadRecord                = "bad-record"                 // a record that does not read, or names another sandbox
+	LeftoverDirectory        = "leftover-directory"         // a state directory without config.json
+	StaleRecord              = "stale-runtime-record"       // runtime.json names a process that is gone
+	UnmarkedProcess          = "unmarked-process"           // runtime.json names a live process that is not this sandbox's shim
+	InterruptedStart         = "interrupted-start"          // launch.json without the runtime record of its launch
+	CommittedJournal         = "committed-journal"          // launch.json beside the runtime record of its own launch
+	UnrecordedProcess        = "unrecorded-process"         // a runtime process that no runtime record names
+	LeakedMount              = "leaked-mount"               // a host mount below the state root
+	LeakedCgroup             = "leaked-cgroup"              // the cgroup of a sandbox that is not running
+	LeakedRuntimeFile        = "leaked-runtime-file"        // a file only a running launch needs (a microVM's control socket), of a sandbox that is not running
+	StaleSharedFile          = "stale-shared-file"          // a runtime's shared asset (initramfs, base disk, a half-made build) that nothing needs
+	LeakedLoop               = "leaked-loop"                // a loop device holding a disk image of a sandbox that is not running
+	BindingWithoutLease      = "binding-without-lease"      // clone.json names a lease record that does not exist
+	InterruptedPause         = "interrupted-pause"          // paused.json names the live launch, whose processes are not frozen
+	InterruptedResume        = "interrupted-resume"         // the live launch's processes are frozen, and no paused.json says so
+	StalePause               = "stale-pause-record"         // paused.json names a launch that is not running
+	InTransition             = "in-transition"              // note: another process holds the sandbox's lock
+	IdleSpare                = "idle-spare"                 // note: a spare that does not run, which bothyd's next start-up deletes
+	TrashNote                = "trash"                      // note: deleted sandboxes' entries not yet freed, which a server frees at once
+	RuntimeMismatchNote      = "runtime-mismatch"           // note: a live sandbox of another runtime identity
+	TemplateStoreSkipped     = "template-store-unusable"    // the template store could not be opened
+	TemplateTombstonePending = "template-tombstone-pending" // note: a tombstone made here that the template registry does not hold yet (the outbox)
+	CheckpointProblem        = "checkpoint-interrupted"     // a checkpoint operation left pending, or its leftovers (package checkpoint)
+	defaultLockTimeout       = 10 * time.Second
+	maxReportedDirEntries    = 20
 )
 
 // Problem is one inconsistency (or, among Report.Notes, one observation that is not one).
@@ -136,6 +137,11 @@ type Options struct {
 	Volumes StoreCheck
 	// Egress, if set, checks the egress proxy's CA files (package egress, through cmd/bothyd).
 	Egress StoreCheck
+	// FlushTemplateOutbox, if set, pushes to the template registry, with Repair, the
+	// tombstones and retirements the template store's outbox holds (a crash or a registry
+	// that was down kept them from it); without it they are notes, which the server pushes
+	// at its next start or sweep.
+	FlushTemplateOutbox func(ctx context.Context, ts *template.Store) error
 }
 
 // Run checks the state root and, with Repair, repairs it and checks it again. An error means
@@ -902,6 +908,20 @@ func (c *checker) checkTemplates(ctx context.Context, p *pass) {
 	for _, tp := range probs {
 		p.problems = append(p.problems, Problem{Kind: string(tp.Kind), Sandbox: tp.Sandbox,
 			Entry: filepath.Join(template.TemplatesDir, tp.Entry), Detail: tp.Detail})
+	}
+	pending, err := ts.RemoteTombstones()
+	if err != nil {
+		p.add(TemplateStoreSkipped, "", template.TemplatesDir, "cannot read the template store's outbox: %v", err)
+		return
+	}
+	for _, r := range pending {
+		what := "tombstone"
+		if r.Retire {
+			what = "retirement"
+		}
+		p.note(TemplateTombstonePending, "", filepath.Join(template.TemplatesDir, template.OutboxDir),
+			"the %s of generation %s of template %s (made %s) is not yet in the template registry; bothyd pushes it at its next start or sweep, or check --repair --template-registry now",
+			what, r.Generation, r.Template, r.At.Format(time.RFC3339))
 	}
 }
 

@@ -42,6 +42,8 @@
 //   - Every clone binding names a lease record that exists, and the template store's own
 //     check passes: every lease record is matched by a clone binding, no generation payload
 //     lacks its index entry or the reverse, no retirement or capture was left half done.
+//     The template store's outbox of tombstones for the template registry is noted
+//     (template-tombstone-pending), not a problem: the server pushes it.
 //   - The webhooks' records (package webhook, <root>/webhooks): every record and outbox
 //     entry reads, no temporary file or outbox of a deleted webhook is left; beside a running
 //     server, which holds their lock, they are only read (a note says so).
@@ -77,7 +79,8 @@
 // mounts of sandboxes that are not running (Runtime.Cleanup); takes the lock of left-over
 // directories without config.json once, which lets the store remove them; has each runtime
 // remove its stale shared files (looking again that no process took one up); empties the
-// store's trash; runs the template store's check with repair; and, when no server holds their
+// store's trash; runs the template store's check with repair, then, given
+// Options.FlushTemplateOutbox, pushes its outbox to the template registry; and, when no server holds their
 // lock, removes the webhooks' leftovers, and the kept answers' leftovers. It never removes a sandbox, a foreign entry or a record it
 // cannot read.
 // The state root is then checked again, and a problem is reported as repaired when the second

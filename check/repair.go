@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/platform"
@@ -100,6 +101,13 @@ func (c *checker) repair(ctx context.Context, p *pass) {
 			log.Error("check: repair the template store", "err", err)
 		}
 		cancel()
+		if c.o.FlushTemplateOutbox != nil {
+			fctx, cancel := context.WithTimeout(ctx, time.Minute)
+			if err := c.o.FlushTemplateOutbox(fctx, ts); err != nil {
+				log.Warn("check: pushing the template store's outbox to the template registry; what is left stays for bothyd", "err", err)
+			}
+			cancel()
+		}
 		ts.Close()
 	}
 }

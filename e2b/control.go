@@ -82,7 +82,8 @@ func statusOf(err error) int {
 		return http.StatusGatewayTimeout
 	case errcode.StorageFull, errcode.VolumeFull:
 		return http.StatusInsufficientStorage
-	case errcode.Unavailable, errcode.StorageUnavailable, errcode.SandboxWaking:
+	case errcode.Unavailable, errcode.StorageUnavailable, errcode.SandboxWaking, errcode.NodeFull, errcode.NodeDraining,
+		errcode.RegistryUnavailable, errcode.RegistryRefused:
 		return http.StatusServiceUnavailable
 	case errcode.NotImplemented, errcode.CheckpointUnsupported:
 		return http.StatusNotImplemented
@@ -99,8 +100,18 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		h.log.Error("e2b: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "The server failed to handle the request; see its log."
 	}
+	if c := errcode.Of(err); c == errcode.NodeFull || c == errcode.NodeDraining {
+		// A cluster's router reads the code here to place the create on another node: E2B's
+		// error body has no field for it.
+		w.Header().Set(CodeHeader, string(c))
+		w.Header().Set("Retry-After", "5")
+	}
 	writeJSON(w, status, apiError{Code: status, Message: msg})
 }
+
+// CodeHeader carries the bothy code of a refusal that E2B's error body cannot say: a node's
+// node-full or node-draining, for the cluster's router.
+const CodeHeader = "Bothy-Error-Code"
 
 // serveControl authenticates a control-plane call and routes it.
 func (h *Handler) serveControl(w http.ResponseWriter, r *http.Request) {

@@ -182,10 +182,17 @@ func (h *Handler) apiKeyOK(key string) bool {
 
 // accessToken is sandbox id's envd access token: "" without a server token.
 func (h *Handler) accessToken(id string) string {
-	if h.cfg.Token == "" {
+	return AccessToken(h.cfg.Token, id)
+}
+
+// AccessToken is the envd access token of sandbox id on a server whose token is
+// serverToken ("" without one): exported for the cluster's router, which checks a token
+// before it routes an envd call to the sandbox's node (docs/cluster.md).
+func AccessToken(serverToken, id string) string {
+	if serverToken == "" {
 		return ""
 	}
-	m := hmac.New(sha256.New, []byte(h.cfg.Token))
+	m := hmac.New(sha256.New, []byte(serverToken))
 	m.Write([]byte("bothyd e2b envd access token\x00" + id))
 	return hex.EncodeToString(m.Sum(nil))
 }

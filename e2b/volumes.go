@@ -33,11 +33,15 @@ type volumeBody struct {
 }
 
 // volumeToken is the content token of volume id: "" without a server token.
-func (h *Handler) volumeToken(id string) string {
-	if h.cfg.Token == "" {
+func (h *Handler) volumeToken(id string) string { return VolumeToken(h.cfg.Token, id) }
+
+// VolumeToken is the content token of volume id under a server's token: "" without one. A
+// cluster's router, which holds its nodes' token, checks it before it routes a content call.
+func VolumeToken(token, id string) string {
+	if token == "" {
 		return ""
 	}
-	m := hmac.New(sha256.New, []byte(h.cfg.Token))
+	m := hmac.New(sha256.New, []byte(token))
 	m.Write([]byte("bothyd e2b volume token\x00" + id))
 	return hex.EncodeToString(m.Sum(nil))
 }

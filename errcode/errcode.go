@@ -102,6 +102,9 @@ const (
 	LinkNotFound Code = "link-not-found"
 	// WebhookNotFound: no webhook has this id (it never existed, or was deleted).
 	WebhookNotFound Code = "webhook-not-found"
+	// WebhookExists: a create named the id of a webhook that differs from it (a cluster's
+	// router names the id; docs/cluster.md).
+	WebhookExists Code = "webhook-exists"
 	// IdempotencyKeyReused: an Idempotency-Key came again with another request (another
 	// method, path or body) than the one it was first used for.
 	IdempotencyKeyReused Code = "idempotency-key-reused"
@@ -136,12 +139,34 @@ const (
 	// back or forked (docs/checkpoints.md says which can).
 	CheckpointUnsupported Code = "checkpoint-unsupported"
 
+	// RegistryUnavailable: a clone needs a template generation this node does not hold and
+	// the template registry it would pull it from cannot be reached (503; clones of
+	// generations the node holds go on).
+	RegistryUnavailable Code = "registry-unavailable"
+	// RegistryRefused: the template registry served a generation that is refused (a digest
+	// or size that does not match, an archive entry outside the generation).
+	RegistryRefused Code = "registry-refused"
+
 	// StorageFull: the file system of the state root is out of space or over a quota
 	// (ENOSPC, EDQUOT). Made by [Storage].
 	StorageFull Code = "storage-full"
 	// StorageUnavailable: the file system of the state root refuses writes or fails them
 	// (EROFS, EIO). Made by [Storage].
 	StorageUnavailable Code = "storage-unavailable"
+
+	// NodeFull: a cluster node (bothyd --cluster-node) has no room for the create within the
+	// capacity it publishes (slots, memory or CPU limits); a router places it on another
+	// node, a client retries after Retry-After.
+	NodeFull Code = "node-full"
+	// NodeDraining: a cluster node being drained (or cordoned) takes no new sandbox; its
+	// own go on until they end or its drain deadline passes.
+	NodeDraining Code = "node-draining"
+	// NodeNotFound: a cluster router has no BothyNode of the name (GET or PATCH
+	// /v1/nodes/{name}).
+	NodeNotFound Code = "node-not-found"
+	// NotACluster: the nodes API (/v1/nodes) asked of a single bothyd, which is no cluster;
+	// a cluster router serves it (docs/cluster.md).
+	NotACluster Code = "not-a-cluster"
 )
 
 // Error is a domain error with a stable code and a message that tells the caller what to do.

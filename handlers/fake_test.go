@@ -289,6 +289,10 @@ func (f *fakeSupervisor) Capture(context.Context, string, string) (*supervisor.G
 	return nil, errUnprepared
 }
 
+func (f *fakeSupervisor) PushState(string, string) (supervisor.PushState, bool) {
+	return supervisor.PushState{}, false
+}
+
 func (f *fakeSupervisor) ListGenerations(string) ([]supervisor.Generation, error) {
 	return f.gens, f.err
 }

@@ -62,6 +62,8 @@ type Supervisor interface {
 	DeleteTemplate(ctx context.Context, name string, drain bool) (supervisor.RetireOutcome, error)
 	Capture(ctx context.Context, template, sandbox string) (*supervisor.Generation, error)
 	ListGenerations(template string) ([]supervisor.Generation, error)
+	// PushState is where the push of a generation captured by this process stands.
+	PushState(template, gen string) (supervisor.PushState, bool)
 	Generation(template, gen string) (*supervisor.Generation, error)
 	Tombstone(ctx context.Context, template, gen string) (*supervisor.Generation, error)
 	Retire(ctx context.Context, template, gen string, drain bool) (supervisor.RetireOutcome, error)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/bothy/bothy/errcode"
 	"github.com/bothy/bothy/openapi"
+	"github.com/bothy/bothy/store/image"
 	"github.com/bothy/bothy/supervisor"
 )
 
@@ -29,7 +30,9 @@ func (h *Handlers) images() (Images, error) {
 	return h.cfg.Images, nil
 }
 
-func (h *Handlers) ListImages(context.Context, openapi.ListImagesRequestObject) (openapi.ListImagesResponseObject, error) {
+// ListImages lists the images a page at a time by name, so that a page's last name is the
+// next page's cursor, as in every other list.
+func (h *Handlers) ListImages(_ context.Context, req openapi.ListImagesRequestObject) (openapi.ListImagesResponseObject, error) {
 	var infos []*supervisor.ImageInfo
 	var err error
 	if im, ierr := h.images(); ierr == nil {
@@ -49,8 +52,12 @@ func (h *Handlers) ListImages(context.Context, openapi.ListImagesRequestObject) 
 	if err != nil {
 		return nil, err
 	}
-	out := openapi.ListImages200JSONResponse{Items: []openapi.Image{}}
-	for _, i := range infos {
+	page, next, err := paginateKeys(infos, req.Params.Cursor, req.Params.Limit, func(i *supervisor.ImageInfo) string { return i.Name }, image.NameShape) // the contract's ImageCursor
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.ListImages200JSONResponse{Items: []openapi.Image{}, NextCursor: next}
+	for _, i := range page {
 		out.Items = append(out.Items, apiImage(i))
 	}
 	return out, nil

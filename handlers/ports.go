@@ -430,6 +430,43 @@ func (h *Handlers) CreatePortLink(_ context.Context, req openapi.CreatePortLinkR
 	}, nil
 }
 
+// ListPortLinks lists the port's live links, without tokens.
+func (h *Handlers) ListPortLinks(_ context.Context, req openapi.ListPortLinksRequestObject) (openapi.ListPortLinksResponseObject, error) {
+	items, err := h.listLinks(req.ID, req.Port)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.ListPortLinks200JSONResponse{Items: items}, nil
+}
+
+// ListSandboxLinks lists the live links of every port of the sandbox, without tokens.
+func (h *Handlers) ListSandboxLinks(_ context.Context, req openapi.ListSandboxLinksRequestObject) (openapi.ListSandboxLinksResponseObject, error) {
+	items, err := h.listLinks(req.ID, 0)
+	if err != nil {
+		return nil, err
+	}
+	return openapi.ListSandboxLinks200JSONResponse{Items: items}, nil
+}
+
+// listLinks lists the live links of the sandbox's port (every port for 0). A link's token is
+// shown once, when it is made: the list carries ids and times alone, so reading it gives no
+// one a way into the port.
+func (h *Handlers) listLinks(id string, port int) ([]openapi.PortLinkInfo, error) {
+	if h.cfg.Links == nil {
+		return nil, errcode.New(errcode.NotImplemented, "This server does not serve port links.")
+	}
+	st, err := h.sup.Status(id)
+	if err != nil {
+		return nil, err
+	}
+	links := h.cfg.Links.List(id, st.Config.CreatedAt, port)
+	items := make([]openapi.PortLinkInfo, 0, len(links))
+	for _, l := range links {
+		items = append(items, openapi.PortLinkInfo{ID: l.ID, Sandbox: l.Sandbox, Port: l.Port, CreatedAt: l.CreatedAt, ExpiresAt: l.ExpiresAt})
+	}
+	return items, nil
+}
+
 // DeletePortLink revokes a link.
 func (h *Handlers) DeletePortLink(_ context.Context, req openapi.DeletePortLinkRequestObject) (openapi.DeletePortLinkResponseObject, error) {
 	if h.cfg.Links == nil {

@@ -60,16 +60,22 @@ func (h *Handlers) RotateSecret(_ context.Context, req openapi.RotateSecretReque
 	return openapi.RotateSecret200JSONResponse(secretOf(s)), nil
 }
 
-// ListSecrets lists the secrets, never their values.
-func (h *Handlers) ListSecrets(_ context.Context, _ openapi.ListSecretsRequestObject) (openapi.ListSecretsResponseObject, error) {
+// ListSecrets lists the secrets, never their values, a page at a time by name in byte order
+// (upper case before lower case), so that a page's last name is the next page's cursor, as
+// in every other list. A secret's name is not of the id rule (it has upper case and '_'),
+// so a cursor is checked against the secret name rule (the contract's SecretCursor).
+func (h *Handlers) ListSecrets(_ context.Context, req openapi.ListSecretsRequestObject) (openapi.ListSecretsResponseObject, error) {
 	store, err := h.secrets()
 	if err != nil {
 		return nil, err
 	}
-	list := store.List()
-	out := openapi.ListSecrets200JSONResponse{Items: make([]openapi.Secret, 0, len(list))}
-	for i := range list {
-		out.Items = append(out.Items, secretOf(&list[i]))
+	page, next, err := paginateKeys(store.List(), req.Params.Cursor, req.Params.Limit, func(s secret.Secret) string { return s.Name }, secret.ValidName)
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.ListSecrets200JSONResponse{Items: make([]openapi.Secret, 0, len(page)), NextCursor: next}
+	for i := range page {
+		out.Items = append(out.Items, secretOf(&page[i]))
 	}
 	return out, nil
 }

@@ -75,7 +75,7 @@ func (h *Handlers) CaptureGeneration(ctx context.Context, req openapi.CaptureGen
 	}
 	location := "/v1/templates/" + req.Name + "/generations/" + g.ID
 	return openapi.CaptureGeneration201JSONResponse{
-		Body:    apiGeneration(g),
+		Body:    h.withPush(apiGeneration(g)),
 		Headers: openapi.CaptureGeneration201ResponseHeaders{Location: &location},
 	}, nil
 }
@@ -91,7 +91,7 @@ func (h *Handlers) ListGenerations(_ context.Context, req openapi.ListGeneration
 	}
 	out := openapi.GenerationList{Items: make([]openapi.Generation, 0, len(page)), NextCursor: next}
 	for i := range page {
-		out.Items = append(out.Items, apiGeneration(&page[i]))
+		out.Items = append(out.Items, h.withPush(apiGeneration(&page[i])))
 	}
 	return openapi.ListGenerations200JSONResponse(out), nil
 }
@@ -101,7 +101,7 @@ func (h *Handlers) GetGeneration(_ context.Context, req openapi.GetGenerationReq
 	if err != nil {
 		return nil, err
 	}
-	return openapi.GetGeneration200JSONResponse(apiGeneration(g)), nil
+	return openapi.GetGeneration200JSONResponse(h.withPush(apiGeneration(g))), nil
 }
 
 func (h *Handlers) TombstoneGeneration(ctx context.Context, req openapi.TombstoneGenerationRequestObject) (openapi.TombstoneGenerationResponseObject, error) {
@@ -111,7 +111,7 @@ func (h *Handlers) TombstoneGeneration(ctx context.Context, req openapi.Tombston
 	if err != nil {
 		return nil, err
 	}
-	return openapi.TombstoneGeneration200JSONResponse(apiGeneration(g)), nil
+	return openapi.TombstoneGeneration200JSONResponse(h.withPush(apiGeneration(g))), nil
 }
 
 func (h *Handlers) RetireGeneration(ctx context.Context, req openapi.RetireGenerationRequestObject) (openapi.RetireGenerationResponseObject, error) {
@@ -126,7 +126,7 @@ func (h *Handlers) RetireGeneration(ctx context.Context, req openapi.RetireGener
 		if err != nil {
 			return nil, err
 		}
-		return openapi.RetireGeneration202JSONResponse(apiGeneration(g)), nil
+		return openapi.RetireGeneration202JSONResponse(h.withPush(apiGeneration(g))), nil
 	}
 	return openapi.RetireGeneration204Response{}, nil
 }
@@ -171,14 +171,44 @@ func apiGeneration(g *supervisor.Generation) openapi.Generation {
 		pause := g.CapturePauseMS
 		out.CapturePauseMs = &pause
 	}
+	if src := g.Source; src != nil {
+		out.Source = &openapi.GenerationSource{Sandbox: src.Sandbox}
+		if src.Template != "" {
+			out.Source.Template, out.Source.Generation = &src.Template, &src.Generation
+		}
+	}
 	return out
+}
+
+// withPush adds where the generation's push to the template registry stands, when this
+// process pushed it.
+func (h *Handlers) withPush(g openapi.Generation) openapi.Generation {
+	st, ok := h.sup.PushState(g.Template, g.ID)
+	if !ok {
+		return g
+	}
+	r := openapi.GenerationPush{State: openapi.GenerationPushState(st.State)}
+	if st.Digest != "" {
+		r.Digest = &st.Digest
+	}
+	if st.Error != "" {
+		r.Error = &st.Error
+	}
+	g.Registry = &r
+	return g
 }
 
 // paginate returns the page of items (sorted by key) after the cursor, and the cursor of the
 // next page. A cursor is the last key of a page, base64url-encoded: opaque to clients, and
 // stable while items come and go.
 func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) ([]T, *string, error) {
-	after, n, err := pageBounds(cursor, limit)
+	return paginateKeys(items, cursor, limit, key, naming.ValidID)
+}
+
+// paginateKeys is paginate for keys of another rule than the id rule (image names, which
+// may hold '.' and '_'): valid says whether a cursor is a key of that rule.
+func paginateKeys[T any](items []T, cursor *string, limit *int, key func(T) string, valid func(string) bool) ([]T, *string, error) {
+	after, n, err := pageBoundsOf(cursor, limit, valid)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -201,12 +231,17 @@ func paginate[T any](items []T, cursor *string, limit *int, key func(T) string) 
 // pageBounds decodes a listing's cursor into the key that its page starts after ("" for the
 // first page), and its limit into the page's size.
 func pageBounds(cursor *string, limit *int) (string, int, error) {
+	return pageBoundsOf(cursor, limit, naming.ValidID)
+}
+
+// pageBoundsOf is pageBounds for cursors that valid accepts.
+func pageBoundsOf(cursor *string, limit *int, valid func(string) bool) (string, int, error) {
 	after := ""
 	if cursor != nil {
 		// A cursor is the key (a sandbox id, a template name, a generation id) its page starts
 		// after, so that every cursor of the contract's pattern (the id rule) names a position
 		// (issue 38): the contract, not the server, says which cursors are valid.
-		if !naming.ValidID(*cursor) {
+		if !valid(*cursor) {
 			return "", 0, errcode.Invalid("cursor", "The cursor is not one this server returned; start again without it.")
 		}
 		after = *cursor

@@ -53,7 +53,7 @@ func (h *Handlers) CreateVolume(ctx context.Context, req openapi.CreateVolumeReq
 	return openapi.CreateVolume201JSONResponse(volumeOf(v)), nil
 }
 
-func (h *Handlers) ListVolumes(_ context.Context, _ openapi.ListVolumesRequestObject) (openapi.ListVolumesResponseObject, error) {
+func (h *Handlers) ListVolumes(_ context.Context, req openapi.ListVolumesRequestObject) (openapi.ListVolumesResponseObject, error) {
 	vs, err := h.volumes()
 	if err != nil {
 		return nil, err
@@ -62,8 +62,12 @@ func (h *Handlers) ListVolumes(_ context.Context, _ openapi.ListVolumesRequestOb
 	if err != nil {
 		return nil, err
 	}
-	out := openapi.ListVolumes200JSONResponse{Items: make([]openapi.Volume, 0, len(list))}
-	for _, v := range list {
+	page, next, err := paginate(list, req.Params.Cursor, req.Params.Limit, func(v *volume.Volume) string { return v.Name })
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.ListVolumes200JSONResponse{Items: make([]openapi.Volume, 0, len(page)), NextCursor: next}
+	for _, v := range page {
 		out.Items = append(out.Items, volumeOf(v))
 	}
 	return out, nil

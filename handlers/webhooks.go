@@ -35,6 +35,9 @@ func (h *Handlers) CreateWebhook(_ context.Context, req openapi.CreateWebhookReq
 		return nil, errcode.Invalid("body", "Send a JSON object with url, events and secret.")
 	}
 	cr := webhook.CreateRequest{URL: req.Body.URL}
+	if req.Body.ID != nil {
+		cr.ID = *req.Body.ID
+	}
 	for _, t := range req.Body.Events {
 		cr.Events = append(cr.Events, string(t))
 	}
@@ -50,15 +53,18 @@ func (h *Handlers) CreateWebhook(_ context.Context, req openapi.CreateWebhookReq
 }
 
 // ListWebhooks lists the webhooks with their delivery state.
-func (h *Handlers) ListWebhooks(_ context.Context, _ openapi.ListWebhooksRequestObject) (openapi.ListWebhooksResponseObject, error) {
+func (h *Handlers) ListWebhooks(_ context.Context, req openapi.ListWebhooksRequestObject) (openapi.ListWebhooksResponseObject, error) {
 	hooks, err := h.webhooks()
 	if err != nil {
 		return nil, err
 	}
-	list := hooks.List()
-	out := openapi.ListWebhooks200JSONResponse{Items: make([]openapi.Webhook, 0, len(list))}
-	for i := range list {
-		out.Items = append(out.Items, webhookOf(&list[i]))
+	page, next, err := paginate(hooks.List(), req.Params.Cursor, req.Params.Limit, func(w webhook.Webhook) string { return w.ID })
+	if err != nil {
+		return nil, err
+	}
+	out := openapi.ListWebhooks200JSONResponse{Items: make([]openapi.Webhook, 0, len(page)), NextCursor: next}
+	for i := range page {
+		out.Items = append(out.Items, webhookOf(&page[i]))
 	}
 	return out, nil
 }

@@ -69,6 +69,8 @@ type sandbox struct {
 	egress     bool
 
 	servers []*dns.Server
+	// stopped says the resolver was stopped on purpose, so its servers' ends are not warned of.
+	stopped atomic.Bool
 	refused atomic.Uint64
 	// conns and pending are the sandbox's own share of the resolver's bounds.
 	conns, pending gate
@@ -503,9 +505,7 @@ func (m *Manager) Recorded() ([]string, error) {
 
 func (m *Manager) teardown(id string) error {
 	if sb := m.sandboxes[id]; sb != nil {
-		for _, s := range sb.servers {
-			_ = s.Shutdown()
-		}
+		sb.stopResolver()
 		if sb.egress && m.cfg.Egress != nil {
 			m.cfg.Egress.Stop(id)
 		}
@@ -842,10 +842,7 @@ func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, sb := range m.sandboxes {
-		for _, s := range sb.servers {
-			_ = s.Shutdown()
-		}
-		sb.servers = nil
+		sb.stopResolver()
 	}
 	return nil
 }

@@ -65,6 +65,7 @@ func pinTTL(ttl uint32) time.Duration {
 // through its own interface. The input chain drops such a query already (localToIIF); the
 // binding holds even without it. TCP connections are bounded (bounds_linux.go).
 func (m *Manager) serve(sb *sandbox) error {
+	sb.stopped.Store(false)
 	at := netip.AddrPortFrom(sb.att.Gateway, 53).String()
 	var pc net.PacketConn
 	var ln net.Listener
@@ -95,12 +96,32 @@ func (m *Manager) serve(sb *sandbox) error {
 		{Listener: ln, Handler: handler, ReadTimeout: resolverReadTimeout, IdleTimeout: idle, WriteTimeout: resolverWriteTimeout}}
 	for _, s := range sb.servers {
 		go func() {
-			if err := s.ActivateAndServe(); err != nil {
+			if err := s.ActivateAndServe(); err != nil && !sb.stopped.Load() {
 				m.log.Warn("network: a resolver stopped", "sandbox", sb.id, "err", err)
 			}
 		}()
 	}
 	return nil
+}
+
+// stopResolver stops sb's resolver and closes its sockets. A server whose goroutine has not
+// activated it yet refuses Shutdown ("server not started") and would go on to serve for the
+// rest of the process on a socket nothing owns; closing the socket makes its
+// ActivateAndServe return at once instead.
+func (sb *sandbox) stopResolver() {
+	sb.stopped.Store(true)
+	for _, s := range sb.servers {
+		if s.Shutdown() == nil {
+			continue
+		}
+		if s.PacketConn != nil {
+			_ = s.PacketConn.Close()
+		}
+		if s.Listener != nil {
+			_ = s.Listener.Close()
+		}
+	}
+	sb.servers = nil
 }
 
 // bindToDevice returns a socket control that binds the socket to the interface ifname.

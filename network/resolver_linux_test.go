@@ -5,6 +5,7 @@ package network
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -313,4 +314,41 @@ func TestPinsAreBounded(t *testing.T) {
 	s.resolves("sub.wild.test", allowedHost.String()) // pinned already
 	s.unreachable(cidrHost.String(), 80)              // not pinned
 	s.reachable(allowedHost.String(), 80)
+}
+
+// TestStopResolverBeforeItStarted: a resolver stopped before its goroutine activated it
+// (a teardown or Close right after the setup) has its sockets closed, and its server, when
+// the goroutine gets to it, ends at once rather than serving for the rest of the process.
+// Without the close, Shutdown's "server not started" left both sockets open.
+func TestStopResolverBeforeItStarted(t *testing.T) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	must(t, err)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	must(t, err)
+	handler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {})
+	sb := &sandbox{id: "early", servers: []*dns.Server{{PacketConn: pc, Handler: handler}, {Listener: ln, Handler: handler}}}
+	servers := sb.servers
+	must(t, pc.SetReadDeadline(time.Now().Add(time.Second)))
+	sb.stopResolver()
+	if sb.servers != nil || !sb.stopped.Load() {
+		t.Fatalf("after stopResolver: servers %v, stopped %v", sb.servers, sb.stopped.Load())
+	}
+	if _, _, err := pc.ReadFrom(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("the UDP socket after stopResolver: %v, want it closed", err)
+	}
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("the TCP listener after stopResolver: %v, want it closed", err)
+	}
+	for _, s := range servers {
+		done := make(chan error, 1)
+		go func() { done <- s.ActivateAndServe() }()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("a server activated after its stop served and returned no error")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a server activated after its stop is serving")
+		}
+	}
 }

@@ -128,6 +128,27 @@ func (e GenerationState) Valid() bool {
 	}
 }
 
+// Defines values for GenerationPushState.
+const (
+	GenerationPushStateFailed  GenerationPushState = "failed"
+	GenerationPushStatePushed  GenerationPushState = "pushed"
+	GenerationPushStatePushing GenerationPushState = "pushing"
+)
+
+// Valid indicates whether the value is a known member of the GenerationPushState enum.
+func (e GenerationPushState) Valid() bool {
+	switch e {
+	case GenerationPushStateFailed:
+		return true
+	case GenerationPushStatePushed:
+		return true
+	case GenerationPushStatePushing:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for HealthStatus.
 const (
 	HealthStatusOk HealthStatus = "ok"
@@ -409,6 +430,7 @@ func (e RuntimeStatusState) Valid() bool {
 
 // Defines values for SandboxState.
 const (
+	SandboxStateNodeLost    SandboxState = "node-lost"
 	SandboxStatePaused      SandboxState = "paused"
 	SandboxStateProvisioned SandboxState = "provisioned"
 	SandboxStateRunning     SandboxState = "running"
@@ -420,6 +442,8 @@ const (
 // Valid indicates whether the value is a known member of the SandboxState enum.
 func (e SandboxState) Valid() bool {
 	switch e {
+	case SandboxStateNodeLost:
+		return true
 	case SandboxStatePaused:
 		return true
 	case SandboxStateProvisioned:
@@ -703,7 +727,7 @@ type Checkpoint struct {
 	Mode CheckpointMode `json:"mode"`
 	Name string         `json:"name"`
 
-	// SizeBytes The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it).
+	// SizeBytes The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it; for a memory checkpoint of a running microVM, its saved memory and device state too), as the state root holds them.
 	SizeBytes int64 `json:"size_bytes"`
 }
 
@@ -839,8 +863,9 @@ type CreateSandboxRequest struct {
 	// choice, read-write or read-only. Several sandboxes may mount one volume at once and
 	// see each other's writes; files keep their owner's id as every sandbox sees it (the
 	// sandbox's user is 1000 in each). A volume that does not exist is refused with
-	// `volume-not-found`. The `namespace` runtime alone mounts volumes: a `microvm`
-	// create that names any is refused with `not-implemented` (docs/volumes.md). A
+	// `volume-not-found`. A `microvm` sandbox mounts them through virtio-fs, shared with
+	// every other sandbox (docs/volumes.md); a host without virtiofsd refuses it with
+	// `unavailable`. A
 	// clone names its own volumes; a template generation holds none of a volume's files.
 	Volumes *[]VolumeMount `json:"volumes,omitempty"`
 }
@@ -878,6 +903,13 @@ type CreateVolumeRequest struct {
 type CreateWebhookRequest struct {
 	// Events The event types to deliver; at least one.
 	Events []WebhookEventType `json:"events"`
+
+	// ID The webhook's id; the server makes one when it is absent. A cluster's router gives
+	// it, so that a webhook made through the router has one id on every node
+	// (docs/cluster.md). A create that names the id of a webhook with the same URL,
+	// events and secret answers that webhook again (a retry is idempotent); one that
+	// differs is refused (`409 webhook-exists`).
+	ID *string `json:"id,omitempty"`
 
 	// Secret The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
 	// it, and it is never logged. Use a long random one.
@@ -985,13 +1017,19 @@ type Event struct {
 	// Example: build-42
 	Sandbox *SandboxID `json:"sandbox,omitempty"`
 
-	// Seq Increases by one per event of this server process; also the SSE `id`.
+	// Seq Increases by one per event of this server process; also the SSE `id`. Through a
+	// cluster router, the event's node's own sequence number, while the SSE `id` is the
+	// router's (see `GET /v1/events`).
 	Seq int64 `json:"seq"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
 	// `running`: its agent answers; `paused`: running, with every process frozen (see
 	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
-	// `last_exit`).
+	// `last_exit`); `node-lost`: only a cluster router reports it (docs/cluster.md), in its
+	// lists, for a sandbox whose node's lease has lapsed (the node is down or cut off): the
+	// fields come from the cluster's record of the sandbox, and calls on it answer `503
+	// node-lost` until the node is back. A single bothyd never reports it. Clients treat a
+	// state they do not know as one they cannot act on.
 	State *SandboxState `json:"state,omitempty"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -1174,8 +1212,22 @@ type Generation struct {
 	Key CompatibilityKey `json:"key"`
 
 	// Leases How many clones lease it now.
-	Leases    int   `json:"leases"`
-	SizeBytes int64 `json:"size_bytes"`
+	Leases int `json:"leases"`
+
+	// Registry Where the push of a generation to the template registry stands
+	// (`--template-registry`): `pushing`, `pushed` (with the manifest's digest) or
+	// `failed` (with why; the node's next sweep, within 5 minutes, pushes it again). Present
+	// on the node that captured it, since that bothyd started; absent on other nodes (which
+	// pulled it), for generations captured before the last start (unless a sweep pushed
+	// them again since), and without a registry.
+	Registry  *GenerationPush `json:"registry,omitempty"`
+	SizeBytes int64           `json:"size_bytes"`
+
+	// Source The generation's lineage: the sandbox it was captured from and, when that sandbox was
+	// a clone, the generation it was cloned from (its parent). A record, not a dependency:
+	// a clone's capture holds its parent's files merged in and leases nothing, so the parent
+	// may be retired first. Absent on generations captured before sources were recorded.
+	Source *GenerationSource `json:"source,omitempty"`
 
 	// State `active`: clones may lease it; `tombstoned`: quarantined, no new lease;
 	// `retiring`: its retirement waits for the last lease to go.
@@ -1209,6 +1261,46 @@ type GenerationID = string
 type GenerationList struct {
 	Items      []Generation `json:"items"`
 	NextCursor *string      `json:"next_cursor,omitempty"`
+}
+
+// GenerationPush Where the push of a generation to the template registry stands
+// (`--template-registry`): `pushing`, `pushed` (with the manifest's digest) or
+// `failed` (with why; the node's next sweep, within 5 minutes, pushes it again). Present
+// on the node that captured it, since that bothyd started; absent on other nodes (which
+// pulled it), for generations captured before the last start (unless a sweep pushed
+// them again since), and without a registry.
+type GenerationPush struct {
+	Digest *string             `json:"digest,omitempty"`
+	Error  *string             `json:"error,omitempty"`
+	State  GenerationPushState `json:"state"`
+}
+
+// GenerationPushState defines model for GenerationPush.State.
+type GenerationPushState string
+
+// GenerationSource The generation's lineage: the sandbox it was captured from and, when that sandbox was
+// a clone, the generation it was cloned from (its parent). A record, not a dependency:
+// a clone's capture holds its parent's files merged in and leases nothing, so the parent
+// may be retired first. Absent on generations captured before sources were recorded.
+type GenerationSource struct {
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
+	//
+	//
+	// Example: g000003
+	Generation *GenerationID `json:"generation,omitempty"`
+
+	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: build-42
+	Sandbox SandboxID `json:"sandbox"`
+
+	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: python-base
+	Template *TemplateName `json:"template,omitempty"`
 }
 
 // Health defines model for Health.
@@ -1311,6 +1403,9 @@ type ImageLayer struct {
 // ImageList defines model for ImageList.
 type ImageList struct {
 	Items []Image `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
@@ -1320,6 +1415,16 @@ type ImageName = string
 
 // Info defines model for Info.
 type Info struct {
+	// Cluster Sent by a cluster router only (docs/cluster.md), whose other fields are one live
+	// node's: the cluster's nodes, for a client (the dashboard) to know it serves a
+	// cluster and offer the nodes API (`listNodes`). A single bothyd leaves it out.
+	Cluster *struct {
+		// LiveNodes Those whose lease is live.
+		LiveNodes int32 `json:"live_nodes"`
+
+		// Nodes The cluster's nodes (BothyNode objects).
+		Nodes int32 `json:"nodes"`
+	} `json:"cluster,omitempty"`
 	Images []struct {
 		Description *string `json:"description,omitempty"`
 
@@ -1551,6 +1656,99 @@ type NetworkPolicy struct {
 	Secrets *SecretBindings `json:"secrets,omitempty"`
 }
 
+// Node A node of the cluster as the router sees it (docs/cluster.md).
+type Node struct {
+	// Address The node's API address, as it published it.
+	Address *string `json:"address,omitempty"`
+
+	// Allocated Memory, CPU and sandbox slots, as a node publishes them.
+	Allocated NodeCapacity `json:"allocated"`
+
+	// Capacity Memory, CPU and sandbox slots, as a node publishes them.
+	Capacity NodeCapacity `json:"capacity"`
+
+	// Cordoned Placement puts nothing new on the node.
+	Cordoned bool `json:"cordoned"`
+
+	// Drain A draining node's progress (its `status.drain`).
+	Drain *NodeDrain `json:"drain,omitempty"`
+
+	// DrainDeadline When a draining node deletes what it still holds.
+	DrainDeadline *time.Time `json:"drain_deadline,omitempty"`
+
+	// Draining The node refuses creates and empties.
+	Draining bool `json:"draining"`
+
+	// Free Memory, CPU and sandbox slots, as a node publishes them.
+	Free NodeCapacity `json:"free"`
+
+	// Health The node's own judgement, `Healthy`, `Degraded` or `Unhealthy`; empty before it first published.
+	Health string `json:"health"`
+
+	// HealthMessage Why the node is not healthy.
+	HealthMessage *string `json:"health_message,omitempty"`
+
+	// LeaseDurationSeconds How long the node's lease lasts from a renewal.
+	LeaseDurationSeconds *int32 `json:"lease_duration_seconds,omitempty"`
+
+	// LeaseRenewedAt When the node last renewed its lease; it lapses `lease_duration_seconds` later.
+	LeaseRenewedAt *time.Time `json:"lease_renewed_at,omitempty"`
+
+	// Live The node's lease is live by the router's clock; false means lost (down or cut off).
+	Live bool   `json:"live"`
+	Name string `json:"name"`
+
+	// Sandboxes The sandboxes the node holds.
+	Sandboxes int32 `json:"sandboxes"`
+
+	// UpdatedAt When the node last published its status.
+	UpdatedAt *time.Time `json:"updated_at,omitempty"`
+
+	// Version The node's bothyd version.
+	Version *string `json:"version,omitempty"`
+}
+
+// NodeCapacity Memory, CPU and sandbox slots, as a node publishes them.
+type NodeCapacity struct {
+	// MemoryMb Memory in MiB.
+	MemoryMb int64 `json:"memory_mb"`
+
+	// MilliCPU CPU in thousandths of a vCPU.
+	MilliCPU int64 `json:"milli_cpu"`
+
+	// Sandboxes Sandbox slots.
+	Sandboxes int32 `json:"sandboxes"`
+}
+
+// NodeDrain A draining node's progress (its `status.drain`).
+type NodeDrain struct {
+	// Deadline When the node deletes what is left.
+	Deadline *time.Time `json:"deadline,omitempty"`
+
+	// Deleted Sandboxes the deadline deleted.
+	Deleted *int32 `json:"deleted,omitempty"`
+
+	// Drained The node holds nothing; it may be stopped and removed.
+	Drained bool `json:"drained"`
+
+	// Remaining Sandboxes the node still holds.
+	Remaining int32 `json:"remaining"`
+}
+
+// NodeList defines model for NodeList.
+type NodeList struct {
+	Items []Node `json:"items"`
+}
+
+// NodePatch The operator's part of a node; a field left out is left as it is.
+type NodePatch struct {
+	Cordoned *bool `json:"cordoned,omitempty"`
+
+	// DrainDeadline When a draining node deletes what it still holds; null clears it.
+	DrainDeadline *time.Time `json:"drain_deadline,omitempty"`
+	Draining      *bool      `json:"draining,omitempty"`
+}
+
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
@@ -1580,6 +1778,22 @@ type PortLink struct {
 
 	// Token The credential; shown only when the link is made.
 	Token string `json:"token"`
+}
+
+// PortLinkInfo A live link as listed, without its token.
+type PortLinkInfo struct {
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// ID The link's id, for revoking it.
+	ID      string `json:"id"`
+	Port    int    `json:"port"`
+	Sandbox string `json:"sandbox"`
+}
+
+// PortLinkList defines model for PortLinkList.
+type PortLinkList struct {
+	Items []PortLinkInfo `json:"items"`
 }
 
 // PortLinkRequest defines model for PortLinkRequest.
@@ -1840,7 +2054,11 @@ type Sandbox struct {
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
 	// `running`: its agent answers; `paused`: running, with every process frozen (see
 	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
-	// `last_exit`).
+	// `last_exit`); `node-lost`: only a cluster router reports it (docs/cluster.md), in its
+	// lists, for a sandbox whose node's lease has lapsed (the node is down or cut off): the
+	// fields come from the cluster's record of the sandbox, and calls on it answer `503
+	// node-lost` until the node is back. A single bothyd never reports it. Clients treat a
+	// state they do not know as one they cannot act on.
 	State SandboxState `json:"state"`
 
 	// Template The template generation a clone was made from, and its lease.
@@ -1878,7 +2096,11 @@ type SandboxMetrics struct {
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
 // `running`: its agent answers; `paused`: running, with every process frozen (see
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
-// `last_exit`).
+// `last_exit`); `node-lost`: only a cluster router reports it (docs/cluster.md), in its
+// lists, for a sandbox whose node's lease has lapsed (the node is down or cut off): the
+// fields come from the cluster's record of the sandbox, and calls on it answer `503
+// node-lost` until the node is back. A single bothyd never reports it. Clients treat a
+// state they do not know as one they cannot act on.
 type SandboxState string
 
 // Secret defines model for Secret.
@@ -1927,6 +2149,9 @@ type SecretHeader struct {
 // SecretList defines model for SecretList.
 type SecretList struct {
 	Items []Secret `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // SecretName A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
@@ -2157,6 +2382,9 @@ type VolumeFileList struct {
 // VolumeList defines model for VolumeList.
 type VolumeList struct {
 	Items []Volume `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // VolumeMount defines model for VolumeMount.
@@ -2194,7 +2422,7 @@ type Webhook struct {
 	Delivery WebhookDelivery `json:"delivery"`
 	Events   []EventType     `json:"events"`
 
-	// ID A webhook's id, given by the server.
+	// ID A webhook's id, given by the server (or by a cluster's router, at create).
 	ID  WebhookID `json:"id"`
 	URL string    `json:"url"`
 }
@@ -2230,12 +2458,15 @@ type WebhookDelivery struct {
 // rather than never delivered.
 type WebhookEventType string
 
-// WebhookID A webhook's id, given by the server.
+// WebhookID A webhook's id, given by the server (or by a cluster's router, at create).
 type WebhookID = string
 
 // WebhookList defines model for WebhookList.
 type WebhookList struct {
 	Items []Webhook `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // AccessToken defines model for AccessToken.
@@ -2261,6 +2492,9 @@ type GenerationIDPath = GenerationID
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
+// ImageCursor defines model for ImageCursor.
+type ImageCursor = string
+
 // ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
 // reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
 // read nor deleted under `/v1/images/{name}`.
@@ -2270,6 +2504,9 @@ type ImageNamePath = StoredImageName
 
 // Limit defines model for Limit.
 type Limit = int
+
+// NodeName defines model for NodeName.
+type NodeName = string
 
 // PortPath defines model for PortPath.
 type PortPath = int
@@ -2281,6 +2518,9 @@ type ProxiedPath = string
 //
 // Example: build-42
 type SandboxIDPath = SandboxID
+
+// SecretCursor defines model for SecretCursor.
+type SecretCursor = string
 
 // SecretNamePath A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
 // placeholder in `BOTHY_SECRET_<NAME>`).
@@ -2311,7 +2551,7 @@ type WebSocketUpgrade = string
 // WebSocketVersion defines model for WebSocketVersion.
 type WebSocketVersion string
 
-// WebhookIDPath A webhook's id, given by the server.
+// WebhookIDPath A webhook's id, given by the server (or by a cluster's router, at create).
 type WebhookIDPath = WebhookID
 
 // BadGateway An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
@@ -2361,6 +2601,17 @@ type Unauthorized = Problem
 
 // UnprocessableEntity An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
 type UnprocessableEntity = Problem
+
+// ListImagesParams defines parameters for ListImages.
+type ListImagesParams struct {
+	// Cursor The `next_cursor` of the previous page of images, as the server returned it: the page
+	// starts after the image it names, whatever was added or removed since. Clients treat
+	// it as opaque.
+	Cursor *ImageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
 
 // PullImageParams defines parameters for PullImage.
 type PullImageParams struct {
@@ -2574,6 +2825,17 @@ type WaitSandboxParams struct {
 // WaitSandboxParamsState defines parameters for WaitSandbox.
 type WaitSandboxParamsState string
 
+// ListSecretsParams defines parameters for ListSecrets.
+type ListSecretsParams struct {
+	// Cursor The `next_cursor` of the previous page of secrets, as the server returned it: the page
+	// starts after the secret it names, whatever was added or removed since. Clients treat
+	// it as opaque.
+	Cursor *SecretCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
 	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
@@ -2653,6 +2915,17 @@ type TombstoneGenerationParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// ListVolumesParams defines parameters for ListVolumes.
+type ListVolumesParams struct {
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // CreateVolumeParams defines parameters for CreateVolume.
 type CreateVolumeParams struct {
 	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
@@ -2703,6 +2976,17 @@ type MakeVolumeDirParams struct {
 	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
 }
 
+// ListWebhooksParams defines parameters for ListWebhooks.
+type ListWebhooksParams struct {
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // CreateWebhookParams defines parameters for CreateWebhook.
 type CreateWebhookParams struct {
 	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
@@ -2716,6 +3000,9 @@ type CreateWebhookParams struct {
 
 // PullImageJSONRequestBody defines body for PullImage for application/json ContentType.
 type PullImageJSONRequestBody = PullImageRequest
+
+// PatchNodeJSONRequestBody defines body for PatchNode for application/json ContentType.
+type PatchNodeJSONRequestBody = NodePatch
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
@@ -2766,7 +3053,7 @@ type ServerInterface interface {
 	GetHealth(w http.ResponseWriter, r *http.Request)
 	// ListImages List images
 	// (GET /v1/images)
-	ListImages(w http.ResponseWriter, r *http.Request)
+	ListImages(w http.ResponseWriter, r *http.Request, params ListImagesParams)
 	// PullImage Pull an image from a registry
 	// (POST /v1/images)
 	PullImage(w http.ResponseWriter, r *http.Request, params PullImageParams)
@@ -2782,6 +3069,15 @@ type ServerInterface interface {
 	// GetInfo Server version, runtime, images and limits
 	// (GET /v1/info)
 	GetInfo(w http.ResponseWriter, r *http.Request)
+	// ListNodes List the cluster's nodes (a cluster router only)
+	// (GET /v1/nodes)
+	ListNodes(w http.ResponseWriter, r *http.Request)
+	// GetNode One node of the cluster (a cluster router only)
+	// (GET /v1/nodes/{name})
+	GetNode(w http.ResponseWriter, r *http.Request, name NodeName)
+	// PatchNode Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+	// (PATCH /v1/nodes/{name})
+	PatchNode(w http.ResponseWriter, r *http.Request, name NodeName)
 	// ListSandboxes List sandboxes
 	// (GET /v1/sandboxes)
 	ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams)
@@ -2824,9 +3120,12 @@ type ServerInterface interface {
 	// ListFiles List a directory
 	// (GET /v1/sandboxes/{id}/files/list)
 	ListFiles(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ListFilesParams)
-	// ForkSandbox Fork a sandbox into new ones that run on from its files
+	// ForkSandbox Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ForkSandboxParams)
+	// ListSandboxLinks List the live links of a sandbox, all ports
+	// (GET /v1/sandboxes/{id}/links)
+	ListSandboxLinks(w http.ResponseWriter, r *http.Request, id SandboxIDPath)
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams)
@@ -2839,6 +3138,9 @@ type ServerInterface interface {
 	// PauseSandbox Pause a running sandbox
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams)
+	// ListPortLinks List the live links of a port
+	// (GET /v1/sandboxes/{id}/ports/{port}/links)
+	ListPortLinks(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath)
 	// CreatePortLink Make a link that opens the port without the API token
 	// (POST /v1/sandboxes/{id}/ports/{port}/links)
 	CreatePortLink(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath, params CreatePortLinkParams)
@@ -2862,7 +3164,7 @@ type ServerInterface interface {
 	WaitSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params WaitSandboxParams)
 	// ListSecrets List secrets
 	// (GET /v1/secrets)
-	ListSecrets(w http.ResponseWriter, r *http.Request)
+	ListSecrets(w http.ResponseWriter, r *http.Request, params ListSecretsParams)
 	// CreateSecret Create a secret
 	// (POST /v1/secrets)
 	CreateSecret(w http.ResponseWriter, r *http.Request)
@@ -2907,7 +3209,7 @@ type ServerInterface interface {
 	TombstoneGeneration(w http.ResponseWriter, r *http.Request, name TemplateNamePath, gen GenerationIDPath, params TombstoneGenerationParams)
 	// ListVolumes List volumes
 	// (GET /v1/volumes)
-	ListVolumes(w http.ResponseWriter, r *http.Request)
+	ListVolumes(w http.ResponseWriter, r *http.Request, params ListVolumesParams)
 	// CreateVolume Create a volume
 	// (POST /v1/volumes)
 	CreateVolume(w http.ResponseWriter, r *http.Request, params CreateVolumeParams)
@@ -2934,7 +3236,7 @@ type ServerInterface interface {
 	MakeVolumeDir(w http.ResponseWriter, r *http.Request, name VolumeNamePath, params MakeVolumeDirParams)
 	// ListWebhooks List webhooks, with their delivery state
 	// (GET /v1/webhooks)
-	ListWebhooks(w http.ResponseWriter, r *http.Request)
+	ListWebhooks(w http.ResponseWriter, r *http.Request, params ListWebhooksParams)
 	// CreateWebhook Register a webhook
 	// (POST /v1/webhooks)
 	CreateWebhook(w http.ResponseWriter, r *http.Request, params CreateWebhookParams)
@@ -2958,7 +3260,7 @@ func (_ Unimplemented) GetHealth(w http.ResponseWriter, r *http.Request) {
 
 // ListImages List images
 // (GET /v1/images)
-func (_ Unimplemented) ListImages(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) ListImages(w http.ResponseWriter, r *http.Request, params ListImagesParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2989,6 +3291,24 @@ func (_ Unimplemented) ImportImage(w http.ResponseWriter, r *http.Request, name 
 // GetInfo Server version, runtime, images and limits
 // (GET /v1/info)
 func (_ Unimplemented) GetInfo(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListNodes List the cluster's nodes (a cluster router only)
+// (GET /v1/nodes)
+func (_ Unimplemented) ListNodes(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetNode One node of the cluster (a cluster router only)
+// (GET /v1/nodes/{name})
+func (_ Unimplemented) GetNode(w http.ResponseWriter, r *http.Request, name NodeName) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PatchNode Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+// (PATCH /v1/nodes/{name})
+func (_ Unimplemented) PatchNode(w http.ResponseWriter, r *http.Request, name NodeName) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3076,9 +3396,15 @@ func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id Sand
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// ForkSandbox Fork a sandbox into new ones that run on from its files
+// ForkSandbox Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 // (POST /v1/sandboxes/{id}/fork)
 func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params ForkSandboxParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListSandboxLinks List the live links of a sandbox, all ports
+// (GET /v1/sandboxes/{id}/links)
+func (_ Unimplemented) ListSandboxLinks(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3103,6 +3429,12 @@ func (_ Unimplemented) SetSandboxNetwork(w http.ResponseWriter, r *http.Request,
 // PauseSandbox Pause a running sandbox
 // (POST /v1/sandboxes/{id}/pause)
 func (_ Unimplemented) PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params PauseSandboxParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListPortLinks List the live links of a port
+// (GET /v1/sandboxes/{id}/ports/{port}/links)
+func (_ Unimplemented) ListPortLinks(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3150,7 +3482,7 @@ func (_ Unimplemented) WaitSandbox(w http.ResponseWriter, r *http.Request, id Sa
 
 // ListSecrets List secrets
 // (GET /v1/secrets)
-func (_ Unimplemented) ListSecrets(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) ListSecrets(w http.ResponseWriter, r *http.Request, params ListSecretsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3240,7 +3572,7 @@ func (_ Unimplemented) TombstoneGeneration(w http.ResponseWriter, r *http.Reques
 
 // ListVolumes List volumes
 // (GET /v1/volumes)
-func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request, params ListVolumesParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3294,7 +3626,7 @@ func (_ Unimplemented) MakeVolumeDir(w http.ResponseWriter, r *http.Request, nam
 
 // ListWebhooks List webhooks, with their delivery state
 // (GET /v1/webhooks)
-func (_ Unimplemented) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) ListWebhooks(w http.ResponseWriter, r *http.Request, params ListWebhooksParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3342,8 +3674,40 @@ func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Requ
 // ListImages operation middleware
 func (siw *ServerInterfaceWrapper) ListImages(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListImagesParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.ListImages(w, r)
+		siw.Handler.ListImages(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3477,6 +3841,72 @@ func (siw *ServerInterfaceWrapper) GetInfo(w http.ResponseWriter, r *http.Reques
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetInfo(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListNodes operation middleware
+func (siw *ServerInterfaceWrapper) ListNodes(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListNodes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetNode operation middleware
+func (siw *ServerInterfaceWrapper) GetNode(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name NodeName
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetNode(w, r, name)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PatchNode operation middleware
+func (siw *ServerInterfaceWrapper) PatchNode(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "name" -------------
+	var name NodeName
+
+	err = runtime.BindStyledParameterWithOptions("simple", "name", chi.URLParam(r, "name"), &name, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PatchNode(w, r, name)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4192,6 +4622,32 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// ListSandboxLinks operation middleware
+func (siw *ServerInterfaceWrapper) ListSandboxLinks(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListSandboxLinks(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetSandboxLogs operation middleware
 func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http.Request) {
 
@@ -4335,6 +4791,41 @@ func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.R
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.PauseSandbox(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListPortLinks operation middleware
+func (siw *ServerInterfaceWrapper) ListPortLinks(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "port" -------------
+	var port PortPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "port", chi.URLParam(r, "port"), &port, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "integer", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "port", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListPortLinks(w, r, id, port)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4686,8 +5177,40 @@ func (siw *ServerInterfaceWrapper) WaitSandbox(w http.ResponseWriter, r *http.Re
 // ListSecrets operation middleware
 func (siw *ServerInterfaceWrapper) ListSecrets(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListSecretsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.ListSecrets(w, r)
+		siw.Handler.ListSecrets(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -5263,8 +5786,40 @@ func (siw *ServerInterfaceWrapper) TombstoneGeneration(w http.ResponseWriter, r 
 // ListVolumes operation middleware
 func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListVolumesParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.ListVolumes(w, r)
+		siw.Handler.ListVolumes(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -5619,8 +6174,40 @@ func (siw *ServerInterfaceWrapper) MakeVolumeDir(w http.ResponseWriter, r *http.
 // ListWebhooks operation middleware
 func (siw *ServerInterfaceWrapper) ListWebhooks(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListWebhooksParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.ListWebhooks(w, r)
+		siw.Handler.ListWebhooks(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -5909,6 +6496,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/logs", wrapper.GetSandboxLogs)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/links", wrapper.ListSandboxLinks)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/ports/{port}/links", wrapper.ListPortLinks)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/ports/{port}/links", wrapper.CreatePortLink)
 	})
 	r.Group(func(r chi.Router) {
@@ -6015,6 +6608,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/info", wrapper.GetInfo)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/nodes", wrapper.ListNodes)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/nodes/{name}", wrapper.GetNode)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/v1/nodes/{name}", wrapper.PatchNode)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/healthz", wrapper.GetHealth)
@@ -6132,6 +6734,7 @@ func (response GetHealth503ApplicationProblemPlusJSONResponse) VisitGetHealthRes
 }
 
 type ListImagesRequestObject struct {
+	Params ListImagesParams
 }
 
 type ListImagesResponseObject interface {
@@ -7001,6 +7604,417 @@ func (response GetInfo501ApplicationProblemPlusJSONResponse) VisitGetInfoRespons
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListNodesRequestObject struct {
+}
+
+type ListNodesResponseObject interface {
+	VisitListNodesResponse(w http.ResponseWriter) error
+}
+
+type ListNodes200JSONResponse NodeList
+
+func (response ListNodes200JSONResponse) VisitListNodesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListNodes400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListNodes400ApplicationProblemPlusJSONResponse) VisitListNodesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListNodes401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListNodes401ApplicationProblemPlusJSONResponse) VisitListNodesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListNodes403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListNodes403ApplicationProblemPlusJSONResponse) VisitListNodesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListNodes500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListNodes500ApplicationProblemPlusJSONResponse) VisitListNodesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListNodes501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ListNodes501ApplicationProblemPlusJSONResponse) VisitListNodesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListNodes503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListNodes503ApplicationProblemPlusJSONResponse) VisitListNodesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNodeRequestObject struct {
+	Name NodeName `json:"name"`
+}
+
+type GetNodeResponseObject interface {
+	VisitGetNodeResponse(w http.ResponseWriter) error
+}
+
+type GetNode200JSONResponse Node
+
+func (response GetNode200JSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNode400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetNode400ApplicationProblemPlusJSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNode401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetNode401ApplicationProblemPlusJSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNode403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetNode403ApplicationProblemPlusJSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNode404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetNode404ApplicationProblemPlusJSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNode500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetNode500ApplicationProblemPlusJSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNode501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response GetNode501ApplicationProblemPlusJSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetNode503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetNode503ApplicationProblemPlusJSONResponse) VisitGetNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNodeRequestObject struct {
+	Name NodeName `json:"name"`
+	Body *PatchNodeJSONRequestBody
+}
+
+type PatchNodeResponseObject interface {
+	VisitPatchNodeResponse(w http.ResponseWriter) error
+}
+
+type PatchNode200JSONResponse Node
+
+func (response PatchNode200JSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode400ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode401ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode403ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode404ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode413ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode500ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode501ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PatchNode503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response PatchNode503ApplicationProblemPlusJSONResponse) VisitPatchNodeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -9631,6 +10645,127 @@ func (response ForkSandbox507ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	return err
 }
 
+type ListSandboxLinksRequestObject struct {
+	ID SandboxIDPath `json:"id"`
+}
+
+type ListSandboxLinksResponseObject interface {
+	VisitListSandboxLinksResponse(w http.ResponseWriter) error
+}
+
+type ListSandboxLinks200JSONResponse PortLinkList
+
+func (response ListSandboxLinks200JSONResponse) VisitListSandboxLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSandboxLinks400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListSandboxLinks400ApplicationProblemPlusJSONResponse) VisitListSandboxLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSandboxLinks401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListSandboxLinks401ApplicationProblemPlusJSONResponse) VisitListSandboxLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSandboxLinks403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListSandboxLinks403ApplicationProblemPlusJSONResponse) VisitListSandboxLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSandboxLinks404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListSandboxLinks404ApplicationProblemPlusJSONResponse) VisitListSandboxLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSandboxLinks500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListSandboxLinks500ApplicationProblemPlusJSONResponse) VisitListSandboxLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSandboxLinks501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ListSandboxLinks501ApplicationProblemPlusJSONResponse) VisitListSandboxLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxLogsRequestObject struct {
 	ID     SandboxIDPath `json:"id"`
 	Params GetSandboxLogsParams
@@ -10289,6 +11424,128 @@ func (response PauseSandbox507ApplicationProblemPlusJSONResponse) VisitPauseSand
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(507)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPortLinksRequestObject struct {
+	ID   SandboxIDPath `json:"id"`
+	Port PortPath      `json:"port"`
+}
+
+type ListPortLinksResponseObject interface {
+	VisitListPortLinksResponse(w http.ResponseWriter) error
+}
+
+type ListPortLinks200JSONResponse PortLinkList
+
+func (response ListPortLinks200JSONResponse) VisitListPortLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPortLinks400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListPortLinks400ApplicationProblemPlusJSONResponse) VisitListPortLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPortLinks401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListPortLinks401ApplicationProblemPlusJSONResponse) VisitListPortLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPortLinks403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListPortLinks403ApplicationProblemPlusJSONResponse) VisitListPortLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPortLinks404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListPortLinks404ApplicationProblemPlusJSONResponse) VisitListPortLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPortLinks500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListPortLinks500ApplicationProblemPlusJSONResponse) VisitListPortLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPortLinks501ApplicationProblemPlusJSONResponse struct {
+	NotImplementedApplicationProblemPlusJSONResponse
+}
+
+func (response ListPortLinks501ApplicationProblemPlusJSONResponse) VisitListPortLinksResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -11458,6 +12715,7 @@ func (response WaitSandbox501ApplicationProblemPlusJSONResponse) VisitWaitSandbo
 }
 
 type ListSecretsRequestObject struct {
+	Params ListSecretsParams
 }
 
 type ListSecretsResponseObject interface {
@@ -13692,6 +14950,7 @@ func (response TombstoneGeneration507ApplicationProblemPlusJSONResponse) VisitTo
 }
 
 type ListVolumesRequestObject struct {
+	Params ListVolumesParams
 }
 
 type ListVolumesResponseObject interface {
@@ -14277,6 +15536,22 @@ func (response GetVolume501ApplicationProblemPlusJSONResponse) VisitGetVolumeRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(501)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetVolume503ApplicationProblemPlusJSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -15261,6 +16536,7 @@ func (response MakeVolumeDir507ApplicationProblemPlusJSONResponse) VisitMakeVolu
 }
 
 type ListWebhooksRequestObject struct {
+	Params ListWebhooksParams
 }
 
 type ListWebhooksResponseObject interface {
@@ -15867,6 +17143,15 @@ type StrictServerInterface interface {
 	// GetInfo Server version, runtime, images and limits
 	// (GET /v1/info)
 	GetInfo(ctx context.Context, request GetInfoRequestObject) (GetInfoResponseObject, error)
+	// ListNodes List the cluster's nodes (a cluster router only)
+	// (GET /v1/nodes)
+	ListNodes(ctx context.Context, request ListNodesRequestObject) (ListNodesResponseObject, error)
+	// GetNode One node of the cluster (a cluster router only)
+	// (GET /v1/nodes/{name})
+	GetNode(ctx context.Context, request GetNodeRequestObject) (GetNodeResponseObject, error)
+	// PatchNode Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+	// (PATCH /v1/nodes/{name})
+	PatchNode(ctx context.Context, request PatchNodeRequestObject) (PatchNodeResponseObject, error)
 	// ListSandboxes List sandboxes
 	// (GET /v1/sandboxes)
 	ListSandboxes(ctx context.Context, request ListSandboxesRequestObject) (ListSandboxesResponseObject, error)
@@ -15909,9 +17194,12 @@ type StrictServerInterface interface {
 	// ListFiles List a directory
 	// (GET /v1/sandboxes/{id}/files/list)
 	ListFiles(ctx context.Context, request ListFilesRequestObject) (ListFilesResponseObject, error)
-	// ForkSandbox Fork a sandbox into new ones that run on from its files
+	// ForkSandbox Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(ctx context.Context, request ForkSandboxRequestObject) (ForkSandboxResponseObject, error)
+	// ListSandboxLinks List the live links of a sandbox, all ports
+	// (GET /v1/sandboxes/{id}/links)
+	ListSandboxLinks(ctx context.Context, request ListSandboxLinksRequestObject) (ListSandboxLinksResponseObject, error)
 	// GetSandboxLogs Read the sandbox's console log
 	// (GET /v1/sandboxes/{id}/logs)
 	GetSandboxLogs(ctx context.Context, request GetSandboxLogsRequestObject) (GetSandboxLogsResponseObject, error)
@@ -15924,6 +17212,9 @@ type StrictServerInterface interface {
 	// PauseSandbox Pause a running sandbox
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(ctx context.Context, request PauseSandboxRequestObject) (PauseSandboxResponseObject, error)
+	// ListPortLinks List the live links of a port
+	// (GET /v1/sandboxes/{id}/ports/{port}/links)
+	ListPortLinks(ctx context.Context, request ListPortLinksRequestObject) (ListPortLinksResponseObject, error)
 	// CreatePortLink Make a link that opens the port without the API token
 	// (POST /v1/sandboxes/{id}/ports/{port}/links)
 	CreatePortLink(ctx context.Context, request CreatePortLinkRequestObject) (CreatePortLinkResponseObject, error)
@@ -16095,8 +17386,10 @@ func (sh *strictHandler) GetHealth(w http.ResponseWriter, r *http.Request) {
 }
 
 // ListImages operation middleware
-func (sh *strictHandler) ListImages(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) ListImages(w http.ResponseWriter, r *http.Request, params ListImagesParams) {
 	var request ListImagesRequestObject
+
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.ListImages(ctx, request.(ListImagesRequestObject))
@@ -16248,6 +17541,89 @@ func (sh *strictHandler) GetInfo(w http.ResponseWriter, r *http.Request) {
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetInfoResponseObject); ok {
 		if err := validResponse.VisitGetInfoResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListNodes operation middleware
+func (sh *strictHandler) ListNodes(w http.ResponseWriter, r *http.Request) {
+	var request ListNodesRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListNodes(ctx, request.(ListNodesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListNodes")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListNodesResponseObject); ok {
+		if err := validResponse.VisitListNodesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetNode operation middleware
+func (sh *strictHandler) GetNode(w http.ResponseWriter, r *http.Request, name NodeName) {
+	var request GetNodeRequestObject
+
+	request.Name = name
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetNode(ctx, request.(GetNodeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetNode")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetNodeResponseObject); ok {
+		if err := validResponse.VisitGetNodeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PatchNode operation middleware
+func (sh *strictHandler) PatchNode(w http.ResponseWriter, r *http.Request, name NodeName) {
+	var request PatchNodeRequestObject
+
+	request.Name = name
+
+	var body PatchNodeJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PatchNode(ctx, request.(PatchNodeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PatchNode")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PatchNodeResponseObject); ok {
+		if err := validResponse.VisitPatchNodeResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -16689,6 +18065,32 @@ func (sh *strictHandler) ForkSandbox(w http.ResponseWriter, r *http.Request, id 
 	}
 }
 
+// ListSandboxLinks operation middleware
+func (sh *strictHandler) ListSandboxLinks(w http.ResponseWriter, r *http.Request, id SandboxIDPath) {
+	var request ListSandboxLinksRequestObject
+
+	request.ID = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListSandboxLinks(ctx, request.(ListSandboxLinksRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListSandboxLinks")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListSandboxLinksResponseObject); ok {
+		if err := validResponse.VisitListSandboxLinksResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetSandboxLogs operation middleware
 func (sh *strictHandler) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id SandboxIDPath, params GetSandboxLogsParams) {
 	var request GetSandboxLogsRequestObject
@@ -16806,6 +18208,33 @@ func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(PauseSandboxResponseObject); ok {
 		if err := validResponse.VisitPauseSandboxResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListPortLinks operation middleware
+func (sh *strictHandler) ListPortLinks(w http.ResponseWriter, r *http.Request, id SandboxIDPath, port PortPath) {
+	var request ListPortLinksRequestObject
+
+	request.ID = id
+	request.Port = port
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListPortLinks(ctx, request.(ListPortLinksRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListPortLinks")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListPortLinksResponseObject); ok {
+		if err := validResponse.VisitListPortLinksResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -17022,8 +18451,10 @@ func (sh *strictHandler) WaitSandbox(w http.ResponseWriter, r *http.Request, id 
 }
 
 // ListSecrets operation middleware
-func (sh *strictHandler) ListSecrets(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) ListSecrets(w http.ResponseWriter, r *http.Request, params ListSecretsParams) {
 	var request ListSecretsRequestObject
+
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.ListSecrets(ctx, request.(ListSecretsRequestObject))
@@ -17445,8 +18876,10 @@ func (sh *strictHandler) TombstoneGeneration(w http.ResponseWriter, r *http.Requ
 }
 
 // ListVolumes operation middleware
-func (sh *strictHandler) ListVolumes(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) ListVolumes(w http.ResponseWriter, r *http.Request, params ListVolumesParams) {
 	var request ListVolumesRequestObject
+
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.ListVolumes(ctx, request.(ListVolumesRequestObject))
@@ -17691,8 +19124,10 @@ func (sh *strictHandler) MakeVolumeDir(w http.ResponseWriter, r *http.Request, n
 }
 
 // ListWebhooks operation middleware
-func (sh *strictHandler) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) ListWebhooks(w http.ResponseWriter, r *http.Request, params ListWebhooksParams) {
 	var request ListWebhooksRequestObject
+
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.ListWebhooks(ctx, request.(ListWebhooksRequestObject))

@@ -31,17 +31,27 @@ const maxDeadlineMS = 3600000
 // statusOfCode is docs/design.md's error table plus the codes the HTTP layer itself produces. It
 // checks that an operation's x-error-codes lists each code under the status it is sent with.
 var statusOfCode = map[string]int{
-	"invalid-request":     400,
-	"unauthorized":        401,
-	"forbidden":           403,
-	"not-found":           404,
-	"method-not-allowed":  405,
-	"payload-too-large":   413,
-	"not-implemented":     501,
-	"internal":            500,
-	"unavailable":         503,
-	"storage-full":        507,
-	"storage-unavailable": 503,
+	"invalid-request":      400,
+	"unauthorized":         401,
+	"forbidden":            403,
+	"not-found":            404,
+	"method-not-allowed":   405,
+	"payload-too-large":    413,
+	"not-implemented":      501,
+	"internal":             500,
+	"unavailable":          503,
+	"storage-full":         507,
+	"storage-unavailable":  503,
+	"node-full":            503,
+	"node-draining":        503,
+	"node-not-found":       404,
+	"not-a-cluster":        501,
+	"registry-unavailable": 503,
+	"registry-refused":     503,
+	// A cluster router's own (docs/cluster.md).
+	"node-lost":         503,
+	"no-node-available": 503,
+	"volumes-apart":     409,
 
 	"sandbox-not-found":    404,
 	"template-not-found":   404,
@@ -102,6 +112,7 @@ var statusOfCode = map[string]int{
 	"checkpoint-unsupported": 501,
 	"secret-not-found":       404,
 	"secret-exists":          409,
+	"webhook-exists":         409,
 	"secret-in-use":          409,
 }
 

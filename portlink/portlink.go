@@ -9,6 +9,13 @@
 // A link is bound to its sandbox's creation time as well as its id, so that a sandbox deleted
 // and created again under the same id does not inherit the links of the old one.
 //
+// # Links in a cluster
+//
+// A node of a cluster (docs/cluster.md) makes ids that begin with its node's tag, NodeTag of
+// its name, followed by random hex: a router, which keeps no record of links, finds the node
+// that holds a link from its token alone, and the node still checks the whole token (the id
+// is signed with the rest). A server outside a cluster makes ids of random hex alone.
+//
 // It imports no HTTP package; package handlers serves links.
 package portlink
 
@@ -63,11 +70,29 @@ type Link struct {
 	ExpiresAt      time.Time `json:"expires_at"`
 }
 
+// IDLen is the length of a link's id, in hex digits; TagLen that of a node's tag, which begins
+// the id of a link made by a node of a cluster.
+const (
+	IDLen  = 32
+	TagLen = 16
+)
+
+// NodeTag is the tag of the cluster node called name: the first TagLen hex digits of a
+// SHA-256 of the name. A hash, not the name, so that an id keeps its length and alphabet
+// whatever the name (up to 253 characters), and a link's holder does not read the name in
+// it; 64 bits, so that two nodes of one cluster do not share a tag in practice.
+func NodeTag(name string) string {
+	sum := sha256.Sum256([]byte("bothy port link node\n" + name))
+	return hex.EncodeToString(sum[:])[:TagLen]
+}
+
 // Store holds the links of one state root. It is safe for concurrent use by one process.
 type Store struct {
 	root string
 	key  []byte
 	now  func() time.Time
+	// tag begins the ids of new links: NodeTag of the node's name in a cluster, else empty.
+	tag string
 
 	mu    sync.Mutex
 	links map[string]Link
@@ -95,6 +120,34 @@ func Open(root string) (*Store, error) {
 		}
 	}
 	return s, nil
+}
+
+// OpenNode is Open for the node called node of a cluster: the ids of the links it makes
+// begin with the node's tag (NodeTag), by which a router finds the node.
+func OpenNode(root, node string) (*Store, error) {
+	s, err := Open(root)
+	if err != nil {
+		return nil, err
+	}
+	if node != "" {
+		s.tag = NodeTag(node)
+	}
+	return s, nil
+}
+
+// TokenTag is the node's tag that begins token's id, for a router; false when token is no
+// token's shape. It checks nothing else: the node that holds the link checks the token.
+func TokenTag(token string) (string, bool) {
+	id, _, ok := strings.Cut(token, ".")
+	if !ok || len(id) != IDLen {
+		return "", false
+	}
+	for _, c := range id {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return "", false
+		}
+	}
+	return id[:TagLen], true
 }
 
 // loadKey reads the signing secret, or makes it: written whole to a temporary file, synced,
@@ -183,15 +236,23 @@ func (s *Store) Create(sandbox string, sandboxCreated time.Time, port int, ttl t
 	if ttl < time.Second || ttl > MaxTTL {
 		return Link{}, "", errcode.Invalid("ttl_s", "A link lives between 1 second and %d seconds; give a ttl_s in that range.", int(MaxTTL.Seconds()))
 	}
-	raw := make([]byte, 16)
-	if _, err := rand.Read(raw); err != nil {
-		return Link{}, "", err
-	}
 	now := s.now().UTC().Truncate(time.Second)
-	l := Link{ID: hex.EncodeToString(raw), Sandbox: sandbox, SandboxCreated: sandboxCreated, Port: port, CreatedAt: now, ExpiresAt: now.Add(ttl)}
+	l := Link{Sandbox: sandbox, SandboxCreated: sandboxCreated, Port: port, CreatedAt: now, ExpiresAt: now.Add(ttl)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked()
+	for {
+		// 64 random bits or more after a node's tag: a repeat is as good as impossible,
+		// but it would replace a live link's record, so a taken id is drawn again.
+		raw := make([]byte, (IDLen-len(s.tag))/2)
+		if _, err := rand.Read(raw); err != nil {
+			return Link{}, "", err
+		}
+		l.ID = s.tag + hex.EncodeToString(raw)
+		if _, taken := s.links[l.ID]; !taken {
+			break
+		}
+	}
 	n := 0
 	for _, o := range s.links {
 		if o.Sandbox == sandbox {
@@ -227,13 +288,35 @@ func (s *Store) Revoke(sandbox string, port int, id string) error {
 	return nil
 }
 
+// List returns the live links of the sandbox made at sandboxCreated, of port only when port is
+// not 0, oldest first (ties by id). Links of an earlier sandbox of the same id are void and not
+// listed, nor are expired ones. The records carry no token; a list never makes one.
+func (s *Store) List(sandbox string, sandboxCreated time.Time, port int) []Link {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked()
+	out := []Link{}
+	for _, l := range s.links {
+		if l.Sandbox == sandbox && l.SandboxCreated.Equal(sandboxCreated) && (port == 0 || l.Port == port) {
+			out = append(out, l)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
 // Resolve returns the link a token stands for, if it is recorded, signed by this server and
 // unexpired. Every failure is the same link-not-found, so a token's holder learns nothing
 // of why.
 func (s *Store) Resolve(token string) (Link, error) {
 	notFound := errcode.New(errcode.LinkNotFound, "This link does not exist, has expired or was revoked; ask for a new one.")
 	id, sig, ok := strings.Cut(token, ".")
-	if !ok || len(id) != 32 || len(sig) > 64 {
+	if !ok || len(id) != IDLen || len(sig) > 64 {
 		return Link{}, notFound
 	}
 	s.mu.Lock()

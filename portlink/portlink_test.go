@@ -120,3 +120,110 @@ func flipLast(tok string) string {
 	}
 	return tok[:len(tok)-1] + string(other)
 }
+
+// TestLinkList: a list holds the live links of the one sandbox (not an earlier one of the
+// same id), of the port asked for (or all), oldest first, and forgets expired ones.
+func TestLinkList(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(5000, 0).UTC()
+	s.now = func() time.Time { return now }
+	born, reborn := time.Unix(10, 0).UTC(), time.Unix(20, 0).UTC()
+	mk := func(sandbox string, created time.Time, port int, ttl time.Duration) Link {
+		t.Helper()
+		l, _, err := s.Create(sandbox, created, port, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(time.Second)
+		return l
+	}
+	old := mk("demo", born, 80, time.Hour)
+	a := mk("demo", reborn, 80, time.Hour)
+	short := mk("demo", reborn, 81, 10*time.Second)
+	b := mk("demo", reborn, 81, time.Hour)
+	other := mk("other", reborn, 80, time.Hour)
+	ids := func(ls []Link) string {
+		var out []string
+		for _, l := range ls {
+			out = append(out, l.ID)
+		}
+		return strings.Join(out, ",")
+	}
+	cases := []struct {
+		name string
+		port int
+		want []Link
+	}{
+		{"every port", 0, []Link{a, short, b}},
+		{"port 80", 80, []Link{a}},
+		{"port 81", 81, []Link{short, b}},
+		{"no links", 82, nil},
+	}
+	for _, c := range cases {
+		if got := ids(s.List("demo", reborn, c.port)); got != ids(c.want) {
+			t.Errorf("%s: %s, want %s", c.name, got, ids(c.want))
+		}
+	}
+	if got := ids(s.List("demo", born, 0)); got != old.ID {
+		t.Errorf("the earlier sandbox's: %s, want %s", got, old.ID)
+	}
+	if got := ids(s.List("other", reborn, 0)); got != other.ID {
+		t.Errorf("other: %s", got)
+	}
+	now = now.Add(time.Minute)
+	if got := ids(s.List("demo", reborn, 81)); got != b.ID {
+		t.Errorf("after the short one expired: %s, want %s", got, b.ID)
+	}
+}
+
+// TestLinkNodeTag: a node's links begin with its tag, which TokenTag reads back; the tag is
+// signed with the rest, so a token moved to another node's tag resolves nowhere.
+func TestLinkNodeTag(t *testing.T) {
+	t.Parallel()
+	s, err := OpenNode(t.TempDir(), "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if NodeTag("node-a") == NodeTag("node-b") || len(NodeTag("node-a")) != TagLen {
+		t.Fatalf("tags %q %q", NodeTag("node-a"), NodeTag("node-b"))
+	}
+	seen := map[string]bool{}
+	for range 20 {
+		l, tok, err := s.Create("demo", time.Unix(1, 0), 80, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l.ID) != IDLen || !strings.HasPrefix(l.ID, NodeTag("node-a")) || seen[l.ID] {
+			t.Fatalf("id %q", l.ID)
+		}
+		seen[l.ID] = true
+		if tag, ok := TokenTag(tok); !ok || tag != NodeTag("node-a") {
+			t.Fatalf("TokenTag(%q) = %q %v", tok, tag, ok)
+		}
+		if _, err := s.Resolve(tok); err != nil {
+			t.Fatal(err)
+		}
+		moved := NodeTag("node-b") + tok[TagLen:]
+		if _, err := s.Resolve(moved); !errors.Is(err, errcode.LinkNotFound) {
+			t.Fatalf("a token with another node's tag: %v", err)
+		}
+	}
+	for _, bad := range []string{"", "abc", strings.Repeat("g", 32) + ".x", strings.Repeat("a", 31) + ".x", strings.Repeat("A", 32) + ".x"} {
+		if _, ok := TokenTag(bad); ok {
+			t.Errorf("TokenTag(%q) ok", bad)
+		}
+	}
+	// Outside a cluster the id is random throughout.
+	plain, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := plain.Create("demo", time.Unix(1, 0), 80, 0)
+	if err != nil || len(l.ID) != IDLen || strings.HasPrefix(l.ID, NodeTag("")) {
+		t.Fatalf("plain id %q %v", l.ID, err)
+	}
+}

@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"github.com/bothy/bothy/errcode"
+	"github.com/bothy/bothy/internal/forwarded"
 )
 
 // Bounds on what one client, and all clients together, hold open (issue 37). A client is a
 // remote address (its IP): behind a reverse proxy every client is the proxy's one, and the
-// per-client bounds are then the proxy's share. Each is well below the descriptors the
+// per-client bounds are then the proxy's share, except behind the cluster router, which
+// names each request's client with proof that it holds the token (requestClient): there the
+// stream bounds are each client's, and only the connection bounds the router's. Each is well below the descriptors the
 // server has (cmd/bothyd raises RLIMIT_NOFILE to its hard limit and lowers MaxConns to a
 // quarter of it if that is less), so that a flood from one client leaves /healthz and every
 // other client answered.
@@ -43,6 +46,16 @@ func clientOf(remoteAddr string) string {
 		return h
 	}
 	return remoteAddr
+}
+
+// requestClient is the client a request counts for: its remote IP, or the client a proxy
+// holding this server's token names for it (the cluster router, internal/forwarded), counted
+// apart from that proxy's other clients and from the same address calling directly.
+func (s *Server) requestClient(r *http.Request) string {
+	if c, ok := forwarded.Client(r.Header, s.token); ok {
+		return c + " via " + clientOf(r.RemoteAddr)
+	}
+	return clientOf(r.RemoteAddr)
 }
 
 // counter counts what each client, and all of them, hold, against two bounds.
@@ -87,7 +100,7 @@ func (s *Server) boundStreams(isStream func(*http.Request) bool) func(http.Handl
 				next.ServeHTTP(w, r)
 				return
 			}
-			client := clientOf(r.RemoteAddr)
+			client := s.requestClient(r)
 			if !s.streams.take(client) {
 				s.writeProblem(w, r, errcode.New(errcode.LimitReached,
 					"This client has %d streams, tunnels and proxied requests open, the most one client may (or the server has %d); close one, or retry shortly.",

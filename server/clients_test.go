@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bothy/bothy/internal/forwarded"
 )
 
 // TestLimitListener: a client past its connections is answered 429 limit-reached and
@@ -113,6 +115,70 @@ func TestStreamsPerClient(t *testing.T) {
 	}
 	close(release)
 	for range MaxStreamsPerClient {
+		<-done
+	}
+}
+
+// TestStreamsForwardedClient: behind the cluster router, which names each request's client
+// with proof that it holds the token, the stream bounds are each client's: one client of the
+// router holding its share leaves another client's streams served, while a name without a
+// valid proof counts as the router's own.
+func TestStreamsForwardedClient(t *testing.T) {
+	t.Parallel()
+	s, _ := newTestServer(t, Config{Token: "node-token-0123456789"})
+	release := make(chan struct{})
+	entered := make(chan struct{}, MaxStreamsPerClient+1)
+	h := s.boundStreams(nil)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		entered <- struct{}{}
+		<-release
+	}))
+	viaRouter := func(client, token string) *http.Request {
+		r := httptest.NewRequest("GET", "/v1/events", nil) // from 192.0.2.1, the router
+		forwarded.Set(r.Header, token, client)
+		return r
+	}
+	done := make(chan struct{})
+	for range MaxStreamsPerClient {
+		go func() {
+			h.ServeHTTP(httptest.NewRecorder(), viaRouter("198.51.100.1", "node-token-0123456789"))
+			done <- struct{}{}
+		}()
+	}
+	for range MaxStreamsPerClient {
+		<-entered
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, viaRouter("198.51.100.1", "node-token-0123456789"))
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("the router's client past its %d streams: %d %s", MaxStreamsPerClient, rec.Code, rec.Body)
+	}
+	go func() {
+		h.ServeHTTP(httptest.NewRecorder(), viaRouter("198.51.100.2", "node-token-0123456789"))
+		done <- struct{}{}
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("another client of the router was refused with the first's streams")
+	}
+	// The router's own address holds nothing yet, so a forged name is served as the router,
+	// and counts there: MaxStreamsPerClient of them, and the next is refused.
+	for range MaxStreamsPerClient {
+		go func() {
+			h.ServeHTTP(httptest.NewRecorder(), viaRouter("198.51.100.3", "another-token"))
+			done <- struct{}{}
+		}()
+	}
+	for range MaxStreamsPerClient {
+		<-entered
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, viaRouter("198.51.100.4", "another-token"))
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("forged names escaped the router's bound: %d %s", rec.Code, rec.Body)
+	}
+	close(release)
+	for range 2*MaxStreamsPerClient + 1 {
 		<-done
 	}
 }

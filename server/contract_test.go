@@ -131,7 +131,8 @@ func TestWrongMethodIsA405WithAllow(t *testing.T) {
 		{"PROPFIND", "/v1/sandboxes/a1/ports/80/", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
 		{"TRACE", "/v1/sandboxes/a1/ports/80/tcp", "GET"},
 		{"POST", "/v1/sandboxes/a1/ports/80/tcp", "GET"},
-		{"GET", "/v1/sandboxes/a1/ports/80/links", "POST"},
+		{"PUT", "/v1/sandboxes/a1/ports/80/links", "GET, POST"},
+		{"POST", "/v1/sandboxes/a1/links", "GET"},
 		{"GET", "/v1/sandboxes/a1/ports/80/links/0123456789abcdef0123456789abcdef", "DELETE"},
 		{"POST", "/v1/sandboxes/a1/exec/stream", "GET"},
 	}

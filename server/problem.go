@@ -13,6 +13,11 @@ import (
 // wakeRetryAfter is the Retry-After, in seconds, of a sandbox-waking answer.
 const wakeRetryAfter = "2"
 
+// nodeRetryAfter is the Retry-After, in seconds, of a cluster node's refusal of a create
+// (node-full, node-draining): about the time its sandboxes' lifetimes or a router's placement
+// elsewhere take to change the answer.
+const nodeRetryAfter = "5"
+
 // problem is the application/problem+json body (RFC 9457) with bothyd's extensions.
 type problem struct {
 	Type      string `json:"type"`
@@ -39,6 +44,10 @@ var statusOf = map[errcode.Code]int{
 	// is 503, since the server cannot serve writes until an operator acts.
 	errcode.StorageFull:        http.StatusInsufficientStorage,
 	errcode.StorageUnavailable: http.StatusServiceUnavailable,
+	// A template registry that cannot be reached, or serves what its checks refuse, is a
+	// dependency that fails: the same request may succeed once it is back or repaired.
+	errcode.RegistryUnavailable: http.StatusServiceUnavailable,
+	errcode.RegistryRefused:     http.StatusServiceUnavailable,
 
 	errcode.SandboxNotFound:    http.StatusNotFound,
 	errcode.TemplateNotFound:   http.StatusNotFound,
@@ -81,6 +90,10 @@ var statusOf = map[errcode.Code]int{
 	errcode.IdempotencyKeyReused:   http.StatusUnprocessableEntity,
 	errcode.IdempotencyKeyInFlight: http.StatusConflict,
 	errcode.SandboxWaking:          http.StatusServiceUnavailable,
+	errcode.NodeFull:               http.StatusServiceUnavailable,
+	errcode.NodeDraining:           http.StatusServiceUnavailable,
+	errcode.NodeNotFound:           http.StatusNotFound,
+	errcode.NotACluster:            http.StatusNotImplemented,
 
 	// The sandbox's files refused a request the contract takes (errcode's block of them):
 	// never 400, which says the request itself is wrong. What the user may not do is 403;
@@ -102,6 +115,7 @@ var statusOf = map[errcode.Code]int{
 	errcode.CheckpointUnsupported: http.StatusNotImplemented,
 	errcode.SecretNotFound:        http.StatusNotFound,
 	errcode.SecretExists:          http.StatusConflict,
+	errcode.WebhookExists:         http.StatusConflict,
 	errcode.SecretInUse:           http.StatusConflict,
 }
 
@@ -147,6 +161,9 @@ func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, err error)
 	if e.Code == errcode.SandboxWaking {
 		// A wake takes a moment: the request waited out its share, and the wake goes on.
 		w.Header().Set("Retry-After", wakeRetryAfter)
+	}
+	if e.Code == errcode.NodeFull || e.Code == errcode.NodeDraining {
+		w.Header().Set("Retry-After", nodeRetryAfter)
 	}
 	if abandonBody(r) {
 		// Answer now and close, rather than wait for a body that may never come.

@@ -296,6 +296,8 @@ func TestContractExamples(t *testing.T) {
 		Token string `json:"token"`
 	}
 	_ = json.Unmarshal(real["createPortLink 201"].Body, &link)
+	real["listPortLinks 200"] = d.do("GET", "/v1/sandboxes/build-42/ports/8000/links", nil, nil)
+	real["listSandboxLinks 200"] = d.do("GET", "/v1/sandboxes/build-42/links", nil, nil)
 	for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
 		op := strings.ToUpper(m[:1]) + strings.ToLower(m[1:])
 		real["portProxy"+op+" 502"] = d.do(m, "/v1/sandboxes/build-42/ports/8000/x", nil, nil)

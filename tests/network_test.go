@@ -195,7 +195,14 @@ func newNetWorld(t *testing.T) *netWorld {
 	if os.Geteuid() != 0 {
 		t.Skip("the network tests need root: they make network namespaces, veth pairs and nftables tables")
 	}
-	w := &netWorld{host: newTestNS(t), inet: newTestNS(t)}
+	return newNetWorldIn(t, newTestNS(t))
+}
+
+// newNetWorldIn is newNetWorld with host as the host namespace (one a test made already,
+// such as a cluster node's).
+func newNetWorldIn(t *testing.T, host *os.File) *netWorld {
+	t.Helper()
+	w := &netWorld{host: host, inet: newTestNS(t)}
 	hh, ih := nsHandle(t, w.host), nsHandle(t, w.inet)
 	if err := hh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: "up1",
 		PeerNamespace: netlink.NsFd(int(w.inet.Fd()))}); err != nil {

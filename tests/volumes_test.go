@@ -152,14 +152,6 @@ func TestVolumeMountPathsAreValidated(t *testing.T) {
 	}
 	wantProblem(t, d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "bad", "volumes": []map[string]any{
 		{"name": "v", "path": "/data"}, {"name": "v", "path": "/data/inner"}}}), 400, "invalid-request")
-	// The microVM runtime mounts no volumes yet (docs/volumes.md): refused before anything is made.
-	vm := d.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "vm-vol", "runtime": "microvm", "volumes": []map[string]any{{"name": "v", "path": "/data"}}})
-	if vm.Status == 503 {
-		t.Log("this host has no microvm runtime; its refusal of volumes is not looked at")
-	} else {
-		wantProblem(t, vm, 501, "not-implemented")
-	}
-	wantProblem(t, d.do("GET", "/v1/sandboxes/vm-vol", nil, nil), 404, "sandbox-not-found")
 	wantProblem(t, d.doJSON("POST", "/v1/volumes", map[string]any{"name": "v"}), 409, "volume-exists")
 	wantProblem(t, d.doJSON("POST", "/v1/volumes", map[string]any{"name": "tiny", "size_mb": 1}), 400, "invalid-request")
 	// A create with an Idempotency-Key answers a repeat with the first answer, not volume-exists.
@@ -187,9 +179,20 @@ func TestVolumeFullAnswers507(t *testing.T) {
 	if !strings.Contains(got.Stdout, "No space left on device") || strings.Contains(got.Stdout, "rc=0") {
 		t.Fatalf("a write past the volume's size inside: %+v", got)
 	}
-	// The space is the volume's alone: the sandbox's own disk still takes writes.
+	// The sandbox files API's write into the mount is the volume's to refuse: 507 volume-full
+	// naming it, not storage-full blaming the state root (which would make the server refuse
+	// every write until its file system "recovered").
+	p = wantProblem(t, d.do("PUT", "/v1/sandboxes/vol-full/files?path=/data/g", bytes.NewReader(make([]byte, 32<<20)), nil), 507, "volume-full")
+	if !strings.Contains(p.Detail, "small") {
+		t.Errorf("detail: %s", p.Detail)
+	}
+	// The space is the volume's alone: the sandbox's own disk still takes writes, from inside
+	// and through the API.
 	if got := d.sh("vol-full", "echo ok > /tmp/x && cat /tmp/x"); got.Stdout != "ok\n" {
 		t.Fatalf("the sandbox's own disk: %+v", got)
+	}
+	if r := d.do("PUT", "/v1/sandboxes/vol-full/files?path=/tmp/y", strings.NewReader("y"), nil); r.Status != 200 && r.Status != 204 {
+		t.Fatalf("a write to the sandbox's own disk after the volume filled: %d %s", r.Status, r.Body)
 	}
 }
 

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,6 +99,9 @@ type Delivery struct {
 
 // CreateRequest is what a client gives to make a webhook.
 type CreateRequest struct {
+	// ID, when set, is the webhook's id (wh- and 16 hex digits), which a cluster's router
+	// gives so that one webhook has one id on every node; "" makes a new one.
+	ID     string
 	URL    string
 	Events []string
 	Secret string
@@ -250,12 +254,27 @@ func (m *Manager) Create(req CreateRequest) (*Webhook, error) {
 	events := slices.Clone(req.Events)
 	slices.Sort(events)
 	events = slices.Compact(events)
-	rec := hookRecord{Format: hookFormat, ID: "wh-" + naming.RandomHex(8), URL: req.URL, Events: events,
+	id := req.ID
+	if id == "" {
+		id = "wh-" + naming.RandomHex(8)
+	}
+	rec := hookRecord{Format: hookFormat, ID: id, URL: req.URL, Events: events,
 		Secret: req.Secret, CreatedAt: m.o.Now().UTC().Truncate(time.Second)}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, errcode.New(errcode.Unavailable, "The server is shutting down; try again once it is back.")
+	}
+	if had, ok := m.hooks[id]; ok {
+		// A create naming an id it made already (a router's retry) answers that webhook;
+		// one that differs would silently change what the client's webhook is.
+		same := had.rec.URL == rec.URL && slices.Equal(had.rec.Events, rec.Events) &&
+			subtle.ConstantTimeCompare([]byte(had.rec.Secret), []byte(rec.Secret)) == 1
+		if !same {
+			return nil, errcode.New(errcode.WebhookExists, "A webhook %q exists with another URL, event types or secret; delete it first, or create this one without an id.", id)
+		}
+		w := m.viewLocked(had)
+		return &w, nil
 	}
 	if len(m.hooks) >= MaxWebhooks {
 		return nil, errcode.New(errcode.LimitReached, "This server has %d webhooks, as many as allowed; delete one you no longer need.", MaxWebhooks)
@@ -278,6 +297,9 @@ func (m *Manager) Create(req CreateRequest) (*Webhook, error) {
 }
 
 func (m *Manager) validate(req CreateRequest) error {
+	if req.ID != "" && !validID(req.ID) {
+		return errcode.Invalid("id", "A webhook's id is wh- and 16 hexadecimal digits (0-9, a-f); give one such, or none.")
+	}
 	if len(req.URL) > MaxURLLength {
 		return errcode.Invalid("url", "The URL is longer than %d characters; give a shorter one.", MaxURLLength)
 	}
@@ -309,6 +331,21 @@ func (m *Manager) validate(req CreateRequest) error {
 		return errcode.Invalid("secret", "The secret must be %d to %d characters long; use a long random one.", MinSecretLength, MaxSecretLength)
 	}
 	return nil
+}
+
+// validID reports whether id is a webhook id as the server makes them: wh- and 16 lowercase
+// hexadecimal digits (it names the webhook's record and outbox in the state root).
+func validID(id string) bool {
+	hex, ok := strings.CutPrefix(id, "wh-")
+	if !ok || len(hex) != 16 {
+		return false
+	}
+	for _, c := range hex {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Get returns the webhook id.

@@ -432,3 +432,41 @@ func TestDeliveryResolvesThroughTheNamedResolver(t *testing.T) {
 		t.Fatal("the delivery arrived but the named resolver was never asked")
 	}
 }
+
+// TestCreateWithID: a create may name the webhook's id (a cluster's router does, so that one
+// webhook has one id on every node). Naming it again with the same URL, events and secret
+// answers the same webhook (a retry is idempotent, and makes no second one); with another
+// secret or URL it is refused, webhook-exists; an id that is not wh- and 16 hex digits (it
+// names files in the state root) is refused, invalid-request.
+func TestCreateWithID(t *testing.T) {
+	t.Parallel()
+	m := open(t, t.TempDir(), Options{EventTypes: []string{"sandbox.created", "sandbox.deleted"}})
+	req := CreateRequest{ID: "wh-0123456789abcdef", URL: "https://hooks.example.com/x", Events: []string{"sandbox.deleted", "sandbox.created"}, Secret: testSecret}
+	w, err := m.Create(req)
+	if err != nil || w.ID != req.ID {
+		t.Fatalf("create with an id: %+v, %v", w, err)
+	}
+	again := req
+	again.Events = []string{"sandbox.created", "sandbox.deleted", "sandbox.created"} // the same set
+	if w2, err := m.Create(again); err != nil || w2.ID != req.ID || len(m.List()) != 1 {
+		t.Fatalf("the same create again: %+v, %v, %d webhooks; want the same one, alone", w2, err, len(m.List()))
+	}
+	for name, mut := range map[string]func(r *CreateRequest){
+		"another secret": func(r *CreateRequest) { r.Secret = testSecret + "-other" },
+		"another URL":    func(r *CreateRequest) { r.URL = "https://hooks.example.com/y" },
+		"other events":   func(r *CreateRequest) { r.Events = []string{"sandbox.created"} },
+	} {
+		r := req
+		mut(&r)
+		if _, err := m.Create(r); errcode.Of(err) != errcode.WebhookExists {
+			t.Errorf("%s under the same id: %v, want webhook-exists", name, err)
+		}
+	}
+	for _, id := range []string{"wh-0123", "wh-0123456789ABCDEF", "../../etc/passwd", "wh-0123456789abcdeg"} {
+		r := req
+		r.ID = id
+		if _, err := m.Create(r); errcode.Of(err) != errcode.InvalidRequest {
+			t.Errorf("id %q: %v, want invalid-request", id, err)
+		}
+	}
+}

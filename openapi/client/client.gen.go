@@ -130,6 +130,27 @@ func (e GenerationState) Valid() bool {
 	}
 }
 
+// Defines values for GenerationPushState.
+const (
+	GenerationPushStateFailed  GenerationPushState = "failed"
+	GenerationPushStatePushed  GenerationPushState = "pushed"
+	GenerationPushStatePushing GenerationPushState = "pushing"
+)
+
+// Valid indicates whether the value is a known member of the GenerationPushState enum.
+func (e GenerationPushState) Valid() bool {
+	switch e {
+	case GenerationPushStateFailed:
+		return true
+	case GenerationPushStatePushed:
+		return true
+	case GenerationPushStatePushing:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for HealthStatus.
 const (
 	HealthStatusOk HealthStatus = "ok"
@@ -411,6 +432,7 @@ func (e RuntimeStatusState) Valid() bool {
 
 // Defines values for SandboxState.
 const (
+	SandboxStateNodeLost    SandboxState = "node-lost"
 	SandboxStatePaused      SandboxState = "paused"
 	SandboxStateProvisioned SandboxState = "provisioned"
 	SandboxStateRunning     SandboxState = "running"
@@ -422,6 +444,8 @@ const (
 // Valid indicates whether the value is a known member of the SandboxState enum.
 func (e SandboxState) Valid() bool {
 	switch e {
+	case SandboxStateNodeLost:
+		return true
 	case SandboxStatePaused:
 		return true
 	case SandboxStateProvisioned:
@@ -735,7 +759,7 @@ type Checkpoint struct {
 	Mode CheckpointMode `json:"mode"`
 	Name string         `json:"name"`
 
-	// SizeBytes The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it).
+	// SizeBytes The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it; for a memory checkpoint of a running microVM, its saved memory and device state too), as the state root holds them.
 	SizeBytes int64 `json:"size_bytes"`
 }
 
@@ -871,8 +895,9 @@ type CreateSandboxRequest struct {
 	// choice, read-write or read-only. Several sandboxes may mount one volume at once and
 	// see each other's writes; files keep their owner's id as every sandbox sees it (the
 	// sandbox's user is 1000 in each). A volume that does not exist is refused with
-	// `volume-not-found`. The `namespace` runtime alone mounts volumes: a `microvm`
-	// create that names any is refused with `not-implemented` (docs/volumes.md). A
+	// `volume-not-found`. A `microvm` sandbox mounts them through virtio-fs, shared with
+	// every other sandbox (docs/volumes.md); a host without virtiofsd refuses it with
+	// `unavailable`. A
 	// clone names its own volumes; a template generation holds none of a volume's files.
 	Volumes *[]VolumeMount `json:"volumes,omitempty"`
 }
@@ -910,6 +935,13 @@ type CreateVolumeRequest struct {
 type CreateWebhookRequest struct {
 	// Events The event types to deliver; at least one.
 	Events []WebhookEventType `json:"events"`
+
+	// ID The webhook's id; the server makes one when it is absent. A cluster's router gives
+	// it, so that a webhook made through the router has one id on every node
+	// (docs/cluster.md). A create that names the id of a webhook with the same URL,
+	// events and secret answers that webhook again (a retry is idempotent); one that
+	// differs is refused (`409 webhook-exists`).
+	ID *string `json:"id,omitempty"`
 
 	// Secret The key of the deliveries' HMAC-SHA256 signature. Write-only: no answer carries
 	// it, and it is never logged. Use a long random one.
@@ -1017,13 +1049,19 @@ type Event struct {
 	// Example: build-42
 	Sandbox *SandboxID `json:"sandbox,omitempty"`
 
-	// Seq Increases by one per event of this server process; also the SSE `id`.
+	// Seq Increases by one per event of this server process; also the SSE `id`. Through a
+	// cluster router, the event's node's own sequence number, while the SSE `id` is the
+	// router's (see `GET /v1/events`).
 	Seq int64 `json:"seq"`
 
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
 	// `running`: its agent answers; `paused`: running, with every process frozen (see
 	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
-	// `last_exit`).
+	// `last_exit`); `node-lost`: only a cluster router reports it (docs/cluster.md), in its
+	// lists, for a sandbox whose node's lease has lapsed (the node is down or cut off): the
+	// fields come from the cluster's record of the sandbox, and calls on it answer `503
+	// node-lost` until the node is back. A single bothyd never reports it. Clients treat a
+	// state they do not know as one they cannot act on.
 	State *SandboxState `json:"state,omitempty"`
 
 	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
@@ -1206,8 +1244,22 @@ type Generation struct {
 	Key CompatibilityKey `json:"key"`
 
 	// Leases How many clones lease it now.
-	Leases    int   `json:"leases"`
-	SizeBytes int64 `json:"size_bytes"`
+	Leases int `json:"leases"`
+
+	// Registry Where the push of a generation to the template registry stands
+	// (`--template-registry`): `pushing`, `pushed` (with the manifest's digest) or
+	// `failed` (with why; the node's next sweep, within 5 minutes, pushes it again). Present
+	// on the node that captured it, since that bothyd started; absent on other nodes (which
+	// pulled it), for generations captured before the last start (unless a sweep pushed
+	// them again since), and without a registry.
+	Registry  *GenerationPush `json:"registry,omitempty"`
+	SizeBytes int64           `json:"size_bytes"`
+
+	// Source The generation's lineage: the sandbox it was captured from and, when that sandbox was
+	// a clone, the generation it was cloned from (its parent). A record, not a dependency:
+	// a clone's capture holds its parent's files merged in and leases nothing, so the parent
+	// may be retired first. Absent on generations captured before sources were recorded.
+	Source *GenerationSource `json:"source,omitempty"`
 
 	// State `active`: clones may lease it; `tombstoned`: quarantined, no new lease;
 	// `retiring`: its retirement waits for the last lease to go.
@@ -1241,6 +1293,46 @@ type GenerationID = string
 type GenerationList struct {
 	Items      []Generation `json:"items"`
 	NextCursor *string      `json:"next_cursor,omitempty"`
+}
+
+// GenerationPush Where the push of a generation to the template registry stands
+// (`--template-registry`): `pushing`, `pushed` (with the manifest's digest) or
+// `failed` (with why; the node's next sweep, within 5 minutes, pushes it again). Present
+// on the node that captured it, since that bothyd started; absent on other nodes (which
+// pulled it), for generations captured before the last start (unless a sweep pushed
+// them again since), and without a registry.
+type GenerationPush struct {
+	Digest *string             `json:"digest,omitempty"`
+	Error  *string             `json:"error,omitempty"`
+	State  GenerationPushState `json:"state"`
+}
+
+// GenerationPushState defines model for GenerationPush.State.
+type GenerationPushState string
+
+// GenerationSource The generation's lineage: the sandbox it was captured from and, when that sandbox was
+// a clone, the generation it was cloned from (its parent). A record, not a dependency:
+// a clone's capture holds its parent's files merged in and leases nothing, so the parent
+// may be retired first. Absent on generations captured before sources were recorded.
+type GenerationSource struct {
+	// Generation Assigned by the server at capture: `g` and the generation's number, zero-padded to six
+	// digits (`g000001`, `g1000000`), without further leading zeros. Clients treat it as
+	// opaque. The pattern admits exactly the ids the server can assign (not `g1`, `g000000`
+	// or `g0000001`).
+	//
+	//
+	// Example: g000003
+	Generation *GenerationID `json:"generation,omitempty"`
+
+	// Sandbox 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: build-42
+	Sandbox SandboxID `json:"sandbox"`
+
+	// Template 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
+	//
+	// Example: python-base
+	Template *TemplateName `json:"template,omitempty"`
 }
 
 // Health defines model for Health.
@@ -1343,6 +1435,9 @@ type ImageLayer struct {
 // ImageList defines model for ImageList.
 type ImageList struct {
 	Items []Image `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // ImageName An image under the state root's `images/`, or `host` (the host's /usr, read-only).
@@ -1352,6 +1447,16 @@ type ImageName = string
 
 // Info defines model for Info.
 type Info struct {
+	// Cluster Sent by a cluster router only (docs/cluster.md), whose other fields are one live
+	// node's: the cluster's nodes, for a client (the dashboard) to know it serves a
+	// cluster and offer the nodes API (`listNodes`). A single bothyd leaves it out.
+	Cluster *struct {
+		// LiveNodes Those whose lease is live.
+		LiveNodes int32 `json:"live_nodes"`
+
+		// Nodes The cluster's nodes (BothyNode objects).
+		Nodes int32 `json:"nodes"`
+	} `json:"cluster,omitempty"`
 	Images []struct {
 		Description *string `json:"description,omitempty"`
 
@@ -1583,6 +1688,99 @@ type NetworkPolicy struct {
 	Secrets *SecretBindings `json:"secrets,omitempty"`
 }
 
+// Node A node of the cluster as the router sees it (docs/cluster.md).
+type Node struct {
+	// Address The node's API address, as it published it.
+	Address *string `json:"address,omitempty"`
+
+	// Allocated Memory, CPU and sandbox slots, as a node publishes them.
+	Allocated NodeCapacity `json:"allocated"`
+
+	// Capacity Memory, CPU and sandbox slots, as a node publishes them.
+	Capacity NodeCapacity `json:"capacity"`
+
+	// Cordoned Placement puts nothing new on the node.
+	Cordoned bool `json:"cordoned"`
+
+	// Drain A draining node's progress (its `status.drain`).
+	Drain *NodeDrain `json:"drain,omitempty"`
+
+	// DrainDeadline When a draining node deletes what it still holds.
+	DrainDeadline *time.Time `json:"drain_deadline,omitempty"`
+
+	// Draining The node refuses creates and empties.
+	Draining bool `json:"draining"`
+
+	// Free Memory, CPU and sandbox slots, as a node publishes them.
+	Free NodeCapacity `json:"free"`
+
+	// Health The node's own judgement, `Healthy`, `Degraded` or `Unhealthy`; empty before it first published.
+	Health string `json:"health"`
+
+	// HealthMessage Why the node is not healthy.
+	HealthMessage *string `json:"health_message,omitempty"`
+
+	// LeaseDurationSeconds How long the node's lease lasts from a renewal.
+	LeaseDurationSeconds *int32 `json:"lease_duration_seconds,omitempty"`
+
+	// LeaseRenewedAt When the node last renewed its lease; it lapses `lease_duration_seconds` later.
+	LeaseRenewedAt *time.Time `json:"lease_renewed_at,omitempty"`
+
+	// Live The node's lease is live by the router's clock; false means lost (down or cut off).
+	Live bool   `json:"live"`
+	Name string `json:"name"`
+
+	// Sandboxes The sandboxes the node holds.
+	Sandboxes int32 `json:"sandboxes"`
+
+	// UpdatedAt When the node last published its status.
+	UpdatedAt *time.Time `json:"updated_at,omitempty"`
+
+	// Version The node's bothyd version.
+	Version *string `json:"version,omitempty"`
+}
+
+// NodeCapacity Memory, CPU and sandbox slots, as a node publishes them.
+type NodeCapacity struct {
+	// MemoryMb Memory in MiB.
+	MemoryMb int64 `json:"memory_mb"`
+
+	// MilliCPU CPU in thousandths of a vCPU.
+	MilliCPU int64 `json:"milli_cpu"`
+
+	// Sandboxes Sandbox slots.
+	Sandboxes int32 `json:"sandboxes"`
+}
+
+// NodeDrain A draining node's progress (its `status.drain`).
+type NodeDrain struct {
+	// Deadline When the node deletes what is left.
+	Deadline *time.Time `json:"deadline,omitempty"`
+
+	// Deleted Sandboxes the deadline deleted.
+	Deleted *int32 `json:"deleted,omitempty"`
+
+	// Drained The node holds nothing; it may be stopped and removed.
+	Drained bool `json:"drained"`
+
+	// Remaining Sandboxes the node still holds.
+	Remaining int32 `json:"remaining"`
+}
+
+// NodeList defines model for NodeList.
+type NodeList struct {
+	Items []Node `json:"items"`
+}
+
+// NodePatch The operator's part of a node; a field left out is left as it is.
+type NodePatch struct {
+	Cordoned *bool `json:"cordoned,omitempty"`
+
+	// DrainDeadline When a draining node deletes what it still holds; null clears it.
+	DrainDeadline *time.Time `json:"drain_deadline,omitempty"`
+	Draining      *bool      `json:"draining,omitempty"`
+}
+
 // OnTimeout What the end of a lifetime does to the sandbox; `stop` keeps it, stopped.
 type OnTimeout string
 
@@ -1612,6 +1810,22 @@ type PortLink struct {
 
 	// Token The credential; shown only when the link is made.
 	Token string `json:"token"`
+}
+
+// PortLinkInfo A live link as listed, without its token.
+type PortLinkInfo struct {
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// ID The link's id, for revoking it.
+	ID      string `json:"id"`
+	Port    int    `json:"port"`
+	Sandbox string `json:"sandbox"`
+}
+
+// PortLinkList defines model for PortLinkList.
+type PortLinkList struct {
+	Items []PortLinkInfo `json:"items"`
 }
 
 // PortLinkRequest defines model for PortLinkRequest.
@@ -1872,7 +2086,11 @@ type Sandbox struct {
 	// State `provisioned`: exists and has never run; `starting`: a launch is in progress;
 	// `running`: its agent answers; `paused`: running, with every process frozen (see
 	// `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
-	// `last_exit`).
+	// `last_exit`); `node-lost`: only a cluster router reports it (docs/cluster.md), in its
+	// lists, for a sandbox whose node's lease has lapsed (the node is down or cut off): the
+	// fields come from the cluster's record of the sandbox, and calls on it answer `503
+	// node-lost` until the node is back. A single bothyd never reports it. Clients treat a
+	// state they do not know as one they cannot act on.
 	State SandboxState `json:"state"`
 
 	// Template The template generation a clone was made from, and its lease.
@@ -1910,7 +2128,11 @@ type SandboxMetrics struct {
 // SandboxState `provisioned`: exists and has never run; `starting`: a launch is in progress;
 // `running`: its agent answers; `paused`: running, with every process frozen (see
 // `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
-// `last_exit`).
+// `last_exit`); `node-lost`: only a cluster router reports it (docs/cluster.md), in its
+// lists, for a sandbox whose node's lease has lapsed (the node is down or cut off): the
+// fields come from the cluster's record of the sandbox, and calls on it answer `503
+// node-lost` until the node is back. A single bothyd never reports it. Clients treat a
+// state they do not know as one they cannot act on.
 type SandboxState string
 
 // Secret defines model for Secret.
@@ -1959,6 +2181,9 @@ type SecretHeader struct {
 // SecretList defines model for SecretList.
 type SecretList struct {
 	Items []Secret `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // SecretName A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
@@ -2189,6 +2414,9 @@ type VolumeFileList struct {
 // VolumeList defines model for VolumeList.
 type VolumeList struct {
 	Items []Volume `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // VolumeMount defines model for VolumeMount.
@@ -2226,7 +2454,7 @@ type Webhook struct {
 	Delivery WebhookDelivery `json:"delivery"`
 	Events   []EventType     `json:"events"`
 
-	// ID A webhook's id, given by the server.
+	// ID A webhook's id, given by the server (or by a cluster's router, at create).
 	ID  WebhookID `json:"id"`
 	URL string    `json:"url"`
 }
@@ -2262,12 +2490,15 @@ type WebhookDelivery struct {
 // rather than never delivered.
 type WebhookEventType string
 
-// WebhookID A webhook's id, given by the server.
+// WebhookID A webhook's id, given by the server (or by a cluster's router, at create).
 type WebhookID = string
 
 // WebhookList defines model for WebhookList.
 type WebhookList struct {
 	Items []Webhook `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"next_cursor,omitempty"`
 }
 
 // AccessToken defines model for AccessToken.
@@ -2293,6 +2524,9 @@ type GenerationIDPath = GenerationID
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
+// ImageCursor defines model for ImageCursor.
+type ImageCursor = string
+
 // ImageNamePath The name of an image the server stores: an `ImageName` other than `host`, which is
 // reserved for the built-in image (the host's /usr) and can be neither pulled, imported,
 // read nor deleted under `/v1/images/{name}`.
@@ -2302,6 +2536,9 @@ type ImageNamePath = StoredImageName
 
 // Limit defines model for Limit.
 type Limit = int
+
+// NodeName defines model for NodeName.
+type NodeName = string
 
 // PortPath defines model for PortPath.
 type PortPath = int
@@ -2313,6 +2550,9 @@ type ProxiedPath = string
 //
 // Example: build-42
 type SandboxIDPath = SandboxID
+
+// SecretCursor defines model for SecretCursor.
+type SecretCursor = string
 
 // SecretNamePath A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
 // placeholder in `BOTHY_SECRET_<NAME>`).
@@ -2343,7 +2583,7 @@ type WebSocketUpgrade = string
 // WebSocketVersion defines model for WebSocketVersion.
 type WebSocketVersion string
 
-// WebhookIDPath A webhook's id, given by the server.
+// WebhookIDPath A webhook's id, given by the server (or by a cluster's router, at create).
 type WebhookIDPath = WebhookID
 
 // BadGateway An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.
@@ -2407,6 +2647,17 @@ type StreamEventsParams struct {
 
 	// LastEventID The `id` of the last event received; the stream replays those after it.
 	LastEventID *string `json:"Last-Event-ID,omitempty"`
+}
+
+// ListImagesParams defines parameters for ListImages.
+type ListImagesParams struct {
+	// Cursor The `next_cursor` of the previous page of images, as the server returned it: the page
+	// starts after the image it names, whatever was added or removed since. Clients treat
+	// it as opaque.
+	Cursor *ImageCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
 // PullImageParams defines parameters for PullImage.
@@ -2689,6 +2940,17 @@ type WaitSandboxParams struct {
 // WaitSandboxParamsState defines parameters for WaitSandbox.
 type WaitSandboxParamsState string
 
+// ListSecretsParams defines parameters for ListSecrets.
+type ListSecretsParams struct {
+	// Cursor The `next_cursor` of the previous page of secrets, as the server returned it: the page
+	// starts after the secret it names, whatever was added or removed since. Clients treat
+	// it as opaque.
+	Cursor *SecretCursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // ListTemplatesParams defines parameters for ListTemplates.
 type ListTemplatesParams struct {
 	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
@@ -2768,6 +3030,17 @@ type TombstoneGenerationParams struct {
 	Timeout *Timeout `form:"timeout,omitempty" json:"timeout,omitempty"`
 }
 
+// ListVolumesParams defines parameters for ListVolumes.
+type ListVolumesParams struct {
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // CreateVolumeParams defines parameters for CreateVolume.
 type CreateVolumeParams struct {
 	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
@@ -2818,6 +3091,17 @@ type MakeVolumeDirParams struct {
 	Parents *bool `form:"parents,omitempty" json:"parents,omitempty"`
 }
 
+// ListWebhooksParams defines parameters for ListWebhooks.
+type ListWebhooksParams struct {
+	// Cursor The `next_cursor` of the previous page, as the server returned it: the page starts
+	// after the position it names, whatever was added or removed since. Clients treat it
+	// as opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit The largest number of items on a page.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // CreateWebhookParams defines parameters for CreateWebhook.
 type CreateWebhookParams struct {
 	// IdempotencyKey Makes the create idempotent: a repeat with the same key, from the same credential,
@@ -2834,6 +3118,9 @@ type DashboardLoginJSONRequestBody DashboardLoginJSONBody
 
 // PullImageJSONRequestBody defines body for PullImage for application/json ContentType.
 type PullImageJSONRequestBody = PullImageRequest
+
+// PatchNodeJSONRequestBody defines body for PatchNode for application/json ContentType.
+type PatchNodeJSONRequestBody = NodePatch
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandboxRequest
@@ -3032,18 +3319,24 @@ type ClientInterface interface {
 	// this server never sent replays the kept events too. A client that falls more than
 	// 256 events behind is disconnected, and catches up by reconnecting.
 	//
+	// Through a cluster router (docs/cluster.md) the stream holds every node's events, and
+	// an id is no number but an opaque string (the position in each node's events) that
+	// any replica of the router resumes from: a client that reconnects to another replica
+	// with it gets exactly the events it has not seen. The `seq` of an event is then its
+	// node's own. Clients treat ids as opaque strings.
+	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListImages List images
 	//
-	// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
-	// file system directories under the state root's `images/` (kind `directory`), then the
-	// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
-	// progress or failed, by name.
+	// Every image a sandbox can be created on, a page at a time by name: `host` (the host's
+	// /usr, read-only, kind `host`), the root file system directories under the state
+	// root's `images/` (kind `directory`) and the OCI images of the image store, pulled or
+	// imported (kind `oci`), with the pulls in progress or failed.
 	//
 	// Corresponds with GET /v1/images (the `ListImages` operationId).
-	ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListImages(ctx context.Context, params *ListImagesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PullImageWithBody Pull an image from a registry
 	//
@@ -3118,6 +3411,57 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/info (the `GetInfo` operationId).
 	GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListNodes List the cluster's nodes (a cluster router only)
+	//
+	// Every node of the cluster (its BothyNode object, docs/cluster.md) as the router sees
+	// it: whether its lease is live, its health, the operator's cordon and drain, the
+	// capacity it publishes and what is allocated and free, its sandboxes, address and
+	// version. Served by a cluster router (`bothyd router`) only: a single bothyd, which is
+	// no cluster, answers `501 not-a-cluster`; a client (the dashboard) tells the two apart
+	// by `cluster` in `getInfo`, which only a router sends.
+	//
+	// Corresponds with GET /v1/nodes (the `ListNodes` operationId).
+	ListNodes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetNode One node of the cluster (a cluster router only)
+	//
+	// One node, as in `listNodes`. A single bothyd answers `501 not-a-cluster`.
+	//
+	// Corresponds with GET /v1/nodes/{name} (the `GetNode` operationId).
+	GetNode(ctx context.Context, name NodeName, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PatchNodeWithBody Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+	//
+	// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+	// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+	// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+	// (when a draining node deletes what it still holds; `null` clears it). Fields left
+	// out are left as they are. The node's status is the node's own and is never written.
+	// Answers the node as it is after the change. A router started with an operator's
+	// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+	// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+	PatchNodeWithBody(ctx context.Context, name NodeName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PatchNode Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+	//
+	// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+	// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+	// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+	// (when a draining node deletes what it still holds; `null` clears it). Fields left
+	// out are left as they are. The node's status is the node's own and is never written.
+	// Answers the node as it is after the change. A router started with an operator's
+	// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+	// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+	PatchNode(ctx context.Context, name NodeName, body PatchNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListSandboxes List sandboxes
 	//
 	// Lists sandboxes ordered by id, a page at a time. Filters combine with AND: `state`
@@ -3136,9 +3480,15 @@ type ClientInterface interface {
 	// runtime whose generations depend on the resources they were captured with would need
 	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
 	// namespace runtime does not (a generation is files only), so resources are no part of
-	// its compatibility. With `start: true` the sandbox is also started before the
+	// its compatibility. On a node started with `--template-registry`, a clone that names a
+	// generation the node does not hold pulls it from the registry first (`503
+	// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+	// what it serves fails its checks). With `start: true` the sandbox is also started before the
 	// answer; the create is all or nothing: a failed start answers its error and leaves no
-	// sandbox, so the id is free again.
+	// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+	// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+	// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+	// lapsed with `503 node-lost`.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -3155,9 +3505,15 @@ type ClientInterface interface {
 	// runtime whose generations depend on the resources they were captured with would need
 	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
 	// namespace runtime does not (a generation is files only), so resources are no part of
-	// its compatibility. With `start: true` the sandbox is also started before the
+	// its compatibility. On a node started with `--template-registry`, a clone that names a
+	// generation the node does not hold pulls it from the registry first (`503
+	// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+	// what it serves fails its checks). With `start: true` the sandbox is also started before the
 	// answer; the create is all or nothing: a failed start answers its error and leaves no
-	// sandbox, so the id is free again.
+	// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+	// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+	// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+	// lapsed with `503 node-lost`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3179,7 +3535,10 @@ type ClientInterface interface {
 
 	// GetSandbox Get a sandbox
 	//
-	// The sandbox: its state, configuration, resources, lifetime and last exit.
+	// The sandbox: its state, configuration, resources, lifetime and last exit. Through a
+	// cluster router, a sandbox whose node's lease has lapsed is not read: the call answers
+	// `503` with the code `node-lost` and `Retry-After` (as every call on it does) until the
+	// node is back, while the router's list shows it in the state `node-lost`.
 	//
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3200,9 +3559,12 @@ type ClientInterface interface {
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-	// copied, stopped or running: its layer lives inside the disk. Memory is not
-	// checkpointed on the namespace runtime; a microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+	// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+	// runs, of its memory too, saved while it is frozen (counted in its size and the
+	// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+	// a template, or a fork whose saved state is not yet restored, is refused with
+	// `checkpoint-unsupported` (docs/checkpoints.md).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -3218,9 +3580,12 @@ type ClientInterface interface {
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-	// copied, stopped or running: its layer lives inside the disk. Memory is not
-	// checkpointed on the namespace runtime; a microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+	// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+	// runs, of its memory too, saved while it is frozen (counted in its size and the
+	// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+	// a template, or a fork whose saved state is not yet restored, is refused with
+	// `checkpoint-unsupported` (docs/checkpoints.md).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3252,9 +3617,11 @@ type ClientInterface interface {
 	// its id, configuration, network, ports and links stay, and the checkpoint stays for
 	// another rollback. A running sandbox's processes are killed and it is started again
 	// on the checkpoint's files: a process would otherwise go on with files that no longer
-	// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-	// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
-	// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+	// exist. A microVM whose checkpoint holds its memory (one taken while it ran) is
+	// restored from it, its processes running on from the checkpoint; otherwise it boots
+	// again on the checkpoint's disk. A stopped sandbox stays stopped (a microVM restores
+	// the checkpoint's memory at its next start); a disk of its own is replaced by an empty
+	// one over the checkpoint's layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 	// the files at one point or the other, and the server's next start-up finishes it.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
@@ -3400,7 +3767,7 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
 	ListFiles(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// ForkSandboxWithBody Fork a sandbox into new ones that run on from its files
+	// ForkSandboxWithBody Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 	//
 	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 	// source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -3413,15 +3780,21 @@ type ClientInterface interface {
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 	// always copied (frozen while running), and each fork gets an empty disk of the same
-	// size over the shared layers. A microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// size over the shared layers. A running microVM sandbox forks with its memory: it is
+	// frozen while its memory and device state are saved with a copy of its disk overlay
+	// (`freeze_ms`), and each fork restores that state, its processes running on where
+	// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+	// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+	// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+	// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+	// with `sandbox-paused`.
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandboxWithBody(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// ForkSandbox Fork a sandbox into new ones that run on from its files
+	// ForkSandbox Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 	//
 	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 	// source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -3434,13 +3807,27 @@ type ClientInterface interface {
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 	// always copied (frozen while running), and each fork gets an empty disk of the same
-	// size over the shared layers. A microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// size over the shared layers. A running microVM sandbox forks with its memory: it is
+	// frozen while its memory and device state are saved with a copy of its disk overlay
+	// (`freeze_ms`), and each fork restores that state, its processes running on where
+	// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+	// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+	// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+	// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+	// with `sandbox-paused`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandbox(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListSandboxLinks List the live links of a sandbox, all ports
+	//
+	// What `GET /v1/sandboxes/{id}/ports/{port}/links` answers, for every port of the
+	// sandbox: the live links, oldest first, without tokens. At most 100.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/links (the `ListSandboxLinks` operationId).
+	ListSandboxLinks(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSandboxLogs Read the sandbox's console log
 	//
@@ -3533,6 +3920,17 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
 	PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListPortLinks List the live links of a port
+	//
+	// The port's live links, oldest first: those neither expired nor revoked (an expired or
+	// revoked link is forgotten, so it is not listed). Each one's id, port and times, never
+	// its token or path: a token is shown only when the link is made, and a list cannot
+	// hand one out again. At most 100 (the live links a sandbox may hold; see
+	// `POST .../links`), so the list is not paged.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/links (the `ListPortLinks` operationId).
+	ListPortLinks(ctx context.Context, id SandboxIDPath, port PortPath, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreatePortLinkWithBody Make a link that opens the port without the API token
 	//
@@ -3666,10 +4064,11 @@ type ClientInterface interface {
 
 	// ListSecrets List secrets
 	//
-	// Every secret by name, with the sandboxes and hosts that bind it; never a value.
+	// Every secret, a page at a time by name in byte order (upper case before lower case:
+	// `B` before `a`), with the sandboxes and hosts that bind it; never a value.
 	//
 	// Corresponds with GET /v1/secrets (the `ListSecrets` operationId).
-	ListSecrets(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListSecrets(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateSecretWithBody Create a secret
 	//
@@ -3802,8 +4201,10 @@ type ClientInterface interface {
 	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 	// the frozen one, and only while the generation is eligible by its time contract (a
 	// start of a clone that would restore an early or expired generation is refused with
-	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+	// `template-ineligible` before anything starts). A running microVM on a checkpoint
+	// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+	// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+	// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -3832,8 +4233,10 @@ type ClientInterface interface {
 	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 	// the frozen one, and only while the generation is eligible by its time contract (a
 	// start of a clone that would restore an early or expired generation is refused with
-	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+	// `template-ineligible` before anything starts). A running microVM on a checkpoint
+	// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+	// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+	// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -3892,10 +4295,10 @@ type ClientInterface interface {
 
 	// ListVolumes List volumes
 	//
-	// Every volume, by name, with the sandboxes that mount it.
+	// Every volume, a page at a time by name, with the sandboxes that mount it.
 	//
 	// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
-	ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListVolumes(ctx context.Context, params *ListVolumesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateVolumeWithBody Create a volume
 	//
@@ -3938,7 +4341,9 @@ type ClientInterface interface {
 
 	// GetVolume Show a volume
 	//
-	// The volume's size, the space its files use, and the sandboxes that mount it.
+	// The volume's size, the space its files use, and the sandboxes that mount it. Through a
+	// cluster router (docs/cluster.md, "Volumes"), a volume whose node's lease has lapsed
+	// answers `503 node-lost` with `Retry-After` until the node is back.
 	//
 	// Corresponds with GET /v1/volumes/{name} (the `GetVolume` operationId).
 	GetVolume(ctx context.Context, name VolumeNamePath, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3995,10 +4400,11 @@ type ClientInterface interface {
 	// ListWebhooks List webhooks, with their delivery state
 	//
 	// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
-	// the last attempt and its answer, the next attempt). Secrets are never listed.
+	// the last attempt and its answer, the next attempt), a page at a time by id. Secrets
+	// are never listed.
 	//
 	// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
-	ListWebhooks(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListWebhooks(ctx context.Context, params *ListWebhooksParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateWebhookWithBody Register a webhook
 	//
@@ -4205,6 +4611,12 @@ func (c *Client) GetOpenAPISpec(ctx context.Context, reqEditors ...RequestEditor
 // this server never sent replays the kept events too. A client that falls more than
 // 256 events behind is disconnected, and catches up by reconnecting.
 //
+// Through a cluster router (docs/cluster.md) the stream holds every node's events, and
+// an id is no number but an opaque string (the position in each node's events) that
+// any replica of the router resumes from: a client that reconnects to another replica
+// with it gets exactly the events it has not seen. The `seq` of an event is then its
+// node's own. Clients treat ids as opaque strings.
+//
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
 func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewStreamEventsRequest(c.Server, params)
@@ -4220,14 +4632,14 @@ func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, r
 
 // ListImages List images
 //
-// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
-// file system directories under the state root's `images/` (kind `directory`), then the
-// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
-// progress or failed, by name.
+// Every image a sandbox can be created on, a page at a time by name: `host` (the host's
+// /usr, read-only, kind `host`), the root file system directories under the state
+// root's `images/` (kind `directory`) and the OCI images of the image store, pulled or
+// imported (kind `oci`), with the pulls in progress or failed.
 //
 // Corresponds with GET /v1/images (the `ListImages` operationId).
-func (c *Client) ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListImagesRequest(c.Server)
+func (c *Client) ListImages(ctx context.Context, params *ListImagesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListImagesRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -4371,6 +4783,97 @@ func (c *Client) GetInfo(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 	return c.Client.Do(req)
 }
 
+// ListNodes List the cluster's nodes (a cluster router only)
+//
+// Every node of the cluster (its BothyNode object, docs/cluster.md) as the router sees
+// it: whether its lease is live, its health, the operator's cordon and drain, the
+// capacity it publishes and what is allocated and free, its sandboxes, address and
+// version. Served by a cluster router (`bothyd router`) only: a single bothyd, which is
+// no cluster, answers `501 not-a-cluster`; a client (the dashboard) tells the two apart
+// by `cluster` in `getInfo`, which only a router sends.
+//
+// Corresponds with GET /v1/nodes (the `ListNodes` operationId).
+func (c *Client) ListNodes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListNodesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetNode One node of the cluster (a cluster router only)
+//
+// One node, as in `listNodes`. A single bothyd answers `501 not-a-cluster`.
+//
+// Corresponds with GET /v1/nodes/{name} (the `GetNode` operationId).
+func (c *Client) GetNode(ctx context.Context, name NodeName, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetNodeRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PatchNodeWithBody Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+//
+// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+// (when a draining node deletes what it still holds; `null` clears it). Fields left
+// out are left as they are. The node's status is the node's own and is never written.
+// Answers the node as it is after the change. A router started with an operator's
+// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+func (c *Client) PatchNodeWithBody(ctx context.Context, name NodeName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchNodeRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PatchNode Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+//
+// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+// (when a draining node deletes what it still holds; `null` clears it). Fields left
+// out are left as they are. The node's status is the node's own and is never written.
+// Answers the node as it is after the change. A router started with an operator's
+// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+func (c *Client) PatchNode(ctx context.Context, name NodeName, body PatchNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchNodeRequest(c.Server, name, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListSandboxes List sandboxes
 //
 // Lists sandboxes ordered by id, a page at a time. Filters combine with AND: `state`
@@ -4399,9 +4902,15 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 // runtime whose generations depend on the resources they were captured with would need
 // a clone's equal to its generation's and refuse others with `template-ineligible`; the
 // namespace runtime does not (a generation is files only), so resources are no part of
-// its compatibility. With `start: true` the sandbox is also started before the
+// its compatibility. On a node started with `--template-registry`, a clone that names a
+// generation the node does not hold pulls it from the registry first (`503
+// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+// what it serves fails its checks). With `start: true` the sandbox is also started before the
 // answer; the create is all or nothing: a failed start answers its error and leaves no
-// sandbox, so the id is free again.
+// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+// lapsed with `503 node-lost`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -4428,9 +4937,15 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, params *CreateSandbo
 // runtime whose generations depend on the resources they were captured with would need
 // a clone's equal to its generation's and refuse others with `template-ineligible`; the
 // namespace runtime does not (a generation is files only), so resources are no part of
-// its compatibility. With `start: true` the sandbox is also started before the
+// its compatibility. On a node started with `--template-registry`, a clone that names a
+// generation the node does not hold pulls it from the registry first (`503
+// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+// what it serves fails its checks). With `start: true` the sandbox is also started before the
 // answer; the create is all or nothing: a failed start answers its error and leaves no
-// sandbox, so the id is free again.
+// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+// lapsed with `503 node-lost`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4472,7 +4987,10 @@ func (c *Client) DeleteSandbox(ctx context.Context, id SandboxIDPath, params *De
 
 // GetSandbox Get a sandbox
 //
-// The sandbox: its state, configuration, resources, lifetime and last exit.
+// The sandbox: its state, configuration, resources, lifetime and last exit. Through a
+// cluster router, a sandbox whose node's lease has lapsed is not read: the call answers
+// `503` with the code `node-lost` and `Retry-After` (as every call on it does) until the
+// node is back, while the router's list shows it in the state `node-lost`.
 //
 // Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 func (c *Client) GetSandbox(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4513,9 +5031,12 @@ func (c *Client) ListCheckpoints(ctx context.Context, id SandboxIDPath, params *
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 // `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-// copied, stopped or running: its layer lives inside the disk. Memory is not
-// checkpointed on the namespace runtime; a microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+// runs, of its memory too, saved while it is frozen (counted in its size and the
+// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+// a template, or a fork whose saved state is not yet restored, is refused with
+// `checkpoint-unsupported` (docs/checkpoints.md).
 //
 // Takes any type of body and a specified content type.
 //
@@ -4541,9 +5062,12 @@ func (c *Client) CreateCheckpointWithBody(ctx context.Context, id SandboxIDPath,
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 // `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-// copied, stopped or running: its layer lives inside the disk. Memory is not
-// checkpointed on the namespace runtime; a microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+// runs, of its memory too, saved while it is frozen (counted in its size and the
+// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+// a template, or a fork whose saved state is not yet restored, is refused with
+// `checkpoint-unsupported` (docs/checkpoints.md).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4605,9 +5129,11 @@ func (c *Client) GetCheckpoint(ctx context.Context, id SandboxIDPath, name Check
 // its id, configuration, network, ports and links stay, and the checkpoint stays for
 // another rollback. A running sandbox's processes are killed and it is started again
 // on the checkpoint's files: a process would otherwise go on with files that no longer
-// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
-// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+// exist. A microVM whose checkpoint holds its memory (one taken while it ran) is
+// restored from it, its processes running on from the checkpoint; otherwise it boots
+// again on the checkpoint's disk. A stopped sandbox stays stopped (a microVM restores
+// the checkpoint's memory at its next start); a disk of its own is replaced by an empty
+// one over the checkpoint's layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 // the files at one point or the other, and the server's next start-up finishes it.
 //
 // Corresponds with POST /v1/sandboxes/{id}/checkpoints/{name}/rollback (the `RollbackSandbox` operationId).
@@ -4833,7 +5359,7 @@ func (c *Client) ListFiles(ctx context.Context, id SandboxIDPath, params *ListFi
 	return c.Client.Do(req)
 }
 
-// ForkSandboxWithBody Fork a sandbox into new ones that run on from its files
+// ForkSandboxWithBody Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 //
 // Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 // source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -4846,8 +5372,14 @@ func (c *Client) ListFiles(ctx context.Context, id SandboxIDPath, params *ListFi
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 // lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 // always copied (frozen while running), and each fork gets an empty disk of the same
-// size over the shared layers. A microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// size over the shared layers. A running microVM sandbox forks with its memory: it is
+// frozen while its memory and device state are saved with a copy of its disk overlay
+// (`freeze_ms`), and each fork restores that state, its processes running on where
+// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+// with `sandbox-paused`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -4864,7 +5396,7 @@ func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxIDPath, para
 	return c.Client.Do(req)
 }
 
-// ForkSandbox Fork a sandbox into new ones that run on from its files
+// ForkSandbox Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 //
 // Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 // source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -4877,14 +5409,38 @@ func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxIDPath, para
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 // lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 // always copied (frozen while running), and each fork gets an empty disk of the same
-// size over the shared layers. A microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// size over the shared layers. A running microVM sandbox forks with its memory: it is
+// frozen while its memory and device state are saved with a copy of its disk overlay
+// (`freeze_ms`), and each fork restores that state, its processes running on where
+// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+// with `sandbox-paused`.
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 func (c *Client) ForkSandbox(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewForkSandboxRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListSandboxLinks List the live links of a sandbox, all ports
+//
+// What `GET /v1/sandboxes/{id}/ports/{port}/links` answers, for every port of the
+// sandbox: the live links, oldest first, without tokens. At most 100.
+//
+// Corresponds with GET /v1/sandboxes/{id}/links (the `ListSandboxLinks` operationId).
+func (c *Client) ListSandboxLinks(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListSandboxLinksRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -5037,6 +5593,27 @@ func (c *Client) PauseSandboxWithBody(ctx context.Context, id SandboxIDPath, par
 // Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
 func (c *Client) PauseSandbox(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPauseSandboxRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListPortLinks List the live links of a port
+//
+// The port's live links, oldest first: those neither expired nor revoked (an expired or
+// revoked link is forgotten, so it is not listed). Each one's id, port and times, never
+// its token or path: a token is shown only when the link is made, and a list cannot
+// hand one out again. At most 100 (the live links a sandbox may hold; see
+// `POST .../links`), so the list is not paged.
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/links (the `ListPortLinks` operationId).
+func (c *Client) ListPortLinks(ctx context.Context, id SandboxIDPath, port PortPath, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPortLinksRequest(c.Server, id, port)
 	if err != nil {
 		return nil, err
 	}
@@ -5279,11 +5856,12 @@ func (c *Client) WaitSandbox(ctx context.Context, id SandboxIDPath, params *Wait
 
 // ListSecrets List secrets
 //
-// Every secret by name, with the sandboxes and hosts that bind it; never a value.
+// Every secret, a page at a time by name in byte order (upper case before lower case:
+// `B` before `a`), with the sandboxes and hosts that bind it; never a value.
 //
 // Corresponds with GET /v1/secrets (the `ListSecrets` operationId).
-func (c *Client) ListSecrets(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListSecretsRequest(c.Server)
+func (c *Client) ListSecrets(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListSecretsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -5545,8 +6123,10 @@ func (c *Client) ListGenerations(ctx context.Context, name TemplateNamePath, par
 // id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 // the frozen one, and only while the generation is eligible by its time contract (a
 // start of a clone that would restore an early or expired generation is refused with
-// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+// `template-ineligible` before anything starts). A running microVM on a checkpoint
+// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -5585,8 +6165,10 @@ func (c *Client) CaptureGenerationWithBody(ctx context.Context, name TemplateNam
 // id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 // the frozen one, and only while the generation is eligible by its time contract (a
 // start of a clone that would restore an early or expired generation is refused with
-// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+// `template-ineligible` before anything starts). A running microVM on a checkpoint
+// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -5695,11 +6277,11 @@ func (c *Client) TombstoneGeneration(ctx context.Context, name TemplateNamePath,
 
 // ListVolumes List volumes
 //
-// Every volume, by name, with the sandboxes that mount it.
+// Every volume, a page at a time by name, with the sandboxes that mount it.
 //
 // Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
-func (c *Client) ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListVolumesRequest(c.Server)
+func (c *Client) ListVolumes(ctx context.Context, params *ListVolumesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListVolumesRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -5781,7 +6363,9 @@ func (c *Client) DeleteVolume(ctx context.Context, name VolumeNamePath, reqEdito
 
 // GetVolume Show a volume
 //
-// The volume's size, the space its files use, and the sandboxes that mount it.
+// The volume's size, the space its files use, and the sandboxes that mount it. Through a
+// cluster router (docs/cluster.md, "Volumes"), a volume whose node's lease has lapsed
+// answers `503 node-lost` with `Retry-After` until the node is back.
 //
 // Corresponds with GET /v1/volumes/{name} (the `GetVolume` operationId).
 func (c *Client) GetVolume(ctx context.Context, name VolumeNamePath, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5898,11 +6482,12 @@ func (c *Client) MakeVolumeDir(ctx context.Context, name VolumeNamePath, params 
 // ListWebhooks List webhooks, with their delivery state
 //
 // Every webhook with its delivery state (pending, delivered, failed and dropped counts,
-// the last attempt and its answer, the next attempt). Secrets are never listed.
+// the last attempt and its answer, the next attempt), a page at a time by id. Secrets
+// are never listed.
 //
 // Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
-func (c *Client) ListWebhooks(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListWebhooksRequest(c.Server)
+func (c *Client) ListWebhooks(ctx context.Context, params *ListWebhooksParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListWebhooksRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -6251,7 +6836,7 @@ func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Re
 }
 
 // NewListImagesRequest constructs an http.Request for the ListImages method
-func NewListImagesRequest(server string) (*http.Request, error) {
+func NewListImagesRequest(server string, params *ListImagesParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -6267,6 +6852,45 @@ func NewListImagesRequest(server string) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -6459,6 +7083,114 @@ func NewGetInfoRequest(server string) (*http.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewListNodesRequest constructs an http.Request for the ListNodes method
+func NewListNodesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/nodes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetNodeRequest constructs an http.Request for the GetNode method
+func NewGetNodeRequest(server string, name NodeName) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/nodes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPatchNodeRequest calls the generic PatchNode builder with application/json body
+func NewPatchNodeRequest(server string, name NodeName, body PatchNodeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPatchNodeRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewPatchNodeRequestWithBody constructs an http.Request for the PatchNode method, with any body, and a specified content type
+func NewPatchNodeRequestWithBody(server string, name NodeName, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/nodes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -7677,6 +8409,40 @@ func NewForkSandboxRequestWithBody(server string, id SandboxIDPath, params *Fork
 	return req, nil
 }
 
+// NewListSandboxLinksRequest constructs an http.Request for the ListSandboxLinks method
+func NewListSandboxLinksRequest(server string, id SandboxIDPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/links", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetSandboxLogsRequest constructs an http.Request for the GetSandboxLogs method
 func NewGetSandboxLogsRequest(server string, id SandboxIDPath, params *GetSandboxLogsParams) (*http.Request, error) {
 	var err error
@@ -7916,6 +8682,47 @@ func NewPauseSandboxRequestWithBody(server string, id SandboxIDPath, params *Pau
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListPortLinksRequest constructs an http.Request for the ListPortLinks method
+func NewListPortLinksRequest(server string, id SandboxIDPath, port PortPath) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "port", port, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/ports/%s/links", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -8484,7 +9291,7 @@ func NewWaitSandboxRequest(server string, id SandboxIDPath, params *WaitSandboxP
 }
 
 // NewListSecretsRequest constructs an http.Request for the ListSecrets method
-func NewListSecretsRequest(server string) (*http.Request, error) {
+func NewListSecretsRequest(server string, params *ListSecretsParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -8500,6 +9307,45 @@ func NewListSecretsRequest(server string) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -9286,7 +10132,7 @@ func NewTombstoneGenerationRequest(server string, name TemplateNamePath, gen Gen
 }
 
 // NewListVolumesRequest constructs an http.Request for the ListVolumes method
-func NewListVolumesRequest(server string) (*http.Request, error) {
+func NewListVolumesRequest(server string, params *ListVolumesParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -9302,6 +10148,45 @@ func NewListVolumesRequest(server string) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -9759,7 +10644,7 @@ func NewMakeVolumeDirRequest(server string, name VolumeNamePath, params *MakeVol
 }
 
 // NewListWebhooksRequest constructs an http.Request for the ListWebhooks method
-func NewListWebhooksRequest(server string) (*http.Request, error) {
+func NewListWebhooksRequest(server string, params *ListWebhooksParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -9775,6 +10660,45 @@ func NewListWebhooksRequest(server string) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -10043,6 +10967,12 @@ type ClientWithResponsesInterface interface {
 	// this server never sent replays the kept events too. A client that falls more than
 	// 256 events behind is disconnected, and catches up by reconnecting.
 	//
+	// Through a cluster router (docs/cluster.md) the stream holds every node's events, and
+	// an id is no number but an opaque string (the position in each node's events) that
+	// any replica of the router resumes from: a client that reconnects to another replica
+	// with it gets exactly the events it has not seen. The `seq` of an event is then its
+	// node's own. Clients treat ids as opaque strings.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/events (the `StreamEvents` operationId).
@@ -10050,15 +10980,15 @@ type ClientWithResponsesInterface interface {
 
 	// ListImagesWithResponse List images
 	//
-	// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
-	// file system directories under the state root's `images/` (kind `directory`), then the
-	// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
-	// progress or failed, by name.
+	// Every image a sandbox can be created on, a page at a time by name: `host` (the host's
+	// /usr, read-only, kind `host`), the root file system directories under the state
+	// root's `images/` (kind `directory`) and the OCI images of the image store, pulled or
+	// imported (kind `oci`), with the pulls in progress or failed.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/images (the `ListImages` operationId).
-	ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error)
+	ListImagesWithResponse(ctx context.Context, params *ListImagesParams, reqEditors ...RequestEditorFn) (*ListImagesResponse, error)
 
 	// PullImageWithBodyWithResponse Pull an image from a registry
 	//
@@ -10139,6 +11069,61 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/info (the `GetInfo` operationId).
 	GetInfoWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetInfoResponse, error)
 
+	// ListNodesWithResponse List the cluster's nodes (a cluster router only)
+	//
+	// Every node of the cluster (its BothyNode object, docs/cluster.md) as the router sees
+	// it: whether its lease is live, its health, the operator's cordon and drain, the
+	// capacity it publishes and what is allocated and free, its sandboxes, address and
+	// version. Served by a cluster router (`bothyd router`) only: a single bothyd, which is
+	// no cluster, answers `501 not-a-cluster`; a client (the dashboard) tells the two apart
+	// by `cluster` in `getInfo`, which only a router sends.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/nodes (the `ListNodes` operationId).
+	ListNodesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListNodesResponse, error)
+
+	// GetNodeWithResponse One node of the cluster (a cluster router only)
+	//
+	// One node, as in `listNodes`. A single bothyd answers `501 not-a-cluster`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/nodes/{name} (the `GetNode` operationId).
+	GetNodeWithResponse(ctx context.Context, name NodeName, reqEditors ...RequestEditorFn) (*GetNodeResponse, error)
+
+	// PatchNodeWithBodyWithResponse Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+	//
+	// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+	// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+	// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+	// (when a draining node deletes what it still holds; `null` clears it). Fields left
+	// out are left as they are. The node's status is the node's own and is never written.
+	// Answers the node as it is after the change. A router started with an operator's
+	// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+	// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+	PatchNodeWithBodyWithResponse(ctx context.Context, name NodeName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchNodeResponse, error)
+
+	// PatchNodeWithResponse Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+	//
+	// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+	// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+	// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+	// (when a draining node deletes what it still holds; `null` clears it). Fields left
+	// out are left as they are. The node's status is the node's own and is never written.
+	// Answers the node as it is after the change. A router started with an operator's
+	// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+	// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+	PatchNodeWithResponse(ctx context.Context, name NodeName, body PatchNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchNodeResponse, error)
+
 	// ListSandboxesWithResponse List sandboxes
 	//
 	// Lists sandboxes ordered by id, a page at a time. Filters combine with AND: `state`
@@ -10159,9 +11144,15 @@ type ClientWithResponsesInterface interface {
 	// runtime whose generations depend on the resources they were captured with would need
 	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
 	// namespace runtime does not (a generation is files only), so resources are no part of
-	// its compatibility. With `start: true` the sandbox is also started before the
+	// its compatibility. On a node started with `--template-registry`, a clone that names a
+	// generation the node does not hold pulls it from the registry first (`503
+	// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+	// what it serves fails its checks). With `start: true` the sandbox is also started before the
 	// answer; the create is all or nothing: a failed start answers its error and leaves no
-	// sandbox, so the id is free again.
+	// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+	// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+	// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+	// lapsed with `503 node-lost`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10178,9 +11169,15 @@ type ClientWithResponsesInterface interface {
 	// runtime whose generations depend on the resources they were captured with would need
 	// a clone's equal to its generation's and refuse others with `template-ineligible`; the
 	// namespace runtime does not (a generation is files only), so resources are no part of
-	// its compatibility. With `start: true` the sandbox is also started before the
+	// its compatibility. On a node started with `--template-registry`, a clone that names a
+	// generation the node does not hold pulls it from the registry first (`503
+	// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+	// what it serves fails its checks). With `start: true` the sandbox is also started before the
 	// answer; the create is all or nothing: a failed start answers its error and leaves no
-	// sandbox, so the id is free again.
+	// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+	// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+	// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+	// lapsed with `503 node-lost`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10204,7 +11201,10 @@ type ClientWithResponsesInterface interface {
 
 	// GetSandboxWithResponse Get a sandbox
 	//
-	// The sandbox: its state, configuration, resources, lifetime and last exit.
+	// The sandbox: its state, configuration, resources, lifetime and last exit. Through a
+	// cluster router, a sandbox whose node's lease has lapsed is not read: the call answers
+	// `503` with the code `node-lost` and `Retry-After` (as every call on it does) until the
+	// node is back, while the router's list shows it in the state `node-lost`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -10229,9 +11229,12 @@ type ClientWithResponsesInterface interface {
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-	// copied, stopped or running: its layer lives inside the disk. Memory is not
-	// checkpointed on the namespace runtime; a microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+	// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+	// runs, of its memory too, saved while it is frozen (counted in its size and the
+	// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+	// a template, or a fork whose saved state is not yet restored, is refused with
+	// `checkpoint-unsupported` (docs/checkpoints.md).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10247,9 +11250,12 @@ type ClientWithResponsesInterface interface {
 	// on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 	// checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 	// `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-	// copied, stopped or running: its layer lives inside the disk. Memory is not
-	// checkpointed on the namespace runtime; a microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+	// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+	// runs, of its memory too, saved while it is frozen (counted in its size and the
+	// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+	// a template, or a fork whose saved state is not yet restored, is refused with
+	// `checkpoint-unsupported` (docs/checkpoints.md).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10285,9 +11291,11 @@ type ClientWithResponsesInterface interface {
 	// its id, configuration, network, ports and links stay, and the checkpoint stays for
 	// another rollback. A running sandbox's processes are killed and it is started again
 	// on the checkpoint's files: a process would otherwise go on with files that no longer
-	// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-	// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
-	// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+	// exist. A microVM whose checkpoint holds its memory (one taken while it ran) is
+	// restored from it, its processes running on from the checkpoint; otherwise it boots
+	// again on the checkpoint's disk. A stopped sandbox stays stopped (a microVM restores
+	// the checkpoint's memory at its next start); a disk of its own is replaced by an empty
+	// one over the checkpoint's layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 	// the files at one point or the other, and the server's next start-up finishes it.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -10443,7 +11451,7 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
 	ListFilesWithResponse(ctx context.Context, id SandboxIDPath, params *ListFilesParams, reqEditors ...RequestEditorFn) (*ListFilesResponse, error)
 
-	// ForkSandboxWithBodyWithResponse Fork a sandbox into new ones that run on from its files
+	// ForkSandboxWithBodyWithResponse Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 	//
 	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 	// source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -10456,15 +11464,21 @@ type ClientWithResponsesInterface interface {
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 	// always copied (frozen while running), and each fork gets an empty disk of the same
-	// size over the shared layers. A microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// size over the shared layers. A running microVM sandbox forks with its memory: it is
+	// frozen while its memory and device state are saved with a copy of its disk overlay
+	// (`freeze_ms`), and each fork restores that state, its processes running on where
+	// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+	// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+	// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+	// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+	// with `sandbox-paused`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandboxWithBodyWithResponse(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
 
-	// ForkSandboxWithResponse Fork a sandbox into new ones that run on from its files
+	// ForkSandboxWithResponse Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 	//
 	// Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 	// source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -10477,13 +11491,29 @@ type ClientWithResponsesInterface interface {
 	// forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 	// lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 	// always copied (frozen while running), and each fork gets an empty disk of the same
-	// size over the shared layers. A microVM sandbox is refused with
-	// `checkpoint-unsupported`.
+	// size over the shared layers. A running microVM sandbox forks with its memory: it is
+	// frozen while its memory and device state are saved with a copy of its disk overlay
+	// (`freeze_ms`), and each fork restores that state, its processes running on where
+	// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+	// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+	// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+	// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+	// with `sandbox-paused`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *ForkSandboxParams, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
+	// ListSandboxLinksWithResponse List the live links of a sandbox, all ports
+	//
+	// What `GET /v1/sandboxes/{id}/ports/{port}/links` answers, for every port of the
+	// sandbox: the live links, oldest first, without tokens. At most 100.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/links (the `ListSandboxLinks` operationId).
+	ListSandboxLinksWithResponse(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*ListSandboxLinksResponse, error)
 
 	// GetSandboxLogsWithResponse Read the sandbox's console log
 	//
@@ -10580,6 +11610,19 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
 	PauseSandboxWithResponse(ctx context.Context, id SandboxIDPath, params *PauseSandboxParams, body PauseSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
+
+	// ListPortLinksWithResponse List the live links of a port
+	//
+	// The port's live links, oldest first: those neither expired nor revoked (an expired or
+	// revoked link is forgotten, so it is not listed). Each one's id, port and times, never
+	// its token or path: a token is shown only when the link is made, and a list cannot
+	// hand one out again. At most 100 (the live links a sandbox may hold; see
+	// `POST .../links`), so the list is not paged.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/links (the `ListPortLinks` operationId).
+	ListPortLinksWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, reqEditors ...RequestEditorFn) (*ListPortLinksResponse, error)
 
 	// CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
 	//
@@ -10725,12 +11768,13 @@ type ClientWithResponsesInterface interface {
 
 	// ListSecretsWithResponse List secrets
 	//
-	// Every secret by name, with the sandboxes and hosts that bind it; never a value.
+	// Every secret, a page at a time by name in byte order (upper case before lower case:
+	// `B` before `a`), with the sandboxes and hosts that bind it; never a value.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/secrets (the `ListSecrets` operationId).
-	ListSecretsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListSecretsResponse, error)
+	ListSecretsWithResponse(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*ListSecretsResponse, error)
 
 	// CreateSecretWithBodyWithResponse Create a secret
 	//
@@ -10875,8 +11919,10 @@ type ClientWithResponsesInterface interface {
 	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 	// the frozen one, and only while the generation is eligible by its time contract (a
 	// start of a clone that would restore an early or expired generation is refused with
-	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+	// `template-ineligible` before anything starts). A running microVM on a checkpoint
+	// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+	// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+	// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -10905,8 +11951,10 @@ type ClientWithResponsesInterface interface {
 	// id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 	// the frozen one, and only while the generation is eligible by its time contract (a
 	// start of a clone that would restore an early or expired generation is refused with
-	// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-	// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+	// `template-ineligible` before anything starts). A running microVM on a checkpoint
+	// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+	// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+	// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 	// a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 	// exactly as long as the copy reads its writable layer, then thawed: the generation is
 	// a consistent picture of it, the sandbox runs on, and the generation's
@@ -10973,12 +12021,12 @@ type ClientWithResponsesInterface interface {
 
 	// ListVolumesWithResponse List volumes
 	//
-	// Every volume, by name, with the sandboxes that mount it.
+	// Every volume, a page at a time by name, with the sandboxes that mount it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
-	ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error)
+	ListVolumesWithResponse(ctx context.Context, params *ListVolumesParams, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error)
 
 	// CreateVolumeWithBodyWithResponse Create a volume
 	//
@@ -11023,7 +12071,9 @@ type ClientWithResponsesInterface interface {
 
 	// GetVolumeWithResponse Show a volume
 	//
-	// The volume's size, the space its files use, and the sandboxes that mount it.
+	// The volume's size, the space its files use, and the sandboxes that mount it. Through a
+	// cluster router (docs/cluster.md, "Volumes"), a volume whose node's lease has lapsed
+	// answers `503 node-lost` with `Retry-After` until the node is back.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -11090,12 +12140,13 @@ type ClientWithResponsesInterface interface {
 	// ListWebhooksWithResponse List webhooks, with their delivery state
 	//
 	// Every webhook with its delivery state (pending, delivered, failed and dropped counts,
-	// the last attempt and its answer, the next attempt). Secrets are never listed.
+	// the last attempt and its answer, the next attempt), a page at a time by id. Secrets
+	// are never listed.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
-	ListWebhooksWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListWebhooksResponse, error)
+	ListWebhooksWithResponse(ctx context.Context, params *ListWebhooksParams, reqEditors ...RequestEditorFn) (*ListWebhooksResponse, error)
 
 	// CreateWebhookWithBodyWithResponse Register a webhook
 	//
@@ -12211,6 +13262,297 @@ func (r GetInfoResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetInfoResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListNodesResponse401Headers the declared response headers of an HTTP 401 response for ListNodes
+type ListNodesResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListNodesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *NodeList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListNodesResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListNodesResponse) GetJSON200() *NodeList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListNodesResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListNodesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListNodesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListNodesResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListNodesResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListNodesResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListNodesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListNodesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListNodesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListNodesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetNodeResponse401Headers the declared response headers of an HTTP 401 response for GetNode
+type GetNodeResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type GetNodeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Node
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetNodeResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetNodeResponse) GetJSON200() *Node {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetNodeResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetNodeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetNodeResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetNodeResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetNodeResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r GetNodeResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetNodeResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetNodeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetNodeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetNodeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetNodeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PatchNodeResponse401Headers the declared response headers of an HTTP 401 response for PatchNode
+type PatchNodeResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type PatchNodeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Node
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PatchNodeResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PatchNodeResponse) GetJSON200() *Node {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r PatchNodeResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PatchNodeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PatchNodeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PatchNodeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PatchNodeResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -14015,6 +15357,96 @@ func (r ForkSandboxResponse) ContentType() string {
 	return ""
 }
 
+// ListSandboxLinksResponse401Headers the declared response headers of an HTTP 401 response for ListSandboxLinks
+type ListSandboxLinksResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListSandboxLinksResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PortLinkList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListSandboxLinksResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListSandboxLinksResponse) GetJSON200() *PortLinkList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListSandboxLinksResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListSandboxLinksResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListSandboxLinksResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListSandboxLinksResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListSandboxLinksResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListSandboxLinksResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ListSandboxLinksResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListSandboxLinksResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListSandboxLinksResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListSandboxLinksResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetSandboxLogsResponse401Headers the declared response headers of an HTTP 401 response for GetSandboxLogs
 type GetSandboxLogsResponse401Headers struct {
 	WWWAuthenticate *string
@@ -14439,6 +15871,96 @@ func (r PauseSandboxResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r PauseSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListPortLinksResponse401Headers the declared response headers of an HTTP 401 response for ListPortLinks
+type ListPortLinksResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type ListPortLinksResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PortLinkList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationProblemJSON501 *NotImplemented
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListPortLinksResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPortLinksResponse) GetJSON200() *PortLinkList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListPortLinksResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListPortLinksResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListPortLinksResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListPortLinksResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListPortLinksResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r ListPortLinksResponse) GetApplicationProblemJSON501() *NotImplemented {
+	return r.ApplicationProblemJSON501
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPortLinksResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPortLinksResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPortLinksResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPortLinksResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -17179,6 +18701,8 @@ type GetVolumeResponse struct {
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON501 the response for an HTTP 501 `application/problem+json` response
 	ApplicationProblemJSON501 *NotImplemented
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetVolumeResponse401Headers
 }
@@ -17216,6 +18740,11 @@ func (r GetVolumeResponse) GetApplicationProblemJSON500() *InternalError {
 // GetApplicationProblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
 func (r GetVolumeResponse) GetApplicationProblemJSON501() *NotImplemented {
 	return r.ApplicationProblemJSON501
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetVolumeResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -18379,6 +19908,12 @@ func (c *ClientWithResponses) GetOpenAPISpecWithResponse(ctx context.Context, re
 // this server never sent replays the kept events too. A client that falls more than
 // 256 events behind is disconnected, and catches up by reconnecting.
 //
+// Through a cluster router (docs/cluster.md) the stream holds every node's events, and
+// an id is no number but an opaque string (the position in each node's events) that
+// any replica of the router resumes from: a client that reconnects to another replica
+// with it gets exactly the events it has not seen. The `seq` of an event is then its
+// node's own. Clients treat ids as opaque strings.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/events (the `StreamEvents` operationId).
@@ -18392,16 +19927,16 @@ func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, para
 
 // ListImagesWithResponse List images
 //
-// Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
-// file system directories under the state root's `images/` (kind `directory`), then the
-// OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
-// progress or failed, by name.
+// Every image a sandbox can be created on, a page at a time by name: `host` (the host's
+// /usr, read-only, kind `host`), the root file system directories under the state
+// root's `images/` (kind `directory`) and the OCI images of the image store, pulled or
+// imported (kind `oci`), with the pulls in progress or failed.
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/images (the `ListImages` operationId).
-func (c *ClientWithResponses) ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error) {
-	rsp, err := c.ListImages(ctx, reqEditors...)
+func (c *ClientWithResponses) ListImagesWithResponse(ctx context.Context, params *ListImagesParams, reqEditors ...RequestEditorFn) (*ListImagesResponse, error) {
+	rsp, err := c.ListImages(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -18523,6 +20058,85 @@ func (c *ClientWithResponses) GetInfoWithResponse(ctx context.Context, reqEditor
 	return ParseGetInfoResponse(rsp)
 }
 
+// ListNodesWithResponse List the cluster's nodes (a cluster router only)
+//
+// Every node of the cluster (its BothyNode object, docs/cluster.md) as the router sees
+// it: whether its lease is live, its health, the operator's cordon and drain, the
+// capacity it publishes and what is allocated and free, its sandboxes, address and
+// version. Served by a cluster router (`bothyd router`) only: a single bothyd, which is
+// no cluster, answers `501 not-a-cluster`; a client (the dashboard) tells the two apart
+// by `cluster` in `getInfo`, which only a router sends.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/nodes (the `ListNodes` operationId).
+func (c *ClientWithResponses) ListNodesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListNodesResponse, error) {
+	rsp, err := c.ListNodes(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListNodesResponse(rsp)
+}
+
+// GetNodeWithResponse One node of the cluster (a cluster router only)
+//
+// One node, as in `listNodes`. A single bothyd answers `501 not-a-cluster`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/nodes/{name} (the `GetNode` operationId).
+func (c *ClientWithResponses) GetNodeWithResponse(ctx context.Context, name NodeName, reqEditors ...RequestEditorFn) (*GetNodeResponse, error) {
+	rsp, err := c.GetNode(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetNodeResponse(rsp)
+}
+
+// PatchNodeWithBodyWithResponse Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+//
+// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+// (when a draining node deletes what it still holds; `null` clears it). Fields left
+// out are left as they are. The node's status is the node's own and is never written.
+// Answers the node as it is after the change. A router started with an operator's
+// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+func (c *ClientWithResponses) PatchNodeWithBodyWithResponse(ctx context.Context, name NodeName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchNodeResponse, error) {
+	rsp, err := c.PatchNodeWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePatchNodeResponse(rsp)
+}
+
+// PatchNodeWithResponse Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+//
+// Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+// bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+// node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+// (when a draining node deletes what it still holds; `null` clears it). Fields left
+// out are left as they are. The node's status is the node's own and is never written.
+// Answers the node as it is after the change. A router started with an operator's
+// token (`--operator-token-file`) takes it alone here: the clients' token is answered
+// `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/nodes/{name} (the `PatchNode` operationId).
+func (c *ClientWithResponses) PatchNodeWithResponse(ctx context.Context, name NodeName, body PatchNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchNodeResponse, error) {
+	rsp, err := c.PatchNode(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePatchNodeResponse(rsp)
+}
+
 // ListSandboxesWithResponse List sandboxes
 //
 // Lists sandboxes ordered by id, a page at a time. Filters combine with AND: `state`
@@ -18549,9 +20163,15 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 // runtime whose generations depend on the resources they were captured with would need
 // a clone's equal to its generation's and refuse others with `template-ineligible`; the
 // namespace runtime does not (a generation is files only), so resources are no part of
-// its compatibility. With `start: true` the sandbox is also started before the
+// its compatibility. On a node started with `--template-registry`, a clone that names a
+// generation the node does not hold pulls it from the registry first (`503
+// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+// what it serves fails its checks). With `start: true` the sandbox is also started before the
 // answer; the create is all or nothing: a failed start answers its error and leaves no
-// sandbox, so the id is free again.
+// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+// lapsed with `503 node-lost`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -18574,9 +20194,15 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 // runtime whose generations depend on the resources they were captured with would need
 // a clone's equal to its generation's and refuse others with `template-ineligible`; the
 // namespace runtime does not (a generation is files only), so resources are no part of
-// its compatibility. With `start: true` the sandbox is also started before the
+// its compatibility. On a node started with `--template-registry`, a clone that names a
+// generation the node does not hold pulls it from the registry first (`503
+// registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+// what it serves fails its checks). With `start: true` the sandbox is also started before the
 // answer; the create is all or nothing: a failed start answers its error and leaves no
-// sandbox, so the id is free again.
+// sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+// volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+// two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+// lapsed with `503 node-lost`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -18612,7 +20238,10 @@ func (c *ClientWithResponses) DeleteSandboxWithResponse(ctx context.Context, id 
 
 // GetSandboxWithResponse Get a sandbox
 //
-// The sandbox: its state, configuration, resources, lifetime and last exit.
+// The sandbox: its state, configuration, resources, lifetime and last exit. Through a
+// cluster router, a sandbox whose node's lease has lapsed is not read: the call answers
+// `503` with the code `node-lost` and `Retry-After` (as every call on it does) until the
+// node is back, while the router's list shows it in the state `node-lost`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -18649,9 +20278,12 @@ func (c *ClientWithResponses) ListCheckpointsWithResponse(ctx context.Context, i
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 // `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-// copied, stopped or running: its layer lives inside the disk. Memory is not
-// checkpointed on the namespace runtime; a microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+// runs, of its memory too, saved while it is frozen (counted in its size and the
+// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+// a template, or a fork whose saved state is not yet restored, is refused with
+// `checkpoint-unsupported` (docs/checkpoints.md).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -18673,9 +20305,12 @@ func (c *ClientWithResponses) CreateCheckpointWithBodyWithResponse(ctx context.C
 // on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
 // checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
 // `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-// copied, stopped or running: its layer lives inside the disk. Memory is not
-// checkpointed on the namespace runtime; a microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+// is of its disk (rotated when stopped, copied while frozen when running) and, when it
+// runs, of its memory too, saved while it is frozen (counted in its size and the
+// bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+// a template, or a fork whose saved state is not yet restored, is refused with
+// `checkpoint-unsupported` (docs/checkpoints.md).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -18729,9 +20364,11 @@ func (c *ClientWithResponses) GetCheckpointWithResponse(ctx context.Context, id 
 // its id, configuration, network, ports and links stay, and the checkpoint stays for
 // another rollback. A running sandbox's processes are killed and it is started again
 // on the checkpoint's files: a process would otherwise go on with files that no longer
-// exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-// stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
-// layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+// exist. A microVM whose checkpoint holds its memory (one taken while it ran) is
+// restored from it, its processes running on from the checkpoint; otherwise it boots
+// again on the checkpoint's disk. A stopped sandbox stays stopped (a microVM restores
+// the checkpoint's memory at its next start); a disk of its own is replaced by an empty
+// one over the checkpoint's layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
 // the files at one point or the other, and the server's next start-up finishes it.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -18935,7 +20572,7 @@ func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id Sand
 	return ParseListFilesResponse(rsp)
 }
 
-// ForkSandboxWithBodyWithResponse Fork a sandbox into new ones that run on from its files
+// ForkSandboxWithBodyWithResponse Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 //
 // Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 // source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -18948,8 +20585,14 @@ func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id Sand
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 // lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 // always copied (frozen while running), and each fork gets an empty disk of the same
-// size over the shared layers. A microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// size over the shared layers. A running microVM sandbox forks with its memory: it is
+// frozen while its memory and device state are saved with a copy of its disk overlay
+// (`freeze_ms`), and each fork restores that state, its processes running on where
+// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+// with `sandbox-paused`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -18962,7 +20605,7 @@ func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Contex
 	return ParseForkSandboxResponse(rsp)
 }
 
-// ForkSandboxWithResponse Fork a sandbox into new ones that run on from its files
+// ForkSandboxWithResponse Fork a sandbox into new ones that run on from its files (and a microVM's memory)
 //
 // Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
 // source's files as they are now (docs/checkpoints.md). A running source is frozen
@@ -18975,8 +20618,14 @@ func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Contex
 // forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
 // lists each, with the sandbox or the problem. A sandbox with a disk of its own is
 // always copied (frozen while running), and each fork gets an empty disk of the same
-// size over the shared layers. A microVM sandbox is refused with
-// `checkpoint-unsupported`.
+// size over the shared layers. A running microVM sandbox forks with its memory: it is
+// frozen while its memory and device state are saved with a copy of its disk overlay
+// (`freeze_ms`), and each fork restores that state, its processes running on where
+// they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+// chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+// microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+// running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+// with `sandbox-paused`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -18987,6 +20636,22 @@ func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id Sa
 		return nil, err
 	}
 	return ParseForkSandboxResponse(rsp)
+}
+
+// ListSandboxLinksWithResponse List the live links of a sandbox, all ports
+//
+// What `GET /v1/sandboxes/{id}/ports/{port}/links` answers, for every port of the
+// sandbox: the live links, oldest first, without tokens. At most 100.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/links (the `ListSandboxLinks` operationId).
+func (c *ClientWithResponses) ListSandboxLinksWithResponse(ctx context.Context, id SandboxIDPath, reqEditors ...RequestEditorFn) (*ListSandboxLinksResponse, error) {
+	rsp, err := c.ListSandboxLinks(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListSandboxLinksResponse(rsp)
 }
 
 // GetSandboxLogsWithResponse Read the sandbox's console log
@@ -19119,6 +20784,25 @@ func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id S
 		return nil, err
 	}
 	return ParsePauseSandboxResponse(rsp)
+}
+
+// ListPortLinksWithResponse List the live links of a port
+//
+// The port's live links, oldest first: those neither expired nor revoked (an expired or
+// revoked link is forgotten, so it is not listed). Each one's id, port and times, never
+// its token or path: a token is shown only when the link is made, and a list cannot
+// hand one out again. At most 100 (the live links a sandbox may hold; see
+// `POST .../links`), so the list is not paged.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/ports/{port}/links (the `ListPortLinks` operationId).
+func (c *ClientWithResponses) ListPortLinksWithResponse(ctx context.Context, id SandboxIDPath, port PortPath, reqEditors ...RequestEditorFn) (*ListPortLinksResponse, error) {
+	rsp, err := c.ListPortLinks(ctx, id, port, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPortLinksResponse(rsp)
 }
 
 // CreatePortLinkWithBodyWithResponse Make a link that opens the port without the API token
@@ -19325,13 +21009,14 @@ func (c *ClientWithResponses) WaitSandboxWithResponse(ctx context.Context, id Sa
 
 // ListSecretsWithResponse List secrets
 //
-// Every secret by name, with the sandboxes and hosts that bind it; never a value.
+// Every secret, a page at a time by name in byte order (upper case before lower case:
+// `B` before `a`), with the sandboxes and hosts that bind it; never a value.
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/secrets (the `ListSecrets` operationId).
-func (c *ClientWithResponses) ListSecretsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListSecretsResponse, error) {
-	rsp, err := c.ListSecrets(ctx, reqEditors...)
+func (c *ClientWithResponses) ListSecretsWithResponse(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*ListSecretsResponse, error) {
+	rsp, err := c.ListSecrets(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -19553,8 +21238,10 @@ func (c *ClientWithResponses) ListGenerationsWithResponse(ctx context.Context, n
 // id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 // the frozen one, and only while the generation is eligible by its time contract (a
 // start of a clone that would restore an early or expired generation is refused with
-// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+// `template-ineligible` before anything starts). A running microVM on a checkpoint
+// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -19589,8 +21276,10 @@ func (c *ClientWithResponses) CaptureGenerationWithBodyWithResponse(ctx context.
 // id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
 // the frozen one, and only while the generation is eligible by its time contract (a
 // start of a clone that would restore an early or expired generation is refused with
-// `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-// captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+// `template-ineligible` before anything starts). A running microVM on a checkpoint
+// chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+// the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+// clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
 // a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
 // exactly as long as the copy reads its writable layer, then thawed: the generation is
 // a consistent picture of it, the sandbox runs on, and the generation's
@@ -19687,13 +21376,13 @@ func (c *ClientWithResponses) TombstoneGenerationWithResponse(ctx context.Contex
 
 // ListVolumesWithResponse List volumes
 //
-// Every volume, by name, with the sandboxes that mount it.
+// Every volume, a page at a time by name, with the sandboxes that mount it.
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
-func (c *ClientWithResponses) ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error) {
-	rsp, err := c.ListVolumes(ctx, reqEditors...)
+func (c *ClientWithResponses) ListVolumesWithResponse(ctx context.Context, params *ListVolumesParams, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error) {
+	rsp, err := c.ListVolumes(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -19761,7 +21450,9 @@ func (c *ClientWithResponses) DeleteVolumeWithResponse(ctx context.Context, name
 
 // GetVolumeWithResponse Show a volume
 //
-// The volume's size, the space its files use, and the sandboxes that mount it.
+// The volume's size, the space its files use, and the sandboxes that mount it. Through a
+// cluster router (docs/cluster.md, "Volumes"), a volume whose node's lease has lapsed
+// answers `503 node-lost` with `Retry-After` until the node is back.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -19864,13 +21555,14 @@ func (c *ClientWithResponses) MakeVolumeDirWithResponse(ctx context.Context, nam
 // ListWebhooksWithResponse List webhooks, with their delivery state
 //
 // Every webhook with its delivery state (pending, delivered, failed and dropped counts,
-// the last attempt and its answer, the next attempt). Secrets are never listed.
+// the last attempt and its answer, the next attempt), a page at a time by id. Secrets
+// are never listed.
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/webhooks (the `ListWebhooks` operationId).
-func (c *ClientWithResponses) ListWebhooksWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListWebhooksResponse, error) {
-	rsp, err := c.ListWebhooks(ctx, reqEditors...)
+func (c *ClientWithResponses) ListWebhooksWithResponse(ctx context.Context, params *ListWebhooksParams, reqEditors ...RequestEditorFn) (*ListWebhooksResponse, error) {
+	rsp, err := c.ListWebhooks(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -20870,6 +22562,270 @@ func ParseGetInfoResponse(rsp *http.Response) (*GetInfoResponse, error) {
 	switch {
 	case rsp.StatusCode == 401:
 		var headers GetInfoResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListNodesResponse parses an HTTP response from a ListNodesWithResponse call
+func ParseListNodesResponse(rsp *http.Response) (*ListNodesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListNodesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NodeList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListNodesResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetNodeResponse parses an HTTP response from a GetNodeWithResponse call
+func ParseGetNodeResponse(rsp *http.Response) (*GetNodeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetNodeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Node
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetNodeResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePatchNodeResponse parses an HTTP response from a PatchNodeWithResponse call
+func ParsePatchNodeResponse(rsp *http.Response) (*PatchNodeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PatchNodeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Node
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PatchNodeResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -22564,6 +24520,87 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	return response, nil
 }
 
+// ParseListSandboxLinksResponse parses an HTTP response from a ListSandboxLinksWithResponse call
+func ParseListSandboxLinksResponse(rsp *http.Response) (*ListSandboxLinksResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListSandboxLinksResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PortLinkList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListSandboxLinksResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetSandboxLogsResponse parses an HTTP response from a GetSandboxLogsWithResponse call
 func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -22945,6 +24982,87 @@ func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error
 	switch {
 	case rsp.StatusCode == 401:
 		var headers PauseSandboxResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListPortLinksResponse parses an HTTP response from a ListPortLinksWithResponse call
+func ParseListPortLinksResponse(rsp *http.Response) (*ListPortLinksResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPortLinksResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PortLinkList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplemented
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON501 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListPortLinksResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -25537,6 +27655,13 @@ func ParseGetVolumeResponse(rsp *http.Response) (*GetVolumeResponse, error) {
 			return nil, err
 		}
 		response.ApplicationProblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
 
 	}
 

@@ -159,7 +159,7 @@ type User string
 // Example: datasets
 type VolumeName = string
 
-// WebhookID A webhook's id, given by the server.
+// WebhookID A webhook's id, given by the server (or by a cluster's router, at create).
 type WebhookID = string
 
 // CheckpointNamePath 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending with a letter or digit.
@@ -179,6 +179,9 @@ type GenerationIDPath = GenerationID
 //
 // Example: busybox
 type ImageNamePath = StoredImageName
+
+// NodeName defines model for NodeName.
+type NodeName = string
 
 // PortPath defines model for PortPath.
 type PortPath = int
@@ -217,7 +220,7 @@ type WebSocketUpgrade = string
 // WebSocketVersion defines model for WebSocketVersion.
 type WebSocketVersion string
 
-// WebhookIDPath A webhook's id, given by the server.
+// WebhookIDPath A webhook's id, given by the server (or by a cluster's router, at create).
 type WebhookIDPath = WebhookID
 
 // BadRequest An RFC 9457 problem with bothyd's `code`, `field` and `request_id`.

@@ -109,6 +109,10 @@ func badArchive(format string, args ...any) error {
 // supervisor already accepts for directories under images/.
 var nameRule = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
+// NameShape reports whether name has the shape of an image's name: any name an image list
+// may hold ("host" too, which ValidateName keeps for the host's own file system).
+func NameShape(name string) bool { return nameRule.MatchString(name) }
+
 // ValidateName checks a local image name.
 func ValidateName(name string) error {
 	if !nameRule.MatchString(name) || name == "host" {

@@ -26,10 +26,12 @@ type (
 	FileEntry    = client.FileEntry
 	Template     = client.Template
 	Generation   = client.Generation
-	Lease        = client.Lease
-	Info         = client.Info
-	Event        = client.Event
-	Problem      = client.Problem
+	// GenerationSource is what a generation was captured from: its lineage.
+	GenerationSource = client.GenerationSource
+	Lease            = client.Lease
+	Info             = client.Info
+	Event            = client.Event
+	Problem          = client.Problem
 	// SandboxMetrics is a sandbox's usage now and the server's recent samples of it.
 	SandboxMetrics = client.SandboxMetrics
 	UsageSample    = client.UsageSample

@@ -32,6 +32,13 @@
 // [Client.DeleteSecret] manage secrets, whose values no answer returns; a sandbox's
 // NetworkPolicy.Secrets binds them to hosts (docs/secrets.md).
 //
+// # Port links
+//
+// [Client.CreatePortLink] makes a link that opens one port of a sandbox without the API
+// token; its token and path are in that answer alone. [Client.PortLinks] lists a sandbox's
+// (or a port's) live links without them, and [Client.RevokePortLink] revokes one
+// (docs/network.md).
+//
 // # Webhooks and idempotent creates
 //
 // [Client.CreateWebhook], [Client.Webhooks], [Client.GetWebhook] and [Client.DeleteWebhook]

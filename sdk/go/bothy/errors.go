@@ -60,6 +60,8 @@ var (
 	ErrSandboxWaking        = Code(errcode.SandboxWaking)
 	ErrWaitTimeout          = Code(errcode.WaitTimeout)
 	ErrWebhookNotFound      = Code(errcode.WebhookNotFound)
+	// ErrLinkNotFound: no live port link has the id (it expired, was revoked, or never was).
+	ErrLinkNotFound = Code(errcode.LinkNotFound)
 	// Volumes: no volume has the name; one has it already; sandboxes mount it (named in the
 	// detail); a write went past its size.
 	ErrVolumeNotFound = Code(errcode.VolumeNotFound)
@@ -71,6 +73,26 @@ var (
 	// ErrIdempotencyKeyInFlight: the first request with the Idempotency-Key still runs;
 	// repeat in a moment.
 	ErrIdempotencyKeyInFlight = Code(errcode.IdempotencyKeyInFlight)
+	// ErrNodeFull and ErrNodeDraining: a cluster node refused a create, having no room
+	// within its published capacity, or being drained; retry (through a router, which
+	// places it elsewhere).
+	ErrNodeFull     = Code(errcode.NodeFull)
+	ErrNodeDraining = Code(errcode.NodeDraining)
+	// ErrNodeNotFound: a cluster router has no node of the name.
+	ErrNodeNotFound = Code(errcode.NodeNotFound)
+	// ErrNotACluster: the nodes API asked of a single bothyd; call the cluster's router.
+	ErrNotACluster = Code(errcode.NotACluster)
+	// ErrRegistryUnavailable and ErrRegistryRefused: a clone needed a template generation
+	// from the template registry, which could not be reached, or served one that was refused
+	// (a digest or a bound that did not hold); retry, or clone a generation the node holds.
+	ErrRegistryUnavailable = Code(errcode.RegistryUnavailable)
+	ErrRegistryRefused     = Code(errcode.RegistryRefused)
+	// A cluster router's own (docs/cluster.md): the sandbox's or volume's node's lease has
+	// lapsed, retry once it is back (503, Retry-After); no node can take the create (503);
+	// the create mounts volumes of two nodes, and a sandbox runs on one (409).
+	ErrNodeLost        = Code("node-lost")
+	ErrNoNodeAvailable = Code("no-node-available")
+	ErrVolumesApart    = Code("volumes-apart")
 
 	// The refusals of a sandbox's files, for a request the contract takes (APIError.Field
 	// names the path's field, "path" or an exec's "cwd"); the same request may succeed once

@@ -62,8 +62,9 @@ func (c *Client) ImportImage(ctx context.Context, name string, r io.Reader) (*Im
 	return &img, nil
 }
 
-// Images lists every image: host, the directories under the state root's images/, then the
-// OCI images, the pulls in progress and the failed ones included.
+// Images lists every image by name, following the pages to the end: host, the directories
+// under the state root's images/ and the OCI images, the pulls in progress and the failed
+// ones included.
 func (c *Client) Images(ctx context.Context) ([]Image, error) {
 	return listAll[Image](ctx, c, "/v1/images", url.Values{})
 }

@@ -42,13 +42,10 @@ func (c *Client) RotateSecret(ctx context.Context, name, value string) (*Secret,
 	return &s, nil
 }
 
-// Secrets lists the secrets, by name, with the sandboxes that bind each.
+// Secrets lists every secret by name (byte order: upper case first) with the sandboxes that
+// bind each, following the pages to the end.
 func (c *Client) Secrets(ctx context.Context) ([]Secret, error) {
-	var list client.SecretList
-	if err := c.get(ctx, "/v1/secrets", nil, &list); err != nil {
-		return nil, err
-	}
-	return list.Items, nil
+	return listAll[Secret](ctx, c, "/v1/secrets", url.Values{})
 }
 
 // GetSecret returns a secret's times and bindings.

@@ -32,13 +32,9 @@ func (c *Client) CreateVolume(ctx context.Context, name string, sizeMB int) (*Vo
 	return &v, nil
 }
 
-// Volumes lists the volumes.
+// Volumes lists every volume by name, following the pages to the end.
 func (c *Client) Volumes(ctx context.Context) ([]Volume, error) {
-	var list client.VolumeList
-	if err := c.get(ctx, "/v1/volumes", nil, &list); err != nil {
-		return nil, err
-	}
-	return list.Items, nil
+	return listAll[Volume](ctx, c, "/v1/volumes", url.Values{})
 }
 
 // GetVolume returns a volume, with the sandboxes that mount it.

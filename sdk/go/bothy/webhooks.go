@@ -21,6 +21,10 @@ type (
 
 // WebhookOptions make a webhook.
 type WebhookOptions struct {
+	// ID names the webhook (wh- and 16 hex digits); empty, the server makes one. Repeating a
+	// create with the same id, URL, events and secret is idempotent: through a cluster's
+	// router it makes the webhook on a node that joined later (docs/cluster.md, "Webhooks").
+	ID string `json:"id,omitempty"`
 	// URL receives a POST per event.
 	URL string `json:"url"`
 	// Events are the event types to deliver (at least one).
@@ -40,13 +44,9 @@ func (c *Client) CreateWebhook(ctx context.Context, o WebhookOptions) (*Webhook,
 	return &w, nil
 }
 
-// Webhooks lists the webhooks with their delivery state.
+// Webhooks lists every webhook by id with its delivery state, following the pages to the end.
 func (c *Client) Webhooks(ctx context.Context) ([]Webhook, error) {
-	var list client.WebhookList
-	if err := c.get(ctx, "/v1/webhooks", nil, &list); err != nil {
-		return nil, err
-	}
-	return list.Items, nil
+	return listAll[Webhook](ctx, c, "/v1/webhooks", url.Values{})
 }
 
 // GetWebhook returns a webhook and its delivery state.

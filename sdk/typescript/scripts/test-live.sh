@@ -14,6 +14,16 @@ if [ "$(id -u)" -ne 0 ]; then
 	exit 0
 fi
 
+# BOTHY_CLUSTER=1 runs the tests of sandboxes, exec, files, checkpoints, errors, waiting and
+# events against a cluster's router instead: a real API server, two node bothyds and a
+# router, which tests/cluster_sdk_test.go starts.
+if [ "${BOTHY_CLUSTER:-}" = 1 ]; then
+	cd "$sdk"
+	[ -d node_modules ] || npm ci --no-audit --no-fund
+	npm run --silent build
+	cd "$repo" && exec go test -count=1 -v -run 'TestClusterTSSDKLive$' ./tests
+fi
+
 tmp=$(mktemp -d)
 pid=""
 cleanup() {

@@ -23,6 +23,10 @@ import type {
   GenerationList,
   Info,
   Lease,
+  Node,
+  NodePatch,
+  PortLink,
+  PortLinkInfo,
   Sandbox,
   SandboxList,
   Secret,
@@ -334,9 +338,16 @@ export class Bothy {
     return this.#call(this.api.GET("/v1/volumes/{name}", { params: { path: { name } } }));
   }
 
+  /** Lists every volume by name, following the pages to the end. */
   async listVolumes(): Promise<Volume[]> {
-    const list = await this.#call(this.api.GET("/v1/volumes", {}));
-    return list.items;
+    const all: Volume[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await this.#call(this.api.GET("/v1/volumes", { params: { query: { cursor, limit: 1000 } } }));
+      all.push(...page.items);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return all;
   }
 
   /** Deletes a volume and its files; one that sandboxes mount is refused with volume-in-use. */
@@ -396,10 +407,19 @@ export class Bothy {
     return this.#call(this.api.GET("/v1/secrets/{secret}", { params: { path: { secret: name } } }));
   }
 
-  /** Every secret, with the sandboxes and hosts that bind it; never a value. */
+  /**
+   * Every secret by name (byte order: upper case first), with the sandboxes and hosts that bind
+   * it, following the pages to the end; never a value.
+   */
   async listSecrets(): Promise<Secret[]> {
-    const list = await this.#call(this.api.GET("/v1/secrets", {}));
-    return list.items;
+    const all: Secret[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await this.#call(this.api.GET("/v1/secrets", { params: { query: { cursor, limit: 1000 } } }));
+      all.push(...page.items);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return all;
   }
 
   /**
@@ -413,6 +433,71 @@ export class Bothy {
   /** Deletes a secret; one that a sandbox's network policy binds is refused with secret-in-use. */
   async deleteSecret(name: string): Promise<void> {
     await this.#callEmpty(this.api.DELETE("/v1/secrets/{secret}", { params: { path: { secret: name } } }));
+  }
+
+  // ---- nodes (a cluster router only) ----------------------------------------------------------
+
+  /**
+   * The cluster's nodes, in name order, as its router sees them: lease, health, cordon and
+   * drain, capacity and what is free (docs/cluster.md). A single bothyd is no cluster and
+   * refuses with not-a-cluster (501); `info().cluster` says which one this is.
+   */
+  async listNodes(): Promise<Node[]> {
+    const list = await this.#call(this.api.GET("/v1/nodes", {}));
+    return list.items;
+  }
+
+  /** One node of the cluster; a name none has is refused with node-not-found. */
+  getNode(name: string): Promise<Node> {
+    return this.#call(this.api.GET("/v1/nodes/{name}", { params: { path: { name } } }));
+  }
+
+  /**
+   * Writes a node's cordon and drain (the fields given; `drain_deadline: null` clears the
+   * deadline) and returns the node after the change.
+   */
+  patchNode(name: string, patch: NodePatch): Promise<Node> {
+    return this.#call(this.api.PATCH("/v1/nodes/{name}", { params: { path: { name } }, body: patch }));
+  }
+
+  /** Cordons a node: placement puts nothing new on it; it keeps serving its own sandboxes. */
+  cordonNode(name: string): Promise<Node> {
+    return this.patchNode(name, { cordoned: true });
+  }
+
+  /** Uncordons a node: placement may put sandboxes on it again. */
+  uncordonNode(name: string): Promise<Node> {
+    return this.patchNode(name, { cordoned: false });
+  }
+
+  // ---- port links -----------------------------------------------------------------------------
+
+  /**
+   * Makes a link that opens the sandbox's port to whoever holds it, without the API token, for
+   * `ttlS` seconds (the server's default, an hour, when omitted). Its token and `path` are in
+   * this answer alone: no list shows them again.
+   */
+  createPortLink(id: string, port: number, ttlS?: number): Promise<PortLink> {
+    return this.#call(
+      this.api.POST("/v1/sandboxes/{id}/ports/{port}/links", {
+        params: { path: { id, port } },
+        body: ttlS === undefined ? {} : { ttl_s: ttlS },
+      }),
+    );
+  }
+
+  /** The live links of the sandbox's port, or of all its ports when `port` is omitted; oldest first, without tokens. */
+  async listPortLinks(id: string, port?: number): Promise<PortLinkInfo[]> {
+    const list =
+      port === undefined
+        ? await this.#call(this.api.GET("/v1/sandboxes/{id}/links", { params: { path: { id } } }))
+        : await this.#call(this.api.GET("/v1/sandboxes/{id}/ports/{port}/links", { params: { path: { id, port } } }));
+    return list.items;
+  }
+
+  /** Revokes a link: its URL stops working at once (link-not-found when it is not live). */
+  async revokePortLink(id: string, port: number, link: string): Promise<void> {
+    await this.#callEmpty(this.api.DELETE("/v1/sandboxes/{id}/ports/{port}/links/{link}", { params: { path: { id, port, link } } }));
   }
 
   // ---- checkpoints, rollback and fork --------------------------------------------------------

@@ -13,6 +13,10 @@ export type KnownErrorCode =
   | "unavailable"
   | "storage-full"
   | "storage-unavailable"
+  | "node-full"
+  | "node-draining"
+  | "node-not-found"
+  | "not-a-cluster"
   | "sandbox-not-found"
   | "template-not-found"
   | "generation-not-found"
@@ -43,6 +47,7 @@ export type KnownErrorCode =
   | "pids-limit"
   | "link-not-found"
   | "webhook-not-found"
+  | "webhook-exists"
   | "idempotency-key-reused"
   | "idempotency-key-in-flight"
   | "permission-denied"
@@ -65,7 +70,9 @@ export type KnownErrorCode =
   | "checkpoint-unsupported"
   | "secret-not-found"
   | "secret-exists"
-  | "secret-in-use";
+  | "secret-in-use"
+  | "registry-unavailable"
+  | "registry-refused";
 
 /** The error codes the contract documents, in its order. */
 export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
@@ -80,6 +87,10 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "unavailable",
   "storage-full",
   "storage-unavailable",
+  "node-full",
+  "node-draining",
+  "node-not-found",
+  "not-a-cluster",
   "sandbox-not-found",
   "template-not-found",
   "generation-not-found",
@@ -110,6 +121,7 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "pids-limit",
   "link-not-found",
   "webhook-not-found",
+  "webhook-exists",
   "idempotency-key-reused",
   "idempotency-key-in-flight",
   "permission-denied",
@@ -133,6 +145,8 @@ export const knownErrorCodes: ReadonlyArray<KnownErrorCode> = [
   "secret-not-found",
   "secret-exists",
   "secret-in-use",
+  "registry-unavailable",
+  "registry-refused",
 ];
 
 /** An event type the contract documents; a newer server may send others. */

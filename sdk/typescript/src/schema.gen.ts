@@ -28,9 +28,15 @@ export interface paths {
          *     runtime whose generations depend on the resources they were captured with would need
          *     a clone's equal to its generation's and refuse others with `template-ineligible`; the
          *     namespace runtime does not (a generation is files only), so resources are no part of
-         *     its compatibility. With `start: true` the sandbox is also started before the
+         *     its compatibility. On a node started with `--template-registry`, a clone that names a
+         *     generation the node does not hold pulls it from the registry first (`503
+         *     registry-unavailable` when the registry cannot be reached, `503 registry-refused` when
+         *     what it serves fails its checks). With `start: true` the sandbox is also started before the
          *     answer; the create is all or nothing: a failed start answers its error and leaves no
-         *     sandbox, so the id is free again.
+         *     sandbox, so the id is free again. Through a cluster router, a sandbox that mounts
+         *     volumes is placed on the node that holds them (docs/cluster.md, "Volumes"): volumes of
+         *     two nodes are refused with `409 volumes-apart`, and volumes on a node whose lease has
+         *     lapsed with `503 node-lost`.
          */
         post: operations["createSandbox"];
         delete?: never;
@@ -51,7 +57,10 @@ export interface paths {
         };
         /**
          * Get a sandbox
-         * @description The sandbox: its state, configuration, resources, lifetime and last exit.
+         * @description The sandbox: its state, configuration, resources, lifetime and last exit. Through a
+         *     cluster router, a sandbox whose node's lease has lapsed is not read: the call answers
+         *     `503` with the code `node-lost` and `Retry-After` (as every call on it does) until the
+         *     node is back, while the router's list shows it in the state `node-lost`.
          */
         get: operations["getSandbox"];
         put?: never;
@@ -228,7 +237,7 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * Fork a sandbox into new ones that run on from its files
+         * Fork a sandbox into new ones that run on from its files (and a microVM's memory)
          * @description Makes `count` new sandboxes (1 to 16; or one for each of `ids`) that run on from the
          *     source's files as they are now (docs/checkpoints.md). A running source is frozen
          *     while its writable layer is copied (`freeze_ms`; a reflink on a file system that has
@@ -240,8 +249,14 @@ export interface paths {
          *     forked on the namespace runtime. Each fork succeeds or fails on its own; `items`
          *     lists each, with the sandbox or the problem. A sandbox with a disk of its own is
          *     always copied (frozen while running), and each fork gets an empty disk of the same
-         *     size over the shared layers. A microVM sandbox is refused with
-         *     `checkpoint-unsupported`.
+         *     size over the shared layers. A running microVM sandbox forks with its memory: it is
+         *     frozen while its memory and device state are saved with a copy of its disk overlay
+         *     (`freeze_ms`), and each fork restores that state, its processes running on where
+         *     they were, with its own network address (docs/checkpoints.md); one on a checkpoint
+         *     chain or a fork itself too (the saved disk is flattened onto the image's). A stopped
+         *     microVM forks by its disk alone: each fork boots a copy of it. A microVM clone, or a
+         *     running microVM with volumes, is refused with `checkpoint-unsupported`, a paused one
+         *     with `sandbox-paused`.
          */
         post: operations["forkSandbox"];
         delete?: never;
@@ -275,9 +290,12 @@ export interface paths {
          *     on; a paused one stays paused. A sandbox holds at most `--checkpoint-max` (16)
          *     checkpoints of at most `--checkpoint-max-bytes` (10 GiB) together:
          *     `checkpoint-limit` beyond. A sandbox with a disk of its own (the server's default) is
-         *     copied, stopped or running: its layer lives inside the disk. Memory is not
-         *     checkpointed on the namespace runtime; a microVM sandbox is refused with
-         *     `checkpoint-unsupported`.
+         *     copied, stopped or running: its layer lives inside the disk. A microVM's checkpoint
+         *     is of its disk (rotated when stopped, copied while frozen when running) and, when it
+         *     runs, of its memory too, saved while it is frozen (counted in its size and the
+         *     bounds); a fork's layers' disks are flattened onto the image's. A microVM cloned from
+         *     a template, or a fork whose saved state is not yet restored, is refused with
+         *     `checkpoint-unsupported` (docs/checkpoints.md).
          */
         post: operations["createCheckpoint"];
         delete?: never;
@@ -340,9 +358,11 @@ export interface paths {
          *     its id, configuration, network, ports and links stay, and the checkpoint stays for
          *     another rollback. A running sandbox's processes are killed and it is started again
          *     on the checkpoint's files: a process would otherwise go on with files that no longer
-         *     exist, and memory is not checkpointed on the namespace runtime. A stopped sandbox
-         *     stays stopped; a disk of its own is replaced by an empty one over the checkpoint's
-         *     layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
+         *     exist. A microVM whose checkpoint holds its memory (one taken while it ran) is
+         *     restored from it, its processes running on from the checkpoint; otherwise it boots
+         *     again on the checkpoint's disk. A stopped sandbox stays stopped (a microVM restores
+         *     the checkpoint's memory at its next start); a disk of its own is replaced by an empty
+         *     one over the checkpoint's layers. No file is copied (docs/checkpoints.md); a crash mid-rollback leaves
          *     the files at one point or the other, and the server's next start-up finishes it.
          */
         post: operations["rollbackSandbox"];
@@ -673,6 +693,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/links": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List the live links of a sandbox, all ports
+         * @description What `GET /v1/sandboxes/{id}/ports/{port}/links` answers, for every port of the
+         *     sandbox: the live links, oldest first, without tokens. At most 100.
+         */
+        get: operations["listSandboxLinks"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/ports/{port}/links": {
         parameters: {
             query?: never;
@@ -685,7 +729,15 @@ export interface paths {
             };
             cookie?: never;
         };
-        get?: never;
+        /**
+         * List the live links of a port
+         * @description The port's live links, oldest first: those neither expired nor revoked (an expired or
+         *     revoked link is forgotten, so it is not listed). Each one's id, port and times, never
+         *     its token or path: a token is shown only when the link is made, and a list cannot
+         *     hand one out again. At most 100 (the live links a sandbox may hold; see
+         *     `POST .../links`), so the list is not paged.
+         */
+        get: operations["listPortLinks"];
         put?: never;
         /**
          * Make a link that opens the port without the API token
@@ -992,8 +1044,10 @@ export interface paths {
          *     id and reseeded RNG, the clock advanced by the downtime), on a disk of their own over
          *     the frozen one, and only while the generation is eligible by its time contract (a
          *     start of a clone that would restore an early or expired generation is refused with
-         *     `template-ineligible` before anything starts). A stopped or paused microVM cannot be
-         *     captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
+         *     `template-ineligible` before anything starts). A running microVM on a checkpoint
+         *     chain, or a fork, is captured too (its saved disk is flattened onto the image's, so
+         *     the generation names nothing of the sandbox). A stopped or paused microVM, a microVM
+         *     clone and a microVM with volumes cannot be captured (`not-implemented`). A stopped sandbox is captured as it lies and stays stopped;
          *     a paused one stays paused. A running sandbox is frozen (as a pause freezes it) for
          *     exactly as long as the copy reads its writable layer, then thawed: the generation is
          *     a consistent picture of it, the sandbox runs on, and the generation's
@@ -1112,10 +1166,10 @@ export interface paths {
         };
         /**
          * List images
-         * @description Every image a sandbox can be created on: `host` (the host's /usr, read-only), the root
-         *     file system directories under the state root's `images/` (kind `directory`), then the
-         *     OCI images of the image store, pulled or imported (kind `oci`), with the pulls in
-         *     progress or failed, by name.
+         * @description Every image a sandbox can be created on, a page at a time by name: `host` (the host's
+         *     /usr, read-only, kind `host`), the root file system directories under the state
+         *     root's `images/` (kind `directory`) and the OCI images of the image store, pulled or
+         *     imported (kind `oci`), with the pulls in progress or failed.
          */
         get: operations["listImages"];
         put?: never;
@@ -1189,7 +1243,8 @@ export interface paths {
         };
         /**
          * List secrets
-         * @description Every secret by name, with the sandboxes and hosts that bind it; never a value.
+         * @description Every secret, a page at a time by name in byte order (upper case before lower case:
+         *     `B` before `a`), with the sandboxes and hosts that bind it; never a value.
          */
         get: operations["listSecrets"];
         put?: never;
@@ -1273,7 +1328,8 @@ export interface paths {
         /**
          * List webhooks, with their delivery state
          * @description Every webhook with its delivery state (pending, delivered, failed and dropped counts,
-         *     the last attempt and its answer, the next attempt). Secrets are never listed.
+         *     the last attempt and its answer, the next attempt), a page at a time by id. Secrets
+         *     are never listed.
          */
         get: operations["listWebhooks"];
         put?: never;
@@ -1335,7 +1391,7 @@ export interface paths {
         };
         /**
          * List volumes
-         * @description Every volume, by name, with the sandboxes that mount it.
+         * @description Every volume, a page at a time by name, with the sandboxes that mount it.
          */
         get: operations["listVolumes"];
         put?: never;
@@ -1368,7 +1424,9 @@ export interface paths {
         };
         /**
          * Show a volume
-         * @description The volume's size, the space its files use, and the sandboxes that mount it.
+         * @description The volume's size, the space its files use, and the sandboxes that mount it. Through a
+         *     cluster router (docs/cluster.md, "Volumes"), a volume whose node's lease has lapsed
+         *     answers `503 node-lost` with `Retry-After` until the node is back.
          */
         get: operations["getVolume"];
         put?: never;
@@ -1529,6 +1587,12 @@ export interface paths {
          *     restart replays the new process's kept events, all of them new to the client. An id
          *     this server never sent replays the kept events too. A client that falls more than
          *     256 events behind is disconnected, and catches up by reconnecting.
+         *
+         *     Through a cluster router (docs/cluster.md) the stream holds every node's events, and
+         *     an id is no number but an opaque string (the position in each node's events) that
+         *     any replica of the router resumes from: a client that reconnects to another replica
+         *     with it gets exactly the events it has not seen. The `seq` of an event is then its
+         *     node's own. Clients treat ids as opaque strings.
          */
         get: operations["streamEvents"];
         put?: never;
@@ -1537,6 +1601,65 @@ export interface paths {
         options?: never;
         head?: never;
         patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the cluster's nodes (a cluster router only)
+         * @description Every node of the cluster (its BothyNode object, docs/cluster.md) as the router sees
+         *     it: whether its lease is live, its health, the operator's cordon and drain, the
+         *     capacity it publishes and what is allocated and free, its sandboxes, address and
+         *     version. Served by a cluster router (`bothyd router`) only: a single bothyd, which is
+         *     no cluster, answers `501 not-a-cluster`; a client (the dashboard) tells the two apart
+         *     by `cluster` in `getInfo`, which only a router sends.
+         */
+        get: operations["listNodes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A node's name (its BothyNode's, a Kubernetes object name). */
+                name: components["parameters"]["NodeName"];
+            };
+            cookie?: never;
+        };
+        /**
+         * One node of the cluster (a cluster router only)
+         * @description One node, as in `listNodes`. A single bothyd answers `501 not-a-cluster`.
+         */
+        get: operations["getNode"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * Cordon, uncordon, drain or call off a node's drain (a cluster router only)
+         * @description Sets the operator's part of the node's BothyNode (its `spec`, as `kubectl patch
+         *     bothynode` does): `cordoned` (placement puts nothing new there), `draining` (the
+         *     node refuses creates and empties, docs/cluster.md's Drain) and `drain_deadline`
+         *     (when a draining node deletes what it still holds; `null` clears it). Fields left
+         *     out are left as they are. The node's status is the node's own and is never written.
+         *     Answers the node as it is after the change. A router started with an operator's
+         *     token (`--operator-token-file`) takes it alone here: the clients' token is answered
+         *     `403 forbidden`. A single bothyd answers `501 not-a-cluster`.
+         */
+        patch: operations["patchNode"];
         trace?: never;
     };
     "/healthz": {
@@ -1750,6 +1873,104 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description Memory, CPU and sandbox slots, as a node publishes them. */
+        NodeCapacity: {
+            /**
+             * Format: int64
+             * @description Memory in MiB.
+             */
+            memory_mb: number;
+            /**
+             * Format: int64
+             * @description CPU in thousandths of a vCPU.
+             */
+            milli_cpu: number;
+            /**
+             * Format: int32
+             * @description Sandbox slots.
+             */
+            sandboxes: number;
+        };
+        /** @description A draining node's progress (its `status.drain`). */
+        NodeDrain: {
+            /**
+             * Format: int32
+             * @description Sandboxes the node still holds.
+             */
+            remaining: number;
+            /** @description The node holds nothing; it may be stopped and removed. */
+            drained: boolean;
+            /**
+             * Format: date-time
+             * @description When the node deletes what is left.
+             */
+            deadline?: string;
+            /**
+             * Format: int32
+             * @description Sandboxes the deadline deleted.
+             */
+            deleted?: number;
+        };
+        /** @description A node of the cluster as the router sees it (docs/cluster.md). */
+        Node: {
+            name: string;
+            /** @description The node's lease is live by the router's clock; false means lost (down or cut off). */
+            live: boolean;
+            /** @description The node's own judgement, `Healthy`, `Degraded` or `Unhealthy`; empty before it first published. */
+            health: string;
+            /** @description Why the node is not healthy. */
+            health_message?: string;
+            /** @description Placement puts nothing new on the node. */
+            cordoned: boolean;
+            /** @description The node refuses creates and empties. */
+            draining: boolean;
+            /**
+             * Format: date-time
+             * @description When a draining node deletes what it still holds.
+             */
+            drain_deadline?: string;
+            drain?: components["schemas"]["NodeDrain"];
+            capacity: components["schemas"]["NodeCapacity"];
+            allocated: components["schemas"]["NodeCapacity"];
+            free: components["schemas"]["NodeCapacity"];
+            /**
+             * Format: int32
+             * @description The sandboxes the node holds.
+             */
+            sandboxes: number;
+            /** @description The node's API address, as it published it. */
+            address?: string;
+            /** @description The node's bothyd version. */
+            version?: string;
+            /**
+             * Format: date-time
+             * @description When the node last published its status.
+             */
+            updated_at?: string;
+            /**
+             * Format: date-time
+             * @description When the node last renewed its lease; it lapses `lease_duration_seconds` later.
+             */
+            lease_renewed_at?: string;
+            /**
+             * Format: int32
+             * @description How long the node's lease lasts from a renewal.
+             */
+            lease_duration_seconds?: number;
+        };
+        NodeList: {
+            items: components["schemas"]["Node"][];
+        };
+        /** @description The operator's part of a node; a field left out is left as it is. */
+        NodePatch: {
+            cordoned?: boolean;
+            draining?: boolean;
+            /**
+             * Format: date-time
+             * @description When a draining node deletes what it still holds; null clears it.
+             */
+            drain_deadline?: string | null;
+        };
         /**
          * @description 1–63 characters of a-z, 0-9 and '-', starting with a letter or a digit.
          * @example build-42
@@ -1860,6 +2081,8 @@ export interface components {
         };
         ImageList: {
             items: components["schemas"]["Image"][];
+            /** @description Pass as `cursor` for the next page; absent on the last page. */
+            next_cursor?: string;
         };
         /** @description One argument of a command; no NUL bytes. */
         Argument: string;
@@ -1922,10 +2145,14 @@ export interface components {
          * @description `provisioned`: exists and has never run; `starting`: a launch is in progress;
          *     `running`: its agent answers; `paused`: running, with every process frozen (see
          *     `/pause`); `stopping`: a stop is in progress; `stopped`: it ran and ended (see
-         *     `last_exit`).
+         *     `last_exit`); `node-lost`: only a cluster router reports it (docs/cluster.md), in its
+         *     lists, for a sandbox whose node's lease has lapsed (the node is down or cut off): the
+         *     fields come from the cluster's record of the sandbox, and calls on it answer `503
+         *     node-lost` until the node is back. A single bothyd never reports it. Clients treat a
+         *     state they do not know as one they cannot act on.
          * @enum {string}
          */
-        SandboxState: "provisioned" | "starting" | "running" | "paused" | "stopping" | "stopped";
+        SandboxState: "provisioned" | "starting" | "running" | "paused" | "stopping" | "stopped" | "node-lost";
         /** @description Resource limits, applied through the sandbox's cgroup. */
         Resources: {
             /** @description CPU quota in whole CPUs. */
@@ -2064,7 +2291,7 @@ export interface components {
             created_at: string;
             /**
              * Format: int64
-             * @description The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it).
+             * @description The bytes of the layer this checkpoint added (what was written since the checkpoint or rollback below it; for a memory checkpoint of a running microVM, its saved memory and device state too), as the state root holds them.
              */
             size_bytes: number;
             /**
@@ -2142,8 +2369,9 @@ export interface components {
              *     choice, read-write or read-only. Several sandboxes may mount one volume at once and
              *     see each other's writes; files keep their owner's id as every sandbox sees it (the
              *     sandbox's user is 1000 in each). A volume that does not exist is refused with
-             *     `volume-not-found`. The `namespace` runtime alone mounts volumes: a `microvm`
-             *     create that names any is refused with `not-implemented` (docs/volumes.md). A
+             *     `volume-not-found`. A `microvm` sandbox mounts them through virtio-fs, shared with
+             *     every other sandbox (docs/volumes.md); a host without virtiofsd refuses it with
+             *     `unavailable`. A
              *     clone names its own volumes; a template generation holds none of a volume's files.
              */
             volumes?: components["schemas"]["VolumeMount"][];
@@ -2498,6 +2726,8 @@ export interface components {
         };
         VolumeList: {
             items: components["schemas"]["Volume"][];
+            /** @description Pass as `cursor` for the next page; absent on the last page. */
+            next_cursor?: string;
         };
         VolumeMount: {
             name: components["schemas"]["VolumeName"];
@@ -2598,6 +2828,33 @@ export interface components {
             capture_pause_ms?: number;
             /** @description How many clones lease it now. */
             leases: number;
+            source?: components["schemas"]["GenerationSource"];
+            registry?: components["schemas"]["GenerationPush"];
+        };
+        /**
+         * @description The generation's lineage: the sandbox it was captured from and, when that sandbox was
+         *     a clone, the generation it was cloned from (its parent). A record, not a dependency:
+         *     a clone's capture holds its parent's files merged in and leases nothing, so the parent
+         *     may be retired first. Absent on generations captured before sources were recorded.
+         */
+        GenerationSource: {
+            sandbox: components["schemas"]["SandboxID"];
+            template?: components["schemas"]["TemplateName"];
+            generation?: components["schemas"]["GenerationID"];
+        };
+        /**
+         * @description Where the push of a generation to the template registry stands
+         *     (`--template-registry`): `pushing`, `pushed` (with the manifest's digest) or
+         *     `failed` (with why; the node's next sweep, within 5 minutes, pushes it again). Present
+         *     on the node that captured it, since that bothyd started; absent on other nodes (which
+         *     pulled it), for generations captured before the last start (unless a sweep pushed
+         *     them again since), and without a registry.
+         */
+        GenerationPush: {
+            /** @enum {string} */
+            state: "pushing" | "pushed" | "failed";
+            digest?: string;
+            error?: string;
         };
         GenerationList: {
             items: components["schemas"]["Generation"][];
@@ -2613,6 +2870,23 @@ export interface components {
             items: components["schemas"]["Lease"][];
         };
         Info: {
+            /**
+             * @description Sent by a cluster router only (docs/cluster.md), whose other fields are one live
+             *     node's: the cluster's nodes, for a client (the dashboard) to know it serves a
+             *     cluster and offer the nodes API (`listNodes`). A single bothyd leaves it out.
+             */
+            cluster?: {
+                /**
+                 * Format: int32
+                 * @description The cluster's nodes (BothyNode objects).
+                 */
+                nodes: number;
+                /**
+                 * Format: int32
+                 * @description Those whose lease is live.
+                 */
+                live_nodes: number;
+            };
             /**
              * @description The bothyd build.
              * @example v0.1.0
@@ -2767,7 +3041,29 @@ export interface components {
             /** Format: date-time */
             expires_at: string;
         };
+        /** @description A live link as listed, without its token. */
+        PortLinkInfo: {
+            /** @description The link's id, for revoking it. */
+            id: string;
+            sandbox: string;
+            port: number;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
+        };
+        PortLinkList: {
+            items: components["schemas"]["PortLinkInfo"][];
+        };
         CreateWebhookRequest: {
+            /**
+             * @description The webhook's id; the server makes one when it is absent. A cluster's router gives
+             *     it, so that a webhook made through the router has one id on every node
+             *     (docs/cluster.md). A create that names the id of a webhook with the same URL,
+             *     events and secret answers that webhook again (a retry is idempotent); one that
+             *     differs is refused (`409 webhook-exists`).
+             */
+            id?: string;
             /**
              * @description An absolute `http://` or `https://` URL, without a user, password or fragment;
              *     its host a name or an IPv4 address (an IPv6 receiver is named by a host name).
@@ -2835,8 +3131,10 @@ export interface components {
         };
         WebhookList: {
             items: components["schemas"]["Webhook"][];
+            /** @description Pass as `cursor` for the next page; absent on the last page. */
+            next_cursor?: string;
         };
-        /** @description A webhook's id, given by the server. */
+        /** @description A webhook's id, given by the server (or by a cluster's router, at create). */
         WebhookID: string;
         /**
          * @description A secret's name: a letter, then letters, digits and underscores (a sandbox sees its
@@ -2870,6 +3168,8 @@ export interface components {
         };
         SecretList: {
             items: components["schemas"]["Secret"][];
+            /** @description Pass as `cursor` for the next page; absent on the last page. */
+            next_cursor?: string;
         };
         /**
          * @description Secrets sent to hosts over HTTPS by bothyd's egress proxy (docs/secrets.md), by the
@@ -2941,7 +3241,9 @@ export interface components {
         Event: {
             /**
              * Format: int64
-             * @description Increases by one per event of this server process; also the SSE `id`.
+             * @description Increases by one per event of this server process; also the SSE `id`. Through a
+             *     cluster router, the event's node's own sequence number, while the SSE `id` is the
+             *     router's (see `GET /v1/events`).
              */
             seq: number;
             type: components["schemas"]["EventType"];
@@ -3043,7 +3345,8 @@ export interface components {
         };
         /**
          * @description `forbidden`: a browser request from a foreign origin, or for a Host the server does not
-         *     serve. `permission-denied`: the sandbox's user may not access the path (its
+         *     serve; on a cluster router with an operator's token, a node's cordon or drain made
+         *     with the clients' token. `permission-denied`: the sandbox's user may not access the path (its
          *     permissions, a read-only file system, `/proc` for another user than root) or enter an
          *     exec's `cwd`; `field` names which. The operation's `x-error-codes` says which apply.
          */
@@ -3057,7 +3360,7 @@ export interface components {
         };
         /**
          * @description `sandbox-not-found`, `template-not-found`, `generation-not-found`, `file-not-found`,
-         *     `image-not-found`, `webhook-not-found`, `volume-not-found`, `checkpoint-not-found`, `secret-not-found`: the named thing does not exist (the operation's `x-error-codes`
+         *     `image-not-found`, `webhook-not-found`, `volume-not-found`, `checkpoint-not-found`, `secret-not-found`, `node-not-found`: the named thing does not exist (the operation's `x-error-codes`
          *     says which apply).
          */
         NotFound: {
@@ -3089,7 +3392,8 @@ export interface components {
          *     `volume-exists` (a volume has the name), `checkpoint-exists`, `checkpoint-limit` (the
          *     sandbox holds as many checkpoints, or bytes in them, as the server allows; delete
          *     one), `secret-exists` (rotate it instead), `secret-in-use` (a sandbox's network
-         *     policy binds it). The operation's `x-error-codes` says which apply.
+         *     policy binds it), `webhook-exists` (a webhook of the id given at create differs from
+         *     the request). The operation's `x-error-codes` says which apply.
          */
         Conflict: {
             headers: {
@@ -3185,8 +3489,10 @@ export interface components {
         };
         /**
          * @description `not-implemented`: this server does not implement the operation yet.
-         *     `checkpoint-unsupported`: the sandbox's runtime has no checkpoints, rollback or fork
-         *     yet (the microVM runtime; docs/checkpoints.md).
+         *     `not-a-cluster`: the nodes API asked of a single bothyd, which is no cluster; a cluster
+         *     router serves it (docs/cluster.md).
+         *     `checkpoint-unsupported`: the sandbox's runtime has no such operation yet (a fork of a
+         *     microVM clone, the checkpoints of a microVM clone; docs/checkpoints.md).
          */
         NotImplemented: {
             headers: {
@@ -3208,7 +3514,10 @@ export interface components {
         /**
          * @description `unavailable`: the server is shutting down, or out of descriptors or processes, or a
          *     bound on open streams is reached; retry. `storage-unavailable`: the state root's file
-         *     system refuses or fails writes (see `StorageHealth`).
+         *     system refuses or fails writes (see `StorageHealth`). `node-full`, `node-draining`
+         *     (a create on a cluster node, docs/cluster.md): the node has no room for the sandbox
+         *     within the capacity it publishes, or is being drained; retry after Retry-After
+         *     (a cluster router places it on another node).
          */
         ServiceUnavailable: {
             headers: {
@@ -3234,6 +3543,8 @@ export interface components {
         };
     };
     parameters: {
+        /** @description A node's name (its BothyNode's, a Kubernetes object name). */
+        NodeName: string;
         /** @description A TCP port on 127.0.0.1 inside the sandbox. */
         PortPath: number;
         /**
@@ -3295,6 +3606,18 @@ export interface components {
          *     as opaque.
          */
         Cursor: string;
+        /**
+         * @description The `next_cursor` of the previous page of images, as the server returned it: the page
+         *     starts after the image it names, whatever was added or removed since. Clients treat
+         *     it as opaque.
+         */
+        ImageCursor: string;
+        /**
+         * @description The `next_cursor` of the previous page of secrets, as the server returned it: the page
+         *     starts after the secret it names, whatever was added or removed since. Clients treat
+         *     it as opaque.
+         */
+        SecretCursor: string;
         /** @description The largest number of items on a page. */
         Limit: number;
     };
@@ -4383,6 +4706,66 @@ export interface operations {
             503: components["responses"]["ServiceUnavailable"];
         };
     };
+    listSandboxLinks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox's live links. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortLinkList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
+    listPortLinks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: components["parameters"]["SandboxIDPath"];
+                /** @description A TCP port on 127.0.0.1 inside the sandbox. */
+                port: components["parameters"]["PortPath"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The port's live links. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortLinkList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+        };
+    };
     createPortLink: {
         parameters: {
             query?: never;
@@ -5140,14 +5523,23 @@ export interface operations {
     };
     listImages: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description The `next_cursor` of the previous page of images, as the server returned it: the page
+                 *     starts after the image it names, whatever was added or removed since. Clients treat
+                 *     it as opaque.
+                 */
+                cursor?: components["parameters"]["ImageCursor"];
+                /** @description The largest number of items on a page. */
+                limit?: components["parameters"]["Limit"];
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description The images. */
+            /** @description A page of images, ordered by name. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -5307,14 +5699,23 @@ export interface operations {
     };
     listSecrets: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description The `next_cursor` of the previous page of secrets, as the server returned it: the page
+                 *     starts after the secret it names, whatever was added or removed since. Clients treat
+                 *     it as opaque.
+                 */
+                cursor?: components["parameters"]["SecretCursor"];
+                /** @description The largest number of items on a page. */
+                limit?: components["parameters"]["Limit"];
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description Every secret, by name (there are at most 256). */
+            /** @description A page of secrets, ordered by name in byte order (there are at most 256). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -5463,14 +5864,23 @@ export interface operations {
     };
     listWebhooks: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
+                 */
+                cursor?: components["parameters"]["Cursor"];
+                /** @description The largest number of items on a page. */
+                limit?: components["parameters"]["Limit"];
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description Every webhook, oldest first (there are at most 32). */
+            /** @description A page of webhooks, ordered by id (there are at most 32). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -5593,14 +6003,23 @@ export interface operations {
     };
     listVolumes: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description The `next_cursor` of the previous page, as the server returned it: the page starts
+                 *     after the position it names, whatever was added or removed since. Clients treat it
+                 *     as opaque.
+                 */
+                cursor?: components["parameters"]["Cursor"];
+                /** @description The largest number of items on a page. */
+                limit?: components["parameters"]["Limit"];
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description Every volume (there are at most 256). */
+            /** @description A page of volumes, ordered by name (there are at most 256). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -5689,6 +6108,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     deleteVolume: {
@@ -5969,6 +6389,97 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    listNodes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The nodes, in name order. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    getNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A node's name (its BothyNode's, a Kubernetes object name). */
+                name: components["parameters"]["NodeName"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The node. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            501: components["responses"]["NotImplemented"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    patchNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A node's name (its BothyNode's, a Kubernetes object name). */
+                name: components["parameters"]["NodeName"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NodePatch"];
+            };
+        };
+        responses: {
+            /** @description The node after the change. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
             500: components["responses"]["InternalError"];
             501: components["responses"]["NotImplemented"];
             503: components["responses"]["ServiceUnavailable"];
@@ -6378,7 +6889,7 @@ export const pathsV1SandboxesIdPortsPortTcpGetResponses101HeadersConnectionValue
 export const imageKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["kind"]> = ["host", "directory", "oci"];
 export const imageStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Image"]["state"]> = ["ready", "pulling", "failed"];
 export const userValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["User"]> = ["user", "root"];
-export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped"];
+export const sandboxStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SandboxState"]> = ["provisioned", "starting", "running", "paused", "stopping", "stopped", "node-lost"];
 export const checkpointModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Checkpoint"]["mode"]> = ["rotate", "copy"];
 export const pauseMemoryValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PauseMemory"]> = ["keep", "release"];
 export const runtimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RuntimeKind"]> = ["namespace", "microvm"];
@@ -6393,6 +6904,7 @@ export const fileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components
 export const volumeFileEntryTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["VolumeFileEntry"]["type"]> = ["file", "directory", "symlink", "other"];
 export const generationStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["state"]> = ["active", "tombstoned", "retiring"];
 export const generationEligibilityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Generation"]["eligibility"]> = ["eligible", "early", "expired", "tombstoned", "retiring"];
+export const generationPushStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["GenerationPush"]["state"]> = ["pushing", "pushed", "failed"];
 export const infoRuntimeKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Info"]["runtime"]["kind"]> = ["namespace", "microvm"];
 export const hostFirewallStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["HostFirewall"]["state"]> = ["ok", "blocked", "unknown"];
 export const storageHealthStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StorageHealth"]["state"]> = ["ok", "full", "unavailable"];

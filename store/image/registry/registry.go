@@ -341,3 +341,8 @@ func fetchError(ref string, err error) error {
 	}
 	return errcode.Wrap(errcode.Unavailable, err, "The image %s could not be fetched from its registry: %v.", ref, err)
 }
+
+// Keychain reads a docker-style config.json as New does for AuthFile, for the other clients
+// of a registry in bothyd (the template registry) that take their credentials from the same
+// kind of file.
+func Keychain(path string) (authn.Keychain, error) { return loadAuthFile(path) }
