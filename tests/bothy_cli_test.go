@@ -348,6 +348,25 @@ func TestBothyCLICommands(t *testing.T) {
 	if len(leases) != 1 || leases[0].Sandbox != "clone1" {
 		t.Fatalf("lease ls: %+v", leases)
 	}
+	// Lineage: a generation names the sandbox it was captured from, and a clone's capture
+	// also the generation that sandbox was cloned from.
+	if out := d.ctlOK("", "generation", "ls", "tools"); !strings.HasSuffix(strings.Fields(out)[6], "FROM") || !strings.Contains(out, "\n"+gen+" ") || !strings.HasSuffix(strings.TrimSpace(out), " c1") {
+		t.Fatalf("generation ls names no source c1:\n%s", out)
+	}
+	d.ctlOK("", "template", "create", "tools2")
+	gen2 := strings.TrimSpace(d.ctlOK("", "capture", "clone1", "tools2"))
+	if out := d.ctlOK("", "generation", "ls", "tools2"); !strings.Contains(out, "clone1 (tools@"+gen+")") {
+		t.Fatalf("generation ls names no parent tools@%s:\n%s", gen, out)
+	}
+	var gens2 []struct {
+		ID     string
+		Source struct{ Sandbox, Template, Generation string }
+	}
+	d.ctlJSON(&gens2, "generation", "ls", "tools2", "-o", "json")
+	if len(gens2) != 1 || gens2[0].ID != gen2 || gens2[0].Source.Sandbox != "clone1" || gens2[0].Source.Template != "tools" || gens2[0].Source.Generation != gen {
+		t.Fatalf("generation ls -o json: %+v", gens2)
+	}
+	d.ctlOK("", "template", "rm", "tools2")
 	d.wantFail(1, "generation-leased", "generation", "retire", "tools", gen)
 	if out := d.ctlOK("", "generation", "tombstone", "tools", gen); out != gen+"\n" {
 		t.Fatalf("generation tombstone: %q", out)
@@ -357,6 +376,43 @@ func TestBothyCLICommands(t *testing.T) {
 		t.Fatalf("after tombstone: %+v", gens)
 	}
 	d.wantFail(1, "is tombstoned", "create", "clone2", "--template", "tools")
+
+	// Checkpoints, rollback and fork: c1 is stopped after its capture.
+	if out := d.ctlOK("", "checkpoint", "create", "c1", "good"); !strings.HasPrefix(out, "good (") {
+		t.Fatalf("checkpoint create: %q", out)
+	}
+	d.wantFail(1, "checkpoint-exists", "checkpoint", "create", "c1", "good")
+	if out := d.ctlOK("", "checkpoint", "ls", "c1"); !strings.HasPrefix(out, "NAME") || !strings.Contains(out, "\ngood ") {
+		t.Fatalf("checkpoint ls:\n%s", out)
+	}
+	var checkpoints []struct{ Name string }
+	d.ctlJSON(&checkpoints, "checkpoint", "ls", "c1", "-o", "json")
+	if len(checkpoints) != 1 || checkpoints[0].Name != "good" {
+		t.Fatalf("checkpoint ls -o json: %+v", checkpoints)
+	}
+	d.ctlOK("", "start", "c1")
+	d.ctlOK("", "exec", "c1", "-u", "root", "--", "sh", "-c", "echo broken > /opt/marker")
+	if out := d.ctlOK("", "rollback", "c1", "good"); out != "c1 running\n" {
+		t.Fatalf("rollback: %q", out)
+	}
+	if out := d.ctlOK("", "exec", "c1", "--", "cat", "/opt/marker"); out != "tool\n" {
+		t.Fatalf("the file after the rollback: %q", out)
+	}
+	if out := d.ctlOK("", "fork", "c1", "--id", "fork1"); out != "fork1\n" {
+		t.Fatalf("fork: %q", out)
+	}
+	if out := d.ctlOK("", "exec", "fork1", "--", "cat", "/opt/marker"); out != "tool\n" {
+		t.Fatalf("the fork's file: %q", out)
+	}
+	d.wantFail(2, "none of the others can be", "fork", "c1", "--count", "2", "--id", "x")
+	if out := d.ctlOK("", "checkpoint", "rm", "c1", "good"); out != "good\n" {
+		t.Fatalf("checkpoint rm: %q", out)
+	}
+	if out := d.ctlOK("", "checkpoint", "ls", "c1", "-o", "name"); out != "" {
+		t.Fatalf("checkpoint ls after rm: %q", out)
+	}
+	d.ctlOK("", "rm", "-f", "fork1")
+	d.ctlOK("", "stop", "c1")
 
 	// rm: refused while running, -f kills first; then the generation and template retire.
 	d.wantFail(1, "sandbox-launched", "rm", "clone1")

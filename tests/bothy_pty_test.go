@@ -26,6 +26,11 @@ type terminal struct {
 
 	mu  sync.Mutex
 	out strings.Builder
+
+	// drained is closed when the reader has seen the end of the terminal's output (EIO
+	// once every holder of the slave side has closed it), so that output() after exit()
+	// holds everything bothy wrote.
+	drained chan struct{}
 }
 
 // openPTY opens a pseudo-terminal pair of rows by cols.
@@ -70,8 +75,9 @@ func (d *daemon) startOnTerminal(t *testing.T, rows, cols int, args ...string) *
 		t.Fatal(err)
 	}
 	slave.Close()
-	term := &terminal{t: t, master: master, cmd: cmd, before: *before}
+	term := &terminal{t: t, master: master, cmd: cmd, before: *before, drained: make(chan struct{})}
 	go func() {
+		defer close(term.drained)
 		buf := make([]byte, 4096)
 		for {
 			n, err := master.Read(buf)
@@ -132,6 +138,11 @@ func (tm *terminal) exit() int {
 	go func() { done <- tm.cmd.Wait() }()
 	select {
 	case err := <-done:
+		select {
+		case <-tm.drained:
+		case <-time.After(30 * time.Second):
+			tm.t.Fatalf("bothy exited but its terminal never reached its end; it shows:\n%q", tm.output())
+		}
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			return ee.ExitCode()

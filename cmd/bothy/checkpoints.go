@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -30,55 +31,37 @@ func (c *cli) checkpointCommand() *cobra.Command {
 		Args:              exactArgs(2),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			cp, err := api.CreateCheckpoint(ctx, args[0], args[1], timeout)
-			if err != nil {
-				return err
-			}
-			freeze := ""
-			if cp.FreezeMs != nil {
-				freeze = fmt.Sprintf(", frozen %d ms", *cp.FreezeMs)
-			}
-			fmt.Fprintf(c.stdout, "%s (%s, %d bytes%s)\n", cp.Name, cp.Mode, cp.SizeBytes, freeze)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				cp, err := api.CreateCheckpoint(ctx, args[0], args[1], timeout)
+				if err != nil {
+					return err
+				}
+				freeze := ""
+				if cp.FreezeMs != nil {
+					freeze = fmt.Sprintf(", frozen %d ms", *cp.FreezeMs)
+				}
+				fmt.Fprintf(c.stdout, "%s (%s, %d bytes%s)\n", cp.Name, cp.Mode, cp.SizeBytes, freeze)
+				return nil
+			})
 		}),
 	}
 	create.Flags().DurationVar(&timeout, "timeout", 0, "how long to wait for the sandbox (default: the server's, 30s)")
-	var output string
-	ls := &cobra.Command{
-		Use:               "ls ID",
-		Aliases:           []string{"list"},
-		Short:             "List a sandbox's checkpoints",
-		Args:              exactArgs(1),
-		ValidArgsFunction: c.completeSandboxes,
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Checkpoints(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if done, err := printListShort(c, output, list, func(cp bothy.Checkpoint) string { return cp.Name }); done {
-				return err
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "NAME\tMODE\tSIZE\tLAYERS\tCREATED")
-			for _, cp := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", cp.Name, cp.Mode, cp.SizeBytes, cp.Layers, ago(cp.CreatedAt))
-			}
-			return tw.Flush()
-		}),
-	}
-	outputFlag(ls, &output, "table", "json", "name")
+	ls := listCommand(c, listing[bothy.Checkpoint]{
+		cmd: &cobra.Command{
+			Use:               "ls ID",
+			Short:             "List a sandbox's checkpoints",
+			Args:              exactArgs(1),
+			ValidArgsFunction: c.completeSandboxes,
+		},
+		fetch: func(ctx context.Context, api *bothy.Client, args []string) ([]bothy.Checkpoint, error) {
+			return api.Checkpoints(ctx, args[0])
+		},
+		name:   func(cp bothy.Checkpoint) string { return cp.Name },
+		header: "NAME\tMODE\tSIZE\tLAYERS\tCREATED",
+		row: func(cp bothy.Checkpoint) string {
+			return fmt.Sprintf("%s\t%s\t%d\t%d\t%s", cp.Name, cp.Mode, cp.SizeBytes, cp.Layers, ago(cp.CreatedAt))
+		},
+	})
 	rm := &cobra.Command{
 		Use:               "rm ID NAME...",
 		Aliases:           []string{"delete"},
@@ -86,19 +69,15 @@ func (c *cli) checkpointCommand() *cobra.Command {
 		Args:              cobra.MinimumNArgs(2),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			for _, name := range args[1:] {
-				if err := api.DeleteCheckpoint(ctx, args[0], name); err != nil {
-					return err
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				for _, name := range args[1:] {
+					if err := api.DeleteCheckpoint(ctx, args[0], name); err != nil {
+						return err
+					}
+					fmt.Fprintln(c.stdout, name)
 				}
-				fmt.Fprintln(c.stdout, name)
-			}
-			return nil
+				return nil
+			})
 		}),
 	}
 	cmd.AddCommand(create, ls, rm)
@@ -116,18 +95,14 @@ func (c *cli) rollbackCommand() *cobra.Command {
 		Args:              exactArgs(2),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			sb, err := api.Rollback(ctx, args[0], args[1], timeout)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(c.stdout, "%s %s\n", sb.ID, sb.State)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				sb, err := api.Rollback(ctx, args[0], args[1], timeout)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.stdout, "%s %s\n", sb.ID, sb.State)
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "how long to wait for the sandbox to stop and start (default: the server's, 30s)")
@@ -150,32 +125,28 @@ func (c *cli) forkCommand() *cobra.Command {
 			if count == 0 && len(ids) == 0 {
 				count = 1
 			}
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			res, err := api.Fork(ctx, args[0], count, ids, timeout)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return c.printJSON(res)
-			}
-			var failed []string
-			for _, it := range res.Items {
-				if it.Error != nil {
-					fmt.Fprintf(c.stderr, "fork %s: %s\n", it.ID, it.Error.Detail)
-					failed = append(failed, it.ID)
-					continue
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				res, err := api.Fork(ctx, args[0], count, ids, timeout)
+				if err != nil {
+					return err
 				}
-				fmt.Fprintln(c.stdout, it.ID)
-			}
-			if len(failed) > 0 {
-				return fmt.Errorf("%d of %d forks failed: %s", len(failed), len(res.Items), strings.Join(failed, ", "))
-			}
-			return nil
+				if output == "json" {
+					return c.printJSON(res)
+				}
+				var failed []string
+				for _, it := range res.Items {
+					if it.Error != nil {
+						fmt.Fprintf(c.stderr, "fork %s: %s\n", it.ID, it.Error.Detail)
+						failed = append(failed, it.ID)
+						continue
+					}
+					fmt.Fprintln(c.stdout, it.ID)
+				}
+				if len(failed) > 0 {
+					return fmt.Errorf("%d of %d forks failed: %s", len(failed), len(res.Items), strings.Join(failed, ", "))
+				}
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().IntVar(&count, "count", 0, "how many forks to make, 1 to 16 (default 1)")

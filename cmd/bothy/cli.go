@@ -73,6 +73,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		&cobra.Group{ID: "images", Title: "Images:"},
 		&cobra.Group{ID: "volumes", Title: "Volumes:"},
 		&cobra.Group{ID: "secrets", Title: "Secrets:"},
+		&cobra.Group{ID: "cluster", Title: "Cluster:"},
 		&cobra.Group{ID: "system", Title: "Server:"})
 	add := func(group string, cmds ...*cobra.Command) {
 		for _, cmd := range cmds {
@@ -83,11 +84,12 @@ func (c *cli) rootCommand() *cobra.Command {
 	add("sandboxes", c.createCommand(), c.listCommand(), c.inspectCommand(), c.startCommand(), c.stopCommand(),
 		c.rmCommand(), c.pauseCommand(), c.resumeCommand(), c.waitCommand(), c.timeoutCommand(), c.logsCommand(), c.metricsCommand(),
 		c.forkCommand(), c.checkpointCommand(), c.rollbackCommand())
-	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand())
+	add("run", c.execCommand(), c.shellCommand(), c.cpCommand(), c.portForwardCommand(), c.linkCommand())
 	add("templates", c.templateCommand(), c.captureCommand(), c.generationCommand(), c.leaseCommand())
 	add("images", c.imageCommand(), c.pullCommand())
 	add("volumes", c.volumeCommand())
 	add("secrets", c.secretCommand())
+	add("cluster", c.nodeCommand())
 	add("system", c.infoCommand(), c.versionCommand(), c.eventsCommand(), c.webhookCommand())
 	// The commands of bothy before cp took their place, kept for scripts that use them.
 	root.AddCommand(c.putCommand(), c.fetchCommand())

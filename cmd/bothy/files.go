@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/bothy/bothy/sdk/go/bothy"
 )
 
 // remotePath splits ID:/path; ok is false for a local path. A local path with a colon can be
@@ -81,40 +84,36 @@ func (c *cli) upload(id, local, remote string) error {
 }
 
 func (c *cli) download(id, remote, local string) error {
-	api, err := c.client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := c.context()
-	defer cancel()
-	r, err := api.ReadFile(ctx, id, remote)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	if local == "-" {
-		_, err = io.Copy(c.stdout, r)
-		return err
-	}
-	if st, err := os.Stat(local); err == nil && st.IsDir() {
-		local = filepath.Join(local, path.Base(remote))
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	// Written beside the target and renamed, so that a copy cut short leaves no half file.
-	tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".bothy-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, r); err != nil {
-		tmp.Close()
-		return fmt.Errorf("copying %s:%s: %w", id, remote, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), local)
+	return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+		r, err := api.ReadFile(ctx, id, remote)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		if local == "-" {
+			_, err = io.Copy(c.stdout, r)
+			return err
+		}
+		if st, err := os.Stat(local); err == nil && st.IsDir() {
+			local = filepath.Join(local, path.Base(remote))
+		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		// Written beside the target and renamed, so that a copy cut short leaves no half file.
+		tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".bothy-*")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		if _, err := io.Copy(tmp, r); err != nil {
+			tmp.Close()
+			return fmt.Errorf("copying %s:%s: %w", id, remote, err)
+		}
+		if err := tmp.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp.Name(), local)
+	})
 }
 
 // putCommand and fetchCommand are the copies of bothy before cp, hidden from help.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -42,29 +43,25 @@ Interrupting bothy does not stop the pull: the server goes on with it.`,
   bothy pull localhost:5000/tools@sha256:3f1c...`,
 		Args: exactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			img, err := api.PullImage(ctx, args[0], o)
-			if err != nil {
-				return err
-			}
-			var show func(*bothy.Image)
-			if !quiet {
-				show = c.pullProgress(img.Name)
-			}
-			img, err = api.WaitImage(ctx, img.Name, show)
-			if show != nil {
-				c.endProgress()
-			}
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, img.Name)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				img, err := api.PullImage(ctx, args[0], o)
+				if err != nil {
+					return err
+				}
+				var show func(*bothy.Image)
+				if !quiet {
+					show = c.pullProgress(img.Name)
+				}
+				img, err = api.WaitImage(ctx, img.Name, show)
+				if show != nil {
+					c.endProgress()
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, img.Name)
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().StringVar(&o.Name, "name", "", "the image's local name (default: the repository's last element, and -TAG unless latest)")
@@ -164,18 +161,14 @@ func (c *cli) imageImportCommand() *cobra.Command {
 				defer f.Close()
 				r = f
 			}
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			img, err := api.ImportImage(ctx, args[0], r)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, img.Name)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				img, err := api.ImportImage(ctx, args[0], r)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, img.Name)
+				return nil
+			})
 		}),
 	}
 }
@@ -188,20 +181,16 @@ func (c *cli) imageListCommand() *cobra.Command {
 		Short:   "List images: host, directories under the state root's images/, and OCI images",
 		Args:    cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Images(ctx)
-			if err != nil {
-				return err
-			}
-			if done, err := printListShort(c, output, list, func(img bothy.Image) string { return img.Name }); done {
-				return err
-			}
-			return c.imageTable(list, output == "wide")
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				list, err := api.Images(ctx)
+				if err != nil {
+					return err
+				}
+				if done, err := printListShort(c, output, list, func(img bothy.Image) string { return img.Name }); done {
+					return err
+				}
+				return c.imageTable(list, output == "wide")
+			})
 		}),
 	}
 	outputFlag(cmd, &output, "table", "json", "wide", "name")
@@ -236,18 +225,27 @@ func (c *cli) imageTable(list []bothy.Image, wide bool) error {
 			if img.UsedBy != nil && len(*img.UsedBy) > 0 {
 				used = strings.Join(*img.UsedBy, ", ")
 			}
-			fmt.Fprintf(tw, "\t%s\t%s\t%s", orDash(img.Digest), orDash(img.Ref), used)
+			fmt.Fprintf(tw, "\t%s\t%s\t%s", orDashPtr(img.Digest), orDashPtr(img.Ref), used)
 		}
 		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
 
-func orDash(s *string) string {
-	if s == nil || *s == "" {
+// orDash is s, or "-" for an empty column.
+func orDash(s string) string {
+	if s == "" {
 		return "-"
 	}
-	return *s
+	return s
+}
+
+// orDashPtr is *s, or "-" for nil or empty.
+func orDashPtr(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return orDash(*s)
 }
 
 func (c *cli) imageRemoveCommand() *cobra.Command {
@@ -257,25 +255,21 @@ func (c *cli) imageRemoveCommand() *cobra.Command {
 		Short:   "Delete OCI images (refused with image-in-use while a sandbox or a generation uses one)",
 		Args:    minArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			var failed error
-			for _, name := range args {
-				if err := api.DeleteImage(ctx, name); err != nil {
-					if len(args) == 1 {
-						return err
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				var failed error
+				for _, name := range args {
+					if err := api.DeleteImage(ctx, name); err != nil {
+						if len(args) == 1 {
+							return err
+						}
+						fmt.Fprintf(c.stderr, "%s %s: %v\n", c.paint(red, "error:"), name, err)
+						failed = errors.New("not every image could be deleted; see above")
+						continue
 					}
-					fmt.Fprintf(c.stderr, "%s %s: %v\n", c.paint(red, "error:"), name, err)
-					failed = errors.New("not every image could be deleted; see above")
-					continue
+					fmt.Fprintln(c.stdout, name)
 				}
-				fmt.Fprintln(c.stdout, name)
-			}
-			return failed
+				return failed
+			})
 		}),
 	}
 }

@@ -148,3 +148,59 @@ func TestHelp(t *testing.T) {
 		t.Fatalf("the exit codes are not in --help:\n%s", out.String())
 	}
 }
+
+// TestNodeCommands: bothy node's subcommands send the nodes API's calls, and a single
+// bothyd's not-a-cluster comes back as a readable failure.
+func TestNodeCommands(t *testing.T) {
+	var mu sync.Mutex
+	var reqs []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		reqs = append(reqs, strings.TrimSpace(r.Method+" "+r.URL.RequestURI()+" "+string(body)))
+		mu.Unlock()
+		const n = `{"name":"node-a","live":true,"health":"Healthy","cordoned":true,"draining":false,"sandboxes":2,"version":"v1",` +
+			`"capacity":{"memory_mb":4096,"milli_cpu":8000,"sandboxes":10},"allocated":{"memory_mb":1024,"milli_cpu":2000,"sandboxes":2},` +
+			`"free":{"memory_mb":3072,"milli_cpu":6000,"sandboxes":8}}`
+		switch r.URL.Path {
+		case "/v1/nodes/single":
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(501)
+			_, _ = io.WriteString(w, `{"status":501,"code":"not-a-cluster","detail":"This bothyd is not a cluster router.","title":"x","type":"x"}`)
+		case "/v1/nodes":
+			_, _ = io.WriteString(w, `{"items":[`+n+`]}`)
+		default:
+			_, _ = io.WriteString(w, n)
+		}
+	}))
+	defer srv.Close()
+	last := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return reqs[len(reqs)-1]
+	}
+	out, stderr, code := ctl(t, srv.URL, "node", "ls")
+	if code != 0 || !strings.Contains(out, "node-a") || !strings.Contains(out, "cordoned") || !strings.Contains(out, "8/10") {
+		t.Fatalf("node ls: %d %q %q", code, out, stderr)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"node", "inspect", "node-a"}, "GET /v1/nodes/node-a"},
+		{[]string{"node", "cordon", "node-a"}, `PATCH /v1/nodes/node-a {"cordoned":true}`},
+		{[]string{"node", "uncordon", "node-a"}, `PATCH /v1/nodes/node-a {"cordoned":false}`},
+		{[]string{"node", "drain", "node-a"}, `PATCH /v1/nodes/node-a {"draining":true}`},
+		{[]string{"node", "drain", "node-a", "--cancel"}, `PATCH /v1/nodes/node-a {"drain_deadline":null,"draining":false}`},
+	} {
+		if _, stderr, code := ctl(t, srv.URL, tc.args...); code != 0 || last() != tc.want {
+			t.Fatalf("%v: exit %d %q, sent %q, want %q", tc.args, code, stderr, last(), tc.want)
+		}
+	}
+	if _, stderr, code := ctl(t, srv.URL, "node", "drain", "node-a", "--deadline", "2h"); code != 0 || !strings.Contains(last(), `"draining":true`) || !strings.Contains(last(), `"drain_deadline":"`) {
+		t.Fatalf("drain with a deadline: exit %d %q, sent %q", code, stderr, last())
+	}
+	if _, stderr, code := ctl(t, srv.URL, "node", "inspect", "single"); code != exitFailure || !strings.Contains(stderr, "not-a-cluster") {
+		t.Fatalf("a single bothyd: exit %d %q", code, stderr)
+	}
+}

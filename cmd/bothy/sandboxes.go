@@ -68,21 +68,17 @@ func (c *cli) createCommand() *cobra.Command {
 			} else if noWake || ignoreWork {
 				return usagef("--no-wake and --idle-ignores-work need --idle-timeout")
 			}
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			sb, err := api.Create(ctx, o)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return c.printJSON(sb)
-			}
-			fmt.Fprintln(c.stdout, sb.ID)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				sb, err := api.Create(ctx, o)
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return c.printJSON(sb)
+				}
+				fmt.Fprintln(c.stdout, sb.ID)
+				return nil
+			})
 		}),
 	}
 	f := cmd.Flags()
@@ -161,17 +157,13 @@ func (c *cli) listCommand() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			o.State = bothy.SandboxState(state)
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.List(ctx, o)
-			if err != nil {
-				return err
-			}
-			return c.printSandboxes(list, output)
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				list, err := api.List(ctx, o)
+				if err != nil {
+					return err
+				}
+				return c.printSandboxes(list, output)
+			})
 		}),
 	}
 	cmd.Flags().StringArrayVarP(&o.Labels, "label", "l", nil, "only sandboxes with this label KEY=VALUE (repeatable; all must match)")
@@ -262,21 +254,17 @@ func (c *cli) inspectCommand() *cobra.Command {
 		Args:              minArgs(1),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			out := []*bothy.Sandbox{}
-			for _, id := range args {
-				sb, err := api.Get(ctx, id)
-				if err != nil {
-					return err
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				out := []*bothy.Sandbox{}
+				for _, id := range args {
+					sb, err := api.Get(ctx, id)
+					if err != nil {
+						return err
+					}
+					out = append(out, sb)
 				}
-				out = append(out, sb)
-			}
-			return c.printJSON(out)
+				return c.printJSON(out)
+			})
 		}),
 	}
 	return cmd
@@ -351,22 +339,18 @@ func (c *cli) waitCommand() *cobra.Command {
 		Args:              exactArgs(1),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			sb, err := api.Wait(ctx, args[0], bothy.SandboxState(state), timeout)
-			if err != nil {
-				return err
-			}
-			if sb == nil {
-				fmt.Fprintln(c.stdout, "deleted")
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				sb, err := api.Wait(ctx, args[0], bothy.SandboxState(state), timeout)
+				if err != nil {
+					return err
+				}
+				if sb == nil {
+					fmt.Fprintln(c.stdout, "deleted")
+					return nil
+				}
+				fmt.Fprintln(c.stdout, sb.State)
 				return nil
-			}
-			fmt.Fprintln(c.stdout, sb.State)
-			return nil
+			})
 		}),
 	}
 	cmd.Flags().StringVar(&state, "state", "stopped", "the state to wait for (running, paused, stopped, deleted, ...)")
@@ -410,39 +394,35 @@ func (c *cli) metricsCommand() *cobra.Command {
 		Args:              exactArgs(1),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			m, err := api.Metrics(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return c.printJSON(m)
-			}
-			u := m.Current
-			rate := "-"
-			if u.CPURate != nil {
-				rate = fmt.Sprintf("%.2f", *u.CPURate)
-			}
-			fmt.Fprintf(c.stdout, "cpu       %.2f s (%s CPUs now)\n", u.CPUSeconds, rate)
-			limit := "none"
-			if u.MemoryLimitBytes != nil && *u.MemoryLimitBytes > 0 {
-				limit = fmt.Sprintf("%.1f MiB", float64(*u.MemoryLimitBytes)/(1<<20))
-			}
-			fmt.Fprintf(c.stdout, "memory    %.1f MiB of %s\n", float64(u.MemoryBytes)/(1<<20), limit)
-			fmt.Fprintf(c.stdout, "tasks     %d\n", u.Pids)
-			if u.DiskUsedBytes != nil && u.DiskLimitBytes != nil {
-				fmt.Fprintf(c.stdout, "disk      %.1f MiB of %.1f MiB\n", float64(*u.DiskUsedBytes)/(1<<20), float64(*u.DiskLimitBytes)/(1<<20))
-			}
-			if u.NetInBytes != nil && u.NetOutBytes != nil {
-				fmt.Fprintf(c.stdout, "network   %d bytes in, %d out\n", *u.NetInBytes, *u.NetOutBytes)
-			}
-			fmt.Fprintf(c.stdout, "history   %d samples, %d ms apart\n", len(m.History), m.IntervalMs)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				m, err := api.Metrics(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return c.printJSON(m)
+				}
+				u := m.Current
+				rate := "-"
+				if u.CPURate != nil {
+					rate = fmt.Sprintf("%.2f", *u.CPURate)
+				}
+				fmt.Fprintf(c.stdout, "cpu       %.2f s (%s CPUs now)\n", u.CPUSeconds, rate)
+				limit := "none"
+				if u.MemoryLimitBytes != nil && *u.MemoryLimitBytes > 0 {
+					limit = fmt.Sprintf("%.1f MiB", float64(*u.MemoryLimitBytes)/(1<<20))
+				}
+				fmt.Fprintf(c.stdout, "memory    %.1f MiB of %s\n", float64(u.MemoryBytes)/(1<<20), limit)
+				fmt.Fprintf(c.stdout, "tasks     %d\n", u.Pids)
+				if u.DiskUsedBytes != nil && u.DiskLimitBytes != nil {
+					fmt.Fprintf(c.stdout, "disk      %.1f MiB of %.1f MiB\n", float64(*u.DiskUsedBytes)/(1<<20), float64(*u.DiskLimitBytes)/(1<<20))
+				}
+				if u.NetInBytes != nil && u.NetOutBytes != nil {
+					fmt.Fprintf(c.stdout, "network   %d bytes in, %d out\n", *u.NetInBytes, *u.NetOutBytes)
+				}
+				fmt.Fprintf(c.stdout, "history   %d samples, %d ms apart\n", len(m.History), m.IntervalMs)
+				return nil
+			})
 		}),
 	}
 	outputFlag(cmd, &output, "text", "json")
@@ -457,19 +437,15 @@ func (c *cli) logsCommand() *cobra.Command {
 		Args:              exactArgs(1),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				r, err := api.Logs(ctx, args[0], tail)
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				_, err = io.Copy(c.stdout, r)
 				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			r, err := api.Logs(ctx, args[0], tail)
-			if err != nil {
-				return err
-			}
-			defer r.Close()
-			_, err = io.Copy(c.stdout, r)
-			return err
+			})
 		}),
 	}
 	cmd.Flags().IntVarP(&tail, "tail", "n", 0, "only the last N lines")

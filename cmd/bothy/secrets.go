@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -112,18 +113,14 @@ func (c *cli) secretCreateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			s, err := api.CreateSecret(ctx, args[0], value)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, s.Name)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				s, err := api.CreateSecret(ctx, args[0], value)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, s.Name)
+				return nil
+			})
 		}),
 	}
 	f.add(cmd)
@@ -142,18 +139,14 @@ func (c *cli) secretRotateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			s, err := api.RotateSecret(ctx, args[0], value)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, s.Name)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				s, err := api.RotateSecret(ctx, args[0], value)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, s.Name)
+				return nil
+			})
 		}),
 	}
 	f.add(cmd)
@@ -161,48 +154,29 @@ func (c *cli) secretRotateCommand() *cobra.Command {
 }
 
 func (c *cli) secretListCommand() *cobra.Command {
-	var output string
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List secrets (never their values) and the sandboxes that bind them",
-		Args:    cobra.NoArgs,
-		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
+	return listCommand(c, listing[bothy.Secret]{
+		cmd: &cobra.Command{
+			Use:   "ls",
+			Short: "List secrets (never their values) and the sandboxes that bind them",
+			Args:  cobra.NoArgs,
+		},
+		fetch: func(ctx context.Context, api *bothy.Client, _ []string) ([]bothy.Secret, error) {
+			return api.Secrets(ctx)
+		},
+		name:   func(s bothy.Secret) string { return s.Name },
+		header: "NAME\tBOUND BY\tCREATED\tROTATED",
+		row: func(s bothy.Secret) string {
+			var uses []string
+			for _, u := range s.Bindings {
+				uses = append(uses, u.Sandbox+"→"+strings.Join(u.Hosts, ","))
 			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Secrets(ctx)
-			if err != nil {
-				return err
+			rotated := "-"
+			if s.RotatedAt != nil {
+				rotated = s.RotatedAt.Format("2006-01-02 15:04")
 			}
-			if done, err := printListShort(c, output, list, func(s bothy.Secret) string { return s.Name }); done {
-				return err
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "NAME\tBOUND BY\tCREATED\tROTATED")
-			for _, s := range list {
-				var uses []string
-				for _, u := range s.Bindings {
-					uses = append(uses, u.Sandbox+"→"+strings.Join(u.Hosts, ","))
-				}
-				bound := strings.Join(uses, " ")
-				if bound == "" {
-					bound = "-"
-				}
-				rotated := "-"
-				if s.RotatedAt != nil {
-					rotated = s.RotatedAt.Format("2006-01-02 15:04")
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, bound, s.CreatedAt.Format("2006-01-02 15:04"), rotated)
-			}
-			return tw.Flush()
-		}),
-	}
-	outputFlag(cmd, &output, "table", "json", "name")
-	return cmd
+			return fmt.Sprintf("%s\t%s\t%s\t%s", s.Name, orDash(strings.Join(uses, " ")), s.CreatedAt.Format("2006-01-02 15:04"), rotated)
+		},
+	})
 }
 
 func (c *cli) secretInspectCommand() *cobra.Command {

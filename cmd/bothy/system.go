@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,34 +22,30 @@ func (c *cli) infoCommand() *cobra.Command {
 		Short: "Show what the server runs and accepts: version, runtime, images, limits",
 		Args:  cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			info, err := api.Info(ctx)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return c.printJSON(info)
-			}
-			images := make([]string, 0, len(info.Images))
-			for _, im := range info.Images {
-				images = append(images, im.Name)
-			}
-			l := info.Limits
-			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "Server:\t%s\n", api.URL())
-			fmt.Fprintf(tw, "Version:\t%s\n", info.Version)
-			fmt.Fprintf(tw, "Runtime:\t%s (%s)\n", info.Runtime.Kind, info.Runtime.Identity)
-			fmt.Fprintf(tw, "Images:\t%s\n", strings.Join(images, ", "))
-			fmt.Fprintf(tw, "Default resources:\t%s\n", resources(l.DefaultResources))
-			fmt.Fprintf(tw, "Max resources:\t%s\n", resources(l.MaxResources))
-			fmt.Fprintf(tw, "Max file:\t%s\n", size(l.MaxFileBytes))
-			fmt.Fprintf(tw, "Max exec output:\t%s per stream (buffered exec)\n", size(l.MaxExecOutputBytes))
-			return tw.Flush()
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				info, err := api.Info(ctx)
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return c.printJSON(info)
+				}
+				images := make([]string, 0, len(info.Images))
+				for _, im := range info.Images {
+					images = append(images, im.Name)
+				}
+				l := info.Limits
+				tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintf(tw, "Server:\t%s\n", api.URL())
+				fmt.Fprintf(tw, "Version:\t%s\n", info.Version)
+				fmt.Fprintf(tw, "Runtime:\t%s (%s)\n", info.Runtime.Kind, info.Runtime.Identity)
+				fmt.Fprintf(tw, "Images:\t%s\n", strings.Join(images, ", "))
+				fmt.Fprintf(tw, "Default resources:\t%s\n", resources(l.DefaultResources))
+				fmt.Fprintf(tw, "Max resources:\t%s\n", resources(l.MaxResources))
+				fmt.Fprintf(tw, "Max file:\t%s\n", size(l.MaxFileBytes))
+				fmt.Fprintf(tw, "Max exec output:\t%s per stream (buffered exec)\n", size(l.MaxExecOutputBytes))
+				return tw.Flush()
+			})
 		}),
 	}
 	outputFlag(cmd, &output, "text", "json")
@@ -143,39 +140,35 @@ that the server still holds (its last 1024); -n ends after that many events.`,
   bothy events --since 41 -n 5`,
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			s, err := api.Events(ctx, since)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			enc := json.NewEncoder(c.stdout)
-			for seen := 0; count == 0 || seen < count; {
-				ev, err := s.Next()
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				s, err := api.Events(ctx, since)
 				if err != nil {
-					if ctx.Err() != nil || errors.Is(err, io.EOF) {
-						return nil
-					}
 					return err
 				}
-				if sandbox != "" && (ev.Sandbox == nil || *ev.Sandbox != sandbox) {
-					continue
-				}
-				seen++
-				if output == "json" {
-					if err := enc.Encode(ev); err != nil {
+				defer s.Close()
+				enc := json.NewEncoder(c.stdout)
+				for seen := 0; count == 0 || seen < count; {
+					ev, err := s.Next()
+					if err != nil {
+						if ctx.Err() != nil || errors.Is(err, io.EOF) {
+							return nil
+						}
 						return err
 					}
-					continue
+					if sandbox != "" && (ev.Sandbox == nil || *ev.Sandbox != sandbox) {
+						continue
+					}
+					seen++
+					if output == "json" {
+						if err := enc.Encode(ev); err != nil {
+							return err
+						}
+						continue
+					}
+					fmt.Fprintln(c.stdout, bothy.FormatEvent(ev))
 				}
-				fmt.Fprintln(c.stdout, bothy.FormatEvent(ev))
-			}
-			return nil
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().StringVar(&since, "since", "", "replay the events after this event id first")

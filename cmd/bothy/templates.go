@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -25,53 +26,27 @@ func (c *cli) templateCommand() *cobra.Command {
 		Short: "Create an empty template; capture generations into it with bothy capture",
 		Args:  exactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			t, err := api.CreateTemplate(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, t.Name)
-			return nil
-		}),
-	}
-	var output string
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List templates",
-		Args:    cobra.NoArgs,
-		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Templates(ctx)
-			if err != nil {
-				return err
-			}
-			if done, err := printListShort(c, output, list, func(t bothy.Template) string { return t.Name }); done {
-				return err
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "NAME\tGENERATIONS\tLATEST\tCREATED")
-			for _, t := range list {
-				latest := "-"
-				if t.Latest != nil {
-					latest = *t.Latest
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				t, err := api.CreateTemplate(ctx, args[0])
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", t.Name, t.Generations, latest, ago(t.CreatedAt))
-			}
-			return tw.Flush()
+				fmt.Fprintln(c.stdout, t.Name)
+				return nil
+			})
 		}),
 	}
-	outputFlag(ls, &output, "table", "json", "name")
+	ls := listCommand(c, listing[bothy.Template]{
+		cmd: &cobra.Command{Use: "ls", Short: "List templates", Args: cobra.NoArgs},
+		fetch: func(ctx context.Context, api *bothy.Client, _ []string) ([]bothy.Template, error) {
+			return api.Templates(ctx)
+		},
+		name:   func(t bothy.Template) string { return t.Name },
+		header: "NAME\tGENERATIONS\tLATEST\tCREATED",
+		row: func(t bothy.Template) string {
+			return fmt.Sprintf("%s\t%d\t%s\t%s", t.Name, t.Generations, orDashPtr(t.Latest), ago(t.CreatedAt))
+		},
+	})
 	var drain bool
 	rm := &cobra.Command{
 		Use:     "rm NAME",
@@ -79,22 +54,18 @@ func (c *cli) templateCommand() *cobra.Command {
 		Short:   "Delete a template and retire its generations (--drain: once their clones are gone)",
 		Args:    exactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			pending, err := api.DeleteTemplate(ctx, args[0], drain)
-			if err != nil {
-				return err
-			}
-			if pending {
-				fmt.Fprintf(c.stdout, "%s (tombstoned; it goes when its last clone is deleted)\n", args[0])
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				pending, err := api.DeleteTemplate(ctx, args[0], drain)
+				if err != nil {
+					return err
+				}
+				if pending {
+					fmt.Fprintf(c.stdout, "%s (tombstoned; it goes when its last clone is deleted)\n", args[0])
+					return nil
+				}
+				fmt.Fprintln(c.stdout, args[0])
 				return nil
-			}
-			fmt.Fprintln(c.stdout, args[0])
-			return nil
+			})
 		}),
 	}
 	rm.Flags().BoolVar(&drain, "drain", false, "tombstone leased generations now and retire them with their last lease")
@@ -114,21 +85,17 @@ func (c *cli) captureCommand() *cobra.Command {
 		Args:              exactArgs(2),
 		ValidArgsFunction: c.completeSandboxes,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			g, err := api.Capture(ctx, args[1], args[0], timeout)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return c.printJSON(g)
-			}
-			fmt.Fprintln(c.stdout, g.ID)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				g, err := api.Capture(ctx, args[1], args[0], timeout)
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return c.printJSON(g)
+				}
+				fmt.Fprintln(c.stdout, g.ID)
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "how long to wait for another transition of the sandbox")
@@ -146,52 +113,30 @@ func (c *cli) generationCommand() *cobra.Command {
 			return usagef("generation needs a subcommand: ls, tombstone or retire")
 		}),
 	}
-	var output string
-	ls := &cobra.Command{
-		Use:     "ls TEMPLATE",
-		Aliases: []string{"list"},
-		Short:   "List a template's generations, newest first",
-		Args:    exactArgs(1),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Generations(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if done, err := printListShort(c, output, list, func(g bothy.Generation) string { return g.ID }); done {
-				return err
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "ID\tSTATE\tELIGIBILITY\tLEASES\tSIZE\tCAPTURED")
-			for _, g := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", g.ID, g.State, g.Eligibility, g.Leases, size(g.SizeBytes), ago(g.CapturedAt))
-			}
-			return tw.Flush()
-		}),
-	}
-	outputFlag(ls, &output, "table", "json", "name")
+	ls := listCommand(c, listing[bothy.Generation]{
+		cmd: &cobra.Command{Use: "ls TEMPLATE", Short: "List a template's generations, newest first", Args: exactArgs(1)},
+		fetch: func(ctx context.Context, api *bothy.Client, args []string) ([]bothy.Generation, error) {
+			return api.Generations(ctx, args[0])
+		},
+		name:   func(g bothy.Generation) string { return g.ID },
+		header: "ID\tSTATE\tELIGIBILITY\tLEASES\tSIZE\tCAPTURED\tFROM",
+		row: func(g bothy.Generation) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s\t%s", g.ID, g.State, g.Eligibility, g.Leases, size(g.SizeBytes), ago(g.CapturedAt), lineage(g.Source))
+		},
+	})
 	tombstone := &cobra.Command{
 		Use:   "tombstone TEMPLATE GENERATION",
 		Short: "Quarantine a generation: no new clones, existing ones keep working",
 		Args:  exactArgs(2),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			g, err := api.Tombstone(ctx, args[0], args[1])
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, g.ID)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				g, err := api.Tombstone(ctx, args[0], args[1])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, g.ID)
+				return nil
+			})
 		}),
 	}
 	var drain bool
@@ -201,22 +146,18 @@ func (c *cli) generationCommand() *cobra.Command {
 		Short:   "Delete a generation no clone leases (--drain: once its clones are gone)",
 		Args:    exactArgs(2),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			pending, err := api.Retire(ctx, args[0], args[1], drain)
-			if err != nil {
-				return err
-			}
-			if pending {
-				fmt.Fprintf(c.stdout, "%s (tombstoned; it goes when its last clone is deleted)\n", args[1])
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				pending, err := api.Retire(ctx, args[0], args[1], drain)
+				if err != nil {
+					return err
+				}
+				if pending {
+					fmt.Fprintf(c.stdout, "%s (tombstoned; it goes when its last clone is deleted)\n", args[1])
+					return nil
+				}
+				fmt.Fprintln(c.stdout, args[1])
 				return nil
-			}
-			fmt.Fprintln(c.stdout, args[1])
-			return nil
+			})
 		}),
 	}
 	retire.Flags().BoolVar(&drain, "drain", false, "tombstone it now and retire it with its last lease")
@@ -232,35 +173,15 @@ func (c *cli) leaseCommand() *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE:    runE(func(cmd *cobra.Command, _ []string) error { return usagef("lease needs a subcommand: ls") }),
 	}
-	var output string
-	ls := &cobra.Command{
-		Use:     "ls TEMPLATE GENERATION",
-		Aliases: []string{"list"},
-		Short:   "List the clones that lease a generation",
-		Args:    exactArgs(2),
-		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Leases(ctx, args[0], args[1])
-			if err != nil {
-				return err
-			}
-			if done, err := printListShort(c, output, list, func(l bothy.Lease) string { return l.ID }); done {
-				return err
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "ID\tSANDBOX\tACQUIRED")
-			for _, l := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", l.ID, l.Sandbox, ago(l.AcquiredAt))
-			}
-			return tw.Flush()
-		}),
-	}
-	outputFlag(ls, &output, "table", "json", "name")
+	ls := listCommand(c, listing[bothy.Lease]{
+		cmd: &cobra.Command{Use: "ls TEMPLATE GENERATION", Short: "List the clones that lease a generation", Args: exactArgs(2)},
+		fetch: func(ctx context.Context, api *bothy.Client, args []string) ([]bothy.Lease, error) {
+			return api.Leases(ctx, args[0], args[1])
+		},
+		name:   func(l bothy.Lease) string { return l.ID },
+		header: "ID\tSANDBOX\tACQUIRED",
+		row:    func(l bothy.Lease) string { return fmt.Sprintf("%s\t%s\t%s", l.ID, l.Sandbox, ago(l.AcquiredAt)) },
+	})
 	cmd.AddCommand(ls)
 	return cmd
 }
@@ -277,4 +198,16 @@ func size(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// lineage shows what a generation was captured from: its sandbox, and the sandbox's own
+// parent generation when it was a clone ("clone1 (tools@g000001)"); "-" when not recorded.
+func lineage(src *bothy.GenerationSource) string {
+	if src == nil {
+		return "-"
+	}
+	if src.Template == nil || src.Generation == nil {
+		return src.Sandbox
+	}
+	return fmt.Sprintf("%s (%s@%s)", src.Sandbox, *src.Template, *src.Generation)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -62,18 +63,14 @@ bothy create --volume NAME:/PATH, several at once, and that outlives them (docs/
 			if err != nil {
 				return err
 			}
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			v, err := api.CreateVolume(ctx, args[0], mb)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, v.Name)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				v, err := api.CreateVolume(ctx, args[0], mb)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, v.Name)
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().StringVar(&size, "size", "", "the volume's size (512m, 4g; a plain number is MiB; default 1g)")
@@ -81,40 +78,21 @@ bothy create --volume NAME:/PATH, several at once, and that outlives them (docs/
 }
 
 func (c *cli) volumeListCommand() *cobra.Command {
-	var output string
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List volumes, their size and use, and the sandboxes that mount them",
-		Args:    cobra.NoArgs,
-		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Volumes(ctx)
-			if err != nil {
-				return err
-			}
-			if done, err := printListShort(c, output, list, func(v bothy.Volume) string { return v.Name }); done {
-				return err
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "NAME\tSIZE\tUSED\tSANDBOXES\tCREATED")
-			for _, v := range list {
-				sbs := strings.Join(v.Sandboxes, ",")
-				if sbs == "" {
-					sbs = "-"
-				}
-				fmt.Fprintf(tw, "%s\t%dMiB\t%dMiB\t%s\t%s\n", v.Name, v.SizeMb, v.UsedBytes>>20, sbs, v.CreatedAt.Format("2006-01-02 15:04"))
-			}
-			return tw.Flush()
-		}),
-	}
-	outputFlag(cmd, &output, "table", "json", "name")
-	return cmd
+	return listCommand(c, listing[bothy.Volume]{
+		cmd: &cobra.Command{
+			Use:   "ls",
+			Short: "List volumes, their size and use, and the sandboxes that mount them",
+			Args:  cobra.NoArgs,
+		},
+		fetch: func(ctx context.Context, api *bothy.Client, _ []string) ([]bothy.Volume, error) {
+			return api.Volumes(ctx)
+		},
+		name:   func(v bothy.Volume) string { return v.Name },
+		header: "NAME\tSIZE\tUSED\tSANDBOXES\tCREATED",
+		row: func(v bothy.Volume) string {
+			return fmt.Sprintf("%s\t%dMiB\t%dMiB\t%s\t%s", v.Name, v.SizeMb, v.UsedBytes>>20, orDash(strings.Join(v.Sandboxes, ",")), v.CreatedAt.Format("2006-01-02 15:04"))
+		},
+	})
 }
 
 func (c *cli) volumeInspectCommand() *cobra.Command {

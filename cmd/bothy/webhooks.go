@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -45,18 +46,14 @@ host could see it.`,
 				return err
 			}
 			o.URL, o.Secret = args[0], secret
-			api, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := c.context()
-			defer cancel()
-			w, err := api.CreateWebhook(ctx, o)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.stdout, w.ID)
-			return nil
+			return c.withAPI(func(ctx context.Context, api *bothy.Client) error {
+				w, err := api.CreateWebhook(ctx, o)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.stdout, w.ID)
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().StringArrayVar(&o.Events, "event", nil, "an event type to deliver (sandbox.created, sandbox.exited, ...); repeatable")
@@ -90,41 +87,26 @@ func (c *cli) webhookSecret(path string) (string, error) {
 }
 
 func (c *cli) webhookListCommand() *cobra.Command {
-	var output string
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List webhooks and how their deliveries go",
-		Args:    cobra.NoArgs,
-		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			api, err := c.client()
-			if err != nil {
-				return err
+	return listCommand(c, listing[bothy.Webhook]{
+		cmd: &cobra.Command{
+			Use:   "ls",
+			Short: "List webhooks and how their deliveries go",
+			Args:  cobra.NoArgs,
+		},
+		fetch: func(ctx context.Context, api *bothy.Client, _ []string) ([]bothy.Webhook, error) {
+			return api.Webhooks(ctx)
+		},
+		name:   func(w bothy.Webhook) string { return w.ID },
+		header: "ID\tURL\tEVENTS\tPENDING\tDELIVERED\tLAST STATUS\tLAST ERROR",
+		row: func(w bothy.Webhook) string {
+			status := "-"
+			if w.Delivery.LastStatus != nil {
+				status = fmt.Sprint(*w.Delivery.LastStatus)
 			}
-			ctx, cancel := c.context()
-			defer cancel()
-			list, err := api.Webhooks(ctx)
-			if err != nil {
-				return err
-			}
-			if done, err := printListShort(c, output, list, func(w bothy.Webhook) string { return w.ID }); done {
-				return err
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "ID\tURL\tEVENTS\tPENDING\tDELIVERED\tLAST STATUS\tLAST ERROR")
-			for _, w := range list {
-				status := "-"
-				if w.Delivery.LastStatus != nil {
-					status = fmt.Sprint(*w.Delivery.LastStatus)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", w.ID, w.URL, strings.Join(w.Events, ","),
-					w.Delivery.Pending, w.Delivery.Delivered, status, orDash(w.Delivery.LastError))
-			}
-			return tw.Flush()
-		}),
-	}
-	outputFlag(cmd, &output, "table", "json", "name")
-	return cmd
+			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%s\t%s", w.ID, w.URL, strings.Join(w.Events, ","),
+				w.Delivery.Pending, w.Delivery.Delivered, status, orDashPtr(w.Delivery.LastError))
+		},
+	})
 }
 
 func (c *cli) webhookInspectCommand() *cobra.Command {
