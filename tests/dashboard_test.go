@@ -21,8 +21,8 @@ import (
 const chromiumPath = "/usr/bin/chromium"
 
 // browser starts a headless Chromium with a fresh profile and returns a tab's context; the
-// browser ends with the test.
-func browser(t *testing.T) context.Context {
+// browser ends with the test. opts are the tab's (a listener for its console, say).
+func browser(t *testing.T, opts ...chromedp.ContextOption) context.Context {
 	t.Helper()
 	path, err := exec.LookPath(chromiumPath)
 	if err != nil {
@@ -41,8 +41,9 @@ func browser(t *testing.T) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 1000),
 	)
-	ctx, cancelTab := chromedp.NewContext(alloc)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	ctx, cancelTab := chromedp.NewContext(alloc, opts...)
+	// A bound on a browser stuck for good; the console's tests drive many pages in one.
+	ctx, cancelTimeout := context.WithTimeout(ctx, 4*time.Minute)
 	t.Cleanup(func() { cancelTimeout(); cancelTab(); cancelAlloc() })
 	return ctx
 }
@@ -71,7 +72,17 @@ func clickLive(ctx context.Context, t *testing.T, what, sel string) {
 	until(ctx, t, what, `(() => { const el = document.querySelector(`+string(q)+`); if (!el) return false; el.click(); return true })()`)
 }
 
-// saveScreenshot saves the page as tests/artifacts/<test>-<suffix>.png, for a person to look at.
+// artefactsDir is where the dashboard tests keep their screenshots, for a person (or CI's
+// artefact upload) to look at: $BOTHY_ARTEFACTS when set, else tests/artifacts/ (ignored by
+// git).
+func artefactsDir() string {
+	if dir := os.Getenv("BOTHY_ARTEFACTS"); dir != "" {
+		return dir
+	}
+	return "artifacts"
+}
+
+// saveScreenshot saves the whole page as <artefacts>/<test>-<suffix>.png.
 func saveScreenshot(ctx context.Context, t *testing.T, suffix string) {
 	t.Helper()
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
@@ -79,14 +90,14 @@ func saveScreenshot(ctx context.Context, t *testing.T, suffix string) {
 		t.Logf("screenshot: %v", err)
 		return
 	}
-	if err := os.MkdirAll("artifacts", 0o750); err != nil {
+	if err := os.MkdirAll(artefactsDir(), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	name := filepath.Join("artifacts", strings.ReplaceAll(t.Name(), "/", "-")+"-"+suffix+".png")
+	name := filepath.Join(artefactsDir(), strings.ReplaceAll(t.Name(), "/", "-")+"-"+suffix+".png")
 	if err := os.WriteFile(name, shot, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("screenshot: tests/%s", name)
+	t.Logf("screenshot: %s", name)
 }
 
 // typeKeys types into the focused element as a keyboard does: one keyDown carrying the text,
@@ -135,8 +146,8 @@ func run(ctx context.Context, t *testing.T, what string, steps ...chromedp.Actio
 }
 
 // TestDashboard drives the dashboard in a real browser: create a sandbox, start it, open its
-// terminal and run a command, see a refusal explained, stop and delete it; with and without a
-// token. A screenshot of each run is saved under tests/artifacts/.
+// terminal (on the sandbox's page) and run a command, see a refusal explained, stop and delete
+// it; with and without a token. A screenshot of each run is saved (artefactsDir).
 func TestDashboard(t *testing.T) {
 	requireRoot(t)
 	cases := []struct{ name, token string }{
@@ -258,8 +269,8 @@ func TestDashboard(t *testing.T) {
 }
 
 // TestDashboardTemplates drives the template views: create a template, capture a stopped
-// sandbox into it, clone the generation, tombstone and retire it (draining until its clone is
-// deleted), and delete the template.
+// sandbox into it, clone the generation, follow a capture of the clone to its parent, tombstone
+// and retire it (draining until its clone is deleted), and delete the template.
 func TestDashboardTemplates(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -275,6 +286,8 @@ func TestDashboardTemplates(t *testing.T) {
 
 	run(ctx, t, "opening the dashboard by its login URL", chromedp.Navigate(d.LoginURL()))
 	until(ctx, t, "live events", `document.querySelector("#live").textContent === "live"`)
+	run(ctx, t, "opening the templates page", chromedp.Navigate(d.URL+"/#/templates"))
+	until(ctx, t, "the templates page", `!document.querySelector("#view-templates").hidden`)
 	run(ctx, t, "creating a template",
 		chromedp.SendKeys(chromedp.CSS("#template-name"), "tools"),
 		chromedp.Click(chromedp.CSS(`#template-form button[type="submit"]`)))
@@ -290,6 +303,7 @@ func TestDashboardTemplates(t *testing.T) {
 	click("cloning it", `[data-template="tools"] button[data-action="clone"]`)
 	until(ctx, t, "a running clone", `[...document.querySelectorAll("#sandboxes tr[data-id]")].some(r => r.dataset.id !== "tpl-src" && r.dataset.state === "running" && r.textContent.includes("tools @ "))`)
 	until(ctx, t, "the lease counted", gen+`?.children[5].textContent === "1"`)
+	until(ctx, t, "the clone named as the lease's holder", gen+`?.querySelector("td.holders a[data-sandbox-link]") !== null`)
 	clone, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("#sandboxes tr[data-id]")].find(r => r.dataset.id !== "tpl-src").dataset.id`))
 	if err != nil {
 		t.Fatal(err)
@@ -298,6 +312,27 @@ func TestDashboardTemplates(t *testing.T) {
 		d.doJSON("POST", "/v1/sandboxes/"+clone+"/stop?force=true", nil)
 		d.doJSON("DELETE", "/v1/sandboxes/"+clone, nil)
 	})
+
+	// Lineage: the generation names the sandbox it was captured from; a capture of the clone
+	// names the clone and, as its parent, the generation the clone was made from, which a
+	// click brings into view.
+	until(ctx, t, "the generation's source", gen+`?.querySelector('td.lineage a[data-sandbox-link="tpl-src"]') !== null`)
+	run(ctx, t, "creating a second template",
+		chromedp.SendKeys(chromedp.CSS("#template-name"), "tools-child"),
+		chromedp.Click(chromedp.CSS(`#template-form button[type="submit"]`)))
+	until(ctx, t, "the second template", `document.querySelector('[data-template="tools-child"]') !== null`)
+	click("choosing the clone to capture", `tr[data-id="`+clone+`"] button[data-action="capture"]`)
+	run(ctx, t, "capturing the clone",
+		chromedp.SetValue(chromedp.CSS("#capture-template"), "tools-child"),
+		chromedp.Click(chromedp.CSS(`#capture-form button[type="submit"]`)))
+	child := `document.querySelector('[data-template="tools-child"] tr[data-generation]')`
+	until(ctx, t, "the child's lineage", child+`?.querySelector('td.lineage a[data-sandbox-link="`+clone+`"]') != null && `+
+		child+`?.querySelector('td.lineage a[data-parent]')?.dataset.parent === "tools@" + `+gen+`?.dataset.generation`)
+	click("following the parent", `[data-template="tools-child"] td.lineage a[data-parent]`)
+	until(ctx, t, "the parent highlighted", gen+`?.classList.contains("highlight")`)
+	if r := d.do("DELETE", "/v1/templates/tools-child", nil, nil); r.Status != 204 {
+		t.Fatalf("deleting the child's template: %d %s", r.Status, r.Body)
+	}
 
 	for _, action := range []string{"tombstone", "retire"} {
 		sel := `[data-template="tools"] button[data-action="` + action + `"]`
