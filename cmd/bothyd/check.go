@@ -7,10 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/bothy/bothy/check"
+	"github.com/bothy/bothy/store/template"
 )
 
 // checkCommand is `bothyd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair] [--json]`:
@@ -19,6 +22,9 @@ import (
 // --cgroup-parent or BOTHY_CGROUP_PARENT gives one (settleCgroupParent). It exits 0 when the state root is consistent (after repair, with --repair), 1 when problems
 // remain, and 2 on a usage error or when the check could not be made.
 func checkCommand(args []string, stdout, stderr io.Writer) int {
+	if slices.Contains(args, "--cluster") || slices.Contains(args, "-cluster") {
+		return clusterCheckCommand(args, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("bothyd check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("root", envOr("BOTHY_ROOT", ".bothy"), "state root to check (env BOTHY_ROOT)")
@@ -30,8 +36,13 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	repair := fs.Bool("repair", false, "fix what is safe to fix: end interrupted starts, clear stale records, kill unrecorded runtime processes, release leaked cgroups and mounts, finish template retirements")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	reg := options{cluster: &clusterOptions{}}
+	fs.StringVar(&reg.templateRegistry, "template-registry", os.Getenv("BOTHY_TEMPLATE_REGISTRY"), "the server's template registry: with --repair, the tombstones and retirements made here that it does not hold yet are pushed to it (env BOTHY_TEMPLATE_REGISTRY)")
+	fs.StringVar(&reg.registryAuth, "registry-auth", os.Getenv("BOTHY_REGISTRY_AUTH"), "the credentials of the template registry, as the server's (env BOTHY_REGISTRY_AUTH)")
+	fs.Var(&reg.insecureRegistries, "insecure-registry", "a registry (host or host:port) spoken to over plain HTTP, as the server's; repeatable")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: bothyd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair] [--json]")
+		fmt.Fprintln(stderr, "usage: bothyd check [--root DIR] [--runtime-binary PATH] [--user-namespaces=false] [--repair [--template-registry REPO [--registry-auth FILE] [--insecure-registry HOST]]] [--json]")
+		fmt.Fprintln(stderr, "       bothyd check --cluster [--cluster-kubeconfig FILE] [--node-token-file FILE] [--repair] [--json] (bothyd check --cluster -h)")
 		fmt.Fprintln(stderr, "Verifies a bothyd state root, offline or beside a running server. Exit status: 0 consistent, 1 problems found, 2 usage error or the check could not run.")
 		fs.PrintDefaults()
 	}
@@ -79,6 +90,27 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 	opts.Webhooks = checkWebhooks(*root)
 	opts.Volumes = checkVolumes(*root)
 	opts.Egress = checkEgress(*root)
+	if reg.templateRegistry != "" {
+		// Pushing tombstones puts and removes no mark, so the holder's name (the
+		// server's cluster node name) does not matter here.
+		opts.FlushTemplateOutbox = func(ctx context.Context, ts *template.Store) error {
+			gr, err := openTemplateRegistry(&reg, ts)
+			if err != nil {
+				return err
+			}
+			// A record whose generation is still active may be a change the running
+			// server is making now: the checker pushes what is due and drops nothing.
+			notDue := func(tmpl, gen string) bool {
+				due, err := ts.RemoteTombstoneDue(template.RemoteTombstone{Template: tmpl, Generation: gen})
+				return err != nil || !due
+			}
+			pushed, err := gr.FlushTombstones(ctx, notDue)
+			for _, p := range pushed {
+				fmt.Fprintf(stderr, "pushed the tombstone of %s/%s to the template registry (retire %v)\n", p.Template, p.Generation, p.Retire)
+			}
+			return err
+		}
+	}
 	rep, err := check.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "bothyd check:", err)

@@ -99,6 +99,9 @@ type options struct {
 	insecureRegistries stringList
 	// registryMirror is where pulls from Docker Hub go first.
 	registryMirror string
+	// templateRegistry is the OCI repository template generations are pushed to and
+	// pulled from (store/template/registry); empty: generations stay on this node.
+	templateRegistry string
 	// diskExplicit says the operator chose defaultDiskMB (flag or environment), so a host
 	// that cannot give sandboxes a disk is an error rather than a warning.
 	diskExplicit bool
@@ -165,6 +168,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.defaultDiskMB, "default-disk-mb", diskMB, "the disk of its own, in MiB, that a sandbox gets when its create request names none; 0: none, so sandboxes write to the state root's file system unbounded, for trusted work only (env BOTHY_DEFAULT_DISK_MB)")
 	fs.StringVar(&o.registryAuth, "registry-auth", os.Getenv("BOTHY_REGISTRY_AUTH"), "a docker-style config.json whose auths entries give the credentials of image registries (env BOTHY_REGISTRY_AUTH); default: anonymous pulls")
 	fs.StringVar(&o.registryMirror, "registry-mirror", os.Getenv("BOTHY_REGISTRY_MIRROR"), "a registry (host or host:port) that pulls from Docker Hub go to first, falling back to Docker Hub when it lacks the image or is unreachable (env BOTHY_REGISTRY_MIRROR)")
+	fs.StringVar(&o.templateRegistry, "template-registry", os.Getenv("BOTHY_TEMPLATE_REGISTRY"), "an OCI repository (host[:port]/path) that every captured template generation is pushed to, and that a clone of a generation this node lacks pulls it from; credentials come from --registry-auth (env BOTHY_TEMPLATE_REGISTRY); default: generations stay on their node")
 	fs.Var(&o.insecureRegistries, "insecure-registry", "a registry (host or host:port) pulled from over plain HTTP; loopback registries always are; repeatable")
 	timeoutS, err := envParsed("BOTHY_DEFAULT_TIMEOUT_S", 0, strconv.Atoi)
 	if err != nil {
@@ -361,7 +365,7 @@ func serve(o *options, log *slog.Logger) error {
 	// The state root's health: every fault is counted, a change of state logged once.
 	health := supervisor.NewStorageHealth(st.Root(), log, mx.OnStorageFault)
 	defer health.Close()
-	ts, err := openTemplates(o)
+	ts, generations, err := openTemplates(o)
 	if err != nil {
 		return err
 	}
@@ -382,13 +386,13 @@ func serve(o *options, log *slog.Logger) error {
 	defer images.Close()
 	// Node mode follows the supervisor's events from the first (cluster.go).
 	actions := &objectActions{sup: &sup}
-	clusterNode, err := newClusterNode(o.cluster, ln.Addr(), &sup, actions, health, log)
+	clusterNode, err := newClusterNode(o.cluster, ln.Addr(), &sup, vols, egressSvc.secrets, actions, health, log)
 	if err != nil {
 		return err
 	}
 	sup, err = supervisor.New(supervisor.Options{
 		Store: st, Runtime: rt, Runtimes: rts.others, Unavailable: rts.unavailable,
-		Templates: ts, Images: images, Logger: log,
+		Templates: ts, Generations: notifyPulls(generations, clusterNode.GenerationsChanged), Images: images, Logger: log,
 		OnEvent: func(e supervisor.Event) {
 			mx.OnEvent(e.Type)
 			bus.Publish(handlers.EventOf(e))
@@ -402,6 +406,8 @@ func serve(o *options, log *slog.Logger) error {
 		Volumes:      vols,
 		Checkpoints:  checkpoint.Limits{Count: o.checkpointMax, Bytes: o.checkpointMaxBytes},
 		CrashPoint:   crashPoint(),
+		// Node mode enforces the capacity the node publishes (cluster/node/admission.go).
+		CreateAdmission: clusterNode.Admission(),
 	})
 	if err != nil {
 		return err
@@ -418,11 +424,16 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	sup.StartSpares()
+	go syncTombstones(ctx, sup, generations, log)
 	// After the start-up reattach has begun: the node's reconcile reads each sandbox through
 	// the supervisor, which settles one it has not reached yet first.
 	defer runClusterNode(ctx, clusterNode, log)()
 	sampler := watchUsage(ctx, o, sup, netw, mx, log)
-	links, idem, err := openRecords(o.root, log)
+	linkNode := ""
+	if o.cluster.enabled {
+		linkNode = o.cluster.nodeName
+	}
+	links, idem, err := openRecords(o.root, linkNode, log)
 	if err != nil {
 		return err
 	}
@@ -447,7 +458,7 @@ func serve(o *options, log *slog.Logger) error {
 		NoFileLimit:      noFile,
 		Links:            links,
 		Webhooks:         hooks,
-		Secrets:          egressSvc.secrets,
+		Secrets:          clusterSecrets{egressSvc.secrets, clusterNode},
 		Usage:            sampler,
 		Volumes:          vols,
 	})
@@ -460,7 +471,7 @@ func serve(o *options, log *slog.Logger) error {
 	e2bAPI := e2b.New(e2b.Config{
 		Supervisor: sup, Token: token, Logger: rlog,
 		Resources: store.Resources(namespace.DefaultResources), DiskMB: o.defaultDiskMB,
-		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler, Volumes: vols, Secrets: egressSvc.secrets,
+		MaxFileBytes: server.DefaultMaxFileBytes, Usage: sampler, Volumes: vols, Secrets: clusterSecrets{egressSvc.secrets, clusterNode},
 	})
 	srv, err := server.New(server.Config{
 		Foreign:        e2bAPI,
@@ -522,12 +533,22 @@ func logRuntimes(o *options, rts *runtimeSet, log *slog.Logger) {
 	}
 }
 
-// openTemplates opens the template store with the operator's maximum generation age.
-func openTemplates(o *options) (*template.Store, error) {
+// openTemplates opens the template store with the operator's maximum generation age, and
+// the template registry --template-registry names (nil: none).
+func openTemplates(o *options) (*template.Store, supervisor.GenerationRegistry, error) {
 	if o.templateMaxAge <= 0 {
-		return nil, fmt.Errorf("--template-max-age must be positive")
+		return nil, nil, fmt.Errorf("--template-max-age must be positive")
 	}
-	return template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+	ts, err := template.Open(o.root, template.Options{MaxAge: o.templateMaxAge})
+	if err != nil {
+		return nil, nil, err
+	}
+	generations, err := openTemplateRegistry(o, ts)
+	if err != nil {
+		ts.Close()
+		return nil, nil, err
+	}
+	return ts, generations, nil
 }
 
 // watchUsage starts what watches the running sandboxes: the sampler of every running

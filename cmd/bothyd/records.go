@@ -60,9 +60,10 @@ func checkWebhooks(root string) check.StoreCheck {
 }
 
 // openRecords opens the port links and the answers of idempotent creates (Idempotency-Key),
-// both kept in the state root across restarts.
-func openRecords(root string, log *slog.Logger) (*portlink.Store, *idempotency.Store, error) {
-	links, err := portlink.Open(root)
+// both kept in the state root across restarts. A node of a cluster (node is its name, else
+// "") tags its links' ids with its name, by which a router finds it (docs/cluster.md).
+func openRecords(root, node string, log *slog.Logger) (*portlink.Store, *idempotency.Store, error) {
+	links, err := portlink.OpenNode(root, node)
 	if err != nil {
 		return nil, nil, err
 	}
