@@ -45,14 +45,19 @@
 // names nothing, which a server keeping spares answers from one), then websocket streams of
 // `head -c --stream-bytes /dev/zero` from a sandbox of each --stream-vcpus. It prints each
 // step's median and p90, the median as a multiple of bwrap's, and the verdict against the
-// goals of issue 17 (create+start at most 1.5x bwrap, forced stop 2x, a cycle 3x, streams at
-// least 1 GB/s). With --idle N it then starts N idle sandboxes (no disk of their own, 128 MiB
-// limit), reports the host memory they took (MemTotal - MemAvailable, so run it on a quiet
-// host), a full listing, a page and an exec among them, and deletes them; the goal is 4 MiB a
-// sandbox. Run it as root beside the server, as the bwrap baseline needs namespaces:
+// goals of issues 17 and 42 (create+start at most 1.5x bwrap, with the server's id and with
+// its own, forced stop 2x, a cycle 3x, streams at least 1 GB/s). With --pid (bothyd's, on the
+// same host) it also reports each series' CPU time per cycle, bothyd's and what it reaped
+// (the sandboxes' shims and through them everything in them), against the CPU time of the
+// series' bwrap spawns; issue 42's goal is 2.5x. With --idle N it then starts N idle
+// sandboxes (no disk of their own, 128 MiB limit), reports the host memory they took
+// (MemTotal - MemAvailable, so run it on a quiet host) and, with --pid, the PSS of the
+// processes below bothyd, a full listing, a page and an exec among them, and deletes them;
+// issue 42's goal is 1 MiB of host memory a sandbox (issue 17's was 4). Run it as root beside
+// the server, as the bwrap baseline needs namespaces:
 //
-//	sudo go run ./cmd/bothyload bench
-//	sudo go run ./cmd/bothyload bench --idle 1000
+//	sudo go run ./cmd/bothyload bench --pid "$(pgrep -xo bothyd)"
+//	sudo go run ./cmd/bothyload bench --pid "$(pgrep -xo bothyd)" --idle 1000
 //
 // # Teardown
 //

@@ -3,6 +3,9 @@ package main
 import (
 	"io"
 	"os"
+	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -205,5 +208,95 @@ func TestReadToken(t *testing.T) {
 	}
 	if tok, err := readToken(given, root); err != nil || tok != "given-token-0123456789" {
 		t.Fatalf("given token: %q, %v", tok, err)
+	}
+}
+
+// TestBenchPIDFlag: --pid must name a live process, as the CPU figures read its /proc.
+func TestBenchPIDFlag(t *testing.T) {
+	t.Parallel()
+	o, err := parseBenchFlags([]string{"--pid", strconv.Itoa(os.Getpid())}, io.Discard)
+	if err != nil || o.pid != os.Getpid() {
+		t.Fatalf("--pid of this test: %+v, %v", o, err)
+	}
+	for _, bad := range []string{"-1", strconv.Itoa(1 << 30)} {
+		if _, err := parseBenchFlags([]string{"--pid", bad}, io.Discard); err == nil {
+			t.Errorf("--pid %s: no error", bad)
+		}
+	}
+}
+
+// TestTreePSS: a child of this test is among its descendants, a grandchild too, and their
+// PSS sum is positive; a pid without children has none.
+func TestTreePSS(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("sh", "-c", "sleep 60 & wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	var pids []int
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if pids, err = descendants(cmd.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		if len(pids) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the shell has yet to fork its sleep
+	}
+	if len(pids) != 1 {
+		t.Fatalf("the shell's descendants: %v, want its sleep alone", pids)
+	}
+	mine, err := descendants(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(mine, cmd.Process.Pid) || !slices.Contains(mine, pids[0]) {
+		t.Fatalf("this test's descendants %v lack the shell %d or its sleep %d", mine, cmd.Process.Pid, pids[0])
+	}
+	pss, err := treePSSKiB(os.Getpid())
+	if err != nil || pss <= 0 {
+		t.Fatalf("treePSSKiB = %d, %v", pss, err)
+	}
+	if none, err := descendants(pids[0]); err != nil || len(none) != 0 {
+		t.Fatalf("the sleep's descendants: %v, %v", none, err)
+	}
+}
+
+// TestSeriesCPU: with --pid a series reports the CPU this process burnt, and its ratio to
+// the bwrap time given it against issue 42's goal; without --pid nothing.
+func TestSeriesCPU(t *testing.T) {
+	t.Parallel()
+	if c, err := (&bench{}).startCPU().end("cycle", 1, true); c != nil || err != nil {
+		t.Fatalf("without --pid: %+v, %v", c, err)
+	}
+	b := &bench{o: benchOptions{pid: os.Getpid()}}
+	s := b.startCPU()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		now, err := cpuTime(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now > s.start || time.Now().After(deadline) {
+			break
+		}
+		for i := 0; i < 1e6; i++ {
+			_ = strings.Repeat("x", i%3)
+		}
+	}
+	s.bwrap = 2 * time.Second // far above what the loop burnt: the goal is met
+	c, err := s.end("cycle", 2, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MSPerCycle <= 0 || c.BwrapMS != 1000 || c.XBwrap != c.MSPerCycle/1000 || c.Met == nil || !*c.Met || c.Goal != cpuGoalXBwrap {
+		t.Fatalf("%+v", c)
+	}
+	s.bwrap = time.Microsecond
+	if c, err = s.end("cycle", 2, true); err != nil || c.Met == nil || *c.Met {
+		t.Fatalf("with a bwrap spawn of 1 µs the goal must be missed: %+v, %v", c, err)
 	}
 }
