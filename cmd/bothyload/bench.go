@@ -57,10 +57,14 @@ type BenchCPU struct {
 	Op         string  `json:"op"`
 	Cycles     int     `json:"cycles"`
 	MSPerCycle float64 `json:"ms_per_cycle"`
-	BwrapMS    float64 `json:"bwrap_ms,omitempty"`
-	XBwrap     float64 `json:"x_bwrap,omitempty"`
-	Goal       float64 `json:"goal_x_bwrap,omitempty"`
-	Met        *bool   `json:"met,omitempty"`
+	// ServerMS and ReapedMS split MSPerCycle: bothyd's own, and that of the processes it
+	// reaped (the sandboxes' shims, inits, agents and workloads, and its helpers).
+	ServerMS float64 `json:"server_ms"`
+	ReapedMS float64 `json:"reaped_ms"`
+	BwrapMS  float64 `json:"bwrap_ms,omitempty"`
+	XBwrap   float64 `json:"x_bwrap,omitempty"`
+	Goal     float64 `json:"goal_x_bwrap,omitempty"`
+	Met      *bool   `json:"met,omitempty"`
 }
 
 // cpuGoalXBwrap is issue 42's bound on a cycle's CPU time, as a multiple of a bwrap spawn's.
@@ -567,17 +571,17 @@ func spawn(ctx context.Context, bwrap string) (time.Duration, error) {
 // seriesCPU counts the CPU time of one series of cycles: bothyd's tree from cpuTime at its
 // start, bwrap's as its spawns return.
 type seriesCPU struct {
-	pid   int
-	start time.Duration
-	bwrap time.Duration
-	err   error
+	pid                    int
+	startSelf, startReaped time.Duration
+	bwrap                  time.Duration
+	err                    error
 }
 
 // startCPU begins a series' count; without --pid it counts nothing.
 func (b *bench) startCPU() *seriesCPU {
 	c := &seriesCPU{pid: b.o.pid}
 	if c.pid > 0 {
-		c.start, c.err = cpuTime(c.pid)
+		c.startSelf, c.startReaped, c.err = cpuTimes(c.pid)
 	}
 	return c
 }
@@ -587,11 +591,13 @@ func (c *seriesCPU) end(op string, cycles int, withBwrap bool) (*BenchCPU, error
 	if c.pid == 0 {
 		return nil, nil
 	}
-	now, err := cpuTime(c.pid)
+	self, reaped, err := cpuTimes(c.pid)
 	if err = errors.Join(c.err, err); err != nil {
 		return nil, fmt.Errorf("--pid %d: %w", c.pid, err)
 	}
-	r := &BenchCPU{Op: op, Cycles: cycles, MSPerCycle: ms(now-c.start) / float64(cycles)}
+	n := float64(cycles)
+	r := &BenchCPU{Op: op, Cycles: cycles, ServerMS: ms(self-c.startSelf) / n, ReapedMS: ms(reaped-c.startReaped) / n}
+	r.MSPerCycle = r.ServerMS + r.ReapedMS
 	if withBwrap {
 		r.BwrapMS = ms(c.bwrap) / float64(cycles)
 		if r.BwrapMS > 0 {
@@ -665,7 +671,7 @@ func (r *BenchReport) print(w io.Writer) {
 		fmt.Fprintln(w, "\nCPU time per cycle (bothyd and what it reaped, from /proc/<pid>/stat in 10 ms ticks) against a bwrap spawn's (wait4):")
 	}
 	for _, c := range r.CPU {
-		fmt.Fprintf(w, "  %s: %.1f ms", c.Op, c.MSPerCycle)
+		fmt.Fprintf(w, "  %s: %.1f ms (bothyd %.1f, reaped %.1f)", c.Op, c.MSPerCycle, c.ServerMS, c.ReapedMS)
 		if c.Met != nil {
 			verdict := "missed"
 			if *c.Met {

@@ -108,27 +108,33 @@ const clockTicks = 100
 // /proc/<pid>/stat. bothyd reaps its sandboxes' shims, and each shim its sandbox's init, so
 // after a sandbox ends its CPU time is in bothyd's children's.
 func cpuTime(pid int) (time.Duration, error) {
+	self, children, err := cpuTimes(pid)
+	return self + children, err
+}
+
+// cpuTimes is cpuTime split: pid's own (utime and stime) and its reaped children's (cutime
+// and cstime).
+func cpuTimes(pid int) (self, children time.Duration, err error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name (field 2) may hold spaces; the fields after it are plain.
 	i := strings.LastIndexByte(string(b), ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state); utime, stime, cutime and cstime are fields 14 to 17.
 	if len(f) < 15 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
-	var ticks int64
-	for _, s := range f[11:15] {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	var ticks [4]int64
+	for j, s := range f[11:15] {
+		if ticks[j], err = strconv.ParseInt(s, 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 		}
-		ticks += n
 	}
-	return time.Duration(ticks) * time.Second / clockTicks, nil
+	tick := time.Second / clockTicks
+	return time.Duration(ticks[0]+ticks[1]) * tick, time.Duration(ticks[2]+ticks[3]) * tick, nil
 }
