@@ -151,17 +151,17 @@ func readSecretBody(w http.ResponseWriter, req *http.Request, api *secretAPI) ([
 
 // fanout sends one call to every live node in name order; false when it answered (no node
 // can be read, or none is live).
-func (rt *Router) fanout(w http.ResponseWriter, req *http.Request, api *secretAPI, method, path string, body []byte) ([]nodeAnswer, bool) {
+func (rt *Router) fanout(w http.ResponseWriter, req *http.Request, api *secretAPI, method, path string, body []byte) ([]nodeAnswer, map[string]*nodeView, bool) {
 	nodes, ok := rt.readNodes(w, req, api.pl)
 	if !ok {
-		return nil, false
+		return nil, nil, false
 	}
 	names := liveNames(nodes)
 	if len(names) == 0 {
 		api.pl.fail(w, http.StatusServiceUnavailable, CodeNoNode, "No node of the cluster is live; try again once one is.")
-		return nil, false
+		return nil, nil, false
 	}
-	return rt.secretCall(req, api, nodes, names, method, path, body), true
+	return rt.secretCall(req, api, nodes, names, method, path, body), nodes, true
 }
 
 // secretCall sends one call of api's to the nodes named, at once (callNodes), with api's
@@ -189,7 +189,7 @@ func (rt *Router) createSecret(w http.ResponseWriter, req *http.Request, api *se
 	if api.pl == planeE2B {
 		name = strings.ToLower(name) // as a node stores E2B's names
 	}
-	answers, ok := rt.fanout(w, req, api, http.MethodPost, api.collection, body)
+	answers, _, ok := rt.fanout(w, req, api, http.MethodPost, api.collection, body)
 	if !ok {
 		return
 	}
@@ -273,7 +273,7 @@ func (rt *Router) rotateSecret(w http.ResponseWriter, req *http.Request, api *se
 		return
 	}
 	name := api.name(id)
-	answers, ok := rt.fanout(w, req, api, http.MethodPost, api.rotate(id), body)
+	answers, nodes, ok := rt.fanout(w, req, api, http.MethodPost, api.rotate(id), body)
 	if !ok {
 		return
 	}
@@ -335,7 +335,7 @@ func (rt *Router) rotateSecret(w http.ResponseWriter, req *http.Request, api *se
 			name, nodeList(done), nodeList(failed)))
 		return
 	}
-	if lost := rt.lostHolders(req, name); len(lost) > 0 {
+	if lost := lostHolders(nodes, name); len(lost) > 0 {
 		sort.Strings(done)
 		w.Header().Set("Retry-After", "5")
 		api.pl.fail(w, http.StatusServiceUnavailable, CodeNodeLost, fmt.Sprintf(
@@ -431,7 +431,7 @@ func (rt *Router) deleteSecret(w http.ResponseWriter, req *http.Request, api *se
 		}
 	}
 	rt.forgetSecret(name)
-	lost := rt.lostHolders(req, name)
+	lost := lostHolders(nodes, name)
 	switch {
 	case refused != nil && len(deleted) > 0:
 		status, code := http.StatusBadGateway, "unavailable"
@@ -490,12 +490,10 @@ func (rt *Router) boundBy(req *http.Request, nodes map[string]*nodeView, names [
 }
 
 // lostHolders are the nodes whose lease has lapsed and whose BothyNode listed secret name
-// when last written: a write through the router did not reach them.
-func (rt *Router) lostHolders(req *http.Request, name string) []string {
-	nodes, err := rt.nodes(req.Context())
-	if err != nil {
-		return nil
-	}
+// when last written: a write through the router did not reach them. nodes must be the view
+// the write was sent by: a node that came back between that view and a later read would be
+// neither written nor found lost, and the write would be answered as done everywhere.
+func lostHolders(nodes map[string]*nodeView, name string) []string {
 	var out []string
 	for n, v := range nodes {
 		if !v.live && slices.Contains(v.obj.Status.Secrets, name) {
@@ -508,7 +506,7 @@ func (rt *Router) lostHolders(req *http.Request, name string) []string {
 
 // readSecret reads the secret on every live node, merged: 404 when no live node holds it.
 func (rt *Router) readSecret(w http.ResponseWriter, req *http.Request, api *secretAPI, id string) {
-	answers, ok := rt.fanout(w, req, api, http.MethodGet, api.item(id), nil)
+	answers, _, ok := rt.fanout(w, req, api, http.MethodGet, api.item(id), nil)
 	if !ok {
 		return
 	}
@@ -543,7 +541,7 @@ func (rt *Router) listSecrets(w http.ResponseWriter, req *http.Request, api *sec
 		rt.pageSecrets(w, req, api)
 		return
 	}
-	answers, ok := rt.fanout(w, req, api, http.MethodGet, api.collection, nil)
+	answers, _, ok := rt.fanout(w, req, api, http.MethodGet, api.collection, nil)
 	if !ok {
 		return
 	}
