@@ -30,6 +30,23 @@
   let token = localStorage.getItem(TOKEN_KEY) || "";
   let info = null; // /v1/info, for the forms' defaults and limits
 
+  // newest hands out a ticket to each call of one list's refresh; the ticket lets its call
+  // draw unless a call that began later has drawn already. Refreshes overlap (a live event's
+  // and a button's own), and one whose reads were answered before a change that a later one
+  // saw (a template deleted between them) must not draw last and bring the gone back; yet
+  // under a steady flow of events every call still draws unless a newer one did, so the list
+  // never goes undrawn.
+  const refreshTickets = {};
+  function newest(list) {
+    const t = (refreshTickets[list] ||= { issued: 0, drawn: 0 });
+    const mine = ++t.issued;
+    return () => {
+      if (mine < t.drawn) return false;
+      t.drawn = mine;
+      return true;
+    };
+  }
+
   // el builds an element; children are nodes or strings (as text, never HTML).
   function el(tag, attrs, ...children) {
     const e = document.createElement(tag);
@@ -405,7 +422,10 @@
   }
 
   async function refreshSandboxes() {
-    sandboxes = (await listAll("/v1/sandboxes")).sort((a, b) => a.id.localeCompare(b.id));
+    const current = newest("sandboxes");
+    const list = await listAll("/v1/sandboxes");
+    if (!current()) return;
+    sandboxes = list.sort((a, b) => a.id.localeCompare(b.id));
     renderSandboxes();
   }
 
@@ -1012,11 +1032,13 @@
 
   // --- templates ---
   async function refreshTemplates() {
+    const current = newest("templates");
     const msg = $("#templates-message");
     let templates;
     try {
       templates = await listAll("/v1/templates");
     } catch (err) {
+      if (!current()) return;
       $("#templates").replaceChildren();
       msg.textContent = err.status === 501
         ? `Templates are not available on this server yet: ${err.message}`
@@ -1024,6 +1046,7 @@
       msg.hidden = false;
       return;
     }
+    if (!current()) return;
     $("#template-names").replaceChildren(...templates.map((t) => el("option", { value: t.name })));
     msg.hidden = templates.length > 0;
     msg.textContent = "No templates yet.";
@@ -1093,6 +1116,7 @@
               el("tbody", {}, rows))
           : el("p", { class: "muted" }, "No generations."));
     }));
+    if (!current()) return; // a later refresh began while the generations were read
     $("#templates").replaceChildren(...blocks);
   }
 
@@ -1191,12 +1215,15 @@
   }
 
   async function refreshImages() {
+    const current = newest("images");
     const list = await listAll("/v1/images");
     // The list may leave out who uses an image; each image's own answer names them.
-    images = await Promise.all(list.map(async (i) => {
+    const fresh = await Promise.all(list.map(async (i) => {
       if (i.kind !== "oci" || i.used_by) return i;
       try { return await api("GET", `/v1/images/${encodeURIComponent(i.name)}`); } catch (_) { return i; }
     }));
+    if (!current()) return;
+    images = fresh;
     renderImages();
   }
 
@@ -1230,7 +1257,9 @@
 
   // --- volumes ---
   async function refreshVolumes() {
+    const current = newest("volumes");
     const vols = await listAll("/v1/volumes");
+    if (!current()) return;
     table("#volumes", vols.map((v) => el("tr", { "data-volume": v.name },
       el("td", {}, el("code", {}, v.name)),
       el("td", {}, `${v.size_mb} MiB`),
@@ -1253,7 +1282,9 @@
 
   // --- secrets: names only ---
   async function refreshSecrets() {
+    const current = newest("secrets");
     const secrets = await listAll("/v1/secrets");
+    if (!current()) return;
     table("#secrets", secrets.map((s) => {
       const name = encodeURIComponent(s.name);
       const rotate = el("form", { class: "inline", autocomplete: "off", noValidate: true, "data-rotate": s.name },
@@ -1303,7 +1334,9 @@
       table("#nodes", [], "This server is a single bothyd, not a cluster router: it has no nodes to show.");
       return;
     }
+    const current = newest("nodes");
     const nodes = (await api("GET", "/v1/nodes")).items || [];
+    if (!current()) return;
     table("#nodes", nodes.map((n) => {
       const name = encodeURIComponent(n.name);
       const health = n.live ? (n.health || "unpublished") : "lost";
@@ -1345,7 +1378,9 @@
   }
 
   async function refreshWebhooks() {
+    const current = newest("webhooks");
     const hooks = await listAll("/v1/webhooks");
+    if (!current()) return;
     table("#webhooks", hooks.map((h) => el("tr", { "data-webhook": h.id },
       el("td", {}, el("code", {}, h.id)),
       el("td", {}, h.url), // text, not a link
