@@ -12,15 +12,11 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
-	"github.com/bothy/bothy/cluster/node"
 )
 
 // sseNode is a node's /v1/events as bothyd serves it: ids that grow, a replay of the events
@@ -122,15 +118,10 @@ func (c *sseClient) next(t *testing.T) (id, data string) {
 func TestEventsAcrossRouters(t *testing.T) {
 	t.Parallel()
 	a, b := newSSENode(t), newSSENode(t)
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
+	scheme := testScheme(t)
 	var objs []client.Object
 	for name, n := range map[string]*sseNode{"node-a": a, "node-b": b} {
-		d, id := int32(60), name
-		objs = append(objs,
-			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(name)},
-				Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: time.Now()}}},
+		objs = append(objs, testLease(name, time.Now(), 60),
 			&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: v1alpha1.BothyNodeStatus{Address: n.srv.URL, Health: v1alpha1.NodeHealthy}})
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()

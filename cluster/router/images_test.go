@@ -10,15 +10,11 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
-	"github.com/bothy/bothy/cluster/node"
 )
 
 // routerOver is a router over a fake API server holding live nodes answering at the URLs.
@@ -34,15 +30,10 @@ func routerOver(t *testing.T, nodes map[string]string) *Router {
 // routerOverStatus is a router over a fake API server holding live nodes of these statuses.
 func routerOverStatus(t *testing.T, nodes map[string]v1alpha1.BothyNodeStatus) *Router {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
+	scheme := testScheme(t)
 	var objs []client.Object
 	for name, status := range nodes {
-		d, id := int32(60), name
-		objs = append(objs,
-			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(name)},
-				Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: time.Now()}}},
+		objs = append(objs, testLease(name, time.Now(), 60),
 			&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: status})
 	}
 	rt, err := New(Config{Client: fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build(), Namespace: ns, Token: "client-token", NodeToken: "node-token"})

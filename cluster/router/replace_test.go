@@ -9,14 +9,10 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
-	"github.com/bothy/bothy/cluster/node"
 	"github.com/bothy/bothy/e2b"
 )
 
@@ -66,21 +62,11 @@ func newFakeNode(t *testing.T, name string, status int, code string) *fakeNode {
 // tries it first).
 func replaceRouter(t *testing.T, nodes ...*fakeNode) *Router {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := testScheme(t)
 	b := fake.NewClientBuilder().WithScheme(scheme)
 	for i, n := range nodes {
-		d := int32(15)
-		id := n.name
 		room := v1alpha1.Capacity{MemoryMB: int64(100000 - 1000*i), MilliCPU: 1 << 30, Sandboxes: int32(1000 - 10*i)}
-		b.WithObjects(
-			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(n.name)},
-				Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: time.Now()}}},
+		b.WithObjects(testLease(n.name, time.Now(), 15),
 			&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Status: v1alpha1.BothyNodeStatus{
 				Address: n.srv.URL, Health: v1alpha1.NodeHealthy, Capacity: room, Free: room}})
 	}

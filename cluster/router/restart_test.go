@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/bothy/bothy/cluster/api/v1alpha1"
@@ -20,13 +17,7 @@ import (
 // take the node for live; it does once the status names the process that holds the lease.
 func TestRestartedNodeNotLiveUntilItsStatusIs(t *testing.T) {
 	t.Parallel()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := testScheme(t)
 	tests := []struct {
 		name             string
 		leaseID, status  string
@@ -40,11 +31,7 @@ func TestRestartedNodeNotLiveUntilItsStatusIs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			d, id := int32(15), "n"
-			lease := &coordinationv1.Lease{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName("n")},
-				Spec:       coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: time.Now()}},
-			}
+			lease := testLease("n", time.Now(), 15)
 			if tt.labelled {
 				lease.Labels = map[string]string{node.StartLabel: tt.leaseID}
 			}

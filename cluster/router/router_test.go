@@ -28,7 +28,9 @@ const ns = "bothy-system"
 // newRouter is a router over a fake API server holding a node "up" (lease renewed now) and a
 // node "down" (lease renewed a minute ago), each with one sandbox, and "up" answering at
 // upURL.
-func newRouter(t *testing.T, upURL string) *Router {
+// testScheme is the scheme of the routers' fake clients: Kubernetes' own types and the
+// cluster's.
+func testScheme(t testing.TB) *runtime.Scheme {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -37,14 +39,22 @@ func newRouter(t *testing.T, upURL string) *Router {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	lease := func(name string, renewed time.Time) *coordinationv1.Lease {
-		d := int32(15)
-		id := name
-		return &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(name)},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: renewed}},
-		}
+	return scheme
+}
+
+// testLease is node name's lease as the node writes it: held by the node, renewed at
+// renewed, for seconds.
+func testLease(name string, renewed time.Time, seconds int32) *coordinationv1.Lease {
+	id := name
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(name)},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &seconds, RenewTime: &metav1.MicroTime{Time: renewed}},
 	}
+}
+
+func newRouter(t *testing.T, upURL string) *Router {
+	t.Helper()
+	scheme := testScheme(t)
 	bn := func(name, addr string) *v1alpha1.BothyNode {
 		return &v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: v1alpha1.BothyNodeStatus{Address: addr, Health: v1alpha1.NodeHealthy}}
 	}
@@ -52,7 +62,7 @@ func newRouter(t *testing.T, upURL string) *Router {
 		return &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: id}, Status: v1alpha1.SandboxStatus{Node: on, State: v1alpha1.StateRunning}}
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
-		lease("up", time.Now()), lease("down", time.Now().Add(-time.Minute)),
+		testLease("up", time.Now(), 15), testLease("down", time.Now().Add(-time.Minute), 15),
 		bn("up", upURL), bn("down", "http://127.0.0.1:1"),
 		sb("on-up", "up"), sb("on-down", "down"),
 	).Build()

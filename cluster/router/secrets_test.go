@@ -14,8 +14,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -145,17 +143,12 @@ func (n *secretNode) value(name string) string {
 // publishing the secrets of status (by node name) and plenty of room.
 func secretRouter(t *testing.T, nodes []*secretNode, status map[string][]string) *Router {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
+	scheme := testScheme(t)
 	var objs []client.Object
 	for i, n := range nodes {
 		name := string(rune('a' + i))
-		d, id := int32(60), name
 		room := v1alpha1.Capacity{MemoryMB: 100000, MilliCPU: 1 << 30, Sandboxes: 1000}
-		objs = append(objs,
-			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(name)},
-				Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: time.Now()}}},
+		objs = append(objs, testLease(name, time.Now(), 60),
 			&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: v1alpha1.BothyNodeStatus{
 				Address: n.srv.URL, Health: v1alpha1.NodeHealthy, Capacity: room, Free: room, Secrets: status[name]}})
 	}
@@ -420,17 +413,9 @@ func TestCreateSecretsOfABody(t *testing.T) {
 func TestSecretWritesMissingALostNode(t *testing.T) {
 	t.Parallel()
 	a := newSecretNode(t, "KEY")
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
-	d := int32(15)
-	lease := func(name string, at time.Time) *coordinationv1.Lease {
-		id := name
-		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(name)},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: at}}}
-	}
+	scheme := testScheme(t)
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
-		lease("a", time.Now()), lease("gone", time.Now().Add(-time.Hour)),
+		testLease("a", time.Now(), 15), testLease("gone", time.Now().Add(-time.Hour), 15),
 		&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: v1alpha1.BothyNodeStatus{Address: a.srv.URL, Health: v1alpha1.NodeHealthy, Secrets: []string{"KEY"}}},
 		&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: "gone"}, Status: v1alpha1.BothyNodeStatus{Address: "http://127.0.0.1:1", Health: v1alpha1.NodeHealthy, Secrets: []string{"KEY"}}},
 	).Build()
@@ -466,22 +451,14 @@ func TestSecretWriteJudgedByOneView(t *testing.T) {
 	} {
 		a := newSecretNode(t, "KEY")
 		back := newSecretNode(t, "KEY")
-		scheme := runtime.NewScheme()
-		_ = clientgoscheme.AddToScheme(scheme)
-		_ = v1alpha1.AddToScheme(scheme)
-		d := int32(15)
-		lease := func(name string, at time.Time) *coordinationv1.Lease {
-			id := name
-			return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.LeaseName(name)},
-				Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &d, RenewTime: &metav1.MicroTime{Time: at}}}
-		}
+		scheme := testScheme(t)
 		status := func(n *secretNode) v1alpha1.BothyNodeStatus {
 			return v1alpha1.BothyNodeStatus{Address: n.srv.URL, Health: v1alpha1.NodeHealthy, Secrets: []string{"KEY"}}
 		}
 		// The node "back" renews its lease right after the router's first read of the leases.
 		var once sync.Once
 		c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme).WithObjects(
-			lease("a", time.Now()), lease("back", time.Now().Add(-time.Hour)),
+			testLease("a", time.Now(), 15), testLease("back", time.Now().Add(-time.Hour), 15),
 			&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: status(a)},
 			&v1alpha1.BothyNode{ObjectMeta: metav1.ObjectMeta{Name: "back"}, Status: status(back)},
 		).Build(), interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
