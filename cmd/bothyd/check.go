@@ -46,16 +46,8 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "Verifies a bothyd state root, offline or beside a running server. Exit status: 0 consistent, 1 problems found, 2 usage error or the check could not run.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "bothyd check: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return 2
+	if code, ok := parseCheckFlags(fs, args, stderr); !ok {
+		return code
 	}
 	// The sandboxes' cgroups are where the server that made them says (cgroupparent.go), so
 	// that a check typed at a shell, without the unit's environment, judges them right.
@@ -150,4 +142,22 @@ func printReport(w io.Writer, r *check.Report) {
 	default:
 		fmt.Fprintf(w, "FAILED: %d problems found; --repair fixes those that are safe to fix\n", len(r.Problems))
 	}
+}
+
+// parseCheckFlags parses the command line of `bothyd check` (either form) into fs. It
+// returns ok false with the exit status when the command is to end there: 0 after -h, 2 for
+// a bad flag or a stray argument (the usage then printed).
+func parseCheckFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bothyd check: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return 2, false
+	}
+	return 0, true
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,16 +34,8 @@ func clusterCheckCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "Compares the cluster's Sandbox objects with every live node's sandboxes (docs/cluster.md). Exit status: 0 consistent, 1 disagreements found, 2 usage error or the check could not run.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "bothyd check: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return 2
+	if code, ok := parseCheckFlags(fs, args, stderr); !ok {
+		return code
 	}
 	log, err := newLogger("text", "warn", stderr)
 	if err != nil {
