@@ -257,6 +257,8 @@ func TestForkRunning(t *testing.T) {
 	ctx := testContext(t)
 	startNew(t, ctx, s, "src")
 	sh(t, ctx, s, "src", "echo before > /home/user/f; (i=0; while :; do i=$((i+1)); echo $i > /home/user/.c; mv /home/user/.c /home/user/counter; sleep 0.01; done) >/dev/null 2>&1 &")
+	// The loop is started in the background: the fork's point must come after its first write.
+	sh(t, ctx, s, "src", "until test -s /home/user/counter; do sleep 0.01; done")
 	res, err := s.Fork(ctx, "src", ForkRequest{IDs: []string{"fork-a", "fork-b"}})
 	if err != nil {
 		t.Fatal(err)
