@@ -59,6 +59,10 @@ type Config struct {
 	Env        map[string]string `json:"env,omitempty"`
 	// MachineID is written to /etc/machine-id (32 hex digits), so that no two sandboxes share one.
 	MachineID string `json:"machine_id,omitempty"`
+	// RealtimeNS is the host's CLOCK_REALTIME when the shim sent the frame, which the guest
+	// sets its clock to: the RTC the kernel read at boot counts whole seconds, so a guest's
+	// clock would start up to a second behind the host's.
+	RealtimeNS int64 `json:"realtime_ns,omitempty"`
 	// Volumes are the volumes the guest mounts, each a virtio-fs device of the VM whose tag
 	// is [VolumeTag] of its index.
 	Volumes []Volume `json:"volumes,omitempty"`

@@ -73,6 +73,9 @@ func run() error {
 		// A probe only asks whether this accelerator boots a guest at all.
 		return w.WriteFrame(portmux.FrameListening, 0, nil)
 	}
+	if err := setClock(cfg.RealtimeNS); err != nil {
+		return err
+	}
 	if err := switchRoot(); err != nil {
 		return err
 	}
@@ -330,6 +333,18 @@ func applyRestore(r *Restore) error {
 		return err
 	}
 	return setIdentity(r.Hostname, r.MachineID)
+}
+
+// setClock sets CLOCK_REALTIME to ns since the epoch, the host's clock (none when 0).
+func setClock(ns int64) error {
+	if ns <= 0 {
+		return nil
+	}
+	ts := unix.NsecToTimespec(ns)
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("set the clock: %w", err)
+	}
+	return nil
 }
 
 // advanceClock adds ns to CLOCK_REALTIME: the guest's clock stood while its VM was stopped or

@@ -138,14 +138,19 @@ func (v *vm) release(ctx context.Context) error {
 	if _, err := q.Exec(ctx, "stop", nil, nil); err != nil {
 		return err
 	}
+	// The guest's clock stands from the stop (or the pause before it), not from the end of
+	// the save: the save of a large memory takes seconds, and the resume advances the clock
+	// over them too; a save that fails leaves a stopped VM whose cont advances it.
+	v.mu.Lock()
+	if !v.stopped {
+		v.stopped, v.stoppedAt = true, boottime()
+	}
+	v.mu.Unlock()
 	if err := v.saveMemory(ctx, q, port); err != nil {
 		return err
 	}
 	v.mu.Lock()
-	v.releasing, v.releasedAt = true, boottime()
-	if v.stopped { // its clock has stood since the pause
-		v.releasedAt, v.stopped = v.stoppedAt, false
-	}
+	v.releasing, v.releasedAt, v.stopped = true, v.stoppedAt, false
 	v.mu.Unlock()
 	logf("the memory is saved; QEMU quits")
 	_, _ = q.Exec(ctx, "quit", nil, nil) // its answer may not come before it is gone

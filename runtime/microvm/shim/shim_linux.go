@@ -430,7 +430,7 @@ func (v *vm) sendConfig(w *portmux.Writer) error {
 	for i, m := range s.Volumes {
 		vols[i] = guest.Volume{Tag: guest.VolumeTag(i), Target: m.Target, ReadOnly: m.ReadOnly}
 	}
-	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env, MachineID: randomHex(16), Volumes: vols})
+	b, err := json.Marshal(guest.Config{Capability: s.Capability, Hostname: s.Hostname, Env: s.Env, MachineID: randomHex(16), Volumes: vols, RealtimeNS: time.Now().UnixNano()})
 	if err != nil {
 		return err
 	}
