@@ -212,29 +212,9 @@ func waitGone(t *testing.T, c client.Client, key client.ObjectKey) {
 	})
 }
 
-// waitCond waits until cond holds, failing on its error or at the deadline.
-func waitCond(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // clusterRouterUser is the router's service account, held to the generated read-only RBAC.
 const clusterRouterUser = "system:serviceaccount:bothy-system:bothy-router"
 
-// startRouter starts `bothyd router` against the control plane and returns its URL.
 // startInstalledCluster starts a control plane whose users are users, installs the
 // cluster's CRDs and RBAC into it, and returns it with an admin client and a context that
 // ends after timeout (or with the test).
@@ -253,6 +233,7 @@ func startInstalledCluster(t testing.TB, timeout time.Duration, users ...string)
 	return cp, admin, ctx
 }
 
+// startRouter starts `bothyd router` against the control plane and returns its URL.
 func startRouter(t testing.TB, cp *kubetest.ControlPlane, token, nodeToken string) string {
 	t.Helper()
 	url, _ := startRouterProcess(t, cp, token, nodeToken)

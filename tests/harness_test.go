@@ -336,10 +336,23 @@ func (l *lineLog) String() string {
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	waitCond(t, timeout, what, func() (bool, error) { return cond(), nil })
+}
+
+// waitCond polls cond until it holds, failing on its error or at the deadline.
+func waitCond(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

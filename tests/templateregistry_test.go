@@ -47,20 +47,14 @@ func (cr *countingRegistry) repo() string {
 // the background.
 func (cr *countingRegistry) waitTagged(t testing.TB, tag string) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	waitCond(t, 2*time.Minute, "the capture's push of "+tag, func() (bool, error) {
 		resp, err := http.Head(cr.srv.URL + "/v2/bothy/templates/manifests/" + tag)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return false, nil // the registry is restarted by some tests: ask again
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the registry has no %s after 2 minutes: the capture's push did not finish", tag)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
 }
 
 // manifestStatus is the status of a GET of the manifest tag names.
