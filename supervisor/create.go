@@ -147,14 +147,6 @@ type provisioning struct {
 	admission *admissionHold
 }
 
-// admit asks the create's admission, if any, for room for a sandbox with these limits.
-func (p provisioning) admit(limits Resources) error {
-	if p.admission == nil {
-		return nil
-	}
-	return p.admission.admit(limits)
-}
-
 // admissionHold is one create's admission: what it reserved, until the create returns.
 type admissionHold struct {
 	admission CreateAdmission
@@ -164,8 +156,10 @@ type admissionHold struct {
 	released func()
 }
 
+// admit asks the create's admission, if any (a nil hold has none), for room for a sandbox
+// with these limits; a hold admits once.
 func (h *admissionHold) admit(limits Resources) error {
-	if h.admission == nil || h.released != nil {
+	if h == nil || h.admission == nil || h.released != nil {
 		return nil
 	}
 	if h.slotOnly {

@@ -461,7 +461,7 @@ func (s *Supervisor) clone(ctx context.Context, cfg store.Config, req CloneReque
 	cfg.Format = store.ConfigFormat
 	cfg.Image = g.Key.Image
 	cfg.Resources = cloneResources(g.Key.Resources, req.Resources)
-	if err := p.admit(cfg.Resources); err != nil {
+	if err := p.admission.admit(cfg.Resources); err != nil {
 		return nil, err
 	}
 	cfg.Template = &store.TemplateRef{Template: req.Template, Generation: g.ID}
