@@ -11,7 +11,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -183,8 +182,7 @@ func TestChaos(t *testing.T) {
 
 	world := newNetWorld(t)
 	// Two spares: claims take them, kills hit them, crashes leave them to the next server.
-	opts := []daemonOption{withArgs("--log-level", "info", "--spares", "2"), inNetNS(world.host),
-		withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0")}
+	opts := []daemonOption{withArgs("--log-level", "info", "--spares", "2"), world.daemon()}
 	var small *smallFS
 	if *chaosFill || os.Getenv("BOTHY_CHAOS_FILL") != "" {
 		small = newSmallFS(t, 256)

@@ -69,8 +69,7 @@ func TestClusterSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodes := map[string]*daemon{}
-	nodes["sec-a"] = startNode(0, "sec-a", "20", "--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(),
-		"--network-uplink", "up0", "--egress-ca-file", caFile)
+	nodes["sec-a"] = startNode(0, "sec-a", "20", append(netUplinkArgs(), "--egress-ca-file", caFile)...)
 	nodes["sec-b"] = startNode(1, "sec-b", "20")
 	allowed := serveTLSIn(t, world.inet, netAllowed, testCA)
 	url, proc := startRouterProcess(t, cp, routerToken, nodeToken)

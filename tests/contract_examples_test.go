@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -266,7 +265,7 @@ func TestContractExamples(t *testing.T) {
 	// a networked sandbox in the host's namespace would leave an interface and nftables
 	// objects there, which the `bothyd check` of a test running alongside takes for leaks.
 	w := newNetWorld(t)
-	nd := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	nd := startDaemon(t, w.daemon())
 	if r := nd.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "net", "start": true}); r.Status != 201 {
 		t.Fatalf("create: %d %s", r.Status, r.Body)
 	}

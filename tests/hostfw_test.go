@@ -2,7 +2,6 @@ package tests
 
 import (
 	"encoding/json"
-	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -88,7 +87,7 @@ func TestNetworkBesideDocker(t *testing.T) {
 		xt(r...)
 	}
 
-	top := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	top := startDaemon(t, w.daemon())
 	d := top.in(t)
 	if st, detail := d.hostFirewallInfo(); st != "ok" || !strings.Contains(detail, "DOCKER-USER") {
 		t.Fatalf("/v1/info's host_firewall = %s %q; want ok, at DOCKER-USER", st, detail)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,8 +37,7 @@ func TestMicroVMForkMemory(t *testing.T) {
 	vm := requireMicroVM(t)
 	newestCloudKernel(t)
 	w := newNetWorld(t)
-	d := startDaemon(t, inNetNS(w.host), withArgs("--microvm-accel", vmAccel(),
-		"--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	d := startDaemon(t, w.daemon(), withArgs("--microvm-accel", vmAccel()))
 	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
 	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
 	if st := microvmStatus(t, d); st.State != "ready" {
@@ -49,7 +47,7 @@ func TestMicroVMForkMemory(t *testing.T) {
 
 	const src = "fksrc"
 	d.createVM(map[string]any{"id": src, "runtime": "microvm", "start": true, "network": policy, "resources": map[string]any{"memory_mb": 256}})
-	srcAddr, srcMAC := d.vmAddress(src), d.vmMAC(src)
+	ids, srcAddr := d.newVMIdentities(src)
 	d.vmExec(src, "sh", "-c", "echo before-fork > /home/user/mark && sync")
 	d.vmExec(src, "sh", "-c", vmCounter)
 	pid, before := d.vmWaitCount(src, 2)
@@ -75,29 +73,12 @@ func TestMicroVMForkMemory(t *testing.T) {
 		t.Fatalf("the fork answered %d items, want %d: %+v", len(res.Items), len(forks), res)
 	}
 
-	seen := map[netip.Addr]string{srcAddr: src}
-	macs := map[string]string{srcMAC: src}
 	for i, it := range res.Items {
 		id := forks[i]
 		if it.ID != id || it.Error != nil || it.Sandbox == nil || it.Sandbox.State != "running" {
 			t.Fatalf("fork %s: %+v %+v %+v", id, it.ID, it.Sandbox, it.Error)
 		}
-		addr, err := netip.ParseAddr(it.Sandbox.Address)
-		if err != nil {
-			t.Fatalf("fork %s shows address %q", id, it.Sandbox.Address)
-		}
-		if other, ok := seen[addr]; ok {
-			t.Fatalf("fork %s has address %s, as %s has", id, addr, other)
-		}
-		seen[addr] = id
-		if got := d.vmAddress(id); got != addr {
-			t.Fatalf("the guest of fork %s has address %s; the sandbox shows %s", id, got, addr)
-		}
-		mac := d.vmMAC(id)
-		if other, ok := macs[mac]; ok {
-			t.Fatalf("fork %s has MAC %s on eth0, as %s has", id, mac, other)
-		}
-		macs[mac] = id
+		addr, mac := d.own(ids, id, it.Sandbox.Address)
 		cpid, first := d.vmReadCount(id)
 		if cpid != pid || first < before {
 			t.Fatalf("fork %s: counter pid %d at %d; the source's is pid %d, at %d before the fork", id, cpid, first, pid, before)

@@ -23,8 +23,7 @@ func TestMicroVMNetwork(t *testing.T) {
 	requireRoot(t)
 	vm := requireMicroVM(t)
 	w := newNetWorld(t)
-	d := startDaemon(t, inNetNS(w.host), withArgs("--microvm-accel", vmAccel(),
-		"--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	d := startDaemon(t, w.daemon(), withArgs("--microvm-accel", vmAccel()))
 	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
 
 	const id = "vmnet"

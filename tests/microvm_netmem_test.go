@@ -29,8 +29,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	vm := requireMicroVM(t)
 	newestCloudKernel(t)
 	w := newNetWorld(t)
-	d := startDaemon(t, inNetNS(w.host), withArgs("--microvm-accel", vmAccel(),
-		"--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	d := startDaemon(t, w.daemon(), withArgs("--microvm-accel", vmAccel()))
 	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
 	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
 	if st := microvmStatus(t, d); st.State != "ready" {
@@ -40,8 +39,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 
 	const src = "nsrc"
 	d.createVM(map[string]any{"id": src, "runtime": "microvm", "start": true, "network": policy, "resources": map[string]any{"memory_mb": 256}})
-	srcAddr := d.vmAddress(src)
-	srcMAC := d.vmMAC(src)
+	ids, srcAddr := d.newVMIdentities(src)
 	d.vmExec(src, "sh", "-c", vmCounter)
 	pid, before := d.vmWaitCount(src, 2)
 	if r := d.vmDo("POST", "/v1/templates", jsonBody(t, map[string]any{"name": "netmem"})); r.Status != 201 {
@@ -62,29 +60,15 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	// The source runs on, reaching what it reached.
 	d.vmReaches(src)
 
-	seen := map[netip.Addr]string{srcAddr: src}
-	macs := map[string]string{srcMAC: src}
 	for _, id := range []string{"n1", "n2"} {
 		begin := time.Now()
 		sb := decode[netSandboxJSON](t, d.vmDo("POST", "/v1/sandboxes?timeout=600000", jsonBody(t, map[string]any{
 			"id": id, "template": "netmem", "runtime": "microvm", "start": true, "network": policy})), 201)
 		t.Logf("networked clone %s: create and restore to running, its network attached: %v", id, time.Since(begin))
-		addr, err := netip.ParseAddr(sb.Address)
-		if err != nil || sb.State != "running" {
+		if sb.State != "running" {
 			t.Fatalf("the networked clone %s: %+v", id, sb)
 		}
-		if other, ok := seen[addr]; ok {
-			t.Fatalf("clone %s has address %s, as %s has", id, addr, other)
-		}
-		seen[addr] = id
-		if got := d.vmAddress(id); got != addr {
-			t.Fatalf("the guest of %s has address %s; the sandbox shows %s", id, got, addr)
-		}
-		mac := d.vmMAC(id)
-		if other, ok := macs[mac]; ok {
-			t.Fatalf("clone %s has MAC %s on eth0, as %s has", id, mac, other)
-		}
-		macs[mac] = id
+		d.own(ids, id, sb.Address)
 		cpid, first := d.vmReadCount(id)
 		if cpid != pid || first < before {
 			t.Fatalf("clone %s: counter pid %d at %d; the source's is pid %d, at %d before the capture", id, cpid, first, pid, before)
@@ -249,7 +233,6 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	}
 }
 
-// vmAddress is the one IPv4 address of microVM id's eth0, as its guest has it.
 // vmMAC is the MAC of the guest's eth0.
 func (d *daemon) vmMAC(id string) string {
 	d.t.Helper()
@@ -260,6 +243,7 @@ func (d *daemon) vmMAC(id string) string {
 	return out
 }
 
+// vmAddress is the one IPv4 address of microVM id's eth0, as its guest has it.
 func (d *daemon) vmAddress(id string) netip.Addr {
 	d.t.Helper()
 	out := d.vmExec(id, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
@@ -272,4 +256,40 @@ func (d *daemon) vmAddress(id string) netip.Addr {
 		d.t.Fatalf("the address of %s's eth0: %q", id, out)
 	}
 	return p.Addr()
+}
+
+// vmIdentities are the addresses and MACs a test's networked microVMs have, each its own.
+type vmIdentities struct {
+	addrs map[netip.Addr]string
+	macs  map[string]string
+}
+
+// newVMIdentities starts the identities with the running microVM src's.
+func (d *daemon) newVMIdentities(src string) (*vmIdentities, netip.Addr) {
+	d.t.Helper()
+	addr := d.vmAddress(src)
+	return &vmIdentities{addrs: map[netip.Addr]string{addr: src}, macs: map[string]string{d.vmMAC(src): src}}, addr
+}
+
+// own fails unless microVM id's guest has the address its sandbox shows and neither that
+// address nor its MAC is another's; it returns them, now id's.
+func (d *daemon) own(ids *vmIdentities, id, shown string) (netip.Addr, string) {
+	d.t.Helper()
+	addr, err := netip.ParseAddr(shown)
+	if err != nil {
+		d.t.Fatalf("%s shows address %q", id, shown)
+	}
+	if other, ok := ids.addrs[addr]; ok {
+		d.t.Fatalf("%s has address %s, as %s has", id, addr, other)
+	}
+	ids.addrs[addr] = id
+	if got := d.vmAddress(id); got != addr {
+		d.t.Fatalf("the guest of %s has address %s; the sandbox shows %s", id, got, addr)
+	}
+	mac := d.vmMAC(id)
+	if other, ok := ids.macs[mac]; ok {
+		d.t.Fatalf("%s has MAC %s on eth0, as %s has", id, mac, other)
+	}
+	ids.macs[mac] = id
+	return addr, mac
 }

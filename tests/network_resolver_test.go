@@ -22,7 +22,7 @@ import (
 // answering, bothyd's open descriptors within a stated bound, and its log quiet.
 func TestNetworkResolvers(t *testing.T) {
 	w := newNetWorld(t)
-	d := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	d := startDaemon(t, w.daemon())
 	narrow := d.createNet("narrow", map[string]any{"allow": []string{"allowed.test"}})
 	open := d.createNet("open", map[string]any{"internet": true})
 	gateway := func(sb netSandboxJSON) netip.Addr { return netip.MustParseAddr(sb.Address).Prev() }

@@ -190,6 +190,20 @@ type netWorld struct {
 	host, inet *os.File
 }
 
+// daemon puts bothyd in w's host namespace, with w's uplink and the internet's resolver as
+// its upstream.
+func (w *netWorld) daemon() daemonOption {
+	return func(d *daemon) {
+		inNetNS(w.host)(d)
+		withArgs(netUplinkArgs()...)(d)
+	}
+}
+
+// netUplinkArgs are bothyd's arguments for the netWorld's uplink and upstream resolver.
+func netUplinkArgs() []string {
+	return []string{"--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"}
+}
+
 func newNetWorld(t *testing.T) *netWorld {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -432,7 +446,7 @@ func (d *daemon) apiPort() int {
 
 func TestNetworkPolicy(t *testing.T) {
 	w := newNetWorld(t)
-	top := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(), "--network-uplink", "up0"))
+	top := startDaemon(t, w.daemon())
 
 	d := top
 	// By default a sandbox has no interface but lo, and shows no policy.

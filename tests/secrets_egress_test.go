@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -104,8 +103,7 @@ func TestSecretsAtEgress(t *testing.T) {
 	}
 	allowed := serveTLSIn(t, w.inet, netAllowed, testCA)
 	other := serveTLSIn(t, w.inet, netOther, testCA)
-	d := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(),
-		"--network-uplink", "up0", "--egress-ca-file", caFile))
+	d := startDaemon(t, w.daemon(), withArgs("--egress-ca-file", caFile))
 
 	const value = "sk-egress-3a7bd3e2360a3d29eea436fcfb7e44c7"
 	const rotated = "sk-egress-rotated-0d9f6c1b2e8a4f7d"

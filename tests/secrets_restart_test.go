@@ -52,8 +52,7 @@ func TestSecretsAtEgressAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	allowed := serveTLSIn(t, w.inet, netAllowed, testCA)
-	d := startDaemon(t, inNetNS(w.host), withArgs("--dns-upstream", netip.AddrPortFrom(netInetUplink.Addr(), 53).String(),
-		"--network-uplink", "up0", "--egress-ca-file", caFile))
+	d := startDaemon(t, w.daemon(), withArgs("--egress-ca-file", caFile))
 
 	const value = "sk-restart-5c1e9a7f3b2d4e6a8c0f1b3d5e7a9c2e"
 	decode[secretJSON](t, d.doJSON("POST", "/v1/secrets", map[string]any{"name": "API_KEY", "value": value}), 201)
