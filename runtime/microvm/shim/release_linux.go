@@ -135,17 +135,12 @@ func (v *vm) release(ctx context.Context) error {
 		return err
 	}
 	defer q.Close()
-	if _, err := q.Exec(ctx, "stop", nil, nil); err != nil {
-		return err
-	}
 	// The guest's clock stands from the stop (or the pause before it), not from the end of
 	// the save: the save of a large memory takes seconds, and the resume advances the clock
 	// over them too; a save that fails leaves a stopped VM whose cont advances it.
-	v.mu.Lock()
-	if !v.stopped {
-		v.stopped, v.stoppedAt = true, boottime()
+	if err := v.stopOn(ctx, q); err != nil {
+		return err
 	}
-	v.mu.Unlock()
 	if err := v.saveMemory(ctx, q, port); err != nil {
 		return err
 	}
@@ -194,6 +189,12 @@ func (v *vm) stop(ctx context.Context) error {
 		return err
 	}
 	defer q.Close()
+	return v.stopOn(ctx, q)
+}
+
+// stopOn stops the VM's vCPUs through the monitor q and notes since when its clock stands,
+// unless it stands already.
+func (v *vm) stopOn(ctx context.Context, q *qmp.Conn) error {
 	if _, err := q.Exec(ctx, "stop", nil, nil); err != nil {
 		return err
 	}
