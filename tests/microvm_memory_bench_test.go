@@ -23,12 +23,7 @@ import (
 func BenchmarkMicroVMMemory(b *testing.B) {
 	requireRoot(b)
 	vm := requireMicroVM(b)
-	d := startDaemon(b, withArgs("--log-level", "info", "--microvm-accel", vmAccel()))
-	b.Cleanup(func() { reapMicroVMs(b, vm, d.Root) })
-	waitFor(b, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(b, d).State != "probing" })
-	if st := microvmStatus(b, d); st.State != "ready" {
-		b.Skipf("the microvm runtime is not ready here: %+v", st)
-	}
+	d := startVMDaemon(b, vm, withArgs("--log-level", "info"))
 	bwrap, _ := exec.LookPath("bwrap")
 	parent := b
 	for _, mem := range []int{256, 1024} {

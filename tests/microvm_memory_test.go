@@ -40,12 +40,7 @@ func TestMicroVMMemoryTemplate(t *testing.T) {
 	requireRoot(t)
 	vm := requireMicroVM(t)
 	newestCloudKernel(t)
-	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
-	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
-	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
-	if st := microvmStatus(t, d); st.State != "ready" {
-		t.Skipf("the microvm runtime is not ready here: %+v", st)
-	}
+	d := startVMDaemon(t, vm)
 
 	const src = "src"
 	d.createVM(map[string]any{"id": src, "runtime": "microvm", "start": true, "resources": map[string]any{"memory_mb": 256}})

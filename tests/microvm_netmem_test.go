@@ -29,12 +29,7 @@ func TestMicroVMNetworkMemory(t *testing.T) {
 	vm := requireMicroVM(t)
 	newestCloudKernel(t)
 	w := newNetWorld(t)
-	d := startDaemon(t, w.daemon(), withArgs("--microvm-accel", vmAccel()))
-	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
-	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
-	if st := microvmStatus(t, d); st.State != "ready" {
-		t.Skipf("the microvm runtime is not ready here: %+v", st)
-	}
+	d := startVMDaemon(t, vm, w.daemon())
 	policy := map[string]any{"allow": []string{"allowed.test"}}
 
 	const src = "nsrc"

@@ -194,6 +194,20 @@ func vmAccel() string {
 	return microvm.AccelTCG
 }
 
+// startVMDaemon starts bothyd with the microVM runtime (on vmAccel's accelerator), its
+// leftover VMs reaped at the end, and waits for the runtime's probe: the test is skipped
+// unless the runtime is ready.
+func startVMDaemon(t testing.TB, vm *microvm.Runtime, opts ...daemonOption) *daemon {
+	t.Helper()
+	d := startDaemon(t, append(opts, withArgs("--microvm-accel", vmAccel()))...)
+	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
+	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
+	if st := microvmStatus(t, d); st.State != "ready" {
+		t.Skipf("the microvm runtime is not ready here: %+v", st)
+	}
+	return d
+}
+
 // microvmStatus is the microvm runtime's entry of /v1/info.
 func microvmStatus(t testing.TB, d *daemon) runtimeStatusJSON {
 	t.Helper()

@@ -206,12 +206,7 @@ func TestMicroVMSleepsReleased(t *testing.T) {
 	requireRoot(t)
 	vm := requireMicroVM(t)
 	newestCloudKernel(t)
-	d := startDaemon(t, withArgs("--microvm-accel", vmAccel()))
-	t.Cleanup(func() { reapMicroVMs(t, vm, d.Root) })
-	waitFor(t, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(t, d).State != "probing" })
-	if st := microvmStatus(t, d); st.State != "ready" {
-		t.Skipf("the microvm runtime is not ready here: %+v", st)
-	}
+	d := startVMDaemon(t, vm)
 	const id = "vmnap"
 	d.createVM(map[string]any{"id": id, "runtime": "microvm", "start": true, "resources": map[string]any{"memory_mb": 256},
 		"sleep": map[string]any{"idle_timeout_seconds": 3}})
@@ -279,12 +274,7 @@ func BenchmarkWakeLatencyMicroVM(b *testing.B) {
 	}
 	requireRoot(b)
 	vm := requireMicroVM(b)
-	d := startDaemon(b, withArgs("--log-level", "info", "--microvm-accel", vmAccel()))
-	b.Cleanup(func() { reapMicroVMs(b, vm, d.Root) })
-	waitFor(b, vmDeadline, "the microvm runtime's probe", func() bool { return microvmStatus(b, d).State != "probing" })
-	if st := microvmStatus(b, d); st.State != "ready" {
-		b.Skipf("the microvm runtime is not ready here: %+v", st)
-	}
+	d := startVMDaemon(b, vm, withArgs("--log-level", "info"))
 	b.Logf("microvm accelerator: %s", microvmStatus(b, d).Accelerator)
 	const id = "vmwake"
 	d.createVM(map[string]any{"id": id, "runtime": "microvm", "start": true, "resources": map[string]any{"memory_mb": 256},
