@@ -27,12 +27,13 @@ var bwrapArgs = []string{"--unshare-all", "--ro-bind", "/usr", "/usr", "--symlin
 
 // benchOptions are the command line of `bothyload bench`.
 type benchOptions struct {
-	url, tokenFile, root, bwrap, prefix string
-	cycles, streams, idle, pid          int
-	streamBytes                         int64
-	streamVCPUs                         []int
-	timeout                             time.Duration
-	jsonOut, allowRemote                bool
+	target
+	bwrap, prefix              string
+	cycles, streams, idle, pid int
+	streamBytes                int64
+	streamVCPUs                []int
+	timeout                    time.Duration
+	jsonOut                    bool
 }
 
 // BenchReport is what `bothyload bench` measured: each operation's latencies, the bwrap
@@ -146,12 +147,9 @@ func runBench(args []string, stdout, stderr io.Writer) (int, error) {
 		}
 		return 2, err
 	}
-	if err := checkTarget(o.url, o.allowRemote); err != nil {
-		return 2, err
-	}
-	token, err := readToken(o.tokenFile, o.root)
+	token, code, err := o.token()
 	if err != nil {
-		return 1, err
+		return code, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -178,9 +176,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchOptions, error) {
 	var vcpus string
 	fs := flag.NewFlagSet("bothyload bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.url, "url", "http://127.0.0.1:7780", "bothyd base URL")
-	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: <root>/token")
-	fs.StringVar(&o.root, "root", envOr("BOTHY_ROOT", ".bothy"), "bothyd's state root, whose token is used when --token-file is not given (env BOTHY_ROOT)")
+	o.target.flags(fs, "allow a URL that is not a loopback address (the bwrap baseline then runs on another host than the server)")
 	fs.IntVar(&o.cycles, "cycles", 50, "full cycles to time, each with a bwrap spawn")
 	fs.IntVar(&o.streams, "streams", 3, "streams per --stream-vcpus entry (0: none)")
 	fs.IntVar(&o.pid, "pid", 0, "bothyd's pid, on this host: report the CPU time of a cycle (bothyd's and its reaped sandboxes') against a bwrap spawn's, and the idle sandboxes' PSS")
@@ -191,7 +187,6 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchOptions, error) {
 	fs.StringVar(&o.prefix, "prefix", "", "prefix of the sandbox ids (default: bench-<random>)")
 	fs.DurationVar(&o.timeout, "request-timeout", 60*time.Second, "deadline of one request")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the report as JSON")
-	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow a URL that is not a loopback address (the bwrap baseline then runs on another host than the server)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -24,9 +24,7 @@ import (
 
 // options are the command line.
 type options struct {
-	url          string
-	tokenFile    string
-	root         string
+	target
 	clients      []int
 	duration     time.Duration
 	cycles       int
@@ -41,7 +39,6 @@ type options struct {
 	timeout      time.Duration
 	settle       time.Duration
 	prefix       string
-	allowRemote  bool
 	expected     []string
 	samplePeriod time.Duration
 }
@@ -77,12 +74,9 @@ func run(args []string, stdout, stderr io.Writer) (int, error) {
 		}
 		return 2, err
 	}
-	if err := checkTarget(o.url, o.allowRemote); err != nil {
-		return 2, err
-	}
-	token, err := readToken(o.tokenFile, o.root)
+	token, code, err := o.token()
 	if err != nil {
-		return 1, err
+		return code, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -116,9 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	var o options
 	var clients, mix, expected string
-	fs.StringVar(&o.url, "url", "http://127.0.0.1:7780", "bothyd base URL")
-	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: <root>/token")
-	fs.StringVar(&o.root, "root", envOr("BOTHY_ROOT", ".bothy"), "bothyd's state root, whose token is used when --token-file is not given (env BOTHY_ROOT)")
+	o.target.flags(fs, "allow a URL that is not a loopback address")
 	fs.StringVar(&clients, "clients", "1", "concurrent clients: a number or a list (1,2,4,8,16,32), one phase each")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase (ignored with --cycles)")
 	fs.IntVar(&o.cycles, "cycles", 0, "cycles per phase instead of a duration")
@@ -133,7 +125,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "request-timeout", 60*time.Second, "deadline of one request")
 	fs.DurationVar(&o.settle, "settle", 10*time.Second, "after the load, how long to wait for the server's fds to return to their baseline")
 	fs.StringVar(&o.prefix, "prefix", "", "prefix of the sandbox ids and template name (default: load-<random>)")
-	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow a URL that is not a loopback address")
 	fs.StringVar(&expected, "expect", "423 sandbox-busy", "comma-separated error keys that do not count as unexpected")
 	fs.DurationVar(&o.samplePeriod, "sample-period", 200*time.Millisecond, "how often --pid is sampled during the load")
 	if err := fs.Parse(args); err != nil {
@@ -158,6 +149,33 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 	}
 	return o, nil
+}
+
+// target is the server a command measures, and the token it is called with.
+type target struct {
+	url, tokenFile, root string
+	allowRemote          bool
+}
+
+// flags registers the target's flags; remoteHelp says what --allow-remote means for the command.
+func (t *target) flags(fs *flag.FlagSet, remoteHelp string) {
+	fs.StringVar(&t.url, "url", "http://127.0.0.1:7780", "bothyd base URL")
+	fs.StringVar(&t.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: <root>/token")
+	fs.StringVar(&t.root, "root", envOr("BOTHY_ROOT", ".bothy"), "bothyd's state root, whose token is used when --token-file is not given (env BOTHY_ROOT)")
+	fs.BoolVar(&t.allowRemote, "allow-remote", false, remoteHelp)
+}
+
+// token checks the target's URL and reads the API token; on an error it also returns the
+// command's exit code (2 for a URL the command line may not name, 1 for a token not read).
+func (t *target) token() (string, int, error) {
+	if err := checkTarget(t.url, t.allowRemote); err != nil {
+		return "", 2, err
+	}
+	token, err := readToken(t.tokenFile, t.root)
+	if err != nil {
+		return "", 1, err
+	}
+	return token, 0, nil
 }
 
 // readToken is the API token: from tokenFile if one is given, else the one bothyd

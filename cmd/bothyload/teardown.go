@@ -17,10 +17,10 @@ import (
 
 // teardownOptions are the command line of `bothyload teardown`.
 type teardownOptions struct {
-	url, tokenFile, root, prefix string
-	sandboxes, clients, diskMB   int
-	timeout                      time.Duration
-	allowRemote                  bool
+	target
+	prefix                     string
+	sandboxes, clients, diskMB int
+	timeout                    time.Duration
 }
 
 // stopDeleteGoal is issue 17's stop+delete rate, per second.
@@ -38,12 +38,9 @@ func runTeardown(args []string, stdout, stderr io.Writer) (int, error) {
 		}
 		return 2, err
 	}
-	if err := checkTarget(o.url, o.allowRemote); err != nil {
-		return 2, err
-	}
-	token, err := readToken(o.tokenFile, o.root)
+	token, code, err := o.token()
 	if err != nil {
-		return 1, err
+		return code, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -143,15 +140,12 @@ func parseTeardownFlags(args []string, stderr io.Writer) (teardownOptions, error
 	var o teardownOptions
 	fs := flag.NewFlagSet("bothyload teardown", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.url, "url", "http://127.0.0.1:7780", "bothyd base URL")
-	fs.StringVar(&o.tokenFile, "token-file", os.Getenv("BOTHY_TOKEN_FILE"), "file holding the API token (env BOTHY_TOKEN_FILE); default: <root>/token")
-	fs.StringVar(&o.root, "root", envOr("BOTHY_ROOT", ".bothy"), "bothyd's state root, whose token is used when --token-file is not given (env BOTHY_ROOT)")
+	o.target.flags(fs, "allow a URL that is not a loopback address")
 	fs.IntVar(&o.sandboxes, "sandboxes", 100, "sandboxes to start, then stop and delete")
 	fs.IntVar(&o.clients, "clients", 8, "concurrent clients of each phase")
 	fs.IntVar(&o.diskMB, "disk-mb", -1, "the disk of each sandbox in MiB (0: none; -1: the server's default)")
 	fs.StringVar(&o.prefix, "prefix", "", "prefix of the sandbox ids (default: teardown-<random>)")
 	fs.DurationVar(&o.timeout, "request-timeout", 60*time.Second, "deadline of one request")
-	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow a URL that is not a loopback address")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
