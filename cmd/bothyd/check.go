@@ -108,7 +108,13 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bothyd check:", err)
 		return 2
 	}
-	if *asJSON {
+	return writeCheckReport(stdout, stderr, *asJSON, rep, rep.OK, func(w io.Writer) { printReport(w, rep) })
+}
+
+// writeCheckReport writes a checker's report, as JSON or as text, and returns the command's
+// exit code: 0 when the report is ok, 1 when it is not, 2 when it could not be written.
+func writeCheckReport(stdout, stderr io.Writer, asJSON bool, rep any, ok bool, text func(io.Writer)) int {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
@@ -116,9 +122,9 @@ func checkCommand(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	} else {
-		printReport(stdout, rep)
+		text(stdout)
 	}
-	if !rep.OK {
+	if !ok {
 		return 1
 	}
 	return 0

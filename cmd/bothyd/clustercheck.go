@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -65,32 +64,24 @@ func clusterCheckCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bothyd check:", err)
 		return 2
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			fmt.Fprintln(stderr, "bothyd check:", err)
-			return 2
-		}
-	} else {
-		fmt.Fprintf(stdout, "cluster: %d nodes (%d live), %d Sandbox objects, %d sandboxes on the live nodes, %d objects not verifiable (node lost, or not made yet)\n",
-			rep.Nodes, rep.LiveNodes, rep.Objects, rep.Sandboxes, rep.Unverified)
-		for _, p := range rep.Problems {
-			fmt.Fprintln(stdout, "problem:", p)
-		}
-		switch {
-		case len(rep.Problems) == 0:
-			fmt.Fprintln(stdout, "ok: consistent")
-		case rep.OK():
-			fmt.Fprintf(stdout, "ok: %d problems found, all repaired\n", len(rep.Problems))
-		case *repair:
-			fmt.Fprintf(stdout, "FAILED: %d problems found, %d not repaired\n", len(rep.Problems), rep.Remaining)
-		default:
-			fmt.Fprintf(stdout, "FAILED: %d problems found; --repair fixes those a node's reconcile would\n", len(rep.Problems))
-		}
+	return writeCheckReport(stdout, stderr, *asJSON, rep, rep.OK(), func(w io.Writer) { printClusterReport(w, rep, *repair) })
+}
+
+// printClusterReport writes the cluster checker's report as text.
+func printClusterReport(w io.Writer, rep *audit.Report, repair bool) {
+	fmt.Fprintf(w, "cluster: %d nodes (%d live), %d Sandbox objects, %d sandboxes on the live nodes, %d objects not verifiable (node lost, or not made yet)\n",
+		rep.Nodes, rep.LiveNodes, rep.Objects, rep.Sandboxes, rep.Unverified)
+	for _, p := range rep.Problems {
+		fmt.Fprintln(w, "problem:", p)
 	}
-	if !rep.OK() {
-		return 1
+	switch {
+	case len(rep.Problems) == 0:
+		fmt.Fprintln(w, "ok: consistent")
+	case rep.OK():
+		fmt.Fprintf(w, "ok: %d problems found, all repaired\n", len(rep.Problems))
+	case repair:
+		fmt.Fprintf(w, "FAILED: %d problems found, %d not repaired\n", len(rep.Problems), rep.Remaining)
+	default:
+		fmt.Fprintf(w, "FAILED: %d problems found; --repair fixes those a node's reconcile would\n", len(rep.Problems))
 	}
-	return 0
 }
