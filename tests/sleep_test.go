@@ -160,28 +160,7 @@ func BenchmarkWakeLatency(b *testing.B) {
 		"sleep": map[string]any{"idle_timeout_seconds": 3600}})
 	b.Cleanup(func() { d.dispose("wake") })
 	d.portService("wake")
-	firstByte := func(path string) time.Duration {
-		var first time.Time
-		req, err := http.NewRequest("GET", d.URL+path, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		authorize(req)
-		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-			GotFirstResponseByte: func() { first = time.Now() },
-		}))
-		t0 := time.Now()
-		resp, err := d.checkedClient(nil).Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b.Fatalf("GET %s: %d", path, resp.StatusCode)
-		}
-		return first.Sub(t0)
-	}
+	firstByte := func(path string) time.Duration { return d.firstByte(b, path) }
 	var wake, awake, base latencies
 	for b.Loop() {
 		awake = append(awake, firstByte("/v1/sandboxes/wake/ports/8000/awake"))
@@ -283,28 +262,7 @@ func BenchmarkWakeLatencyMicroVM(b *testing.B) {
 	waitFor(b, vmDeadline, "busybox httpd in the microVM to answer through the proxy", func() bool {
 		return d.do("GET", "/v1/sandboxes/"+id+"/ports/8000/", nil, nil).Status == 200
 	})
-	firstByte := func() time.Duration {
-		var first time.Time
-		req, err := http.NewRequest("GET", d.URL+"/v1/sandboxes/"+id+"/ports/8000/", nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		authorize(req)
-		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-			GotFirstResponseByte: func() { first = time.Now() },
-		}))
-		t0 := time.Now()
-		resp, err := d.checkedClient(nil).Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b.Fatalf("GET: %d", resp.StatusCode)
-		}
-		return first.Sub(t0)
-	}
+	firstByte := func() time.Duration { return d.firstByte(b, "/v1/sandboxes/"+id+"/ports/8000/") }
 	var released, kept, awake, base latencies
 	for b.Loop() {
 		awake = append(awake, firstByte())
@@ -324,4 +282,29 @@ func BenchmarkWakeLatencyMicroVM(b *testing.B) {
 	b.ReportMetric(base.median()*1000, "bwrap-median-ms")
 	b.ReportMetric(released.median()/base.median(), "wake-released/bwrap")
 	b.ReportMetric(kept.median()/base.median(), "wake-kept/bwrap")
+}
+
+// firstByte GETs path and returns the time to the answer's first byte; the answer must be 200.
+func (d *daemon) firstByte(b *testing.B, path string) time.Duration {
+	b.Helper()
+	var first time.Time
+	req, err := http.NewRequest("GET", d.URL+path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	authorize(req)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotFirstResponseByte: func() { first = time.Now() },
+	}))
+	t0 := time.Now()
+	resp, err := d.checkedClient(nil).Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b.Fatalf("GET %s: %d", path, resp.StatusCode)
+	}
+	return first.Sub(t0)
 }
