@@ -468,20 +468,7 @@ func TestReattachSweepsUnboundLeases(t *testing.T) {
 // sandbox first, as the pass would. Here the sandbox is what a crashed create with start
 // leaves, which the reconciliation removes: the start finds no sandbox instead of starting it.
 func TestOperationReconcilesBeforeTheStartUpPass(t *testing.T) {
-	requireRoot(t)
-	s, root := newSupervisor(t)
-	ctx := testContext(t)
-	if _, err := s.Create(ctx, CreateRequest{ID: "early"}); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, store.SandboxesDir, "early")
-	if err := platform.WriteFileDurable(dir, PendingName, []byte("start\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// As StartReattach leaves it before its pass reaches the sandbox.
-	s.mu.Lock()
-	s.unreconciled = map[string]bool{"early": true}
-	s.mu.Unlock()
+	s, ctx := crashedCreateUnreconciled(t, false)
 	if _, err := s.Start(ctx, "early"); errcode.Of(err) != errcode.SandboxNotFound {
 		t.Fatalf("start of an unreconciled crashed create: %v, want sandbox-not-found", err)
 	}
@@ -493,10 +480,11 @@ func TestOperationReconcilesBeforeTheStartUpPass(t *testing.T) {
 	}
 }
 
-// TestStatusSettlesBeforeTheStartUpPass: while the start-up pass runs, a status of a sandbox
-// it has not reached reconciles that sandbox first, so it never reads as a crash left it
-// (here a crashed create with start, which the reconciliation removes).
-func TestStatusSettlesBeforeTheStartUpPass(t *testing.T) {
+// crashedCreateUnreconciled makes the sandbox "early" as a crashed create with start leaves
+// it (its pending record says start), not yet reached by the start-up pass, as StartReattach
+// leaves it; passRunning: the pass has not ended either.
+func crashedCreateUnreconciled(t *testing.T, passRunning bool) (*Supervisor, context.Context) {
+	t.Helper()
 	requireRoot(t)
 	s, root := newSupervisor(t)
 	ctx := testContext(t)
@@ -507,11 +495,20 @@ func TestStatusSettlesBeforeTheStartUpPass(t *testing.T) {
 	if err := platform.WriteFileDurable(dir, PendingName, []byte("start\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// As StartReattach leaves it before its pass reaches the sandbox, the pass still running.
 	s.mu.Lock()
 	s.unreconciled = map[string]bool{"early": true}
-	s.reconciled = make(chan struct{})
+	if passRunning {
+		s.reconciled = make(chan struct{})
+	}
 	s.mu.Unlock()
+	return s, ctx
+}
+
+// TestStatusSettlesBeforeTheStartUpPass: while the start-up pass runs, a status of a sandbox
+// it has not reached reconciles that sandbox first, so it never reads as a crash left it
+// (here a crashed create with start, which the reconciliation removes).
+func TestStatusSettlesBeforeTheStartUpPass(t *testing.T) {
+	s, _ := crashedCreateUnreconciled(t, true)
 	if st, err := s.Status("early"); errcode.Of(err) != errcode.SandboxNotFound {
 		t.Fatalf("status of an unreconciled crashed create: %+v, %v; want sandbox-not-found", st, err)
 	}
