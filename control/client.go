@@ -191,6 +191,25 @@ func (c *Client) open(ctx context.Context, hdr Header) (*yamux.Stream, *frameWri
 	return st, fw, stop, nil
 }
 
+// openAnswered opens a stream for hdr and reads the agent's first frame, both within ctx;
+// the stream is then the caller's, which ctx's end no longer closes.
+func (c *Client) openAnswered(ctx context.Context, hdr Header) (*yamux.Stream, FrameType, []byte, error) {
+	st, _, stop, err := c.open(ctx, hdr)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	t, p, err := ReadFrame(st, nil)
+	live := stop()
+	if err != nil || !live {
+		st.Close()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, 0, nil, c.streamErr(ctx, err)
+	}
+	return st, t, p, nil
+}
+
 // streamErr explains a failed read or write on a stream: the caller's cancellation, the
 // connection's end, or the transport's error.
 func (c *Client) streamErr(ctx context.Context, err error) error {

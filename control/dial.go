@@ -167,18 +167,9 @@ func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		}
 		return nil, err
 	}
-	st, _, stop, err := c.open(ctx, Header{Op: OpDial, Dial: req})
+	st, t, p, err := c.openAnswered(ctx, Header{Op: OpDial, Dial: req})
 	if err != nil {
 		return nil, err
-	}
-	t, p, err := ReadFrame(st, nil)
-	live := stop()
-	if err != nil || !live {
-		st.Close()
-		if err == nil {
-			err = ctx.Err()
-		}
-		return nil, c.streamErr(ctx, err)
 	}
 	switch t {
 	case FrameResult:

@@ -132,18 +132,9 @@ func (c *Client) Watch(ctx context.Context, req WatchRequest) (*DirWatch, error)
 	if err := req.Validate(); err != nil {
 		return nil, asRemote(err).Err()
 	}
-	st, _, stop, err := c.open(ctx, Header{Op: OpWatch, Watch: &req})
+	st, t, p, err := c.openAnswered(ctx, Header{Op: OpWatch, Watch: &req})
 	if err != nil {
 		return nil, err
-	}
-	t, p, err := ReadFrame(st, nil)
-	live := stop()
-	if err != nil || !live {
-		st.Close()
-		if err == nil {
-			err = ctx.Err()
-		}
-		return nil, c.streamErr(ctx, err)
 	}
 	switch t {
 	case FrameResult:
