@@ -284,11 +284,28 @@ func TestStartExecStop(t *testing.T) {
 	}
 }
 
+// run runs argv in the guest and returns its stdout; it must exit 0.
 func run(ctx context.Context, t *testing.T, c *control.Client, argv ...string) string {
 	t.Helper()
-	p, err := c.Exec(ctx, control.ExecRequest{Argv: argv})
+	res := execGuest(ctx, t, c, control.ExecRequest{Argv: argv})
+	if res.code != 0 {
+		t.Fatalf("exec %q exited %d; stderr %q", argv, res.code, res.stderr)
+	}
+	return res.stdout
+}
+
+// execResult is an exec's end and output.
+type execResult struct {
+	code           int
+	stdout, stderr string
+}
+
+// execGuest runs req in the guest and collects its output, whatever its exit code.
+func execGuest(ctx context.Context, t *testing.T, c *control.Client, req control.ExecRequest) execResult {
+	t.Helper()
+	p, err := c.Exec(ctx, req)
 	if err != nil {
-		t.Fatalf("exec %q: %v", argv, err)
+		t.Fatalf("exec %q: %v", req.Argv, err)
 	}
 	defer p.Close()
 	var stdout, stderr bytes.Buffer
@@ -305,10 +322,10 @@ func run(ctx context.Context, t *testing.T, c *control.Client, argv ...string) s
 		}
 	}
 	st, err := p.Wait()
-	if err != nil || st.ExitCode != 0 {
-		t.Fatalf("exec %q: %+v, %v; stderr %q", argv, st, err, stderr.String())
+	if err != nil {
+		t.Fatalf("exec %q: %v", req.Argv, err)
 	}
-	return stdout.String()
+	return execResult{code: st.ExitCode, stdout: stdout.String(), stderr: stderr.String()}
 }
 
 func readOutcome(t *testing.T, dir string) runtime.Outcome {

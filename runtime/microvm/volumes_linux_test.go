@@ -3,7 +3,6 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -112,37 +111,10 @@ func TestVolumesThroughVirtioFS(t *testing.T) {
 	}
 }
 
-type execResult struct {
-	code           int
-	stdout, stderr string
-}
-
 // execAs runs script with sh -c as user in the guest, whatever its exit code.
 func execAs(ctx context.Context, t *testing.T, c *control.Client, user, script string) execResult {
 	t.Helper()
-	p, err := c.Exec(ctx, control.ExecRequest{Argv: []string{"sh", "-c", script}, User: user})
-	if err != nil {
-		t.Fatalf("exec %q: %v", script, err)
-	}
-	defer p.Close()
-	var stdout, stderr bytes.Buffer
-	buf := make([]byte, 32<<10)
-	for {
-		typ, n, err := p.ReadOutput(buf)
-		if err != nil {
-			break
-		}
-		if typ == control.FrameStderr {
-			stderr.Write(buf[:n])
-		} else {
-			stdout.Write(buf[:n])
-		}
-	}
-	st, err := p.Wait()
-	if err != nil {
-		t.Fatalf("exec %q: %v", script, err)
-	}
-	return execResult{code: st.ExitCode, stdout: stdout.String(), stderr: stderr.String()}
+	return execGuest(ctx, t, c, control.ExecRequest{Argv: []string{"sh", "-c", script}, User: user})
 }
 
 // TestQEMUArgsWithVolumes checks QEMU's command line for a launch with volumes: its RAM is a
