@@ -1094,7 +1094,7 @@
             holders = [err.message];
           }
         }
-        return el("tr", { "data-generation": g.id },
+        const row = el("tr", { "data-generation": g.id },
           el("td", {}, el("code", {}, g.id)),
           el("td", {}, el("span", { class: "badge " + g.state }, g.state)),
           el("td", {}, el("span", { class: "badge " + g.eligibility }, g.eligibility)),
@@ -1104,6 +1104,8 @@
           el("td", { class: "holders" }, holders),
           el("td", { class: "lineage" }, lineage(g.source)),
           actions);
+        if (highlighted && highlighted.key === `${t.name}@${g.id}` && Date.now() < highlighted.until) lightUp(row);
+        return row;
       }));
       return el("div", { class: "template", "data-template": t.name },
         el("h3", {}, el("code", {}, t.name),
@@ -1118,6 +1120,16 @@
     }));
     if (!current()) return; // a later refresh began while the generations were read
     $("#templates").replaceChildren(...blocks);
+  }
+
+  // highlighted is the generation row a lineage link brought into view, until when: a refresh
+  // of the list that redraws the row in that time draws it highlighted too.
+  let highlighted = null;
+
+  // lightUp highlights row until highlighted.until.
+  function lightUp(row) {
+    row.classList.add("highlight");
+    setTimeout(() => row.classList.remove("highlight"), Math.max(0, highlighted.until - Date.now()));
   }
 
   // lineage shows what a generation was captured from: its sandbox (which may be gone since)
@@ -1137,8 +1149,8 @@
           return;
         }
         row.scrollIntoView({ block: "center" });
-        row.classList.add("highlight");
-        setTimeout(() => row.classList.remove("highlight"), 2000);
+        highlighted = { key: `${src.template}@${src.generation}`, until: Date.now() + 2000 };
+        lightUp(row);
       });
       parts.push(" clone of ", parent);
     }
