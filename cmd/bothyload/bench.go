@@ -176,7 +176,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchOptions, error) {
 	var vcpus string
 	fs := flag.NewFlagSet("bothyload bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	o.target.flags(fs, "allow a URL that is not a loopback address (the bwrap baseline then runs on another host than the server)")
+	o.flags(fs, "allow a URL that is not a loopback address (the bwrap baseline then runs on another host than the server)")
 	fs.IntVar(&o.cycles, "cycles", 50, "full cycles to time, each with a bwrap spawn")
 	fs.IntVar(&o.streams, "streams", 3, "streams per --stream-vcpus entry (0: none)")
 	fs.IntVar(&o.pid, "pid", 0, "bothyd's pid, on this host: report the CPU time of a cycle (bothyd's and its reaped sandboxes') against a bwrap spawn's, and the idle sandboxes' PSS")

@@ -110,7 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	var o options
 	var clients, mix, expected string
-	o.target.flags(fs, "allow a URL that is not a loopback address")
+	o.flags(fs, "allow a URL that is not a loopback address")
 	fs.StringVar(&clients, "clients", "1", "concurrent clients: a number or a list (1,2,4,8,16,32), one phase each")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase (ignored with --cycles)")
 	fs.IntVar(&o.cycles, "cycles", 0, "cycles per phase instead of a duration")

@@ -140,7 +140,7 @@ func parseTeardownFlags(args []string, stderr io.Writer) (teardownOptions, error
 	var o teardownOptions
 	fs := flag.NewFlagSet("bothyload teardown", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	o.target.flags(fs, "allow a URL that is not a loopback address")
+	o.flags(fs, "allow a URL that is not a loopback address")
 	fs.IntVar(&o.sandboxes, "sandboxes", 100, "sandboxes to start, then stop and delete")
 	fs.IntVar(&o.clients, "clients", 8, "concurrent clients of each phase")
 	fs.IntVar(&o.diskMB, "disk-mb", -1, "the disk of each sandbox in MiB (0: none; -1: the server's default)")
