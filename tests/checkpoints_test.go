@@ -422,9 +422,12 @@ func TestFullRootCheckpointOfADiskIsStorageFull(t *testing.T) {
 func TestForkOfASandboxWithAPolicy(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
-	d := startDaemon(t)
+	// Its network is made in a namespace of the test's: a policy's filters and resolver are not
+	// the host's business.
+	w := newNetWorld(t)
+	d := startDaemon(t, w.daemon())
 	d.createNoDisk("psrc")
-	if r := d.doJSON("PUT", "/v1/sandboxes/psrc/network", map[string]any{"allow": []string{"example.com"}}); r.Status != 200 {
+	if r := d.doJSON("PUT", "/v1/sandboxes/psrc/network", map[string]any{"allow": []string{"allowed.test"}}); r.Status != 200 {
 		t.Fatalf("the policy: %d %s", r.Status, r.Body)
 	}
 	fork := func(fid string) {
@@ -454,6 +457,9 @@ func TestForkOfASandboxWithAPolicy(t *testing.T) {
 		if got := d.rootSh(id, "cat /tmp/after 2>/dev/null || echo none"); got != "none\n" {
 			t.Fatalf("%s reads %q", id, got)
 		}
+		// The policy is in force: its name resolves, another is refused.
+		d.resolves(id, "allowed.test", netAllowed)
+		d.refusedName(id, "other.test")
 	}
-	mustCheckClean(t, d.Root, "after forks of a sandbox with a policy")
+	mustCheckCleanIn(t, w.host, d.Root, "after forks of a sandbox with a policy")
 }
