@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 )
@@ -79,16 +78,8 @@ func TestRegistryCredentialsFromSecretMount(t *testing.T) {
 		resp.Body.Close()
 	}
 	g := a.buildTemplate("tools")
-	waitFor(t, 2*time.Minute, "the push with the mounted credentials", func() bool {
-		req, _ := http.NewRequest("HEAD", srv.URL+"/v2/bothy/templates/manifests/tools."+g.ID, nil)
-		req.SetBasicAuth(user, password)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	// The push with the mounted credentials.
+	waitManifest(t, srv.URL, "tools."+g.ID, func(r *http.Request) { r.SetBasicAuth(user, password) })
 	c := decode[cloneJSON](t, b.doJSON("POST", "/v1/sandboxes", map[string]any{"id": "b1", "template": "tools", "generation": g.ID, "start": true}), 201)
 	if c.Template == nil || c.Template.Generation != g.ID {
 		t.Fatalf("B's clone: %+v", c)

@@ -47,8 +47,23 @@ func (cr *countingRegistry) repo() string {
 // the background.
 func (cr *countingRegistry) waitTagged(t testing.TB, tag string) {
 	t.Helper()
+	waitManifest(t, cr.srv.URL, tag, nil)
+}
+
+// waitManifest waits until the registry at base serves the manifest of the templates' tag
+// (a HEAD answered 200): a capture's push runs in the background. auth, if not nil, is
+// applied to each request.
+func waitManifest(t testing.TB, base, tag string, auth func(*http.Request)) {
+	t.Helper()
 	waitCond(t, 2*time.Minute, "the capture's push of "+tag, func() (bool, error) {
-		resp, err := http.Head(cr.srv.URL + "/v2/bothy/templates/manifests/" + tag)
+		req, err := http.NewRequest("HEAD", base+"/v2/bothy/templates/manifests/"+tag, nil)
+		if err != nil {
+			return false, err
+		}
+		if auth != nil {
+			auth(req)
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false, nil // the registry is restarted by some tests: ask again
 		}
@@ -212,14 +227,7 @@ func TestTemplatePullKilled(t *testing.T) {
 		t.Fatalf("create template: %d %s", r.Status, r.Body)
 	}
 	g := decode[generationJSON](t, a.doJSON("POST", "/v1/templates/big/generations", map[string]any{"sandbox": "big-src"}), 201)
-	waitFor(t, 2*time.Minute, "the capture's push", func() bool {
-		resp, err := http.Head(srv.URL + "/v2/bothy/templates/manifests/big." + g.ID)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitManifest(t, srv.URL, "big."+g.ID, nil)
 
 	stall.Store(true)
 	staging := func() bool {
