@@ -129,9 +129,19 @@ func jsQuote(s string) string {
 }
 
 // setValue sets an input's value as typing would, leaving the page's handlers to read it.
+// It waits for the input to exist; a failure names it, with a screenshot (a bare assignment
+// would fail at once with a TypeError).
 func setValue(ctx context.Context, t *testing.T, sel, value string) {
 	t.Helper()
-	run(ctx, t, "filling "+sel, chromedp.Evaluate[chromedp.Void](`document.querySelector(`+jsQuote(sel)+`).value = `+jsQuote(value)))
+	until(ctx, t, "filling "+sel, `(() => { const el = document.querySelector(`+jsQuote(sel)+`); if (!el) return false; el.value = `+jsQuote(value)+`; return true })()`)
+}
+
+// fillAndSubmit fills the input of a form in a list's row and submits the form, in one
+// evaluation in the page: a live update redraws the row, and a value set in the old row
+// would be lost to a click on the new one.
+func fillAndSubmit(ctx context.Context, t *testing.T, what, form, value string) {
+	t.Helper()
+	until(ctx, t, what, `(() => { const f = document.querySelector(`+jsQuote(form)+`); if (!f) return false; f.querySelector("input").value = `+jsQuote(value)+`; f.querySelector('button[type="submit"]').click(); return true })()`)
 }
 
 // submit submits a form as its button does.
@@ -665,8 +675,7 @@ func TestDashboardResources(t *testing.T) {
 		if r := d.do("GET", "/v1/secrets/API_KEY", nil, nil); r.Status != 200 || bytes.Contains(r.Body, []byte(value)) {
 			t.Fatalf("the secret through the API: %d %s", r.Status, r.Body)
 		}
-		setValue(ctx, t, `#secrets form[data-rotate="API_KEY"] input`, rotated)
-		clickLive(ctx, t, "rotating it", `#secrets form[data-rotate="API_KEY"] button[data-action="rotate"]`)
+		fillAndSubmit(ctx, t, "rotating it", `#secrets form[data-rotate="API_KEY"]`, rotated)
 		d.apiWait("the rotation", "/v1/secrets/API_KEY", func(r response) bool { return bytes.Contains(r.Body, []byte(`"rotated_at"`)) })
 		until(ctx, t, "the rotation shown", `document.querySelector('#secrets tr[data-secret="API_KEY"]').cells[2].textContent !== "never"`)
 		noValue("after the rotation")
