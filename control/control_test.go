@@ -24,10 +24,12 @@ var capability = []byte("the-capability-of-this-launch")
 type fakeHandler struct {
 	execCancelled chan struct{}
 	statCancelled chan struct{}
+	// statHung hears of a Stat of /hang once it waits.
+	statHung chan struct{}
 }
 
 func newFake() *fakeHandler {
-	return &fakeHandler{execCancelled: make(chan struct{}, 1), statCancelled: make(chan struct{}, 1)}
+	return &fakeHandler{execCancelled: make(chan struct{}, 1), statCancelled: make(chan struct{}, 1), statHung: make(chan struct{}, 1)}
 }
 
 func (f *fakeHandler) Version() string { return "fake/1" }
@@ -97,6 +99,7 @@ func (f *fakeHandler) List(ctx context.Context, req *FileRequest, emit func([]Fi
 
 func (f *fakeHandler) Stat(ctx context.Context, req *FileRequest) (FileInfo, error) {
 	if req.Path == "/hang" {
+		f.statHung <- struct{}{}
 		<-ctx.Done()
 		f.statCancelled <- struct{}{}
 		return FileInfo{}, ctx.Err()
@@ -433,6 +436,36 @@ func TestShutdownEndsServe(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return after shutdown")
+	}
+}
+
+// TestOperationAfterShutdownIsNotRunning: an operation opened after the agent answered a
+// shutdown, while the session lingers for an operation from before it, is refused as the
+// sandbox not running (the API's 409), not as a failure of the transport (500).
+func TestOperationAfterShutdownIsNotRunning(t *testing.T) {
+	t.Parallel()
+	f := newFake()
+	c, done := dial(t, f)
+	hang, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hung := make(chan error, 1)
+	go func() { _, err := c.Stat(hang, "/hang", ""); hung <- err }()
+	<-f.statHung
+	if err := c.Shutdown(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Stat(context.Background(), "/f", "")
+	if errcode.Of(err) != errcode.NotRunning {
+		t.Fatalf("a stat after the shutdown: %v, want %s", err, errcode.NotRunning)
+	}
+	var re *RemoteError
+	if !errors.As(err, &re) || re.Code != CodeShuttingDown {
+		t.Fatalf("a stat after the shutdown: %v, want the agent's %s", err, CodeShuttingDown)
+	}
+	cancel()
+	<-hung
+	if err := <-done; !errors.Is(err, ErrShutdown) {
+		t.Fatalf("Serve: %v, want ErrShutdown", err)
 	}
 }
 

@@ -95,6 +95,9 @@ func asRemote(err error) *RemoteError {
 	return &RemoteError{Code: CodeInternal, Message: "The agent failed to carry out the request; see the sandbox log."}
 }
 
+// errShuttingDown is the refusal of an operation that reaches an agent after its shutdown.
+var errShuttingDown = &RemoteError{Code: CodeShuttingDown, Message: "The sandbox is shutting down; no new operation can start."}
+
 // ErrShutdown is returned by Serve after it answered a shutdown request: the agent must now
 // exit.
 var ErrShutdown = errors.New("control: the agent was asked to shut down")

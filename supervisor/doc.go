@@ -54,7 +54,9 @@
 // running) and holds it until its workload ends ([Admission.Release]). While another exec
 // holds it, admission retries every 25 ms until the caller's wait has passed, then fails with
 // sandbox-busy. Stop takes no exec lock: it proceeds while a workload runs, and the workload
-// ends with the sandbox.
+// ends with the sandbox. An exec admitted just before a stop, whose workload reaches the
+// agent after the agent answered the stop's shutdown, is refused as not-running, as one
+// admitted after the stop is.
 //
 // # Templates
 //
