@@ -939,25 +939,37 @@ func chaosVerify(t *testing.T, d *daemon, rt *namespace.Runtime, ids []string, l
 }
 
 // TestExecRacingStopIsNotInternal: an exec whose sandbox is stopped under it ends with a
-// defined answer (an exit by signal, or a problem that says the sandbox stopped), never 500.
+// defined answer (an exit by signal, or a problem that says the sandbox stopped), never 500:
+// one stopped while it runs (forced, then gracefully), and one sent as a graceful stop
+// begins, which can reach the agent after it answered the shutdown.
 func TestExecRacingStopIsNotInternal(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	d := startDaemon(t)
 	d.create("racestop", true)
-	for _, force := range []bool{true, false} {
+	rounds := []struct {
+		force, waitForExec bool
+	}{{true, true}, {false, true}, {false, false}}
+	for i, round := range rounds {
+		// A marker of the round's own: the sandbox's files outlive its stops.
+		marker := fmt.Sprintf("/tmp/started-%d", i)
 		res := make(chan response, 1)
 		go func() {
-			res <- d.doJSON("POST", "/v1/sandboxes/racestop/exec", map[string]any{"command": []string{"sh", "-c", "touch /tmp/started; exec sleep 60"}})
+			res <- d.doJSON("POST", "/v1/sandboxes/racestop/exec", map[string]any{"command": []string{"sh", "-c", "touch " + marker + "; exec sleep 60"}})
 		}()
-		waitFor(t, 20*time.Second, "the exec to start", func() bool {
-			return d.do("GET", "/v1/sandboxes/racestop/files?path=/tmp/started", nil, nil).Status == 200
-		})
-		if r := d.doJSON("POST", fmt.Sprintf("/v1/sandboxes/racestop/stop?force=%v", force), nil); r.Status != 200 {
+		if round.waitForExec {
+			waitFor(t, 20*time.Second, "the exec to start", func() bool {
+				return d.do("GET", "/v1/sandboxes/racestop/files?path="+marker, nil, nil).Status == 200
+			})
+		}
+		if r := d.doJSON("POST", fmt.Sprintf("/v1/sandboxes/racestop/stop?force=%v", round.force), nil); r.Status != 200 {
 			t.Fatalf("stop: %d %s", r.Status, r.Body)
 		}
-		if r := <-res; r.Status >= 500 {
-			t.Errorf("force=%v: the exec whose sandbox stopped answered %d: %s", force, r.Status, r.Body)
+		r := <-res
+		t.Logf("round %d: the exec answered %d %s", i, r.Status, bytes.TrimSpace(r.Body))
+		if r.Status >= 500 {
+			t.Errorf("round %d (force=%v, the exec started first: %v): the exec whose sandbox stopped answered %d: %s",
+				i, round.force, round.waitForExec, r.Status, r.Body)
 		}
 		if r := d.doJSON("POST", "/v1/sandboxes/racestop/start", nil); r.Status != 200 {
 			t.Fatalf("start: %d %s", r.Status, r.Body)
