@@ -33,8 +33,11 @@ type Client struct {
 	frozen atomic.Pointer[func() bool]
 }
 
-// ErrClosed is returned by operations on a client whose connection ended.
-var ErrClosed = errors.New("control: the connection to the agent is closed")
+// ErrClosed is returned by operations on a client whose connection ended: the sandbox
+// stopped, or its agent ended. Callers above the supervisor see not-running (409), as for an
+// operation on a stopped sandbox, never an internal failure.
+var ErrClosed error = &errcode.Error{Code: errcode.NotRunning,
+	Msg: "The sandbox stopped, or its agent ended, during the operation; start it again if it is not running."}
 
 // Dial starts a session over conn and authenticates with capability. It fails, closing conn,
 // if the agent does not answer within timeout, refuses the capability, speaks another protocol

@@ -469,6 +469,21 @@ func TestOperationAfterShutdownIsNotRunning(t *testing.T) {
 	}
 }
 
+// TestOperationAfterTheConnectionEndedIsNotRunning: once the agent's connection is gone (its
+// sandbox stopped), an operation fails with ErrClosed, which the API answers not-running.
+func TestOperationAfterTheConnectionEndedIsNotRunning(t *testing.T) {
+	t.Parallel()
+	c, _ := dial(t, newFake())
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-c.Done()
+	_, err := c.Stat(context.Background(), "/f", "")
+	if !errors.Is(err, ErrClosed) || errcode.Of(err) != errcode.NotRunning {
+		t.Fatalf("a stat after the connection ended: %v, want ErrClosed as %s", err, errcode.NotRunning)
+	}
+}
+
 // TestRemoteErrorCodes: the refusals a sandbox's files make keep codes of their own through
 // the control client (not invalid-request, which the server answers 400 and the contract
 // keeps for requests it marks invalid); errors.As still reaches the agent's code.

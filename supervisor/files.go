@@ -11,7 +11,8 @@ import (
 
 // The file operations below act inside a running sandbox, through its agent, as the user
 // the caller names: the sandbox's own permissions apply. Paths are absolute paths inside the
-// sandbox. They take no lock (see runningAgent): a sandbox that stops under one fails it.
+// sandbox. They take no lock (see runningAgent): a sandbox that stops under one fails it,
+// with not-running (control.ErrClosed).
 
 // FileType is the type of a directory entry.
 type FileType string
