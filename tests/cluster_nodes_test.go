@@ -33,6 +33,24 @@ type nodeJSON struct {
 	LeaseRenewedAt *time.Time `json:"lease_renewed_at"`
 }
 
+// waitRouterLive waits until the router rt reads node name as live. A node that joins is
+// published before the routers' caches hear of it, and until they do a router neither places
+// on it nor gives it what it writes to every node (webhooks, secrets).
+func waitRouterLive(t *testing.T, rt *daemon, name string) {
+	t.Helper()
+	waitCond(t, 30*time.Second, "the router to read "+name+" as live", func() (bool, error) {
+		r := rt.doJSON("GET", "/v1/nodes/"+name, nil)
+		if r.Status == http.StatusNotFound {
+			return false, nil
+		}
+		var n nodeJSON
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &n) != nil {
+			return false, fmt.Errorf("GET /v1/nodes/%s: %d %s", name, r.Status, r.Body)
+		}
+		return n.Live, nil
+	})
+}
+
 // nodeDrainJSON is the contract's NodeDrain.
 type nodeDrainJSON struct {
 	Remaining int  `json:"remaining"`

@@ -96,6 +96,7 @@ func TestClusterSecrets(t *testing.T) {
 	// the new node, empty, would take them by room.
 	// It has twice the slots: by room alone it takes every create.
 	nodes["sec-c"] = startNode(2, "sec-c", "40")
+	waitRouterLive(t, rt, "sec-c")
 	wantProblem(t, nodes["sec-c"].doJSON("GET", "/v1/secrets/API_KEY", nil), 404, "secret-not-found")
 	policy := map[string]any{"allow": []string{"allowed.test"}, "secrets": map[string]any{
 		"API_KEY": map[string]any{"hosts": []string{"allowed.test"}, "header": map[string]any{"name": "X-Api-Key", "value": "Key {value}"}}}}

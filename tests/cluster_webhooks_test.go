@@ -76,6 +76,7 @@ func TestClusterWebhooks(t *testing.T) {
 
 	// A node that joins later lacks it; the create repeated with the id makes it there.
 	nodes["hook-c"] = start("hook-c")
+	waitRouterLive(t, rt, "hook-c")
 	wantProblem(t, nodes["hook-c"].doJSON("GET", "/v1/webhooks/"+wh.ID, nil), 404, "webhook-not-found")
 	create["id"] = wh.ID
 	decode[webhookJSON](t, rt.do("POST", "/v1/webhooks", jsonBody(t, create), nil), 201)
