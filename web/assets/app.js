@@ -96,10 +96,20 @@
       init.body = JSON.stringify(body);
     }
     let resp;
-    try {
-      resp = await fetch(path, init);
-    } catch (err) {
-      throw new Error(`The server could not be reached: ${err.message}.`);
+    for (let attempt = 1; ; attempt++) {
+      try {
+        resp = await fetch(path, init);
+        break;
+      } catch (err) {
+        // A read that failed on its way (a connection the browser kept was dropped under
+        // it) is sent once more before the page says so; a write is not repeated, as the
+        // server may have carried it out.
+        if (method === "GET" && attempt === 1) {
+          await new Promise((resolve) => setTimeout(resolve, 250));
+          continue;
+        }
+        throw new Error(`The server could not be reached: ${err.message}.`);
+      }
     }
     if (!resp.ok) {
       const ct = resp.headers.get("Content-Type") || "";
