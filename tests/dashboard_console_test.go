@@ -44,6 +44,8 @@ const readmeScreenshot = "../docs/dashboard-sandbox.png"
 type consoleErrors struct {
 	mu   sync.Mutex
 	errs []string
+	// network is the browser's network errors, kept to explain a failure the page shows.
+	network []string
 }
 
 func (c *consoleErrors) listen(ev any) {
@@ -64,7 +66,13 @@ func (c *consoleErrors) listen(ev any) {
 		}
 		msg = "console." + string(e.Type) + ": " + strings.Join(parts, " ")
 	case *cdplog.EventEntryAdded:
-		if e.Entry.Level != cdplog.EntryLevelError || e.Entry.Source == cdplog.EntrySourceNetwork {
+		if e.Entry.Level != cdplog.EntryLevelError {
+			return
+		}
+		if e.Entry.Source == cdplog.EntrySourceNetwork {
+			c.mu.Lock()
+			c.network = append(c.network, time.Now().Format("15:04:05.000")+" "+e.Entry.Text+" "+e.Entry.URL)
+			c.mu.Unlock()
 			return
 		}
 		msg = "log (" + string(e.Entry.Source) + "): " + e.Entry.Text + " " + e.Entry.URL
@@ -83,6 +91,13 @@ func (c *consoleErrors) check(t *testing.T) {
 	if len(c.errs) > 0 {
 		t.Fatalf("the page reported %d error(s):\n%s", len(c.errs), strings.Join(c.errs, "\n"))
 	}
+}
+
+// networkLog is the browser's network errors, a line each.
+func (c *consoleErrors) networkLog() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.network, "\n")
 }
 
 // consoleBrowser is a browser whose page's errors are collected, and whose downloads go to
@@ -500,7 +515,7 @@ func TestDashboardSandboxPage(t *testing.T) {
 	until(ctx, t, "back on the list", `!document.querySelector("#view-sandboxes").hidden && document.querySelector('tr[data-id="`+id+`"]') === null`)
 	wantProblem(t, d.do("GET", "/v1/sandboxes/"+id, nil, nil), 404, "sandbox-not-found")
 	if msg, err := chromedp.Run(ctx, pageError()); err != nil || msg != "" {
-		t.Fatalf("the page shows an error at the end: %q (%v)", msg, err)
+		t.Fatalf("the page shows an error at the end: %q (%v); the browser's network errors:\n%s", msg, err, errs.networkLog())
 	}
 	errs.check(t)
 }
@@ -720,7 +735,7 @@ func TestDashboardResources(t *testing.T) {
 	goTo(ctx, t, "#/templates", "templates")
 	saveScreenshot(ctx, t, "templates")
 	if msg, err := chromedp.Run(ctx, pageError()); err != nil || msg != "" {
-		t.Fatalf("the page shows an error at the end: %q (%v)", msg, err)
+		t.Fatalf("the page shows an error at the end: %q (%v); the browser's network errors:\n%s", msg, err, errs.networkLog())
 	}
 	errs.check(t)
 }
