@@ -24,7 +24,7 @@ import (
 // Exec implements control.Handler.
 func (a *agent) Exec(ctx context.Context, req *control.ExecRequest, s *control.ExecStream) (control.ExitStatus, error) {
 	if a.stopping.Load() {
-		return control.ExitStatus{}, &control.RemoteError{Code: control.CodeShuttingDown, Message: "The sandbox is shutting down; no new command can start."}
+		return control.ExitStatus{}, control.ErrShuttingDown
 	}
 	name, u := a.user(req.User)
 	env := a.env(name, u, req)

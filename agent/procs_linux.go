@@ -61,7 +61,7 @@ type outChunk struct {
 // StartTracked implements control.ProcessTracker.
 func (a *agent) StartTracked(ctx context.Context, req *control.ProcRequest, s *control.AttachStream) (control.ExitStatus, error) {
 	if a.stopping.Load() {
-		return control.ExitStatus{}, &control.RemoteError{Code: control.CodeShuttingDown, Message: "The sandbox is shutting down; no new command can start."}
+		return control.ExitStatus{}, control.ErrShuttingDown
 	}
 	a.tracked.mu.Lock()
 	n := len(a.tracked.byPID)

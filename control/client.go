@@ -180,7 +180,7 @@ func (c *Client) open(ctx context.Context, hdr Header) (*yamux.Stream, *frameWri
 		if errors.Is(err, yamux.ErrRemoteGoAway) {
 			// The agent answered a shutdown (a stop) and takes no new operation: the same
 			// refusal it sends on a stream opened just before, not a transport failure.
-			return nil, nil, nil, errShuttingDown.Err()
+			return nil, nil, nil, ErrShuttingDown.Err()
 		}
 		return nil, nil, nil, fmt.Errorf("control: opening a stream: %w", err)
 	}

@@ -95,8 +95,10 @@ func asRemote(err error) *RemoteError {
 	return &RemoteError{Code: CodeInternal, Message: "The agent failed to carry out the request; see the sandbox log."}
 }
 
-// errShuttingDown is the refusal of an operation that reaches an agent after its shutdown.
-var errShuttingDown = &RemoteError{Code: CodeShuttingDown, Message: "The sandbox is shutting down; no new operation can start."}
+// ErrShuttingDown is the refusal of a command or operation that reaches an agent after its
+// shutdown: sent by the agent on a stream opened just before, and made by the client when
+// the session refuses a new stream.
+var ErrShuttingDown = &RemoteError{Code: CodeShuttingDown, Message: "The sandbox is shutting down; no new command or operation can start."}
 
 // ErrShutdown is returned by Serve after it answered a shutdown request: the agent must now
 // exit.
