@@ -148,7 +148,7 @@ func jsQuote(s string) string {
 // would fail at once with a TypeError).
 func setValue(ctx context.Context, t *testing.T, sel, value string) {
 	t.Helper()
-	until(ctx, t, "filling "+sel, `(() => { const el = document.querySelector(`+jsQuote(sel)+`); if (!el) return false; el.value = `+jsQuote(value)+`; return true })()`)
+	actOn(ctx, t, "filling "+sel, sel, `el.value = `+jsQuote(value))
 }
 
 // fillAndSubmit fills the input of a form in a list's row and submits the form, in one
@@ -156,7 +156,7 @@ func setValue(ctx context.Context, t *testing.T, sel, value string) {
 // would be lost to a click on the new one.
 func fillAndSubmit(ctx context.Context, t *testing.T, what, form, value string) {
 	t.Helper()
-	until(ctx, t, what, `(() => { const f = document.querySelector(`+jsQuote(form)+`); if (!f) return false; f.querySelector("input").value = `+jsQuote(value)+`; f.querySelector('button[type="submit"]').click(); return true })()`)
+	actOn(ctx, t, what, form, `el.querySelector("input").value = `+jsQuote(value)+`; el.querySelector('button[type="submit"]').click()`)
 }
 
 // submit submits a form as its button does.

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -65,11 +64,14 @@ func until(ctx context.Context, t *testing.T, what, expr string) {
 // chromedp.Click finds, then clicks).
 func clickLive(ctx context.Context, t *testing.T, what, sel string) {
 	t.Helper()
-	q, err := json.Marshal(sel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	until(ctx, t, what, `(() => { const el = document.querySelector(`+string(q)+`); if (!el) return false; el.click(); return true })()`)
+	actOn(ctx, t, what, sel, "el.click()")
+}
+
+// actOn waits for the element sel and runs the JavaScript statements act on it (as el), in
+// the one evaluation that finds it.
+func actOn(ctx context.Context, t *testing.T, what, sel, act string) {
+	t.Helper()
+	until(ctx, t, what, `(() => { const el = document.querySelector(`+jsQuote(sel)+`); if (!el) return false; `+act+`; return true })()`)
 }
 
 // artefactsDir is where the dashboard tests keep their screenshots, for a person (or CI's
